@@ -1,0 +1,50 @@
+"""django-ledon jobs: durable, idempotent, token-fenced background jobs.
+
+The scoped API (``submit_job``, ``stage_job``, ``JobScope``) and the handler API
+(``job_handler``, ``JobContext``) are imported lazily so that listing ``"jobs"`` in
+``INSTALLED_APPS`` never imports models before the app registry is ready.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import JobScope, stage_job, submit_job
+    from .handlers import JobContext, job_handler
+    from .types import CancelOutcome, FinishOutcome, JobSnapshot, JobStatus, JobSubmission
+
+__all__ = [
+    "CancelOutcome",
+    "FinishOutcome",
+    "JobContext",
+    "JobScope",
+    "JobSnapshot",
+    "JobStatus",
+    "JobSubmission",
+    "job_handler",
+    "stage_job",
+    "submit_job",
+]
+
+_LAZY = {
+    "JobScope": "api",
+    "stage_job": "api",
+    "submit_job": "api",
+    "JobContext": "handlers",
+    "job_handler": "handlers",
+    "CancelOutcome": "types",
+    "FinishOutcome": "types",
+    "JobSnapshot": "types",
+    "JobStatus": "types",
+    "JobSubmission": "types",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jobs' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f".{module}", __name__), name)

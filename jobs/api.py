@@ -1,0 +1,95 @@
+"""The scoped, untrusted-caller side: submit, stage, read, list, cancel and retry jobs
+of one scope. Nothing here can reach another scope (J13)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from . import store, validation
+from .exceptions import InvalidSubmission
+from .types import CancelOutcome, JobSnapshot, JobStatus, JobSubmission
+
+
+def _submission(value: object) -> JobSubmission:
+    if not isinstance(value, JobSubmission):
+        raise InvalidSubmission(
+            f"expected a JobSubmission (see JobSubmission.create), not {type(value).__name__}"
+        )
+    return value
+
+
+def submit_job(scope: str, job_id: str | None, submission: JobSubmission) -> JobSnapshot:
+    """Create a job in a short transaction of its own and return its snapshot.
+
+    Idempotent per (scope, job_id): the identical request returns the existing job
+    (``snapshot.created`` is False); a different request raises
+    :class:`~jobs.exceptions.JobIdentityConflict`. Refuses to run inside
+    ``transaction.atomic`` (:class:`~jobs.exceptions.AmbientTransactionError`): use
+    :func:`stage_job` to make the job part of your transaction. ``job_id=None``
+    generates one.
+    """
+    scope_hash = validation.scope_hash(scope)
+    return store.submit(scope_hash, validation.job_id(job_id), _submission(submission))
+
+
+def stage_job(scope: str, job_id: str | None, submission: JobSubmission) -> JobSnapshot:
+    """Create a job inside the caller's open ``transaction.atomic`` block.
+
+    The job exists if and only if that transaction commits. A conflicting request
+    raises :class:`~jobs.exceptions.JobIdentityConflict` and marks the transaction
+    for rollback, so the business work cannot commit even if the error is caught.
+    """
+    scope_hash = validation.scope_hash(scope)
+    return store.stage(scope_hash, validation.job_id(job_id), _submission(submission))
+
+
+class JobScope:
+    """Read and steer the jobs of one scope (tenant, account, user…)."""
+
+    __slots__ = ("scope_hash",)
+
+    def __init__(self, scope: str) -> None:
+        self.scope_hash = validation.scope_hash(scope)
+
+    def __repr__(self) -> str:
+        return f"<JobScope {self.scope_hash[:12]}…>"
+
+    def submit(self, job_id: str | None, submission: JobSubmission) -> JobSnapshot:
+        return store.submit(self.scope_hash, validation.job_id(job_id), _submission(submission))
+
+    def stage(self, job_id: str | None, submission: JobSubmission) -> JobSnapshot:
+        return store.stage(self.scope_hash, validation.job_id(job_id), _submission(submission))
+
+    def get(self, job_id: str) -> JobSnapshot | None:
+        """The job with its attempts, or None if this scope has no such job."""
+        return store.get(self.scope_hash, validation.job_id(job_id))
+
+    def list(
+        self,
+        *,
+        status: JobStatus | str | Iterable[JobStatus | str] | None = None,
+        queue: str | None = None,
+        handler: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobSnapshot]:
+        """Every matching job of this scope, oldest first (all of them unless ``limit``)."""
+        return store.list_jobs(
+            self.scope_hash, status=status, queue=queue, handler=handler, limit=limit
+        )
+
+    def cancel(self, job_id: str) -> CancelOutcome:
+        """Cancel a Queued job at once, or ask a Running job's handler to stop.
+
+        Returns ``CancelOutcome.ALREADY_FINISHED`` for a finished job (a normal race);
+        raises :class:`~jobs.exceptions.JobNotFound` if this scope has no such job.
+        """
+        return store.cancel(self.scope_hash, validation.job_id(job_id))
+
+    def retry(self, job_id: str, not_before: datetime | None = None) -> JobSnapshot:
+        """Queue a Failed, Cancelled or Interrupted job again (attempts permitting).
+
+        Raises :class:`~jobs.exceptions.InvalidTransition` from any other state and
+        :class:`~jobs.exceptions.JobNotFound` if this scope has no such job.
+        """
+        return store.retry(self.scope_hash, validation.job_id(job_id), not_before=not_before)

@@ -1,0 +1,27 @@
+"""System checks for the jobs app (ids ``jobs.E0xx``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+
+from .exceptions import JobsConfigurationError
+
+
+@checks.register()
+def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from .conf import jobs_settings
+
+    jobs_settings.cache_clear()
+    try:
+        jobs_settings()
+    except JobsConfigurationError as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="See the JOBS settings reference in docs/reference.md.",
+                id="jobs.E001",
+            )
+        ]
+    return []

@@ -1,0 +1,81 @@
+"""The only reader of the ``JOBS`` setting: typed, with defaults, reset on change."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .exceptions import JobsConfigurationError
+
+
+@dataclass(frozen=True, slots=True)
+class JobsSettings:
+    #: Seconds a claimed attempt stays leased without a heartbeat.
+    LEASE_SECONDS: float = 30
+    #: Seconds between two lease renewals of a running worker.
+    HEARTBEAT_SECONDS: float = 10
+    #: Seconds between two polls for due jobs (SQLite; a fallback on PostgreSQL).
+    POLL_INTERVAL: float = 1.0
+    #: Module imported from each installed app by the worker to register handlers.
+    AUTODISCOVER_MODULE: str = "tasks"
+    #: Largest accepted payload, in bytes of JSON text.
+    MAX_PAYLOAD_BYTES: int = 1_000_000
+    #: Seconds between two sweeps for attempts whose lease expired.
+    RECOVERY_INTERVAL: float = 5.0
+    #: Automatic retry: first delay in seconds, growth factor, cap, and jitter ratio.
+    RETRY_BASE_DELAY: float = 2.0
+    RETRY_BACKOFF_FACTOR: float = 2.0
+    RETRY_MAX_DELAY: float = 3600.0
+    RETRY_JITTER: float = 0.25
+    #: Jobs claimed per query at most.
+    CLAIM_BATCH_SIZE: int = 16
+    #: PostgreSQL channel used to wake workers when a job is queued.
+    NOTIFY_CHANNEL: str = "ledon_jobs"
+
+
+def _validate(values: dict[str, Any]) -> JobsSettings:
+    known = {f.name for f in fields(JobsSettings)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise JobsConfigurationError(f"unknown JOBS setting(s): {', '.join(unknown)}")
+    result = JobsSettings(**values)
+    positive = (
+        "LEASE_SECONDS",
+        "HEARTBEAT_SECONDS",
+        "POLL_INTERVAL",
+        "MAX_PAYLOAD_BYTES",
+        "RECOVERY_INTERVAL",
+        "CLAIM_BATCH_SIZE",
+    )
+    for key in positive:
+        value = getattr(result, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise JobsConfigurationError(f"JOBS[{key!r}] must be a positive number, got {value!r}")
+    if result.HEARTBEAT_SECONDS >= result.LEASE_SECONDS:
+        raise JobsConfigurationError(
+            "JOBS['HEARTBEAT_SECONDS'] must be shorter than JOBS['LEASE_SECONDS'] "
+            "or leases expire between two heartbeats"
+        )
+    if not isinstance(result.AUTODISCOVER_MODULE, str) or not result.AUTODISCOVER_MODULE:
+        raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")
+    return result
+
+
+@functools.cache
+def jobs_settings() -> JobsSettings:
+    """The current ``JOBS`` settings, validated. Read lazily, never at import time."""
+    values = getattr(settings, "JOBS", {}) or {}
+    if not isinstance(values, dict):
+        raise JobsConfigurationError("the JOBS setting must be a dict")
+    return _validate(dict(values))
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    if setting == "JOBS":
+        jobs_settings.cache_clear()

@@ -1,0 +1,86 @@
+"""Errors raised by the jobs app.
+
+``JobsError`` is the root: catch it to handle any error of this app. Do not raise
+it directly; every situation has its precise subclass. The docstring of each class
+is its default message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class JobsError(Exception):
+    """An error of the jobs app."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class InvalidInput(JobsError, ValueError):
+    """The input is not valid."""
+
+
+class InvalidScope(InvalidInput):
+    """The scope must be a non-empty string of valid Unicode (no lone surrogates)."""
+
+
+class InvalidJobId(InvalidInput):
+    """The job id must be a non-empty string of at most 200 printable characters."""
+
+
+class InvalidPayload(InvalidInput):
+    """The payload must be JSON: dicts with string keys, lists, strings, finite numbers,
+    booleans and None."""
+
+
+class InvalidSubmission(InvalidInput):
+    """A field of the job submission is not valid."""
+
+
+class JobIdentityConflict(JobsError):
+    """A job with this id already exists in this scope with a different request."""
+
+    def __init__(self, job_id: str, fields: Sequence[str]) -> None:
+        self.job_id = job_id
+        self.fields = tuple(fields)
+        super().__init__(
+            f"job {job_id!r} already exists in this scope with different "
+            f"{', '.join(self.fields)}; submit the identical request or use another job id"
+        )
+
+
+class AmbientTransactionError(JobsError):
+    """submit_job() runs in its own transaction and refuses to run inside an open
+    transaction.atomic() block; use stage_job() to create the job as part of it."""
+
+
+class TransactionRequiredError(JobsError):
+    """stage_job() must be called inside a transaction.atomic() block; use
+    submit_job() to create a job on its own."""
+
+
+class JobNotFound(JobsError, LookupError):
+    """No job with this id exists in this scope."""
+
+
+class InvalidTransition(JobsError):
+    """The job's current state does not allow this transition."""
+
+
+class UnknownHandler(JobsError, LookupError):
+    """No handler is registered under this name and version."""
+
+
+class AttemptRowMissing(JobsError):
+    """The running attempt's row is missing; the transition was rolled back."""
+
+
+class JobsConfigurationError(JobsError, ImproperlyConfigured):
+    """The JOBS setting is not valid."""
+
+
+class JobCancelled(JobsError):
+    """The job's cancellation was requested; the handler stopped cooperatively."""

@@ -1,0 +1,189 @@
+"""The trusted executor side: cross-scope candidates and execution writes (J6–J12).
+
+Only workers and operators' tools should import this module. Every write is fenced
+by an attempt token minted at claim time: a late call carrying an old token changes
+nothing and returns a falsy outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from datetime import datetime
+
+from . import store, validation
+from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome
+
+__all__ = [
+    "Claim",
+    "DueJob",
+    "ExecutionStatus",
+    "FinishOutcome",
+    "claim_due",
+    "complete",
+    "default_worker_id",
+    "fail",
+    "get_due",
+    "get_execution_status",
+    "heartbeat",
+    "interrupt",
+    "recover",
+    "recover_expired",
+    "recover_worker",
+    "report_progress",
+    "try_start",
+]
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def get_due(
+    limit: int = 100, queues: Sequence[str] | None = None, *, now: datetime | None = None
+) -> list[DueJob]:
+    """Due candidates (Queued, no cancel requested, due, attempts left), by priority
+    then time. Grants nothing: start one with :func:`try_start`."""
+    return store.get_due(limit=limit, queues=queues, now=now)
+
+
+def try_start(
+    scope_hash: str,
+    job_id: str,
+    worker_id: str | None = None,
+    *,
+    lease_seconds: float | None = None,
+    now: datetime | None = None,
+) -> Claim | None:
+    """Start one job if it is still claimable: new token, attempt n+1, Running attempt
+    row — one transaction. None if another worker won or the job is no longer due."""
+    identity = (validation.validate_scope_hash(scope_hash), validation.job_id(job_id))
+    claims = store.claim(
+        worker_id or default_worker_id(),
+        limit=1,
+        identity=identity,
+        lease_seconds=lease_seconds,
+        now=now,
+    )
+    return claims[0] if claims else None
+
+
+def claim_due(
+    worker_id: str | None = None,
+    *,
+    limit: int = 1,
+    queues: Sequence[str] | None = None,
+    lease_seconds: float | None = None,
+    now: datetime | None = None,
+) -> list[Claim]:
+    """Start up to ``limit`` due jobs in one transaction (PostgreSQL: SKIP LOCKED)."""
+    return store.claim(
+        worker_id or default_worker_id(),
+        limit=limit,
+        queues=queues,
+        lease_seconds=lease_seconds,
+        now=now,
+    )
+
+
+def report_progress(
+    token: str, value: float, message: str | None = None, *, now: datetime | None = None
+) -> bool:
+    """Record progress (a percentage); False, changing nothing, unless the token is
+    current, no cancel is requested and the value does not go down."""
+    return store.report_progress(token, value, message, now=now)
+
+
+def complete(
+    token: str, result_ref: str | None = None, *, now: datetime | None = None
+) -> FinishOutcome:
+    """Finish the attempt successfully (Cancelled, result dropped, if a cancel request
+    committed first). ``FinishOutcome.STALE`` (falsy) if the token is not current."""
+    return store.finish(token, AttemptStatus.SUCCEEDED, result_ref=result_ref, now=now)
+
+
+def fail(
+    token: str,
+    error: str,
+    *,
+    retry_at: datetime | None = None,
+    now: datetime | None = None,
+) -> FinishOutcome:
+    """Finish the attempt as Failed with ``error``. With ``retry_at`` and attempts left,
+    the job is queued again for that time in the same transaction (``REQUEUED``)."""
+    requeue_at = validation.optional_aware_utc(retry_at, "retry_at")
+    return store.finish(token, AttemptStatus.FAILED, error=error, requeue_at=requeue_at, now=now)
+
+
+def interrupt(
+    token: str, reason: str = "interrupted", *, now: datetime | None = None
+) -> FinishOutcome:
+    """End the attempt as Interrupted without re-queueing the job."""
+    return store.finish(token, AttemptStatus.INTERRUPTED, error=reason, now=now)
+
+
+def recover(
+    token: str,
+    requeue: bool = True,
+    *,
+    reason: str = "recovered: the attempt's worker stopped",
+    now: datetime | None = None,
+) -> FinishOutcome:
+    """End an old attempt as Interrupted and, if ``requeue``, no cancel was requested
+    and attempts remain, queue the job again — one transaction (J11)."""
+    return store.recover(token, requeue=requeue, reason=reason, now=now)
+
+
+def get_execution_status(token: str) -> ExecutionStatus:
+    """ACTIVE, CANCEL_REQUESTED or ENDED (stale, unknown or finished token: stop)."""
+    return store.execution_statuses([token])[token]
+
+
+def heartbeat(
+    tokens: Sequence[str],
+    worker_id: str,
+    *,
+    lease_seconds: float | None = None,
+    now: datetime | None = None,
+) -> dict[str, ExecutionStatus]:
+    """Renew the leases of this worker's attempts and report each token's status."""
+    return store.heartbeat(tokens, worker_id, lease_seconds=lease_seconds, now=now)
+
+
+def recover_expired(
+    *, requeue: bool = True, limit: int = 100, now: datetime | None = None
+) -> dict[str, FinishOutcome]:
+    """Recover every Running attempt whose lease expired (its worker is gone).
+
+    Each recovery re-checks the expiry in its guard, so an attempt whose worker
+    renewed the lease in the meantime is left alone.
+    """
+    when = store._now(now)
+    return {
+        token: store.recover(
+            token,
+            requeue=requeue,
+            reason="recovered: lease expired (worker stopped or lost)",
+            lease_expired_before=when,
+            now=when,
+        )
+        for token in store.expired_tokens(now=when, limit=limit)
+    }
+
+
+def recover_worker(
+    worker_id: str, *, requeue: bool = True, now: datetime | None = None
+) -> dict[str, FinishOutcome]:
+    """Recover the Running attempts leased by ``worker_id`` — a restarted worker
+    taking back its own attempts at once, without waiting for the lease to expire."""
+    return {
+        token: store.recover(
+            token,
+            requeue=requeue,
+            reason=f"recovered: worker {worker_id} restarted",
+            leased_by=worker_id,
+            now=now,
+        )
+        for token in store.tokens_leased_by(worker_id)
+    }

@@ -1,0 +1,143 @@
+"""Tables of the jobs app. Reads only: every state change lives in ``jobs/store.py``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.db import models
+from django.db.models import F, Q
+
+from .types import AttemptStatus, JobStatus
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def for_scope(self, scope_hash: str) -> JobQuerySet:
+        return self.filter(scope_hash=scope_hash)
+
+    def queued(self) -> JobQuerySet:
+        return self.filter(status=JobStatus.QUEUED)
+
+    def running(self) -> JobQuerySet:
+        return self.filter(status=JobStatus.RUNNING)
+
+    def finished(self) -> JobQuerySet:
+        return self.exclude(status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
+
+    def due(self, now: datetime) -> JobQuerySet:
+        """Claimable now: Queued, no cancel requested, due, attempts left."""
+        return self.filter(
+            status=JobStatus.QUEUED,
+            cancel_requested=False,
+            next_run_at__lte=now,
+            attempt_count__lt=F("max_attempts"),
+        )
+
+    def lease_expired(self, now: datetime) -> JobQuerySet:
+        return self.filter(status=JobStatus.RUNNING, lease_expires_at__lt=now)
+
+
+class Job(models.Model):
+    """One job, identified by (scope_hash, job_id).
+
+    The surrogate ``id`` exists only because the admin cannot register composite
+    primary keys; the identity is the unique constraint.
+    """
+
+    scope_hash = models.CharField(max_length=64)
+    job_id = models.CharField(max_length=200)
+    handler = models.CharField(max_length=200)
+    handler_version = models.PositiveIntegerField()
+    payload_json = models.TextField()
+    queue = models.CharField(max_length=100, default="default")
+    priority = models.SmallIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=1)
+    initial_not_before = models.DateTimeField(null=True, blank=True)
+    next_run_at = models.DateTimeField()
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    attempt_count = models.PositiveIntegerField(default=0)
+    # NULL, not "": the unique constraint applies only to tokens that exist.
+    current_token = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
+    cancel_requested = models.BooleanField(default=False)
+    progress = models.FloatField(null=True, blank=True)
+    progress_message = models.TextField(blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    # NULL means "no result"; an empty string is a result a handler may return.
+    result_ref = models.TextField(null=True, blank=True)  # noqa: DJ001
+    leased_by = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope_hash", "job_id"], name="jobs_job_identity"),
+            models.UniqueConstraint(
+                fields=["current_token"],
+                condition=Q(current_token__isnull=False),
+                name="jobs_job_current_token",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=JobStatus.values), name="jobs_job_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(attempt_count__lte=F("max_attempts")),
+                name="jobs_job_attempts_within_max",
+            ),
+        ]
+        indexes = [
+            # The claim query's index: only Queued, not cancel-requested rows are in it,
+            # so finished history never slows claiming down.
+            models.Index(
+                F("priority").desc(),
+                "next_run_at",
+                "id",
+                name="jobs_job_due_idx",
+                condition=Q(status="queued", cancel_requested=False),
+            ),
+            models.Index(
+                "lease_expires_at",
+                name="jobs_job_running_lease_idx",
+                condition=Q(status="running"),
+            ),
+            models.Index("scope_hash", "created_at", name="jobs_job_scope_created_idx"),
+            models.Index("status", "finished_at", name="jobs_job_status_finished_idx"),
+        ]
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.handler} {self.job_id} ({self.status})"
+
+
+class JobAttempt(models.Model):
+    """One execution of a job; identity (job, number); fenced by its ``token``."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    token = models.CharField(max_length=64, unique=True)
+    status = models.CharField(
+        max_length=16, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING
+    )
+    worker_id = models.CharField(max_length=200, blank=True, default="")
+    progress = models.FloatField(null=True, blank=True)
+    progress_message = models.TextField(blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    # NULL means "no result"; an empty string is a result a handler may return.
+    result_ref = models.TextField(null=True, blank=True)  # noqa: DJ001
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="jobs_attempt_identity"),
+        ]
+        ordering = ["job", "number"]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of job {self.job_id} ({self.status})"

@@ -1,0 +1,270 @@
+"""Values that cross the store's boundary: statuses, submissions, snapshots, claims
+and outcomes. All are immutable."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Self
+
+from django.db import models
+
+from . import validation
+from .conf import jobs_settings
+
+
+class JobStatus(models.TextChoices):
+    """Every state a job can be in; ``docs/lifecycle.md`` lists the transitions."""
+
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    INTERRUPTED = "interrupted", "Interrupted"
+
+    @property
+    def is_finished(self) -> bool:
+        return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+#: States from which ``retry`` may re-queue a job (attempts permitting).
+RETRYABLE_STATUSES = (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED)
+FINISHED_STATUSES = (*RETRYABLE_STATUSES, JobStatus.SUCCEEDED)
+
+
+class AttemptStatus(models.TextChoices):
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    INTERRUPTED = "interrupted", "Interrupted"
+
+
+class ExecutionStatus(enum.Enum):
+    """What a running attempt's token allows, as read by ``get_execution_status``."""
+
+    ACTIVE = "active"
+    CANCEL_REQUESTED = "cancel_requested"
+    ENDED = "ended"
+
+
+class CancelOutcome(enum.Enum):
+    """What ``JobScope.cancel`` did."""
+
+    CANCELLED = "cancelled"  # the job was Queued and is now Cancelled
+    REQUESTED = "requested"  # the job is Running; its handler is asked to stop
+    ALREADY_FINISHED = "already_finished"  # nothing to do: the job had already finished
+
+
+class FinishOutcome(enum.Enum):
+    """What a finishing call (complete, fail, interrupt, recover) did.
+
+    ``STALE`` is falsy: the token was not current (late, unknown or already
+    finished), and nothing changed.
+    """
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+    REQUEUED = "requeued"
+    STALE = "stale"
+
+    def __bool__(self) -> bool:
+        return self is not FinishOutcome.STALE
+
+
+#: The fields whose exact equality makes a second submission a duplicate.
+IDENTITY_FIELDS = (
+    "handler",
+    "handler_version",
+    "payload_json",
+    "queue",
+    "priority",
+    "max_attempts",
+    "initial_not_before",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSubmission:
+    """What a caller asks for. Immutable; the payload is JSON text from the start.
+
+    Build it with :meth:`create`, which serialises the payload at once and rejects
+    anything that is not JSON. Two submissions are the same request when every
+    field is equal, the JSON text byte for byte.
+    """
+
+    handler: str
+    handler_version: int = 1
+    payload_json: str = "null"
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int = 1
+    initial_not_before: datetime | None = None
+
+    def __post_init__(self) -> None:
+        validation.name(self.handler, "handler")
+        validation.integer(self.handler_version, "version", 1, 2**31 - 1)
+        validation.check_payload_json(self.payload_json, jobs_settings().MAX_PAYLOAD_BYTES)
+        validation.name(self.queue, "queue", validation.MAX_QUEUE_LENGTH)
+        validation.integer(
+            self.priority, "priority", validation.MIN_PRIORITY, validation.MAX_PRIORITY
+        )
+        validation.integer(self.max_attempts, "max_attempts", 1, validation.MAX_ATTEMPTS_LIMIT)
+        object.__setattr__(
+            self,
+            "initial_not_before",
+            validation.optional_aware_utc(self.initial_not_before, "not_before"),
+        )
+
+    @classmethod
+    def create(
+        cls,
+        handler: str,
+        payload: Any = None,
+        *,
+        version: int = 1,
+        queue: str = "default",
+        max_attempts: int = 1,
+        not_before: datetime | None = None,
+        priority: int = 0,
+    ) -> Self:
+        """Validate and serialise a request; raises a :class:`~jobs.exceptions.JobsError`
+        subclass for anything invalid."""
+        payload_json = validation.serialise_payload(payload, jobs_settings().MAX_PAYLOAD_BYTES)
+        return cls(
+            handler=handler,
+            handler_version=version,
+            payload_json=payload_json,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            initial_not_before=not_before,
+        )
+
+    @property
+    def version(self) -> int:
+        return self.handler_version
+
+    @property
+    def not_before(self) -> datetime | None:
+        return self.initial_not_before
+
+    @property
+    def payload(self) -> Any:
+        return json.loads(self.payload_json)
+
+    def differing_fields(self, other: JobSubmission) -> list[str]:
+        return [f for f in IDENTITY_FIELDS if getattr(self, f) != getattr(other, f)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptSnapshot:
+    """One execution of a job, as stored."""
+
+    number: int
+    status: AttemptStatus
+    worker_id: str
+    progress: float | None
+    progress_message: str
+    error: str
+    result_ref: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSnapshot:
+    """A job's state when it was read. ``created`` tells whether this call created it."""
+
+    scope_hash: str
+    job_id: str
+    handler: str
+    handler_version: int
+    payload_json: str
+    queue: str
+    priority: int
+    max_attempts: int
+    initial_not_before: datetime | None
+    next_run_at: datetime
+    status: JobStatus
+    attempt_count: int
+    cancel_requested: bool
+    progress: float | None
+    progress_message: str
+    error: str
+    result_ref: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    created: bool = False
+    attempts: tuple[AttemptSnapshot, ...] = field(default=())
+
+    @property
+    def payload(self) -> Any:
+        return json.loads(self.payload_json)
+
+    @property
+    def attempts_left(self) -> int:
+        return max(self.max_attempts - self.attempt_count, 0)
+
+    def submission(self) -> JobSubmission:
+        return JobSubmission(
+            handler=self.handler,
+            handler_version=self.handler_version,
+            payload_json=self.payload_json,
+            queue=self.queue,
+            priority=self.priority,
+            max_attempts=self.max_attempts,
+            initial_not_before=self.initial_not_before,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DueJob:
+    """A candidate returned by ``get_due``: it grants nothing until ``try_start``."""
+
+    scope_hash: str
+    job_id: str
+    queue: str
+    priority: int
+    next_run_at: datetime
+    handler: str
+    handler_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Claim:
+    """A started attempt: whoever holds ``token`` may report progress and finish it."""
+
+    scope_hash: str
+    job_id: str
+    token: str
+    attempt: int
+    max_attempts: int
+    handler: str
+    handler_version: int
+    payload_json: str
+    queue: str
+    worker_id: str
+    lease_expires_at: datetime
+
+    @property
+    def payload(self) -> Any:
+        return json.loads(self.payload_json)
+
+    @property
+    def attempts_left(self) -> int:
+        return max(self.max_attempts - self.attempt, 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenState:
+    """A heartbeat's view of one running attempt."""
+
+    token: str
+    status: ExecutionStatus

@@ -1,0 +1,193 @@
+"""Validation of everything a caller hands to the store.
+
+Each function either returns the normalised value or raises the precise
+:mod:`jobs.exceptions` error; nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from .exceptions import InvalidJobId, InvalidPayload, InvalidScope, InvalidSubmission
+
+MAX_JOB_ID_LENGTH = 200
+MAX_NAME_LENGTH = 200
+MAX_QUEUE_LENGTH = 100
+MAX_SCOPE_LENGTH = 4096
+MAX_ATTEMPTS_LIMIT = 1000
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+MAX_TEXT_LENGTH = 100_000
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
+
+
+def _is_strict_utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8", "strict")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def scope_hash(scope: object) -> str:
+    """SHA-256 (hex) of the scope's strict UTF-8 bytes.
+
+    Case and every code point count: "Owner" and "owner" are different scopes. A
+    scope with a lone surrogate is rejected, never replaced, so that distinct bad
+    inputs cannot fold onto one scope.
+    """
+    if not isinstance(scope, str):
+        raise InvalidScope(f"scope must be a str, not {type(scope).__name__}")
+    if not scope:
+        raise InvalidScope("scope must not be empty")
+    if len(scope) > MAX_SCOPE_LENGTH:
+        raise InvalidScope(f"scope must be at most {MAX_SCOPE_LENGTH} characters")
+    try:
+        data = scope.encode("utf-8", "strict")
+    except UnicodeEncodeError as exc:
+        raise InvalidScope(
+            f"scope contains a lone surrogate at position {exc.start}; it is not valid Unicode"
+        ) from None
+    return hashlib.sha256(data).hexdigest()
+
+
+def validate_scope_hash(value: object) -> str:
+    """A scope hash as the executor passes it: 64 lowercase hex characters."""
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise InvalidScope("scope_hash must be 64 lowercase hexadecimal characters")
+    return value
+
+
+def job_id(value: object) -> str:
+    """A caller-chosen job id, or a generated one when ``value`` is None."""
+    if value is None:
+        return uuid.uuid4().hex
+    if not isinstance(value, str):
+        raise InvalidJobId(f"job id must be a str, not {type(value).__name__}")
+    if not value:
+        raise InvalidJobId("job id must not be empty")
+    if len(value) > MAX_JOB_ID_LENGTH:
+        raise InvalidJobId(f"job id must be at most {MAX_JOB_ID_LENGTH} characters")
+    if _CONTROL.search(value):
+        raise InvalidJobId("job id must not contain control characters")
+    if value != value.strip():
+        raise InvalidJobId("job id must not start or end with whitespace")
+    if not _is_strict_utf8(value):
+        raise InvalidJobId("job id contains a lone surrogate; it is not valid Unicode")
+    return value
+
+
+def name(value: object, what: str, max_length: int = MAX_NAME_LENGTH) -> str:
+    """A handler or queue name: letters, digits and ``_ . : -``."""
+    if not isinstance(value, str):
+        raise InvalidSubmission(f"{what} must be a str, not {type(value).__name__}")
+    if len(value) > max_length:
+        raise InvalidSubmission(f"{what} must be at most {max_length} characters")
+    if not _NAME.fullmatch(value):
+        raise InvalidSubmission(
+            f"{what} {value!r} must be non-empty and use only letters, digits and _ . : -"
+        )
+    return value
+
+
+def integer(value: object, what: str, low: int, high: int) -> int:
+    """An int (not a bool) within [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSubmission(f"{what} must be an int, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidSubmission(f"{what} must be between {low} and {high}, got {value}")
+    return value
+
+
+def aware_utc(value: object, what: str) -> datetime:
+    """An aware datetime, converted to UTC (microsecond precision is kept)."""
+    if not isinstance(value, datetime):
+        raise InvalidSubmission(f"{what} must be a datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidSubmission(f"{what} must be timezone-aware (UTC is used throughout)")
+    return value.astimezone(UTC)
+
+
+def optional_aware_utc(value: object, what: str) -> datetime | None:
+    return None if value is None else aware_utc(value, what)
+
+
+def text(value: object, what: str, max_length: int = MAX_TEXT_LENGTH) -> str:
+    """Free text (error, progress message, result reference): valid Unicode, bounded.
+
+    NUL characters are refused because PostgreSQL text cannot store them.
+    """
+    if not isinstance(value, str):
+        raise InvalidSubmission(f"{what} must be a str, not {type(value).__name__}")
+    if len(value) > max_length:
+        raise InvalidSubmission(f"{what} must be at most {max_length} characters")
+    if "\x00" in value:
+        raise InvalidSubmission(f"{what} must not contain NUL characters")
+    if not _is_strict_utf8(value):
+        raise InvalidSubmission(f"{what} contains a lone surrogate; it is not valid Unicode")
+    return value
+
+
+def _check_json(value: Any, path: str) -> None:
+    if value is None or isinstance(value, bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidPayload(f"payload{path} is {value!r}; JSON has no NaN or Infinity")
+        return
+    if isinstance(value, str):
+        if not _is_strict_utf8(value):
+            raise InvalidPayload(f"payload{path} contains a lone surrogate")
+        return
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_json(item, f"{path}[{index}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidPayload(
+                    f"payload{path} has a {type(key).__name__} key {key!r}; JSON keys are strings"
+                )
+            if not _is_strict_utf8(key):
+                raise InvalidPayload(f"payload{path} has a key with a lone surrogate")
+            _check_json(item, f"{path}[{key!r}]")
+        return
+    raise InvalidPayload(f"payload{path} is a {type(value).__name__}, which is not JSON")
+
+
+def _reject_constant(token: str) -> Any:
+    raise InvalidPayload(f"payload JSON contains {token}, which is not JSON")
+
+
+def serialise_payload(payload: Any, max_bytes: int) -> str:
+    """The exact JSON text of ``payload``; it never changes after this call."""
+    _check_json(payload, "")
+    text_ = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    if len(text_.encode("utf-8")) > max_bytes:
+        raise InvalidPayload(f"payload is larger than {max_bytes} bytes of JSON")
+    return text_
+
+
+def check_payload_json(value: object, max_bytes: int) -> str:
+    """Validate JSON text given directly; it is kept byte for byte as given."""
+    if not isinstance(value, str):
+        raise InvalidPayload(f"payload_json must be a str, not {type(value).__name__}")
+    if not _is_strict_utf8(value) or "\x00" in value:
+        raise InvalidPayload("payload_json must be valid Unicode without NUL characters")
+    if len(value.encode("utf-8")) > max_bytes:
+        raise InvalidPayload(f"payload is larger than {max_bytes} bytes of JSON")
+    try:
+        json.loads(value, parse_constant=_reject_constant)
+    except ValueError as exc:
+        if isinstance(exc, InvalidPayload):
+            raise
+        raise InvalidPayload(f"payload_json is not valid JSON: {exc}") from None
+    return value

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Throw-away PostgreSQL cluster for tests, demos and benchmarks.
+#   scripts/pg.sh start DIR   -> prints a postgres:// URL on stdout
+#   scripts/pg.sh stop DIR
+# Runs the server as the `postgres` user when invoked as root (initdb refuses root),
+# listens on a free loopback port, and keeps everything inside DIR.
+set -euo pipefail
+
+cmd=${1:?usage: pg.sh start|stop DIR}
+dir=${2:?usage: pg.sh start|stop DIR}
+
+find_bindir() {
+    if [ -n "${PG_BINDIR:-}" ]; then echo "$PG_BINDIR"; return; fi
+    for d in /usr/lib/postgresql/*/bin; do
+        [ -x "$d/initdb" ] && { echo "$d"; }
+    done | sort -V | tail -n 1
+}
+
+as_owner() {
+    if [ "$(id -u)" = "0" ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+case "$cmd" in
+start)
+    bindir=$(find_bindir)
+    if [ -z "$bindir" ]; then
+        echo "error: PostgreSQL server binaries not found (looked in /usr/lib/postgresql/*/bin; set PG_BINDIR)" >&2
+        exit 1
+    fi
+    mkdir -p "$dir"
+    if [ "$(id -u)" = "0" ]; then
+        id postgres >/dev/null 2>&1 || { echo "error: running as root but no 'postgres' user exists" >&2; exit 1; }
+        chown postgres "$dir"
+    fi
+    port=$(python3 - <<'PY'
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()
+PY
+)
+    as_owner "$bindir/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
+        || { cat "$dir/initdb.log" >&2; exit 1; }
+    as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c max_connections=200 -c fsync=${PG_FSYNC:-off} -c synchronous_commit=${PG_SYNC_COMMIT:-off} -c full_page_writes=${PG_FSYNC:-off}" \
+        start >"$dir/pg_ctl.log" 2>&1 || { cat "$dir/pg_ctl.log" "$dir/server.log" >&2; exit 1; }
+    echo "$port" >"$dir/port"
+    "$bindir/createdb" -h 127.0.0.1 -p "$port" -U postgres ledon
+    echo "postgres://postgres@127.0.0.1:$port/ledon"
+    ;;
+stop)
+    bindir=$(find_bindir)
+    if [ -d "$dir/data" ]; then
+        as_owner "$bindir/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+    fi
+    rm -rf "$dir"
+    ;;
+*)
+    echo "usage: pg.sh start|stop DIR" >&2
+    exit 2
+    ;;
+esac

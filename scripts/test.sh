@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The whole check: lint, types, migrations, then the test suite on SQLite and on a
+# throw-away PostgreSQL. With CI=true, a PostgreSQL that cannot start is a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY="$VENV/bin/python"
+
+echo "== ruff"
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+echo "== mypy"
+"$VENV/bin/mypy" jobs outbox sagas testproject
+echo "== makemigrations --check"
+DATABASE_URL="sqlite:///$(mktemp -d)/check.sqlite3" "$PY" manage.py makemigrations --check --dry-run
+
+status=0
+echo "== tests on SQLite"
+DATABASE_URL="sqlite:///$(mktemp -d)/ledon.sqlite3" "$PY" -m pytest "$@" || status=$?
+[ "$status" = 5 ] && { echo "error: no tests ran on SQLite" >&2; exit 1; }
+
+pgdir=$(mktemp -d /tmp/ledon-pg.XXXXXX)
+if url=$(scripts/pg.sh start "$pgdir"); then
+    trap 'scripts/pg.sh stop "$pgdir"' EXIT
+    echo "== tests on PostgreSQL ($url)"
+    pg_status=0
+    DATABASE_URL="$url" "$PY" -m pytest "$@" || pg_status=$?
+    [ "$pg_status" = 5 ] && { echo "error: no tests ran on PostgreSQL" >&2; exit 1; }
+    [ "$pg_status" != 0 ] && status=$pg_status
+else
+    if [ "${CI:-}" = "true" ]; then
+        echo "error: PostgreSQL could not be started and CI=true: failing" >&2
+        exit 1
+    fi
+    echo "warning: PostgreSQL could not be started; PostgreSQL tests NOT run" >&2
+fi
+exit "$status"

@@ -1,0 +1,110 @@
+"""Settings for the test project, read from the environment with django-environ.
+
+``DATABASE_URL`` defaults to a SQLite file (WAL, IMMEDIATE transactions, busy
+timeout); any ``postgres://`` URL switches to PostgreSQL.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env(
+    DEBUG=(bool, False),
+    SECRET_KEY=(str, "insecure-test-project-key-change-me"),
+    ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1", "testserver"]),
+)
+
+DEBUG = env("DEBUG")
+SECRET_KEY = env("SECRET_KEY")
+ALLOWED_HOSTS = env("ALLOWED_HOSTS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "jobs",
+    "outbox",
+    "sagas",
+    "testproject.shop",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "testproject.wsgi.application"
+
+
+def _database(url: str) -> dict[str, Any]:
+    config: dict[str, Any] = environ.Env.db_url_config(url)
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        config["OPTIONS"] = {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+        # Tests run real worker processes, so the test database must be a file
+        # that other processes can open, next to the main one.
+        config["TEST"] = {"NAME": str(Path(config["NAME"]).with_suffix(".test.sqlite3"))}
+    else:
+        config.setdefault("CONN_MAX_AGE", 0)
+    return config
+
+
+DATABASES = {
+    "default": _database(env("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")),
+}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+
+JOBS: dict[str, Any] = {
+    "LEASE_SECONDS": env.int("JOBS_LEASE_SECONDS", default=30),
+    "HEARTBEAT_SECONDS": env.float("JOBS_HEARTBEAT_SECONDS", default=10),
+    "POLL_INTERVAL": env.float("JOBS_POLL_INTERVAL", default=1.0),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "jobs": {"handlers": ["console"], "level": env("JOBS_LOG_LEVEL", default="WARNING")},
+    },
+}
