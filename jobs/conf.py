@@ -25,6 +25,8 @@ class JobsSettings:
     AUTODISCOVER_MODULE: str = "tasks"
     #: Largest accepted payload, in bytes of JSON text.
     MAX_PAYLOAD_BYTES: int = 1_000_000
+    #: Seconds between two checks for cancel requests of running jobs.
+    CANCEL_POLL_INTERVAL: float = 0.5
     #: Seconds between two sweeps for attempts whose lease expired.
     RECOVERY_INTERVAL: float = 5.0
     #: Automatic retry: first delay in seconds, growth factor, cap, and jitter ratio.
@@ -50,6 +52,7 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
         "POLL_INTERVAL",
         "MAX_PAYLOAD_BYTES",
         "RECOVERY_INTERVAL",
+        "CANCEL_POLL_INTERVAL",
         "CLAIM_BATCH_SIZE",
     )
     for key in positive:

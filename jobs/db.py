@@ -39,12 +39,9 @@ def read_dt(value: Any) -> datetime | None:
     """A datetime read by raw SQL: PostgreSQL gives aware values, SQLite gives text."""
     if value is None:
         return None
-    if isinstance(value, datetime):
-        parsed = value
-    else:
-        parsed = parse_datetime(str(value))
-        if parsed is None:
-            raise ValueError(f"not a datetime: {value!r}")
+    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
+    if parsed is None:
+        raise ValueError(f"not a datetime: {value!r}")
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.astimezone(UTC)

@@ -272,12 +272,22 @@ def _existing_or_conflict(scope_hash: str, job_id: str, sub: JobSubmission) -> J
     return existing
 
 
+def _in_caller_atomic_block(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the caller has an ``atomic`` block open on ``connection``.
+
+    The blocks Django's ``TestCase`` (and pytest-django's ``django_db``) wrap around
+    each test do not count, exactly as for ``atomic(durable=True)``: code that calls
+    ``submit_job`` or ``stage_job`` behaves in an ordinary test as in production.
+    """
+    return any(not block._from_testcase for block in connection.atomic_blocks)  # type: ignore[attr-defined]
+
+
 def submit(
     scope_hash: str, job_id: str, sub: JobSubmission, *, now: datetime | None = None
 ) -> JobSnapshot:
     """J3: create the job in a short transaction of its own (idempotent per identity)."""
     alias = alias_for(Job)
-    if transaction.get_connection(alias).in_atomic_block:
+    if _in_caller_atomic_block(transaction.get_connection(alias)):
         raise AmbientTransactionError()
     now = _now(now)
     for _ in range(3):
@@ -304,7 +314,7 @@ def stage(
     """
     alias = alias_for(Job)
     connection = transaction.get_connection(alias)
-    if not connection.in_atomic_block:
+    if not _in_caller_atomic_block(connection):
         raise TransactionRequiredError()
     now = _now(now)
     try:

@@ -1,0 +1,331 @@
+"""Read-only inspection of jobs and their attempts in the Django admin.
+
+Nothing is editable by hand: no form ever saves a job or an attempt, and nothing can
+be added or deleted here. The only state changes are the "Cancel" and "Retry"
+actions, which go through :mod:`jobs.store` exactly like the scoped API does, and are
+offered only to users holding ``jobs.change_job`` (the admin never edits a job, so
+that permission means "may steer jobs"). Staff with only ``jobs.view_job`` see the
+pages and no actions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from . import store, validation
+from .exceptions import InvalidInput, InvalidTransition, JobNotFound
+from .models import Job, JobAttempt
+from .types import CancelOutcome
+
+if TYPE_CHECKING:
+    _JobAdminBase = admin.ModelAdmin[Job]
+    _AttemptAdminBase = admin.ModelAdmin[JobAttempt]
+    _AttemptInlineBase = admin.TabularInline[JobAttempt, Job]
+else:
+    _JobAdminBase = admin.ModelAdmin
+    _AttemptAdminBase = admin.ModelAdmin
+    _AttemptInlineBase = admin.TabularInline
+
+try:  # Django 6.1+: the actions are also offered on a job's own page.
+    from django.contrib.admin import ActionLocation
+
+    _ACTION_PLACES: dict[str, Any] = {
+        "location": [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
+    }
+except ImportError:  # pragma: no cover - older Django: from the list only
+    _ACTION_PLACES = {}
+
+#: Refusals listed one by one after an action; the rest are counted.
+MAX_LISTED_REFUSALS = 10
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}%"
+
+
+class JobAttemptInline(_AttemptInlineBase):
+    """The attempts of one job, oldest first, read-only."""
+
+    model = JobAttempt
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    ordering = ("number",)
+    # The token is deliberately not shown: it is the attempt's write capability.
+    fields = readonly_fields = (
+        "number",
+        "status",
+        "worker_id",
+        "progress_percent",
+        "progress_message",
+        "error",
+        "result_ref",
+        "started_at",
+        "finished_at",
+    )
+
+    @admin.display(description="progress")
+    def progress_percent(self, obj: JobAttempt) -> str:
+        return _percent(obj.progress)
+
+    def has_add_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(_JobAdminBase):
+    list_display = (
+        "job_id",
+        "handler_with_version",
+        "status_display",
+        "queue",
+        "priority",
+        "attempts",
+        "progress_percent",
+        "next_run_at",
+        "created_at",
+    )
+    list_filter = ("status", "queue", "handler", "cancel_requested")
+    search_fields = ("job_id",)
+    search_help_text = (
+        "Job id (contains), or a scope: its 64-character hash or the scope string "
+        "your code passes (exact)."
+    )
+    ordering = ("-created_at", "-id")
+    # Counting the whole table on every page is slow once history grows.
+    show_full_result_count = False
+    list_per_page = 50
+    inlines = (JobAttemptInline,)
+    actions = ("cancel_jobs", "retry_jobs")
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "job_id",
+                    "scope_hash",
+                    "handler_with_version",
+                    "queue",
+                    "priority",
+                    "status_display",
+                    "attempts",
+                )
+            },
+        ),
+        (
+            "Progress and outcome",
+            {"fields": ("progress_percent", "progress_message", "error", "result_ref")},
+        ),
+        ("Payload", {"fields": ("payload_pretty",)}),
+        (
+            "Schedule",
+            {
+                "fields": (
+                    "initial_not_before",
+                    "next_run_at",
+                    "created_at",
+                    "started_at",
+                    "finished_at",
+                    "updated_at",
+                )
+            },
+        ),
+        ("Lease", {"fields": ("leased_by", "lease_expires_at"), "classes": ("collapse",)}),
+    )
+    readonly_fields = tuple(
+        name for _, options in fieldsets for name in options["fields"] if isinstance(name, str)
+    )
+
+    # ------------------------------------------------------------------ columns
+
+    @admin.display(description="handler", ordering="handler")
+    def handler_with_version(self, obj: Job) -> str:
+        return f"{obj.handler}@{obj.handler_version}"
+
+    @admin.display(description="status", ordering="status")
+    def status_display(self, obj: Job) -> str:
+        label = obj.get_status_display()
+        return f"{label} (cancel requested)" if obj.cancel_requested else label
+
+    @admin.display(description="attempts", ordering="attempt_count")
+    def attempts(self, obj: Job) -> str:
+        return f"{obj.attempt_count}/{obj.max_attempts}"
+
+    @admin.display(description="progress", ordering="progress")
+    def progress_percent(self, obj: Job) -> str:
+        return _percent(obj.progress)
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: Job) -> SafeString:
+        try:
+            text = json.dumps(json.loads(obj.payload_json), indent=2, ensure_ascii=False)
+        except ValueError:
+            text = obj.payload_json  # shown as stored rather than hidden
+        return format_html('<pre class="jobs-payload">{}</pre>', text)
+
+    # ------------------------------------------------------------------ search
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        """Job ids by substring; scopes exactly, by hash or as the caller names them."""
+        found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if not term:
+            return found, may_have_duplicates
+        hashes = set()
+        if len(term) == 64:
+            try:
+                hashes.add(validation.validate_scope_hash(term.lower()))
+            except InvalidInput:
+                pass
+        try:
+            hashes.add(validation.scope_hash(term))
+        except InvalidInput:
+            pass
+        return found | queryset.filter(scope_hash__in=hashes), may_have_duplicates
+
+    # ------------------------------------------------------------------ permissions
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        # The view page still works: Django shows it read-only to users with the
+        # view (or change) permission.
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False
+
+    def _may_steer(self, request: HttpRequest) -> bool:
+        codename = get_permission_codename("change", self.opts)
+        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return self._may_steer(request)
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return self._may_steer(request)
+
+    # ------------------------------------------------------------------ actions
+
+    @admin.action(description="Cancel selected jobs", permissions=["cancel"], **_ACTION_PLACES)
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        """Cancel through the store: Queued jobs at once, Running ones by request."""
+        outcomes: Counter[CancelOutcome] = Counter()
+        refusals: list[str] = []
+        for scope_hash, job_id in queryset.values_list("scope_hash", "job_id"):
+            try:
+                outcomes[store.cancel(scope_hash, job_id)] += 1
+            except JobNotFound:
+                refusals.append(f"job {job_id!r} no longer exists")
+            except InvalidTransition as exc:
+                refusals.append(str(exc))
+        parts = [
+            f"{outcomes[outcome]} {label}"
+            for outcome, label in (
+                (CancelOutcome.CANCELLED, "cancelled"),
+                (CancelOutcome.REQUESTED, "cancel requested"),
+                (CancelOutcome.ALREADY_FINISHED, "already finished"),
+            )
+            if outcomes[outcome]
+        ]
+        if refusals:
+            parts.append(f"{len(refusals)} not cancelled")
+        changed = outcomes[CancelOutcome.CANCELLED] + outcomes[CancelOutcome.REQUESTED]
+        self.message_user(
+            request, ", ".join(parts) + ".", messages.SUCCESS if changed else messages.WARNING
+        )
+        self._report_refusals(request, refusals, "not cancelled")
+
+    @admin.action(description="Retry selected jobs", permissions=["retry"], **_ACTION_PLACES)
+    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        """Re-queue through the store; jobs whose state forbids it are listed with why."""
+        requeued = 0
+        refusals: list[str] = []
+        for scope_hash, job_id in queryset.values_list("scope_hash", "job_id"):
+            try:
+                store.retry(scope_hash, job_id)
+            except JobNotFound:
+                refusals.append(f"job {job_id!r} no longer exists")
+            except InvalidTransition as exc:
+                refusals.append(str(exc))
+            else:
+                requeued += 1
+        summary = f"{requeued} re-queued"
+        if refusals:
+            summary += f", {len(refusals)} refused"
+        self.message_user(
+            request, summary + ".", messages.SUCCESS if requeued else messages.WARNING
+        )
+        self._report_refusals(request, refusals, "refused")
+
+    def _report_refusals(self, request: HttpRequest, refusals: Sequence[str], verb: str) -> None:
+        for reason in refusals[:MAX_LISTED_REFUSALS]:
+            self.message_user(request, reason[:1].upper() + reason[1:] + ".", messages.WARNING)
+        hidden = len(refusals) - MAX_LISTED_REFUSALS
+        if hidden > 0:
+            self.message_user(request, f"... and {hidden} more {verb}.", messages.WARNING)
+
+
+@admin.register(JobAttempt)
+class JobAttemptAdmin(_AttemptAdminBase):
+    list_display = ("job_link", "number", "status", "worker_id", "started_at", "finished_at")
+    list_filter = ("status",)
+    list_select_related = ("job",)
+    search_fields = ("job__job_id", "worker_id")
+    search_help_text = "Job id or worker id (contains)."
+    ordering = ("-started_at", "-id")
+    show_full_result_count = False
+    list_per_page = 50
+    # The token is deliberately not shown: it is the attempt's write capability.
+    fields = readonly_fields = (
+        "job",
+        "number",
+        "status",
+        "worker_id",
+        "progress_percent",
+        "progress_message",
+        "error",
+        "result_ref",
+        "started_at",
+        "finished_at",
+    )
+
+    @admin.display(description="job", ordering="job__job_id")
+    def job_link(self, obj: JobAttempt) -> SafeString:
+        url = reverse(
+            f"admin:{Job._meta.app_label}_{Job._meta.model_name}_change", args=[obj.job.pk]
+        )
+        return format_html('<a href="{}">{}</a>', url, obj.job.job_id)
+
+    @admin.display(description="progress")
+    def progress_percent(self, obj: JobAttempt) -> str:
+        return _percent(obj.progress)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: JobAttempt | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: JobAttempt | None = None) -> bool:
+        return False

@@ -1,0 +1,264 @@
+"""Handlers: the registry (`@job_handler`), the context a handler receives, and the
+automatic retry policy.
+
+Handlers are found by their registered name and version only — never by importing a
+path read from stored or user data (J13). The worker imports each installed app's
+``tasks`` module (``JOBS["AUTODISCOVER_MODULE"]``) so that the decorators run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils.module_loading import autodiscover_modules
+
+from . import validation
+from .conf import jobs_settings
+from .exceptions import JobCancelled, JobsConfigurationError, UnknownHandler
+from .types import Claim
+
+HandlerResult = str | None
+SyncHandler = Callable[["JobContext"], HandlerResult]
+AsyncHandler = Callable[["JobContext"], Awaitable[HandlerResult]]
+Handler = SyncHandler | AsyncHandler
+
+
+class PermanentFailure(Exception):
+    """Raise from a handler to fail the job without any automatic retry."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """Exponential backoff with jitter for automatic retries (J10 through the executor).
+
+    The delay before attempt ``n + 1`` is ``base_delay * factor ** (n - 1)``, capped at
+    ``max_delay``, then spread by ``± jitter`` (a ratio). Retries never go beyond the
+    job's ``max_attempts``; ``retry_on`` limits which exceptions are retried.
+    """
+
+    base_delay: float = 2.0
+    factor: float = 2.0
+    max_delay: float = 3600.0
+    jitter: float = 0.25
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+
+    def __post_init__(self) -> None:
+        if self.base_delay < 0 or self.factor < 1 or self.max_delay < 0:
+            raise JobsConfigurationError(
+                "retry policy needs base_delay >= 0, factor >= 1 and max_delay >= 0"
+            )
+        if not 0 <= self.jitter < 1:
+            raise JobsConfigurationError("retry policy jitter must be in [0, 1)")
+
+    @classmethod
+    def from_settings(cls) -> RetryPolicy:
+        s = jobs_settings()
+        return cls(
+            base_delay=s.RETRY_BASE_DELAY,
+            factor=s.RETRY_BACKOFF_FACTOR,
+            max_delay=s.RETRY_MAX_DELAY,
+            jitter=s.RETRY_JITTER,
+        )
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        raw = min(self.max_delay, self.base_delay * self.factor ** max(attempt - 1, 0))
+        spread = (rng or random).uniform(-self.jitter, self.jitter)
+        return max(0.0, raw * (1 + spread))
+
+    def retry_at(self, attempt: int, now: datetime, exc: BaseException) -> datetime | None:
+        """When to run again after ``exc`` ended ``attempt``, or None for no retry."""
+        if isinstance(exc, PermanentFailure | JobCancelled) or not isinstance(exc, self.retry_on):
+            return None
+        return now + timedelta(seconds=self.delay(attempt))
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    name: str
+    version: int
+    func: Handler
+    is_async: bool
+    retry: RetryPolicy | None = field(default=None)
+
+    def retry_policy(self) -> RetryPolicy:
+        return self.retry or RetryPolicy.from_settings()
+
+
+_registry: dict[tuple[str, int], HandlerSpec] = {}
+_lock = threading.Lock()
+
+
+def job_handler(
+    name: str, *, version: int = 1, retry: RetryPolicy | None = None
+) -> Callable[[Handler], Handler]:
+    """Register a function as the handler of ``name`` at ``version``.
+
+    The function takes a :class:`JobContext` and returns an optional result
+    reference (a string). ``async def`` functions run on the worker's event loop.
+    Registering a different function under a taken (name, version) is an error.
+    """
+    validation.name(name, "handler")
+    validation.integer(version, "version", 1, 2**31 - 1)
+
+    def decorator(func: Handler) -> Handler:
+        spec = HandlerSpec(name, version, func, inspect.iscoroutinefunction(func), retry)
+        key = (name, version)
+        with _lock:
+            existing = _registry.get(key)
+            if existing is not None and _qualified(existing.func) != _qualified(func):
+                raise JobsConfigurationError(
+                    f"handler {name!r} version {version} is already registered "
+                    f"by {_qualified(existing.func)}"
+                )
+            _registry[key] = spec
+        return func
+
+    return decorator
+
+
+def _qualified(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+def get_handler(name: str, version: int) -> HandlerSpec:
+    """The registered handler, or :class:`~jobs.exceptions.UnknownHandler`."""
+    spec = _registry.get((name, version))
+    if spec is None:
+        versions = sorted(v for (n, v) in _registry if n == name)
+        known = f" (registered versions: {versions})" if versions else ""
+        raise UnknownHandler(
+            f"no handler registered for {name!r} version {version}{known}; "
+            "is its app's tasks module imported by the worker?"
+        )
+    return spec
+
+
+def registered_handlers() -> list[HandlerSpec]:
+    return sorted(_registry.values(), key=lambda s: (s.name, s.version))
+
+
+def unregister(name: str, version: int) -> None:
+    """Remove a registration (for tests)."""
+    with _lock:
+        _registry.pop((name, version), None)
+
+
+def autodiscover() -> None:
+    """Import ``<app>.<AUTODISCOVER_MODULE>`` for every installed app."""
+    autodiscover_modules(jobs_settings().AUTODISCOVER_MODULE)
+
+
+class JobContext:
+    """What a handler gets: the parsed payload, identity, progress reporting, and a
+    cancellation signal it can poll (``cancel_requested``) or wait on.
+
+    ``cancel_requested`` becomes true when the job's cancellation is requested
+    (``JobScope.cancel``) and when the worker is shutting down; the worker keeps it
+    current while the handler runs.
+    """
+
+    def __init__(
+        self,
+        claim: Claim,
+        *,
+        progress: Callable[[str, float, str | None], bool] | None = None,
+    ) -> None:
+        self.claim = claim
+        self.payload: Any = claim.payload
+        self._progress = progress
+        self._cancel = threading.Event()
+        self._shutdown = threading.Event()
+        self._stored_cancel = False
+
+    # identity
+    @property
+    def job_id(self) -> str:
+        return self.claim.job_id
+
+    @property
+    def scope_hash(self) -> str:
+        return self.claim.scope_hash
+
+    @property
+    def attempt(self) -> int:
+        return self.claim.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self.claim.max_attempts
+
+    @property
+    def token(self) -> str:
+        return self.claim.token
+
+    @property
+    def handler(self) -> str:
+        return self.claim.handler
+
+    @property
+    def version(self) -> int:
+        return self.claim.handler_version
+
+    @property
+    def queue(self) -> str:
+        return self.claim.queue
+
+    @property
+    def worker_id(self) -> str:
+        return self.claim.worker_id
+
+    # progress
+    def report_progress(self, value: float, message: str | None = None) -> bool:
+        """Record progress (a percentage, never going down). False if the attempt is
+        no longer current or its cancellation was requested."""
+        if self._progress is None:
+            from . import store
+
+            return store.report_progress(self.token, value, message)
+        return self._progress(self.token, value, message)
+
+    async def areport_progress(self, value: float, message: str | None = None) -> bool:
+        return await asyncio.to_thread(self.report_progress, value, message)
+
+    # cancellation
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def shutdown_requested(self) -> bool:
+        """True when the worker, not the user, asked the handler to stop."""
+        return self._shutdown.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~jobs.exceptions.JobCancelled` if the handler should stop."""
+        if self._cancel.is_set():
+            raise JobCancelled()
+
+    def wait_for_cancel(self, timeout: float | None = None) -> bool:
+        """Block until cancellation is signalled or ``timeout`` passes; True if signalled."""
+        return self._cancel.wait(timeout)
+
+    async def await_cancel(self, timeout: float | None = None) -> bool:
+        """The async form of :meth:`wait_for_cancel`."""
+        return await asyncio.to_thread(self._cancel.wait, timeout)
+
+    # the worker's side
+    def signal_cancel(self, *, shutdown: bool = False) -> None:
+        if shutdown:
+            self._shutdown.set()
+        else:
+            self._stored_cancel = True
+        self._cancel.set()
+
+    @property
+    def stopped_by_shutdown(self) -> bool:
+        return self._shutdown.is_set() and not self._stored_cancel

@@ -1,0 +1,99 @@
+"""``manage.py run_jobs``: a thin wrapper over :class:`jobs.worker.Worker`."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from jobs import validation
+from jobs.exceptions import JobsError
+from jobs.handlers import autodiscover, registered_handlers
+from jobs.types import Claim
+from jobs.worker import Worker
+
+
+class Command(BaseCommand):
+    help = "Run jobs: claim due jobs, run their handlers, recover stopped workers' attempts."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--concurrency", type=int, default=1, help="handler threads (>= 1)")
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            default=[],
+            metavar="NAME",
+            help="only this queue (repeatable; default: every queue)",
+        )
+        parser.add_argument(
+            "--worker-id",
+            default=None,
+            help="stable id of this worker; a restart with the same id recovers its "
+            "own unfinished attempts at once (default: host:pid)",
+        )
+        parser.add_argument(
+            "--burst", action="store_true", help="exit when nothing is due and nothing runs"
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=float,
+            default=20.0,
+            metavar="S",
+            help="seconds running handlers get to finish on SIGTERM/SIGINT before "
+            "they are signalled to stop and re-queued",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        concurrency = options["concurrency"]
+        if concurrency < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if options["shutdown_timeout"] < 0:
+            raise CommandError("--shutdown-timeout must not be negative")
+        try:
+            for name in options["queues"]:
+                validation.name(name, "queue", validation.MAX_QUEUE_LENGTH)
+            if options["worker_id"] is not None:
+                validation.text(options["worker_id"], "worker id", validation.MAX_NAME_LENGTH)
+        except JobsError as exc:
+            raise CommandError(str(exc)) from exc
+        autodiscover()
+        verbosity = options["verbosity"]
+        worker = Worker(
+            concurrency=concurrency,
+            queues=options["queues"],
+            worker_id=options["worker_id"],
+            burst=options["burst"],
+            shutdown_timeout=options["shutdown_timeout"],
+            on_event=self._printer(verbosity),
+        )
+        handlers = ", ".join(f"{h.name}@{h.version}" for h in registered_handlers()) or "none"
+        self.stdout.write(f"worker {worker.worker_id}: handlers {handlers}")
+
+        def on_signal(signum: int, frame: Any) -> None:
+            again = worker._stopping.is_set()
+            self.stdout.write(
+                f"worker {worker.worker_id}: {signal.Signals(signum).name}, "
+                + ("stopping now" if again else "stopping gracefully")
+            )
+            worker.stop(immediate=again)
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        stats = worker.run()
+        self.stdout.write(
+            self.style.SUCCESS(f"worker {worker.worker_id} stopped: {stats.summary()}")
+        )
+
+    def _printer(self, verbosity: int) -> Any:
+        def emit(event: str, claim: Claim | None, detail: str) -> None:
+            if verbosity < 1 or event == "stopped" or (verbosity < 2 and event == "claimed"):
+                return
+            what = f"job {claim.job_id} ({claim.handler}@{claim.handler_version})" if claim else ""
+            line = " ".join(p for p in (event, what, detail) if p)
+            style = self.style.ERROR if event in ("failed", "lost") else (lambda s: s)
+            self.stdout.write(style(line))
+            self.stdout.flush()
+
+        return emit

@@ -1,0 +1,528 @@
+"""The executor engine behind ``manage.py run_jobs`` (J14).
+
+A :class:`Worker` claims due jobs only for free capacity, runs their handlers on a
+fixed set of threads (``async def`` handlers on one event loop), renews the leases
+of its running attempts by heartbeat, passes cancellation requests to handlers,
+finishes each attempt through the store, and recovers attempts whose worker died.
+
+Every write goes through :mod:`jobs.execution`, fenced by the attempt's token: if
+this worker lost an attempt (it was recovered elsewhere), its late result changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.utils import timezone
+
+from . import execution, store
+from .conf import jobs_settings
+from .db import alias_for, is_postgres
+from .exceptions import UnknownHandler
+from .handlers import HandlerSpec, JobContext, get_handler
+from .models import Job
+from .types import Claim, ExecutionStatus, FinishOutcome
+
+logger = logging.getLogger(__name__)
+
+#: A callback for what the worker does: (event, claim or None, detail).
+EventCallback = Callable[[str, Claim | None, str], None]
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    cancelled: int = 0
+    requeued: int = 0
+    interrupted: int = 0
+    stale: int = 0
+    recovered: int = 0
+
+    def count(self, outcome: FinishOutcome) -> None:
+        name = {
+            FinishOutcome.SUCCEEDED: "succeeded",
+            FinishOutcome.FAILED: "failed",
+            FinishOutcome.CANCELLED: "cancelled",
+            FinishOutcome.INTERRUPTED: "interrupted",
+            FinishOutcome.REQUEUED: "requeued",
+            FinishOutcome.STALE: "stale",
+        }[outcome]
+        setattr(self, name, getattr(self, name) + 1)
+
+    def summary(self) -> str:
+        return (
+            f"claimed {self.claimed}, succeeded {self.succeeded}, failed {self.failed}, "
+            f"retries scheduled {self.retried}, cancelled {self.cancelled}, "
+            f"re-queued {self.requeued}, recovered {self.recovered}"
+        )
+
+
+@dataclass(slots=True)
+class _Running:
+    claim: Claim
+    ctx: JobContext
+    started: float = field(default_factory=time.monotonic)
+
+
+def format_error(exc: BaseException) -> str:
+    """Exception type, message and traceback, as stored on the failed attempt."""
+    text = "".join(traceback.format_exception(exc))
+    return text.replace("\x00", "\\x00")[:100_000]
+
+
+class _Listener(threading.Thread):
+    """LISTEN on a dedicated autocommit connection (PostgreSQL) and wake the worker.
+
+    Notifications are sent inside the submitting transaction, so they arrive on
+    commit. If the connection breaks, the worker still polls; the listener reconnects.
+    """
+
+    def __init__(self, alias: str, channels: Sequence[str], on_notify: Callable[[str, str], None]):
+        super().__init__(name="jobs-listener", daemon=True)
+        self._params = connections[alias].get_connection_params()
+        self._params.pop("cursor_factory", None)
+        self._channels = list(channels)
+        self._on_notify = on_notify
+        self._stop = threading.Event()
+        self.ready = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        import psycopg
+        from psycopg import sql
+
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(**self._params, autocommit=True) as conn:
+                    for channel in self._channels:
+                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    self.ready.set()
+                    while not self._stop.is_set():
+                        for notify in conn.notifies(timeout=0.5):
+                            self._on_notify(notify.channel, notify.payload)
+            except psycopg.Error as exc:
+                logger.warning("job listener connection failed, polling meanwhile: %s", exc)
+                self._stop.wait(1.0)
+
+
+class Worker:
+    """Run jobs until stopped (or, with ``burst``, until nothing is due).
+
+    ``run()`` blocks; ``stop()`` may be called from any thread or a signal handler
+    and starts a graceful shutdown: claiming stops, running handlers get
+    ``shutdown_timeout`` seconds to finish, then their cancellation signal is set,
+    and after ``cancel_grace`` more seconds whatever still runs is recovered and
+    re-queued (J11). A handler that returns because of the shutdown signal is
+    re-queued, not completed.
+    """
+
+    def __init__(
+        self,
+        *,
+        concurrency: int = 1,
+        queues: Sequence[str] | None = None,
+        worker_id: str | None = None,
+        burst: bool = False,
+        shutdown_timeout: float = 20.0,
+        cancel_grace: float = 5.0,
+        clock: Callable[[], datetime] = timezone.now,
+        on_event: EventCallback | None = None,
+        listen: bool | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.concurrency = concurrency
+        self.queues = list(queues or [])
+        self.worker_id = worker_id or execution.default_worker_id()
+        self.burst = burst
+        self.shutdown_timeout = shutdown_timeout
+        self.cancel_grace = cancel_grace
+        self.clock = clock
+        self.on_event = on_event
+        self.settings = jobs_settings()
+        self.alias = alias_for(Job)
+        self.listen = is_postgres(connections[self.alias]) if listen is None else listen
+        self.stats = WorkerStats()
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._check_cancel_now = threading.Event()
+        self._tasks: queue.Queue[Claim | None] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._listener: _Listener | None = None
+        self.started = threading.Event()
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self, *, immediate: bool = False) -> None:
+        """Begin a graceful shutdown; ``immediate`` skips waiting for handlers."""
+        if immediate:
+            self.shutdown_timeout = 0
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def running_tokens(self) -> list[str]:
+        with self._lock:
+            return list(self._running)
+
+    def _emit(self, event: str, claim: Claim | None = None, detail: str = "") -> None:
+        if self.on_event is not None:
+            self.on_event(event, claim, detail)
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> WorkerStats:
+        logger.info(
+            "worker %s starting",
+            self.worker_id,
+            extra={"worker_id": self.worker_id, "queues": self.queues},
+        )
+        self._start_threads()
+        try:
+            self._recover(startup=True)
+            self.started.set()
+            self._emit(
+                "started", None, f"queues={self.queues or 'all'} concurrency={self.concurrency}"
+            )
+            self._loop_until_stopped()
+            self._shutdown()
+        finally:
+            self._stop_threads()
+            connections[self.alias].close()
+        self._emit("stopped", None, self.stats.summary())
+        return self.stats
+
+    def _loop_until_stopped(self) -> None:
+        s = self.settings
+        now = time.monotonic()
+        next_heartbeat = now + s.HEARTBEAT_SECONDS
+        next_cancel_check = now + s.CANCEL_POLL_INTERVAL
+        next_recovery = now + s.RECOVERY_INTERVAL
+        while not self._stopping.is_set():
+            self._wake.clear()
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                self._heartbeat()
+                next_heartbeat = now + s.HEARTBEAT_SECONDS
+            if now >= next_cancel_check or self._check_cancel_now.is_set():
+                self._check_cancel_now.clear()
+                self._check_cancel()
+                next_cancel_check = now + s.CANCEL_POLL_INTERVAL
+            if now >= next_recovery:
+                self._recover(startup=False)
+                next_recovery = now + s.RECOVERY_INTERVAL
+            claimed, free = self._claim()
+            if self.burst and claimed == 0 and not self.running_tokens:
+                break
+            if claimed and claimed == free:
+                continue  # capacity was filled by a full batch: there may be more to take
+            timeout = min(
+                s.POLL_INTERVAL,
+                max(next_heartbeat - now, 0.0),
+                max(next_recovery - now, 0.0),
+                max(next_cancel_check - now, 0.0) if self._running else s.POLL_INTERVAL,
+            )
+            self._wake.wait(max(timeout, 0.01))
+
+    def _claim(self) -> tuple[int, int]:
+        with self._lock:
+            free = self.concurrency - len(self._running)
+        if free <= 0:
+            return 0, 0
+        limit = min(free, self.settings.CLAIM_BATCH_SIZE)
+        try:
+            claims = execution.claim_due(
+                self.worker_id, limit=limit, queues=self.queues or None, now=self.clock()
+            )
+        except DatabaseError:
+            logger.exception("claiming jobs failed; retrying after the poll interval")
+            self._reset_connection()
+            return 0, limit
+        for claim in claims:
+            ctx = JobContext(claim)
+            with self._lock:
+                self._running[claim.token] = _Running(claim, ctx)
+            self.stats.claimed += 1
+            self._emit("claimed", claim, f"attempt {claim.attempt}/{claim.max_attempts}")
+            self._tasks.put(claim)
+        return len(claims), limit
+
+    def _heartbeat(self) -> None:
+        tokens = self.running_tokens
+        if not tokens:
+            return
+        try:
+            states = execution.heartbeat(tokens, self.worker_id, now=self.clock())
+        except DatabaseError:
+            logger.exception("lease renewal failed; will retry")
+            self._reset_connection()
+            return
+        self._apply(states)
+
+    def _check_cancel(self) -> None:
+        tokens = self.running_tokens
+        if not tokens:
+            return
+        try:
+            states = store.execution_statuses(tokens)
+        except DatabaseError:
+            logger.exception("cancellation check failed; will retry")
+            self._reset_connection()
+            return
+        self._apply(states)
+
+    def _apply(self, states: dict[str, ExecutionStatus]) -> None:
+        with self._lock:
+            entries = {t: self._running.get(t) for t in states}
+        for token, state in states.items():
+            entry = entries[token]
+            if entry is None or entry.ctx.cancel_requested:
+                continue
+            if state is ExecutionStatus.CANCEL_REQUESTED:
+                self._emit("cancel-requested", entry.claim)
+                entry.ctx.signal_cancel()
+            elif state is ExecutionStatus.ENDED:
+                # The attempt ended elsewhere (recovered after a lost lease); whatever
+                # the handler returns now is fenced off by its token.
+                self._emit("lost", entry.claim, "attempt ended elsewhere; stopping handler")
+                entry.ctx.signal_cancel(shutdown=True)
+
+    def _recover(self, *, startup: bool) -> None:
+        try:
+            outcomes: dict[str, FinishOutcome] = {}
+            if startup:
+                outcomes.update(execution.recover_worker(self.worker_id, now=self.clock()))
+            outcomes.update(execution.recover_expired(now=self.clock()))
+        except DatabaseError:
+            logger.exception("recovering expired attempts failed; will retry")
+            self._reset_connection()
+            return
+        recovered = [t for t, o in outcomes.items() if o]
+        if recovered:
+            self.stats.recovered += len(recovered)
+            self._emit("recovered", None, f"{len(recovered)} attempt(s) of stopped workers")
+            logger.warning(
+                "recovered %d attempt(s) whose worker stopped",
+                len(recovered),
+                extra={"worker_id": self.worker_id},
+            )
+
+    # ------------------------------------------------------------------ shutdown
+
+    def _shutdown(self) -> None:
+        if not self.running_tokens:
+            return
+        self._emit("shutdown", None, f"waiting up to {self.shutdown_timeout}s for handlers")
+        if not self._wait_for_handlers(self.shutdown_timeout):
+            with self._lock:
+                entries = list(self._running.values())
+            for entry in entries:
+                entry.ctx.signal_cancel(shutdown=True)
+            self._wait_for_handlers(self.cancel_grace)
+        with self._lock:
+            leftovers = list(self._running.values())
+        for entry in leftovers:
+            outcome = store.recover(
+                entry.claim.token,
+                requeue=True,
+                reason="worker shut down before the handler stopped",
+                now=self.clock(),
+            )
+            self.stats.count(outcome)
+            self._emit("requeued", entry.claim, "handler did not stop in time")
+
+    def _wait_for_handlers(self, seconds: float) -> bool:
+        """Wait until no handler runs, renewing leases meanwhile; True if none runs."""
+        deadline = time.monotonic() + seconds
+        next_heartbeat = time.monotonic() + self.settings.HEARTBEAT_SECONDS
+        while self.running_tokens:
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if now >= next_heartbeat:
+                self._heartbeat()
+                next_heartbeat = now + self.settings.HEARTBEAT_SECONDS
+            self._wake.clear()
+            if self.running_tokens:
+                self._wake.wait(min(deadline - now, next_heartbeat - now, 0.5))
+        return True
+
+    # ------------------------------------------------------------------ threads
+
+    def _start_threads(self) -> None:
+        for index in range(self.concurrency):
+            thread = threading.Thread(
+                target=self._thread_main, name=f"jobs-worker-{index}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        if self.listen:
+            channel = self.settings.NOTIFY_CHANNEL
+            self._listener = _Listener(self.alias, [channel, channel + "_cancel"], self._notified)
+            self._listener.start()
+
+    def _stop_threads(self) -> None:
+        for _ in self._threads:
+            self._tasks.put(None)
+        for thread in self._threads:
+            thread.join(timeout=1.0)
+        if self._listener is not None:
+            self._listener.stop()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def _notified(self, channel: str, payload: str) -> None:
+        if channel.endswith("_cancel"):
+            self._check_cancel_now.set()
+            self._wake.set()
+        elif not self.queues or payload in self.queues:
+            self._wake.set()
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                self._loop_thread = threading.Thread(
+                    target=loop.run_forever, name="jobs-async", daemon=True
+                )
+                self._loop_thread.start()
+                self._loop = loop
+            return self._loop
+
+    def _thread_main(self) -> None:
+        try:
+            while True:
+                claim = self._tasks.get()
+                if claim is None:
+                    return
+                self._execute(claim)
+        finally:
+            connections.close_all()
+
+    # ------------------------------------------------------------------ one attempt
+
+    def _execute(self, claim: Claim) -> None:
+        with self._lock:
+            entry = self._running[claim.token]
+        ctx = entry.ctx
+        try:
+            self._run_handler(claim, ctx)
+        finally:
+            with self._lock:
+                self._running.pop(claim.token, None)
+            self._wake.set()
+
+    def _run_handler(self, claim: Claim, ctx: JobContext) -> None:
+        try:
+            spec = get_handler(claim.handler, claim.handler_version)
+        except UnknownHandler as exc:
+            message = str(exc)
+            self._finish(claim, "failed", lambda: execution.fail(claim.token, message), message)
+            return
+        try:
+            result = self._call(spec, ctx)
+            if result is not None and not isinstance(result, str):
+                raise TypeError(
+                    f"handler {spec.name!r} returned {type(result).__name__}; "
+                    "a result reference must be a str or None"
+                )
+        except Exception as exc:
+            if ctx.stopped_by_shutdown:
+                self._requeue_after_shutdown(claim)
+                return
+            error = format_error(exc)
+            retry_at = None
+            if claim.attempts_left > 0 and not ctx.cancel_requested:
+                retry_at = spec.retry_policy().retry_at(claim.attempt, self.clock(), exc)
+            detail = f"{type(exc).__name__}: {exc}"
+            if retry_at is not None:
+                detail += f" (retry at {retry_at.isoformat()})"
+            self._finish(
+                claim,
+                "failed",
+                lambda: execution.fail(claim.token, error, retry_at=retry_at, now=self.clock()),
+                detail,
+            )
+            return
+        if ctx.stopped_by_shutdown:
+            self._requeue_after_shutdown(claim)
+            return
+        self._finish(
+            claim, "succeeded", lambda: execution.complete(claim.token, result, now=self.clock())
+        )
+
+    def _call(self, spec: HandlerSpec, ctx: JobContext) -> Any:
+        if spec.is_async:
+            coro = spec.func(ctx)
+            return asyncio.run_coroutine_threadsafe(coro, self._event_loop()).result()  # type: ignore[arg-type]
+        return spec.func(ctx)
+
+    def _requeue_after_shutdown(self, claim: Claim) -> None:
+        self._finish(
+            claim,
+            "requeued",
+            lambda: store.recover(
+                claim.token, requeue=True, reason="worker shut down", now=self.clock()
+            ),
+            "stopped by shutdown",
+        )
+
+    def _finish(
+        self, claim: Claim, event: str, call: Callable[[], FinishOutcome], detail: str = ""
+    ) -> None:
+        """Write the attempt's end, retrying database errors a few times; if it still
+        fails, the lease expires and another worker recovers the attempt."""
+        for delay in (0.2, 1.0, 3.0, None):
+            try:
+                outcome = call()
+                break
+            except DatabaseError:
+                logger.exception("finishing job %s failed", claim.job_id)
+                self._reset_connection()
+                if delay is None:
+                    return
+                self._stopping.wait(delay)
+        with self._lock:
+            if outcome is FinishOutcome.REQUEUED and event == "failed":
+                self.stats.retried += 1
+                event = "retry-scheduled"
+            else:
+                self.stats.count(outcome)
+                if outcome in (FinishOutcome.CANCELLED, FinishOutcome.STALE):
+                    event = outcome.value
+        logger.info(
+            "job %s %s",
+            claim.job_id,
+            event,
+            extra={"job_id": claim.job_id, "attempt": claim.attempt, "outcome": outcome.value},
+        )
+        self._emit(event, claim, detail)
+
+    def _reset_connection(self) -> None:
+        connection = connections[self.alias]
+        try:
+            usable = connection.connection is not None and connection.is_usable()
+        except Exception:
+            usable = False
+        if not usable:
+            connection.close()
