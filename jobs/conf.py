@@ -34,6 +34,8 @@ class JobsSettings:
     RETRY_BACKOFF_FACTOR: float = 2.0
     RETRY_MAX_DELAY: float = 3600.0
     RETRY_JITTER: float = 0.25
+    #: Seconds handlers get, after their shutdown signal, before they are re-queued.
+    SHUTDOWN_GRACE_SECONDS: float = 5.0
     #: Jobs claimed per query at most.
     CLAIM_BATCH_SIZE: int = 16
     #: PostgreSQL channel used to wake workers when a job is queued.

@@ -140,7 +140,7 @@ class Worker:
         worker_id: str | None = None,
         burst: bool = False,
         shutdown_timeout: float = 20.0,
-        cancel_grace: float = 5.0,
+        cancel_grace: float | None = None,
         clock: Callable[[], datetime] = timezone.now,
         on_event: EventCallback | None = None,
         listen: bool | None = None,
@@ -152,10 +152,12 @@ class Worker:
         self.worker_id = worker_id or execution.default_worker_id()
         self.burst = burst
         self.shutdown_timeout = shutdown_timeout
-        self.cancel_grace = cancel_grace
         self.clock = clock
         self.on_event = on_event
         self.settings = jobs_settings()
+        self.cancel_grace = (
+            self.settings.SHUTDOWN_GRACE_SECONDS if cancel_grace is None else cancel_grace
+        )
         self.alias = alias_for(Job)
         self.listen = is_postgres(connections[self.alias]) if listen is None else listen
         self.stats = WorkerStats()

@@ -97,6 +97,8 @@ JOBS: dict[str, Any] = {
     "LEASE_SECONDS": env.int("JOBS_LEASE_SECONDS", default=30),
     "HEARTBEAT_SECONDS": env.float("JOBS_HEARTBEAT_SECONDS", default=10),
     "POLL_INTERVAL": env.float("JOBS_POLL_INTERVAL", default=1.0),
+    "RECOVERY_INTERVAL": env.float("JOBS_RECOVERY_INTERVAL", default=5.0),
+    "SHUTDOWN_GRACE_SECONDS": env.float("JOBS_SHUTDOWN_GRACE_SECONDS", default=5.0),
 }
 
 LOGGING = {

@@ -1,0 +1,98 @@
+"""Helpers for tests that run real worker processes against the test database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url() -> str:
+    """The URL of the test database as the test process sees it."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    user = s.get("USER") or ""
+    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
+    auth = f"{user}{password}@" if user else ""
+    return f"postgres://{auth}{s['HOST']}:{s['PORT']}/{s['NAME']}"
+
+
+class WorkerProcess:
+    """``manage.py run_jobs`` in a child process, its output kept in a file."""
+
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.log_path = tmp_path / f"worker-{time.monotonic_ns()}.log"
+        self._log: IO[str] = self.log_path.open("w")
+        full_env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "DJANGO_SETTINGS_MODULE": "testproject.settings",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "run_jobs", "-v", "2", *args],
+            cwd=ROOT,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for_output(self, text: str, timeout: float = 30) -> None:
+        wait_until(lambda: text in self.output, timeout, f"worker output {text!r}", self)
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"worker did not exit in {timeout}s:\n{self.output}") from None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self._log.close()
+
+
+def wait_until(
+    condition: Callable[[], Any],
+    timeout: float = 30,
+    what: str = "condition",
+    worker: WorkerProcess | None = None,
+) -> Any:
+    """Poll ``condition`` until it is truthy; fail after ``timeout`` seconds.
+
+    Waiting on an observable condition with a bound is how these tests order
+    events across processes — never a bare sleep that hopes something happened.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = f"\nworker output:\n{worker.output}" if worker else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
+        time.sleep(0.05)

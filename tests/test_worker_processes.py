@@ -1,0 +1,189 @@
+"""J14 with real `run_jobs` processes: crash (SIGKILL), restart, SIGTERM, cancellation,
+unknown handlers and retries — on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import signal
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from procs import WorkerProcess, wait_until
+
+from jobs import JobScope, JobStatus, JobSubmission, submit_job
+from jobs.models import Job, JobAttempt
+from jobs.types import AttemptStatus
+from testproject.shop.models import WorkLog
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+SCOPE = "process-tests"
+FAST_LEASES = {
+    "JOBS_LEASE_SECONDS": "2",
+    "JOBS_HEARTBEAT_SECONDS": "0.3",
+    "JOBS_RECOVERY_INTERVAL": "0.3",
+    "JOBS_POLL_INTERVAL": "0.2",
+}
+
+
+@pytest.fixture
+def workers(tmp_path: Path):
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        proc = WorkerProcess(tmp_path, *args, env=env)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.close()
+
+
+def _unfinished() -> int:
+    return Job.objects.exclude(status__in=[JobStatus.SUCCEEDED, JobStatus.FAILED]).count()
+
+
+def test_j14_sigkill_mid_run_loses_nothing_and_restart_recovers_own_attempts(workers):
+    """500 jobs, 2 workers; one is killed with SIGKILL while running jobs, then
+    restarted with the same worker id. The lease (60 s) is far longer than the wait,
+    so only the restart's recovery of its own attempts can finish the killed work."""
+    for n in range(500):
+        submit_job(SCOPE, f"job-{n}", JobSubmission.create("test.record", {"n": n}, max_attempts=3))
+    env = {"JOBS_LEASE_SECONDS": "60", "JOBS_HEARTBEAT_SECONDS": "5", "JOBS_POLL_INTERVAL": "0.2"}
+    victim = workers("--worker-id", "victim", "--concurrency", "4", env=env)
+    workers("--worker-id", "survivor", "--concurrency", "4", env=env)
+
+    def victim_busy() -> bool:
+        return (
+            WorkLog.objects.count() >= 100
+            and JobAttempt.objects.filter(worker_id="victim", status=AttemptStatus.RUNNING).exists()
+        )
+
+    wait_until(victim_busy, 60, "the victim running jobs after 100 were done", victim)
+    victim.kill()
+    assert victim.proc.returncode == -signal.SIGKILL
+    restarted = workers("--worker-id", "victim", "--concurrency", "4", env=env)
+    wait_until(lambda: _unfinished() == 0, 45, "every job to finish", restarted)
+
+    jobs = list(Job.objects.all())
+    assert len(jobs) == 500
+    assert all(job.status == JobStatus.SUCCEEDED for job in jobs)
+    interrupted = JobAttempt.objects.filter(status=AttemptStatus.INTERRUPTED)
+    assert interrupted.filter(worker_id="victim").exists(), "the kill hit no running attempt"
+    for job in jobs:
+        # The successful attempt's side effect exists exactly once, and exactly one
+        # attempt of the job succeeded.
+        assert WorkLog.objects.filter(job_id=job.job_id, attempt=job.attempt_count).count() == 1
+        assert job.attempts.filter(status=AttemptStatus.SUCCEEDED).count() == 1
+    assert "recovered" in restarted.output
+
+
+def test_j14_second_worker_never_robs_a_running_one(workers, tmp_path: Path):
+    hold, started = tmp_path / "release", tmp_path / "started"
+    payload = {"hold_file": str(hold), "started_file": str(started)}
+    submit_job(SCOPE, "long", JobSubmission.create("test.record", payload, max_attempts=3))
+    first = workers("--worker-id", "first", env=FAST_LEASES)
+    wait_until(started.exists, 30, "the handler to start", first)
+    claimed_lease = Job.objects.get(job_id="long").lease_expires_at
+    second = workers("--worker-id", "second", env=FAST_LEASES)
+    second.wait_for_output("started")
+
+    # Let the first lease pass several times over while the second worker sweeps for
+    # expired leases every 0.3 s: heartbeats must keep the attempt the first one's.
+    def renewed_past_first_lease() -> bool:
+        lease = Job.objects.get(job_id="long").lease_expires_at
+        return lease is not None and lease > claimed_lease + timedelta(seconds=4)
+
+    wait_until(renewed_past_first_lease, 30, "several lease renewals", first)
+    hold.touch()
+    wait_until(
+        lambda: Job.objects.get(job_id="long").status == JobStatus.SUCCEEDED, 30, "success", first
+    )
+    attempts = list(JobAttempt.objects.filter(job__job_id="long"))
+    assert [(a.number, a.status, a.worker_id) for a in attempts] == [
+        (1, AttemptStatus.SUCCEEDED, "first")
+    ]
+
+
+@pytest.mark.parametrize("obey", [True, False], ids=["handler-stops", "handler-ignores-signal"])
+def test_j14_sigterm_requeues_running_job_and_next_worker_finishes_it(workers, tmp_path, obey):
+    hold, started = tmp_path / "release", tmp_path / "started"
+    payload = {"hold_file": str(hold), "started_file": str(started), "obey_cancel": obey}
+    submit_job(SCOPE, "long", JobSubmission.create("test.record", payload, max_attempts=3))
+    env = {**FAST_LEASES, "JOBS_SHUTDOWN_GRACE_SECONDS": "0.5"}
+    first = workers("--worker-id", "first", "--shutdown-timeout", "0.5", env=env)
+    wait_until(started.exists, 30, "the handler to start", first)
+    first.signal(signal.SIGTERM)
+    assert first.wait() == 0
+    job = Job.objects.get(job_id="long")
+    assert job.status == JobStatus.QUEUED, first.output
+    assert list(job.attempts.values_list("status", flat=True)) == [AttemptStatus.INTERRUPTED]
+
+    hold.touch()
+    second = workers("--worker-id", "second", "--burst", env=env)
+    assert second.wait() == 0
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
+    assert list(job.attempts.values_list("number", "status", "worker_id")) == [
+        (1, AttemptStatus.INTERRUPTED, "first"),
+        (2, AttemptStatus.SUCCEEDED, "second"),
+    ]
+    assert list(WorkLog.objects.values_list("attempt", flat=True)) == [2]
+
+
+def test_j14_cancelling_a_running_job_reaches_the_handler(workers):
+    submit_job(SCOPE, "export", JobSubmission.create("demo.export", {"table": "orders"}))
+    worker = workers("--worker-id", "w", env=FAST_LEASES)
+
+    def running_with_progress() -> bool:
+        job = Job.objects.get(job_id="export")
+        return job.status == JobStatus.RUNNING and bool(job.progress)
+
+    wait_until(running_with_progress, 30, "the export to run", worker)
+    assert JobScope(SCOPE).cancel("export").value == "requested"
+    # The worker checks for cancel requests every 0.5 s by default (and is woken by
+    # NOTIFY on PostgreSQL), so this bound is generous.
+    wait_until(
+        lambda: Job.objects.get(job_id="export").status == JobStatus.CANCELLED,
+        5,
+        "the job to end Cancelled",
+        worker,
+    )
+    job = Job.objects.get(job_id="export")
+    assert job.result_ref is None
+    assert job.attempts.get().status == AttemptStatus.CANCELLED
+
+
+def test_j14_unknown_handler_fails_its_job_and_worker_goes_on(workers):
+    submit_job(SCOPE, "ghost", JobSubmission.create("nope.missing", version=7))
+    submit_job(SCOPE, "real", JobSubmission.create("test.record", {}))
+    worker = workers("--burst", env=FAST_LEASES)
+    assert worker.wait() == 0
+    ghost = JobScope(SCOPE).get("ghost")
+    assert ghost is not None
+    assert ghost.status == JobStatus.FAILED
+    assert "'nope.missing' version 7" in ghost.error
+    real = JobScope(SCOPE).get("real")
+    assert real is not None
+    assert real.status == JobStatus.SUCCEEDED
+
+
+def test_j14_fails_twice_then_succeeds_on_attempt_three(workers):
+    sub = JobSubmission.create("demo.flaky", {"fail_times": 2}, max_attempts=3)
+    submit_job(SCOPE, "flaky", sub)
+    worker = workers("--burst", env=FAST_LEASES)
+    assert worker.wait() == 0, worker.output
+    snap = JobScope(SCOPE).get("flaky")
+    assert snap is not None
+    assert snap.status == JobStatus.SUCCEEDED
+    assert snap.attempt_count == 3
+    assert snap.result_ref == "delivered"
+    assert [a.status for a in snap.attempts] == [
+        AttemptStatus.FAILED,
+        AttemptStatus.FAILED,
+        AttemptStatus.SUCCEEDED,
+    ]
+    for attempt in snap.attempts[:2]:
+        assert f"RuntimeError: simulated outage on attempt {attempt.number}" in attempt.error
+        assert "Traceback" in attempt.error
