@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connections
 from django.utils.module_loading import autodiscover_modules
 
 from . import validation
@@ -226,7 +227,16 @@ class JobContext:
         return self._progress(self.token, value, message)
 
     async def areport_progress(self, value: float, message: str | None = None) -> bool:
-        return await asyncio.to_thread(self.report_progress, value, message)
+        """The async form of :meth:`report_progress` (runs on a helper thread)."""
+
+        def report() -> bool:
+            try:
+                return self.report_progress(value, message)
+            finally:
+                # The helper thread is pooled: never leave a connection open on it.
+                connections.close_all()
+
+        return await asyncio.to_thread(report)
 
     # cancellation
     @property

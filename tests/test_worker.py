@@ -1,0 +1,236 @@
+"""J14 in process: the Worker engine, handler registry, JobContext and retry policy."""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import UTC, datetime
+
+import pytest
+
+from jobs import JobContext, JobScope, JobStatus, JobSubmission, job_handler, submit_job
+from jobs.exceptions import JobCancelled, JobsConfigurationError, UnknownHandler
+from jobs.handlers import PermanentFailure, RetryPolicy, get_handler, unregister
+from jobs.types import AttemptStatus, FinishOutcome
+from jobs.worker import Worker
+
+SCOPE = "worker-tests"
+
+
+@pytest.fixture
+def handler():
+    """Register handlers for one test and remove them afterwards."""
+    names: list[tuple[str, int]] = []
+
+    def register(name: str, version: int = 1, **kwargs):
+        names.append((name, version))
+        return job_handler(name, version=version, **kwargs)
+
+    yield register
+    for name, version in names:
+        unregister(name, version)
+
+
+def run_burst(**kwargs) -> Worker:
+    worker = Worker(burst=True, listen=False, **kwargs)
+    worker.run()
+    return worker
+
+
+class TestRetryPolicy:
+    def test_delay_grows_exponentially_and_is_capped(self):
+        policy = RetryPolicy(base_delay=2, factor=2, max_delay=10, jitter=0)
+        assert [policy.delay(n) for n in (1, 2, 3, 4, 5)] == [2, 4, 8, 10, 10]
+
+    def test_jitter_stays_within_its_ratio(self):
+        policy = RetryPolicy(base_delay=4, factor=2, jitter=0.25)
+        rng = random.Random(7)
+        delays = [policy.delay(1, rng) for _ in range(200)]
+        assert min(delays) >= 3.0
+        assert max(delays) <= 5.0
+        assert len(set(delays)) > 100  # spread, not one fixed value
+
+    def test_default_first_delay_is_at_most_ten_seconds(self, settings):
+        settings.JOBS = {}
+        policy = RetryPolicy.from_settings()
+        assert max(policy.delay(1, random.Random(s)) for s in range(50)) <= 10
+
+    def test_permanent_failure_and_unlisted_exceptions_are_not_retried(self):
+        policy = RetryPolicy(retry_on=(ConnectionError,))
+        now = datetime(2026, 1, 1, tzinfo=UTC)
+        assert policy.retry_at(1, now, ConnectionError()) is not None
+        assert policy.retry_at(1, now, ValueError()) is None
+        assert RetryPolicy().retry_at(1, now, PermanentFailure()) is None
+        assert RetryPolicy().retry_at(1, now, JobCancelled()) is None
+
+    @pytest.mark.parametrize(
+        "kwargs", [{"base_delay": -1}, {"factor": 0.5}, {"jitter": 1.0}, {"max_delay": -2}]
+    )
+    def test_bad_policy_is_a_configuration_error(self, kwargs):
+        with pytest.raises(JobsConfigurationError):
+            RetryPolicy(**kwargs)
+
+
+class TestRegistry:
+    def test_unknown_handler_names_name_and_version(self, handler):
+        handler("reg.known", version=1)(lambda ctx: None)
+        with pytest.raises(UnknownHandler, match=r"'reg.known' version 2 .*\[1\]"):
+            get_handler("reg.known", 2)
+
+    def test_a_different_function_cannot_take_a_registered_name(self, handler):
+        def first(ctx):
+            return None
+
+        def second(ctx):
+            return None
+
+        handler("reg.taken")(first)
+        with pytest.raises(JobsConfigurationError, match="already registered"):
+            job_handler("reg.taken")(second)
+        assert get_handler("reg.taken", 1).func is first
+
+    def test_async_handlers_are_recognised(self, handler):
+        async def coro(ctx):
+            return None
+
+        handler("reg.async")(coro)
+        assert get_handler("reg.async", 1).is_async
+
+
+@pytest.mark.django_db(transaction=True)
+class TestWorkerInProcess:
+    def test_async_handler_runs_with_progress(self, handler):
+        @handler("w.async")
+        async def run(ctx: JobContext) -> str:
+            await ctx.areport_progress(60, "most")
+            return f"done {ctx.payload['n']}"
+
+        submit_job(SCOPE, "a", JobSubmission.create("w.async", {"n": 3}))
+        worker = run_burst()
+        snap = JobScope(SCOPE).get("a")
+        assert snap.status == JobStatus.SUCCEEDED
+        assert snap.result_ref == "done 3"
+        assert snap.progress == 60
+        assert worker.stats.succeeded == 1
+
+    def test_context_carries_identity(self, handler):
+        seen = {}
+
+        @handler("w.identity")
+        def run(ctx: JobContext) -> None:
+            seen.update(
+                job_id=ctx.job_id,
+                attempt=ctx.attempt,
+                token=ctx.token,
+                scope_hash=ctx.scope_hash,
+                payload=ctx.payload,
+            )
+
+        snap = submit_job(SCOPE, "ident", JobSubmission.create("w.identity", [1, "x"]))
+        run_burst(worker_id="ident-worker")
+        done = JobScope(SCOPE).get("ident")
+        assert seen["job_id"] == "ident"
+        assert seen["attempt"] == 1
+        assert seen["scope_hash"] == snap.scope_hash
+        assert seen["payload"] == [1, "x"]
+        assert len(seen["token"]) == 32
+        assert done.result_ref is None
+        assert done.attempts[0].worker_id == "ident-worker"
+
+    def test_non_string_result_fails_the_job(self, handler):
+        handler("w.badresult")(lambda ctx: 42)
+        submit_job(SCOPE, "bad", JobSubmission.create("w.badresult"))
+        run_burst()
+        snap = JobScope(SCOPE).get("bad")
+        assert snap.status == JobStatus.FAILED
+        assert "TypeError" in snap.error
+        assert "must be a str or None" in snap.error
+
+    def test_permanent_failure_is_not_retried(self, handler):
+        @handler("w.permanent", retry=RetryPolicy(base_delay=0, jitter=0))
+        def run(ctx):
+            raise PermanentFailure("card declined")
+
+        submit_job(SCOPE, "p", JobSubmission.create("w.permanent", max_attempts=5))
+        run_burst()
+        snap = JobScope(SCOPE).get("p")
+        assert snap.status == JobStatus.FAILED
+        assert snap.attempt_count == 1
+        assert "card declined" in snap.error
+
+    def test_retries_never_exceed_max_attempts(self, handler):
+        @handler("w.always", retry=RetryPolicy(base_delay=0, jitter=0))
+        def run(ctx):
+            raise RuntimeError(f"attempt {ctx.attempt}")
+
+        submit_job(SCOPE, "r", JobSubmission.create("w.always", max_attempts=3))
+        worker = run_burst()
+        snap = JobScope(SCOPE).get("r")
+        assert snap.status == JobStatus.FAILED
+        assert snap.attempt_count == 3
+        assert [a.status for a in snap.attempts] == [AttemptStatus.FAILED] * 3
+        assert worker.stats.retried == 2
+        assert worker.stats.failed == 1
+
+    def test_queue_selection(self, handler):
+        handler("w.q")(lambda ctx: ctx.queue)
+        submit_job(SCOPE, "in-a", JobSubmission.create("w.q", queue="a"))
+        submit_job(SCOPE, "in-b", JobSubmission.create("w.q", queue="b"))
+        run_burst(queues=["a"])
+        assert JobScope(SCOPE).get("in-a").status == JobStatus.SUCCEEDED
+        assert JobScope(SCOPE).get("in-b").status == JobStatus.QUEUED
+
+    def test_shutdown_requeues_a_handler_that_ignores_it_and_fences_its_late_result(self, handler):
+        started, release = threading.Event(), threading.Event()
+        finished: list[FinishOutcome] = []
+
+        @handler("w.stubborn")
+        def run(ctx):
+            started.set()
+            release.wait(30)  # ignores ctx's cancellation signal on purpose
+            return "late result"
+
+        submit_job(SCOPE, "s", JobSubmission.create("w.stubborn", max_attempts=2))
+        worker = Worker(listen=False, shutdown_timeout=0, cancel_grace=0.05)
+        original_finish = worker._finish
+
+        def recording_finish(claim, event, call, detail=""):
+            original_finish(claim, event, lambda: finished.append(call()) or finished[-1], detail)
+
+        worker._finish = recording_finish
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        assert started.wait(30)
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+        snap = JobScope(SCOPE).get("s")
+        assert snap.status == JobStatus.QUEUED  # re-queued for the next worker
+        assert snap.attempts[0].status == AttemptStatus.INTERRUPTED
+        # The handler now returns; its token has ended, so its result changes nothing.
+        release.set()
+        worker._threads[0].join(30)
+        assert finished == [FinishOutcome.STALE]
+        assert JobScope(SCOPE).get("s").status == JobStatus.QUEUED
+
+    def test_handler_that_returns_because_of_shutdown_is_requeued_not_completed(self, handler):
+        started = threading.Event()
+
+        @handler("w.polite")
+        def run(ctx):
+            started.set()
+            ctx.wait_for_cancel(30)
+            assert ctx.shutdown_requested
+            return "stopped early"
+
+        submit_job(SCOPE, "polite", JobSubmission.create("w.polite", max_attempts=2))
+        worker = Worker(listen=False, shutdown_timeout=0, cancel_grace=10)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        assert started.wait(30)
+        worker.stop()
+        thread.join(30)
+        snap = JobScope(SCOPE).get("polite")
+        assert snap.status == JobStatus.QUEUED
+        assert snap.result_ref is None
+        assert worker.stats.requeued == 1
