@@ -234,3 +234,38 @@ class TestWorkerInProcess:
         assert snap.status == JobStatus.QUEUED
         assert snap.result_ref is None
         assert worker.stats.requeued == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_j14_postgres_notify_wakes_an_idle_worker(handler, settings):
+    """With polling effectively off (60 s), only the NOTIFY sent by the submitting
+    transaction can make the idle worker pick the job up within the bound."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
+    settings.JOBS = {
+        "POLL_INTERVAL": 60,
+        "RECOVERY_INTERVAL": 60,
+        "HEARTBEAT_SECONDS": 10,
+        "LEASE_SECONDS": 30,
+    }
+    ran = threading.Event()
+
+    @handler("w.notify")
+    def run(ctx):
+        ran.set()
+
+    worker = Worker()
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert worker.started.wait(30)
+        assert worker._listener is not None
+        assert worker._listener.ready.wait(30)
+        submit_job(SCOPE, "wake", JobSubmission.create("w.notify"))
+        assert ran.wait(10), "the worker was not woken by NOTIFY"
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert JobScope(SCOPE).get("wake").status == JobStatus.SUCCEEDED
