@@ -10,10 +10,11 @@ pages and no actions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
@@ -37,17 +38,22 @@ else:
     _AttemptAdminBase = admin.ModelAdmin
     _AttemptInlineBase = admin.TabularInline
 
-try:  # Django 6.1+: the actions are also offered on a job's own page.
-    from django.contrib.admin import ActionLocation
-
-    _ACTION_PLACES: dict[str, Any] = {
-        "location": [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
-    }
-except ImportError:  # pragma: no cover - older Django: from the list only
-    _ACTION_PLACES = {}
+_Action = TypeVar("_Action", bound=Callable[..., Any])
 
 #: Refusals listed one by one after an action; the rest are counted.
 MAX_LISTED_REFUSALS = 10
+
+
+def _job_action(description: str, permission: str) -> Callable[[_Action], _Action]:
+    """An admin action on the job list and, from Django 6.1, on each job's own page."""
+    location = getattr(admin, "ActionLocation", None)
+    if location is None:  # pragma: no cover - Django 6.0 runs actions from the list only
+        return admin.action(description=description, permissions=[permission])
+    return admin.action(
+        description=description,
+        permissions=[permission],
+        location=[location.CHANGE_LIST, location.CHANGE_FORM],
+    )
 
 
 def _percent(value: float | None) -> str:
@@ -190,16 +196,12 @@ class JobAdmin(_JobAdminBase):
         term = search_term.strip()
         if not term:
             return found, may_have_duplicates
-        hashes = set()
+        hashes: set[str] = set()
         if len(term) == 64:
-            try:
+            with contextlib.suppress(InvalidInput):
                 hashes.add(validation.validate_scope_hash(term.lower()))
-            except InvalidInput:
-                pass
-        try:
+        with contextlib.suppress(InvalidInput):
             hashes.add(validation.scope_hash(term))
-        except InvalidInput:
-            pass
         return found | queryset.filter(scope_hash__in=hashes), may_have_duplicates
 
     # ------------------------------------------------------------------ permissions
@@ -227,7 +229,7 @@ class JobAdmin(_JobAdminBase):
 
     # ------------------------------------------------------------------ actions
 
-    @admin.action(description="Cancel selected jobs", permissions=["cancel"], **_ACTION_PLACES)
+    @_job_action("Cancel selected jobs", "cancel")
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Cancel through the store: Queued jobs at once, Running ones by request."""
         outcomes: Counter[CancelOutcome] = Counter()
@@ -256,7 +258,7 @@ class JobAdmin(_JobAdminBase):
         )
         self._report_refusals(request, refusals, "not cancelled")
 
-    @admin.action(description="Retry selected jobs", permissions=["retry"], **_ACTION_PLACES)
+    @_job_action("Retry selected jobs", "retry")
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Re-queue through the store; jobs whose state forbids it are listed with why."""
         requeued = 0
@@ -289,6 +291,8 @@ class JobAdmin(_JobAdminBase):
 @admin.register(JobAttempt)
 class JobAttemptAdmin(_AttemptAdminBase):
     list_display = ("job_link", "number", "status", "worker_id", "started_at", "finished_at")
+    # The first column already links to the job; the attempt opens from its number.
+    list_display_links = ("number",)
     list_filter = ("status",)
     list_select_related = ("job",)
     search_fields = ("job__job_id", "worker_id")
