@@ -63,7 +63,7 @@ class JobScope:
 
     def get(self, job_id: str) -> JobSnapshot | None:
         """The job with its attempts, or None if this scope has no such job."""
-        return store.get(self.scope_hash, validation.job_id(job_id))
+        return store.get(self.scope_hash, validation.existing_job_id(job_id))
 
     def list(
         self,
@@ -84,7 +84,7 @@ class JobScope:
         Returns ``CancelOutcome.ALREADY_FINISHED`` for a finished job (a normal race);
         raises :class:`~jobs.exceptions.JobNotFound` if this scope has no such job.
         """
-        return store.cancel(self.scope_hash, validation.job_id(job_id))
+        return store.cancel(self.scope_hash, validation.existing_job_id(job_id))
 
     def retry(self, job_id: str, not_before: datetime | None = None) -> JobSnapshot:
         """Queue a Failed, Cancelled or Interrupted job again (attempts permitting).
@@ -92,4 +92,6 @@ class JobScope:
         Raises :class:`~jobs.exceptions.InvalidTransition` from any other state and
         :class:`~jobs.exceptions.JobNotFound` if this scope has no such job.
         """
-        return store.retry(self.scope_hash, validation.job_id(job_id), not_before=not_before)
+        return store.retry(
+            self.scope_hash, validation.existing_job_id(job_id), not_before=not_before
+        )

@@ -58,7 +58,7 @@ def try_start(
 ) -> Claim | None:
     """Start one job if it is still claimable: new token, attempt n+1, Running attempt
     row — one transaction. None if another worker won or the job is no longer due."""
-    identity = (validation.validate_scope_hash(scope_hash), validation.job_id(job_id))
+    identity = (validation.validate_scope_hash(scope_hash), validation.existing_job_id(job_id))
     claims = store.claim(
         worker_id or default_worker_id(),
         limit=1,

@@ -159,6 +159,7 @@ def get_due(
     *, limit: int = 100, queues: Sequence[str] | None = None, now: datetime | None = None
 ) -> list[DueJob]:
     """Due candidates across scopes, by priority (highest first) then time. Grants nothing."""
+    validation.integer(limit, "limit", 0, 10_000)
     qs = Job.objects.due(_now(now))
     if queues:
         qs = qs.filter(queue__in=list(queues))

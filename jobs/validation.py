@@ -84,6 +84,13 @@ def job_id(value: object) -> str:
     return value
 
 
+def existing_job_id(value: object) -> str:
+    """The id of a job that is looked up, never generated: None is refused."""
+    if value is None:
+        raise InvalidJobId("job id must be given to find a job")
+    return job_id(value)
+
+
 def name(value: object, what: str, max_length: int = MAX_NAME_LENGTH) -> str:
     """A handler or queue name: letters, digits and ``_ . : -``."""
     if not isinstance(value, str):

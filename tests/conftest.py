@@ -1,0 +1,212 @@
+"""Shared fixtures: job set-up helpers, a row-level "nothing changed" check, and real
+concurrency (threads with their own database connections, released together)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from factories import JobSubmissionFactory
+
+from jobs import execution
+from jobs.api import JobScope, submit_job
+from jobs.models import Job, JobAttempt
+from jobs.types import Claim, JobSnapshot, JobStatus
+
+SCOPE = "tenant-42"
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("postgres_only") and not is_postgres():
+        pytest.skip("PostgreSQL only")
+
+
+@pytest.fixture
+def pg_only() -> None:
+    """Skip the test unless it runs on PostgreSQL (for fixtures that need it)."""
+    if not is_postgres():
+        pytest.skip("PostgreSQL only")
+
+
+# --------------------------------------------------------------------------- job set-up
+
+
+class JobMaker:
+    """Brings a job into a given state through the store's own API (never by writing rows)."""
+
+    scope = SCOPE
+
+    @property
+    def scope_hash(self) -> str:
+        return JobScope(self.scope).scope_hash
+
+    def queued(self, job_id: str = "job-1", *, scope: str | None = None, **sub: Any) -> JobSnapshot:
+        return submit_job(scope or self.scope, job_id, JobSubmissionFactory(**sub))
+
+    def running(
+        self,
+        job_id: str = "job-1",
+        *,
+        worker_id: str = "w1",
+        now: datetime | None = None,
+        **sub: Any,
+    ) -> Claim:
+        snap = self.queued(job_id, **sub)
+        claim = execution.try_start(snap.scope_hash, job_id, worker_id, now=now)
+        assert claim is not None
+        return claim
+
+    def finished(self, status: JobStatus, job_id: str = "job-1", **sub: Any) -> Claim:
+        """A job that ran once and ended in ``status``; returns that attempt's claim."""
+        claim = self.running(job_id, **sub)
+        if status is JobStatus.SUCCEEDED:
+            assert execution.complete(claim.token, "results/1.csv")
+        elif status is JobStatus.FAILED:
+            assert execution.fail(claim.token, "boom")
+        elif status is JobStatus.INTERRUPTED:
+            assert execution.interrupt(claim.token, "stopped")
+        elif status is JobStatus.CANCELLED:
+            JobScope(self.scope).cancel(job_id)
+            assert execution.complete(claim.token, "results/1.csv")
+        else:
+            raise ValueError(f"{status} is not a finished state")
+        assert self.row(job_id).status == status
+        return claim
+
+    def get(self, job_id: str = "job-1", *, scope: str | None = None) -> JobSnapshot:
+        snap = JobScope(scope or self.scope).get(job_id)
+        assert snap is not None
+        return snap
+
+    def row(self, job_id: str = "job-1", *, scope: str | None = None) -> Job:
+        return Job.objects.get(scope_hash=JobScope(scope or self.scope).scope_hash, job_id=job_id)
+
+    def attempts(self, job_id: str = "job-1") -> list[JobAttempt]:
+        return list(JobAttempt.objects.filter(job=self.row(job_id)).order_by("number"))
+
+
+@pytest.fixture
+def make_job() -> JobMaker:
+    return JobMaker()
+
+
+@pytest.fixture
+def scope() -> JobScope:
+    return JobScope(SCOPE)
+
+
+def table_state() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every job and attempt row, every column."""
+    return (
+        list(Job.objects.order_by("id").values()),
+        list(JobAttempt.objects.order_by("id").values()),
+    )
+
+
+@pytest.fixture
+def unchanged() -> Callable[[], Any]:
+    """``with unchanged(): ...`` fails if the block changed any job or attempt row."""
+
+    @contextmanager
+    def check() -> Iterator[None]:
+        before = table_state()
+        yield
+        assert table_state() == before
+
+    return check
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+@dataclass
+class ThreadOutcome:
+    value: Any = None
+    error: BaseException | None = None
+
+
+def in_own_connection(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Wrap ``fn`` for a thread: it uses (and at the end closes) its own connection."""
+
+    def call() -> Any:
+        try:
+            return fn()
+        finally:
+            connections.close_all()
+
+    return call
+
+
+def run_concurrently(*calls: Callable[[], Any], timeout: float = 60) -> list[ThreadOutcome]:
+    """Run each callable in its own thread with its own database connection.
+
+    Every thread connects first, then waits at a barrier, so all of them hit the
+    database at the same moment. Returns each call's value or exception, in order.
+    """
+    barrier = threading.Barrier(len(calls))
+
+    def released(fn: Callable[[], Any]) -> Callable[[], ThreadOutcome]:
+        def call() -> ThreadOutcome:
+            connection.ensure_connection()
+            barrier.wait(timeout)
+            try:
+                return ThreadOutcome(value=fn())
+            except Exception as exc:
+                return ThreadOutcome(error=exc)
+
+        return in_own_connection(call)
+
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(released(fn)) for fn in calls]
+        return [f.result(timeout) for f in futures]
+
+
+@pytest.fixture
+def concurrently() -> Callable[..., list[ThreadOutcome]]:
+    return run_concurrently
+
+
+@pytest.fixture
+def background() -> Iterator[Callable[[Callable[[], Any]], Future[Any]]]:
+    """``background(fn)`` runs ``fn`` in a thread with its own connection; a Future."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        yield lambda fn: pool.submit(in_own_connection(fn))
+
+
+@pytest.fixture
+def blocked_on_lock(pg_only: None) -> Callable[..., None]:
+    return wait_until_blocked_on_lock
+
+
+def wait_until_blocked_on_lock(count: int = 1, timeout: float = 10) -> None:
+    """PostgreSQL: return once ``count`` other backends wait for a row or tuple lock.
+
+    This observes the database (it does not guess a delay), so a test can act exactly
+    when a concurrent transaction is blocked behind its own.
+    """
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                " AND pid <> pg_backend_pid()"
+            )
+            (waiting,) = cursor.fetchone()
+            if waiting >= count:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"expected {count} backend(s) waiting on a lock")
+            time.sleep(0.005)

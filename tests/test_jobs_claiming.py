@@ -1,0 +1,286 @@
+"""J6 claiming: due candidates, try_start, batch claims, claim races, the claim index."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+from factories import JobSubmissionFactory
+
+from jobs import execution, store
+from jobs.api import JobScope, stage_job
+from jobs.exceptions import InvalidScope
+from jobs.models import Job, JobAttempt
+from jobs.types import AttemptStatus, JobStatus
+
+SCOPE = "tenant-42"
+T0 = datetime(2024, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.django_db
+class TestJ6GetDue:
+    def test_ordered_by_priority_then_time(self, make_job) -> None:
+        make_job.queued("a", priority=0, not_before=T0 + timedelta(seconds=2))
+        make_job.queued("b", priority=5, not_before=T0 + timedelta(seconds=3))
+        make_job.queued("c", priority=5, not_before=T0 + timedelta(seconds=1))
+        make_job.queued("d", priority=-1, not_before=T0)
+        make_job.queued("e", priority=100, not_before=T0 + timedelta(days=1))
+
+        due = execution.get_due()
+        assert [d.job_id for d in due] == ["e", "c", "b", "a", "d"]
+        assert [d.priority for d in due] == [100, 5, 5, 0, -1]
+        assert due[1].next_run_at == T0 + timedelta(seconds=1)
+        assert due[1].scope_hash == make_job.scope_hash
+        assert (due[1].handler, due[1].handler_version) == ("reports.generate", 1)
+
+    def test_excludes_what_cannot_be_claimed(self, make_job, scope) -> None:
+        make_job.queued("due", not_before=T0)
+        make_job.queued("future", not_before=timezone.now() + timedelta(hours=1))
+        make_job.running("running")
+        make_job.queued("cancelled")
+        scope.cancel("cancelled")
+        make_job.finished(JobStatus.SUCCEEDED, "succeeded")
+        # States the store never produces, set here to prove the guard itself.
+        make_job.queued("flagged")
+        Job.objects.filter(job_id="flagged").update(cancel_requested=True)
+        make_job.queued("exhausted")
+        Job.objects.filter(job_id="exhausted").update(attempt_count=1)
+
+        assert [d.job_id for d in execution.get_due()] == ["due"]
+        assert [d.job_id for d in store.get_due(now=T0 - timedelta(microseconds=1))] == []
+        for job_id in ("flagged", "exhausted", "future"):
+            assert execution.try_start(make_job.scope_hash, job_id) is None
+
+    def test_limit_and_queues(self, make_job) -> None:
+        for n in range(5):
+            make_job.queued(f"d{n}", queue="default", not_before=T0 + timedelta(seconds=n))
+        for n in range(3):
+            make_job.queued(f"s{n}", queue="slow", not_before=T0 + timedelta(seconds=n))
+
+        assert [d.job_id for d in execution.get_due(limit=2)] == ["d0", "s0"]
+        assert [d.job_id for d in execution.get_due(queues=["slow"])] == ["s0", "s1", "s2"]
+        assert len(execution.get_due(queues=["slow", "default"])) == 8
+        assert execution.get_due(queues=["none"]) == []
+
+    def test_grants_nothing(self, make_job, unchanged) -> None:
+        make_job.queued("job-1")
+        with unchanged():
+            assert len(execution.get_due()) == 1
+            assert len(execution.get_due()) == 1
+
+
+@pytest.mark.django_db
+class TestJ6TryStart:
+    def test_claim_starts_the_job_and_its_attempt(self, make_job) -> None:
+        make_job.queued("job-1", payload={"x": 1}, max_attempts=3, queue="q1")
+        now = timezone.now()
+        claim = execution.try_start(make_job.scope_hash, "job-1", "w1", now=now, lease_seconds=60)
+
+        assert claim is not None
+        assert len(claim.token) == 32
+        int(claim.token, 16)
+        assert (claim.scope_hash, claim.job_id) == (make_job.scope_hash, "job-1")
+        assert (claim.attempt, claim.max_attempts, claim.attempts_left) == (1, 3, 2)
+        assert (claim.handler, claim.handler_version, claim.queue) == ("reports.generate", 1, "q1")
+        assert claim.payload == {"x": 1}
+        assert claim.worker_id == "w1"
+        assert claim.lease_expires_at == now + timedelta(seconds=60)
+
+        job = make_job.row("job-1")
+        assert job.status == JobStatus.RUNNING
+        assert job.attempt_count == 1
+        assert job.current_token == claim.token
+        assert job.leased_by == "w1"
+        assert job.lease_expires_at == now + timedelta(seconds=60)
+        assert job.started_at == now
+        [attempt] = make_job.attempts("job-1")
+        assert attempt.number == 1
+        assert attempt.token == claim.token
+        assert attempt.status == AttemptStatus.RUNNING
+        assert attempt.worker_id == "w1"
+        assert attempt.started_at == now
+        assert attempt.finished_at is None
+
+    def test_claim_and_attempt_row_are_written_together(self, make_job, unchanged) -> None:
+        # An attempt row the store would never leave behind makes the insert fail;
+        # the job's own update must be rolled back with it.
+        make_job.queued("job-1")
+        JobAttempt.objects.create(
+            job=make_job.row("job-1"), number=1, token="stray", started_at=timezone.now()
+        )
+        with unchanged(), pytest.raises(IntegrityError):
+            execution.try_start(make_job.scope_hash, "job-1")
+        assert make_job.row("job-1").status == JobStatus.QUEUED
+
+    def test_second_try_start_gets_nothing(self, make_job, unchanged) -> None:
+        make_job.running("job-1")
+        with unchanged():
+            assert execution.try_start(make_job.scope_hash, "job-1", "w2") is None
+
+    def test_unknown_job_and_other_scope_get_nothing(self, make_job) -> None:
+        make_job.queued("job-1")
+        assert execution.try_start(make_job.scope_hash, "job-2") is None
+        assert execution.try_start(JobScope("tenant-43").scope_hash, "job-1") is None
+        assert make_job.row("job-1").status == JobStatus.QUEUED
+
+    @pytest.mark.parametrize("scope_hash", ["tenant-42", "A" * 64, "", "0" * 63])
+    def test_a_scope_name_is_not_a_scope_hash(self, make_job, scope_hash: str) -> None:
+        make_job.queued("job-1")
+        with pytest.raises(InvalidScope):
+            execution.try_start(scope_hash, "job-1")
+        assert make_job.row("job-1").status == JobStatus.QUEUED
+
+    def test_every_attempt_gets_a_new_token(self, make_job, scope) -> None:
+        tokens = []
+        make_job.queued("job-1", max_attempts=3)
+        for number in (1, 2, 3):
+            claim = execution.try_start(make_job.scope_hash, "job-1")
+            assert claim is not None
+            assert claim.attempt == number
+            tokens.append(claim.token)
+            execution.fail(claim.token, "boom")
+            if number < 3:
+                scope.retry("job-1")
+        assert len(set(tokens)) == 3
+        assert [a.token for a in make_job.attempts("job-1")] == tokens
+
+
+@pytest.mark.django_db
+class TestJ6ClaimDue:
+    def test_batch_claims_in_priority_order(self, make_job) -> None:
+        for n in range(5):
+            make_job.queued(f"j{n}", priority=n, not_before=T0)
+
+        first = execution.claim_due("w1", limit=3)
+        assert [c.job_id for c in first] == ["j4", "j3", "j2"]
+        second = execution.claim_due("w2", limit=3)
+        assert [c.job_id for c in second] == ["j1", "j0"]
+        assert execution.claim_due("w3", limit=3) == []
+
+        assert Job.objects.filter(status=JobStatus.RUNNING).count() == 5
+        attempts = JobAttempt.objects.all()
+        assert {(a.job.job_id, a.number, a.token, a.worker_id) for a in attempts} == {
+            (c.job_id, 1, c.token, c.worker_id) for c in first + second
+        }
+        assert len({c.token for c in first + second}) == 5
+
+    def test_batch_respects_queues(self, make_job) -> None:
+        make_job.queued("a", queue="fast")
+        make_job.queued("b", queue="slow")
+        claims = execution.claim_due("w1", limit=10, queues=["slow"])
+        assert [c.job_id for c in claims] == ["b"]
+        assert make_job.row("a").status == JobStatus.QUEUED
+
+
+@pytest.mark.django_db(transaction=True)
+class TestJ6ClaimRaces:
+    def test_many_workers_try_start_one_job(self, make_job, concurrently) -> None:
+        make_job.queued("job-1")
+        scope_hash = make_job.scope_hash
+
+        def start(worker: int):
+            return lambda: execution.try_start(scope_hash, "job-1", f"w{worker}")
+
+        outcomes = concurrently(*[start(n) for n in range(8)])
+        assert [o.error for o in outcomes] == [None] * 8
+        claims = [o.value for o in outcomes if o.value is not None]
+        assert len(claims) == 1
+        job = make_job.row("job-1")
+        assert (job.status, job.attempt_count, job.current_token) == (
+            JobStatus.RUNNING,
+            1,
+            claims[0].token,
+        )
+        assert JobAttempt.objects.get().token == claims[0].token
+
+    def test_workers_share_a_queue_without_double_claims(self, concurrently) -> None:
+        with transaction.atomic():
+            for n in range(100):
+                stage_job(SCOPE, f"job-{n}", JobSubmissionFactory(priority=n % 3))
+
+        def drain(worker: str):
+            def run() -> list[str]:
+                claimed: list[str] = []
+                while batch := execution.claim_due(worker, limit=10):
+                    claimed.extend(c.job_id for c in batch)
+                return claimed
+
+            return run
+
+        outcomes = concurrently(*[drain(f"w{n}") for n in range(4)])
+        assert [o.error for o in outcomes] == [None] * 4
+        claimed = [job_id for o in outcomes for job_id in o.value]
+        assert sorted(claimed) == sorted(f"job-{n}" for n in range(100))
+        assert Job.objects.filter(status=JobStatus.RUNNING, attempt_count=1).count() == 100
+        assert JobAttempt.objects.count() == 100
+        assert JobAttempt.objects.filter(number=1).count() == 100
+
+
+@pytest.mark.django_db
+@pytest.mark.postgres_only
+class TestJ6ClaimIndex:
+    """The claim query reads its partial index, so finished history never slows it."""
+
+    @pytest.fixture
+    def history(self) -> None:
+        now = timezone.now()
+        common = {"handler": "reports.generate", "handler_version": 1, "payload_json": "{}"}
+        rows = [
+            Job(
+                scope_hash="a" * 64,
+                job_id=f"old-{n}",
+                status=JobStatus.SUCCEEDED,
+                attempt_count=1,
+                next_run_at=now - timedelta(days=1, seconds=n),
+                created_at=now,
+                updated_at=now,
+                finished_at=now,
+                **common,
+            )
+            for n in range(2000)
+        ] + [
+            Job(
+                scope_hash="a" * 64,
+                job_id=f"new-{n}",
+                next_run_at=now - timedelta(seconds=n),
+                created_at=now,
+                updated_at=now,
+                **common,
+            )
+            for n in range(50)
+        ]
+        Job.objects.bulk_create(rows)
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {Job._meta.db_table}")
+
+    def explain(self, sql: str, params: list[object]) -> str:
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN {sql}", params)
+            return "\n".join(row[0] for row in cursor.fetchall())
+
+    def test_claim_statement_uses_the_due_index(self, history: None) -> None:
+        now = timezone.now()
+        sql = store._claim_sql(connection, queues=0, one_job=False)
+        params: list[object] = [
+            JobStatus.RUNNING.value,
+            "w1",
+            now,
+            now,
+            now,
+            JobStatus.QUEUED.value,
+            False,
+            now,
+            10,
+        ]
+        plan = self.explain(sql, params)
+        assert "jobs_job_due_idx" in plan, plan
+
+    def test_due_query_uses_the_due_index(self, history: None) -> None:
+        plan = (
+            Job.objects.due(timezone.now())
+            .order_by("-priority", "next_run_at", "id")[:10]
+            .explain()
+        )
+        assert "jobs_job_due_idx" in plan, plan
