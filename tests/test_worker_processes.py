@@ -44,39 +44,64 @@ def _unfinished() -> int:
     return Job.objects.exclude(status__in=[JobStatus.SUCCEEDED, JobStatus.FAILED]).count()
 
 
-def test_j14_sigkill_mid_run_loses_nothing_and_restart_recovers_own_attempts(workers):
-    """500 jobs, 2 workers; one is killed with SIGKILL while running jobs, then
+def test_j14_sigkill_mid_run_loses_nothing_and_restart_recovers_own_attempts(workers, tmp_path):
+    """500 jobs, 2 workers; one is killed with SIGKILL while its handlers run, then
     restarted with the same worker id. The lease (60 s) is far longer than the wait,
     so only the restart's recovery of its own attempts can finish the killed work."""
+    gate = tmp_path / "gate"
     for n in range(500):
-        submit_job(SCOPE, f"job-{n}", JobSubmission.create("test.record", {"n": n}, max_attempts=3))
+        payload = {"n": n, "hold_file": str(gate)}
+        submit_job(SCOPE, f"job-{n}", JobSubmission.create("test.record", payload, max_attempts=3))
     env = {"JOBS_LEASE_SECONDS": "60", "JOBS_HEARTBEAT_SECONDS": "5", "JOBS_POLL_INTERVAL": "0.2"}
     victim = workers("--worker-id", "victim", "--concurrency", "4", env=env)
-    workers("--worker-id", "survivor", "--concurrency", "4", env=env)
+    survivor = workers("--worker-id", "survivor", "--concurrency", "4", env=env)
 
-    def victim_busy() -> bool:
-        return (
-            WorkLog.objects.count() >= 100
-            and JobAttempt.objects.filter(worker_id="victim", status=AttemptStatus.RUNNING).exists()
-        )
+    def running(worker_id: str) -> int:
+        return JobAttempt.objects.filter(worker_id=worker_id, status=AttemptStatus.RUNNING).count()
 
-    wait_until(victim_busy, 60, "the victim running jobs after 100 were done", victim)
+    # Both workers are full (their handlers wait at the gate): kill one mid-handler.
+    wait_until(lambda: running("victim") == 4, 60, "the victim to run 4 jobs", victim)
+    wait_until(lambda: running("survivor") == 4, 60, "the survivor to run 4 jobs", survivor)
     victim.kill()
     assert victim.proc.returncode == -signal.SIGKILL
+    gate.touch()
+    wait_until(lambda: WorkLog.objects.count() >= 100, 60, "100 jobs done", survivor)
     restarted = workers("--worker-id", "victim", "--concurrency", "4", env=env)
     wait_until(lambda: _unfinished() == 0, 45, "every job to finish", restarted)
 
     jobs = list(Job.objects.all())
     assert len(jobs) == 500
     assert all(job.status == JobStatus.SUCCEEDED for job in jobs)
-    interrupted = JobAttempt.objects.filter(status=AttemptStatus.INTERRUPTED)
-    assert interrupted.filter(worker_id="victim").exists(), "the kill hit no running attempt"
+    interrupted = JobAttempt.objects.filter(status=AttemptStatus.INTERRUPTED, worker_id="victim")
+    assert interrupted.count() == 4
     for job in jobs:
         # The successful attempt's side effect exists exactly once, and exactly one
         # attempt of the job succeeded.
         assert WorkLog.objects.filter(job_id=job.job_id, attempt=job.attempt_count).count() == 1
         assert job.attempts.filter(status=AttemptStatus.SUCCEEDED).count() == 1
-    assert "recovered" in restarted.output
+    assert "recovered 4 attempt(s)" in restarted.output
+
+
+def test_j14_crash_after_the_handler_committed_its_effect_runs_again_once(workers):
+    """Fault point: the handler commits its side effect, then its process dies with
+    SIGKILL before the attempt is completed. The restarted worker re-runs the job
+    (at-least-once); the successful attempt's effect is recorded exactly once."""
+    payload = {"crash_after_effect_on_attempt": 1}
+    submit_job(SCOPE, "crashy", JobSubmission.create("test.record", payload, max_attempts=2))
+    env = {"JOBS_LEASE_SECONDS": "60", "JOBS_HEARTBEAT_SECONDS": "5"}
+    first = workers("--worker-id", "w", env=env)
+    assert first.wait() == -signal.SIGKILL
+    job = Job.objects.get(job_id="crashy")
+    assert job.status == JobStatus.RUNNING  # the crash left the attempt open
+    second = workers("--worker-id", "w", "--burst", env=env)
+    assert second.wait() == 0, second.output
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
+    assert list(job.attempts.values_list("number", "status")) == [
+        (1, AttemptStatus.INTERRUPTED),
+        (2, AttemptStatus.SUCCEEDED),
+    ]
+    assert list(WorkLog.objects.values_list("attempt", flat=True)) == [1, 2]
 
 
 def test_j14_second_worker_never_robs_a_running_one(workers, tmp_path: Path):
