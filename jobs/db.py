@@ -48,7 +48,8 @@ def read_dt(value: Any) -> datetime | None:
 
 
 def random_token_sql(connection: BaseDatabaseWrapper) -> str:
-    """SQL for a fresh 128-bit random token (32 hex characters) from the server's CSPRNG."""
+    """SQL for a fresh random token (32 hex characters; 122 random bits on PostgreSQL,
+    128 on SQLite) from the database server's cryptographic random source."""
     if is_postgres(connection):
         return "replace(gen_random_uuid()::text, '-', '')"
     return "lower(hex(randomblob(16)))"

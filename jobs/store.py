@@ -379,6 +379,7 @@ def _requeue_fields(run_at: datetime, now: datetime) -> dict[str, Any]:
         "current_token": None,
         "leased_by": "",
         "lease_expires_at": None,
+        "started_at": None,
         "finished_at": None,
         "updated_at": now,
     }
@@ -631,7 +632,7 @@ def finish(
                 " status = CASE WHEN cancel_requested THEN %s ELSE %s END,"
                 " result_ref = CASE WHEN cancel_requested THEN NULL ELSE %s END,"
                 " error = %s, finished_at = %s, updated_at = %s,"
-                " leased_by = '', lease_expires_at = NULL"
+                " current_token = NULL, leased_by = '', lease_expires_at = NULL"
                 f" WHERE {' AND '.join(guards)}"
                 " RETURNING id, status, queue",
                 [
