@@ -14,6 +14,9 @@ echo "== mypy"
 echo "== makemigrations --check"
 DATABASE_URL="sqlite:///$(mktemp -d)/check.sqlite3" "$PY" manage.py makemigrations --check --dry-run
 
+echo "== docs (warnings are errors)"
+"$VENV/bin/sphinx-build" -W --keep-going -q -b html docs "$(mktemp -d)/docs"
+
 status=0
 echo "== tests on SQLite"
 DATABASE_URL="sqlite:///$(mktemp -d)/ledon.sqlite3" "$PY" -m pytest "$@" || status=$?
