@@ -88,6 +88,9 @@ class HandlerSpec:
     func: Handler
     is_async: bool
     retry: RetryPolicy | None = field(default=None)
+    #: Turns the exception that failed an attempt into the stored error text
+    #: (default: :func:`jobs.worker.format_error`).
+    format_error: Callable[[BaseException], str] | None = field(default=None)
 
     def retry_policy(self) -> RetryPolicy:
         return self.retry or RetryPolicy.from_settings()
@@ -98,19 +101,27 @@ _lock = threading.Lock()
 
 
 def job_handler(
-    name: str, *, version: int = 1, retry: RetryPolicy | None = None
+    name: str,
+    *,
+    version: int = 1,
+    retry: RetryPolicy | None = None,
+    format_error: Callable[[BaseException], str] | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register a function as the handler of ``name`` at ``version``.
 
     The function takes a :class:`JobContext` and returns an optional result
     reference (a string). ``async def`` functions run on the worker's event loop.
     Registering a different function under a taken (name, version) is an error.
+    ``format_error`` replaces the worker's text for a failed attempt's error; it
+    must return at most 100,000 characters of valid text without NUL.
     """
     validation.name(name, "handler")
     validation.integer(version, "version", 1, 2**31 - 1)
 
     def decorator(func: Handler) -> Handler:
-        spec = HandlerSpec(name, version, func, inspect.iscoroutinefunction(func), retry)
+        spec = HandlerSpec(
+            name, version, func, inspect.iscoroutinefunction(func), retry, format_error
+        )
         key = (name, version)
         with _lock:
             existing = _registry.get(key)
@@ -153,8 +164,12 @@ def unregister(name: str, version: int) -> None:
 
 
 def autodiscover() -> None:
-    """Import ``<app>.<AUTODISCOVER_MODULE>`` for every installed app."""
+    """Import ``<app>.<AUTODISCOVER_MODULE>`` for every installed app, then the task
+    modules named by each ``jobs.backends.JobsBackend`` in the ``TASKS`` setting."""
     autodiscover_modules(jobs_settings().AUTODISCOVER_MODULE)
+    from .backends import autodiscover_tasks
+
+    autodiscover_tasks()
 
 
 class JobContext:
@@ -178,6 +193,9 @@ class JobContext:
         self._cancel = threading.Event()
         self._shutdown = threading.Event()
         self._stored_cancel = False
+        #: A handler may set this to choose the retry policy for this attempt's
+        #: failure (it overrides the handler's registered policy).
+        self.retry_policy: RetryPolicy | None = None
 
     # identity
     @property

@@ -452,10 +452,11 @@ class Worker:
             if ctx.stopped_by_shutdown:
                 self._requeue_after_shutdown(claim)
                 return
-            error = format_error(exc)
+            error = (spec.format_error or format_error)(exc)
             retry_at = None
             if claim.attempts_left > 0 and not ctx.cancel_requested:
-                retry_at = spec.retry_policy().retry_at(claim.attempt, self.clock(), exc)
+                policy = ctx.retry_policy or spec.retry_policy()
+                retry_at = policy.retry_at(claim.attempt, self.clock(), exc)
             detail = f"{type(exc).__name__}: {exc}"
             if retry_at is not None:
                 detail += f" (retry at {retry_at.isoformat()})"

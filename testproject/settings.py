@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "outbox",
     "sagas",
     "testproject.shop",
+    "testproject.tasks_demo",
 ]
 
 MIDDLEWARE = [
@@ -99,6 +100,36 @@ JOBS: dict[str, Any] = {
     "POLL_INTERVAL": env.float("JOBS_POLL_INTERVAL", default=1.0),
     "RECOVERY_INTERVAL": env.float("JOBS_RECOVERY_INTERVAL", default=5.0),
     "SHUTDOWN_GRACE_SECONDS": env.float("JOBS_SHUTDOWN_GRACE_SECONDS", default=5.0),
+}
+
+# Django's tasks framework, backed by the job store: ``manage.py run_jobs`` runs the
+# tasks. The worker imports each app's ``tasks`` module and these MODULES.
+TASKS = {
+    "default": {
+        "BACKEND": "jobs.backends.JobsBackend",
+        "QUEUES": [],
+        "OPTIONS": {
+            "MODULES": [
+                "testproject.tasks_demo.docs_priority",
+                "testproject.tasks_demo.docs_context",
+                "testproject.tasks_demo.probes",
+            ],
+        },
+    }
+}
+
+# The tasks of Django's documentation send mail: kept in memory, or written as files
+# to MAIL_FILE_PATH (tests read what a worker process sent there).
+_MAIL_FILE_PATH = env("MAIL_FILE_PATH", default="")
+MAILERS = {
+    "default": (
+        {
+            "BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+            "OPTIONS": {"file_path": _MAIL_FILE_PATH},
+        }
+        if _MAIL_FILE_PATH
+        else {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}
+    )
 }
 
 LOGGING = {
