@@ -81,6 +81,8 @@ class _Running:
 def format_error(exc: BaseException) -> str:
     """Exception type, message and traceback, as stored on the failed attempt."""
     text = "".join(traceback.format_exception(exc))
+    # Stored text must be valid Unicode without NUL: escape what a message may carry.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text.replace("\x00", "\\x00")[:100_000]
 
 
@@ -429,6 +431,10 @@ class Worker:
         ctx = entry.ctx
         try:
             self._run_handler(claim, ctx)
+        except Exception:
+            # Never let a worker thread die: the attempt stays Running, its lease
+            # is no longer renewed, and recovery re-queues it after expiry.
+            logger.exception("finishing job %s failed; it will be recovered", claim.job_id)
         finally:
             with self._lock:
                 self._running.pop(claim.token, None)

@@ -146,6 +146,17 @@ class TestWorkerInProcess:
         assert "TypeError" in snap.error
         assert "must be a str or None" in snap.error
 
+    def test_error_text_with_lone_surrogate_and_nul_is_stored_escaped(self, handler):
+        @handler("w.badtext")
+        def run(ctx):
+            raise RuntimeError("bad \ud800 and \x00 inside")
+
+        submit_job(SCOPE, "badtext", JobSubmission.create("w.badtext"))
+        run_burst()
+        snap = JobScope(SCOPE).get("badtext")
+        assert snap.status == JobStatus.FAILED
+        assert "RuntimeError: bad \\ud800 and \\x00 inside" in snap.error
+
     def test_permanent_failure_is_not_retried(self, handler):
         @handler("w.permanent", retry=RetryPolicy(base_delay=0, jitter=0))
         def run(ctx):
