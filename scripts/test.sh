@@ -17,6 +17,12 @@ DATABASE_URL="sqlite:///$(mktemp -d)/check.sqlite3" "$PY" manage.py makemigratio
 echo "== docs (warnings are errors)"
 "$VENV/bin/sphinx-build" -W --keep-going -q -b html docs "$(mktemp -d)/docs"
 
+# The admin browser test drives Debian's Chromium; CI installs it when missing.
+if [ "${CI:-}" = "true" ] || [ -x /usr/bin/chromium ]; then
+    CHROMIUM=$(scripts/ensure-chromium.sh)
+    export CHROMIUM
+fi
+
 status=0
 echo "== tests on SQLite"
 DATABASE_URL="sqlite:///$(mktemp -d)/ledon.sqlite3" "$PY" -m pytest "$@" || status=$?

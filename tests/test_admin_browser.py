@@ -1,0 +1,101 @@
+"""The admin in a real browser (headless Chromium): log in, open the jobs, cancel one,
+retry one. Screenshots of each step are kept in ``test-artifacts/``.
+
+Runs when a Chromium is available (``CHROMIUM`` or Debian's ``/usr/bin/chromium``);
+with ``CI=true`` a missing browser is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from jobs import JobScope, JobStatus, JobSubmission, execution, submit_job
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "admin-browser"
+SCOPE = "browser"
+
+
+def _chromium() -> str:
+    for candidate in (os.environ.get("CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser"):
+        if candidate and Path(candidate).exists():
+            return candidate
+    found = shutil.which("chromium")
+    if found:
+        return found
+    if os.environ.get("CI") == "true":
+        pytest.fail("no Chromium for the browser test (scripts/ensure-chromium.sh installs it)")
+    pytest.skip("no Chromium installed")
+
+
+@pytest.fixture
+def page(live_server, admin_user, request):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    # Playwright's sync API runs an event loop in this thread; the ORM calls made by
+    # the test itself are plain synchronous calls.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=_chromium(),
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        page = browser.new_page(base_url=live_server.url)
+        yield page
+        browser.close()
+    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+def _shot(page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def test_admin_login_list_cancel_and_retry_in_a_browser(page):
+    submit_job(SCOPE, "to-retry", JobSubmission.create("demo.flaky", {}, max_attempts=2))
+    (claim,) = execution.claim_due("browser-worker", limit=5)
+    execution.fail(claim.token, "RuntimeError: simulated outage")
+    submit_job(SCOPE, "to-cancel", JobSubmission.create("demo.report", {"month": "2026-10"}))
+
+    page.goto("/admin/login/?next=/admin/jobs/job/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "password")
+    _shot(page, "01-login")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#result_list")
+    _shot(page, "02-jobs")
+    assert page.locator("#result_list").get_by_text("to-cancel").count() == 1
+
+    page.locator("tr", has_text="to-cancel").locator("input.action-select").check()
+    page.select_option("select[name=action]", "cancel_jobs")
+    page.click("button[name=index]")
+    page.wait_for_selector(".messagelist")
+    _shot(page, "03-cancelled")
+    assert "cancelled" in page.locator(".messagelist").inner_text()
+    assert JobScope(SCOPE).get("to-cancel").status == JobStatus.CANCELLED
+
+    page.locator("tr", has_text="to-retry").locator("input.action-select").check()
+    page.select_option("select[name=action]", "retry_jobs")
+    page.click("button[name=index]")
+    page.wait_for_selector(".messagelist")
+    _shot(page, "04-retried")
+    assert "re-queued" in page.locator(".messagelist").inner_text()
+    assert JobScope(SCOPE).get("to-retry").status == JobStatus.QUEUED
+
+    page.locator("#result_list").get_by_text("to-retry").click()
+    page.wait_for_selector("pre")
+    _shot(page, "05-job-page")
+    assert "simulated outage" in page.content()
