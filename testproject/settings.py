@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "sagas",
     "testproject.shop",
     "testproject.tasks_demo",
+    "testproject.orders",
 ]
 
 MIDDLEWARE = [
@@ -132,6 +133,17 @@ MAILERS = {
     )
 }
 
+OUTBOX: dict[str, Any] = {
+    "ENABLED": env.bool("OUTBOX_ENABLED", default=True),
+    "TRANSPORT": env("OUTBOX_TRANSPORT", default="in-process"),
+    "BATCH_SIZE": env.int("OUTBOX_BATCH_SIZE", default=100),
+    "MAX_ATTEMPTS": env.int("OUTBOX_MAX_ATTEMPTS", default=10),
+    "RETRY_BASE_DELAY": env.float("OUTBOX_RETRY_BASE_DELAY", default=1.0),
+    "LEASE_SECONDS": env.float("OUTBOX_LEASE_SECONDS", default=60),
+    "POLL_INTERVAL": env.float("OUTBOX_POLL_INTERVAL", default=1.0),
+    "RECOVERY_INTERVAL": env.float("OUTBOX_RECOVERY_INTERVAL", default=10.0),
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -139,5 +151,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "jobs": {"handlers": ["console"], "level": env("JOBS_LOG_LEVEL", default="WARNING")},
+        "outbox": {"handlers": ["console"], "level": env("OUTBOX_LOG_LEVEL", default="WARNING")},
     },
 }

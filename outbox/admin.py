@@ -1,0 +1,175 @@
+"""Inspection of the outbox and the inbox in the Django admin.
+
+Nothing is editable by hand. The outbox's only state changes are the "Redeliver
+now" and "Park" actions, which go through :mod:`outbox.store` and are offered only
+to users holding ``outbox.change_outboxmessage`` (the admin never edits a message,
+so that permission means "may steer delivery"). The inbox is read-only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from . import store
+from .exceptions import InvalidTransition, MessageNotFound
+from .models import InboxMessage, OutboxMessage
+
+if TYPE_CHECKING:
+    _OutboxAdminBase = admin.ModelAdmin[OutboxMessage]
+    _InboxAdminBase = admin.ModelAdmin[InboxMessage]
+else:
+    _OutboxAdminBase = admin.ModelAdmin
+    _InboxAdminBase = admin.ModelAdmin
+
+_Action = TypeVar("_Action", bound=Callable[..., Any])
+
+#: Refusals listed one by one after an action; the rest are counted.
+MAX_LISTED_REFUSALS = 10
+
+
+def _action(description: str, permission: str) -> Callable[[_Action], _Action]:
+    """An admin action on the list and, from Django 6.1, on each message's own page."""
+    location = getattr(admin, "ActionLocation", None)
+    if location is None:  # pragma: no cover - Django 6.0 runs actions from the list only
+        return admin.action(description=description, permissions=[permission])
+    return admin.action(
+        description=description,
+        permissions=[permission],
+        location=[location.CHANGE_LIST, location.CHANGE_FORM],
+    )
+
+
+def _pretty_json(value: Any) -> SafeString:
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+        text = json.dumps(parsed, indent=2, ensure_ascii=False, sort_keys=True)
+    except ValueError:
+        text = str(value)
+    return format_html('<pre style="white-space: pre-wrap">{}</pre>', text)
+
+
+class _ReadOnly:
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The view page still works: Django shows it read-only to users with the
+        # view (or change) permission.
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(_ReadOnly, _OutboxAdminBase):
+    list_display = (
+        "message_id",
+        "event_type",
+        "key",
+        "status",
+        "attempts",
+        "available_at",
+        "created_at",
+        "sent_at",
+    )
+    list_filter = ("status", "event_type")
+    search_fields = ("=message_id", "key")
+    search_help_text = "Message id (exact) or key (contains)."
+    ordering = ("-created_at", "-id")
+    show_full_result_count = False
+    list_per_page = 50
+    actions = ("redeliver_messages", "park_messages")
+    fieldsets = (
+        (None, {"fields": ("message_id", "event_type", "key", "status", "attempts")}),
+        ("Payload", {"fields": ("payload_pretty", "headers_pretty")}),
+        ("Delivery", {"fields": ("available_at", "last_error_pre", "sent_at")}),
+        ("Timestamps", {"fields": ("created_at", "updated_at")}),
+        ("Lease", {"fields": ("leased_by", "lease_expires_at"), "classes": ("collapse",)}),
+    )
+    # The lease token is deliberately not shown: it is the batch's write capability.
+    readonly_fields = tuple(
+        name for _, options in fieldsets for name in options["fields"] if isinstance(name, str)
+    )
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: OutboxMessage) -> SafeString:
+        return _pretty_json(obj.payload_json)
+
+    @admin.display(description="headers")
+    def headers_pretty(self, obj: OutboxMessage) -> SafeString:
+        return _pretty_json(obj.headers)
+
+    @admin.display(description="last error")
+    def last_error_pre(self, obj: OutboxMessage) -> SafeString | str:
+        if not obj.last_error:
+            return "-"
+        return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.last_error)
+
+    def _may_steer(self, request: HttpRequest) -> bool:
+        codename = get_permission_codename("change", self.opts)
+        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
+    def has_redeliver_permission(self, request: HttpRequest) -> bool:
+        return self._may_steer(request)
+
+    def has_park_permission(self, request: HttpRequest) -> bool:
+        return self._may_steer(request)
+
+    @_action("Redeliver selected messages now", "redeliver")
+    def redeliver_messages(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
+        """Pending or parked messages become due now (parked ones with fresh attempts)."""
+        self._apply(request, queryset, lambda m: store.redeliver(m), "redelivered")
+
+    @_action("Park selected messages", "park")
+    def park_messages(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
+        """Pending messages stop being delivered until redelivered."""
+        reason = f"parked by {request.user.get_username()} in the admin"
+        self._apply(request, queryset, lambda m: store.park(m, reason), "parked")
+
+    def _apply(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[OutboxMessage],
+        change: Callable[[Any], None],
+        verb: str,
+    ) -> None:
+        done = 0
+        refusals: list[str] = []
+        for message_id in queryset.values_list("message_id", flat=True):
+            try:
+                change(message_id)
+            except (MessageNotFound, InvalidTransition) as exc:
+                refusals.append(str(exc))
+            else:
+                done += 1
+        summary = f"{done} {verb}"
+        if refusals:
+            summary += f", {len(refusals)} refused"
+        self.message_user(request, summary + ".", messages.SUCCESS if done else messages.WARNING)
+        for reason in refusals[:MAX_LISTED_REFUSALS]:
+            self.message_user(request, reason[:1].upper() + reason[1:] + ".", messages.WARNING)
+        hidden = len(refusals) - MAX_LISTED_REFUSALS
+        if hidden > 0:
+            self.message_user(request, f"... and {hidden} more refused.", messages.WARNING)
+
+
+@admin.register(InboxMessage)
+class InboxMessageAdmin(_ReadOnly, _InboxAdminBase):
+    list_display = ("consumer", "message_id", "processed_at")
+    list_filter = ("consumer",)
+    search_fields = ("=message_id",)
+    search_help_text = "Message id (exact)."
+    ordering = ("-processed_at", "-id")
+    show_full_result_count = False
+    list_per_page = 50
+    fields = readonly_fields = ("consumer", "message_id", "processed_at")

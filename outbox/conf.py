@@ -1,0 +1,120 @@
+"""The only reader of the ``OUTBOX`` setting: typed, with defaults, reset on change."""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .exceptions import OutboxConfigurationError
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxSettings:
+    #: Store integration events in the outbox table (True) or publish them on the
+    #: in-process event bus after commit (False). Calling code is the same.
+    ENABLED: bool = False
+    #: Transport the dispatcher publishes through: a built-in name ("in-process")
+    #: or the dotted path of a :class:`outbox.transports.base.Transport` subclass.
+    TRANSPORT: str = "in-process"
+    #: Keyword options handed to the transport.
+    TRANSPORT_OPTIONS: dict[str, Any] = field(default_factory=dict)
+    #: Messages claimed and published per batch at most.
+    BATCH_SIZE: int = 100
+    #: Delivery attempts before a message is parked.
+    MAX_ATTEMPTS: int = 10
+    #: Retry after a failed delivery: first delay in seconds, growth factor, cap,
+    #: and jitter ratio.
+    RETRY_BASE_DELAY: float = 1.0
+    RETRY_BACKOFF_FACTOR: float = 2.0
+    RETRY_MAX_DELAY: float = 600.0
+    RETRY_JITTER: float = 0.1
+    #: Seconds a claimed batch stays leased; it must outlast publishing one batch.
+    LEASE_SECONDS: float = 60.0
+    #: Seconds between two polls for due messages (SQLite; a fallback on PostgreSQL).
+    POLL_INTERVAL: float = 1.0
+    #: Seconds between two sweeps for batches whose dispatcher stopped.
+    RECOVERY_INTERVAL: float = 10.0
+    #: Seconds sent messages are kept (None: forever), and the same for inbox records.
+    RETENTION_SECONDS: float | None = 7 * 24 * 3600.0
+    INBOX_RETENTION_SECONDS: float | None = None
+    #: Seconds between two retention clean-ups.
+    CLEANUP_INTERVAL: float = 300.0
+    #: PostgreSQL channel used to wake dispatchers when a message is stored.
+    NOTIFY_CHANNEL: str = "ledon_outbox"
+    #: Largest accepted event payload, in bytes of JSON text.
+    MAX_PAYLOAD_BYTES: int = 1_000_000
+    #: Module imported from each installed app at start-up, where events are
+    #: defined and subscribed (None: import nothing).
+    AUTODISCOVER_MODULE: str | None = "events"
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float)
+
+
+def _validate(values: dict[str, Any]) -> OutboxSettings:
+    known = {f.name for f in fields(OutboxSettings)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise OutboxConfigurationError(f"unknown OUTBOX setting(s): {', '.join(unknown)}")
+    result = OutboxSettings(**values)
+
+    def fail(key: str, expected: str) -> OutboxConfigurationError:
+        return OutboxConfigurationError(
+            f"OUTBOX[{key!r}] must be {expected}, got {getattr(result, key)!r}"
+        )
+
+    if not isinstance(result.ENABLED, bool):
+        raise fail("ENABLED", "True or False")
+    if not isinstance(result.TRANSPORT, str) or not result.TRANSPORT:
+        raise fail("TRANSPORT", "a transport name or dotted path")
+    if not isinstance(result.TRANSPORT_OPTIONS, dict):
+        raise fail("TRANSPORT_OPTIONS", "a dict")
+    for key in ("BATCH_SIZE", "MAX_ATTEMPTS", "MAX_PAYLOAD_BYTES"):
+        value = getattr(result, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise fail(key, "a positive integer")
+    for key in ("LEASE_SECONDS", "POLL_INTERVAL", "RECOVERY_INTERVAL", "CLEANUP_INTERVAL"):
+        value = getattr(result, key)
+        if not _number(value) or value <= 0:
+            raise fail(key, "a positive number")
+    for key in ("RETENTION_SECONDS", "INBOX_RETENTION_SECONDS"):
+        value = getattr(result, key)
+        if value is not None and (not _number(value) or value <= 0):
+            raise fail(key, "a positive number or None")
+    for key in ("RETRY_BASE_DELAY", "RETRY_MAX_DELAY"):
+        if not _number(getattr(result, key)) or getattr(result, key) < 0:
+            raise fail(key, "a number >= 0")
+    if not _number(result.RETRY_BACKOFF_FACTOR) or result.RETRY_BACKOFF_FACTOR < 1:
+        raise fail("RETRY_BACKOFF_FACTOR", "a number >= 1")
+    if not _number(result.RETRY_JITTER) or not 0 <= result.RETRY_JITTER < 1:
+        raise fail("RETRY_JITTER", "a ratio in [0, 1)")
+    if not isinstance(result.NOTIFY_CHANNEL, str) or not re.fullmatch(
+        r"[a-z_][a-z0-9_]{0,62}", result.NOTIFY_CHANNEL
+    ):
+        raise fail("NOTIFY_CHANNEL", "a lowercase identifier of at most 63 characters")
+    module = result.AUTODISCOVER_MODULE
+    if module is not None and (not isinstance(module, str) or not module.isidentifier()):
+        raise fail("AUTODISCOVER_MODULE", "a module name or None")
+    return result
+
+
+@functools.cache
+def outbox_settings() -> OutboxSettings:
+    """The current ``OUTBOX`` settings, validated. Read lazily, never at import time."""
+    values = getattr(settings, "OUTBOX", {}) or {}
+    if not isinstance(values, dict):
+        raise OutboxConfigurationError("the OUTBOX setting must be a dict")
+    return _validate(dict(values))
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    if setting == "OUTBOX":
+        outbox_settings.cache_clear()

@@ -1,0 +1,368 @@
+"""The outbox dispatcher engine behind ``manage.py dispatch_outbox`` (O4).
+
+A :class:`Dispatcher` claims a batch of due messages (a lease, attempt n+1), hands
+it to the transport, and records each confirmation: delivered messages become Sent,
+failed ones are retried with exponential backoff and parked after
+``OUTBOX["MAX_ATTEMPTS"]`` attempts. Nothing is held open while the transport
+publishes: if the process dies mid-batch, the lease expires, another dispatcher (or
+this one restarted with the same id, at once) recovers the batch and delivers it
+again. Delivery is at least once; consumers de-duplicate on the message id.
+
+On PostgreSQL a listener thread wakes the dispatcher when a message commits (NOTIFY
+sent in the writing transaction); elsewhere it polls every ``POLL_INTERVAL``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import DatabaseError, connections
+from django.utils import timezone
+
+from . import store
+from .conf import outbox_settings
+from .db import alias_for, is_postgres
+from .exceptions import TransportUnavailable
+from .faults import fault_point
+from .models import OutboxMessage
+from .transports import get_transport
+from .transports.base import Transport
+from .types import Batch, DeliveryReport, RecordOutcome, RecoveryResult
+
+logger = logging.getLogger(__name__)
+
+#: A callback for what the dispatcher does: (event, detail).
+EventCallback = Callable[[str, str], None]
+
+
+def default_dispatcher_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def format_error(exc: BaseException) -> str:
+    """Exception type, message and traceback, as stored on the message."""
+    return "".join(traceback.format_exception(exc))
+
+
+@dataclass(slots=True)
+class DispatcherStats:
+    batches: int = 0
+    claimed: int = 0
+    sent: int = 0
+    retried: int = 0
+    parked: int = 0
+    stale: int = 0
+    recovered: int = 0
+    purged: int = 0
+
+    def count(self, outcome: RecordOutcome) -> None:
+        name = {
+            RecordOutcome.SENT: "sent",
+            RecordOutcome.RETRY_SCHEDULED: "retried",
+            RecordOutcome.PARKED: "parked",
+            RecordOutcome.STALE: "stale",
+        }[outcome]
+        setattr(self, name, getattr(self, name) + 1)
+
+    def summary(self) -> str:
+        return (
+            f"claimed {self.claimed} in {self.batches} batch(es), sent {self.sent}, "
+            f"retries scheduled {self.retried}, parked {self.parked}, "
+            f"recovered {self.recovered}, purged {self.purged}"
+        )
+
+
+class _Listener(threading.Thread):
+    """LISTEN on a dedicated autocommit connection (PostgreSQL) and wake the
+    dispatcher. If the connection breaks, the dispatcher still polls meanwhile."""
+
+    def __init__(self, alias: str, channel: str, wake: threading.Event) -> None:
+        super().__init__(name="outbox-listener", daemon=True)
+        self._params = connections[alias].get_connection_params()
+        self._params.pop("cursor_factory", None)
+        self._channel = channel
+        self._wake = wake
+        self._stop = threading.Event()
+        self.ready = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        import psycopg
+        from psycopg import sql
+
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(**self._params, autocommit=True) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    self.ready.set()
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=0.5):
+                            self._wake.set()
+            except psycopg.Error as exc:
+                logger.warning("outbox listener connection failed, polling meanwhile: %s", exc)
+                self._stop.wait(1.0)
+
+
+class Dispatcher:
+    """Deliver outbox messages until stopped (or, with ``burst``, until none is due).
+
+    ``run()`` blocks; ``stop()`` may be called from any thread or a signal handler:
+    the batch being published is finished and recorded, then ``run()`` returns.
+    """
+
+    def __init__(
+        self,
+        *,
+        dispatcher_id: str | None = None,
+        transport: Transport | None = None,
+        batch_size: int | None = None,
+        burst: bool = False,
+        clock: Callable[[], datetime] = timezone.now,
+        listen: bool | None = None,
+        on_event: EventCallback | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = outbox_settings()
+        self.dispatcher_id = dispatcher_id or default_dispatcher_id()
+        self.transport = transport or get_transport()
+        self.batch_size = batch_size or self.settings.BATCH_SIZE
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.burst = burst
+        self.clock = clock
+        self.on_event = on_event
+        self.rng = rng or random.Random()
+        self.alias = alias_for(OutboxMessage)
+        self.listen = is_postgres(connections[self.alias]) if listen is None else listen
+        self.stats = DispatcherStats()
+        self.started = threading.Event()
+        #: Set while the dispatcher waits for work (nothing was due at its last claim).
+        self.idle = threading.Event()
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._listener: _Listener | None = None
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self) -> None:
+        """Finish the current batch, then return from ``run()``."""
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def _emit(self, event: str, detail: str = "") -> None:
+        if self.on_event is not None:
+            self.on_event(event, detail)
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> DispatcherStats:
+        logger.info(
+            "outbox dispatcher %s starting",
+            self.dispatcher_id,
+            extra={"dispatcher_id": self.dispatcher_id, "transport": self.transport.name},
+        )
+        if self.listen:
+            self._listener = _Listener(self.alias, self.settings.NOTIFY_CHANNEL, self._wake)
+            self._listener.start()
+        try:
+            self._check_transport()
+            self._guarded(lambda: self.recover(startup=True), "recovering batches")
+            self._guarded(self.clean_up, "retention clean-up")
+            self.started.set()
+            self._emit("started", f"transport {self.transport.name or type(self.transport)}")
+            self._loop_until_stopped()
+        finally:
+            if self._listener is not None:
+                self._listener.stop()
+                self._listener.join(timeout=5)
+            self.transport.close()
+            if not connections[self.alias].in_atomic_block:
+                # A dispatcher run inside a test's transaction leaves it to the test.
+                connections[self.alias].close()
+        self._emit("stopped", self.stats.summary())
+        return self.stats
+
+    def _loop_until_stopped(self) -> None:
+        s = self.settings
+        next_recovery = time.monotonic() + s.RECOVERY_INTERVAL
+        next_cleanup = time.monotonic() + s.CLEANUP_INTERVAL
+        while not self._stopping.is_set():
+            self._wake.clear()
+            now = time.monotonic()
+            if now >= next_recovery:
+                self._guarded(self.recover, "recovering batches")
+                next_recovery = now + s.RECOVERY_INTERVAL
+            if now >= next_cleanup:
+                self._guarded(self.clean_up, "retention clean-up")
+                next_cleanup = now + s.CLEANUP_INTERVAL
+            claimed = self._guarded(self.dispatch_batch, "dispatching a batch")
+            if claimed:
+                continue  # messages may have been waiting behind this batch, or retries
+            if claimed is not None and self.burst:
+                break
+            timeout = min(s.POLL_INTERVAL, next_recovery - now, next_cleanup - now)
+            self.idle.set()
+            self._wake.wait(max(timeout, 0.01))
+            self.idle.clear()
+
+    def _guarded[T](self, call: Callable[[], T], what: str) -> T | None:
+        """Run one database step; on a database error log it, drop a broken
+        connection and return None (the loop tries again after the poll interval)."""
+        try:
+            return call()
+        except DatabaseError:
+            logger.exception("%s failed; will retry", what)
+            self._reset_connection()
+            return None
+
+    def _check_transport(self) -> None:
+        try:
+            self.transport.check()
+        except TransportUnavailable as exc:
+            # Messages stay Pending and are retried: nothing is lost meanwhile.
+            logger.warning("outbox transport unavailable at start-up: %s", exc)
+            self._emit("transport-unavailable", str(exc))
+
+    # ------------------------------------------------------------------ one batch
+
+    def dispatch_batch(self) -> int:
+        """Claim, publish and record one batch; the number of messages claimed."""
+        batch = store.claim_batch(self.dispatcher_id, limit=self.batch_size, now=self.clock())
+        if batch is None:
+            return 0
+        self.stats.batches += 1
+        self.stats.claimed += len(batch.messages)
+        fault_point("outbox.dispatcher.claimed", batch=batch)
+        reports = self._publish(batch)
+        fault_point("outbox.dispatcher.published", batch=batch, reports=reports)
+        outcomes = self._record(batch, reports)
+        fault_point("outbox.dispatcher.recorded", batch=batch, outcomes=outcomes)
+        for outcome in outcomes.values():
+            self.stats.count(outcome)
+        sent = sum(1 for o in outcomes.values() if o is RecordOutcome.SENT)
+        failed = [r for r in reports if not r.ok]
+        detail = f"{len(batch.messages)} claimed, {sent} sent"
+        if failed:
+            parked = sum(1 for o in outcomes.values() if o is RecordOutcome.PARKED)
+            detail += f", {len(failed)} failed ({parked} parked): {failed[0].error[:200]}"
+        logger.info(
+            "outbox batch: %s",
+            detail,
+            extra={"dispatcher_id": self.dispatcher_id, "claimed": len(batch.messages)},
+        )
+        self._emit("batch", detail)
+        return len(batch.messages)
+
+    def _publish(self, batch: Batch) -> list[DeliveryReport]:
+        """The transport's report for every message of the batch; a message it did not
+        confirm, or a batch it raised on, counts as failed."""
+        try:
+            returned: Sequence[DeliveryReport] = self.transport.publish(batch.messages)
+        except Exception as exc:
+            logger.warning("outbox transport failed on a batch: %s", exc, exc_info=True)
+            error = format_error(exc)
+            return [DeliveryReport.failed(m.message_id, error) for m in batch.messages]
+        by_id: dict[uuid.UUID, DeliveryReport] = {r.message_id: r for r in returned}
+        return [
+            by_id.get(m.message_id)
+            or DeliveryReport.failed(m.message_id, "the transport did not confirm this message")
+            for m in batch.messages
+        ]
+
+    def _record(
+        self, batch: Batch, reports: list[DeliveryReport]
+    ) -> dict[uuid.UUID, RecordOutcome]:
+        """Record the outcomes, retrying database errors a few times; if that still
+        fails, the lease expires and the batch is recovered and delivered again."""
+        now = self.clock()
+        retry_at = {
+            m.message_id: now + timedelta(seconds=self.retry_delay(m.attempt))
+            for m in batch.messages
+        }
+        for delay in (0.2, 1.0, 3.0, None):
+            try:
+                return store.record_deliveries(batch.token, reports, retry_at=retry_at, now=now)
+            except DatabaseError:
+                logger.exception("recording an outbox batch failed")
+                self._reset_connection()
+                if delay is None:
+                    raise
+                self._stopping.wait(delay)
+        raise AssertionError("unreachable")
+
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds before the attempt after failed attempt number ``attempt``."""
+        s = self.settings
+        raw = min(
+            s.RETRY_MAX_DELAY, s.RETRY_BASE_DELAY * s.RETRY_BACKOFF_FACTOR ** max(attempt - 1, 0)
+        )
+        return max(0.0, raw * (1 + self.rng.uniform(-s.RETRY_JITTER, s.RETRY_JITTER)))
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def recover(self, *, startup: bool = False) -> RecoveryResult:
+        """Release batches whose dispatcher stopped (lease expired; at start-up also
+        this dispatcher id's own leftovers) so they are delivered again."""
+        now = self.clock()
+        result = store.recover_expired(now=now)
+        if startup:
+            own = store.recover_dispatcher(self.dispatcher_id, now=now)
+            result = RecoveryResult(result.released + own.released, result.parked + own.parked)
+        if result.total:
+            self.stats.recovered += result.released
+            self.stats.parked += result.parked
+            logger.warning(
+                "recovered %d outbox message(s) of stopped dispatchers (%d parked)",
+                result.total,
+                result.parked,
+                extra={"dispatcher_id": self.dispatcher_id},
+            )
+            self._emit("recovered", f"{result.released} released, {result.parked} parked")
+        return result
+
+    def clean_up(self) -> int:
+        """Retention: delete Sent messages (and inbox records) older than configured."""
+        s = self.settings
+        now = self.clock()
+        purged = 0
+        if s.RETENTION_SECONDS is not None:
+            cutoff = now - timedelta(seconds=s.RETENTION_SECONDS)
+            while count := store.purge_sent(older_than=cutoff):
+                purged += count
+                if self._stopping.is_set():
+                    break
+        if s.INBOX_RETENTION_SECONDS is not None:
+            cutoff = now - timedelta(seconds=s.INBOX_RETENTION_SECONDS)
+            while count := store.purge_inbox(older_than=cutoff):
+                purged += count
+                if self._stopping.is_set():
+                    break
+        if purged:
+            self.stats.purged += purged
+            self._emit("purged", f"{purged} old record(s)")
+        return purged
+
+    def _reset_connection(self) -> None:
+        connection = connections[self.alias]
+        try:
+            usable = connection.connection is not None and connection.is_usable()
+        except Exception:
+            usable = False
+        if not usable:
+            connection.close()

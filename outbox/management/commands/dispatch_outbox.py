@@ -1,0 +1,100 @@
+"""``manage.py dispatch_outbox``: a thin wrapper over :class:`outbox.dispatcher.Dispatcher`."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from django.core import checks
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from outbox import store
+from outbox.conf import outbox_settings
+from outbox.db import alias_for
+from outbox.dispatcher import Dispatcher
+from outbox.exceptions import OutboxError
+from outbox.models import OutboxMessage
+
+
+class Command(BaseCommand):
+    help = (
+        "Deliver outbox messages through the configured transport: claim batches, "
+        "publish, mark sent, retry with backoff, park poison messages."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--burst", action="store_true", help="exit when no message is due")
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=None,
+            metavar="N",
+            help="messages per batch (default: OUTBOX['BATCH_SIZE'])",
+        )
+        parser.add_argument(
+            "--dispatcher-id",
+            default=None,
+            help="stable id of this dispatcher; a restart with the same id recovers its "
+            "own unfinished batch at once (default: host:pid)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        batch_size = options["batch_size"]
+        if batch_size is not None and not 1 <= batch_size <= 10_000:
+            raise CommandError("--batch-size must be between 1 and 10000")
+        try:
+            if options["dispatcher_id"] is not None:
+                store.text(
+                    options["dispatcher_id"], "dispatcher id", store.MAX_DISPATCHER_ID_LENGTH
+                )
+            self._check_database()
+            dispatcher = Dispatcher(
+                dispatcher_id=options["dispatcher_id"],
+                batch_size=batch_size,
+                burst=options["burst"],
+                on_event=self._printer(options["verbosity"]),
+            )
+        except OutboxError as exc:
+            raise CommandError(str(exc)) from exc
+        if not outbox_settings().ENABLED:
+            self.stderr.write(
+                "warning: OUTBOX['ENABLED'] is False: integration events are published in "
+                "process and not stored; delivering what the outbox still holds"
+            )
+        self.stdout.write(
+            f"dispatcher {dispatcher.dispatcher_id}: transport {outbox_settings().TRANSPORT}, "
+            f"batches of {dispatcher.batch_size}"
+        )
+
+        def on_signal(signum: int, frame: Any) -> None:
+            self.stdout.write(
+                f"dispatcher {dispatcher.dispatcher_id}: {signal.Signals(signum).name}, "
+                "stopping after the current batch"
+            )
+            dispatcher.stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        stats = dispatcher.run()
+        self.stdout.write(
+            self.style.SUCCESS(f"dispatcher {dispatcher.dispatcher_id} stopped: {stats.summary()}")
+        )
+
+    def _check_database(self) -> None:
+        errors = checks.run_checks(
+            tags=[checks.Tags.database], databases=[alias_for(OutboxMessage)]
+        )
+        # The table warnings are fatal here: without the table there is nothing to do.
+        errors = [e for e in errors if e.id and e.id.startswith("outbox.")]
+        if errors:
+            raise CommandError("\n".join(f"{e.id}: {e.msg} {e.hint or ''}" for e in errors))
+
+    def _printer(self, verbosity: int) -> Any:
+        def emit(event: str, detail: str) -> None:
+            if verbosity < 1 or event == "stopped" or (verbosity < 2 and event == "batch"):
+                return
+            style = self.style.WARNING if event == "transport-unavailable" else (lambda s: s)
+            self.stdout.write(style(" ".join(p for p in (event, detail) if p)))
+            self.stdout.flush()
+
+        return emit

@@ -1,0 +1,454 @@
+"""Every state transition of outbox and inbox messages.
+
+Each transition is one guarded statement — it succeeds only from the states that
+allow it — inside ``transaction.atomic``, and returns a typed outcome or raises a
+typed error. Nothing else in the app writes to these tables.
+
+    stage ................ (new) -> PENDING                         stage_message
+    claim ................ PENDING, no lease, due -> PENDING + lease (attempt n+1)
+    record delivered ..... PENDING + this lease -> SENT             record_deliveries
+    record failure ....... PENDING + this lease -> PENDING later | PARKED
+    recover .............. PENDING + lease expired (or of a restarted dispatcher)
+                           -> PENDING | PARKED (attempts used up)   recover_*
+    redeliver (operator) . PENDING | PARKED, no lease -> PENDING now (parked: attempts 0)
+    park (operator) ...... PENDING, no lease -> PARKED
+    retention ............ SENT older than the retention -> (deleted)
+
+    inbox ................ (consumer, message id) new -> recorded  record_inbox
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Case, F, PositiveIntegerField, Value, When
+from django.utils import timezone
+
+from .conf import outbox_settings
+from .db import (
+    adapt_dt,
+    adapt_uuid,
+    alias_for,
+    connection_for,
+    in_caller_atomic_block,
+    is_postgres,
+    placeholders,
+    read_dt,
+    read_json,
+    read_uuid,
+    skip_locked,
+)
+from .exceptions import (
+    InvalidInput,
+    InvalidTransition,
+    MessageNotFound,
+    TransactionRequired,
+)
+from .models import InboxMessage, OutboxMessage
+from .types import (
+    Batch,
+    DeliveryReport,
+    Envelope,
+    MessageStatus,
+    RecordOutcome,
+    RecoveryResult,
+)
+
+logger = logging.getLogger(__name__)
+
+OUTBOX = OutboxMessage._meta.db_table
+INBOX = InboxMessage._meta.db_table
+
+MAX_KEY_LENGTH = 200
+MAX_CONSUMER_LENGTH = 100
+MAX_MESSAGE_ID_LENGTH = 200
+MAX_DISPATCHER_ID_LENGTH = 200
+MAX_ERROR_LENGTH = 100_000
+
+PENDING, SENT, PARKED = (s.value for s in MessageStatus)
+
+
+def _now(now: datetime | None) -> datetime:
+    return timezone.now() if now is None else now
+
+
+def text(value: object, what: str, max_length: int, *, empty: bool = False) -> str:
+    """A short text field as a caller hands it: a str of bounded length, no NUL."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a str, not {type(value).__name__}")
+    if not value and not empty:
+        raise InvalidInput(f"{what} must not be empty")
+    if len(value) > max_length:
+        raise InvalidInput(f"{what} must be at most {max_length} characters")
+    if "\x00" in value:
+        raise InvalidInput(f"{what} must not contain NUL characters")
+    return value
+
+
+def error_text(error: str) -> str:
+    """An error as stored: NUL made visible, cut to a bounded length."""
+    return error.replace("\x00", "\\x00")[:MAX_ERROR_LENGTH]
+
+
+def _notify(connection: BaseDatabaseWrapper) -> None:
+    """Wake PostgreSQL dispatchers. Sent inside the writing transaction: delivered on
+    commit, and not at all on rollback."""
+    if is_postgres(connection):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [outbox_settings().NOTIFY_CHANNEL])
+
+
+# --------------------------------------------------------------------------- staging
+
+
+def stage_message(envelope: Envelope, *, using: str) -> None:
+    """O2: store a Pending message in the caller's open transaction on ``using``.
+
+    Never commits and never uses a savepoint. On a database error the caller's
+    transaction is marked for rollback before the error propagates, so the business
+    work cannot commit without its message.
+    """
+    connection = transaction.get_connection(using)
+    if not in_caller_atomic_block(connection):
+        raise TransactionRequired("integration events are stored inside the unit of work")
+    try:
+        OutboxMessage.objects.using(using).create(
+            message_id=envelope.message_id,
+            event_type=envelope.event_type,
+            key=envelope.key,
+            payload_json=envelope.payload_json,
+            headers=dict(envelope.headers),
+            status=MessageStatus.PENDING,
+            available_at=envelope.created_at,
+            created_at=envelope.created_at,
+            updated_at=envelope.created_at,
+        )
+        _notify(connection)
+    except DatabaseError:
+        transaction.set_rollback(True, using=using)
+        raise
+
+
+# --------------------------------------------------------------------------- dispatching
+
+
+def _claim_sql(connection: BaseDatabaseWrapper) -> str:
+    return (
+        f"UPDATE {OUTBOX} SET attempts = attempts + 1, leased_by = %s, lease_token = %s,"
+        " lease_expires_at = %s, updated_at = %s"
+        f" WHERE id IN (SELECT id FROM {OUTBOX}"
+        " WHERE status = %s AND lease_token IS NULL AND available_at <= %s"
+        f" ORDER BY available_at, id LIMIT %s{skip_locked(connection)})"
+        " RETURNING id, message_id, event_type, key, payload_json, headers, attempts,"
+        " created_at"
+    )
+
+
+def claim_batch(
+    dispatcher_id: str,
+    *,
+    limit: int,
+    lease_seconds: float | None = None,
+    now: datetime | None = None,
+) -> Batch | None:
+    """O4: lease up to ``limit`` due messages to one dispatcher; attempt n+1 each.
+
+    On PostgreSQL, ``SKIP LOCKED`` lets several dispatchers claim at once without
+    waiting for or taking each other's messages. None when nothing is due.
+    """
+    dispatcher_id = text(dispatcher_id, "dispatcher id", MAX_DISPATCHER_ID_LENGTH)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise InvalidInput(f"limit must be an integer from 1 to 10000, got {limit!r}")
+    now = _now(now)
+    expires = now + timedelta(seconds=lease_seconds or outbox_settings().LEASE_SECONDS)
+    token = secrets.token_hex(16)
+    alias = alias_for(OutboxMessage)
+    connection = connection_for(OutboxMessage)
+    params: list[Any] = [
+        dispatcher_id,
+        token,
+        adapt_dt(connection, expires),
+        adapt_dt(connection, now),
+        PENDING,
+        adapt_dt(connection, now),
+        limit,
+    ]
+    with transaction.atomic(using=alias), connection.cursor() as cursor:
+        cursor.execute(_claim_sql(connection), params)
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    rows.sort(key=lambda r: r[0])
+    return Batch(
+        token=token,
+        dispatcher_id=dispatcher_id,
+        lease_expires_at=expires,
+        messages=tuple(
+            Envelope(
+                message_id=read_uuid(r[1]),
+                event_type=r[2],
+                key=r[3],
+                payload_json=r[4],
+                headers=read_json(r[5]) or {},
+                attempt=r[6],
+                created_at=read_dt(r[7]),
+            )
+            for r in rows
+        ),
+    )
+
+
+def record_deliveries(
+    token: str,
+    reports: Sequence[DeliveryReport],
+    *,
+    retry_at: Mapping[uuid.UUID, datetime],
+    max_attempts: int | None = None,
+    now: datetime | None = None,
+) -> dict[uuid.UUID, RecordOutcome]:
+    """O4: record a batch's confirmations, one transaction, each fenced by the lease.
+
+    Delivered -> Sent. Failed -> Pending again from ``retry_at[message_id]``, or
+    Parked with the error once ``max_attempts`` attempts are used or the failure is
+    permanent. A message whose lease this batch lost is left alone: STALE.
+    """
+    now = _now(now)
+    max_attempts = max_attempts or outbox_settings().MAX_ATTEMPTS
+    alias = alias_for(OutboxMessage)
+    connection = connection_for(OutboxMessage)
+    outcomes = {r.message_id: RecordOutcome.STALE for r in reports}
+    delivered = [r.message_id for r in reports if r.ok]
+    failed = [r for r in reports if not r.ok]
+    with transaction.atomic(using=alias), connection.cursor() as cursor:
+        if delivered:
+            cursor.execute(
+                f"UPDATE {OUTBOX} SET status = %s, sent_at = %s, updated_at = %s,"
+                " last_error = '', leased_by = '', lease_token = NULL, lease_expires_at = NULL"
+                " WHERE lease_token = %s AND status = %s"
+                f" AND message_id IN ({placeholders(len(delivered))}) RETURNING message_id",
+                [
+                    SENT,
+                    adapt_dt(connection, now),
+                    adapt_dt(connection, now),
+                    token,
+                    PENDING,
+                    *(adapt_uuid(connection, m) for m in delivered),
+                ],
+            )
+            for (message_id,) in cursor.fetchall():
+                outcomes[read_uuid(message_id)] = RecordOutcome.SENT
+        for report in failed:
+            cursor.execute(
+                f"UPDATE {OUTBOX} SET"
+                " status = CASE WHEN %s OR attempts >= %s THEN %s ELSE %s END,"
+                " available_at = %s, last_error = %s, updated_at = %s,"
+                " leased_by = '', lease_token = NULL, lease_expires_at = NULL"
+                " WHERE lease_token = %s AND status = %s AND message_id = %s RETURNING status",
+                [
+                    report.permanent,
+                    max_attempts,
+                    PARKED,
+                    PENDING,
+                    adapt_dt(connection, retry_at.get(report.message_id, now)),
+                    error_text(report.error),
+                    adapt_dt(connection, now),
+                    token,
+                    PENDING,
+                    adapt_uuid(connection, report.message_id),
+                ],
+            )
+            row = cursor.fetchone()
+            if row is not None:
+                outcomes[report.message_id] = (
+                    RecordOutcome.PARKED if row[0] == PARKED else RecordOutcome.RETRY_SCHEDULED
+                )
+    return outcomes
+
+
+def _recover(
+    guard: str, guard_params: list[Any], reason: str, now: datetime, limit: int
+) -> RecoveryResult:
+    """Release leased messages matching ``guard`` — or park those whose attempts are
+    used up — in one statement."""
+    alias = alias_for(OutboxMessage)
+    connection = connection_for(OutboxMessage)
+    max_attempts = outbox_settings().MAX_ATTEMPTS
+    sql = (
+        f"UPDATE {OUTBOX} SET status = CASE WHEN attempts >= %s THEN %s ELSE %s END,"
+        " last_error = CASE WHEN attempts >= %s THEN %s ELSE last_error END,"
+        " leased_by = '', lease_token = NULL, lease_expires_at = NULL, updated_at = %s"
+        f" WHERE id IN (SELECT id FROM {OUTBOX}"
+        f" WHERE status = %s AND lease_token IS NOT NULL AND {guard}"
+        f" ORDER BY lease_expires_at, id LIMIT %s{skip_locked(connection)})"
+        " RETURNING status"
+    )
+    params = [
+        max_attempts,
+        PARKED,
+        PENDING,
+        max_attempts,
+        error_text(reason),
+        adapt_dt(connection, now),
+        PENDING,
+        *guard_params,
+        limit,
+    ]
+    with transaction.atomic(using=alias), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        statuses = [r[0] for r in cursor.fetchall()]
+    parked = statuses.count(PARKED)
+    return RecoveryResult(released=len(statuses) - parked, parked=parked)
+
+
+def recover_expired(*, now: datetime | None = None, limit: int = 1000) -> RecoveryResult:
+    """Messages whose batch lease expired (their dispatcher stopped mid-batch) become
+    claimable again; a message that used up its attempts this way is parked."""
+    now = _now(now)
+    connection = connection_for(OutboxMessage)
+    return _recover(
+        "lease_expires_at < %s",
+        [adapt_dt(connection, now)],
+        "the dispatcher stopped while delivering this message; attempts used up",
+        now,
+        limit,
+    )
+
+
+def recover_dispatcher(
+    dispatcher_id: str, *, now: datetime | None = None, limit: int = 10_000
+) -> RecoveryResult:
+    """At a dispatcher's start: release what an earlier run with the same id left
+    leased, without waiting for the lease to expire. Never run two live dispatchers
+    with one id."""
+    dispatcher_id = text(dispatcher_id, "dispatcher id", MAX_DISPATCHER_ID_LENGTH)
+    return _recover(
+        "leased_by = %s",
+        [dispatcher_id],
+        "the dispatcher stopped while delivering this message; attempts used up",
+        _now(now),
+        limit,
+    )
+
+
+def purge_sent(*, older_than: datetime, limit: int = 1000) -> int:
+    """Retention: delete up to ``limit`` Sent messages sent before ``older_than``."""
+    alias = alias_for(OutboxMessage)
+    oldest = (
+        OutboxMessage.objects.using(alias)
+        .sent()
+        .filter(sent_at__lt=older_than)
+        .order_by("sent_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    with transaction.atomic(using=alias):
+        deleted, _ = OutboxMessage.objects.using(alias).filter(id__in=list(oldest)).delete()
+    return deleted
+
+
+def purge_inbox(*, older_than: datetime, limit: int = 1000) -> int:
+    """Retention: delete up to ``limit`` inbox records processed before ``older_than``.
+
+    A redelivery of a message whose record was purged is processed again.
+    """
+    alias = alias_for(InboxMessage)
+    oldest = (
+        InboxMessage.objects.using(alias)
+        .filter(processed_at__lt=older_than)
+        .order_by("processed_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    with transaction.atomic(using=alias):
+        deleted, _ = InboxMessage.objects.using(alias).filter(id__in=list(oldest)).delete()
+    return deleted
+
+
+# --------------------------------------------------------------------------- operators
+
+
+def _refusal(message_id: uuid.UUID, action: str) -> InvalidTransition | MessageNotFound:
+    row = OutboxMessage.objects.filter(message_id=message_id).values("status", "lease_token")
+    found = row.first()
+    if found is None:
+        return MessageNotFound(f"no outbox message has id {message_id}")
+    if found["lease_token"] is not None:
+        return InvalidTransition(
+            f"message {message_id} is being delivered right now; {action} it later"
+        )
+    return InvalidTransition(f"message {message_id} is {found['status']}; it cannot be {action}")
+
+
+def redeliver(message_id: uuid.UUID, *, now: datetime | None = None) -> None:
+    """Pending (waiting for a retry) or Parked -> Pending, due now. A parked message
+    gets a fresh set of attempts. Raises if it is Sent or being delivered."""
+    now = _now(now)
+    alias = alias_for(OutboxMessage)
+    with transaction.atomic(using=alias):
+        updated = (
+            OutboxMessage.objects.using(alias)
+            .filter(message_id=message_id, status__in=[PENDING, PARKED], lease_token__isnull=True)
+            .update(
+                status=PENDING,
+                available_at=now,
+                updated_at=now,
+                attempts=Case(
+                    When(status=PARKED, then=Value(0)),
+                    default=F("attempts"),
+                    output_field=PositiveIntegerField(),
+                ),
+            )
+        )
+        if not updated:
+            raise _refusal(message_id, "redelivered")
+        _notify(connection_for(OutboxMessage))
+
+
+def park(message_id: uuid.UUID, reason: str, *, now: datetime | None = None) -> None:
+    """Pending (not being delivered) -> Parked, with ``reason`` as its last error."""
+    reason = text(reason, "reason", MAX_ERROR_LENGTH)
+    now = _now(now)
+    alias = alias_for(OutboxMessage)
+    with transaction.atomic(using=alias):
+        updated = (
+            OutboxMessage.objects.using(alias)
+            .filter(message_id=message_id, status=PENDING, lease_token__isnull=True)
+            .update(status=PARKED, last_error=reason, updated_at=now)
+        )
+        if not updated:
+            raise _refusal(message_id, "parked")
+
+
+# --------------------------------------------------------------------------- inbox
+
+
+def record_inbox(
+    consumer: str, message_id: str, *, using: str, now: datetime | None = None
+) -> bool:
+    """O5: record that ``consumer`` processes ``message_id``, in the caller's open
+    transaction; False if it is already recorded (a redelivery).
+
+    ``ON CONFLICT DO NOTHING`` waits for a concurrent transaction recording the same
+    message and then yields to it (or takes over if that one rolled back), so two
+    deliveries of one message never both see it as new.
+    """
+    connection = transaction.get_connection(using)
+    if not in_caller_atomic_block(connection):
+        raise TransactionRequired()
+    now = _now(now)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {INBOX} (consumer, message_id, processed_at) VALUES (%s, %s, %s)"
+                " ON CONFLICT (consumer, message_id) DO NOTHING RETURNING id",
+                [consumer, message_id, adapt_dt(connection, now)],
+            )
+            return cursor.fetchone() is not None
+    except DatabaseError:
+        transaction.set_rollback(True, using=using)
+        raise

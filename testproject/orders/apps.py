@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+
+
+class OrdersConfig(AppConfig):
+    name = "testproject.orders"
+    label = "orders"
+    verbose_name = "Orders (outbox demo)"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from .faults import install_from_environment
+
+        install_from_environment()
