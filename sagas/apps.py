@@ -5,3 +5,16 @@ class SagasConfig(AppConfig):
     name = "sagas"
     verbose_name = "Sagas"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the system checks)
+        from .exceptions import SagasConfigurationError
+        from .registry import autodiscover
+
+        # Like the admin's admin.py: each app's sagas module registers its sagas, in
+        # every process (web, recover_sagas, shells), so any of them can run or
+        # recover an instance by its saga's name.
+        try:
+            autodiscover()
+        except SagasConfigurationError:
+            return  # the system checks report the bad setting

@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "testproject.shop",
     "testproject.tasks_demo",
     "testproject.orders",
+    "testproject.fulfilment",
 ]
 
 MIDDLEWARE = [
@@ -144,6 +145,16 @@ OUTBOX: dict[str, Any] = {
     "RECOVERY_INTERVAL": env.float("OUTBOX_RECOVERY_INTERVAL", default=10.0),
 }
 
+SAGAS: dict[str, Any] = {
+    "LEASE_SECONDS": env.float("SAGAS_LEASE_SECONDS", default=30),
+    "HEARTBEAT_SECONDS": env.float("SAGAS_HEARTBEAT_SECONDS", default=None),
+    "STEP_TIMEOUT": env.float("SAGAS_STEP_TIMEOUT", default=60),
+    "CANCEL_GRACE_SECONDS": env.float("SAGAS_CANCEL_GRACE_SECONDS", default=5),
+    "COMPENSATION_ATTEMPTS": env.int("SAGAS_COMPENSATION_ATTEMPTS", default=3),
+    "COMPENSATION_RETRY_DELAY": env.float("SAGAS_COMPENSATION_RETRY_DELAY", default=1.0),
+    "POLL_INTERVAL": env.float("SAGAS_POLL_INTERVAL", default=1.0),
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -152,5 +163,6 @@ LOGGING = {
     "loggers": {
         "jobs": {"handlers": ["console"], "level": env("JOBS_LOG_LEVEL", default="WARNING")},
         "outbox": {"handlers": ["console"], "level": env("OUTBOX_LOG_LEVEL", default="WARNING")},
+        "sagas": {"handlers": ["console"], "level": env("SAGAS_LOG_LEVEL", default="WARNING")},
     },
 }

@@ -1,0 +1,207 @@
+"""Read-only inspection of saga instances in the Django admin.
+
+Nothing is editable by hand: no form saves an instance, and nothing can be added or
+deleted here. The only state changes are the "Resume" and "Compensate" actions, which
+drive instances through the runner (:func:`sagas.api.resume_saga`,
+:func:`sagas.api.compensate_saga`) in the admin's own process, and are offered only to
+users holding ``sagas.change_sagainstance`` (the admin never edits an instance, so that
+permission means "may steer sagas"). Staff with only the view permission see the pages
+and no actions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
+from django.db import DatabaseError
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from .api import compensate_saga, resume_saga
+from .exceptions import SagaError, UnknownSaga
+from .models import SagaInstance
+from .registry import get_saga
+from .types import SagaSnapshot, SagaStatus
+
+if TYPE_CHECKING:
+    _InstanceAdminBase = admin.ModelAdmin[SagaInstance]
+else:
+    _InstanceAdminBase = admin.ModelAdmin
+
+_Action = TypeVar("_Action", bound=Callable[..., Any])
+
+#: Outcomes listed one by one after an action; the rest are counted.
+MAX_LISTED = 10
+
+
+def _action(description: str, permission: str) -> Callable[[_Action], _Action]:
+    """An admin action on the list and, from Django 6.1, on each instance's own page."""
+    location = getattr(admin, "ActionLocation", None)
+    if location is None:  # pragma: no cover - Django 6.0 runs actions from the list only
+        return admin.action(description=description, permissions=[permission])
+    return admin.action(
+        description=description,
+        permissions=[permission],
+        location=[location.CHANGE_LIST, location.CHANGE_FORM],
+    )
+
+
+def _step_state(obj: SagaInstance, name: str) -> str:
+    if name in obj.compensated_steps:
+        return "compensated"
+    if name in obj.uncompensated_steps:
+        return "completed, no compensation (effects remain)"
+    if name in obj.completed_steps:
+        return "completed"
+    if name == obj.failed_step:
+        return "failed"
+    return "pending"
+
+
+@admin.register(SagaInstance)
+class SagaInstanceAdmin(_InstanceAdminBase):
+    list_display = (
+        "instance_id",
+        "name",
+        "status",
+        "progress",
+        "failed_step",
+        "leased_by",
+        "leased_until",
+        "updated_at",
+    )
+    list_filter = ("status", "name")
+    search_fields = ("=instance_id", "=idempotency_key", "name")
+    search_help_text = "Instance id or idempotency key (exact), or saga name (contains)."
+    ordering = ("-created_at", "-id")
+    show_full_result_count = False
+    list_per_page = 50
+    actions = ("resume_instances", "compensate_instances")
+    fieldsets = (
+        (
+            None,
+            {"fields": ("instance_id", "name", "idempotency_key", "status", "version")},
+        ),
+        ("Steps", {"fields": ("steps_table",)}),
+        ("Data", {"fields": ("data_pretty",)}),
+        ("Failure", {"fields": ("failed_step", "error", "compensation_error")}),
+        ("Lease", {"fields": ("leased_by", "leased_until")}),
+        ("Times", {"fields": ("created_at", "updated_at", "finished_at")}),
+    )
+    readonly_fields = tuple(
+        name for _, options in fieldsets for name in options["fields"] if isinstance(name, str)
+    )
+
+    # ------------------------------------------------------------------ columns
+
+    @admin.display(description="steps done")
+    def progress(self, obj: SagaInstance) -> str:
+        done = f"{len(obj.completed_steps)}/{len(obj.steps)}"
+        if obj.compensated_steps or obj.uncompensated_steps:
+            undone = len(obj.compensated_steps) + len(obj.uncompensated_steps)
+            done += f", {undone} undone"
+        return done
+
+    @admin.display(description="steps")
+    def steps_table(self, obj: SagaInstance) -> SafeString:
+        try:
+            definition = get_saga(obj.name)
+        except UnknownSaga:
+            definition = None
+        rows = []
+        for index, name in enumerate(obj.steps, 1):
+            compensation = "-"
+            if definition is not None and name in definition.step_names:
+                compensation = "yes" if definition.get_step(name).compensate else "none"
+            elif definition is None:
+                compensation = "? (saga not registered here)"
+            rows.append((index, name, _step_state(obj, name), compensation))
+        body = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows)
+        return format_html(
+            '<table class="sagas-steps"><thead><tr><th>#</th><th>step</th><th>state</th>'
+            "<th>compensation</th></tr></thead><tbody>{}</tbody></table>",
+            body,
+        )
+
+    @admin.display(description="data")
+    def data_pretty(self, obj: SagaInstance) -> SafeString:
+        text = json.dumps(obj.data, indent=2, ensure_ascii=False, sort_keys=True)
+        return format_html('<pre class="sagas-data">{}</pre>', text)
+
+    # ------------------------------------------------------------------ permissions
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: SagaInstance | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: SagaInstance | None = None) -> bool:
+        return False
+
+    def _may_steer(self, request: HttpRequest) -> bool:
+        codename = get_permission_codename("change", self.opts)
+        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
+    def has_resume_permission(self, request: HttpRequest) -> bool:
+        return self._may_steer(request)
+
+    def has_compensate_permission(self, request: HttpRequest) -> bool:
+        return self._may_steer(request)
+
+    # ------------------------------------------------------------------ actions
+
+    @_action("Resume selected instances (drive them here)", "resume")
+    def resume_instances(self, request: HttpRequest, queryset: QuerySet[SagaInstance]) -> None:
+        """Claim running or compensating instances whose lease expired and drive them."""
+        self._steer(request, queryset, resume_saga, "resumed")
+
+    @_action("Compensate selected instances (undo their completed steps)", "compensate")
+    def compensate_instances(self, request: HttpRequest, queryset: QuerySet[SagaInstance]) -> None:
+        """Undo completed steps; for failed instances, try the compensations again."""
+        reason = f"compensation requested in the admin by {request.user}"
+
+        def compensate(instance_id: Any, *, runner_id: str) -> SagaSnapshot:
+            return compensate_saga(instance_id, reason=reason, runner_id=runner_id)
+
+        self._steer(request, queryset, compensate, "compensated")
+
+    def _steer(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[SagaInstance],
+        call: Callable[..., SagaSnapshot],
+        verb: str,
+    ) -> None:
+        runner_id = f"admin:{request.user}"[:200]
+        done: list[SagaSnapshot] = []
+        refusals: list[str] = []
+        for instance_id in queryset.values_list("instance_id", flat=True):
+            try:
+                done.append(call(instance_id, runner_id=runner_id))
+            except (SagaError, DatabaseError) as exc:
+                refusals.append(f"{instance_id}: {exc}")
+        for state in done[:MAX_LISTED]:
+            level = messages.SUCCESS
+            if state.status is SagaStatus.FAILED:
+                level = messages.ERROR
+            elif state.status is SagaStatus.COMPENSATED and verb == "resumed":
+                level = messages.WARNING
+            detail = f" (step {state.failed_step!r} failed)" if state.failed_step else ""
+            self.message_user(
+                request, f"{state.instance_id}: {state.status.label.lower()}{detail}.", level
+            )
+        if len(done) > MAX_LISTED:
+            self.message_user(request, f"... and {len(done) - MAX_LISTED} more {verb}.")
+        for reason in refusals[:MAX_LISTED]:
+            self.message_user(request, f"Not {verb}: {reason}", messages.WARNING)
+        if len(refusals) > MAX_LISTED:
+            self.message_user(
+                request, f"... and {len(refusals) - MAX_LISTED} more not {verb}.", messages.WARNING
+            )

@@ -1,0 +1,41 @@
+"""System checks for the sagas app (ids ``sagas.E0xx``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import apps
+from django.core import checks
+
+from .exceptions import SagasConfigurationError
+
+
+@checks.register()
+def check_sagas_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from .conf import sagas_settings
+
+    sagas_settings.cache_clear()
+    try:
+        sagas_settings()
+    except SagasConfigurationError as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="See the SAGAS settings reference in docs/sagas.md.",
+                id="sagas.E001",
+            )
+        ]
+    return []
+
+
+@checks.register()
+def check_outbox_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    if apps.is_installed("outbox"):
+        return []
+    return [
+        checks.Error(
+            "the sagas app needs the outbox app: each step runs in its own unit of work",
+            hint="Add 'outbox' to INSTALLED_APPS.",
+            id="sagas.E002",
+        )
+    ]

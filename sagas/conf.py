@@ -1,0 +1,100 @@
+"""The only reader of the ``SAGAS`` setting: typed, with defaults, reset on change."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .exceptions import SagasConfigurationError
+
+
+@dataclass(frozen=True, slots=True)
+class SagasSettings:
+    #: Seconds a runner's claim on an instance lasts without renewal; after that,
+    #: ``recover_sagas`` may take the instance over.
+    LEASE_SECONDS: float = 30
+    #: Seconds between two lease renewals (default: a third of ``LEASE_SECONDS``).
+    HEARTBEAT_SECONDS: float | None = None
+    #: Seconds a step (or a compensation) may run; a step may set its own. ``None``
+    #: waits for ever.
+    STEP_TIMEOUT: float | None = 60
+    #: Seconds a step gets to stop after its cancellation signal before the runner
+    #: treats it as failed and stops waiting for it.
+    CANCEL_GRACE_SECONDS: float = 5
+    #: Tries of one compensation before the instance is left failed (needs attention).
+    COMPENSATION_ATTEMPTS: int = 3
+    #: Seconds before the second try of a compensation; doubled for each further try.
+    COMPENSATION_RETRY_DELAY: float = 1
+    #: Seconds between two looks for instances to recover (``recover_sagas``).
+    POLL_INTERVAL: float = 1
+    #: Module imported from each installed app when Django starts, to register sagas.
+    AUTODISCOVER_MODULE: str = "sagas"
+    #: Largest accepted saga data, in bytes of JSON text.
+    MAX_DATA_BYTES: int = 1_000_000
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.HEARTBEAT_SECONDS or self.LEASE_SECONDS / 3
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float)
+
+
+def _validate(values: dict[str, Any]) -> SagasSettings:
+    known = {f.name for f in fields(SagasSettings)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise SagasConfigurationError(f"unknown SAGAS setting(s): {', '.join(unknown)}")
+    result = SagasSettings(**values)
+    optional = {"HEARTBEAT_SECONDS", "STEP_TIMEOUT"}
+    for key in (
+        "LEASE_SECONDS",
+        "HEARTBEAT_SECONDS",
+        "STEP_TIMEOUT",
+        "CANCEL_GRACE_SECONDS",
+        "COMPENSATION_RETRY_DELAY",
+        "POLL_INTERVAL",
+        "MAX_DATA_BYTES",
+    ):
+        value = getattr(result, key)
+        if value is None and key in optional:
+            continue
+        if not _number(value) or value < 0 or (value == 0 and key != "COMPENSATION_RETRY_DELAY"):
+            allowed = "a positive number" + (" or None" if key in optional else "")
+            raise SagasConfigurationError(f"SAGAS[{key!r}] must be {allowed}, got {value!r}")
+    attempts = result.COMPENSATION_ATTEMPTS
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise SagasConfigurationError(
+            f"SAGAS['COMPENSATION_ATTEMPTS'] must be an integer of at least 1, got {attempts!r}"
+        )
+    if result.heartbeat_seconds >= result.LEASE_SECONDS:
+        raise SagasConfigurationError(
+            "SAGAS['HEARTBEAT_SECONDS'] must be shorter than SAGAS['LEASE_SECONDS'] "
+            "or leases expire between two renewals"
+        )
+    if not isinstance(result.AUTODISCOVER_MODULE, str):
+        raise SagasConfigurationError(
+            "SAGAS['AUTODISCOVER_MODULE'] must be a module name, or '' to turn discovery off"
+        )
+    return result
+
+
+@functools.cache
+def sagas_settings() -> SagasSettings:
+    """The current ``SAGAS`` settings, validated. Read lazily, never at import time."""
+    values = getattr(settings, "SAGAS", {}) or {}
+    if not isinstance(values, dict):
+        raise SagasConfigurationError("the SAGAS setting must be a dict")
+    return _validate(dict(values))
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    if setting == "SAGAS":
+        sagas_settings.cache_clear()

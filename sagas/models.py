@@ -1,0 +1,122 @@
+"""The table of the sagas app. Reads only, plus the optimistic-concurrency guard on
+``save()``: every state change lives in ``sagas/store.py``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from django.db import models, router, transaction
+from django.db.models import Q
+
+from .exceptions import SagaConcurrencyError
+from .types import ACTIVE_STATUSES, SagaStatus
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+
+class SagaInstanceQuerySet(models.QuerySet["SagaInstance"]):
+    def active(self) -> SagaInstanceQuerySet:
+        return self.filter(status__in=ACTIVE_STATUSES)
+
+    def needs_attention(self) -> SagaInstanceQuerySet:
+        return self.filter(status=SagaStatus.FAILED)
+
+    def finished(self) -> SagaInstanceQuerySet:
+        return self.filter(status__in=(SagaStatus.SUCCEEDED, SagaStatus.COMPENSATED))
+
+    def lease_free(self, now: datetime) -> SagaInstanceQuerySet:
+        """Not leased, or leased until a moment that has passed."""
+        return self.filter(Q(leased_until__isnull=True) | Q(leased_until__lt=now))
+
+    def claimable(self, now: datetime) -> SagaInstanceQuerySet:
+        """Instances a runner may take over now: active, lease free or expired."""
+        return self.active().lease_free(now)
+
+
+class SagaInstance(models.Model):
+    """One run of a saga: its plan (step names), progress, data, status and lease.
+
+    ``version`` grows with every change but a lease renewal. Every write is guarded by
+    the version its writer read, so the later of two concurrent writers fails
+    (:class:`~sagas.exceptions.SagaConcurrencyError`) instead of overwriting the
+    other's completed steps. ``save()`` keeps the same rule.
+    """
+
+    instance_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    name = models.CharField(max_length=200)
+    # NULL, not "": only runs that have a key are unique per (name, key).
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    steps = models.JSONField(default=list, help_text="The step names, in order, at start.")
+    completed_steps = models.JSONField(default=list)
+    compensated_steps = models.JSONField(default=list)
+    uncompensated_steps = models.JSONField(
+        default=list,
+        help_text="Completed steps that define no compensation: their effects remain.",
+    )
+    data = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=SagaStatus.choices, default=SagaStatus.RUNNING)
+    failed_step = models.CharField(max_length=100, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    compensation_error = models.TextField(blank=True, default="")
+    leased_by = models.CharField(max_length=200, blank=True, default="")
+    leased_until = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = SagaInstanceQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "saga instance"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name", "idempotency_key"], name="sagas_instance_idempotency"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["leased_until"],
+                condition=Q(status__in=["running", "compensating"]),
+                name="sagas_instance_claimable",
+            ),
+            models.Index(fields=["status", "name"], name="sagas_instance_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.instance_id}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Insert, or update only if the stored version is still the one this object
+        was read with (then the version grows by one)."""
+        if self._state.adding:
+            super().save(*args, **kwargs)
+            return
+        using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+        expected = self.version
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None:
+            kwargs["update_fields"] = {*update_fields, "version"}
+        with transaction.atomic(using=using):
+            # Moving the version first serialises concurrent savers: only one of them
+            # finds the version it read.
+            moved = (
+                type(self)
+                ._base_manager.using(using)
+                .filter(pk=self.pk, version=expected)
+                .update(version=expected + 1)
+            )
+            if not moved:
+                raise SagaConcurrencyError(
+                    f"saga instance {self.instance_id} was changed by someone else "
+                    f"(version {expected} is stale); re-read it and try again",
+                    instance_id=self.instance_id,
+                )
+            self.version = expected + 1
+            try:
+                super().save(*args, **kwargs)
+            except BaseException:
+                self.version = expected
+                raise

@@ -1,0 +1,404 @@
+"""Every state transition of saga instances.
+
+Each transition is one guarded ``UPDATE`` — it succeeds only from the states that
+allow it, for the version its caller read and, while an instance is driven, for the
+runner holding its lease — inside ``transaction.atomic``. It returns the new version
+or raises :class:`~sagas.exceptions.SagaConcurrencyError` (or its subclass
+:class:`~sagas.exceptions.SagaLeaseLost`) and changes nothing. Every change but a
+lease renewal moves the version on, which fences off any writer that read before it.
+
+    create ............... (new) -> RUNNING (leased to the caller, or free)     create
+    claim ................ RUNNING | COMPENSATING, lease free -> leased to me   claim
+    renew ................ leased to me -> lease extended (version unchanged)   renew
+    complete a step ...... RUNNING -> RUNNING (+ step, data)                    complete_step
+                           last step: -> SUCCEEDED (lease released)
+    a step failed ........ RUNNING -> COMPENSATING (failed step, error)         begin_compensation
+    compensate a step .... COMPENSATING -> COMPENSATING (+ compensated step)    record_compensation
+    no compensation ...... COMPENSATING -> COMPENSATING (+ uncompensated)       skip_compensation
+    all compensated ...... COMPENSATING -> COMPENSATED (lease released)         finish_compensation
+    compensation gave up . COMPENSATING -> FAILED (needs attention)             give_up
+    retry compensation ... FAILED -> COMPENSATING (leased to me)                reopen
+    stop driving ......... leased to me -> lease released                       release
+
+``complete_step`` and ``record_compensation`` run inside the step's own transaction,
+so the completion mark commits with the step's work or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from . import validation
+from .db import alias_for
+from .exceptions import (
+    InvalidInput,
+    SagaConcurrencyError,
+    SagaLeaseLost,
+    SagaNotFound,
+)
+from .models import SagaInstance, SagaInstanceQuerySet
+from .types import ACTIVE_STATUSES, SagaSnapshot, SagaStatus
+
+logger = logging.getLogger(__name__)
+
+MAX_ERROR_LENGTH = 100_000
+
+
+def _now(now: datetime | None) -> datetime:
+    return timezone.now() if now is None else now
+
+
+def _alias() -> str:
+    return alias_for(SagaInstance)
+
+
+def _rows() -> SagaInstanceQuerySet:
+    return SagaInstance.objects.using(_alias())
+
+
+def format_error(exc: BaseException) -> str:
+    """Exception type, message and traceback, as stored on the instance."""
+    text = "".join(traceback.format_exception(exc))
+    return text.replace("\x00", "\\x00")[:MAX_ERROR_LENGTH]
+
+
+# --------------------------------------------------------------------------- reads
+
+
+def snapshot(row: SagaInstance, *, created: bool = False) -> SagaSnapshot:
+    return SagaSnapshot(
+        instance_id=row.instance_id,
+        name=row.name,
+        status=SagaStatus(row.status),
+        data=dict(row.data),
+        steps=tuple(row.steps),
+        completed_steps=tuple(row.completed_steps),
+        compensated_steps=tuple(row.compensated_steps),
+        uncompensated_steps=tuple(row.uncompensated_steps),
+        idempotency_key=row.idempotency_key,
+        failed_step=row.failed_step,
+        error=row.error,
+        compensation_error=row.compensation_error,
+        leased_by=row.leased_by,
+        leased_until=row.leased_until,
+        version=row.version,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        finished_at=row.finished_at,
+        created=created,
+    )
+
+
+def get(instance_id: uuid.UUID | str) -> SagaSnapshot | None:
+    """The instance as stored now, or None."""
+    row = _rows().filter(instance_id=_instance_id(instance_id)).first()
+    return None if row is None else snapshot(row)
+
+
+def require(instance_id: uuid.UUID | str) -> SagaSnapshot:
+    """The instance as stored now, or :class:`SagaNotFound`."""
+    state = get(instance_id)
+    if state is None:
+        raise SagaNotFound(f"no saga instance has the id {instance_id}")
+    return state
+
+
+def get_by_key(name: str, idempotency_key: str) -> SagaSnapshot | None:
+    row = _rows().filter(name=name, idempotency_key=idempotency_key).first()
+    return None if row is None else snapshot(row)
+
+
+def _instance_id(value: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise InvalidInput(f"a saga instance id is a UUID, got {value!r}") from None
+
+
+def claimable(
+    now: datetime,
+    *,
+    names: Iterable[str] | None = None,
+    exclude_names: Iterable[str] = (),
+    exclude_ids: Iterable[uuid.UUID] = (),
+    limit: int = 20,
+) -> list[SagaSnapshot]:
+    """Active instances whose lease is free or expired, least recently changed first.
+    Grants nothing: :func:`claim` decides."""
+    qs = _rows().claimable(now)
+    if names is not None:
+        qs = qs.filter(name__in=list(names))
+    excluded = list(exclude_names)
+    if excluded:
+        qs = qs.exclude(name__in=excluded)
+    ids = list(exclude_ids)
+    if ids:
+        qs = qs.exclude(instance_id__in=ids)
+    return [snapshot(row) for row in qs.order_by("updated_at", "id")[:limit]]
+
+
+# --------------------------------------------------------------------------- creation
+
+
+def create(
+    name: str,
+    steps: Sequence[str],
+    data: dict[str, Any],
+    *,
+    idempotency_key: str | None,
+    owner: str,
+    lease_seconds: float,
+    now: datetime | None = None,
+) -> SagaSnapshot:
+    """Record a new RUNNING instance, leased to ``owner`` (or free, for ``owner=""``).
+
+    With an ``idempotency_key`` already used for ``name``, nothing is written and the
+    existing instance is returned (``created`` false). Inside a caller's transaction
+    the row commits with it; a failed insert only rolls back its own savepoint.
+    """
+    now = _now(now)
+    alias = _alias()
+    try:
+        with transaction.atomic(using=alias):
+            row = SagaInstance.objects.using(alias).create(
+                name=name,
+                idempotency_key=idempotency_key,
+                steps=list(steps),
+                data=data,
+                status=SagaStatus.RUNNING,
+                leased_by=owner,
+                leased_until=now + timedelta(seconds=lease_seconds) if owner else None,
+                created_at=now,
+                updated_at=now,
+            )
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = get_by_key(name, idempotency_key)
+        if existing is None:
+            raise
+        return existing
+    return snapshot(row, created=True)
+
+
+# --------------------------------------------------------------------------- transitions
+
+
+def _conflict(instance_id: uuid.UUID, owner: str, version: int) -> SagaConcurrencyError:
+    """The precise error for a guarded update that matched no row."""
+    row = _rows().filter(instance_id=instance_id).first()
+    if row is None:
+        return SagaConcurrencyError(
+            f"saga instance {instance_id} no longer exists", instance_id=instance_id
+        )
+    if owner and row.leased_by != owner:
+        holder = f"leased by {row.leased_by!r}" if row.leased_by else "not leased"
+        return SagaLeaseLost(
+            f"saga instance {instance_id} is {holder} now, not by {owner!r} "
+            f"(status {row.status}, version {row.version})",
+            instance_id=instance_id,
+        )
+    return SagaConcurrencyError(
+        f"saga instance {instance_id} changed since it was read: version {version} is "
+        f"stale (now {row.version}, status {row.status})",
+        instance_id=instance_id,
+    )
+
+
+def _transition(
+    state: SagaSnapshot,
+    owner: str,
+    statuses: Sequence[SagaStatus],
+    now: datetime,
+    **values: Any,
+) -> int:
+    """The guarded update every transition shares: this version, these states, this
+    lease holder. Joins the caller's transaction when one is open."""
+    new_version = state.version + 1
+    with transaction.atomic(using=_alias(), savepoint=False):
+        updated = (
+            _rows()
+            .filter(
+                instance_id=state.instance_id,
+                version=state.version,
+                leased_by=owner,
+                status__in=list(statuses),
+            )
+            .update(version=new_version, updated_at=now, **values)
+        )
+        if updated != 1:
+            raise _conflict(state.instance_id, owner, state.version)
+    return new_version
+
+
+def _released(now: datetime, status: SagaStatus) -> dict[str, Any]:
+    return {"status": status, "leased_by": "", "leased_until": None, "finished_at": now}
+
+
+def claim(
+    state: SagaSnapshot, owner: str, *, lease_seconds: float, now: datetime | None = None
+) -> SagaSnapshot | None:
+    """Take an active instance whose lease is free or expired; None if another runner
+    was first (or the instance changed since ``state`` was read)."""
+    now = _now(now)
+    validation.text(owner, "runner id", validation.MAX_OWNER_LENGTH)
+    with transaction.atomic(using=_alias()):
+        updated = (
+            _rows()
+            .lease_free(now)
+            .filter(
+                instance_id=state.instance_id,
+                version=state.version,
+                status__in=ACTIVE_STATUSES,
+            )
+            .update(
+                leased_by=owner,
+                leased_until=now + timedelta(seconds=lease_seconds),
+                version=F("version") + 1,
+                updated_at=now,
+            )
+        )
+    return get(state.instance_id) if updated else None
+
+
+def renew(
+    instance_id: uuid.UUID, owner: str, *, lease_seconds: float, now: datetime | None = None
+) -> bool:
+    """Extend ``owner``'s lease; False if the instance is no longer leased to it.
+
+    The only change that keeps the version: renewals run beside a step whose
+    completion mark is guarded by the version it started from.
+    """
+    now = _now(now)
+    with transaction.atomic(using=_alias()):
+        updated = (
+            _rows()
+            .filter(instance_id=instance_id, leased_by=owner, status__in=ACTIVE_STATUSES)
+            .update(leased_until=now + timedelta(seconds=lease_seconds))
+        )
+    return updated == 1
+
+
+def complete_step(
+    state: SagaSnapshot, owner: str, step: str, data: dict[str, Any], *, now: datetime | None = None
+) -> int:
+    """Mark ``step`` completed with the data it left; call it inside the step's own
+    transaction. Completing the last step ends the instance SUCCEEDED."""
+    now = _now(now)
+    completed = [*state.completed_steps, step]
+    values: dict[str, Any] = {"completed_steps": completed, "data": data}
+    if len(completed) == len(state.steps):
+        values.update(_released(now, SagaStatus.SUCCEEDED))
+    return _transition(state, owner, [SagaStatus.RUNNING], now, **values)
+
+
+def begin_compensation(
+    state: SagaSnapshot, owner: str, failed_step: str, error: str, *, now: datetime | None = None
+) -> int:
+    """A step failed (or an operator asked to compensate): start undoing."""
+    now = _now(now)
+    return _transition(
+        state,
+        owner,
+        [SagaStatus.RUNNING],
+        now,
+        status=SagaStatus.COMPENSATING,
+        failed_step=failed_step,
+        error=error[:MAX_ERROR_LENGTH],
+    )
+
+
+def record_compensation(
+    state: SagaSnapshot, owner: str, step: str, data: dict[str, Any], *, now: datetime | None = None
+) -> int:
+    """Mark ``step`` compensated; call it inside the compensation's own transaction."""
+    now = _now(now)
+    return _transition(
+        state,
+        owner,
+        [SagaStatus.COMPENSATING],
+        now,
+        compensated_steps=[*state.compensated_steps, step],
+        data=data,
+    )
+
+
+def skip_compensation(
+    state: SagaSnapshot, owner: str, step: str, *, now: datetime | None = None
+) -> int:
+    """Record that ``step`` has no compensation: its effects remain."""
+    now = _now(now)
+    return _transition(
+        state,
+        owner,
+        [SagaStatus.COMPENSATING],
+        now,
+        uncompensated_steps=[*state.uncompensated_steps, step],
+    )
+
+
+def finish_compensation(state: SagaSnapshot, owner: str, *, now: datetime | None = None) -> int:
+    now = _now(now)
+    return _transition(
+        state,
+        owner,
+        [SagaStatus.COMPENSATING],
+        now,
+        compensation_error="",
+        **_released(now, SagaStatus.COMPENSATED),
+    )
+
+
+def give_up(
+    state: SagaSnapshot, owner: str, compensation_error: str, *, now: datetime | None = None
+) -> int:
+    """A compensation kept failing: leave the instance FAILED, for a person to look at."""
+    now = _now(now)
+    return _transition(
+        state,
+        owner,
+        [SagaStatus.COMPENSATING],
+        now,
+        compensation_error=compensation_error[:MAX_ERROR_LENGTH],
+        **_released(now, SagaStatus.FAILED),
+    )
+
+
+def reopen(
+    state: SagaSnapshot, owner: str, *, lease_seconds: float, now: datetime | None = None
+) -> SagaSnapshot | None:
+    """FAILED -> COMPENSATING, leased to ``owner``, to try the compensations again;
+    None if the instance changed since ``state`` was read."""
+    now = _now(now)
+    validation.text(owner, "runner id", validation.MAX_OWNER_LENGTH)
+    with transaction.atomic(using=_alias()):
+        updated = (
+            _rows()
+            .filter(instance_id=state.instance_id, version=state.version, status=SagaStatus.FAILED)
+            .update(
+                status=SagaStatus.COMPENSATING,
+                leased_by=owner,
+                leased_until=now + timedelta(seconds=lease_seconds),
+                finished_at=None,
+                version=F("version") + 1,
+                updated_at=now,
+            )
+        )
+    return get(state.instance_id) if updated else None
+
+
+def release(state: SagaSnapshot, owner: str, *, now: datetime | None = None) -> int:
+    """Stop driving an active instance: free its lease so another runner may go on."""
+    now = _now(now)
+    return _transition(state, owner, ACTIVE_STATUSES, now, leased_by="", leased_until=None)

@@ -1,0 +1,94 @@
+"""Validation of what callers hand to the sagas app: names, data, timeouts. Each
+function returns the normalised value or raises the precise error; nothing here
+touches the database."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .conf import sagas_settings
+from .exceptions import InvalidInput, InvalidSagaData, InvalidSagaDefinition
+
+MAX_SAGA_NAME_LENGTH = 200
+MAX_STEP_NAME_LENGTH = 100
+MAX_KEY_LENGTH = 200
+MAX_OWNER_LENGTH = 200
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def name(value: object, what: str, limit: int) -> str:
+    """A saga or step name: letters, digits, '_', '.', ':' or '-'."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value) or len(value) > limit:
+        raise InvalidSagaDefinition(
+            f"{what} must be 1 to {limit} letters, digits, '_', '.', ':' or '-', got {value!r}"
+        )
+    return value
+
+
+def saga_name(value: object) -> str:
+    return name(value, "saga name", MAX_SAGA_NAME_LENGTH)
+
+
+def step_name(value: object) -> str:
+    return name(value, "step name", MAX_STEP_NAME_LENGTH)
+
+
+def text(value: object, what: str, limit: int) -> str:
+    """A short identifier (idempotency key, runner id): printable, 1 to ``limit`` chars."""
+    if not isinstance(value, str) or not value or len(value) > limit or _CONTROL.search(value):
+        raise InvalidInput(f"{what} must be 1 to {limit} printable characters, got {value!r}")
+    try:
+        value.encode("utf-8", "strict")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+def idempotency_key(value: object) -> str | None:
+    return None if value is None else text(value, "idempotency key", MAX_KEY_LENGTH)
+
+
+def timeout(value: object, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidSagaDefinition(f"{what} must be a positive number of seconds or None")
+    return float(value)
+
+
+def data(value: object) -> dict[str, Any]:
+    """Saga data as a fresh dict, proven to be JSON (by a round trip) and not too big."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidSagaData(f"saga data must be a dict, not {type(value).__name__}")
+    _check_keys(value, "data")
+    try:
+        encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSagaData(f"saga data is not JSON: {exc}") from None
+    limit = sagas_settings().MAX_DATA_BYTES
+    if len(encoded.encode("utf-8", "surrogatepass")) > limit:
+        raise InvalidSagaData(f"saga data is larger than {limit} bytes of JSON")
+    try:
+        encoded.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidSagaData("saga data contains a lone surrogate") from None
+    result: dict[str, Any] = json.loads(encoded)
+    return result
+
+
+def _check_keys(value: object, path: str) -> None:
+    # json.dumps would silently turn 1 into "1"; a step must read back what it wrote.
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidSagaData(f"saga data keys must be strings: {path} has {key!r}")
+            _check_keys(item, f"{path}[{key!r}]")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_keys(item, f"{path}[{index}]")

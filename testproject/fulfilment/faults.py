@@ -1,0 +1,61 @@
+"""A fault hook driven by the environment, for crash tests with real processes.
+
+``FULFILMENT_FAULT="<point>[/<step>]@<n>:<action>[:<arg>[:<count>]]"`` acts on the n-th
+time this process reaches the named fault point (for the named step only, if given):
+
+- ``kill`` sends SIGKILL to this process;
+- ``block:<marker>`` touches ``marker`` and blocks for ever (the test kills the process);
+- ``barrier:<dir>:<count>`` touches ``<dir>/<pid>`` and waits until ``count`` files are
+  there, so that several processes meet at one point.
+
+Points are the runner's (``sagas.step.committed``, ``sagas.step.marked``, …, see
+``sagas.runner``) and the demo steps' own (``fulfilment.<step>.inside``: the step's
+rows are written, not committed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from outbox.faults import add_fault_hook
+
+
+def install_from_environment() -> None:
+    spec = os.environ.get("FULFILMENT_FAULT")
+    if not spec:
+        return
+    target, action, *args = spec.split(":")
+    where, _, nth = target.partition("@")
+    point, _, step = where.partition("/")
+    wanted = int(nth or 1)
+    hits = 0
+    lock = threading.Lock()
+
+    def hook(name: str, context: dict[str, Any]) -> None:
+        nonlocal hits
+        if name != point or (step and context.get("step") != step):
+            return
+        with lock:
+            hits += 1
+            if hits != wanted:
+                return
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif action == "block":
+            Path(args[0]).touch()
+            threading.Event().wait()
+        elif action == "barrier":
+            folder, count = Path(args[0]), int(args[1])
+            (folder / str(os.getpid())).touch()
+            deadline = time.monotonic() + 60
+            while len(list(folder.iterdir())) < count and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            raise ValueError(f"unknown FULFILMENT_FAULT action {action!r}")
+
+    add_fault_hook(hook)
