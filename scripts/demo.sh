@@ -19,3 +19,16 @@ wait "$worker"
 worker=
 echo "== final states"
 "$PY" manage.py demo report
+
+echo
+echo "== the shop: orders placed through the view, fulfilled by a saga"
+"$PY" manage.py shop_demo seed
+"$PY" manage.py shop_demo place
+echo "== recover_sagas --burst (drives the fulfilment sagas started with each order)"
+"$PY" manage.py recover_sagas --burst
+echo "== dispatch_outbox --burst (delivers OrderPlaced to the mailer, once per message)"
+"$PY" manage.py dispatch_outbox --burst
+echo "== run_jobs --burst (invoices with progress, shipping labels)"
+"$PY" manage.py run_jobs --burst --concurrency 2 --worker-id demo-shop-worker
+echo "== the shop's final states"
+"$PY" manage.py shop_demo report

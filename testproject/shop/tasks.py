@@ -12,7 +12,7 @@ from django.db import transaction
 from jobs import JobContext, job_handler
 from jobs.handlers import RetryPolicy
 
-from .models import WorkLog
+from .models import Order, WorkLog
 
 #: Retry at once: the demo and the tests should not wait for a backoff.
 NO_DELAY = RetryPolicy(base_delay=0, jitter=0)
@@ -80,3 +80,24 @@ async def async_record(ctx: JobContext) -> str:
     await asyncio.sleep(0)
     await ctx.areport_progress(50, "async halfway")
     return f"async {ctx.payload.get('n')}"
+
+
+@job_handler("shop.invoice", version=1)
+def render_invoice(ctx: JobContext) -> str:
+    """Render an order's invoice page by page, reporting progress after each."""
+    number = ctx.payload["order"]
+    pages = 4
+    for page in range(1, pages + 1):
+        ctx.raise_if_cancelled()
+        ctx.wait_for_cancel(float(os.environ.get("SHOP_INVOICE_PAGE_SECONDS", "0.05")))
+        ctx.report_progress(page * 100 / pages, f"page {page} of {pages}")
+    path = f"invoices/{number}.pdf"
+    with transaction.atomic():
+        Order.objects.filter(number=number).update(invoice=path)
+    return path
+
+
+@job_handler("shop.label", version=1)
+def print_label(ctx: JobContext) -> str:
+    """Print a shipping label (staged by the fulfilment saga's ``ship`` step)."""
+    return f"labels/{ctx.payload['order']}.zpl"
