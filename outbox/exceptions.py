@@ -76,3 +76,17 @@ class OutboxConfigurationError(OutboxError, ImproperlyConfigured):
 
 class InvalidSubscriber(OutboxError, TypeError):
     """Subscribers are plain callables taking one event, subscribed to an event class."""
+
+
+class MissingBrokerClient(OutboxConfigurationError):
+    """The transport's broker client library is not installed."""
+
+
+class UndecodableMessage(InvalidInput):
+    """A message received from a broker is not in this app's wire format (no valid
+    message id or event type, or a body that is not UTF-8 text)."""
+
+
+class HandlerFailed(OutboxError):
+    """A subscriber raised while a received message was handled; its transaction was
+    rolled back."""

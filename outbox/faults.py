@@ -15,6 +15,13 @@ Points:
     the transport confirmed the batch; nothing is recorded yet.
 ``outbox.dispatcher.recorded``
     the batch's outcomes are committed.
+``outbox.consumer.received``
+    ``consume_events`` received a message; nothing is handled yet.
+``outbox.consumer.committed``
+    a received message's transaction (inbox record and handlers' work) committed;
+    it is not acknowledged yet.
+``outbox.consumer.acknowledged``
+    the message was acknowledged (or parked, or skipped).
 """
 
 from __future__ import annotations

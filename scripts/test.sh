@@ -23,6 +23,36 @@ if [ "${CI:-}" = "true" ] || [ -x /usr/bin/chromium ]; then
     export CHROMIUM
 fi
 
+pgdir=""
+brokers_dir=""
+cleanup() {
+    if [ -n "$brokers_dir" ]; then scripts/brokers.sh stop "$brokers_dir" || true; fi
+    if [ -n "$pgdir" ]; then scripts/pg.sh stop "$pgdir" || true; fi
+}
+trap cleanup EXIT
+
+# RabbitMQ and the Kafka-protocol broker for the broker tests, shared by both runs.
+# CI installs them when missing and fails if they cannot start; elsewhere the broker
+# tests start what is installed themselves, or are skipped.
+if [ "${CI:-}" = "true" ]; then
+    scripts/brokers.sh install
+fi
+if [ "${CI:-}" = "true" ] || [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
+    brokers_dir=$(mktemp -d /tmp/ledon-brokers.XXXXXX)
+    started=$(date +%s)
+    if addresses=$(scripts/brokers.sh start "$brokers_dir"); then
+        while IFS= read -r line; do export "${line?}"; done <<<"$addresses"
+        export BROKERS_DIR=$brokers_dir
+        echo "== brokers started in $(($(date +%s) - started)) s: $(echo $addresses)"
+    elif [ "${CI:-}" = "true" ]; then
+        echo "error: the message brokers could not be started and CI=true: failing" >&2
+        exit 1
+    else
+        echo "warning: the message brokers could not be started; broker tests may skip" >&2
+        brokers_dir=""
+    fi
+fi
+
 status=0
 echo "== tests on SQLite"
 DATABASE_URL="sqlite:///$(mktemp -d)/ledon.sqlite3" "$PY" -m pytest "$@" || status=$?
@@ -30,7 +60,6 @@ DATABASE_URL="sqlite:///$(mktemp -d)/ledon.sqlite3" "$PY" -m pytest "$@" || stat
 
 pgdir=$(mktemp -d /tmp/ledon-pg.XXXXXX)
 if url=$(scripts/pg.sh start "$pgdir"); then
-    trap 'scripts/pg.sh stop "$pgdir"' EXIT
     echo "== tests on PostgreSQL ($url)"
     pg_status=0
     DATABASE_URL="$url" "$PY" -m pytest "$@" || pg_status=$?

@@ -134,9 +134,21 @@ MAILERS = {
     )
 }
 
+# Broker transports find their brokers through the environment; OUTBOX_TRANSPORT_OPTIONS
+# (a JSON object) adds options or overrides these.
+_OUTBOX_TRANSPORT = env("OUTBOX_TRANSPORT", default="in-process")
+_BROKER_OPTIONS: dict[str, dict[str, Any]] = {
+    "rabbitmq": {"url": env("RABBITMQ_URL", default="amqp://guest:guest@127.0.0.1:5672/%2F")},
+    "kafka": {"bootstrap_servers": env("KAFKA_BOOTSTRAP", default="127.0.0.1:9092")},
+}
+
 OUTBOX: dict[str, Any] = {
     "ENABLED": env.bool("OUTBOX_ENABLED", default=True),
-    "TRANSPORT": env("OUTBOX_TRANSPORT", default="in-process"),
+    "TRANSPORT": _OUTBOX_TRANSPORT,
+    "TRANSPORT_OPTIONS": {
+        **_BROKER_OPTIONS.get(_OUTBOX_TRANSPORT, {}),
+        **env.json("OUTBOX_TRANSPORT_OPTIONS", default={}),
+    },
     "BATCH_SIZE": env.int("OUTBOX_BATCH_SIZE", default=100),
     "MAX_ATTEMPTS": env.int("OUTBOX_MAX_ATTEMPTS", default=10),
     "RETRY_BASE_DELAY": env.float("OUTBOX_RETRY_BASE_DELAY", default=1.0),

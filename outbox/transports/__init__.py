@@ -16,6 +16,8 @@ from .base import Transport
 #: Built-in transports by name.
 BUILTIN_TRANSPORTS: dict[str, str] = {
     "in-process": "outbox.transports.in_process.InProcessTransport",
+    "rabbitmq": "outbox.transports.rabbitmq.RabbitMQTransport",
+    "kafka": "outbox.transports.kafka.KafkaTransport",
 }
 
 

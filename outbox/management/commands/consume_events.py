@@ -1,0 +1,144 @@
+"""``manage.py consume_events``: a thin wrapper over :class:`outbox.consumer.EventConsumer`."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
+
+from outbox.conf import outbox_settings
+from outbox.consumer import EventConsumer
+from outbox.db import alias_for
+from outbox.exceptions import OutboxError
+from outbox.models import InboxMessage
+from outbox.transports import transport_class
+from outbox.transports.kafka import KafkaTransport
+from outbox.transports.rabbitmq import RabbitMQTransport
+
+
+class Command(BaseCommand):
+    help = (
+        "Receive integration events from the configured broker and hand each to this "
+        "process's subscribers in one transaction through the inbox; acknowledge after "
+        "commit, park what cannot be handled."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--group",
+            required=True,
+            help="consumer name: its inbox records, its RabbitMQ queue (by default) and "
+            "its Kafka consumer group",
+        )
+        parser.add_argument(
+            "--queue", default=None, help="RabbitMQ queue to consume (default: the group name)"
+        )
+        parser.add_argument(
+            "--topic",
+            action="append",
+            default=[],
+            help="Kafka topic to read (repeatable; default: the transport's topic)",
+        )
+        parser.add_argument(
+            "--event-type",
+            action="append",
+            default=[],
+            dest="event_types",
+            metavar="NAME",
+            help="handle only this event type (repeatable; default: every integration "
+            "event with a subscriber in this process)",
+        )
+        parser.add_argument(
+            "--max-attempts",
+            type=int,
+            default=5,
+            metavar="N",
+            help="attempts at a message whose subscriber raises before it is parked",
+        )
+        parser.add_argument(
+            "--retry-delay",
+            type=float,
+            default=1.0,
+            metavar="SECONDS",
+            help="first delay before retrying a failed message (doubles each time)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["max_attempts"] < 1:
+            raise CommandError("--max-attempts must be at least 1")
+        if options["retry_delay"] < 0:
+            raise CommandError("--retry-delay must not be negative")
+        if options["queue"] is not None and options["topic"]:
+            raise CommandError("give --queue (RabbitMQ) or --topic (Kafka), not both")
+        transport = outbox_settings().TRANSPORT
+        try:
+            cls = transport_class(transport)
+        except OutboxError as exc:
+            raise CommandError(str(exc)) from exc
+        if options["queue"] is not None and not issubclass(cls, RabbitMQTransport):
+            raise CommandError(f"--queue is for the rabbitmq transport, not {transport!r}")
+        if options["topic"] and not issubclass(cls, KafkaTransport):
+            raise CommandError(f"--topic is for the kafka transport, not {transport!r}")
+        sources = [options["queue"]] if options["queue"] is not None else options["topic"]
+        self._check_inbox_table()
+        try:
+            consumer = EventConsumer(
+                options["group"],
+                sources=sources,
+                event_types=options["event_types"] or None,
+                max_attempts=options["max_attempts"],
+                retry_delay=options["retry_delay"],
+                on_event=self._printer(options["verbosity"]),
+            )
+        except OutboxError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(
+            f"consumer {consumer.group}: transport {transport}, {consumer.subscription.describe()}"
+        )
+        self.stdout.flush()
+
+        def on_signal(signum: int, frame: Any) -> None:
+            self.stdout.write(
+                f"consumer {consumer.group}: {signal.Signals(signum).name}, "
+                "stopping after the current message"
+            )
+            consumer.stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            stats = consumer.run()
+        except OutboxError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(
+            self.style.SUCCESS(f"consumer {consumer.group} stopped: {stats.summary()}")
+        )
+
+    def _check_inbox_table(self) -> None:
+        alias = alias_for(InboxMessage)
+        table = InboxMessage._meta.db_table
+        try:
+            with connections[alias].cursor() as cursor:
+                tables = connections[alias].introspection.table_names(cursor)
+        except DatabaseError as exc:
+            raise CommandError(f"cannot read the tables of database {alias!r}: {exc}") from exc
+        if table not in tables:
+            raise CommandError(
+                f"the inbox table {table!r} does not exist in database {alias!r}: "
+                "run 'manage.py migrate outbox'"
+            )
+
+    def _printer(self, verbosity: int) -> Any:
+        quiet_below_2 = {"handled", "duplicate", "skipped", "retry"}
+
+        def emit(event: str, detail: str) -> None:
+            if verbosity < 1 or event == "stopped" or (verbosity < 2 and event in quiet_below_2):
+                return
+            warn = event in {"broker-unavailable", "parked", "retry"}
+            style = self.style.WARNING if warn else (lambda s: s)
+            self.stdout.write(style(" ".join(p for p in (event, detail) if p)))
+            self.stdout.flush()
+
+        return emit
