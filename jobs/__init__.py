@@ -10,9 +10,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import JobScope, stage_job, submit_job
+    from .api import JobScope, stage_job, submit_job, submit_jobs
     from .handlers import JobContext, job_handler
-    from .types import CancelOutcome, FinishOutcome, JobSnapshot, JobStatus, JobSubmission
+    from .types import (
+        CancelOutcome,
+        FinishOutcome,
+        JobSnapshot,
+        JobStatus,
+        JobSubmission,
+        SubmitResult,
+    )
 
 __all__ = [
     "CancelOutcome",
@@ -22,15 +29,18 @@ __all__ = [
     "JobSnapshot",
     "JobStatus",
     "JobSubmission",
+    "SubmitResult",
     "job_handler",
     "stage_job",
     "submit_job",
+    "submit_jobs",
 ]
 
 _LAZY = {
     "JobScope": "api",
     "stage_job": "api",
     "submit_job": "api",
+    "submit_jobs": "api",
     "JobContext": "handlers",
     "job_handler": "handlers",
     "CancelOutcome": "types",
@@ -38,6 +48,7 @@ _LAZY = {
     "JobSnapshot": "types",
     "JobStatus": "types",
     "JobSubmission": "types",
+    "SubmitResult": "types",
 }
 
 

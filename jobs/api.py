@@ -8,7 +8,7 @@ from datetime import datetime
 
 from . import store, validation
 from .exceptions import InvalidSubmission
-from .types import CancelOutcome, JobSnapshot, JobStatus, JobSubmission
+from .types import CancelOutcome, JobSnapshot, JobStatus, JobSubmission, SubmitResult
 
 
 def _submission(value: object) -> JobSubmission:
@@ -31,6 +31,34 @@ def submit_job(scope: str, job_id: str | None, submission: JobSubmission) -> Job
     """
     scope_hash = validation.scope_hash(scope)
     return store.submit(scope_hash, validation.job_id(job_id), _submission(submission))
+
+
+def submit_jobs(
+    items: Iterable[tuple[str, str | None, JobSubmission]],
+) -> list[SubmitResult]:
+    """Create many jobs in one short transaction of their own: bulk :func:`submit_job`.
+
+    ``items`` are ``(scope, job_id, submission)`` triples. Returns one
+    :class:`~jobs.types.SubmitResult` per item, in order: each item behaves as its own
+    ``submit_job`` call made in that order — a new job is created, an identical
+    request returns the existing job (also a repeat within the batch), and a
+    different request for a taken identity reports its
+    :class:`~jobs.exceptions.JobIdentityConflict` in ``result.conflict`` instead of
+    raising (``result.job()`` raises it). Every item is validated before anything is
+    written; invalid input raises and writes nothing. Refuses to run inside
+    ``transaction.atomic`` like ``submit_job``.
+    """
+    hashes: dict[str, str] = {}
+    checked: list[tuple[str, str, JobSubmission]] = []
+    for item in items:
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise InvalidSubmission("submit_jobs() takes (scope, job_id, submission) triples")
+        scope, job_id, submission = item
+        scope_hash = hashes.get(scope) if isinstance(scope, str) else None
+        if scope_hash is None:
+            scope_hash = hashes[scope] = validation.scope_hash(scope)
+        checked.append((scope_hash, validation.job_id(job_id), _submission(submission)))
+    return store.submit_many(checked)
 
 
 def stage_job(scope: str, job_id: str | None, submission: JobSubmission) -> JobSnapshot:
@@ -57,6 +85,15 @@ class JobScope:
 
     def submit(self, job_id: str | None, submission: JobSubmission) -> JobSnapshot:
         return store.submit(self.scope_hash, validation.job_id(job_id), _submission(submission))
+
+    def submit_many(self, items: Iterable[tuple[str | None, JobSubmission]]) -> list[SubmitResult]:
+        """Bulk :meth:`submit` of ``(job_id, submission)`` pairs; see :func:`submit_jobs`."""
+        checked: list[tuple[str, str, JobSubmission]] = []
+        for item in items:
+            if not isinstance(item, tuple) or len(item) != 2:
+                raise InvalidSubmission("submit_many() takes (job_id, submission) pairs")
+            checked.append((self.scope_hash, validation.job_id(item[0]), _submission(item[1])))
+        return store.submit_many(checked)
 
     def stage(self, job_id: str | None, submission: JobSubmission) -> JobSnapshot:
         return store.stage(self.scope_hash, validation.job_id(job_id), _submission(submission))

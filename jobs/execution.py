@@ -22,6 +22,8 @@ __all__ = [
     "FinishOutcome",
     "claim_due",
     "complete",
+    "complete_and_claim",
+    "complete_many",
     "default_worker_id",
     "fail",
     "get_due",
@@ -101,6 +103,35 @@ def complete(
     """Finish the attempt successfully (Cancelled, result dropped, if a cancel request
     committed first). ``FinishOutcome.STALE`` (falsy) if the token is not current."""
     return store.finish(token, AttemptStatus.SUCCEEDED, result_ref=result_ref, now=now)
+
+
+def complete_many(
+    completions: Sequence[tuple[Claim, str | None]], *, now: datetime | None = None
+) -> dict[str, FinishOutcome]:
+    """:func:`complete` for several attempts, ``(claim, result_ref)`` pairs, sharing one
+    commit; each token's outcome is returned (``STALE`` for a token not current)."""
+    return store.complete_many(completions, now=now)
+
+
+def complete_and_claim(
+    completions: Sequence[tuple[Claim, str | None]],
+    worker_id: str | None = None,
+    *,
+    limit: int,
+    queues: Sequence[str] | None = None,
+    lease_seconds: float | None = None,
+    now: datetime | None = None,
+) -> tuple[dict[str, FinishOutcome], list[Claim]]:
+    """:func:`complete_many` then :func:`claim_due` in one transaction: a worker's
+    round trip when handlers return and capacity frees up (``limit`` may be 0)."""
+    return store.complete_and_claim(
+        completions,
+        worker_id or default_worker_id(),
+        limit=limit,
+        queues=queues,
+        lease_seconds=lease_seconds,
+        now=now,
+    )
 
 
 def fail(

@@ -21,9 +21,11 @@ scope through :mod:`jobs.api`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -65,6 +67,7 @@ from .types import (
     JobSnapshot,
     JobStatus,
     JobSubmission,
+    SubmitResult,
 )
 
 logger = logging.getLogger(__name__)
@@ -190,14 +193,56 @@ def _notify(connection: BaseDatabaseWrapper, queue: str) -> None:
             cursor.execute("SELECT pg_notify(%s, %s)", [jobs_settings().NOTIFY_CHANNEL, queue])
 
 
-def _insert_sql() -> str:
+_JOB_COLUMNS = (
+    "scope_hash, job_id, handler, handler_version, payload_json, queue, priority,"
+    " max_attempts, initial_not_before, next_run_at, status, attempt_count,"
+    " cancel_requested, progress_message, error, leased_by, created_at, updated_at"
+)
+_JOB_VALUES = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, %s, '', '', '', %s, %s)"
+
+#: Rows per INSERT statement of a bulk submit (14 parameters each; SQLite accepts
+#: 32,766 parameters per statement).
+_INSERT_CHUNK = 500
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(rows: int, *, notify: bool) -> str:
+    """``INSERT … ON CONFLICT DO NOTHING`` of ``rows`` jobs, returning each new identity.
+
+    With ``notify`` (PostgreSQL, due jobs), the same statement also sends the wake-up
+    (its last parameter is the channel): a single submit is one round trip, and the
+    notification is delivered when the statement's transaction commits.
+    """
+    insert = (
+        f"INSERT INTO {JOB} ({_JOB_COLUMNS}) VALUES {', '.join([_JOB_VALUES] * rows)}"
+        " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id, queue"
+    )
+    if not notify:
+        return insert
     return (
-        f"INSERT INTO {JOB} (scope_hash, job_id, handler, handler_version, payload_json,"
-        " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
-        " attempt_count, cancel_requested, progress_message, error, leased_by,"
-        " created_at, updated_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, %s, '', '', '', %s, %s)"
-        " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING id"
+        f"WITH inserted AS ({insert})"
+        " SELECT scope_hash, job_id, queue, pg_notify(%s, queue) FROM inserted"
+    )
+
+
+def _row_params(
+    scope_hash: str, job_id: str, sub: JobSubmission, run_at: Any, not_before: Any, now: Any
+) -> tuple[Any, ...]:
+    return (
+        scope_hash,
+        job_id,
+        sub.handler,
+        sub.handler_version,
+        sub.payload_json,
+        sub.queue,
+        sub.priority,
+        sub.max_attempts,
+        not_before,
+        run_at,
+        JobStatus.QUEUED.value,
+        False,
+        now,
+        now,
     )
 
 
@@ -235,30 +280,108 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     """
     connection = connection_for(Job)
     run_at = sub.initial_not_before or now
-    params = [
-        scope_hash,
-        job_id,
-        sub.handler,
-        sub.handler_version,
-        sub.payload_json,
-        sub.queue,
-        sub.priority,
-        sub.max_attempts,
-        adapt_dt(connection, sub.initial_not_before),
-        adapt_dt(connection, run_at),
-        JobStatus.QUEUED.value,
-        False,
-        adapt_dt(connection, now),
-        adapt_dt(connection, now),
-    ]
+    notify = run_at <= now and is_postgres(connection)
+    params: list[Any] = list(
+        _row_params(
+            scope_hash,
+            job_id,
+            sub,
+            adapt_dt(connection, run_at),
+            adapt_dt(connection, sub.initial_not_before),
+            adapt_dt(connection, now),
+        )
+    )
+    if notify:
+        params.append(jobs_settings().NOTIFY_CHANNEL)
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(), params)
+        cursor.execute(_insert_sql(1, notify=notify), params)
         inserted = cursor.fetchone() is not None
     if not inserted:
         return None
-    if run_at <= now:
-        _notify(connection, sub.queue)
     return _new_snapshot(scope_hash, job_id, sub, now)
+
+
+#: PostgreSQL: a bulk insert as 10 array parameters, whatever the number of rows, so
+#: that neither the client nor the server parses thousands of placeholders.
+_INSERT_UNNEST_SQL = (
+    f"INSERT INTO {JOB} ({_JOB_COLUMNS})"
+    " SELECT s, j, h, v, p, q, pr, ma, nb, ra, %s, 0, %s, '', '', '', %s, %s"
+    " FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::int[], %s::text[],"
+    " %s::varchar[], %s::smallint[], %s::int[], %s::timestamptz[], %s::timestamptz[])"
+    " AS t(s, j, h, v, p, q, pr, ma, nb, ra)"
+    " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id, queue"
+)
+
+
+def _insert_many(
+    connection: BaseDatabaseWrapper,
+    items: Sequence[tuple[str, str, JobSubmission]],
+    now: datetime,
+) -> set[tuple[str, str]]:
+    """Insert the (distinct) identities of ``items`` that do not exist yet, in the
+    current transaction; wake workers once per queue that got due jobs. Returns the
+    identities inserted."""
+    inserted: set[tuple[str, str]] = set()
+    now_db = adapt_dt(connection, now)
+    with connection.cursor() as cursor:
+        if is_postgres(connection):
+            columns: list[list[Any]] = [[] for _ in range(10)]
+            for scope_hash, job_id, sub in items:
+                row = _row_params(
+                    scope_hash,
+                    job_id,
+                    sub,
+                    sub.initial_not_before or now,
+                    sub.initial_not_before,
+                    now,
+                )
+                for column, value in zip(columns, row[:10], strict=True):
+                    column.append(value)
+            cursor.execute(_INSERT_UNNEST_SQL, [JobStatus.QUEUED.value, False, now, now, *columns])
+            inserted.update((r[0], r[1]) for r in cursor.fetchall())
+        else:
+            for start in range(0, len(items), _INSERT_CHUNK):
+                chunk = items[start : start + _INSERT_CHUNK]
+                params: list[Any] = []
+                for scope_hash, job_id, sub in chunk:
+                    not_before = adapt_dt(connection, sub.initial_not_before)
+                    run_at = now_db if not_before is None else not_before
+                    params.extend(_row_params(scope_hash, job_id, sub, run_at, not_before, now_db))
+                cursor.execute(_insert_sql(len(chunk), notify=False), params)
+                inserted.update((r[0], r[1]) for r in cursor.fetchall())
+    due_queues = {
+        sub.queue
+        for scope_hash, job_id, sub in items
+        if (scope_hash, job_id) in inserted
+        and (sub.initial_not_before is None or sub.initial_not_before <= now)
+    }
+    for queue in sorted(due_queues):
+        _notify(connection, queue)
+    return inserted
+
+
+def _existing_many(keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], JobSnapshot]:
+    """The stored jobs among ``keys`` (scope_hash, job_id), read in one query per
+    scope and chunk."""
+    by_scope: dict[str, list[str]] = {}
+    for scope_hash, job_id in keys:
+        by_scope.setdefault(scope_hash, []).append(job_id)
+    found: dict[tuple[str, str], JobSnapshot] = {}
+    for scope_hash, job_ids in by_scope.items():
+        for start in range(0, len(job_ids), _INSERT_CHUNK):
+            chunk = job_ids[start : start + _INSERT_CHUNK]
+            for job in Job.objects.for_scope(scope_hash).filter(job_id__in=chunk):
+                found[(job.scope_hash, job.job_id)] = snapshot(job)
+    return found
+
+
+def _same_request(existing: JobSnapshot, job_id: str, sub: JobSubmission) -> SubmitResult:
+    differing = existing.submission().differing_fields(sub)
+    if differing:
+        return SubmitResult(
+            job_id=job_id, snapshot=None, conflict=JobIdentityConflict(job_id, differing)
+        )
+    return SubmitResult(job_id=job_id, snapshot=existing)
 
 
 def _existing_or_conflict(scope_hash: str, job_id: str, sub: JobSubmission) -> JobSnapshot | None:
@@ -266,11 +389,7 @@ def _existing_or_conflict(scope_hash: str, job_id: str, sub: JobSubmission) -> J
     job = Job.objects.for_scope(scope_hash).filter(job_id=job_id).first()
     if job is None:
         return None
-    existing = snapshot(job)
-    differing = existing.submission().differing_fields(sub)
-    if differing:
-        raise JobIdentityConflict(job_id, differing)
-    return existing
+    return _same_request(snapshot(job), job_id, sub).job()
 
 
 def _in_caller_atomic_block(connection: BaseDatabaseWrapper) -> bool:
@@ -286,22 +405,84 @@ def _in_caller_atomic_block(connection: BaseDatabaseWrapper) -> bool:
 def submit(
     scope_hash: str, job_id: str, sub: JobSubmission, *, now: datetime | None = None
 ) -> JobSnapshot:
-    """J3: create the job in a short transaction of its own (idempotent per identity)."""
+    """J3: create the job in a short transaction of its own (idempotent per identity).
+
+    The insert, with its wake-up, is a single statement run in autocommit: it is its
+    own transaction, committed in one round trip. If the identity exists, the winner
+    is read by a fresh statement.
+    """
     alias = alias_for(Job)
     if _in_caller_atomic_block(transaction.get_connection(alias)):
         raise AmbientTransactionError()
     now = _now(now)
     for _ in range(3):
-        with transaction.atomic(using=alias):
-            created = _insert(scope_hash, job_id, sub, now)
-            if created is not None:
-                return created
-            existing = _existing_or_conflict(scope_hash, job_id, sub)
-            if existing is not None:
-                return existing
+        created = _insert(scope_hash, job_id, sub, now)
+        if created is not None:
+            return created
+        existing = _existing_or_conflict(scope_hash, job_id, sub)
+        if existing is not None:
+            return existing
         # The conflicting row vanished between the insert and the read (deleted by
         # retention); insert again.
     raise IntegrityError(f"job {job_id!r}: identity conflict without a visible winner")
+
+
+def submit_many(
+    items: Sequence[tuple[str, str, JobSubmission]], *, now: datetime | None = None
+) -> list[SubmitResult]:
+    """J3 for many jobs: one short transaction of its own, one outcome per item.
+
+    Each item (scope_hash, job_id, submission) behaves as ``submit`` would, in the
+    order given: a new identity is created; an identical request returns the stored
+    job (``created`` False) — also when the same identity appears earlier in the
+    batch —; a different request gets its :class:`JobIdentityConflict` as the item's
+    outcome, not raised. Database errors roll the whole batch back and propagate.
+    """
+    alias = alias_for(Job)
+    connection = transaction.get_connection(alias)
+    if _in_caller_atomic_block(connection):
+        raise AmbientTransactionError()
+    now = _now(now)
+    first: dict[tuple[str, str], int] = {}
+    for index, (scope_hash, job_id, _sub) in enumerate(items):
+        first.setdefault((scope_hash, job_id), index)
+    stored: dict[tuple[str, str], JobSnapshot] = {}
+    results: dict[int, SubmitResult] = {}
+    pending = list(first.values())
+    for _ in range(3):
+        with transaction.atomic(using=alias):
+            inserted = _insert_many(connection, [items[i] for i in pending], now)
+            existing = _existing_many(
+                (items[i][0], items[i][1]) for i in pending if items[i][:2] not in inserted
+            )
+        missing = []
+        for index in pending:
+            scope_hash, job_id, sub = items[index]
+            key = (scope_hash, job_id)
+            if key in inserted:
+                stored[key] = _new_snapshot(scope_hash, job_id, sub, now)
+                results[index] = SubmitResult(job_id=job_id, snapshot=stored[key])
+            elif key in existing:
+                stored[key] = existing[key]
+                results[index] = _same_request(existing[key], job_id, sub)
+            else:
+                # The conflicting row vanished between the insert and the read
+                # (deleted by retention); insert again.
+                missing.append(index)
+        pending = missing
+        if not pending:
+            break
+    else:
+        job_ids = ", ".join(repr(items[i][1]) for i in pending[:5])
+        raise IntegrityError(f"jobs {job_ids}: identity conflict without a visible winner")
+    outcomes = []
+    for index, (scope_hash, job_id, sub) in enumerate(items):
+        result = results.get(index)
+        if result is None:  # a repeated identity: compared with what its first occurrence stored
+            earlier = stored[(scope_hash, job_id)]
+            result = _same_request(replace(earlier, created=False), job_id, sub)
+        outcomes.append(result)
+    return outcomes
 
 
 def stage(
@@ -425,7 +606,28 @@ def retry(
 # --------------------------------------------------------------------------- execution
 
 
-def _claim_sql(connection: BaseDatabaseWrapper, *, queues: int, one_job: bool) -> str:
+_CLAIM_RETURNING = (
+    "id, scope_hash, job_id, current_token, attempt_count, max_attempts, handler,"
+    " handler_version, payload_json, queue, priority, next_run_at, leased_by, started_at"
+)
+_ATTEMPT_INSERT = (
+    f"INSERT INTO {ATTEMPT} (job_id, number, token, status, worker_id, progress,"
+    " progress_message, error, result_ref, started_at, finished_at)"
+)
+
+
+def _claim_sql(
+    connection: BaseDatabaseWrapper, *, queues: int, one_job: bool, finishing: int = 0
+) -> str:
+    """The claim: one guarded UPDATE of up to LIMIT due jobs, returning them.
+
+    On PostgreSQL the same statement also inserts each claimed job's Running attempt
+    row (a data-modifying CTE), so a claim is one round trip; on SQLite the attempt
+    rows follow as a second statement of the same transaction. With ``finishing``
+    (PostgreSQL only), the statement first completes that many attempts — see
+    :func:`_finish_ctes` — and every row it returns starts with its kind, ``'f'``
+    (a finished token) or ``'c'`` (a claimed job).
+    """
     filters = [
         "status = %s",
         "cancel_requested = %s",
@@ -436,8 +638,9 @@ def _claim_sql(connection: BaseDatabaseWrapper, *, queues: int, one_job: bool) -
         filters.append(f"queue IN ({placeholders(queues)})")
     if one_job:
         filters.append("scope_hash = %s AND job_id = %s")
-    lock = " FOR UPDATE SKIP LOCKED" if is_postgres(connection) else ""
-    return (
+    postgres = is_postgres(connection)
+    lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
+    update = (
         f"UPDATE {JOB} SET status = %s, attempt_count = attempt_count + 1,"
         f" current_token = {random_token_sql(connection)},"
         " leased_by = %s, lease_expires_at = %s, started_at = %s, updated_at = %s,"
@@ -445,9 +648,160 @@ def _claim_sql(connection: BaseDatabaseWrapper, *, queues: int, one_job: bool) -
         " finished_at = NULL"
         f" WHERE id IN (SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
         f" ORDER BY priority DESC, next_run_at, id LIMIT %s{lock})"
-        " RETURNING id, scope_hash, job_id, current_token, attempt_count, max_attempts,"
-        " handler, handler_version, payload_json, queue, priority, next_run_at"
+        f" RETURNING {_CLAIM_RETURNING}"
     )
+    if not postgres:
+        return update
+    ctes = (
+        f"claimed AS ({update}),"
+        f" attempts AS ({_ATTEMPT_INSERT} SELECT id, attempt_count, current_token,"
+        f" '{AttemptStatus.RUNNING.value}', leased_by, NULL, '', '', NULL, started_at, NULL"
+        " FROM claimed)"
+    )
+    if not finishing:
+        return f"WITH {ctes} SELECT {_CLAIM_RETURNING} FROM claimed"
+    blanks = ", ".join(["NULL"] * 14)
+    return (
+        f"WITH {_finish_ctes(finishing)}, {ctes}"
+        f" SELECT 'f', token, status, token IN (SELECT token FROM finished_attempts), {blanks}"
+        " FROM finished"
+        f" UNION ALL SELECT 'c', NULL, NULL, NULL, {_CLAIM_RETURNING} FROM claimed"
+    )
+
+
+def _finish_ctes(rows: int) -> str:
+    """PostgreSQL: ``complete`` of ``rows`` attempts as CTEs (parameters: token and
+    result reference per row, then the time twice).
+
+    Per row, the guard of :func:`finish` — the token is current and the job Running;
+    the job row's own cancel flag decides Succeeded or Cancelled — plus the attempt
+    row: a job whose Running attempt row is missing is not finished at all. The
+    attempt rows change in the same statement.
+    """
+    running = JobStatus.RUNNING.value
+    return (
+        f"done AS (VALUES {', '.join(['(%s, %s)'] * rows)}),"
+        f" finished AS (UPDATE {JOB} AS j SET"
+        f" status = CASE WHEN j.cancel_requested THEN '{JobStatus.CANCELLED.value}'"
+        f" ELSE '{JobStatus.SUCCEEDED.value}' END,"
+        " result_ref = CASE WHEN j.cancel_requested THEN NULL ELSE done.column2 END,"
+        " error = '', finished_at = %s, updated_at = %s,"
+        " current_token = NULL, leased_by = '', lease_expires_at = NULL"
+        f" FROM done, {ATTEMPT} AS a"
+        f" WHERE j.current_token = done.column1 AND j.status = '{running}'"
+        f" AND a.job_id = j.id AND a.token = done.column1 AND a.status = '{running}'"
+        " RETURNING j.id, done.column1 AS token, j.status, j.result_ref),"
+        f" finished_attempts AS (UPDATE {ATTEMPT} AS a SET status = finished.status,"
+        " result_ref = finished.result_ref, error = '', finished_at = %s"
+        f" FROM finished WHERE a.job_id = finished.id AND a.token = finished.token"
+        f" AND a.status = '{running}' RETURNING a.token)"
+    )
+
+
+def _claim_rows(
+    connection: BaseDatabaseWrapper,
+    worker_id: str,
+    *,
+    limit: int,
+    queue_list: list[str],
+    identity: tuple[str, str] | None,
+    expires: datetime,
+    now: datetime,
+    finishing: Sequence[tuple[Claim, str | None]] = (),
+) -> tuple[dict[str, FinishOutcome], list[Claim]]:
+    """Claim inside the caller's transaction (see :func:`claim`); on PostgreSQL, also
+    complete ``finishing`` in the same statement (see :func:`_finish_ctes`)."""
+    now_db = adapt_dt(connection, now)
+    params: list[Any] = []
+    if finishing:
+        params.extend(value for claim, result in finishing for value in (claim.token, result))
+        params.extend([now_db, now_db, now_db])
+    params.extend(
+        [
+            JobStatus.RUNNING.value,
+            worker_id,
+            adapt_dt(connection, expires),
+            now_db,
+            now_db,
+            JobStatus.QUEUED.value,
+            False,
+            now_db,
+            *queue_list,
+        ]
+    )
+    if identity is not None:
+        params.extend(identity)
+    params.append(limit)
+    sql = _claim_sql(
+        connection,
+        queues=len(queue_list),
+        one_job=identity is not None,
+        finishing=len(finishing),
+    )
+    outcomes: dict[str, FinishOutcome] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+        if finishing:
+            outcomes = _finished_outcomes(cursor, finishing, rows)
+            rows = [r[4:] for r in rows if r[0] == "c"]
+        if rows and not is_postgres(connection):
+            cursor.execute(
+                f"{_ATTEMPT_INSERT} VALUES "
+                + ", ".join(["(%s, %s, %s, %s, %s, NULL, '', '', NULL, %s, NULL)"] * len(rows)),
+                [
+                    value
+                    for r in rows
+                    for value in (r[0], r[4], r[3], AttemptStatus.RUNNING.value, worker_id, now_db)
+                ],
+            )
+    if len(rows) > 1:
+        rows.sort(key=lambda r: (-r[10], read_dt(r[11]), r[0]))
+    claims = [
+        Claim(
+            scope_hash=r[1],
+            job_id=r[2],
+            token=r[3],
+            attempt=r[4],
+            max_attempts=r[5],
+            handler=r[6],
+            handler_version=r[7],
+            payload_json=r[8],
+            queue=r[9],
+            worker_id=worker_id,
+            lease_expires_at=expires,
+        )
+        for r in rows
+    ]
+    return outcomes, claims
+
+
+def _finished_outcomes(
+    cursor: Any, finishing: Sequence[tuple[Claim, str | None]], rows: list[Any]
+) -> dict[str, FinishOutcome]:
+    """Each token's outcome from the ``'f'`` rows of a PostgreSQL settle statement.
+
+    A token that did not finish is STALE — unless its job is still Running under it,
+    which means its attempt row is missing: that fails the whole transition
+    (``AttemptRowMissing`` rolls the transaction back).
+    """
+    outcomes = {claim.token: FinishOutcome.STALE for claim, _ in finishing}
+    for kind, token, status, attempt_updated, *_ in rows:
+        if kind != "f":
+            continue
+        if not attempt_updated:
+            raise AttemptRowMissing()
+        outcomes[token] = FinishOutcome(status)
+    unfinished = [t for t, outcome in outcomes.items() if outcome is FinishOutcome.STALE]
+    if unfinished:
+        cursor.execute(
+            f"SELECT count(*) FROM {JOB} WHERE status = %s"
+            f" AND current_token IN ({placeholders(len(unfinished))})",
+            [JobStatus.RUNNING.value, *unfinished],
+        )
+        if cursor.fetchone()[0]:
+            raise AttemptRowMissing()
+    return outcomes
 
 
 def claim(
@@ -466,65 +820,177 @@ def claim(
     attempt row; both or neither. On PostgreSQL, ``SKIP LOCKED`` lets many workers
     claim from one queue without waiting for each other.
     """
-    worker_id = validation.text(worker_id, "worker_id", validation.MAX_NAME_LENGTH)
     validation.integer(limit, "limit", 1, 10_000)
+    return complete_and_claim(
+        (),
+        worker_id,
+        limit=limit,
+        queues=queues,
+        lease_seconds=lease_seconds,
+        identity=identity,
+        now=now,
+    )[1]
+
+
+def _complete_sql(rows: int) -> str:
+    # Per row, the same guard as ``finish``: the token is current and the job Running;
+    # the database decides cancel-versus-finish with the job row's own flag.
+    return (
+        f"UPDATE {JOB} SET"
+        " status = CASE WHEN cancel_requested THEN %s ELSE %s END,"
+        " result_ref = CASE WHEN cancel_requested THEN NULL ELSE v.column2 END,"
+        " error = '', finished_at = %s, updated_at = %s,"
+        " current_token = NULL, leased_by = '', lease_expires_at = NULL"
+        f" FROM (VALUES {', '.join(['(%s, %s)'] * rows)}) AS v"
+        f" WHERE {JOB}.current_token = v.column1 AND {JOB}.status = %s"
+        f" RETURNING {JOB}.id, {JOB}.scope_hash, {JOB}.job_id, {JOB}.status"
+    )
+
+
+def _complete_attempts_sql(rows: int) -> str:
+    return (
+        f"UPDATE {ATTEMPT} SET status = v.column3, result_ref = v.column4, error = '',"
+        " finished_at = %s"
+        f" FROM (VALUES {', '.join(['(%s, %s, %s, %s)'] * rows)}) AS v"
+        f" WHERE {ATTEMPT}.job_id = v.column1 AND {ATTEMPT}.token = v.column2"
+        f" AND {ATTEMPT}.status = %s"
+        f" RETURNING {ATTEMPT}.token"
+    )
+
+
+def _complete_rows(
+    connection: BaseDatabaseWrapper,
+    completions: Sequence[tuple[Claim, str | None]],
+    now: datetime,
+) -> dict[str, FinishOutcome]:
+    """``complete`` for many attempts inside the caller's transaction: two statements
+    for the whole batch, each row guarded by its own token (see :func:`complete_many`)."""
+    outcomes = {claim.token: FinishOutcome.STALE for claim, _ in completions}
+    remaining = list(completions)
+    now_db = adapt_dt(connection, now)
+    with connection.cursor() as cursor:
+        while remaining:
+            # One identity per statement, so that a returned job row names its token;
+            # a repeated identity (two attempts of one job) waits for the next round.
+            batch: dict[tuple[str, str], tuple[Claim, str | None]] = {}
+            later = []
+            for item in remaining:
+                key = (item[0].scope_hash, item[0].job_id)
+                if key in batch:
+                    later.append(item)
+                else:
+                    batch[key] = item
+            remaining = later
+            cursor.execute(
+                _complete_sql(len(batch)),
+                [
+                    JobStatus.CANCELLED.value,
+                    JobStatus.SUCCEEDED.value,
+                    now_db,
+                    now_db,
+                    *[value for claim, result in batch.values() for value in (claim.token, result)],
+                    JobStatus.RUNNING.value,
+                ],
+            )
+            finished = cursor.fetchall()
+            if not finished:
+                continue
+            attempt_rows = []
+            for job_pk, scope_hash, job_id, status in finished:
+                claim, result = batch[(scope_hash, job_id)]
+                final = JobStatus(status)
+                succeeded = final is JobStatus.SUCCEEDED
+                outcomes[claim.token] = FinishOutcome(final.value)
+                attempt_rows.append(
+                    (
+                        job_pk,
+                        claim.token,
+                        AttemptStatus.SUCCEEDED.value
+                        if succeeded
+                        else AttemptStatus.CANCELLED.value,
+                        result if succeeded else None,
+                    )
+                )
+            cursor.execute(
+                _complete_attempts_sql(len(attempt_rows)),
+                [
+                    now_db,
+                    *[value for row in attempt_rows for value in row],
+                    AttemptStatus.RUNNING.value,
+                ],
+            )
+            if len(cursor.fetchall()) != len(attempt_rows):
+                raise AttemptRowMissing()
+    return outcomes
+
+
+def complete_many(
+    completions: Sequence[tuple[Claim, str | None]], *, now: datetime | None = None
+) -> dict[str, FinishOutcome]:
+    """J8 ``complete`` for several attempts in one transaction: ``(claim, result_ref)``
+    pairs in, each token's outcome out.
+
+    Every attempt is finished exactly as :func:`finish` would finish it alone — only
+    if its token is current and its job Running; Cancelled, result dropped, if a cancel
+    request committed first; its attempt row in the same transaction — but the batch
+    shares one commit. A stale token is ``STALE`` and changes nothing; a missing
+    attempt row fails the whole batch (``AttemptRowMissing``), which changes nothing.
+    """
+    return complete_and_claim(completions, "", limit=0, now=now)[0]
+
+
+def complete_and_claim(
+    completions: Sequence[tuple[Claim, str | None]],
+    worker_id: str,
+    *,
+    limit: int,
+    queues: Sequence[str] | None = None,
+    lease_seconds: float | None = None,
+    identity: tuple[str, str] | None = None,
+    now: datetime | None = None,
+) -> tuple[dict[str, FinishOutcome], list[Claim]]:
+    """A worker's round trip: finish ``completions`` as :func:`complete_many` does, then
+    claim up to ``limit`` due jobs as :func:`claim` does — one transaction, one commit.
+
+    The two parts stay separate guarded statements with their own outcomes; sharing
+    the commit only means that either both take effect or neither does.
+    """
+    checked = [(claim, _result_ref(result)) for claim, result in completions]
+    validation.integer(limit, "limit", 0, 10_000)
+    if limit:
+        worker_id = validation.text(worker_id, "worker_id", validation.MAX_NAME_LENGTH)
+    if not checked and not limit:
+        return {}, []
     now = _now(now)
-    lease = timedelta(seconds=lease_seconds or jobs_settings().LEASE_SECONDS)
-    expires = now + lease
-    queue_list = list(queues or [])
+    expires = now + timedelta(seconds=lease_seconds or jobs_settings().LEASE_SECONDS)
     alias = alias_for(Job)
     connection = connection_for(Job)
-    params: list[Any] = [
-        JobStatus.RUNNING.value,
-        worker_id,
-        adapt_dt(connection, expires),
-        adapt_dt(connection, now),
-        adapt_dt(connection, now),
-        JobStatus.QUEUED.value,
-        False,
-        adapt_dt(connection, now),
-        *queue_list,
-    ]
-    if identity is not None:
-        params.extend(identity)
-    params.append(limit)
-    sql = _claim_sql(connection, queues=len(queue_list), one_job=identity is not None)
+    # PostgreSQL finishes and claims in one statement; SQLite, which has no
+    # data-modifying CTEs, runs the completion statements first.
+    together = bool(checked) and bool(limit) and is_postgres(connection)
     with transaction.atomic(using=alias):
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
-        if not rows:
-            return []
-        rows.sort(key=lambda r: (-r[10], read_dt(r[11]), r[0]))
-        JobAttempt.objects.using(alias).bulk_create(
-            [
-                JobAttempt(
-                    job_id=r[0],
-                    number=r[4],
-                    token=r[3],
-                    status=AttemptStatus.RUNNING,
-                    worker_id=worker_id,
-                    started_at=now,
-                )
-                for r in rows
-            ]
-        )
-    return [
-        Claim(
-            scope_hash=r[1],
-            job_id=r[2],
-            token=r[3],
-            attempt=r[4],
-            max_attempts=r[5],
-            handler=r[6],
-            handler_version=r[7],
-            payload_json=r[8],
-            queue=r[9],
-            worker_id=worker_id,
-            lease_expires_at=expires,
-        )
-        for r in rows
-    ]
+        outcomes = _complete_rows(connection, checked, now) if checked and not together else {}
+        if limit:
+            finished, claims = _claim_rows(
+                connection,
+                worker_id,
+                limit=limit,
+                queue_list=list(queues or []),
+                identity=identity,
+                expires=expires,
+                now=now,
+                finishing=checked if together else (),
+            )
+            outcomes.update(finished)
+        else:
+            claims = []
+    return outcomes, claims
+
+
+def _result_ref(value: str | None) -> str | None:
+    if value is None:
+        return None
+    return validation.text(value, "result_ref", validation.MAX_TEXT_LENGTH)
 
 
 def _check_token(token: object) -> str:

@@ -13,6 +13,7 @@ from django.db import models
 
 from . import validation
 from .conf import jobs_settings
+from .exceptions import JobIdentityConflict
 
 
 class JobStatus(models.TextChoices):
@@ -222,6 +223,31 @@ class JobSnapshot:
             max_attempts=self.max_attempts,
             initial_not_before=self.initial_not_before,
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitResult:
+    """What ``submit_jobs`` did with one item of the batch, in the order given.
+
+    Exactly one of ``snapshot`` and ``conflict`` is set: the created or already
+    existing job (``snapshot.created`` tells which), or the identity conflict a
+    ``submit_job`` call with the same arguments would have raised.
+    """
+
+    job_id: str
+    snapshot: JobSnapshot | None
+    conflict: JobIdentityConflict | None = None
+
+    @property
+    def created(self) -> bool:
+        return self.snapshot is not None and self.snapshot.created
+
+    def job(self) -> JobSnapshot:
+        """The job's snapshot; raises the item's :class:`JobIdentityConflict` if any."""
+        if self.conflict is not None:
+            raise self.conflict
+        assert self.snapshot is not None
+        return self.snapshot
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

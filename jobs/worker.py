@@ -29,7 +29,7 @@ from django.utils import timezone
 from . import execution, store
 from .conf import jobs_settings
 from .db import alias_for, is_postgres
-from .exceptions import UnknownHandler
+from .exceptions import JobsError, UnknownHandler
 from .handlers import HandlerSpec, JobContext, get_handler
 from .models import Job
 from .types import Claim, ExecutionStatus, FinishOutcome
@@ -169,6 +169,10 @@ class Worker:
         self._stopping = threading.Event()
         self._check_cancel_now = threading.Event()
         self._tasks: queue.Queue[Claim | None] = queue.Queue()
+        # Successful attempts whose handlers returned, waiting for the main loop to
+        # finish them together with its next claim (one commit for the lot).
+        self._completed: list[tuple[Claim, str | None]] = []
+        self._settling = True
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -211,6 +215,8 @@ class Worker:
             self._loop_until_stopped()
             self._shutdown()
         finally:
+            with self._lock:
+                self._settling = False
             self._stop_threads()
             connections[self.alias].close()
         self._emit("stopped", None, self.stats.summary())
@@ -235,7 +241,7 @@ class Worker:
             if now >= next_recovery:
                 self._recover(startup=False)
                 next_recovery = now + s.RECOVERY_INTERVAL
-            claimed, free = self._claim()
+            claimed, free = self._settle(claim=True)
             if self.burst and claimed == 0 and not self.running_tokens:
                 break
             if claimed and claimed == free:
@@ -248,28 +254,73 @@ class Worker:
             )
             self._wake.wait(max(timeout, 0.01))
 
-    def _claim(self) -> tuple[int, int]:
+    def _settle(self, *, claim: bool) -> tuple[int, int]:
+        """Finish the attempts whose handlers returned and, with ``claim``, claim due
+        jobs for the capacity that is then free — one transaction, one commit.
+
+        Each finish is still guarded by its own token and decides cancel-versus-finish
+        in the database (J8); the batch only shares the commit. Returns the number of
+        jobs claimed and the number asked for.
+        """
         with self._lock:
-            free = self.concurrency - len(self._running)
-        if free <= 0:
+            done, self._completed = self._completed, []
+            free = self.concurrency - len(self._running) + len(done)
+        limit = max(min(free, self.settings.CLAIM_BATCH_SIZE), 0) if claim else 0
+        if not done and not limit:
             return 0, 0
-        limit = min(free, self.settings.CLAIM_BATCH_SIZE)
         try:
-            claims = execution.claim_due(
-                self.worker_id, limit=limit, queues=self.queues or None, now=self.clock()
+            outcomes, claims = execution.complete_and_claim(
+                done, self.worker_id, limit=limit, queues=self.queues or None, now=self.clock()
             )
-        except DatabaseError:
-            logger.exception("claiming jobs failed; retrying after the poll interval")
+        except (DatabaseError, JobsError):
+            logger.exception("finishing and claiming jobs failed; finishing one by one")
             self._reset_connection()
+            for finished, result in done:
+                self._finish_alone(finished, result)
             return 0, limit
-        for claim in claims:
-            ctx = JobContext(claim)
+        for finished, _result in done:
+            self._record(finished, "succeeded", outcomes[finished.token])
+            self._release(finished)
+        for new in claims:
+            ctx = JobContext(new)
             with self._lock:
-                self._running[claim.token] = _Running(claim, ctx)
+                self._running[new.token] = _Running(new, ctx)
             self.stats.claimed += 1
-            self._emit("claimed", claim, f"attempt {claim.attempt}/{claim.max_attempts}")
-            self._tasks.put(claim)
+            self._emit("claimed", new, f"attempt {new.attempt}/{new.max_attempts}")
+            self._tasks.put(new)
         return len(claims), limit
+
+    def _defer_completion(self, claim: Claim, result: str | None) -> bool:
+        """Hand a successful attempt to the main loop; False once it no longer settles."""
+        with self._lock:
+            if not self._settling:
+                return False
+            self._completed.append((claim, result))
+        self._wake.set()
+        return True
+
+    def _close_settling(self) -> None:
+        """Finish what was handed over; later results are finished by their threads."""
+        with self._lock:
+            self._settling = False
+        self._settle(claim=False)
+
+    def _finish_alone(self, claim: Claim, result: str | None) -> None:
+        try:
+            self._finish(
+                claim,
+                "succeeded",
+                lambda: execution.complete(claim.token, result, now=self.clock()),
+            )
+        except JobsError:
+            logger.exception("finishing job %s failed; it will be recovered", claim.job_id)
+        finally:
+            self._release(claim)
+
+    def _release(self, claim: Claim) -> None:
+        with self._lock:
+            self._running.pop(claim.token, None)
+        self._wake.set()
 
     def _heartbeat(self) -> None:
         tokens = self.running_tokens
@@ -335,6 +386,7 @@ class Worker:
 
     def _shutdown(self) -> None:
         if not self.running_tokens:
+            self._close_settling()
             return
         self._emit("shutdown", None, f"waiting up to {self.shutdown_timeout}s for handlers")
         if not self._wait_for_handlers(self.shutdown_timeout):
@@ -343,6 +395,7 @@ class Worker:
             for entry in entries:
                 entry.ctx.signal_cancel(shutdown=True)
             self._wait_for_handlers(self.cancel_grace)
+        self._close_settling()
         with self._lock:
             leftovers = list(self._running.values())
         for entry in leftovers:
@@ -360,6 +413,7 @@ class Worker:
         deadline = time.monotonic() + seconds
         next_heartbeat = time.monotonic() + self.settings.HEARTBEAT_SECONDS
         while self.running_tokens:
+            self._settle(claim=False)
             now = time.monotonic()
             if now >= deadline:
                 return False
@@ -367,7 +421,9 @@ class Worker:
                 self._heartbeat()
                 next_heartbeat = now + self.settings.HEARTBEAT_SECONDS
             self._wake.clear()
-            if self.running_tokens:
+            with self._lock:
+                idle = not self._completed
+            if idle and self.running_tokens:
                 self._wake.wait(min(deadline - now, next_heartbeat - now, 0.5))
         return True
 
@@ -429,24 +485,26 @@ class Worker:
         with self._lock:
             entry = self._running[claim.token]
         ctx = entry.ctx
+        handed_over = False
         try:
-            self._run_handler(claim, ctx)
+            handed_over = self._run_handler(claim, ctx)
         except Exception:
             # Never let a worker thread die: the attempt stays Running, its lease
             # is no longer renewed, and recovery re-queues it after expiry.
             logger.exception("finishing job %s failed; it will be recovered", claim.job_id)
         finally:
-            with self._lock:
-                self._running.pop(claim.token, None)
-            self._wake.set()
+            if not handed_over:
+                self._release(claim)
 
-    def _run_handler(self, claim: Claim, ctx: JobContext) -> None:
+    def _run_handler(self, claim: Claim, ctx: JobContext) -> bool:
+        """Run the attempt's handler and finish the attempt; True if a successful
+        attempt was handed to the main loop, which finishes and releases it."""
         try:
             spec = get_handler(claim.handler, claim.handler_version)
         except UnknownHandler as exc:
             message = str(exc)
             self._finish(claim, "failed", lambda: execution.fail(claim.token, message), message)
-            return
+            return False
         try:
             result = self._call(spec, ctx)
             if result is not None and not isinstance(result, str):
@@ -457,7 +515,7 @@ class Worker:
         except Exception as exc:
             if ctx.stopped_by_shutdown:
                 self._requeue_after_shutdown(claim)
-                return
+                return False
             error = (spec.format_error or format_error)(exc)
             retry_at = None
             if claim.attempts_left > 0 and not ctx.cancel_requested:
@@ -472,13 +530,16 @@ class Worker:
                 lambda: execution.fail(claim.token, error, retry_at=retry_at, now=self.clock()),
                 detail,
             )
-            return
+            return False
         if ctx.stopped_by_shutdown:
             self._requeue_after_shutdown(claim)
-            return
+            return False
+        if self._defer_completion(claim, result):
+            return True
         self._finish(
             claim, "succeeded", lambda: execution.complete(claim.token, result, now=self.clock())
         )
+        return False
 
     def _call(self, spec: HandlerSpec, ctx: JobContext) -> Any:
         if spec.is_async:
@@ -511,6 +572,9 @@ class Worker:
                 if delay is None:
                     return
                 self._stopping.wait(delay)
+        self._record(claim, event, outcome, detail)
+
+    def _record(self, claim: Claim, event: str, outcome: FinishOutcome, detail: str = "") -> None:
         with self._lock:
             if outcome is FinishOutcome.REQUEUED and event == "failed":
                 self.stats.retried += 1
