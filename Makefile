@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo docs venv clean bench
+.PHONY: test demo docs venv clean bench bench-quick
 
 $(VENV)/.installed: pyproject.toml
 	@base=$$(scripts/find-python.sh) && echo "using $$base" && "$$base" -m venv $(VENV)
@@ -24,6 +24,20 @@ demo: venv
 ## Build the documentation (warnings are errors) into build/docs.
 docs: venv
 	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs build/docs
+
+$(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[test,docs,bench]'
+	@touch $@
+
+## Benchmarks against pgqueuer, Procrastinate and django-tasks-db on a throw-away
+## PostgreSQL with durable commits (about 20 minutes on 2 CPUs): docs/benchmarks.md
+## and the raw JSON in benchmarks/results/.
+bench: $(VENV)/.bench-installed
+	$(PY) -m benchmarks
+
+## The same, tiny and once (under a minute): benchmarks/results/latest.md.
+bench-quick: $(VENV)/.bench-installed
+	$(PY) -m benchmarks --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache db.sqlite3*

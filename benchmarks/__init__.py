@@ -1,0 +1,1 @@
+"""Benchmarks of the job store and worker against peer PostgreSQL queues (``make bench``)."""

@@ -1,0 +1,115 @@
+"""``python -m benchmarks``: measure django-ledon and its peers; see README.md."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .systems import ADAPTERS
+from .systems.base import ROOT
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument(
+        "--quick", action="store_true", help="a small smoke run (one run, tiny counts)"
+    )
+    parser.add_argument("--runs", type=int, default=3, help="runs per measurement (median)")
+    parser.add_argument(
+        "--systems",
+        default=",".join(ADAPTERS),
+        help=f"comma-separated subset of: {', '.join(ADAPTERS)} (default: all installed)",
+    )
+    parser.add_argument(
+        "--database-url",
+        help="use this PostgreSQL server (a scratch database is created and dropped) "
+        "instead of starting a throw-away one with fsync on",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks" / "results", help="raw JSON directory"
+    )
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        help="write the Markdown report here (default: docs/benchmarks.md for a full run)",
+    )
+    parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: write the report of an earlier run's raw results",
+    )
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(ADAPTERS))
+    if unknown:
+        parser.error(f"unknown system(s): {', '.join(unknown)}")
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    args.system_names = names
+    if args.docs is None and not args.quick:
+        args.docs = ROOT / "docs" / "benchmarks.md"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from contextlib import ExitStack
+
+    from . import harness, report, server
+
+    if args.render is not None:
+        import json
+
+        document = json.loads(args.render.read_text())
+        (args.docs or args.out / "latest.md").write_text(report.render(document))
+        print(report.summary_table(document))
+        return 0
+
+    log = harness.main_log
+    with ExitStack() as stack:
+        if args.database_url:
+            server_url = args.database_url
+        else:
+            log("starting a throw-away PostgreSQL (fsync on, synchronous_commit on)")
+            server_url = stack.enter_context(server.throwaway_server())
+        url = stack.enter_context(server.scratch_database(server_url, f"ledon_bench_{os.getpid()}"))
+        os.environ["DATABASE_URL"] = url
+        os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+        import django
+        from django.core.management import call_command
+        from django.db import connections
+
+        django.setup()
+        call_command("migrate", verbosity=0)
+        stack.callback(connections.close_all)
+
+        def admin(sql: str) -> None:
+            with connections["default"].cursor() as cursor:
+                cursor.execute(sql)
+
+        plan = harness.Plan.quick() if args.quick else harness.Plan.full(args.runs)
+        document = harness.run_all(
+            plan=plan,
+            database_url=url,
+            systems=args.system_names,
+            out_dir=args.out,
+            log=log,
+            admin=admin,
+            server=server.server_settings(url),
+            claim=not args.no_claim_cost,
+        )
+    markdown = report.render(document)
+    (args.out / "latest.md").write_text(markdown)
+    if args.docs is not None:
+        args.docs.write_text(markdown)
+        log(f"report: {args.docs}")
+    print(report.summary_table(document))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,533 @@
+"""The benchmark run: every system on the same server, one after the other, with
+no-op handlers; each measurement repeated and reported as the median.
+
+Measurements (see ``benchmarks/README.md``):
+
+1. enqueue, one call (and commit) per job, and in bulk where a system has a bulk API;
+2. burn-down of queued jobs by one worker process at several concurrencies and by
+   two worker processes;
+3. idle pickup latency: from the enqueue's commit to the handler's start;
+4. claim cost with a table of finished jobs versus an empty one (ours only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .systems import OURS, System, WorkerConfig, adapter
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of everything one run measures."""
+
+    runs: int
+    each_jobs: dict[str, int]
+    bulk_jobs: int
+    burn_jobs: dict[str, int]
+    configs: tuple[WorkerConfig, ...]
+    latency_samples: int
+    finished_rows: int
+    claim_samples: int
+    claim_batches: int
+    claim_burn_jobs: int
+    outbox_messages: int
+    saga_instances: int
+
+    @classmethod
+    def full(cls, runs: int = 3) -> Plan:
+        return cls(
+            runs=runs,
+            each_jobs={"default": 10_000, "procrastinate": 5_000, "django-tasks-db": 5_000},
+            bulk_jobs=10_000,
+            # The slow systems burn fewer jobs so that the whole run stays short;
+            # jobs/s are rates, comparable across counts.
+            burn_jobs={"default": 10_000, "procrastinate": 2_000, "django-tasks-db": 1_000},
+            configs=(
+                WorkerConfig(1, 1),
+                WorkerConfig(1, 4),
+                WorkerConfig(1, 16),
+                WorkerConfig(2, 16),
+            ),
+            latency_samples=200,
+            finished_rows=1_000_000,
+            claim_samples=500,
+            claim_batches=100,
+            claim_burn_jobs=10_000,
+            outbox_messages=10_000,
+            saga_instances=200,
+        )
+
+    @classmethod
+    def quick(cls) -> Plan:
+        return cls(
+            runs=1,
+            each_jobs={"default": 100},
+            bulk_jobs=200,
+            burn_jobs={"default": 200},
+            configs=(WorkerConfig(1, 4),),
+            latency_samples=5,
+            finished_rows=2_000,
+            claim_samples=20,
+            claim_batches=5,
+            claim_burn_jobs=0,
+            outbox_messages=100,
+            saga_instances=5,
+        )
+
+    def for_system(self, counts: dict[str, int], system: str) -> int:
+        return counts.get(system, counts["default"])
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+# --------------------------------------------------------------------------- workers
+
+
+@contextmanager
+def workers(
+    system: System,
+    config: WorkerConfig,
+    log_dir: Path,
+    tag: str,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[None]:
+    """Run ``config.processes`` worker processes of ``system``; stop them at the end."""
+    env = {**system.worker_env(), **(extra_env or {})}
+    procs = []
+    logs = []
+    try:
+        for index in range(config.processes):
+            out = open(log_dir / f"{tag}-{index}.log", "wb")  # noqa: SIM115
+            logs.append(out)
+            procs.append(
+                subprocess.Popen(
+                    system.worker_command(config.concurrency),
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        yield
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{system.name} worker exited early (see {log_dir})")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for proc in procs:
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for out in logs:
+            out.close()
+
+
+def warm_up(system: System) -> None:
+    """Wait until the workers run jobs: one job in, one job done."""
+    system.seed(1)
+    system.wait_until_done(timeout=60, poll=0.02)
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+class Runner:
+    def __init__(
+        self,
+        plan: Plan,
+        systems: list[System],
+        admin: Callable[[str], None],
+        log_dir: Path,
+        log: Log,
+    ) -> None:
+        self.plan = plan
+        self.systems = systems
+        self.admin = admin
+        self.log_dir = log_dir
+        self.log = log
+
+    def configs(self, system: System) -> list[WorkerConfig]:
+        """The set-ups this system runs for the plan's (each once)."""
+        return list(dict.fromkeys(system.worker_config(c) for c in self.plan.configs))
+
+    def fresh(self, system: System, prime: int = 0) -> None:
+        """Empty the system's tables; with ``prime``, first let the planner see
+        ``prime`` queued jobs (ANALYZE), so that every system's claim queries are
+        planned for a full queue, as a long-running server's statistics would allow."""
+        system.reset()
+        if prime:
+            system.seed(prime)
+            self.admin("ANALYZE")
+            system.reset()
+        # Start every measurement from a clean WAL so a checkpoint never lands inside it.
+        self.admin("CHECKPOINT")
+
+    def enqueue_each(self, system: System) -> float:
+        count = self.plan.for_system(self.plan.each_jobs, system.name)
+        self.fresh(system)
+        start = time.perf_counter()
+        system.enqueue_each(count)
+        return count / (time.perf_counter() - start)
+
+    def enqueue_bulk(self, system: System) -> float:
+        count = self.plan.bulk_jobs
+        self.fresh(system)
+        start = time.perf_counter()
+        system.enqueue_bulk(count)
+        return count / (time.perf_counter() - start)
+
+    def burn_down(self, system: System, config: WorkerConfig, tag: str, count: int) -> float:
+        """Jobs/s from the first job's start (the enqueue's commit where the system
+        records no start time) to the last job's end."""
+        self.fresh(system, prime=count)
+        with workers(system, config, self.log_dir, tag):
+            warm_up(system)
+            before = time.time()
+            system.seed(count)
+            committed = time.time()
+            end = system.wait_until_done(timeout=max(120.0, count / 10))
+            first = system.first_started_since(before)
+        start = first if first is not None else committed
+        return count / (end - start)
+
+    def latency(self, system: System) -> dict[str, Any]:
+        """Enqueue one job at a time into an idle worker; the handler reports its
+        start time over UDP (loopback)."""
+        samples = self.plan.latency_samples
+        self.fresh(system)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(10.0)
+        port = sock.getsockname()[1]
+        values: list[float] = []
+
+        def started(marker: int) -> float:
+            while True:
+                data = sock.recv(256).decode().split()
+                if int(data[0]) == marker:
+                    return float(data[1])
+
+        env = {"BENCH_PROBE_PORT": str(port)}
+        try:
+            config = system.worker_config(WorkerConfig(1, 1))
+            with workers(system, config, self.log_dir, f"{system.name}-latency", env):
+                system.enqueue_marked(-1)
+                sock.settimeout(60.0)
+                started(-1)
+                sock.settimeout(10.0)
+                for marker in range(samples):
+                    time.sleep(0.05)  # let the worker finish and fall idle
+                    system.enqueue_marked(marker)
+                    committed = time.time()
+                    values.append((started(marker) - committed) * 1000)
+        finally:
+            sock.close()
+        return {
+            "samples": samples,
+            "p50_ms": percentile(values, 0.50),
+            "p99_ms": percentile(values, 0.99),
+            "mean_ms": statistics.fmean(values),
+            "values_ms": [round(v, 3) for v in values],
+        }
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> dict[str, Any]:
+        results: dict[str, Any] = {s.name: {} for s in self.systems}
+        raw: dict[str, dict[str, list[float]]] = {s.name: {} for s in self.systems}
+
+        def record(system: System, key: str, value: float) -> None:
+            raw[system.name].setdefault(key, []).append(value)
+            self.log(f"  {system.name:16} {key:22} {value:10.1f} jobs/s")
+
+        for run in range(self.plan.runs):
+            self.log(f"run {run + 1} of {self.plan.runs}")
+            # Rotate the order so that no system always goes first or last.
+            order = (
+                self.systems[run % len(self.systems) :] + self.systems[: run % len(self.systems)]
+            )
+            for system in order:
+                record(system, "enqueue_each", self.enqueue_each(system))
+                if system.has_bulk:
+                    record(system, "enqueue_bulk", self.enqueue_bulk(system))
+                count = self.plan.for_system(self.plan.burn_jobs, system.name)
+                for config in self.configs(system):
+                    tag = f"{system.name}-{config.key}-run{run + 1}"
+                    record(system, f"burn_{config.key}", self.burn_down(system, config, tag, count))
+
+        for system in self.systems:
+            entry = results[system.name]
+            entry["version"] = system.version()
+            entry["burn_configs"] = {c.key: system.worker_config(c).key for c in self.plan.configs}
+            for key, values in raw[system.name].items():
+                jobs = (
+                    self.plan.for_system(self.plan.each_jobs, system.name)
+                    if key == "enqueue_each"
+                    else self.plan.bulk_jobs
+                    if key == "enqueue_bulk"
+                    else self.plan.for_system(self.plan.burn_jobs, system.name)
+                )
+                entry[key] = {"jobs": jobs, "runs": values, "median": median(values)}
+        for system in self.systems:
+            self.log(f"latency {system.name}")
+            results[system.name]["latency"] = self.latency(system)
+            self.log(
+                f"  p50 {results[system.name]['latency']['p50_ms']:.2f} ms,"
+                f" p99 {results[system.name]['latency']['p99_ms']:.2f} ms"
+            )
+        return results
+
+
+# --------------------------------------------------------------------------- claim cost
+
+
+def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
+    """Claim cost of our store with ``finished_rows`` finished jobs in the table
+    versus an empty table: single claims, claims of 16, and a burn-down."""
+    from django.db import connection
+
+    from jobs import execution
+
+    plan = runner.plan
+
+    def measure(label: str) -> dict[str, Any]:
+        ledon.seed(plan.claim_samples + plan.claim_batches * 16)
+        runner.admin("VACUUM ANALYZE jobs_job")
+        runner.admin("VACUUM ANALYZE jobs_jobattempt")
+        runner.admin("CHECKPOINT")
+        singles = []
+        claimed = []
+        for _ in range(plan.claim_samples):
+            start = time.perf_counter()
+            claims = execution.claim_due("claim-cost", limit=1)
+            singles.append((time.perf_counter() - start) * 1000)
+            assert len(claims) == 1
+            claimed.extend(claims)
+        batches = []
+        for _ in range(plan.claim_batches):
+            start = time.perf_counter()
+            claims = execution.claim_due("claim-cost", limit=16)
+            batches.append((time.perf_counter() - start) * 1000)
+            assert len(claims) == 16
+            claimed.extend(claims)
+        # Finish what was claimed, so that no attempt is left Running (and the
+        # history grows by these jobs, as it would).
+        for start in range(0, len(claimed), 500):
+            execution.complete_many([(c, None) for c in claimed[start : start + 500]])
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM jobs_job"
+                " WHERE status = 'queued' AND NOT cancel_requested AND next_run_at <= now()"
+                " AND attempt_count < max_attempts ORDER BY priority DESC, next_run_at, id"
+                " LIMIT 16 FOR UPDATE SKIP LOCKED"
+            )
+            plan_json = cursor.fetchone()[0]
+        result: dict[str, Any] = {
+            "claim_1_ms": median(singles),
+            "claim_16_ms": median(batches),
+            "candidate_scan": _plan_summary(plan_json),
+        }
+        if plan.claim_burn_jobs:
+            # Burn-down on top of the same table (the previous claims stay Running).
+            result["burn_down_1p_c16"] = _burn_on_top(runner, ledon, plan.claim_burn_jobs)
+        runner.log(f"  claim cost {label}: {result}")
+        return result
+
+    ledon.reset()
+    empty = measure("empty table")
+    ledon.reset()
+    runner.log(f"  loading {plan.finished_rows:,} finished jobs")
+    load_finished(plan.finished_rows)
+    loaded = measure(f"{plan.finished_rows:,} finished jobs")
+    ledon.reset()
+    return {
+        "finished_rows": plan.finished_rows,
+        "empty": empty,
+        "loaded": loaded,
+        "ratio_claim_1": loaded["claim_1_ms"] / empty["claim_1_ms"],
+        "ratio_claim_16": loaded["claim_16_ms"] / empty["claim_16_ms"],
+    }
+
+
+def _burn_on_top(runner: Runner, ledon: System, count: int) -> float:
+    config = WorkerConfig(1, 16)
+    with workers(ledon, config, runner.log_dir, "claim-cost-burn"):
+        warm_up(ledon)
+        before = time.time()
+        ledon.seed(count)
+        committed = time.time()
+        end = ledon.wait_until_done(timeout=max(120.0, count / 10))
+        first = ledon.first_started_since(before)
+    return count / (end - (first if first is not None else committed))
+
+
+def _plan_summary(plan_json: Any) -> dict[str, Any]:
+    node = plan_json[0]["Plan"]
+    scans = []
+
+    def walk(n: dict[str, Any]) -> None:
+        if "Scan" in n.get("Node Type", ""):
+            scans.append(
+                {
+                    "node": n["Node Type"],
+                    "index": n.get("Index Name"),
+                    "rows": n.get("Actual Rows"),
+                    "shared_hit_blocks": n.get("Shared Hit Blocks"),
+                }
+            )
+        for child in n.get("Plans", []):
+            walk(child)
+
+    walk(node)
+    return {"execution_ms": plan_json[0].get("Execution Time"), "scans": scans}
+
+
+def load_finished(rows: int) -> None:
+    """Bulk-load ``rows`` succeeded jobs, each with its attempt, straight into the
+    tables (a fixture: history as a busy system accumulates it)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
+            " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
+            " attempt_count, current_token, cancel_requested, progress, progress_message,"
+            " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
+            " started_at, finished_at)"
+            " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'), 'old-' || g,"
+            " 'bench.noop', 1, '{\"n\":0}', 'default', 0, 1, NULL,"
+            " now() - interval '1 day' + g * interval '1 ms', 'succeeded', 1, NULL, false,"
+            " NULL, '', '', NULL, '', NULL, now() - interval '1 day', now() - interval '1 day',"
+            " now() - interval '1 day', now() - interval '1 day' + g * interval '1 ms'"
+            " FROM generate_series(1, %s) AS g",
+            [rows],
+        )
+        cursor.execute(
+            "INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress,"
+            " progress_message, error, result_ref, started_at, finished_at)"
+            " SELECT id, 1, md5(id::text), 'succeeded', 'history', NULL, '', '', NULL,"
+            " started_at, finished_at FROM jobs_job WHERE status = 'succeeded'"
+        )
+
+
+# --------------------------------------------------------------------------- outbox, sagas
+
+
+def outbox_and_sagas(plan: Plan, admin: Callable[[str], None], log: Log) -> dict[str, Any]:
+    from . import extras
+
+    log("outbox dispatch")
+    outbox = extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin)
+    log(f"  {outbox['median']:,.0f} messages/s")
+    log("saga steps")
+    sagas = extras.saga_steps(plan.saga_instances, plan.runs, admin)
+    log(f"  {sagas['ms_per_step']:.2f} ms per step (a one-row commit: {sagas['commit_ms']:.2f} ms)")
+    return {"outbox": outbox, "sagas": sagas}
+
+
+# --------------------------------------------------------------------------- entry
+
+
+def environment(server: dict[str, str]) -> dict[str, Any]:
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "postgresql": server,
+    }
+
+
+def run_all(
+    *,
+    plan: Plan,
+    database_url: str,
+    systems: list[str],
+    out_dir: Path,
+    log: Log,
+    admin: Callable[[str], None],
+    server: dict[str, str],
+    claim: bool = True,
+) -> dict[str, Any]:
+    """Measure ``systems`` against ``database_url`` (already migrated); return the
+    results and write them as JSON into ``out_dir``."""
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    chosen: list[System] = []
+    skipped: dict[str, str] = {}
+    for name in systems:
+        cls = adapter(name)
+        if not cls.available():
+            skipped[name] = "not installed (pip install -e '.[bench]')"
+            continue
+        chosen.append(cls(database_url))
+    for system in chosen:
+        system.install()
+    runner = Runner(plan, chosen, admin, log_dir, log)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = out_dir / f"results-{stamp}.json"
+
+    def save(document: dict[str, Any]) -> None:
+        # Written after every part, so that a failure late in the run keeps the rest.
+        path.write_text(json.dumps(document, indent=2))
+        (out_dir / "latest.json").write_text(json.dumps(document, indent=2))
+
+    try:
+        results = runner.run()
+        ours = next((s for s in chosen if s.name == OURS), None)
+        document: dict[str, Any] = {
+            "environment": environment(server),
+            "plan": {**asdict(plan), "configs": [asdict(c) for c in plan.configs]},
+            "quick": plan.runs == 1 and plan.finished_rows < 1_000_000,
+            "systems": results,
+            "skipped": skipped,
+        }
+        save(document)
+        if claim and ours is not None:
+            log("claim cost")
+            document["claim_cost"] = claim_cost(runner, ours)
+            save(document)
+        if ours is not None:
+            document.update(outbox_and_sagas(plan, admin, log))
+            save(document)
+    finally:
+        for system in chosen:
+            system.close()
+    log(f"raw results: {path}")
+    return document
+
+
+def main_log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,64 @@
+"""The PostgreSQL server the benchmarks run against.
+
+By default a throw-away cluster started with ``scripts/pg.sh`` and *durable* commits
+(``fsync=on``, ``synchronous_commit=on``), as in production; it is always stopped at
+the end. With an existing server (``--database-url``), a fresh database is created
+on it for the run and dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit, urlunsplit
+
+from .systems.base import ROOT
+
+
+@contextmanager
+def throwaway_server() -> Iterator[str]:
+    """Start a cluster with fsync on; yield its URL; stop and delete it."""
+    directory = tempfile.mkdtemp(prefix="ledon-bench-pg.")
+    env = {**os.environ, "PG_FSYNC": "on", "PG_SYNC_COMMIT": "on"}
+    script = str(ROOT / "scripts" / "pg.sh")
+    try:
+        url = subprocess.run(
+            [script, "start", directory], env=env, check=True, capture_output=True, text=True
+        ).stdout.strip()
+        yield url
+    finally:
+        subprocess.run([script, "stop", directory], check=False, capture_output=True)
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+@contextmanager
+def scratch_database(server_url: str, name: str) -> Iterator[str]:
+    """Create database ``name`` on the server of ``server_url``; drop it at the end."""
+    import psycopg
+
+    def admin(sql: str) -> None:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql)
+
+    admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(server_url, name)
+    finally:
+        admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def server_settings(url: str) -> dict[str, str]:
+    """The settings that shape the numbers, as the server reports them."""
+    import psycopg
+
+    names = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "shared_buffers")
+    with psycopg.connect(url, autocommit=True) as conn:
+        return {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}  # type: ignore[index]

@@ -1,0 +1,135 @@
+"""What the harness needs from each queue it measures."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: The queue every system's no-op jobs go to.
+QUEUE = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """One burn-down set-up: worker processes and handler concurrency per process."""
+
+    processes: int
+    concurrency: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.processes}p-c{self.concurrency}"
+
+
+class System(ABC):
+    """A job queue under test. All methods run in the harness process, except the
+    worker command, which the harness starts as separate processes."""
+
+    #: Short name used in the table and the JSON.
+    name: str
+    #: The PyPI distribution (None for ours).
+    package: str | None = None
+    #: Whether the system has a bulk-enqueue API.
+    has_bulk = True
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+
+    @classmethod
+    def available(cls) -> bool:
+        return True
+
+    def worker_config(self, wanted: WorkerConfig) -> WorkerConfig:
+        """The set-up this system runs for ``wanted`` (some cannot cap concurrency)."""
+        return wanted
+
+    def version(self) -> str:
+        if self.package is None:
+            return "this repository"
+        from importlib.metadata import version
+
+        return version(self.package)
+
+    # ------------------------------------------------------------------ set-up
+
+    @abstractmethod
+    def install(self) -> None:
+        """Create the system's tables in the benchmark database."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Remove every job (and its history) so that a measurement starts empty."""
+
+    def close(self) -> None:
+        """Release connections held by the harness process."""
+        return None
+
+    # ------------------------------------------------------------------ producing
+
+    @abstractmethod
+    def enqueue_each(self, count: int) -> None:
+        """Enqueue ``count`` no-op jobs, one API call (and commit) each."""
+
+    def enqueue_bulk(self, count: int) -> None:
+        """Enqueue ``count`` no-op jobs with the bulk API (one call)."""
+        raise NotImplementedError
+
+    def seed(self, count: int) -> None:
+        """Enqueue ``count`` jobs so that they all become visible at one commit."""
+        self.enqueue_bulk(count)
+
+    @abstractmethod
+    def enqueue_marked(self, marker: int) -> None:
+        """Enqueue one job whose handler reports ``marker`` to the start-time probe."""
+
+    # ------------------------------------------------------------------ consuming
+
+    @abstractmethod
+    def worker_command(self, concurrency: int) -> list[str]:
+        """argv of one worker process that runs until SIGTERM."""
+
+    def worker_env(self) -> dict[str, str]:
+        return {}
+
+    @abstractmethod
+    def remaining(self) -> int:
+        """Jobs not finished yet (queued or running)."""
+
+    def first_started_since(self, since: float) -> float | None:
+        """Epoch seconds of the first job start at or after ``since``, if recorded."""
+        return None
+
+    def last_finished_at(self) -> float | None:
+        """Epoch seconds of the last job's end as the system recorded it, if it does."""
+        return None
+
+    def wait_until_done(self, timeout: float, poll: float = 0.05) -> float:
+        """Poll until no job is left; the epoch time of the end (the system's own
+        timestamp where it records one, else the moment the poll saw it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.remaining() == 0:
+                seen = time.time()
+                recorded = self.last_finished_at()
+                return recorded if recorded is not None and recorded <= seen else seen
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: jobs left after {timeout:.0f} s")
+            time.sleep(poll)
+
+
+def python_command(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def base_env(database_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["DATABASE_URL"] = database_url
+    env["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env

@@ -1,0 +1,81 @@
+"""django-ledon (this repository): ``submit_job`` / ``submit_jobs`` and ``run_jobs``."""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from jobs import JobSubmission, submit_job, submit_jobs
+from jobs.models import Job, JobAttempt
+
+from .base import QUEUE, ROOT, System, base_env, python_command
+
+SCOPE = "bench"
+HANDLER = "bench.noop"
+
+
+def _submission(n: int) -> JobSubmission:
+    return JobSubmission.create(HANDLER, {"n": n}, queue=QUEUE)
+
+
+class Ledon(System):
+    name = "django-ledon"
+
+    def __init__(self, database_url: str) -> None:
+        super().__init__(database_url)
+        self._calls = 0
+
+    def _prefix(self) -> str:
+        # Job ids are the caller's idempotency keys: every call gets fresh ones.
+        self._calls += 1
+        return f"c{self._calls}-"
+
+    def install(self) -> None:
+        """The tables come with ``migrate`` (run by the harness)."""
+
+    def reset(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"TRUNCATE {JobAttempt._meta.db_table}, {Job._meta.db_table}")
+
+    def enqueue_each(self, count: int) -> None:
+        prefix = self._prefix()
+        for n in range(count):
+            submit_job(SCOPE, f"{prefix}{n}", _submission(n))
+
+    def enqueue_bulk(self, count: int) -> None:
+        prefix = self._prefix()
+        results = submit_jobs([(SCOPE, f"{prefix}{n}", _submission(n)) for n in range(count)])
+        assert all(r.created for r in results)
+
+    def enqueue_marked(self, marker: int) -> None:
+        submit_job(SCOPE, f"probe-{marker}", _submission(marker))
+
+    def worker_command(self, concurrency: int) -> list[str]:
+        return python_command(
+            str(ROOT / "manage.py"), "run_jobs", "--concurrency", str(concurrency), "-v", "0"
+        )
+
+    def worker_env(self) -> dict[str, str]:
+        return base_env(self.database_url)
+
+    def remaining(self) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT count(*) FROM {Job._meta.db_table} WHERE status IN ('queued', 'running')"
+            )
+            return int(cursor.fetchone()[0])
+
+    def first_started_since(self, since: float) -> float | None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT min(started_at) FROM {JobAttempt._meta.db_table}"
+                " WHERE started_at >= to_timestamp(%s)",
+                [since],
+            )
+            value = cursor.fetchone()[0]
+        return None if value is None else value.timestamp()
+
+    def last_finished_at(self) -> float | None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT max(finished_at) FROM {Job._meta.db_table}")
+            value = cursor.fetchone()[0]
+        return None if value is None else value.timestamp()
