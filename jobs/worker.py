@@ -448,6 +448,8 @@ class Worker:
             thread.join(timeout=1.0)
         if self._listener is not None:
             self._listener.stop()
+            # Its connection closes when the thread ends (within one notifies() wait).
+            self._listener.join(timeout=2.0)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
