@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import random
 import threading
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -89,11 +90,55 @@ class HandlerSpec:
     is_async: bool
     retry: RetryPolicy | None = field(default=None)
     #: Turns the exception that failed an attempt into the stored error text
-    #: (default: :func:`jobs.worker.format_error`).
+    #: (default: :func:`format_error`).
     format_error: Callable[[BaseException], str] | None = field(default=None)
 
     def retry_policy(self) -> RetryPolicy:
         return self.retry or RetryPolicy.from_settings()
+
+    def invoke(
+        self, ctx: JobContext, loop: asyncio.AbstractEventLoop | None = None
+    ) -> HandlerResult:
+        """Run the handler for one attempt and return its result reference.
+
+        An ``async def`` handler runs on ``loop`` (or a fresh loop); a result that is
+        neither a string nor None raises ``TypeError``.
+        """
+        if self.is_async:
+            coro = self.func(ctx)
+            assert inspect.iscoroutine(coro)
+            if loop is None:
+                result = asyncio.run(coro)
+            else:
+                result = asyncio.run_coroutine_threadsafe(coro, loop).result()
+        else:
+            result = self.func(ctx)
+        if result is not None and not isinstance(result, str):
+            raise TypeError(
+                f"handler {self.name!r} returned {type(result).__name__}; "
+                "a result reference must be a str or None"
+            )
+        return result
+
+    def failure(
+        self, ctx: JobContext, exc: BaseException, now: datetime
+    ) -> tuple[str, datetime | None]:
+        """The error text to store for a failed attempt, and when to retry it (None:
+        no automatic retry — no attempts left, cancellation, or the policy says no)."""
+        error = (self.format_error or format_error)(exc)
+        retry_at = None
+        if ctx.claim.attempts_left > 0 and not ctx.cancel_requested:
+            policy = ctx.retry_policy or self.retry_policy()
+            retry_at = policy.retry_at(ctx.attempt, now, exc)
+        return error, retry_at
+
+
+def format_error(exc: BaseException) -> str:
+    """Exception type, message and traceback, as stored on the failed attempt."""
+    text = "".join(traceback.format_exception(exc))
+    # Stored text must be valid Unicode without NUL: escape what a message may carry.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.replace("\x00", "\\x00")[:100_000]
 
 
 _registry: dict[tuple[str, int], HandlerSpec] = {}

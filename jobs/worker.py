@@ -17,11 +17,9 @@ import logging
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from django.db import DatabaseError, connections
 from django.utils import timezone
@@ -30,7 +28,7 @@ from . import execution, store
 from .conf import jobs_settings
 from .db import alias_for, is_postgres
 from .exceptions import JobsError, UnknownHandler
-from .handlers import HandlerSpec, JobContext, get_handler
+from .handlers import JobContext, get_handler
 from .models import Job
 from .types import Claim, ExecutionStatus, FinishOutcome
 
@@ -76,14 +74,6 @@ class _Running:
     claim: Claim
     ctx: JobContext
     started: float = field(default_factory=time.monotonic)
-
-
-def format_error(exc: BaseException) -> str:
-    """Exception type, message and traceback, as stored on the failed attempt."""
-    text = "".join(traceback.format_exception(exc))
-    # Stored text must be valid Unicode without NUL: escape what a message may carry.
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text.replace("\x00", "\\x00")[:100_000]
 
 
 class _Listener(threading.Thread):
@@ -508,21 +498,13 @@ class Worker:
             self._finish(claim, "failed", lambda: execution.fail(claim.token, message), message)
             return False
         try:
-            result = self._call(spec, ctx)
-            if result is not None and not isinstance(result, str):
-                raise TypeError(
-                    f"handler {spec.name!r} returned {type(result).__name__}; "
-                    "a result reference must be a str or None"
-                )
+            loop = self._event_loop() if spec.is_async else None
+            result = spec.invoke(ctx, loop)
         except Exception as exc:
             if ctx.stopped_by_shutdown:
                 self._requeue_after_shutdown(claim)
                 return False
-            error = (spec.format_error or format_error)(exc)
-            retry_at = None
-            if claim.attempts_left > 0 and not ctx.cancel_requested:
-                policy = ctx.retry_policy or spec.retry_policy()
-                retry_at = policy.retry_at(claim.attempt, self.clock(), exc)
+            error, retry_at = spec.failure(ctx, exc, self.clock())
             detail = f"{type(exc).__name__}: {exc}"
             if retry_at is not None:
                 detail += f" (retry at {retry_at.isoformat()})"
@@ -542,12 +524,6 @@ class Worker:
             claim, "succeeded", lambda: execution.complete(claim.token, result, now=self.clock())
         )
         return False
-
-    def _call(self, spec: HandlerSpec, ctx: JobContext) -> Any:
-        if spec.is_async:
-            coro = spec.func(ctx)
-            return asyncio.run_coroutine_threadsafe(coro, self._event_loop()).result()  # type: ignore[arg-type]
-        return spec.func(ctx)
 
     def _requeue_after_shutdown(self, claim: Claim) -> None:
         self._finish(

@@ -1,0 +1,71 @@
+"""Helpers for testing your own code that submits or stages jobs.
+
+``run_jobs_inline()`` runs due jobs one by one in the calling thread, on its database
+connection — so it also sees what a ``TestCase``'s open transaction wrote — through
+the same store transitions and handler rules as ``manage.py run_jobs``: failures are
+recorded with their traceback and retried per the handler's policy, cancellation and
+token fencing apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.utils import timezone
+
+from . import execution
+from .exceptions import UnknownHandler
+from .handlers import JobContext, get_handler
+from .types import Claim, FinishOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class InlineRun:
+    """One attempt run by :func:`run_jobs_inline` and how it ended."""
+
+    job_id: str
+    handler: str
+    attempt: int
+    outcome: FinishOutcome
+    error: str = ""
+
+
+def run_jobs_inline(
+    *,
+    queues: Sequence[str] | None = None,
+    max_attempts_run: int = 1000,
+    worker_id: str = "inline",
+    now: datetime | None = None,
+) -> list[InlineRun]:
+    """Run due jobs in this thread until none is due (or ``max_attempts_run`` ran).
+
+    A retry scheduled for later is not due yet and is left queued; pass ``now`` to
+    run as if at another time (every attempt and its finish then use that time).
+    """
+    runs: list[InlineRun] = []
+    while len(runs) < max_attempts_run:
+        at = now or timezone.now()
+        claims = execution.claim_due(worker_id, limit=1, queues=queues, now=at)
+        if not claims:
+            break
+        runs.append(_run(claims[0], at))
+    return runs
+
+
+def _run(claim: Claim, now: datetime) -> InlineRun:
+    def ended(outcome: FinishOutcome, error: str = "") -> InlineRun:
+        return InlineRun(claim.job_id, claim.handler, claim.attempt, outcome, error)
+
+    try:
+        spec = get_handler(claim.handler, claim.handler_version)
+    except UnknownHandler as exc:
+        return ended(execution.fail(claim.token, str(exc), now=now), str(exc))
+    ctx = JobContext(claim)
+    try:
+        result = spec.invoke(ctx)
+    except Exception as exc:
+        error, retry_at = spec.failure(ctx, exc, now)
+        return ended(execution.fail(claim.token, error, retry_at=retry_at, now=now), error)
+    return ended(execution.complete(claim.token, result, now=now))
