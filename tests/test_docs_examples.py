@@ -122,3 +122,17 @@ def test_workers_handler_example_reports_progress_and_fails_permanently(reader_p
     assert empty.status == JobStatus.FAILED
     assert empty.attempt_count == 1  # PermanentFailure: no automatic retry
     assert "no data" in empty.error
+
+
+def test_scopes_example_keeps_tenants_apart():
+    namespace = run_page("docs/scopes.md")
+    assert [j.job_id for j in namespace["JobScope"]("tenant-43").list()] == ["monthly-report"]
+    first = namespace["JobScope"]("tenant-42").get("monthly-report")
+    second = namespace["JobScope"]("tenant-43").get("monthly-report")
+    assert first.scope_hash != second.scope_hash
+
+
+def test_testing_page_example_imports_and_defines_its_test():
+    namespace = run_page("docs/testing.md")
+    assert callable(namespace["test_placing_an_order_renders_its_invoice"])
+    assert namespace["run_jobs_inline"]() == []
