@@ -1,6 +1,7 @@
 """The Python examples of README.md and of docs/quickstart.md, workers.md, scopes.md
-and testing.md, run as they are written. (docs/outbox.md, docs/sagas.md and docs/django-tasks.md are checked
-by their own test modules against the code the suite runs.)
+and testing.md, run as they are written. (docs/outbox.md, docs/sagas.md and
+docs/django-tasks.md are checked by their own test modules against the code the
+suite runs.)
 
 Each page's blocks run in order in one namespace, which starts with stand-ins for
 what the examples take from the reader's project (an ``Order`` model, a request).
