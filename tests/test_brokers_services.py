@@ -8,7 +8,7 @@ database), migrated by ``manage.py migrate`` and running ``consume_events`` as a
 process; the billing subscriber writes one invoice per order there.
 
 Every test runs against both brokers. Crashes happen at named fault points
-(``ORDERS_FAULT``, see testproject/orders/faults.py), never after a hopeful sleep."""
+(``ORDERS_FAULT``, see testproject/faults.py), never after a hopeful sleep."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 twice, and the command's options and signals — on SQLite and PostgreSQL.
 
 Crashes happen at named fault points (``ORDERS_FAULT``, see
-testproject/orders/faults.py), so every run crashes at the same place."""
+testproject/faults.py), so every run crashes at the same place."""
 
 from __future__ import annotations
 

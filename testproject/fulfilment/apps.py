@@ -8,6 +8,6 @@ class FulfilmentConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from .faults import install_from_environment
+        from testproject.faults import install_from_environment
 
-        install_from_environment()
+        install_from_environment("FULFILMENT_FAULT")

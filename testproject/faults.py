@@ -1,16 +1,16 @@
-"""A fault hook driven by the environment, for crash tests with real processes.
+"""Fault hooks driven by the environment, for crash tests with real processes.
 
-``FULFILMENT_FAULT="<point>[/<step>]@<n>:<action>[:<arg>[:<count>]]"`` acts on the n-th
-time this process reaches the named fault point (for the named step only, if given):
+``<VARIABLE>="<point>[/<step>]@<n>:<action>[:<arg>[:<count>]]"`` acts on the n-th time
+this process reaches the named fault point (for the named step only, if given):
 
 - ``kill`` sends SIGKILL to this process;
 - ``block:<marker>`` touches ``marker`` and blocks for ever (the test kills the process);
 - ``barrier:<dir>:<count>`` touches ``<dir>/<pid>`` and waits until ``count`` files are
   there, so that several processes meet at one point.
 
-Points are the runner's (``sagas.step.committed``, ``sagas.step.marked``, …, see
-``sagas.runner``) and the demo steps' own (``fulfilment.<step>.inside``: the step's
-rows are written, not committed).
+Each test app installs one hook under its own variable (``ORDERS_FAULT``,
+``FULFILMENT_FAULT``); the points are named by the code that offers them
+(``outbox.faults.fault_point``).
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ from typing import Any
 from outbox.faults import add_fault_hook
 
 
-def install_from_environment() -> None:
-    spec = os.environ.get("FULFILMENT_FAULT")
+def install_from_environment(variable: str) -> None:
+    spec = os.environ.get(variable)
     if not spec:
         return
     target, action, *args = spec.split(":")
     where, _, nth = target.partition("@")
     point, _, step = where.partition("/")
     wanted = int(nth or 1)
+    if action not in ("kill", "block", "barrier"):
+        raise ValueError(f"unknown {variable} action {action!r}")
     hits = 0
     lock = threading.Lock()
 
@@ -49,13 +51,11 @@ def install_from_environment() -> None:
         elif action == "block":
             Path(args[0]).touch()
             threading.Event().wait()
-        elif action == "barrier":
+        else:
             folder, count = Path(args[0]), int(args[1])
             (folder / str(os.getpid())).touch()
             deadline = time.monotonic() + 60
             while len(list(folder.iterdir())) < count and time.monotonic() < deadline:
                 time.sleep(0.01)
-        else:
-            raise ValueError(f"unknown FULFILMENT_FAULT action {action!r}")
 
     add_fault_hook(hook)
