@@ -1,6 +1,6 @@
 """The Python examples of README.md and of docs/quickstart.md, workers.md, scopes.md
-and testing.md, run as they are written. (docs/outbox.md, docs/sagas.md and
-docs/django-tasks.md are checked by their own test modules against the code the
+testing.md and django-tasks.md, run as they are written. (docs/outbox.md and
+docs/sagas.md are checked by their own test modules against the code the
 suite runs.)
 
 Each page's blocks run in order in one namespace, which starts with stand-ins for
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +22,7 @@ from django.db import transaction
 
 from jobs import JobScope, JobStatus
 from jobs.handlers import unregister
+from jobs.models import Job
 from jobs.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,10 +48,20 @@ class _Orders:
         return order
 
 
-def run_page(page: str, *, skip_last: bool = False, **prelude: Any) -> dict[str, Any]:
-    namespace: dict[str, Any] = {"__name__": f"docs_{Path(page).stem}", **prelude}
+def run_page(
+    page: str,
+    *,
+    skip_last: bool = False,
+    before: dict[int, Callable[[], object]] | None = None,
+    **prelude: Any,
+) -> dict[str, Any]:
+    """Run the page's blocks in order; ``before[i]`` runs just before block ``i``."""
+    namespace: dict[str, Any] = {"__name__": f"docs_{Path(page).stem.replace('-', '_')}"}
+    namespace.update(prelude)
     blocks = python_blocks(page)
-    for block in blocks[:-1] if skip_last else blocks:
+    for index, block in enumerate(blocks[:-1] if skip_last else blocks):
+        if before and index in before:
+            before[index]()
         exec(compile(block, page, "exec"), namespace)
     return namespace
 
@@ -137,3 +149,21 @@ def test_testing_page_example_imports_and_defines_its_test():
     namespace = run_page("docs/testing.md")
     assert callable(namespace["test_placing_an_order_renders_its_invoice"])
     assert namespace["run_jobs_inline"]() == []
+
+
+def test_django_tasks_page_examples_enqueue_run_read_back_and_cancel(mailoutbox):
+    def run_worker() -> None:
+        Worker(burst=True, listen=False).run()
+
+    # A worker runs between "enqueue" and "later, anywhere".
+    namespace = run_page("docs/django-tasks.md", before={3: run_worker})
+    assert namespace["TASKS"]["default"]["BACKEND"] == "jobs.backends.JobsBackend"
+    result = namespace["result"]
+    assert result.status == "SUCCESSFUL"
+    assert result.return_value == 1
+    assert [m.to for m in mailoutbox] == [["user@example.com"]]
+    # The retrying task was enqueued with its five attempts.
+    retrying = Job.objects.get(payload_json__contains="sync_invoice")
+    assert retrying.max_attempts == 5
+    # The last block cancels by id: the e-mail task had already succeeded, so it stays so.
+    assert namespace["email_users"].get_result(result.id).status == "SUCCESSFUL"
