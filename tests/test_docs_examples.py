@@ -1,4 +1,4 @@
-"""The Python examples of README.md and of docs/quickstart.md, workers.md, scopes.md
+"""The Python examples of README.md and of docs/quickstart.md, workers.md, scopes.md,
 testing.md and django-tasks.md, run as they are written. (docs/outbox.md and
 docs/sagas.md are checked by their own test modules against the code the
 suite runs.)
