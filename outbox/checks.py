@@ -36,15 +36,53 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[checks
     ]
 
 
+def missing_outbox_table(alias: str) -> checks.CheckMessage | None:
+    """A warning if the outbox table does not exist in ``alias``, else None."""
+    from .models import OutboxMessage
+
+    table = OutboxMessage._meta.db_table
+    try:
+        with connections[alias].cursor() as cursor:
+            tables = connections[alias].introspection.table_names(cursor)
+    except DatabaseError as exc:
+        return checks.Warning(
+            f"cannot read the tables of database {alias!r}: {exc}", id="outbox.W002"
+        )
+    if table in tables:
+        return None
+    return checks.Warning(
+        f"OUTBOX['ENABLED'] is True but the table {table!r} does not exist in "
+        f"database {alias!r}: storing integration events will fail",
+        hint="Run 'manage.py migrate outbox', or set OUTBOX['ENABLED'] = False.",
+        id="outbox.W001",
+    )
+
+
+def _outbox_migrations_pending(alias: str) -> bool:
+    """True when some migration of the outbox app is not recorded as applied."""
+    from django.db.migrations.loader import MigrationLoader
+
+    try:
+        loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
+    except DatabaseError:
+        return True
+    return any(
+        key[0] == "outbox" and key not in loader.applied_migrations for key in loader.graph.nodes
+    )
+
+
 @checks.register(checks.Tags.database)
 def check_outbox_table(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """With the outbox enabled, its table should exist (``manage.py migrate outbox``).
+    """With the outbox enabled, its table should exist.
 
     Database checks run with ``manage.py check --database …``, before ``migrate``
-    and when the dispatcher starts. They are warnings, so that they never stop the
-    ``migrate`` that creates the table; ``dispatch_outbox`` refuses to start on them.
+    and when the dispatcher starts. While the outbox's migrations are still to be
+    applied, ``migrate`` is about to create the table, so nothing is reported then
+    (``dispatch_outbox`` checks for the table itself and refuses to start without
+    it); once they are recorded as applied, a missing table is a warning — a
+    warning, so that it never stops the ``migrate`` that could repair it.
     """
     from .conf import outbox_settings
     from .db import alias_for
@@ -57,6 +95,10 @@ def check_outbox_table(
     alias = alias_for(OutboxMessage)
     if not enabled or not databases or alias not in databases:
         return []
+    problem = missing_outbox_table(alias)
+    if problem is None or (problem.id == "outbox.W001" and _outbox_migrations_pending(alias)):
+        return []
+    return [problem]
     table = OutboxMessage._meta.db_table
     try:
         with connections[alias].cursor() as cursor:

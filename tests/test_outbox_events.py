@@ -382,3 +382,29 @@ class TestSettingsAndChecks:
         settings.OUTBOX = {"ENABLED": False}
         errors = checks.run_checks(tags=[checks.Tags.database], databases=["default"])
         assert not [e for e in errors if e.id.startswith("outbox.")]
+
+    @pytest.mark.django_db
+    def test_before_the_outbox_migrations_run_migrate_is_not_warned_but_dispatch_refuses(
+        self, settings, monkeypatch
+    ):
+        from django.db import connection
+        from django.db.migrations.recorder import MigrationRecorder
+
+        # As on a fresh database during `migrate`: no table and no applied migration.
+        real_tables = connection.introspection.table_names
+        monkeypatch.setattr(
+            connection.introspection,
+            "table_names",
+            lambda *a, **k: [t for t in real_tables(*a, **k) if t != "outbox_outboxmessage"],
+        )
+        real_applied = MigrationRecorder.applied_migrations
+        monkeypatch.setattr(
+            MigrationRecorder,
+            "applied_migrations",
+            lambda self: {k: v for k, v in real_applied(self).items() if k[0] != "outbox"},
+        )
+        settings.OUTBOX = {"ENABLED": True}
+        errors = checks.run_checks(tags=[checks.Tags.database], databases=["default"])
+        assert not [e for e in errors if e.id.startswith("outbox.")]
+        with pytest.raises(CommandError, match=r"outbox\.W001"):
+            call_command("dispatch_outbox", "--burst")

@@ -9,6 +9,7 @@ from django.core import checks
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox import store
+from outbox.checks import missing_outbox_table
 from outbox.conf import outbox_settings
 from outbox.db import alias_for
 from outbox.dispatcher import Dispatcher
@@ -86,6 +87,9 @@ class Command(BaseCommand):
         )
         # The table warnings are fatal here: without the table there is nothing to do.
         errors = [e for e in errors if e.id and e.id.startswith("outbox.")]
+        missing = missing_outbox_table(alias_for(OutboxMessage))
+        if missing is not None and missing.id not in {e.id for e in errors}:
+            errors.append(missing)
         if errors:
             raise CommandError("\n".join(f"{e.id}: {e.msg} {e.hint or ''}" for e in errors))
 
