@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import DatabaseError, connections
@@ -73,7 +73,6 @@ class WorkerStats:
 class _Running:
     claim: Claim
     ctx: JobContext
-    started: float = field(default_factory=time.monotonic)
 
 
 class _Listener(threading.Thread):
@@ -313,25 +312,23 @@ class Worker:
         self._wake.set()
 
     def _heartbeat(self) -> None:
-        tokens = self.running_tokens
-        if not tokens:
-            return
-        try:
-            states = execution.heartbeat(tokens, self.worker_id, now=self.clock())
-        except DatabaseError:
-            logger.exception("lease renewal failed; will retry")
-            self._reset_connection()
-            return
-        self._apply(states)
+        self._watch(
+            lambda tokens: execution.heartbeat(tokens, self.worker_id, now=self.clock()),
+            "lease renewal",
+        )
 
     def _check_cancel(self) -> None:
+        self._watch(store.execution_statuses, "cancellation check")
+
+    def _watch(self, read: Callable[[list[str]], dict[str, ExecutionStatus]], what: str) -> None:
+        """Read the running attempts' states (renewing leases or not) and act on them."""
         tokens = self.running_tokens
         if not tokens:
             return
         try:
-            states = store.execution_statuses(tokens)
+            states = read(tokens)
         except DatabaseError:
-            logger.exception("cancellation check failed; will retry")
+            logger.exception("%s failed; will retry", what)
             self._reset_connection()
             return
         self._apply(states)

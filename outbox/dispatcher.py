@@ -190,8 +190,6 @@ class Dispatcher:
         finally:
             if self._listener is not None:
                 self._listener.stop()
-                # Its connection closes when the thread ends (within one poll wait).
-                self._listener.join(timeout=2.0)
                 self._listener.join(timeout=5)
             self.transport.close()
             if not connections[self.alias].in_atomic_block:
