@@ -19,16 +19,15 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from procs import ROOT, wait_until
+from procs import ROOT, ManageProcess, wait_until
 
 SCRIPT = ROOT / "scripts" / "brokers.sh"
 ENV_NAMES = {"rabbitmq": "RABBITMQ_URL", "kafka": "KAFKA_BOOTSTRAP"}
@@ -149,8 +148,9 @@ def read_kafka_topic(address: str, topic: str, count: int) -> list[Any]:
 # --------------------------------------------------------------------------- processes
 
 
-class ManageCommand:
-    """``manage.py <command>`` in a child process, its output kept in a file."""
+class ManageCommand(ManageProcess):
+    """``manage.py <command> -v 2 …`` for one service of a broker test; a failure
+    shows the output of its sibling processes too."""
 
     def __init__(
         self,
@@ -161,28 +161,9 @@ class ManageCommand:
         database_url: str,
         siblings: Sequence[ManageCommand] = (),
     ) -> None:
-        self.name = command
         #: Processes of the same test, whose output a failure shows too.
         self.siblings = siblings
-        self.log_path = tmp_path / f"{command}-{time.monotonic_ns()}.log"
-        self._log: IO[str] = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", command, "-v", "2", *args],
-            cwd=ROOT,
-            env={
-                **os.environ,
-                "DJANGO_SETTINGS_MODULE": "testproject.settings",
-                "PYTHONUNBUFFERED": "1",
-                **env,
-                "DATABASE_URL": database_url,
-            },
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    @property
-    def output(self) -> str:
-        return self.log_path.read_text()
+        super().__init__(tmp_path, command, "-v", "2", *args, env=env, database=database_url)
 
     def wait_for_output(self, text: str, timeout: float = 60) -> None:
         self.wait_until(lambda: text in self.output, f"{self.name} output {text!r}", timeout)
@@ -205,24 +186,9 @@ class ManageCommand:
             )
             raise AssertionError(f"{exc}{outputs}") from None
 
-    def wait(self, timeout: float = 60) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(
-                f"{self.name} did not exit in {timeout}s:\n{self.output}"
-            ) from None
-
     def terminate(self, timeout: float = 60) -> int:
         self.proc.terminate()
         return self.wait(timeout)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-        self._log.close()
 
 
 @dataclass

@@ -27,21 +27,30 @@ def database_url() -> str:
     return f"postgres://{auth}{s['HOST']}:{s['PORT']}/{s['NAME']}"
 
 
-class WorkerProcess:
-    """``manage.py run_jobs`` in a child process, its output kept in a file."""
+class ManageProcess:
+    """``manage.py <command> …`` in a child process on the test database (or the one
+    ``database`` names by URL), its output kept in a file."""
 
-    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.log_path = tmp_path / f"worker-{time.monotonic_ns()}.log"
+    def __init__(
+        self,
+        tmp_path: Path,
+        command: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        database: str | None = None,
+    ) -> None:
+        self.name = command
+        self.log_path = tmp_path / f"{command}-{time.monotonic_ns()}.log"
         self._log: IO[str] = self.log_path.open("w")
         full_env = {
             **os.environ,
-            "DATABASE_URL": database_url(),
             "DJANGO_SETTINGS_MODULE": "testproject.settings",
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
+            "DATABASE_URL": database or database_url(),
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "run_jobs", "-v", "2", *args],
+            [sys.executable, "manage.py", command, *args],
             cwd=ROOT,
             env=full_env,
             stdout=self._log,
@@ -49,11 +58,15 @@ class WorkerProcess:
         )
 
     @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
     def output(self) -> str:
         return self.log_path.read_text()
 
     def wait_for_output(self, text: str, timeout: float = 30) -> None:
-        wait_until(lambda: text in self.output, timeout, f"worker output {text!r}", self)
+        wait_until(lambda: text in self.output, timeout, f"{self.name} output {text!r}", self)
 
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
@@ -67,7 +80,9 @@ class WorkerProcess:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise AssertionError(f"worker did not exit in {timeout}s:\n{self.output}") from None
+            raise AssertionError(
+                f"{self.name} did not exit in {timeout}s:\n{self.output}"
+            ) from None
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -76,11 +91,18 @@ class WorkerProcess:
         self._log.close()
 
 
+class WorkerProcess(ManageProcess):
+    """``manage.py run_jobs -v 2 …`` in a child process."""
+
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        super().__init__(tmp_path, "run_jobs", "-v", "2", *args, env=env)
+
+
 def wait_until(
     condition: Callable[[], Any],
     timeout: float = 30,
     what: str = "condition",
-    worker: WorkerProcess | None = None,
+    worker: ManageProcess | None = None,
 ) -> Any:
     """Poll ``condition`` until it is truthy; fail after ``timeout`` seconds.
 
@@ -93,6 +115,6 @@ def wait_until(
         if value:
             return value
         if time.monotonic() > deadline:
-            extra = f"\nworker output:\n{worker.output}" if worker else ""
+            extra = f"\n{worker.name} output:\n{worker.output}" if worker else ""
             raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
         time.sleep(0.05)

@@ -7,19 +7,15 @@ testproject/faults.py), so every run crashes at the same place."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from decimal import Decimal
 from io import StringIO
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from procs import ROOT, database_url, wait_until
+from procs import ManageProcess, wait_until
 
 from outbox.models import InboxMessage, OutboxMessage
 from outbox.types import MessageStatus
@@ -30,43 +26,15 @@ from testproject.orders.services import place_order
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-class DispatcherProcess:
-    """``manage.py dispatch_outbox`` in a child process, its output kept in a file."""
+class DispatcherProcess(ManageProcess):
+    """``manage.py dispatch_outbox -v 2 …`` in a child process, outbox enabled."""
 
     def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.log_path = tmp_path / f"dispatcher-{time.monotonic_ns()}.log"
-        self._log: IO[str] = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "dispatch_outbox", "-v", "2", *args],
-            cwd=ROOT,
-            env={
-                **os.environ,
-                "DATABASE_URL": database_url(),
-                "DJANGO_SETTINGS_MODULE": "testproject.settings",
-                "PYTHONUNBUFFERED": "1",
-                "OUTBOX_ENABLED": "true",
-                **(env or {}),
-            },
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    @property
-    def output(self) -> str:
-        return self.log_path.read_text()
+        env = {"OUTBOX_ENABLED": "true", **(env or {})}
+        super().__init__(tmp_path, "dispatch_outbox", "-v", "2", *args, env=env)
 
     def wait(self, timeout: float = 120) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(f"dispatcher did not exit in {timeout}s:\n{self.output}") from None
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-        self._log.close()
+        return super().wait(timeout)
 
 
 @pytest.fixture(autouse=True)

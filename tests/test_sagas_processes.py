@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from django.utils import timezone
-from procs import wait_until
-from sagas_support import FAST, ManageProcess, instance, order, runs, started
+from procs import ManageProcess, wait_until
+from sagas_support import FAST, instance, order, runs, started
 
 from sagas import SagaStatus, start_saga, store
 from testproject.fulfilment.models import Payment, Reservation, StepRun
