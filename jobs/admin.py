@@ -13,16 +13,16 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.contrib.auth import get_permission_codename
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+
+from outbox.admin_support import ReadOnlyAdminMixin, report_refusals, state_action
 
 from . import store, validation
 from .exceptions import InvalidInput, InvalidTransition, JobNotFound
@@ -38,29 +38,12 @@ else:
     _AttemptAdminBase = admin.ModelAdmin
     _AttemptInlineBase = admin.TabularInline
 
-_Action = TypeVar("_Action", bound=Callable[..., Any])
-
-#: Refusals listed one by one after an action; the rest are counted.
-MAX_LISTED_REFUSALS = 10
-
-
-def _job_action(description: str, permission: str) -> Callable[[_Action], _Action]:
-    """An admin action on the job list and, from Django 6.1, on each job's own page."""
-    location = getattr(admin, "ActionLocation", None)
-    if location is None:  # pragma: no cover - Django 6.0 runs actions from the list only
-        return admin.action(description=description, permissions=[permission])
-    return admin.action(
-        description=description,
-        permissions=[permission],
-        location=[location.CHANGE_LIST, location.CHANGE_FORM],
-    )
-
 
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:g}%"
 
 
-class JobAttemptInline(_AttemptInlineBase):
+class JobAttemptInline(ReadOnlyAdminMixin, _AttemptInlineBase):
     """The attempts of one job, oldest first, read-only."""
 
     model = JobAttempt
@@ -85,18 +68,9 @@ class JobAttemptInline(_AttemptInlineBase):
     def progress_percent(self, obj: JobAttempt) -> str:
         return _percent(obj.progress)
 
-    def has_add_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        return False
-
 
 @admin.register(Job)
-class JobAdmin(_JobAdminBase):
+class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
     list_display = (
         "job_id",
         "handler_with_version",
@@ -206,30 +180,15 @@ class JobAdmin(_JobAdminBase):
 
     # ------------------------------------------------------------------ permissions
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        # The view page still works: Django shows it read-only to users with the
-        # view (or change) permission.
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        return False
-
-    def _may_steer(self, request: HttpRequest) -> bool:
-        codename = get_permission_codename("change", self.opts)
-        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
-
     def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return self._may_steer(request)
+        return self.may_steer(request)
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
-        return self._may_steer(request)
+        return self.may_steer(request)
 
     # ------------------------------------------------------------------ actions
 
-    @_job_action("Cancel selected jobs", "cancel")
+    @state_action("Cancel selected jobs", "cancel")
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Cancel through the store: Queued jobs at once, Running ones by request."""
         outcomes: Counter[CancelOutcome] = Counter()
@@ -256,9 +215,9 @@ class JobAdmin(_JobAdminBase):
         self.message_user(
             request, ", ".join(parts) + ".", messages.SUCCESS if changed else messages.WARNING
         )
-        self._report_refusals(request, refusals, "not cancelled")
+        report_refusals(self, request, refusals, "not cancelled")
 
-    @_job_action("Retry selected jobs", "retry")
+    @state_action("Retry selected jobs", "retry")
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Re-queue through the store; jobs whose state forbids it are listed with why."""
         requeued = 0
@@ -278,18 +237,11 @@ class JobAdmin(_JobAdminBase):
         self.message_user(
             request, summary + ".", messages.SUCCESS if requeued else messages.WARNING
         )
-        self._report_refusals(request, refusals, "refused")
-
-    def _report_refusals(self, request: HttpRequest, refusals: Sequence[str], verb: str) -> None:
-        for reason in refusals[:MAX_LISTED_REFUSALS]:
-            self.message_user(request, reason[:1].upper() + reason[1:] + ".", messages.WARNING)
-        hidden = len(refusals) - MAX_LISTED_REFUSALS
-        if hidden > 0:
-            self.message_user(request, f"... and {hidden} more {verb}.", messages.WARNING)
+        report_refusals(self, request, refusals, "refused")
 
 
 @admin.register(JobAttempt)
-class JobAttemptAdmin(_AttemptAdminBase):
+class JobAttemptAdmin(ReadOnlyAdminMixin, _AttemptAdminBase):
     list_display = ("job_link", "number", "status", "worker_id", "started_at", "finished_at")
     # The first column already links to the job; the attempt opens from its number.
     list_display_links = ("number",)
@@ -324,12 +276,3 @@ class JobAttemptAdmin(_AttemptAdminBase):
     @admin.display(description="progress")
     def progress_percent(self, obj: JobAttempt) -> str:
         return _percent(obj.progress)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: JobAttempt | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: JobAttempt | None = None) -> bool:
-        return False

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.contrib.auth import get_permission_codename
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from . import store
+from .admin_support import ReadOnlyAdminMixin, report_refusals, state_action
 from .exceptions import InvalidTransition, MessageNotFound
 from .models import InboxMessage, OutboxMessage
 
@@ -29,23 +29,6 @@ if TYPE_CHECKING:
 else:
     _OutboxAdminBase = admin.ModelAdmin
     _InboxAdminBase = admin.ModelAdmin
-
-_Action = TypeVar("_Action", bound=Callable[..., Any])
-
-#: Refusals listed one by one after an action; the rest are counted.
-MAX_LISTED_REFUSALS = 10
-
-
-def _action(description: str, permission: str) -> Callable[[_Action], _Action]:
-    """An admin action on the list and, from Django 6.1, on each message's own page."""
-    location = getattr(admin, "ActionLocation", None)
-    if location is None:  # pragma: no cover - Django 6.0 runs actions from the list only
-        return admin.action(description=description, permissions=[permission])
-    return admin.action(
-        description=description,
-        permissions=[permission],
-        location=[location.CHANGE_LIST, location.CHANGE_FORM],
-    )
 
 
 def _pretty_json(value: Any) -> SafeString:
@@ -57,21 +40,8 @@ def _pretty_json(value: Any) -> SafeString:
     return format_html('<pre style="white-space: pre-wrap">{}</pre>', text)
 
 
-class _ReadOnly:
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # The view page still works: Django shows it read-only to users with the
-        # view (or change) permission.
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(_ReadOnly, _OutboxAdminBase):
+class OutboxMessageAdmin(ReadOnlyAdminMixin, _OutboxAdminBase):
     list_display = (
         "message_id",
         "event_type",
@@ -115,22 +85,18 @@ class OutboxMessageAdmin(_ReadOnly, _OutboxAdminBase):
             return "-"
         return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.last_error)
 
-    def _may_steer(self, request: HttpRequest) -> bool:
-        codename = get_permission_codename("change", self.opts)
-        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
-
     def has_redeliver_permission(self, request: HttpRequest) -> bool:
-        return self._may_steer(request)
+        return self.may_steer(request)
 
     def has_park_permission(self, request: HttpRequest) -> bool:
-        return self._may_steer(request)
+        return self.may_steer(request)
 
-    @_action("Redeliver selected messages now", "redeliver")
+    @state_action("Redeliver selected messages now", "redeliver")
     def redeliver_messages(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
         """Pending or parked messages become due now (parked ones with fresh attempts)."""
         self._apply(request, queryset, lambda m: store.redeliver(m), "redelivered")
 
-    @_action("Park selected messages", "park")
+    @state_action("Park selected messages", "park")
     def park_messages(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
         """Pending messages stop being delivered until redelivered."""
         reason = f"parked by {request.user.get_username()} in the admin"
@@ -156,15 +122,11 @@ class OutboxMessageAdmin(_ReadOnly, _OutboxAdminBase):
         if refusals:
             summary += f", {len(refusals)} refused"
         self.message_user(request, summary + ".", messages.SUCCESS if done else messages.WARNING)
-        for reason in refusals[:MAX_LISTED_REFUSALS]:
-            self.message_user(request, reason[:1].upper() + reason[1:] + ".", messages.WARNING)
-        hidden = len(refusals) - MAX_LISTED_REFUSALS
-        if hidden > 0:
-            self.message_user(request, f"... and {hidden} more refused.", messages.WARNING)
+        report_refusals(self, request, refusals, "refused")
 
 
 @admin.register(InboxMessage)
-class InboxMessageAdmin(_ReadOnly, _InboxAdminBase):
+class InboxMessageAdmin(ReadOnlyAdminMixin, _InboxAdminBase):
     list_display = ("consumer", "message_id", "processed_at")
     list_filter = ("consumer",)
     search_fields = ("=message_id",)

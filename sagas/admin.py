@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.contrib.auth import get_permission_codename
 from django.db import DatabaseError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+
+from outbox.admin_support import MAX_LISTED, ReadOnlyAdminMixin, state_action
 
 from .api import compensate_saga, resume_saga
 from .exceptions import SagaError, UnknownSaga
@@ -33,23 +34,6 @@ if TYPE_CHECKING:
     _InstanceAdminBase = admin.ModelAdmin[SagaInstance]
 else:
     _InstanceAdminBase = admin.ModelAdmin
-
-_Action = TypeVar("_Action", bound=Callable[..., Any])
-
-#: Outcomes listed one by one after an action; the rest are counted.
-MAX_LISTED = 10
-
-
-def _action(description: str, permission: str) -> Callable[[_Action], _Action]:
-    """An admin action on the list and, from Django 6.1, on each instance's own page."""
-    location = getattr(admin, "ActionLocation", None)
-    if location is None:  # pragma: no cover - Django 6.0 runs actions from the list only
-        return admin.action(description=description, permissions=[permission])
-    return admin.action(
-        description=description,
-        permissions=[permission],
-        location=[location.CHANGE_LIST, location.CHANGE_FORM],
-    )
 
 
 def _step_state(obj: SagaInstance, name: str) -> str:
@@ -65,7 +49,7 @@ def _step_state(obj: SagaInstance, name: str) -> str:
 
 
 @admin.register(SagaInstance)
-class SagaInstanceAdmin(_InstanceAdminBase):
+class SagaInstanceAdmin(ReadOnlyAdminMixin, _InstanceAdminBase):
     list_display = (
         "instance_id",
         "name",
@@ -136,33 +120,20 @@ class SagaInstanceAdmin(_InstanceAdminBase):
 
     # ------------------------------------------------------------------ permissions
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: SagaInstance | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: SagaInstance | None = None) -> bool:
-        return False
-
-    def _may_steer(self, request: HttpRequest) -> bool:
-        codename = get_permission_codename("change", self.opts)
-        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
-
     def has_resume_permission(self, request: HttpRequest) -> bool:
-        return self._may_steer(request)
+        return self.may_steer(request)
 
     def has_compensate_permission(self, request: HttpRequest) -> bool:
-        return self._may_steer(request)
+        return self.may_steer(request)
 
     # ------------------------------------------------------------------ actions
 
-    @_action("Resume selected instances (drive them here)", "resume")
+    @state_action("Resume selected instances (drive them here)", "resume")
     def resume_instances(self, request: HttpRequest, queryset: QuerySet[SagaInstance]) -> None:
         """Claim running or compensating instances whose lease expired and drive them."""
         self._steer(request, queryset, resume_saga, "resumed")
 
-    @_action("Compensate selected instances (undo their completed steps)", "compensate")
+    @state_action("Compensate selected instances (undo their completed steps)", "compensate")
     def compensate_instances(self, request: HttpRequest, queryset: QuerySet[SagaInstance]) -> None:
         """Undo completed steps; for failed instances, try the compensations again."""
         reason = f"compensation requested in the admin by {request.user}"

@@ -1,0 +1,68 @@
+"""What the read-only admins of jobs, outbox and sagas share: nothing is edited by
+hand, and state changes are actions that go through each app's store, offered only
+to staff with the model's change permission.
+
+This module imports no models, so any app's ``admin.py`` may use it whether or not
+the outbox app is installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
+from django.http import HttpRequest
+
+_Action = TypeVar("_Action", bound=Callable[..., Any])
+
+#: Outcomes listed one by one after an action; the rest are counted.
+MAX_LISTED = 10
+
+
+def state_action(description: str, permission: str) -> Callable[[_Action], _Action]:
+    """An admin action on the list and, from Django 6.1, on each object's own page,
+    offered to users for whom ``has_<permission>_permission`` is true."""
+    location = getattr(admin, "ActionLocation", None)
+    if location is None:  # pragma: no cover - Django 6.0 runs actions from the list only
+        return admin.action(description=description, permissions=[permission])
+    return admin.action(
+        description=description,
+        permissions=[permission],
+        location=[location.CHANGE_LIST, location.CHANGE_FORM],
+    )
+
+
+class ReadOnlyAdminMixin:
+    """No adding, editing or deleting by hand; ``may_steer`` guards the actions."""
+
+    opts: Any
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The view page still works: Django shows it read-only to users with the
+        # view (or change) permission.
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def may_steer(self, request: HttpRequest) -> bool:
+        """Whether the user may change state through the actions: the model's change
+        permission (staff who may only view see no actions)."""
+        codename = get_permission_codename("change", self.opts)
+        return bool(request.user.has_perm(f"{self.opts.app_label}.{codename}"))
+
+
+def report_refusals(
+    model_admin: admin.ModelAdmin[Any], request: HttpRequest, refusals: Sequence[str], verb: str
+) -> None:
+    """One warning per refusal (at most ``MAX_LISTED``), then how many more there were."""
+    for reason in refusals[:MAX_LISTED]:
+        model_admin.message_user(request, reason[:1].upper() + reason[1:] + ".", messages.WARNING)
+    hidden = len(refusals) - MAX_LISTED
+    if hidden > 0:
+        model_admin.message_user(request, f"... and {hidden} more {verb}.", messages.WARNING)
