@@ -24,6 +24,8 @@ from datetime import datetime
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
+from outbox.pglisten import Listener
+
 from . import execution, store
 from .conf import jobs_settings
 from .db import alias_for, is_postgres
@@ -73,43 +75,6 @@ class WorkerStats:
 class _Running:
     claim: Claim
     ctx: JobContext
-
-
-class _Listener(threading.Thread):
-    """LISTEN on a dedicated autocommit connection (PostgreSQL) and wake the worker.
-
-    Notifications are sent inside the submitting transaction, so they arrive on
-    commit. If the connection breaks, the worker still polls; the listener reconnects.
-    """
-
-    def __init__(self, alias: str, channels: Sequence[str], on_notify: Callable[[str, str], None]):
-        super().__init__(name="jobs-listener", daemon=True)
-        self._params = connections[alias].get_connection_params()
-        self._params.pop("cursor_factory", None)
-        self._channels = list(channels)
-        self._on_notify = on_notify
-        self._stop = threading.Event()
-        self.ready = threading.Event()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def run(self) -> None:
-        import psycopg
-        from psycopg import sql
-
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(**self._params, autocommit=True) as conn:
-                    for channel in self._channels:
-                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    self.ready.set()
-                    while not self._stop.is_set():
-                        for notify in conn.notifies(timeout=0.5):
-                            self._on_notify(notify.channel, notify.payload)
-            except psycopg.Error as exc:
-                logger.warning("job listener connection failed, polling meanwhile: %s", exc)
-                self._stop.wait(1.0)
 
 
 class Worker:
@@ -165,7 +130,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
-        self._listener: _Listener | None = None
+        self._listener: Listener | None = None
         self.started = threading.Event()
 
     # ------------------------------------------------------------------ control
@@ -425,7 +390,9 @@ class Worker:
             self._threads.append(thread)
         if self.listen:
             channel = self.settings.NOTIFY_CHANNEL
-            self._listener = _Listener(self.alias, [channel, channel + "_cancel"], self._notified)
+            self._listener = Listener(
+                self.alias, [channel, channel + "_cancel"], self._notified, name="jobs-listener"
+            )
             self._listener.start()
 
     def _stop_threads(self) -> None:

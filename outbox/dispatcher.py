@@ -35,6 +35,7 @@ from .db import alias_for, is_postgres
 from .exceptions import TransportUnavailable
 from .faults import fault_point
 from .models import OutboxMessage
+from .pglisten import Listener
 from .transports import get_transport
 from .transports.base import Transport
 from .types import Batch, DeliveryReport, RecordOutcome, RecoveryResult
@@ -82,39 +83,6 @@ class DispatcherStats:
         )
 
 
-class _Listener(threading.Thread):
-    """LISTEN on a dedicated autocommit connection (PostgreSQL) and wake the
-    dispatcher. If the connection breaks, the dispatcher still polls meanwhile."""
-
-    def __init__(self, alias: str, channel: str, wake: threading.Event) -> None:
-        super().__init__(name="outbox-listener", daemon=True)
-        self._params = connections[alias].get_connection_params()
-        self._params.pop("cursor_factory", None)
-        self._channel = channel
-        self._wake = wake
-        self._stop = threading.Event()
-        self.ready = threading.Event()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def run(self) -> None:
-        import psycopg
-        from psycopg import sql
-
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(**self._params, autocommit=True) as conn:
-                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-                    self.ready.set()
-                    while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=0.5):
-                            self._wake.set()
-            except psycopg.Error as exc:
-                logger.warning("outbox listener connection failed, polling meanwhile: %s", exc)
-                self._stop.wait(1.0)
-
-
 class Dispatcher:
     """Deliver outbox messages until stopped (or, with ``burst``, until none is due).
 
@@ -152,7 +120,7 @@ class Dispatcher:
         self.idle = threading.Event()
         self._stopping = threading.Event()
         self._wake = threading.Event()
-        self._listener: _Listener | None = None
+        self._listener: Listener | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -178,7 +146,12 @@ class Dispatcher:
             extra={"dispatcher_id": self.dispatcher_id, "transport": self.transport.name},
         )
         if self.listen:
-            self._listener = _Listener(self.alias, self.settings.NOTIFY_CHANNEL, self._wake)
+            self._listener = Listener(
+                self.alias,
+                [self.settings.NOTIFY_CHANNEL],
+                lambda channel, payload: self._wake.set(),
+                name="outbox-listener",
+            )
             self._listener.start()
         try:
             self._check_transport()
