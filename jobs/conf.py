@@ -40,6 +40,10 @@ class JobsSettings:
     CLAIM_BATCH_SIZE: int = 16
     #: PostgreSQL channel used to wake workers when a job is queued.
     NOTIFY_CHANNEL: str = "ledon_jobs"
+    #: PostgreSQL: run the hot statements (submit, claim, finish, heartbeat) as
+    #: server-side prepared statements, planned once per connection. Turn off behind
+    #: a transaction-pooling PgBouncer older than 1.21.
+    PREPARED_STATEMENTS: bool = True
 
 
 def _validate(values: dict[str, Any]) -> JobsSettings:
@@ -66,6 +70,8 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
             "JOBS['HEARTBEAT_SECONDS'] must be shorter than JOBS['LEASE_SECONDS'] "
             "or leases expire between two heartbeats"
         )
+    if not isinstance(result.PREPARED_STATEMENTS, bool):
+        raise JobsConfigurationError("JOBS['PREPARED_STATEMENTS'] must be True or False")
     if not isinstance(result.AUTODISCOVER_MODULE, str) or not result.AUTODISCOVER_MODULE:
         raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")
     return result

@@ -8,6 +8,8 @@ accept these forms; the few differences are switched on ``connection.vendor``.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +28,51 @@ def connection_for(model: type[Any]) -> BaseDatabaseWrapper:
 
 def is_postgres(connection: BaseDatabaseWrapper) -> bool:
     return connection.vendor == "postgresql"
+
+
+#: psycopg ``prepare_threshold`` that no statement reaches by repetition.
+_NEVER_BY_COUNT = 2**31 - 1
+
+
+def fetch(
+    connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any] = ()
+) -> list[tuple[Any, ...]]:
+    """Run one hot statement of the store and return its rows.
+
+    On PostgreSQL (unless ``JOBS['PREPARED_STATEMENTS']`` is off) the statement runs
+    with server-side parameters as a prepared statement of the connection: parsed and
+    planned once, then only executed — for the worker's claim-and-finish statement
+    that is most of its cost. It runs in the connection's current transaction, like
+    any Django cursor; errors are Django's database errors, and the statement is
+    recorded where Django records queries (``CaptureQueriesContext``, ``DEBUG``).
+    Elsewhere it is an ordinary Django cursor.
+    """
+    from .conf import jobs_settings
+
+    if not (is_postgres(connection) and jobs_settings().PREPARED_STATEMENTS):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+    import psycopg
+
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    connection.validate_no_broken_transaction()
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        # Django turns psycopg's automatic preparation off (for poolers); statements
+        # then are never prepared, not even on request. A threshold nothing reaches
+        # keeps automatic preparation off and lets an explicit request through.
+        raw.prepare_threshold = _NEVER_BY_COUNT
+    start = time.monotonic()
+    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+        cursor.execute(sql, params, prepare=True)
+        rows = cursor.fetchall() if cursor.description else []
+    if connection.queries_logged:
+        connection.queries_log.append(
+            {"sql": sql, "time": f"{time.monotonic() - start:.3f}"}
+        )
+    return rows
 
 
 def adapt_dt(connection: BaseDatabaseWrapper, value: datetime | None) -> Any:
@@ -47,10 +94,10 @@ def read_dt(value: Any) -> datetime | None:
     return parsed.astimezone(UTC)
 
 
-def random_token_sql(connection: BaseDatabaseWrapper) -> str:
+def random_token_sql(vendor: str) -> str:
     """SQL for a fresh random token (32 hex characters; 122 random bits on PostgreSQL,
     128 on SQLite) from the database server's cryptographic random source."""
-    if is_postgres(connection):
+    if vendor == "postgresql":
         return "replace(gen_random_uuid()::text, '-', '')"
     return "lower(hex(randomblob(16)))"
 

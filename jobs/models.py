@@ -107,7 +107,13 @@ class Job(models.Model):
                 condition=Q(status="running"),
             ),
             models.Index("scope_hash", "created_at", name="jobs_job_scope_created_idx"),
-            models.Index("status", "finished_at", name="jobs_job_status_finished_idx"),
+            # Finished history by age (retention: purge_jobs). Partial, so that claiming
+            # a job (finished_at NULL) adds nothing to it.
+            models.Index(
+                "finished_at",
+                name="jobs_job_finished_idx",
+                condition=Q(finished_at__isnull=False),
+            ),
         ]
         ordering = ["created_at", "id"]
 
@@ -118,9 +124,12 @@ class Job(models.Model):
 class JobAttempt(models.Model):
     """One execution of a job; identity (job, number); fenced by its ``token``."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    # No index of its own: the (job, number) constraint's index starts with job_id.
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="attempts", db_index=False
+    )
     number = models.PositiveIntegerField()
-    token = models.CharField(max_length=64, unique=True)
+    token = models.CharField(max_length=64)
     status = models.CharField(
         max_length=16, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING
     )
@@ -136,6 +145,9 @@ class JobAttempt(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["job", "number"], name="jobs_attempt_identity"),
+            # A constraint rather than unique=True, which on PostgreSQL would add a
+            # second (pattern-matching) index that no query uses.
+            models.UniqueConstraint(fields=["token"], name="jobs_attempt_token"),
         ]
         ordering = ["job", "number"]
 

@@ -40,6 +40,7 @@ from .db import (
     adapt_dt,
     alias_for,
     connection_for,
+    fetch,
     is_postgres,
     placeholders,
     random_token_sql,
@@ -616,9 +617,8 @@ _ATTEMPT_INSERT = (
 )
 
 
-def _claim_sql(
-    connection: BaseDatabaseWrapper, *, queues: int, one_job: bool, finishing: int = 0
-) -> str:
+@functools.lru_cache(maxsize=64)
+def _claim_sql(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -> str:
     """The claim: one guarded UPDATE of up to LIMIT due jobs, returning them.
 
     On PostgreSQL the same statement also inserts each claimed job's Running attempt
@@ -629,8 +629,10 @@ def _claim_sql(
     (a finished token) or ``'c'`` (a claimed job).
     """
     filters = [
-        "status = %s",
-        "cancel_requested = %s",
+        # Literals, not parameters, so that even a generic plan of the prepared
+        # statement can prove the due index's predicate and use it.
+        f"status = '{JobStatus.QUEUED.value}'",
+        "NOT cancel_requested",
         "next_run_at <= %s",
         "attempt_count < max_attempts",
     ]
@@ -638,16 +640,21 @@ def _claim_sql(
         filters.append(f"queue IN ({placeholders(queues)})")
     if one_job:
         filters.append("scope_hash = %s AND job_id = %s")
-    postgres = is_postgres(connection)
+    postgres = vendor == "postgresql"
     lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
+    # PostgreSQL: the chosen ids as an array, so that the update finds them by primary
+    # key whatever the plan's row estimate (an IN sub-select may be planned as a
+    # hash join over the whole table).
+    chosen, close = ("= ANY(ARRAY", ")") if postgres else ("IN", "")
     update = (
-        f"UPDATE {JOB} SET status = %s, attempt_count = attempt_count + 1,"
-        f" current_token = {random_token_sql(connection)},"
+        f"UPDATE {JOB} SET status = '{JobStatus.RUNNING.value}',"
+        " attempt_count = attempt_count + 1,"
+        f" current_token = {random_token_sql(vendor)},"
         " leased_by = %s, lease_expires_at = %s, started_at = %s, updated_at = %s,"
         " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
         " finished_at = NULL"
-        f" WHERE id IN (SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
-        f" ORDER BY priority DESC, next_run_at, id LIMIT %s{lock})"
+        f" WHERE id {chosen} (SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
+        f" ORDER BY priority DESC, next_run_at, id LIMIT %s{lock}){close}"
         f" RETURNING {_CLAIM_RETURNING}"
     )
     if not postgres:
@@ -662,35 +669,40 @@ def _claim_sql(
         return f"WITH {ctes} SELECT {_CLAIM_RETURNING} FROM claimed"
     blanks = ", ".join(["NULL"] * 14)
     return (
-        f"WITH {_finish_ctes(finishing)}, {ctes}"
+        f"WITH {_finish_ctes()}, {ctes}"
         f" SELECT 'f', token, status, token IN (SELECT token FROM finished_attempts), {blanks}"
         " FROM finished"
         f" UNION ALL SELECT 'c', NULL, NULL, NULL, {_CLAIM_RETURNING} FROM claimed"
     )
 
 
-def _finish_ctes(rows: int) -> str:
-    """PostgreSQL: ``complete`` of ``rows`` attempts as CTEs (parameters: token and
-    result reference per row, then the time twice).
+def _finish_ctes() -> str:
+    """PostgreSQL: ``complete`` of a batch of attempts as CTEs (parameters: the tokens
+    and their result references as two arrays, the time twice, the tokens again, and
+    the time).
 
     Per row, the guard of :func:`finish` — the token is current and the job Running;
     the job row's own cancel flag decides Succeeded or Cancelled — plus the attempt
     row: a job whose Running attempt row is missing is not finished at all. The
-    attempt rows change in the same statement.
+    attempt rows change in the same statement. The batch travels as arrays, so the
+    statement's text is the same whatever its size and is prepared once.
     """
     running = JobStatus.RUNNING.value
     return (
-        f"done AS (VALUES {', '.join(['(%s, %s)'] * rows)}),"
+        "done AS (SELECT * FROM unnest(%s::text[], %s::text[]) AS d(token, result_ref)),"
         f" finished AS (UPDATE {JOB} AS j SET"
         f" status = CASE WHEN j.cancel_requested THEN '{JobStatus.CANCELLED.value}'"
         f" ELSE '{JobStatus.SUCCEEDED.value}' END,"
-        " result_ref = CASE WHEN j.cancel_requested THEN NULL ELSE done.column2 END,"
+        " result_ref = CASE WHEN j.cancel_requested THEN NULL ELSE done.result_ref END,"
         " error = '', finished_at = %s, updated_at = %s,"
         " current_token = NULL, leased_by = '', lease_expires_at = NULL"
         f" FROM done, {ATTEMPT} AS a"
-        f" WHERE j.current_token = done.column1 AND j.status = '{running}'"
-        f" AND a.job_id = j.id AND a.token = done.column1 AND a.status = '{running}'"
-        " RETURNING j.id, done.column1 AS token, j.status, j.result_ref),"
+        # The tokens once more as an array: a lookup in the token index whatever the
+        # plan's row estimate for the unnest.
+        f" WHERE j.current_token = ANY(%s::text[]) AND j.current_token = done.token"
+        f" AND j.status = '{running}'"
+        f" AND a.job_id = j.id AND a.token = done.token AND a.status = '{running}'"
+        " RETURNING j.id, done.token, j.status, j.result_ref),"
         f" finished_attempts AS (UPDATE {ATTEMPT} AS a SET status = finished.status,"
         " result_ref = finished.result_ref, error = '', finished_at = %s"
         f" FROM finished WHERE a.job_id = finished.id AND a.token = finished.token"
@@ -714,34 +726,21 @@ def _claim_rows(
     now_db = adapt_dt(connection, now)
     params: list[Any] = []
     if finishing:
-        params.extend(value for claim, result in finishing for value in (claim.token, result))
-        params.extend([now_db, now_db, now_db])
-    params.extend(
-        [
-            JobStatus.RUNNING.value,
-            worker_id,
-            adapt_dt(connection, expires),
-            now_db,
-            now_db,
-            JobStatus.QUEUED.value,
-            False,
-            now_db,
-            *queue_list,
-        ]
-    )
+        tokens = [claim.token for claim, _ in finishing]
+        params.extend([tokens, [result for _, result in finishing], now_db, now_db, tokens, now_db])
+    params.extend([worker_id, adapt_dt(connection, expires), now_db, now_db, now_db, *queue_list])
     if identity is not None:
         params.extend(identity)
     params.append(limit)
     sql = _claim_sql(
-        connection,
+        connection.vendor,
         queues=len(queue_list),
         one_job=identity is not None,
-        finishing=len(finishing),
+        finishing=bool(finishing),
     )
     outcomes: dict[str, FinishOutcome] = {}
+    rows = fetch(connection, sql, params)
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
         if finishing:
             outcomes = _finished_outcomes(cursor, finishing, rows)
             rows = [r[4:] for r in rows if r[0] == "c"]

@@ -174,6 +174,8 @@ class Worker:
             self._stop_threads()
             connections[self.alias].close()
         self._emit("stopped", None, self.stats.summary())
+        if getattr(self, "_hist", None):
+            print("SETTLE", sorted(self._hist.items(), key=lambda kv: -kv[1])[:15], flush=True)
         return self.stats
 
     def _loop_until_stopped(self) -> None:
@@ -222,6 +224,10 @@ class Worker:
         limit = max(min(free, self.settings.CLAIM_BATCH_SIZE), 0) if claim else 0
         if not done and not limit:
             return 0, 0
+        import os as _os
+        if _os.environ.get("LEDON_TRACE_SETTLE"):
+            _hist = self.__dict__.setdefault("_hist", {})
+            _hist[(len(done), limit)] = _hist.get((len(done), limit), 0) + 1
         try:
             outcomes, claims = execution.complete_and_claim(
                 done, self.worker_id, limit=limit, queues=self.queues or None, now=self.clock()

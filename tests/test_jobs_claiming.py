@@ -262,7 +262,7 @@ class TestJ6ClaimIndex:
 
     def test_claim_statement_uses_the_due_index(self, history: None) -> None:
         now = timezone.now()
-        sql = store._claim_sql(connection, queues=0, one_job=False)
+        sql = store._claim_sql(connection.vendor, queues=0, one_job=False)
         params: list[object] = [
             JobStatus.RUNNING.value,
             "w1",
