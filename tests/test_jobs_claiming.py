@@ -11,6 +11,7 @@ from factories import JobSubmissionFactory
 
 from jobs import execution, store
 from jobs.api import JobScope, stage_job
+from jobs.db import placeholders
 from jobs.exceptions import InvalidScope
 from jobs.models import Job, JobAttempt
 from jobs.types import AttemptStatus, JobStatus
@@ -260,22 +261,58 @@ class TestJ6ClaimIndex:
             cursor.execute(f"EXPLAIN {sql}", params)
             return "\n".join(row[0] for row in cursor.fetchall())
 
-    def test_claim_statement_uses_the_due_index(self, history: None) -> None:
+    def claim_params(self) -> list[object]:
         now = timezone.now()
+        # worker id, lease expiry, started, updated, due time, limit
+        return ["w1", now, now, now, now, 10]
+
+    def test_claim_statement_uses_the_due_index(self, history: None) -> None:
         sql = store._claim_sql(connection.vendor, queues=0, one_job=False)
-        params: list[object] = [
-            JobStatus.RUNNING.value,
-            "w1",
-            now,
-            now,
-            now,
-            JobStatus.QUEUED.value,
-            False,
-            now,
-            10,
-        ]
-        plan = self.explain(sql, params)
+        plan = self.explain(sql, self.claim_params())
         assert "jobs_job_due_idx" in plan, plan
+
+    @pytest.mark.postgres_only
+    def test_generic_plan_of_the_prepared_statements_uses_indexes(self, history: None) -> None:
+        """The worker runs its claim (and claim-and-finish) as a prepared statement,
+        which PostgreSQL may plan once without the parameters' values: that plan too
+        must find due jobs through the due index and the claimed rows by primary key,
+        never by scanning the table — even with a long queue in the statistics."""
+        now = timezone.now()
+        Job.objects.bulk_create(
+            Job(
+                scope_hash="b" * 64,
+                job_id=f"queued-{n}",
+                handler="reports.generate",
+                handler_version=1,
+                payload_json="{}",
+                next_run_at=now,
+                created_at=now,
+                updated_at=now,
+            )
+            for n in range(5000)
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {Job._meta.db_table}")
+        finish: list[object] = [["t1", "t2"], [None, "r"], now, now, ["t1", "t2"], now]
+        for finishing, params in (
+            (False, self.claim_params()),
+            (True, finish + self.claim_params()),
+        ):
+            sql = store._claim_sql(connection.vendor, queues=0, one_job=False, finishing=finishing)
+            numbered = sql % tuple(f"${n}" for n in range(1, len(params) + 1))
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                cursor.execute(f"PREPARE ledon_claim_plan AS {numbered}")
+                try:
+                    cursor.execute(
+                        f"EXPLAIN EXECUTE ledon_claim_plan({placeholders(len(params))})", params
+                    )
+                    plan = "\n".join(row[0] for row in cursor.fetchall())
+                finally:
+                    cursor.execute("DEALLOCATE ledon_claim_plan")
+            assert "jobs_job_due_idx" in plan, plan
+            assert "jobs_job_pkey" in plan, plan
+            assert "Seq Scan on jobs_job" not in plan, plan
 
     def test_due_query_uses_the_due_index(self, history: None) -> None:
         plan = (
