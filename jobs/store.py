@@ -294,10 +294,7 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     )
     if notify:
         params.append(jobs_settings().NOTIFY_CHANNEL)
-    with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(1, notify=notify), params)
-        inserted = cursor.fetchone() is not None
-    if not inserted:
+    if not fetch(connection, _insert_sql(1, notify=notify), params):
         return None
     return _new_snapshot(scope_hash, job_id, sub, now)
 
