@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 EventCallback = Callable[[str, Claim | None, str], None]
 
 
+
+
 @dataclass(slots=True)
 class WorkerStats:
     claimed: int = 0
@@ -127,6 +129,9 @@ class Worker:
         # finish them together with its next claim (one commit for the lot).
         self._completed: list[tuple[Claim, str | None]] = []
         self._settling = True
+        # Settles under way, and the capacity their claims may still take.
+        self._settles = 0
+        self._reserved = 0
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -146,6 +151,11 @@ class Worker:
     def running_tokens(self) -> list[str]:
         with self._lock:
             return list(self._running)
+
+    def _busy(self) -> bool:
+        """Whether a handler runs or waits to run, or a settle is under way."""
+        with self._lock:
+            return bool(self._running) or self._settles > 0
 
     def _emit(self, event: str, claim: Claim | None = None, detail: str = "") -> None:
         if self.on_event is not None:
@@ -174,8 +184,6 @@ class Worker:
             self._stop_threads()
             connections[self.alias].close()
         self._emit("stopped", None, self.stats.summary())
-        if getattr(self, "_hist", None):
-            print("SETTLE", sorted(self._hist.items(), key=lambda kv: -kv[1])[:15], flush=True)
         return self.stats
 
     def _loop_until_stopped(self) -> None:
@@ -197,10 +205,12 @@ class Worker:
             if now >= next_recovery:
                 self._recover(startup=False)
                 next_recovery = now + s.RECOVERY_INTERVAL
-            claimed, free = self._settle(claim=True)
-            if self.burst and claimed == 0 and not self.running_tokens:
+            claims, asked = self._settle(claim=True)
+            for new in claims:
+                self._tasks.put(new)
+            if self.burst and not claims and not self._busy():
                 break
-            if claimed and claimed == free:
+            if claims and len(claims) == asked:
                 continue  # capacity was filled by a full batch: there may be more to take
             timeout = min(
                 s.POLL_INTERVAL,
@@ -210,54 +220,105 @@ class Worker:
             )
             self._wake.wait(max(timeout, 0.01))
 
-    def _settle(self, *, claim: bool) -> tuple[int, int]:
+    def _settle(self, *, claim: bool) -> tuple[list[Claim], int]:
         """Finish the attempts whose handlers returned and, with ``claim``, claim due
         jobs for the capacity that is then free — one transaction, one commit.
 
         Each finish is still guarded by its own token and decides cancel-versus-finish
-        in the database (J8); the batch only shares the commit. Returns the number of
-        jobs claimed and the number asked for.
+        in the database (J8); the batch only shares the commit. Runs on the main loop
+        and on a handler thread that completed the last running job (each thread on
+        its own connection); the capacity a settle asks for is reserved until it
+        returns, so that settles running together never claim more than is free.
+        Returns the new claims — registered as running, not yet handed to a thread —
+        and the number asked for.
         """
         with self._lock:
             done, self._completed = self._completed, []
-            free = self.concurrency - len(self._running) + len(done)
-        limit = max(min(free, self.settings.CLAIM_BATCH_SIZE), 0) if claim else 0
-        if not done and not limit:
-            return 0, 0
-        import os as _os
-        if _os.environ.get("LEDON_TRACE_SETTLE"):
-            _hist = self.__dict__.setdefault("_hist", {})
-            _hist[(len(done), limit)] = _hist.get((len(done), limit), 0) + 1
+            for finished, _result in done:
+                self._running.pop(finished.token, None)
+            limit = 0
+            if claim and not self._stopping.is_set():
+                free = self.concurrency - len(self._running) - self._reserved
+                limit = max(min(free, self.settings.CLAIM_BATCH_SIZE), 0)
+            if not done and not limit:
+                return [], 0
+            self._reserved += limit
+            self._settles += 1
+        claims: list[Claim] = []
         try:
-            outcomes, claims = execution.complete_and_claim(
-                done, self.worker_id, limit=limit, queues=self.queues or None, now=self.clock()
-            )
-        except (DatabaseError, JobsError):
-            logger.exception("finishing and claiming jobs failed; finishing one by one")
-            self._reset_connection()
-            for finished, result in done:
-                self._finish_alone(finished, result)
-            return 0, limit
-        for finished, _result in done:
-            self._record(finished, "succeeded", outcomes[finished.token])
-            self._release(finished)
-        for new in claims:
-            ctx = JobContext(new)
+            try:
+                outcomes, claims = execution.complete_and_claim(
+                    done,
+                    self.worker_id,
+                    limit=limit,
+                    queues=self.queues or None,
+                    now=self.clock(),
+                )
+            except (DatabaseError, JobsError):
+                logger.exception("finishing and claiming jobs failed; finishing one by one")
+                self._reset_connection()
+                for finished, result in done:
+                    self._finish_alone(finished, result)
+                return [], limit
+            for finished, _result in done:
+                self._record(finished, "succeeded", outcomes[finished.token])
             with self._lock:
-                self._running[new.token] = _Running(new, ctx)
-            self.stats.claimed += 1
-            self._emit("claimed", new, f"attempt {new.attempt}/{new.max_attempts}")
+                for new in claims:
+                    self._running[new.token] = _Running(new, JobContext(new))
+                self.stats.claimed += len(claims)
+            for new in claims:
+                self._emit("claimed", new, f"attempt {new.attempt}/{new.max_attempts}")
+            return claims, limit
+        finally:
+            with self._lock:
+                self._reserved -= limit
+                self._settles -= 1
+                # Completions left for the main loop, capacity it may fill, or a
+                # shutdown waiting for settles to end.
+                wake = bool(self._completed) or len(claims) < limit or self._stopping.is_set()
+            if wake:
+                self._wake.set()
+
+    def _settle_here(self) -> Claim | None:
+        """On a handler thread whose attempt succeeded: settle now if
+        :meth:`_settles_here` says so (otherwise the main loop settles, woken by
+        :meth:`_defer_completion`).
+        Keeps one new claim to run on this thread — no hand-over — and queues the
+        rest. Returns the claim to run next, if any."""
+        with self._lock:
+            if not self._completed or not self._settles_here():
+                return None
+        claims, _limit = self._settle(claim=True)
+        for new in claims[1:]:
             self._tasks.put(new)
-        return len(claims), limit
+        return claims[0] if claims else None
 
     def _defer_completion(self, claim: Claim, result: str | None) -> bool:
-        """Hand a successful attempt to the main loop; False once it no longer settles."""
+        """Queue a successful attempt for the next settle; False once none follows.
+
+        The thread then settles itself (:meth:`_settle_here`) or, when enough settles
+        run, leaves the completion to the one that ends next, which wakes the main
+        loop for it.
+        """
         with self._lock:
             if not self._settling:
                 return False
             self._completed.append((claim, result))
+            if self._settles_here():
+                return True
         self._wake.set()
         return True
+
+    def _settles_here(self) -> bool:
+        """Whether the thread that just queued a completion settles it itself: when
+        no other handler runs (the batch is complete — batches, not parallel small
+        settles, make throughput) and no settle is under way. At concurrency 1 the
+        worker then never hands a job between threads. Called with the lock held."""
+        return (
+            not self._stopping.is_set()
+            and self._settles == 0
+            and len(self._completed) == len(self._running)
+        )
 
     def _close_settling(self) -> None:
         """Finish what was handed over; later results are finished by their threads."""
@@ -343,7 +404,7 @@ class Worker:
     # ------------------------------------------------------------------ shutdown
 
     def _shutdown(self) -> None:
-        if not self.running_tokens:
+        if not self._busy():
             self._close_settling()
             return
         self._emit("shutdown", None, f"waiting up to {self.shutdown_timeout}s for handlers")
@@ -370,7 +431,7 @@ class Worker:
         """Wait until no handler runs, renewing leases meanwhile; True if none runs."""
         deadline = time.monotonic() + seconds
         next_heartbeat = time.monotonic() + self.settings.HEARTBEAT_SECONDS
-        while self.running_tokens:
+        while self._busy():
             self._settle(claim=False)
             now = time.monotonic()
             if now >= deadline:
@@ -381,7 +442,7 @@ class Worker:
             self._wake.clear()
             with self._lock:
                 idle = not self._completed
-            if idle and self.running_tokens:
+            if idle and self._busy():
                 self._wake.wait(min(deadline - now, next_heartbeat - now, 0.5))
         return True
 
@@ -437,13 +498,15 @@ class Worker:
                 claim = self._tasks.get()
                 if claim is None:
                     return
-                self._execute(claim)
+                while claim is not None:
+                    claim = self._execute(claim)
         finally:
             connections.close_all()
 
     # ------------------------------------------------------------------ one attempt
 
-    def _execute(self, claim: Claim) -> None:
+    def _execute(self, claim: Claim) -> Claim | None:
+        """Run one attempt; returns the next claim this thread runs, if it settled."""
         with self._lock:
             entry = self._running[claim.token]
         ctx = entry.ctx
@@ -457,6 +520,7 @@ class Worker:
         finally:
             if not handed_over:
                 self._release(claim)
+        return self._settle_here() if handed_over else None
 
     def _run_handler(self, claim: Claim, ctx: JobContext) -> bool:
         """Run the attempt's handler and finish the attempt; True if a successful

@@ -11,6 +11,7 @@ import pytest
 from jobs import JobContext, JobScope, JobStatus, JobSubmission, job_handler, submit_job
 from jobs.exceptions import JobCancelled, JobsConfigurationError, UnknownHandler
 from jobs.handlers import PermanentFailure, RetryPolicy, get_handler, unregister
+from jobs.models import Job
 from jobs.types import AttemptStatus, FinishOutcome
 from jobs.worker import Worker
 
@@ -182,6 +183,26 @@ class TestWorkerInProcess:
         assert [a.status for a in snap.attempts] == [AttemptStatus.FAILED] * 3
         assert worker.stats.retried == 2
         assert worker.stats.failed == 1
+
+    def test_claims_never_exceed_free_capacity(self, handler):
+        """J14: however its settles interleave (main loop and handler threads), the
+        jobs a worker holds Running never outnumber its concurrency."""
+        concurrency = 3
+        together = threading.Barrier(concurrency, timeout=10)
+        seen: list[int] = []
+
+        @handler("w.count")
+        def run(ctx):
+            if ctx.payload["n"] < concurrency:
+                together.wait()  # the first batch runs at the same time: the limit is reached
+            seen.append(Job.objects.filter(status=JobStatus.RUNNING).count())
+
+        for n in range(60):
+            submit_job(SCOPE, f"c{n}", JobSubmission.create("w.count", {"n": n}))
+        worker = run_burst(concurrency=concurrency)
+        assert worker.stats.succeeded == 60
+        assert len(seen) == 60
+        assert max(seen) == concurrency
 
     def test_queue_selection(self, handler):
         handler("w.q")(lambda ctx: ctx.queue)
