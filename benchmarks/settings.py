@@ -37,7 +37,7 @@ _db: dict[str, Any] = environ.Env.db_url_config(os.environ["DATABASE_URL"])
 _db["CONN_MAX_AGE"] = None
 DATABASES = {"default": _db}
 
-JOBS: dict[str, Any] = {"CLAIM_BATCH_SIZE": int(os.environ.get("BENCH_CLAIM_BATCH", "16"))}
+JOBS: dict[str, Any] = {}
 
 OUTBOX: dict[str, Any] = {"ENABLED": True, "TRANSPORT": "in-process"}
 
