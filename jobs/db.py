@@ -69,9 +69,7 @@ def fetch(
         cursor.execute(sql, params, prepare=True)
         rows = cursor.fetchall() if cursor.description else []
     if connection.queries_logged:
-        connection.queries_log.append(
-            {"sql": sql, "time": f"{time.monotonic() - start:.3f}"}
-        )
+        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - start:.3f}"})
     return rows
 
 

@@ -125,9 +125,7 @@ class JobAttempt(models.Model):
     """One execution of a job; identity (job, number); fenced by its ``token``."""
 
     # No index of its own: the (job, number) constraint's index starts with job_id.
-    job = models.ForeignKey(
-        Job, on_delete=models.CASCADE, related_name="attempts", db_index=False
-    )
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts", db_index=False)
     number = models.PositiveIntegerField()
     token = models.CharField(max_length=64)
     status = models.CharField(

@@ -40,8 +40,6 @@ logger = logging.getLogger(__name__)
 EventCallback = Callable[[str, Claim | None, str], None]
 
 
-
-
 @dataclass(slots=True)
 class WorkerStats:
     claimed: int = 0
@@ -281,10 +279,8 @@ class Worker:
 
     def _settle_here(self) -> Claim | None:
         """On a handler thread whose attempt succeeded: settle now if
-        :meth:`_settles_here` says so (otherwise the main loop settles, woken by
-        :meth:`_defer_completion`).
-        Keeps one new claim to run on this thread — no hand-over — and queues the
-        rest. Returns the claim to run next, if any."""
+        :meth:`_settles_here` says so, keep one new claim to run on this thread (no
+        hand-over) and queue the rest. Returns the claim to run next, if any."""
         with self._lock:
             if not self._completed or not self._settles_here():
                 return None
@@ -296,9 +292,9 @@ class Worker:
     def _defer_completion(self, claim: Claim, result: str | None) -> bool:
         """Queue a successful attempt for the next settle; False once none follows.
 
-        The thread then settles itself (:meth:`_settle_here`) or, when enough settles
-        run, leaves the completion to the one that ends next, which wakes the main
-        loop for it.
+        The thread then settles it itself (see :meth:`_settles_here`) or leaves it to
+        the main loop, which it wakes; a settle under way wakes the main loop for
+        completions it leaves behind.
         """
         with self._lock:
             if not self._settling:
