@@ -58,9 +58,15 @@ class Ledon(System):
         return base_env(self.database_url)
 
     def remaining(self) -> int:
+        # Polled every 50 ms during a burn-down: each count reads only the partial
+        # index of its state (due jobs, running jobs), never the finished history —
+        # the harness must not load the server it measures.
+        table = Job._meta.db_table
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT count(*) FROM {Job._meta.db_table} WHERE status IN ('queued', 'running')"
+                f"SELECT (SELECT count(*) FROM {table} WHERE status = 'queued'"
+                " AND NOT cancel_requested)"
+                f" + (SELECT count(*) FROM {table} WHERE status = 'running')"
             )
             return int(cursor.fetchone()[0])
 
