@@ -66,7 +66,8 @@ class Ledon(System):
             cursor.execute(
                 f"SELECT (SELECT count(*) FROM {table} WHERE status = 'queued'"
                 " AND NOT cancel_requested)"
-                f" + (SELECT count(*) FROM {table} WHERE status = 'running')"
+                f" + (SELECT count(*) FROM {table} WHERE status = 'running'"
+                " AND current_token IS NOT NULL)"
             )
             return int(cursor.fetchone()[0])
 
