@@ -621,9 +621,11 @@ def _claim_sql(vendor: str, *, queues: int, one_job: bool, finishing: bool = Fal
     On PostgreSQL the same statement also inserts each claimed job's Running attempt
     row (a data-modifying CTE), so a claim is one round trip; on SQLite the attempt
     rows follow as a second statement of the same transaction. With ``finishing``
-    (PostgreSQL only), the statement first completes that many attempts — see
-    :func:`_finish_ctes` — and every row it returns starts with its kind, ``'f'``
-    (a finished token) or ``'c'`` (a claimed job).
+    (PostgreSQL only), the statement first completes a batch of attempts — see
+    :func:`_finish_ctes` — and every row it returns starts with its kind: ``'f'`` (a
+    finished token), ``'m'`` (a token whose attempt row is missing: then the statement
+    changes nothing at all) or ``'c'`` (a claimed job). Being one statement, it is
+    atomic by itself: the worker runs it in autocommit, one round trip in all.
     """
     filters = [
         # Literals, not parameters, so that even a generic plan of the prepared
@@ -643,6 +645,7 @@ def _claim_sql(vendor: str, *, queues: int, one_job: bool, finishing: bool = Fal
     # key whatever the plan's row estimate (an IN sub-select may be planned as a
     # hash join over the whole table).
     chosen, close = ("= ANY(ARRAY", ")") if postgres else ("IN", "")
+    guard = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
     update = (
         f"UPDATE {JOB} SET status = '{JobStatus.RUNNING.value}',"
         " attempt_count = attempt_count + 1,"
@@ -650,7 +653,7 @@ def _claim_sql(vendor: str, *, queues: int, one_job: bool, finishing: bool = Fal
         " leased_by = %s, lease_expires_at = %s, started_at = %s, updated_at = %s,"
         " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
         " finished_at = NULL"
-        f" WHERE id {chosen} (SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
+        f" WHERE {guard}id {chosen} (SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
         f" ORDER BY priority DESC, next_run_at, id LIMIT %s{lock}){close}"
         f" RETURNING {_CLAIM_RETURNING}"
     )
@@ -670,23 +673,33 @@ def _claim_sql(vendor: str, *, queues: int, one_job: bool, finishing: bool = Fal
         f" SELECT 'f', token, status, token IN (SELECT token FROM finished_attempts), {blanks}"
         " FROM finished"
         f" UNION ALL SELECT 'c', NULL, NULL, NULL, {_CLAIM_RETURNING} FROM claimed"
+        # Last: a union takes its column types from the branches before.
+        f" UNION ALL SELECT 'm', token, NULL, NULL, {blanks} FROM orphans"
     )
 
 
 def _finish_ctes() -> str:
-    """PostgreSQL: ``complete`` of a batch of attempts as CTEs (parameters: the tokens
-    and their result references as two arrays, the time twice, the tokens again, and
-    the time).
+    """PostgreSQL: ``complete`` of a batch of attempts as CTEs. Parameters: the tokens
+    and their result references as two arrays, the tokens again, the time twice, the
+    tokens again, and the time.
 
     Per row, the guard of :func:`finish` — the token is current and the job Running;
     the job row's own cancel flag decides Succeeded or Cancelled — plus the attempt
-    row: a job whose Running attempt row is missing is not finished at all. The
-    attempt rows change in the same statement. The batch travels as arrays, so the
-    statement's text is the same whatever its size and is prepared once.
+    row, which changes in the same statement. ``orphans`` are the tokens whose job is
+    Running under them but whose Running attempt row is missing: if there is one,
+    nothing in the statement changes anything (J8: the whole transition fails). The
+    batch travels as arrays, so the statement's text is the same whatever its size
+    and is prepared once; the tokens travel again as a plain array, which a plan can
+    look up in the token index whatever its row estimate for the unnest.
     """
     running = JobStatus.RUNNING.value
     return (
         "done AS (SELECT * FROM unnest(%s::text[], %s::text[]) AS d(token, result_ref)),"
+        f" orphans AS (SELECT done.token FROM done JOIN {JOB} AS j"
+        " ON j.current_token = done.token"
+        f" WHERE j.current_token = ANY(%s::text[]) AND j.status = '{running}'"
+        f" AND NOT EXISTS (SELECT 1 FROM {ATTEMPT} AS a WHERE a.job_id = j.id"
+        f" AND a.token = done.token AND a.status = '{running}')),"
         f" finished AS (UPDATE {JOB} AS j SET"
         f" status = CASE WHEN j.cancel_requested THEN '{JobStatus.CANCELLED.value}'"
         f" ELSE '{JobStatus.SUCCEEDED.value}' END,"
@@ -694,11 +707,10 @@ def _finish_ctes() -> str:
         " error = '', finished_at = %s, updated_at = %s,"
         " current_token = NULL, leased_by = '', lease_expires_at = NULL"
         f" FROM done, {ATTEMPT} AS a"
-        # The tokens once more as an array: a lookup in the token index whatever the
-        # plan's row estimate for the unnest.
         f" WHERE j.current_token = ANY(%s::text[]) AND j.current_token = done.token"
         f" AND j.status = '{running}'"
         f" AND a.job_id = j.id AND a.token = done.token AND a.status = '{running}'"
+        " AND NOT EXISTS (SELECT 1 FROM orphans)"
         " RETURNING j.id, done.token, j.status, j.result_ref),"
         f" finished_attempts AS (UPDATE {ATTEMPT} AS a SET status = finished.status,"
         " result_ref = finished.result_ref, error = '', finished_at = %s"
@@ -724,7 +736,8 @@ def _claim_rows(
     params: list[Any] = []
     if finishing:
         tokens = [claim.token for claim, _ in finishing]
-        params.extend([tokens, [result for _, result in finishing], now_db, now_db, tokens, now_db])
+        results = [result for _, result in finishing]
+        params.extend([tokens, results, tokens, now_db, now_db, tokens, now_db])
     params.extend([worker_id, adapt_dt(connection, expires), now_db, now_db, now_db, *queue_list])
     if identity is not None:
         params.extend(identity)
@@ -737,11 +750,11 @@ def _claim_rows(
     )
     outcomes: dict[str, FinishOutcome] = {}
     rows = fetch(connection, sql, params)
-    with connection.cursor() as cursor:
-        if finishing:
-            outcomes = _finished_outcomes(cursor, finishing, rows)
-            rows = [r[4:] for r in rows if r[0] == "c"]
-        if rows and not is_postgres(connection):
+    if finishing:
+        outcomes = _finished_outcomes(finishing, rows)
+        rows = [r[4:] for r in rows if r[0] == "c"]
+    if rows and not is_postgres(connection):
+        with connection.cursor() as cursor:
             cursor.execute(
                 f"{_ATTEMPT_INSERT} VALUES "
                 + ", ".join(["(%s, %s, %s, %s, %s, NULL, '', '', NULL, %s, NULL)"] * len(rows)),
@@ -773,30 +786,20 @@ def _claim_rows(
 
 
 def _finished_outcomes(
-    cursor: Any, finishing: Sequence[tuple[Claim, str | None]], rows: list[Any]
+    finishing: Sequence[tuple[Claim, str | None]], rows: list[Any]
 ) -> dict[str, FinishOutcome]:
-    """Each token's outcome from the ``'f'`` rows of a PostgreSQL settle statement.
+    """Each token's outcome from the rows of a PostgreSQL settle statement.
 
-    A token that did not finish is STALE — unless its job is still Running under it,
-    which means its attempt row is missing: that fails the whole transition
-    (``AttemptRowMissing`` rolls the transaction back).
+    A token without an ``'f'`` row did not finish: STALE. An ``'m'`` row means a job
+    Running under its token has no Running attempt row; the statement then changed
+    nothing, and the whole transition fails with ``AttemptRowMissing``.
     """
     outcomes = {claim.token: FinishOutcome.STALE for claim, _ in finishing}
     for kind, token, status, attempt_updated, *_ in rows:
-        if kind != "f":
-            continue
-        if not attempt_updated:
+        if kind == "m" or (kind == "f" and not attempt_updated):
             raise AttemptRowMissing()
-        outcomes[token] = FinishOutcome(status)
-    unfinished = [t for t, outcome in outcomes.items() if outcome is FinishOutcome.STALE]
-    if unfinished:
-        cursor.execute(
-            f"SELECT count(*) FROM {JOB} WHERE status = %s"
-            f" AND current_token IN ({placeholders(len(unfinished))})",
-            [JobStatus.RUNNING.value, *unfinished],
-        )
-        if cursor.fetchone()[0]:
-            raise AttemptRowMissing()
+        if kind == "f":
+            outcomes[token] = FinishOutcome(status)
     return outcomes
 
 
@@ -859,8 +862,9 @@ def _complete_rows(
     completions: Sequence[tuple[Claim, str | None]],
     now: datetime,
 ) -> dict[str, FinishOutcome]:
-    """``complete`` for many attempts inside the caller's transaction: two statements
-    for the whole batch, each row guarded by its own token (see :func:`complete_many`)."""
+    """SQLite: ``complete`` for many attempts inside the caller's transaction — two
+    statements for the whole batch, each row guarded by its own token (see
+    :func:`complete_many`; PostgreSQL uses :func:`_finish_ctes`)."""
     outcomes = {claim.token: FinishOutcome.STALE for claim, _ in completions}
     remaining = list(completions)
     now_db = adapt_dt(connection, now)
@@ -948,8 +952,9 @@ def complete_and_claim(
     """A worker's round trip: finish ``completions`` as :func:`complete_many` does, then
     claim up to ``limit`` due jobs as :func:`claim` does — one transaction, one commit.
 
-    The two parts stay separate guarded statements with their own outcomes; sharing
-    the commit only means that either both take effect or neither does.
+    The two parts keep their own guards and outcomes; sharing the commit only means
+    that either both take effect or neither does. On PostgreSQL they are one
+    statement, run in autocommit when the caller has no transaction open.
     """
     checked = [(claim, _result_ref(result)) for claim, result in completions]
     validation.integer(limit, "limit", 0, 10_000)
@@ -961,26 +966,30 @@ def complete_and_claim(
     expires = now + timedelta(seconds=lease_seconds or jobs_settings().LEASE_SECONDS)
     alias = alias_for(Job)
     connection = connection_for(Job)
-    # PostgreSQL finishes and claims in one statement; SQLite, which has no
-    # data-modifying CTEs, runs the completion statements first.
-    together = bool(checked) and bool(limit) and is_postgres(connection)
+    claim_rows = functools.partial(
+        _claim_rows,
+        connection,
+        worker_id,
+        limit=limit,
+        queue_list=list(queues or []),
+        identity=identity,
+        expires=expires,
+        now=now,
+    )
+    if is_postgres(connection):
+        # One statement finishes and claims (LIMIT 0 claims nothing); it is atomic by
+        # itself, so in autocommit it is its own transaction: one round trip.
+        if connection.get_autocommit():
+            return claim_rows(finishing=checked)
+        with transaction.atomic(using=alias):
+            return claim_rows(finishing=checked)
+    # SQLite has no data-modifying CTEs: the completion statements come first.
     with transaction.atomic(using=alias):
-        outcomes = _complete_rows(connection, checked, now) if checked and not together else {}
-        if limit:
-            finished, claims = _claim_rows(
-                connection,
-                worker_id,
-                limit=limit,
-                queue_list=list(queues or []),
-                identity=identity,
-                expires=expires,
-                now=now,
-                finishing=checked if together else (),
-            )
-            outcomes.update(finished)
-        else:
-            claims = []
-    return outcomes, claims
+        outcomes = _complete_rows(connection, checked, now) if checked else {}
+        if not limit:
+            return outcomes, []
+        finished, claims = claim_rows()
+    return outcomes | finished, claims
 
 
 def _result_ref(value: str | None) -> str | None:

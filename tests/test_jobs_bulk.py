@@ -265,6 +265,32 @@ class TestBulkSubmitCommits:
         assert payloads == ["a", "b"]
 
 
+@pytest.mark.django_db(transaction=True)
+class TestBatchedCompletionInAutocommit:
+    """Outside any transaction, PostgreSQL finishes and claims in one statement that is
+    its own transaction: its guards must hold without a transaction around them."""
+
+    def test_a_missing_attempt_row_changes_nothing(self, make_job, unchanged) -> None:
+        claims = [make_job.running(f"job-{n}") for n in range(2)]
+        make_job.queued("job-queued")
+        JobAttempt.objects.filter(token=claims[1].token).delete()
+        with unchanged(), pytest.raises(AttemptRowMissing):
+            execution.complete_and_claim([(c, None) for c in claims], "w1", limit=4)
+        with unchanged(), pytest.raises(AttemptRowMissing):
+            execution.complete_many([(c, None) for c in claims])
+
+    @pytest.mark.postgres_only
+    def test_finish_and_claim_is_one_statement_in_autocommit(self, make_job) -> None:
+        done = make_job.running("job-1")
+        make_job.queued("job-2")
+        with CaptureQueriesContext(connection) as queries:
+            outcomes, claims = execution.complete_and_claim([(done, "r")], "w1", limit=4)
+        assert outcomes == {done.token: FinishOutcome.SUCCEEDED}
+        assert [c.job_id for c in claims] == ["job-2"]
+        assert len(queries.captured_queries) == 1, queries.captured_queries
+        assert make_job.row("job-1").status == JobStatus.SUCCEEDED
+
+
 @pytest.mark.django_db
 class TestBatchedCompletion:
     """``complete_many`` / ``complete_and_claim``: J8 per token, one commit per batch."""

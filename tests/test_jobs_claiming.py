@@ -294,7 +294,8 @@ class TestJ6ClaimIndex:
         )
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {Job._meta.db_table}")
-        finish: list[object] = [["t1", "t2"], [None, "r"], now, now, ["t1", "t2"], now]
+        tokens = ["t1", "t2"]
+        finish: list[object] = [tokens, [None, "r"], tokens, now, now, tokens, now]
         for finishing, params in (
             (False, self.claim_params()),
             (True, finish + self.claim_params()),
