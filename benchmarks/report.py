@@ -375,9 +375,11 @@ job:
   free capacity (`FOR UPDATE SKIP LOCKED`) and, on PostgreSQL, inserts their attempt
   rows in the same statement.
 - **Batched completion**: successful attempts are finished together with the claim
-  for the capacity they free, in one transaction — on PostgreSQL in one statement.
-  Each finish keeps its own guard (its token, Running, its own cancel flag, its
-  attempt row) and its own outcome; they only share the commit. The handler thread
+  for the capacity they free, in one transaction — on PostgreSQL in one statement,
+  run in autocommit: one round trip, no `BEGIN`/`COMMIT` of its own. Each finish
+  keeps its own guard (its token, Running, its own cancel flag, its attempt row) and
+  its own outcome; they only share the commit, and a missing attempt row makes the
+  whole statement change nothing. The handler thread
   that completes the last running job settles the batch itself and runs one of the
   new claims without handing it to another thread; otherwise the worker's main loop
   settles. At concurrency 1 that is one commit per job; at 16, one per 16 jobs.
@@ -387,10 +389,13 @@ job:
   the claim's constants are literals and the claimed rows are found through an array
   of ids, so that even the generic plan reads the due index and the primary key
   (a test checks that plan).
-- **Fewer index writes**: the attempt table has three indexes (no second index on the
-  token, none on the job that `(job, number)` already covers) and keeps 30 % of each
-  page free, so finishing an attempt is a HOT update that touches no index; finished
-  history is indexed by `finished_at` only once finished.
+- **Fewer index writes**: the job table has no lease index (running jobs are found
+  through the partial index of current tokens) and indexes `finished_at` only once
+  finished; the attempt table has three indexes (no second index on the token, none
+  on the job that `(job, number)` already covers) and keeps 30 % of each page free,
+  so finishing an attempt is a HOT update that touches no index. Tokens start with
+  the claim's time, so new ones share the token index's last pages however long the
+  history.
 - **Wake-ups**: a dedicated `LISTEN` connection wakes an idle worker on the
   submitting transaction's commit; a single submit is one statement (insert and
   `pg_notify`) in autocommit: one round trip, one commit.
@@ -405,10 +410,11 @@ job:
   claiming the next), and at 4 one commit per four jobs. pgqueuer's figure in those
   rows is its default set-up — batches of 10 with no cap — which holds ten jobs per
   claim whatever the concurrency; Procrastinate commits each job's start and end
-  separately. With fsync on, one durable commit takes about as long as pgqueuer
-  spends per job (compare the one-row transaction under *Outbox and sagas* with
-  pgqueuer's rate), so 1.5× pgqueuer — or 10× Procrastinate — at concurrency 1 would
-  need more than one job per commit, which the contract rules out.
+  separately. With fsync on, one durable one-row transaction already costs most of
+  what pgqueuer spends per job (compare the one-row transaction under *Outbox and
+  sagas* with pgqueuer's rate), so 1.5× pgqueuer — or 10× Procrastinate — at
+  concurrency 1 would need more than one job per commit, which the contract rules
+  out.
 - **Per-job work.** Per job, django-ledon writes two versions of the job row (each
   non-HOT: its status and token are indexed), inserts an attempt row and updates it,
   and checks the attempt's foreign key — the attempt history, fencing tokens and

@@ -40,9 +40,9 @@ class JobsSettings:
     CLAIM_BATCH_SIZE: int = 16
     #: PostgreSQL channel used to wake workers when a job is queued.
     NOTIFY_CHANNEL: str = "ledon_jobs"
-    #: PostgreSQL: run the hot statements (submit, claim, finish, heartbeat) as
-    #: server-side prepared statements, planned once per connection. Turn off behind
-    #: a transaction-pooling PgBouncer older than 1.21.
+    #: PostgreSQL: run the hot statements (a single submit, the worker's claim and
+    #: finish) as server-side prepared statements, planned once per connection. Turn
+    #: off behind a transaction-pooling PgBouncer older than 1.21.
     PREPARED_STATEMENTS: bool = True
 
 

@@ -12,8 +12,9 @@ from factories import JobSubmissionFactory
 
 from jobs import execution, store
 from jobs.api import JobScope, stage_job
+from jobs.conf import jobs_settings
 from jobs.db import placeholders
-from jobs.exceptions import InvalidScope
+from jobs.exceptions import InvalidScope, JobsConfigurationError
 from jobs.models import Job, JobAttempt
 from jobs.types import AttemptStatus, JobStatus
 
@@ -334,3 +335,38 @@ class TestJ6ClaimIndex:
             .explain()
         )
         assert "jobs_job_due_idx" in plan, plan
+
+
+@pytest.mark.django_db(transaction=True)
+class TestPreparedStatements:
+    """``JOBS['PREPARED_STATEMENTS']``: on PostgreSQL the claim is prepared once per
+    connection, or never; either way it claims the same."""
+
+    def prepared_claims(self) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                [f"%INSERT INTO {JobAttempt._meta.db_table}%"],
+            )
+            return int(cursor.fetchone()[0])
+
+    @pytest.mark.postgres_only
+    def test_the_claim_is_prepared_once_per_connection(self, make_job) -> None:
+        connection.close()
+        for n in range(3):
+            make_job.queued(f"job-{n}")
+            assert [c.job_id for c in execution.claim_due("w1", limit=1)] == [f"job-{n}"]
+        assert self.prepared_claims() == 1
+
+    @pytest.mark.postgres_only
+    def test_off_prepares_nothing_and_claims_the_same(self, settings, make_job) -> None:
+        settings.JOBS = {**settings.JOBS, "PREPARED_STATEMENTS": False}
+        connection.close()
+        make_job.queued("job-1")
+        assert [c.job_id for c in execution.claim_due("w1", limit=1)] == ["job-1"]
+        assert self.prepared_claims() == 0
+
+    def test_the_setting_must_be_true_or_false(self, settings) -> None:
+        settings.JOBS = {"PREPARED_STATEMENTS": "yes"}
+        with pytest.raises(JobsConfigurationError, match="PREPARED_STATEMENTS"):
+            jobs_settings()
