@@ -40,6 +40,11 @@ class JobsSettings:
     CLAIM_BATCH_SIZE: int = 16
     #: PostgreSQL channel used to wake workers when a job is queued.
     NOTIFY_CHANNEL: str = "ledon_jobs"
+    #: Retention: seconds finished jobs (and their attempts) are kept; None keeps
+    #: them forever. Workers delete older ones every CLEANUP_INTERVAL seconds;
+    #: ``manage.py purge_jobs`` does it on demand.
+    RETENTION_SECONDS: float | None = None
+    CLEANUP_INTERVAL: float = 300.0
     #: PostgreSQL: run the hot statements (a single submit, the worker's claim and
     #: finish) as server-side prepared statements, planned once per connection. Turn
     #: off behind a transaction-pooling PgBouncer older than 1.21.
@@ -60,6 +65,7 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
         "RECOVERY_INTERVAL",
         "CANCEL_POLL_INTERVAL",
         "CLAIM_BATCH_SIZE",
+        "CLEANUP_INTERVAL",
     )
     for key in positive:
         value = getattr(result, key)
@@ -69,6 +75,13 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
         raise JobsConfigurationError(
             "JOBS['HEARTBEAT_SECONDS'] must be shorter than JOBS['LEASE_SECONDS'] "
             "or leases expire between two heartbeats"
+        )
+    retention = result.RETENTION_SECONDS
+    if retention is not None and (
+        isinstance(retention, bool) or not isinstance(retention, int | float) or retention <= 0
+    ):
+        raise JobsConfigurationError(
+            f"JOBS['RETENTION_SECONDS'] must be None or a positive number, got {retention!r}"
         )
     if not isinstance(result.PREPARED_STATEMENTS, bool):
         raise JobsConfigurationError("JOBS['PREPARED_STATEMENTS'] must be True or False")

@@ -218,3 +218,9 @@ def recover_worker(
         )
         for token in store.tokens_leased_by(worker_id)
     }
+
+
+def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:
+    """Retention: delete up to ``limit`` jobs that finished before ``older_than``, with
+    their attempts; returns how many (see :func:`jobs.store.purge_finished`)."""
+    return store.purge_finished(older_than=older_than, limit=limit)

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import DatabaseError, connections
 from django.utils import timezone
@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 #: A callback for what the worker does: (event, claim or None, detail).
 EventCallback = Callable[[str, Claim | None, str], None]
 
+#: Finished jobs deleted per retention statement.
+_PURGE_BATCH = 1000
+
 
 @dataclass(slots=True)
 class WorkerStats:
@@ -51,6 +54,7 @@ class WorkerStats:
     interrupted: int = 0
     stale: int = 0
     recovered: int = 0
+    purged: int = 0
 
     def count(self, outcome: FinishOutcome) -> None:
         name = {
@@ -67,7 +71,7 @@ class WorkerStats:
         return (
             f"claimed {self.claimed}, succeeded {self.succeeded}, failed {self.failed}, "
             f"retries scheduled {self.retried}, cancelled {self.cancelled}, "
-            f"re-queued {self.requeued}, recovered {self.recovered}"
+            f"re-queued {self.requeued}, recovered {self.recovered}, purged {self.purged}"
         )
 
 
@@ -190,6 +194,7 @@ class Worker:
         next_heartbeat = now + s.HEARTBEAT_SECONDS
         next_cancel_check = now + s.CANCEL_POLL_INTERVAL
         next_recovery = now + s.RECOVERY_INTERVAL
+        next_cleanup = now  # retention runs once at start-up, then every interval
         while not self._stopping.is_set():
             self._wake.clear()
             now = time.monotonic()
@@ -203,6 +208,9 @@ class Worker:
             if now >= next_recovery:
                 self._recover(startup=False)
                 next_recovery = now + s.RECOVERY_INTERVAL
+            if s.RETENTION_SECONDS is not None and now >= next_cleanup:
+                self._clean_up(s.RETENTION_SECONDS)
+                next_cleanup = now + s.CLEANUP_INTERVAL
             claims, asked = self._settle(claim=True)
             for new in claims:
                 self._tasks.put(new)
@@ -396,6 +404,24 @@ class Worker:
                 len(recovered),
                 extra={"worker_id": self.worker_id},
             )
+
+    def _clean_up(self, retention_seconds: float) -> None:
+        """Retention: delete finished jobs older than ``retention_seconds``, batch by
+        batch, until none is left or the worker stops."""
+        cutoff = self.clock() - timedelta(seconds=retention_seconds)
+        purged = 0
+        try:
+            while not self._stopping.is_set():
+                count = execution.purge_finished(older_than=cutoff, limit=_PURGE_BATCH)
+                purged += count
+                if count < _PURGE_BATCH:
+                    break
+        except DatabaseError:
+            logger.exception("retention clean-up failed; will retry")
+            self._reset_connection()
+        if purged:
+            self.stats.purged += purged
+            self._emit("purged", None, f"{purged} finished job(s) past retention")
 
     # ------------------------------------------------------------------ shutdown
 
