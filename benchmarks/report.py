@@ -215,7 +215,7 @@ def extras_section(document: dict[str, Any]) -> str:
             f" one dispatcher) | {outbox['median']:,.0f} messages/s |",
             f"| Saga step, `run_saga` of three no-op steps ({sagas['instances']:,} instances)"
             f" | {sagas['ms_per_step']:.2f} ms per step |",
-            f"| For scale: one transaction writing one row | {sagas['commit_ms']:.2f} ms |",
+            f"| For scale: one durable transaction writing one row | {sagas['commit_ms']:.2f} ms |",
         ]
     )
 
@@ -410,11 +410,11 @@ job:
   claiming the next), and at 4 one commit per four jobs. pgqueuer's figure in those
   rows is its default set-up — batches of 10 with no cap — which holds ten jobs per
   claim whatever the concurrency; Procrastinate commits each job's start and end
-  separately. With fsync on, one durable one-row transaction already costs most of
-  what pgqueuer spends per job (compare the one-row transaction under *Outbox and
-  sagas* with pgqueuer's rate), so 1.5× pgqueuer — or 10× Procrastinate — at
-  concurrency 1 would need more than one job per commit, which the contract rules
-  out.
+  separately. With fsync on, one durable one-row transaction from Django costs
+  about as much as pgqueuer spends per job, or more (compare the one-row
+  transaction under *Outbox and sagas* with pgqueuer's rate), so 1.5× pgqueuer — or
+  10× Procrastinate — at concurrency 1 would need more than one job per commit,
+  which the contract rules out.
 - **Per-job work.** Per job, django-ledon writes two versions of the job row (each
   non-HOT: its status and token are indexed), inserts an attempt row and updates it,
   and checks the attempt's foreign key — the attempt history, fencing tokens and

@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import queue
 import socket
 import threading
 import uuid
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
 from outbox import unit_of_work
@@ -136,6 +137,69 @@ class _LeaseKeeper(threading.Thread):
                     return
         finally:
             connections.close_all()
+
+
+class _StepThread(threading.Thread):
+    """Runs the steps of the sagas one calling thread drives, one after another, on a
+    thread of their own (so that a driver can give up on a step after its timeout).
+
+    It outlives one saga: like a request thread, it keeps its database connection as
+    ``CONN_MAX_AGE`` allows (:meth:`tidy` after each saga closes it when it is
+    obsolete or unusable). Once a step is given up on, the thread is closed and the
+    calling thread's next step gets a new one.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], None], Future[None]] | None] = (
+            queue.SimpleQueue()
+        )
+
+    def submit(self, body: Callable[[], None]) -> Future[None]:
+        future: Future[None] = Future()
+        self._tasks.put((body, future))
+        return future
+
+    def close(self) -> None:
+        """End the thread after the step it runs, if any; its connection closes."""
+        self._tasks.put(None)
+
+    def tidy(self) -> None:
+        """After a saga: close the connection if ``CONN_MAX_AGE`` says so."""
+        self.submit(close_old_connections)
+
+    def run(self) -> None:
+        try:
+            while (task := self._tasks.get()) is not None:
+                body, future = task
+                try:
+                    body()
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(None)
+        finally:
+            connections.close_all()
+
+
+_step_threads = threading.local()
+
+
+def _step_thread_for_caller() -> _StepThread:
+    """The calling thread's step thread, started on first use."""
+    thread: _StepThread | None = getattr(_step_threads, "thread", None)
+    if thread is None:
+        thread = _StepThread(f"saga-steps-{threading.current_thread().name}")
+        thread.start()
+        _step_threads.thread = thread
+    return thread
+
+
+def _drop_step_thread_of_caller() -> None:
+    thread: _StepThread | None = getattr(_step_threads, "thread", None)
+    if thread is not None:
+        thread.close()
+        _step_threads.thread = None
 
 
 @dataclass(slots=True)
@@ -243,6 +307,8 @@ class Driver:
         finally:
             if keeper is not None:
                 keeper.stop()
+            if not self.inline:
+                _step_thread_for_caller().tidy()
 
     def _forward(self, state: SagaSnapshot) -> None:
         pending = state.pending_steps
@@ -378,19 +444,25 @@ class Driver:
     def _on_thread(
         self, body: Callable[[], None], state: SagaSnapshot, step: SagaStep, cancel: threading.Event
     ) -> _Outcome:
-        """Run ``body`` on a thread of its own and wait for it, at most the step's
+        """Run ``body`` on the calling thread's step thread and wait for it, at most the step's
         timeout plus the cancellation grace.
 
-        Inline, the thread borrows this thread's connection (the test's transaction):
-        then nothing else may use the connection until the step ends, so a step that
-        ignores its cancellation is waited for — and still treated as failed.
+        Inline, a thread of its own borrows this thread's connection (the test's
+        transaction): then nothing else may use the connection until the step ends,
+        so a step that ignores its cancellation is waited for — and still treated as
+        failed.
         """
+        if not self.inline:
+            submitted = _step_thread_for_caller().submit(body)
+            outcome = self._wait(submitted, state, step, cancel, False)
+            if outcome.abandoned:
+                _drop_step_thread_of_caller()  # it is still busy with the abandoned step
+            return outcome
         future: Future[None] = Future()
-        shared = connections[self.alias] if self.inline else None
+        shared = connections[self.alias]
 
         def main() -> None:
-            if shared is not None:
-                connections[self.alias] = shared
+            connections[self.alias] = shared
             try:
                 body()
             except BaseException as exc:
@@ -398,22 +470,17 @@ class Driver:
             else:
                 future.set_result(None)
             finally:
-                if shared is not None:
-                    del connections[self.alias]
-                else:
-                    connections.close_all()
+                del connections[self.alias]
 
-        if shared is not None:
-            shared.inc_thread_sharing()
+        shared.inc_thread_sharing()
         try:
             thread = threading.Thread(
                 target=main, name=f"saga-step-{state.name}-{step.name}", daemon=True
             )
             thread.start()
-            return self._wait(future, state, step, cancel, shared is not None)
+            return self._wait(future, state, step, cancel, True)
         finally:
-            if shared is not None:
-                shared.dec_thread_sharing()
+            shared.dec_thread_sharing()
 
     def _wait(
         self,

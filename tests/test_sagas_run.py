@@ -390,5 +390,6 @@ def test_s2_step_context_carries_identity_and_its_own_unit_of_work():
         "compensating": False,
         "uow_active": True,
         "cancel": False,
-        "thread": "saga-step-look-look",
+        # A step thread, not the caller's: the driver can give up on it after its timeout.
+        "thread": f"saga-steps-{threading.current_thread().name}",
     }
