@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from django.db import connections
 
 from jobs import JobScope, JobStatus, JobSubmission, execution, submit_job
 
@@ -57,6 +58,10 @@ def page(live_server, admin_user, request):
         page = browser.new_page(base_url=live_server.url)
         yield page
         browser.close()
+        # The test's own ORM calls ran inside Playwright's event loop, whose context
+        # has connections of its own: close them here, or the session keeps one open
+        # to the test database until the end (and cannot drop it).
+        connections.close_all()
     os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
