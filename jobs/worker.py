@@ -209,8 +209,9 @@ class Worker:
                 self._recover(startup=False)
                 next_recovery = now + s.RECOVERY_INTERVAL
             if s.RETENTION_SECONDS is not None and now >= next_cleanup:
-                self._clean_up(s.RETENTION_SECONDS)
-                next_cleanup = now + s.CLEANUP_INTERVAL
+                more = self._clean_up(s.RETENTION_SECONDS)
+                # A long backlog goes one batch per pass, between heartbeats and claims.
+                next_cleanup = now if more else now + s.CLEANUP_INTERVAL
             claims, asked = self._settle(claim=True)
             for new in claims:
                 self._tasks.put(new)
@@ -405,23 +406,20 @@ class Worker:
                 extra={"worker_id": self.worker_id},
             )
 
-    def _clean_up(self, retention_seconds: float) -> None:
-        """Retention: delete finished jobs older than ``retention_seconds``, batch by
-        batch, until none is left or the worker stops."""
+    def _clean_up(self, retention_seconds: float) -> bool:
+        """Retention: delete one batch of finished jobs older than
+        ``retention_seconds``; True if a full batch went (more may be left)."""
         cutoff = self.clock() - timedelta(seconds=retention_seconds)
-        purged = 0
         try:
-            while not self._stopping.is_set():
-                count = execution.purge_finished(older_than=cutoff, limit=_PURGE_BATCH)
-                purged += count
-                if count < _PURGE_BATCH:
-                    break
+            count = execution.purge_finished(older_than=cutoff, limit=_PURGE_BATCH)
         except DatabaseError:
             logger.exception("retention clean-up failed; will retry")
             self._reset_connection()
-        if purged:
-            self.stats.purged += purged
-            self._emit("purged", None, f"{purged} finished job(s) past retention")
+            return False
+        if count:
+            self.stats.purged += count
+            self._emit("purged", None, f"{count} finished job(s) past retention")
+        return count == _PURGE_BATCH
 
     # ------------------------------------------------------------------ shutdown
 
