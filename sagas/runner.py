@@ -139,6 +139,16 @@ class _LeaseKeeper(threading.Thread):
             connections.close_all()
 
 
+def _run_into(body: Callable[[], None], future: Future[None]) -> None:
+    """Run ``body``; how it ends becomes ``future``'s result or exception."""
+    try:
+        body()
+    except BaseException as exc:
+        future.set_exception(exc)
+    else:
+        future.set_result(None)
+
+
 class _StepThread(threading.Thread):
     """Runs the steps of the sagas one calling thread drives, one after another, on a
     thread of their own (so that a driver can give up on a step after its timeout).
@@ -171,13 +181,7 @@ class _StepThread(threading.Thread):
     def run(self) -> None:
         try:
             while (task := self._tasks.get()) is not None:
-                body, future = task
-                try:
-                    body()
-                except BaseException as exc:
-                    future.set_exception(exc)
-                else:
-                    future.set_result(None)
+                _run_into(*task)
         finally:
             connections.close_all()
 
@@ -464,11 +468,7 @@ class Driver:
         def main() -> None:
             connections[self.alias] = shared
             try:
-                body()
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(None)
+                _run_into(body, future)
             finally:
                 del connections[self.alias]
 

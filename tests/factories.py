@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import factory
+from django.db import connection
+from django.utils import timezone
 
+from jobs.models import Job
 from jobs.types import JobSubmission
 
 
@@ -34,3 +38,31 @@ class JobSubmissionFactory(factory.Factory):
     @classmethod
     def _create(cls, model_class: type[JobSubmission], *args: Any, **kwargs: Any) -> JobSubmission:
         return model_class.create(*args, **kwargs)
+
+
+def write_job_rows(count: int, prefix: str, **fields: Any) -> datetime:
+    """Write ``count`` job rows straight into the table and ``ANALYZE`` it: history for
+    plan and index tests, too large to build through the store job by job. A field
+    given as a callable gets the row's number; job ids are ``{prefix}-{n}``. Returns
+    the rows' creation time."""
+    now = timezone.now()
+    defaults: dict[str, Any] = {
+        "scope_hash": "a" * 64,
+        "handler": "reports.generate",
+        "handler_version": 1,
+        "payload_json": "{}",
+        "next_run_at": now,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+    def value(field: Any, n: int) -> Any:
+        return field(n) if callable(field) else field
+
+    Job.objects.bulk_create(
+        Job(job_id=f"{prefix}-{n}", **{**defaults, **{k: value(v, n) for k, v in fields.items()}})
+        for n in range(count)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+    return now

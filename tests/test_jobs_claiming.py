@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
-from factories import JobSubmissionFactory
+from factories import JobSubmissionFactory, write_job_rows
 
 from jobs import execution, store
 from jobs.api import JobScope, stage_job
@@ -229,34 +229,15 @@ class TestJ6ClaimIndex:
     @pytest.fixture
     def history(self) -> None:
         now = timezone.now()
-        common = {"handler": "reports.generate", "handler_version": 1, "payload_json": "{}"}
-        rows = [
-            Job(
-                scope_hash="a" * 64,
-                job_id=f"old-{n}",
-                status=JobStatus.SUCCEEDED,
-                attempt_count=1,
-                next_run_at=now - timedelta(days=1, seconds=n),
-                created_at=now,
-                updated_at=now,
-                finished_at=now,
-                **common,
-            )
-            for n in range(2000)
-        ] + [
-            Job(
-                scope_hash="a" * 64,
-                job_id=f"new-{n}",
-                next_run_at=now - timedelta(seconds=n),
-                created_at=now,
-                updated_at=now,
-                **common,
-            )
-            for n in range(50)
-        ]
-        Job.objects.bulk_create(rows)
-        with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {Job._meta.db_table}")
+        write_job_rows(
+            2000,
+            "old",
+            status=JobStatus.SUCCEEDED,
+            attempt_count=1,
+            next_run_at=lambda n: now - timedelta(days=1, seconds=n),
+            finished_at=now,
+        )
+        write_job_rows(50, "new", next_run_at=lambda n: now - timedelta(seconds=n))
 
     def explain(self, sql: str, params: list[object]) -> str:
         with connection.cursor() as cursor:
@@ -279,22 +260,7 @@ class TestJ6ClaimIndex:
         which PostgreSQL may plan once without the parameters' values: that plan too
         must find due jobs through the due index and the claimed rows by primary key,
         never by scanning the table — even with a long queue in the statistics."""
-        now = timezone.now()
-        Job.objects.bulk_create(
-            Job(
-                scope_hash="b" * 64,
-                job_id=f"queued-{n}",
-                handler="reports.generate",
-                handler_version=1,
-                payload_json="{}",
-                next_run_at=now,
-                created_at=now,
-                updated_at=now,
-            )
-            for n in range(5000)
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {Job._meta.db_table}")
+        now = write_job_rows(5000, "queued", scope_hash="b" * 64)
         tokens = ["t1", "t2"]
         finish: list[object] = [tokens, [None, "r"], tokens, now, now, tokens, now]
         for finishing, params in (

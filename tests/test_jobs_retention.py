@@ -9,6 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
+from factories import write_job_rows
 from procs import database_url
 
 from jobs import JobStatus, execution, store
@@ -87,24 +88,14 @@ class TestPurgeFinished:
 @pytest.mark.postgres_only
 def test_reads_the_index_of_finished_jobs() -> None:
     now = timezone.now()
-    Job.objects.bulk_create(
-        Job(
-            scope_hash="a" * 64,
-            job_id=f"old-{n}",
-            handler="reports.generate",
-            handler_version=1,
-            payload_json="{}",
-            status=JobStatus.SUCCEEDED,
-            attempt_count=1,
-            next_run_at=now,
-            created_at=now,
-            updated_at=now,
-            finished_at=now - timedelta(seconds=n),
-        )
-        for n in range(3000)
+    write_job_rows(
+        3000,
+        "old",
+        status=JobStatus.SUCCEEDED,
+        attempt_count=1,
+        finished_at=lambda n: now - timedelta(seconds=n),
     )
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {Job._meta.db_table}")
         cursor.execute(
             f"EXPLAIN {store._oldest_finished_sql(connection.vendor)}",
             [now - timedelta(seconds=2900), 1000],
