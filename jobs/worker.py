@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import DatabaseError, connections
+from django.dispatch import Signal
 from django.utils import timezone
 
 from outbox.pglisten import Listener
@@ -32,6 +33,7 @@ from .db import alias_for, is_postgres
 from .exceptions import JobsError, UnknownHandler
 from .handlers import JobContext, get_handler
 from .models import Job
+from .signals import worker_started, worker_stopping
 from .types import Claim, ExecutionStatus, FinishOutcome
 
 logger = logging.getLogger(__name__)
@@ -150,6 +152,11 @@ class Worker:
         self._wake.set()
 
     @property
+    def stop_requested(self) -> bool:
+        """Whether :meth:`stop` was called (a signal, not the end of a burst)."""
+        return self._stopping.is_set()
+
+    @property
     def running_tokens(self) -> list[str]:
         with self._lock:
             return list(self._running)
@@ -163,6 +170,20 @@ class Worker:
         if self.on_event is not None:
             self.on_event(event, claim, detail)
 
+    def report(self, event: str, detail: str = "") -> None:
+        """Tell the worker's event callback about ``event`` (for work running beside
+        the worker, such as saga recovery); ``run_jobs`` prints it."""
+        self._emit(event, None, detail)
+
+    def _send(self, signal: Signal) -> None:
+        for receiver, result in signal.send_robust(sender=Worker, worker=self):
+            if isinstance(result, Exception):
+                logger.error(
+                    "a receiver of the worker's signal failed: %r",
+                    receiver,
+                    exc_info=(type(result), result, result.__traceback__),
+                )
+
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> WorkerStats:
@@ -174,6 +195,7 @@ class Worker:
         self._start_threads()
         try:
             self._recover(startup=True)
+            self._send(worker_started)
             self.started.set()
             self._emit(
                 "started", None, f"queues={self.queues or 'all'} concurrency={self.concurrency}"
@@ -183,6 +205,7 @@ class Worker:
         finally:
             with self._lock:
                 self._settling = False
+            self._send(worker_stopping)
             self._stop_threads()
             connections[self.alias].close()
         self._emit("stopped", None, self.stats.summary())

@@ -1,4 +1,4 @@
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 
 
 class SagasConfig(AppConfig):
@@ -8,6 +8,15 @@ class SagasConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+
+        if apps.is_installed("jobs"):
+            # S5: every run_jobs worker also recovers saga instances.
+            from jobs.signals import worker_started, worker_stopping
+
+            from .in_worker import start_recovery, stop_recovery
+
+            worker_started.connect(start_recovery, dispatch_uid="sagas.start_recovery")
+            worker_stopping.connect(stop_recovery, dispatch_uid="sagas.stop_recovery")
         from .exceptions import SagasConfigurationError
         from .registry import autodiscover
 

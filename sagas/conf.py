@@ -36,6 +36,9 @@ class SagasSettings:
     AUTODISCOVER_MODULE: str = "sagas"
     #: Largest accepted saga data, in bytes of JSON text.
     MAX_DATA_BYTES: int = 1_000_000
+    #: Whether every ``run_jobs`` worker also recovers unfinished instances, as
+    #: ``recover_sagas`` does (when the ``jobs`` app is installed).
+    RECOVER_IN_WORKER: bool = True
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -72,6 +75,10 @@ def _validate(values: dict[str, Any]) -> SagasSettings:
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise SagasConfigurationError(
             f"SAGAS['COMPENSATION_ATTEMPTS'] must be an integer of at least 1, got {attempts!r}"
+        )
+    if not isinstance(result.RECOVER_IN_WORKER, bool):
+        raise SagasConfigurationError(
+            f"SAGAS['RECOVER_IN_WORKER'] must be True or False, got {result.RECOVER_IN_WORKER!r}"
         )
     if result.heartbeat_seconds >= result.LEASE_SECONDS:
         raise SagasConfigurationError(

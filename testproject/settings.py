@@ -165,6 +165,7 @@ SAGAS: dict[str, Any] = {
     "COMPENSATION_ATTEMPTS": env.int("SAGAS_COMPENSATION_ATTEMPTS", default=3),
     "COMPENSATION_RETRY_DELAY": env.float("SAGAS_COMPENSATION_RETRY_DELAY", default=1.0),
     "POLL_INTERVAL": env.float("SAGAS_POLL_INTERVAL", default=1.0),
+    "RECOVER_IN_WORKER": env.bool("SAGAS_RECOVER_IN_WORKER", default=True),
 }
 
 LOGGING = {

@@ -86,6 +86,33 @@ def test_s5_sigkill_between_steps_and_recovery_finishes_without_rerunning(spawn,
     assert "claimed saga fulfilment.order" in recovery.output
 
 
+def test_s5_run_jobs_resumes_a_killed_saga_too_unless_told_not_to(spawn, tmp_path):
+    """Recovery "inside the worker": after SIGKILL between two steps, a ``run_jobs``
+    burst resumes the instance (and waits for it); with ``RECOVER_IN_WORKER`` off, a
+    worker leaves it alone for ``recover_sagas``."""
+    journal = tmp_path / "journal"
+    run_until_killed(spawn, order(journal=str(journal)), "sagas.step.committed/reserve@1:kill")
+    row = instance()
+    wait_until(
+        lambda: bool(store.claimable(timezone.now())), 15, "the dead runner's lease to expire"
+    )
+
+    off = spawn("run_jobs", "--burst", "-v", "2", env={"SAGAS_RECOVER_IN_WORKER": "0"})
+    assert off.wait() == 0, off.output
+    row.refresh_from_db()
+    assert (row.status, row.completed_steps) == (SagaStatus.RUNNING, ["reserve"])
+
+    worker = spawn("run_jobs", "--burst", "-v", "2")
+    assert worker.wait() == 0, worker.output
+    row.refresh_from_db()
+    assert row.status == SagaStatus.SUCCEEDED, worker.output
+    assert runs(row.instance_id) == ["reserve", "charge", "ship"]
+    assert started(journal) == {"reserve": 1, "charge": 1, "ship": 1}
+    by = pids(row.instance_id)
+    assert by["charge"] == by["ship"] == worker.pid != by["reserve"]
+    assert f"saga succeeded fulfilment.order {row.instance_id}" in worker.output
+
+
 @pytest.mark.parametrize(
     "fault",
     ["fulfilment.charge.inside@1:kill", "sagas.step.marked/charge@1:kill"],

@@ -72,7 +72,7 @@ class Command(BaseCommand):
         self.stdout.write(f"worker {worker.worker_id}: handlers {handlers}")
 
         def on_signal(signum: int, frame: Any) -> None:
-            again = worker._stopping.is_set()
+            again = worker.stop_requested
             self.stdout.write(
                 f"worker {worker.worker_id}: {signal.Signals(signum).name}, "
                 + ("stopping now" if again else "stopping gracefully")

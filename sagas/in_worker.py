@@ -1,0 +1,60 @@
+"""Saga recovery inside ``run_jobs`` (SPEC S5): beside every job worker, a
+:class:`~sagas.runner.SagaRunner` resumes unfinished saga instances, exactly as
+``recover_sagas`` would — unless ``SAGAS["RECOVER_IN_WORKER"]`` is False.
+
+Connected to the worker's signals when both apps are installed (``SagasConfig.ready``);
+``jobs`` itself knows nothing of sagas. In ``--burst`` mode the worker waits for the
+runner to find nothing left to claim; otherwise the runner stops with the worker and
+releases the instance it drives after the current step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from .conf import sagas_settings
+from .runner import SagaRunner
+from .types import SagaSnapshot
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_running: dict[int, tuple[SagaRunner, threading.Thread]] = {}
+
+
+def start_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
+    """``jobs.signals.worker_started``: start a saga runner beside ``worker``."""
+    if not sagas_settings().RECOVER_IN_WORKER:
+        return
+
+    def report(event: str, state: SagaSnapshot | None, detail: str) -> None:
+        what = f"{state.name} {state.instance_id}" if state is not None else ""
+        worker.report(f"saga {event}", " ".join(p for p in (what, detail) if p))
+
+    runner = SagaRunner(burst=worker.burst, on_event=report, inline=False)
+    thread = threading.Thread(target=runner.run, name="saga-recovery", daemon=True)
+    with _lock:
+        _running[id(worker)] = (runner, thread)
+    thread.start()
+
+
+def stop_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
+    """``jobs.signals.worker_stopping``: stop (or, in burst mode, finish) the runner."""
+    with _lock:
+        entry = _running.pop(id(worker), None)
+    if entry is None:
+        return
+    runner, thread = entry
+    if worker.burst and not worker.stop_requested:
+        thread.join()  # a burst ends when nothing is left: saga instances included
+        return
+    runner.stop()
+    thread.join(max(worker.shutdown_timeout, 1.0))
+    if thread.is_alive():
+        logger.warning(
+            "saga runner %s is still in a step as the worker stops; its lease will "
+            "expire and another runner will resume the instance",
+            runner.runner_id,
+        )
