@@ -22,7 +22,8 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -83,6 +84,76 @@ class DispatcherStats:
         )
 
 
+class _BatchLeaseKeeper(threading.Thread):
+    """Renews the lease of the batch its dispatcher is publishing, every third of
+    ``LEASE_SECONDS`` while the publishing lasts, so that a slow broker never lets
+    another dispatcher recover the batch and send it a second time.
+
+    One idle thread per dispatcher; it touches the database only when a publish
+    outlasts a third of the lease (and closes its connection after each renewal).
+    """
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        super().__init__(name="outbox-lease", daemon=True)
+        self.dispatcher = dispatcher
+        self.interval = dispatcher.settings.LEASE_SECONDS / 3
+        self._cond = threading.Condition()
+        self._batch: Batch | None = None
+        self._due = 0.0
+        self._closed = False
+
+    def watch(self, batch: Batch) -> None:
+        with self._cond:
+            self._batch = batch
+            self._due = time.monotonic() + self.interval
+            self._cond.notify()
+
+    def unwatch(self, batch: Batch | None = None) -> None:
+        """Stop renewing (only ``batch``'s lease, if given)."""
+        with self._cond:
+            if batch is None or self._batch is batch:
+                self._batch = None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (self._batch is None or time.monotonic() < self._due):
+                    self._cond.wait(
+                        None if self._batch is None else max(self._due - time.monotonic(), 0)
+                    )
+                if self._closed:
+                    return
+                batch = self._batch
+                self._due = time.monotonic() + self.interval
+            assert batch is not None
+            self._renew(batch)
+
+    def _renew(self, batch: Batch) -> None:
+        dispatcher = self.dispatcher
+        try:
+            kept = store.renew_batch(batch.token, now=dispatcher.clock())
+        except DatabaseError:
+            logger.exception("renewing an outbox batch's lease failed; will retry")
+            return
+        finally:
+            connections.close_all()
+        if kept:
+            dispatcher._emit("renewed", f"lease of {kept} message(s) renewed while publishing")
+            return
+        logger.warning(
+            "an outbox batch of %d message(s) lost its lease while publishing; its late "
+            "record will be fenced off",
+            len(batch.messages),
+            extra={"dispatcher_id": dispatcher.dispatcher_id},
+        )
+        self.unwatch(batch)
+
+
 class Dispatcher:
     """Deliver outbox messages until stopped (or, with ``burst``, until none is due).
 
@@ -121,6 +192,8 @@ class Dispatcher:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._listener: Listener | None = None
+        self._keeper: _BatchLeaseKeeper | None = None
+        self._running = False
 
     # ------------------------------------------------------------------ control
 
@@ -153,6 +226,7 @@ class Dispatcher:
                 name="outbox-listener",
             )
             self._listener.start()
+        self._running = True
         try:
             self._check_transport()
             self._guarded(lambda: self.recover(startup=True), "recovering batches")
@@ -161,6 +235,10 @@ class Dispatcher:
             self._emit("started", f"transport {self.transport.name or type(self.transport)}")
             self._loop_until_stopped()
         finally:
+            self._running = False
+            if self._keeper is not None:
+                self._keeper.close()
+                self._keeper = None
             if self._listener is not None:
                 self._listener.stop()
                 self._listener.join(timeout=5)
@@ -222,7 +300,8 @@ class Dispatcher:
         self.stats.batches += 1
         self.stats.claimed += len(batch.messages)
         fault_point("outbox.dispatcher.claimed", batch=batch)
-        reports = self._publish(batch)
+        with self._lease_kept(batch):
+            reports = self._publish(batch)
         fault_point("outbox.dispatcher.published", batch=batch, reports=reports)
         outcomes = self._record(batch, reports)
         fault_point("outbox.dispatcher.recorded", batch=batch, outcomes=outcomes)
@@ -241,6 +320,22 @@ class Dispatcher:
         )
         self._emit("batch", detail)
         return len(batch.messages)
+
+    @contextmanager
+    def _lease_kept(self, batch: Batch) -> Iterator[None]:
+        """While the batch publishes, keep its lease (see :class:`_BatchLeaseKeeper`)."""
+        if self._keeper is None or not self._keeper.is_alive():
+            self._keeper = _BatchLeaseKeeper(self)
+            self._keeper.start()
+        self._keeper.watch(batch)
+        try:
+            yield
+        finally:
+            self._keeper.unwatch()
+            if not self._running:
+                # A batch dispatched outside run(): nothing closes the keeper later.
+                self._keeper.close()
+                self._keeper = None
 
     def _publish(self, batch: Batch) -> list[DeliveryReport]:
         """The transport's report for every message of the batch; a message it did not

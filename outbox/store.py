@@ -6,6 +6,7 @@ typed error. Nothing else in the app writes to these tables.
 
     stage ................ (new) -> PENDING                         stage_message
     claim ................ PENDING, no lease, due -> PENDING + lease (attempt n+1)
+    renew ................ PENDING + this lease -> PENDING + longer   renew_batch
     record delivered ..... PENDING + this lease -> SENT             record_deliveries
     record failure ....... PENDING + this lease -> PENDING later | PARKED
     recover .............. PENDING + lease expired (or of a restarted dispatcher)
@@ -203,6 +204,24 @@ def claim_batch(
             for r in rows
         ),
     )
+
+
+def renew_batch(
+    token: str, *, lease_seconds: float | None = None, now: datetime | None = None
+) -> int:
+    """Extend the lease of a batch still being published: every Pending message still
+    leased under ``token`` gets ``lease_seconds`` more. Returns how many kept their
+    lease (0: the batch was recovered elsewhere; its late record will be fenced).
+    Like a recovery, it is one statement: whichever commits first decides."""
+    now = _now(now)
+    expires = now + timedelta(seconds=lease_seconds or outbox_settings().LEASE_SECONDS)
+    connection = connection_for(OutboxMessage)
+    with transaction.atomic(using=alias_for(OutboxMessage)), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {OUTBOX} SET lease_expires_at = %s WHERE lease_token = %s AND status = %s",
+            [adapt_dt(connection, expires), token, PENDING],
+        )
+        return int(cursor.rowcount)
 
 
 def record_deliveries(

@@ -300,3 +300,57 @@ def test_postgres_notify_wakes_a_dispatcher_on_commit(settings, in_thread):
     staged = stage(1)
     wait_until(lambda: len(transport.published) == 1, 20, "the woken dispatcher to deliver")
     assert transport.published[0].message_id == staged[0].message_id
+
+
+class SlowTransport(RecordingTransport):
+    """Publishes only when the test lets it (a broker that takes its time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.publishing = threading.Event()
+        self.go = threading.Event()
+
+    def publish(self, messages):  # type: ignore[no-untyped-def]
+        self.publishing.set()
+        assert self.go.wait(30), "the test never let the publish finish"
+        return super().publish(messages)
+
+
+def test_a_batch_that_publishes_longer_than_its_lease_keeps_it(settings):
+    """The lease of a batch is renewed while it publishes: another dispatcher's
+    recovery, after the first lease would have expired, finds nothing to take, and
+    every message is sent once."""
+    settings.OUTBOX = {**settings.OUTBOX, "LEASE_SECONDS": 0.6}
+    stage(3)
+    transport = SlowTransport()
+    slow = Dispatcher(transport=transport, listen=False)
+    outcome: list[int] = []
+
+    def publish_slowly() -> None:
+        try:
+            outcome.append(slow.dispatch_batch())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=publish_slowly)
+    thread.start()
+    try:
+        assert transport.publishing.wait(30)
+        first_expiry = OutboxMessage.objects.values_list("lease_expires_at", flat=True)[0]
+        wait_until(
+            lambda: (
+                timezone.now() > first_expiry
+                and OutboxMessage.objects.filter(lease_expires_at__gt=timezone.now()).count() == 3
+            ),
+            30,
+            "the first lease to pass and a renewed one to hold",
+        )
+        other = Dispatcher(transport=RecordingTransport(), listen=False)
+        assert other.recover().total == 0
+        assert other.dispatch_batch() == 0
+    finally:
+        transport.go.set()
+        thread.join(30)
+    assert outcome == [3]
+    assert statuses() == ["sent"] * 3
+    assert len(transport.published) == 3
