@@ -16,7 +16,7 @@ from jobs.conf import jobs_settings
 from jobs.db import placeholders
 from jobs.exceptions import InvalidScope, JobsConfigurationError
 from jobs.models import Job, JobAttempt
-from jobs.types import AttemptStatus, JobStatus
+from jobs.types import AttemptStatus, FinishOutcome, JobStatus
 
 SCOPE = "tenant-42"
 T0 = datetime(2024, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -329,7 +329,12 @@ class TestPreparedStatements:
         settings.JOBS = {**settings.JOBS, "PREPARED_STATEMENTS": False}
         connection.close()
         make_job.queued("job-1")
-        assert [c.job_id for c in execution.claim_due("w1", limit=1)] == ["job-1"]
+        [claim] = execution.claim_due("w1", limit=1)
+        assert claim.job_id == "job-1"
+        make_job.queued("job-2")
+        outcomes, claims = execution.complete_and_claim([(claim, "r")], "w1", limit=4)
+        assert outcomes == {claim.token: FinishOutcome.SUCCEEDED}
+        assert [c.job_id for c in claims] == ["job-2"]
         assert self.prepared_claims() == 0
 
     def test_the_setting_must_be_true_or_false(self, settings) -> None:
