@@ -75,7 +75,7 @@ class SagaInstanceAdmin(ReadOnlyAdminMixin, _InstanceAdminBase):
         ("Steps", {"fields": ("steps_table",)}),
         ("Data", {"fields": ("data_pretty",)}),
         ("Failure", {"fields": ("failed_step", "error", "compensation_error")}),
-        ("Lease", {"fields": ("leased_by", "leased_until")}),
+        ("Lease", {"fields": ("leased_by", "leased_until", "takeovers")}),
         ("Times", {"fields": ("created_at", "updated_at", "finished_at")}),
     )
     readonly_fields = tuple(

@@ -39,6 +39,10 @@ class SagasSettings:
     #: Whether every ``run_jobs`` worker also recovers unfinished instances, as
     #: ``recover_sagas`` does (when the ``jobs`` app is installed).
     RECOVER_IN_WORKER: bool = True
+    #: Takeovers from an expired lease an instance may see without moving on before
+    #: its current step counts as failed (a step that kills or hangs its process every
+    #: time); ``None``: no limit.
+    MAX_TAKEOVERS: int | None = 3
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -75,6 +79,13 @@ def _validate(values: dict[str, Any]) -> SagasSettings:
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise SagasConfigurationError(
             f"SAGAS['COMPENSATION_ATTEMPTS'] must be an integer of at least 1, got {attempts!r}"
+        )
+    takeovers = result.MAX_TAKEOVERS
+    if takeovers is not None and (
+        isinstance(takeovers, bool) or not isinstance(takeovers, int) or takeovers < 1
+    ):
+        raise SagasConfigurationError(
+            f"SAGAS['MAX_TAKEOVERS'] must be None or an integer of at least 1, got {takeovers!r}"
         )
     if not isinstance(result.RECOVER_IN_WORKER, bool):
         raise SagasConfigurationError(

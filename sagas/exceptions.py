@@ -84,6 +84,11 @@ class StepTimedOut(SagaError):
     """The step did not finish within its timeout."""
 
 
+class StepKeptDying(SagaError):
+    """The runners driving this step kept stopping without finishing it (their leases
+    expired ``MAX_TAKEOVERS`` times): the step counts as failed."""
+
+
 class RecordedStepFailure(SagaError):
     """A step of this saga instance failed in an earlier run; the stored error follows."""
 

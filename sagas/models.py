@@ -63,6 +63,9 @@ class SagaInstance(models.Model):
     leased_by = models.CharField(max_length=200, blank=True, default="")
     leased_until = models.DateTimeField(null=True, blank=True)
     version = models.PositiveBigIntegerField(default=0)
+    #: Times a runner took the instance over from one whose lease had expired (its
+    #: process died or hung) since the instance last moved on; see MAX_TAKEOVERS.
+    takeovers = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -61,6 +61,7 @@ from .exceptions import (
     SagaDefinitionMismatch,
     SagaError,
     SagaLeaseLost,
+    StepKeptDying,
     StepTimedOut,
     UnknownSaga,
 )
@@ -280,6 +281,7 @@ class Driver:
             )
             keeper.start()
         try:
+            self._fail_a_step_that_keeps_dying(state)
             while True:
                 state = store.require(state.instance_id)
                 if state.leased_by != self.owner:
@@ -313,6 +315,41 @@ class Driver:
                 keeper.stop()
             if not self.inline:
                 _step_thread_for_caller().tidy()
+
+    def _fail_a_step_that_keeps_dying(self, state: SagaSnapshot) -> None:
+        """A step whose runners kept dying (or hanging) without finishing it — the
+        instance was taken over from an expired lease more than ``MAX_TAKEOVERS``
+        times without moving on — counts as failed instead of being run once more:
+        compensation begins, or, if a compensation keeps dying, the instance is left
+        for a person (needs attention)."""
+        limit = self.settings.MAX_TAKEOVERS
+        if limit is None or state.takeovers <= limit or state.leased_by != self.owner:
+            return
+        compensating = state.status is SagaStatus.COMPENSATING
+        todo = state.steps_to_compensate if compensating else state.pending_steps
+        if not todo:
+            return
+        step = todo[0]
+        what = "compensation of step" if compensating else "step"
+        error = StepKeptDying(
+            f"{what} {step!r} of saga {state.name!r} never finished: the runners driving "
+            f"it stopped {state.takeovers} times (SAGAS['MAX_TAKEOVERS'] is {limit})"
+        )
+        logger.error(
+            "saga %s instance %s: %s",
+            state.name,
+            state.instance_id,
+            error,
+            extra=self._log_extra(state, step),
+        )
+        self._emit("step-kept-dying", state, f"{step} after {state.takeovers} takeovers")
+        if compensating:
+            self.compensation_failure = error
+            store.give_up(state, self.owner, str(error), now=self.clock())
+            self._emit("needs-attention", state, f"compensation of {step} kept dying")
+        else:
+            self.failure = error
+            store.begin_compensation(state, self.owner, step, str(error), now=self.clock())
 
     def _forward(self, state: SagaSnapshot) -> None:
         pending = state.pending_steps

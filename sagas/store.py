@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Case, F, PositiveIntegerField, When
 from django.utils import timezone
 
 from . import validation
@@ -94,6 +94,7 @@ def snapshot(row: SagaInstance, *, created: bool = False) -> SagaSnapshot:
         created_at=row.created_at,
         updated_at=row.updated_at,
         finished_at=row.finished_at,
+        takeovers=row.takeovers,
         created=created,
     )
 
@@ -226,6 +227,9 @@ def _transition(
     """The guarded update every transition shares: this version, these states, this
     lease holder. Joins the caller's transaction when one is open."""
     new_version = state.version + 1
+    # Every transition but a release moves the instance on: takeovers count again
+    # from zero.
+    values.setdefault("takeovers", 0)
     with transaction.atomic(using=_alias(), savepoint=False):
         updated = (
             _rows()
@@ -267,6 +271,13 @@ def claim(
                 leased_until=now + timedelta(seconds=lease_seconds),
                 version=F("version") + 1,
                 updated_at=now,
+                # A lease that expired (not one a runner released) means its runner
+                # died or hung while driving the instance: count the takeover.
+                takeovers=Case(
+                    When(leased_until__lt=now, then=F("takeovers") + 1),
+                    default=F("takeovers"),
+                    output_field=PositiveIntegerField(),
+                ),
             )
         )
     return get(state.instance_id) if updated else None
@@ -401,4 +412,12 @@ def reopen(
 def release(state: SagaSnapshot, owner: str, *, now: datetime | None = None) -> int:
     """Stop driving an active instance: free its lease so another runner may go on."""
     now = _now(now)
-    return _transition(state, owner, ACTIVE_STATUSES, now, leased_by="", leased_until=None)
+    return _transition(
+        state,
+        owner,
+        ACTIVE_STATUSES,
+        now,
+        leased_by="",
+        leased_until=None,
+        takeovers=F("takeovers"),
+    )

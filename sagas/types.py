@@ -64,6 +64,8 @@ class SagaSnapshot:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    #: Takeovers from an expired lease since the instance last moved on.
+    takeovers: int = 0
     #: True when this call created the instance (``run_saga``/``start_saga``).
     created: bool = False
 

@@ -166,6 +166,7 @@ SAGAS: dict[str, Any] = {
     "COMPENSATION_RETRY_DELAY": env.float("SAGAS_COMPENSATION_RETRY_DELAY", default=1.0),
     "POLL_INTERVAL": env.float("SAGAS_POLL_INTERVAL", default=1.0),
     "RECOVER_IN_WORKER": env.bool("SAGAS_RECOVER_IN_WORKER", default=True),
+    "MAX_TAKEOVERS": env.int("SAGAS_MAX_TAKEOVERS", default=3),
 }
 
 LOGGING = {

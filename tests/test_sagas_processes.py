@@ -86,6 +86,33 @@ def test_s5_sigkill_between_steps_and_recovery_finishes_without_rerunning(spawn,
     assert "claimed saga fulfilment.order" in recovery.output
 
 
+def test_a_step_that_kills_every_runner_is_failed_after_max_takeovers(spawn, tmp_path):
+    """A poison step: every process that runs ``charge`` dies. After
+    ``MAX_TAKEOVERS`` (here 1) takeovers without progress, the next runner counts the
+    step as failed and compensates instead of dying once more."""
+    journal = tmp_path / "journal"
+    poison = {"FULFILMENT_FAULT": "sagas.step.started/charge@1:kill", "SAGAS_MAX_TAKEOVERS": "1"}
+    run_until_killed(spawn, order(journal=str(journal)), poison["FULFILMENT_FAULT"])
+    row = instance()
+    for expected in ("killed", "compensates"):
+        wait_until(
+            lambda: bool(store.claimable(timezone.now())), 15, "the dead runner's lease to expire"
+        )
+        runner = spawn("recover_sagas", "--burst", "-v", "2", env=poison)
+        if expected == "killed":
+            assert runner.wait() == -signal.SIGKILL, runner.output
+        else:
+            assert runner.wait() == 0, runner.output
+    row.refresh_from_db()
+    assert row.status == SagaStatus.COMPENSATED, runner.output
+    assert row.failed_step == "charge"
+    assert "stopped 2 times" in row.error
+    # Two runners died as charge started (before its body ran); the third did not run it.
+    assert started(journal) == {"reserve": 1}
+    assert runs(row.instance_id, "compensation") == ["reserve"]
+    assert "step-kept-dying" in runner.output
+
+
 def test_s5_run_jobs_resumes_a_killed_saga_too_unless_told_not_to(spawn, tmp_path):
     """Recovery "inside the worker": after SIGKILL between two steps, a ``run_jobs``
     burst resumes the instance (and waits for it); with ``RECOVER_IN_WORKER`` off, a

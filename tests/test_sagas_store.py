@@ -24,10 +24,12 @@ from sagas import (
     start_saga,
     store,
 )
+from sagas.conf import sagas_settings
 from sagas.exceptions import (
     InvalidTransition,
     SagaLeased,
     SagaLeaseLost,
+    SagasConfigurationError,
     UnknownSaga,
 )
 from sagas.models import SagaInstance
@@ -382,3 +384,59 @@ def test_ids_that_are_not_uuids_are_refused():
     with pytest.raises(InvalidInput):
         store.get("not-a-uuid")
     assert store.get(uuid.uuid4()) is None
+
+
+def take_over(times: int) -> tuple[uuid.UUID, object]:
+    """An instance whose runners died ``times`` times: each later runner found the
+    lease expired. Returns its id and the moment after the last lease ran out."""
+    state = started_instance()
+    now = timezone.now()
+    state = store.claim(state, "runner-0", lease_seconds=1, now=now)
+    for n in range(1, times + 1):
+        now += LATER
+        state = store.claim(state, f"runner-{n}", lease_seconds=1, now=now)
+        assert state is not None
+    return state.instance_id, now + LATER
+
+
+def test_takeovers_count_expired_leases_only_and_progress_resets_them():
+    instance_id, _ = take_over(2)
+    state = store.require(instance_id)
+    assert state.takeovers == 2
+    store.release(state, state.leased_by)
+    released = store.claim(store.require(instance_id), "polite", lease_seconds=30)
+    assert released is not None
+    assert released.takeovers == 2  # a released lease is no takeover
+    store.complete_step(released, "polite", "reserve", dict(released.data))
+    assert store.require(instance_id).takeovers == 0  # the instance moved on
+
+
+def test_a_step_whose_runners_keep_dying_fails_and_is_compensated(settings):
+    """Past SAGAS['MAX_TAKEOVERS'], the next runner does not run the step again: it
+    counts as failed, and compensation begins."""
+    settings.SAGAS = {**settings.SAGAS, "MAX_TAKEOVERS": 2}
+    instance_id, later = take_over(3)
+    events: list[str] = []
+    SagaRunner(burst=True, clock=lambda: later, on_event=lambda e, s, d: events.append(e)).run()
+    row = instance(instance_id)
+    assert row.status == SagaStatus.COMPENSATED
+    assert row.failed_step == "reserve"
+    # Four runners stopped: three before, and the one whose lease this runner found expired.
+    assert "never finished: the runners driving it stopped 4 times" in row.error
+    assert runs(instance_id) == []  # the step was not run a fifth time
+    assert "step-kept-dying" in events
+
+
+def test_within_the_limit_a_taken_over_instance_just_goes_on(settings):
+    settings.SAGAS = {**settings.SAGAS, "MAX_TAKEOVERS": 3}
+    instance_id, later = take_over(2)  # this runner's own takeover is the third
+    SagaRunner(burst=True, clock=lambda: later).run()
+    assert instance(instance_id).status == SagaStatus.SUCCEEDED
+    assert runs(instance_id) == ["reserve", "charge", "ship"]
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "3"])
+def test_max_takeovers_is_none_or_a_positive_integer(settings, value):
+    settings.SAGAS = {**settings.SAGAS, "MAX_TAKEOVERS": value}
+    with pytest.raises(SagasConfigurationError, match="MAX_TAKEOVERS"):
+        sagas_settings()
