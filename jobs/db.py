@@ -17,6 +17,8 @@ from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
+from .conf import jobs_settings
+
 
 def alias_for(model: type[Any]) -> str:
     return router.db_for_write(model) or "default"
@@ -47,8 +49,6 @@ def fetch(
     recorded where Django records queries (``CaptureQueriesContext``, ``DEBUG``).
     Elsewhere it is an ordinary Django cursor.
     """
-    from .conf import jobs_settings
-
     if not (is_postgres(connection) and jobs_settings().PREPARED_STATEMENTS):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)

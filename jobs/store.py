@@ -1282,7 +1282,6 @@ def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:
     alias = alias_for(Job)
     connection = connection_for(Job)
     postgres = is_postgres(connection)
-    finished = _FINISHED_SQL
     oldest = _oldest_finished_sql(connection.vendor)
     params = [adapt_dt(connection, older_than), limit]
     with transaction.atomic(using=alias), connection.cursor() as cursor:
@@ -1291,7 +1290,7 @@ def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:
             # estimates. The attempts' foreign key is checked at commit.
             cursor.execute(
                 f"WITH gone AS (DELETE FROM {JOB} WHERE id = ANY(ARRAY({oldest}))"
-                f" AND status IN ({finished}) RETURNING id),"
+                f" AND status IN ({_FINISHED_SQL}) RETURNING id),"
                 f" attempts AS (DELETE FROM {ATTEMPT}"
                 " WHERE job_id = ANY(ARRAY(SELECT id FROM gone)))"
                 " SELECT count(*) FROM gone",
@@ -1299,7 +1298,8 @@ def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:
             )
             return int(cursor.fetchone()[0])
         cursor.execute(
-            f"DELETE FROM {JOB} WHERE id IN ({oldest}) AND status IN ({finished}) RETURNING id",
+            f"DELETE FROM {JOB} WHERE id IN ({oldest}) AND status IN ({_FINISHED_SQL})"
+            " RETURNING id",
             params,
         )
         ids = [row[0] for row in cursor.fetchall()]

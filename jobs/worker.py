@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import DatabaseError, connections
-from django.dispatch import Signal
 from django.utils import timezone
 
 from outbox.pglisten import Listener
@@ -33,7 +32,7 @@ from .db import alias_for, is_postgres
 from .exceptions import JobsError, UnknownHandler
 from .handlers import JobContext, get_handler
 from .models import Job
-from .signals import worker_started, worker_stopping
+from .signals import send_logged, worker_started, worker_stopping
 from .types import Claim, ExecutionStatus, FinishOutcome
 
 logger = logging.getLogger(__name__)
@@ -175,15 +174,6 @@ class Worker:
         the worker, such as saga recovery); ``run_jobs`` prints it."""
         self._emit(event, None, detail)
 
-    def _send(self, signal: Signal) -> None:
-        for receiver, result in signal.send_robust(sender=Worker, worker=self):
-            if isinstance(result, Exception):
-                logger.error(
-                    "a receiver of the worker's signal failed: %r",
-                    receiver,
-                    exc_info=(type(result), result, result.__traceback__),
-                )
-
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> WorkerStats:
@@ -195,7 +185,7 @@ class Worker:
         self._start_threads()
         try:
             self._recover(startup=True)
-            self._send(worker_started)
+            send_logged(worker_started, Worker, "worker_started", log=logger, worker=self)
             self.started.set()
             self._emit(
                 "started", None, f"queues={self.queues or 'all'} concurrency={self.concurrency}"
@@ -205,7 +195,7 @@ class Worker:
         finally:
             with self._lock:
                 self._settling = False
-            self._send(worker_stopping)
+            send_logged(worker_stopping, Worker, "worker_stopping", log=logger, worker=self)
             self._stop_threads()
             connections[self.alias].close()
         self._emit("stopped", None, self.stats.summary())
@@ -309,7 +299,7 @@ class Worker:
             if wake:
                 self._wake.set()
 
-    def _settle_here(self) -> Claim | None:
+    def _settle_on_this_thread(self) -> Claim | None:
         """On a handler thread whose attempt succeeded: settle now if
         :meth:`_settles_here` says so, keep one new claim to run on this thread (no
         hand-over) and queue the rest. Returns the claim to run next, if any."""
@@ -563,7 +553,7 @@ class Worker:
         finally:
             if not handed_over:
                 self._release(claim)
-        return self._settle_here() if handed_over else None
+        return self._settle_on_this_thread() if handed_over else None
 
     def _run_handler(self, claim: Claim, ctx: JobContext) -> bool:
         """Run the attempt's handler and finish the attempt; True if a successful

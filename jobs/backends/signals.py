@@ -1,6 +1,7 @@
 """Sending Django's task signals so that a failing receiver cannot change a task.
 
-``send_robust`` is used: a receiver that raises is logged and the others still run.
+Sent through :func:`jobs.signals.send_logged`: a receiver that raises is logged and
+the others still run.
 A broken receiver must neither make a committed enqueue look failed nor fail (and
 so re-run) a task whose function succeeded.
 """
@@ -13,15 +14,17 @@ from typing import Any
 from django.dispatch import Signal
 from django.tasks import TaskResult
 
+from ..signals import send_logged
+
 logger = logging.getLogger(__name__)
 
 
 def send_signal(signal: Signal, sender: type[Any], result: TaskResult[Any, Any]) -> None:
-    for receiver, response in signal.send_robust(sender=sender, task_result=result):
-        if isinstance(response, Exception):
-            logger.error(
-                "a receiver of a task signal failed: %r",
-                receiver,
-                exc_info=response,
-                extra={"task_result_id": result.id},
-            )
+    send_logged(
+        signal,
+        sender,
+        "a task signal",
+        log=logger,
+        extra={"task_result_id": result.id},
+        task_result=result,
+    )

@@ -11,7 +11,6 @@ from django.utils import timezone
 from jobs import execution
 from jobs.conf import jobs_settings
 from jobs.models import Job
-from jobs.types import FINISHED_STATUSES
 
 
 class Command(BaseCommand):
@@ -58,7 +57,7 @@ class Command(BaseCommand):
             raise CommandError("--batch-size must be between 1 and 100000")
         cutoff = timezone.now() - timedelta(seconds=seconds)
         if options["dry_run"]:
-            count = Job.objects.filter(status__in=FINISHED_STATUSES, finished_at__lt=cutoff).count()
+            count = Job.objects.finished().filter(finished_at__lt=cutoff).count()
             self.stdout.write(
                 f"{count} finished job(s) before {cutoff.isoformat()} would be deleted"
             )
