@@ -190,7 +190,7 @@ def recover_expired(
     Each recovery re-checks the expiry in its guard, so an attempt whose worker
     renewed the lease in the meantime is left alone.
     """
-    when = store._now(now)
+    when = store.current_time(now)
     return {
         token: store.recover(
             token,

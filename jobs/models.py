@@ -1,4 +1,4 @@
-"""Tables of the jobs app. Reads only: every state change lives in ``jobs/store.py``."""
+"""Tables of the jobs app. Reads only: every state change lives in :mod:`jobs.store`."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from factories import JobSubmissionFactory
 
-from jobs import SubmitResult, execution, store, submit_job, submit_jobs
+from jobs import SubmitResult, execution, submit_job, submit_jobs
 from jobs.api import JobScope
 from jobs.exceptions import (
     AmbientTransactionError,
@@ -25,6 +25,7 @@ from jobs.exceptions import (
     JobIdentityConflict,
 )
 from jobs.models import Job, JobAttempt
+from jobs.store import submission
 from jobs.types import CancelOutcome, FinishOutcome, JobSnapshot, JobStatus
 
 SCOPE = "tenant-42"
@@ -183,7 +184,7 @@ class TestBulkSubmit:
 
     def test_a_winner_that_cannot_be_found_is_a_database_error(self, monkeypatch) -> None:
         submit_job(SCOPE, "job-1", JobSubmissionFactory())
-        monkeypatch.setattr(store, "_existing_many", lambda keys: {})
+        monkeypatch.setattr(submission, "_existing_many", lambda keys: {})
         with pytest.raises(IntegrityError):
             submit_jobs([(SCOPE, "job-1", JobSubmissionFactory())])
         assert Job.objects.count() == 1

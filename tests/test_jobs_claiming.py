@@ -16,6 +16,7 @@ from jobs.conf import jobs_settings
 from jobs.db import placeholders
 from jobs.exceptions import InvalidScope, JobsConfigurationError
 from jobs.models import Job, JobAttempt
+from jobs.store import claiming
 from jobs.types import AttemptStatus, FinishOutcome, JobStatus
 
 SCOPE = "tenant-42"
@@ -250,7 +251,7 @@ class TestJ6ClaimIndex:
         return ["w1", now, now, now, now, 10]
 
     def test_claim_statement_uses_the_due_index(self, history: None) -> None:
-        sql = store._claim_sql(connection.vendor, queues=0, one_job=False)
+        sql = claiming._claim_sql(connection.vendor, queues=0, one_job=False)
         plan = self.explain(sql, self.claim_params())
         assert "jobs_job_due_idx" in plan, plan
 
@@ -267,7 +268,9 @@ class TestJ6ClaimIndex:
             (False, self.claim_params()),
             (True, finish + self.claim_params()),
         ):
-            sql = store._claim_sql(connection.vendor, queues=0, one_job=False, finishing=finishing)
+            sql = claiming._claim_sql(
+                connection.vendor, queues=0, one_job=False, finishing=finishing
+            )
             numbered = sql % tuple(f"${n}" for n in range(1, len(params) + 1))
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")

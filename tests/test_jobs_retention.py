@@ -12,10 +12,11 @@ from django.utils import timezone
 from factories import write_job_rows
 from procs import database_url
 
-from jobs import JobStatus, execution, store
+from jobs import JobStatus, execution
 from jobs.conf import jobs_settings
 from jobs.exceptions import InvalidInput, JobsConfigurationError
 from jobs.models import Job, JobAttempt
+from jobs.store import retention
 from jobs.worker import Worker
 
 DAY = timedelta(days=1)
@@ -97,7 +98,7 @@ def test_reads_the_index_of_finished_jobs() -> None:
     )
     with connection.cursor() as cursor:
         cursor.execute(
-            f"EXPLAIN {store._oldest_finished_sql(connection.vendor)}",
+            f"EXPLAIN {retention._oldest_finished_sql(connection.vendor)}",
             [now - timedelta(seconds=2900), 1000],
         )
         plan = "\n".join(row[0] for row in cursor.fetchall())

@@ -13,10 +13,10 @@ from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 from factories import JobSubmissionFactory
 
-from jobs import store
 from jobs.api import JobScope, stage_job, submit_job
 from jobs.exceptions import AmbientTransactionError, JobIdentityConflict, TransactionRequiredError
 from jobs.models import Job
+from jobs.store import submission
 from jobs.types import JobSnapshot
 
 SCOPE = "tenant-42"
@@ -71,7 +71,7 @@ class TestJ3IndependentSubmit:
 
     def test_a_winner_that_cannot_be_found_is_a_database_error(self, monkeypatch) -> None:
         submit_job(SCOPE, "job-1", JobSubmissionFactory())
-        monkeypatch.setattr(store, "_existing_or_conflict", lambda *args: None)
+        monkeypatch.setattr(submission, "_existing_or_conflict", lambda *args: None)
         with pytest.raises(IntegrityError):
             submit_job(SCOPE, "job-1", JobSubmissionFactory())
         assert Job.objects.count() == 1

@@ -1,0 +1,63 @@
+"""Every state transition of jobs and their attempts.
+
+Each transition is one guarded statement — it succeeds only from the states that
+allow it — inside ``transaction.atomic``, and returns a typed outcome or raises a
+typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt``.
+
+    submit / stage ............ (new) -> QUEUED                      submission
+    cancel .................... QUEUED -> CANCELLED                  scoped
+                                RUNNING -> RUNNING + cancel flag     scoped
+    claim / try_start ......... QUEUED -> RUNNING (new token, n+1)   claiming
+    complete .................. RUNNING -> SUCCEEDED | CANCELLED     finishing
+    fail ...................... RUNNING -> FAILED | CANCELLED        finishing
+                                (with retry_at: -> QUEUED)           finishing + requeue
+    interrupt ................. RUNNING -> INTERRUPTED | CANCELLED   finishing
+    recover ................... RUNNING -> INTERRUPTED (-> QUEUED)   finishing + requeue
+    retry ..................... FAILED | CANCELLED | INTERRUPTED -> QUEUED   scoped
+    purge_finished ............ finished, older than a cutoff -> (deleted)   retention
+
+Progress, heartbeats and execution status live in :mod:`.progress`, reads and
+snapshots in :mod:`.reads`. The trusted executor reaches these through
+:mod:`jobs.execution`; callers of one scope through :mod:`jobs.api`.
+"""
+
+from __future__ import annotations
+
+from .base import current_time
+from .claiming import claim, complete_and_claim, complete_many
+from .finishing import finish, recover
+from .progress import (
+    execution_statuses,
+    expired_tokens,
+    heartbeat,
+    report_progress,
+    tokens_leased_by,
+)
+from .reads import get, get_due, list_jobs, snapshot
+from .retention import purge_finished
+from .scoped import cancel, retry
+from .submission import stage, submit, submit_many
+
+__all__ = [
+    "cancel",
+    "claim",
+    "complete_and_claim",
+    "complete_many",
+    "current_time",
+    "execution_statuses",
+    "expired_tokens",
+    "finish",
+    "get",
+    "get_due",
+    "heartbeat",
+    "list_jobs",
+    "purge_finished",
+    "recover",
+    "report_progress",
+    "retry",
+    "snapshot",
+    "stage",
+    "submit",
+    "submit_many",
+    "tokens_leased_by",
+]

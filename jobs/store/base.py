@@ -1,0 +1,80 @@
+"""What every module of the store shares: table names, the clock, wake-ups, checks."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from .. import validation
+from ..conf import jobs_settings
+from ..db import (
+    is_postgres,
+)
+from ..exceptions import (
+    InvalidInput,
+)
+from ..models import Job, JobAttempt
+from ..types import (
+    JobStatus,
+)
+
+JOB = Job._meta.db_table
+ATTEMPT = JobAttempt._meta.db_table
+
+#: Rows per statement of a bulk write on SQLite (an insert of 14 parameters a row;
+#: SQLite accepts 32,766 parameters per statement) and jobs per read of a batch.
+CHUNK_ROWS = 500
+
+
+def current_time(now: datetime | None = None) -> datetime:
+    """The time a transition is recorded at: ``now`` (checked to be aware, in UTC) or,
+    when None, the current time."""
+    return timezone.now() if now is None else validation.aware_utc(now, "now")
+
+
+def notify(connection: BaseDatabaseWrapper, queue: str) -> None:
+    """Wake PostgreSQL workers. Sent inside the writing transaction: delivered on commit."""
+    if is_postgres(connection):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [jobs_settings().NOTIFY_CHANNEL, queue])
+
+
+def notify_cancel(connection: BaseDatabaseWrapper) -> None:
+    if is_postgres(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_notify(%s, %s)", [jobs_settings().NOTIFY_CHANNEL + "_cancel", ""]
+            )
+
+
+def requeue_fields(run_at: datetime, now: datetime) -> dict[str, Any]:
+    return {
+        "status": JobStatus.QUEUED,
+        "next_run_at": run_at,
+        "progress": None,
+        "progress_message": "",
+        "error": "",
+        "cancel_requested": False,
+        "result_ref": None,
+        "current_token": None,
+        "leased_by": "",
+        "lease_expires_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "updated_at": now,
+    }
+
+
+def check_result_ref(value: str | None) -> str | None:
+    if value is None:
+        return None
+    return validation.text(value, "result_ref", validation.MAX_TEXT_LENGTH)
+
+
+def check_token(token: object) -> str:
+    if not isinstance(token, str) or not token or len(token) > 64:
+        raise InvalidInput("token must be a non-empty str of at most 64 characters")
+    return token

@@ -1,0 +1,88 @@
+"""The transitions a scope's caller and the admin ask for: cancel (J9) and retry (J10)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import F
+
+from .. import validation
+from ..db import (
+    alias_for,
+    connection_for,
+)
+from ..exceptions import (
+    InvalidTransition,
+    JobNotFound,
+)
+from ..models import Job
+from ..types import (
+    RETRYABLE_STATUSES,
+    CancelOutcome,
+    JobSnapshot,
+    JobStatus,
+)
+from .base import current_time, notify, notify_cancel, requeue_fields
+from .reads import snapshot
+
+
+def cancel(scope_hash: str, job_id: str, *, now: datetime | None = None) -> CancelOutcome:
+    """J9: Queued -> Cancelled at once; Running -> cancel flag; finished -> said so."""
+    now = current_time(now)
+    alias = alias_for(Job)
+    jobs = Job.objects.for_scope(scope_hash).filter(job_id=job_id)
+    with transaction.atomic(using=alias):
+        # A job can move from Queued to Running between the two updates; the loop
+        # re-reads and tries again, so the outcome always matches the stored state.
+        for _ in range(5):
+            if jobs.filter(status=JobStatus.QUEUED).update(
+                status=JobStatus.CANCELLED, finished_at=now, updated_at=now
+            ):
+                return CancelOutcome.CANCELLED
+            if jobs.filter(status=JobStatus.RUNNING).update(cancel_requested=True, updated_at=now):
+                notify_cancel(connection_for(Job))
+                return CancelOutcome.REQUESTED
+            status = jobs.values_list("status", flat=True).first()
+            if status is None:
+                raise JobNotFound()
+            if JobStatus(status).is_finished:
+                return CancelOutcome.ALREADY_FINISHED
+    raise InvalidTransition(f"job {job_id!r} kept changing state; cancel again")
+
+
+def retry(
+    scope_hash: str,
+    job_id: str,
+    *,
+    not_before: datetime | None = None,
+    now: datetime | None = None,
+) -> JobSnapshot:
+    """J10: Failed, Cancelled or Interrupted with attempts left -> Queued.
+
+    Earlier attempts stay; progress, error, cancel flag, result and token are cleared.
+    """
+    now = current_time(now)
+    run_at = validation.optional_aware_utc(not_before, "not_before") or now
+    alias = alias_for(Job)
+    jobs = Job.objects.for_scope(scope_hash).filter(job_id=job_id)
+    with transaction.atomic(using=alias):
+        updated = jobs.filter(
+            status__in=RETRYABLE_STATUSES, attempt_count__lt=F("max_attempts")
+        ).update(**requeue_fields(run_at, now))
+        job = jobs.first()
+        if job is None:
+            raise JobNotFound()
+        if not updated:
+            if job.status in RETRYABLE_STATUSES:
+                raise InvalidTransition(
+                    f"job {job_id!r} has no attempts left "
+                    f"({job.attempt_count} of {job.max_attempts} used)"
+                )
+            raise InvalidTransition(
+                f"job {job_id!r} is {job.status}; only failed, cancelled or "
+                "interrupted jobs can be retried"
+            )
+        if run_at <= now:
+            notify(connection_for(Job), job.queue)
+    return snapshot(job)

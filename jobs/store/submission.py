@@ -1,0 +1,348 @@
+"""Creation of jobs: ``submit`` and ``submit_many`` in a transaction of their own (J3),
+``stage`` in the caller's (J4); idempotent per (scope, job id) (J2)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ..conf import jobs_settings
+from ..db import (
+    adapt_dt,
+    alias_for,
+    connection_for,
+    fetch,
+    is_postgres,
+)
+from ..exceptions import (
+    AmbientTransactionError,
+    JobIdentityConflict,
+    TransactionRequiredError,
+)
+from ..models import Job
+from ..types import (
+    JobSnapshot,
+    JobStatus,
+    JobSubmission,
+    SubmitResult,
+)
+from .base import CHUNK_ROWS, JOB, current_time, notify
+from .reads import snapshot
+
+_JOB_COLUMNS = (
+    "scope_hash, job_id, handler, handler_version, payload_json, queue, priority,"
+    " max_attempts, initial_not_before, next_run_at, status, attempt_count,"
+    " cancel_requested, progress_message, error, leased_by, created_at, updated_at"
+)
+_JOB_VALUES = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, %s, '', '', '', %s, %s)"
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(rows: int, *, notify: bool) -> str:
+    """``INSERT … ON CONFLICT DO NOTHING`` of ``rows`` jobs, returning each new identity.
+
+    With ``notify`` (PostgreSQL, due jobs), the same statement also sends the wake-up
+    (its last parameter is the channel): a single submit is one round trip, and the
+    notification is delivered when the statement's transaction commits.
+    """
+    insert = (
+        f"INSERT INTO {JOB} ({_JOB_COLUMNS}) VALUES {', '.join([_JOB_VALUES] * rows)}"
+        " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id, queue"
+    )
+    if not notify:
+        return insert
+    return (
+        f"WITH inserted AS ({insert})"
+        " SELECT scope_hash, job_id, queue, pg_notify(%s, queue) FROM inserted"
+    )
+
+
+def _row_params(
+    scope_hash: str, job_id: str, sub: JobSubmission, run_at: Any, not_before: Any, now: Any
+) -> tuple[Any, ...]:
+    return (
+        scope_hash,
+        job_id,
+        sub.handler,
+        sub.handler_version,
+        sub.payload_json,
+        sub.queue,
+        sub.priority,
+        sub.max_attempts,
+        not_before,
+        run_at,
+        JobStatus.QUEUED.value,
+        False,
+        now,
+        now,
+    )
+
+
+def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> JobSnapshot:
+    return JobSnapshot(
+        scope_hash=scope_hash,
+        job_id=job_id,
+        handler=sub.handler,
+        handler_version=sub.handler_version,
+        payload_json=sub.payload_json,
+        queue=sub.queue,
+        priority=sub.priority,
+        max_attempts=sub.max_attempts,
+        initial_not_before=sub.initial_not_before,
+        next_run_at=sub.initial_not_before or now,
+        status=JobStatus.QUEUED,
+        attempt_count=0,
+        cancel_requested=False,
+        progress=None,
+        progress_message="",
+        error="",
+        result_ref=None,
+        created_at=now,
+        started_at=None,
+        finished_at=None,
+        created=True,
+    )
+
+
+def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> JobSnapshot | None:
+    """Insert a new Queued job in the current transaction; None if the identity exists.
+
+    ``ON CONFLICT DO NOTHING`` waits for a concurrent inserter of the same identity
+    and then yields to it, so a race never aborts the surrounding transaction.
+    """
+    connection = connection_for(Job)
+    run_at = sub.initial_not_before or now
+    notify = run_at <= now and is_postgres(connection)
+    params: list[Any] = list(
+        _row_params(
+            scope_hash,
+            job_id,
+            sub,
+            adapt_dt(connection, run_at),
+            adapt_dt(connection, sub.initial_not_before),
+            adapt_dt(connection, now),
+        )
+    )
+    if notify:
+        params.append(jobs_settings().NOTIFY_CHANNEL)
+    if not fetch(connection, _insert_sql(1, notify=notify), params):
+        return None
+    return _new_snapshot(scope_hash, job_id, sub, now)
+
+
+#: PostgreSQL: a bulk insert as 10 array parameters, whatever the number of rows, so
+#: that neither the client nor the server parses thousands of placeholders.
+_INSERT_UNNEST_SQL = (
+    f"INSERT INTO {JOB} ({_JOB_COLUMNS})"
+    " SELECT s, j, h, v, p, q, pr, ma, nb, ra, %s, 0, %s, '', '', '', %s, %s"
+    " FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::int[], %s::text[],"
+    " %s::varchar[], %s::smallint[], %s::int[], %s::timestamptz[], %s::timestamptz[])"
+    " AS t(s, j, h, v, p, q, pr, ma, nb, ra)"
+    " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id, queue"
+)
+
+
+def _insert_many(
+    connection: BaseDatabaseWrapper,
+    items: Sequence[tuple[str, str, JobSubmission]],
+    now: datetime,
+) -> set[tuple[str, str]]:
+    """Insert the (distinct) identities of ``items`` that do not exist yet, in the
+    current transaction; wake workers once per queue that got due jobs. Returns the
+    identities inserted."""
+    inserted: set[tuple[str, str]] = set()
+    now_db = adapt_dt(connection, now)
+    with connection.cursor() as cursor:
+        if is_postgres(connection):
+            columns: list[list[Any]] = [[] for _ in range(10)]
+            for scope_hash, job_id, sub in items:
+                row = _row_params(
+                    scope_hash,
+                    job_id,
+                    sub,
+                    sub.initial_not_before or now,
+                    sub.initial_not_before,
+                    now,
+                )
+                for column, value in zip(columns, row[:10], strict=True):
+                    column.append(value)
+            cursor.execute(_INSERT_UNNEST_SQL, [JobStatus.QUEUED.value, False, now, now, *columns])
+            inserted.update((r[0], r[1]) for r in cursor.fetchall())
+        else:
+            for start in range(0, len(items), CHUNK_ROWS):
+                chunk = items[start : start + CHUNK_ROWS]
+                params: list[Any] = []
+                for scope_hash, job_id, sub in chunk:
+                    not_before = adapt_dt(connection, sub.initial_not_before)
+                    run_at = now_db if not_before is None else not_before
+                    params.extend(_row_params(scope_hash, job_id, sub, run_at, not_before, now_db))
+                cursor.execute(_insert_sql(len(chunk), notify=False), params)
+                inserted.update((r[0], r[1]) for r in cursor.fetchall())
+    due_queues = {
+        sub.queue
+        for scope_hash, job_id, sub in items
+        if (scope_hash, job_id) in inserted
+        and (sub.initial_not_before is None or sub.initial_not_before <= now)
+    }
+    for queue in sorted(due_queues):
+        notify(connection, queue)
+    return inserted
+
+
+def _existing_many(keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], JobSnapshot]:
+    """The stored jobs among ``keys`` (scope_hash, job_id), read in one query per
+    scope and chunk."""
+    by_scope: dict[str, list[str]] = {}
+    for scope_hash, job_id in keys:
+        by_scope.setdefault(scope_hash, []).append(job_id)
+    found: dict[tuple[str, str], JobSnapshot] = {}
+    for scope_hash, job_ids in by_scope.items():
+        for start in range(0, len(job_ids), CHUNK_ROWS):
+            chunk = job_ids[start : start + CHUNK_ROWS]
+            for job in Job.objects.for_scope(scope_hash).filter(job_id__in=chunk):
+                found[(job.scope_hash, job.job_id)] = snapshot(job)
+    return found
+
+
+def _same_request(existing: JobSnapshot, job_id: str, sub: JobSubmission) -> SubmitResult:
+    differing = existing.submission().differing_fields(sub)
+    if differing:
+        return SubmitResult(
+            job_id=job_id, snapshot=None, conflict=JobIdentityConflict(job_id, differing)
+        )
+    return SubmitResult(job_id=job_id, snapshot=existing)
+
+
+def _existing_or_conflict(scope_hash: str, job_id: str, sub: JobSubmission) -> JobSnapshot | None:
+    """The stored job if it is the same request; JobIdentityConflict if it differs."""
+    job = Job.objects.for_scope(scope_hash).filter(job_id=job_id).first()
+    if job is None:
+        return None
+    return _same_request(snapshot(job), job_id, sub).job()
+
+
+def _in_caller_atomic_block(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the caller has an ``atomic`` block open on ``connection``.
+
+    The blocks Django's ``TestCase`` (and pytest-django's ``django_db``) wrap around
+    each test do not count, exactly as for ``atomic(durable=True)``: code that calls
+    ``submit_job`` or ``stage_job`` behaves in an ordinary test as in production.
+    """
+    return any(not block._from_testcase for block in connection.atomic_blocks)  # type: ignore[attr-defined]
+
+
+def submit(
+    scope_hash: str, job_id: str, sub: JobSubmission, *, now: datetime | None = None
+) -> JobSnapshot:
+    """J3: create the job in a short transaction of its own (idempotent per identity).
+
+    The insert, with its wake-up, is a single statement run in autocommit: it is its
+    own transaction, committed in one round trip. If the identity exists, the winner
+    is read by a fresh statement.
+    """
+    alias = alias_for(Job)
+    if _in_caller_atomic_block(transaction.get_connection(alias)):
+        raise AmbientTransactionError()
+    now = current_time(now)
+    for _ in range(3):
+        created = _insert(scope_hash, job_id, sub, now)
+        if created is not None:
+            return created
+        existing = _existing_or_conflict(scope_hash, job_id, sub)
+        if existing is not None:
+            return existing
+        # The conflicting row vanished between the insert and the read (deleted by
+        # retention); insert again.
+    raise IntegrityError(f"job {job_id!r}: identity conflict without a visible winner")
+
+
+def submit_many(
+    items: Sequence[tuple[str, str, JobSubmission]], *, now: datetime | None = None
+) -> list[SubmitResult]:
+    """J3 for many jobs: one short transaction of its own, one outcome per item.
+
+    Each item (scope_hash, job_id, submission) behaves as ``submit`` would, in the
+    order given: a new identity is created; an identical request returns the stored
+    job (``created`` False) — also when the same identity appears earlier in the
+    batch —; a different request gets its :class:`JobIdentityConflict` as the item's
+    outcome, not raised. Database errors roll the whole batch back and propagate.
+    """
+    alias = alias_for(Job)
+    connection = transaction.get_connection(alias)
+    if _in_caller_atomic_block(connection):
+        raise AmbientTransactionError()
+    now = current_time(now)
+    first: dict[tuple[str, str], int] = {}
+    for index, (scope_hash, job_id, _sub) in enumerate(items):
+        first.setdefault((scope_hash, job_id), index)
+    stored: dict[tuple[str, str], JobSnapshot] = {}
+    results: dict[int, SubmitResult] = {}
+    pending = list(first.values())
+    for _ in range(3):
+        with transaction.atomic(using=alias):
+            inserted = _insert_many(connection, [items[i] for i in pending], now)
+            existing = _existing_many(
+                (items[i][0], items[i][1]) for i in pending if items[i][:2] not in inserted
+            )
+        missing = []
+        for index in pending:
+            scope_hash, job_id, sub = items[index]
+            key = (scope_hash, job_id)
+            if key in inserted:
+                stored[key] = _new_snapshot(scope_hash, job_id, sub, now)
+                results[index] = SubmitResult(job_id=job_id, snapshot=stored[key])
+            elif key in existing:
+                stored[key] = existing[key]
+                results[index] = _same_request(existing[key], job_id, sub)
+            else:
+                # The conflicting row vanished between the insert and the read
+                # (deleted by retention); insert again.
+                missing.append(index)
+        pending = missing
+        if not pending:
+            break
+    else:
+        job_ids = ", ".join(repr(items[i][1]) for i in pending[:5])
+        raise IntegrityError(f"jobs {job_ids}: identity conflict without a visible winner")
+    outcomes = []
+    for index, (scope_hash, job_id, sub) in enumerate(items):
+        result = results.get(index)
+        if result is None:  # a repeated identity: compared with what its first occurrence stored
+            earlier = stored[(scope_hash, job_id)]
+            result = _same_request(replace(earlier, created=False), job_id, sub)
+        outcomes.append(result)
+    return outcomes
+
+
+def stage(
+    scope_hash: str, job_id: str, sub: JobSubmission, *, now: datetime | None = None
+) -> JobSnapshot:
+    """J4: create the job inside the caller's open transaction, on its connection.
+
+    Never commits and never uses a savepoint. On a conflicting request or any
+    database error, the caller's transaction is marked for rollback before the error
+    propagates, so the business work cannot commit without its job.
+    """
+    alias = alias_for(Job)
+    connection = transaction.get_connection(alias)
+    if not _in_caller_atomic_block(connection):
+        raise TransactionRequiredError()
+    now = current_time(now)
+    try:
+        created = _insert(scope_hash, job_id, sub, now)
+        if created is not None:
+            return created
+        existing = _existing_or_conflict(scope_hash, job_id, sub)
+    except (JobIdentityConflict, DatabaseError):
+        transaction.set_rollback(True, using=alias)
+        raise
+    if existing is None:
+        transaction.set_rollback(True, using=alias)
+        raise IntegrityError(f"job {job_id!r}: identity conflict without a visible winner")
+    return existing
