@@ -9,7 +9,7 @@ accept these forms; the few differences are switched on ``connection.vendor``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,23 +37,31 @@ _NEVER_BY_COUNT = 2**31 - 1
 
 
 def fetch(
-    connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any] = ()
-) -> list[tuple[Any, ...]]:
-    """Run one hot statement of the store and return its rows.
+    connection: BaseDatabaseWrapper,
+    sql: str,
+    params: Mapping[str, Any],
+    *,
+    prepare: bool = False,
+) -> list[dict[str, Any]]:
+    """Run one statement of the store with named parameters; its rows, by column name.
 
-    On PostgreSQL (unless ``JOBS['PREPARED_STATEMENTS']`` is off) the statement runs
-    with server-side parameters as a prepared statement of the connection: parsed and
-    planned once, then only executed — for the worker's claim-and-finish statement
-    that is most of its cost. It runs in the connection's current transaction, like
-    any Django cursor; errors are Django's database errors, and the statement is
-    recorded where Django records queries (``CaptureQueriesContext``, ``DEBUG``).
-    Elsewhere it is an ordinary Django cursor.
+    With ``prepare`` — the hot statements — on PostgreSQL (unless
+    ``JOBS['PREPARED_STATEMENTS']`` is off) the statement runs with server-side
+    parameters as a prepared statement of the connection: parsed and planned once, then
+    only executed — for the worker's claim-and-finish statement that is most of its
+    cost. Either way it runs in the connection's current transaction, like any Django
+    cursor; errors are Django's database errors, and the statement is recorded where
+    Django records queries (``CaptureQueriesContext``, ``DEBUG``).
     """
-    if not (is_postgres(connection) and jobs_settings().PREPARED_STATEMENTS):
+    if not (prepare and is_postgres(connection) and jobs_settings().PREPARED_STATEMENTS):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchall() if cursor.description else []
+            if not cursor.description:
+                return []
+            names = [column[0] for column in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     import psycopg
+    from psycopg.rows import dict_row
 
     connection.ensure_connection()
     connection.validate_thread_sharing()
@@ -65,7 +73,7 @@ def fetch(
         # keeps automatic preparation off and lets an explicit request through.
         raw.prepare_threshold = _NEVER_BY_COUNT
     start = time.monotonic()
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+    with connection.wrap_database_errors, psycopg.Cursor(raw, row_factory=dict_row) as cursor:
         cursor.execute(sql, params, prepare=True)
         rows = cursor.fetchall() if cursor.description else []
     if connection.queries_logged:
@@ -109,7 +117,3 @@ def random_token_sql(vendor: str) -> str:
             " || right(gen_random_uuid()::text, 8)"
         )
     return "lower(hex(randomblob(16)))"
-
-
-def placeholders(count: int) -> str:
-    return ", ".join(["%s"] * count)

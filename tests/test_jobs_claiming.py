@@ -13,10 +13,9 @@ from factories import JobSubmissionFactory, write_job_rows
 from jobs import execution, store
 from jobs.api import JobScope, stage_job
 from jobs.conf import jobs_settings
-from jobs.db import placeholders
 from jobs.exceptions import InvalidScope, JobsConfigurationError
 from jobs.models import Job, JobAttempt
-from jobs.store import claiming
+from jobs.store import sql
 from jobs.types import AttemptStatus, FinishOutcome, JobStatus
 
 SCOPE = "tenant-42"
@@ -240,19 +239,18 @@ class TestJ6ClaimIndex:
         )
         write_job_rows(50, "new", next_run_at=lambda n: now - timedelta(seconds=n))
 
-    def explain(self, sql: str, params: list[object]) -> str:
+    def explain(self, statement: str, params: dict[str, object]) -> str:
         with connection.cursor() as cursor:
-            cursor.execute(f"EXPLAIN {sql}", params)
+            cursor.execute(f"EXPLAIN {statement}", params)
             return "\n".join(row[0] for row in cursor.fetchall())
 
-    def claim_params(self) -> list[object]:
+    def claim_params(self) -> dict[str, object]:
         now = timezone.now()
-        # worker id, lease expiry, started, updated, due time, limit
-        return ["w1", now, now, now, now, 10]
+        return {"worker_id": "w1", "lease_expires_at": now, "now": now, "limit": 10}
 
     def test_claim_statement_uses_the_due_index(self, history: None) -> None:
-        sql = claiming._claim_sql(connection.vendor, queues=0, one_job=False)
-        plan = self.explain(sql, self.claim_params())
+        statement = sql.claim(connection.vendor, queues=0, one_job=False)
+        plan = self.explain(statement, self.claim_params())
         assert "jobs_job_due_idx" in plan, plan
 
     @pytest.mark.postgres_only
@@ -262,22 +260,21 @@ class TestJ6ClaimIndex:
         must find due jobs through the due index and the claimed rows by primary key,
         never by scanning the table — even with a long queue in the statistics."""
         now = write_job_rows(5000, "queued", scope_hash="b" * 64)
-        tokens = ["t1", "t2"]
-        finish: list[object] = [tokens, [None, "r"], tokens, now, now, tokens, now]
+        finish: dict[str, object] = {"tokens": ["t1", "t2"], "results": [None, "r"], "now": now}
         for finishing, params in (
             (False, self.claim_params()),
-            (True, finish + self.claim_params()),
+            (True, {**finish, **self.claim_params()}),
         ):
-            sql = claiming._claim_sql(
-                connection.vendor, queues=0, one_job=False, finishing=finishing
-            )
-            numbered = sql % tuple(f"${n}" for n in range(1, len(params) + 1))
+            statement = sql.claim(connection.vendor, queues=0, one_job=False, finishing=finishing)
+            names = list(params)
+            numbered = statement % {name: f"${n}" for n, name in enumerate(names, 1)}
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
                 cursor.execute(f"PREPARE ledon_claim_plan AS {numbered}")
                 try:
                     cursor.execute(
-                        f"EXPLAIN EXECUTE ledon_claim_plan({placeholders(len(params))})", params
+                        f"EXPLAIN EXECUTE ledon_claim_plan({', '.join(['%s'] * len(names))})",
+                        [params[name] for name in names],
                     )
                     plan = "\n".join(row[0] for row in cursor.fetchall())
                 finally:

@@ -16,7 +16,7 @@ from jobs import JobStatus, execution
 from jobs.conf import jobs_settings
 from jobs.exceptions import InvalidInput, JobsConfigurationError
 from jobs.models import Job, JobAttempt
-from jobs.store import retention
+from jobs.store import sql
 from jobs.worker import Worker
 
 DAY = timedelta(days=1)
@@ -98,8 +98,8 @@ def test_reads_the_index_of_finished_jobs() -> None:
     )
     with connection.cursor() as cursor:
         cursor.execute(
-            f"EXPLAIN {retention._oldest_finished_sql(connection.vendor)}",
-            [now - timedelta(seconds=2900), 1000],
+            f"EXPLAIN {sql.oldest_finished(connection.vendor)}",
+            {"older_than": now - timedelta(seconds=2900), "limit": 1000},
         )
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "jobs_job_finished_idx" in plan, plan

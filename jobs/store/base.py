@@ -1,4 +1,4 @@
-"""What every module of the store shares: table names, the clock, wake-ups, checks."""
+"""What every module of the store shares: the clock, wake-ups, checks of input."""
 
 from __future__ import annotations
 
@@ -10,19 +10,14 @@ from django.utils import timezone
 
 from .. import validation
 from ..conf import jobs_settings
-from ..db import (
-    is_postgres,
-)
+from ..db import fetch, is_postgres
 from ..exceptions import (
     InvalidInput,
 )
-from ..models import Job, JobAttempt
 from ..types import (
     JobStatus,
 )
-
-JOB = Job._meta.db_table
-ATTEMPT = JobAttempt._meta.db_table
+from . import sql
 
 #: Rows per statement of a bulk write on SQLite (an insert of 14 parameters a row;
 #: SQLite accepts 32,766 parameters per statement) and jobs per read of a batch.
@@ -38,16 +33,14 @@ def current_time(now: datetime | None = None) -> datetime:
 def notify(connection: BaseDatabaseWrapper, queue: str) -> None:
     """Wake PostgreSQL workers. Sent inside the writing transaction: delivered on commit."""
     if is_postgres(connection):
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [jobs_settings().NOTIFY_CHANNEL, queue])
+        fetch(connection, sql.NOTIFY, {"channel": jobs_settings().NOTIFY_CHANNEL, "payload": queue})
 
 
 def notify_cancel(connection: BaseDatabaseWrapper) -> None:
+    """Tell PostgreSQL workers that a cancel was requested (delivered on commit)."""
     if is_postgres(connection):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_notify(%s, %s)", [jobs_settings().NOTIFY_CHANNEL + "_cancel", ""]
-            )
+        channel = jobs_settings().NOTIFY_CHANNEL + "_cancel"
+        fetch(connection, sql.NOTIFY, {"channel": channel, "payload": ""})
 
 
 def requeue_fields(run_at: datetime, now: datetime) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from ..db import (
     adapt_dt,
     alias_for,
     connection_for,
-    placeholders,
+    fetch,
 )
 from ..exceptions import (
     AttemptRowMissing,
@@ -28,7 +28,8 @@ from ..types import (
     ExecutionStatus,
     JobStatus,
 )
-from .base import JOB, check_token, current_time
+from . import sql
+from .base import check_token, current_time
 
 logger = logging.getLogger(__name__)
 
@@ -52,27 +53,13 @@ def report_progress(
     alias = alias_for(Job)
     connection = connection_for(Job)
     with transaction.atomic(using=alias):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {JOB} SET progress = %s, progress_message = %s, updated_at = %s"
-                " WHERE current_token = %s AND status = %s AND cancel_requested = %s"
-                " AND (progress IS NULL OR progress <= %s) RETURNING id",
-                [
-                    float(value),
-                    text,
-                    adapt_dt(connection, now),
-                    token,
-                    JobStatus.RUNNING.value,
-                    False,
-                    float(value),
-                ],
-            )
-            row = cursor.fetchone()
-        if row is None:
+        params = {"progress": float(value), "message": text, "now": adapt_dt(connection, now)}
+        rows = fetch(connection, sql.REPORT_PROGRESS, {**params, "token": token})
+        if not rows:
             logger.debug("progress not recorded: token not current, cancelled or lower value")
             return False
         if not JobAttempt.objects.filter(
-            job_id=row[0], token=token, status=AttemptStatus.RUNNING
+            job_id=rows[0]["id"], token=token, status=AttemptStatus.RUNNING
         ).update(progress=float(value), progress_message=text):
             raise AttemptRowMissing()
     return True
@@ -97,24 +84,17 @@ def heartbeat(
     alias = alias_for(Job)
     connection = connection_for(Job)
     token_list = [check_token(t) for t in tokens]
-    with transaction.atomic(using=alias), connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {JOB} SET lease_expires_at = %s"
-            f" WHERE status = %s AND leased_by = %s"
-            f" AND current_token IN ({placeholders(len(token_list))})"
-            " RETURNING current_token, cancel_requested",
-            [
-                adapt_dt(connection, expires),
-                JobStatus.RUNNING.value,
-                worker_id,
-                *token_list,
-            ],
-        )
-        rows = cursor.fetchall()
+    params = {
+        "lease_expires_at": adapt_dt(connection, expires),
+        "worker_id": worker_id,
+        **sql.in_list_params("token", token_list),
+    }
+    with transaction.atomic(using=alias):
+        rows = fetch(connection, sql.renew_leases(len(token_list)), params)
     states = {t: ExecutionStatus.ENDED for t in token_list}
-    for current, cancel_requested in rows:
-        states[current] = (
-            ExecutionStatus.CANCEL_REQUESTED if cancel_requested else ExecutionStatus.ACTIVE
+    for row in rows:
+        states[row["token"]] = (
+            ExecutionStatus.CANCEL_REQUESTED if row["cancel_requested"] else ExecutionStatus.ACTIVE
         )
     return states
 

@@ -95,6 +95,10 @@ def list_jobs(
     return [snapshot(job) for job in qs]
 
 
+#: The fields of a :class:`DueJob`, read by these names from the job's columns.
+_DUE_FIELDS = tuple(DueJob.__dataclass_fields__)
+
+
 def get_due(
     *, limit: int = 100, queues: Sequence[str] | None = None, now: datetime | None = None
 ) -> list[DueJob]:
@@ -103,18 +107,5 @@ def get_due(
     qs = Job.objects.due(current_time(now))
     if queues:
         qs = qs.filter(queue__in=list(queues))
-    rows = qs.order_by("-priority", "next_run_at", "id").values_list(
-        "scope_hash", "job_id", "queue", "priority", "next_run_at", "handler", "handler_version"
-    )[:limit]
-    return [
-        DueJob(
-            scope_hash=r[0],
-            job_id=r[1],
-            queue=r[2],
-            priority=r[3],
-            next_run_at=r[4],
-            handler=r[5],
-            handler_version=r[6],
-        )
-        for r in rows
-    ]
+    rows = qs.order_by("-priority", "next_run_at", "id").values(*_DUE_FIELDS)[:limit]
+    return [DueJob(**row) for row in rows]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -32,56 +31,37 @@ from ..types import (
     JobSubmission,
     SubmitResult,
 )
-from .base import CHUNK_ROWS, JOB, current_time, notify
+from . import sql
+from .base import CHUNK_ROWS, current_time, notify
 from .reads import snapshot
 
-_JOB_COLUMNS = (
-    "scope_hash, job_id, handler, handler_version, payload_json, queue, priority,"
-    " max_attempts, initial_not_before, next_run_at, status, attempt_count,"
-    " cancel_requested, progress_message, error, leased_by, created_at, updated_at"
-)
-_JOB_VALUES = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, %s, '', '', '', %s, %s)"
+
+def _new_row(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> dict[str, Any]:
+    """The values a new job's insert sets, by column (:data:`sql.NEW_JOB_PARAMS`)."""
+    return {
+        "scope_hash": scope_hash,
+        "job_id": job_id,
+        "handler": sub.handler,
+        "handler_version": sub.handler_version,
+        "payload_json": sub.payload_json,
+        "queue": sub.queue,
+        "priority": sub.priority,
+        "max_attempts": sub.max_attempts,
+        "initial_not_before": sub.initial_not_before,
+        "next_run_at": sub.initial_not_before or now,
+        "status": JobStatus.QUEUED.value,
+        "cancel_requested": False,
+        "created_at": now,
+        "updated_at": now,
+    }
 
 
-@functools.lru_cache(maxsize=64)
-def _insert_sql(rows: int, *, notify: bool) -> str:
-    """``INSERT … ON CONFLICT DO NOTHING`` of ``rows`` jobs, returning each new identity.
-
-    With ``notify`` (PostgreSQL, due jobs), the same statement also sends the wake-up
-    (its last parameter is the channel): a single submit is one round trip, and the
-    notification is delivered when the statement's transaction commits.
-    """
-    insert = (
-        f"INSERT INTO {JOB} ({_JOB_COLUMNS}) VALUES {', '.join([_JOB_VALUES] * rows)}"
-        " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id, queue"
-    )
-    if not notify:
-        return insert
-    return (
-        f"WITH inserted AS ({insert})"
-        " SELECT scope_hash, job_id, queue, pg_notify(%s, queue) FROM inserted"
-    )
-
-
-def _row_params(
-    scope_hash: str, job_id: str, sub: JobSubmission, run_at: Any, not_before: Any, now: Any
-) -> tuple[Any, ...]:
-    return (
-        scope_hash,
-        job_id,
-        sub.handler,
-        sub.handler_version,
-        sub.payload_json,
-        sub.queue,
-        sub.priority,
-        sub.max_attempts,
-        not_before,
-        run_at,
-        JobStatus.QUEUED.value,
-        False,
-        now,
-        now,
-    )
+def _adapted(connection: BaseDatabaseWrapper, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its datetimes as the backend stores them."""
+    return {
+        name: adapt_dt(connection, value) if isinstance(value, datetime) else value
+        for name, value in row.items()
+    }
 
 
 def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> JobSnapshot:
@@ -117,35 +97,14 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     and then yields to it, so a race never aborts the surrounding transaction.
     """
     connection = connection_for(Job)
-    run_at = sub.initial_not_before or now
-    notify = run_at <= now and is_postgres(connection)
-    params: list[Any] = list(
-        _row_params(
-            scope_hash,
-            job_id,
-            sub,
-            adapt_dt(connection, run_at),
-            adapt_dt(connection, sub.initial_not_before),
-            adapt_dt(connection, now),
-        )
-    )
-    if notify:
-        params.append(jobs_settings().NOTIFY_CHANNEL)
-    if not fetch(connection, _insert_sql(1, notify=notify), params):
+    row = _new_row(scope_hash, job_id, sub, now)
+    wake = row["next_run_at"] <= now and is_postgres(connection)
+    params = sql.numbered([_adapted(connection, row)])
+    if wake:
+        params["channel"] = jobs_settings().NOTIFY_CHANNEL
+    if not fetch(connection, sql.insert_jobs(1, notify=wake), params, prepare=True):
         return None
     return _new_snapshot(scope_hash, job_id, sub, now)
-
-
-#: PostgreSQL: a bulk insert as 10 array parameters, whatever the number of rows, so
-#: that neither the client nor the server parses thousands of placeholders.
-_INSERT_UNNEST_SQL = (
-    f"INSERT INTO {JOB} ({_JOB_COLUMNS})"
-    " SELECT s, j, h, v, p, q, pr, ma, nb, ra, %s, 0, %s, '', '', '', %s, %s"
-    " FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::int[], %s::text[],"
-    " %s::varchar[], %s::smallint[], %s::int[], %s::timestamptz[], %s::timestamptz[])"
-    " AS t(s, j, h, v, p, q, pr, ma, nb, ra)"
-    " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id, queue"
-)
 
 
 def _insert_many(
@@ -156,34 +115,18 @@ def _insert_many(
     """Insert the (distinct) identities of ``items`` that do not exist yet, in the
     current transaction; wake workers once per queue that got due jobs. Returns the
     identities inserted."""
-    inserted: set[tuple[str, str]] = set()
-    now_db = adapt_dt(connection, now)
-    with connection.cursor() as cursor:
-        if is_postgres(connection):
-            columns: list[list[Any]] = [[] for _ in range(10)]
-            for scope_hash, job_id, sub in items:
-                row = _row_params(
-                    scope_hash,
-                    job_id,
-                    sub,
-                    sub.initial_not_before or now,
-                    sub.initial_not_before,
-                    now,
-                )
-                for column, value in zip(columns, row[:10], strict=True):
-                    column.append(value)
-            cursor.execute(_INSERT_UNNEST_SQL, [JobStatus.QUEUED.value, False, now, now, *columns])
-            inserted.update((r[0], r[1]) for r in cursor.fetchall())
-        else:
-            for start in range(0, len(items), CHUNK_ROWS):
-                chunk = items[start : start + CHUNK_ROWS]
-                params: list[Any] = []
-                for scope_hash, job_id, sub in chunk:
-                    not_before = adapt_dt(connection, sub.initial_not_before)
-                    run_at = now_db if not_before is None else not_before
-                    params.extend(_row_params(scope_hash, job_id, sub, run_at, not_before, now_db))
-                cursor.execute(_insert_sql(len(chunk), notify=False), params)
-                inserted.update((r[0], r[1]) for r in cursor.fetchall())
+    rows = [_new_row(scope_hash, job_id, sub, now) for scope_hash, job_id, sub in items]
+    inserted_rows: list[dict[str, Any]] = []
+    if is_postgres(connection):
+        arrays = {name: [row[name] for row in rows] for name in sql.NEW_JOB_ARRAYS}
+        shared = {"status": JobStatus.QUEUED.value, "cancel_requested": False}
+        params = {**arrays, **shared, "created_at": now, "updated_at": now}
+        inserted_rows = fetch(connection, sql.INSERT_JOBS_UNNEST, params)
+    else:
+        for start in range(0, len(rows), CHUNK_ROWS):
+            chunk = [_adapted(connection, row) for row in rows[start : start + CHUNK_ROWS]]
+            inserted_rows += fetch(connection, sql.insert_jobs(len(chunk)), sql.numbered(chunk))
+    inserted = {(row["scope_hash"], row["job_id"]) for row in inserted_rows}
     due_queues = {
         sub.queue
         for scope_hash, job_id, sub in items
