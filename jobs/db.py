@@ -9,7 +9,7 @@ accept these forms; the few differences are switched on ``connection.vendor``.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -117,3 +117,51 @@ def random_token_sql(vendor: str) -> str:
             " || right(gen_random_uuid()::text, 8)"
         )
     return "lower(hex(randomblob(16)))"
+
+
+# --------------------------------------------------------------------------- SQL text
+
+
+def numbered(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The parameters of a multi-row statement: row ``n``'s ``name`` as ``name_n``."""
+    return {f"{name}_{n}": value for n, row in enumerate(rows) for name, value in row.items()}
+
+
+def values_of(names: Iterable[str], rows: int, literals: str = "") -> str:
+    """``(%(a_0)s, %(b_0)s…), (%(a_1)s, …)``: the VALUES of :func:`numbered` parameters,
+    each row followed by ``literals``."""
+    names = tuple(names)
+    return ", ".join(
+        "(" + ", ".join(f"%({name}_{n})s" for name in names) + literals + ")" for n in range(rows)
+    )
+
+
+def in_list(name: str, count: int) -> str:
+    """``%(name_0)s, %(name_1)s…``: the members of an ``IN (…)`` list of ``count``."""
+    return ", ".join(f"%({name}_{n})s" for n in range(count))
+
+
+def in_list_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
+    """The parameters of :func:`in_list`."""
+    return {f"{name}_{n}": value for n, value in enumerate(values)}
+
+
+def union_by_kind(branches: Sequence[tuple[str, str, Mapping[str, str]]]) -> str:
+    """One result of several kinds of row: a ``kind`` column, then the union of every
+    branch's named columns (NULL where a branch has none). A branch is its kind, the
+    table or CTE its rows come from and its columns, ``{result name: expression}``.
+    PostgreSQL resolves a union's column types from left to right: a branch with
+    typed values should come before one with NULLs only."""
+    names: list[str] = []
+    for _, _, columns in branches:
+        names.extend(name for name in columns if name not in names)
+
+    def column(expression: str, name: str | None) -> str:
+        return expression if name in (None, expression) else f"{expression} AS {name}"
+
+    return " UNION ALL ".join(
+        f"SELECT '{kind}'{' AS kind' if n == 0 else ''}, "
+        + ", ".join(column(columns.get(name, "NULL"), name if n == 0 else None) for name in names)
+        + f" FROM {source}"
+        for n, (kind, source, columns) in enumerate(branches)
+    )

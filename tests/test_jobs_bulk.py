@@ -25,7 +25,7 @@ from jobs.exceptions import (
     JobIdentityConflict,
 )
 from jobs.models import Job, JobAttempt
-from jobs.store import submission
+from jobs.store import finishing, submission
 from jobs.types import CancelOutcome, FinishOutcome, JobSnapshot, JobStatus
 
 SCOPE = "tenant-42"
@@ -339,6 +339,41 @@ class TestBatchedCompletion:
             execution.complete_many([(c, None) for c in claims])
         with unchanged(), pytest.raises(AttemptRowMissing):
             execution.complete_and_claim([(c, None) for c in claims], "w1", limit=4)
+
+    def test_a_stale_token_without_an_attempt_row_does_not_fail_the_batch(self, make_job) -> None:
+        # Only a job Running under the token needs its attempt row; a stale token is
+        # STALE whatever became of its attempt.
+        old = make_job.running("job-1", max_attempts=2)
+        assert execution.recover(old.token) is FinishOutcome.REQUEUED
+        JobAttempt.objects.filter(token=old.token).delete()
+        fresh = make_job.running("job-2")
+        outcomes = execution.complete_many([(old, "late"), (fresh, "r")])
+        assert outcomes == {old.token: FinishOutcome.STALE, fresh.token: FinishOutcome.SUCCEEDED}
+        assert make_job.row("job-1").status == JobStatus.QUEUED
+
+    def test_a_token_given_twice_is_finished_once_with_its_first_result(self, make_job) -> None:
+        claim = make_job.running("job-1")
+        outcomes = execution.complete_many([(claim, "first"), (claim, "second")])
+        assert outcomes == {claim.token: FinishOutcome.SUCCEEDED}
+        assert make_job.row("job-1").result_ref == "first"
+        assert [(a.status, a.result_ref) for a in make_job.attempts("job-1")] == [
+            ("succeeded", "first")
+        ]
+
+    def test_a_missing_attempt_row_late_in_a_long_batch_changes_nothing(
+        self, make_job, scope, unchanged, monkeypatch
+    ) -> None:
+        # SQLite finishes a long batch in chunks, in one transaction: the last chunk's
+        # missing attempt row undoes the chunks before it.
+        monkeypatch.setattr(finishing, "CHUNK_ROWS", 2)
+        claims = [make_job.running(f"job-{n}") for n in range(5)]
+        make_job.queued("job-queued")
+        assert scope.cancel("job-0") is CancelOutcome.REQUESTED
+        JobAttempt.objects.filter(token=claims[4].token).delete()
+        with unchanged(), pytest.raises(AttemptRowMissing):
+            execution.complete_many([(c, f"r-{n}") for n, c in enumerate(claims)])
+        with unchanged(), pytest.raises(AttemptRowMissing):
+            execution.complete_and_claim([(c, None) for c in claims], "w1", limit=2)
 
     def test_two_attempts_of_one_job_in_one_batch(self, make_job) -> None:
         old = make_job.running("job-1", max_attempts=2)

@@ -260,7 +260,13 @@ class TestJ6ClaimIndex:
         must find due jobs through the due index and the claimed rows by primary key,
         never by scanning the table — even with a long queue in the statistics."""
         now = write_job_rows(5000, "queued", scope_hash="b" * 64)
-        finish: dict[str, object] = {"tokens": ["t1", "t2"], "results": [None, "r"], "now": now}
+        finish: dict[str, object] = {
+            "tokens": ["t1", "t2"],
+            "outcomes": ["succeeded", "succeeded"],
+            "results": [None, "r"],
+            "errors": ["", ""],
+            "now": now,
+        }
         for finishing, params in (
             (False, self.claim_params()),
             (True, {**finish, **self.claim_params()}),

@@ -164,6 +164,25 @@ class TestJ8Finishing:
         assert snap.attempts[0].status == AttemptStatus.INTERRUPTED
 
     @pytest.mark.parametrize(
+        ("finish", "attempt_status"),
+        [
+            (lambda token: execution.fail(token, "stopped"), AttemptStatus.CANCELLED),
+            (lambda token: execution.interrupt(token, "stopped"), AttemptStatus.INTERRUPTED),
+        ],
+        ids=["fail", "interrupt"],
+    )
+    def test_a_cancel_request_ends_the_job_cancelled_with_the_error(
+        self, make_job, scope, finish, attempt_status
+    ) -> None:
+        claim = make_job.running("job-1", max_attempts=2)
+        scope.cancel("job-1")
+        assert finish(claim.token) is FinishOutcome.CANCELLED
+        snap = make_job.get("job-1")
+        assert (snap.status, snap.error, snap.result_ref) == (JobStatus.CANCELLED, "stopped", None)
+        [attempt] = snap.attempts
+        assert (attempt.status, attempt.error) == (attempt_status, "stopped")
+
+    @pytest.mark.parametrize(
         "finish",
         [
             lambda token: execution.complete(token, "late"),
@@ -538,6 +557,24 @@ class TestJ11Recovery:
             assert store.recover(claim.token, lease_expired_before=t0) is FinishOutcome.STALE
             assert store.recover(claim.token, leased_by="w2") is FinishOutcome.STALE
         assert store.recover(claim.token, leased_by="w1") is FinishOutcome.REQUEUED
+
+    def test_a_guard_that_does_not_hold_is_stale_even_without_an_attempt_row(
+        self, make_job, unchanged
+    ) -> None:
+        # Recovery's guards come before the attempt-row check: a live worker's job is
+        # left alone; only a job the guards select fails for its missing attempt row.
+        make_job.queued("job-1", max_attempts=2)
+        t0 = timezone.now()
+        claim = execution.try_start(make_job.scope_hash, "job-1", "w1", now=t0, lease_seconds=30)
+        assert claim is not None
+        JobAttempt.objects.filter(token=claim.token).delete()
+        with unchanged():
+            assert store.recover(claim.token, lease_expired_before=t0) is FinishOutcome.STALE
+            assert store.recover(claim.token, leased_by="w2") is FinishOutcome.STALE
+            with pytest.raises(AttemptRowMissing):
+                store.recover(claim.token, lease_expired_before=t0 + timedelta(seconds=31))
+            with pytest.raises(AttemptRowMissing):
+                store.recover(claim.token, leased_by="w1")
 
     def test_heartbeat_renews_the_lease(self, make_job, scope) -> None:
         make_job.queued("job-1", max_attempts=2)

@@ -24,8 +24,8 @@ snapshots in :mod:`.reads`. The trusted executor reaches these through
 from __future__ import annotations
 
 from .base import current_time
-from .claiming import claim, complete_and_claim, complete_many
-from .finishing import finish, recover
+from .claiming import claim, complete_and_claim
+from .finishing import complete_many, finish, recover
 from .progress import (
     execution_statuses,
     expired_tokens,

@@ -1,5 +1,6 @@
 """Claiming: Queued -> Running with a new token and its attempt row (J6), alone or
-after finishing a batch of attempts in the same transaction."""
+after finishing a batch of attempts in the same transaction (J8, see
+:mod:`jobs.store.finishing`)."""
 
 from __future__ import annotations
 
@@ -18,17 +19,25 @@ from ..db import (
     alias_for,
     connection_for,
     fetch,
+    in_list_params,
     is_postgres,
+    numbered,
     read_dt,
 )
 from ..models import Job
-from ..types import (
-    Claim,
-    FinishOutcome,
-)
+from ..types import Claim, FinishOutcome
 from . import sql
-from .base import check_result_ref, current_time
-from .finishing import complete_rows, finished_outcomes
+from .base import current_time
+from .finishing import (
+    Finished,
+    Finishing,
+    complete_many,
+    completions,
+    finish_batch,
+    finishing_params,
+    outcomes,
+    read_finished,
+)
 
 
 def _claim_rows(
@@ -40,33 +49,32 @@ def _claim_rows(
     identity: tuple[str, str] | None,
     expires: datetime,
     now: datetime,
-    finishing: Sequence[tuple[Claim, str | None]] = (),
-) -> tuple[dict[str, FinishOutcome], list[Claim]]:
-    """Claim inside the caller's transaction (see :func:`claim`); on PostgreSQL, also
-    complete ``finishing`` in the same statement (see :func:`sql.complete_ctes`)."""
+    finishing: Sequence[Finishing] = (),
+) -> tuple[dict[str, Finished], list[Claim]]:
+    """Claim inside the caller's transaction (see :func:`claim`); on PostgreSQL, first
+    finish ``finishing`` in the same statement (the J8 rule of :func:`sql.finish`)."""
     now_db = adapt_dt(connection, now)
     params: dict[str, Any] = {
         "worker_id": worker_id,
         "lease_expires_at": adapt_dt(connection, expires),
         "now": now_db,
         "limit": limit,
-        **sql.in_list_params("queue", queue_list),
+        **in_list_params("queue", queue_list),
     }
     if identity is not None:
         params["scope_hash"], params["job_id"] = identity
     if finishing:
-        params["tokens"] = [claim.token for claim, _ in finishing]
-        params["results"] = [result for _, result in finishing]
+        params.update(finishing_params(connection, finishing, now=now))
     statement = sql.claim(
         connection.vendor,
         queues=len(queue_list),
         one_job=identity is not None,
         finishing=bool(finishing),
     )
-    outcomes: dict[str, FinishOutcome] = {}
+    finished: dict[str, Finished] = {}
     result = fetch(connection, statement, params, prepare=True)
     if finishing:
-        outcomes = finished_outcomes(finishing, cast(list[sql.FinishedRow], result))
+        finished = read_finished(cast(list[sql.FinishedRow], result))
         result = [row for row in result if row["kind"] == "claimed"]
     rows = cast(list[sql.ClaimedRow], result)
     if rows and not is_postgres(connection):
@@ -76,7 +84,7 @@ def _claim_rows(
         fetch(
             connection,
             sql.insert_attempts(len(rows)),
-            {**sql.numbered(attempts), "worker_id": worker_id, "now": now_db},
+            {**numbered(attempts), "worker_id": worker_id, "now": now_db},
         )
     if len(rows) > 1:
         rows.sort(key=lambda row: (-row["priority"], read_dt(row["next_run_at"]), row["id"]))
@@ -96,7 +104,7 @@ def _claim_rows(
         )
         for row in rows
     ]
-    return outcomes, claims
+    return finished, claims
 
 
 def claim(
@@ -127,23 +135,8 @@ def claim(
     )[1]
 
 
-def complete_many(
-    completions: Sequence[tuple[Claim, str | None]], *, now: datetime | None = None
-) -> dict[str, FinishOutcome]:
-    """J8 ``complete`` for several attempts in one transaction: ``(claim, result_ref)``
-    pairs in, each token's outcome out.
-
-    Every attempt is finished exactly as :func:`finish` would finish it alone — only
-    if its token is current and its job Running; Cancelled, result dropped, if a cancel
-    request committed first; its attempt row in the same transaction — but the batch
-    shares one commit. A stale token is ``STALE`` and changes nothing; a missing
-    attempt row fails the whole batch (``AttemptRowMissing``), which changes nothing.
-    """
-    return complete_and_claim(completions, "", limit=0, now=now)[0]
-
-
 def complete_and_claim(
-    completions: Sequence[tuple[Claim, str | None]],
+    completed: Sequence[tuple[Claim, str | None]],
     worker_id: str,
     *,
     limit: int,
@@ -152,19 +145,18 @@ def complete_and_claim(
     identity: tuple[str, str] | None = None,
     now: datetime | None = None,
 ) -> tuple[dict[str, FinishOutcome], list[Claim]]:
-    """A worker's round trip: finish ``completions`` as :func:`complete_many` does, then
+    """A worker's round trip: finish ``completed`` as :func:`complete_many` does, then
     claim up to ``limit`` due jobs as :func:`claim` does — one transaction, one commit.
 
     The two parts keep their own guards and outcomes; sharing the commit only means
     that either both take effect or neither does. On PostgreSQL they are one
     statement, run in autocommit when the caller has no transaction open.
     """
-    checked = [(claim, check_result_ref(result)) for claim, result in completions]
+    batch = completions(completed)
     validation.integer(limit, "limit", 0, 10_000)
-    if limit:
-        worker_id = validation.text(worker_id, "worker_id", validation.MAX_NAME_LENGTH)
-    if not checked and not limit:
-        return {}, []
+    if not limit:
+        return complete_many(completed, now=now), []
+    worker_id = validation.text(worker_id, "worker_id", validation.MAX_NAME_LENGTH)
     now = current_time(now)
     expires = now + timedelta(seconds=lease_seconds or jobs_settings().LEASE_SECONDS)
     alias = alias_for(Job)
@@ -180,16 +172,16 @@ def complete_and_claim(
         now=now,
     )
     if is_postgres(connection):
-        # One statement finishes and claims (LIMIT 0 claims nothing); it is atomic by
-        # itself, so in autocommit it is its own transaction: one round trip.
+        # One statement finishes and claims; it is atomic by itself, so in autocommit
+        # it is its own transaction: one round trip.
         if connection.get_autocommit():
-            return claim_rows(finishing=checked)
-        with transaction.atomic(using=alias):
-            return claim_rows(finishing=checked)
-    # SQLite has no data-modifying CTEs: the completion statements come first.
+            finished, claims = claim_rows(finishing=batch)
+        else:
+            with transaction.atomic(using=alias):
+                finished, claims = claim_rows(finishing=batch)
+        return outcomes(batch, finished), claims
+    # SQLite has no data-modifying CTEs: the finishing statements come first.
     with transaction.atomic(using=alias):
-        outcomes = complete_rows(connection, checked, now) if checked else {}
-        if not limit:
-            return outcomes, []
-        finished, claims = claim_rows()
-    return outcomes | finished, claims
+        finished = finish_batch(connection, batch, now) if batch else {}
+        _, claims = claim_rows()
+    return outcomes(batch, finished), claims

@@ -1,110 +1,172 @@
 """Finishing an attempt: Running -> Succeeded, Failed, Interrupted or Cancelled, and
-the re-queue of automatic retries and recovery (J8, J11)."""
+the re-queue of automatic retries and recovery (J8, J11).
+
+Every finish — :func:`finish` (complete, fail, interrupt, recover), :func:`complete_many`
+and the finishing half of :func:`jobs.store.claiming.complete_and_claim` — goes through
+:func:`finish_batch`, which applies the J8 rule of :mod:`jobs.store.sql` to a batch of
+attempts: a single finish is a batch of one, with its guards and its re-queue.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 
 from .. import validation
-from ..db import adapt_dt, alias_for, connection_for, fetch
-from ..exceptions import (
-    AttemptRowMissing,
-    InvalidInput,
-)
-from ..models import Job, JobAttempt
-from ..types import (
-    AttemptStatus,
-    Claim,
-    FinishOutcome,
-    JobStatus,
-)
+from ..db import adapt_dt, alias_for, connection_for, fetch, is_postgres
+from ..exceptions import AttemptRowMissing, InvalidInput
+from ..models import Job
+from ..types import AttemptStatus, Claim, FinishOutcome, JobStatus
 from . import sql
-from .base import check_token, current_time, notify, requeue_fields
+from .base import CHUNK_ROWS, check_result_ref, check_token, current_time, notify, requeue_fields
 
-
-def finished_outcomes(
-    finishing: Sequence[tuple[Claim, str | None]], rows: list[sql.FinishedRow]
-) -> dict[str, FinishOutcome]:
-    """Each token's outcome from the rows of a PostgreSQL settle statement.
-
-    A token without a ``'finished'`` row did not finish: STALE. An ``'orphan'`` row
-    means a job Running under its token has no Running attempt row; the statement then
-    changed nothing, and the whole transition fails with ``AttemptRowMissing``.
-    """
-    outcomes = {claim.token: FinishOutcome.STALE for claim, _ in finishing}
-    for row in rows:
-        if row["kind"] == "orphan" or (row["kind"] == "finished" and not row["attempt_finished"]):
-            raise AttemptRowMissing()
-        if row["kind"] == "finished":
-            outcomes[row["token"]] = FinishOutcome(row["status"])
-    return outcomes
-
-
-def complete_rows(
-    connection: BaseDatabaseWrapper,
-    completions: Sequence[tuple[Claim, str | None]],
-    now: datetime,
-) -> dict[str, FinishOutcome]:
-    """SQLite: ``complete`` for many attempts inside the caller's transaction — two
-    statements for the whole batch, each row guarded by its own token (see
-    :func:`complete_many`; PostgreSQL uses :func:`sql.complete_ctes`)."""
-    outcomes = {claim.token: FinishOutcome.STALE for claim, _ in completions}
-    remaining = list(completions)
-    now_db = adapt_dt(connection, now)
-    while remaining:
-        # One identity per statement, so that a returned job row names its token;
-        # a repeated identity (two attempts of one job) waits for the next round.
-        batch: dict[tuple[str, str], tuple[Claim, str | None]] = {}
-        later = []
-        for item in remaining:
-            key = (item[0].scope_hash, item[0].job_id)
-            if key in batch:
-                later.append(item)
-            else:
-                batch[key] = item
-        remaining = later
-        done = [{"token": claim.token, "result_ref": result} for claim, result in batch.values()]
-        finished = fetch(
-            connection, sql.complete_jobs(len(done)), {**sql.numbered(done), "now": now_db}
-        )
-        if not finished:
-            continue
-        attempts = []
-        for row in finished:
-            claim, result = batch[(row["scope_hash"], row["job_id"])]
-            final = JobStatus(row["status"])
-            succeeded = final is JobStatus.SUCCEEDED
-            outcomes[claim.token] = FinishOutcome(final.value)
-            attempt_status = AttemptStatus.SUCCEEDED if succeeded else AttemptStatus.CANCELLED
-            attempts.append(
-                {
-                    "job_pk": row["id"],
-                    "token": claim.token,
-                    "status": attempt_status.value,
-                    "result_ref": result if succeeded else None,
-                }
-            )
-        updated = fetch(
-            connection,
-            sql.complete_attempts(len(attempts)),
-            {**sql.numbered(attempts), "now": now_db},
-        )
-        if len(updated) != len(attempts):
-            raise AttemptRowMissing()
-    return outcomes
-
-
+#: How an attempt may end, and the job's status for it unless a cancel was requested.
 _FINISH_STATUS = {
     AttemptStatus.SUCCEEDED: JobStatus.SUCCEEDED,
     AttemptStatus.FAILED: JobStatus.FAILED,
     AttemptStatus.INTERRUPTED: JobStatus.INTERRUPTED,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Finishing:
+    """One attempt to finish: its token, how it ended, its result or error (checked)."""
+
+    token: str
+    outcome: AttemptStatus
+    result_ref: str | None = None
+    error: str = ""
+
+    def done_row(self) -> dict[str, Any]:
+        """The batch row of :data:`sql.FINISHING`; only a success keeps its result."""
+        succeeded = self.outcome is AttemptStatus.SUCCEEDED
+        return {
+            "token": self.token,
+            "outcome": _FINISH_STATUS[self.outcome].value,
+            "result_ref": self.result_ref if succeeded else None,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A finished attempt's job: its primary key, final status and queue."""
+
+    job_pk: int
+    status: JobStatus
+    queue: str
+
+
+def completions(pairs: Sequence[tuple[Claim, str | None]]) -> list[Finishing]:
+    """``(claim, result_ref)`` pairs as successful finishes, results checked."""
+    return [
+        Finishing(claim.token, AttemptStatus.SUCCEEDED, check_result_ref(result))
+        for claim, result in pairs
+    ]
+
+
+def finishing_params(
+    connection: BaseDatabaseWrapper,
+    batch: Sequence[Finishing],
+    *,
+    now: datetime,
+    lease_expired_before: datetime | None = None,
+    leased_by: str | None = None,
+) -> dict[str, Any]:
+    """The parameters of the J8 statements for ``batch``."""
+    params = sql.finishing_params(connection.vendor, [item.done_row() for item in batch])
+    params["now"] = adapt_dt(connection, now)
+    if lease_expired_before is not None:
+        params["lease_expired_before"] = adapt_dt(connection, lease_expired_before)
+    if leased_by is not None:
+        params["leased_by"] = leased_by
+    return params
+
+
+def read_finished(rows: Sequence[sql.FinishedRow]) -> dict[str, Finished]:
+    """The finished attempts, by token, among the rows of a PostgreSQL J8 statement.
+
+    An ``'orphan'`` row means a job Running under its token has no Running attempt
+    row; the statement then changed nothing, and the whole transition fails with
+    ``AttemptRowMissing``.
+    """
+    finished = {}
+    for row in rows:
+        if row["kind"] == "orphan" or (row["kind"] == "finished" and not row["attempt_finished"]):
+            raise AttemptRowMissing()
+        if row["kind"] == "finished":
+            finished[row["token"]] = Finished(
+                job_pk=cast(int, row["id"]),
+                status=JobStatus(cast(str, row["status"])),
+                queue=cast(str, row["queue"]),
+            )
+    return finished
+
+
+def finish_batch(
+    connection: BaseDatabaseWrapper,
+    batch: Sequence[Finishing],
+    now: datetime,
+    *,
+    lease_expired_before: datetime | None = None,
+    leased_by: str | None = None,
+) -> dict[str, Finished]:
+    """J8 for every attempt of ``batch``, in the caller's transaction (or, on
+    PostgreSQL in autocommit, as one statement that is its own transaction).
+
+    Returns the attempts that finished, by token; a token missing from the result was
+    not current (stale) and changed nothing. A job Running under a token of the batch
+    without its Running attempt row raises ``AttemptRowMissing``: nothing changed, or
+    the caller's transaction must be rolled back (every caller here runs this inside
+    ``transaction.atomic`` unless it is the single PostgreSQL statement).
+    """
+    unique: dict[str, Finishing] = {}
+    for item in batch:  # a token given twice is finished once, as first given
+        unique.setdefault(item.token, item)
+    batch = list(unique.values())
+    guards = {"lease_guard": lease_expired_before is not None, "owner_guard": leased_by is not None}
+    params = functools.partial(
+        finishing_params,
+        connection,
+        now=now,
+        lease_expired_before=lease_expired_before,
+        leased_by=leased_by,
+    )
+    if is_postgres(connection):
+        rows = fetch(connection, sql.finish(**guards), params(batch), prepare=True)
+        return read_finished(cast(list[sql.FinishedRow], rows))
+    finished: dict[str, Finished] = {}
+    for start in range(0, len(batch), CHUNK_ROWS):
+        chunk = batch[start : start + CHUNK_ROWS]
+        attempts = fetch(
+            connection, sql.finish_attempts_sqlite(len(chunk), **guards), params(chunk)
+        )
+        jobs = fetch(connection, sql.finish_jobs_sqlite(len(chunk), **guards), params(chunk))
+        tokens = {row["job_pk"]: row["token"] for row in attempts}
+        if len(tokens) != len(attempts) or tokens.keys() != {row["id"] for row in jobs}:
+            raise AttemptRowMissing()
+        for row in jobs:
+            finished[tokens[row["id"]]] = Finished(
+                job_pk=row["id"], status=JobStatus(row["status"]), queue=row["queue"]
+            )
+    return finished
+
+
+def outcomes(batch: Sequence[Finishing], finished: dict[str, Finished]) -> dict[str, FinishOutcome]:
+    """Each token's outcome: its job's final status, or STALE if it did not finish."""
+    return {
+        item.token: FinishOutcome(finished[item.token].status.value)
+        if item.token in finished
+        else FinishOutcome.STALE
+        for item in batch
+    }
 
 
 def finish(
@@ -130,58 +192,32 @@ def finish(
     token = check_token(token)
     if outcome not in _FINISH_STATUS:
         raise InvalidInput(f"an attempt cannot finish as {outcome!r}")
-    if result_ref is not None:
-        result_ref = validation.text(result_ref, "result_ref", validation.MAX_TEXT_LENGTH)
+    result_ref = check_result_ref(result_ref)
     error = validation.text(error, "error", validation.MAX_TEXT_LENGTH)
-    if outcome is not AttemptStatus.SUCCEEDED:
-        result_ref = None
     now = current_time(now)
-    alias = alias_for(Job)
     connection = connection_for(Job)
-    statement = sql.finish_job(
-        lease_guard=lease_expired_before is not None, owner_guard=leased_by is not None
-    )
-    params: dict[str, Any] = {
-        "token": token,
-        "status": _FINISH_STATUS[outcome].value,
-        "result_ref": result_ref,
-        "error": error,
-        "now": adapt_dt(connection, now),
-    }
-    if lease_expired_before is not None:
-        params["lease_expired_before"] = adapt_dt(connection, lease_expired_before)
-    if leased_by is not None:
-        params["leased_by"] = leased_by
-    with transaction.atomic(using=alias):
-        rows = fetch(connection, statement, params)
-        if not rows:
+    with transaction.atomic(using=alias_for(Job)):
+        finished = finish_batch(
+            connection,
+            [Finishing(token, outcome, result_ref, error)],
+            now,
+            lease_expired_before=lease_expired_before,
+            leased_by=leased_by,
+        ).get(token)
+        if finished is None:
             return FinishOutcome.STALE
-        [row] = rows
-        job_pk, final, queue = row["id"], JobStatus(row["status"]), row["queue"]
-        attempt_status = outcome
-        if final is JobStatus.CANCELLED and outcome is not AttemptStatus.INTERRUPTED:
-            attempt_status = AttemptStatus.CANCELLED
-        if not JobAttempt.objects.filter(
-            job_id=job_pk, token=token, status=AttemptStatus.RUNNING
-        ).update(
-            status=attempt_status,
-            result_ref=result_ref if final is JobStatus.SUCCEEDED else None,
-            error=error,
-            finished_at=now,
-        ):
-            raise AttemptRowMissing()
-        if requeue_at is not None and final in (JobStatus.FAILED, JobStatus.INTERRUPTED):
+        if requeue_at is not None and finished.status in (JobStatus.FAILED, JobStatus.INTERRUPTED):
             requeued = Job.objects.filter(
-                pk=job_pk,
-                status=final,
+                pk=finished.job_pk,
+                status=finished.status,
                 cancel_requested=False,
                 attempt_count__lt=F("max_attempts"),
             ).update(**{**requeue_fields(requeue_at, now), "error": error})
             if requeued:
                 if requeue_at <= now:
-                    notify(connection, queue)
+                    notify(connection, finished.queue)
                 return FinishOutcome.REQUEUED
-    return FinishOutcome(final.value)
+    return FinishOutcome(finished.status.value)
 
 
 def recover(
@@ -205,3 +241,28 @@ def recover(
         leased_by=leased_by,
         now=now,
     )
+
+
+def complete_many(
+    completed: Sequence[tuple[Claim, str | None]], *, now: datetime | None = None
+) -> dict[str, FinishOutcome]:
+    """J8 ``complete`` for several attempts in one transaction: ``(claim, result_ref)``
+    pairs in, each token's outcome out.
+
+    Every attempt is finished exactly as :func:`finish` would finish it alone — only
+    if its token is current and its job Running; Cancelled, result dropped, if a cancel
+    request committed first; its attempt row in the same transaction — but the batch
+    shares one commit. A stale token is ``STALE`` and changes nothing; a missing
+    attempt row fails the whole batch (``AttemptRowMissing``), which changes nothing.
+    On PostgreSQL the batch is one statement, run in autocommit when the caller has no
+    transaction open.
+    """
+    batch = completions(completed)
+    if not batch:
+        return {}
+    now = current_time(now)
+    connection = connection_for(Job)
+    if is_postgres(connection) and connection.get_autocommit():
+        return outcomes(batch, finish_batch(connection, batch, now))
+    with transaction.atomic(using=alias_for(Job)):
+        return outcomes(batch, finish_batch(connection, batch, now))

@@ -12,12 +12,7 @@ from django.db import transaction
 
 from .. import validation
 from ..conf import jobs_settings
-from ..db import (
-    adapt_dt,
-    alias_for,
-    connection_for,
-    fetch,
-)
+from ..db import adapt_dt, alias_for, connection_for, fetch, in_list_params
 from ..exceptions import (
     AttemptRowMissing,
     InvalidInput,
@@ -87,7 +82,7 @@ def heartbeat(
     params = {
         "lease_expires_at": adapt_dt(connection, expires),
         "worker_id": worker_id,
-        **sql.in_list_params("token", token_list),
+        **in_list_params("token", token_list),
     }
     with transaction.atomic(using=alias):
         rows = fetch(connection, sql.renew_leases(len(token_list)), params)

@@ -7,13 +7,7 @@ from datetime import datetime
 from django.db import transaction
 
 from .. import validation
-from ..db import (
-    adapt_dt,
-    alias_for,
-    connection_for,
-    fetch,
-    is_postgres,
-)
+from ..db import adapt_dt, alias_for, connection_for, fetch, in_list_params, is_postgres
 from ..models import Job
 from . import sql
 from .base import CHUNK_ROWS
@@ -41,5 +35,5 @@ def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:
         ids = [row["id"] for row in rows]
         for start in range(0, len(ids), CHUNK_ROWS):
             chunk = ids[start : start + CHUNK_ROWS]
-            fetch(connection, sql.delete_attempts(len(chunk)), sql.in_list_params("job", chunk))
+            fetch(connection, sql.delete_attempts(len(chunk)), in_list_params("job", chunk))
     return len(ids)

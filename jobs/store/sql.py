@@ -17,10 +17,10 @@ a generic plan of a prepared statement can prove a partial index's predicate.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
-from ..db import random_token_sql
+from ..db import in_list, numbered, random_token_sql, union_by_kind, values_of
 from ..models import Job, JobAttempt
 from ..types import FINISHED_STATUSES, JobStatus
 
@@ -29,32 +29,9 @@ ATTEMPT = JobAttempt._meta.db_table
 
 QUEUED = JobStatus.QUEUED.value
 RUNNING = JobStatus.RUNNING.value
-SUCCEEDED = JobStatus.SUCCEEDED.value
+INTERRUPTED = JobStatus.INTERRUPTED.value
 CANCELLED = JobStatus.CANCELLED.value
 _FINISHED = ", ".join(f"'{status.value}'" for status in FINISHED_STATUSES)
-
-
-def numbered(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The parameters of a multi-row statement: row ``n``'s ``name`` as ``name_n``."""
-    return {f"{name}_{n}": value for n, row in enumerate(rows) for name, value in row.items()}
-
-
-def _numbered_values(names: Iterable[str], rows: int, literals: str = "") -> str:
-    """``(%(a_0)s, %(b_0)s…), (%(a_1)s, …)``: the VALUES of :func:`numbered` parameters."""
-    names = tuple(names)
-    return ", ".join(
-        "(" + ", ".join(f"%({name}_{n})s" for name in names) + literals + ")" for n in range(rows)
-    )
-
-
-def _in_list(name: str, count: int) -> str:
-    """``%(name_0)s, %(name_1)s…``: the members of an ``IN (…)`` list, ``name_n`` each."""
-    return ", ".join(f"%({name}_{n})s" for n in range(count))
-
-
-def in_list_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
-    """The parameters of :func:`_in_list`."""
-    return {f"{name}_{n}": value for n, value in enumerate(values)}
 
 
 # --------------------------------------------------------------------------- wake-ups
@@ -67,32 +44,6 @@ NOTIFY = "SELECT pg_notify(%(channel)s, %(payload)s)"
 # --------------------------------------------------------------------------- submission
 
 
-#: The columns of a new job that its insert takes from parameters of the same names.
-NEW_JOB_PARAMS = (
-    "scope_hash",
-    "job_id",
-    "handler",
-    "handler_version",
-    "payload_json",
-    "queue",
-    "priority",
-    "max_attempts",
-    "initial_not_before",
-    "next_run_at",
-    "status",
-    "cancel_requested",
-    "created_at",
-    "updated_at",
-)
-#: The columns every new job starts with the same value in, and those values.
-_NEW_JOB_CONSTANTS = {
-    "attempt_count": "0",
-    "progress_message": "''",
-    "error": "''",
-    "leased_by": "''",
-}
-_NEW_JOB_COLUMNS = ", ".join((*NEW_JOB_PARAMS, *_NEW_JOB_CONSTANTS))
-_NEW_JOB_LITERALS = "".join(f", {value}" for value in _NEW_JOB_CONSTANTS.values())
 #: The columns of the bulk insert on PostgreSQL that travel as arrays, with their types.
 NEW_JOB_ARRAYS = {
     "scope_hash": "varchar",
@@ -106,19 +57,24 @@ NEW_JOB_ARRAYS = {
     "initial_not_before": "timestamptz",
     "next_run_at": "timestamptz",
 }
-
-
-class InsertedRow(TypedDict):
-    scope_hash: str
-    job_id: str
-    queue: str
+#: The columns of a new job that its insert takes from parameters of the same names.
+NEW_JOB_PARAMS = (*NEW_JOB_ARRAYS, "status", "cancel_requested", "created_at", "updated_at")
+#: The columns every new job starts with the same value in, and those values.
+_NEW_JOB_CONSTANTS = {
+    "attempt_count": "0",
+    "progress_message": "''",
+    "error": "''",
+    "leased_by": "''",
+}
+_NEW_JOB_COLUMNS = ", ".join((*NEW_JOB_PARAMS, *_NEW_JOB_CONSTANTS))
+_NEW_JOB_LITERALS = "".join(f", {value}" for value in _NEW_JOB_CONSTANTS.values())
 
 
 @functools.lru_cache(maxsize=64)
 def insert_jobs(rows: int, *, notify: bool = False) -> str:
-    """``INSERT … ON CONFLICT DO NOTHING`` of ``rows`` new jobs (:func:`numbered`
-    parameters of :data:`NEW_JOB_PARAMS`), returning an :class:`InsertedRow` per job
-    actually inserted.
+    """``INSERT … ON CONFLICT DO NOTHING`` of ``rows`` new jobs (:func:`jobs.db.numbered`
+    parameters of :data:`NEW_JOB_PARAMS`), returning the ``scope_hash``, ``job_id``
+    and ``queue`` of each job actually inserted.
 
     With ``notify`` (PostgreSQL, due jobs), the same statement also sends the wake-up
     on ``channel``: a single submit is one round trip, and the notification is
@@ -126,7 +82,7 @@ def insert_jobs(rows: int, *, notify: bool = False) -> str:
     """
     insert = (
         f"INSERT INTO {JOB} ({_NEW_JOB_COLUMNS})"
-        f" VALUES {_numbered_values(NEW_JOB_PARAMS, rows, _NEW_JOB_LITERALS)}"
+        f" VALUES {values_of(NEW_JOB_PARAMS, rows, _NEW_JOB_LITERALS)}"
         " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id, queue"
     )
     if not notify:
@@ -141,8 +97,7 @@ def insert_jobs(rows: int, *, notify: bool = False) -> str:
 #: PostgreSQL: a bulk insert as one array parameter per varying column (named after
 #: it), whatever the number of rows, so that neither the client nor the server parses
 #: thousands of placeholders; ``status``, ``cancel_requested``, ``created_at`` and
-#: ``updated_at`` are the same for every row. Returns an :class:`InsertedRow` per job
-#: inserted.
+#: ``updated_at`` are the same for every row. Returns what :func:`insert_jobs` does.
 INSERT_JOBS_UNNEST = (
     f"INSERT INTO {JOB} ({_NEW_JOB_COLUMNS})"
     f" SELECT {', '.join(NEW_JOB_ARRAYS)}, %(status)s, %(cancel_requested)s,"
@@ -194,16 +149,16 @@ def claim(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -
     :class:`ClaimedRow` for each.
 
     Parameters: ``worker_id``, ``lease_expires_at``, ``now``, ``limit``; with
-    ``queues``, ``queue_0``… (see :func:`in_list_params`); with ``one_job``,
+    ``queues``, ``queue_0``… (see :func:`jobs.db.in_list_params`); with ``one_job``,
     ``scope_hash`` and ``job_id``.
 
     On PostgreSQL the same statement also inserts each claimed job's Running attempt
     row (a data-modifying CTE), so a claim is one round trip; on SQLite the attempt
     rows follow as a second statement of the same transaction
     (:func:`insert_attempts`). With ``finishing`` (PostgreSQL only), the statement
-    first completes a batch of attempts — see :func:`complete_ctes`, whose parameters
-    it takes too — and every row it returns has its ``kind``: ``'finished'`` (a
-    :class:`FinishedRow`), ``'orphan'`` (a token whose attempt row is missing: then the
+    first finishes a batch of attempts — the J8 rule of :func:`finish`, whose
+    parameters it takes too — and every row it returns has its ``kind``:
+    ``'finished'`` or ``'orphan'`` (a :class:`FinishedRow`; with an orphan the
     statement changes nothing at all) or ``'claimed'`` (a :class:`ClaimedRow`). Being
     one statement, it is atomic by itself: the worker runs it in autocommit, one round
     trip in all.
@@ -215,7 +170,7 @@ def claim(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -
         "attempt_count < max_attempts",
     ]
     if queues:
-        filters.append(f"queue IN ({_in_list('queue', queues)})")
+        filters.append(f"queue IN ({in_list('queue', queues)})")
     if one_job:
         filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
     postgres = vendor == "postgresql"
@@ -245,7 +200,7 @@ def claim(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -
     )
     if not finishing:
         return f"WITH {ctes} SELECT {', '.join(_CLAIMED)} FROM claimed"
-    return f"WITH {complete_ctes()}, {ctes} " + _union(
+    return f"WITH {_finish_ctes()}, {ctes} " + union_by_kind(
         [
             ("finished", "finished", _FINISHED_COLUMNS),
             ("claimed", "claimed", {name: name for name in _CLAIMED}),
@@ -256,7 +211,7 @@ def claim(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -
 
 @functools.lru_cache(maxsize=64)
 def insert_attempts(rows: int) -> str:
-    """SQLite: the Running attempt rows of ``rows`` claimed jobs (:func:`numbered`
+    """SQLite: the Running attempt rows of ``rows`` claimed jobs (:func:`jobs.db.numbered`
     ``job_id``, ``number``, ``token``), all started at ``now`` by ``worker_id``."""
     return f"{_ATTEMPT_INSERT} VALUES " + ", ".join(
         f"(%(job_id_{n})s, %(number_{n})s, %(token_{n})s, '{RUNNING}', %(worker_id)s,"
@@ -265,143 +220,176 @@ def insert_attempts(rows: int) -> str:
     )
 
 
-def _union(branches: Sequence[tuple[str, str, Mapping[str, str]]]) -> str:
-    """One result of several kinds of row: a ``kind`` column, then the union of every
-    branch's named columns (NULL where a branch has none). A branch is its kind, the
-    CTE its rows come from and its columns, ``{result name: expression}``; a union
-    takes its column types from the branches before, so a branch with typed values
-    should come first."""
-    names: list[str] = []
-    for _, _, columns in branches:
-        names.extend(name for name in columns if name not in names)
-    return " UNION ALL ".join(
-        f"SELECT '{kind}'{' AS kind' if n == 0 else ''}, "
-        + ", ".join(_column(columns.get(name, "NULL"), name if n == 0 else None) for name in names)
-        + f" FROM {source}"
-        for n, (kind, source, columns) in enumerate(branches)
+# --------------------------------------------------------------------------- finishing (J8)
+#
+# The J8 rule, once, for every way an attempt ends — complete, fail, interrupt,
+# recover; one attempt or a batch; alone or before a claim; on both databases. Per
+# attempt of the batch (a ``done`` row: its ``token``, ``outcome`` — the job's status
+# should no cancel be requested —, ``result_ref`` and ``error``):
+#
+# - the token is current and the job Running (recovery may add a lease guard);
+# - the job row's own cancel flag decides Cancelled or the outcome, and a Cancelled
+#   job keeps no result;
+# - the attempt row ends in the same transaction: Cancelled, unless the outcome is
+#   Interrupted, which an interrupted attempt stays;
+# - a job Running under its token without a Running attempt row fails the whole
+#   transition, which changes nothing (AttemptRowMissing).
+#
+# PostgreSQL finishes the batch in one statement (data-modifying CTEs, alone or inside
+# the claim); SQLite, which has none, in two statements of one transaction.
+
+
+#: The values of one finishing attempt, as named in a batch (``done`` rows).
+FINISHING = ("token", "outcome", "result_ref", "error")
+#: PostgreSQL: the batch as one array parameter per value, so that the statement's
+#: text is the same whatever the batch's size and is prepared once.
+_FINISHING_ARRAYS = {
+    "token": "tokens",
+    "outcome": "outcomes",
+    "result_ref": "results",
+    "error": "errors",
+}
+
+
+def finishing_params(vendor: str, batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The parameters of a batch of ``done`` rows (each keyed by :data:`FINISHING`)."""
+    if vendor == "postgresql":
+        return {array: [row[name] for row in batch] for name, array in _FINISHING_ARRAYS.items()}
+    return numbered(batch)
+
+
+def _kept_result(cancel: str) -> str:
+    return f"CASE WHEN {cancel} THEN NULL ELSE done.result_ref END"
+
+
+def _finished_job_set() -> str:
+    """The job row's end: the SET of an UPDATE of ``j`` from ``done``."""
+    return (
+        f"status = CASE WHEN j.cancel_requested THEN '{CANCELLED}' ELSE done.outcome END,"
+        f" result_ref = {_kept_result('j.cancel_requested')},"
+        " error = done.error, finished_at = %(now)s, updated_at = %(now)s,"
+        " current_token = NULL, leased_by = '', lease_expires_at = NULL"
     )
 
 
-def _column(expression: str, name: str | None) -> str:
-    """``expression AS name`` (just ``expression`` without a name, or if it is one)."""
-    return expression if name is None or name == expression else f"{expression} AS {name}"
+def _finished_attempt_set(cancel: str) -> str:
+    """The attempt row's end, ``cancel`` being its job's cancel flag."""
+    return (
+        f"status = CASE WHEN {cancel} AND done.outcome <> '{INTERRUPTED}' THEN '{CANCELLED}'"
+        f" ELSE done.outcome END, result_ref = {_kept_result(cancel)},"
+        " error = done.error, finished_at = %(now)s"
+    )
 
 
-# --------------------------------------------------------------------------- finishing
+def _job_guard(*, lease_guard: bool, owner_guard: bool) -> str:
+    """``j`` is Running under ``done.token``; with ``lease_guard``, its lease expired
+    before ``lease_expired_before``; with ``owner_guard``, it is leased by
+    ``leased_by`` (recovery never robs a live worker)."""
+    guard = f"j.current_token = done.token AND j.status = '{RUNNING}'"
+    if lease_guard:
+        guard += " AND j.lease_expires_at < %(lease_expired_before)s"
+    if owner_guard:
+        guard += " AND j.leased_by = %(leased_by)s"
+    return guard
+
+
+#: The Running attempt row ``a`` of the job ``j`` under ``done.token``.
+_RUNNING_ATTEMPT = f"a.job_id = j.id AND a.token = done.token AND a.status = '{RUNNING}'"
 
 
 class FinishedRow(TypedDict):
-    """A row of :func:`complete_ctes`: a finished attempt (``kind`` ``'finished'``) or
-    a token whose job has no Running attempt row (``'orphan'``; the rest is NULL)."""
+    """A row of a PostgreSQL finishing statement: a finished attempt (``kind``
+    ``'finished'``: its job's ``id``, final ``status`` and ``queue``, and whether its
+    attempt row changed), or a token whose job is Running under it without a Running
+    attempt row (``'orphan'``; only ``token`` is set)."""
 
     kind: str
     token: str
+    id: int | None
     status: str | None
+    queue: str | None
     attempt_finished: bool | None
 
 
 _FINISHED_COLUMNS = {
     "token": "token",
+    "id": "id",
     "status": "status",
+    "queue": "queue",
     "attempt_finished": "token IN (SELECT token FROM finished_attempts)",
 }
 _ORPHAN_COLUMNS = {"token": "token"}
 
 
-@functools.lru_cache(maxsize=8)
-def finish_job(*, lease_guard: bool, owner_guard: bool) -> str:
-    """J8 for one attempt: the job's guarded update (``token`` current, Running; with
-    ``lease_guard``, ``lease_expires_at`` before ``lease_expired_before``; with
-    ``owner_guard``, leased by ``leased_by``). The job row's cancel flag decides
-    between ``cancelled`` and ``status``; ``result_ref`` is dropped when cancelled.
-    Also ``error`` and ``now``. Returns the job's ``id``, final ``status`` and ``queue``.
-    """
-    guards = ["current_token = %(token)s", f"status = '{RUNNING}'"]
-    if lease_guard:
-        guards.append("lease_expires_at < %(lease_expired_before)s")
-    if owner_guard:
-        guards.append("leased_by = %(leased_by)s")
+def _finish_ctes(*, lease_guard: bool = False, owner_guard: bool = False) -> str:
+    """PostgreSQL: the J8 rule for a batch (:func:`finishing_params` and ``now``, and
+    the guards' parameters) as CTEs: ``finished`` jobs, ``finished_attempts``, and the
+    ``orphans`` — if there is one, nothing in the statement changes anything. The
+    tokens also travel as a plain array, which a plan can look up in the token index
+    whatever its row estimate for the unnest."""
+    guard = _job_guard(lease_guard=lease_guard, owner_guard=owner_guard)
+    arrays = ", ".join(f"%({array})s::text[]" for array in _FINISHING_ARRAYS.values())
     return (
-        f"UPDATE {JOB} SET"
-        f" status = CASE WHEN cancel_requested THEN '{CANCELLED}' ELSE %(status)s END,"
-        " result_ref = CASE WHEN cancel_requested THEN NULL ELSE %(result_ref)s END,"
-        " error = %(error)s, finished_at = %(now)s, updated_at = %(now)s,"
-        " current_token = NULL, leased_by = '', lease_expires_at = NULL"
-        f" WHERE {' AND '.join(guards)}"
-        " RETURNING id, status, queue"
-    )
-
-
-def complete_ctes() -> str:
-    """PostgreSQL: ``complete`` of a batch of attempts as CTEs. Parameters: ``tokens``
-    and their ``results`` as two arrays, ``now``.
-
-    Per row, the guard of :func:`finish_job` — the token is current and the job
-    Running; the job row's own cancel flag decides Succeeded or Cancelled — plus the
-    attempt row, which changes in the same statement. ``orphans`` are the tokens whose
-    job is Running under them but whose Running attempt row is missing: if there is
-    one, nothing in the statement changes anything (J8: the whole transition fails).
-    The batch travels as arrays, so the statement's text is the same whatever its size
-    and is prepared once; the tokens travel again as a plain array, which a plan can
-    look up in the token index whatever its row estimate for the unnest.
-    """
-    return (
-        "done AS (SELECT * FROM unnest(%(tokens)s::text[], %(results)s::text[])"
-        " AS d(token, result_ref)),"
+        f"done AS (SELECT * FROM unnest({arrays}) AS d({', '.join(FINISHING)})),"
         f" orphans AS (SELECT done.token FROM done JOIN {JOB} AS j"
         " ON j.current_token = done.token"
-        f" WHERE j.current_token = ANY(%(tokens)s::text[]) AND j.status = '{RUNNING}'"
-        f" AND NOT EXISTS (SELECT 1 FROM {ATTEMPT} AS a WHERE a.job_id = j.id"
-        f" AND a.token = done.token AND a.status = '{RUNNING}')),"
-        f" finished AS (UPDATE {JOB} AS j SET"
-        f" status = CASE WHEN j.cancel_requested THEN '{CANCELLED}' ELSE '{SUCCEEDED}' END,"
-        " result_ref = CASE WHEN j.cancel_requested THEN NULL ELSE done.result_ref END,"
-        " error = '', finished_at = %(now)s, updated_at = %(now)s,"
-        " current_token = NULL, leased_by = '', lease_expires_at = NULL"
+        f" WHERE j.current_token = ANY(%(tokens)s::text[]) AND {guard}"
+        f" AND NOT EXISTS (SELECT 1 FROM {ATTEMPT} AS a WHERE {_RUNNING_ATTEMPT})),"
+        f" finished AS (UPDATE {JOB} AS j SET {_finished_job_set()}"
         f" FROM done, {ATTEMPT} AS a"
-        " WHERE j.current_token = ANY(%(tokens)s::text[]) AND j.current_token = done.token"
-        f" AND j.status = '{RUNNING}'"
-        f" AND a.job_id = j.id AND a.token = done.token AND a.status = '{RUNNING}'"
-        " AND NOT EXISTS (SELECT 1 FROM orphans)"
-        " RETURNING j.id, done.token, j.status, j.result_ref),"
-        f" finished_attempts AS (UPDATE {ATTEMPT} AS a SET status = finished.status,"
-        " result_ref = finished.result_ref, error = '', finished_at = %(now)s"
-        " FROM finished WHERE a.job_id = finished.id AND a.token = finished.token"
-        f" AND a.status = '{RUNNING}' RETURNING a.token)"
+        f" WHERE j.current_token = ANY(%(tokens)s::text[]) AND {guard}"
+        f" AND {_RUNNING_ATTEMPT} AND NOT EXISTS (SELECT 1 FROM orphans)"
+        " RETURNING j.id, done.token, j.status, j.queue, j.cancel_requested),"
+        f" finished_attempts AS (UPDATE {ATTEMPT} AS a"
+        f" SET {_finished_attempt_set('finished.cancel_requested')}"
+        " FROM finished, done WHERE done.token = finished.token"
+        f" AND a.job_id = finished.id AND a.token = finished.token AND a.status = '{RUNNING}'"
+        " RETURNING a.token)"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def finish(*, lease_guard: bool = False, owner_guard: bool = False) -> str:
+    """PostgreSQL: finish a batch in one statement (see :func:`_finish_ctes`),
+    returning a :class:`FinishedRow` per finished attempt and per orphan."""
+    ctes = _finish_ctes(lease_guard=lease_guard, owner_guard=owner_guard)
+    return f"WITH {ctes} " + union_by_kind(
+        [("finished", "finished", _FINISHED_COLUMNS), ("orphan", "orphans", _ORPHAN_COLUMNS)]
+    )
+
+
+def _sqlite_done(rows: int) -> str:
+    return f"WITH done({', '.join(FINISHING)}) AS (VALUES {values_of(FINISHING, rows)})"
+
+
+@functools.lru_cache(maxsize=64)
+def finish_attempts_sqlite(
+    rows: int, *, lease_guard: bool = False, owner_guard: bool = False
+) -> str:
+    """SQLite, first of two: end the Running attempt rows of the batch (``rows`` of
+    :func:`finishing_params`, ``now``, the guards' parameters) whose job is Running
+    under their token, reading the job's cancel flag. Returns each changed attempt's
+    ``job_pk`` and ``token``."""
+    guard = _job_guard(lease_guard=lease_guard, owner_guard=owner_guard)
+    return (
+        f"{_sqlite_done(rows)} UPDATE {ATTEMPT} AS a"
+        f" SET {_finished_attempt_set('j.cancel_requested')}"
+        f" FROM done, {JOB} AS j WHERE {_RUNNING_ATTEMPT} AND {guard}"
+        # SQLite: RETURNING names the updated table's columns, unqualified.
+        " RETURNING job_id AS job_pk, token"
     )
 
 
 @functools.lru_cache(maxsize=64)
-def complete_jobs(rows: int) -> str:
-    """SQLite: ``complete`` of ``rows`` jobs (:func:`numbered` ``token``,
-    ``result_ref``) at ``now``, each guarded as by :func:`finish_job`. Returns each
-    finished job's ``id``, ``scope_hash``, ``job_id`` and final ``status``."""
+def finish_jobs_sqlite(rows: int, *, lease_guard: bool = False, owner_guard: bool = False) -> str:
+    """SQLite, second of two, same parameters: end the jobs of the batch Running under
+    their token. Returns each finished job's ``id``, final ``status`` and ``queue``;
+    a job whose attempt the first statement did not change has no Running attempt
+    row, and the transaction must be rolled back."""
+    guard = _job_guard(lease_guard=lease_guard, owner_guard=owner_guard)
     return (
-        "WITH done(token, result_ref)"
-        f" AS (VALUES {_numbered_values(('token', 'result_ref'), rows)})"
-        f" UPDATE {JOB} AS j SET"
-        f" status = CASE WHEN j.cancel_requested THEN '{CANCELLED}' ELSE '{SUCCEEDED}' END,"
-        " result_ref = CASE WHEN j.cancel_requested THEN NULL ELSE done.result_ref END,"
-        " error = '', finished_at = %(now)s, updated_at = %(now)s,"
-        " current_token = NULL, leased_by = '', lease_expires_at = NULL"
-        f" FROM done WHERE j.current_token = done.token AND j.status = '{RUNNING}'"
-        # SQLite: RETURNING names the updated table's columns unqualified.
-        " RETURNING id, scope_hash, job_id, status"
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def complete_attempts(rows: int) -> str:
-    """SQLite: the Running attempt rows of the jobs :func:`complete_jobs` finished
-    (:func:`numbered` ``job_pk``, ``token``, ``status``, ``result_ref``), finished at
-    ``now``. Returns each updated attempt's ``token``."""
-    names = ("job_pk", "token", "status", "result_ref")
-    return (
-        f"WITH done({', '.join(names)}) AS (VALUES {_numbered_values(names, rows)})"
-        f" UPDATE {ATTEMPT} AS a SET status = done.status, result_ref = done.result_ref,"
-        " error = '', finished_at = %(now)s"
-        f" FROM done WHERE a.job_id = done.job_pk AND a.token = done.token"
-        f" AND a.status = '{RUNNING}' RETURNING token"
+        f"{_sqlite_done(rows)} UPDATE {JOB} AS j SET {_finished_job_set()}"
+        f" FROM done WHERE {guard} RETURNING id, status, queue"
     )
 
 
@@ -422,12 +410,12 @@ REPORT_PROGRESS = (
 @functools.lru_cache(maxsize=64)
 def renew_leases(tokens: int) -> str:
     """A worker's heartbeat: ``lease_expires_at`` for its Running jobs (leased by
-    ``worker_id``) among ``tokens`` tokens (``token_0``…, see :func:`in_list_params`).
+    ``worker_id``) among ``tokens`` tokens (``token_0``…, see :func:`jobs.db.in_list_params`).
     Returns each renewed job's ``token`` and ``cancel_requested``."""
     return (
         f"UPDATE {JOB} SET lease_expires_at = %(lease_expires_at)s"
         f" WHERE status = '{RUNNING}' AND leased_by = %(worker_id)s"
-        f" AND current_token IN ({_in_list('token', tokens)})"
+        f" AND current_token IN ({in_list('token', tokens)})"
         " RETURNING current_token AS token, cancel_requested"
     )
 
@@ -472,4 +460,4 @@ def purge_finished(vendor: str) -> str:
 def delete_attempts(jobs: int) -> str:
     """SQLite: the attempts of ``jobs`` deleted jobs (``job_0``…, see
     :func:`in_list_params`)."""
-    return f"DELETE FROM {ATTEMPT} WHERE job_id IN ({_in_list('job', jobs)})"
+    return f"DELETE FROM {ATTEMPT} WHERE job_id IN ({in_list('job', jobs)})"

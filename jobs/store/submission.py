@@ -12,13 +12,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import jobs_settings
-from ..db import (
-    adapt_dt,
-    alias_for,
-    connection_for,
-    fetch,
-    is_postgres,
-)
+from ..db import adapt_dt, alias_for, connection_for, fetch, is_postgres, numbered
 from ..exceptions import (
     AmbientTransactionError,
     JobIdentityConflict,
@@ -99,7 +93,7 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     connection = connection_for(Job)
     row = _new_row(scope_hash, job_id, sub, now)
     wake = row["next_run_at"] <= now and is_postgres(connection)
-    params = sql.numbered([_adapted(connection, row)])
+    params = numbered([_adapted(connection, row)])
     if wake:
         params["channel"] = jobs_settings().NOTIFY_CHANNEL
     if not fetch(connection, sql.insert_jobs(1, notify=wake), params, prepare=True):
@@ -125,7 +119,7 @@ def _insert_many(
     else:
         for start in range(0, len(rows), CHUNK_ROWS):
             chunk = [_adapted(connection, row) for row in rows[start : start + CHUNK_ROWS]]
-            inserted_rows += fetch(connection, sql.insert_jobs(len(chunk)), sql.numbered(chunk))
+            inserted_rows += fetch(connection, sql.insert_jobs(len(chunk)), numbered(chunk))
     inserted = {(row["scope_hash"], row["job_id"]) for row in inserted_rows}
     due_queues = {
         sub.queue
