@@ -258,8 +258,8 @@ def finishing_params(vendor: str, batch: Sequence[Mapping[str, Any]]) -> dict[st
     return numbered(batch)
 
 
-def _kept_result(cancel: str) -> str:
-    return f"CASE WHEN {cancel} THEN NULL ELSE done.result_ref END"
+def _kept_result(cancel: str, done: str = "done") -> str:
+    return f"CASE WHEN {cancel} THEN NULL ELSE {done}.result_ref END"
 
 
 def _finished_job_set() -> str:
@@ -272,12 +272,14 @@ def _finished_job_set() -> str:
     )
 
 
-def _finished_attempt_set(cancel: str) -> str:
-    """The attempt row's end, ``cancel`` being its job's cancel flag."""
+def _finished_attempt_set(cancel: str, done: str = "done") -> str:
+    """The attempt row's end, ``cancel`` being its job's cancel flag and ``done`` the
+    row with its batch values."""
     return (
-        f"status = CASE WHEN {cancel} AND done.outcome <> '{INTERRUPTED}' THEN '{CANCELLED}'"
-        f" ELSE done.outcome END, result_ref = {_kept_result(cancel)},"
-        " error = done.error, finished_at = %(now)s"
+        f"status = CASE WHEN {cancel} AND {done}.outcome <> '{INTERRUPTED}'"
+        f" THEN '{CANCELLED}' ELSE {done}.outcome END,"
+        f" result_ref = {_kept_result(cancel, done)}, error = {done}.error,"
+        " finished_at = %(now)s"
     )
 
 
@@ -339,12 +341,13 @@ def _finish_ctes(*, lease_guard: bool = False, owner_guard: bool = False) -> str
         f" FROM done, {ATTEMPT} AS a"
         f" WHERE j.current_token = ANY(%(tokens)s::text[]) AND {guard}"
         f" AND {_RUNNING_ATTEMPT} AND NOT EXISTS (SELECT 1 FROM orphans)"
-        " RETURNING j.id, done.token, j.status, j.queue, j.cancel_requested),"
+        # With the batch's values, so that the attempts' update needs no second join.
+        " RETURNING j.id, j.status, j.queue, j.cancel_requested, done.token, done.outcome,"
+        " done.result_ref, done.error),"
         f" finished_attempts AS (UPDATE {ATTEMPT} AS a"
-        f" SET {_finished_attempt_set('finished.cancel_requested')}"
-        " FROM finished, done WHERE done.token = finished.token"
-        f" AND a.job_id = finished.id AND a.token = finished.token AND a.status = '{RUNNING}'"
-        " RETURNING a.token)"
+        f" SET {_finished_attempt_set('finished.cancel_requested', 'finished')}"
+        " FROM finished WHERE a.job_id = finished.id AND a.token = finished.token"
+        f" AND a.status = '{RUNNING}' RETURNING a.token)"
     )
 
 
