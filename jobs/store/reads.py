@@ -2,65 +2,48 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from .. import validation
-from ..exceptions import (
-    InvalidInput,
-)
+from ..exceptions import InvalidInput
 from ..models import Job, JobAttempt
-from ..types import (
-    AttemptSnapshot,
-    AttemptStatus,
-    DueJob,
-    JobSnapshot,
-    JobStatus,
-)
+from ..types import AttemptSnapshot, AttemptStatus, DueJob, JobSnapshot, JobStatus
 from .base import current_time
+
+#: The fields of a snapshot read from the job's columns of the same names (all but
+#: ``created`` and ``attempts``), and those of an attempt's snapshot.
+_JOB_FIELDS = tuple(
+    name for name in JobSnapshot.__dataclass_fields__ if name not in ("created", "attempts")
+)
+_ATTEMPT_FIELDS = tuple(AttemptSnapshot.__dataclass_fields__)
+
+
+def job_snapshot(
+    values: Mapping[str, Any],
+    *,
+    created: bool = False,
+    attempts: tuple[AttemptSnapshot, ...] = (),
+) -> JobSnapshot:
+    """The snapshot of a job from its columns' values, by name: a job read, or one
+    just inserted."""
+    fields = {name: values[name] for name in _JOB_FIELDS}
+    fields["status"] = JobStatus(fields["status"])
+    return JobSnapshot(**fields, created=created, attempts=attempts)
 
 
 def snapshot(job: Job, *, created: bool = False, with_attempts: bool = False) -> JobSnapshot:
+    """The snapshot of a job read through the ORM, with its attempts (oldest first)
+    if asked."""
     attempts: tuple[AttemptSnapshot, ...] = ()
     if with_attempts:
+        rows = JobAttempt.objects.filter(job=job).order_by("number").values(*_ATTEMPT_FIELDS)
         attempts = tuple(
-            AttemptSnapshot(
-                number=a.number,
-                status=AttemptStatus(a.status),
-                worker_id=a.worker_id,
-                progress=a.progress,
-                progress_message=a.progress_message,
-                error=a.error,
-                result_ref=a.result_ref,
-                started_at=a.started_at,
-                finished_at=a.finished_at,
-            )
-            for a in JobAttempt.objects.filter(job=job).order_by("number")
+            AttemptSnapshot(**{**row, "status": AttemptStatus(row["status"])}) for row in rows
         )
-    return JobSnapshot(
-        scope_hash=job.scope_hash,
-        job_id=job.job_id,
-        handler=job.handler,
-        handler_version=job.handler_version,
-        payload_json=job.payload_json,
-        queue=job.queue,
-        priority=job.priority,
-        max_attempts=job.max_attempts,
-        initial_not_before=job.initial_not_before,
-        next_run_at=job.next_run_at,
-        status=JobStatus(job.status),
-        attempt_count=job.attempt_count,
-        cancel_requested=job.cancel_requested,
-        progress=job.progress,
-        progress_message=job.progress_message,
-        error=job.error,
-        result_ref=job.result_ref,
-        created_at=job.created_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-        created=created,
-        attempts=attempts,
-    )
+    values = {name: getattr(job, name) for name in _JOB_FIELDS}
+    return job_snapshot(values, created=created, attempts=attempts)
 
 
 def get(scope_hash: str, job_id: str, *, with_attempts: bool = True) -> JobSnapshot | None:

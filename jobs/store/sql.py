@@ -57,23 +57,26 @@ NEW_JOB_ARRAYS = {
     "initial_not_before": "timestamptz",
     "next_run_at": "timestamptz",
 }
-#: The columns of a new job that its insert takes from parameters of the same names.
-NEW_JOB_PARAMS = (*NEW_JOB_ARRAYS, "status", "cancel_requested", "created_at", "updated_at")
-#: The columns every new job starts with the same value in, and those values.
-_NEW_JOB_CONSTANTS = {
-    "attempt_count": "0",
-    "progress_message": "''",
-    "error": "''",
-    "leased_by": "''",
-}
-_NEW_JOB_COLUMNS = ", ".join((*NEW_JOB_PARAMS, *_NEW_JOB_CONSTANTS))
-_NEW_JOB_LITERALS = "".join(f", {value}" for value in _NEW_JOB_CONSTANTS.values())
+#: The columns every job of a bulk insert starts with the same value in.
+NEW_JOB_SHARED = (
+    "status",
+    "attempt_count",
+    "cancel_requested",
+    "progress_message",
+    "error",
+    "leased_by",
+    "created_at",
+    "updated_at",
+)
+#: The columns a new job's insert sets, from parameters of the same names (the others
+#: start NULL).
+NEW_JOB_COLUMNS = (*NEW_JOB_ARRAYS, *NEW_JOB_SHARED)
 
 
 @functools.lru_cache(maxsize=64)
 def insert_jobs(rows: int, *, notify: bool = False) -> str:
     """``INSERT … ON CONFLICT DO NOTHING`` of ``rows`` new jobs (:func:`jobs.db.numbered`
-    parameters of :data:`NEW_JOB_PARAMS`), returning the ``scope_hash``, ``job_id``
+    parameters of :data:`NEW_JOB_COLUMNS`), returning the ``scope_hash``, ``job_id``
     and ``queue`` of each job actually inserted.
 
     With ``notify`` (PostgreSQL, due jobs), the same statement also sends the wake-up
@@ -81,8 +84,8 @@ def insert_jobs(rows: int, *, notify: bool = False) -> str:
     delivered when the statement's transaction commits.
     """
     insert = (
-        f"INSERT INTO {JOB} ({_NEW_JOB_COLUMNS})"
-        f" VALUES {values_of(NEW_JOB_PARAMS, rows, _NEW_JOB_LITERALS)}"
+        f"INSERT INTO {JOB} ({', '.join(NEW_JOB_COLUMNS)})"
+        f" VALUES {values_of(NEW_JOB_COLUMNS, rows)}"
         " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id, queue"
     )
     if not notify:
@@ -96,12 +99,11 @@ def insert_jobs(rows: int, *, notify: bool = False) -> str:
 
 #: PostgreSQL: a bulk insert as one array parameter per varying column (named after
 #: it), whatever the number of rows, so that neither the client nor the server parses
-#: thousands of placeholders; ``status``, ``cancel_requested``, ``created_at`` and
-#: ``updated_at`` are the same for every row. Returns what :func:`insert_jobs` does.
+#: thousands of placeholders; the :data:`NEW_JOB_SHARED` columns are one parameter
+#: each. Returns what :func:`insert_jobs` does.
 INSERT_JOBS_UNNEST = (
-    f"INSERT INTO {JOB} ({_NEW_JOB_COLUMNS})"
-    f" SELECT {', '.join(NEW_JOB_ARRAYS)}, %(status)s, %(cancel_requested)s,"
-    f" %(created_at)s, %(updated_at)s{_NEW_JOB_LITERALS}"
+    f"INSERT INTO {JOB} ({', '.join(NEW_JOB_COLUMNS)})"
+    f" SELECT {', '.join(NEW_JOB_ARRAYS)}, {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}"
     " FROM unnest("
     + ", ".join(f"%({name})s::{kind}[]" for name, kind in NEW_JOB_ARRAYS.items())
     + f") AS t({', '.join(NEW_JOB_ARRAYS)})"

@@ -27,11 +27,11 @@ from ..types import (
 )
 from . import sql
 from .base import CHUNK_ROWS, current_time, notify
-from .reads import snapshot
+from .reads import job_snapshot, snapshot
 
 
 def _new_row(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> dict[str, Any]:
-    """The values a new job's insert sets, by column (:data:`sql.NEW_JOB_PARAMS`)."""
+    """The values a new job's insert sets, by column (:data:`sql.NEW_JOB_COLUMNS`)."""
     return {
         "scope_hash": scope_hash,
         "job_id": job_id,
@@ -44,10 +44,23 @@ def _new_row(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) ->
         "initial_not_before": sub.initial_not_before,
         "next_run_at": sub.initial_not_before or now,
         "status": JobStatus.QUEUED.value,
+        "attempt_count": 0,
         "cancel_requested": False,
+        "progress_message": "",
+        "error": "",
+        "leased_by": "",
         "created_at": now,
         "updated_at": now,
     }
+
+
+#: The columns a new job leaves NULL.
+_NULL_AT_CREATION = {"progress": None, "result_ref": None, "started_at": None, "finished_at": None}
+
+
+def _new_snapshot(row: dict[str, Any]) -> JobSnapshot:
+    """The snapshot of the job :func:`_new_row` made, as inserted."""
+    return job_snapshot({**row, **_NULL_AT_CREATION}, created=True)
 
 
 def _adapted(connection: BaseDatabaseWrapper, row: dict[str, Any]) -> dict[str, Any]:
@@ -56,32 +69,6 @@ def _adapted(connection: BaseDatabaseWrapper, row: dict[str, Any]) -> dict[str, 
         name: adapt_dt(connection, value) if isinstance(value, datetime) else value
         for name, value in row.items()
     }
-
-
-def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> JobSnapshot:
-    return JobSnapshot(
-        scope_hash=scope_hash,
-        job_id=job_id,
-        handler=sub.handler,
-        handler_version=sub.handler_version,
-        payload_json=sub.payload_json,
-        queue=sub.queue,
-        priority=sub.priority,
-        max_attempts=sub.max_attempts,
-        initial_not_before=sub.initial_not_before,
-        next_run_at=sub.initial_not_before or now,
-        status=JobStatus.QUEUED,
-        attempt_count=0,
-        cancel_requested=False,
-        progress=None,
-        progress_message="",
-        error="",
-        result_ref=None,
-        created_at=now,
-        started_at=None,
-        finished_at=None,
-        created=True,
-    )
 
 
 def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> JobSnapshot | None:
@@ -98,29 +85,31 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
         params["channel"] = jobs_settings().NOTIFY_CHANNEL
     if not fetch(connection, sql.insert_jobs(1, notify=wake), params, prepare=True):
         return None
-    return _new_snapshot(scope_hash, job_id, sub, now)
+    return _new_snapshot(row)
 
 
 def _insert_many(
     connection: BaseDatabaseWrapper,
     items: Sequence[tuple[str, str, JobSubmission]],
     now: datetime,
-) -> set[tuple[str, str]]:
+) -> dict[tuple[str, str], dict[str, Any]]:
     """Insert the (distinct) identities of ``items`` that do not exist yet, in the
     current transaction; wake workers once per queue that got due jobs. Returns the
-    identities inserted."""
+    rows inserted (see :func:`_new_row`), by identity."""
     rows = [_new_row(scope_hash, job_id, sub, now) for scope_hash, job_id, sub in items]
+    if not rows:
+        return {}
     inserted_rows: list[dict[str, Any]] = []
     if is_postgres(connection):
-        arrays = {name: [row[name] for row in rows] for name in sql.NEW_JOB_ARRAYS}
-        shared = {"status": JobStatus.QUEUED.value, "cancel_requested": False}
-        params = {**arrays, **shared, "created_at": now, "updated_at": now}
+        params = {name: [row[name] for row in rows] for name in sql.NEW_JOB_ARRAYS}
+        params.update((name, rows[0][name]) for name in sql.NEW_JOB_SHARED)
         inserted_rows = fetch(connection, sql.INSERT_JOBS_UNNEST, params)
     else:
         for start in range(0, len(rows), CHUNK_ROWS):
             chunk = [_adapted(connection, row) for row in rows[start : start + CHUNK_ROWS]]
             inserted_rows += fetch(connection, sql.insert_jobs(len(chunk)), numbered(chunk))
-    inserted = {(row["scope_hash"], row["job_id"]) for row in inserted_rows}
+    keys = {(row["scope_hash"], row["job_id"]) for row in inserted_rows}
+    inserted = {key: row for row in rows if (key := (row["scope_hash"], row["job_id"])) in keys}
     due_queues = {
         sub.queue
         for scope_hash, job_id, sub in items
@@ -232,7 +221,7 @@ def submit_many(
             scope_hash, job_id, sub = items[index]
             key = (scope_hash, job_id)
             if key in inserted:
-                stored[key] = _new_snapshot(scope_hash, job_id, sub, now)
+                stored[key] = _new_snapshot(inserted[key])
                 results[index] = SubmitResult(job_id=job_id, snapshot=stored[key])
             elif key in existing:
                 stored[key] = existing[key]
