@@ -52,6 +52,19 @@ class JobIdentityConflict(JobsError):
         )
 
 
+class JobIdentityUnresolved(JobsError):
+    """The job's identity is taken, yet the job holding it could not be read: it was
+    deleted (by retention) each time it was looked for. Submit again."""
+
+    def __init__(self, job_ids: Sequence[str]) -> None:
+        self.job_ids = tuple(job_ids)
+        named = ", ".join(repr(job_id) for job_id in self.job_ids[:5])
+        noun = "job" if len(self.job_ids) == 1 else "jobs"
+        super().__init__(
+            f"{noun} {named}: identity conflict without a visible winner; submit again"
+        )
+
+
 class AmbientTransactionError(JobsError):
     """submit_job() runs in its own transaction and refuses to run inside an open
     transaction.atomic() block; use stage_job() to create the job as part of it."""

@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from factories import JobSubmissionFactory
@@ -23,6 +23,7 @@ from jobs.exceptions import (
     InvalidScope,
     InvalidSubmission,
     JobIdentityConflict,
+    JobIdentityUnresolved,
 )
 from jobs.models import Job, JobAttempt
 from jobs.store import finishing, submission
@@ -182,11 +183,12 @@ class TestBulkSubmit:
             JobScope(SCOPE).submit_many([("job-1", JobSubmissionFactory())])
         assert Job.objects.count() == 0
 
-    def test_a_winner_that_cannot_be_found_is_a_database_error(self, monkeypatch) -> None:
+    def test_a_winner_that_cannot_be_found_is_a_typed_error(self, monkeypatch) -> None:
         submit_job(SCOPE, "job-1", JobSubmissionFactory())
         monkeypatch.setattr(submission, "_existing_many", lambda keys: {})
-        with pytest.raises(IntegrityError):
+        with pytest.raises(JobIdentityUnresolved) as raised:
             submit_jobs([(SCOPE, "job-1", JobSubmissionFactory())])
+        assert raised.value.job_ids == ("job-1",)
         assert Job.objects.count() == 1
 
     def test_one_insert_statement_per_chunk(self) -> None:

@@ -8,13 +8,18 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 from factories import JobSubmissionFactory
 
 from jobs.api import JobScope, stage_job, submit_job
-from jobs.exceptions import AmbientTransactionError, JobIdentityConflict, TransactionRequiredError
+from jobs.exceptions import (
+    AmbientTransactionError,
+    JobIdentityConflict,
+    JobIdentityUnresolved,
+    TransactionRequiredError,
+)
 from jobs.models import Job
 from jobs.store import submission
 from jobs.types import JobSnapshot
@@ -69,11 +74,12 @@ class TestJ3IndependentSubmit:
         with unchanged(), pytest.raises(JobIdentityConflict):
             submit_job(SCOPE, "job-1", JobSubmissionFactory(queue="other"))
 
-    def test_a_winner_that_cannot_be_found_is_a_database_error(self, monkeypatch) -> None:
+    def test_a_winner_that_cannot_be_found_is_a_typed_error(self, monkeypatch) -> None:
         submit_job(SCOPE, "job-1", JobSubmissionFactory())
         monkeypatch.setattr(submission, "_existing_or_conflict", lambda *args: None)
-        with pytest.raises(IntegrityError):
+        with pytest.raises(JobIdentityUnresolved, match=r"'job-1'.*submit again") as raised:
             submit_job(SCOPE, "job-1", JobSubmissionFactory())
+        assert raised.value.job_ids == ("job-1",)
         assert Job.objects.count() == 1
 
 
@@ -200,6 +206,18 @@ class TestJ4StagedSubmitCommits:
             # The transaction is poisoned: no more work can ride along.
             with pytest.raises(TransactionManagementError):
                 User.objects.create(username="bob")
+        assert User.objects.count() == 0
+
+    def test_a_winner_that_cannot_be_found_rolls_back_business_rows(
+        self, monkeypatch, unchanged
+    ) -> None:
+        submit_job(SCOPE, "job-1", JobSubmissionFactory())
+        monkeypatch.setattr(submission, "_existing_or_conflict", lambda *args: None)
+        with unchanged(), transaction.atomic():
+            User.objects.create(username="alice")
+            with pytest.raises(JobIdentityUnresolved):
+                stage_job(SCOPE, "job-1", JobSubmissionFactory())
+            assert transaction.get_rollback()
         assert User.objects.count() == 0
 
     def test_conflict_with_a_job_staged_earlier_in_the_transaction(self) -> None:

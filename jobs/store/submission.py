@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import jobs_settings
@@ -16,6 +16,7 @@ from ..db import adapt_dt, alias_for, connection_for, fetch, is_postgres, number
 from ..exceptions import (
     AmbientTransactionError,
     JobIdentityConflict,
+    JobIdentityUnresolved,
     TransactionRequiredError,
 )
 from ..models import Job
@@ -185,7 +186,7 @@ def submit(
             return existing
         # The conflicting row vanished between the insert and the read (deleted by
         # retention); insert again.
-    raise IntegrityError(f"job {job_id!r}: identity conflict without a visible winner")
+    raise JobIdentityUnresolved([job_id])
 
 
 def submit_many(
@@ -234,8 +235,7 @@ def submit_many(
         if not pending:
             break
     else:
-        job_ids = ", ".join(repr(items[i][1]) for i in pending[:5])
-        raise IntegrityError(f"jobs {job_ids}: identity conflict without a visible winner")
+        raise JobIdentityUnresolved([items[i][1] for i in pending])
     outcomes = []
     for index, (scope_hash, job_id, sub) in enumerate(items):
         result = results.get(index)
@@ -270,5 +270,5 @@ def stage(
         raise
     if existing is None:
         transaction.set_rollback(True, using=alias)
-        raise IntegrityError(f"job {job_id!r}: identity conflict without a visible winner")
+        raise JobIdentityUnresolved([job_id])
     return existing
