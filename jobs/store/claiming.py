@@ -64,7 +64,7 @@ def _claim_rows(
     if identity is not None:
         params["scope_hash"], params["job_id"] = identity
     if finishing:
-        params.update(finishing_params(connection, finishing, now=now))
+        params.update(finishing_params(connection, finishing, now))
     statement = sql.claim(
         connection.vendor,
         queues=len(queue_list),
@@ -72,11 +72,10 @@ def _claim_rows(
         finishing=bool(finishing),
     )
     finished: dict[str, Finished] = {}
-    result = fetch(connection, statement, params, prepare=True)
+    rows = fetch(connection, statement, params, prepare=True)
     if finishing:
-        finished = read_finished(cast(list[sql.FinishedRow], result))
-        result = [row for row in result if row["kind"] == "claimed"]
-    rows = cast(list[sql.ClaimedRow], result)
+        finished = read_finished(cast(list[sql.FinishedRow], rows))
+        rows = [row for row in rows if row["kind"] == "claimed"]
     if rows and not is_postgres(connection):
         attempts = [
             {"job_id": row["id"], "number": row["attempt"], "token": row["token"]} for row in rows
@@ -90,15 +89,7 @@ def _claim_rows(
         rows.sort(key=lambda row: (-row["priority"], read_dt(row["next_run_at"]), row["id"]))
     claims = [
         Claim(
-            scope_hash=row["scope_hash"],
-            job_id=row["job_id"],
-            token=row["token"],
-            attempt=row["attempt"],
-            max_attempts=row["max_attempts"],
-            handler=row["handler"],
-            handler_version=row["handler_version"],
-            payload_json=row["payload_json"],
-            queue=row["queue"],
+            **{name: row[name] for name in sql.CLAIM_FIELDS},
             worker_id=worker_id,
             lease_expires_at=expires,
         )

@@ -9,7 +9,6 @@ attempts: a single finish is a batch of one, with its guards and its re-queue.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -73,20 +72,11 @@ def completions(pairs: Sequence[tuple[Claim, str | None]]) -> list[Finishing]:
 
 
 def finishing_params(
-    connection: BaseDatabaseWrapper,
-    batch: Sequence[Finishing],
-    *,
-    now: datetime,
-    lease_expired_before: datetime | None = None,
-    leased_by: str | None = None,
+    connection: BaseDatabaseWrapper, batch: Sequence[Finishing], now: datetime
 ) -> dict[str, Any]:
-    """The parameters of the J8 statements for ``batch``."""
+    """The parameters of the J8 statements for ``batch`` (their guards' aside)."""
     params = sql.finishing_params(connection.vendor, [item.done_row() for item in batch])
     params["now"] = adapt_dt(connection, now)
-    if lease_expired_before is not None:
-        params["lease_expired_before"] = adapt_dt(connection, lease_expired_before)
-    if leased_by is not None:
-        params["leased_by"] = leased_by
     return params
 
 
@@ -132,13 +122,15 @@ def finish_batch(
         unique.setdefault(item.token, item)
     batch = list(unique.values())
     guards = {"lease_guard": lease_expired_before is not None, "owner_guard": leased_by is not None}
-    params = functools.partial(
-        finishing_params,
-        connection,
-        now=now,
-        lease_expired_before=lease_expired_before,
-        leased_by=leased_by,
-    )
+    guard_params: dict[str, Any] = {}
+    if lease_expired_before is not None:
+        guard_params["lease_expired_before"] = adapt_dt(connection, lease_expired_before)
+    if leased_by is not None:
+        guard_params["leased_by"] = leased_by
+
+    def params(chunk: Sequence[Finishing]) -> dict[str, Any]:
+        return {**finishing_params(connection, chunk, now), **guard_params}
+
     if is_postgres(connection):
         rows = fetch(connection, sql.finish(**guards), params(batch), prepare=True)
         return read_finished(cast(list[sql.FinishedRow], rows))

@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 
 from ..db import in_list, numbered, random_token_sql, union_by_kind, values_of
 from ..models import Job, JobAttempt
-from ..types import FINISHED_STATUSES, JobStatus
+from ..types import FINISHED_STATUSES, Claim, JobStatus
 
 JOB = Job._meta.db_table
 ATTEMPT = JobAttempt._meta.db_table
@@ -114,30 +114,18 @@ INSERT_JOBS_UNNEST = (
 # --------------------------------------------------------------------------- claiming
 
 
-class ClaimedRow(TypedDict):
-    """A job a claim started, with its new token and attempt number."""
-
-    id: int
-    scope_hash: str
-    job_id: str
-    token: str
-    attempt: int
-    max_attempts: int
-    handler: str
-    handler_version: int
-    payload_json: str
-    queue: str
-    priority: int
-    next_run_at: Any
-    leased_by: str
-    started_at: Any
-
-
-_CLAIMED = tuple(ClaimedRow.__annotations__)
-_CLAIM_RETURNING = (
-    "id, scope_hash, job_id, current_token AS token, attempt_count AS attempt, max_attempts,"
-    " handler, handler_version, payload_json, queue, priority, next_run_at, leased_by,"
-    " started_at"
+#: A Claim's fields that a claim returns by name (``token`` and ``attempt`` are the
+#: job's new ``current_token`` and ``attempt_count``).
+CLAIM_FIELDS = tuple(
+    name for name in Claim.__dataclass_fields__ if name not in ("worker_id", "lease_expires_at")
+)
+_CLAIM_EXPRESSIONS = {"token": "current_token", "attempt": "attempt_count"}
+#: The columns of each job a claim started: its primary key, :data:`CLAIM_FIELDS`, and
+#: what claims are ordered by and attempt rows need.
+CLAIMED = ("id", *CLAIM_FIELDS, "priority", "next_run_at", "leased_by", "started_at")
+_CLAIM_RETURNING = ", ".join(
+    f"{_CLAIM_EXPRESSIONS[name]} AS {name}" if name in _CLAIM_EXPRESSIONS else name
+    for name in CLAIMED
 )
 _ATTEMPT_INSERT = (
     f"INSERT INTO {ATTEMPT} (job_id, number, token, status, worker_id, progress,"
@@ -147,8 +135,8 @@ _ATTEMPT_INSERT = (
 
 @functools.lru_cache(maxsize=64)
 def claim(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -> str:
-    """The claim: one guarded UPDATE of up to ``limit`` due jobs, returning a
-    :class:`ClaimedRow` for each.
+    """The claim: one guarded UPDATE of up to ``limit`` due jobs, returning the
+    :data:`CLAIMED` columns of each.
 
     Parameters: ``worker_id``, ``lease_expires_at``, ``now``, ``limit``; with
     ``queues``, ``queue_0``… (see :func:`jobs.db.in_list_params`); with ``one_job``,
@@ -161,7 +149,7 @@ def claim(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -
     first finishes a batch of attempts — the J8 rule of :func:`finish`, whose
     parameters it takes too — and every row it returns has its ``kind``:
     ``'finished'`` or ``'orphan'`` (a :class:`FinishedRow`; with an orphan the
-    statement changes nothing at all) or ``'claimed'`` (a :class:`ClaimedRow`). Being
+    statement changes nothing at all) or ``'claimed'`` (:data:`CLAIMED`). Being
     one statement, it is atomic by itself: the worker runs it in autocommit, one round
     trip in all.
     """
@@ -201,11 +189,11 @@ def claim(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -
         " NULL, '', '', NULL, started_at, NULL FROM claimed)"
     )
     if not finishing:
-        return f"WITH {ctes} SELECT {', '.join(_CLAIMED)} FROM claimed"
+        return f"WITH {ctes} SELECT {', '.join(CLAIMED)} FROM claimed"
     return f"WITH {_finish_ctes()}, {ctes} " + union_by_kind(
         [
             ("finished", "finished", _FINISHED_COLUMNS),
-            ("claimed", "claimed", {name: name for name in _CLAIMED}),
+            ("claimed", "claimed", {name: name for name in CLAIMED}),
             ("orphan", "orphans", _ORPHAN_COLUMNS),
         ]
     )
