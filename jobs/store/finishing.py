@@ -74,7 +74,7 @@ def completions(pairs: Sequence[tuple[Claim, str | None]]) -> list[Finishing]:
 def finishing_params(
     connection: BaseDatabaseWrapper, batch: Sequence[Finishing], now: datetime
 ) -> dict[str, Any]:
-    """The parameters of the J8 statements for ``batch`` (their guards' aside)."""
+    """The parameters of the J8 statements for ``batch``, but for their guards'."""
     params = sql.finishing_params(connection.vendor, [item.done_row() for item in batch])
     params["now"] = adapt_dt(connection, now)
     return params
@@ -137,10 +137,9 @@ def finish_batch(
     finished: dict[str, Finished] = {}
     for start in range(0, len(batch), CHUNK_ROWS):
         chunk = batch[start : start + CHUNK_ROWS]
-        attempts = fetch(
-            connection, sql.finish_attempts_sqlite(len(chunk), **guards), params(chunk)
-        )
-        jobs = fetch(connection, sql.finish_jobs_sqlite(len(chunk), **guards), params(chunk))
+        values = params(chunk)
+        attempts = fetch(connection, sql.finish_attempts_sqlite(len(chunk), **guards), values)
+        jobs = fetch(connection, sql.finish_jobs_sqlite(len(chunk), **guards), values)
         tokens = {row["job_pk"]: row["token"] for row in attempts}
         if len(tokens) != len(attempts) or tokens.keys() != {row["id"] for row in jobs}:
             raise AttemptRowMissing()
