@@ -301,9 +301,12 @@ def _task_spec(
             f"task {task.module_path!r} uses TASKS[{task.backend!r}], which is not a "
             "jobs.backends.JobsBackend"
         )
-    payload = TaskPayload.build(
-        task, task.backend, options.get("args") or (), options.get("kwargs") or {}
-    )
+    try:
+        payload = TaskPayload.build(
+            task, task.backend, options.get("args") or (), options.get("kwargs") or {}
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidSchedule(f"a task's args and kwargs must be JSON: {exc}") from exc
     submission = JobSubmission.create(
         HANDLER,
         payload.as_json(),
