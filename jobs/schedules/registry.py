@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 from zoneinfo import ZoneInfo
 
 from .. import validation
@@ -105,6 +105,44 @@ def generation() -> int:
 def _changed() -> None:
     global _generation
     _generation += 1
+
+
+@overload
+def periodic(
+    cron: str | timedelta | None = None,
+    *,
+    name: str,
+    every: timedelta | None = None,
+    timezone: str | ZoneInfo | None = None,
+    handler: None = None,
+    version: int | None = None,
+    payload: Any = None,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    catch_up: CatchUp | str = CatchUp.LATEST,
+) -> Callable[[_Target], _Target]: ...
+
+
+@overload
+def periodic(
+    cron: str | timedelta | None = None,
+    *,
+    name: str,
+    every: timedelta | None = None,
+    timezone: str | ZoneInfo | None = None,
+    handler: Any,
+    version: int | None = None,
+    payload: Any = None,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    catch_up: CatchUp | str = CatchUp.LATEST,
+) -> ScheduleSpec: ...
 
 
 def periodic(

@@ -170,7 +170,8 @@ def advance(
     if last_period is not None:
         values.update(last_period=last_period, last_job_id=last_job_id, last_enqueued_at=now)
     rows = Schedule.objects.filter(name=spec.name)
-    with transaction.atomic(using=alias_for(Schedule)):
+    # No savepoint: a pass advances its schedules together in one transaction.
+    with transaction.atomic(using=alias_for(Schedule), savepoint=False):
         if rows.filter(
             cron=spec.cron,
             every_seconds=spec.every_seconds,

@@ -1,0 +1,169 @@
+"""J16 with real ``run_jobs`` processes: the scheduler thread sleeps until the next
+period and enqueues it (counted statement by statement: no polling in between), a
+SIGKILL between enqueueing a period and recording it loses and doubles nothing, and
+``--burst`` runs what is due at its start — on SQLite and PostgreSQL.
+
+The test project declares its schedules only when ``TIMETABLE`` asks for them
+(testproject/timetable/tasks.py), and logs every statement of a worker with
+``STATEMENT_LOG`` (testproject/timetable/statements.py)."""
+
+from __future__ import annotations
+
+import signal
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from procs import WorkerProcess, wait_until
+from schedules_support import period_jobs, row, schedules  # noqa: F401  (fixture)
+
+from jobs import JobScope, JobStatus, periodic
+from jobs.schedules import store as schedule_store
+from jobs.schedules.timetable import job_id_time
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("schedules"),
+    pytest.mark.slow,
+]
+
+PERIODIC = JobScope("periodic")
+
+
+@pytest.fixture
+def workers(tmp_path: Path):
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        proc = WorkerProcess(tmp_path, *args, env=env)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.close()
+
+
+def succeeded(name: str) -> list[str]:
+    return [
+        job_id
+        for job_id in period_jobs(name)
+        if (snap := PERIODIC.get(job_id)) is not None and snap.status == JobStatus.SUCCEEDED
+    ]
+
+
+def period_of(job_id: str) -> datetime:
+    return datetime.strptime(job_id.partition("@")[2], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def test_the_worker_sleeps_until_each_period_and_enqueues_it_without_polling(workers, tmp_path):
+    log = tmp_path / "statements.log"
+    worker = workers(
+        "--worker-id",
+        "ticker",
+        env={
+            "TIMETABLE": "tick",
+            "TIMETABLE_EVERY": "2",
+            "STATEMENT_LOG": str(log),
+            # Nothing else to notice: only the periods wake the scheduler.
+            "JOBS_SCHEDULE_REFRESH_SECONDS": "3600",
+        },
+    )
+    wait_until(lambda: len(succeeded("tick")) >= 3, 60, "three periods run", worker)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+
+    jobs = period_jobs("tick")
+    for job_id in jobs:
+        snap = PERIODIC.get(job_id)
+        assert snap is not None
+        assert snap.created_at >= period_of(job_id)  # never before its period
+        assert snap.initial_not_before == period_of(job_id)
+    periods = [period_of(job_id) for job_id in jobs]
+    assert periods == [periods[0] + timedelta(seconds=2 * n) for n in range(len(periods))]
+
+    # The scheduler thread's statements, in order: a pass is one read of the schedule
+    # rows; a pass that enqueues follows it with the jobs' insert.
+    statements = [
+        line.split("\t")[2]
+        for line in log.read_text().splitlines()
+        if line.split("\t")[1] == "jobs-scheduler"
+    ]
+    passes: list[list[str]] = []
+    for sql in statements:
+        if sql.startswith("SELECT") and '"jobs_schedule"' in sql and '"name" IN' in sql:
+            passes.append([])
+        elif passes:
+            passes[-1].append(sql)
+    enqueuing = [
+        p for p in passes if any(s.startswith(("INSERT INTO jobs_job", "WITH")) for s in p)
+    ]
+    idle = [p for p in passes if p not in enqueuing]
+    assert len(enqueuing) == len(jobs)  # one pass per period, each enqueueing it
+    # Besides the start-up sync's read and the first pass (before the first period),
+    # not one wake-up without a period to enqueue: the thread slept, it did not poll.
+    assert len(idle) <= 2, passes
+    assert all(p == [] for p in idle)  # and a pass with nothing due writes nothing
+
+
+def test_sigkill_between_enqueue_and_state_update_loses_no_period_and_doubles_none(
+    workers,
+):
+    env = {"TIMETABLE": "tick", "TIMETABLE_EVERY": "1", "TIMETABLE_CATCH_UP": "all"}
+    victim = workers(
+        "--worker-id", "victim", env={**env, "JOBS_FAULT": "jobs.schedules.enqueued@2:kill"}
+    )
+    assert victim.wait() == -signal.SIGKILL
+    # Killed after the second period's job committed, before the schedule recorded it.
+    killed_at = row("tick").next_run_at
+    assert period_jobs("tick")[-1] == f"tick@{job_id_time(killed_at)}"
+    assert row("tick").last_period == killed_at - timedelta(seconds=1)
+
+    survivor = workers("--worker-id", "survivor", env=env)
+    wait_until(
+        lambda: (
+            row("tick").last_period is not None
+            and row("tick").last_period >= killed_at + timedelta(seconds=3)
+        ),
+        60,
+        "the restarted worker to go on past the killed period",
+        survivor,
+    )
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait() == 0
+
+    jobs = period_jobs("tick")
+    periods = [period_of(job_id) for job_id in jobs]
+    # catch_up="all": every period from the first one on has exactly one job (the
+    # job identity makes doubling impossible; a gap would be a lost period).
+    assert periods == [periods[0] + timedelta(seconds=n) for n in range(len(periods))]
+    assert killed_at in periods
+    assert row("tick").last_period == periods[-1]
+    wait_until(lambda: len(succeeded("tick")) >= len(jobs) - 1, 30, "the jobs to run")
+
+
+def test_burst_runs_what_is_due_at_its_start(workers):
+    # A schedule every minute, last seen an hour ago: its latest period is due.
+    spec = periodic(timedelta(minutes=1), name="tick", handler="timetable.tick")
+    schedule_store.create_missing([spec], now=datetime.now(UTC) - timedelta(hours=1))
+    worker = workers(
+        "--burst", env={"TIMETABLE": "tick", "TIMETABLE_EVERY": "60", "JOBS_POLL_INTERVAL": "0.2"}
+    )
+    assert worker.wait() == 0
+    (job_id,) = period_jobs("tick")
+    snap = PERIODIC.get(job_id)
+    assert snap is not None
+    assert snap.status == JobStatus.SUCCEEDED
+    assert snap.result_ref == job_id
+    assert "schedule enqueued " + job_id in worker.output
+
+
+def test_the_scheduler_setting_turns_it_off(workers):
+    spec = periodic(timedelta(minutes=1), name="tick", handler="timetable.tick")
+    schedule_store.create_missing([spec], now=datetime.now(UTC) - timedelta(hours=1))
+    worker = workers(
+        "--burst",
+        env={"TIMETABLE": "tick", "TIMETABLE_EVERY": "60", "JOBS_SCHEDULER": "false"},
+    )
+    assert worker.wait() == 0
+    assert period_jobs("tick") == []
