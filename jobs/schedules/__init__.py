@@ -11,13 +11,28 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .registry import ScheduleSpec, periodic
+    from .service import list_schedules, pause, resume, run_now
     from .types import CatchUp, ScheduleOutcome, ScheduleView
 
-__all__ = ["CatchUp", "ScheduleOutcome", "ScheduleSpec", "ScheduleView", "periodic"]
+__all__ = [
+    "CatchUp",
+    "ScheduleOutcome",
+    "ScheduleSpec",
+    "ScheduleView",
+    "list_schedules",
+    "pause",
+    "periodic",
+    "resume",
+    "run_now",
+]
 
 _LAZY = {
     "periodic": "registry",
     "ScheduleSpec": "registry",
+    "list_schedules": "service",
+    "pause": "service",
+    "resume": "service",
+    "run_now": "service",
     "CatchUp": "types",
     "ScheduleOutcome": "types",
     "ScheduleView": "types",
