@@ -10,7 +10,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
+import test_jobs_admin
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
@@ -25,6 +25,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 CHANGELIST = "admin:jobs_schedule_changelist"
 
+staff_clients = test_jobs_admin.staff_client  # a fixture: staff with given permissions
+
 
 @pytest.fixture
 def declared(request: pytest.FixtureRequest) -> None:
@@ -37,22 +39,6 @@ def declared(request: pytest.FixtureRequest) -> None:
     execution.enqueue_due_schedules(now=now - timedelta(hours=2))
     execution.enqueue_due_schedules(now=now)
     registry.unregister("gone")
-
-
-@pytest.fixture
-def staff_client(django_user_model: Any) -> Any:
-    def make(*codenames: str) -> Client:
-        user = django_user_model.objects.create_user(
-            f"staff-{'-'.join(codenames)}", password="unused", is_staff=True
-        )
-        perms = Permission.objects.filter(content_type__app_label="jobs", codename__in=codenames)
-        assert perms.count() == len(codenames)
-        user.user_permissions.add(*perms)
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
 
 
 def act(client: Client, action: str, *names: str) -> list[str]:
@@ -104,8 +90,8 @@ def test_an_orphaned_schedule_cannot_be_run_now(admin_client: Client):
 
 
 @pytest.mark.usefixtures("declared")
-def test_staff_who_may_only_view_see_no_actions_and_cannot_post_them(staff_client: Any):
-    viewer = staff_client("view_schedule")
+def test_staff_who_may_only_view_see_no_actions_and_cannot_post_them(staff_clients: Any):
+    viewer = staff_clients("view_schedule")
     content = viewer.get(reverse(CHANGELIST)).content.decode()
     assert "hourly" in content
     assert "Pause selected schedules" not in content
@@ -114,7 +100,7 @@ def test_staff_who_may_only_view_see_no_actions_and_cannot_post_them(staff_clien
     )
     assert response.status_code in (200, 302)
     assert not row("hourly").paused
-    steerer = staff_client("view_schedule", "change_schedule")
+    steerer = staff_clients("view_schedule", "change_schedule")
     assert act(steerer, "pause_schedules", "hourly") == ["1 paused, 0 already paused."]
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import signal
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
-from procs import WorkerProcess, wait_until
+import test_worker_processes
+from procs import wait_until
 from schedules_support import period_jobs, row, schedules  # noqa: F401  (fixture)
 
 from jobs import JobScope, JobStatus, periodic
@@ -29,19 +29,7 @@ pytestmark = [
 
 PERIODIC = JobScope("periodic")
 
-
-@pytest.fixture
-def workers(tmp_path: Path):
-    started: list[WorkerProcess] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        proc = WorkerProcess(tmp_path, *args, env=env)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.close()
+worker_processes = test_worker_processes.workers  # a fixture: run_jobs processes
 
 
 def succeeded(name: str) -> list[str]:
@@ -56,9 +44,11 @@ def period_of(job_id: str) -> datetime:
     return datetime.strptime(job_id.partition("@")[2], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
-def test_the_worker_sleeps_until_each_period_and_enqueues_it_without_polling(workers, tmp_path):
+def test_the_worker_sleeps_until_each_period_and_enqueues_it_without_polling(
+    worker_processes, tmp_path
+):
     log = tmp_path / "statements.log"
-    worker = workers(
+    worker = worker_processes(
         "--worker-id",
         "ticker",
         env={
@@ -107,10 +97,10 @@ def test_the_worker_sleeps_until_each_period_and_enqueues_it_without_polling(wor
 
 
 def test_sigkill_between_enqueue_and_state_update_loses_no_period_and_doubles_none(
-    workers,
+    worker_processes,
 ):
     env = {"TIMETABLE": "tick", "TIMETABLE_EVERY": "1", "TIMETABLE_CATCH_UP": "all"}
-    victim = workers(
+    victim = worker_processes(
         "--worker-id", "victim", env={**env, "JOBS_FAULT": "jobs.schedules.enqueued@2:kill"}
     )
     assert victim.wait() == -signal.SIGKILL
@@ -119,7 +109,7 @@ def test_sigkill_between_enqueue_and_state_update_loses_no_period_and_doubles_no
     assert period_jobs("tick")[-1] == f"tick@{job_id_time(killed_at)}"
     assert row("tick").last_period == killed_at - timedelta(seconds=1)
 
-    survivor = workers("--worker-id", "survivor", env=env)
+    survivor = worker_processes("--worker-id", "survivor", env=env)
     wait_until(
         lambda: (
             row("tick").last_period is not None
@@ -142,11 +132,11 @@ def test_sigkill_between_enqueue_and_state_update_loses_no_period_and_doubles_no
     wait_until(lambda: len(succeeded("tick")) >= len(jobs) - 1, 30, "the jobs to run")
 
 
-def test_burst_runs_what_is_due_at_its_start(workers):
+def test_burst_runs_what_is_due_at_its_start(worker_processes):
     # A schedule every minute, last seen an hour ago: its latest period is due.
     spec = periodic(timedelta(minutes=1), name="tick", handler="timetable.tick")
     schedule_store.create_missing([spec], now=datetime.now(UTC) - timedelta(hours=1))
-    worker = workers(
+    worker = worker_processes(
         "--burst", env={"TIMETABLE": "tick", "TIMETABLE_EVERY": "60", "JOBS_POLL_INTERVAL": "0.2"}
     )
     assert worker.wait() == 0
@@ -158,10 +148,10 @@ def test_burst_runs_what_is_due_at_its_start(workers):
     assert "schedule enqueued " + job_id in worker.output
 
 
-def test_the_scheduler_setting_turns_it_off(workers):
+def test_the_scheduler_setting_turns_it_off(worker_processes):
     spec = periodic(timedelta(minutes=1), name="tick", handler="timetable.tick")
     schedule_store.create_missing([spec], now=datetime.now(UTC) - timedelta(hours=1))
-    worker = workers(
+    worker = worker_processes(
         "--burst",
         env={"TIMETABLE": "tick", "TIMETABLE_EVERY": "60", "JOBS_SCHEDULER": "false"},
     )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, TypedDict, TypeVar, Unpack, overload
 from zoneinfo import ZoneInfo
 
 from .. import validation
@@ -27,7 +27,7 @@ from ..types import JobSubmission
 from .timetable import CronTimetable, IntervalTimetable, TimetableError, job_id_time
 from .types import CatchUp
 
-__all__ = ["ScheduleSpec", "declared", "get", "periodic", "unregister"]
+__all__ = ["PeriodicOptions", "ScheduleSpec", "declared", "get", "periodic", "unregister"]
 
 #: Longest schedule name: its job ids (``name@2026-12-01T05:00:00Z``) stay far below
 #: the 200 characters of a job id.
@@ -107,22 +107,28 @@ def _changed() -> None:
     _generation += 1
 
 
+class PeriodicOptions(TypedDict, total=False):
+    """The keyword options of :func:`periodic` besides ``name`` and ``handler``."""
+
+    every: timedelta | None
+    timezone: str | ZoneInfo | None
+    version: int | None
+    payload: Any
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any] | None
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+    catch_up: CatchUp | str
+
+
 @overload
 def periodic(
     cron: str | timedelta | None = None,
     *,
     name: str,
-    every: timedelta | None = None,
-    timezone: str | ZoneInfo | None = None,
     handler: None = None,
-    version: int | None = None,
-    payload: Any = None,
-    args: Sequence[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    catch_up: CatchUp | str = CatchUp.LATEST,
+    **options: Unpack[PeriodicOptions],
 ) -> Callable[[_Target], _Target]: ...
 
 
@@ -131,17 +137,8 @@ def periodic(
     cron: str | timedelta | None = None,
     *,
     name: str,
-    every: timedelta | None = None,
-    timezone: str | ZoneInfo | None = None,
     handler: Any,
-    version: int | None = None,
-    payload: Any = None,
-    args: Sequence[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    catch_up: CatchUp | str = CatchUp.LATEST,
+    **options: Unpack[PeriodicOptions],
 ) -> ScheduleSpec: ...
 
 
@@ -149,17 +146,8 @@ def periodic(
     cron: str | timedelta | None = None,
     *,
     name: str,
-    every: timedelta | None = None,
-    timezone: str | ZoneInfo | None = None,
     handler: Any = None,
-    version: int | None = None,
-    payload: Any = None,
-    args: Sequence[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    catch_up: CatchUp | str = CatchUp.LATEST,
+    **options: Unpack[PeriodicOptions],
 ) -> Any:
     """Declare a schedule named ``name``: run a job at every period of a timetable.
 
@@ -178,6 +166,12 @@ def periodic(
 
     Raises :class:`~jobs.exceptions.InvalidSchedule` for anything invalid.
     """
+    unknown = sorted(set(options) - set(PeriodicOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"periodic() got unexpected keyword argument(s): {', '.join(unknown)}")
+    every = options.get("every")
+    timezone = options.get("timezone")
+    catch_up = options.get("catch_up", CatchUp.LATEST)
     label = name if isinstance(name, str) else repr(name)
     try:
         checked_name = validation.name(name, "schedule name", MAX_NAME_LENGTH)
@@ -220,15 +214,6 @@ def periodic(
             timetable=timetable,
         )
 
-    options: dict[str, Any] = {
-        "version": version,
-        "payload": payload,
-        "args": args,
-        "kwargs": kwargs,
-        "queue": queue,
-        "priority": priority,
-        "max_attempts": max_attempts,
-    }
     if handler is not None:
         spec = _guarded(label, lambda: _spec_for(handler, options, build))
         return _register(spec)

@@ -88,7 +88,8 @@ class Scheduler:
                     "enqueueing due schedules failed; retrying in %.0f s (is the database up?)",
                     backoff,
                 )
-                self._reset_connection()
+                # A new connection at the next try: this thread holds no transaction.
+                connections[alias_for(Schedule)].close()
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, max(self.refresh_seconds, _FIRST_BACKOFF))
                 continue
@@ -111,15 +112,6 @@ class Scheduler:
             if left <= 0:
                 return
             self._stopping.wait(left)
-
-    def _reset_connection(self) -> None:
-        connection = connections[alias_for(Schedule)]
-        try:
-            usable = connection.connection is not None and connection.is_usable()
-        except Exception:
-            usable = False
-        if not usable:
-            connection.close()
 
 
 # --------------------------------------------------------------------------- in the worker

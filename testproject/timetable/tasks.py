@@ -7,7 +7,8 @@ worker of the test suite enqueues them:
     ``tick`` every ``TIMETABLE_EVERY`` seconds (default 1), with
     ``TIMETABLE_CATCH_UP`` (default "latest").
 ``TIMETABLE=fifty``
-    fifty daily cron schedules spread over the day, and ``tick`` (benchmarks).
+    fifty yearly cron schedules in Europe/Paris, none due for months: the idle cost
+    of a worker with fifty schedules (benchmarks/schedules.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ if "demo" in _chosen:
         return f"{ctx.payload['say']} from {ctx.job_id}"
 
 
-if _chosen & {"tick", "fifty"}:
+if "tick" in _chosen:
     periodic(
         timedelta(seconds=int(os.environ.get("TIMETABLE_EVERY", "1"))),
         name="tick",
@@ -46,7 +47,7 @@ if _chosen & {"tick", "fifty"}:
 if "fifty" in _chosen:
     for number in range(50):
         periodic(
-            f"{number} {number % 24} * * *",
+            f"{number} 3 1 1 *",
             name=f"daily-{number:02}",
             handler="timetable.tick",
             timezone="Europe/Paris",
