@@ -203,7 +203,8 @@ def test_intervals_are_anchored_to_the_unix_epoch():
 
 
 @pytest.mark.parametrize(
-    "every", [timedelta(0), timedelta(seconds=-5), timedelta(milliseconds=1500), 60]
+    "every",
+    [timedelta(0), timedelta(seconds=-5), timedelta(milliseconds=1500), timedelta(days=30_000), 60],
 )
 def test_bad_intervals_are_refused(every):
     with pytest.raises(TimetableError):

@@ -91,7 +91,7 @@ class ScheduleAdmin(ReadOnlyAdminMixin, _ScheduleAdminBase):
     @admin.display(description="timetable")
     def timetable(self, obj: Schedule) -> str:
         try:
-            return schedule_store.timetable_of(schedule_store._state(obj)).describe()
+            return schedule_store.timetable_of(schedule_store.state_of(obj)).describe()
         except InvalidSchedule as exc:
             return str(exc)
 

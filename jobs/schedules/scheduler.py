@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from ..conf import jobs_settings
 from ..db import alias_for
-from ..exceptions import InvalidSchedule
+from ..exceptions import InvalidSchedule, JobsError
 from . import registry, service
 from .models import Schedule
 
@@ -83,7 +83,7 @@ class Scheduler:
                 logger.error("schedules are not running: %s", exc)
                 self.report("schedules stopped", str(exc))
                 return
-            except DatabaseError:
+            except (DatabaseError, JobsError):
                 logger.exception(
                     "enqueueing due schedules failed; retrying in %.0f s (is the database up?)",
                     backoff,

@@ -37,7 +37,7 @@ def _now(now: datetime | None) -> datetime:
     return timezone.now() if now is None else validation.aware_utc(now, "now")
 
 
-def _state(row: Schedule) -> ScheduleState:
+def state_of(row: Schedule) -> ScheduleState:
     return ScheduleState(
         name=row.name,
         cron=row.cron,
@@ -84,7 +84,7 @@ def states(names: Sequence[str] | None = None) -> dict[str, ScheduleState]:
         if not names:
             return {}
         rows = rows.filter(name__in=list(names))
-    return {row.name: _state(row) for row in rows}
+    return {row.name: state_of(row) for row in rows}
 
 
 def get(name: str) -> ScheduleState:
@@ -92,7 +92,7 @@ def get(name: str) -> ScheduleState:
     row = Schedule.objects.filter(name=name).first()
     if row is None:
         raise ScheduleNotFound(f"no schedule named {name!r} is stored")
-    return _state(row)
+    return state_of(row)
 
 
 # --------------------------------------------------------------------------- transitions

@@ -53,6 +53,8 @@ ALIASES = {
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 _SECOND = timedelta(seconds=1)
+#: The longest interval the table stores (a 32-bit count of seconds: about 68 years).
+_LONGEST = timedelta(seconds=2**31 - 1)
 
 
 class TimetableError(ValueError):
@@ -215,6 +217,8 @@ class IntervalTimetable:
             raise TimetableError(f"every= takes a datetime.timedelta, not {type(every).__name__}")
         if every <= timedelta(0) or every % _SECOND:
             raise TimetableError(f"every= must be a positive whole number of seconds, not {every}")
+        if every > _LONGEST:
+            raise TimetableError(f"every= must be at most {_LONGEST.days} days, not {every}")
         return cls(every // _SECOND)
 
     @property
