@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .api import JobScope, stage_job, submit_job, submit_jobs
     from .handlers import JobContext, job_handler
+    from .schedules import periodic
     from .types import (
         CancelOutcome,
         FinishOutcome,
@@ -31,6 +32,7 @@ __all__ = [
     "JobSubmission",
     "SubmitResult",
     "job_handler",
+    "periodic",
     "stage_job",
     "submit_job",
     "submit_jobs",
@@ -43,6 +45,7 @@ _LAZY = {
     "submit_jobs": "api",
     "JobContext": "handlers",
     "job_handler": "handlers",
+    "periodic": "schedules",
     "CancelOutcome": "types",
     "FinishOutcome": "types",
     "JobSnapshot": "types",

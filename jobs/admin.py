@@ -276,3 +276,7 @@ class JobAttemptAdmin(ReadOnlyAdminMixin, _AttemptAdminBase):
     @admin.display(description="progress")
     def progress_percent(self, obj: JobAttempt) -> str:
         return _percent(obj.progress)
+
+
+# SPEC J16: the schedules' admin lives with the schedules.
+from .schedules import admin as _schedules_admin  # noqa: E402, F401

@@ -8,3 +8,9 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .schedules.scheduler import start_scheduler, stop_scheduler
+        from .signals import worker_started, worker_stopping
+
+        # J16: every run_jobs worker enqueues its schedules' due periods.
+        worker_started.connect(start_scheduler, dispatch_uid="jobs.start_scheduler")
+        worker_stopping.connect(stop_scheduler, dispatch_uid="jobs.stop_scheduler")

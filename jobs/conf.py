@@ -11,6 +11,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .exceptions import JobsConfigurationError
+from .validation import scope_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,18 @@ class JobsSettings:
     #: finish) as server-side prepared statements, planned once per connection. Turn
     #: off behind a transaction-pooling PgBouncer older than 1.21.
     PREPARED_STATEMENTS: bool = True
+    #: Schedules (SPEC J16): every ``run_jobs`` worker enqueues the periods that are
+    #: due, waking at the next period start; False turns that off in this process.
+    SCHEDULER: bool = True
+    #: The scope of every period's job.
+    SCHEDULE_SCOPE: str = "periodic"
+    #: catch_up="all": missed periods enqueued at most (the most recent ones).
+    SCHEDULE_MAX_CATCH_UP: int = 100
+    #: catch_up="skip": a period is enqueued only if it began less than this ago.
+    SCHEDULE_TOLERANCE_SECONDS: float = 60.0
+    #: A worker re-reads the schedules at least this often, however far the next
+    #: period: a resume, or a schedule declared by another deploy, is noticed within it.
+    SCHEDULE_REFRESH_SECONDS: float = 30.0
 
 
 def _validate(values: dict[str, Any]) -> JobsSettings:
@@ -66,6 +79,9 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
         "CANCEL_POLL_INTERVAL",
         "CLAIM_BATCH_SIZE",
         "CLEANUP_INTERVAL",
+        "SCHEDULE_MAX_CATCH_UP",
+        "SCHEDULE_TOLERANCE_SECONDS",
+        "SCHEDULE_REFRESH_SECONDS",
     )
     for key in positive:
         value = getattr(result, key)
@@ -85,6 +101,18 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
         )
     if not isinstance(result.PREPARED_STATEMENTS, bool):
         raise JobsConfigurationError("JOBS['PREPARED_STATEMENTS'] must be True or False")
+    if not isinstance(result.SCHEDULER, bool):
+        raise JobsConfigurationError("JOBS['SCHEDULER'] must be True or False")
+    if isinstance(result.SCHEDULE_MAX_CATCH_UP, bool) or not isinstance(
+        result.SCHEDULE_MAX_CATCH_UP, int
+    ):
+        raise JobsConfigurationError("JOBS['SCHEDULE_MAX_CATCH_UP'] must be a positive int")
+    try:
+        scope_hash(result.SCHEDULE_SCOPE)
+    except ValueError as exc:
+        raise JobsConfigurationError(
+            f"JOBS['SCHEDULE_SCOPE'] is not a valid scope: {exc}"
+        ) from None
     if not isinstance(result.AUTODISCOVER_MODULE, str) or not result.AUTODISCOVER_MODULE:
         raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")
     return result

@@ -97,3 +97,16 @@ class JobsConfigurationError(JobsError, ImproperlyConfigured):
 
 class JobCancelled(JobsError):
     """The job's cancellation was requested; the handler stopped cooperatively."""
+
+
+class InvalidSchedule(JobsConfigurationError):
+    """The schedule is not valid: check its cron expression or interval, time zone,
+    name (unique), catch_up and payload."""
+
+
+class ScheduleNotFound(JobsError, LookupError):
+    """No schedule of this name is stored (no worker has seen its declaration yet)."""
+
+
+class ScheduleNotDeclared(JobsError, LookupError):
+    """This process declares no schedule of this name (an orphaned schedule cannot run)."""

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from . import store, validation
-from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome
+from .schedules import service as schedules
+from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome, JobSnapshot
 
 __all__ = [
     "Claim",
@@ -25,6 +26,7 @@ __all__ = [
     "complete_and_claim",
     "complete_many",
     "default_worker_id",
+    "enqueue_due_schedules",
     "fail",
     "get_due",
     "get_execution_status",
@@ -224,3 +226,14 @@ def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:
     """Retention: delete up to ``limit`` jobs that finished before ``older_than``, with
     their attempts; returns how many (see :func:`jobs.store.purge_finished`)."""
     return store.purge_finished(older_than=older_than, limit=limit)
+
+
+def enqueue_due_schedules(now: datetime | None = None) -> list[JobSnapshot]:
+    """Enqueue the periods of this process's schedules (``@periodic``) that are due as
+    of ``now`` (default: the current time) and return their jobs, oldest period first
+    (SPEC J16). Each period is one job of scope ``JOBS["SCHEDULE_SCOPE"]`` whose id
+    names it, so concurrent calls — threads, processes, machines — create exactly one
+    job per period. When nothing is due it costs one read and no write. Every
+    ``run_jobs`` worker calls it at each period start (``JOBS["SCHEDULER"]``).
+    """
+    return schedules.enqueue_due_schedules(now)

@@ -148,3 +148,7 @@ class JobAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of job {self.job_id} ({self.status})"
+
+
+# SPEC J16: the schedules' table lives with the schedules (``jobs/schedules/``).
+from .schedules.models import Schedule  # noqa: E402, F401

@@ -1,8 +1,7 @@
-"""Named fault points at the dispatcher's commit boundaries.
+"""Named fault points at the dispatcher's commit boundaries (see ``ledon.faults``).
 
 Crash tests register a hook that raises, blocks or kills the process at one named
-point, so that a crash happens exactly there instead of after a hopeful sleep. With
-no hook registered (always, in production) a fault point costs one list check.
+point, so that a crash happens exactly there instead of after a hopeful sleep.
 
 Points:
 
@@ -26,32 +25,8 @@ Points:
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from typing import Any
+# The machinery is shared by every app (``ledon.faults``); the outbox's points are
+# listed above.
+from ledon.faults import FaultHook, add_fault_hook, fault_point, remove_fault_hook
 
-FaultHook = Callable[[str, dict[str, Any]], None]
-
-_hooks: list[FaultHook] = []
-_lock = threading.Lock()
-
-
-def fault_point(name: str, **context: Any) -> None:
-    """Give every registered hook the chance to fail here."""
-    if not _hooks:
-        return
-    with _lock:
-        hooks = list(_hooks)
-    for hook in hooks:
-        hook(name, context)
-
-
-def add_fault_hook(hook: FaultHook) -> None:
-    with _lock:
-        _hooks.append(hook)
-
-
-def remove_fault_hook(hook: FaultHook) -> None:
-    with _lock:
-        if hook in _hooks:
-            _hooks.remove(hook)
+__all__ = ["FaultHook", "add_fault_hook", "fault_point", "remove_fault_hook"]

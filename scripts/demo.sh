@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make demo: a fresh SQLite database, three sample jobs, one worker in burst mode.
+# make demo: a fresh SQLite database, three sample jobs, one worker in burst mode; the
+# shop; a schedule firing every two seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
@@ -32,3 +33,14 @@ echo "== run_jobs --burst (invoices with progress, shipping labels)"
 "$PY" manage.py run_jobs --burst --concurrency 2 --worker-id demo-shop-worker
 echo "== the shop's final states"
 "$PY" manage.py shop_demo report
+
+echo
+echo "== schedules: demo-heartbeat every 2 s, enqueued by the worker's scheduler (one job per period)"
+export TIMETABLE=demo
+"$PY" manage.py run_jobs --worker-id demo-scheduler &
+worker=$!
+"$PY" manage.py timetable_demo wait --periods 2
+kill -TERM "$worker"
+wait "$worker"
+worker=
+"$PY" manage.py list_schedules

@@ -10,7 +10,7 @@ this process reaches the named fault point (for the named step only, if given):
 
 Each test app installs one hook under its own variable (``ORDERS_FAULT``,
 ``FULFILMENT_FAULT``); the points are named by the code that offers them
-(``outbox.faults.fault_point``).
+(``ledon.faults.fault_point``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from outbox.faults import add_fault_hook
+from ledon.faults import add_fault_hook
 
 
 def install_from_environment(variable: str) -> None:

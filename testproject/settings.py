@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "testproject.tasks_demo",
     "testproject.orders",
     "testproject.fulfilment",
+    "testproject.timetable",
 ]
 
 MIDDLEWARE = [
@@ -102,6 +103,9 @@ JOBS: dict[str, Any] = {
     "POLL_INTERVAL": env.float("JOBS_POLL_INTERVAL", default=1.0),
     "RECOVERY_INTERVAL": env.float("JOBS_RECOVERY_INTERVAL", default=5.0),
     "SHUTDOWN_GRACE_SECONDS": env.float("JOBS_SHUTDOWN_GRACE_SECONDS", default=5.0),
+    "SCHEDULER": env.bool("JOBS_SCHEDULER", default=True),
+    "SCHEDULE_REFRESH_SECONDS": env.float("JOBS_SCHEDULE_REFRESH_SECONDS", default=30.0),
+    "PREPARED_STATEMENTS": env.bool("JOBS_PREPARED_STATEMENTS", default=True),
 }
 
 # Django's tasks framework, backed by the job store: ``manage.py run_jobs`` runs the
