@@ -6,13 +6,12 @@ import signal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
 
+from ledon.db import DatabaseNotMigrated
+from ledon.engine import StopLevel
 from outbox.conf import outbox_settings
 from outbox.consumer import EventConsumer
-from outbox.db import alias_for
 from outbox.exceptions import OutboxError
-from outbox.models import InboxMessage
 from outbox.transports import transport_class
 from outbox.transports.kafka import KafkaTransport
 from outbox.transports.rabbitmq import RabbitMQTransport
@@ -82,7 +81,6 @@ class Command(BaseCommand):
         if options["topic"] and not issubclass(cls, KafkaTransport):
             raise CommandError(f"--topic is for the kafka transport, not {transport!r}")
         sources = [options["queue"]] if options["queue"] is not None else options["topic"]
-        self._check_inbox_table()
         try:
             consumer = EventConsumer(
                 options["group"],
@@ -99,36 +97,19 @@ class Command(BaseCommand):
         )
         self.stdout.flush()
 
-        def on_signal(signum: int, frame: Any) -> None:
-            self.stdout.write(
-                f"consumer {consumer.group}: {signal.Signals(signum).name}, "
-                "stopping after the current message"
-            )
-            consumer.stop()
+        def announce(signum: signal.Signals, level: StopLevel) -> None:
+            then = "exiting now" if level is StopLevel.ABORT else "stopping after this message"
+            self.stdout.write(f"consumer {consumer.group}: {signum.name}, {then}")
+            self.stdout.flush()
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
         try:
-            stats = consumer.run()
-        except OutboxError as exc:
+            with consumer.stop_on_signals(announce):
+                stats = consumer.run()
+        except (OutboxError, DatabaseNotMigrated) as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(
             self.style.SUCCESS(f"consumer {consumer.group} stopped: {stats.summary()}")
         )
-
-    def _check_inbox_table(self) -> None:
-        alias = alias_for(InboxMessage)
-        table = InboxMessage._meta.db_table
-        try:
-            with connections[alias].cursor() as cursor:
-                tables = connections[alias].introspection.table_names(cursor)
-        except DatabaseError as exc:
-            raise CommandError(f"cannot read the tables of database {alias!r}: {exc}") from exc
-        if table not in tables:
-            raise CommandError(
-                f"the inbox table {table!r} does not exist in database {alias!r}: "
-                "run 'manage.py migrate outbox'"
-            )
 
     def _printer(self, verbosity: int) -> Any:
         quiet_below_2 = {"handled", "duplicate", "skipped", "retry"}
