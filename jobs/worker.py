@@ -147,6 +147,8 @@ class Worker(Engine):
         self._listener: Listener | None = None
         # Whether this worker id's own leftovers were recovered (J11, at start-up).
         self._own_recovered = False
+        # A claim failed on the database: it may have committed with its answer lost.
+        self._claims_unknown = False
         self.started = threading.Event()
 
     # ------------------------------------------------------------------ control
@@ -239,6 +241,8 @@ class Worker(Engine):
             if now >= next_heartbeat:
                 self._heartbeat()
                 next_heartbeat = now + s.HEARTBEAT_SECONDS
+            if self._claims_unknown and not self.backing_off:
+                self._recover_lost_claims()
             if now >= next_cancel_check or self._check_cancel_now.is_set():
                 self._check_cancel_now.clear()
                 self._check_cancel()
@@ -265,7 +269,7 @@ class Worker(Engine):
             )
             self.pause(max(timeout, 0.01))
 
-    def _settle(self, *, claim: bool) -> tuple[list[Claim], int]:
+    def _settle(self, *, claim: bool, alone: bool = False) -> tuple[list[Claim], int]:
         """Finish the attempts whose handlers returned and, with ``claim``, claim due
         jobs for the capacity that is then free — one transaction, one commit.
 
@@ -279,9 +283,12 @@ class Worker(Engine):
 
         If the database is unreachable, the finished attempts stay registered as
         running (their leases are renewed) and wait for the next settle, after the
-        back-off; nothing wakes the main loop early.
+        back-off; nothing wakes the main loop early. With ``alone`` (a handler
+        thread), it settles only if :meth:`_settles_here` says so.
         """
         with self._lock:
+            if alone and (not self._completed or not self._settles_here() or self.backing_off):
+                return [], 0
             done, self._completed = self._completed, []
             limit = 0
             if claim and not self._stopping.is_set():
@@ -307,6 +314,7 @@ class Worker(Engine):
                 failed = True
                 with self._lock:
                     self._completed[:0] = done
+                    self._claims_unknown = self._claims_unknown or limit > 0
                 self.database_failed("finishing and claiming jobs", exc)
                 return [], limit
             except (DatabaseError, JobsError):
@@ -345,10 +353,7 @@ class Worker(Engine):
         """On a handler thread whose attempt succeeded: settle now if
         :meth:`_settles_here` says so, keep one new claim to run on this thread (no
         hand-over) and queue the rest. Returns the claim to run next, if any."""
-        with self._lock:
-            if not self._completed or not self._settles_here() or self.backing_off:
-                return None
-        claims, _limit = self._settle(claim=True)
+        claims, _limit = self._settle(claim=True, alone=True)
         for new in claims[1:]:
             self._tasks.put(new)
         return claims[0] if claims else None
@@ -436,6 +441,42 @@ class Worker(Engine):
                 # the handler returns now is fenced off by its token.
                 self._emit("lost", entry.claim, "attempt ended elsewhere; stopping handler")
                 entry.ctx.signal_cancel(shutdown=True)
+
+    def _recover_lost_claims(self) -> None:
+        """After a claim failed on the database it may still have committed, its
+        answer lost with the connection: attempts leased by this worker that it does
+        not run. Recover (re-queue) them now instead of when their lease expires."""
+        with self._lock:
+            if self._settles:
+                return  # a settle is under way: next pass
+            self._settles += 1  # and none starts meanwhile
+
+        def recover() -> dict[str, FinishOutcome]:
+            leased = store.tokens_leased_by(self.worker_id)
+            with self._lock:
+                lost = [t for t in leased if t not in self._running]
+            return {
+                token: store.recover(
+                    token,
+                    requeue=True,
+                    reason="recovered: claimed as the database failed; never run",
+                    leased_by=self.worker_id,
+                    now=self.clock(),
+                )
+                for token in lost
+            }
+
+        try:
+            outcomes = self.guarded("recovering claims whose answer was lost", recover)
+        finally:
+            with self._lock:
+                self._settles -= 1
+        if outcomes is FAILED:
+            return
+        self._claims_unknown = False
+        if outcomes:
+            self.stats.recovered += len(outcomes)
+            self._emit("recovered", None, f"{len(outcomes)} claim(s) lost with the database")
 
     def _recover(self) -> None:
         """Recover attempts whose lease expired — and, the first time it succeeds,

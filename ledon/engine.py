@@ -45,6 +45,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from django.apps import apps
+from django.db import connections
 
 from .backoff import Backoff
 from .db import (
@@ -205,10 +206,15 @@ class Engine:
         return delay
 
     def database_ok(self) -> None:
-        """A database step succeeded: the outage (if any) is over, the back-off resets."""
-        if self.outage.active or self.backoff.failures:
-            self.backoff.reset()
-            self.outage.recovered()
+        """A database step succeeded: the outage (if any) is over, the back-off resets
+        — provided the step reached the database (this thread's connection is open:
+        a failure closes it, and a step with nothing to do proves nothing)."""
+        if not (self.outage.active or self.backoff.failures):
+            return
+        if connections[self.alias].connection is None:
+            return
+        self.backoff.reset()
+        self.outage.recovered()
 
     def retry_database[T](
         self,

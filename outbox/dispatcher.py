@@ -204,6 +204,10 @@ class Dispatcher(Engine):
         self._listener: Listener | None = None
         self._keeper: _BatchLeaseKeeper | None = None
         self._running = False
+        # Whether what this dispatcher id holds was released: at start-up (an earlier
+        # run's batch), and after a batch failed on the database (a claim that
+        # committed as the database failed, a batch it could not record).
+        self._own_recovered = False
 
     # ------------------------------------------------------------------ control
 
@@ -240,15 +244,9 @@ class Dispatcher(Engine):
             )
             self._listener.start()
         self._running = True
-        s = self.settings
         try:
             self._check_transport()
-            # This id's own leftovers go back before it claims a batch of its own.
-            while not self._stopping.is_set():
-                recovered = self.guarded("recovering batches", lambda: self.recover(startup=True))
-                if recovered is not FAILED:
-                    break
-                self.pause(s.POLL_INTERVAL)
+            self._recover_own()
             self.guarded("retention clean-up", self.clean_up)
             self.started.set()
             self._emit("started", f"transport {self.transport.name or type(self.transport)}")
@@ -275,6 +273,8 @@ class Dispatcher(Engine):
         while not self._stopping.is_set():
             self._wake.clear()
             now = time.monotonic()
+            if not self._own_recovered:
+                self._recover_own()
             if now >= next_recovery:
                 self.guarded("recovering batches", self.recover)
                 next_recovery = now + s.RECOVERY_INTERVAL
@@ -282,7 +282,9 @@ class Dispatcher(Engine):
                 self.guarded("retention clean-up", self.clean_up)
                 next_cleanup = now + s.CLEANUP_INTERVAL
             claimed = self.guarded("dispatching a batch", self.dispatch_batch)
-            if claimed is not FAILED and claimed:
+            if claimed is FAILED:
+                self._own_recovered = False
+            elif claimed:
                 continue  # messages may have been waiting behind this batch, or retries
             if claimed is not FAILED and self.burst:
                 break
@@ -290,6 +292,12 @@ class Dispatcher(Engine):
             self.idle.set()
             self.pause(max(timeout, 0.01))
             self.idle.clear()
+
+    def _recover_own(self) -> None:
+        """Release this id's own leased messages before it claims again — it holds no
+        batch between two — so that they go out at once, not after their lease."""
+        if self.guarded("recovering batches", lambda: self.recover(startup=True)) is not FAILED:
+            self._own_recovered = True
 
     def _check_transport(self) -> None:
         try:

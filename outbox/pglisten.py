@@ -61,7 +61,8 @@ class Listener(threading.Thread):
                     self._outage.recovered()
                     self.ready.set()
                     while not self._stop_requested.is_set():
-                        for notify in conn.notifies(timeout=0.5):
+                        # Short waits: a stopping engine joins this thread.
+                        for notify in conn.notifies(timeout=0.1):
                             self._on_notify(notify.channel, notify.payload)
             except psycopg.Error as exc:
                 delay = self._backoff.next_delay()

@@ -15,9 +15,11 @@ While it drives an instance, a runner renews the instance's lease from a thread 
 its own; the version is not moved by renewals, so they never fence the running step.
 
 ``SagaRunner`` is an engine (:mod:`ledon.engine`): while the database is unreachable
-it backs off and says so once per outage, and when it is back it releases the
-instance whose driving the outage interrupted, so that it is resumed at once (not
-after its lease, and not counted as a takeover). A second stop request cancels the
+it backs off and says so once per outage, and when it is back it releases what it
+still holds — the instance whose driving the outage interrupted, or one it claimed
+as the database failed — so that it is resumed at once (not after its lease, and
+not counted as a takeover). A step that ends on an unreachable database has not
+failed: it runs again, nothing is compensated for an outage. A second stop request cancels the
 running step (the instance is released, not compensated); a third stops waiting for
 it.
 
@@ -55,8 +57,8 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
-from ledon.db import DATABASE_ERRORS, reset_connection
-from ledon.engine import FAILED, Engine, StopLevel
+from ledon.db import DATABASE_ERRORS, TRANSIENT_ERRORS, reset_connection
+from ledon.engine import FAILED, Engine, Failed, StopLevel
 from outbox import unit_of_work
 from outbox.faults import fault_point
 
@@ -299,6 +301,15 @@ class Driver:
         if not self._abandoned.done():
             self._abandoned.set_result(None)
 
+    @staticmethod
+    def _raise_if_the_database_failed(outcome: _Outcome) -> None:
+        """A step (or compensation) that ended on an unreachable database did not fail:
+        its transaction rolled back, and it runs again once the database is back.
+        Raised to the caller — a runner releases the instance then — instead of
+        compensating (or giving up on a compensation) because of an outage."""
+        if isinstance(outcome.error, TRANSIENT_ERRORS) and not outcome.abandoned:
+            raise outcome.error
+
     def _stopped_short(self) -> bool:
         """Whether a failed step is to be left alone: the lease was lost, or a
         shutdown interrupted it."""
@@ -399,6 +410,7 @@ class Driver:
             )
         step = self.definition.get_step(pending[0])
         outcome = self._run(state, step, compensating=False)
+        self._raise_if_the_database_failed(outcome)
         if outcome.error is None:
             self._emit("step-completed", state, step.name)
             if len(pending) == 1:
@@ -464,6 +476,7 @@ class Driver:
         last: BaseException | None = None
         for attempt in range(1, attempts + 1):
             outcome = self._run(state, step, compensating=True, attempt=attempt)
+            self._raise_if_the_database_failed(outcome)
             if outcome.error is None:
                 self._emit("step-compensated", state, step.name)
                 return
@@ -734,8 +747,9 @@ class SagaRunner(Engine):
         )
         self.stats = RecoveryStats()
         self._reported: set[uuid.UUID] = set()
-        # Instances whose driving a database error interrupted: released once it is back.
-        self._to_release: set[uuid.UUID] = set()
+        # After a database error: instances still leased to this runner, which drives
+        # none, are released once the database is back.
+        self._release_pending = False
         self._driver: Driver | None = None
         self.started = threading.Event()
 
@@ -771,9 +785,13 @@ class SagaRunner(Engine):
             self._emit("started", None, f"sagas: {', '.join(self._known_names()) or 'none'}")
             while not self._stopping.is_set():
                 self._wake.clear()
-                worked = self.guarded("releasing interrupted instances", self._release_interrupted)
+                worked: bool | Failed = False
+                if self._release_pending:
+                    worked = self.guarded("releasing interrupted instances", self._release_own)
                 if worked is not FAILED:
                     worked = self.guarded("looking for saga instances to recover", self.recover_one)
+                if worked is FAILED:
+                    self._release_pending = True  # a claim may have committed unanswered
                 if worked is not FAILED and worked:
                     continue
                 if worked is not FAILED and self.burst:
@@ -849,18 +867,22 @@ class SagaRunner(Engine):
         )
         self._emit("untouched", state, reason)
 
-    def _release_interrupted(self) -> bool:
-        """Release the instances whose driving a database error interrupted (still
-        leased to this runner), so that they are claimed again at once — a release,
-        not an expired lease, so not a takeover. False: nothing was released."""
+    def _release_own(self) -> bool:
+        """Release the instances still leased to this runner while it drives none (a
+        database error interrupted their driving, or their claim committed as the
+        database failed), so that they are claimed again at once — a release, not an
+        expired lease, so not a takeover. True if any was released."""
+        held = SagaInstance.objects.using(self.alias).filter(
+            leased_by=self.runner_id, status__in=[SagaStatus.RUNNING, SagaStatus.COMPENSATING]
+        )
         released = False
-        for instance_id in sorted(self._to_release):
+        for instance_id in held.values_list("instance_id", flat=True):
             state = store.get(instance_id)
-            if state is not None and state.leased_by == self.runner_id and state.status.is_active:
+            if state is not None and state.leased_by == self.runner_id:
                 store.release(state, self.runner_id, now=self.clock())
                 self._emit("released", state, "after a database error")
                 released = True
-            self._to_release.discard(instance_id)
+        self._release_pending = False
         return released
 
     def _drive(self, definition: SagaDefinition, state: SagaSnapshot) -> None:
@@ -884,7 +906,7 @@ class SagaRunner(Engine):
             return
         except DATABASE_ERRORS as exc:
             self.stats.errors += 1
-            self._to_release.add(state.instance_id)
+            self._release_pending = True
             self.database_failed(f"driving saga instance {state.instance_id}", exc)
             self._emit("error", state, f"{type(exc).__name__}: {exc}")
             return
