@@ -50,12 +50,15 @@ class ManageProcess:
             "DATABASE_URL": database or database_url(),
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", command, *args],
+            self.argv(command, args),
             cwd=ROOT,
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
+
+    def argv(self, command: str, args: tuple[str, ...]) -> list[str]:
+        return [sys.executable, "manage.py", command, *args]
 
     @property
     def pid(self) -> int:
