@@ -220,6 +220,24 @@ def test_signals_reach_the_engine_through_the_watcher_and_handlers_are_restored(
     assert engine.stop_level is StopLevel.CANCEL
 
 
+def test_a_signal_landing_while_the_main_thread_holds_the_wake_events_lock_cannot_deadlock():
+    """The hang of the issue: SIGTERM lands while the main thread is inside
+    ``Event.wait()``, holding the Event's lock; a handler that set that Event waited
+    for the lock for ever. Here the main thread holds the engine's wake-up Event's
+    lock as the signal arrives: the handler returns at once (it does nothing), and
+    the stop request is processed meanwhile on the watcher thread."""
+    engine = FastEngine()
+    announced = threading.Event()
+    with engine.stop_on_signals(lambda signum, level: announced.set()):
+        with engine._wake._cond:  # as Event.wait() does between its lock and its wait
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10_000):  # bytecodes: the Python-level handler runs here
+                pass
+            assert engine._stopping.wait(10)  # requested while this thread holds the lock
+        assert announced.wait(10)
+    assert engine.stop_level is StopLevel.GRACEFUL
+
+
 def test_outside_the_main_thread_signals_are_left_alone():
     engine = FastEngine()
     errors: list[BaseException] = []

@@ -271,6 +271,7 @@ def soak(tmp_path: Path, count: int, command: str, *args: str, started: str) -> 
         proc.close()
 
 
+@pytest.mark.timeout(600)
 def test_run_jobs_never_hangs_on_sigterm_at_any_point_of_its_loop(tmp_path):
     """200 runs of ``run_jobs`` with tiny intervals, each stopped by SIGTERM a few
     milliseconds into its loop — claiming, finishing, renewing leases, recovering,
@@ -286,6 +287,7 @@ def test_run_jobs_never_hangs_on_sigterm_at_any_point_of_its_loop(tmp_path):
     assert not Job.objects.filter(status=JobStatus.RUNNING).exists()
 
 
+@pytest.mark.timeout(600)
 def test_dispatch_outbox_and_recover_sagas_never_hang_on_sigterm(tmp_path, settings):
     settings.OUTBOX = {**settings.OUTBOX, "ENABLED": True}
     for n in range(200):
