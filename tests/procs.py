@@ -27,6 +27,25 @@ def database_url() -> str:
     return f"postgres://{auth}{s['HOST']}:{s['PORT']}/{s['NAME']}"
 
 
+def manage(database: str, *args: str, env: dict[str, str] | None = None) -> None:
+    """Run ``manage.py ARG …`` to its end on the database ``database`` (a URL); fail
+    the test with its error output if it fails."""
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            **(env or {}),
+            "DJANGO_SETTINGS_MODULE": "testproject.settings",
+            "DATABASE_URL": database,
+        },
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, f"manage.py {' '.join(args)[:200]}:\n{result.stderr[-3000:]}"
+
+
 class ManageProcess:
     """``manage.py <command> …`` in a child process on the test database (or the one
     ``database`` names by URL), its output kept in a file."""

@@ -16,11 +16,9 @@ Everything waits for output lines or database rows, never for a sleep."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -30,7 +28,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from brokers_support import _conninfo
-from procs import ROOT, ManageProcess, database_url, wait_until
+from procs import ROOT, ManageProcess, database_url, manage, wait_until
 from sagas_support import order
 
 from jobs import JobStatus, JobSubmission, submit_job
@@ -42,6 +40,7 @@ from testproject.orders.services import place_order
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
+OUTBOX_ON = {"OUTBOX_ENABLED": "true"}
 ERROR_LINE = re.compile(r"^\S+ \S+ ERROR ", re.MULTILINE)
 
 #: Short intervals everywhere: the loop turns over every millisecond or so.
@@ -99,9 +98,9 @@ class Later:
         name, then give it its name: the engines find it complete or not at all."""
         assert not self.sqlite
         self._admin(f'CREATE DATABASE "{self.staging_name}"')
-        manage(self.staging_url, "migrate", "-v", "0")
+        manage(self.staging_url, "migrate", "-v", "0", env=OUTBOX_ON)
         if seed:
-            manage(self.staging_url, "shell", "-c", seed)
+            manage(self.staging_url, "shell", "-c", seed, env=OUTBOX_ON)
         self._admin(f'ALTER DATABASE "{self.staging_name}" RENAME TO "{self.name}"')
 
     def rows(self, query: str) -> list[tuple[Any, ...]]:
@@ -116,23 +115,6 @@ class Later:
             return
         for name in (self.name, self.staging_name):
             self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def manage(url: str, *args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "testproject.settings",
-            "DATABASE_URL": url,
-            "OUTBOX_ENABLED": "true",
-        },
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, f"manage.py {' '.join(args)}:\n{result.stderr}"
 
 
 @pytest.fixture

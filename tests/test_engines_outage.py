@@ -216,3 +216,37 @@ def test_a_saga_runner_releases_the_instance_an_outage_interrupted(monkeypatch, 
     assert row.compensated_steps == []
     assert (stats.claimed, stats.errors, stats.succeeded) == (2, 1, 1)
     assert len(error_lines(caplog)) == 1
+
+
+def test_a_worker_whose_database_lacks_the_sagas_tables_runs_its_jobs_and_says_so(
+    monkeypatch, caplog
+):
+    """The jobs' tables are there, the sagas' are not (``migrate sagas`` not run yet):
+    the worker runs its jobs; the saga recovery beside it says why it does not run."""
+    from django.db import connection
+
+    introspection = type(connection.introspection)
+    real = introspection.table_names
+    monkeypatch.setattr(
+        introspection,
+        "table_names",
+        lambda self, *a, **k: [t for t in real(self, *a, **k) if not t.startswith("sagas_")],
+    )
+    caplog.set_level(logging.INFO, logger="sagas")
+    events: list[tuple[str, str]] = []
+    job_handler("outage.plain", version=1)(lambda ctx: "done")
+    try:
+        submit_job(SCOPE, "plain", JobSubmission.create("outage.plain"))
+        worker = Worker(burst=True, listen=False, on_event=lambda e, c, d: events.append((e, d)))
+        worker.run()
+    finally:
+        unregister("outage.plain", 1)
+    snap = JobScope(SCOPE).get("plain")
+    assert snap is not None
+    assert snap.status == JobStatus.SUCCEEDED
+    assert error_lines(caplog) == [
+        "saga recovery does not run in this worker: database 'default' lacks the tables "
+        "of the 'sagas' app (sagas_sagainstance): its migrations have not been applied.\n"
+        "Run 'python manage.py migrate', then start the saga runner again."
+    ]
+    assert ("saga recovery off", error_lines(caplog)[0].split(": ", 1)[1].splitlines()[0]) in events

@@ -27,7 +27,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -44,7 +43,7 @@ from brokers_support import (
     transport_env,
     unique,
 )
-from procs import ROOT, wait_until
+from procs import ROOT, manage, wait_until
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -115,23 +114,6 @@ class Cluster:
             row = conn.execute(query).fetchone()  # type: ignore[arg-type]
         assert row is not None
         return row[0]
-
-
-def manage(url: str, env: dict[str, str], *args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            **env,
-            "DJANGO_SETTINGS_MODULE": "testproject.settings",
-            "DATABASE_URL": url,
-        },
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, f"manage.py {args[0]}:\n{result.stderr[-3000:]}"
 
 
 @pytest.fixture
@@ -229,8 +211,8 @@ def test_engines_survive_postgres_outages_under_load(cluster, procs, tmp_path):
         rabbit = None  # billing runs in the dispatchers (in-process transport)
     if rabbit is not None:
         env = transport_env(rabbit, {"exchange": unique("orders"), "connect_timeout": 2})
-    manage(cluster.url, env, "migrate", "-v", "0")
-    manage(cluster.url, env, "shell", "-c", SEED)
+    manage(cluster.url, "migrate", "-v", "0", env=env)
+    manage(cluster.url, "shell", "-c", SEED, env=env)
 
     fleet = Fleet(procs, cluster, env)
     if rabbit is not None:

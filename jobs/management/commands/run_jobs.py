@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -12,7 +11,7 @@ from jobs.exceptions import JobsError
 from jobs.handlers import autodiscover, registered_handlers
 from jobs.types import Claim
 from jobs.worker import Worker
-from ledon.db import DatabaseNotMigrated
+from ledon.commands import run_engine
 from ledon.engine import StopLevel
 
 #: What each signal does, by the stop level it reaches.
@@ -80,15 +79,10 @@ class Command(BaseCommand):
         handlers = ", ".join(f"{h.name}@{h.version}" for h in registered_handlers()) or "none"
         self.stdout.write(f"worker {worker.worker_id}: handlers {handlers}")
 
-        def announce(signum: signal.Signals, level: StopLevel) -> None:
-            self.stdout.write(f"worker {worker.worker_id}: {signum.name}, {SIGNAL_MEANING[level]}")
-            self.stdout.flush()
-
-        try:
-            with worker.stop_on_signals(announce):
-                stats = worker.run()
-        except DatabaseNotMigrated as exc:
-            raise CommandError(str(exc)) from exc
+        stats = run_engine(
+            worker, worker.run, out=self.stdout, name=f"worker {worker.worker_id}",
+            meaning=SIGNAL_MEANING,
+        )  # fmt: skip
         self.stdout.write(
             self.style.SUCCESS(f"worker {worker.worker_id} stopped: {stats.summary()}")
         )

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledon.db import DatabaseNotMigrated
+from ledon.commands import run_engine
 from ledon.engine import StopLevel
 from outbox.conf import outbox_settings
 from outbox.consumer import EventConsumer
@@ -15,6 +14,13 @@ from outbox.exceptions import OutboxError
 from outbox.transports import transport_class
 from outbox.transports.kafka import KafkaTransport
 from outbox.transports.rabbitmq import RabbitMQTransport
+
+#: What each signal does, by the stop level it reaches.
+SIGNAL_MEANING = {
+    StopLevel.GRACEFUL: "stopping after this message",
+    StopLevel.CANCEL: "stopping after this message (a third signal stops waiting)",
+    StopLevel.ABORT: "exiting now; an unacknowledged message comes again",
+}
 
 
 class Command(BaseCommand):
@@ -97,15 +103,12 @@ class Command(BaseCommand):
         )
         self.stdout.flush()
 
-        def announce(signum: signal.Signals, level: StopLevel) -> None:
-            then = "exiting now" if level is StopLevel.ABORT else "stopping after this message"
-            self.stdout.write(f"consumer {consumer.group}: {signum.name}, {then}")
-            self.stdout.flush()
-
         try:
-            with consumer.stop_on_signals(announce):
-                stats = consumer.run()
-        except (OutboxError, DatabaseNotMigrated) as exc:
+            stats = run_engine(
+                consumer, consumer.run, out=self.stdout, name=f"consumer {consumer.group}",
+                meaning=SIGNAL_MEANING,
+            )  # fmt: skip
+        except OutboxError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(
             self.style.SUCCESS(f"consumer {consumer.group} stopped: {stats.summary()}")

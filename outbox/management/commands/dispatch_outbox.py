@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledon.db import DatabaseNotMigrated
+from ledon.commands import run_engine
 from ledon.engine import StopLevel
 from outbox import store
 from outbox.conf import outbox_settings
@@ -71,17 +70,10 @@ class Command(BaseCommand):
             f"batches of {dispatcher.batch_size}"
         )
 
-        def announce(signum: signal.Signals, level: StopLevel) -> None:
-            self.stdout.write(
-                f"dispatcher {dispatcher.dispatcher_id}: {signum.name}, {SIGNAL_MEANING[level]}"
-            )
-            self.stdout.flush()
-
-        try:
-            with dispatcher.stop_on_signals(announce):
-                stats = dispatcher.run()
-        except DatabaseNotMigrated as exc:
-            raise CommandError(str(exc)) from exc
+        stats = run_engine(
+            dispatcher, dispatcher.run, out=self.stdout,
+            name=f"dispatcher {dispatcher.dispatcher_id}", meaning=SIGNAL_MEANING,
+        )  # fmt: skip
         self.stdout.write(
             self.style.SUCCESS(f"dispatcher {dispatcher.dispatcher_id} stopped: {stats.summary()}")
         )

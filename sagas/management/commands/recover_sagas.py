@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledon.db import DatabaseNotMigrated
+from ledon.commands import run_engine
 from ledon.engine import StopLevel
 from sagas import validation
 from sagas.exceptions import SagaError
@@ -70,17 +69,10 @@ class Command(BaseCommand):
             on_event=self._printer(options["verbosity"]),
         )
 
-        def announce(signum: signal.Signals, level: StopLevel) -> None:
-            self.stdout.write(
-                f"saga runner {runner.runner_id}: {signum.name}, {SIGNAL_MEANING[level]}"
-            )
-            self.stdout.flush()
-
-        try:
-            with runner.stop_on_signals(announce):
-                stats = runner.run()
-        except DatabaseNotMigrated as exc:
-            raise CommandError(str(exc)) from exc
+        stats = run_engine(
+            runner, runner.run, out=self.stdout, name=f"saga runner {runner.runner_id}",
+            meaning=SIGNAL_MEANING,
+        )  # fmt: skip
         self.stdout.write(
             self.style.SUCCESS(f"saga runner {runner.runner_id} stopped: {stats.summary()}")
         )
