@@ -8,5 +8,6 @@ three apps, and names may change between releases. Use the apps' own modules.
   it ends;
 - :mod:`ledon.db` — connection reset, the start-up check (unreachable or not migrated);
 - :mod:`ledon.engine` — the base of the long-running engines: stopping in escalating
-  levels, signals that cannot deadlock, guarded database steps.
+  levels, signals that cannot deadlock, guarded database steps;
+- :mod:`ledon.commands` — running an engine from its management command.
 """

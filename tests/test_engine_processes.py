@@ -342,3 +342,24 @@ def test_a_second_sigterm_cancels_a_saga_step_and_releases_the_instance(spawn, t
     assert row.completed_steps == ["reserve"]
     assert row.compensated_steps == []
     assert row.takeovers == 0
+
+
+def test_a_third_sigterm_ends_a_process_whose_main_thread_is_stuck(spawn, tmp_path, settings):
+    """The dispatcher's main thread blocks for ever inside the transport (a fault
+    point). Two signals cannot help; after the third, the process exits with status
+    1 once ``run()`` has not returned for 10 s — the batch's lease then expires."""
+    settings.OUTBOX = {**settings.OUTBOX, "ENABLED": True}
+    place_order("STUCK-1", 10)
+    marker = tmp_path / "blocked"
+    fault = {"ORDERS_FAULT": f"outbox.in_process.delivered@1:block:{marker}"}
+    dispatcher = spawn("dispatch_outbox", env={**TINY, **fault})
+    wait_until(marker.exists, 60, "the dispatcher to block in its transport", dispatcher)
+    for line in ("stopping after the current batch", "stopping after the current batch (a"):
+        dispatcher.signal(signal.SIGTERM)
+        dispatcher.wait_for_output(f"SIGTERM, {line}")
+    dispatcher.signal(signal.SIGTERM)
+    assert dispatcher.wait(60) == 1, dispatcher.output
+    assert "SIGTERM, no more waiting" in dispatcher.output
+    assert "dispatcher did not stop within 10 s of the last signal; exiting now" in (
+        dispatcher.output
+    )
