@@ -7,7 +7,9 @@ finishes each attempt through the store, and recovers attempts whose worker died
 
 Every write goes through :mod:`jobs.execution`, fenced by the attempt's token: if
 this worker lost an attempt (it was recovered elsewhere), its late result changes
-nothing.
+nothing. When the database is unreachable the worker keeps what it knows (the
+attempts that ended, their results), backs off, says so once per outage (see
+:mod:`ledon.engine`) and finishes them when the database is back.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from datetime import datetime, timedelta
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
+from ledon.db import DATABASE_ERRORS, TRANSIENT_ERRORS
+from ledon.engine import FAILED, Engine, StopLevel
 from outbox.pglisten import Listener
 
 from . import execution, store
@@ -82,16 +86,20 @@ class _Running:
     ctx: JobContext
 
 
-class Worker:
+class Worker(Engine):
     """Run jobs until stopped (or, with ``burst``, until nothing is due).
 
-    ``run()`` blocks; ``stop()`` may be called from any thread or a signal handler
-    and starts a graceful shutdown: claiming stops, running handlers get
-    ``shutdown_timeout`` seconds to finish, then their cancellation signal is set,
-    and after ``cancel_grace`` more seconds whatever still runs is recovered and
-    re-queued (J11). A handler that returns because of the shutdown signal is
-    re-queued, not completed.
+    ``run()`` blocks; ``stop()`` may be called from any thread (for signals, see
+    :meth:`~ledon.engine.Engine.stop_on_signals`) and starts a graceful shutdown:
+    claiming stops, running handlers get ``shutdown_timeout`` seconds to finish, then
+    their cancellation signal is set, and after ``cancel_grace`` more seconds
+    whatever still runs is recovered and re-queued (J11). A handler that returns
+    because of the shutdown signal is re-queued, not completed. A second stop request
+    signals cancellation at once; a third stops waiting for handlers.
     """
+
+    kind = "worker"
+    app_label = "jobs"
 
     def __init__(
         self,
@@ -119,13 +127,11 @@ class Worker:
         self.cancel_grace = (
             self.settings.SHUTDOWN_GRACE_SECONDS if cancel_grace is None else cancel_grace
         )
-        self.alias = alias_for(Job)
+        super().__init__(alias=alias_for(Job), log=logger)
         self.listen = is_postgres(connections[self.alias]) if listen is None else listen
         self.stats = WorkerStats()
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
         self._check_cancel_now = threading.Event()
         self._tasks: queue.Queue[Claim | None] = queue.Queue()
         # Successful attempts whose handlers returned, waiting for the main loop to
@@ -139,16 +145,26 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._listener: Listener | None = None
+        # Whether this worker id's own leftovers were recovered (J11, at start-up).
+        self._own_recovered = False
+        # A claim failed on the database: it may have committed with its answer lost.
+        self._claims_unknown = False
         self.started = threading.Event()
 
     # ------------------------------------------------------------------ control
 
     def stop(self, *, immediate: bool = False) -> None:
-        """Begin a graceful shutdown; ``immediate`` skips waiting for handlers."""
-        if immediate:
-            self.shutdown_timeout = 0
-        self._stopping.set()
-        self._wake.set()
+        """Begin a graceful shutdown; ``immediate`` signals cancellation to the
+        running handlers at once (the second level of :meth:`request_stop`)."""
+        self.escalate(StopLevel.CANCEL if immediate else StopLevel.GRACEFUL)
+
+    def _stop_level_reached(self, level: StopLevel) -> None:
+        if level >= StopLevel.CANCEL:
+            # On the thread that asked: the main loop may be busy (or backing off).
+            with self._lock:
+                entries = list(self._running.values())
+            for entry in entries:
+                entry.ctx.signal_cancel(shutdown=True)
 
     @property
     def stop_requested(self) -> bool:
@@ -182,9 +198,17 @@ class Worker:
             self.worker_id,
             extra={"worker_id": self.worker_id, "queues": self.queues},
         )
+        if not self.wait_for_database():
+            self._emit("stopped", None, self.stats.summary())
+            return self.stats
         self._start_threads()
         try:
-            self._recover(startup=True)
+            # This worker id's leftovers are recovered before it claims anything, or
+            # the recovery would take its own new attempts too.
+            while not self._own_recovered and not self._stopping.is_set():
+                self._recover()
+                if not self._own_recovered:
+                    self.pause(self.settings.POLL_INTERVAL)
             send_logged(worker_started, Worker, "worker_started", log=logger, worker=self)
             self.started.set()
             self._emit(
@@ -211,24 +235,29 @@ class Worker:
         while not self._stopping.is_set():
             self._wake.clear()
             now = time.monotonic()
+            if self.outage.active:
+                # When the database comes back, renew the leases before anything else.
+                next_heartbeat = now
             if now >= next_heartbeat:
                 self._heartbeat()
                 next_heartbeat = now + s.HEARTBEAT_SECONDS
+            if self._claims_unknown and not self.backing_off:
+                self._recover_lost_claims()
             if now >= next_cancel_check or self._check_cancel_now.is_set():
                 self._check_cancel_now.clear()
                 self._check_cancel()
                 next_cancel_check = now + s.CANCEL_POLL_INTERVAL
             if now >= next_recovery:
-                self._recover(startup=False)
+                self._recover()
                 next_recovery = now + s.RECOVERY_INTERVAL
             if s.RETENTION_SECONDS is not None and now >= next_cleanup:
                 more = self._clean_up(s.RETENTION_SECONDS)
                 # A long backlog goes one batch per pass, between heartbeats and claims.
                 next_cleanup = now if more else now + s.CLEANUP_INTERVAL
-            claims, asked = self._settle(claim=True)
+            claims, asked = self._settle(claim=True) if not self.backing_off else ([], 0)
             for new in claims:
                 self._tasks.put(new)
-            if self.burst and not claims and not self._busy():
+            if self.burst and not claims and not self._busy() and not self.backing_off:
                 break
             if claims and len(claims) == asked:
                 continue  # capacity was filled by a full batch: there may be more to take
@@ -238,9 +267,9 @@ class Worker:
                 max(next_recovery - now, 0.0),
                 max(next_cancel_check - now, 0.0) if self._running else s.POLL_INTERVAL,
             )
-            self._wake.wait(max(timeout, 0.01))
+            self.pause(max(timeout, 0.01))
 
-    def _settle(self, *, claim: bool) -> tuple[list[Claim], int]:
+    def _settle(self, *, claim: bool, alone: bool = False) -> tuple[list[Claim], int]:
         """Finish the attempts whose handlers returned and, with ``claim``, claim due
         jobs for the capacity that is then free — one transaction, one commit.
 
@@ -251,20 +280,27 @@ class Worker:
         returns, so that settles running together never claim more than is free.
         Returns the new claims — registered as running, not yet handed to a thread —
         and the number asked for.
+
+        If the database is unreachable, the finished attempts stay registered as
+        running (their leases are renewed) and wait for the next settle, after the
+        back-off; nothing wakes the main loop early. With ``alone`` (a handler
+        thread), it settles only if :meth:`_settles_here` says so.
         """
         with self._lock:
+            if alone and (not self._completed or not self._settles_here() or self.backing_off):
+                return [], 0
             done, self._completed = self._completed, []
-            for finished, _result in done:
-                self._running.pop(finished.token, None)
             limit = 0
             if claim and not self._stopping.is_set():
-                free = self.concurrency - len(self._running) - self._reserved
+                # The attempts finished here free their capacity for this claim.
+                free = self.concurrency - (len(self._running) - len(done)) - self._reserved
                 limit = max(min(free, self.settings.CLAIM_BATCH_SIZE), 0)
             if not done and not limit:
                 return [], 0
             self._reserved += limit
             self._settles += 1
         claims: list[Claim] = []
+        failed = False
         try:
             try:
                 outcomes, claims = execution.complete_and_claim(
@@ -274,12 +310,23 @@ class Worker:
                     queues=self.queues or None,
                     now=self.clock(),
                 )
+            except TRANSIENT_ERRORS as exc:
+                failed = True
+                with self._lock:
+                    self._completed[:0] = done
+                    self._claims_unknown = self._claims_unknown or limit > 0
+                self.database_failed("finishing and claiming jobs", exc)
+                return [], limit
             except (DatabaseError, JobsError):
                 logger.exception("finishing and claiming jobs failed; finishing one by one")
-                self._reset_connection()
+                self.reset_connection()
                 for finished, result in done:
                     self._finish_alone(finished, result)
                 return [], limit
+            self.database_ok()
+            with self._lock:
+                for finished, _result in done:
+                    self._running.pop(finished.token, None)
             for finished, _result in done:
                 self._record(finished, "succeeded", outcomes[finished.token])
             with self._lock:
@@ -294,8 +341,11 @@ class Worker:
                 self._reserved -= limit
                 self._settles -= 1
                 # Completions left for the main loop, capacity it may fill, or a
-                # shutdown waiting for settles to end.
-                wake = bool(self._completed) or len(claims) < limit or self._stopping.is_set()
+                # shutdown waiting for settles to end — unless the database failed:
+                # then the main loop backs off first.
+                wake = not failed and (
+                    bool(self._completed) or len(claims) < limit or self._stopping.is_set()
+                )
             if wake:
                 self._wake.set()
 
@@ -303,10 +353,7 @@ class Worker:
         """On a handler thread whose attempt succeeded: settle now if
         :meth:`_settles_here` says so, keep one new claim to run on this thread (no
         hand-over) and queue the rest. Returns the claim to run next, if any."""
-        with self._lock:
-            if not self._completed or not self._settles_here():
-                return None
-        claims, _limit = self._settle(claim=True)
+        claims, _limit = self._settle(claim=True, alone=True)
         for new in claims[1:]:
             self._tasks.put(new)
         return claims[0] if claims else None
@@ -375,13 +422,9 @@ class Worker:
         tokens = self.running_tokens
         if not tokens:
             return
-        try:
-            states = read(tokens)
-        except DatabaseError:
-            logger.exception("%s failed; will retry", what)
-            self._reset_connection()
-            return
-        self._apply(states)
+        states = self.guarded(what, lambda: read(tokens))
+        if states is not FAILED:
+            self._apply(states)
 
     def _apply(self, states: dict[str, ExecutionStatus]) -> None:
         with self._lock:
@@ -399,15 +442,56 @@ class Worker:
                 self._emit("lost", entry.claim, "attempt ended elsewhere; stopping handler")
                 entry.ctx.signal_cancel(shutdown=True)
 
-    def _recover(self, *, startup: bool) -> None:
+    def _recover_lost_claims(self) -> None:
+        """After a claim failed on the database it may still have committed, its
+        answer lost with the connection: attempts leased by this worker that it does
+        not run. Recover (re-queue) them now instead of when their lease expires."""
+        with self._lock:
+            if self._settles:
+                return  # a settle is under way: next pass
+            self._settles += 1  # and none starts meanwhile
+
+        def recover() -> dict[str, FinishOutcome]:
+            leased = store.tokens_leased_by(self.worker_id)
+            with self._lock:
+                lost = [t for t in leased if t not in self._running]
+            return {
+                token: store.recover(
+                    token,
+                    requeue=True,
+                    reason="recovered: claimed as the database failed; never run",
+                    leased_by=self.worker_id,
+                    now=self.clock(),
+                )
+                for token in lost
+            }
+
         try:
+            outcomes = self.guarded("recovering claims whose answer was lost", recover)
+        finally:
+            with self._lock:
+                self._settles -= 1
+        if outcomes is FAILED:
+            return
+        self._claims_unknown = False
+        if outcomes:
+            self.stats.recovered += len(outcomes)
+            self._emit("recovered", None, f"{len(outcomes)} claim(s) lost with the database")
+
+    def _recover(self) -> None:
+        """Recover attempts whose lease expired — and, the first time it succeeds,
+        this worker id's own leftovers of an earlier run (J11)."""
+
+        def recover() -> dict[str, FinishOutcome]:
             outcomes: dict[str, FinishOutcome] = {}
-            if startup:
+            if not self._own_recovered:
                 outcomes.update(execution.recover_worker(self.worker_id, now=self.clock()))
+                self._own_recovered = True
             outcomes.update(execution.recover_expired(now=self.clock()))
-        except DatabaseError:
-            logger.exception("recovering expired attempts failed; will retry")
-            self._reset_connection()
+            return outcomes
+
+        outcomes = self.guarded("recovering expired attempts", recover)
+        if outcomes is FAILED:
             return
         recovered = [t for t, o in outcomes.items() if o]
         if recovered:
@@ -423,11 +507,11 @@ class Worker:
         """Retention: delete one batch of finished jobs older than
         ``retention_seconds``; True if a full batch went (more may be left)."""
         cutoff = self.clock() - timedelta(seconds=retention_seconds)
-        try:
-            count = execution.purge_finished(older_than=cutoff, limit=_PURGE_BATCH)
-        except DatabaseError:
-            logger.exception("retention clean-up failed; will retry")
-            self._reset_connection()
+        count = self.guarded(
+            "retention clean-up",
+            lambda: execution.purge_finished(older_than=cutoff, limit=_PURGE_BATCH),
+        )
+        if count is FAILED:
             return False
         if count:
             self.stats.purged += count
@@ -441,33 +525,50 @@ class Worker:
             self._close_settling()
             return
         self._emit("shutdown", None, f"waiting up to {self.shutdown_timeout}s for handlers")
-        if not self._wait_for_handlers(self.shutdown_timeout):
-            with self._lock:
-                entries = list(self._running.values())
-            for entry in entries:
-                entry.ctx.signal_cancel(shutdown=True)
-            self._wait_for_handlers(self.cancel_grace)
+        if not self._wait_for_handlers(self.shutdown_timeout, until=self._cancelling):
+            # Time is up (or a second stop request came): cancellation, at once.
+            self.escalate(StopLevel.CANCEL)
+            self._wait_for_handlers(self.cancel_grace, until=self._aborting)
         self._close_settling()
         with self._lock:
             leftovers = list(self._running.values())
+            completed = {claim.token: result for claim, result in self._completed}
         for entry in leftovers:
-            outcome = store.recover(
-                entry.claim.token,
-                requeue=True,
-                reason="worker shut down before the handler stopped",
-                now=self.clock(),
-            )
+            token = entry.claim.token
+            try:
+                if token in completed:
+                    # Its handler returned, but the database failed when it was finished.
+                    outcome = execution.complete(token, completed[token], now=self.clock())
+                    self._record(entry.claim, "succeeded", outcome)
+                    continue
+                outcome = store.recover(
+                    token,
+                    requeue=True,
+                    reason="worker shut down before the handler stopped",
+                    now=self.clock(),
+                )
+            except DATABASE_ERRORS as exc:
+                self.database_failed("re-queueing attempts at shutdown", exc)
+                logger.warning(
+                    "%d attempt(s) could not be finished or re-queued at shutdown; they are "
+                    "recovered when their lease expires",
+                    len(leftovers),
+                    extra={"worker_id": self.worker_id},
+                )
+                return
             self.stats.count(outcome)
             self._emit("requeued", entry.claim, "handler did not stop in time")
 
-    def _wait_for_handlers(self, seconds: float) -> bool:
-        """Wait until no handler runs, renewing leases meanwhile; True if none runs."""
+    def _wait_for_handlers(self, seconds: float, *, until: threading.Event) -> bool:
+        """Wait until no handler runs, renewing leases meanwhile; True if none runs,
+        False when ``seconds`` passed or ``until`` was set first."""
         deadline = time.monotonic() + seconds
         next_heartbeat = time.monotonic() + self.settings.HEARTBEAT_SECONDS
         while self._busy():
-            self._settle(claim=False)
+            if not self.backing_off:
+                self._settle(claim=False)
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline or until.is_set():
                 return False
             if now >= next_heartbeat:
                 self._heartbeat()
@@ -475,8 +576,8 @@ class Worker:
             self._wake.clear()
             with self._lock:
                 idle = not self._completed
-            if idle and self._busy():
-                self._wake.wait(min(deadline - now, next_heartbeat - now, 0.5))
+            if (idle or self.backing_off) and self._busy():
+                self.pause(min(deadline - now, next_heartbeat - now, 0.5), until=until)
         return True
 
     # ------------------------------------------------------------------ threads
@@ -605,18 +706,19 @@ class Worker:
     def _finish(
         self, claim: Claim, event: str, call: Callable[[], FinishOutcome], detail: str = ""
     ) -> None:
-        """Write the attempt's end, retrying database errors a few times; if it still
-        fails, the lease expires and another worker recovers the attempt."""
-        for delay in (0.2, 1.0, 3.0, None):
-            try:
-                outcome = call()
-                break
-            except DatabaseError:
-                logger.exception("finishing job %s failed", claim.job_id)
-                self._reset_connection()
-                if delay is None:
-                    return
-                self._stopping.wait(delay)
+        """Write the attempt's end, retrying with the engine's back-off while the
+        database is unreachable (other database errors a few times). If it gives up
+        — another error, or the worker aborts — the lease expires and another worker
+        recovers the attempt."""
+        try:
+            outcome = self.retry_database(f"finishing job {claim.job_id}", call)
+        except DATABASE_ERRORS:
+            logger.warning(
+                "finishing job %s failed; it is recovered when its lease expires",
+                claim.job_id,
+                extra={"job_id": claim.job_id, "attempt": claim.attempt},
+            )
+            return
         self._record(claim, event, outcome, detail)
 
     def _record(self, claim: Claim, event: str, outcome: FinishOutcome, detail: str = "") -> None:
@@ -635,12 +737,3 @@ class Worker:
             extra={"job_id": claim.job_id, "attempt": claim.attempt, "outcome": outcome.value},
         )
         self._emit(event, claim, detail)
-
-    def _reset_connection(self) -> None:
-        connection = connections[self.alias]
-        try:
-            usable = connection.connection is not None and connection.is_usable()
-        except Exception:
-            usable = False
-        if not usable:
-            connection.close()

@@ -1,5 +1,14 @@
-"""Internal pieces shared by the jobs, outbox and sagas apps.
+"""Internal pieces shared by the ``jobs``, ``outbox`` and ``sagas`` apps.
 
 Not a Django app and not a public API: nothing here imports a model or any of the
-three apps, so each of them may import it whether or not the others are installed.
+three apps, and names may change between releases. Use the apps' own modules.
+
+- :mod:`ledon.backoff` — the back-off every engine uses after a database failure;
+- :mod:`ledon.outage` — says an outage once, sums it up while it lasts, and says when
+  it ends;
+- :mod:`ledon.db` — connection reset, the start-up check (unreachable or not migrated);
+- :mod:`ledon.engine` — the base of the long-running engines: stopping in escalating
+  levels, signals that cannot deadlock, guarded database steps;
+- :mod:`ledon.commands` — running an engine from its management command;
+- :mod:`ledon.faults` — named fault points for crash tests.
 """

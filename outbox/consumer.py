@@ -24,8 +24,9 @@ not handle                            knows it and has no subscriber for it
 an unknown type, or not readable      parked at once, with the reason
 a subscriber raises                   rolled back; retried with backoff, parked after
                                       ``max_attempts``
-the database is unreachable           rolled back; retried until it is back (never
-                                      parked for that)
+the database is unreachable           rolled back; retried with the engines'
+                                      back-off until it is back, said once per
+                                      outage (never parked for that)
 the broker connection is lost         reconnect with backoff; unacknowledged
                                       messages come again and the inbox skips those
                                       already committed
@@ -44,7 +45,10 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import connections
+
+from ledon.db import TRANSIENT_ERRORS
+from ledon.engine import Engine, StopLevel
 
 from .bus import event_bus
 from .db import alias_for
@@ -69,9 +73,6 @@ logger = logging.getLogger(__name__)
 
 #: A callback for what the consumer does: (event, detail).
 EventCallback = Callable[[str, str], None]
-
-#: Database errors that say "not now" rather than "never": retried without limit.
-TRANSIENT_ERRORS = (OperationalError, InterfaceError)
 
 
 class ConsumeOutcome(enum.Enum):
@@ -138,13 +139,16 @@ def handled_event_types(requested: Sequence[str] | None = None) -> list[str]:
     return sorted(set(requested))
 
 
-class EventConsumer:
+class EventConsumer(Engine):
     """Handle messages from a broker until stopped.
 
     ``group`` names the consumer: its inbox records, its RabbitMQ queue (by
     default), its Kafka consumer group. ``run()`` blocks; ``stop()`` may be called
-    from any thread or a signal handler.
+    from any thread (for signals, see :meth:`~ledon.engine.Engine.stop_on_signals`).
     """
+
+    kind = "consumer"
+    app_label = "outbox"
 
     def __init__(
         self,
@@ -177,18 +181,18 @@ class EventConsumer:
         self.receive_timeout = receive_timeout
         self.on_event = on_event
         self.rng = rng or random.Random()
-        self.using = alias_for(InboxMessage)
+        super().__init__(alias=alias_for(InboxMessage), log=logger)
+        self.using = self.alias
         self.stats = ConsumerStats()
         #: Set once the subscription is open for the first time.
         self.ready = threading.Event()
-        self._stopping = threading.Event()
         self._open = False
 
     # ------------------------------------------------------------------ control
 
     def stop(self) -> None:
         """Finish the message being handled, then return from ``run()``."""
-        self._stopping.set()
+        self.escalate(StopLevel.GRACEFUL)
 
     @property
     def stopping(self) -> bool:
@@ -209,6 +213,8 @@ class EventConsumer:
         )
         delay = self.reconnect_delay
         try:
+            if not self.wait_for_database():
+                self._stopping.set()  # stopped before the database answered
             while not self._stopping.is_set():
                 try:
                     if not self._open:
@@ -290,14 +296,15 @@ class EventConsumer:
         self, received: Received, envelope: Envelope, event: Event
     ) -> ConsumeOutcome:
         failures = 0
-        transient = 0
         while True:
             try:
                 fresh = self._handle_once(envelope, event)
             except TRANSIENT_ERRORS as exc:
-                transient += 1
-                self._reset_connection()
-                if not self._retry_later(envelope, exc, transient, "the database failed"):
+                self.stats.retries += 1
+                delay = self.database_failed(
+                    f"handling {envelope.event_type} {envelope.message_id}", exc
+                )
+                if not self._wait(delay):
                     return ConsumeOutcome.ABANDONED
                 continue
             except Exception as exc:
@@ -310,6 +317,7 @@ class EventConsumer:
                     return ConsumeOutcome.ABANDONED
                 continue
             break
+        self.database_ok()
         fault_point("outbox.consumer.committed", envelope=envelope, fresh=fresh)
         self.subscription.ack(received)
         outcome = ConsumeOutcome.HANDLED if fresh else ConsumeOutcome.DUPLICATE
@@ -404,17 +412,6 @@ class EventConsumer:
             "event_type": envelope.event_type if envelope else "",
             "source": received.source,
         }
-
-    def _reset_connection(self) -> None:
-        connection = connections[self.using]
-        if connection.in_atomic_block:
-            return
-        try:
-            usable = connection.connection is not None and connection.is_usable()
-        except Exception:
-            usable = False
-        if not usable:
-            connection.close()
 
 
 def _describe(exc: BaseException) -> str:

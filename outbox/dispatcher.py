@@ -9,7 +9,10 @@ this one restarted with the same id, at once) recovers the batch and delivers it
 again. Delivery is at least once; consumers de-duplicate on the message id.
 
 On PostgreSQL a listener thread wakes the dispatcher when a message commits (NOTIFY
-sent in the writing transaction); elsewhere it polls every ``POLL_INTERVAL``.
+sent in the writing transaction); elsewhere it polls every ``POLL_INTERVAL``. While
+the database is unreachable it backs off and says so once per outage (see
+:mod:`ledon.engine`); a batch it published is recorded as soon as the database is
+back.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, connections
+from django.db import connections
 from django.utils import timezone
+
+from ledon.db import DATABASE_ERRORS
+from ledon.engine import FAILED, Engine, StopLevel
 
 from . import store
 from .conf import outbox_settings
@@ -137,11 +143,12 @@ class _BatchLeaseKeeper(threading.Thread):
         dispatcher = self.dispatcher
         try:
             kept = store.renew_batch(batch.token, now=dispatcher.clock())
-        except DatabaseError:
-            logger.exception("renewing an outbox batch's lease failed; will retry")
+        except DATABASE_ERRORS as exc:
+            dispatcher.database_failed("renewing the lease of a batch being published", exc)
             return
         finally:
             connections.close_all()
+        dispatcher.database_ok()
         if kept:
             dispatcher._emit("renewed", f"lease of {kept} message(s) renewed while publishing")
             return
@@ -154,12 +161,17 @@ class _BatchLeaseKeeper(threading.Thread):
         self.unwatch(batch)
 
 
-class Dispatcher:
+class Dispatcher(Engine):
     """Deliver outbox messages until stopped (or, with ``burst``, until none is due).
 
-    ``run()`` blocks; ``stop()`` may be called from any thread or a signal handler:
-    the batch being published is finished and recorded, then ``run()`` returns.
+    ``run()`` blocks; ``stop()`` may be called from any thread (for signals, see
+    :meth:`~ledon.engine.Engine.stop_on_signals`): the batch being published is
+    finished and recorded, then ``run()`` returns. An abort (the third stop request)
+    stops retrying to record it: the lease expires and the batch is delivered again.
     """
+
+    kind = "dispatcher"
+    app_label = "outbox"
 
     def __init__(
         self,
@@ -183,24 +195,25 @@ class Dispatcher:
         self.clock = clock
         self.on_event = on_event
         self.rng = rng or random.Random()
-        self.alias = alias_for(OutboxMessage)
+        super().__init__(alias=alias_for(OutboxMessage), log=logger)
         self.listen = is_postgres(connections[self.alias]) if listen is None else listen
         self.stats = DispatcherStats()
         self.started = threading.Event()
         #: Set while the dispatcher waits for work (nothing was due at its last claim).
         self.idle = threading.Event()
-        self._stopping = threading.Event()
-        self._wake = threading.Event()
         self._listener: Listener | None = None
         self._keeper: _BatchLeaseKeeper | None = None
         self._running = False
+        # Whether what this dispatcher id holds was released: at start-up (an earlier
+        # run's batch), and after a batch failed on the database (a claim that
+        # committed as the database failed, a batch it could not record).
+        self._own_recovered = False
 
     # ------------------------------------------------------------------ control
 
     def stop(self) -> None:
         """Finish the current batch, then return from ``run()``."""
-        self._stopping.set()
-        self._wake.set()
+        self.escalate(StopLevel.GRACEFUL)
 
     @property
     def stopping(self) -> bool:
@@ -218,6 +231,10 @@ class Dispatcher:
             self.dispatcher_id,
             extra={"dispatcher_id": self.dispatcher_id, "transport": self.transport.name},
         )
+        if not self.wait_for_database():
+            self.transport.close()
+            self._emit("stopped", self.stats.summary())
+            return self.stats
         if self.listen:
             self._listener = Listener(
                 self.alias,
@@ -229,8 +246,8 @@ class Dispatcher:
         self._running = True
         try:
             self._check_transport()
-            self._guarded(lambda: self.recover(startup=True), "recovering batches")
-            self._guarded(self.clean_up, "retention clean-up")
+            self._recover_own()
+            self.guarded("retention clean-up", self.clean_up)
             self.started.set()
             self._emit("started", f"transport {self.transport.name or type(self.transport)}")
             self._loop_until_stopped()
@@ -256,31 +273,31 @@ class Dispatcher:
         while not self._stopping.is_set():
             self._wake.clear()
             now = time.monotonic()
+            if not self._own_recovered:
+                self._recover_own()
             if now >= next_recovery:
-                self._guarded(self.recover, "recovering batches")
+                self.guarded("recovering batches", self.recover)
                 next_recovery = now + s.RECOVERY_INTERVAL
             if now >= next_cleanup:
-                self._guarded(self.clean_up, "retention clean-up")
+                self.guarded("retention clean-up", self.clean_up)
                 next_cleanup = now + s.CLEANUP_INTERVAL
-            claimed = self._guarded(self.dispatch_batch, "dispatching a batch")
-            if claimed:
+            claimed = self.guarded("dispatching a batch", self.dispatch_batch)
+            if claimed is FAILED:
+                self._own_recovered = False
+            elif claimed:
                 continue  # messages may have been waiting behind this batch, or retries
-            if claimed is not None and self.burst:
+            if claimed is not FAILED and self.burst:
                 break
             timeout = min(s.POLL_INTERVAL, next_recovery - now, next_cleanup - now)
             self.idle.set()
-            self._wake.wait(max(timeout, 0.01))
+            self.pause(max(timeout, 0.01))
             self.idle.clear()
 
-    def _guarded[T](self, call: Callable[[], T], what: str) -> T | None:
-        """Run one database step; on a database error log it, drop a broken
-        connection and return None (the loop tries again after the poll interval)."""
-        try:
-            return call()
-        except DatabaseError:
-            logger.exception("%s failed; will retry", what)
-            self._reset_connection()
-            return None
+    def _recover_own(self) -> None:
+        """Release this id's own leased messages before it claims again — it holds no
+        batch between two — so that they go out at once, not after their lease."""
+        if self.guarded("recovering batches", lambda: self.recover(startup=True)) is not FAILED:
+            self._own_recovered = True
 
     def _check_transport(self) -> None:
         try:
@@ -356,23 +373,19 @@ class Dispatcher:
     def _record(
         self, batch: Batch, reports: list[DeliveryReport]
     ) -> dict[uuid.UUID, RecordOutcome]:
-        """Record the outcomes, retrying database errors a few times; if that still
-        fails, the lease expires and the batch is recovered and delivered again."""
-        now = self.clock()
-        retry_at = {
-            m.message_id: now + timedelta(seconds=self.retry_delay(m.attempt))
-            for m in batch.messages
-        }
-        for delay in (0.2, 1.0, 3.0, None):
-            try:
-                return store.record_deliveries(batch.token, reports, retry_at=retry_at, now=now)
-            except DatabaseError:
-                logger.exception("recording an outbox batch failed")
-                self._reset_connection()
-                if delay is None:
-                    raise
-                self._stopping.wait(delay)
-        raise AssertionError("unreachable")
+        """Record the outcomes, retrying with the engine's back-off while the database
+        is unreachable (other database errors a few times); if it gives up, the lease
+        expires and the batch is recovered and delivered again."""
+
+        def record() -> dict[uuid.UUID, RecordOutcome]:
+            now = self.clock()
+            retry_at = {
+                m.message_id: now + timedelta(seconds=self.retry_delay(m.attempt))
+                for m in batch.messages
+            }
+            return store.record_deliveries(batch.token, reports, retry_at=retry_at, now=now)
+
+        return self.retry_database("recording a published batch", record)
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds before the attempt after failed attempt number ``attempt``."""
@@ -425,12 +438,3 @@ class Dispatcher:
             self.stats.purged += purged
             self._emit("purged", f"{purged} old record(s)")
         return purged
-
-    def _reset_connection(self) -> None:
-        connection = connections[self.alias]
-        try:
-            usable = connection.connection is not None and connection.is_usable()
-        except Exception:
-            usable = False
-        if not usable:
-            connection.close()

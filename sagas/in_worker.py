@@ -14,6 +14,8 @@ import logging
 import threading
 from typing import Any
 
+from ledon.db import DatabaseNotMigrated
+
 from .conf import sagas_settings
 from .runner import SagaRunner
 from .types import SagaSnapshot
@@ -34,7 +36,16 @@ def start_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
         worker.report(f"saga {event}", " ".join(p for p in (what, detail) if p))
 
     runner = SagaRunner(burst=worker.burst, on_event=report, inline=False)
-    thread = threading.Thread(target=runner.run, name="saga-recovery", daemon=True)
+
+    def run() -> None:
+        try:
+            runner.run()
+        except DatabaseNotMigrated as exc:
+            # The jobs' tables are there (the worker runs), the sagas' are not.
+            logger.error("saga recovery does not run in this worker: %s", exc)
+            worker.report("saga recovery off", str(exc).splitlines()[0])
+
+    thread = threading.Thread(target=run, name="saga-recovery", daemon=True)
     with _lock:
         _running[id(worker)] = (runner, thread)
     thread.start()

@@ -14,6 +14,15 @@ late step does afterwards, its transaction can no longer commit its completion.
 While it drives an instance, a runner renews the instance's lease from a thread of
 its own; the version is not moved by renewals, so they never fence the running step.
 
+``SagaRunner`` is an engine (:mod:`ledon.engine`): while the database is unreachable
+it backs off and says so once per outage, and when it is back it releases what it
+still holds — the instance whose driving the outage interrupted, or one it claimed
+as the database failed — so that it is resumed at once (not after its lease, and
+not counted as a takeover). A step that ends on an unreachable database has not
+failed: it runs again, nothing is compensated for an outage. A second stop request cancels the
+running step (the instance is released, not compensated); a third stops waiting for
+it.
+
 Fault points (see ``outbox.faults``), for crash tests:
 
 ``sagas.step.started``
@@ -40,7 +49,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -48,6 +57,8 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
+from ledon.db import DATABASE_ERRORS, TRANSIENT_ERRORS, reset_connection
+from ledon.engine import FAILED, Engine, Failed, StopLevel
 from outbox import unit_of_work
 from outbox.faults import fault_point
 
@@ -83,14 +94,8 @@ def default_runner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def _reset_connection(alias: str) -> None:
-    connection = connections[alias]
-    try:
-        usable = connection.connection is not None and connection.is_usable()
-    except Exception:
-        usable = False
-    if not usable:
-        connection.close()
+#: Reports a database error of a step beside the main loop (the lease keeper).
+DatabaseErrorReport = Callable[[str, Exception], object]
 
 
 class _LeaseKeeper(threading.Thread):
@@ -103,6 +108,7 @@ class _LeaseKeeper(threading.Thread):
         settings: SagasSettings,
         clock: Callable[[], datetime],
         on_lost: Callable[[], None],
+        on_database_error: DatabaseErrorReport | None = None,
     ) -> None:
         super().__init__(name=f"saga-lease-{instance_id}", daemon=True)
         self.instance_id = instance_id
@@ -110,6 +116,7 @@ class _LeaseKeeper(threading.Thread):
         self.settings = settings
         self.clock = clock
         self.on_lost = on_lost
+        self.on_database_error = on_database_error
         self._stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -125,12 +132,15 @@ class _LeaseKeeper(threading.Thread):
                         lease_seconds=self.settings.LEASE_SECONDS,
                         now=self.clock(),
                     )
-                except DatabaseError:
-                    logger.exception(
-                        "renewing the lease of saga instance %s failed; will retry",
-                        self.instance_id,
-                    )
-                    _reset_connection(alias_for(SagaInstance))
+                except DATABASE_ERRORS as exc:
+                    if self.on_database_error is not None:
+                        self.on_database_error("renewing the lease of a saga instance", exc)
+                    else:
+                        logger.exception(
+                            "renewing the lease of saga instance %s failed; will retry",
+                            self.instance_id,
+                        )
+                    reset_connection(alias_for(SagaInstance))
                     continue
                 if not kept:
                     if not self._stop_event.is_set():
@@ -222,6 +232,8 @@ class Driver:
 
     ``inline`` is for code running inside a test case's transaction, which other
     connections cannot see: each step's thread then borrows the caller's connection.
+    ``on_database_error`` reports the lease keeper's database errors (default: log
+    each). :meth:`interrupt` and :meth:`abandon` are for a runner that shuts down.
     """
 
     def __init__(
@@ -233,6 +245,7 @@ class Driver:
         on_event: EventCallback | None = None,
         stopping: threading.Event | None = None,
         inline: bool = False,
+        on_database_error: DatabaseErrorReport | None = None,
     ) -> None:
         self.definition = definition
         self.owner = owner
@@ -246,8 +259,14 @@ class Driver:
         self.failure: BaseException | None = None
         #: The last exception of a compensation that kept failing, if any.
         self.compensation_failure: BaseException | None = None
+        self.on_database_error = on_database_error
         self._lost = threading.Event()
         self._current_cancel: threading.Event | None = None
+        # Set by interrupt(): a step that then fails was cancelled by a shutdown, not
+        # by its own fault, and is run again by the next runner (never compensated).
+        self._interrupted = threading.Event()
+        # Done by abandon(): stop waiting for the running step.
+        self._abandoned: Future[None] = Future()
 
     # ------------------------------------------------------------------ helpers
 
@@ -269,6 +288,33 @@ class Driver:
         if cancel is not None:
             cancel.set()
 
+    def interrupt(self) -> None:
+        """Cancel the running step now; the instance is released, not compensated."""
+        self._interrupted.set()
+        cancel = self._current_cancel
+        if cancel is not None:
+            cancel.set()
+
+    def abandon(self) -> None:
+        """Stop waiting for the running step (after :meth:`interrupt`)."""
+        self.interrupt()
+        if not self._abandoned.done():
+            self._abandoned.set_result(None)
+
+    @staticmethod
+    def _raise_if_the_database_failed(outcome: _Outcome) -> None:
+        """A step (or compensation) that ended on an unreachable database did not fail:
+        its transaction rolled back, and it runs again once the database is back.
+        Raised to the caller — a runner releases the instance then — instead of
+        compensating (or giving up on a compensation) because of an outage."""
+        if isinstance(outcome.error, TRANSIENT_ERRORS) and not outcome.abandoned:
+            raise outcome.error
+
+    def _stopped_short(self) -> bool:
+        """Whether a failed step is to be left alone: the lease was lost, or a
+        shutdown interrupted it."""
+        return self._lost.is_set() or self._interrupted.is_set()
+
     # ------------------------------------------------------------------ main loop
 
     def drive(self, state: SagaSnapshot) -> SagaSnapshot:
@@ -277,7 +323,12 @@ class Driver:
         keeper: _LeaseKeeper | None = None
         if not self.inline:
             keeper = _LeaseKeeper(
-                state.instance_id, self.owner, self.settings, self.clock, self._lease_lost
+                state.instance_id,
+                self.owner,
+                self.settings,
+                self.clock,
+                self._lease_lost,
+                self.on_database_error,
             )
             keeper.start()
         try:
@@ -359,16 +410,18 @@ class Driver:
             )
         step = self.definition.get_step(pending[0])
         outcome = self._run(state, step, compensating=False)
+        self._raise_if_the_database_failed(outcome)
         if outcome.error is None:
             self._emit("step-completed", state, step.name)
             if len(pending) == 1:
                 self._emit("succeeded", state, "")
             return
-        if self._lost.is_set() or (
+        if self._stopped_short() or (
             isinstance(outcome.error, SagaConcurrencyError) and not outcome.abandoned
         ):
             # The instance changed under the step (a takeover) and the completion mark
-            # was (or will be) fenced: the loop re-reads and stops.
+            # was (or will be) fenced, or a shutdown cancelled the step: the loop
+            # re-reads and stops.
             return
         self.failure = outcome.error
         logger.warning(
@@ -423,10 +476,11 @@ class Driver:
         last: BaseException | None = None
         for attempt in range(1, attempts + 1):
             outcome = self._run(state, step, compensating=True, attempt=attempt)
+            self._raise_if_the_database_failed(outcome)
             if outcome.error is None:
                 self._emit("step-compensated", state, step.name)
                 return
-            if self._lost.is_set() or (
+            if self._stopped_short() or (
                 isinstance(outcome.error, SagaConcurrencyError) and not outcome.abandoned
             ):
                 return
@@ -469,7 +523,7 @@ class Driver:
     ) -> _Outcome:
         cancel = threading.Event()
         self._current_cancel = cancel
-        if self._lost.is_set():
+        if self._stopped_short():
             cancel.set()
 
         def body() -> None:
@@ -528,9 +582,14 @@ class Driver:
         must_end: bool,
     ) -> _Outcome:
         timeout = step.timeout if step.timeout is not None else self.settings.STEP_TIMEOUT
-        wait([future], timeout)
+        wait([future, self._abandoned], timeout, return_when=FIRST_COMPLETED)
         if future.done():
             return _Outcome(future.exception())
+        if self._abandoned.done() and not must_end:
+            return _Outcome(
+                StepTimedOut(f"step {step.name!r} of saga {state.name!r} was abandoned"),
+                abandoned=True,
+            )
         cancel.set()
         self._emit("step-timeout", state, f"{step.name} after {timeout}s; cancellation signalled")
         wait([future], self.settings.CANCEL_GRACE_SECONDS)
@@ -646,7 +705,7 @@ class RecoveryStats:
         )
 
 
-class SagaRunner:
+class SagaRunner(Engine):
     """Recover unfinished saga instances until stopped (or, with ``burst``, until none
     is left to claim).
 
@@ -657,6 +716,9 @@ class SagaRunner:
     An instance whose saga is not registered here (or no longer has its stored steps)
     is reported once and left untouched.
     """
+
+    kind = "saga runner"
+    app_label = "sagas"
 
     def __init__(
         self,
@@ -678,19 +740,31 @@ class SagaRunner:
         self.on_event = on_event
         self.batch_size = batch_size
         self.settings = sagas_settings()
-        self.alias = alias_for(SagaInstance)
+        super().__init__(alias=alias_for(SagaInstance), log=logger)
         # Inside a test case's transaction, steps must run on this thread (see Driver).
         self.inline = (
             in_test_case_transaction(connections[self.alias]) if inline is None else inline
         )
         self.stats = RecoveryStats()
-        self._stopping = threading.Event()
         self._reported: set[uuid.UUID] = set()
+        # After a database error: instances still leased to this runner, which drives
+        # none, are released once the database is back.
+        self._release_pending = False
+        self._driver: Driver | None = None
         self.started = threading.Event()
 
     def stop(self) -> None:
         """Stop claiming; the instance being driven is released after its current step."""
-        self._stopping.set()
+        self.escalate(StopLevel.GRACEFUL)
+
+    def _stop_level_reached(self, level: StopLevel) -> None:
+        driver = self._driver
+        if driver is None:
+            return
+        if level >= StopLevel.ABORT:
+            driver.abandon()
+        elif level >= StopLevel.CANCEL:
+            driver.interrupt()
 
     @property
     def stopping(self) -> bool:
@@ -702,22 +776,27 @@ class SagaRunner:
 
     def run(self) -> RecoveryStats:
         logger.info("saga runner %s starting", self.runner_id, extra={"runner_id": self.runner_id})
-        self.started.set()
-        fault_point("sagas.runner.started", runner_id=self.runner_id)
-        self._emit("started", None, f"sagas: {', '.join(self._known_names()) or 'none'}")
         try:
+            if not self.wait_for_database():
+                self._emit("stopped", None, self.stats.summary())
+                return self.stats
+            self.started.set()
+            fault_point("sagas.runner.started", runner_id=self.runner_id)
+            self._emit("started", None, f"sagas: {', '.join(self._known_names()) or 'none'}")
             while not self._stopping.is_set():
-                try:
-                    worked = self.recover_one()
-                except DatabaseError:
-                    logger.exception("looking for saga instances to recover failed; will retry")
-                    _reset_connection(self.alias)
-                    worked = False
-                if worked:
+                self._wake.clear()
+                worked: bool | Failed = False
+                if self._release_pending:
+                    worked = self.guarded("releasing interrupted instances", self._release_own)
+                if worked is not FAILED:
+                    worked = self.guarded("looking for saga instances to recover", self.recover_one)
+                if worked is FAILED:
+                    self._release_pending = True  # a claim may have committed unanswered
+                if worked is not FAILED and worked:
                     continue
-                if self.burst:
+                if worked is not FAILED and self.burst:
                     break
-                self._stopping.wait(self.settings.POLL_INTERVAL)
+                self.pause(self.settings.POLL_INTERVAL)
         finally:
             if not self.inline:
                 connections[self.alias].close()
@@ -788,6 +867,24 @@ class SagaRunner:
         )
         self._emit("untouched", state, reason)
 
+    def _release_own(self) -> bool:
+        """Release the instances still leased to this runner while it drives none (a
+        database error interrupted their driving, or their claim committed as the
+        database failed), so that they are claimed again at once — a release, not an
+        expired lease, so not a takeover. True if any was released."""
+        held = SagaInstance.objects.using(self.alias).filter(
+            leased_by=self.runner_id, status__in=[SagaStatus.RUNNING, SagaStatus.COMPENSATING]
+        )
+        released = False
+        for instance_id in held.values_list("instance_id", flat=True):
+            state = store.get(instance_id)
+            if state is not None and state.leased_by == self.runner_id:
+                store.release(state, self.runner_id, now=self.clock())
+                self._emit("released", state, "after a database error")
+                released = True
+        self._release_pending = False
+        return released
+
     def _drive(self, definition: SagaDefinition, state: SagaSnapshot) -> None:
         driver = Driver(
             definition,
@@ -796,14 +893,24 @@ class SagaRunner:
             on_event=self.on_event,
             stopping=self._stopping,
             inline=self.inline,
+            on_database_error=self.database_failed,
         )
+        self._driver = driver
+        if self._cancelling.is_set():
+            self._stop_level_reached(self.stop_level)  # a request came as it started
         try:
             final = driver.drive(state)
         except SagaLeaseLost as exc:
             self.stats.lost += 1
             logger.warning("%s", exc, extra={"runner_id": self.runner_id})
             return
-        except (DatabaseError, SagaError) as exc:
+        except DATABASE_ERRORS as exc:
+            self.stats.errors += 1
+            self._release_pending = True
+            self.database_failed(f"driving saga instance {state.instance_id}", exc)
+            self._emit("error", state, f"{type(exc).__name__}: {exc}")
+            return
+        except SagaError as exc:
             self.stats.errors += 1
             logger.exception(
                 "driving saga instance %s failed; its lease will expire and it will be "
@@ -812,8 +919,10 @@ class SagaRunner:
                 extra={"runner_id": self.runner_id, "instance_id": str(state.instance_id)},
             )
             self._emit("error", state, f"{type(exc).__name__}: {exc}")
-            _reset_connection(self.alias)
+            self.reset_connection()
             return
+        finally:
+            self._driver = None
         if final.status is SagaStatus.SUCCEEDED:
             self.stats.succeeded += 1
         elif final.status is SagaStatus.COMPENSATED:

@@ -2,12 +2,14 @@
 # Throw-away PostgreSQL cluster for tests, demos and benchmarks.
 #   scripts/pg.sh start DIR   -> prints a postgres:// URL on stdout
 #   scripts/pg.sh stop DIR
+#   scripts/pg.sh crash DIR   -> stops the server at once (-m immediate), as a crash would
+#   scripts/pg.sh restart DIR -> starts a crashed or stopped server again, on its port
 # Runs the server as the `postgres` user when invoked as root (initdb refuses root),
 # listens on a free loopback port, and keeps everything inside DIR.
 set -euo pipefail
 
-cmd=${1:?usage: pg.sh start|stop DIR}
-dir=${2:?usage: pg.sh start|stop DIR}
+cmd=${1:?usage: pg.sh start|stop|crash|restart DIR}
+dir=${2:?usage: pg.sh start|stop|crash|restart DIR}
 
 find_bindir() {
     if [ -n "${PG_BINDIR:-}" ]; then echo "$PG_BINDIR"; return; fi
@@ -18,6 +20,14 @@ find_bindir() {
 
 as_owner() {
     if [ "$(id -u)" = "0" ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# Start the server of DIR on PORT (and wait until it accepts connections).
+start_server() {
+    local bindir=$1 port=$2
+    as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c max_connections=200 -c fsync=${PG_FSYNC:-off} -c synchronous_commit=${PG_SYNC_COMMIT:-off} -c full_page_writes=${PG_FSYNC:-off}" \
+        start >"$dir/pg_ctl.log" 2>&1 || { cat "$dir/pg_ctl.log" "$dir/server.log" >&2; exit 1; }
 }
 
 case "$cmd" in
@@ -42,9 +52,7 @@ PY
 )
     as_owner "$bindir/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
         || { cat "$dir/initdb.log" >&2; exit 1; }
-    as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-        -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c max_connections=200 -c fsync=${PG_FSYNC:-off} -c synchronous_commit=${PG_SYNC_COMMIT:-off} -c full_page_writes=${PG_FSYNC:-off}" \
-        start >"$dir/pg_ctl.log" 2>&1 || { cat "$dir/pg_ctl.log" "$dir/server.log" >&2; exit 1; }
+    start_server "$bindir" "$port"
     echo "$port" >"$dir/port"
     "$bindir/createdb" -h 127.0.0.1 -p "$port" -U postgres ledon
     echo "postgres://postgres@127.0.0.1:$port/ledon"
@@ -56,8 +64,14 @@ stop)
     fi
     rm -rf "$dir"
     ;;
+crash)
+    as_owner "$(find_bindir)/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null
+    ;;
+restart)
+    start_server "$(find_bindir)" "$(cat "$dir/port")"
+    ;;
 *)
-    echo "usage: pg.sh start|stop DIR" >&2
+    echo "usage: pg.sh start|stop|crash|restart DIR" >&2
     exit 2
     ;;
 esac

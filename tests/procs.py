@@ -27,6 +27,25 @@ def database_url() -> str:
     return f"postgres://{auth}{s['HOST']}:{s['PORT']}/{s['NAME']}"
 
 
+def manage(database: str, *args: str, env: dict[str, str] | None = None) -> None:
+    """Run ``manage.py ARG …`` to its end on the database ``database`` (a URL); fail
+    the test with its error output if it fails."""
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            **(env or {}),
+            "DJANGO_SETTINGS_MODULE": "testproject.settings",
+            "DATABASE_URL": database,
+        },
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, f"manage.py {' '.join(args)[:200]}:\n{result.stderr[-3000:]}"
+
+
 class ManageProcess:
     """``manage.py <command> …`` in a child process on the test database (or the one
     ``database`` names by URL), its output kept in a file."""
@@ -50,12 +69,15 @@ class ManageProcess:
             "DATABASE_URL": database or database_url(),
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", command, *args],
+            self.argv(command, args),
             cwd=ROOT,
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
+
+    def argv(self, command: str, args: tuple[str, ...]) -> list[str]:
+        return [sys.executable, "manage.py", command, *args]
 
     @property
     def pid(self) -> int:

@@ -75,6 +75,16 @@ def record(ctx: JobContext) -> str:
     return f"recorded {ctx.job_id}"
 
 
+@job_handler("test.outage", version=1, retry=NO_DELAY)
+def outage_load(ctx: JobContext) -> str:
+    """The outage test's load: a short job whose effect (a ``WorkLog`` row) commits
+    in its own transaction; when the database fails under it, it is retried at once
+    (its attempt is finished when the database is back)."""
+    ctx.wait_for_cancel(float(ctx.payload.get("seconds", 0.005)))
+    _log(ctx, note=str(os.getpid()))
+    return f"done {ctx.job_id}"
+
+
 @job_handler("test.async", version=1)
 async def async_record(ctx: JobContext) -> str:
     await asyncio.sleep(0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -12,6 +11,15 @@ from jobs.exceptions import JobsError
 from jobs.handlers import autodiscover, registered_handlers
 from jobs.types import Claim
 from jobs.worker import Worker
+from ledon.commands import run_engine
+from ledon.engine import StopLevel
+
+#: What each signal does, by the stop level it reaches.
+SIGNAL_MEANING = {
+    StopLevel.GRACEFUL: "stopping gracefully (a second signal cancels running handlers)",
+    StopLevel.CANCEL: "cancelling running handlers now (a third signal stops waiting for them)",
+    StopLevel.ABORT: "no more waiting: re-queueing what still runs and exiting",
+}
 
 
 class Command(BaseCommand):
@@ -42,7 +50,7 @@ class Command(BaseCommand):
             default=20.0,
             metavar="S",
             help="seconds running handlers get to finish on SIGTERM/SIGINT before "
-            "they are signalled to stop and re-queued",
+            "they are signalled to stop and re-queued (a second signal: at once)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -71,17 +79,10 @@ class Command(BaseCommand):
         handlers = ", ".join(f"{h.name}@{h.version}" for h in registered_handlers()) or "none"
         self.stdout.write(f"worker {worker.worker_id}: handlers {handlers}")
 
-        def on_signal(signum: int, frame: Any) -> None:
-            again = worker.stop_requested
-            self.stdout.write(
-                f"worker {worker.worker_id}: {signal.Signals(signum).name}, "
-                + ("stopping now" if again else "stopping gracefully")
-            )
-            worker.stop(immediate=again)
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        stats = worker.run()
+        stats = run_engine(
+            worker, worker.run, out=self.stdout, name=f"worker {worker.worker_id}",
+            meaning=SIGNAL_MEANING,
+        )  # fmt: skip
         self.stdout.write(
             self.style.SUCCESS(f"worker {worker.worker_id} stopped: {stats.summary()}")
         )

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
 
+from ledon.commands import run_engine
+from ledon.engine import StopLevel
 from outbox.conf import outbox_settings
 from outbox.consumer import EventConsumer
-from outbox.db import alias_for
 from outbox.exceptions import OutboxError
-from outbox.models import InboxMessage
 from outbox.transports import transport_class
 from outbox.transports.kafka import KafkaTransport
 from outbox.transports.rabbitmq import RabbitMQTransport
+
+#: What each signal does, by the stop level it reaches.
+SIGNAL_MEANING = {
+    StopLevel.GRACEFUL: "stopping after this message",
+    StopLevel.CANCEL: "stopping after this message (a third signal stops waiting)",
+    StopLevel.ABORT: "exiting now; an unacknowledged message comes again",
+}
 
 
 class Command(BaseCommand):
@@ -82,7 +87,6 @@ class Command(BaseCommand):
         if options["topic"] and not issubclass(cls, KafkaTransport):
             raise CommandError(f"--topic is for the kafka transport, not {transport!r}")
         sources = [options["queue"]] if options["queue"] is not None else options["topic"]
-        self._check_inbox_table()
         try:
             consumer = EventConsumer(
                 options["group"],
@@ -99,36 +103,16 @@ class Command(BaseCommand):
         )
         self.stdout.flush()
 
-        def on_signal(signum: int, frame: Any) -> None:
-            self.stdout.write(
-                f"consumer {consumer.group}: {signal.Signals(signum).name}, "
-                "stopping after the current message"
-            )
-            consumer.stop()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
         try:
-            stats = consumer.run()
+            stats = run_engine(
+                consumer, consumer.run, out=self.stdout, name=f"consumer {consumer.group}",
+                meaning=SIGNAL_MEANING,
+            )  # fmt: skip
         except OutboxError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(
             self.style.SUCCESS(f"consumer {consumer.group} stopped: {stats.summary()}")
         )
-
-    def _check_inbox_table(self) -> None:
-        alias = alias_for(InboxMessage)
-        table = InboxMessage._meta.db_table
-        try:
-            with connections[alias].cursor() as cursor:
-                tables = connections[alias].introspection.table_names(cursor)
-        except DatabaseError as exc:
-            raise CommandError(f"cannot read the tables of database {alias!r}: {exc}") from exc
-        if table not in tables:
-            raise CommandError(
-                f"the inbox table {table!r} does not exist in database {alias!r}: "
-                "run 'manage.py migrate outbox'"
-            )
 
     def _printer(self, verbosity: int) -> Any:
         quiet_below_2 = {"handled", "duplicate", "skipped", "retry"}

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
-from django.core import checks
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ledon.commands import run_engine
+from ledon.engine import StopLevel
 from outbox import store
-from outbox.checks import missing_outbox_table
 from outbox.conf import outbox_settings
-from outbox.db import alias_for
 from outbox.dispatcher import Dispatcher
 from outbox.exceptions import OutboxError
-from outbox.models import OutboxMessage
+
+#: What each signal does, by the stop level it reaches.
+SIGNAL_MEANING = {
+    StopLevel.GRACEFUL: "stopping after the current batch",
+    StopLevel.CANCEL: "stopping after the current batch (a third signal stops waiting)",
+    StopLevel.ABORT: "no more waiting: exiting; an unrecorded batch is delivered again",
+}
 
 
 class Command(BaseCommand):
@@ -48,7 +52,6 @@ class Command(BaseCommand):
                 store.text(
                     options["dispatcher_id"], "dispatcher id", store.MAX_DISPATCHER_ID_LENGTH
                 )
-            self._check_database()
             dispatcher = Dispatcher(
                 dispatcher_id=options["dispatcher_id"],
                 batch_size=batch_size,
@@ -67,31 +70,13 @@ class Command(BaseCommand):
             f"batches of {dispatcher.batch_size}"
         )
 
-        def on_signal(signum: int, frame: Any) -> None:
-            self.stdout.write(
-                f"dispatcher {dispatcher.dispatcher_id}: {signal.Signals(signum).name}, "
-                "stopping after the current batch"
-            )
-            dispatcher.stop()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        stats = dispatcher.run()
+        stats = run_engine(
+            dispatcher, dispatcher.run, out=self.stdout,
+            name=f"dispatcher {dispatcher.dispatcher_id}", meaning=SIGNAL_MEANING,
+        )  # fmt: skip
         self.stdout.write(
             self.style.SUCCESS(f"dispatcher {dispatcher.dispatcher_id} stopped: {stats.summary()}")
         )
-
-    def _check_database(self) -> None:
-        errors = checks.run_checks(
-            tags=[checks.Tags.database], databases=[alias_for(OutboxMessage)]
-        )
-        # The table warnings are fatal here: without the table there is nothing to do.
-        errors = [e for e in errors if e.id and e.id.startswith("outbox.")]
-        missing = missing_outbox_table(alias_for(OutboxMessage))
-        if missing is not None and missing.id not in {e.id for e in errors}:
-            errors.append(missing)
-        if errors:
-            raise CommandError("\n".join(f"{e.id}: {e.msg} {e.hint or ''}" for e in errors))
 
     def _printer(self, verbosity: int) -> Any:
         def emit(event: str, detail: str) -> None:

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ledon.commands import run_engine
+from ledon.engine import StopLevel
 from sagas import validation
 from sagas.exceptions import SagaError
 from sagas.registry import registered_sagas
 from sagas.runner import SagaRunner
 from sagas.types import SagaSnapshot
+
+#: What each signal does, by the stop level it reaches.
+SIGNAL_MEANING = {
+    StopLevel.GRACEFUL: "stopping after the current step (a second signal cancels it)",
+    StopLevel.CANCEL: "cancelling the current step; the instance is released, not compensated",
+    StopLevel.ABORT: "no more waiting for the step: releasing the instance and exiting",
+}
 
 
 class Command(BaseCommand):
@@ -61,16 +69,10 @@ class Command(BaseCommand):
             on_event=self._printer(options["verbosity"]),
         )
 
-        def on_signal(signum: int, frame: Any) -> None:
-            self.stdout.write(
-                f"saga runner {runner.runner_id}: {signal.Signals(signum).name}, stopping "
-                "after the current step"
-            )
-            runner.stop()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        stats = runner.run()
+        stats = run_engine(
+            runner, runner.run, out=self.stdout, name=f"saga runner {runner.runner_id}",
+            meaning=SIGNAL_MEANING,
+        )  # fmt: skip
         self.stdout.write(
             self.style.SUCCESS(f"saga runner {runner.runner_id} stopped: {stats.summary()}")
         )

@@ -1,0 +1,72 @@
+"""Exponential back-off with jitter, reset on success.
+
+One :class:`Backoff` per engine paces every retry of a failed database step: the
+first retry comes quickly (a lost connection is usually back at once), later ones
+spread out up to ``cap`` seconds, so that an outage costs each engine one attempt
+every few seconds instead of hundreds a second. Jitter keeps many engines that lost
+the database together from reconnecting in lock-step.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+#: The defaults of every engine: 0.1 s, 0.2 s, 0.4 s … at most 2 s between attempts.
+BASE_DELAY = 0.1
+FACTOR = 2.0
+CAP = 2.0
+JITTER = 0.5
+
+
+class Backoff:
+    """Delays before successive retries: ``base * factor ** n`` capped at ``cap``, each
+    drawn from ``[delay * (1 - jitter), delay]``. Thread-safe; :meth:`reset` after a
+    success starts again from ``base``."""
+
+    def __init__(
+        self,
+        *,
+        base: float = BASE_DELAY,
+        factor: float = FACTOR,
+        cap: float = CAP,
+        jitter: float = JITTER,
+        rng: random.Random | None = None,
+    ) -> None:
+        if base <= 0 or factor < 1 or cap < base:
+            raise ValueError("a back-off needs base > 0, factor >= 1 and cap >= base")
+        if not 0 <= jitter < 1:
+            raise ValueError("back-off jitter must be in [0, 1)")
+        self.base = base
+        self.factor = factor
+        self.cap = cap
+        self.jitter = jitter
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._failures = 0
+
+    @property
+    def failures(self) -> int:
+        """Delays handed out since the last reset."""
+        return self._failures
+
+    @property
+    def ceiling(self) -> float:
+        """The longest delay the next retry may get (what "retrying every …" says)."""
+        with self._lock:
+            return self._raw(self._failures)
+
+    def next_delay(self) -> float:
+        """Seconds to wait before the next retry; each call counts one failure."""
+        with self._lock:
+            raw = self._raw(self._failures)
+            self._failures += 1
+            return raw * (1 - self.jitter * self._rng.random())
+
+    def reset(self) -> None:
+        with self._lock:
+            self._failures = 0
+
+    def _raw(self, failures: int) -> float:
+        # min() before the power would overflow: the cap is reached after a few dozen.
+        return min(self.cap, self.base * self.factor ** min(failures, 64))

@@ -1,0 +1,35 @@
+"""What the engines' management commands share: the engine runs with each signal as a
+stop request (and a line saying what it does), and a database without the app's
+tables is a :class:`~django.core.management.CommandError` — two lines, no traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.core.management.base import CommandError
+
+from .db import DatabaseNotMigrated
+from .engine import Engine, StopLevel
+
+
+def run_engine[S](
+    engine: Engine,
+    run: Callable[[], S],
+    *,
+    out: Any,
+    name: str,
+    meaning: Mapping[StopLevel, str],
+) -> S:
+    """``run()`` (the engine's) with SIGTERM and SIGINT as stop requests; each is
+    announced on ``out`` as ``"<name>: SIGTERM, <meaning of the level reached>"``."""
+
+    def announce(signum: Any, level: StopLevel) -> None:
+        out.write(f"{name}: {signum.name}, {meaning[level]}")
+        out.flush()
+
+    try:
+        with engine.stop_on_signals(announce):
+            return run()
+    except DatabaseNotMigrated as exc:
+        raise CommandError(str(exc)) from exc

@@ -1,0 +1,377 @@
+"""The base of the long-running engines: the job ``Worker``, the outbox ``Dispatcher``
+and ``EventConsumer``, the ``SagaRunner``.
+
+**Stopping** has three levels; every request (:meth:`Engine.request_stop`, one per
+signal) goes one level further:
+
+1. ``GRACEFUL`` — take no new work; let the work under way finish (each engine says
+   how long it waits);
+2. ``CANCEL`` — signal cancellation to the work under way, at once;
+3. ``ABORT`` — stop waiting: recover what can be recovered (re-queue attempts,
+   release leases) and return.
+
+**Signals** (:meth:`Engine.stop_on_signals`): the Python-level handler does nothing;
+the interpreter writes the signal's number to a pipe (:func:`signal.set_wakeup_fd`)
+and a watcher thread reads it and requests the stop. Nothing that takes a lock ever
+runs inside a signal handler, so a signal that lands while the main thread holds a
+lock (inside ``Event.wait()``, say) cannot deadlock it. After the third signal, if
+``run()`` has not returned within :attr:`Engine.abort_timeout` seconds, the process
+exits with status 1: a call stuck on the network cannot keep it alive.
+
+**Database steps** (:meth:`Engine.guarded`): a database error drops the thread's
+broken connection, is reported through the engine's
+:class:`~ledon.outage.OutageReporter` (once per outage, not once per attempt) and
+makes the engine's next wait (:meth:`Engine.pause`) the back-off delay, cut short
+only by a stop. Steps are skipped until that wait is over, so one pass of an engine's
+loop touches a database that is down once.
+
+**Start-up** (:meth:`Engine.wait_for_database`): an unreachable database is waited
+for, with the same back-off and reporting; a database that answers without the app's
+tables raises :class:`~ledon.db.DatabaseNotMigrated`, a clear error naming
+``migrate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+from django.apps import apps
+from django.db import connections
+
+from .backoff import Backoff
+from .db import (
+    DATABASE_ERRORS,
+    TRANSIENT_ERRORS,
+    DatabaseNotMigrated,
+    missing_tables,
+    reset_connection,
+)
+from .outage import OutageReporter
+
+logger = logging.getLogger(__name__)
+
+#: Exit status of a process that a third signal ended because ``run()`` did not return.
+EXIT_ABORTED = 1
+
+#: What ``stop_on_signals`` calls after each signal: (signal, level reached).
+Announce = Callable[[signal.Signals, "StopLevel"], None]
+
+
+class StopLevel(enum.IntEnum):
+    RUNNING = 0
+    GRACEFUL = 1
+    CANCEL = 2
+    ABORT = 3
+
+
+class Failed(enum.Enum):
+    """What :meth:`Engine.guarded` returns when its step failed on the database."""
+
+    FAILED = "failed"
+
+
+FAILED = Failed.FAILED
+
+
+class Engine:
+    """What every engine shares: stop levels, signals, guarded database steps.
+
+    Subclasses call ``super().__init__(alias=…, log=…)`` first, wait with
+    :meth:`pause` (never on an event of their own that a signal should interrupt),
+    and react to stop levels in :meth:`_stop_level_reached`.
+    """
+
+    #: The engine's name in messages ("worker", "dispatcher", …).
+    kind: ClassVar[str] = "engine"
+    #: The app whose tables the engine needs (see :meth:`wait_for_database`).
+    app_label: ClassVar[str] = ""
+    #: Seconds ``run()`` gets to return after the third signal before the process exits.
+    abort_timeout: ClassVar[float] = 10.0
+
+    def __init__(self, *, alias: str, log: logging.Logger, backoff: Backoff | None = None) -> None:
+        self.alias = alias
+        self.backoff = backoff or Backoff()
+        self.outage = OutageReporter(log, "database")
+        self._stop_lock = threading.Lock()
+        self._stop_level = StopLevel.RUNNING
+        #: Set at GRACEFUL and above; CANCEL and ABORT have their own.
+        self._stopping = threading.Event()
+        self._cancelling = threading.Event()
+        self._aborting = threading.Event()
+        #: Set when there may be work, or the stop level changed.
+        self._wake = threading.Event()
+        #: Set by a failed database step until the next :meth:`pause` has backed off.
+        self._backing_off = threading.Event()
+        self._delay = 0.0
+
+    # ------------------------------------------------------------------ stopping
+
+    @property
+    def stop_level(self) -> StopLevel:
+        return self._stop_level
+
+    def request_stop(self) -> StopLevel:
+        """One more stop request — graceful, then cancel, then abort; the level reached.
+
+        Call it from any thread, not from a signal handler (it takes locks): use
+        :meth:`stop_on_signals` for signals.
+        """
+        with self._stop_lock:
+            level = StopLevel(min(self._stop_level + 1, StopLevel.ABORT))
+        self.escalate(level)
+        return level
+
+    def escalate(self, level: StopLevel) -> None:
+        """Raise the stop level to ``level`` (a lower or equal level changes nothing)."""
+        with self._stop_lock:
+            if level <= self._stop_level:
+                return
+            self._stop_level = level
+        if level >= StopLevel.GRACEFUL:
+            self._stopping.set()
+        if level >= StopLevel.CANCEL:
+            self._cancelling.set()
+        if level >= StopLevel.ABORT:
+            self._aborting.set()
+        self._wake.set()
+        self._stop_level_reached(level)
+
+    def _stop_level_reached(self, level: StopLevel) -> None:
+        """Hook: the stop level just rose to ``level`` (runs on the requesting thread)."""
+
+    @contextmanager
+    def stop_on_signals(
+        self,
+        announce: Announce | None = None,
+        signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+    ) -> Iterator[None]:
+        """While the block runs, each of ``signals`` is one :meth:`request_stop`;
+        ``announce(signal, level)`` is called after each, on the watcher thread.
+        Outside the main thread (where signals cannot be caught) this does nothing."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        watcher = _SignalWatcher(self, signals, announce)
+        watcher.start()
+        try:
+            yield
+        finally:
+            watcher.close()
+
+    # ------------------------------------------------------------------ database
+
+    @property
+    def backing_off(self) -> bool:
+        """Whether a database step failed and the engine has not backed off since."""
+        return self._backing_off.is_set()
+
+    def guarded[T](self, what: str, call: Callable[[], T]) -> T | Failed:
+        """Run one database step of the engine's loop; :data:`FAILED` if it failed on
+        the database (reported, connection reset, back-off due) or was skipped because
+        another step failed since the last back-off."""
+        if self._backing_off.is_set():
+            return FAILED
+        try:
+            result = call()
+        except DATABASE_ERRORS as exc:
+            self.database_failed(what, exc)
+            return FAILED
+        if not self._backing_off.is_set():  # nothing inside the step failed either
+            self.database_ok()
+        return result
+
+    def database_failed(self, what: str, exc: Exception) -> float:
+        """Record a failed database step: reset this thread's connection if broken,
+        report, and make the next :meth:`pause` back off. Returns the back-off delay
+        (for a caller that retries on its own thread)."""
+        reset_connection(self.alias)
+        delay = self.backoff.next_delay()
+        self._delay = delay
+        self._backing_off.set()
+        self.outage.failed(
+            exc,
+            doing=what,
+            retry_in=self.backoff.ceiling,
+            unreachable=isinstance(exc, TRANSIENT_ERRORS),
+        )
+        return delay
+
+    def database_ok(self) -> None:
+        """A database step succeeded: the outage (if any) is over, the back-off resets
+        — provided the step reached the database (this thread's connection is open:
+        a failure closes it, and a step with nothing to do proves nothing)."""
+        if not (self.outage.active or self.backoff.failures):
+            return
+        if connections[self.alias].connection is None:
+            return
+        self.backoff.reset()
+        self.outage.recovered()
+
+    def retry_database[T](
+        self,
+        what: str,
+        call: Callable[[], T],
+        *,
+        until: threading.Event | None = None,
+        attempts: int = 4,
+    ) -> T:
+        """Run ``call`` until it succeeds, backing off between tries: errors that say
+        "not now" (:data:`~ledon.db.TRANSIENT_ERRORS`) without limit, other database
+        errors ``attempts`` times in all. Gives up — re-raising the last error — when
+        ``until`` (default: an abort) is set."""
+        stop = until or self._aborting
+        failures = 0
+        while True:
+            try:
+                result = call()
+            except DATABASE_ERRORS as exc:
+                failures += 1
+                delay = self.database_failed(what, exc)
+                exhausted = not isinstance(exc, TRANSIENT_ERRORS) and failures >= attempts
+                if exhausted or stop.wait(delay):
+                    raise
+                continue
+            self.database_ok()
+            return result
+
+    def pause(self, timeout: float, *, until: threading.Event | None = None) -> None:
+        """The loop's wait: up to ``timeout`` seconds or until woken — or, after a
+        failed database step, the back-off delay, cut short only by ``until``
+        (default: a stop request)."""
+        if self._backing_off.is_set():
+            (until or self._stopping).wait(self._delay)
+            self._backing_off.clear()
+        else:
+            self._wake.wait(timeout)
+
+    def reset_connection(self) -> None:
+        reset_connection(self.alias)
+
+    def wait_for_database(self) -> bool:
+        """At start-up: wait until the database answers, backing off and reporting
+        meanwhile; False if a stop came first. Raises
+        :class:`~ledon.db.DatabaseNotMigrated` when it answers without the tables of
+        :attr:`app_label`."""
+        tables = self._tables()
+        while not self._stopping.is_set():
+            try:
+                missing = missing_tables(self.alias, tables)
+            except DATABASE_ERRORS as exc:
+                delay = self.database_failed(f"connecting to database {self.alias!r}", exc)
+                self._stopping.wait(delay)
+                self._backing_off.clear()
+                continue
+            self.database_ok()
+            if missing:
+                raise DatabaseNotMigrated(self.alias, self.app_label, missing, self.kind)
+            return True
+        return False
+
+    def _tables(self) -> list[str]:
+        if not self.app_label:
+            return []
+        return [
+            model._meta.db_table
+            for model in apps.get_app_config(self.app_label).get_models()
+            if model._meta.managed and not model._meta.proxy
+        ]
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """The Python-level handler: nothing. The wake-up fd carries the signal."""
+
+
+class _SignalWatcher:
+    """Turns ``signals`` into stop requests of ``engine`` from a thread of its own."""
+
+    def __init__(
+        self, engine: Engine, signals: Sequence[signal.Signals], announce: Announce | None
+    ) -> None:
+        self.engine = engine
+        self.signals = list(signals)
+        self.announce = announce
+        self._numbers = {int(s) for s in self.signals}
+        self._done = threading.Event()
+        self._aborting = False
+        self._previous: dict[signal.Signals, Any] = {}
+        self._previous_fd = -1
+        self._read, self._write = os.pipe()
+        # The interpreter writes from its C-level handler: the pipe must not block.
+        os.set_blocking(self._write, False)
+        self._thread = threading.Thread(
+            target=self._watch, name=f"{engine.kind}-signals", daemon=True
+        )
+
+    def start(self) -> None:
+        try:
+            for signum in self.signals:
+                self._previous[signum] = signal.signal(signum, _ignore)
+            self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        except BaseException:
+            self._restore()
+            os.close(self._write)
+            os.close(self._read)
+            raise
+        self._thread.start()
+
+    def close(self) -> None:
+        self._done.set()
+        self._restore()
+        os.close(self._write)  # the watcher reads end-of-file and returns
+        self._thread.join(timeout=5)
+        os.close(self._read)
+
+    def _restore(self) -> None:
+        signal.set_wakeup_fd(self._previous_fd)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for number in data:
+                if number in self._numbers:
+                    self._received(signal.Signals(number))
+
+    def _received(self, signum: signal.Signals) -> None:
+        level = self.engine.request_stop()
+        if self.announce is not None:
+            try:
+                self.announce(signum, level)
+            except Exception:
+                logger.exception("reporting %s failed", signum.name)
+        if level is StopLevel.ABORT and not self._aborting:
+            self._aborting = True
+            threading.Thread(
+                target=self._exit_if_stuck, name=f"{self.engine.kind}-abort", daemon=True
+            ).start()
+
+    def _exit_if_stuck(self) -> None:
+        timeout = self.engine.abort_timeout
+        if self._done.wait(timeout):
+            return
+        logger.error(
+            "%s did not stop within %.0f s of the last signal; exiting now (what it "
+            "still held is recovered when its leases expire)",
+            self.engine.kind,
+            timeout,
+        )
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(EXIT_ABORTED)

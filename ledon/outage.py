@@ -1,0 +1,157 @@
+"""Logging an outage of a dependency (the database) once, not once per attempt.
+
+While the database is down an engine retries every few seconds (see
+:mod:`ledon.backoff`); logging each attempt with its traceback would bury everything
+else. An :class:`OutageReporter` turns a run of failures into a few lines:
+
+- the first failure: one line at ``level`` (ERROR) saying what failed — with the full
+  traceback the first time this process sees that error;
+- another kind of error while the outage lasts: one WARNING line (traceback likewise);
+- every ``summary_interval`` seconds: ``database unreachable for 12 s, 37 attempts,
+  retrying every 2.0 s``;
+- the first success: ``database reachable again after 14 s (41 failed attempts)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+#: Distinct errors whose traceback was logged; bounded so that a process that sees
+#: endless variations of a message does not grow without end.
+_MAX_REMEMBERED = 200
+
+
+def error_key(exc: BaseException) -> tuple[str, str]:
+    """What makes two errors "the same": their type and the first line of the message."""
+    lines = str(exc).strip().splitlines()
+    return (f"{type(exc).__module__}.{type(exc).__qualname__}", lines[0] if lines else "")
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: first line of the message`` — the short form used in log lines."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+class OutageReporter:
+    """Reports failures of ``subject`` as outages (thread-safe)."""
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        subject: str = "database",
+        *,
+        level: int = logging.ERROR,
+        summary_interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.log = log
+        self.subject = subject
+        self.level = level
+        self.summary_interval = summary_interval
+        self.clock = clock
+        self.extra = dict(extra or {})
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._attempts = 0
+        self._last_summary = 0.0
+        self._state = "unreachable"
+        self._seen_in_outage: set[tuple[str, str]] = set()
+        self._traced: set[tuple[str, str]] = set()
+
+    @property
+    def active(self) -> bool:
+        """Whether the last attempt failed (an outage is under way)."""
+        return self._since is not None
+
+    @property
+    def attempts(self) -> int:
+        """Failed attempts in the current (or last) outage."""
+        return self._attempts
+
+    def failed(
+        self, exc: BaseException, *, doing: str, retry_in: float, unreachable: bool = True
+    ) -> None:
+        """One failed attempt at ``doing``; the next one comes in ``retry_in`` seconds
+        (at most). ``unreachable`` False words it as "failing" (the database answers,
+        the statement fails)."""
+        now = self.clock()
+        key = error_key(exc)
+        with self._lock:
+            self._attempts += 1
+            starting = self._since is None
+            if starting:
+                self._since = now
+                self._last_summary = now
+                self._attempts = 1
+                self._seen_in_outage = set()
+                self._state = "unreachable" if unreachable else "failing"
+            new_here = key not in self._seen_in_outage
+            self._seen_in_outage.add(key)
+            trace = key not in self._traced and len(self._traced) < _MAX_REMEMBERED
+            if trace:
+                self._traced.add(key)
+            summary = not starting and now - self._last_summary >= self.summary_interval
+            if summary:
+                self._last_summary = now
+            since, attempts, state = self._since, self._attempts, self._state
+        assert since is not None
+        fields = {**self.extra, "outage_attempts": attempts, "doing": doing}
+        if starting:
+            self.log.log(
+                self.level,
+                "%s %s: %s failed: %s; retrying in %.1f s",
+                self.subject,
+                state,
+                doing,
+                describe(exc),
+                retry_in,
+                exc_info=exc if trace else None,
+                extra=fields,
+            )
+        elif new_here:
+            self.log.warning(
+                "%s still %s: %s failed with another error: %s",
+                self.subject,
+                state,
+                doing,
+                describe(exc),
+                exc_info=exc if trace else None,
+                extra=fields,
+            )
+        if summary:
+            self.log.warning(
+                "%s %s for %.0f s, %d attempts, retrying every %.1f s; last: %s failed: %s",
+                self.subject,
+                state,
+                now - since,
+                attempts,
+                retry_in,
+                doing,
+                describe(exc),
+                extra=fields,
+            )
+
+    def recovered(self) -> None:
+        """An attempt succeeded: ends the outage, if one was under way."""
+        if self._since is None:  # the common case, without taking the lock
+            return
+        now = self.clock()
+        with self._lock:
+            since, attempts, state = self._since, self._attempts, self._state
+            self._since = None
+        if since is None:
+            return
+        self.log.warning(
+            "%s %s again after %.1f s (%d failed attempts)",
+            self.subject,
+            "reachable" if state == "unreachable" else "working",
+            now - since,
+            attempts,
+            extra={**self.extra, "outage_attempts": attempts},
+        )
