@@ -340,12 +340,12 @@ class Worker(Engine):
             with self._lock:
                 self._reserved -= limit
                 self._settles -= 1
-                # Completions left for the main loop, capacity it may fill, or a
-                # shutdown waiting for settles to end — unless the database failed:
-                # then the main loop backs off first.
-                wake = not failed and (
-                    bool(self._completed) or len(claims) < limit or self._stopping.is_set()
-                )
+                # Completions left for the main loop, or a shutdown waiting for
+                # settles to end — unless the database failed: then the main loop
+                # backs off first. A claim that found fewer due jobs than it asked
+                # for wakes nothing: there is nothing more to take until a job is
+                # queued (NOTIFY) or the poll interval passes.
+                wake = not failed and (bool(self._completed) or self._stopping.is_set())
             if wake:
                 self._wake.set()
 

@@ -301,3 +301,31 @@ def test_j14_postgres_notify_wakes_an_idle_worker(handler, settings):
         worker.stop()
         thread.join(30)
     assert JobScope(SCOPE).get("wake").status == JobStatus.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_j14_an_idle_worker_waits_between_claims_instead_of_spinning(settings, monkeypatch):
+    """Nothing is due: every pass of the main loop claims once and then waits for its
+    poll interval. A settle that claimed fewer jobs than it asked for must not wake
+    the loop (it used to, so an idle worker ran claim statements back to back)."""
+    settings.JOBS = {"POLL_INTERVAL": 0.05, "RECOVERY_INTERVAL": 60, "CANCEL_POLL_INTERVAL": 60}
+    woken_at_pause: list[bool] = []
+    enough = threading.Event()
+    worker = Worker(concurrency=2, listen=False)
+    original = worker.pause
+
+    def pause(timeout, **kwargs):
+        woken_at_pause.append(worker._wake.is_set())
+        if len(woken_at_pause) >= 5:
+            enough.set()
+        return original(timeout, **kwargs)
+
+    monkeypatch.setattr(worker, "pause", pause)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert enough.wait(30)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not any(woken_at_pause[:5]), woken_at_pause[:5]
