@@ -11,12 +11,11 @@ from collections.abc import Sequence
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ledon.errors import DocumentedError
 
-class JobsError(Exception):
+
+class JobsError(DocumentedError):
     """An error of the jobs app."""
-
-    def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
 
 
 class InvalidInput(JobsError, ValueError):

@@ -10,7 +10,7 @@ echo "== ruff"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 echo "== mypy"
-"$VENV/bin/mypy" jobs outbox sagas testproject
+"$VENV/bin/mypy" ledon jobs outbox sagas testproject
 echo "== makemigrations --check"
 DATABASE_URL="sqlite:///$(mktemp -d)/check.sqlite3" "$PY" manage.py makemigrations --check --dry-run
 
