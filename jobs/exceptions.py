@@ -23,7 +23,7 @@ class InvalidInput(JobsError, ValueError):
 
 
 class InvalidScope(InvalidInput):
-    """The scope must be a non-empty string of valid Unicode (no lone surrogates)."""
+    """The scope must be a non-empty string of valid Unicode without control characters."""
 
 
 class InvalidJobId(InvalidInput):
