@@ -49,6 +49,12 @@ class JobsSettings:
     #: finish) as server-side prepared statements, planned once per connection. Turn
     #: off behind a transaction-pooling PgBouncer older than 1.21.
     PREPARED_STATEMENTS: bool = True
+    #: J19, rolling deploys: a job whose handler (or version) a worker does not know
+    #: is put back, UNKNOWN_HANDLER_RETRY_DELAY seconds later each time and without
+    #: consuming an attempt, until this many seconds have passed since its first such
+    #: claim; then it fails naming the handler and version. 0 fails it at once.
+    UNKNOWN_HANDLER_RETRY_SECONDS: float = 600.0
+    UNKNOWN_HANDLER_RETRY_DELAY: float = 10.0
 
 
 def _validate(values: dict[str, Any]) -> JobsSettings:
@@ -83,6 +89,12 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
         raise JobsConfigurationError(
             f"JOBS['RETENTION_SECONDS'] must be None or a positive number, got {retention!r}"
         )
+    for key in ("UNKNOWN_HANDLER_RETRY_SECONDS", "UNKNOWN_HANDLER_RETRY_DELAY"):
+        value = getattr(result, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise JobsConfigurationError(
+                f"JOBS[{key!r}] must be a number of seconds >= 0, got {value!r}"
+            )
     if not isinstance(result.PREPARED_STATEMENTS, bool):
         raise JobsConfigurationError("JOBS['PREPARED_STATEMENTS'] must be True or False")
     if not isinstance(result.AUTODISCOVER_MODULE, str) or not result.AUTODISCOVER_MODULE:

@@ -30,6 +30,7 @@ __all__ = [
     "get_execution_status",
     "heartbeat",
     "interrupt",
+    "put_back_unknown_handler",
     "recover",
     "recover_expired",
     "recover_worker",
@@ -152,6 +153,16 @@ def interrupt(
 ) -> FinishOutcome:
     """End the attempt as Interrupted without re-queueing the job."""
     return store.finish(token, AttemptStatus.INTERRUPTED, error=reason, now=now)
+
+
+def put_back_unknown_handler(
+    token: str, reason: str, *, now: datetime | None = None
+) -> FinishOutcome:
+    """J19: this worker does not know the claimed job's handler or version. The job
+    goes back to Queued for later without consuming an attempt (``PUT_BACK``) until
+    ``JOBS["UNKNOWN_HANDLER_RETRY_SECONDS"]`` have passed since its first such claim,
+    then ends Failed with ``reason``; Cancelled if its cancel was requested."""
+    return store.put_back_unknown_handler(token, reason, now=now)
 
 
 def recover(

@@ -74,6 +74,9 @@ class Job(models.Model):
     updated_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # J19: when a worker first claimed this job without knowing its handler (or
+    # version); cleared whenever the job is queued again for another reason.
+    handler_unknown_since = models.DateTimeField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 

@@ -12,6 +12,8 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     fail ...................... RUNNING -> FAILED | CANCELLED        finish
                                 (with retry_at: -> QUEUED)           finish + requeue
     interrupt ................. RUNNING -> INTERRUPTED | CANCELLED   finish
+    unknown handler (J19) ..... RUNNING -> QUEUED later | FAILED | CANCELLED,
+                                the claim uncounted                  put_back_unknown_handler
     recover ................... RUNNING -> INTERRUPTED (-> QUEUED)   finish + requeue
     retry ..................... FAILED | CANCELLED | INTERRUPTED -> QUEUED   retry
     purge_finished ............ finished, older than a cutoff -> (deleted)   retention
@@ -563,6 +565,8 @@ def _requeue_fields(run_at: datetime, now: datetime) -> dict[str, Any]:
         "started_at": None,
         "finished_at": None,
         "updated_at": now,
+        # Queued again for another reason than J19: a new window if that comes up.
+        "handler_unknown_since": None,
     }
 
 
@@ -1146,6 +1150,85 @@ def finish(
                     _notify(connection, queue)
                 return FinishOutcome.REQUEUED
     return FinishOutcome(final.value)
+
+
+def put_back_unknown_handler(
+    token: str, reason: str, *, now: datetime | None = None
+) -> FinishOutcome:
+    """J19: the worker holding ``token`` does not know the job's handler or version.
+
+    One guarded statement (token current, job Running) undoes the claim — the
+    attempt count goes back down and the attempt row is deleted, so the claim never
+    counts as an attempt — and, decided in the database: a cancel request that
+    committed first ends the job Cancelled; else, while fewer than
+    ``UNKNOWN_HANDLER_RETRY_SECONDS`` have passed since the job's first such claim
+    (``handler_unknown_since``, set by the first), the job is Queued again
+    ``UNKNOWN_HANDLER_RETRY_DELAY`` seconds later (``PUT_BACK``); after that it
+    ends Failed with ``reason`` (which names the handler and version). A stale token
+    changes nothing (``STALE``); a missing attempt row fails the whole transition.
+    """
+    token = _check_token(token)
+    reason = validation.text(reason, "reason", validation.MAX_TEXT_LENGTH - 200)
+    now = _now(now)
+    s = jobs_settings()
+    window = s.UNKNOWN_HANDLER_RETRY_SECONDS
+    run_at = now + timedelta(seconds=min(s.UNKNOWN_HANDLER_RETRY_DELAY, window))
+    waiting = (
+        f"{reason} (put back until a worker that knows it claims it, for at most "
+        f"{window:g} s since its first claim: JOBS['UNKNOWN_HANDLER_RETRY_SECONDS'])"
+    )
+    failed = (
+        f"{reason} (no worker knew it within {window:g} s of its first claim: "
+        "JOBS['UNKNOWN_HANDLER_RETRY_SECONDS'])"
+    )
+    connection = connection_for(Job)
+    now_db = adapt_dt(connection, now)
+    since = "COALESCE(handler_unknown_since, %s)"
+    over = f"{since} <= %s"
+    over_params = [now_db, adapt_dt(connection, now - timedelta(seconds=window))]
+    with transaction.atomic(using=alias_for(Job)):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {JOB} SET"
+                " status = CASE WHEN cancel_requested THEN %s"
+                f" WHEN {over} THEN %s ELSE %s END,"
+                f" finished_at = CASE WHEN cancel_requested OR {over} THEN %s ELSE NULL END,"
+                f" next_run_at = CASE WHEN cancel_requested OR {over} THEN next_run_at"
+                " ELSE %s END,"
+                " error = CASE WHEN cancel_requested THEN ''"
+                f" WHEN {over} THEN %s ELSE %s END,"
+                f" handler_unknown_since = {since},"
+                " attempt_count = attempt_count - 1, updated_at = %s,"
+                " current_token = NULL, leased_by = '', lease_expires_at = NULL,"
+                " started_at = NULL, progress = NULL, progress_message = '', result_ref = NULL"
+                " WHERE current_token = %s AND status = %s"
+                " RETURNING status",
+                [
+                    JobStatus.CANCELLED.value,
+                    *over_params,
+                    JobStatus.FAILED.value,
+                    JobStatus.QUEUED.value,
+                    *over_params,
+                    now_db,
+                    *over_params,
+                    adapt_dt(connection, run_at),
+                    *over_params,
+                    failed,
+                    waiting,
+                    now_db,
+                    now_db,
+                    token,
+                    JobStatus.RUNNING.value,
+                ],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return FinishOutcome.STALE
+        deleted, _ = JobAttempt.objects.filter(token=token, status=AttemptStatus.RUNNING).delete()
+        if not deleted:
+            raise AttemptRowMissing()
+    final = JobStatus(row[0])
+    return FinishOutcome.PUT_BACK if final is JobStatus.QUEUED else FinishOutcome(final.value)
 
 
 def recover(

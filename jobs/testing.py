@@ -61,7 +61,9 @@ def _run(claim: Claim, now: datetime) -> InlineRun:
     try:
         spec = get_handler(claim.handler, claim.handler_version)
     except UnknownHandler as exc:
-        return ended(execution.fail(claim.token, str(exc), now=now), str(exc))
+        # J19, as in the worker: put back for later, then failed, never an attempt.
+        message = str(exc)
+        return ended(execution.put_back_unknown_handler(claim.token, message, now=now), message)
     ctx = JobContext(claim)
     try:
         result = spec.invoke(ctx)

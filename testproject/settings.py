@@ -102,6 +102,8 @@ JOBS: dict[str, Any] = {
     "POLL_INTERVAL": env.float("JOBS_POLL_INTERVAL", default=1.0),
     "RECOVERY_INTERVAL": env.float("JOBS_RECOVERY_INTERVAL", default=5.0),
     "SHUTDOWN_GRACE_SECONDS": env.float("JOBS_SHUTDOWN_GRACE_SECONDS", default=5.0),
+    "UNKNOWN_HANDLER_RETRY_SECONDS": env.float("JOBS_UNKNOWN_HANDLER_RETRY_SECONDS", default=600),
+    "UNKNOWN_HANDLER_RETRY_DELAY": env.float("JOBS_UNKNOWN_HANDLER_RETRY_DELAY", default=10),
 }
 
 # Django's tasks framework, backed by the job store: ``manage.py run_jobs`` runs the
