@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from . import execution
 from .exceptions import UnknownHandler
-from .handlers import JobContext, get_handler
+from .handlers import JobContext, autodiscover, get_handler
 from .types import Claim, FinishOutcome
 
 
@@ -41,9 +41,13 @@ def run_jobs_inline(
 ) -> list[InlineRun]:
     """Run due jobs in this thread until none is due (or ``max_attempts_run`` ran).
 
-    A retry scheduled for later is not due yet and is left queued; pass ``now`` to
-    run as if at another time (every attempt and its finish then use that time).
+    Like ``manage.py run_jobs``, it first imports each installed app's ``tasks``
+    module (and the tasks backend's ``MODULES``), so the handlers are registered
+    even if nothing in the test imported them. A retry scheduled for later is not
+    due yet and is left queued; pass ``now`` to run as if at another time (every
+    attempt and its finish then use that time).
     """
+    autodiscover()
     runs: list[InlineRun] = []
     while len(runs) < max_attempts_run:
         at = now or timezone.now()
