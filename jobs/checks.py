@@ -6,6 +6,8 @@ from typing import Any
 
 from django.core import checks
 
+from ledon.conf import settings_hint
+
 from .exceptions import JobsConfigurationError
 
 
@@ -20,7 +22,7 @@ def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         return [
             checks.Error(
                 str(exc),
-                hint="See the JOBS settings reference in docs/reference.md.",
+                hint=settings_hint("JOBS"),
                 id="jobs.E001",
             )
         ]

@@ -10,6 +10,8 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from ledon.conf import unknown_keys_message
+
 from .exceptions import JobsConfigurationError
 
 
@@ -61,7 +63,7 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
     known = {f.name for f in fields(JobsSettings)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise JobsConfigurationError(f"unknown JOBS setting(s): {', '.join(unknown)}")
+        raise JobsConfigurationError(unknown_keys_message("JOBS setting(s)", unknown, known))
     result = JobsSettings(**values)
     positive = (
         "LEASE_SECONDS",

@@ -7,9 +7,11 @@ from typing import Any
 from django.core import checks
 from django.db import DatabaseError, connections
 
+from ledon.conf import settings_hint
+
 from .exceptions import OutboxConfigurationError
 
-HINT = "See the OUTBOX settings reference in docs/outbox.md."
+HINT = settings_hint("OUTBOX")
 
 
 @checks.register()

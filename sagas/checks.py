@@ -7,6 +7,8 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 
+from ledon.conf import settings_hint
+
 from .exceptions import SagasConfigurationError
 
 
@@ -21,7 +23,7 @@ def check_sagas_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.
         return [
             checks.Error(
                 str(exc),
-                hint="See the SAGAS settings reference in docs/sagas.md.",
+                hint=settings_hint("SAGAS"),
                 id="sagas.E001",
             )
         ]
