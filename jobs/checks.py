@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core import checks
 
+from ledon.checks import check_sqlite_options
 from ledon.conf import settings_hint
 
 from .exceptions import JobsConfigurationError
@@ -27,3 +28,7 @@ def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             )
         ]
     return []
+
+
+# The same function from every app: the check framework runs it once.
+checks.register(check_sqlite_options)

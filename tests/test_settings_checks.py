@@ -88,3 +88,73 @@ def test_the_reference_defaults_are_the_codes(setting) -> None:
     for f in fields(cls):
         default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
         assert ast.literal_eval(documented[f.name]) == default, f.name
+
+
+# --------------------------------------------------------------------------- SQLite
+
+
+def _sqlite(name: str = "/tmp/x/db.sqlite3", **options) -> dict:
+    config = {"ENGINE": "django.db.backends.sqlite3", "NAME": name}
+    if options:
+        config["OPTIONS"] = options
+    return config
+
+
+GOOD = {
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+    "init_command": "PRAGMA journal_mode=WAL;",
+}
+
+
+def sqlite_warnings(**databases) -> list:
+    from ledon.checks import sqlite_warnings
+
+    return sqlite_warnings(databases)
+
+
+def test_startprojects_default_sqlite_gets_a_warning_with_the_options_to_paste() -> None:
+    [warning] = sqlite_warnings(default=_sqlite())
+    assert warning.id == "ledon.W001"
+    assert "'default'" in warning.msg
+    for lacking in ("transaction_mode IMMEDIATE", "WAL", "busy timeout"):
+        assert lacking in warning.msg
+    assert "database is locked" in warning.msg
+    pasted = warning.hint.split("['OPTIONS'] = ", 1)[1]
+    import ast
+
+    assert ast.literal_eval(pasted) == GOOD
+
+
+def test_each_missing_piece_is_named_and_other_options_are_kept() -> None:
+    [warning] = sqlite_warnings(
+        default=_sqlite(transaction_mode="IMMEDIATE", timeout=20, check_same_thread=False)
+    )
+    assert "WAL" in warning.msg
+    assert "IMMEDIATE" not in warning.msg.split("without", 1)[1]
+    import ast
+
+    pasted = ast.literal_eval(warning.hint.split("['OPTIONS'] = ", 1)[1])
+    assert pasted == {**GOOD, "check_same_thread": False}
+
+
+def test_well_configured_in_memory_and_postgres_databases_are_not_warned() -> None:
+    assert (
+        sqlite_warnings(
+            default=_sqlite(**GOOD),
+            lower=_sqlite(
+                transaction_mode="immediate",
+                timeout=5,
+                init_command="PRAGMA synchronous=NORMAL; pragma journal_mode = wal",
+            ),
+            memory=_sqlite(":memory:"),
+            pg={"ENGINE": "django.db.backends.postgresql", "NAME": "x"},
+        )
+        == []
+    )
+
+
+def test_the_test_project_is_configured_as_the_check_asks() -> None:
+    from ledon.checks import check_sqlite_options
+
+    assert check_sqlite_options() == []
