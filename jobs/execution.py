@@ -12,7 +12,11 @@ import socket
 from collections.abc import Sequence
 from datetime import datetime
 
+from django.db.models import Count
+from django.utils import timezone
+
 from . import store, validation
+from .models import Job
 from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome
 
 __all__ = [
@@ -25,6 +29,7 @@ __all__ = [
     "complete_and_claim",
     "complete_many",
     "default_worker_id",
+    "due_counts_by_queue",
     "fail",
     "get_due",
     "get_execution_status",
@@ -49,6 +54,13 @@ def get_due(
     """Due candidates (Queued, no cancel requested, due, attempts left), by priority
     then time. Grants nothing: start one with :func:`try_start`."""
     return store.get_due(limit=limit, queues=queues, now=now)
+
+
+def due_counts_by_queue(*, now: datetime | None = None) -> dict[str, int]:
+    """How many jobs are due now, per queue (for operators' hints and tools)."""
+    at = timezone.now() if now is None else validation.aware_utc(now, "now")
+    rows = Job.objects.due(at).values_list("queue").annotate(count=Count("id"))
+    return dict(rows.order_by())
 
 
 def try_start(
