@@ -143,6 +143,11 @@ def test_scopes_example_keeps_tenants_apart():
     first = namespace["JobScope"]("tenant-42").get("monthly-report")
     second = namespace["JobScope"]("tenant-43").get("monthly-report")
     assert first.scope_hash != second.scope_hash
+    results = namespace["results"]  # submit_jobs: many at once
+    assert [r.created for r in results] == [True, True, True, False]
+    assert results[3].conflict is not None
+    assert results[3].conflict.fields == ("handler",)
+    assert results[0].job().job_id == "reminder-0"
 
 
 def test_testing_page_example_imports_and_defines_its_test():
@@ -167,3 +172,15 @@ def test_django_tasks_page_examples_enqueue_run_read_back_and_cancel(mailoutbox)
     assert retrying.max_attempts == 5
     # The last block cancels by id: the e-mail task had already succeeded, so it stays so.
     assert namespace["email_users"].get_result(result.id).status == "SUCCESSFUL"
+
+
+def test_every_name_jobs_exports_is_in_the_reference_and_a_how_to():
+    import jobs
+
+    reference = (ROOT / "docs" / "reference.md").read_text()
+    how_tos = " ".join(
+        (ROOT / "docs" / page).read_text()
+        for page in ("quickstart.md", "workers.md", "scopes.md", "testing.md", "lifecycle.md")
+    )
+    assert [n for n in jobs.__all__ if not re.search(rf"\b{n}\b", reference)] == []
+    assert [n for n in jobs.__all__ if not re.search(rf"\b{n}\b", how_tos)] == []
