@@ -27,7 +27,9 @@ import pytest
 from django.db import connection
 from procs import wait_until
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs them all, so that one builds the virtualenv; building it
+# (pip installing Django and psycopg) may take minutes on a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel"), pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "jobs", "outbox", "sagas", "ledon")
