@@ -127,6 +127,7 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
                     "started_at",
                     "finished_at",
                     "updated_at",
+                    "handler_unknown_since",
                 )
             },
         ),

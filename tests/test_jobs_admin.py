@@ -131,6 +131,7 @@ def test_a_succeeded_job_shows_it_is_done_not_its_last_progress(admin_client: Cl
     for content in (listed, page):
         assert "10%" not in content
         assert "100%" in content
+    assert "Handler unknown since" in page  # J19's window, shown to operators
 
 
 def test_running_job_with_a_cancel_request_says_so(admin_client: Client) -> None:

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='handler_unknown_since',
-            field=models.DateTimeField(blank=True, null=True),
+            field=models.DateTimeField(blank=True, help_text="J19: first claimed by a worker without its handler.", null=True),
         ),
     ]
