@@ -2,20 +2,26 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# A CI leg's interpreter and Django (scripts/test.sh sets them; empty: the newest
+# Python >= 3.12 found, and the Django that pyproject.toml allows).
+PYTHON_VERSION ?=
+DJANGO ?=
 
 .PHONY: test demo docs venv clean bench bench-quick
 
 $(VENV)/.installed: pyproject.toml
-	@base=$$(scripts/find-python.sh) && echo "using $$base" && "$$base" -m venv $(VENV)
+	@base=$$(scripts/find-python.sh $(PYTHON_VERSION)) && echo "using $$base" && "$$base" -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,docs]'
+	$(if $(DJANGO),$(PY) -m pip install --quiet 'Django$(DJANGO)')
 	@touch $@
 
 venv: $(VENV)/.installed
 
-## Run the whole suite: lint, types, migrations check, tests on SQLite and PostgreSQL.
+## Run the whole suite: lint, types, migrations check, tests on SQLite and PostgreSQL,
+## on every CI leg (Python 3.13 and 3.12). One leg: make test LEG=3.12
 test: venv
-	scripts/test.sh
+	scripts/test.sh $(if $(LEG),--leg $(LEG))
 
 ## Run the demo on SQLite: migrate, submit sample jobs, run a worker until done.
 demo: venv

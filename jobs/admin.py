@@ -27,7 +27,7 @@ from outbox.admin_support import ReadOnlyAdminMixin, report_refusals, state_acti
 from . import store, validation
 from .exceptions import InvalidInput, InvalidTransition, JobNotFound
 from .models import Job, JobAttempt
-from .types import CancelOutcome
+from .types import AttemptStatus, CancelOutcome, JobStatus
 
 if TYPE_CHECKING:
     _JobAdminBase = admin.ModelAdmin[Job]
@@ -39,7 +39,10 @@ else:
     _AttemptInlineBase = admin.TabularInline
 
 
-def _percent(value: float | None) -> str:
+def _percent(value: float | None, *, succeeded: bool = False) -> str:
+    # A handler need not report 100% before it returns: a success is all done.
+    if succeeded:
+        return "100%"
     return "-" if value is None else f"{value:g}%"
 
 
@@ -66,7 +69,7 @@ class JobAttemptInline(ReadOnlyAdminMixin, _AttemptInlineBase):
 
     @admin.display(description="progress")
     def progress_percent(self, obj: JobAttempt) -> str:
-        return _percent(obj.progress)
+        return _percent(obj.progress, succeeded=obj.status == AttemptStatus.SUCCEEDED)
 
 
 @admin.register(Job)
@@ -124,6 +127,7 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
                     "started_at",
                     "finished_at",
                     "updated_at",
+                    "handler_unknown_since",
                 )
             },
         ),
@@ -150,7 +154,7 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
 
     @admin.display(description="progress", ordering="progress")
     def progress_percent(self, obj: Job) -> str:
-        return _percent(obj.progress)
+        return _percent(obj.progress, succeeded=obj.status == JobStatus.SUCCEEDED)
 
     @admin.display(description="payload")
     def payload_pretty(self, obj: Job) -> SafeString:
@@ -275,7 +279,7 @@ class JobAttemptAdmin(ReadOnlyAdminMixin, _AttemptAdminBase):
 
     @admin.display(description="progress")
     def progress_percent(self, obj: JobAttempt) -> str:
-        return _percent(obj.progress)
+        return _percent(obj.progress, succeeded=obj.status == AttemptStatus.SUCCEEDED)
 
 
 # SPEC J16: the schedules' admin lives with the schedules.

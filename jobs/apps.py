@@ -7,6 +7,11 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Django registers its TASKS checks (jobs.E101-E107 among them) only once
+        # django.tasks is imported, which a project need not do before
+        # ``manage.py check`` runs.
+        import django.tasks  # noqa: F401
+
         from . import checks  # noqa: F401  (registers the system checks)
         from .schedules.scheduler import start_scheduler, stop_scheduler
         from .signals import worker_started, worker_stopping

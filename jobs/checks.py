@@ -6,6 +6,9 @@ from typing import Any
 
 from django.core import checks
 
+from ledon.checks import check_sqlite_options
+from ledon.conf import settings_hint
+
 from .exceptions import JobsConfigurationError
 
 
@@ -20,8 +23,12 @@ def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         return [
             checks.Error(
                 str(exc),
-                hint="See the JOBS settings reference in docs/reference.md.",
+                hint=settings_hint("JOBS"),
                 id="jobs.E001",
             )
         ]
     return []
+
+
+# The same function from every app: the check framework runs it once.
+checks.register(check_sqlite_options)

@@ -10,6 +10,8 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from ledon.conf import unknown_keys_message
+
 from .exceptions import JobsConfigurationError
 from .validation import scope_hash
 
@@ -62,13 +64,19 @@ class JobsSettings:
     #: A worker re-reads the schedules at least this often, however far the next
     #: period: a resume, or a schedule declared by another deploy, is noticed within it.
     SCHEDULE_REFRESH_SECONDS: float = 30.0
+    #: J19, rolling deploys: a job whose handler (or version) a worker does not know
+    #: is put back, UNKNOWN_HANDLER_RETRY_DELAY seconds later each time and without
+    #: consuming an attempt, until this many seconds have passed since its first such
+    #: claim; then it fails naming the handler and version. 0 fails it at once.
+    UNKNOWN_HANDLER_RETRY_SECONDS: float = 600.0
+    UNKNOWN_HANDLER_RETRY_DELAY: float = 10.0
 
 
 def _validate(values: dict[str, Any]) -> JobsSettings:
     known = {f.name for f in fields(JobsSettings)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise JobsConfigurationError(f"unknown JOBS setting(s): {', '.join(unknown)}")
+        raise JobsConfigurationError(unknown_keys_message("JOBS setting(s)", unknown, known))
     result = JobsSettings(**values)
     positive = (
         "LEASE_SECONDS",
@@ -99,6 +107,12 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
         raise JobsConfigurationError(
             f"JOBS['RETENTION_SECONDS'] must be None or a positive number, got {retention!r}"
         )
+    for key in ("UNKNOWN_HANDLER_RETRY_SECONDS", "UNKNOWN_HANDLER_RETRY_DELAY"):
+        value = getattr(result, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise JobsConfigurationError(
+                f"JOBS[{key!r}] must be a number of seconds >= 0, got {value!r}"
+            )
     if not isinstance(result.PREPARED_STATEMENTS, bool):
         raise JobsConfigurationError("JOBS['PREPARED_STATEMENTS'] must be True or False")
     if not isinstance(result.SCHEDULER, bool):

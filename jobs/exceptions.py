@@ -11,12 +11,11 @@ from collections.abc import Sequence
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ledon.errors import DocumentedError
 
-class JobsError(Exception):
+
+class JobsError(DocumentedError):
     """An error of the jobs app."""
-
-    def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
 
 
 class InvalidInput(JobsError, ValueError):
@@ -24,7 +23,7 @@ class InvalidInput(JobsError, ValueError):
 
 
 class InvalidScope(InvalidInput):
-    """The scope must be a non-empty string of valid Unicode (no lone surrogates)."""
+    """The scope must be a non-empty string of valid Unicode without control characters."""
 
 
 class InvalidJobId(InvalidInput):

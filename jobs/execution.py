@@ -12,7 +12,10 @@ import socket
 from collections.abc import Sequence
 from datetime import datetime
 
+from django.db.models import Count
+
 from . import store, validation
+from .models import Job
 from .schedules import service as schedules
 from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome, JobSnapshot
 
@@ -26,12 +29,14 @@ __all__ = [
     "complete_and_claim",
     "complete_many",
     "default_worker_id",
+    "due_counts_by_queue",
     "enqueue_due_schedules",
     "fail",
     "get_due",
     "get_execution_status",
     "heartbeat",
     "interrupt",
+    "put_back_unknown_handler",
     "recover",
     "recover_expired",
     "recover_worker",
@@ -50,6 +55,12 @@ def get_due(
     """Due candidates (Queued, no cancel requested, due, attempts left), by priority
     then time. Grants nothing: start one with :func:`try_start`."""
     return store.get_due(limit=limit, queues=queues, now=now)
+
+
+def due_counts_by_queue(*, now: datetime | None = None) -> dict[str, int]:
+    """How many jobs are due now, per queue (for operators' hints and tools)."""
+    rows = Job.objects.due(store.current_time(now)).values_list("queue").annotate(count=Count("id"))
+    return dict(rows.order_by())
 
 
 def try_start(
@@ -154,6 +165,16 @@ def interrupt(
 ) -> FinishOutcome:
     """End the attempt as Interrupted without re-queueing the job."""
     return store.finish(token, AttemptStatus.INTERRUPTED, error=reason, now=now)
+
+
+def put_back_unknown_handler(
+    token: str, reason: str, *, now: datetime | None = None
+) -> FinishOutcome:
+    """J19: this worker does not know the claimed job's handler or version. The job
+    goes back to Queued for later without consuming an attempt (``PUT_BACK``) until
+    ``JOBS["UNKNOWN_HANDLER_RETRY_SECONDS"]`` have passed since its first such claim,
+    then ends Failed with ``reason``; Cancelled if its cancel was requested."""
+    return store.put_back_unknown_handler(token, reason, now=now)
 
 
 def recover(

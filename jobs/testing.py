@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from . import execution
 from .exceptions import UnknownHandler
-from .handlers import JobContext, get_handler
+from .handlers import JobContext, autodiscover, get_handler
 from .types import Claim, FinishOutcome
 
 
@@ -41,9 +41,13 @@ def run_jobs_inline(
 ) -> list[InlineRun]:
     """Run due jobs in this thread until none is due (or ``max_attempts_run`` ran).
 
-    A retry scheduled for later is not due yet and is left queued; pass ``now`` to
-    run as if at another time (every attempt and its finish then use that time).
+    Like ``manage.py run_jobs``, it first imports each installed app's ``tasks``
+    module (and the tasks backend's ``MODULES``), so the handlers are registered
+    even if nothing in the test imported them. A retry scheduled for later is not
+    due yet and is left queued; pass ``now`` to run as if at another time (every
+    attempt and its finish then use that time).
     """
+    autodiscover()
     runs: list[InlineRun] = []
     while len(runs) < max_attempts_run:
         at = now or timezone.now()
@@ -61,7 +65,9 @@ def _run(claim: Claim, now: datetime) -> InlineRun:
     try:
         spec = get_handler(claim.handler, claim.handler_version)
     except UnknownHandler as exc:
-        return ended(execution.fail(claim.token, str(exc), now=now), str(exc))
+        # J19, as in the worker: put back for later, then failed, never an attempt.
+        message = str(exc)
+        return ended(execution.put_back_unknown_handler(claim.token, message, now=now), message)
     ctx = JobContext(claim)
     try:
         result = spec.invoke(ctx)

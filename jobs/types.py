@@ -72,6 +72,9 @@ class FinishOutcome(enum.Enum):
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
     REQUEUED = "requeued"
+    #: J19: the handler is unknown to this worker; the job is Queued again for later
+    #: and the claim did not count as an attempt.
+    PUT_BACK = "put-back"
     STALE = "stale"
 
     def __bool__(self) -> bool:

@@ -49,6 +49,9 @@ def scope_hash(scope: object) -> str:
         raise InvalidScope("scope must not be empty")
     if len(scope) > MAX_SCOPE_LENGTH:
         raise InvalidScope(f"scope must be at most {MAX_SCOPE_LENGTH} characters")
+    if _CONTROL.search(scope):
+        # The job id's rule: a NUL or a newline in a key is a bug upstream, never a tenant.
+        raise InvalidScope("scope must not contain control characters")
     try:
         data = scope.encode("utf-8", "strict")
     except UnicodeEncodeError as exc:

@@ -60,6 +60,7 @@ class WorkerStats:
     stale: int = 0
     recovered: int = 0
     purged: int = 0
+    put_back: int = 0
 
     def count(self, outcome: FinishOutcome) -> None:
         name = {
@@ -69,6 +70,7 @@ class WorkerStats:
             FinishOutcome.INTERRUPTED: "interrupted",
             FinishOutcome.REQUEUED: "requeued",
             FinishOutcome.STALE: "stale",
+            FinishOutcome.PUT_BACK: "put_back",
         }[outcome]
         setattr(self, name, getattr(self, name) + 1)
 
@@ -77,6 +79,7 @@ class WorkerStats:
             f"claimed {self.claimed}, succeeded {self.succeeded}, failed {self.failed}, "
             f"retries scheduled {self.retried}, cancelled {self.cancelled}, "
             f"re-queued {self.requeued}, recovered {self.recovered}, purged {self.purged}"
+            + (f", put back (unknown handler) {self.put_back}" if self.put_back else "")
         )
 
 
@@ -662,8 +665,14 @@ class Worker(Engine):
         try:
             spec = get_handler(claim.handler, claim.handler_version)
         except UnknownHandler as exc:
+            # J19: perhaps a newer worker knows it (a rolling deploy): put back.
             message = str(exc)
-            self._finish(claim, "failed", lambda: execution.fail(claim.token, message), message)
+            self._finish(
+                claim,
+                "failed",
+                lambda: execution.put_back_unknown_handler(claim.token, message, now=self.clock()),
+                message,
+            )
             return False
         try:
             loop = self._event_loop() if spec.is_async else None
@@ -728,7 +737,11 @@ class Worker(Engine):
                 event = "retry-scheduled"
             else:
                 self.stats.count(outcome)
-                if outcome in (FinishOutcome.CANCELLED, FinishOutcome.STALE):
+                if outcome in (
+                    FinishOutcome.CANCELLED,
+                    FinishOutcome.STALE,
+                    FinishOutcome.PUT_BACK,
+                ):
                     event = outcome.value
         logger.info(
             "job %s %s",

@@ -10,5 +10,8 @@ three apps, and names may change between releases. Use the apps' own modules.
 - :mod:`ledon.engine` — the base of the long-running engines: stopping in escalating
   levels, signals that cannot deadlock, guarded database steps;
 - :mod:`ledon.commands` — running an engine from its management command;
-- :mod:`ledon.faults` — named fault points for crash tests.
+- :mod:`ledon.faults` — named fault points for crash tests;
+- :mod:`ledon.errors` — the errors' root, whose docstring is its default message;
+- :mod:`ledon.conf` — reading the apps' settings dicts (unknown keys, 'did you mean');
+- :mod:`ledon.checks` — the system checks every app shares (SQLite's set-up).
 """

@@ -7,9 +7,12 @@ from typing import Any
 from django.core import checks
 from django.db import DatabaseError, connections
 
+from ledon.checks import check_sqlite_options
+from ledon.conf import settings_hint
+
 from .exceptions import OutboxConfigurationError
 
-HINT = "See the OUTBOX settings reference in docs/outbox.md."
+HINT = settings_hint("OUTBOX")
 
 
 @checks.register()
@@ -117,3 +120,7 @@ def check_outbox_table(
             )
         ]
     return []
+
+
+# The same function from every app: the check framework runs it once.
+checks.register(check_sqlite_options)

@@ -11,6 +11,8 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from ledon.conf import unknown_keys_message
+
 from .exceptions import OutboxConfigurationError
 
 
@@ -62,7 +64,7 @@ def _validate(values: dict[str, Any]) -> OutboxSettings:
     known = {f.name for f in fields(OutboxSettings)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise OutboxConfigurationError(f"unknown OUTBOX setting(s): {', '.join(unknown)}")
+        raise OutboxConfigurationError(unknown_keys_message("OUTBOX setting(s)", unknown, known))
     result = OutboxSettings(**values)
 
     def fail(key: str, expected: str) -> OutboxConfigurationError:

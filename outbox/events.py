@@ -73,7 +73,7 @@ class Event:
     def to_json(self) -> str:
         """The event's JSON text; raises :class:`InvalidEvent` if a field is not JSON."""
         try:
-            return json.dumps(
+            text = json.dumps(
                 self.to_payload(),
                 cls=_Encoder,
                 ensure_ascii=False,
@@ -82,6 +82,14 @@ class Event:
             )
         except (TypeError, ValueError) as exc:
             raise InvalidEvent(f"{self.event_name}: the event is not JSON: {exc}") from None
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidEvent(
+                f"{self.event_name}: the event contains a lone surrogate at position "
+                f"{exc.start} of its JSON; it is not valid Unicode"
+            ) from None
+        return text
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any]) -> Self:
@@ -186,9 +194,15 @@ def decode(name: str, payload_json: str) -> Event:
 
 
 class _Encoder(DjangoJSONEncoder):
+    """Django's encoder, except that datetimes and times keep their microseconds
+    (Django's keeps milliseconds only): an event reads back exactly as it was sent."""
+
     def default(self, o: Any) -> Any:
         if isinstance(o, enum.Enum):
             return o.value
+        if isinstance(o, datetime | time):
+            text = o.isoformat()
+            return text.removesuffix("+00:00") + "Z" if text.endswith("+00:00") else text
         return super().default(o)
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ledon.errors import DocumentedError
 
-class OutboxError(Exception):
+
+class OutboxError(DocumentedError):
     """An error of the outbox app."""
-
-    def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
 
 
 class InvalidInput(OutboxError, ValueError):

@@ -166,7 +166,10 @@ class SagaInstanceAdmin(ReadOnlyAdminMixin, _InstanceAdminBase):
                 level = messages.WARNING
             detail = f" (step {state.failed_step!r} failed)" if state.failed_step else ""
             self.message_user(
-                request, f"{state.instance_id}: {state.status.label.lower()}{detail}.", level
+                # Not the bare id first: the admin capitalises a message's first letter.
+                request,
+                f"Instance {state.instance_id}: {state.status.label.lower()}{detail}.",
+                level,
             )
         if len(done) > MAX_LISTED:
             self.message_user(request, f"... and {len(done) - MAX_LISTED} more {verb}.")

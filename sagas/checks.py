@@ -7,6 +7,9 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 
+from ledon.checks import check_sqlite_options
+from ledon.conf import settings_hint
+
 from .exceptions import SagasConfigurationError
 
 
@@ -21,7 +24,7 @@ def check_sagas_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.
         return [
             checks.Error(
                 str(exc),
-                hint="See the SAGAS settings reference in docs/sagas.md.",
+                hint=settings_hint("SAGAS"),
                 id="sagas.E001",
             )
         ]
@@ -39,3 +42,7 @@ def check_outbox_installed(app_configs: Any = None, **kwargs: Any) -> list[check
             id="sagas.E002",
         )
     ]
+
+
+# The same function from every app: the check framework runs it once.
+checks.register(check_sqlite_options)

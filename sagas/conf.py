@@ -10,6 +10,8 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from ledon.conf import unknown_keys_message
+
 from .exceptions import SagasConfigurationError
 
 
@@ -57,7 +59,7 @@ def _validate(values: dict[str, Any]) -> SagasSettings:
     known = {f.name for f in fields(SagasSettings)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise SagasConfigurationError(f"unknown SAGAS setting(s): {', '.join(unknown)}")
+        raise SagasConfigurationError(unknown_keys_message("SAGAS setting(s)", unknown, known))
     result = SagasSettings(**values)
     optional = {"HEARTBEAT_SECONDS", "STEP_TIMEOUT"}
     for key in (

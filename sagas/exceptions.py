@@ -12,15 +12,14 @@ from typing import TYPE_CHECKING
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ledon.errors import DocumentedError
+
 if TYPE_CHECKING:
     from .types import SagaSnapshot, SagaStatus
 
 
-class SagaError(Exception):
+class SagaError(DocumentedError):
     """An error of the sagas app."""
-
-    def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
 
 
 class InvalidInput(SagaError, ValueError):

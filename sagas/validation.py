@@ -84,11 +84,16 @@ def data(value: object) -> dict[str, Any]:
 
 def _check_keys(value: object, path: str) -> None:
     # json.dumps would silently turn 1 into "1"; a step must read back what it wrote.
+    # NUL: SQLite would store it, PostgreSQL's jsonb refuses it; refused on both.
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidSagaData(f"saga data keys must be strings: {path} has {key!r}")
+            if "\x00" in key:
+                raise InvalidSagaData(f"saga data must not contain NUL characters: a key of {path}")
             _check_keys(item, f"{path}[{key!r}]")
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             _check_keys(item, f"{path}[{index}]")
+    elif isinstance(value, str) and "\x00" in value:
+        raise InvalidSagaData(f"saga data must not contain NUL characters: {path}")

@@ -106,6 +106,8 @@ JOBS: dict[str, Any] = {
     "SCHEDULER": env.bool("JOBS_SCHEDULER", default=True),
     "SCHEDULE_REFRESH_SECONDS": env.float("JOBS_SCHEDULE_REFRESH_SECONDS", default=30.0),
     "PREPARED_STATEMENTS": env.bool("JOBS_PREPARED_STATEMENTS", default=True),
+    "UNKNOWN_HANDLER_RETRY_SECONDS": env.float("JOBS_UNKNOWN_HANDLER_RETRY_SECONDS", default=600),
+    "UNKNOWN_HANDLER_RETRY_DELAY": env.float("JOBS_UNKNOWN_HANDLER_RETRY_DELAY", default=10),
 }
 
 # Django's tasks framework, backed by the job store: ``manage.py run_jobs`` runs the

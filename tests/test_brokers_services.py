@@ -39,7 +39,12 @@ from outbox.types import MessageStatus
 from testproject.orders.events import InvoiceIssued, OrderPlaced
 from testproject.orders.services import place_order
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+# One xdist worker runs every broker test: some stop and restart the shared brokers.
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.xdist_group("brokers"),
+]
 
 KAFKA_CONSUMER = {
     # Short sessions make group joins and the take-over after a SIGKILL quick.

@@ -17,7 +17,8 @@ from outbox.transports.kafka import KafkaTransport
 from outbox.transports.rabbitmq import RabbitMQTransport
 from outbox.types import Envelope
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs every broker test: some stop and restart the shared brokers.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("brokers")]
 
 
 def envelope(key: str = "O-1", n: int = 0, **headers: str) -> Envelope:

@@ -143,6 +143,11 @@ def test_scopes_example_keeps_tenants_apart():
     first = namespace["JobScope"]("tenant-42").get("monthly-report")
     second = namespace["JobScope"]("tenant-43").get("monthly-report")
     assert first.scope_hash != second.scope_hash
+    results = namespace["results"]  # submit_jobs: many at once
+    assert [r.created for r in results] == [True, True, True, False]
+    assert results[3].conflict is not None
+    assert results[3].conflict.fields == ("handler",)
+    assert results[0].job().job_id == "reminder-0"
 
 
 def test_testing_page_example_imports_and_defines_its_test():
@@ -167,3 +172,67 @@ def test_django_tasks_page_examples_enqueue_run_read_back_and_cancel(mailoutbox)
     assert retrying.max_attempts == 5
     # The last block cancels by id: the e-mail task had already succeeded, so it stays so.
     assert namespace["email_users"].get_result(result.id).status == "SUCCESSFUL"
+
+
+def test_every_name_jobs_exports_is_in_the_reference_and_a_how_to():
+    import jobs
+
+    reference = (ROOT / "docs" / "reference.md").read_text()
+    how_tos = " ".join(
+        (ROOT / "docs" / page).read_text()
+        for page in ("quickstart.md", "workers.md", "scopes.md", "testing.md", "lifecycle.md")
+    )
+    assert [n for n in jobs.__all__ if not re.search(rf"\b{n}\b", reference)] == []
+    assert [n for n in jobs.__all__ if not re.search(rf"\b{n}\b", how_tos)] == []
+
+
+def test_install_page_sets_up_sqlite_as_the_check_asks_and_its_example_runs(reader_project):
+    from ledon.checks import RECOMMENDED_SQLITE_OPTIONS, sqlite_warnings
+
+    namespace = run_page("docs/install.md", BASE_DIR=Path("/srv/site"))
+    apps = namespace["INSTALLED_APPS"]
+    assert {"jobs", "outbox", "sagas"} <= set(apps)
+    [sqlite] = [b for b in python_blocks("docs/install.md") if "sqlite3" in b]
+    databases = {"BASE_DIR": Path("/srv/site")}
+    exec(compile(sqlite, "docs/install.md", "exec"), databases)
+    assert databases["DATABASES"]["default"]["OPTIONS"] == RECOMMENDED_SQLITE_OPTIONS
+    assert sqlite_warnings(databases["DATABASES"]) == []
+    assert namespace["DATABASES"]["default"]["ENGINE"] == "django.db.backends.postgresql"
+    Worker(burst=True, listen=False).run()
+    done = JobScope("customer-7").get("invoice-1")
+    assert (done.status, done.result_ref) == (JobStatus.SUCCEEDED, "invoices/1.pdf")
+    text = (ROOT / "docs" / "install.md").read_text()
+    for step in ("pip install django-ledon", '"django-ledon[postgres]"', "migrate", "run_jobs"):
+        assert step in text
+
+
+REPOSITORY_ONLY = re.compile(
+    r"testproject/|tests/|scripts/|\.venv/|\bmake (demo|test|docs|bench|venv)\b|manage\.py demo"
+)
+
+
+@pytest.mark.parametrize(
+    "page",
+    sorted(
+        p.name
+        for p in (ROOT / "docs").glob("*.md")
+        if p.name not in ("benchmarks.md", "changelog.md")  # about this repository
+    ),
+)
+def test_pages_are_readable_without_this_repository(page):
+    """No page sends a pip user to paths of this repository, except in a section that
+    says it is about a clone of it."""
+    text = re.sub(r"<!--.*?-->", "", (ROOT / "docs" / page).read_text(), flags=re.S)
+    kept = []
+    skipping_level = 0
+    for line in text.splitlines():
+        heading = re.match(r"(#+) ", line)
+        if heading:
+            level = len(heading.group(1))
+            if skipping_level and level <= skipping_level:
+                skipping_level = 0
+            if "from a clone of this repository" in line.lower():
+                skipping_level = level
+        if not skipping_level:
+            kept.append(line)
+    assert [line for line in kept if REPOSITORY_ONLY.search(line)] == []

@@ -120,6 +120,20 @@ def test_changelist_shows_each_job_with_its_columns(admin_client: Client) -> Non
     assert "Retry selected jobs" in content
 
 
+def test_a_succeeded_job_shows_it_is_done_not_its_last_progress(admin_client: Client) -> None:
+    claim = running("finished-early")
+    assert execution.report_progress(claim.token, 10, "starting")
+    assert execution.complete(claim.token)
+    job = Job.objects.get(job_id="finished-early")
+
+    listed = admin_client.get(reverse(CHANGELIST)).content.decode()
+    page = admin_client.get(reverse("admin:jobs_job_change", args=[job.pk])).content.decode()
+    for content in (listed, page):
+        assert "10%" not in content
+        assert "100%" in content
+    assert "Handler unknown since" in page  # J19's window, shown to operators
+
+
 def test_running_job_with_a_cancel_request_says_so(admin_client: Client) -> None:
     running("asked-to-stop")
     JobScope(SCOPE).cancel("asked-to-stop")

@@ -7,7 +7,7 @@ import enum
 import logging
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -54,6 +54,13 @@ class Rich(IntegrationEvent, name="test.events.rich"):
     maybe: Decimal | None = None
     labels: dict[str, Decimal] = field(default_factory=dict)
     pair: tuple[int, str] = (0, "")
+
+
+@dataclass(frozen=True)
+class Timed(IntegrationEvent, name="test.events.timed"):
+    at: datetime
+    naive: datetime
+    clock: time
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +143,16 @@ class TestJsonForm:
         assert again == event
         assert isinstance(again, Rich)
         assert isinstance(again.lines[0], Line)
+
+    def test_datetimes_and_times_keep_their_microseconds(self):
+        event = Timed(
+            at=datetime(2026, 11, 29, 12, 30, 15, 123456, tzinfo=UTC),
+            naive=datetime(2026, 11, 29, 12, 30, 15, 1),
+            clock=time(23, 59, 59, 999999),
+        )
+        again = decode(Timed.event_name, event.to_json())
+        assert again == event
+        assert '"2026-11-29T12:30:15.123456Z"' in event.to_json()
 
     def test_unknown_keys_are_ignored_and_missing_required_fields_are_errors(self):
         assert decode("test.events.slotted", '{"n": 1, "added_later": true}') == Slotted(1)

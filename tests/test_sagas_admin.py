@@ -37,7 +37,13 @@ def run_action(client: Client, action: str, *instance_ids) -> list[str]:
         follow=True,  # the list page shows (and so consumes) the action's messages
     )
     assert response.redirect_chain == [(reverse(CHANGELIST), 302)]
-    return [str(m) for m in response.context["messages"]]
+    texts = [str(m) for m in response.context["messages"]]
+    # The admin shows each message with its first letter capitalised: it must
+    # still read as written (an instance id stays lowercase).
+    content = response.content.decode()
+    for text in texts:
+        assert f">{escape(text)}</li>" in content
+    return texts
 
 
 def stopped_after_reserve(**data: Any):
@@ -116,7 +122,7 @@ def test_instance_page_shows_steps_data_error_and_nothing_is_editable(admin_clie
 def test_resume_drives_a_stopped_instance_to_its_end(admin_client: Client):
     instance_id = stopped_after_reserve()
     messages = run_action(admin_client, "resume_instances", instance_id)
-    assert messages == [f"{instance_id}: succeeded."]
+    assert messages == [f"Instance {instance_id}: succeeded."]
     assert runs(instance_id) == ["reserve", "charge", "ship"]
 
 
@@ -125,7 +131,7 @@ def test_compensate_undoes_a_running_instance_and_retries_a_failed_one(
 ):
     running = stopped_after_reserve()
     [message] = run_action(admin_client, "compensate_instances", running)
-    assert message == f"{running}: compensated."
+    assert message == f"Instance {running}: compensated."
     row = instance(running)
     assert row.compensated_steps == ["reserve"]
     assert row.error == "compensation requested in the admin by admin"
@@ -137,7 +143,7 @@ def test_compensate_undoes_a_running_instance_and_retries_a_failed_one(
     assert instance(failed).status == SagaStatus.FAILED
     settings.SAGAS = {**settings.SAGAS, "COMPENSATION_ATTEMPTS": 2}
     [message] = run_action(admin_client, "compensate_instances", failed)
-    assert message == f"{failed}: compensated (step 'ship' failed)."
+    assert message == f"Instance {failed}: compensated (step 'ship' failed)."
     assert instance(failed).status == SagaStatus.COMPENSATED
 
 

@@ -189,6 +189,30 @@ class TestChecks:
             messages = checks.run_checks()
         assert any(m.id == "jobs.E103" and "TASKS['default']" in m.msg for m in messages)
 
+    @pytest.mark.slow
+    def test_manage_py_check_runs_them_in_a_fresh_process(self, tmp_path: Path) -> None:
+        """Django registers its tasks check only once ``django.tasks`` is imported;
+        in a fresh ``manage.py check`` nothing else imports it."""
+        from procs import ManageProcess
+
+        # A project of its own: the test project's apps import django.tasks.
+        (tmp_path / "bad_tasks_settings.py").write_text(
+            "SECRET_KEY = 'x'\n"
+            "INSTALLED_APPS = ['django.contrib.contenttypes', 'django.contrib.auth', 'jobs']\n"
+            f"DATABASES = {{'default': {{'ENGINE': 'django.db.backends.sqlite3',"
+            f" 'NAME': {str(tmp_path / 'db.sqlite3')!r}}}}}\n"
+            "TASKS = {'default': {'BACKEND': 'jobs.backends.JobsBackend',"
+            " 'OPTIONS': {'SCOPE': ''}}}\n"
+        )
+        check = ManageProcess(
+            tmp_path,
+            "check",
+            env={"DJANGO_SETTINGS_MODULE": "bad_tasks_settings", "PYTHONPATH": str(tmp_path)},
+            database=f"sqlite:///{tmp_path}/unused.sqlite3",
+        )
+        assert check.wait() == 1, check.output
+        assert "jobs.E103" in check.output
+
     @pytest.mark.django_db
     def test_a_bad_option_makes_enqueue_a_configuration_error(self) -> None:
         setting = {**TASKS_SETTING, "OPTIONS": {"SCOPE": ""}}

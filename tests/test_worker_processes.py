@@ -180,18 +180,37 @@ def test_j14_cancelling_a_running_job_reaches_the_handler(workers):
     assert job.attempts.get().status == AttemptStatus.CANCELLED
 
 
-def test_j14_unknown_handler_fails_its_job_and_worker_goes_on(workers):
+def test_j19_unknown_handler_is_put_back_then_failed_and_the_worker_goes_on(workers):
+    """An old worker puts back a job it has no handler for, without consuming an
+    attempt, and runs the others; once the window has passed, a worker fails it
+    naming handler and version, and keeps running until SIGTERM."""
     submit_job(SCOPE, "ghost", JobSubmission.create("nope.missing", version=7))
     submit_job(SCOPE, "real", JobSubmission.create("test.record", {}))
-    worker = workers("--burst", env=FAST_LEASES)
-    assert worker.wait() == 0
+    window = {"JOBS_UNKNOWN_HANDLER_RETRY_SECONDS": "3600", "JOBS_UNKNOWN_HANDLER_RETRY_DELAY": "1"}
+    old = workers("--burst", env={**FAST_LEASES, **window})
+    assert old.wait() == 0, old.output
+    assert "put-back job ghost (nope.missing@7)" in old.output
     ghost = JobScope(SCOPE).get("ghost")
     assert ghost is not None
-    assert ghost.status == JobStatus.FAILED
-    assert "'nope.missing' version 7" in ghost.error
+    assert (ghost.status, ghost.attempt_count, ghost.attempts) == (JobStatus.QUEUED, 0, ())
     real = JobScope(SCOPE).get("real")
     assert real is not None
     assert real.status == JobStatus.SUCCEEDED
+
+    # The window has passed for a worker whose setting is 0 s.
+    closing = workers(env={**FAST_LEASES, **window, "JOBS_UNKNOWN_HANDLER_RETRY_SECONDS": "0"})
+    wait_until(
+        lambda: JobScope(SCOPE).get("ghost").status == JobStatus.FAILED,
+        30,
+        "the ghost job to fail",
+        closing,
+    )
+    ghost = JobScope(SCOPE).get("ghost")
+    assert "'nope.missing' version 7" in ghost.error
+    assert ghost.attempt_count == 0
+    closing.signal(signal.SIGTERM)
+    assert closing.wait() == 0, closing.output
+    assert "Traceback" not in closing.output
 
 
 def test_j14_fails_twice_then_succeeds_on_attempt_three(workers):

@@ -15,6 +15,8 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 
+from ledon.conf import settings_hint, unknown_keys_message
+
 from .. import validation
 from ..exceptions import InvalidInput, JobsConfigurationError
 
@@ -64,8 +66,9 @@ def _parse(
         problems.append(
             _error(
                 alias,
-                f"unknown OPTIONS key(s): {', '.join(unknown)}",
-                f"The options of JobsBackend are: {', '.join(KNOWN_OPTIONS)}.",
+                unknown_keys_message("OPTIONS key(s)", unknown, KNOWN_OPTIONS),
+                f"The options of JobsBackend are: {', '.join(KNOWN_OPTIONS)}. "
+                + settings_hint("TASKS"),
                 E_UNKNOWN_OPTION,
             )
         )

@@ -20,6 +20,8 @@ from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.utils.json import normalize_json
 
+from ledon.errors import docstring_message
+
 from .. import validation
 from ..exceptions import JobCancelled, JobsError
 from ..types import AttemptSnapshot, AttemptStatus, JobSnapshot, JobStatus
@@ -154,7 +156,7 @@ def _attempt_error(attempt: AttemptSnapshot) -> TaskError | None:
     if attempt.status == AttemptStatus.INTERRUPTED:
         return TaskError(
             exception_class_path=_class_path(TaskInterrupted),
-            traceback=attempt.error or (TaskInterrupted.__doc__ or "").strip(),
+            traceback=attempt.error or docstring_message(TaskInterrupted),
         )
     return None
 

@@ -12,6 +12,8 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     fail ...................... RUNNING -> FAILED | CANCELLED        finishing
                                 (with retry_at: -> QUEUED)           finishing + requeue
     interrupt ................. RUNNING -> INTERRUPTED | CANCELLED   finishing
+    unknown handler (J19) ..... RUNNING -> QUEUED later | FAILED | CANCELLED,
+                                the claim uncounted                  finishing
     recover ................... RUNNING -> INTERRUPTED (-> QUEUED)   finishing + requeue
     retry ..................... FAILED | CANCELLED | INTERRUPTED -> QUEUED   scoped
     purge_finished ............ finished, older than a cutoff -> (deleted)   retention
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from .base import current_time
 from .claiming import claim, complete_and_claim
-from .finishing import complete_many, finish, recover
+from .finishing import complete_many, finish, put_back_unknown_handler, recover
 from .progress import (
     execution_statuses,
     expired_tokens,
@@ -52,6 +54,7 @@ __all__ = [
     "heartbeat",
     "list_jobs",
     "purge_finished",
+    "put_back_unknown_handler",
     "recover",
     "report_progress",
     "retry",

@@ -58,6 +58,8 @@ def requeue_fields(run_at: datetime, now: datetime) -> dict[str, Any]:
         "started_at": None,
         "finished_at": None,
         "updated_at": now,
+        # Queued again for another reason than J19: a new window if that comes up.
+        "handler_unknown_since": None,
     }
 
 

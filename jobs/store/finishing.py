@@ -5,13 +5,16 @@ Every finish — :func:`finish` (complete, fail, interrupt, recover), :func:`com
 and the finishing half of :func:`jobs.store.claiming.complete_and_claim` — goes through
 :func:`finish_batch`, which applies the J8 rule of :mod:`jobs.store.sql` to a batch of
 attempts: a single finish is a batch of one, with its guards and its re-queue.
+
+:func:`put_back_unknown_handler` (J19) ends a claim without an attempt: the worker did
+not know the job's handler.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.db import transaction
@@ -19,9 +22,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 
 from .. import validation
+from ..conf import jobs_settings
 from ..db import adapt_dt, alias_for, connection_for, fetch, is_postgres
 from ..exceptions import AttemptRowMissing, InvalidInput
-from ..models import Job
+from ..models import Job, JobAttempt
 from ..types import AttemptStatus, Claim, FinishOutcome, JobStatus
 from . import sql
 from .base import CHUNK_ROWS, check_result_ref, check_token, current_time, notify, requeue_fields
@@ -232,6 +236,53 @@ def recover(
         leased_by=leased_by,
         now=now,
     )
+
+
+def put_back_unknown_handler(
+    token: str, reason: str, *, now: datetime | None = None
+) -> FinishOutcome:
+    """J19: the worker holding ``token`` does not know the job's handler or version.
+
+    One guarded statement (token current, job Running) undoes the claim — the
+    attempt count goes back down and the attempt row is deleted, so the claim never
+    counts as an attempt — and, decided in the database: a cancel request that
+    committed first ends the job Cancelled; else, while fewer than
+    ``UNKNOWN_HANDLER_RETRY_SECONDS`` have passed since the job's first such claim
+    (``handler_unknown_since``, set by the first), the job is Queued again
+    ``UNKNOWN_HANDLER_RETRY_DELAY`` seconds later (``PUT_BACK``); after that it
+    ends Failed with ``reason`` (which names the handler and version). A stale token
+    changes nothing (``STALE``); a missing attempt row fails the whole transition.
+    """
+    token = check_token(token)
+    reason = validation.text(reason, "reason", validation.MAX_TEXT_LENGTH - 200)
+    now = current_time(now)
+    settings = jobs_settings()
+    window = settings.UNKNOWN_HANDLER_RETRY_SECONDS
+    run_at = now + timedelta(seconds=min(settings.UNKNOWN_HANDLER_RETRY_DELAY, window))
+    connection = connection_for(Job)
+    params = {
+        "token": token,
+        "now": adapt_dt(connection, now),
+        "window_start": adapt_dt(connection, now - timedelta(seconds=window)),
+        "run_at": adapt_dt(connection, run_at),
+        "waiting": (
+            f"{reason} (put back until a worker that knows it claims it, for at most "
+            f"{window:g} s since its first claim: JOBS['UNKNOWN_HANDLER_RETRY_SECONDS'])"
+        ),
+        "failed": (
+            f"{reason} (no worker knew it within {window:g} s of its first claim: "
+            "JOBS['UNKNOWN_HANDLER_RETRY_SECONDS'])"
+        ),
+    }
+    with transaction.atomic(using=alias_for(Job)):
+        rows = fetch(connection, sql.PUT_BACK_UNKNOWN_HANDLER, params)
+        if not rows:
+            return FinishOutcome.STALE
+        deleted, _ = JobAttempt.objects.filter(token=token, status=AttemptStatus.RUNNING).delete()
+        if not deleted:
+            raise AttemptRowMissing()
+    final = JobStatus(rows[0]["status"])
+    return FinishOutcome.PUT_BACK if final is JobStatus.QUEUED else FinishOutcome(final.value)
 
 
 def complete_many(

@@ -386,6 +386,29 @@ def finish_jobs_sqlite(rows: int, *, lease_guard: bool = False, owner_guard: boo
     )
 
 
+#: J19: undo the claim under ``token`` (job Running) — the attempt count goes back
+#: down — and decide: a cancel request that committed first ends the job Cancelled;
+#: once the job's first such claim (``handler_unknown_since``, set by the first) is at
+#: or before ``window_start`` it ends Failed with ``failed``; else it is Queued again at
+#: ``run_at``, with ``waiting`` as its error. Returns the job's new ``status``.
+_OVER = "COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s"
+PUT_BACK_UNKNOWN_HANDLER = (
+    f"UPDATE {JOB} SET"
+    f" status = CASE WHEN cancel_requested THEN '{CANCELLED}'"
+    f" WHEN {_OVER} THEN '{JobStatus.FAILED.value}' ELSE '{QUEUED}' END,"
+    f" finished_at = CASE WHEN cancel_requested OR {_OVER} THEN %(now)s ELSE NULL END,"
+    f" next_run_at = CASE WHEN cancel_requested OR {_OVER} THEN next_run_at ELSE %(run_at)s END,"
+    f" error = CASE WHEN cancel_requested THEN '' WHEN {_OVER} THEN %(failed)s"
+    " ELSE %(waiting)s END,"
+    " handler_unknown_since = COALESCE(handler_unknown_since, %(now)s),"
+    " attempt_count = attempt_count - 1, updated_at = %(now)s,"
+    " current_token = NULL, leased_by = '', lease_expires_at = NULL,"
+    " started_at = NULL, progress = NULL, progress_message = '', result_ref = NULL"
+    f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
+    " RETURNING status"
+)
+
+
 # --------------------------------------------------------------------------- progress
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
-from jobs import validation
+from jobs import execution, validation
 from jobs.exceptions import JobsError
 from jobs.handlers import autodiscover, registered_handlers
 from jobs.types import Claim
@@ -26,7 +27,13 @@ class Command(BaseCommand):
     help = "Run jobs: claim due jobs, run their handlers, recover stopped workers' attempts."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--concurrency", type=int, default=1, help="handler threads (>= 1)")
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=1,
+            metavar="N",
+            help="handler threads; jobs are claimed only for free ones (default: %(default)s)",
+        )
         parser.add_argument(
             "--queue",
             action="append",
@@ -78,6 +85,8 @@ class Command(BaseCommand):
         )
         handlers = ", ".join(f"{h.name}@{h.version}" for h in registered_handlers()) or "none"
         self.stdout.write(f"worker {worker.worker_id}: handlers {handlers}")
+        if options["queues"]:
+            self._hint_other_queues(options["queues"])
 
         stats = run_engine(
             worker, worker.run, out=self.stdout, name=f"worker {worker.worker_id}",
@@ -85,6 +94,27 @@ class Command(BaseCommand):
         )  # fmt: skip
         self.stdout.write(
             self.style.SUCCESS(f"worker {worker.worker_id} stopped: {stats.summary()}")
+        )
+
+    def _hint_other_queues(self, queues: list[str]) -> None:
+        """Say so when none of ``queues`` has a due job while other queues do: a
+        misspelt or unused ``--queue`` otherwise just claims nothing, silently."""
+        try:
+            due = execution.due_counts_by_queue()
+        except DatabaseError:
+            return  # the worker's own start-up reports what is wrong with the database
+        if any(due.get(name) for name in queues):
+            return
+        elsewhere = {name: count for name, count in due.items() if name not in queues}
+        if not elsewhere:
+            return
+        counts = ", ".join(f"{name}: {count}" for name, count in sorted(elsewhere.items()))
+        self.stdout.write(
+            self.style.WARNING(
+                f"hint: no job is due in queue {', '.join(queues)}, but "
+                f"{sum(elsewhere.values())} wait in other queues ({counts}); name them "
+                "with --queue, or leave --queue out to take every queue"
+            )
         )
 
     def _printer(self, verbosity: int) -> Any:

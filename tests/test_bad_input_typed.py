@@ -1,0 +1,68 @@
+"""R: text that one database stores and the other refuses (NUL, lone surrogates,
+control characters) is refused with a typed error before anything is written, on
+both databases alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from jobs import JobSubmission, submit_job
+from jobs.exceptions import InvalidScope
+from jobs.models import Job
+from outbox import IntegrationEvent, unit_of_work
+from outbox.exceptions import InvalidEvent
+from outbox.models import OutboxMessage
+from sagas import run_saga, start_saga
+from sagas.exceptions import InvalidSagaData
+from sagas.models import SagaInstance
+from sagas.testing import temporary_saga
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@dataclass(frozen=True)
+class Noted(IntegrationEvent, name="test.bad_input.noted"):
+    text: str
+
+
+def noop(ctx) -> None:
+    pass
+
+
+@pytest.mark.parametrize("data", [{"note": "a\x00b"}, {"a\x00": 1}, {"l": [{"deep": "\x00"}]}])
+def test_saga_data_with_nul_is_refused_and_nothing_is_written(data) -> None:
+    with temporary_saga("bad-input.nul") as definition:
+        definition.step("one", noop)
+        with pytest.raises(InvalidSagaData, match="NUL"):
+            start_saga("bad-input.nul", data)
+        with pytest.raises(InvalidSagaData, match="NUL"):
+            run_saga("bad-input.nul", data)
+    assert not SagaInstance.objects.exists()
+
+
+def test_a_step_writing_nul_into_saga_data_fails_typed() -> None:
+    def writes_nul(ctx) -> None:
+        ctx.data["note"] = "x\x00y"
+
+    with temporary_saga("bad-input.step") as definition:
+        definition.step("one", writes_nul)
+        with pytest.raises(Exception) as failure:  # noqa: PT011  (the cause is checked)
+            run_saga("bad-input.step", {"ok": 1})
+    assert isinstance(failure.value.__cause__, InvalidSagaData)
+    assert SagaInstance.objects.get().data == {"ok": 1}
+
+
+@pytest.mark.parametrize("text", ["\ud800", "ok \udfff ok"])
+def test_integration_event_with_a_lone_surrogate_is_refused_and_nothing_is_written(text) -> None:
+    with pytest.raises(InvalidEvent, match="lone surrogate"), unit_of_work() as uow:
+        uow.add_integration_event(Noted(text=text))
+    assert not OutboxMessage.objects.exists()
+
+
+@pytest.mark.parametrize("scope", ["tenant\x00", "a\nb", "tab\there", "del\x7f"])
+def test_scopes_follow_the_job_id_rule_no_control_characters(scope) -> None:
+    with pytest.raises(InvalidScope, match="control characters"):
+        submit_job(scope, "j", JobSubmission.create("x.y"))
+    assert not Job.objects.exists()
