@@ -69,7 +69,7 @@ def _cronsim() -> ModuleType:
         import cronsim
     except ImportError:
         raise TimetableError(
-            "cron schedules need the cronsim package: pip install \"django-ledon[cron]\" "
+            'cron schedules need the cronsim package: pip install "django-ledon[cron]" '
             "(intervals, every=timedelta(...), need nothing more)"
         ) from None
     return cronsim
