@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -13,6 +14,13 @@ THROUGHPUT_ROWS = [
     ("enqueue_bulk", "Enqueue, bulk API"),
 ]
 TARGETS = {
+    "floor_fraction_c1": 0.8,
+    "commit_fraction_c1": 0.5,
+    "c4_pgqueuer": 1.0,
+    "c16_pgqueuer": 2.0,
+    "bulk_pgqueuer": 1.0,
+    "sleep5_ideal": 0.9,
+    "queued_cost_ratio": 1.2,
     "burn_pgqueuer": 1.5,
     "burn_procrastinate": 10.0,
     "latency_p50_ms": 5.0,
@@ -203,6 +211,202 @@ def targets(document: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     return out
 
 
+def _rate(document: dict[str, Any], system: str, key: str) -> float | None:
+    return _median(document["systems"].get(system, {}), key)
+
+
+def floor_table(document: dict[str, Any]) -> str:
+    ours = document["systems"].get(OURS, {})
+    floor, c1 = _median(ours, "floor"), _burn(ours, 1, 1)[0]
+    if floor is None:
+        return "_Not measured in this run._"
+    commits = sorted(
+        (int(k.split("_")[1]), v["median"]) for k, v in ours.items() if k.startswith("commit_")
+    )
+    tool = ours.get("commits_measured_with") or "pgbench"
+    lines = ["| Measurement | per second | ms each |", "|---|---|---|"]
+    lines.append(
+        f"| Floor: our finish-and-claim statement back to back, one connection"
+        f" ({ours['floor']['jobs']:,} jobs) | {_num(floor)} | {1000 / floor:.2f} |"
+    )
+    for clients, tps in commits:
+        noun = "client" if clients == 1 else "clients"
+        lines.append(
+            f"| One-row `UPDATE` commits, {clients} {noun} ({tool}) | {_num(tps)}"
+            f" | {1000 / tps * clients:.2f} |"
+        )
+    if c1:
+        lines.append(f"| Our worker, 1 process, concurrency 1 | {_num(c1)} | {1000 / c1:.2f} |")
+        one = dict(commits).get(1)
+        lines += [
+            "",
+            f"Our worker at concurrency 1 runs at **{c1 / floor:.2f}** of the floor"
+            + (f" and **{c1 / one:.2f}** of the one-client commit rate." if one else "."),
+        ]
+    return "\n".join(lines)
+
+
+def scale_table(document: dict[str, Any]) -> str:
+    ours = document["systems"].get(OURS, {})
+    keys = sorted(
+        (k for k in ours if k.startswith("scale_")), key=lambda k: int(k[6:].split("p")[0])
+    )
+    if not keys:
+        return "_Not measured in this run._"
+    locks = ours.get("locks_during_scale", {})
+    lines = [
+        "| Worker processes × concurrency | jobs/s | vs 1 process | backends waiting on a lock"
+        " (mean / most) | ungranted locks (mean) | backends active (mean) | commonest waits |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    first = ours[keys[0]]["median"]
+    for key in keys:
+        setup = key[6:]
+        processes, concurrency = setup.split("p-c")
+        lock = locks.get(setup, {})
+        events = ", ".join(f"{k} {v}" for k, v in list(lock.get("wait_events", {}).items())[:3])
+        lines.append(
+            f"| {processes} × {concurrency} | {_num(ours[key]['median'])}"
+            f" | {ours[key]['median'] / first:.2f} |"
+            f" {lock.get('mean_waiting_on_lock', 0):.2f}"
+            f" / {lock.get('most_waiting_on_lock', 0):.0f}"
+            f" | {lock.get('mean_ungranted_locks', 0):.2f} | {lock.get('mean_active', 0):.1f}"
+            f" | {events or '—'} |"
+        )
+    return "\n".join(lines)
+
+
+def per_job_table(document: dict[str, Any]) -> str:
+    systems = document["systems"]
+    lines = [
+        "| System | Set-up (processes × concurrency) | Statements per job | WAL bytes per job |",
+        "|---|---|---|---|",
+    ]
+    for name in _systems(document):
+        for key, cost in sorted(systems[name].get("per_job", {}).items()):
+            processes, concurrency = key.split("p-c")
+            setup = f"{processes} × {concurrency if concurrency != '0' else 'defaults'}"
+            lines.append(
+                f"| {name} | {setup} | {_num(cost.get('statements'), 2)}"
+                f" | {_num(cost.get('wal_bytes'))} |"
+            )
+    return "\n".join(lines) if len(lines) > 2 else "_Not measured in this run._"
+
+
+def sleep_line(document: dict[str, Any]) -> tuple[float, float, int] | None:
+    ours = document["systems"].get(OURS, {})
+    key = next((k for k in ours if k.startswith("sleep5_")), None)
+    if key is None:
+        return None
+    concurrency = int(key.rsplit("-c", 1)[1])
+    return ours[key]["median"], concurrency / 0.005, concurrency
+
+
+def queued_table(document: dict[str, Any]) -> str:
+    cost = document.get("queued_claim_cost")
+    if not cost:
+        return "_Not measured in this run._"
+    lines = [
+        f"| Measurement | {cost['shallow_rows']:,} queued | {cost['deep_rows']:,} queued"
+        " | Cost ratio |",
+        "|---|---|---|---|",
+    ]
+    for label, key in (
+        ("One claim of 1 job (ms, median)", "claim_1"),
+        ("One claim of 16 jobs (ms, median)", "claim_16"),
+    ):
+        lines.append(
+            f"| {label} | {_num(cost['shallow'][key + '_ms'], 2)}"
+            f" | {_num(cost['deep'][key + '_ms'], 2)} | {cost['ratio_' + key]:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def physical_targets(document: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """(target, measured, holds) for the targets read against the server's limits."""
+    systems = document["systems"]
+    ours = systems.get(OURS, {})
+    pgq = systems.get("pgqueuer", {})
+    out: list[tuple[str, str, bool | None]] = []
+    c1, floor, one = _burn(ours, 1, 1)[0], _median(ours, "floor"), _median(ours, "commit_1")
+    if c1 and floor:
+        goal = TARGETS["floor_fraction_c1"]
+        out.append(
+            (
+                f"Concurrency 1 ≥ {goal:g} of the floor loop",
+                f"{c1:,.0f} ÷ {floor:,.0f} = {c1 / floor:.2f}",
+                c1 / floor >= goal,
+            )
+        )
+    if c1 and one:
+        goal = TARGETS["commit_fraction_c1"]
+        out.append(
+            (
+                f"Concurrency 1 ≥ {goal:g} of the one-row commit rate",
+                f"{c1:,.0f} ÷ {one:,.0f} = {c1 / one:.2f}",
+                c1 / one >= goal,
+            )
+        )
+    for concurrency, target in ((4, "c4_pgqueuer"), (16, "c16_pgqueuer")):
+        a, b = _burn(ours, 1, concurrency)[0], _burn(pgq, 1, concurrency)[0]
+        if a and b:
+            goal = TARGETS[target]
+            out.append(
+                (
+                    f"Concurrency {concurrency} ≥ {goal:g}× pgqueuer",
+                    f"{a:,.0f} ÷ {b:,.0f} = {a / b:.2f}×",
+                    a / b >= goal,
+                )
+            )
+    scale = sorted(
+        ((int(k[6:].split("p")[0]), v["median"]) for k, v in ours.items() if k.startswith("scale_"))
+    )
+    if len(scale) > 1:
+        never = all(b >= a for (_, a), (_, b) in itertools.pairwise(scale))
+        out.append(
+            (
+                "Scale-out: throughput never falls as processes are added",
+                ", ".join(f"{p}p: {r:,.0f}" for p, r in scale),
+                never,
+            )
+        )
+    bulk, peer = _median(ours, "enqueue_bulk"), _median(pgq, "enqueue_bulk")
+    if bulk and peer:
+        goal = TARGETS["bulk_pgqueuer"]
+        out.append(
+            (
+                f"Bulk submit ≥ {goal:g}× pgqueuer's bulk",
+                f"{bulk:,.0f} ÷ {peer:,.0f} = {bulk / peer:.2f}×",
+                bulk / peer >= goal,
+            )
+        )
+    sleep = sleep_line(document)
+    if sleep:
+        rate, ideal, concurrency = sleep
+        goal = TARGETS["sleep5_ideal"]
+        out.append(
+            (
+                f"5 ms handler at concurrency {concurrency} ≥ {goal:.0%} of the ideal",
+                f"{rate:,.0f} ÷ {ideal:,.0f} = {rate / ideal:.2f}",
+                rate / ideal >= goal,
+            )
+        )
+    queued = document.get("queued_claim_cost")
+    if queued:
+        goal = TARGETS["queued_cost_ratio"]
+        worst = max(queued["ratio_claim_1"], queued["ratio_claim_16"])
+        out.append(
+            (
+                f"Claim cost with {queued['deep_rows']:,} queued ≤ {goal:g}×"
+                f" {queued['shallow_rows']:,} queued",
+                f"claim of 1: {queued['ratio_claim_1']:.2f}, claim of 16:"
+                f" {queued['ratio_claim_16']:.2f}",
+                worst <= goal,
+            )
+        )
+    return out
+
+
 def extras_section(document: dict[str, Any]) -> str:
     outbox, sagas = document.get("outbox"), document.get("sagas")
     if not outbox or not sagas:
@@ -222,7 +426,7 @@ def extras_section(document: dict[str, Any]) -> str:
 
 def targets_table(document: dict[str, Any]) -> str:
     lines = ["| Target | Measured | Holds |", "|---|---|---|"]
-    for target, measured, holds in targets(document):
+    for target, measured, holds in [*physical_targets(document), *targets(document)]:
         verdict = "n/a" if holds is None else ("yes" if holds else "**no**")
         lines.append(f"| {target} | {measured} | {verdict} |")
     return "\n".join(lines)
@@ -313,6 +517,53 @@ def render(document: dict[str, Any]) -> str:
         "",
         claim_table(document),
         "",
+        "## The server's limits: the floor and the commit rate",
+        "",
+        "Measured in each run right after django-ledon's burn-downs, on the same server."
+        " The floor is our own finish-and-claim statement (built by the store's"
+        " builders) run back to back from one psycopg connection, prepared, in"
+        " autocommit, with no worker around it: each statement finishes the job the"
+        " previous one claimed and claims the next, which is what a worker at concurrency 1"
+        " does once per job. The commit rate is durable one-row `UPDATE` transactions,"
+        " each client on its own row.",
+        "",
+        floor_table(document),
+        "",
+        "## Scale-out: worker processes against one server",
+        "",
+        "Burn-downs of django-ledon by more and more worker processes, each at the same"
+        " concurrency. Meanwhile the harness samples `pg_stat_activity` (backends whose"
+        " `wait_event_type` is `Lock`, and the commonest wait events of active backends)"
+        " and `pg_locks` (locks not granted) every 20 ms.",
+        "",
+        scale_table(document),
+        "",
+        "## What each job costs the server",
+        "",
+        "Per job of a burn-down: the statements the system's processes sent"
+        " (`pg_stat_statements`, top level, `BEGIN`/`COMMIT` included, the harness's own"
+        " polls left out; every statement of these drivers is one round trip) and the"
+        " WAL written (`pg_current_wal_lsn` before and after, less the WAL of the same"
+        " enqueue measured alone)."
+        + (
+            ""
+            if document.get("statements_measured", True)
+            else " `pg_stat_statements` was not loaded on this server: statements not measured."
+        ),
+        "",
+        per_job_table(document),
+        "",
+        "## A realistic handler",
+        "",
+        _sleep_text(document),
+        "",
+        "## Claim cost with a deep queue",
+        "",
+        "django-ledon only: the same claims with a shallow and with a deep queue of due"
+        " jobs, loaded straight into the table.",
+        "",
+        queued_table(document),
+        "",
         "## Outbox and sagas",
         "",
         "django-ledon only (no peer has these): one `Dispatcher` draining integration"
@@ -329,6 +580,18 @@ def render(document: dict[str, Any]) -> str:
         METHOD,
     ]
     return "\n".join(parts).rstrip() + "\n"
+
+
+def _sleep_text(document: dict[str, Any]) -> str:
+    sleep = sleep_line(document)
+    if sleep is None:
+        return "_Not measured in this run._"
+    rate, ideal, concurrency = sleep
+    return (
+        f"A handler that sleeps 5 ms, one worker process at concurrency {concurrency}:"
+        f" **{rate:,.0f} jobs/s** against the ideal {ideal:,.0f} ({concurrency} handlers"
+        f" each finishing 200 jobs a second) — {rate / ideal:.0%} of it."
+    )
 
 
 METHOD = """## Method

@@ -51,14 +51,38 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     document = json.loads((tmp_path / "latest.json").read_text())
     ours = document["systems"]["django-ledon"]
-    for key in ("enqueue_each", "enqueue_bulk", "burn_1p-c4"):
-        assert ours[key]["median"] > 0
+    for key in (
+        "enqueue_each",
+        "enqueue_bulk",
+        "burn_1p-c1",
+        "burn_1p-c4",
+        "floor",
+        "commit_1",
+        "commit_4",
+        "scale_1p-c2",
+        "scale_2p-c2",
+        "sleep5_1p-c4",
+    ):
+        assert ours[key]["median"] > 0, key
         assert len(ours[key]["runs"]) == 1
+    assert ours["floor"]["jobs"] == 100
+    # Per job of every burn-down: the WAL it wrote (statements need pg_stat_statements).
+    assert set(ours["per_job"]) == {"1p-c1", "1p-c4", "1p-c2", "2p-c2"}
+    assert all(cost["wal_bytes"] > 0 for cost in ours["per_job"].values())
+    if document["statements_measured"]:
+        assert all(cost["statements"] > 0 for cost in ours["per_job"].values())
+    locks = ours["locks_during_scale"]["2p-c2"]
+    assert locks["samples"] > 0
+    assert locks["mean_waiting_on_lock"] >= 0
+    queued = document["queued_claim_cost"]
+    assert (queued["shallow_rows"], queued["deep_rows"]) == (100, 2_000)
+    assert queued["deep"]["claim_1_ms"] > 0
+    assert queued["ratio_claim_16"] > 0
     assert ours["latency"]["samples"] == len(ours["latency"]["values_ms"]) > 0
     assert document["claim_cost"]["loaded"]["claim_1_ms"] > 0
     assert document["environment"]["postgresql"]["server_version"]
@@ -68,6 +92,15 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
     assert document["sagas"]["ms_per_step"] > 0
     assert "| Enqueue, bulk API |" in markdown
     assert "## Targets" in markdown
+    for section in (
+        "## The server's limits: the floor and the commit rate",
+        "## Scale-out: worker processes against one server",
+        "## What each job costs the server",
+        "## A realistic handler",
+        "## Claim cost with a deep queue",
+    ):
+        assert section in markdown
+    assert "| Concurrency 1 ≥ 0.8 of the floor loop |" in markdown
 
 
 def synthetic(peer_factor: float) -> dict:
