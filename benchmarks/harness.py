@@ -67,6 +67,8 @@ class Plan:
     sleep_concurrency: int = 16
     #: Queue depths of the claim cost with queued jobs: shallow, deep.
     queued_rows: tuple[int, int] = (1_000, 1_000_000)
+    #: Jobs of each run of :mod:`benchmarks.profiling`.
+    profile_jobs: int = 3_000
 
     @classmethod
     def full(cls, runs: int = 3) -> Plan:
@@ -116,6 +118,7 @@ class Plan:
             sleep_jobs=64,
             sleep_concurrency=4,
             queued_rows=(100, 2_000),
+            profile_jobs=100,
         )
 
     def for_system(self, counts: dict[str, int], system: str) -> int:
@@ -718,6 +721,13 @@ def run_all(
             save(document)
         if ours is not None:
             document.update(outbox_and_sagas(plan, admin, log))
+            save(document)
+            log("profile of one job")
+            from .profiling import profile
+
+            document["profile"] = profile(
+                database_url, ours, admin, jobs=plan.profile_jobs, log=log
+            )
             save(document)
     finally:
         for system in chosen:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -321,3 +322,7 @@ def sampling_locks(url: str, into: dict[str, Any]) -> Iterator[None]:
         sampler.finished.set()
         sampler.join(5)
         into.update(sampler.result())
+
+
+def log_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

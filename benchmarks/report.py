@@ -407,6 +407,77 @@ def physical_targets(document: dict[str, Any]) -> list[tuple[str, str, bool | No
     return out
 
 
+_PARTS = (
+    (
+        "python_around_statement_ms",
+        "Python around the statement (arguments, parameters, rows back into claims)",
+    ),
+    ("round_trip_ms", "Round trip (network, protocol, bind; the statement less the two below)"),
+    ("server_execution_ms", "Server execution of the statement (`pg_stat_statements`)"),
+    ("commit_wal_flush_ms", "Commit: the WAL flush (`pg_stat_wal` sync time)"),
+    ("handoff_and_handler_ms", "Hand-off to the handler and the handler (`run_attempt`)"),
+    ("return_to_next_statement_ms", "Return to the next statement (the worker's book-keeping)"),
+)
+
+
+def profile_section(document: dict[str, Any]) -> str:
+    prof = document.get("profile")
+    if not prof:
+        return "_Not measured in this run._"
+    levels = [k for k in ("c1", "c4") if k in prof]
+    head = " | ".join(f"concurrency {k[1:]}" for k in levels)
+    lines = [f"| ms per job | {head} |", "|---|" + "---|" * len(levels)]
+    for key, label in _PARTS:
+        cells = [_num(prof[k].get(key), 3) for k in levels]
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    lines.append(
+        "| **Wall time per job** | "
+        + " | ".join(f"**{prof[k]['wall_ms_per_job']:.3f}**" for k in levels)
+        + " |"
+    )
+    lines.append(
+        "| Statements per job; WAL syncs per job | "
+        + " | ".join(
+            f"{prof[k]['statements_per_job']:.2f}; {prof[k]['wal_syncs_per_job']:.2f}"
+            for k in levels
+        )
+        + " |"
+    )
+    lines.append(
+        "| One WAL sync (ms) | "
+        + " | ".join(f"{prof[k]['wal_sync_ms']:.3f}" for k in levels)
+        + " |"
+    )
+    explain = prof.get("explain", {})
+    out = ["\n".join(lines), ""]
+    out.append(
+        f"For scale: a prepared `SELECT 1` takes {prof['round_trip_ms']:.3f} ms (median)."
+        + (
+            f" `EXPLAIN (ANALYZE, BUFFERS, WAL)` of the statement finishing one attempt and"
+            f" claiming one job: {explain.get('execution_ms')} ms executing,"
+            f" {explain.get('shared_hit_blocks')} buffers hit,"
+            f" {explain.get('wal_records')} WAL records, {explain.get('wal_bytes')} WAL bytes."
+            if explain
+            else ""
+        )
+    )
+    c1 = prof.get("c1")
+    if c1 and c1.get("top"):
+        out += [
+            "",
+            "The worker's costliest functions at concurrency 1 (cProfile, own time):",
+            "",
+            "| Function | calls per job | own µs per job |",
+            "|---|---|---|",
+        ]
+        for row in c1["top"][:8]:
+            out.append(
+                f"| `{row['function']}` | {row['calls_per_job']:.2f}"
+                f" | {row['own_us_per_job']:.0f} |"
+            )
+    return "\n".join(out)
+
+
 def extras_section(document: dict[str, Any]) -> str:
     outbox, sagas = document.get("outbox"), document.get("sagas")
     if not outbox or not sagas:
@@ -552,6 +623,17 @@ def render(document: dict[str, Any]) -> str:
         ),
         "",
         per_job_table(document),
+        "",
+        "## Where one job's time goes",
+        "",
+        "`benchmarks/profiling.py`: a worker run in the harness's process over"
+        f" {document.get('profile', {}).get('jobs', 0):,} queued no-op jobs, its parts timed"
+        " (a wrapper around each; at concurrency 4 the parts overlap on several threads, so"
+        " they add up to more than the wall time), the server's side read from"
+        " `pg_stat_statements` and `pg_stat_wal`, and a second run under cProfile for the"
+        " functions that cost the most.",
+        "",
+        profile_section(document),
         "",
         "## A realistic handler",
         "",

@@ -101,6 +101,13 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
     ):
         assert section in markdown
     assert "| Concurrency 1 ≥ 0.8 of the floor loop |" in markdown
+    assert "## Where one job's time goes" in markdown
+    for level in ("c1", "c4"):
+        part = document["profile"][level]
+        assert part["wall_ms_per_job"] > 0
+        assert part["statement_ms"] > 0
+        assert part["settles_per_job"] > 0
+        assert part["top"]
 
 
 def synthetic(peer_factor: float) -> dict:
