@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,31 @@ class Plan:
     queued_rows: tuple[int, int] = (1_000, 1_000_000)
     #: Jobs of each run of :mod:`benchmarks.profiling`.
     profile_jobs: int = 3_000
+
+    def scaled(self, factor: float) -> Plan:
+        """The same plan with ``factor`` times the jobs of every measurement that
+        counts jobs (rates do not depend on the count, only their precision does);
+        the table sizes of the claim costs stay."""
+        if factor == 1:
+            return self
+
+        def n(count: int) -> int:
+            return max(int(count * factor), 10)
+
+        return replace(
+            self,
+            each_jobs={k: n(v) for k, v in self.each_jobs.items()},
+            bulk_jobs=n(self.bulk_jobs),
+            burn_jobs={k: n(v) for k, v in self.burn_jobs.items()},
+            latency_samples=n(self.latency_samples),
+            claim_burn_jobs=n(self.claim_burn_jobs) if self.claim_burn_jobs else 0,
+            outbox_messages=n(self.outbox_messages),
+            saga_instances=n(self.saga_instances),
+            floor_jobs=n(self.floor_jobs),
+            scale_jobs=n(self.scale_jobs),
+            sleep_jobs=n(self.sleep_jobs),
+            profile_jobs=n(self.profile_jobs),
+        )
 
     @classmethod
     def full(cls, runs: int = 3) -> Plan:
@@ -656,12 +681,18 @@ def outbox_and_sagas(plan: Plan, admin: Callable[[str], None], log: Log) -> dict
 # --------------------------------------------------------------------------- entry
 
 
+def _load() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def environment(server: dict[str, str]) -> dict[str, Any]:
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "load_average": _load(),
         "postgresql": server,
     }
 
@@ -722,6 +753,7 @@ def run_all(
         if ours is not None:
             document.update(outbox_and_sagas(plan, admin, log))
             save(document)
+            document["environment"]["load_average_end"] = _load()
             log("profile of one job")
             from .profiling import profile
 

@@ -550,7 +550,15 @@ def render(document: dict[str, Any]) -> str:
         f" {env['python']}, PostgreSQL {pg.get('server_version')} with"
         f" fsync={pg.get('fsync')}, synchronous_commit={pg.get('synchronous_commit')},"
         f" full_page_writes={pg.get('full_page_writes')} — every commit is durable."
-        f" Versions: {versions}."
+        + (
+            f" Load average (1, 5, 15 min) when the run began: {env['load_average']},"
+            f" when it ended: {env.get('load_average_end', '?')} — the machine was shared"
+            " with other work, which makes absolute figures noisy; ratios measured"
+            " minutes apart are what to read."
+            if "load_average" in env
+            else ""
+        )
+        + f" Versions: {versions}."
         + (
             f" Not measured: {', '.join(f'{k} ({v})' for k, v in skipped.items())}."
             if skipped
