@@ -32,6 +32,18 @@ logger = logging.getLogger(__name__)
 EventCallback = Callable[[str, Claim | None, str], None]
 
 
+#: The counter of :class:`WorkerStats` each outcome adds to.
+_COUNTED_AS = {
+    FinishOutcome.SUCCEEDED: "succeeded",
+    FinishOutcome.FAILED: "failed",
+    FinishOutcome.CANCELLED: "cancelled",
+    FinishOutcome.INTERRUPTED: "interrupted",
+    FinishOutcome.REQUEUED: "requeued",
+    FinishOutcome.STALE: "stale",
+    FinishOutcome.PUT_BACK: "put_back",
+}
+
+
 @dataclass(slots=True)
 class WorkerStats:
     claimed: int = 0
@@ -47,15 +59,7 @@ class WorkerStats:
     put_back: int = 0
 
     def count(self, outcome: FinishOutcome) -> None:
-        name = {
-            FinishOutcome.SUCCEEDED: "succeeded",
-            FinishOutcome.FAILED: "failed",
-            FinishOutcome.CANCELLED: "cancelled",
-            FinishOutcome.INTERRUPTED: "interrupted",
-            FinishOutcome.REQUEUED: "requeued",
-            FinishOutcome.STALE: "stale",
-            FinishOutcome.PUT_BACK: "put_back",
-        }[outcome]
+        name = _COUNTED_AS[outcome]
         setattr(self, name, getattr(self, name) + 1)
 
     def summary(self) -> str:
