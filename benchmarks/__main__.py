@@ -86,20 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             log("starting a throw-away PostgreSQL (fsync on, synchronous_commit on)")
             server_url = stack.enter_context(server.throwaway_server())
         url = stack.enter_context(server.scratch_database(server_url, f"ledon_bench_{os.getpid()}"))
-        os.environ["DATABASE_URL"] = url
-        os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
-        import django
-        from django.core.management import call_command
-        from django.db import connections
-
-        django.setup()
-        call_command("migrate", verbosity=0)
-        stack.callback(connections.close_all)
-
-        def admin(sql: str) -> None:
-            with connections["default"].cursor() as cursor:
-                cursor.execute(sql)
-
+        admin = server.django_on(url, stack)
         plan = harness.Plan.quick() if args.quick else harness.Plan.full(args.runs)
         plan = plan.scaled(args.jobs_factor)
         document = harness.run_all(

@@ -588,11 +588,7 @@ def load_queued(rows: int) -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
-            " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
-            " attempt_count, current_token, cancel_requested, progress, progress_message,"
-            " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
-            " started_at, finished_at)"
+            f"{_LOAD_JOBS}"
             " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'), 'queued-' || g,"
             " 'bench.noop', 1, '{\"n\":0}', 'default', 0, 1, NULL,"
             " now() - interval '1 day' + g * interval '1 ms', 'queued', 0, NULL, false,"
@@ -635,6 +631,16 @@ def _plan_summary(plan_json: Any) -> dict[str, Any]:
     return {"execution_ms": plan_json[0].get("Execution Time"), "scans": scans}
 
 
+#: The insert of the fixtures' jobs, all columns named, followed by their SELECT.
+_LOAD_JOBS = (
+    "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
+    " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
+    " attempt_count, current_token, cancel_requested, progress, progress_message,"
+    " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
+    " started_at, finished_at)"
+)
+
+
 def load_finished(rows: int) -> None:
     """Bulk-load ``rows`` succeeded jobs, each with its attempt, straight into the
     tables (a fixture: history as a busy system accumulates it)."""
@@ -642,11 +648,7 @@ def load_finished(rows: int) -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
-            " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
-            " attempt_count, current_token, cancel_requested, progress, progress_message,"
-            " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
-            " started_at, finished_at)"
+            f"{_LOAD_JOBS}"
             " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'), 'old-' || g,"
             " 'bench.noop', 1, '{\"n\":0}', 'default', 0, 1, NULL,"
             " now() - interval '1 day' + g * interval '1 ms', 'succeeded', 1, NULL, false,"

@@ -326,20 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         url = stack.enter_context(
             server.scratch_database(server_url, f"ledon_profile_{os.getpid()}")
         )
-        os.environ["DATABASE_URL"] = url
-        os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
-        import django
-        from django.core.management import call_command
-        from django.db import connections
-
-        django.setup()
-        call_command("migrate", verbosity=0)
-        stack.callback(connections.close_all)
+        admin = server.django_on(url, stack)
         from .systems.ledon import Ledon
-
-        def admin(sql: str) -> None:
-            with connections["default"].cursor() as cursor:
-                cursor.execute(sql)
 
         document = profile(url, Ledon(url), admin, jobs=args.jobs)
     print(json.dumps(document, indent=2))

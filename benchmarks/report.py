@@ -30,6 +30,10 @@ TARGETS = {
 }
 
 
+#: (target, measured, holds: None when not measured)
+Target = tuple[str, str, bool | None]
+
+
 def _num(value: float | None, digits: int = 0) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
@@ -322,75 +326,50 @@ def queued_table(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def physical_targets(document: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+def _at_least(label: str, ours: float, theirs: float, goal: float, unit: str = "") -> Target:
+    """A target that ``ours ÷ theirs`` reaches ``goal``."""
+    ratio = ours / theirs
+    return (label, f"{ours:,.0f} ÷ {theirs:,.0f} = {ratio:.2f}{unit}", ratio >= goal)
+
+
+def physical_targets(document: dict[str, Any]) -> list[Target]:
     """(target, measured, holds) for the targets read against the server's limits."""
     systems = document["systems"]
     ours = systems.get(OURS, {})
     pgq = systems.get("pgqueuer", {})
-    out: list[tuple[str, str, bool | None]] = []
+    out: list[Target] = []
     c1, floor, one = _burn(ours, 1, 1)[0], _median(ours, "floor"), _median(ours, "commit_1")
+    goal = TARGETS["floor_fraction_c1"]
     if c1 and floor:
-        goal = TARGETS["floor_fraction_c1"]
-        out.append(
-            (
-                f"Concurrency 1 ≥ {goal:g} of the floor loop",
-                f"{c1:,.0f} ÷ {floor:,.0f} = {c1 / floor:.2f}",
-                c1 / floor >= goal,
-            )
-        )
+        out.append(_at_least(f"Concurrency 1 ≥ {goal:g} of the floor loop", c1, floor, goal))
+    goal = TARGETS["commit_fraction_c1"]
     if c1 and one:
-        goal = TARGETS["commit_fraction_c1"]
-        out.append(
-            (
-                f"Concurrency 1 ≥ {goal:g} of the one-row commit rate",
-                f"{c1:,.0f} ÷ {one:,.0f} = {c1 / one:.2f}",
-                c1 / one >= goal,
-            )
-        )
+        label = f"Concurrency 1 ≥ {goal:g} of the one-row commit rate"
+        out.append(_at_least(label, c1, one, goal))
     for concurrency, target in ((4, "c4_pgqueuer"), (16, "c16_pgqueuer")):
         a, b = _burn(ours, 1, concurrency)[0], _burn(pgq, 1, concurrency)[0]
+        goal = TARGETS[target]
         if a and b:
-            goal = TARGETS[target]
             out.append(
-                (
-                    f"Concurrency {concurrency} ≥ {goal:g}× pgqueuer",
-                    f"{a:,.0f} ÷ {b:,.0f} = {a / b:.2f}×",
-                    a / b >= goal,
-                )
+                _at_least(f"Concurrency {concurrency} ≥ {goal:g}× pgqueuer", a, b, goal, "×")
             )
     scale = sorted(
         ((int(k[6:].split("p")[0]), v["median"]) for k, v in ours.items() if k.startswith("scale_"))
     )
     if len(scale) > 1:
         never = all(b >= a for (_, a), (_, b) in itertools.pairwise(scale))
-        out.append(
-            (
-                "Scale-out: throughput never falls as processes are added",
-                ", ".join(f"{p}p: {r:,.0f}" for p, r in scale),
-                never,
-            )
-        )
+        measured = ", ".join(f"{p}p: {r:,.0f}" for p, r in scale)
+        out.append(("Scale-out: throughput never falls as processes are added", measured, never))
     bulk, peer = _median(ours, "enqueue_bulk"), _median(pgq, "enqueue_bulk")
+    goal = TARGETS["bulk_pgqueuer"]
     if bulk and peer:
-        goal = TARGETS["bulk_pgqueuer"]
-        out.append(
-            (
-                f"Bulk submit ≥ {goal:g}× pgqueuer's bulk",
-                f"{bulk:,.0f} ÷ {peer:,.0f} = {bulk / peer:.2f}×",
-                bulk / peer >= goal,
-            )
-        )
+        out.append(_at_least(f"Bulk submit ≥ {goal:g}× pgqueuer's bulk", bulk, peer, goal, "×"))
     sleep = sleep_line(document)
     if sleep:
         rate, ideal, concurrency = sleep
         goal = TARGETS["sleep5_ideal"]
-        out.append(
-            (
-                f"5 ms handler at concurrency {concurrency} ≥ {goal:.0%} of the ideal",
-                f"{rate:,.0f} ÷ {ideal:,.0f} = {rate / ideal:.2f}",
-                rate / ideal >= goal,
-            )
-        )
+        label = f"5 ms handler at concurrency {concurrency} ≥ {goal:.0%} of the ideal"
+        out.append(_at_least(label, rate, ideal, goal))
     queued = document.get("queued_claim_cost")
     if queued:
         goal = TARGETS["queued_cost_ratio"]

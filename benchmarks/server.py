@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from urllib.parse import urlsplit, urlunsplit
 
 from .systems.base import ROOT
@@ -67,6 +67,26 @@ def scratch_database(server_url: str, name: str) -> Iterator[str]:
         yield with_database(server_url, name)
     finally:
         admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def django_on(url: str, stack: ExitStack) -> Callable[[str], None]:
+    """Point Django (the benchmark settings) at ``url``, migrate, close its
+    connections when ``stack`` closes; returns an ``admin(sql)`` runner."""
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    import django
+    from django.core.management import call_command
+    from django.db import connections
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    stack.callback(connections.close_all)
+
+    def admin(sql: str) -> None:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(sql)
+
+    return admin
 
 
 def server_settings(url: str) -> dict[str, str]:

@@ -159,3 +159,31 @@ def test_report_renders_ratios_and_target_verdicts() -> None:
     assert verdicts["Bulk submit ≥ 20,000 jobs/s"] is True
     slower = {t: holds for t, _, holds in report.targets(synthetic(1.0))}
     assert slower["Burn-down ≥ 1.5× pgqueuer at equal resources (every set-up)"] is False
+
+
+def test_physical_targets_read_ratios_against_the_floor_and_the_curve() -> None:
+    document = synthetic(peer_factor=0.5)
+    ours = document["systems"]["django-ledon"]
+
+    def measured(value: float) -> dict:
+        return {"jobs": 100, "runs": [value], "median": value}
+
+    ours.update(
+        {
+            "burn_1p-c1": measured(900.0),
+            "floor": measured(1000.0),
+            "commit_1": measured(2000.0),
+            "scale_1p-c8": measured(5000.0),
+            "scale_2p-c8": measured(6000.0),
+            "scale_4p-c8": measured(5900.0),
+            "sleep5_1p-c16": measured(2900.0),
+        }
+    )
+    document["plan"]["configs"].append({"processes": 1, "concurrency": 1})
+    verdicts = {t: (m, h) for t, m, h in report.physical_targets(document)}
+    assert verdicts["Concurrency 1 ≥ 0.8 of the floor loop"] == ("900 ÷ 1,000 = 0.90", True)
+    assert verdicts["Concurrency 1 ≥ 0.5 of the one-row commit rate"][1] is False
+    assert verdicts["Concurrency 4 ≥ 1× pgqueuer"][1] is True
+    assert verdicts["Scale-out: throughput never falls as processes are added"][1] is False
+    assert verdicts["5 ms handler at concurrency 16 ≥ 90% of the ideal"][1] is True
+    assert "## What holds, and what stops the rest" in report.render(document)
