@@ -44,19 +44,21 @@ NOTIFY = "SELECT pg_notify(%(channel)s, %(payload)s)"
 # --------------------------------------------------------------------------- submission
 
 
+#: PostgreSQL: the values of each row of a bulk insert, in this order, with their
+#: types; ``next_run_at`` is the not-before time or, without one, ``created_at``.
+NEW_JOB_ROW = {
+    "scope_hash": "varchar",
+    "job_id": "varchar",
+    "handler": "varchar",
+    "handler_version": "int",
+    "payload_json": "text",
+    "queue": "varchar",
+    "priority": "smallint",
+    "max_attempts": "int",
+    "initial_not_before": "timestamptz",
+}
 #: The columns of a new job that vary from job to job.
-NEW_JOB_VARYING = (
-    "scope_hash",
-    "job_id",
-    "handler",
-    "handler_version",
-    "payload_json",
-    "queue",
-    "priority",
-    "max_attempts",
-    "initial_not_before",
-    "next_run_at",
-)
+NEW_JOB_VARYING = (*NEW_JOB_ROW, "next_run_at")
 #: The columns every job of a bulk insert starts with the same value in.
 NEW_JOB_SHARED = (
     "status",
@@ -97,19 +99,6 @@ def insert_jobs(rows: int, *, notify: bool = False) -> str:
     )
 
 
-#: PostgreSQL: the values of each row of a bulk insert, in this order, with their
-#: types; ``next_run_at`` is the not-before time or, without one, ``created_at``.
-NEW_JOB_ROW = {
-    "scope_hash": "varchar",
-    "job_id": "varchar",
-    "handler": "varchar",
-    "handler_version": "int",
-    "payload_json": "text",
-    "queue": "varchar",
-    "priority": "smallint",
-    "max_attempts": "int",
-    "initial_not_before": "timestamptz",
-}
 _ROW_VALUES = [f"(r->>{n})::{kind}" for n, kind in enumerate(NEW_JOB_ROW.values())]
 _NOT_BEFORE = _ROW_VALUES[len(NEW_JOB_ROW) - 1]
 
