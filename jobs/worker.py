@@ -26,13 +26,12 @@ from datetime import datetime, timedelta
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from ledon.db import DATABASE_ERRORS, TRANSIENT_ERRORS
+from ledon.db import DATABASE_ERRORS, TRANSIENT_ERRORS, alias_for, is_postgres
 from ledon.engine import FAILED, Engine, StopLevel
 from outbox.pglisten import Listener
 
 from . import execution, store
 from .conf import jobs_settings
-from .db import alias_for, is_postgres
 from .exceptions import JobsError, UnknownHandler
 from .handlers import JobContext, get_handler
 from .models import Job

@@ -87,8 +87,9 @@ def check_outbox_table(
     it); once they are recorded as applied, a missing table is a warning — a
     warning, so that it never stops the ``migrate`` that could repair it.
     """
+    from ledon.db import alias_for
+
     from .conf import outbox_settings
-    from .db import alias_for
     from .models import OutboxMessage
 
     try:

@@ -47,11 +47,10 @@ from dataclasses import dataclass
 
 from django.db import connections
 
-from ledon.db import TRANSIENT_ERRORS
+from ledon.db import TRANSIENT_ERRORS, alias_for
 from ledon.engine import Engine, StopLevel
 
 from .bus import event_bus
-from .db import alias_for
 from .events import Event, IntegrationEvent, decode, registered_events
 from .exceptions import (
     HandlerFailed,

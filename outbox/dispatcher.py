@@ -33,12 +33,11 @@ from datetime import datetime, timedelta
 from django.db import connections
 from django.utils import timezone
 
-from ledon.db import DATABASE_ERRORS
+from ledon.db import DATABASE_ERRORS, alias_for, is_postgres
 from ledon.engine import FAILED, Engine, StopLevel
 
 from . import store
 from .conf import outbox_settings
-from .db import alias_for, is_postgres
 from .exceptions import TransportUnavailable
 from .faults import fault_point
 from .models import OutboxMessage

@@ -23,8 +23,9 @@ from contextlib import contextmanager
 
 from django.db import transaction
 
+from ledon.db import alias_for
+
 from . import store
-from .db import alias_for
 from .models import InboxMessage
 
 

@@ -32,20 +32,17 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Case, F, PositiveIntegerField, Value, When
 from django.utils import timezone
 
-from .conf import outbox_settings
-from .db import (
+from ledon.db import (
     adapt_dt,
-    adapt_uuid,
     alias_for,
     connection_for,
     in_caller_atomic_block,
     is_postgres,
-    placeholders,
     read_dt,
-    read_json,
-    read_uuid,
-    skip_locked,
 )
+
+from .conf import outbox_settings
+from .db import adapt_uuid, placeholders, read_json, read_uuid, skip_locked
 from .exceptions import (
     InvalidInput,
     InvalidTransition,

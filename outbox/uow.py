@@ -75,7 +75,8 @@ def _open_units() -> dict[str, _Open]:
 
 
 def _default_alias() -> str:
-    from .db import alias_for
+    from ledon.db import alias_for
+
     from .models import OutboxMessage
 
     return alias_for(OutboxMessage)

@@ -10,9 +10,10 @@ from typing import Any
 
 from django.db import transaction
 
+from ledon.db import alias_for, in_caller_atomic_block, in_test_case_transaction
+
 from . import store, validation
 from .conf import sagas_settings
-from .db import alias_for, in_caller_atomic_block, in_test_case_transaction
 from .exceptions import (
     AmbientTransactionError,
     InvalidSagaDefinition,

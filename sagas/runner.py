@@ -57,7 +57,13 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
-from ledon.db import DATABASE_ERRORS, TRANSIENT_ERRORS, reset_connection
+from ledon.db import (
+    DATABASE_ERRORS,
+    TRANSIENT_ERRORS,
+    alias_for,
+    in_test_case_transaction,
+    reset_connection,
+)
 from ledon.engine import FAILED, Engine, Failed, StopLevel
 from outbox import unit_of_work
 from outbox.faults import fault_point
@@ -65,7 +71,7 @@ from outbox.faults import fault_point
 from . import store, validation
 from .conf import SagasSettings, sagas_settings
 from .context import SagaContext
-from .db import StepAtomic, alias_for, in_test_case_transaction, is_snapshot_conflict
+from .db import StepAtomic, is_snapshot_conflict
 from .exceptions import (
     InvalidTransition,
     SagaConcurrencyError,

@@ -37,8 +37,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, F, PositiveIntegerField, When
 from django.utils import timezone
 
+from ledon.db import alias_for
+
 from . import validation
-from .db import alias_for
 from .exceptions import (
     InvalidInput,
     SagaConcurrencyError,

@@ -90,8 +90,9 @@ class JobsBackend(BaseTaskBackend):
         once the job is committed (never for a rolled-back enqueue)."""
         from django.db import transaction
 
+        from ledon.db import alias_for
+
         from ..api import stage_job, submit_job
-        from ..db import alias_for
         from ..models import Job
 
         self.validate_task(task)

@@ -26,8 +26,9 @@ from typing import Any
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
+from ledon.db import alias_for
+
 from ..conf import jobs_settings
-from ..db import alias_for
 from ..exceptions import InvalidSchedule, JobsError
 from . import registry, service
 from .models import Schedule
