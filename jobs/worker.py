@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from ledon.db import DATABASE_ERRORS, TRANSIENT_ERRORS, alias_for, is_postgres
 from ledon.engine import FAILED, Engine, StopLevel
-from outbox.pglisten import Listener
+from ledon.pglisten import Listener
 
 from . import execution, store
 from .conf import jobs_settings

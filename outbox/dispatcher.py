@@ -35,13 +35,13 @@ from django.utils import timezone
 
 from ledon.db import DATABASE_ERRORS, alias_for, is_postgres
 from ledon.engine import FAILED, Engine, StopLevel
+from ledon.pglisten import Listener
 
 from . import store
 from .conf import outbox_settings
 from .exceptions import TransportUnavailable
 from .faults import fault_point
 from .models import OutboxMessage
-from .pglisten import Listener
 from .transports import get_transport
 from .transports.base import Transport
 from .types import Batch, DeliveryReport, RecordOutcome, RecoveryResult
