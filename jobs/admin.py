@@ -22,7 +22,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from outbox.admin_support import ReadOnlyAdminMixin, report_refusals, state_action
+from ledon.admin import ReadOnlyAdminMixin, report_refusals, state_action
 
 from . import store, validation
 from .exceptions import InvalidInput, InvalidTransition, JobNotFound
@@ -182,17 +182,9 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
             hashes.add(validation.scope_hash(term))
         return found | queryset.filter(scope_hash__in=hashes), may_have_duplicates
 
-    # ------------------------------------------------------------------ permissions
-
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
-    def has_retry_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
     # ------------------------------------------------------------------ actions
 
-    @state_action("Cancel selected jobs", "cancel")
+    @state_action("Cancel selected jobs")
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Cancel through the store: Queued jobs at once, Running ones by request."""
         outcomes: Counter[CancelOutcome] = Counter()
@@ -221,7 +213,7 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
         )
         report_refusals(self, request, refusals, "not cancelled")
 
-    @state_action("Retry selected jobs", "retry")
+    @state_action("Retry selected jobs")
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Re-queue through the store; jobs whose state forbids it are listed with why."""
         requeued = 0

@@ -18,8 +18,9 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from ledon.admin import ReadOnlyAdminMixin, report_refusals, state_action
+
 from . import store
-from .admin_support import ReadOnlyAdminMixin, report_refusals, state_action
 from .exceptions import InvalidTransition, MessageNotFound
 from .models import InboxMessage, OutboxMessage
 
@@ -85,18 +86,12 @@ class OutboxMessageAdmin(ReadOnlyAdminMixin, _OutboxAdminBase):
             return "-"
         return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.last_error)
 
-    def has_redeliver_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
-    def has_park_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
-    @state_action("Redeliver selected messages now", "redeliver")
+    @state_action("Redeliver selected messages now")
     def redeliver_messages(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
         """Pending or parked messages become due now (parked ones with fresh attempts)."""
         self._apply(request, queryset, lambda m: store.redeliver(m), "redelivered")
 
-    @state_action("Park selected messages", "park")
+    @state_action("Park selected messages")
     def park_messages(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
         """Pending messages stop being delivered until redelivered."""
         reason = f"parked by {request.user.get_username()} in the admin"
