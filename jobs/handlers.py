@@ -12,7 +12,6 @@ import asyncio
 import inspect
 import random
 import threading
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -20,6 +19,9 @@ from typing import Any
 
 from django.db import connections
 from django.utils.module_loading import autodiscover_modules
+
+from ledon.backoff import retry_delay
+from ledon.errors import format_error
 
 from . import validation
 from .conf import jobs_settings
@@ -71,9 +73,14 @@ class RetryPolicy:
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        raw = min(self.max_delay, self.base_delay * self.factor ** max(attempt - 1, 0))
-        spread = (rng or random).uniform(-self.jitter, self.jitter)
-        return max(0.0, raw * (1 + spread))
+        return retry_delay(
+            attempt,
+            base=self.base_delay,
+            factor=self.factor,
+            cap=self.max_delay,
+            jitter=self.jitter,
+            rng=rng,
+        )
 
     def retry_at(self, attempt: int, now: datetime, exc: BaseException) -> datetime | None:
         """When to run again after ``exc`` ended ``attempt``, or None for no retry."""
@@ -131,14 +138,6 @@ class HandlerSpec:
             policy = ctx.retry_policy or self.retry_policy()
             retry_at = policy.retry_at(ctx.attempt, now, exc)
         return error, retry_at
-
-
-def format_error(exc: BaseException) -> str:
-    """Exception type, message and traceback, as stored on the failed attempt."""
-    text = "".join(traceback.format_exception(exc))
-    # Stored text must be valid Unicode without NUL: escape what a message may carry.
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text.replace("\x00", "\\x00")[:100_000]
 
 
 _registry: dict[tuple[str, int], HandlerSpec] = {}

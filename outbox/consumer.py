@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from django.db import connections
 
+from ledon.backoff import retry_delay
 from ledon.db import TRANSIENT_ERRORS, alias_for
 from ledon.engine import Engine, StopLevel
 
@@ -353,8 +354,14 @@ class EventConsumer(Engine):
     def _retry_later(self, envelope: Envelope, exc: Exception, attempt: int, what: str) -> bool:
         """Wait before the next attempt; False if the consumer stopped meanwhile."""
         self.stats.retries += 1
-        raw = min(self.max_retry_delay, self.retry_delay * 2 ** (attempt - 1))
-        delay = raw * self.rng.uniform(0.9, 1.1)
+        delay = retry_delay(
+            attempt,
+            base=self.retry_delay,
+            factor=2,
+            cap=self.max_retry_delay,
+            jitter=0.1,
+            rng=self.rng,
+        )
         logger.warning(
             "consumer %s: %s on %s %s (attempt %d), retrying in %.1fs: %s",
             self.group,

@@ -23,7 +23,6 @@ import random
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,8 +32,10 @@ from datetime import datetime, timedelta
 from django.db import connections
 from django.utils import timezone
 
+from ledon.backoff import retry_delay
 from ledon.db import DATABASE_ERRORS, alias_for, is_postgres
 from ledon.engine import FAILED, Engine, StopLevel
+from ledon.errors import format_error
 from ledon.pglisten import Listener
 
 from . import store
@@ -54,11 +55,6 @@ EventCallback = Callable[[str, str], None]
 
 def default_dispatcher_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def format_error(exc: BaseException) -> str:
-    """Exception type, message and traceback, as stored on the message."""
-    return "".join(traceback.format_exception(exc))
 
 
 @dataclass(slots=True)
@@ -389,10 +385,14 @@ class Dispatcher(Engine):
     def retry_delay(self, attempt: int) -> float:
         """Seconds before the attempt after failed attempt number ``attempt``."""
         s = self.settings
-        raw = min(
-            s.RETRY_MAX_DELAY, s.RETRY_BASE_DELAY * s.RETRY_BACKOFF_FACTOR ** max(attempt - 1, 0)
+        return retry_delay(
+            attempt,
+            base=s.RETRY_BASE_DELAY,
+            factor=s.RETRY_BACKOFF_FACTOR,
+            cap=s.RETRY_MAX_DELAY,
+            jitter=s.RETRY_JITTER,
+            rng=self.rng,
         )
-        return max(0.0, raw * (1 + self.rng.uniform(-s.RETRY_JITTER, s.RETRY_JITTER)))
 
     # ------------------------------------------------------------------ housekeeping
 

@@ -40,6 +40,7 @@ from ledon.db import (
     is_postgres,
     read_dt,
 )
+from ledon.errors import MAX_ERROR_LENGTH, storable_text
 
 from .conf import outbox_settings
 from .db import adapt_uuid, placeholders, read_json, read_uuid, skip_locked
@@ -68,7 +69,6 @@ MAX_KEY_LENGTH = 200
 MAX_CONSUMER_LENGTH = 100
 MAX_MESSAGE_ID_LENGTH = 200
 MAX_DISPATCHER_ID_LENGTH = 200
-MAX_ERROR_LENGTH = 100_000
 
 PENDING, SENT, PARKED = (s.value for s in MessageStatus)
 
@@ -88,11 +88,6 @@ def text(value: object, what: str, max_length: int, *, empty: bool = False) -> s
     if "\x00" in value:
         raise InvalidInput(f"{what} must not contain NUL characters")
     return value
-
-
-def error_text(error: str) -> str:
-    """An error as stored: NUL made visible, cut to a bounded length."""
-    return error.replace("\x00", "\\x00")[:MAX_ERROR_LENGTH]
 
 
 def _notify(connection: BaseDatabaseWrapper) -> None:
@@ -273,7 +268,7 @@ def record_deliveries(
                     PARKED,
                     PENDING,
                     adapt_dt(connection, retry_at.get(report.message_id, now)),
-                    error_text(report.error),
+                    storable_text(report.error),
                     adapt_dt(connection, now),
                     token,
                     PENDING,
@@ -310,7 +305,7 @@ def _recover(
         PARKED,
         PENDING,
         max_attempts,
-        error_text(reason),
+        storable_text(reason),
         adapt_dt(connection, now),
         PENDING,
         *guard_params,

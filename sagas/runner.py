@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import queue
 import socket
@@ -57,6 +58,7 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
+from ledon.backoff import retry_delay
 from ledon.db import (
     DATABASE_ERRORS,
     TRANSIENT_ERRORS,
@@ -65,6 +67,7 @@ from ledon.db import (
     reset_connection,
 )
 from ledon.engine import FAILED, Engine, Failed, StopLevel
+from ledon.errors import format_error
 from outbox import unit_of_work
 from outbox.faults import fault_point
 
@@ -441,7 +444,7 @@ class Driver:
         self._emit(
             "step-failed", state, f"{step.name}: {type(outcome.error).__name__}: {outcome.error}"
         )
-        error = store.format_error(outcome.error)
+        error = format_error(outcome.error)
         for _ in range(3):
             try:
                 store.begin_compensation(state, self.owner, step.name, error, now=self.clock())
@@ -478,7 +481,6 @@ class Driver:
             self._emit("no-compensation", state, step.name)
             return
         attempts = self.settings.COMPENSATION_ATTEMPTS
-        delay = self.settings.COMPENSATION_RETRY_DELAY
         last: BaseException | None = None
         for attempt in range(1, attempts + 1):
             outcome = self._run(state, step, compensating=True, attempt=attempt)
@@ -503,14 +505,20 @@ class Driver:
             )
             self._emit("compensation-failed", state, f"{step.name} (try {attempt}/{attempts})")
             if attempt < attempts:
+                delay = retry_delay(
+                    attempt,
+                    base=self.settings.COMPENSATION_RETRY_DELAY,
+                    factor=2,
+                    cap=math.inf,
+                    jitter=0,
+                )
                 if self.stopping.wait(delay) or self._lost.is_set():
                     return  # the loop releases the lease or notices the takeover
-                delay *= 2
         assert last is not None
         self.compensation_failure = last
         message = (
             f"compensation of step {step.name!r} failed {attempts} time(s); the last "
-            f"error:\n{store.format_error(last)}"
+            f"error:\n{format_error(last)}"
         )
         store.give_up(state, self.owner, message, now=self.clock())
         logger.error(

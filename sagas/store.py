@@ -27,7 +27,6 @@ so the completion mark commits with the step's work or not at all.
 from __future__ import annotations
 
 import logging
-import traceback
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -38,6 +37,7 @@ from django.db.models import Case, F, PositiveIntegerField, When
 from django.utils import timezone
 
 from ledon.db import alias_for
+from ledon.errors import MAX_ERROR_LENGTH
 
 from . import validation
 from .exceptions import (
@@ -51,8 +51,6 @@ from .types import ACTIVE_STATUSES, SagaSnapshot, SagaStatus
 
 logger = logging.getLogger(__name__)
 
-MAX_ERROR_LENGTH = 100_000
-
 
 def _now(now: datetime | None) -> datetime:
     return timezone.now() if now is None else now
@@ -64,12 +62,6 @@ def _alias() -> str:
 
 def _rows() -> SagaInstanceQuerySet:
     return SagaInstance.objects.using(_alias())
-
-
-def format_error(exc: BaseException) -> str:
-    """Exception type, message and traceback, as stored on the instance."""
-    text = "".join(traceback.format_exception(exc))
-    return text.replace("\x00", "\\x00")[:MAX_ERROR_LENGTH]
 
 
 # --------------------------------------------------------------------------- reads

@@ -16,7 +16,7 @@ import pytest
 from django.db import DataError, OperationalError, connection
 
 from ledon import db as ledon_db
-from ledon.backoff import Backoff
+from ledon.backoff import Backoff, retry_delay
 from ledon.db import DatabaseNotMigrated, missing_tables
 from ledon.engine import FAILED, Engine, StopLevel
 from ledon.outage import OutageReporter
@@ -90,6 +90,27 @@ class TestBackoff:
     def test_bad_parameters_are_refused(self, kwargs):
         with pytest.raises(ValueError, match="back-off"):
             Backoff(**kwargs)
+
+
+class TestRetryDelay:
+    """The one formula of automatic retries (jobs, outbox, consumer, compensations)."""
+
+    def test_grows_from_the_first_retry_to_its_cap(self):
+        delays = [retry_delay(n, base=2, factor=3, cap=100, jitter=0) for n in (1, 2, 3, 4, 5, 6)]
+        assert delays == [2, 6, 18, 54, 100, 100]
+
+    def test_jitter_spreads_both_ways_and_never_below_zero(self):
+        rng = random.Random(7)
+        delays = [
+            retry_delay(1, base=10, factor=2, cap=100, jitter=0.25, rng=rng) for _ in range(300)
+        ]
+        assert min(delays) >= 7.5
+        assert max(delays) <= 12.5
+        assert min(delays) < 10 < max(delays)
+
+    def test_a_huge_attempt_number_neither_overflows_nor_passes_the_cap(self):
+        assert retry_delay(10_000, base=1, factor=10, cap=3600, jitter=0) == 3600
+        assert retry_delay(10_000, base=0, factor=10, cap=3600, jitter=0) == 0
 
 
 # --------------------------------------------------------------------------- reporter
