@@ -27,7 +27,7 @@ from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from ledon.db import DATABASE_ERRORS, TRANSIENT_ERRORS, alias_for, is_postgres
-from ledon.engine import FAILED, Engine, StopLevel
+from ledon.engine import FAILED, Engine, EngineStats, StopLevel
 from ledon.pglisten import Listener
 
 from . import execution, store
@@ -48,7 +48,7 @@ _PURGE_BATCH = 1000
 
 
 @dataclass(slots=True)
-class WorkerStats:
+class WorkerStats(EngineStats):
     claimed: int = 0
     succeeded: int = 0
     failed: int = 0
@@ -61,17 +61,7 @@ class WorkerStats:
     purged: int = 0
     put_back: int = 0
 
-    def count(self, outcome: FinishOutcome) -> None:
-        name = {
-            FinishOutcome.SUCCEEDED: "succeeded",
-            FinishOutcome.FAILED: "failed",
-            FinishOutcome.CANCELLED: "cancelled",
-            FinishOutcome.INTERRUPTED: "interrupted",
-            FinishOutcome.REQUEUED: "requeued",
-            FinishOutcome.STALE: "stale",
-            FinishOutcome.PUT_BACK: "put_back",
-        }[outcome]
-        setattr(self, name, getattr(self, name) + 1)
+    counters = {FinishOutcome.PUT_BACK: "put_back"}
 
     def summary(self) -> str:
         return (

@@ -38,7 +38,6 @@ acknowledgement — then ``run()`` returns.
 
 from __future__ import annotations
 
-import enum
 import logging
 import random
 import threading
@@ -49,7 +48,7 @@ from django.db import connections
 
 from ledon.backoff import retry_delay
 from ledon.db import TRANSIENT_ERRORS, alias_for
-from ledon.engine import Engine, StopLevel
+from ledon.engine import Engine, EngineStats
 
 from .bus import event_bus
 from .events import Event, IntegrationEvent, decode, registered_events
@@ -66,7 +65,7 @@ from .models import InboxMessage
 from .store import MAX_CONSUMER_LENGTH, text
 from .transports import get_transport
 from .transports.base import Received, Subscription
-from .types import Envelope
+from .types import ConsumeOutcome, Envelope
 from .uow import unit_of_work
 
 logger = logging.getLogger(__name__)
@@ -75,17 +74,8 @@ logger = logging.getLogger(__name__)
 EventCallback = Callable[[str, str], None]
 
 
-class ConsumeOutcome(enum.Enum):
-    HANDLED = "handled"
-    DUPLICATE = "duplicate"
-    SKIPPED = "skipped"
-    PARKED = "parked"
-    #: The consumer stopped before the message was done; the broker delivers it again.
-    ABANDONED = "abandoned"
-
-
 @dataclass(slots=True)
-class ConsumerStats:
+class ConsumerStats(EngineStats):
     received: int = 0
     handled: int = 0
     duplicate: int = 0
@@ -94,9 +84,6 @@ class ConsumerStats:
     abandoned: int = 0
     retries: int = 0
     reconnects: int = 0
-
-    def count(self, outcome: ConsumeOutcome) -> None:
-        setattr(self, outcome.value, getattr(self, outcome.value) + 1)
 
     def summary(self) -> str:
         return (
@@ -189,14 +176,6 @@ class EventConsumer(Engine):
         self._open = False
 
     # ------------------------------------------------------------------ control
-
-    def stop(self) -> None:
-        """Finish the message being handled, then return from ``run()``."""
-        self.escalate(StopLevel.GRACEFUL)
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
 
     def _emit(self, event: str, detail: str = "") -> None:
         if self.on_event is not None:

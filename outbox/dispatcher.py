@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from ledon.backoff import retry_delay
 from ledon.db import DATABASE_ERRORS, alias_for, is_postgres
-from ledon.engine import FAILED, Engine, StopLevel
+from ledon.engine import FAILED, Engine, EngineStats
 from ledon.errors import format_error
 from ledon.pglisten import Listener
 
@@ -58,7 +58,7 @@ def default_dispatcher_id() -> str:
 
 
 @dataclass(slots=True)
-class DispatcherStats:
+class DispatcherStats(EngineStats):
     batches: int = 0
     claimed: int = 0
     sent: int = 0
@@ -68,14 +68,7 @@ class DispatcherStats:
     recovered: int = 0
     purged: int = 0
 
-    def count(self, outcome: RecordOutcome) -> None:
-        name = {
-            RecordOutcome.SENT: "sent",
-            RecordOutcome.RETRY_SCHEDULED: "retried",
-            RecordOutcome.PARKED: "parked",
-            RecordOutcome.STALE: "stale",
-        }[outcome]
-        setattr(self, name, getattr(self, name) + 1)
+    counters = {RecordOutcome.RETRY_SCHEDULED: "retried"}
 
     def summary(self) -> str:
         return (
@@ -205,14 +198,6 @@ class Dispatcher(Engine):
         self._own_recovered = False
 
     # ------------------------------------------------------------------ control
-
-    def stop(self) -> None:
-        """Finish the current batch, then return from ``run()``."""
-        self.escalate(StopLevel.GRACEFUL)
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
 
     def _emit(self, event: str, detail: str = "") -> None:
         if self.on_event is not None:

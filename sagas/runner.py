@@ -66,7 +66,7 @@ from ledon.db import (
     in_test_case_transaction,
     reset_connection,
 )
-from ledon.engine import FAILED, Engine, Failed, StopLevel
+from ledon.engine import FAILED, Engine, EngineStats, Failed, StopLevel
 from ledon.errors import format_error
 from outbox import unit_of_work
 from outbox.faults import fault_point
@@ -696,7 +696,7 @@ class Driver:
 
 
 @dataclass(slots=True)
-class RecoveryStats:
+class RecoveryStats(EngineStats):
     claimed: int = 0
     succeeded: int = 0
     compensated: int = 0
@@ -708,6 +708,13 @@ class RecoveryStats:
     claims_lost: int = 0
     #: Instances left untouched because their definition is missing or changed.
     untouched: int = 0
+
+    #: How an instance this runner drove ended (still active: released).
+    counters = {
+        SagaStatus.FAILED: "needs_attention",
+        SagaStatus.RUNNING: "released",
+        SagaStatus.COMPENSATING: "released",
+    }
 
     def summary(self) -> str:
         return (
@@ -767,10 +774,6 @@ class SagaRunner(Engine):
         self._driver: Driver | None = None
         self.started = threading.Event()
 
-    def stop(self) -> None:
-        """Stop claiming; the instance being driven is released after its current step."""
-        self.escalate(StopLevel.GRACEFUL)
-
     def _stop_level_reached(self, level: StopLevel) -> None:
         driver = self._driver
         if driver is None:
@@ -779,10 +782,6 @@ class SagaRunner(Engine):
             driver.abandon()
         elif level >= StopLevel.CANCEL:
             driver.interrupt()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
 
     def _emit(self, event: str, state: SagaSnapshot | None, detail: str = "") -> None:
         if self.on_event is not None:
@@ -937,11 +936,4 @@ class SagaRunner(Engine):
             return
         finally:
             self._driver = None
-        if final.status is SagaStatus.SUCCEEDED:
-            self.stats.succeeded += 1
-        elif final.status is SagaStatus.COMPENSATED:
-            self.stats.compensated += 1
-        elif final.status is SagaStatus.FAILED:
-            self.stats.needs_attention += 1
-        else:
-            self.stats.released += 1
+        self.stats.count(final.status)

@@ -4,6 +4,8 @@ check — in process, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import logging
 import os
 import random
@@ -18,7 +20,7 @@ from django.db import DataError, OperationalError, connection
 from ledon import db as ledon_db
 from ledon.backoff import Backoff, retry_delay
 from ledon.db import DatabaseNotMigrated, missing_tables
-from ledon.engine import FAILED, Engine, StopLevel
+from ledon.engine import FAILED, Engine, EngineStats, StopLevel
 from ledon.outage import OutageReporter
 
 log = logging.getLogger("tests.engine")
@@ -111,6 +113,34 @@ class TestRetryDelay:
     def test_a_huge_attempt_number_neither_overflows_nor_passes_the_cap(self):
         assert retry_delay(10_000, base=1, factor=10, cap=3600, jitter=0) == 3600
         assert retry_delay(10_000, base=0, factor=10, cap=3600, jitter=0) == 0
+
+
+# --------------------------------------------------------------------------- stats
+
+
+class _Outcome(enum.Enum):
+    DONE = "done"
+    TRY_AGAIN = "try-again"
+
+
+@dataclasses.dataclass(slots=True)
+class _Stats(EngineStats):
+    done: int = 0
+    retried: int = 0
+
+    counters = {_Outcome.TRY_AGAIN: "retried"}
+
+    def summary(self) -> str:
+        return f"done {self.done}, retried {self.retried}"
+
+
+def test_stats_count_each_outcome_on_its_counter():
+    stats = _Stats()
+    for outcome in (_Outcome.DONE, _Outcome.TRY_AGAIN, _Outcome.DONE):
+        stats.count(outcome)
+    assert (stats.done, stats.retried) == (2, 1)
+    assert stats.summary() == "done 2, retried 1"
+    assert not hasattr(stats, "__dict__")  # the base keeps the counters slotted
 
 
 # --------------------------------------------------------------------------- reporter
