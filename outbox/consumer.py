@@ -62,11 +62,11 @@ from .exceptions import (
 from .faults import fault_point
 from .inbox import consume
 from .models import InboxMessage
-from .store import MAX_CONSUMER_LENGTH, text
 from .transports import get_transport
 from .transports.base import Received, Subscription
 from .types import ConsumeOutcome, Envelope
 from .uow import unit_of_work
+from .validation import MAX_CONSUMER_LENGTH, text
 
 logger = logging.getLogger(__name__)
 

@@ -59,35 +59,19 @@ from .types import (
     RecordOutcome,
     RecoveryResult,
 )
+from .validation import MAX_DISPATCHER_ID_LENGTH, text
 
 logger = logging.getLogger(__name__)
 
 OUTBOX = OutboxMessage._meta.db_table
 INBOX = InboxMessage._meta.db_table
 
-MAX_KEY_LENGTH = 200
-MAX_CONSUMER_LENGTH = 100
-MAX_MESSAGE_ID_LENGTH = 200
-MAX_DISPATCHER_ID_LENGTH = 200
 
 PENDING, SENT, PARKED = (s.value for s in MessageStatus)
 
 
 def _now(now: datetime | None) -> datetime:
     return timezone.now() if now is None else now
-
-
-def text(value: object, what: str, max_length: int, *, empty: bool = False) -> str:
-    """A short text field as a caller hands it: a str of bounded length, no NUL."""
-    if not isinstance(value, str):
-        raise InvalidInput(f"{what} must be a str, not {type(value).__name__}")
-    if not value and not empty:
-        raise InvalidInput(f"{what} must not be empty")
-    if len(value) > max_length:
-        raise InvalidInput(f"{what} must be at most {max_length} characters")
-    if "\x00" in value:
-        raise InvalidInput(f"{what} must not contain NUL characters")
-    return value
 
 
 def _notify(connection: BaseDatabaseWrapper) -> None:
