@@ -14,6 +14,7 @@ from ledon.db import alias_for, in_caller_atomic_block, in_test_case_transaction
 
 from . import store, validation
 from .conf import sagas_settings
+from .driver import Driver, EventCallback, default_runner_id
 from .exceptions import (
     AmbientTransactionError,
     InvalidSagaDefinition,
@@ -25,7 +26,6 @@ from .exceptions import (
 )
 from .models import SagaInstance
 from .registry import SagaDefinition, get_saga
-from .runner import Driver, EventCallback, default_runner_id
 from .types import SagaSnapshot, SagaStatus
 
 

@@ -25,6 +25,7 @@ from sagas import (
     store,
 )
 from sagas.conf import sagas_settings
+from sagas.driver import Driver
 from sagas.exceptions import (
     InvalidTransition,
     SagaLeased,
@@ -34,7 +35,7 @@ from sagas.exceptions import (
 )
 from sagas.models import SagaInstance
 from sagas.registry import get_saga
-from sagas.runner import Driver, SagaRunner
+from sagas.runner import SagaRunner
 from sagas.testing import drive_pending_sagas, temporary_saga
 from testproject.fulfilment.models import Payment, StepRun
 
