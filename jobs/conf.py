@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, fields
 from typing import Any
 
-from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
-from ledon.conf import unknown_keys_message
+from ledon.conf import SettingsReader, unknown_keys_message
 
 from .exceptions import JobsConfigurationError
 from .validation import scope_hash
@@ -132,16 +127,5 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
     return result
 
 
-@functools.cache
-def jobs_settings() -> JobsSettings:
-    """The current ``JOBS`` settings, validated. Read lazily, never at import time."""
-    values = getattr(settings, "JOBS", {}) or {}
-    if not isinstance(values, dict):
-        raise JobsConfigurationError("the JOBS setting must be a dict")
-    return _validate(dict(values))
-
-
-@receiver(setting_changed)
-def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting == "JOBS":
-        jobs_settings.cache_clear()
+#: The current ``JOBS`` settings, validated: ``jobs_settings()``.
+jobs_settings = SettingsReader("JOBS", _validate, JobsConfigurationError)

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
-from ledon.conf import unknown_keys_message
+from ledon.conf import SettingsReader, unknown_keys_message
 
 from .exceptions import OutboxConfigurationError
 
@@ -107,16 +102,5 @@ def _validate(values: dict[str, Any]) -> OutboxSettings:
     return result
 
 
-@functools.cache
-def outbox_settings() -> OutboxSettings:
-    """The current ``OUTBOX`` settings, validated. Read lazily, never at import time."""
-    values = getattr(settings, "OUTBOX", {}) or {}
-    if not isinstance(values, dict):
-        raise OutboxConfigurationError("the OUTBOX setting must be a dict")
-    return _validate(dict(values))
-
-
-@receiver(setting_changed)
-def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting == "OUTBOX":
-        outbox_settings.cache_clear()
+#: The current ``OUTBOX`` settings, validated: ``outbox_settings()``.
+outbox_settings = SettingsReader("OUTBOX", _validate, OutboxConfigurationError)

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, fields
 from typing import Any
 
-from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
-from ledon.conf import unknown_keys_message
+from ledon.conf import SettingsReader, unknown_keys_message
 
 from .exceptions import SagasConfigurationError
 
@@ -105,16 +100,5 @@ def _validate(values: dict[str, Any]) -> SagasSettings:
     return result
 
 
-@functools.cache
-def sagas_settings() -> SagasSettings:
-    """The current ``SAGAS`` settings, validated. Read lazily, never at import time."""
-    values = getattr(settings, "SAGAS", {}) or {}
-    if not isinstance(values, dict):
-        raise SagasConfigurationError("the SAGAS setting must be a dict")
-    return _validate(dict(values))
-
-
-@receiver(setting_changed)
-def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting == "SAGAS":
-        sagas_settings.cache_clear()
+#: The current ``SAGAS`` settings, validated: ``sagas_settings()``.
+sagas_settings = SettingsReader("SAGAS", _validate, SagasConfigurationError)
