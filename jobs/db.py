@@ -48,6 +48,7 @@ def fetch(
                 return []
             names = [column[0] for column in cursor.description]
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    # psycopg is the [postgres] extra: a SQLite set-up never imports it.
     import psycopg
     from psycopg.rows import dict_row
 

@@ -48,6 +48,7 @@ class Listener(threading.Thread):
         self._stop_requested.set()
 
     def run(self) -> None:
+        # psycopg is the [postgres] extra; only PostgreSQL set-ups start a listener.
         import psycopg
         from psycopg import sql
 

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any, overload
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from ledon.db import alias_for
+
 from . import validation
 from .bus import event_bus
 from .conf import outbox_settings
@@ -75,8 +77,9 @@ def _open_units() -> dict[str, _Open]:
 
 
 def _default_alias() -> str:
-    from ledon.db import alias_for
-
+    # Users import this module (``from outbox import unit_of_work``) at the top of
+    # their own modules, their apps' included: the model is imported when a unit of
+    # work first needs it, once the app registry is ready.
     from .models import OutboxMessage
 
     return alias_for(OutboxMessage)
@@ -162,7 +165,7 @@ class UnitOfWork:
         self._require_open()
         envelope = make_envelope(event, key=key, headers=headers)
         if outbox_settings().ENABLED:
-            from . import store
+            from . import store  # imports the models: see _default_alias
 
             if self.using != _default_alias():
                 raise WrongDatabase()
