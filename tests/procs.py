@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def manage(database: str, *args: str, env: dict[str, str] | None = None) -> None
         env={
             **os.environ,
             **(env or {}),
-            "DJANGO_SETTINGS_MODULE": "testproject.settings",
+            "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
             "DATABASE_URL": database,
         },
         capture_output=True,
@@ -63,7 +64,7 @@ class ManageProcess:
         self._log: IO[str] = self.log_path.open("w")
         full_env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "testproject.settings",
+            "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
             "DATABASE_URL": database or database_url(),
