@@ -17,33 +17,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("jobs", "outbox", "sagas", "ledon")
 
-#: Cycles that another change removes: each is listed with the modules it joins.
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    # jobs.handlers.autodiscover imports jobs.backends, whose modules import
-    # jobs.handlers: the core registry knows its django.tasks adapter. Being
-    # untangled on its own; remove this entry with it.
-    frozenset(
-        {
-            "jobs.backends",
-            "jobs.backends.backend",
-            "jobs.backends.exceptions",
-            "jobs.backends.registry",
-            "jobs.backends.results",
-            "jobs.backends.runner",
-            "jobs.handlers",
-        }
-    ): "jobs.handlers <-> jobs.backends",
-}
-
-#: Modules whose local imports are reviewed with that same change.
-LOCAL_IMPORTS_PENDING = {
-    "jobs.backends",
-    "jobs.backends.backend",
-    "jobs.backends.runner",
-    "jobs.handlers",
-    "jobs.schedules.registry",
-}
-
 
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
@@ -128,7 +101,7 @@ def test_the_cycle_finder_finds_a_cycle_behind_a_local_import():
 def test_no_import_cycle_within_an_app(graph, package):
     """grimp reads every import statement, those inside functions too."""
     modules = {m for m in graph.modules if m.split(".")[0] == package and ".migrations" not in m}
-    cycles = [c for c in strongly_connected(graph, modules) if frozenset(c) not in KNOWN_CYCLES]
+    cycles = strongly_connected(graph, modules)
     described = [
         " <-> ".join(sorted(cycle))
         + ": "
@@ -165,11 +138,6 @@ def local_imports(path: Path) -> Iterator[tuple[int, str, bool]]:
             yield inner.lineno, lines[inner.lineno - 1].strip(), said
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def test_every_local_import_says_why():
     """An import inside a function hides a dependency from whoever reads the top of
     the module: one that must stay says why in a comment beside it (or just above,
@@ -177,7 +145,7 @@ def test_every_local_import_says_why():
     silent = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            if "migrations" in path.parts or module_name(path) in LOCAL_IMPORTS_PENDING:
+            if "migrations" in path.parts:
                 continue
             for line, statement, said in local_imports(path):
                 if not said:

@@ -5,16 +5,20 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core import checks
+from django.db import transaction
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
+from ledon.db import alias_for
+
 from .. import validation
 from ..exceptions import InvalidInput, InvalidJobId, JobNotFound, TransactionRequiredError
-from ..handlers import RetryPolicy
+from ..handlers import RetryPolicy, autodiscover
 from ..types import CancelOutcome, JobSnapshot, JobSubmission
 from . import registry
 from .exceptions import TaskNotRegistered
@@ -88,10 +92,8 @@ class JobsBackend(BaseTaskBackend):
         """Store the task as a job: staged in the caller's ``transaction.atomic``
         block if there is one, else submitted on its own. ``task_enqueued`` is sent
         once the job is committed (never for a rolled-back enqueue)."""
-        from django.db import transaction
-
-        from ledon.db import alias_for
-
+        # Not at the top, here and below: Django may import the backend before the
+        # app registry is ready, and these import the models.
         from ..api import stage_job, submit_job
         from ..models import Job
 
@@ -164,8 +166,6 @@ class JobsBackend(BaseTaskBackend):
         if task is None:
             # Import what the worker would import (app task modules, OPTIONS
             # ["MODULES"]): configured module names, never the stored path.
-            from ..handlers import autodiscover
-
             autodiscover()
             task = registry.lookup(task_path)
         if task is None:
@@ -185,7 +185,7 @@ class JobsBackend(BaseTaskBackend):
         return replace(task, **changes)
 
     def _snapshot(self, result_id: object) -> JobSnapshot:
-        from ..api import JobScope
+        from ..api import JobScope  # the models: see enqueue()
 
         if not isinstance(result_id, str):
             raise TaskResultDoesNotExist(result_id)
@@ -203,7 +203,7 @@ class JobsBackend(BaseTaskBackend):
         """Cancel a task: a READY task fails at once as cancelled; a RUNNING one has
         its cancellation requested (it reaches ``context.job`` of a task that takes
         context, and the result is dropped). Says so if the task had finished."""
-        from ..api import JobScope
+        from ..api import JobScope  # the models: see enqueue()
 
         snapshot = self._snapshot(result_id)
         try:
@@ -213,6 +213,4 @@ class JobsBackend(BaseTaskBackend):
 
     async def acancel(self, result_id: str) -> CancelOutcome:
         """The async form of :meth:`cancel`."""
-        from asgiref.sync import sync_to_async
-
         return await sync_to_async(self.cancel, thread_sensitive=True)(result_id)
