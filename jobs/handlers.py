@@ -21,7 +21,7 @@ from typing import Any
 from django.db import connections
 from django.utils.module_loading import autodiscover_modules
 
-from ledon.backoff import retry_delay
+from ledon.backoff import RetryPace
 from ledon.errors import format_error
 
 from . import validation
@@ -64,24 +64,13 @@ class RetryPolicy:
 
     @classmethod
     def from_settings(cls) -> RetryPolicy:
-        s = jobs_settings()
-        return cls(
-            base_delay=s.RETRY_BASE_DELAY,
-            factor=s.RETRY_BACKOFF_FACTOR,
-            max_delay=s.RETRY_MAX_DELAY,
-            jitter=s.RETRY_JITTER,
-        )
+        pace = RetryPace.from_settings(jobs_settings())
+        return cls(base_delay=pace.base, factor=pace.factor, max_delay=pace.cap, jitter=pace.jitter)
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        return retry_delay(
-            attempt,
-            base=self.base_delay,
-            factor=self.factor,
-            cap=self.max_delay,
-            jitter=self.jitter,
-            rng=rng,
-        )
+        pace = RetryPace(self.base_delay, self.factor, self.max_delay, self.jitter)
+        return pace.delay(attempt, rng)
 
     def retry_at(self, attempt: int, now: datetime, exc: BaseException) -> datetime | None:
         """When to run again after ``exc`` ended ``attempt``, or None for no retry."""

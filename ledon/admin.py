@@ -38,6 +38,14 @@ def state_action(description: str) -> Callable[[_Action], _Action]:
     )
 
 
+class GrowingTableMixin:
+    """The change list of a table that grows without bound: no count of every row on
+    each page view, and 50 rows a page."""
+
+    show_full_result_count = False
+    list_per_page = 50
+
+
 class ReadOnlyAdminMixin:
     """No adding, editing or deleting by hand; ``has_steer_permission`` guards the
     actions."""
@@ -71,3 +79,21 @@ def report_refusals(
     hidden = len(refusals) - MAX_LISTED
     if hidden > 0:
         model_admin.message_user(request, f"... and {hidden} more {verb}.", messages.WARNING)
+
+
+def report_changes(
+    model_admin: admin.ModelAdmin[Any],
+    request: HttpRequest,
+    changed: int,
+    verb: str,
+    refusals: Sequence[str],
+) -> None:
+    """The end of a guarded action: ``"<changed> <verb>, <n> refused."`` (a success if
+    anything changed, else a warning), then the refusals (:func:`report_refusals`)."""
+    summary = f"{changed} {verb}"
+    if refusals:
+        summary += f", {len(refusals)} refused"
+    model_admin.message_user(
+        request, summary + ".", messages.SUCCESS if changed else messages.WARNING
+    )
+    report_refusals(model_admin, request, refusals, "refused")

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import random
 import threading
+from dataclasses import dataclass
+from typing import Protocol
 
 
 def exponential(n: int, *, base: float, factor: float, cap: float) -> float:
@@ -42,6 +44,45 @@ def retry_delay(
     if not jitter:
         return raw
     return max(0.0, raw * (1 + (rng or random).uniform(-jitter, jitter)))
+
+
+class RetrySettings(Protocol):
+    """An app's settings with the four keys of its automatic retries."""
+
+    @property
+    def RETRY_BASE_DELAY(self) -> float: ...
+    @property
+    def RETRY_BACKOFF_FACTOR(self) -> float: ...
+    @property
+    def RETRY_MAX_DELAY(self) -> float: ...
+    @property
+    def RETRY_JITTER(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPace:
+    """The pace of automatic retries: :func:`retry_delay` with these four numbers."""
+
+    base: float
+    factor: float
+    cap: float
+    jitter: float
+
+    @classmethod
+    def from_settings(cls, settings: RetrySettings) -> RetryPace:
+        """The pace an app's ``RETRY_*`` settings (``JOBS``, ``OUTBOX``) give."""
+        return cls(
+            settings.RETRY_BASE_DELAY,
+            settings.RETRY_BACKOFF_FACTOR,
+            settings.RETRY_MAX_DELAY,
+            settings.RETRY_JITTER,
+        )
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds before the retry that follows failed attempt number ``attempt``."""
+        return retry_delay(
+            attempt, base=self.base, factor=self.factor, cap=self.cap, jitter=self.jitter, rng=rng
+        )
 
 
 #: The defaults of every engine: 0.1 s, 0.2 s, 0.4 s … at most 2 s between attempts.

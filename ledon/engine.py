@@ -133,6 +133,9 @@ class Engine:
         self._aborting = threading.Event()
         #: Set when there may be work, or the stop level changed.
         self._wake = threading.Event()
+        #: Set once the engine is at work (the database answered, its start-up steps
+        #: ran; for a consumer, its subscription opened).
+        self.started = threading.Event()
         #: Set by a failed database step until the next :meth:`pause` has backed off.
         self._backing_off = threading.Event()
         self._delay = 0.0

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -171,9 +172,17 @@ class EventConsumer(Engine):
         super().__init__(alias=alias_for(InboxMessage), log=logger)
         self.using = self.alias
         self.stats = ConsumerStats()
-        #: Set once the subscription is open for the first time.
-        self.ready = threading.Event()
         self._open = False
+
+    @property
+    def ready(self) -> threading.Event:
+        """Deprecated alias of :attr:`started`, the name every engine uses."""
+        warnings.warn(
+            "EventConsumer.ready is deprecated; use EventConsumer.started",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.started
 
     # ------------------------------------------------------------------ control
 
@@ -217,12 +226,12 @@ class EventConsumer(Engine):
         return self.stats
 
     def _opened(self) -> None:
-        if self.ready.is_set():
+        if self.started.is_set():
             self.stats.reconnects += 1
             logger.warning("consumer %s reconnected", self.group, extra={"group": self.group})
             self._emit("reconnected", self.subscription.describe())
         else:
-            self.ready.set()
+            self.started.set()
             self._emit(
                 "ready",
                 f"{self.subscription.describe()}; event types: {', '.join(self.event_types)}",

@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from django.db import connections
 from django.utils import timezone
 
-from ledon.backoff import retry_delay
+from ledon.backoff import RetryPace
 from ledon.db import DATABASE_ERRORS, alias_for, is_postgres
 from ledon.engine import FAILED, Engine, EngineStats
 from ledon.errors import format_error
@@ -186,7 +186,6 @@ class Dispatcher(Engine):
         super().__init__(alias=alias_for(OutboxMessage), log=logger)
         self.listen = is_postgres(connections[self.alias]) if listen is None else listen
         self.stats = DispatcherStats()
-        self.started = threading.Event()
         #: Set while the dispatcher waits for work (nothing was due at its last claim).
         self.idle = threading.Event()
         self._listener: Listener | None = None
@@ -369,15 +368,7 @@ class Dispatcher(Engine):
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds before the attempt after failed attempt number ``attempt``."""
-        s = self.settings
-        return retry_delay(
-            attempt,
-            base=s.RETRY_BASE_DELAY,
-            factor=s.RETRY_BACKOFF_FACTOR,
-            cap=s.RETRY_MAX_DELAY,
-            jitter=s.RETRY_JITTER,
-            rng=self.rng,
-        )
+        return RetryPace.from_settings(self.settings).delay(attempt, self.rng)
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -406,15 +397,14 @@ class Dispatcher(Engine):
         s = self.settings
         now = self.clock()
         purged = 0
-        if s.RETENTION_SECONDS is not None:
-            cutoff = now - timedelta(seconds=s.RETENTION_SECONDS)
-            while count := store.purge_sent(older_than=cutoff):
-                purged += count
-                if self._stopping.is_set():
-                    break
-        if s.INBOX_RETENTION_SECONDS is not None:
-            cutoff = now - timedelta(seconds=s.INBOX_RETENTION_SECONDS)
-            while count := store.purge_inbox(older_than=cutoff):
+        for seconds, purge in (
+            (s.RETENTION_SECONDS, store.purge_sent),
+            (s.INBOX_RETENTION_SECONDS, store.purge_inbox),
+        ):
+            if seconds is None:
+                continue
+            cutoff = now - timedelta(seconds=seconds)
+            while count := purge(older_than=cutoff):
                 purged += count
                 if self._stopping.is_set():
                     break

@@ -29,7 +29,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Case, F, PositiveIntegerField, Value, When
+from django.db.models import Case, F, PositiveIntegerField, QuerySet, Value, When
 from django.utils import timezone
 
 from ledon.db import (
@@ -334,17 +334,7 @@ def recover_dispatcher(
 
 def purge_sent(*, older_than: datetime, limit: int = 1000) -> int:
     """Retention: delete up to ``limit`` Sent messages sent before ``older_than``."""
-    alias = alias_for(OutboxMessage)
-    oldest = (
-        OutboxMessage.objects.using(alias)
-        .sent()
-        .filter(sent_at__lt=older_than)
-        .order_by("sent_at")
-        .values_list("id", flat=True)[:limit]
-    )
-    with transaction.atomic(using=alias):
-        deleted, _ = OutboxMessage.objects.using(alias).filter(id__in=list(oldest)).delete()
-    return deleted
+    return _delete_oldest(OutboxMessage.objects.sent(), "sent_at", older_than, limit)
 
 
 def purge_inbox(*, older_than: datetime, limit: int = 1000) -> int:
@@ -352,15 +342,22 @@ def purge_inbox(*, older_than: datetime, limit: int = 1000) -> int:
 
     A redelivery of a message whose record was purged is processed again.
     """
-    alias = alias_for(InboxMessage)
-    oldest = (
-        InboxMessage.objects.using(alias)
-        .filter(processed_at__lt=older_than)
-        .order_by("processed_at")
-        .values_list("id", flat=True)[:limit]
-    )
+    return _delete_oldest(InboxMessage.objects.all(), "processed_at", older_than, limit)
+
+
+def _delete_oldest(
+    rows: QuerySet[Any],
+    field: str,
+    older_than: datetime,
+    limit: int,
+) -> int:
+    """Delete up to ``limit`` of ``rows`` whose ``field`` is before ``older_than``,
+    oldest first, in one transaction: the number deleted."""
+    alias = alias_for(rows.model)
+    rows = rows.using(alias).filter(**{f"{field}__lt": older_than})
+    ids = list(rows.order_by(field).values_list("id", flat=True)[:limit])
     with transaction.atomic(using=alias):
-        deleted, _ = InboxMessage.objects.using(alias).filter(id__in=list(oldest)).delete()
+        deleted, _ = rows.filter(id__in=ids).delete()
     return deleted
 
 

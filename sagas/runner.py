@@ -21,7 +21,6 @@ Fault points (see :mod:`ledon.faults`; the steps' own are listed in
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -122,7 +121,6 @@ class SagaRunner(Engine):
         # none, are released once the database is back.
         self._release_pending = False
         self._driver: Driver | None = None
-        self.started = threading.Event()
 
     def _stop_level_reached(self, level: StopLevel) -> None:
         driver = self._driver

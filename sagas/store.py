@@ -323,18 +323,18 @@ def begin_compensation(
     )
 
 
+def _compensating(state: SagaSnapshot, owner: str, now: datetime, **values: Any) -> int:
+    """A transition of a COMPENSATING instance (guarded as every one: :func:`_transition`)."""
+    return _transition(state, owner, [SagaStatus.COMPENSATING], now, **values)
+
+
 def record_compensation(
     state: SagaSnapshot, owner: str, step: str, data: dict[str, Any], *, now: datetime | None = None
 ) -> int:
     """Mark ``step`` compensated; call it inside the compensation's own transaction."""
     now = _now(now)
-    return _transition(
-        state,
-        owner,
-        [SagaStatus.COMPENSATING],
-        now,
-        compensated_steps=[*state.compensated_steps, step],
-        data=data,
+    return _compensating(
+        state, owner, now, compensated_steps=[*state.compensated_steps, step], data=data
     )
 
 
@@ -343,24 +343,13 @@ def skip_compensation(
 ) -> int:
     """Record that ``step`` has no compensation: its effects remain."""
     now = _now(now)
-    return _transition(
-        state,
-        owner,
-        [SagaStatus.COMPENSATING],
-        now,
-        uncompensated_steps=[*state.uncompensated_steps, step],
-    )
+    return _compensating(state, owner, now, uncompensated_steps=[*state.uncompensated_steps, step])
 
 
 def finish_compensation(state: SagaSnapshot, owner: str, *, now: datetime | None = None) -> int:
     now = _now(now)
-    return _transition(
-        state,
-        owner,
-        [SagaStatus.COMPENSATING],
-        now,
-        compensation_error="",
-        **_released(now, SagaStatus.COMPENSATED),
+    return _compensating(
+        state, owner, now, compensation_error="", **_released(now, SagaStatus.COMPENSATED)
     )
 
 
@@ -369,10 +358,9 @@ def give_up(
 ) -> int:
     """A compensation kept failing: leave the instance FAILED, for a person to look at."""
     now = _now(now)
-    return _transition(
+    return _compensating(
         state,
         owner,
-        [SagaStatus.COMPENSATING],
         now,
         compensation_error=compensation_error[:MAX_ERROR_LENGTH],
         **_released(now, SagaStatus.FAILED),

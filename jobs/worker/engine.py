@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -79,7 +78,6 @@ class Worker(Shutdown):
         self._init_state()
         # Whether this worker id's own leftovers were recovered (J11, at start-up).
         self._own_recovered = False
-        self.started = threading.Event()
 
     # ------------------------------------------------------------------ control
 

@@ -70,13 +70,11 @@ class Command(BaseCommand):
             f"batches of {dispatcher.batch_size}"
         )
 
-        stats = run_engine(
+        run_engine(
             dispatcher, dispatcher.run, out=self.stdout,
             name=f"dispatcher {dispatcher.dispatcher_id}", meaning=SIGNAL_MEANING,
+            style=self.style.SUCCESS,
         )  # fmt: skip
-        self.stdout.write(
-            self.style.SUCCESS(f"dispatcher {dispatcher.dispatcher_id} stopped: {stats.summary()}")
-        )
 
     def _printer(self, verbosity: int) -> Any:
         def emit(event: str, detail: str) -> None:
