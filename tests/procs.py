@@ -11,10 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def settings_module() -> str:
+    """The settings module of this test run (a child process uses the same one).
+    Read from the environment: under ``override_settings`` (the ``settings``
+    fixture), ``django.conf.settings.SETTINGS_MODULE`` is None."""
+    return os.environ.get("DJANGO_SETTINGS_MODULE") or "testproject.settings"
 
 
 def database_url() -> str:
@@ -37,7 +43,7 @@ def manage(database: str, *args: str, env: dict[str, str] | None = None) -> None
         env={
             **os.environ,
             **(env or {}),
-            "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
+            "DJANGO_SETTINGS_MODULE": settings_module(),
             "DATABASE_URL": database,
         },
         capture_output=True,
@@ -64,7 +70,7 @@ class ManageProcess:
         self._log: IO[str] = self.log_path.open("w")
         full_env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
+            "DJANGO_SETTINGS_MODULE": settings_module(),
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
             "DATABASE_URL": database or database_url(),
