@@ -40,8 +40,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -50,6 +48,7 @@ from django.db import connections
 from ledon.backoff import retry_delay
 from ledon.db import TRANSIENT_ERRORS, alias_for
 from ledon.engine import Engine, EngineStats
+from ledon.renamed import renamed_attribute
 
 from .bus import event_bus
 from .events import Event, IntegrationEvent, decode, registered_events
@@ -174,15 +173,7 @@ class EventConsumer(Engine):
         self.stats = ConsumerStats()
         self._open = False
 
-    @property
-    def ready(self) -> threading.Event:
-        """Deprecated alias of :attr:`started`, the name every engine uses."""
-        warnings.warn(
-            "EventConsumer.ready is deprecated; use EventConsumer.started",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.started
+    ready = renamed_attribute("EventConsumer.ready", "started")
 
     # ------------------------------------------------------------------ control
 

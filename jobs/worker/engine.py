@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
@@ -14,6 +13,7 @@ from django.utils import timezone
 from ledon.db import alias_for, is_postgres
 from ledon.engine import FAILED, StopLevel
 from ledon.faults import fault_point
+from ledon.renamed import renamed_attribute
 
 from .. import execution
 from ..conf import jobs_settings
@@ -94,15 +94,7 @@ class Worker(Shutdown):
             for entry in entries:
                 entry.ctx.signal_cancel(shutdown=True)
 
-    @property
-    def stop_requested(self) -> bool:
-        """Deprecated alias of :attr:`stopping`, the name every engine uses."""
-        warnings.warn(
-            "Worker.stop_requested is deprecated; use Worker.stopping",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.stopping
+    stop_requested = renamed_attribute("Worker.stop_requested", "stopping")
 
     def report(self, event: str, detail: str = "") -> None:
         """Tell the worker's event callback about ``event`` (for work running beside
