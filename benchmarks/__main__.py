@@ -37,6 +37,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
     parser.add_argument(
+        "--jobs-factor",
+        type=float,
+        default=1.0,
+        help="scale the jobs of every measurement (a loaded machine: 0.5); rates stay "
+        "comparable, the claim costs' table sizes stay",
+    )
+    parser.add_argument(
         "--render",
         type=Path,
         metavar="JSON",
@@ -49,6 +56,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown system(s): {', '.join(unknown)}")
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if not 0 < args.jobs_factor <= 10:
+        parser.error("--jobs-factor must be above 0 and at most 10")
     args.system_names = names
     if args.docs is None and not args.quick:
         args.docs = ROOT / "docs" / "benchmarks.md"
@@ -77,21 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             log("starting a throw-away PostgreSQL (fsync on, synchronous_commit on)")
             server_url = stack.enter_context(server.throwaway_server())
         url = stack.enter_context(server.scratch_database(server_url, f"ledon_bench_{os.getpid()}"))
-        os.environ["DATABASE_URL"] = url
-        os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
-        import django
-        from django.core.management import call_command
-        from django.db import connections
-
-        django.setup()
-        call_command("migrate", verbosity=0)
-        stack.callback(connections.close_all)
-
-        def admin(sql: str) -> None:
-            with connections["default"].cursor() as cursor:
-                cursor.execute(sql)
-
+        admin = server.django_on(url, stack)
         plan = harness.Plan.quick() if args.quick else harness.Plan.full(args.runs)
+        plan = plan.scaled(args.jobs_factor)
         document = harness.run_all(
             plan=plan,
             database_url=url,

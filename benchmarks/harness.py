@@ -7,7 +7,12 @@ Measurements (see ``benchmarks/README.md``):
 2. burn-down of queued jobs by one worker process at several concurrencies and by
    two worker processes;
 3. idle pickup latency: from the enqueue's commit to the handler's start;
-4. claim cost with a table of finished jobs versus an empty one (ours only).
+4. claim cost with a table of finished jobs versus an empty one, and with a deep
+   queue versus a shallow one (ours only);
+5. the physical limits of the same server (ours only): the floor loop of our
+   finish-and-claim statement and the one-row commit rate (:mod:`benchmarks.physical`);
+   the scale-out curve (1, 2, 4, 8 processes at concurrency 8, lock waits sampled);
+   a 5 ms handler at concurrency 16; and per job, each system's statements and WAL.
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import physical
 from .systems import OURS, System, WorkerConfig, adapter
 
 Log = Callable[[str], None]
@@ -49,6 +55,45 @@ class Plan:
     claim_burn_jobs: int
     outbox_messages: int
     saga_instances: int
+    floor_jobs: int = 5_000
+    commit_seconds: float = 5.0
+    commit_clients: tuple[int, ...] = (1, 4)
+    #: Worker processes of the scale-out curve, each at ``scale_concurrency``.
+    scale_processes: tuple[int, ...] = (1, 2, 4, 8)
+    scale_concurrency: int = 8
+    scale_jobs: int = 10_000
+    #: Jobs of the 5 ms handler, run at ``sleep_concurrency``.
+    sleep_jobs: int = 5_000
+    sleep_concurrency: int = 16
+    #: Queue depths of the claim cost with queued jobs: shallow, deep.
+    queued_rows: tuple[int, int] = (1_000, 1_000_000)
+    #: Jobs of each run of :mod:`benchmarks.profiling`.
+    profile_jobs: int = 3_000
+
+    def scaled(self, factor: float) -> Plan:
+        """The same plan with ``factor`` times the jobs of every measurement that
+        counts jobs (rates do not depend on the count, only their precision does);
+        the table sizes of the claim costs stay."""
+        if factor == 1:
+            return self
+
+        def n(count: int) -> int:
+            return max(int(count * factor), 10)
+
+        return replace(
+            self,
+            each_jobs={k: n(v) for k, v in self.each_jobs.items()},
+            bulk_jobs=n(self.bulk_jobs),
+            burn_jobs={k: n(v) for k, v in self.burn_jobs.items()},
+            latency_samples=n(self.latency_samples),
+            claim_burn_jobs=n(self.claim_burn_jobs) if self.claim_burn_jobs else 0,
+            outbox_messages=n(self.outbox_messages),
+            saga_instances=n(self.saga_instances),
+            floor_jobs=n(self.floor_jobs),
+            scale_jobs=n(self.scale_jobs),
+            sleep_jobs=n(self.sleep_jobs),
+            profile_jobs=n(self.profile_jobs),
+        )
 
     @classmethod
     def full(cls, runs: int = 3) -> Plan:
@@ -81,7 +126,7 @@ class Plan:
             each_jobs={"default": 100},
             bulk_jobs=200,
             burn_jobs={"default": 200},
-            configs=(WorkerConfig(1, 4),),
+            configs=(WorkerConfig(1, 1), WorkerConfig(1, 4)),
             latency_samples=5,
             finished_rows=2_000,
             claim_samples=20,
@@ -89,6 +134,16 @@ class Plan:
             claim_burn_jobs=0,
             outbox_messages=100,
             saga_instances=5,
+            floor_jobs=100,
+            commit_seconds=1.0,
+            commit_clients=(1, 4),
+            scale_processes=(1, 2),
+            scale_concurrency=2,
+            scale_jobs=100,
+            sleep_jobs=64,
+            sleep_concurrency=4,
+            queued_rows=(100, 2_000),
+            profile_jobs=100,
         )
 
     def for_system(self, counts: dict[str, int], system: str) -> int:
@@ -171,12 +226,19 @@ class Runner:
         admin: Callable[[str], None],
         log_dir: Path,
         log: Log,
+        database_url: str = "",
     ) -> None:
         self.plan = plan
         self.systems = systems
         self.admin = admin
         self.log_dir = log_dir
         self.log = log
+        self.database_url = database_url
+        self.statements = bool(database_url) and physical.statements_available(database_url)
+        #: Per-job costs of each burn-down: system -> set-up key -> one dict a run.
+        self.costs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        #: Lock waits sampled during the scale-out curve: set-up key -> one dict a run.
+        self.locks: dict[str, list[dict[str, Any]]] = {}
 
     def configs(self, system: System) -> list[WorkerConfig]:
         """The set-ups this system runs for the plan's (each once)."""
@@ -208,19 +270,67 @@ class Runner:
         system.enqueue_bulk(count)
         return count / (time.perf_counter() - start)
 
-    def burn_down(self, system: System, config: WorkerConfig, tag: str, count: int) -> float:
+    def burn_down(
+        self,
+        system: System,
+        config: WorkerConfig,
+        tag: str,
+        count: int,
+        *,
+        seed: Callable[[int], None] | None = None,
+        locks: dict[str, Any] | None = None,
+    ) -> float:
         """Jobs/s from the first job's start (the enqueue's commit where the system
-        records no start time) to the last job's end."""
-        self.fresh(system, prime=count)
+        records no start time) to the last job's end.
+
+        Also records what the burn-down cost the server per job (statements, WAL; see
+        :meth:`per_job`) and, with ``locks``, the lock waits sampled meanwhile."""
+        seed = seed or system.seed
+        self.fresh(system)
+        # Prime the planner's statistics as fresh() does, and measure the seed's own
+        # WAL, which per_job() takes off the burn-down's.
+        seed_cost: dict[str, Any] = {}
+        with physical.counting(self.database_url, False, seed_cost):
+            seed(count)
+        self.admin("ANALYZE")
+        system.reset()
+        self.admin("CHECKPOINT")
+        cost: dict[str, Any] = {}
+        sampled: dict[str, Any] = {}
         with workers(system, config, self.log_dir, tag):
             warm_up(system)
-            before = time.time()
-            system.seed(count)
-            committed = time.time()
-            end = system.wait_until_done(timeout=max(120.0, count / 10))
+            with ExitStack() as stack:
+                stack.enter_context(physical.counting(self.database_url, self.statements, cost))
+                if locks is not None:
+                    stack.enter_context(physical.sampling_locks(self.database_url, sampled))
+                before = time.time()
+                seed(count)
+                committed = time.time()
+                end = system.wait_until_done(timeout=max(120.0, count / 10))
             first = system.first_started_since(before)
+        if locks is not None:
+            locks.update(sampled)
+        self.per_job(system, config, count, cost, seed_cost)
         start = first if first is not None else committed
         return count / (end - start)
+
+    def per_job(
+        self,
+        system: System,
+        config: WorkerConfig,
+        count: int,
+        cost: dict[str, Any],
+        seed_cost: dict[str, Any],
+    ) -> None:
+        """Per job of a burn-down: the WAL written (less the seed's, measured alone)
+        and, with ``pg_stat_statements``, the statements the system's processes sent
+        (the harness's polls left out; the seed's few included)."""
+        entry = {"wal_bytes": (cost["wal_bytes"] - seed_cost["wal_bytes"]) / count}
+        if "statements" in cost:
+            entry["statements"] = cost["statements"] / count
+            entry["top"] = cost["top"]
+        key = system.worker_config(config).key
+        self.costs.setdefault(system.name, {}).setdefault(key, []).append(entry)
 
     def latency(self, system: System) -> dict[str, Any]:
         """Enqueue one job at a time into an idle worker; the handler reports its
@@ -264,13 +374,45 @@ class Runner:
 
     # ------------------------------------------------------------------ the run
 
+    def ours_physical(self, system: System, run: int, record: Callable[..., None]) -> None:
+        """The measurements of django-ledon alone, in each run right after its
+        burn-downs: the floor and the commit rates (the limits its concurrency-1
+        rate is read against), the scale-out curve and the 5 ms handler."""
+        plan = self.plan
+        self.fresh(system, prime=plan.floor_jobs)
+        system.seed(plan.floor_jobs)
+        floor = physical.floor_loop(self.database_url, plan.floor_jobs)
+        record(system, "floor", floor["jobs_per_s"], plan.floor_jobs)
+        for clients in plan.commit_clients:
+            self.admin("CHECKPOINT")
+            rate = physical.commit_rate(self.database_url, clients, plan.commit_seconds)
+            record(system, f"commit_{clients}", rate["tps"], 0, unit="commits/s")
+            self.commit_tool = rate["tool"]
+        for processes in plan.scale_processes:
+            config = WorkerConfig(processes, plan.scale_concurrency)
+            locks: dict[str, Any] = {}
+            tag = f"{system.name}-scale-{config.key}-run{run + 1}"
+            rate = self.burn_down(system, config, tag, plan.scale_jobs, locks=locks)
+            record(system, f"scale_{config.key}", rate, plan.scale_jobs)
+            self.locks.setdefault(config.key, []).append(locks)
+        seed_sleeping = getattr(system, "seed_sleeping", None)
+        if seed_sleeping is not None:
+            config = WorkerConfig(1, plan.sleep_concurrency)
+            tag = f"{system.name}-sleep-{config.key}-run{run + 1}"
+            rate = self.burn_down(system, config, tag, plan.sleep_jobs, seed=seed_sleeping)
+            record(system, f"sleep5_{config.key}", rate, plan.sleep_jobs)
+
     def run(self) -> dict[str, Any]:
         results: dict[str, Any] = {s.name: {} for s in self.systems}
         raw: dict[str, dict[str, list[float]]] = {s.name: {} for s in self.systems}
+        jobs_of: dict[tuple[str, str], int] = {}
 
-        def record(system: System, key: str, value: float) -> None:
+        def record(
+            system: System, key: str, value: float, jobs: int, *, unit: str = "jobs/s"
+        ) -> None:
             raw[system.name].setdefault(key, []).append(value)
-            self.log(f"  {system.name:16} {key:22} {value:10.1f} jobs/s")
+            jobs_of[(system.name, key)] = jobs
+            self.log(f"  {system.name:16} {key:22} {value:10.1f} {unit}")
 
         for run in range(self.plan.runs):
             self.log(f"run {run + 1} of {self.plan.runs}")
@@ -279,27 +421,32 @@ class Runner:
                 self.systems[run % len(self.systems) :] + self.systems[: run % len(self.systems)]
             )
             for system in order:
-                record(system, "enqueue_each", self.enqueue_each(system))
+                each = self.plan.for_system(self.plan.each_jobs, system.name)
+                record(system, "enqueue_each", self.enqueue_each(system), each)
                 if system.has_bulk:
-                    record(system, "enqueue_bulk", self.enqueue_bulk(system))
+                    record(system, "enqueue_bulk", self.enqueue_bulk(system), self.plan.bulk_jobs)
                 count = self.plan.for_system(self.plan.burn_jobs, system.name)
                 for config in self.configs(system):
                     tag = f"{system.name}-{config.key}-run{run + 1}"
-                    record(system, f"burn_{config.key}", self.burn_down(system, config, tag, count))
+                    rate = self.burn_down(system, config, tag, count)
+                    record(system, f"burn_{config.key}", rate, count)
+                if system.name == OURS:
+                    self.ours_physical(system, run, record)
 
         for system in self.systems:
             entry = results[system.name]
             entry["version"] = system.version()
             entry["burn_configs"] = {c.key: system.worker_config(c).key for c in self.plan.configs}
             for key, values in raw[system.name].items():
-                jobs = (
-                    self.plan.for_system(self.plan.each_jobs, system.name)
-                    if key == "enqueue_each"
-                    else self.plan.bulk_jobs
-                    if key == "enqueue_bulk"
-                    else self.plan.for_system(self.plan.burn_jobs, system.name)
-                )
+                jobs = jobs_of[(system.name, key)]
                 entry[key] = {"jobs": jobs, "runs": values, "median": median(values)}
+            entry["per_job"] = {
+                key: _median_fields(runs) for key, runs in self.costs.get(system.name, {}).items()
+            }
+        if OURS in results:
+            locks = {key: _median_fields(runs) for key, runs in self.locks.items()}
+            results[OURS]["locks_during_scale"] = locks
+            results[OURS]["commits_measured_with"] = getattr(self, "commit_tool", None)
         for system in self.systems:
             self.log(f"latency {system.name}")
             results[system.name]["latency"] = self.latency(system)
@@ -308,6 +455,16 @@ class Runner:
                 f" p99 {results[system.name]['latency']['p99_ms']:.2f} ms"
             )
         return results
+
+
+def _median_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each numeric field over runs; other fields as in the last run."""
+    merged: dict[str, Any] = {}
+    for name in runs[-1]:
+        values = [r[name] for r in runs if isinstance(r.get(name), int | float)]
+        merged[name] = median(values) if values else runs[-1][name]
+    merged["runs"] = len(runs)
+    return merged
 
 
 # --------------------------------------------------------------------------- claim cost
@@ -381,6 +538,66 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     }
 
 
+def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
+    """Claim cost with a shallow and a deep queue of due jobs (``plan.queued_rows``):
+    the same single claims and claims of 16, each depth loaded straight into the
+    table (plus the jobs the claims take, so that the depth stays)."""
+    from jobs import execution
+
+    plan = runner.plan
+    taken = plan.claim_samples + plan.claim_batches * 16
+    depths: dict[str, Any] = {}
+    for depth in plan.queued_rows:
+        ledon.reset()
+        runner.log(f"  loading {depth:,} queued jobs")
+        load_queued(depth + taken)
+        runner.admin("VACUUM ANALYZE jobs_job")
+        runner.admin("CHECKPOINT")
+        singles, batches, claimed = [], [], []
+        for _ in range(plan.claim_samples):
+            start = time.perf_counter()
+            claims = execution.claim_due("claim-cost", limit=1)
+            singles.append((time.perf_counter() - start) * 1000)
+            claimed.extend(claims)
+        for _ in range(plan.claim_batches):
+            start = time.perf_counter()
+            claims = execution.claim_due("claim-cost", limit=16)
+            batches.append((time.perf_counter() - start) * 1000)
+            claimed.extend(claims)
+        assert len(claimed) == taken, (len(claimed), taken)
+        for start in range(0, len(claimed), 500):
+            execution.complete_many([(c, None) for c in claimed[start : start + 500]])
+        depths[str(depth)] = {"claim_1_ms": median(singles), "claim_16_ms": median(batches)}
+        runner.log(f"  claim cost, {depth:,} queued: {depths[str(depth)]}")
+    ledon.reset()
+    shallow, deep = (depths[str(d)] for d in plan.queued_rows)
+    return {
+        "shallow_rows": plan.queued_rows[0],
+        "deep_rows": plan.queued_rows[1],
+        "shallow": shallow,
+        "deep": deep,
+        "ratio_claim_1": deep["claim_1_ms"] / shallow["claim_1_ms"],
+        "ratio_claim_16": deep["claim_16_ms"] / shallow["claim_16_ms"],
+    }
+
+
+def load_queued(rows: int) -> None:
+    """Bulk-load ``rows`` due Queued jobs straight into the table (a fixture: a
+    backlog), oldest first in claim order."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"{_LOAD_JOBS}"
+            " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'), 'queued-' || g,"
+            " 'bench.noop', 1, '{\"n\":0}', 'default', 0, 1, NULL,"
+            " now() - interval '1 day' + g * interval '1 ms', 'queued', 0, NULL, false,"
+            " NULL, '', '', NULL, '', NULL, now() - interval '1 day', now() - interval '1 day',"
+            " NULL, NULL FROM generate_series(1, %s) AS g",
+            [rows],
+        )
+
+
 def _burn_on_top(runner: Runner, ledon: System, count: int) -> float:
     config = WorkerConfig(1, 16)
     with workers(ledon, config, runner.log_dir, "claim-cost-burn"):
@@ -414,6 +631,16 @@ def _plan_summary(plan_json: Any) -> dict[str, Any]:
     return {"execution_ms": plan_json[0].get("Execution Time"), "scans": scans}
 
 
+#: The insert of the fixtures' jobs, all columns named, followed by their SELECT.
+_LOAD_JOBS = (
+    "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
+    " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
+    " attempt_count, current_token, cancel_requested, progress, progress_message,"
+    " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
+    " started_at, finished_at)"
+)
+
+
 def load_finished(rows: int) -> None:
     """Bulk-load ``rows`` succeeded jobs, each with its attempt, straight into the
     tables (a fixture: history as a busy system accumulates it)."""
@@ -421,11 +648,7 @@ def load_finished(rows: int) -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
-            " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
-            " attempt_count, current_token, cancel_requested, progress, progress_message,"
-            " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
-            " started_at, finished_at)"
+            f"{_LOAD_JOBS}"
             " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'), 'old-' || g,"
             " 'bench.noop', 1, '{\"n\":0}', 'default', 0, 1, NULL,"
             " now() - interval '1 day' + g * interval '1 ms', 'succeeded', 1, NULL, false,"
@@ -460,12 +683,18 @@ def outbox_and_sagas(plan: Plan, admin: Callable[[str], None], log: Log) -> dict
 # --------------------------------------------------------------------------- entry
 
 
+def _load() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def environment(server: dict[str, str]) -> dict[str, Any]:
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "load_average": _load(),
         "postgresql": server,
     }
 
@@ -495,7 +724,7 @@ def run_all(
         chosen.append(cls(database_url))
     for system in chosen:
         system.install()
-    runner = Runner(plan, chosen, admin, log_dir, log)
+    runner = Runner(plan, chosen, admin, log_dir, log, database_url)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = out_dir / f"results-{stamp}.json"
 
@@ -513,14 +742,26 @@ def run_all(
             "quick": plan.runs == 1 and plan.finished_rows < 1_000_000,
             "systems": results,
             "skipped": skipped,
+            "statements_measured": runner.statements,
         }
         save(document)
         if claim and ours is not None:
             log("claim cost")
             document["claim_cost"] = claim_cost(runner, ours)
             save(document)
+            log("claim cost with queued jobs")
+            document["queued_claim_cost"] = queued_claim_cost(runner, ours)
+            save(document)
         if ours is not None:
             document.update(outbox_and_sagas(plan, admin, log))
+            save(document)
+            document["environment"]["load_average_end"] = _load()
+            log("profile of one job")
+            from .profiling import profile
+
+            document["profile"] = profile(
+                database_url, ours, admin, jobs=plan.profile_jobs, log=log
+            )
             save(document)
     finally:
         for system in chosen:

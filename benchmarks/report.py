@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -13,6 +14,13 @@ THROUGHPUT_ROWS = [
     ("enqueue_bulk", "Enqueue, bulk API"),
 ]
 TARGETS = {
+    "floor_fraction_c1": 0.8,
+    "commit_fraction_c1": 0.5,
+    "c4_pgqueuer": 1.0,
+    "c16_pgqueuer": 2.0,
+    "bulk_pgqueuer": 1.0,
+    "sleep5_ideal": 0.9,
+    "queued_cost_ratio": 1.2,
     "burn_pgqueuer": 1.5,
     "burn_procrastinate": 10.0,
     "latency_p50_ms": 5.0,
@@ -20,6 +28,10 @@ TARGETS = {
     "bulk_jobs_per_s": 20_000.0,
     "claim_cost_ratio": 1.2,
 }
+
+
+#: (target, measured, holds: None when not measured)
+Target = tuple[str, str, bool | None]
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -203,6 +215,248 @@ def targets(document: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     return out
 
 
+def _rate(document: dict[str, Any], system: str, key: str) -> float | None:
+    return _median(document["systems"].get(system, {}), key)
+
+
+def floor_table(document: dict[str, Any]) -> str:
+    ours = document["systems"].get(OURS, {})
+    floor, c1 = _median(ours, "floor"), _burn(ours, 1, 1)[0]
+    if floor is None:
+        return "_Not measured in this run._"
+    commits = sorted(
+        (int(k.split("_")[1]), v["median"]) for k, v in ours.items() if k.startswith("commit_")
+    )
+    tool = ours.get("commits_measured_with") or "pgbench"
+    lines = ["| Measurement | per second | ms each |", "|---|---|---|"]
+    lines.append(
+        f"| Floor: our finish-and-claim statement back to back, one connection"
+        f" ({ours['floor']['jobs']:,} jobs) | {_num(floor)} | {1000 / floor:.2f} |"
+    )
+    for clients, tps in commits:
+        noun = "client" if clients == 1 else "clients"
+        lines.append(
+            f"| One-row `UPDATE` commits, {clients} {noun} ({tool}) | {_num(tps)}"
+            f" | {1000 / tps * clients:.2f} |"
+        )
+    if c1:
+        lines.append(f"| Our worker, 1 process, concurrency 1 | {_num(c1)} | {1000 / c1:.2f} |")
+        one = dict(commits).get(1)
+        lines += [
+            "",
+            f"Our worker at concurrency 1 runs at **{c1 / floor:.2f}** of the floor"
+            + (f" and **{c1 / one:.2f}** of the one-client commit rate." if one else "."),
+        ]
+    return "\n".join(lines)
+
+
+def scale_table(document: dict[str, Any]) -> str:
+    ours = document["systems"].get(OURS, {})
+    keys = sorted(
+        (k for k in ours if k.startswith("scale_")), key=lambda k: int(k[6:].split("p")[0])
+    )
+    if not keys:
+        return "_Not measured in this run._"
+    locks = ours.get("locks_during_scale", {})
+    lines = [
+        "| Worker processes × concurrency | jobs/s | vs 1 process | backends waiting on a lock"
+        " (mean / most) | ungranted locks (mean) | backends active (mean) | commonest waits |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    first = ours[keys[0]]["median"]
+    for key in keys:
+        setup = key[6:]
+        processes, concurrency = setup.split("p-c")
+        lock = locks.get(setup, {})
+        events = ", ".join(f"{k} {v}" for k, v in list(lock.get("wait_events", {}).items())[:3])
+        lines.append(
+            f"| {processes} × {concurrency} | {_num(ours[key]['median'])}"
+            f" | {ours[key]['median'] / first:.2f} |"
+            f" {lock.get('mean_waiting_on_lock', 0):.2f}"
+            f" / {lock.get('most_waiting_on_lock', 0):.0f}"
+            f" | {lock.get('mean_ungranted_locks', 0):.2f} | {lock.get('mean_active', 0):.1f}"
+            f" | {events or '—'} |"
+        )
+    return "\n".join(lines)
+
+
+def per_job_table(document: dict[str, Any]) -> str:
+    systems = document["systems"]
+    lines = [
+        "| System | Set-up (processes × concurrency) | Statements per job | WAL bytes per job |",
+        "|---|---|---|---|",
+    ]
+    for name in _systems(document):
+        for key, cost in sorted(systems[name].get("per_job", {}).items()):
+            processes, concurrency = key.split("p-c")
+            setup = f"{processes} × {concurrency if concurrency != '0' else 'defaults'}"
+            lines.append(
+                f"| {name} | {setup} | {_num(cost.get('statements'), 2)}"
+                f" | {_num(cost.get('wal_bytes'))} |"
+            )
+    return "\n".join(lines) if len(lines) > 2 else "_Not measured in this run._"
+
+
+def sleep_line(document: dict[str, Any]) -> tuple[float, float, int] | None:
+    ours = document["systems"].get(OURS, {})
+    key = next((k for k in ours if k.startswith("sleep5_")), None)
+    if key is None:
+        return None
+    concurrency = int(key.rsplit("-c", 1)[1])
+    return ours[key]["median"], concurrency / 0.005, concurrency
+
+
+def queued_table(document: dict[str, Any]) -> str:
+    cost = document.get("queued_claim_cost")
+    if not cost:
+        return "_Not measured in this run._"
+    lines = [
+        f"| Measurement | {cost['shallow_rows']:,} queued | {cost['deep_rows']:,} queued"
+        " | Cost ratio |",
+        "|---|---|---|---|",
+    ]
+    for label, key in (
+        ("One claim of 1 job (ms, median)", "claim_1"),
+        ("One claim of 16 jobs (ms, median)", "claim_16"),
+    ):
+        lines.append(
+            f"| {label} | {_num(cost['shallow'][key + '_ms'], 2)}"
+            f" | {_num(cost['deep'][key + '_ms'], 2)} | {cost['ratio_' + key]:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _at_least(label: str, ours: float, theirs: float, goal: float, unit: str = "") -> Target:
+    """A target that ``ours ÷ theirs`` reaches ``goal``."""
+    ratio = ours / theirs
+    return (label, f"{ours:,.0f} ÷ {theirs:,.0f} = {ratio:.2f}{unit}", ratio >= goal)
+
+
+def physical_targets(document: dict[str, Any]) -> list[Target]:
+    """(target, measured, holds) for the targets read against the server's limits."""
+    systems = document["systems"]
+    ours = systems.get(OURS, {})
+    pgq = systems.get("pgqueuer", {})
+    out: list[Target] = []
+    c1, floor, one = _burn(ours, 1, 1)[0], _median(ours, "floor"), _median(ours, "commit_1")
+    goal = TARGETS["floor_fraction_c1"]
+    if c1 and floor:
+        out.append(_at_least(f"Concurrency 1 ≥ {goal:g} of the floor loop", c1, floor, goal))
+    goal = TARGETS["commit_fraction_c1"]
+    if c1 and one:
+        label = f"Concurrency 1 ≥ {goal:g} of the one-row commit rate"
+        out.append(_at_least(label, c1, one, goal))
+    for concurrency, target in ((4, "c4_pgqueuer"), (16, "c16_pgqueuer")):
+        a, b = _burn(ours, 1, concurrency)[0], _burn(pgq, 1, concurrency)[0]
+        goal = TARGETS[target]
+        if a and b:
+            out.append(
+                _at_least(f"Concurrency {concurrency} ≥ {goal:g}× pgqueuer", a, b, goal, "×")
+            )
+    scale = sorted(
+        ((int(k[6:].split("p")[0]), v["median"]) for k, v in ours.items() if k.startswith("scale_"))
+    )
+    if len(scale) > 1:
+        never = all(b >= a for (_, a), (_, b) in itertools.pairwise(scale))
+        measured = ", ".join(f"{p}p: {r:,.0f}" for p, r in scale)
+        out.append(("Scale-out: throughput never falls as processes are added", measured, never))
+    bulk, peer = _median(ours, "enqueue_bulk"), _median(pgq, "enqueue_bulk")
+    goal = TARGETS["bulk_pgqueuer"]
+    if bulk and peer:
+        out.append(_at_least(f"Bulk submit ≥ {goal:g}× pgqueuer's bulk", bulk, peer, goal, "×"))
+    sleep = sleep_line(document)
+    if sleep:
+        rate, ideal, concurrency = sleep
+        goal = TARGETS["sleep5_ideal"]
+        label = f"5 ms handler at concurrency {concurrency} ≥ {goal:.0%} of the ideal"
+        out.append(_at_least(label, rate, ideal, goal))
+    queued = document.get("queued_claim_cost")
+    if queued:
+        goal = TARGETS["queued_cost_ratio"]
+        worst = max(queued["ratio_claim_1"], queued["ratio_claim_16"])
+        out.append(
+            (
+                f"Claim cost with {queued['deep_rows']:,} queued ≤ {goal:g}×"
+                f" {queued['shallow_rows']:,} queued",
+                f"claim of 1: {queued['ratio_claim_1']:.2f}, claim of 16:"
+                f" {queued['ratio_claim_16']:.2f}",
+                worst <= goal,
+            )
+        )
+    return out
+
+
+_PARTS = (
+    (
+        "python_around_statement_ms",
+        "Python around the statement (arguments, parameters, rows back into claims)",
+    ),
+    ("round_trip_ms", "Round trip (network, protocol, bind; the statement less the two below)"),
+    ("server_execution_ms", "Server execution of the statement (`pg_stat_statements`)"),
+    ("commit_wal_flush_ms", "Commit: the WAL flush (`pg_stat_wal` sync time)"),
+    ("handoff_and_handler_ms", "Hand-off to the handler and the handler (`run_attempt`)"),
+    ("return_to_next_statement_ms", "Return to the next statement (the worker's book-keeping)"),
+)
+
+
+def profile_section(document: dict[str, Any]) -> str:
+    prof = document.get("profile")
+    if not prof:
+        return "_Not measured in this run._"
+    levels = [k for k in ("c1", "c4") if k in prof]
+    head = " | ".join(f"concurrency {k[1:]}" for k in levels)
+    lines = [f"| ms per job | {head} |", "|---|" + "---|" * len(levels)]
+    for key, label in _PARTS:
+        cells = [_num(prof[k].get(key), 3) for k in levels]
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    lines.append(
+        "| **Wall time per job** | "
+        + " | ".join(f"**{prof[k]['wall_ms_per_job']:.3f}**" for k in levels)
+        + " |"
+    )
+    lines.append(
+        "| Statements per job; WAL syncs per job | "
+        + " | ".join(
+            f"{prof[k]['statements_per_job']:.2f}; {prof[k]['wal_syncs_per_job']:.2f}"
+            for k in levels
+        )
+        + " |"
+    )
+    lines.append(
+        "| One WAL sync (ms) | "
+        + " | ".join(f"{prof[k]['wal_sync_ms']:.3f}" for k in levels)
+        + " |"
+    )
+    explain = prof.get("explain", {})
+    out = ["\n".join(lines), ""]
+    out.append(
+        f"For scale: a prepared `SELECT 1` takes {prof['round_trip_ms']:.3f} ms (median)."
+        + (
+            f" `EXPLAIN (ANALYZE, BUFFERS, WAL)` of the statement finishing one attempt and"
+            f" claiming one job: {explain.get('execution_ms')} ms executing,"
+            f" {explain.get('shared_hit_blocks')} buffers hit,"
+            f" {explain.get('wal_records')} WAL records, {explain.get('wal_bytes')} WAL bytes."
+            if explain
+            else ""
+        )
+    )
+    c1 = prof.get("c1")
+    if c1 and c1.get("top"):
+        out += [
+            "",
+            "The worker's costliest functions at concurrency 1 (cProfile, own time):",
+            "",
+            "| Function | calls per job | own µs per job |",
+            "|---|---|---|",
+        ]
+        for row in c1["top"][:8]:
+            out.append(
+                f"| `{row['function']}` | {row['calls_per_job']:.2f}"
+                f" | {row['own_us_per_job']:.0f} |"
+            )
+    return "\n".join(out)
+
+
 def extras_section(document: dict[str, Any]) -> str:
     outbox, sagas = document.get("outbox"), document.get("sagas")
     if not outbox or not sagas:
@@ -222,7 +476,7 @@ def extras_section(document: dict[str, Any]) -> str:
 
 def targets_table(document: dict[str, Any]) -> str:
     lines = ["| Target | Measured | Holds |", "|---|---|---|"]
-    for target, measured, holds in targets(document):
+    for target, measured, holds in [*physical_targets(document), *targets(document)]:
         verdict = "n/a" if holds is None else ("yes" if holds else "**no**")
         lines.append(f"| {target} | {measured} | {verdict} |")
     return "\n".join(lines)
@@ -275,7 +529,15 @@ def render(document: dict[str, Any]) -> str:
         f" {env['python']}, PostgreSQL {pg.get('server_version')} with"
         f" fsync={pg.get('fsync')}, synchronous_commit={pg.get('synchronous_commit')},"
         f" full_page_writes={pg.get('full_page_writes')} — every commit is durable."
-        f" Versions: {versions}."
+        + (
+            f" Load average (1, 5, 15 min) when the run began: {env['load_average']},"
+            f" when it ended: {env.get('load_average_end', '?')} — the machine was shared"
+            " with other work, which makes absolute figures noisy; ratios measured"
+            " minutes apart are what to read."
+            if "load_average" in env
+            else ""
+        )
+        + f" Versions: {versions}."
         + (
             f" Not measured: {', '.join(f'{k} ({v})' for k, v in skipped.items())}."
             if skipped
@@ -313,6 +575,64 @@ def render(document: dict[str, Any]) -> str:
         "",
         claim_table(document),
         "",
+        "## The server's limits: the floor and the commit rate",
+        "",
+        "Measured in each run right after django-ledon's burn-downs, on the same server."
+        " The floor is our own finish-and-claim statement (built by the store's"
+        " builders) run back to back from one psycopg connection, prepared, in"
+        " autocommit, with no worker around it: each statement finishes the job the"
+        " previous one claimed and claims the next, which is what a worker at concurrency 1"
+        " does once per job. The commit rate is durable one-row `UPDATE` transactions,"
+        " each client on its own row.",
+        "",
+        floor_table(document),
+        "",
+        "## Scale-out: worker processes against one server",
+        "",
+        "Burn-downs of django-ledon by more and more worker processes, each at the same"
+        " concurrency. Meanwhile the harness samples `pg_stat_activity` (backends whose"
+        " `wait_event_type` is `Lock`, and the commonest wait events of active backends)"
+        " and `pg_locks` (locks not granted) every 20 ms.",
+        "",
+        scale_table(document),
+        "",
+        "## What each job costs the server",
+        "",
+        "Per job of a burn-down: the statements the system's processes sent"
+        " (`pg_stat_statements`, top level, `BEGIN`/`COMMIT` included, the harness's own"
+        " polls left out; every statement of these drivers is one round trip) and the"
+        " WAL written (`pg_current_wal_lsn` before and after, less the WAL of the same"
+        " enqueue measured alone)."
+        + (
+            ""
+            if document.get("statements_measured", True)
+            else " `pg_stat_statements` was not loaded on this server: statements not measured."
+        ),
+        "",
+        per_job_table(document),
+        "",
+        "## Where one job's time goes",
+        "",
+        "`benchmarks/profiling.py`: a worker run in the harness's process over"
+        f" {document.get('profile', {}).get('jobs', 0):,} queued no-op jobs, its parts timed"
+        " (a wrapper around each; at concurrency 4 the parts overlap on several threads, so"
+        " they add up to more than the wall time), the server's side read from"
+        " `pg_stat_statements` and `pg_stat_wal`, and a second run under cProfile for the"
+        " functions that cost the most.",
+        "",
+        profile_section(document),
+        "",
+        "## A realistic handler",
+        "",
+        _sleep_text(document),
+        "",
+        "## Claim cost with a deep queue",
+        "",
+        "django-ledon only: the same claims with a shallow and with a deep queue of due"
+        " jobs, loaded straight into the table.",
+        "",
+        queued_table(document),
+        "",
         "## Outbox and sagas",
         "",
         "django-ledon only (no peer has these): one `Dispatcher` draining integration"
@@ -326,9 +646,172 @@ def render(document: dict[str, Any]) -> str:
         "",
         targets_table(document),
         "",
+        "## What holds, and what stops the rest",
+        "",
+        closing_note(document),
+        "",
         METHOD,
     ]
     return "\n".join(parts).rstrip() + "\n"
+
+
+def closing_note(document: dict[str, Any]) -> str:
+    """The figures of the issue's targets in words, from this run, with the physical
+    cost that stops a target that does not hold."""
+    systems = document["systems"]
+    ours = systems.get(OURS, {})
+    pgq = systems.get("pgqueuer", {})
+    verdicts = {t: (m, h) for t, m, h in physical_targets(document)}
+    held = [t for t, (_, h) in verdicts.items() if h]
+    missed = [t for t, (_, h) in verdicts.items() if h is False]
+    lines = [
+        f"Of the {len(verdicts)} targets read against the server's limits, {len(held)}"
+        f" hold: {'; '.join(held) or 'none'}."
+        + (f" Not held: {'; '.join(missed)}." if missed else ""),
+        "",
+    ]
+    c1, floor = _burn(ours, 1, 1)[0], _median(ours, "floor")
+    one = _median(ours, "commit_1")
+    prof = document.get("profile", {}).get("c1", {})
+    if c1 and floor and one:
+        text = (
+            f"- **Concurrency 1**: {c1:,.0f} jobs/s, {c1 / floor:.2f} of the floor"
+            f" ({floor:,.0f}/s, {1000 / floor:.2f} ms a statement) and {c1 / one:.2f} of"
+            f" the one-row commit rate ({one:,.0f}/s, {1000 / one:.2f} ms a commit). The"
+            f" floor itself is {floor / one:.2f} of the commit rate: with no worker"
+            " around it, our finish-and-claim statement costs more than a one-row commit"
+            " because it does more — per job it finishes an attempt and its job, claims"
+            " the next job and inserts its attempt row, one commit for all of it (J8, J6,"
+            " J14)."
+        )
+        runs = list(zip(ours["burn_1p-c1"]["runs"], ours["floor"]["runs"], strict=False))
+        if len(runs) > 1:
+            text += (
+                " Run by run, concurrency 1 ÷ floor: "
+                + ", ".join(f"{a / b:.2f}" for a, b in runs)
+                + "."
+            )
+        if prof:
+            text += (
+                f" In the profile, one job at concurrency 1 took"
+                f" {prof['wall_ms_per_job']:.3f} ms: the commit's WAL flush"
+                f" {prof['commit_wal_flush_ms']:.3f}, the server's execution"
+                f" {prof['server_execution_ms']:.3f}, the round trip"
+                f" {prof['round_trip_ms']:.3f}, the Python around the statement"
+                f" {prof['python_around_statement_ms']:.3f}, the hand-off and handler"
+                f" {prof['handoff_and_handler_ms']:.3f} and the rest of the worker"
+                f" {prof['return_to_next_statement_ms'] or 0:.3f}."
+            )
+        lines.append(text)
+    costs = ours.get("per_job", {})
+    peer_costs = pgq.get("per_job", {})
+    for concurrency in (4, 16):
+        a, b = _burn(ours, 1, concurrency)[0], _burn(pgq, 1, concurrency)[0]
+        if not (a and b):
+            continue
+        text = (
+            f"- **Concurrency {concurrency}**: {a:,.0f} against pgqueuer's {b:,.0f} jobs/s"
+            f" ({a / b:.2f}×)."
+        )
+        mine, theirs = costs.get(f"1p-c{concurrency}", {}), peer_costs.get("1p-c0", {})
+        if mine.get("wal_bytes") and theirs.get("wal_bytes"):
+            text += (
+                f" Per job we write {mine['wal_bytes']:,.0f} bytes of WAL to pgqueuer's"
+                f" {theirs['wal_bytes']:,.0f}"
+                + (
+                    f" and send {mine['statements']:.2f} statements to its"
+                    f" {theirs['statements']:.2f}"
+                    if "statements" in mine and "statements" in theirs
+                    else ""
+                )
+                + ": the attempt row (inserted, then finished) and the token, lease and"
+                " history the contract keeps, which pgqueuer does not."
+            )
+        lines.append(text)
+    scale = sorted(
+        (int(k[6:].split("p")[0]), v["median"]) for k, v in ours.items() if k.startswith("scale_")
+    )
+    if scale:
+        locks = ours.get("locks_during_scale", {})
+        worst_key, worst = max(
+            ((k, v.get("mean_waiting_on_lock", 0)) for k, v in locks.items()),
+            key=lambda kv: kv[1],
+            default=("", 0),
+        )
+        text = (
+            "- **Scale-out**: "
+            + ", ".join(f"{p} process{'es' if p > 1 else ''} {r:,.0f}" for p, r in scale)
+            + " jobs/s. Every process adds Python that competes with the server for the"
+            " same two CPUs, and the WAL's waits are the commonest of active backends."
+        )
+        if worst > 0.1:
+            events = ", ".join(list(locks[worst_key].get("wait_events", {}))[:3])
+            text += (
+                f" Lock waits do appear as processes are added: {worst:.2f} backends"
+                f" waited on a lock on average at {worst_key} ({events}) — waits for"
+                " another transaction's row lock, which the claim's candidate scan never"
+                " does (`SKIP LOCKED`); which statement waits was not sampled in this run."
+            )
+        else:
+            text += " No backend waited on a lock for long: claims skip locked rows."
+        lines.append(text)
+    bulk, peer = _median(ours, "enqueue_bulk"), _median(pgq, "enqueue_bulk")
+    if bulk and peer:
+        lines.append(
+            f"- **Bulk submit**: {bulk:,.0f} against pgqueuer's {peer:,.0f} jobs/s"
+            f" ({bulk / peer:.2f}×), each item still idempotent per identity with its own"
+            " outcome and snapshot (J2/J3). What is left is ours per item: validating"
+            " and serialising each submission, building its snapshot, and four index"
+            " entries per job (primary key, identity, due, scope) where pgqueuer's queue"
+            " row has fewer."
+        )
+    sleep = sleep_line(document)
+    if sleep:
+        rate, ideal, concurrency = sleep
+        text = (
+            f"- **A 5 ms handler at concurrency {concurrency}**: {rate:,.0f} jobs/s,"
+            f" {rate / ideal:.0%} of the ideal {ideal:,.0f}. Between a handler's end and"
+            " the next job on its thread there is a settle — one durable commit — since a"
+            " worker claims only for free capacity (J14); a slot turns over at most every"
+            " 5 ms plus a settle"
+        )
+        if floor:
+            text += (
+                f" ({1000 / floor:.2f} ms a statement at the floor in this run: at most"
+                f" {5 / (5 + 1000 / floor):.0%} of the ideal even if every settle ran at once)"
+            )
+        lines.append(text + ".")
+    queued = document.get("queued_claim_cost")
+    if queued:
+        worst = max(queued["ratio_claim_1"], queued["ratio_claim_16"])
+        lines.append(
+            f"- **Deep queue**: a claim of 1 costs {queued['ratio_claim_1']:.2f}× and a"
+            f" claim of 16 {queued['ratio_claim_16']:.2f}× with"
+            f" {queued['deep_rows']:,} queued jobs as with {queued['shallow_rows']:,}."
+            + (
+                " The candidate scan reads the due index in claim order either way; the"
+                " claim then updates each job row, which is not a HOT update (its status"
+                " and token are indexed) and so adds an entry to every index of a table"
+                f" of {queued['deep_rows']:,} rows instead of {queued['shallow_rows']:,},"
+                " whose pages are less often in cache. This run did not break that down"
+                " further."
+                if worst > TARGETS["queued_cost_ratio"]
+                else ""
+            )
+        )
+    return "\n".join(lines)
+
+
+def _sleep_text(document: dict[str, Any]) -> str:
+    sleep = sleep_line(document)
+    if sleep is None:
+        return "_Not measured in this run._"
+    rate, ideal, concurrency = sleep
+    return (
+        f"A handler that sleeps 5 ms, one worker process at concurrency {concurrency}:"
+        f" **{rate:,.0f} jobs/s** against the ideal {ideal:,.0f} ({concurrency} handlers"
+        f" each finishing 200 jobs a second) — {rate / ideal:.0%} of it."
+    )
 
 
 METHOD = """## Method
@@ -399,8 +882,10 @@ job:
 - **Wake-ups**: a dedicated `LISTEN` connection wakes an idle worker on the
   submitting transaction's commit; a single submit is one statement (insert and
   `pg_notify`) in autocommit: one round trip, one commit.
-- **Bulk submit**: `submit_jobs` inserts a batch as ten array parameters
-  (`unnest`), one statement whatever the batch size.
+- **Bulk submit**: `submit_jobs` sends a batch as one JSON parameter (an array of
+  rows, written by the C JSON encoder, read once by the server), one prepared
+  statement whatever the batch size, each row still `ON CONFLICT DO NOTHING` with
+  its own outcome.
 
 ## Why some targets cannot hold here
 

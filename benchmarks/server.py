@@ -11,18 +11,32 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from urllib.parse import urlsplit, urlunsplit
 
 from .systems.base import ROOT
 
+#: Server options of the throw-away cluster beyond durability.
+EXTRA_OPTIONS = (
+    "-c shared_preload_libraries=pg_stat_statements -c track_wal_io_timing=on"
+    " -c track_io_timing=on -c pg_stat_statements.track_utility=on"
+)
+
 
 @contextmanager
 def throwaway_server() -> Iterator[str]:
-    """Start a cluster with fsync on; yield its URL; stop and delete it."""
+    """Start a cluster with fsync on; yield its URL; stop and delete it.
+
+    The server loads ``pg_stat_statements`` (statements per job) and times WAL writes
+    and syncs (``track_wal_io_timing``: the commit's share of a job's time)."""
     directory = tempfile.mkdtemp(prefix="ledon-bench-pg.")
-    env = {**os.environ, "PG_FSYNC": "on", "PG_SYNC_COMMIT": "on"}
+    env = {
+        **os.environ,
+        "PG_FSYNC": "on",
+        "PG_SYNC_COMMIT": "on",
+        "PG_EXTRA_OPTS": EXTRA_OPTIONS,
+    }
     script = str(ROOT / "scripts" / "pg.sh")
     try:
         url = subprocess.run(
@@ -55,10 +69,37 @@ def scratch_database(server_url: str, name: str) -> Iterator[str]:
         admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def django_on(url: str, stack: ExitStack) -> Callable[[str], None]:
+    """Point Django (the benchmark settings) at ``url``, migrate, close its
+    connections when ``stack`` closes; returns an ``admin(sql)`` runner."""
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    import django
+    from django.core.management import call_command
+    from django.db import connections
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    stack.callback(connections.close_all)
+
+    def admin(sql: str) -> None:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(sql)
+
+    return admin
+
+
 def server_settings(url: str) -> dict[str, str]:
     """The settings that shape the numbers, as the server reports them."""
     import psycopg
 
-    names = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "shared_buffers")
+    names = (
+        "server_version",
+        "fsync",
+        "synchronous_commit",
+        "full_page_writes",
+        "shared_buffers",
+        "shared_preload_libraries",
+    )
     with psycopg.connect(url, autocommit=True) as conn:
         return {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}  # type: ignore[index]

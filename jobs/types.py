@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import json
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Self
@@ -96,6 +97,11 @@ IDENTITY_FIELDS = (
 )
 
 
+#: The JSON text :meth:`JobSubmission.create` serialised itself, while it builds the
+#: submission: that exact object needs no second parse.
+_SERIALISED: ContextVar[str | None] = ContextVar("serialised_payload", default=None)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSubmission:
     """What a caller asks for. Immutable; the payload is JSON text from the start.
@@ -116,7 +122,8 @@ class JobSubmission:
     def __post_init__(self) -> None:
         validation.name(self.handler, "handler")
         validation.integer(self.handler_version, "version", 1, 2**31 - 1)
-        validation.check_payload_json(self.payload_json, jobs_settings().MAX_PAYLOAD_BYTES)
+        if self.payload_json is not _SERIALISED.get():
+            validation.check_payload_json(self.payload_json, jobs_settings().MAX_PAYLOAD_BYTES)
         validation.name(self.queue, "queue", validation.MAX_QUEUE_LENGTH)
         validation.integer(
             self.priority, "priority", validation.MIN_PRIORITY, validation.MAX_PRIORITY
@@ -143,15 +150,21 @@ class JobSubmission:
         """Validate and serialise a request; raises a :class:`~jobs.exceptions.JobsError`
         subclass for anything invalid."""
         payload_json = validation.serialise_payload(payload, jobs_settings().MAX_PAYLOAD_BYTES)
-        return cls(
-            handler=handler,
-            handler_version=version,
-            payload_json=payload_json,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            initial_not_before=not_before,
-        )
+        # serialise_payload checked the payload and its size and wrote JSON text
+        # without NUL characters: __post_init__ need not parse it again.
+        serialised = _SERIALISED.set(payload_json)
+        try:
+            return cls(
+                handler=handler,
+                handler_version=version,
+                payload_json=payload_json,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                initial_not_before=not_before,
+            )
+        finally:
+            _SERIALISED.reset(serialised)
 
     @property
     def version(self) -> int:

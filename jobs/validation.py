@@ -145,10 +145,14 @@ def _reject_constant(token: str) -> Any:
     raise InvalidPayload(f"payload JSON contains {token}, which is not JSON")
 
 
+#: The one encoder of payloads (json.dumps with options builds one per call).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def serialise_payload(payload: Any, max_bytes: int) -> str:
     """The exact JSON text of ``payload``; it never changes after this call."""
     _check_json(payload, "")
-    text_ = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    text_ = _ENCODER.encode(payload)
     if len(text_.encode("utf-8")) > max_bytes:
         raise InvalidPayload(f"payload is larger than {max_bytes} bytes of JSON")
     return text_

@@ -4,6 +4,8 @@
 #   scripts/pg.sh stop DIR
 #   scripts/pg.sh crash DIR   -> stops the server at once (-m immediate), as a crash would
 #   scripts/pg.sh restart DIR -> starts a crashed or stopped server again, on its port
+# PG_FSYNC / PG_SYNC_COMMIT (default off) set durability; PG_EXTRA_OPTS adds server
+# options ("-c name=value …") to start and restart.
 # Runs the server as the `postgres` user when invoked as root (initdb refuses root),
 # listens on a free loopback port, and keeps everything inside DIR.
 set -euo pipefail
@@ -26,7 +28,7 @@ as_owner() {
 start_server() {
     local bindir=$1 port=$2
     as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-        -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c max_connections=200 -c fsync=${PG_FSYNC:-off} -c synchronous_commit=${PG_SYNC_COMMIT:-off} -c full_page_writes=${PG_FSYNC:-off}" \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c max_connections=200 -c fsync=${PG_FSYNC:-off} -c synchronous_commit=${PG_SYNC_COMMIT:-off} -c full_page_writes=${PG_FSYNC:-off} ${PG_EXTRA_OPTS:-}" \
         start >"$dir/pg_ctl.log" 2>&1 || { cat "$dir/pg_ctl.log" "$dir/server.log" >&2; exit 1; }
 }
 

@@ -51,14 +51,38 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     document = json.loads((tmp_path / "latest.json").read_text())
     ours = document["systems"]["django-ledon"]
-    for key in ("enqueue_each", "enqueue_bulk", "burn_1p-c4"):
-        assert ours[key]["median"] > 0
+    for key in (
+        "enqueue_each",
+        "enqueue_bulk",
+        "burn_1p-c1",
+        "burn_1p-c4",
+        "floor",
+        "commit_1",
+        "commit_4",
+        "scale_1p-c2",
+        "scale_2p-c2",
+        "sleep5_1p-c4",
+    ):
+        assert ours[key]["median"] > 0, key
         assert len(ours[key]["runs"]) == 1
+    assert ours["floor"]["jobs"] == 100
+    # Per job of every burn-down: the WAL it wrote (statements need pg_stat_statements).
+    assert set(ours["per_job"]) == {"1p-c1", "1p-c4", "1p-c2", "2p-c2"}
+    assert all(cost["wal_bytes"] > 0 for cost in ours["per_job"].values())
+    if document["statements_measured"]:
+        assert all(cost["statements"] > 0 for cost in ours["per_job"].values())
+    locks = ours["locks_during_scale"]["2p-c2"]
+    assert locks["samples"] > 0
+    assert locks["mean_waiting_on_lock"] >= 0
+    queued = document["queued_claim_cost"]
+    assert (queued["shallow_rows"], queued["deep_rows"]) == (100, 2_000)
+    assert queued["deep"]["claim_1_ms"] > 0
+    assert queued["ratio_claim_16"] > 0
     assert ours["latency"]["samples"] == len(ours["latency"]["values_ms"]) > 0
     assert document["claim_cost"]["loaded"]["claim_1_ms"] > 0
     assert document["environment"]["postgresql"]["server_version"]
@@ -68,6 +92,22 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
     assert document["sagas"]["ms_per_step"] > 0
     assert "| Enqueue, bulk API |" in markdown
     assert "## Targets" in markdown
+    for section in (
+        "## The server's limits: the floor and the commit rate",
+        "## Scale-out: worker processes against one server",
+        "## What each job costs the server",
+        "## A realistic handler",
+        "## Claim cost with a deep queue",
+    ):
+        assert section in markdown
+    assert "| Concurrency 1 ≥ 0.8 of the floor loop |" in markdown
+    assert "## Where one job's time goes" in markdown
+    for level in ("c1", "c4"):
+        part = document["profile"][level]
+        assert part["wall_ms_per_job"] > 0
+        assert part["statement_ms"] > 0
+        assert part["settles_per_job"] > 0
+        assert part["top"]
 
 
 def synthetic(peer_factor: float) -> dict:
@@ -119,3 +159,31 @@ def test_report_renders_ratios_and_target_verdicts() -> None:
     assert verdicts["Bulk submit ≥ 20,000 jobs/s"] is True
     slower = {t: holds for t, _, holds in report.targets(synthetic(1.0))}
     assert slower["Burn-down ≥ 1.5× pgqueuer at equal resources (every set-up)"] is False
+
+
+def test_physical_targets_read_ratios_against_the_floor_and_the_curve() -> None:
+    document = synthetic(peer_factor=0.5)
+    ours = document["systems"]["django-ledon"]
+
+    def measured(value: float) -> dict:
+        return {"jobs": 100, "runs": [value], "median": value}
+
+    ours.update(
+        {
+            "burn_1p-c1": measured(900.0),
+            "floor": measured(1000.0),
+            "commit_1": measured(2000.0),
+            "scale_1p-c8": measured(5000.0),
+            "scale_2p-c8": measured(6000.0),
+            "scale_4p-c8": measured(5900.0),
+            "sleep5_1p-c16": measured(2900.0),
+        }
+    )
+    document["plan"]["configs"].append({"processes": 1, "concurrency": 1})
+    verdicts = {t: (m, h) for t, m, h in report.physical_targets(document)}
+    assert verdicts["Concurrency 1 ≥ 0.8 of the floor loop"] == ("900 ÷ 1,000 = 0.90", True)
+    assert verdicts["Concurrency 1 ≥ 0.5 of the one-row commit rate"][1] is False
+    assert verdicts["Concurrency 4 ≥ 1× pgqueuer"][1] is True
+    assert verdicts["Scale-out: throughput never falls as processes are added"][1] is False
+    assert verdicts["5 ms handler at concurrency 16 ≥ 90% of the ideal"][1] is True
+    assert "## What holds, and what stops the rest" in report.render(document)

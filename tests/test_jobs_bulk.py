@@ -149,6 +149,43 @@ class TestBulkSubmit:
         assert results[0].created
         assert isinstance(results[1].conflict, JobIdentityConflict)
 
+    def test_every_value_is_stored_as_given(self) -> None:
+        """The batch travels as one JSON document on PostgreSQL: text that needs
+        escaping, non-ASCII text, a not-before time and every number arrive as given,
+        and each job reads back as the snapshot submit_jobs returned."""
+        from jobs.types import JobSubmission
+
+        later = timezone.now() + timedelta(hours=3, microseconds=123_456)
+        texts = [
+            '{"quote":"\\"","backslash":"\\\\","nul":"\\u0000","tab":"\\t"}',
+            '{"text": "Grüße — 東京 🎉", "line": "a\\nb"}',
+            "[1, 2.5e-7, null, true]",
+        ]
+        items = [
+            (
+                SCOPE,
+                f"job-{n}",
+                JobSubmission(
+                    handler="reports.generate",
+                    handler_version=n + 2,
+                    payload_json=text,
+                    queue=f"queue-{n}",
+                    priority=-n,
+                    max_attempts=n + 1,
+                    initial_not_before=later if n == 1 else None,
+                ),
+            )
+            for n, text in enumerate(texts)
+        ]
+        results = submit_jobs(items)
+        for (_, job_id, sub), result in zip(items, results, strict=True):
+            snap = stored(SCOPE, job_id)
+            assert snap.payload_json == sub.payload_json
+            assert snap.submission() == sub
+            assert fields(snap) == {**fields(result.job()), "created": False}
+        assert stored(SCOPE, "job-1").next_run_at == later
+        assert stored(SCOPE, "job-0").next_run_at == stored(SCOPE, "job-0").created_at
+
     def test_many_items_span_several_statements(self) -> None:
         count = 1_234
         sub = JobSubmissionFactory()

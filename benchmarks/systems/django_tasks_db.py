@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
+from ..physical import HARNESS_MARK
 from .base import ROOT, System, WorkerConfig, base_env, python_command
 
 
@@ -63,14 +64,16 @@ class DjangoTasksDb(System):
     def remaining(self) -> int:
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT count(*) FROM {self._table()} WHERE status IN ('READY', 'RUNNING')"
+                f"{HARNESS_MARK} SELECT count(*) FROM {self._table()}"
+                " WHERE status IN ('READY', 'RUNNING')"
             )
             return int(cursor.fetchone()[0])
 
     def first_started_since(self, since: float) -> float | None:
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT min(started_at) FROM {self._table()} WHERE started_at >= to_timestamp(%s)",
+                f"{HARNESS_MARK} SELECT min(started_at) FROM {self._table()}"
+                " WHERE started_at >= to_timestamp(%s)",
                 [since],
             )
             value = cursor.fetchone()[0]
@@ -78,6 +81,6 @@ class DjangoTasksDb(System):
 
     def last_finished_at(self) -> float | None:
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT max(finished_at) FROM {self._table()}")
+            cursor.execute(f"{HARNESS_MARK} SELECT max(finished_at) FROM {self._table()}")
             value = cursor.fetchone()[0]
         return None if value is None else value.timestamp()

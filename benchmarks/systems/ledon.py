@@ -7,14 +7,17 @@ from django.db import connection
 from jobs import JobSubmission, submit_job, submit_jobs
 from jobs.models import Job, JobAttempt
 
+from ..physical import HARNESS_MARK
 from .base import QUEUE, ROOT, System, base_env, python_command
 
 SCOPE = "bench"
 HANDLER = "bench.noop"
+#: The handler of :meth:`Ledon.seed_sleeping`.
+SLEEP_HANDLER = "bench.sleep5"
 
 
-def _submission(n: int) -> JobSubmission:
-    return JobSubmission.create(HANDLER, {"n": n}, queue=QUEUE)
+def _submission(n: int, handler: str = HANDLER) -> JobSubmission:
+    return JobSubmission.create(handler, {"n": n}, queue=QUEUE)
 
 
 class Ledon(System):
@@ -46,6 +49,11 @@ class Ledon(System):
         results = submit_jobs([(SCOPE, f"{prefix}{n}", _submission(n)) for n in range(count)])
         assert all(r.created for r in results)
 
+    def seed_sleeping(self, count: int) -> None:
+        """Like :meth:`seed`, of jobs whose handler sleeps 5 ms."""
+        prefix = self._prefix()
+        submit_jobs([(SCOPE, f"{prefix}{n}", _submission(n, SLEEP_HANDLER)) for n in range(count)])
+
     def enqueue_marked(self, marker: int) -> None:
         submit_job(SCOPE, f"probe-{marker}", _submission(marker))
 
@@ -64,7 +72,7 @@ class Ledon(System):
         table = Job._meta.db_table
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT (SELECT count(*) FROM {table} WHERE status = 'queued'"
+                f"{HARNESS_MARK} SELECT (SELECT count(*) FROM {table} WHERE status = 'queued'"
                 " AND NOT cancel_requested)"
                 f" + (SELECT count(*) FROM {table} WHERE status = 'running'"
                 " AND current_token IS NOT NULL)"
@@ -74,7 +82,7 @@ class Ledon(System):
     def first_started_since(self, since: float) -> float | None:
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT min(started_at) FROM {JobAttempt._meta.db_table}"
+                f"{HARNESS_MARK} SELECT min(started_at) FROM {JobAttempt._meta.db_table}"
                 " WHERE started_at >= to_timestamp(%s)",
                 [since],
             )
@@ -83,6 +91,6 @@ class Ledon(System):
 
     def last_finished_at(self) -> float | None:
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT max(finished_at) FROM {Job._meta.db_table}")
+            cursor.execute(f"{HARNESS_MARK} SELECT max(finished_at) FROM {Job._meta.db_table}")
             value = cursor.fetchone()[0]
         return None if value is None else value.timestamp()

@@ -11,6 +11,7 @@ import signal
 import sys
 from typing import Any
 
+from ..physical import HARNESS_MARK
 from .base import System, WorkerConfig, base_env, python_command
 
 ENTRYPOINT = "noop"
@@ -88,12 +89,12 @@ class Pgqueuer(System):
         return base_env(self.database_url)
 
     def remaining(self) -> int:
-        return int(self._run(self._conn.fetchval("SELECT count(*) FROM pgqueuer")))
+        return int(self._run(self._conn.fetchval(f"{HARNESS_MARK} SELECT count(*) FROM pgqueuer")))
 
     def last_finished_at(self) -> float | None:
         value = self._run(
             self._conn.fetchval(
-                "SELECT extract(epoch FROM max(created)) FROM pgqueuer_log"
+                f"{HARNESS_MARK} SELECT extract(epoch FROM max(created)) FROM pgqueuer_log"
                 " WHERE status = 'successful'"
             )
         )

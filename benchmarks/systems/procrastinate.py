@@ -10,6 +10,7 @@ import asyncio
 import sys
 from typing import Any
 
+from ..physical import HARNESS_MARK
 from .base import QUEUE, System, base_env, python_command
 
 TASK = "noop"
@@ -89,13 +90,14 @@ class Procrastinate(System):
 
     def remaining(self) -> int:
         row = self._conn.execute(
-            "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+            f"{HARNESS_MARK} SELECT count(*) FROM procrastinate_jobs"
+            " WHERE status IN ('todo', 'doing')"
         ).fetchone()
         return int(row[0])
 
     def first_started_since(self, since: float) -> float | None:
         row = self._conn.execute(
-            "SELECT extract(epoch FROM min(at)) FROM procrastinate_events"
+            f"{HARNESS_MARK} SELECT extract(epoch FROM min(at)) FROM procrastinate_events"
             " WHERE type = 'started' AND at >= to_timestamp(%s)",
             [since],
         ).fetchone()
@@ -103,7 +105,8 @@ class Procrastinate(System):
 
     def last_finished_at(self) -> float | None:
         row = self._conn.execute(
-            "SELECT extract(epoch FROM max(at)) FROM procrastinate_events WHERE type = 'succeeded'"
+            f"{HARNESS_MARK} SELECT extract(epoch FROM max(at)) FROM procrastinate_events"
+            " WHERE type = 'succeeded'"
         ).fetchone()
         return None if row[0] is None else float(row[0])
 

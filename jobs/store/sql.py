@@ -44,8 +44,9 @@ NOTIFY = "SELECT pg_notify(%(channel)s, %(payload)s)"
 # --------------------------------------------------------------------------- submission
 
 
-#: The columns of the bulk insert on PostgreSQL that travel as arrays, with their types.
-NEW_JOB_ARRAYS = {
+#: PostgreSQL: the values of each row of a bulk insert, in this order, with their
+#: types; ``next_run_at`` is the not-before time or, without one, ``created_at``.
+NEW_JOB_ROW = {
     "scope_hash": "varchar",
     "job_id": "varchar",
     "handler": "varchar",
@@ -55,8 +56,9 @@ NEW_JOB_ARRAYS = {
     "priority": "smallint",
     "max_attempts": "int",
     "initial_not_before": "timestamptz",
-    "next_run_at": "timestamptz",
 }
+#: The columns of a new job that vary from job to job.
+NEW_JOB_VARYING = (*NEW_JOB_ROW, "next_run_at")
 #: The columns every job of a bulk insert starts with the same value in.
 NEW_JOB_SHARED = (
     "status",
@@ -70,7 +72,7 @@ NEW_JOB_SHARED = (
 )
 #: The columns a new job's insert sets, from parameters of the same names (the others
 #: start NULL).
-NEW_JOB_COLUMNS = (*NEW_JOB_ARRAYS, *NEW_JOB_SHARED)
+NEW_JOB_COLUMNS = (*NEW_JOB_VARYING, *NEW_JOB_SHARED)
 
 
 @functools.lru_cache(maxsize=64)
@@ -97,17 +99,20 @@ def insert_jobs(rows: int, *, notify: bool = False) -> str:
     )
 
 
-#: PostgreSQL: a bulk insert as one array parameter per varying column (named after
-#: it), whatever the number of rows, so that neither the client nor the server parses
-#: thousands of placeholders; the :data:`NEW_JOB_SHARED` columns are one parameter
-#: each. Returns what :func:`insert_jobs` does.
-INSERT_JOBS_UNNEST = (
+_ROW_VALUES = [f"(r->>{n})::{kind}" for n, kind in enumerate(NEW_JOB_ROW.values())]
+_NOT_BEFORE = _ROW_VALUES[len(NEW_JOB_ROW) - 1]
+
+#: PostgreSQL: a bulk insert as one parameter whatever the number of rows: ``rows``,
+#: a JSON array with one array of the :data:`NEW_JOB_ROW` values per job (the
+#: client's C JSON encoder writes it, the server parses it once); the
+#: :data:`NEW_JOB_SHARED` columns are one parameter each. Returns the ``scope_hash``
+#: and ``job_id`` of each job actually inserted.
+INSERT_JOBS_JSON = (
     f"INSERT INTO {JOB} ({', '.join(NEW_JOB_COLUMNS)})"
-    f" SELECT {', '.join(NEW_JOB_ARRAYS)}, {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}"
-    " FROM unnest("
-    + ", ".join(f"%({name})s::{kind}[]" for name, kind in NEW_JOB_ARRAYS.items())
-    + f") AS t({', '.join(NEW_JOB_ARRAYS)})"
-    " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id, queue"
+    f" SELECT {', '.join(_ROW_VALUES)}, COALESCE({_NOT_BEFORE}, %(created_at)s),"
+    f" {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}"
+    " FROM jsonb_array_elements(%(rows)s::jsonb) AS r"
+    " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id"
 )
 
 

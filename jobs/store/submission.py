@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -30,40 +31,46 @@ from ..types import (
 )
 from . import sql
 from .base import CHUNK_ROWS, current_time, notify
-from .reads import job_snapshot, snapshot
+from .reads import snapshot
 
 
-def _new_row(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> dict[str, Any]:
-    """The values a new job's insert sets, by column (:data:`sql.NEW_JOB_COLUMNS`)."""
-    return {
-        "scope_hash": scope_hash,
-        "job_id": job_id,
-        "handler": sub.handler,
-        "handler_version": sub.handler_version,
-        "payload_json": sub.payload_json,
-        "queue": sub.queue,
-        "priority": sub.priority,
-        "max_attempts": sub.max_attempts,
-        "initial_not_before": sub.initial_not_before,
-        "next_run_at": sub.initial_not_before or now,
-        "status": JobStatus.QUEUED.value,
-        "attempt_count": 0,
-        "cancel_requested": False,
-        "progress_message": "",
-        "error": "",
-        "leased_by": "",
-        "created_at": now,
-        "updated_at": now,
-    }
+def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> JobSnapshot:
+    """The snapshot of a new Queued job, as its insert stores it (``created``)."""
+    return JobSnapshot(
+        scope_hash=scope_hash,
+        job_id=job_id,
+        handler=sub.handler,
+        handler_version=sub.handler_version,
+        payload_json=sub.payload_json,
+        queue=sub.queue,
+        priority=sub.priority,
+        max_attempts=sub.max_attempts,
+        initial_not_before=sub.initial_not_before,
+        next_run_at=sub.initial_not_before or now,
+        status=JobStatus.QUEUED,
+        attempt_count=0,
+        cancel_requested=False,
+        progress=None,
+        progress_message="",
+        error="",
+        result_ref=None,
+        created_at=now,
+        started_at=None,
+        finished_at=None,
+        created=True,
+    )
 
 
-#: The columns a new job leaves NULL.
-_NULL_AT_CREATION = {"progress": None, "result_ref": None, "started_at": None, "finished_at": None}
+#: The columns of a new job that its snapshot does not show.
+_UNSEEN = ("leased_by", "updated_at")
 
 
-def _new_snapshot(row: dict[str, Any]) -> JobSnapshot:
-    """The snapshot of the job :func:`_new_row` made, as inserted."""
-    return job_snapshot({**row, **_NULL_AT_CREATION}, created=True)
+def _new_row(job: JobSnapshot) -> dict[str, Any]:
+    """The values the insert of the new job ``job`` sets, by column
+    (:data:`sql.NEW_JOB_COLUMNS`)."""
+    row = {name: getattr(job, name) for name in sql.NEW_JOB_COLUMNS if name not in _UNSEEN}
+    row.update(status=job.status.value, leased_by="", updated_at=job.created_at)
+    return row
 
 
 def _adapted(connection: BaseDatabaseWrapper, row: dict[str, Any]) -> dict[str, Any]:
@@ -81,38 +88,64 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     and then yields to it, so a race never aborts the surrounding transaction.
     """
     connection = connection_for(Job)
-    row = _new_row(scope_hash, job_id, sub, now)
-    wake = row["next_run_at"] <= now and is_postgres(connection)
-    params = numbered([_adapted(connection, row)])
+    job = _new_snapshot(scope_hash, job_id, sub, now)
+    wake = job.next_run_at <= now and is_postgres(connection)
+    params = numbered([_adapted(connection, _new_row(job))])
     if wake:
         params["channel"] = jobs_settings().NOTIFY_CHANNEL
     if not fetch(connection, sql.insert_jobs(1, notify=wake), params, prepare=True):
         return None
-    return _new_snapshot(row)
+    return job
+
+
+def _json_rows(items: Sequence[tuple[str, str, JobSubmission]]) -> str:
+    """The ``rows`` parameter of :data:`sql.INSERT_JOBS_JSON`: one JSON array of the
+    :data:`sql.NEW_JOB_ROW` values per item (a payload travels as its JSON text)."""
+    return json.dumps(
+        [
+            [
+                scope_hash,
+                job_id,
+                sub.handler,
+                sub.handler_version,
+                sub.payload_json,
+                sub.queue,
+                sub.priority,
+                sub.max_attempts,
+                None if sub.initial_not_before is None else sub.initial_not_before.isoformat(),
+            ]
+            for scope_hash, job_id, sub in items
+        ],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
 
 
 def _insert_many(
     connection: BaseDatabaseWrapper,
     items: Sequence[tuple[str, str, JobSubmission]],
     now: datetime,
-) -> dict[tuple[str, str], dict[str, Any]]:
+) -> dict[tuple[str, str], JobSnapshot]:
     """Insert the (distinct) identities of ``items`` that do not exist yet, in the
     current transaction; wake workers once per queue that got due jobs. Returns the
-    rows inserted (see :func:`_new_row`), by identity."""
-    rows = [_new_row(scope_hash, job_id, sub, now) for scope_hash, job_id, sub in items]
-    if not rows:
+    jobs inserted, by identity."""
+    jobs = [_new_snapshot(scope_hash, job_id, sub, now) for scope_hash, job_id, sub in items]
+    if not jobs:
         return {}
     inserted_rows: list[dict[str, Any]] = []
     if is_postgres(connection):
-        params = {name: [row[name] for row in rows] for name in sql.NEW_JOB_ARRAYS}
-        params.update((name, rows[0][name]) for name in sql.NEW_JOB_SHARED)
-        inserted_rows = fetch(connection, sql.INSERT_JOBS_UNNEST, params)
+        first = _new_row(jobs[0])
+        params = {name: first[name] for name in sql.NEW_JOB_SHARED}
+        params["rows"] = _json_rows(items)
+        inserted_rows = fetch(connection, sql.INSERT_JOBS_JSON, params, prepare=True)
     else:
-        for start in range(0, len(rows), CHUNK_ROWS):
-            chunk = [_adapted(connection, row) for row in rows[start : start + CHUNK_ROWS]]
+        for start in range(0, len(jobs), CHUNK_ROWS):
+            chunk = [
+                _adapted(connection, _new_row(job)) for job in jobs[start : start + CHUNK_ROWS]
+            ]
             inserted_rows += fetch(connection, sql.insert_jobs(len(chunk)), numbered(chunk))
     keys = {(row["scope_hash"], row["job_id"]) for row in inserted_rows}
-    inserted = {key: row for row in rows if (key := (row["scope_hash"], row["job_id"])) in keys}
+    inserted = {key: job for job in jobs if (key := (job.scope_hash, job.job_id)) in keys}
     due_queues = {
         sub.queue
         for scope_hash, job_id, sub in items
@@ -214,7 +247,7 @@ def submit_many(
             scope_hash, job_id, sub = items[index]
             key = (scope_hash, job_id)
             if key in inserted:
-                stored[key] = _new_snapshot(inserted[key])
+                stored[key] = inserted[key]
                 results[index] = SubmitResult(job_id=job_id, snapshot=stored[key])
             elif key in existing:
                 stored[key] = existing[key]

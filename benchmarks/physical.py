@@ -1,0 +1,328 @@
+"""What the server itself allows, measured in the same run as the systems, and what
+the systems cost it per job.
+
+- :func:`floor_loop`: django-ledon's own finish-and-claim statement — the statement a
+  worker at concurrency 1 runs once per job, built by the store's builders
+  (:func:`jobs.store.sql.claim` with ``finishing``, :func:`jobs.store.sql.finishing_params`)
+  — run back to back from one psycopg connection, prepared, in autocommit, with no
+  worker and no handler around it: each statement finishes the job the previous one
+  claimed and claims the next. Its rate is the most a worker at concurrency 1 could do.
+- :func:`commit_rate`: durable one-row ``UPDATE`` transactions per second, one client
+  and several (each updating its own row), with ``pgbench`` when it is installed.
+- :class:`Counters`: statements (``pg_stat_statements``) and WAL bytes
+  (``pg_current_wal_lsn``) between two points of a run.
+- :class:`LockSampler`: backends waiting on a lock, sampled from ``pg_stat_activity``
+  and ``pg_locks`` while workers run.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from glob import glob
+from pathlib import Path
+from typing import Any
+
+#: Statements of the harness itself (progress polls) start with this comment, so that
+#: :class:`Counters` leaves them out of a system's statements.
+HARNESS_MARK = "/* bench-harness */"
+
+_COMMIT_TABLE = "bench_commit_rate"
+
+
+def _connect(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+# --------------------------------------------------------------------------- the floor
+
+
+def floor_loop(url: str, jobs: int) -> dict[str, Any]:
+    """Finish-and-claim ``jobs`` queued jobs of django-ledon one statement each, back to
+    back (see the module's docstring); jobs/s and ms per statement."""
+    from jobs.store import sql
+
+    statement = sql.claim("postgresql", queues=0, one_job=False, finishing=True)
+    done: list[dict[str, Any]] = []
+    claimed = 0
+    with _connect(url) as conn:
+        conn.prepare_threshold = 0
+        cursor = conn.cursor()
+        columns: dict[str, int] = {}
+        start = time.perf_counter()
+        while True:
+            now = datetime.now(UTC)
+            params = {
+                "worker_id": "floor",
+                "lease_expires_at": now + timedelta(seconds=300),
+                "now": now,
+                "limit": 1 if claimed < jobs else 0,
+                **sql.finishing_params("postgresql", done),
+            }
+            cursor.execute(statement, params, prepare=True)
+            rows = cursor.fetchall()
+            if not columns:
+                columns = {c.name: n for n, c in enumerate(cursor.description or ())}
+            kind, token = columns["kind"], columns["token"]
+            done = [
+                {"token": row[token], "outcome": "succeeded", "result_ref": None, "error": ""}
+                for row in rows
+                if row[kind] == "claimed"
+            ]
+            if any(row[kind] == "orphan" for row in rows):
+                raise RuntimeError("the floor loop found a job without its attempt row")
+            claimed += len(done)
+            if not done:
+                break
+        elapsed = time.perf_counter() - start
+    if claimed != jobs:
+        raise RuntimeError(f"the floor loop claimed {claimed} of {jobs} jobs")
+    # jobs + 1 statements: the last one only finishes.
+    return {"jobs": jobs, "jobs_per_s": jobs / elapsed, "ms_per_job": elapsed * 1000 / jobs}
+
+
+# --------------------------------------------------------------------------- commits
+
+
+def pgbench_path() -> str | None:
+    found = shutil.which("pgbench")
+    if found:
+        return found
+    candidates = sorted(glob("/usr/lib/postgresql/*/bin/pgbench"))
+    return candidates[-1] if candidates else None
+
+
+def prepare_commit_table(url: str, clients: int) -> None:
+    with _connect(url) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {_COMMIT_TABLE}")
+        conn.execute(f"CREATE TABLE {_COMMIT_TABLE} (id int PRIMARY KEY, n bigint NOT NULL)")
+        conn.execute(
+            f"INSERT INTO {_COMMIT_TABLE} SELECT g, 0 FROM generate_series(0, %s) AS g",
+            [clients],
+        )
+
+
+def drop_commit_table(url: str) -> None:
+    with _connect(url) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {_COMMIT_TABLE}")
+
+
+def commit_rate(url: str, clients: int, seconds: float) -> dict[str, Any]:
+    """Durable one-row ``UPDATE`` commits per second with ``clients`` clients, each on
+    its own row (``pgbench`` if installed, else psycopg threads)."""
+    prepare_commit_table(url, clients)
+    try:
+        tool = pgbench_path()
+        if tool is not None:
+            return {
+                "clients": clients,
+                "tool": "pgbench",
+                "tps": _pgbench(tool, url, clients, seconds),
+            }
+        return {
+            "clients": clients,
+            "tool": "psycopg",
+            "tps": _psycopg_commits(url, clients, seconds),
+        }
+    finally:
+        drop_commit_table(url)
+
+
+def _pgbench(tool: str, url: str, clients: int, seconds: float) -> float:
+    with tempfile.TemporaryDirectory() as directory:
+        script = Path(directory) / "update.sql"
+        script.write_text(f"UPDATE {_COMMIT_TABLE} SET n = n + 1 WHERE id = :client_id;\n")
+        done = subprocess.run(
+            [
+                tool,
+                "-n",
+                "-M",
+                "prepared",
+                "-f",
+                str(script),
+                "-c",
+                str(clients),
+                "-j",
+                str(clients),
+                "-T",
+                str(max(1, round(seconds))),
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    match = re.search(r"tps = ([0-9.]+)", done.stdout)
+    if match is None:
+        raise RuntimeError(f"pgbench printed no tps: {done.stdout[-500:]}")
+    return float(match.group(1))
+
+
+def _psycopg_commits(url: str, clients: int, seconds: float) -> float:
+    counts = [0] * clients
+    barrier = threading.Barrier(clients + 1)
+    deadline: list[float] = []
+
+    def client(index: int) -> None:
+        with _connect(url) as conn:
+            conn.prepare_threshold = 0
+            barrier.wait()
+            while time.perf_counter() < deadline[0]:
+                conn.execute(f"UPDATE {_COMMIT_TABLE} SET n = n + 1 WHERE id = %s", [index])
+                counts[index] += 1
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    deadline.append(time.perf_counter() + seconds)
+    start = time.perf_counter()
+    barrier.wait()
+    for thread in threads:
+        thread.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------- counters
+
+
+def statements_available(url: str) -> bool:
+    """Whether ``pg_stat_statements`` is loaded (``shared_preload_libraries``); creates
+    the extension in the database if so."""
+    with _connect(url) as conn:
+        loaded = conn.execute(
+            "SELECT 'pg_stat_statements' = ANY(string_to_array(current_setting("
+            "'shared_preload_libraries'), ','))"
+        ).fetchone()
+        if not loaded or not loaded[0]:
+            return False
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        return True
+
+
+class Counters:
+    """Statements and WAL between :meth:`start` and :meth:`stop` (server-wide WAL;
+    statements of the benchmark database, leaving out the harness's own)."""
+
+    def __init__(self, url: str, statements: bool) -> None:
+        self.url = url
+        self.statements = statements
+        self._lsn: str | None = None
+
+    def start(self) -> None:
+        with _connect(self.url) as conn:
+            if self.statements:
+                conn.execute("SELECT pg_stat_statements_reset()")
+            self._lsn = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+
+    def stop(self) -> dict[str, Any]:
+        with _connect(self.url) as conn:
+            wal = conn.execute(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", [self._lsn]
+            ).fetchone()[0]
+            result: dict[str, Any] = {"wal_bytes": int(wal)}
+            if self.statements:
+                rows = conn.execute(
+                    "SELECT query, calls, wal_bytes FROM pg_stat_statements"
+                    " WHERE toplevel"
+                    " AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                    " AND query NOT LIKE %s AND query NOT LIKE '%%pg_stat_statements%%'"
+                    " AND query NOT LIKE '%%pg_current_wal_lsn%%'",
+                    [HARNESS_MARK + "%"],
+                ).fetchall()
+                result["statements"] = int(sum(row[1] for row in rows))
+                result["top"] = sorted(
+                    ({"query": q[:160], "calls": int(c), "wal_bytes": int(w)} for q, c, w in rows),
+                    key=lambda r: -r["calls"],
+                )[:8]
+        return result
+
+
+@contextmanager
+def counting(url: str, statements: bool, into: dict[str, Any]) -> Iterator[None]:
+    counters = Counters(url, statements)
+    counters.start()
+    yield
+    into.update(counters.stop())
+
+
+# --------------------------------------------------------------------------- lock waits
+
+
+class LockSampler(threading.Thread):
+    """Sample, every ``interval`` seconds, the backends of the database that wait on a
+    lock (``pg_stat_activity.wait_event_type = 'Lock'``) and the ungranted locks in
+    ``pg_locks``."""
+
+    def __init__(self, url: str, interval: float = 0.02) -> None:
+        super().__init__(name="bench-lock-sampler", daemon=True)
+        self.url = url
+        self.interval = interval
+        self.finished = threading.Event()
+        self.samples = 0
+        self.waiting_backends = 0
+        self.ungranted_locks = 0
+        self.most_waiting = 0
+        self.active_backends = 0
+        self.events: dict[str, int] = {}
+
+    def run(self) -> None:
+        with _connect(self.url) as conn:
+            while not self.finished.is_set():
+                rows = conn.execute(
+                    "SELECT state, wait_event_type, wait_event FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                ).fetchall()
+                ungranted = conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                ).fetchone()[0]
+                waiting = 0
+                for state, kind, event in rows:
+                    if state == "active":
+                        self.active_backends += 1
+                        if kind:
+                            key = f"{kind}:{event}"
+                            self.events[key] = self.events.get(key, 0) + 1
+                    if kind == "Lock":
+                        waiting += 1
+                self.samples += 1
+                self.waiting_backends += waiting
+                self.ungranted_locks += int(ungranted)
+                self.most_waiting = max(self.most_waiting, waiting)
+                self.finished.wait(self.interval)
+
+    def result(self) -> dict[str, Any]:
+        n = max(self.samples, 1)
+        return {
+            "samples": self.samples,
+            "mean_waiting_on_lock": self.waiting_backends / n,
+            "most_waiting_on_lock": self.most_waiting,
+            "mean_ungranted_locks": self.ungranted_locks / n,
+            "mean_active": self.active_backends / n,
+            "wait_events": dict(sorted(self.events.items(), key=lambda kv: -kv[1])[:8]),
+        }
+
+
+@contextmanager
+def sampling_locks(url: str, into: dict[str, Any]) -> Iterator[None]:
+    sampler = LockSampler(url)
+    sampler.start()
+    try:
+        yield
+    finally:
+        sampler.finished.set()
+        sampler.join(5)
+        into.update(sampler.result())
+
+
+def log_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,338 @@
+"""Where one job's time goes: a django-ledon worker run in this process at concurrency
+1 and 4, timed part by part, profiled, and the server's side read from
+``pg_stat_statements``, ``pg_stat_wal`` and ``EXPLAIN (ANALYZE, BUFFERS, WAL)``.
+
+``make bench`` runs it after the other measurements (the ``profile`` part of the
+results); ``python -m benchmarks.profiling`` runs it alone on a throw-away server (or
+``--database-url``) and prints the breakdown.
+
+The breakdown of one job (ms, per job; at concurrency above 1 the parts run on several
+threads at once, so they add up to more than the wall time per job):
+
+- **Python around the statement** — ``complete_and_claim`` less the statement: the
+  arguments checked, the parameters built, the rows read back into claims;
+- **statement** — psycopg's ``execute`` of the finish-and-claim statement, split into
+  the **server's execution** (``pg_stat_statements``), the **commit**'s WAL flush
+  (``pg_stat_wal``: sync time per sync, times syncs per job) and the **round trip**
+  (the rest: network, protocol, bind; a prepared ``SELECT 1`` is given for scale);
+- **hand-off and handler** — :func:`jobs.attempts.run_attempt` (finding the handler,
+  calling it, deciding the end);
+- **return to the next statement** — the rest of the wall time: the worker's own
+  book-keeping between a handler's return and the next statement (queues, locks,
+  counters, events), and, at concurrency above 1, threads waiting for each other.
+
+Timers wrap those functions (about a microsecond each); :mod:`cProfile` runs
+separately, since it slows the Python it measures, and gives the functions that cost
+the most.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import json
+import pstats
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from . import physical
+
+#: Jobs per profiled run.
+JOBS = 3_000
+
+
+class _Timers:
+    """Wall time spent inside wrapped functions, summed over every thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.totals: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.local = threading.local()
+
+    def wrap(self, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(self.local, name, 0)
+            setattr(self.local, name, depth + 1)
+            start = time.perf_counter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                setattr(self.local, name, depth)
+                if depth == 0:  # a nested call is inside its outer call's time
+                    elapsed = time.perf_counter() - start
+                    with self.lock:
+                        self.totals[name] = self.totals.get(name, 0.0) + elapsed
+                        self.calls[name] = self.calls.get(name, 0) + 1
+
+        return timed
+
+
+@contextmanager
+def _patched(timers: _Timers) -> Iterator[None]:
+    """Wrap the worker's parts (where the worker looks them up) with ``timers``."""
+    import psycopg
+
+    from jobs import execution
+    from jobs.worker import threads
+
+    patches = [
+        (execution, "complete_and_claim"),
+        (threads, "run_attempt"),
+        (psycopg.Cursor, "execute"),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in patches]
+    try:
+        for owner, name, original in saved:
+            setattr(owner, name, timers.wrap(name, original))
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def _run_worker(concurrency: int, profile: bool) -> tuple[float, pstats.Stats | None]:
+    """Run a burst worker over the queued jobs; the seconds from the first attempt's
+    start to the last job's end, as the database recorded them, and with ``profile``
+    the profile of every thread of the worker."""
+    from django.db import connection
+
+    from jobs.handlers import autodiscover
+    from jobs.worker import Worker
+
+    autodiscover()  # as run_jobs does: the handlers of benchmarks/tasks.py
+    worker = Worker(concurrency=concurrency, burst=True, listen=False)
+    # Python 3.12 and later: cProfile is built on sys.monitoring, whose events come
+    # from every thread — one profiler sees the handler threads too.
+    profiler = cProfile.Profile() if profile else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        worker.run()
+    finally:
+        if profiler is not None:
+            profiler.disable()
+    stats = pstats.Stats(profiler) if profiler is not None else None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"{physical.HARNESS_MARK} SELECT extract(epoch FROM max(j.finished_at)"
+            " - min(a.started_at)) FROM jobs_job j JOIN jobs_jobattempt a ON a.job_id = j.id"
+        )
+        return float(cursor.fetchone()[0]), stats
+
+
+def _top(stats: pstats.Stats, jobs: int, count: int = 15) -> list[dict[str, Any]]:
+    rows = []
+    table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    for (filename, line, function), (_cc, calls, tottime, cumtime, _callers) in table.items():
+        where = "/".join(filename.split("/")[-2:])
+        rows.append(
+            {
+                "function": f"{where}:{line}({function})",
+                "calls_per_job": calls / jobs,
+                "own_us_per_job": tottime * 1e6 / jobs,
+                "cumulative_us_per_job": cumtime * 1e6 / jobs,
+            }
+        )
+    rows.sort(key=lambda r: -r["own_us_per_job"])
+    return rows[:count]
+
+
+def _server(url: str) -> dict[str, Any]:
+    """The finish-and-claim statement's server figures and the WAL syncs since the
+    last reset."""
+    with physical._connect(url) as conn:
+        statement = conn.execute(
+            "SELECT calls, mean_exec_time, shared_blks_hit, shared_blks_read,"
+            " shared_blks_dirtied, wal_records, wal_bytes FROM pg_stat_statements"
+            " WHERE toplevel AND query LIKE 'WITH done AS%%claimed AS (UPDATE%%'"
+            " ORDER BY calls DESC LIMIT 1"
+        ).fetchone()
+        wal = conn.execute(
+            "SELECT wal_records, wal_bytes, wal_write, wal_sync, wal_write_time, wal_sync_time"
+            " FROM pg_stat_wal"
+        ).fetchone()
+    out: dict[str, Any] = {}
+    if statement is not None:
+        names = ("calls", "mean_exec_ms", "blks_hit", "blks_read", "blks_dirtied")
+        values = [float(v) for v in statement]
+        out["statement"] = dict(zip(names, values[:5], strict=True))
+        out["statement"]["wal_records"], out["statement"]["wal_bytes"] = values[5:]
+    names = ("records", "bytes", "writes", "syncs", "write_ms", "sync_ms")
+    out["wal"] = dict(zip(names, (float(v) for v in wal), strict=True))
+    return out
+
+
+def _reset_server(url: str, statements: bool) -> None:
+    with physical._connect(url) as conn:
+        if statements:
+            conn.execute("SELECT pg_stat_statements_reset()")
+        conn.execute("SELECT pg_stat_reset_shared('wal')")
+
+
+def round_trip_ms(url: str, samples: int = 2_000) -> float:
+    """Median time of a prepared ``SELECT 1``: the round trip with no work in it."""
+    times = []
+    with physical._connect(url) as conn:
+        conn.prepare_threshold = 0
+        for _ in range(samples):
+            start = time.perf_counter()
+            conn.execute("SELECT 1", prepare=True).fetchall()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def explain(url: str) -> dict[str, Any]:
+    """``EXPLAIN (ANALYZE, BUFFERS, WAL)`` of the finish-and-claim statement for one
+    running attempt and one queued job, rolled back."""
+    import psycopg
+    from django.utils import timezone
+
+    from jobs import execution
+    from jobs.store import sql
+
+    claim = execution.claim_due("profile-explain", limit=1)[0]
+    now = timezone.now()
+    params = {
+        "worker_id": "profile-explain",
+        "lease_expires_at": now,
+        "now": now,
+        "limit": 1,
+        **sql.finishing_params(
+            "postgresql",
+            [{"token": claim.token, "outcome": "succeeded", "result_ref": None, "error": ""}],
+        ),
+    }
+    statement = sql.claim("postgresql", queues=0, one_job=False, finishing=True)
+    with psycopg.connect(url) as conn:
+        cursor = psycopg.ClientCursor(conn)
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + statement, params)
+        plan = cursor.fetchone()[0][0]
+        conn.rollback()
+    execution.complete(claim.token)
+    top = plan["Plan"]
+    return {
+        "planning_ms": plan.get("Planning Time"),
+        "execution_ms": plan.get("Execution Time"),
+        "shared_hit_blocks": top.get("Shared Hit Blocks"),
+        "shared_dirtied_blocks": top.get("Shared Dirtied Blocks"),
+        "wal_records": top.get("WAL Records"),
+        "wal_bytes": top.get("WAL Bytes"),
+        "wal_fpi": top.get("WAL FPI"),
+        "triggers": [
+            {"name": t.get("Trigger Name"), "ms": t.get("Time"), "calls": t.get("Calls")}
+            for t in plan.get("Triggers", [])
+        ],
+    }
+
+
+def profile(
+    url: str,
+    ledon: Any,
+    admin: Callable[[str], None],
+    jobs: int = JOBS,
+    concurrencies: tuple[int, ...] = (1, 4),
+    log: Callable[[str], None] = physical.log_stderr,
+) -> dict[str, Any]:
+    """The breakdown of one job at each of ``concurrencies`` (see the module's
+    docstring), with the cProfile top and the statement's plan."""
+    statements = physical.statements_available(url)
+    result: dict[str, Any] = {"jobs": jobs, "round_trip_ms": round_trip_ms(url)}
+    for concurrency in concurrencies:
+        # Timed run.
+        ledon.reset()
+        ledon.seed(jobs)
+        admin("ANALYZE")
+        admin("CHECKPOINT")
+        _reset_server(url, statements)
+        timers = _Timers()
+        with _patched(timers):
+            span, _ = _run_worker(concurrency, profile=False)
+        time.sleep(1.1)  # backends flush their WAL statistics when they end
+        server = _server(url)
+        wall_ms = span * 1000 / jobs
+
+        def per_job(name: str, timers: _Timers = timers) -> float:
+            return timers.totals.get(name, 0.0) * 1000 / jobs
+
+        statement_ms = per_job("execute")
+        python_ms = per_job("complete_and_claim") - statement_ms
+        handler_ms = per_job("run_attempt")
+        wal = server["wal"]
+        sync_ms = wal["sync_ms"] / wal["syncs"] if wal["syncs"] else 0.0
+        commit_ms = sync_ms * wal["syncs"] / jobs
+        stmt = server.get("statement") or {}
+        exec_ms = (stmt.get("mean_exec_ms") or 0.0) * (stmt.get("calls") or 0) / jobs
+        parts = {
+            "python_around_statement_ms": python_ms,
+            "server_execution_ms": exec_ms,
+            "commit_wal_flush_ms": commit_ms,
+            "round_trip_ms": max(statement_ms - exec_ms - commit_ms, 0.0),
+            "handoff_and_handler_ms": handler_ms,
+        }
+        # At concurrency 1 the parts follow each other on one thread: the rest of the
+        # wall time is the worker's own between them. Above 1 they overlap.
+        parts["return_to_next_statement_ms"] = (
+            max(wall_ms - sum(parts.values()), 0.0) if concurrency == 1 else None
+        )
+        entry: dict[str, Any] = {
+            "wall_ms_per_job": wall_ms,
+            "jobs_per_s": jobs / span,
+            "statement_ms": statement_ms,
+            "statements_per_job": timers.calls.get("execute", 0) / jobs,
+            "settles_per_job": timers.calls.get("complete_and_claim", 0) / jobs,
+            "wal_syncs_per_job": wal["syncs"] / jobs,
+            "wal_sync_ms": sync_ms,
+            "server": server,
+            **parts,
+        }
+        # Profiled run.
+        ledon.reset()
+        ledon.seed(jobs)
+        admin("ANALYZE")
+        span_profiled, stats = _run_worker(concurrency, profile=True)
+        assert stats is not None
+        entry["profiled_jobs_per_s"] = jobs / span_profiled
+        entry["top"] = _top(stats, jobs)
+        result[f"c{concurrency}"] = entry
+        log(
+            f"  profile c{concurrency}: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in entry.items() if isinstance(v, float))
+        )
+    ledon.reset()
+    ledon.seed(2)
+    result["explain"] = explain(url)
+    ledon.reset()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import os
+    from contextlib import ExitStack
+
+    from . import server
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.profiling", description=__doc__)
+    parser.add_argument("--database-url", help="use this server instead of a throw-away one")
+    parser.add_argument("--jobs", type=int, default=JOBS)
+    args = parser.parse_args(argv)
+    with ExitStack() as stack:
+        server_url = args.database_url or stack.enter_context(server.throwaway_server())
+        url = stack.enter_context(
+            server.scratch_database(server_url, f"ledon_profile_{os.getpid()}")
+        )
+        admin = server.django_on(url, stack)
+        from .systems.ledon import Ledon
+
+        document = profile(url, Ledon(url), admin, jobs=args.jobs)
+    print(json.dumps(document, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
