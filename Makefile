@@ -2,18 +2,19 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# A CI leg's interpreter and Django (scripts/test.sh sets them; empty: the newest
-# Python >= 3.12 found, and the Django that pyproject.toml allows).
+# A CI leg's interpreter, Django requirement and extras (scripts/test.sh sets them;
+# empty: the newest Python >= 3.12 found, the newest Django that pyproject.toml
+# allows, and the extras for tests and docs).
 PYTHON_VERSION ?=
 DJANGO ?=
+EXTRAS ?= test,docs
 
 .PHONY: test demo docs venv clean bench bench-quick
 
 $(VENV)/.installed: pyproject.toml
 	@base=$$(scripts/find-python.sh $(PYTHON_VERSION)) && echo "using $$base" && "$$base" -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,docs]'
-	$(if $(DJANGO),$(PY) -m pip install --quiet 'Django$(DJANGO)')
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]' $(if $(DJANGO),'Django$(DJANGO)')
 	@touch $@
 
 venv: $(VENV)/.installed

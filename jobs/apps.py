@@ -7,10 +7,12 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Django registers its TASKS checks (jobs.E101-E107 among them) only once
-        # django.tasks is imported, which a project need not do before
+        # Django registers its TASKS checks (jobs.E101-E107 among them) only once its
+        # tasks framework is imported, which a project need not do before
         # ``manage.py check`` runs.
-        import django.tasks  # noqa: F401
+        from .tasks_framework import register_checks
+
+        register_checks()
 
         from . import checks  # noqa: F401  (registers the system checks)
         from .schedules.scheduler import start_scheduler, stop_scheduler

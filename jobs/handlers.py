@@ -210,11 +210,15 @@ def unregister(name: str, version: int) -> None:
 
 def autodiscover() -> None:
     """Import ``<app>.<AUTODISCOVER_MODULE>`` for every installed app, then the task
-    modules named by each ``jobs.backends.JobsBackend`` in the ``TASKS`` setting."""
+    modules named by each ``jobs.backends.JobsBackend`` in the ``TASKS`` setting (when
+    this Django has a tasks framework: on Django 5.2 the backport may be missing)."""
     autodiscover_modules(jobs_settings().AUTODISCOVER_MODULE)
-    from .backends import autodiscover_tasks
+    from .tasks_framework import available
 
-    autodiscover_tasks()
+    if available():
+        from .backends import autodiscover_tasks
+
+        autodiscover_tasks()
 
 
 class JobContext:

@@ -7,6 +7,7 @@ timeout); any ``postgres://`` URL switches to PostgreSQL.
 from pathlib import Path
 from typing import Any
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -127,18 +128,22 @@ TASKS = {
 }
 
 # The tasks of Django's documentation send mail: kept in memory, or written as files
-# to MAIL_FILE_PATH (tests read what a worker process sent there).
+# to MAIL_FILE_PATH (tests read what a worker process sent there). Django 6.1 reads
+# MAILERS (and refuses EMAIL_BACKEND beside it); Django 5.2 and 6.0 read EMAIL_*.
 _MAIL_FILE_PATH = env("MAIL_FILE_PATH", default="")
-MAILERS = {
-    "default": (
-        {
-            "BACKEND": "django.core.mail.backends.filebased.EmailBackend",
-            "OPTIONS": {"file_path": _MAIL_FILE_PATH},
-        }
-        if _MAIL_FILE_PATH
-        else {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}
-    )
-}
+_MAILER: dict[str, Any] = (
+    {
+        "BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+        "OPTIONS": {"file_path": _MAIL_FILE_PATH},
+    }
+    if _MAIL_FILE_PATH
+    else {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}
+)
+if django.VERSION >= (6, 1):
+    MAILERS = {"default": _MAILER}
+else:
+    EMAIL_BACKEND = _MAILER["BACKEND"]
+    EMAIL_FILE_PATH = _MAIL_FILE_PATH
 
 # Broker transports find their brokers through the environment; OUTBOX_TRANSPORT_OPTIONS
 # (a JSON object) adds options or overrides these.

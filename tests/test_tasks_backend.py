@@ -18,15 +18,6 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core import checks
 from django.db import transaction
-from django.tasks import (
-    TaskResultStatus,
-    default_task_backend,
-    task,
-    task_backends,
-)
-from django.tasks.base import TaskError
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
-from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
 from django.utils import timezone
 from procs import wait_until
@@ -38,6 +29,19 @@ from jobs.backends import (
     JobsTask,
     TaskInterrupted,
     TaskNotRegistered,
+)
+from jobs.backends.compat import (
+    InvalidTask,
+    TaskError,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+    TaskResultStatus,
+    default_task_backend,
+    task,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
 )
 from jobs.backends.results import HANDLER, format_task_error, parse_task_error
 from jobs.exceptions import JobCancelled, JobsConfigurationError

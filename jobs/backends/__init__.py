@@ -8,11 +8,10 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.tasks import task_backends
-from django.tasks.exceptions import InvalidTaskBackend
 
 from . import runner  # noqa: F401  (registers the job handler that runs tasks)
 from .backend import JobsBackend
+from .compat import InvalidTaskBackend, task_backends
 from .exceptions import InvalidReturnValue, TaskInterrupted, TaskNotRegistered
 from .registry import JobsTask, JobsTaskContext
 

@@ -310,9 +310,8 @@ def _task_spec(
     task: Any, options: Mapping[str, Any], build: Callable[[JobSubmission, str], ScheduleSpec]
 ) -> ScheduleSpec:
     """A task's period job is what ``JobsBackend.enqueue`` would store for it."""
-    from django.tasks import task_backends
-
     from ..backends.backend import JobsBackend
+    from ..backends.compat import task_backends
     from ..backends.results import HANDLER, HANDLER_VERSION, TaskPayload
 
     if options.get("payload") is not None:
@@ -346,10 +345,12 @@ def _or(value: Any, default: Any) -> Any:
 
 
 def _as_task(value: Any) -> Any:
-    try:
-        from django.tasks import Task
-    except ImportError:  # pragma: no cover - Django without a tasks framework
+    from ..tasks_framework import available
+
+    if not available():  # Django 5.2 without the backport: nothing is a task
         return None
+    from ..backends.compat import Task
+
     return value if isinstance(value, Task) else None
 
 
