@@ -122,5 +122,31 @@ def check_outbox_table(
     return []
 
 
+@checks.register()
+def check_outbox_listen_database(
+    app_configs: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """``outbox.W003``: dispatchers would only poll, their LISTEN connection being
+    pooled; ``outbox.E004``: ``OUTBOX['LISTEN_DATABASE']`` is not PostgreSQL."""
+    from .conf import outbox_settings
+    from .db import alias_for
+    from .models import OutboxMessage
+    from .pglisten import check_listen_database
+
+    try:
+        settings = outbox_settings()
+    except OutboxConfigurationError:
+        return []  # reported by check_outbox_settings
+    if not settings.ENABLED:
+        return []
+    return check_listen_database(
+        "OUTBOX['LISTEN_DATABASE']",
+        alias_for(OutboxMessage),
+        settings.LISTEN_DATABASE,
+        warning_id="outbox.W003",
+        error_id="outbox.E004",
+    )
+
+
 # The same function from every app: the check framework runs it once.
 checks.register(check_sqlite_options)

@@ -49,6 +49,11 @@ class OutboxSettings:
     CLEANUP_INTERVAL: float = 300.0
     #: PostgreSQL channel used to wake dispatchers when a message is stored.
     NOTIFY_CHANNEL: str = "ledon_outbox"
+    #: PostgreSQL: the ``DATABASES`` alias whose connection a dispatcher LISTENs on;
+    #: None: the outbox database's own. Behind a transaction pooler, an alias that
+    #: connects to the same database directly (a pooled alias cannot LISTEN:
+    #: dispatchers then only poll, and check ``outbox.W003`` says so).
+    LISTEN_DATABASE: str | None = None
     #: Largest accepted event payload, in bytes of JSON text.
     MAX_PAYLOAD_BYTES: int = 1_000_000
     #: Module imported from each installed app at start-up, where events are
@@ -101,6 +106,9 @@ def _validate(values: dict[str, Any]) -> OutboxSettings:
         r"[a-z_][a-z0-9_]{0,62}", result.NOTIFY_CHANNEL
     ):
         raise fail("NOTIFY_CHANNEL", "a lowercase identifier of at most 63 characters")
+    listen = result.LISTEN_DATABASE
+    if listen is not None and (not isinstance(listen, str) or listen not in settings.DATABASES):
+        raise fail("LISTEN_DATABASE", "None or an alias of DATABASES")
     module = result.AUTODISCOVER_MODULE
     if module is not None and (not isinstance(module, str) or not module.isidentifier()):
         raise fail("AUTODISCOVER_MODULE", "a module name or None")
