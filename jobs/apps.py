@@ -15,9 +15,26 @@ class JobsConfig(AppConfig):
         register_checks()
 
         from . import checks  # noqa: F401  (registers the system checks)
+        from .handlers import register_autodiscovery
         from .schedules.scheduler import start_scheduler, stop_scheduler
         from .signals import worker_started, worker_stopping
 
         # J16: every run_jobs worker enqueues its schedules' due periods.
         worker_started.connect(start_scheduler, dispatch_uid="jobs.start_scheduler")
         worker_stopping.connect(stop_scheduler, dispatch_uid="jobs.stop_scheduler")
+        # J15: the tasks backend is an adapter above the handler registry; the app
+        # wires it in, so that the registry never imports it.
+        register_autodiscovery(_autodiscover_tasks)
+
+
+def _autodiscover_tasks() -> None:
+    """Import the task modules of every ``JobsBackend`` in ``TASKS`` (the backend's
+    package is imported only when a worker or a test autodiscovers, and only when this
+    Django has a tasks framework: on Django 5.2 the backport may be missing)."""
+    from .tasks_framework import available
+
+    if not available():
+        return
+    from .backends import autodiscover_tasks
+
+    autodiscover_tasks()

@@ -21,8 +21,9 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict, TypeVar, Unpack, overload
 from zoneinfo import ZoneInfo
 
-from .. import validation
+from .. import tasks_framework, validation
 from ..exceptions import InvalidInput, InvalidSchedule
+from ..handlers import autodiscover, registered_handlers
 from ..types import JobSubmission
 from .timetable import CronTimetable, IntervalTimetable, TimetableError, job_id_time
 from .types import CatchUp
@@ -267,8 +268,6 @@ def _resolve(
         return _task_spec(task, options, build)
     if not callable(target):
         return None
-    from ..handlers import registered_handlers
-
     handlers = [h for h in registered_handlers() if h.func is target]
     if len(handlers) > 1:
         found = ", ".join(f"{h.name}@{h.version}" for h in handlers)
@@ -310,6 +309,8 @@ def _task_spec(
     task: Any, options: Mapping[str, Any], build: Callable[[JobSubmission, str], ScheduleSpec]
 ) -> ScheduleSpec:
     """A task's period job is what ``JobsBackend.enqueue`` would store for it."""
+    # Local: jobs.backends needs a tasks framework, which Django 5.2 has only with
+    # the django-tasks backport; a task exists here, so the framework does.
     from ..backends.backend import JobsBackend
     from ..backends.compat import task_backends
     from ..backends.results import HANDLER, HANDLER_VERSION, TaskPayload
@@ -345,11 +346,9 @@ def _or(value: Any, default: Any) -> Any:
 
 
 def _as_task(value: Any) -> Any:
-    from ..tasks_framework import available
-
-    if not available():  # Django 5.2 without the backport: nothing is a task
+    if not tasks_framework.available():  # Django 5.2 without the backport: no tasks
         return None
-    from ..backends.compat import Task
+    from ..backends.compat import Task  # local: see _task_spec
 
     return value if isinstance(value, Task) else None
 
@@ -449,7 +448,5 @@ def discover() -> None:
     tasks backend), once per process, so that every schedule is declared here too."""
     global _discovered
     if not _discovered:
-        from ..handlers import autodiscover
-
         autodiscover()
         _discovered = True
