@@ -1,5 +1,5 @@
-"""System checks for the jobs app (ids ``jobs.E0xx``; the tasks backend's are
-``jobs.E1xx``)."""
+"""System checks for the jobs app (ids ``jobs.E0xx`` and ``jobs.W0xx``; the tasks
+backend's are ``jobs.E1xx``)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,16 @@ from typing import Any
 import django
 from django.conf import settings
 from django.core import checks
+from django.db import connections
 
 from ledon.checks import check_sqlite_options
 from ledon.conf import settings_hint
+from outbox.pglisten import check_listen_database, is_pooled
 
 from .conf import jobs_settings
+from .db import alias_for, is_postgres
 from .exceptions import JobsConfigurationError
+from .models import Job
 
 
 @checks.register()
@@ -60,3 +64,38 @@ def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks
 
 # The same function from every app: the check framework runs it once.
 checks.register(check_sqlite_options)
+
+
+@checks.register()
+def check_jobs_behind_a_pooler(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Behind a transaction pooler (a PostgreSQL jobs database with
+    ``DISABLE_SERVER_SIDE_CURSORS``): ``jobs.W001``, workers would only poll, their
+    LISTEN connection being pooled; ``jobs.E002``, ``JOBS['LISTEN_DATABASE']`` is not
+    PostgreSQL; ``jobs.W002``, prepared statements are on (PgBouncer before 1.21
+    cannot keep them)."""
+    try:
+        config = jobs_settings()
+    except JobsConfigurationError:
+        return []  # reported by check_jobs_settings
+    alias = alias_for(Job)
+    found = check_listen_database(
+        "JOBS['LISTEN_DATABASE']",
+        alias,
+        config.LISTEN_DATABASE,
+        warning_id="jobs.W001",
+        error_id="jobs.E002",
+    )
+    if is_postgres(connections[alias]) and is_pooled(alias) and config.PREPARED_STATEMENTS:
+        found.append(
+            checks.Warning(
+                f"DATABASES[{alias!r}] goes through a transaction pooler "
+                "(DISABLE_SERVER_SIDE_CURSORS is set) and JOBS['PREPARED_STATEMENTS'] is "
+                "True: a PgBouncer before 1.21 (or without max_prepared_statements) hands "
+                "a prepared statement's server connection to other clients, and workers "
+                "fail with 'prepared statement ... does not exist'",
+                hint="Set JOBS['PREPARED_STATEMENTS'] = False (docs/deployment.md), or "
+                "keep it on with PgBouncer >= 1.21 and max_prepared_statements > 0.",
+                id="jobs.W002",
+            )
+        )
+    return found

@@ -82,12 +82,20 @@ def _database(url: str) -> dict[str, Any]:
         config["TEST"] = {"NAME": str(Path(config["NAME"]).with_suffix(".test.sqlite3"))}
     else:
         config.setdefault("CONN_MAX_AGE", 0)
+        # ``?disable_server_side_cursors=true``: the URL of a transaction pooler.
+        pooled = str(config.get("DISABLE_SERVER_SIDE_CURSORS", "")).lower()
+        config["DISABLE_SERVER_SIDE_CURSORS"] = pooled in ("1", "true", "yes", "on")
     return config
 
 
 DATABASES = {
     "default": _database(env("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")),
 }
+# Behind a transaction pooler (docs/deployment.md): LISTEN_DATABASE_URL connects to the
+# same database directly, for the workers' and dispatchers' LISTEN connection only.
+_LISTEN_DATABASE_URL = env("LISTEN_DATABASE_URL", default="")
+if _LISTEN_DATABASE_URL:
+    DATABASES["listen"] = {**_database(_LISTEN_DATABASE_URL), "TEST": {"MIRROR": "default"}}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -109,6 +117,7 @@ JOBS: dict[str, Any] = {
     "PREPARED_STATEMENTS": env.bool("JOBS_PREPARED_STATEMENTS", default=True),
     "UNKNOWN_HANDLER_RETRY_SECONDS": env.float("JOBS_UNKNOWN_HANDLER_RETRY_SECONDS", default=600),
     "UNKNOWN_HANDLER_RETRY_DELAY": env.float("JOBS_UNKNOWN_HANDLER_RETRY_DELAY", default=10),
+    "LISTEN_DATABASE": "listen" if _LISTEN_DATABASE_URL else None,
 }
 
 # Django's tasks framework, backed by the job store: ``manage.py run_jobs`` runs the
@@ -166,6 +175,7 @@ OUTBOX: dict[str, Any] = {
     "LEASE_SECONDS": env.float("OUTBOX_LEASE_SECONDS", default=60),
     "POLL_INTERVAL": env.float("OUTBOX_POLL_INTERVAL", default=1.0),
     "RECOVERY_INTERVAL": env.float("OUTBOX_RECOVERY_INTERVAL", default=10.0),
+    "LISTEN_DATABASE": "listen" if _LISTEN_DATABASE_URL else None,
 }
 
 SAGAS: dict[str, Any] = {
