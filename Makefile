@@ -20,7 +20,8 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 ## Run the whole suite: lint, types, migrations check, tests on SQLite and PostgreSQL,
-## on every CI leg (Python 3.13 and 3.12). One leg: make test LEG=3.12
+## on every CI leg (a Python and a Django version, scripts/test.sh). One leg:
+## make test LEG=3.12-5.2
 test: venv
 	scripts/test.sh $(if $(LEG),--leg $(LEG))
 

@@ -3,6 +3,7 @@
 # for the tests that run the engines through a pooler (docs/deployment.md).
 #   scripts/pgbouncer.sh start DIR PG_HOST PG_PORT  -> prints the port it listens on
 #   scripts/pgbouncer.sh stop DIR
+#   scripts/pgbouncer.sh install   (CI, as root) Debian's pgbouncer when it is missing
 # Every database name is passed through to the server (so each test database is
 # reachable), with trust authentication for the user `postgres`, few server
 # connections per database (clients really share them) and everything inside DIR.
@@ -10,10 +11,33 @@
 # PGBOUNCER overrides the binary (default: Debian's /usr/sbin/pgbouncer).
 set -euo pipefail
 
-usage="usage: pgbouncer.sh start DIR PG_HOST PG_PORT | pgbouncer.sh stop DIR"
+usage="usage: pgbouncer.sh start DIR PG_HOST PG_PORT | pgbouncer.sh stop DIR | pgbouncer.sh install"
 cmd=${1:?$usage}
-dir=${2:?$usage}
 bin=${PGBOUNCER:-/usr/sbin/pgbouncer}
+
+if [ "$cmd" = install ]; then
+    [ -x "$bin" ] && exit 0
+    if [ "$(id -u)" != "0" ] || ! command -v apt-get >/dev/null 2>&1; then
+        echo "error: PgBouncer not found at $bin, and apt-get as root is not available" >&2
+        exit 1
+    fi
+    echo "installing Debian's pgbouncer for the pooler tests" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    # The package's own service is not wanted (the tests start theirs): no daemon
+    # starts while it installs.
+    policy=/usr/sbin/policy-rc.d
+    own_policy=""
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && own_policy=1
+    fi
+    apt-get install -y -qq --no-install-recommends pgbouncer >&2 \
+        || { apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends pgbouncer >&2; } \
+        || true
+    [ -n "$own_policy" ] && rm -f "$policy"
+    [ -x "$bin" ] || { echo "error: PgBouncer could not be installed" >&2; exit 1; }
+    exit 0
+fi
+dir=${2:?$usage}
 
 as_owner() {
     if [ "$(id -u)" = "0" ]; then runuser -u postgres -- "$@"; else "$@"; fi

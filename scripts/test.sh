@@ -124,6 +124,9 @@ export LEDON_WHEEL_CACHE=$wheel_cache
 # tests start what is installed themselves, or are skipped.
 if [ "${CI:-}" = "true" ]; then
     scripts/brokers.sh install
+    # PgBouncer for the pooler tests (tests/test_pgbouncer.py starts its own; with
+    # CI=true its absence fails them).
+    scripts/pgbouncer.sh install
 fi
 if [ "${CI:-}" = "true" ] || [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
     brokers_dir=$(mktemp -d /tmp/ledon-brokers.XXXXXX)
