@@ -29,6 +29,7 @@ from jobs.backends import (
     JobsTask,
     TaskInterrupted,
     TaskNotRegistered,
+    compat,
 )
 from jobs.backends.compat import (
     InvalidTask,
@@ -152,6 +153,22 @@ class TestConfiguration:
         assert made.max_attempts == 4
         with pytest.raises(TypeError, match="unexpected keyword argument 'retries'"):
             task(retries=4)(plain_function)  # type: ignore[call-overload]
+
+    def test_the_decorator_for_django_6_0_passes_the_options_as_django_6_1_does(self) -> None:
+        """``compat.task`` on Django 6.0, whose own ``@task`` takes no options for the
+        task class; the same function on every version, so it is tested on each."""
+        made = compat._task_with_options(
+            priority=3, queue_name="slow", max_attempts=4, retry=probes.NO_DELAY
+        )(plain_function)
+        assert isinstance(made, JobsTask)
+        assert (made.priority, made.queue_name, made.max_attempts) == (3, "slow", 4)
+        assert made.retry == probes.NO_DELAY
+        plain = compat._task_with_options(plain_function)
+        assert (plain.priority, plain.queue_name, plain.max_attempts) == (0, "default", 1)
+        with pytest.raises(TypeError, match="run_after cannot be defined statically"):
+            compat._task_with_options(run_after=timezone.now())
+        with pytest.raises(InvalidTask, match="max_attempts"):
+            compat._task_with_options(max_attempts=0)(plain_function)
 
 
 def check_ids(options: Any, queues: list[str] | None = None) -> list[str]:
