@@ -160,6 +160,7 @@ fi
 
 status=0
 ran=0
+leg_times=()
 run_suite() { # leg-name python database-name database-url pytest-args...
     local leg=$1 python=$2 db=$3 url=$4
     shift 4
@@ -187,6 +188,7 @@ for leg in "${LEGS[@]}"; do
         continue
     fi
     step "leg: $name"
+    leg_started=$(date +%s)
     log="$venv_logs/$version-$django"
     while [ ! -e "$log.ok" ] && [ ! -e "$log.failed" ] && kill -0 "$venv_builder" 2>/dev/null; do
         sleep 1
@@ -215,11 +217,13 @@ for leg in "${LEGS[@]}"; do
         run_suite "$version-$django" "$python" PostgreSQL "$pg_url" "${args[@]}"
     fi
     ran=$((ran + 1))
+    leg_times+=("$version-$django $scope: $(($(date +%s) - leg_started)) s")
 done
 wait "$venv_builder" || true
 if [ "$ran" = 0 ]; then
     echo "error: no leg ran (--leg ${only_leg:-?}; legs: ${LEGS[*]})" >&2
     exit 1
 fi
+for line in "${leg_times[@]}"; do echo "== leg $line"; done
 step "done, exit status $status"
 exit "$status"
