@@ -31,6 +31,8 @@ def _autodiscover_tasks() -> None:
     """Import the task modules of every ``JobsBackend`` in ``TASKS`` (the backend's
     package is imported only when a worker or a test autodiscovers, and only when this
     Django has a tasks framework: on Django 5.2 the backport may be missing)."""
+    # Not at the top: the backend's package (and the tasks framework with it) loads
+    # only when a worker or a test autodiscovers, not with every start of the app.
     from .tasks_framework import available
 
     if not available():

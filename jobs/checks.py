@@ -11,29 +11,17 @@ from django.core import checks
 from django.db import connections
 
 from ledon.checks import check_sqlite_options
-from ledon.conf import settings_hint
-from outbox.pglisten import check_listen_database, is_pooled
+from ledon.db import alias_for, is_postgres
+from ledon.pglisten import check_listen_database, is_pooled
 
 from .conf import jobs_settings
-from .db import alias_for, is_postgres
 from .exceptions import JobsConfigurationError
 from .models import Job
 
 
 @checks.register()
 def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    jobs_settings.cache_clear()
-    try:
-        jobs_settings()
-    except JobsConfigurationError as exc:
-        return [
-            checks.Error(
-                str(exc),
-                hint=settings_hint("JOBS"),
-                id="jobs.E001",
-            )
-        ]
-    return []
+    return jobs_settings.check("jobs.E001")
 
 
 @checks.register()

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
-from ledon.conf import unknown_keys_message
+from ledon.conf import SettingsReader, is_database_alias_or_none, is_number
 
 from .exceptions import JobsConfigurationError
 from .validation import scope_hash
@@ -77,12 +71,8 @@ class JobsSettings:
     UNKNOWN_HANDLER_RETRY_DELAY: float = 10.0
 
 
-def _validate(values: dict[str, Any]) -> JobsSettings:
-    known = {f.name for f in fields(JobsSettings)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise JobsConfigurationError(unknown_keys_message("JOBS setting(s)", unknown, known))
-    result = JobsSettings(**values)
+def _check(result: JobsSettings) -> None:
+    """Raise :class:`~jobs.exceptions.JobsConfigurationError` for a bad value."""
     positive = (
         "LEASE_SECONDS",
         "HEARTBEAT_SECONDS",
@@ -98,7 +88,7 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
     )
     for key in positive:
         value = getattr(result, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        if not is_number(value) or value <= 0:
             raise JobsConfigurationError(f"JOBS[{key!r}] must be a positive number, got {value!r}")
     if result.HEARTBEAT_SECONDS >= result.LEASE_SECONDS:
         raise JobsConfigurationError(
@@ -106,22 +96,20 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
             "or leases expire between two heartbeats"
         )
     retention = result.RETENTION_SECONDS
-    if retention is not None and (
-        isinstance(retention, bool) or not isinstance(retention, int | float) or retention <= 0
-    ):
+    if retention is not None and (not is_number(retention) or retention <= 0):
         raise JobsConfigurationError(
             f"JOBS['RETENTION_SECONDS'] must be None or a positive number, got {retention!r}"
         )
     for key in ("UNKNOWN_HANDLER_RETRY_SECONDS", "UNKNOWN_HANDLER_RETRY_DELAY"):
         value = getattr(result, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if not is_number(value) or value < 0:
             raise JobsConfigurationError(
                 f"JOBS[{key!r}] must be a number of seconds >= 0, got {value!r}"
             )
-    listen = result.LISTEN_DATABASE
-    if listen is not None and (not isinstance(listen, str) or listen not in settings.DATABASES):
+    if not is_database_alias_or_none(result.LISTEN_DATABASE):
         raise JobsConfigurationError(
-            f"JOBS['LISTEN_DATABASE'] must be None or an alias of DATABASES, got {listen!r}"
+            "JOBS['LISTEN_DATABASE'] must be None or an alias of DATABASES, "
+            f"got {result.LISTEN_DATABASE!r}"
         )
     if not isinstance(result.PREPARED_STATEMENTS, bool):
         raise JobsConfigurationError("JOBS['PREPARED_STATEMENTS'] must be True or False")
@@ -139,19 +127,7 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
         ) from None
     if not isinstance(result.AUTODISCOVER_MODULE, str) or not result.AUTODISCOVER_MODULE:
         raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")
-    return result
 
 
-@functools.cache
-def jobs_settings() -> JobsSettings:
-    """The current ``JOBS`` settings, validated. Read lazily, never at import time."""
-    values = getattr(settings, "JOBS", {}) or {}
-    if not isinstance(values, dict):
-        raise JobsConfigurationError("the JOBS setting must be a dict")
-    return _validate(dict(values))
-
-
-@receiver(setting_changed)
-def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting == "JOBS":
-        jobs_settings.cache_clear()
+#: The current ``JOBS`` settings, validated: ``jobs_settings()``.
+jobs_settings = SettingsReader("JOBS", JobsSettings, _check, JobsConfigurationError)

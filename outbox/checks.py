@@ -6,25 +6,27 @@ from typing import Any
 
 from django.core import checks
 from django.db import DatabaseError, connections
+from django.db.migrations.loader import MigrationLoader
 
 from ledon.checks import check_sqlite_options
 from ledon.conf import settings_hint
+from ledon.db import alias_for
+from ledon.pglisten import check_listen_database
 
+from .conf import outbox_settings
 from .exceptions import OutboxConfigurationError
+from .models import OutboxMessage
+from .transports import transport_class
 
 HINT = settings_hint("OUTBOX")
 
 
 @checks.register()
 def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from .conf import outbox_settings
-    from .transports import transport_class
-
-    outbox_settings.cache_clear()
-    try:
-        settings = outbox_settings()
-    except OutboxConfigurationError as exc:
-        return [checks.Error(str(exc), hint=HINT, id="outbox.E001")]
+    errors = outbox_settings.check("outbox.E001")
+    if errors:
+        return errors
+    settings = outbox_settings()
     try:
         cls = transport_class(settings.TRANSPORT)
     except OutboxConfigurationError as exc:
@@ -41,8 +43,6 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[checks
 
 def missing_outbox_table(alias: str) -> checks.CheckMessage | None:
     """A warning if the outbox table does not exist in ``alias``, else None."""
-    from .models import OutboxMessage
-
     table = OutboxMessage._meta.db_table
     try:
         with connections[alias].cursor() as cursor:
@@ -63,8 +63,6 @@ def missing_outbox_table(alias: str) -> checks.CheckMessage | None:
 
 def _outbox_migrations_pending(alias: str) -> bool:
     """True when some migration of the outbox app is not recorded as applied."""
-    from django.db.migrations.loader import MigrationLoader
-
     try:
         loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
     except DatabaseError:
@@ -87,10 +85,6 @@ def check_outbox_table(
     it); once they are recorded as applied, a missing table is a warning — a
     warning, so that it never stops the ``migrate`` that could repair it.
     """
-    from .conf import outbox_settings
-    from .db import alias_for
-    from .models import OutboxMessage
-
     try:
         enabled = outbox_settings().ENABLED
     except OutboxConfigurationError:
@@ -128,11 +122,6 @@ def check_outbox_listen_database(
 ) -> list[checks.CheckMessage]:
     """``outbox.W003``: dispatchers would only poll, their LISTEN connection being
     pooled; ``outbox.E004``: ``OUTBOX['LISTEN_DATABASE']`` is not PostgreSQL."""
-    from .conf import outbox_settings
-    from .db import alias_for
-    from .models import OutboxMessage
-    from .pglisten import check_listen_database
-
     try:
         settings = outbox_settings()
     except OutboxConfigurationError:

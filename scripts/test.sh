@@ -109,6 +109,8 @@ step "ruff"
 "$VENV/bin/ruff" format --check .
 step "mypy"
 "$VENV/bin/mypy" ledon jobs outbox sagas testproject
+step "import contracts (pyproject.toml [tool.importlinter])"
+"$VENV/bin/lint-imports" --no-logo --no-cache
 step "docs (warnings are errors)"
 "$VENV/bin/sphinx-build" -W --keep-going -q -b html docs "$(mktemp -d)/docs"
 

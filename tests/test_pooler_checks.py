@@ -11,8 +11,8 @@ from django.db import connection
 from django.test import override_settings
 
 from jobs.checks import check_jobs_behind_a_pooler, check_jobs_settings
+from ledon.pglisten import Listener, listen_alias
 from outbox.checks import check_outbox_listen_database, check_outbox_settings
-from outbox.pglisten import Listener, listen_alias
 
 
 @pytest.mark.parametrize(

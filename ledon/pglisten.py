@@ -3,8 +3,7 @@
 It holds a dedicated autocommit connection: notifications are sent inside the
 writing transaction and arrive on commit. If the connection breaks, the engine still
 polls meanwhile, and the thread reconnects with the engines' back-off, saying so once
-per outage. This module imports no models, so any app may use it whether or not the
-outbox app is installed.
+per outage.
 
 Behind a transaction-pooling PgBouncer a LISTEN cannot work: the pooler hands the
 server connection to other clients after each statement, so notifications reach
@@ -115,6 +114,7 @@ class Listener(threading.Thread):
         self._stop_requested.set()
 
     def run(self) -> None:
+        # psycopg is the [postgres] extra; only PostgreSQL set-ups start a listener.
         import psycopg
         from psycopg import sql
 
