@@ -17,6 +17,7 @@ from ledon.pglisten import check_listen_database, is_pooled
 from .conf import jobs_settings
 from .exceptions import JobsConfigurationError
 from .models import Job
+from .tasks_framework import INSTALL_HINT, available
 
 
 @checks.register()
@@ -28,8 +29,6 @@ def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
 def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``jobs.E108``: ``TASKS`` names the jobs backend but this Django has no tasks
     framework (Django 5.2 without the django-tasks backport)."""
-    from .tasks_framework import INSTALL_HINT, available
-
     if available():
         return []  # the framework's own check runs the backend's checks
     tasks = getattr(settings, "TASKS", None)
