@@ -2,24 +2,26 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# A CI leg's interpreter and Django (scripts/test.sh sets them; empty: the newest
-# Python >= 3.12 found, and the Django that pyproject.toml allows).
+# A CI leg's interpreter, Django requirement and extras (scripts/test.sh sets them;
+# empty: the newest Python >= 3.12 found, the newest Django that pyproject.toml
+# allows, and the extras for tests and docs).
 PYTHON_VERSION ?=
 DJANGO ?=
+EXTRAS ?= test,docs
 
 .PHONY: test demo docs venv clean bench bench-quick
 
 $(VENV)/.installed: pyproject.toml
 	@base=$$(scripts/find-python.sh $(PYTHON_VERSION)) && echo "using $$base" && "$$base" -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,docs]'
-	$(if $(DJANGO),$(PY) -m pip install --quiet 'Django$(DJANGO)')
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]' $(if $(DJANGO),'Django$(DJANGO)')
 	@touch $@
 
 venv: $(VENV)/.installed
 
 ## Run the whole suite: lint, types, migrations check, tests on SQLite and PostgreSQL,
-## on every CI leg (Python 3.13 and 3.12). One leg: make test LEG=3.12
+## on every CI leg (a Python and a Django version, scripts/test.sh). One leg:
+## make test LEG=3.12-5.2
 test: venv
 	scripts/test.sh $(if $(LEG),--leg $(LEG))
 

@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from . import tasks_framework
+
 
 class JobsConfig(AppConfig):
     name = "jobs"
@@ -7,10 +9,10 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Django registers its TASKS checks (jobs.E101-E107 among them) only once
-        # django.tasks is imported, which a project need not do before
+        # Django registers its TASKS checks (jobs.E101-E107 among them) only once its
+        # tasks framework is imported, which a project need not do before
         # ``manage.py check`` runs.
-        import django.tasks  # noqa: F401
+        tasks_framework.register_checks()
 
         from . import checks  # noqa: F401  (registers the system checks)
         from .handlers import register_autodiscovery
@@ -27,9 +29,12 @@ class JobsConfig(AppConfig):
 
 def _autodiscover_tasks() -> None:
     """Import the task modules of every ``JobsBackend`` in ``TASKS`` (the backend's
-    package is imported only when a worker or a test autodiscovers)."""
-    # Not at the top: the backend's package (and django.tasks with it) loads only
-    # when a worker or a test autodiscovers, not with every start of the app.
+    package is imported only when a worker or a test autodiscovers, and only when this
+    Django has a tasks framework: on Django 5.2 the backport may be missing)."""
+    if not tasks_framework.available():
+        return
+    # Not at the top: the backend's package (and the tasks framework with it) loads
+    # only when a worker or a test autodiscovers, not with every start of the app.
     from .backends import autodiscover_tasks
 
     autodiscover_tasks()

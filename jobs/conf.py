@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledon.conf import SettingsReader, is_number
+from ledon.conf import SettingsReader, is_database_alias_or_none, is_number
 
 from .exceptions import JobsConfigurationError
 from .validation import scope_hash
@@ -37,6 +37,11 @@ class JobsSettings:
     CLAIM_BATCH_SIZE: int = 16
     #: PostgreSQL channel used to wake workers when a job is queued.
     NOTIFY_CHANNEL: str = "ledon_jobs"
+    #: PostgreSQL: the ``DATABASES`` alias whose connection a worker LISTENs on (one
+    #: connection per worker); None: the jobs database's own. Behind a transaction
+    #: pooler, an alias that connects to the same database directly (a pooled alias
+    #: cannot LISTEN: workers then only poll, and check ``jobs.W001`` says so).
+    LISTEN_DATABASE: str | None = None
     #: Retention: seconds finished jobs (and their attempts) are kept; None keeps
     #: them forever. Workers delete older ones every CLEANUP_INTERVAL seconds;
     #: ``manage.py purge_jobs`` does it on demand.
@@ -101,6 +106,11 @@ def _check(result: JobsSettings) -> None:
             raise JobsConfigurationError(
                 f"JOBS[{key!r}] must be a number of seconds >= 0, got {value!r}"
             )
+    if not is_database_alias_or_none(result.LISTEN_DATABASE):
+        raise JobsConfigurationError(
+            "JOBS['LISTEN_DATABASE'] must be None or an alias of DATABASES, "
+            f"got {result.LISTEN_DATABASE!r}"
+        )
     if not isinstance(result.PREPARED_STATEMENTS, bool):
         raise JobsConfigurationError("JOBS['PREPARED_STATEMENTS'] must be True or False")
     if not isinstance(result.SCHEDULER, bool):

@@ -94,6 +94,11 @@ class JobsConfigurationError(JobsError, ImproperlyConfigured):
     """The JOBS setting is not valid."""
 
 
+class TasksFrameworkMissing(JobsConfigurationError):
+    """Django 5.2 has no django.tasks: jobs.backends needs the django-tasks backport
+    there (pip install "django-ledon[tasks-backport]")."""
+
+
 class JobCancelled(JobsError):
     """The job's cancellation was requested; the handler stopped cooperatively."""
 

@@ -23,6 +23,11 @@ def is_number(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float)
 
 
+def is_database_alias_or_none(value: object) -> bool:
+    """None, or an alias of ``DATABASES`` (an app's ``LISTEN_DATABASE``)."""
+    return value is None or (isinstance(value, str) and value in settings.DATABASES)
+
+
 def settings_reference(setting: str) -> str:
     """The address of ``setting``'s section of the settings reference."""
     return f"{DOCS_URL}settings.html#{setting.lower()}"

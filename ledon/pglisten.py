@@ -4,6 +4,15 @@ It holds a dedicated autocommit connection: notifications are sent inside the
 writing transaction and arrive on commit. If the connection breaks, the engine still
 polls meanwhile, and the thread reconnects with the engines' back-off, saying so once
 per outage.
+
+Behind a transaction-pooling PgBouncer a LISTEN cannot work: the pooler hands the
+server connection to other clients after each statement, so notifications reach
+whichever client holds it next, or nobody. An engine then LISTENs on the alias its
+app's ``LISTEN_DATABASE`` setting names (a direct connection to the same database);
+when the alias it would use is a pooled one — ``DISABLE_SERVER_SIDE_CURSORS``, which
+Django requires behind such a pooler, is the one sign a configuration gives — it does
+not LISTEN at all and only polls, which the system checks (``jobs.W001``,
+``outbox.W003``) say.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
+from django.core import checks
 from django.db import connections
 
 from ledon.backoff import Backoff
@@ -20,9 +30,62 @@ from ledon.outage import OutageReporter
 logger = logging.getLogger(__name__)
 
 
+def is_pooled(alias: str) -> bool:
+    """Whether ``DATABASES[alias]`` goes through a transaction pooler, as far as the
+    configuration says: Django's ``DISABLE_SERVER_SIDE_CURSORS``, which such a pooler
+    requires. (Nothing else in a configuration tells a pooler from a server.)"""
+    return bool(connections[alias].settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"))
+
+
+def listen_alias(alias: str, database: str | None) -> str | None:
+    """The alias whose connection LISTENs for an engine on ``alias``: ``database``
+    (the app's ``LISTEN_DATABASE``) if set, else ``alias``; None when that one goes
+    through a transaction pooler, where the engine only polls."""
+    chosen = database or alias
+    return None if is_pooled(chosen) else chosen
+
+
+def check_listen_database(
+    setting: str, alias: str, database: str | None, *, warning_id: str, error_id: str
+) -> list[checks.CheckMessage]:
+    """For an engine on the PostgreSQL ``alias``: a warning (``warning_id``) when it
+    would only poll because its LISTEN connection goes through a pooler, an error
+    (``error_id``) when ``database`` is not PostgreSQL. ``setting`` names the app's
+    ``LISTEN_DATABASE`` setting, e.g. ``JOBS['LISTEN_DATABASE']``."""
+    if connections[alias].vendor != "postgresql":
+        return []  # SQLite polls anyway
+    if database is not None and connections[database].vendor != "postgresql":
+        return [
+            checks.Error(
+                f"{setting} is {database!r}, which is not a PostgreSQL database: "
+                "LISTEN needs a direct connection to the same PostgreSQL database",
+                hint=f"Point {setting} at a DATABASES entry for the same database that "
+                "bypasses the pooler, or remove it.",
+                id=error_id,
+            )
+        ]
+    if listen_alias(alias, database) is not None:
+        return []
+    return [
+        checks.Warning(
+            f"{setting} is {database or alias!r}, which goes through a transaction "
+            "pooler (DISABLE_SERVER_SIDE_CURSORS is set): LISTEN cannot work there, so "
+            "the engines poll for new work (every POLL_INTERVAL) instead of being woken",
+            hint=f"Add a DATABASES entry for the same database that connects to "
+            f"PostgreSQL directly (it holds one connection per engine) and set "
+            f"{setting} to its alias; or keep polling.",
+            id=warning_id,
+        )
+    ]
+
+
 class Listener(threading.Thread):
     """``LISTEN`` on ``channels`` and call ``on_notify(channel, payload)`` for each
-    notification, until :meth:`stop`. ``ready`` is set once listening."""
+    notification, until :meth:`stop`. ``ready`` is set once listening.
+
+    The connection is ``database``'s (an app's ``LISTEN_DATABASE``), else ``alias``'s;
+    if that one is pooled (:func:`listen_alias`) the thread ends at once and the
+    engine polls."""
 
     def __init__(
         self,
@@ -31,9 +94,12 @@ class Listener(threading.Thread):
         on_notify: Callable[[str, str], None],
         *,
         name: str = "pg-listener",
+        database: str | None = None,
     ) -> None:
         super().__init__(name=name, daemon=True)
-        self._params = connections[alias].get_connection_params()
+        #: The alias whose connection LISTENs; None: pooled, so the engine only polls.
+        self.alias = listen_alias(alias, database)
+        self._params = {} if self.alias is None else connections[self.alias].get_connection_params()
         self._params.pop("cursor_factory", None)
         self._channels = list(channels)
         self._on_notify = on_notify
@@ -52,6 +118,9 @@ class Listener(threading.Thread):
         import psycopg
         from psycopg import sql
 
+        if self.alias is None:
+            logger.info("%s: the database is pooled, so no LISTEN: polling only", self.name)
+            return
         while not self._stop_requested.is_set():
             try:
                 with psycopg.connect(**self._params, autocommit=True) as conn:

@@ -11,6 +11,7 @@ from django.db.migrations.loader import MigrationLoader
 from ledon.checks import check_sqlite_options
 from ledon.conf import settings_hint
 from ledon.db import alias_for
+from ledon.pglisten import check_listen_database
 
 from .conf import outbox_settings
 from .exceptions import OutboxConfigurationError
@@ -113,6 +114,27 @@ def check_outbox_table(
             )
         ]
     return []
+
+
+@checks.register()
+def check_outbox_listen_database(
+    app_configs: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """``outbox.W003``: dispatchers would only poll, their LISTEN connection being
+    pooled; ``outbox.E004``: ``OUTBOX['LISTEN_DATABASE']`` is not PostgreSQL."""
+    try:
+        settings = outbox_settings()
+    except OutboxConfigurationError:
+        return []  # reported by check_outbox_settings
+    if not settings.ENABLED:
+        return []
+    return check_listen_database(
+        "OUTBOX['LISTEN_DATABASE']",
+        alias_for(OutboxMessage),
+        settings.LISTEN_DATABASE,
+        warning_id="outbox.W003",
+        error_id="outbox.E004",
+    )
 
 
 # The same function from every app: the check framework runs it once.

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledon.conf import SettingsReader, is_number
+from ledon.conf import SettingsReader, is_database_alias_or_none, is_number
 
 from .exceptions import OutboxConfigurationError
 
@@ -44,6 +44,11 @@ class OutboxSettings:
     CLEANUP_INTERVAL: float = 300.0
     #: PostgreSQL channel used to wake dispatchers when a message is stored.
     NOTIFY_CHANNEL: str = "ledon_outbox"
+    #: PostgreSQL: the ``DATABASES`` alias whose connection a dispatcher LISTENs on;
+    #: None: the outbox database's own. Behind a transaction pooler, an alias that
+    #: connects to the same database directly (a pooled alias cannot LISTEN:
+    #: dispatchers then only poll, and check ``outbox.W003`` says so).
+    LISTEN_DATABASE: str | None = None
     #: Largest accepted event payload, in bytes of JSON text.
     MAX_PAYLOAD_BYTES: int = 1_000_000
     #: Module imported from each installed app at start-up, where events are
@@ -88,6 +93,8 @@ def _check(result: OutboxSettings) -> None:
         r"[a-z_][a-z0-9_]{0,62}", result.NOTIFY_CHANNEL
     ):
         raise fail("NOTIFY_CHANNEL", "a lowercase identifier of at most 63 characters")
+    if not is_database_alias_or_none(result.LISTEN_DATABASE):
+        raise fail("LISTEN_DATABASE", "None or an alias of DATABASES")
     module = result.AUTODISCOVER_MODULE
     if module is not None and (not isinstance(module, str) or not module.isidentifier()):
         raise fail("AUTODISCOVER_MODULE", "a module name or None")

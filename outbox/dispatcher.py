@@ -220,6 +220,7 @@ class Dispatcher(Engine):
                 [self.settings.NOTIFY_CHANNEL],
                 lambda channel, payload: self._wake.set(),
                 name="outbox-listener",
+                database=self.settings.LISTEN_DATABASE,
             )
             self._listener.start()
         self._running = True

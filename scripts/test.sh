@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
-# The whole check: lint, types, migrations, docs, then the test suite on SQLite and on
-# a throw-away PostgreSQL, on every CI leg (a Python version and a Django version).
+# The whole check: lint, types, docs, then on every CI leg (a Python version and a
+# Django version) the migrations check and the test suite on SQLite and on a
+# throw-away PostgreSQL.
 #
 #   scripts/test.sh                      every leg
-#   scripts/test.sh --leg 3.12           the legs of Python 3.12 only (make test LEG=3.12)
+#   scripts/test.sh --leg 3.12           the legs of Python 3.12 (make test LEG=3.12)
+#   scripts/test.sh --leg 3.12-5.2       one leg: Python 3.12 with Django 5.2
 #   scripts/test.sh -k worker -x         pytest arguments are passed on to every run
 #
-# With CI=true, a Python, PostgreSQL or broker that cannot be had is a failure, never
-# a skip. PYTEST_WORKERS (default 2) sets pytest-xdist's processes per run.
+# With CI=true, a Python, PostgreSQL, PgBouncer or broker that cannot be had is a
+# failure, never a skip. PYTEST_WORKERS (default 2) sets pytest-xdist's processes
+# per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
 
-# The CI legs, one per line: Python version, Django requirement ("-": the range in
-# pyproject.toml), and which tests run. "all" is the whole suite; "core" is every
-# test that starts real processes plus the fast part of the suite, leaving out only
-# the browser test and the benchmark smoke test (the primary leg runs those).
-# A Django leg is one more line, e.g. "3.13 ~=5.2.0 core".
+# The CI legs, one per line: Python version, Django version (a feature release: the
+# leg installs its newest patch release), and which tests run. "all" is the whole
+# suite, on the newest combination. "core" is the fast part of the suite (every
+# test not marked slow) and every test that starts real processes (marked slow),
+# leaving out the browser test and the benchmark smoke test, which exercise no
+# Django or Python difference the rest misses (docs/compatibility.md).
 LEGS=(
-    "3.13 - all"
-    "3.12 - core"
+    "3.13 6.1 all"
+    "3.12 5.2 core"
+    "3.13 6.0 core"
+    "3.12 6.1 core"
 )
 CORE_DESELECT=(--ignore=tests/test_admin_browser.py --ignore=tests/test_bench_smoke.py)
 
@@ -29,7 +35,7 @@ pytest_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
     --leg)
-        only_leg=${2:?--leg needs a Python version, e.g. --leg 3.12}
+        only_leg=${2:?--leg needs a Python version or a leg, e.g. --leg 3.12 or --leg 3.12-5.2}
         shift 2
         ;;
     *)
@@ -42,6 +48,62 @@ done
 started_all=$(date +%s)
 step() { echo "== $* (at $(($(date +%s) - started_all)) s)"; }
 
+python_of() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true; }
+django_of() { "$1" -c 'import django; print("%d.%d" % django.VERSION[:2])' 2>/dev/null || true; }
+
+# The virtualenv of a leg: .venv when it has that Python and that Django, else
+# .venv-py<python>-dj<django>, made (or updated) by make with the leg's Django and the
+# extras its tests need (the django-tasks backport below Django 6).
+leg_venv_name() {
+    local version=$1 django=$2
+    if [ "$(python_of "$PY")" = "$version" ] && [ "$(django_of "$PY")" = "$django" ]; then
+        echo "$VENV"
+    else
+        echo ".venv-py$version-dj$django"
+    fi
+}
+make_leg_venv() {
+    local version=$1 django=$2 name
+    name=$(leg_venv_name "$version" "$django")
+    [ "$name" = "$VENV" ] && return 0
+    # What the suite needs to run (no lint tools, no browser driver: the main
+    # virtualenv runs those once).
+    local extras="test-run,brokers-test"
+    [ "${django%%.*}" -lt 6 ] && extras="$extras,tasks-backport"
+    make --no-print-directory venv VENV="$name" PYTHON_VERSION="$version" \
+        DJANGO="~=$django.0" EXTRAS="$extras"
+}
+
+selected() { [ -z "$only_leg" ] || [ "$only_leg" = "$1" ] || [ "$only_leg" = "$1-$2" ]; }
+
+pgdir=""
+brokers_dir=""
+venv_builder=""
+venv_logs=$(mktemp -d /tmp/ledon-venvs.XXXXXX)
+wheel_cache=$(mktemp -d /tmp/ledon-wheel.XXXXXX)
+cleanup() {
+    if [ -n "$venv_builder" ]; then kill "$venv_builder" 2>/dev/null || true; fi
+    rm -rf "$venv_logs"
+    if [ -n "$brokers_dir" ]; then scripts/brokers.sh stop "$brokers_dir" || true; fi
+    if [ -n "$pgdir" ]; then scripts/pg.sh stop "$pgdir" || true; fi
+    rm -rf "$wheel_cache"
+}
+trap cleanup EXIT
+
+# The legs' virtualenvs are made in the background, one after the other, while lint,
+# types, docs and the first leg run; each leg waits for its own. A leg whose Python
+# is missing is reported when its turn comes.
+(
+    for leg in "${LEGS[@]}"; do
+        read -r version django _ <<<"$leg"
+        selected "$version" "$django" || continue
+        scripts/find-python.sh "$version" >/dev/null 2>&1 || continue
+        log="$venv_logs/$version-$django"
+        if make_leg_venv "$version" "$django" >"$log.log" 2>&1; then touch "$log.ok"; else touch "$log.failed"; fi
+    done
+) &
+venv_builder=$!
+
 step "ruff"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
@@ -49,9 +111,6 @@ step "mypy"
 "$VENV/bin/mypy" ledon jobs outbox sagas testproject
 step "import contracts (pyproject.toml [tool.importlinter])"
 "$VENV/bin/lint-imports" --no-logo --no-cache
-step "makemigrations --check"
-DATABASE_URL="sqlite:///$(mktemp -d)/check.sqlite3" "$PY" manage.py makemigrations --check --dry-run
-
 step "docs (warnings are errors)"
 "$VENV/bin/sphinx-build" -W --keep-going -q -b html docs "$(mktemp -d)/docs"
 
@@ -61,15 +120,6 @@ if [ "${CI:-}" = "true" ] || [ -x /usr/bin/chromium ]; then
     export CHROMIUM
 fi
 
-pgdir=""
-brokers_dir=""
-wheel_cache=$(mktemp -d /tmp/ledon-wheel.XXXXXX)
-cleanup() {
-    if [ -n "$brokers_dir" ]; then scripts/brokers.sh stop "$brokers_dir" || true; fi
-    if [ -n "$pgdir" ]; then scripts/pg.sh stop "$pgdir" || true; fi
-    rm -rf "$wheel_cache"
-}
-trap cleanup EXIT
 # The wheel test's virtualenv, built once and shared by the runs of a leg.
 export LEDON_WHEEL_CACHE=$wheel_cache
 
@@ -78,6 +128,9 @@ export LEDON_WHEEL_CACHE=$wheel_cache
 # tests start what is installed themselves, or are skipped.
 if [ "${CI:-}" = "true" ]; then
     scripts/brokers.sh install
+    # PgBouncer for the pooler tests (tests/test_pgbouncer.py starts its own; with
+    # CI=true its absence fails them).
+    scripts/pgbouncer.sh install
 fi
 if [ "${CI:-}" = "true" ] || [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
     brokers_dir=$(mktemp -d /tmp/ledon-brokers.XXXXXX)
@@ -107,26 +160,9 @@ if ! pg_url=$(scripts/pg.sh start "$pgdir"); then
     pg_url=""
 fi
 
-python_of() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true; }
-
-# The virtualenv of a leg: .venv when it is that Python with pyproject's Django,
-# else .venv-py<version>[-django<requirement>], created (or updated) by make.
-leg_venv() {
-    local version=$1 django=$2
-    if [ "$django" = "-" ] && [ "$(python_of "$PY")" = "$version" ]; then
-        echo "$VENV"
-        return
-    fi
-    local name=".venv-py$version"
-    [ "$django" != "-" ] && name="$name-django$(echo "$django" | tr -c 'A-Za-z0-9.\n' '_')"
-    local spec=""
-    [ "$django" != "-" ] && spec=$django
-    make --no-print-directory venv VENV="$name" PYTHON_VERSION="$version" DJANGO="$spec" >&2
-    echo "$name"
-}
-
 status=0
 ran=0
+leg_times=()
 run_suite() { # leg-name python database-name database-url pytest-args...
     local leg=$1 python=$2 db=$3 url=$4
     shift 4
@@ -143,10 +179,8 @@ run_suite() { # leg-name python database-name database-url pytest-args...
 
 for leg in "${LEGS[@]}"; do
     read -r version django scope <<<"$leg"
-    if [ -n "$only_leg" ] && [ "$only_leg" != "$version" ]; then
-        continue
-    fi
-    name="python $version, django ${django/-/as in pyproject.toml}, $scope"
+    selected "$version" "$django" || continue
+    name="python $version, django $django, $scope"
     if ! scripts/find-python.sh "$version" >/dev/null; then
         if [ "${CI:-}" = "true" ]; then
             echo "error: no Python $version for the leg '$name' and CI=true: failing" >&2
@@ -156,23 +190,42 @@ for leg in "${LEGS[@]}"; do
         continue
     fi
     step "leg: $name"
-    venv=$(leg_venv "$version" "$django")
+    leg_started=$(date +%s)
+    log="$venv_logs/$version-$django"
+    while [ ! -e "$log.ok" ] && [ ! -e "$log.failed" ] && kill -0 "$venv_builder" 2>/dev/null; do
+        sleep 1
+    done
+    if [ ! -e "$log.ok" ]; then
+        cat "$log.log" >&2 2>/dev/null || true
+        echo "error: the virtualenv of the leg '$name' could not be made" >&2
+        exit 1
+    fi
+    venv=$(leg_venv_name "$version" "$django")
+    python="$venv/bin/python"
+    if [ "$(django_of "$python")" != "$django" ]; then
+        echo "error: $venv has Django $(django_of "$python"), not $django" >&2
+        exit 1
+    fi
     if [ "${CI:-}" = "true" ] && [ "$venv" != "$VENV" ]; then
         VENV=$venv scripts/brokers.sh install
     fi
-    python="$venv/bin/python"
+    step "makemigrations --check, leg $version-$django"
+    DATABASE_URL="sqlite:///$(mktemp -d)/check.sqlite3" "$python" manage.py makemigrations --check --dry-run
     args=(-n "${PYTEST_WORKERS:-2}" --dist loadgroup)
     [ "$scope" = "core" ] && args+=("${CORE_DESELECT[@]}")
     args+=(${pytest_args[@]+"${pytest_args[@]}"})
-    run_suite "$version" "$python" SQLite "sqlite:///$(mktemp -d)/ledon.sqlite3" "${args[@]}"
+    run_suite "$version-$django" "$python" SQLite "sqlite:///$(mktemp -d)/ledon.sqlite3" "${args[@]}"
     if [ -n "$pg_url" ]; then
-        run_suite "$version" "$python" PostgreSQL "$pg_url" "${args[@]}"
+        run_suite "$version-$django" "$python" PostgreSQL "$pg_url" "${args[@]}"
     fi
     ran=$((ran + 1))
+    leg_times+=("$version-$django $scope: $(($(date +%s) - leg_started)) s")
 done
+wait "$venv_builder" || true
 if [ "$ran" = 0 ]; then
     echo "error: no leg ran (--leg ${only_leg:-?}; legs: ${LEGS[*]})" >&2
     exit 1
 fi
+for line in "${leg_times[@]}"; do echo "== leg $line"; done
 step "done, exit status $status"
 exit "$status"

@@ -7,6 +7,7 @@ timeout); any ``postgres://`` URL switches to PostgreSQL.
 from pathlib import Path
 from typing import Any
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -81,12 +82,20 @@ def _database(url: str) -> dict[str, Any]:
         config["TEST"] = {"NAME": str(Path(config["NAME"]).with_suffix(".test.sqlite3"))}
     else:
         config.setdefault("CONN_MAX_AGE", 0)
+        # ``?disable_server_side_cursors=true``: the URL of a transaction pooler.
+        pooled = str(config.get("DISABLE_SERVER_SIDE_CURSORS", "")).lower()
+        config["DISABLE_SERVER_SIDE_CURSORS"] = pooled in ("1", "true", "yes", "on")
     return config
 
 
 DATABASES = {
     "default": _database(env("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")),
 }
+# Behind a transaction pooler (docs/deployment.md): LISTEN_DATABASE_URL connects to the
+# same database directly, for the workers' and dispatchers' LISTEN connection only.
+_LISTEN_DATABASE_URL = env("LISTEN_DATABASE_URL", default="")
+if _LISTEN_DATABASE_URL:
+    DATABASES["listen"] = {**_database(_LISTEN_DATABASE_URL), "TEST": {"MIRROR": "default"}}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -108,6 +117,7 @@ JOBS: dict[str, Any] = {
     "PREPARED_STATEMENTS": env.bool("JOBS_PREPARED_STATEMENTS", default=True),
     "UNKNOWN_HANDLER_RETRY_SECONDS": env.float("JOBS_UNKNOWN_HANDLER_RETRY_SECONDS", default=600),
     "UNKNOWN_HANDLER_RETRY_DELAY": env.float("JOBS_UNKNOWN_HANDLER_RETRY_DELAY", default=10),
+    "LISTEN_DATABASE": "listen" if _LISTEN_DATABASE_URL else None,
 }
 
 # Django's tasks framework, backed by the job store: ``manage.py run_jobs`` runs the
@@ -127,18 +137,22 @@ TASKS = {
 }
 
 # The tasks of Django's documentation send mail: kept in memory, or written as files
-# to MAIL_FILE_PATH (tests read what a worker process sent there).
+# to MAIL_FILE_PATH (tests read what a worker process sent there). Django 6.1 reads
+# MAILERS (and refuses EMAIL_BACKEND beside it); Django 5.2 and 6.0 read EMAIL_*.
 _MAIL_FILE_PATH = env("MAIL_FILE_PATH", default="")
-MAILERS = {
-    "default": (
-        {
-            "BACKEND": "django.core.mail.backends.filebased.EmailBackend",
-            "OPTIONS": {"file_path": _MAIL_FILE_PATH},
-        }
-        if _MAIL_FILE_PATH
-        else {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}
-    )
-}
+_MAILER: dict[str, Any] = (
+    {
+        "BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+        "OPTIONS": {"file_path": _MAIL_FILE_PATH},
+    }
+    if _MAIL_FILE_PATH
+    else {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}
+)
+if django.VERSION >= (6, 1):
+    MAILERS = {"default": _MAILER}
+else:
+    EMAIL_BACKEND = _MAILER["BACKEND"]
+    EMAIL_FILE_PATH = _MAIL_FILE_PATH
 
 # Broker transports find their brokers through the environment; OUTBOX_TRANSPORT_OPTIONS
 # (a JSON object) adds options or overrides these.
@@ -161,6 +175,7 @@ OUTBOX: dict[str, Any] = {
     "LEASE_SECONDS": env.float("OUTBOX_LEASE_SECONDS", default=60),
     "POLL_INTERVAL": env.float("OUTBOX_POLL_INTERVAL", default=1.0),
     "RECOVERY_INTERVAL": env.float("OUTBOX_RECOVERY_INTERVAL", default=10.0),
+    "LISTEN_DATABASE": "listen" if _LISTEN_DATABASE_URL else None,
 }
 
 SAGAS: dict[str, Any] = {

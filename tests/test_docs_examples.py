@@ -20,19 +20,32 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from jobs import JobScope, JobStatus
+from jobs import JobScope, JobStatus, tasks_framework
+from jobs.backends import compat
 from jobs.handlers import unregister
 from jobs.models import Job
 from jobs.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+TASKS_IMPORT = re.compile(r"^from django\.tasks import", re.M)
+TASK_IMPORT = re.compile(r"^from django\.tasks import task\n", re.M)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def python_blocks(page: str) -> list[str]:
-    return BLOCK.findall((ROOT / page).read_text())
+    """The page's Python blocks, as a reader on this Django runs them: on Django 5.2
+    the tasks framework is the backport, imported from ``django_tasks`` where the
+    pages write ``django.tasks``; on Django 6.0, whose ``@task`` takes no options for
+    the task class, ``task`` comes from ``jobs.backends.compat`` (as
+    docs/django-tasks.md tells such a reader)."""
+    blocks = BLOCK.findall((ROOT / page).read_text())
+    if not tasks_framework.BUILT_IN:
+        return [TASKS_IMPORT.sub(f"from {tasks_framework.PACKAGE} import", b) for b in blocks]
+    if compat.task is compat._framework_task:
+        return blocks
+    return [TASK_IMPORT.sub("from jobs.backends.compat import task\n", b) for b in blocks]
 
 
 class _Orders:

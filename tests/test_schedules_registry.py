@@ -8,10 +8,10 @@ from datetime import timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from django.tasks import task
 from schedules_support import T0, schedules  # noqa: F401  (fixture)
 
 from jobs import JobContext, job_handler, periodic
+from jobs.backends.compat import task
 from jobs.exceptions import InvalidSchedule, JobsConfigurationError, JobsError
 from jobs.schedules import registry
 from jobs.schedules.types import CatchUp

@@ -18,15 +18,6 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core import checks
 from django.db import transaction
-from django.tasks import (
-    TaskResultStatus,
-    default_task_backend,
-    task,
-    task_backends,
-)
-from django.tasks.base import TaskError
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
-from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
 from django.utils import timezone
 from procs import wait_until
@@ -38,6 +29,20 @@ from jobs.backends import (
     JobsTask,
     TaskInterrupted,
     TaskNotRegistered,
+    compat,
+)
+from jobs.backends.compat import (
+    InvalidTask,
+    TaskError,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+    TaskResultStatus,
+    default_task_backend,
+    task,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
 )
 from jobs.backends.results import HANDLER, format_task_error, parse_task_error
 from jobs.exceptions import JobCancelled, JobsConfigurationError
@@ -129,8 +134,10 @@ class TestConfiguration:
     def test_validate_task_rejects_what_the_store_cannot_hold(
         self, changes: dict[str, Any], message: str
     ) -> None:
+        # Every field given: Django 6.0's Task has no defaults (6.1's and the backport's do).
+        fields = {"priority": 0, "backend": "default", "queue_name": "default", "run_after": None}
         with pytest.raises(InvalidTask, match=message):
-            JobsTask(func=probes.record.func, **changes)
+            JobsTask(func=probes.record.func, **{**fields, **changes})
 
     def test_queues_setting_is_honoured(self) -> None:
         only_default = {**TASKS_SETTING, "QUEUES": ["default"]}
@@ -146,6 +153,22 @@ class TestConfiguration:
         assert made.max_attempts == 4
         with pytest.raises(TypeError, match="unexpected keyword argument 'retries'"):
             task(retries=4)(plain_function)  # type: ignore[call-overload]
+
+    def test_the_decorator_for_django_6_0_passes_the_options_as_django_6_1_does(self) -> None:
+        """``compat.task`` on Django 6.0, whose own ``@task`` takes no options for the
+        task class; the same function on every version, so it is tested on each."""
+        made = compat._task_with_options(
+            priority=3, queue_name="slow", max_attempts=4, retry=probes.NO_DELAY
+        )(plain_function)
+        assert isinstance(made, JobsTask)
+        assert (made.priority, made.queue_name, made.max_attempts) == (3, "slow", 4)
+        assert made.retry == probes.NO_DELAY
+        plain = compat._task_with_options(plain_function)
+        assert (plain.priority, plain.queue_name, plain.max_attempts) == (0, "default", 1)
+        with pytest.raises(TypeError, match="run_after cannot be defined statically"):
+            compat._task_with_options(run_after=timezone.now())
+        with pytest.raises(InvalidTask, match="max_attempts"):
+            compat._task_with_options(max_attempts=0)(plain_function)
 
 
 def check_ids(options: Any, queues: list[str] | None = None) -> list[str]:

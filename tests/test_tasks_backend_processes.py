@@ -20,13 +20,12 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import transaction
-from django.tasks import TaskResultStatus, default_task_backend
-from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
 from procs import WorkerProcess, wait_until
 
 from jobs import JobScope, JobStatus, JobSubmission, submit_job
 from jobs.backends import TaskInterrupted
+from jobs.backends.compat import TaskResultDoesNotExist, TaskResultStatus, default_task_backend
 from jobs.backends.results import HANDLER
 from jobs.exceptions import JobCancelled
 from jobs.types import CancelOutcome

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import django
 import pytest
 from django.db import connection
 from procs import wait_until
@@ -66,9 +67,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A new virtualenv with the wheel and its [postgres] extra installed."""
+    """A new virtualenv with the wheel and its [postgres] extra installed, and the
+    Django of this session (each CI leg's): a user of Django 5.2 installs just this
+    too, without the tasks backport."""
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()[:16]
-    name = f"venv-py{sys.version_info.major}.{sys.version_info.minor}-{digest}"
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    name = f"venv-py{python}-django{django.get_version()}-{digest}"
     cache = os.environ.get("LEDON_WHEEL_CACHE")
     home = Path(cache) if cache else tmp_path_factory.mktemp("venvs")
     target = home / name
@@ -77,7 +81,15 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         if not (target / "ready").exists():
             shutil.rmtree(target, ignore_errors=True)  # a build that was cut short
             _run(sys.executable, "-m", "venv", target)
-            _run(target / "bin" / "python", "-m", "pip", "install", "-q", f"{wheel}[postgres]")
+            _run(
+                target / "bin" / "python",
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                f"{wheel}[postgres]",
+                f"Django=={django.get_version()}",
+            )
             (target / "ready").touch()
     return target
 
@@ -93,7 +105,11 @@ def test_the_wheel_ships_migrations_types_license_and_metadata(wheel: Path) -> N
     [meta] = [n for n in names if n.endswith(".dist-info/METADATA")]
     metadata = zipfile.ZipFile(wheel).read(meta).decode()
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
-    assert [r for r in requires if "extra ==" not in r] == ["Requires-Dist: Django<7,>=6.0"]
+    assert [r for r in requires if "extra ==" not in r] == ["Requires-Dist: Django<6.2,>=5.2"]
+    assert any("cronsim" in r and 'extra == "cron"' in r for r in requires)
+    assert any("django-tasks" in r and 'extra == "tasks-backport"' in r for r in requires)
+    for version in ("5.2", "6.0", "6.1"):
+        assert f"Classifier: Framework :: Django :: {version}" in metadata
     assert any("psycopg" in r and 'extra == "postgres"' in r for r in requires)
     assert any("django-environ" in r and 'extra == "demo"' in r for r in requires)
     assert "License-Expression: MIT" in metadata
@@ -303,3 +319,21 @@ def test_startprojects_default_sqlite_settings_are_warned_about(venv: Path, tmp_
     output = Project(site, venv / "bin" / "python").ok("check")
     assert "ledon.W001" in output
     assert "'transaction_mode': 'IMMEDIATE'" in output
+
+
+@pytest.mark.skipif(django.VERSION >= (6, 0), reason="Django 6 has django.tasks built in")
+def test_on_django_5_2_the_tasks_backend_without_the_backport_is_a_check_error(
+    project: Project,
+) -> None:
+    """``pip install django-ledon`` on Django 5.2 brings no tasks framework: the jobs
+    app works (the test above), and a TASKS setting naming the backend is refused by
+    ``manage.py check`` with the command that installs the backport."""
+    settings = project.path / "mysite" / "settings.py"
+    with settings.open("a") as out:
+        out.write('\nTASKS = {"default": {"BACKEND": "jobs.backends.JobsBackend"}}\n')
+    done = project.run("check")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "(jobs.E108)" in output
+    assert "pip install 'django-ledon[tasks-backport]'" in output
+    _no_traceback(output)

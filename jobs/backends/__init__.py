@@ -10,11 +10,10 @@ from __future__ import annotations
 from importlib import import_module
 
 from django.conf import settings
-from django.tasks import task_backends
-from django.tasks.exceptions import InvalidTaskBackend
 
 from . import task_handler  # noqa: F401  (registers the job handler that runs tasks)
 from .backend import JobsBackend
+from .compat import InvalidTaskBackend, task_backends
 from .exceptions import InvalidReturnValue, TaskInterrupted, TaskNotRegistered
 from .registry import JobsTask, JobsTaskContext
 

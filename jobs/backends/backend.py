@@ -8,10 +8,6 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.core import checks
 from django.db import transaction
-from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from ledon.db import alias_for
@@ -21,6 +17,15 @@ from ..exceptions import InvalidInput, InvalidJobId, JobNotFound, TransactionReq
 from ..handlers import RetryPolicy, autodiscover
 from ..types import CancelOutcome, JobSnapshot, JobSubmission
 from . import registry
+from .compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_enqueued,
+)
 from .exceptions import TaskNotRegistered
 from .options import BackendOptions, backend_options, check_options
 from .results import HANDLER, HANDLER_VERSION, TaskPayload, task_result

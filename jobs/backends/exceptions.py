@@ -3,10 +3,9 @@ code may catch either family."""
 
 from __future__ import annotations
 
-from django.tasks.exceptions import TaskException
-
 from ..exceptions import JobsError
 from ..handlers import PermanentFailure
+from .compat import TaskException
 
 
 class TaskNotRegistered(JobsError, TaskException, LookupError):

@@ -9,13 +9,14 @@ never imported (J13).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any, cast
 
-from django.tasks import Task, TaskContext
+from django.utils.module_loading import import_string
 
 from ..handlers import JobContext, RetryPolicy
+from .compat import Task, TaskContext
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +53,24 @@ class JobsTask(Task):  # type: ignore[type-arg]
         if max_attempts is not None:
             task = replace(task, max_attempts=max_attempts)
         return task
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by reference to the module-level task, as Django 6 pickles a
+        ``Task`` (the Django 5.2 backport cannot), so that a task pickles the same
+        way on every supported Django."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["func"] = self.module_path
+        return (_unpickle_task, (type(self), values))
+
+
+def _unpickle_task(cls: type[JobsTask], values: dict[str, Any]) -> JobsTask:
+    path = values["func"]
+    try:
+        defined = import_string(path)
+        values["func"] = defined.func
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"Expected {path!r} to point to a Task instance.") from exc
+    return cls(**values)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,15 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.base import TaskError
-from django.utils.json import normalize_json
-
 from ledon.errors import docstring_message
 
 from .. import validation
 from ..exceptions import JobCancelled, JobsError
 from ..types import AttemptSnapshot, AttemptStatus, JobSnapshot, JobStatus
+from .compat import Task, TaskError, TaskResult, TaskResultStatus, normalize_json
 from .exceptions import TaskInterrupted
 
 HANDLER = "django.tasks"

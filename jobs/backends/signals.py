@@ -12,9 +12,9 @@ import logging
 from typing import Any
 
 from django.dispatch import Signal
-from django.tasks import TaskResult
 
 from ..signals import send_logged
+from .compat import TaskResult
 
 logger = logging.getLogger(__name__)
 

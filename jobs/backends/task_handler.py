@@ -14,14 +14,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.tasks import TaskResultStatus, task_backends
-from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
-from django.utils.json import normalize_json
 
 from .. import validation
 from ..handlers import JobContext, PermanentFailure, get_handler, job_handler
 from .backend import JobsBackend
+from .compat import TaskResultStatus, normalize_json, task_backends, task_finished, task_started
 from .exceptions import InvalidReturnValue, TaskNotRegistered
 from .registry import JobsTask, JobsTaskContext
 from .results import (

@@ -21,11 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict, TypeVar, Unpack, overload
 from zoneinfo import ZoneInfo
 
-from django.tasks import Task, task_backends
-
-from .. import validation
-from ..backends.backend import JobsBackend
-from ..backends.results import HANDLER, HANDLER_VERSION, TaskPayload
+from .. import tasks_framework, validation
 from ..exceptions import InvalidInput, InvalidSchedule
 from ..handlers import autodiscover, registered_handlers
 from ..types import JobSubmission
@@ -313,6 +309,12 @@ def _task_spec(
     task: Any, options: Mapping[str, Any], build: Callable[[JobSubmission, str], ScheduleSpec]
 ) -> ScheduleSpec:
     """A task's period job is what ``JobsBackend.enqueue`` would store for it."""
+    # Local: jobs.backends needs a tasks framework, which Django 5.2 has only with
+    # the django-tasks backport; a task exists here, so the framework does.
+    from ..backends.backend import JobsBackend
+    from ..backends.compat import task_backends
+    from ..backends.results import HANDLER, HANDLER_VERSION, TaskPayload
+
     if options.get("payload") is not None:
         raise InvalidSchedule("a task takes args= and kwargs=, not payload=")
     if options.get("version") is not None:
@@ -344,6 +346,10 @@ def _or(value: Any, default: Any) -> Any:
 
 
 def _as_task(value: Any) -> Any:
+    if not tasks_framework.available():  # Django 5.2 without the backport: no tasks
+        return None
+    from ..backends.compat import Task  # local: see _task_spec
+
     return value if isinstance(value, Task) else None
 
 

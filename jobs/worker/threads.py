@@ -39,7 +39,11 @@ class HandlerThreads(Settling):
         if self.listen:
             channel = self.settings.NOTIFY_CHANNEL
             self._listener = Listener(
-                self.alias, [channel, channel + "_cancel"], self._notified, name="jobs-listener"
+                self.alias,
+                [channel, channel + "_cancel"],
+                self._notified,
+                name="jobs-listener",
+                database=self.settings.LISTEN_DATABASE,
             )
             self._listener.start()
 

@@ -4,7 +4,8 @@
 import logging
 
 from django.core.mail import send_mail
-from django.tasks import task
+
+from jobs.backends.compat import task
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 """Django's tasks documentation: task attributes customised through ``@task``."""
 
 from django.core.mail import send_mail
-from django.tasks import task
+
+from jobs.backends.compat import task
 
 
 @task(priority=2, queue_name="emails")

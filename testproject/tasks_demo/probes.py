@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from django.db import transaction
-from django.tasks import TaskContext, task
 
 from jobs.backends import JobsTaskContext
+from jobs.backends.compat import TaskContext, task
 from jobs.handlers import RetryPolicy
 
 from .models import TaskEvent

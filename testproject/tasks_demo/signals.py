@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.dispatch import receiver
-from django.tasks import TaskResult
-from django.tasks.signals import task_enqueued, task_finished, task_started
+
+from jobs.backends.compat import TaskResult, task_enqueued, task_finished, task_started
 
 from .models import TaskEvent
 

@@ -8,7 +8,8 @@ here so that its example can run.
 """
 
 from django.core.mail import send_mail
-from django.tasks import task
+
+from jobs.backends.compat import task
 
 from .models import Thing
 
