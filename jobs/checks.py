@@ -27,6 +27,17 @@ def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                 id="jobs.E001",
             )
         ]
+    return check_middleware()
+
+
+def check_middleware() -> list[checks.CheckMessage]:
+    """``jobs.E002``: every middleware of the chain imports."""
+    from .middleware import configured_paths, load
+
+    try:
+        load(configured_paths())
+    except JobsConfigurationError as exc:
+        return [checks.Error(str(exc), hint=settings_hint("JOBS"), id="jobs.E002")]
     return []
 
 

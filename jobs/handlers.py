@@ -99,20 +99,24 @@ class HandlerSpec:
     def invoke(
         self, ctx: JobContext, loop: asyncio.AbstractEventLoop | None = None
     ) -> HandlerResult:
-        """Run the handler for one attempt and return its result reference.
+        """Run the handler for one attempt, inside the ``JOBS["MIDDLEWARE"]`` chain (see
+        :mod:`jobs.middleware`), and return its result reference.
 
         An ``async def`` handler runs on ``loop`` (or a fresh loop); a result that is
         neither a string nor None raises ``TypeError``.
         """
+        from .middleware import chain_for
+
+        call = chain_for(self)  # the handler inside JOBS["MIDDLEWARE"]
         if self.is_async:
-            coro = self.func(ctx)
+            coro = call(ctx)
             assert inspect.iscoroutine(coro)
             if loop is None:
                 result = asyncio.run(coro)
             else:
                 result = asyncio.run_coroutine_threadsafe(coro, loop).result()
         else:
-            result = self.func(ctx)
+            result = call(ctx)
         if result is not None and not isinstance(result, str):
             raise TypeError(
                 f"handler {self.name!r} returned {type(result).__name__}; "
