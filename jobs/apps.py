@@ -19,3 +19,19 @@ class JobsConfig(AppConfig):
         # J16: every run_jobs worker enqueues its schedules' due periods.
         worker_started.connect(start_scheduler, dispatch_uid="jobs.start_scheduler")
         worker_stopping.connect(stop_scheduler, dispatch_uid="jobs.stop_scheduler")
+
+        # SPEC M: every engine of the three apps keeps its row in jobs_workerrecord
+        # (see jobs.monitoring), and the optional metrics and tracing.
+        from ledon import registry
+
+        from .contrib import configure
+        from .monitoring.registry import DatabaseRegistry
+
+        registry.install(DatabaseRegistry())
+        configure()
+
+    def enable_metrics(self) -> None:
+        """``ledon.metrics.enable_all()`` (``--metrics-port``, the metrics view)."""
+        from .contrib import enable_metrics
+
+        enable_metrics()

@@ -18,6 +18,7 @@ from django.utils import timezone
 from . import execution
 from .exceptions import UnknownHandler
 from .handlers import JobContext, autodiscover, get_handler
+from .signals import finished_attempt
 from .types import Claim, FinishOutcome
 
 
@@ -60,6 +61,8 @@ def run_jobs_inline(
 
 def _run(claim: Claim, now: datetime) -> InlineRun:
     def ended(outcome: FinishOutcome, error: str = "") -> InlineRun:
+        retry_scheduled = bool(error) and outcome is FinishOutcome.REQUEUED
+        finished_attempt(claim, outcome, retry_scheduled=retry_scheduled)
         return InlineRun(claim.job_id, claim.handler, claim.attempt, outcome, error)
 
     try:

@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from ledon.db import DATABASE_ERRORS, TRANSIENT_ERRORS
 from ledon.engine import FAILED, Engine, StopLevel
+from ledon.registry import EngineRecord
 from outbox.pglisten import Listener
 
 from . import execution, store
@@ -36,7 +37,7 @@ from .db import alias_for, is_postgres
 from .exceptions import JobsError, UnknownHandler
 from .handlers import JobContext, get_handler
 from .models import Job
-from .signals import send_logged, worker_started, worker_stopping
+from .signals import finished_attempt, send_logged, worker_started, worker_stopping
 from .types import Claim, ExecutionStatus, FinishOutcome
 
 logger = logging.getLogger(__name__)
@@ -178,6 +179,18 @@ class Worker(Engine):
     def running_tokens(self) -> list[str]:
         with self._lock:
             return list(self._running)
+
+    def registry_record(self) -> EngineRecord:
+        return EngineRecord(
+            kind=self.kind,
+            engine_id=self.worker_id,
+            queues=tuple(self.queues),
+            concurrency=self.concurrency,
+        )
+
+    def running_count(self) -> int:
+        with self._lock:
+            return len(self._running)
 
     def _busy(self) -> bool:
         """Whether a handler runs or waits to run, or a settle is under way."""
@@ -560,6 +573,7 @@ class Worker(Engine):
                 )
                 return
             self.stats.count(outcome)
+            finished_attempt(entry.claim, outcome, retry_scheduled=False)
             self._emit("requeued", entry.claim, "handler did not stop in time")
 
     def _wait_for_handlers(self, seconds: float, *, until: threading.Event) -> bool:
@@ -749,4 +763,5 @@ class Worker(Engine):
             event,
             extra={"job_id": claim.job_id, "attempt": claim.attempt, "outcome": outcome.value},
         )
+        finished_attempt(claim, outcome, retry_scheduled=event == "retry-scheduled")
         self._emit(event, claim, detail)

@@ -11,6 +11,9 @@ class OutboxConfig(AppConfig):
 
         from . import checks  # noqa: F401  (registers the system checks)
         from .conf import outbox_settings
+        from .contrib import configure
+
+        configure()  # SPEC M: the optional metrics and tracing
         from .exceptions import OutboxConfigurationError
 
         # Like the admin's admin.py: each app's events module defines its events and
@@ -21,3 +24,9 @@ class OutboxConfig(AppConfig):
             return  # the system checks report the bad setting
         if module:
             autodiscover_modules(module)
+
+    def enable_metrics(self) -> None:
+        """``ledon.metrics.enable_all()`` (``--metrics-port``, the metrics view)."""
+        from .contrib import enable_metrics
+
+        enable_metrics()

@@ -43,12 +43,14 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.db import connections
 
 from ledon.db import TRANSIENT_ERRORS
 from ledon.engine import Engine, StopLevel
+from ledon.registry import EngineRecord
+from ledon.signals import send_logged
 
 from .bus import event_bus
 from .db import alias_for
@@ -56,6 +58,7 @@ from .events import Event, IntegrationEvent, decode, registered_events
 from .exceptions import (
     HandlerFailed,
     InvalidEvent,
+    MessageParked,
     OutboxConfigurationError,
     TransportUnavailable,
     UnknownEventType,
@@ -63,7 +66,9 @@ from .exceptions import (
 from .faults import fault_point
 from .inbox import consume
 from .models import InboxMessage
+from .signals import message_consumed
 from .store import MAX_CONSUMER_LENGTH, text
+from .telemetry import consuming
 from .transports import get_transport
 from .transports.base import Received, Subscription
 from .types import Envelope
@@ -198,6 +203,11 @@ class EventConsumer(Engine):
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    def registry_record(self) -> EngineRecord:
+        record = EngineRecord(kind=self.kind, engine_id=self.group, queues=tuple(self.event_types))
+        # Several consumers share a group: the id says which process this one is.
+        return replace(record, engine_id=f"{self.group}@{record.host}:{record.pid}")
+
     def _emit(self, event: str, detail: str = "") -> None:
         if self.on_event is not None:
             self.on_event(event, detail)
@@ -266,7 +276,20 @@ class EventConsumer(Engine):
 
     def process(self, received: Received) -> ConsumeOutcome:
         """Handle, skip or park one message, then acknowledge it (not when the
-        consumer stopped first: then the broker delivers it again)."""
+        consumer stopped first: then the broker delivers it again) — in its consumer
+        span (SPEC M, :mod:`outbox.telemetry`)."""
+        with consuming(self.group, received) as span:
+            outcome = self._process(received)
+            span.set_attribute("ledon.outbox.outcome", outcome.value)
+            if outcome is ConsumeOutcome.PARKED:
+                span.record_error(MessageParked(), message="parked")
+        send_logged(
+            message_consumed, EventConsumer, "message_consumed", log=logger,
+            consumer=self, envelope=received.envelope, outcome=outcome,
+        )  # fmt: skip
+        return outcome
+
+    def _process(self, received: Received) -> ConsumeOutcome:
         fault_point("outbox.consumer.received", received=received)
         envelope = received.envelope
         if envelope is None:

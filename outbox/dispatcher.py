@@ -35,6 +35,8 @@ from django.utils import timezone
 
 from ledon.db import DATABASE_ERRORS
 from ledon.engine import FAILED, Engine, StopLevel
+from ledon.registry import EngineRecord
+from ledon.signals import send_logged
 
 from . import store
 from .conf import outbox_settings
@@ -43,9 +45,11 @@ from .exceptions import TransportUnavailable
 from .faults import fault_point
 from .models import OutboxMessage
 from .pglisten import Listener
+from .signals import deliveries_recorded
+from .telemetry import publishing
 from .transports import get_transport
 from .transports.base import Transport
-from .types import Batch, DeliveryReport, RecordOutcome, RecoveryResult
+from .types import Batch, DeliveryReport, Envelope, RecordOutcome, RecoveryResult
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +223,9 @@ class Dispatcher(Engine):
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    def registry_record(self) -> EngineRecord:
+        return EngineRecord(kind=self.kind, engine_id=self.dispatcher_id)
+
     def _emit(self, event: str, detail: str = "") -> None:
         if self.on_event is not None:
             self.on_event(event, detail)
@@ -317,13 +324,18 @@ class Dispatcher(Engine):
         self.stats.batches += 1
         self.stats.claimed += len(batch.messages)
         fault_point("outbox.dispatcher.claimed", batch=batch)
-        with self._lease_kept(batch):
-            reports = self._publish(batch)
+        with self._lease_kept(batch), publishing(batch.messages, self.transport.name) as spans:
+            reports = self._publish(batch, spans.messages)
+            spans.reported(reports)
         fault_point("outbox.dispatcher.published", batch=batch, reports=reports)
         outcomes = self._record(batch, reports)
         fault_point("outbox.dispatcher.recorded", batch=batch, outcomes=outcomes)
         for outcome in outcomes.values():
             self.stats.count(outcome)
+        send_logged(
+            deliveries_recorded, Dispatcher, "deliveries_recorded", log=logger,
+            dispatcher=self, outcomes=outcomes, messages=batch.messages,
+        )  # fmt: skip
         sent = sum(1 for o in outcomes.values() if o is RecordOutcome.SENT)
         failed = [r for r in reports if not r.ok]
         detail = f"{len(batch.messages)} claimed, {sent} sent"
@@ -354,11 +366,12 @@ class Dispatcher(Engine):
                 self._keeper.close()
                 self._keeper = None
 
-    def _publish(self, batch: Batch) -> list[DeliveryReport]:
-        """The transport's report for every message of the batch; a message it did not
-        confirm, or a batch it raised on, counts as failed."""
+    def _publish(self, batch: Batch, messages: Sequence[Envelope]) -> list[DeliveryReport]:
+        """The transport's report for every message of the batch (``messages``: as they
+        are published, trace context included); a message it did not confirm, or a
+        batch it raised on, counts as failed."""
         try:
-            returned: Sequence[DeliveryReport] = self.transport.publish(batch.messages)
+            returned: Sequence[DeliveryReport] = self.transport.publish(messages)
         except Exception as exc:
             logger.warning("outbox transport failed on a batch: %s", exc, exc_info=True)
             error = format_error(exc)

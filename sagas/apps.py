@@ -8,6 +8,9 @@ class SagasConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .contrib import configure
+
+        configure()  # SPEC M: the optional metrics and tracing
 
         if apps.is_installed("jobs"):
             # S5: every run_jobs worker also recovers saga instances.
@@ -27,3 +30,9 @@ class SagasConfig(AppConfig):
             autodiscover()
         except SagasConfigurationError:
             return  # the system checks report the bad setting
+
+    def enable_metrics(self) -> None:
+        """``ledon.metrics.enable_all()`` (``--metrics-port``, the metrics view)."""
+        from .contrib import enable_metrics
+
+        enable_metrics()

@@ -59,6 +59,7 @@ from django.utils import timezone
 
 from ledon.db import DATABASE_ERRORS, TRANSIENT_ERRORS, reset_connection
 from ledon.engine import FAILED, Engine, Failed, StopLevel
+from ledon.registry import EngineRecord
 from outbox import unit_of_work
 from outbox.faults import fault_point
 
@@ -78,6 +79,7 @@ from .exceptions import (
 )
 from .models import SagaInstance
 from .registry import SagaDefinition, SagaStep, get_saga, registered_sagas
+from .telemetry import FINISHING_EVENTS, instance_finished, step_span, trace_context
 from .types import SagaSnapshot, SagaStatus
 
 logger = logging.getLogger(__name__)
@@ -271,6 +273,8 @@ class Driver:
     # ------------------------------------------------------------------ helpers
 
     def _emit(self, event: str, state: SagaSnapshot | None, detail: str = "") -> None:
+        if state is not None and event in FINISHING_EVENTS:
+            instance_finished(state, event)
         if self.on_event is not None:
             self.on_event(event, state, detail)
 
@@ -525,11 +529,14 @@ class Driver:
         self._current_cancel = cancel
         if self._stopped_short():
             cancel.set()
+        # The step runs on a thread of its own: its span's parent is this thread's.
+        parent = trace_context()
 
         def body() -> None:
-            self._transaction(
-                state, step, compensating=compensating, attempt=attempt, cancel=cancel
-            )
+            with step_span(state, step.name, compensating, attempt, parent):
+                self._transaction(
+                    state, step, compensating=compensating, attempt=attempt, cancel=cancel
+                )
 
         try:
             return self._on_thread(body, state, step, cancel)
@@ -769,6 +776,14 @@ class SagaRunner(Engine):
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
+
+    def registry_record(self) -> EngineRecord:
+        return EngineRecord(
+            kind=self.kind, engine_id=self.runner_id, queues=tuple(sorted(self.names or ()))
+        )
+
+    def running_count(self) -> int:
+        return 0 if self._driver is None else 1
 
     def _emit(self, event: str, state: SagaSnapshot | None, detail: str = "") -> None:
         if self.on_event is not None:

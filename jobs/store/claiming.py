@@ -92,6 +92,7 @@ def _claim_rows(
             **{name: row[name] for name in sql.CLAIM_FIELDS},
             worker_id=worker_id,
             lease_expires_at=expires,
+            due_at=read_dt(row["next_run_at"]),
         )
         for row in rows
     ]

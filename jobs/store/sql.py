@@ -56,6 +56,7 @@ NEW_JOB_ARRAYS = {
     "max_attempts": "int",
     "initial_not_before": "timestamptz",
     "next_run_at": "timestamptz",
+    "trace_context": "text",
 }
 #: The columns every job of a bulk insert starts with the same value in.
 NEW_JOB_SHARED = (
@@ -117,7 +118,9 @@ INSERT_JOBS_UNNEST = (
 #: A Claim's fields that a claim returns by name (``token`` and ``attempt`` are the
 #: job's new ``current_token`` and ``attempt_count``).
 CLAIM_FIELDS = tuple(
-    name for name in Claim.__dataclass_fields__ if name not in ("worker_id", "lease_expires_at")
+    name
+    for name in Claim.__dataclass_fields__
+    if name not in ("worker_id", "lease_expires_at", "due_at")
 )
 _CLAIM_EXPRESSIONS = {"token": "current_token", "attempt": "attempt_count"}
 #: The columns of each job a claim started: its primary key, :data:`CLAIM_FIELDS`, and

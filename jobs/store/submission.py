@@ -11,6 +11,8 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ledon.tracing import carrier_text, tracer
+
 from ..conf import jobs_settings
 from ..db import adapt_dt, alias_for, connection_for, fetch, is_postgres, numbered
 from ..exceptions import (
@@ -29,6 +31,7 @@ from ..types import (
 from . import sql
 from .base import CHUNK_ROWS, current_time, notify
 from .reads import job_snapshot, snapshot
+from .telemetry import observed_submission
 
 
 def _new_row(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> dict[str, Any]:
@@ -52,6 +55,8 @@ def _new_row(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) ->
         "leased_by": "",
         "created_at": now,
         "updated_at": now,
+        # Inside the submission's span (see .telemetry): its attempts become children.
+        "trace_context": carrier_text(tracer("jobs").current()),
     }
 
 
@@ -164,6 +169,7 @@ def _in_caller_atomic_block(connection: BaseDatabaseWrapper) -> bool:
     return any(not block._from_testcase for block in connection.atomic_blocks)  # type: ignore[attr-defined]
 
 
+@observed_submission("submit")
 def submit(
     scope_hash: str, job_id: str, sub: JobSubmission, *, now: datetime | None = None
 ) -> JobSnapshot:
@@ -189,6 +195,7 @@ def submit(
     raise JobIdentityUnresolved([job_id])
 
 
+@observed_submission("submit")
 def submit_many(
     items: Sequence[tuple[str, str, JobSubmission]], *, now: datetime | None = None
 ) -> list[SubmitResult]:
@@ -246,6 +253,7 @@ def submit_many(
     return outcomes
 
 
+@observed_submission("stage")
 def stage(
     scope_hash: str, job_id: str, sub: JobSubmission, *, now: datetime | None = None
 ) -> JobSnapshot:

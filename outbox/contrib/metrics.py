@@ -1,0 +1,97 @@
+"""Prometheus metrics of the outbox (SPEC M; ``OUTBOX["METRICS"]``, ``[metrics]``).
+
+- ``ledon_outbox_messages_total{event_type,outcome}`` — deliveries recorded by
+  dispatchers (:data:`outbox.signals.deliveries_recorded`);
+- ``ledon_outbox_consumed_total{group,event_type,outcome}`` — messages consumers are
+  done with (:data:`outbox.signals.message_consumed`);
+- at scrape time, one query over the ``(status, event_type)`` index:
+  ``ledon_outbox_pending``, ``ledon_outbox_oldest_pending_age_seconds`` and
+  ``ledon_outbox_parked``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from django.db.models import Count, Min, QuerySet
+from django.utils import timezone
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from ledon import metrics
+
+from ..consumer import ConsumeOutcome
+from ..models import OutboxMessage
+from ..signals import deliveries_recorded, message_consumed
+from ..types import Envelope, MessageStatus, RecordOutcome
+
+_OUTCOMES = {
+    RecordOutcome.SENT: "sent",
+    RecordOutcome.RETRY_SCHEDULED: "retried",
+    RecordOutcome.PARKED: "parked",
+    RecordOutcome.STALE: "stale",
+}
+
+
+def _count_deliveries(
+    sender: Any,
+    *,
+    outcomes: Mapping[Any, RecordOutcome],
+    messages: Sequence[Envelope],
+    **kwargs: Any,
+) -> None:
+    types = {m.message_id: m.event_type for m in messages}
+    for message_id, outcome in outcomes.items():
+        metrics.OUTBOX_MESSAGES.labels(types.get(message_id, ""), _OUTCOMES[outcome]).inc()
+
+
+def _count_consumed(
+    sender: Any, *, consumer: Any, envelope: Envelope | None, outcome: ConsumeOutcome, **kw: Any
+) -> None:
+    event_type = envelope.event_type if envelope is not None else ""
+    metrics.OUTBOX_CONSUMED.labels(consumer.group, event_type, outcome.value).inc()
+
+
+def backlog() -> QuerySet[Any, Any]:
+    """Pending and parked messages: how many, and the oldest one's creation."""
+    return (
+        OutboxMessage.objects.filter(status__in=(MessageStatus.PENDING, MessageStatus.PARKED))
+        .values("status")
+        .annotate(count=Count("id"), oldest=Min("created_at"))
+        .order_by()
+    )
+
+
+def gauges() -> Iterable[Metric]:
+    now = timezone.now()
+    rows = {row["status"]: row for row in backlog()}
+    pending = rows.get(MessageStatus.PENDING, {"count": 0, "oldest": None})
+    families = []
+    family = GaugeMetricFamily("ledon_outbox_pending", "Outbox messages waiting for delivery.")
+    family.add_metric([], pending["count"])
+    families.append(family)
+    family = GaugeMetricFamily(
+        "ledon_outbox_oldest_pending_age_seconds",
+        "Seconds since the oldest pending outbox message was stored (the outbox's lag).",
+    )
+    oldest = pending["oldest"]
+    family.add_metric([], max((now - oldest).total_seconds(), 0.0) if oldest else 0.0)
+    families.append(family)
+    family = GaugeMetricFamily(
+        "ledon_outbox_parked", "Parked outbox messages (waiting for an operator)."
+    )
+    family.add_metric([], rows.get(MessageStatus.PARKED, {"count": 0})["count"])
+    families.append(family)
+    return families
+
+
+def install() -> None:
+    deliveries_recorded.connect(_count_deliveries, dispatch_uid="outbox.metrics.deliveries")
+    message_consumed.connect(_count_consumed, dispatch_uid="outbox.metrics.consumed")
+    metrics.add_source("outbox", gauges)
+
+
+def uninstall() -> None:
+    deliveries_recorded.disconnect(dispatch_uid="outbox.metrics.deliveries")
+    message_consumed.disconnect(dispatch_uid="outbox.metrics.consumed")
+    metrics.remove_source("outbox")

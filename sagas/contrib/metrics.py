@@ -1,0 +1,60 @@
+"""Prometheus metrics of sagas (SPEC M; ``SAGAS["METRICS"]``, ``[metrics]``).
+
+- ``ledon_sagas_finished_total{saga,outcome}`` — instances that ended while a runner
+  of this process drove them (:data:`sagas.telemetry.saga_finished`);
+- at scrape time, one query over the ``(status, name)`` index:
+  ``ledon_sagas{saga,status}`` for the statuses that are not final (running,
+  compensating, failed — needing attention). Finished instances are counted by the
+  counter, not read: they only grow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db.models import Count, QuerySet
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from ledon import metrics
+
+from ..models import SagaInstance
+from ..telemetry import saga_finished
+from ..types import SagaSnapshot, SagaStatus
+
+#: The statuses the gauge reads (an instance stays in them for a while, or for good).
+OPEN_STATUSES = (SagaStatus.RUNNING, SagaStatus.COMPENSATING, SagaStatus.FAILED)
+
+
+def _count_finished(sender: Any, *, state: SagaSnapshot, outcome: str, **kwargs: Any) -> None:
+    metrics.SAGAS_FINISHED.labels(state.name, outcome).inc()
+
+
+def open_instances() -> QuerySet[Any, Any]:
+    return (
+        SagaInstance.objects.filter(status__in=OPEN_STATUSES)
+        .values("name", "status")
+        .annotate(count=Count("id"))
+        .order_by()
+    )
+
+
+def gauges() -> Iterable[Metric]:
+    family = GaugeMetricFamily(
+        "ledon_sagas",
+        "Saga instances that are running, compensating or failed (needing attention).",
+        labels=["saga", "status"],
+    )
+    for row in open_instances():
+        family.add_metric([row["name"], row["status"]], row["count"])
+    return [family]
+
+
+def install() -> None:
+    saga_finished.connect(_count_finished, dispatch_uid="sagas.metrics.finished")
+    metrics.add_source("sagas", gauges)
+
+
+def uninstall() -> None:
+    saga_finished.disconnect(dispatch_uid="sagas.metrics.finished")
+    metrics.remove_source("sagas")
