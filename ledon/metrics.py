@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from django.apps import apps
 from django.db import DatabaseError, connections
@@ -166,12 +167,12 @@ def enable_all() -> None:
             enable()
 
 
-def serve(port: int, address: str = "0.0.0.0") -> int:
+def serve(port: int, address: str = "0.0.0.0") -> WSGIServer:
     """Serve ``/metrics`` on ``port`` (0: a free one) from a thread of this process;
-    returns the port."""
+    returns the server (``server_port``; ``shutdown()`` stops it)."""
     enable_all()
     server, _thread = start_http_server(port, addr=address)
-    return int(server.server_port)
+    return server
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledon.commands import run_engine
+from ledon.commands import add_metrics_port, run_engine
 from ledon.engine import StopLevel
 from outbox import store
 from outbox.conf import outbox_settings
@@ -28,6 +28,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        add_metrics_port(parser)
         parser.add_argument("--burst", action="store_true", help="exit when no message is due")
         parser.add_argument(
             "--batch-size",
@@ -73,6 +74,7 @@ class Command(BaseCommand):
         stats = run_engine(
             dispatcher, dispatcher.run, out=self.stdout,
             name=f"dispatcher {dispatcher.dispatcher_id}", meaning=SIGNAL_MEANING,
+            metrics_port=options["metrics_port"],
         )  # fmt: skip
         self.stdout.write(
             self.style.SUCCESS(f"dispatcher {dispatcher.dispatcher_id} stopped: {stats.summary()}")
