@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -30,3 +32,9 @@ class OutboxConfig(AppConfig):
         from .contrib import enable_metrics
 
         enable_metrics()
+
+    def dashboard_panels(self, now: Any) -> list[Any]:
+        """The admin dashboard's panels of this app (see :mod:`ledon.dashboard`)."""
+        from .monitoring import dashboard_panels
+
+        return dashboard_panels(now)

@@ -108,6 +108,7 @@ JOBS: dict[str, Any] = {
     "PREPARED_STATEMENTS": env.bool("JOBS_PREPARED_STATEMENTS", default=True),
     "UNKNOWN_HANDLER_RETRY_SECONDS": env.float("JOBS_UNKNOWN_HANDLER_RETRY_SECONDS", default=600),
     "UNKNOWN_HANDLER_RETRY_DELAY": env.float("JOBS_UNKNOWN_HANDLER_RETRY_DELAY", default=10),
+    "WORKERS_HEARTBEAT_SECONDS": env.float("JOBS_WORKERS_HEARTBEAT_SECONDS", default=10),
 }
 
 # Django's tasks framework, backed by the job store: ``manage.py run_jobs`` runs the

@@ -14,16 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ledon import metrics
 
 from ..consumer import ConsumeOutcome
-from ..models import OutboxMessage
+from ..monitoring import backlog
 from ..signals import deliveries_recorded, message_consumed
-from ..types import Envelope, MessageStatus, RecordOutcome
+from ..types import Envelope, RecordOutcome
 
 _OUTCOMES = {
     RecordOutcome.SENT: "sent",
@@ -52,37 +51,20 @@ def _count_consumed(
     metrics.OUTBOX_CONSUMED.labels(consumer.group, event_type, outcome.value).inc()
 
 
-def backlog() -> QuerySet[Any, Any]:
-    """Pending and parked messages: how many, and the oldest one's creation."""
-    return (
-        OutboxMessage.objects.filter(status__in=(MessageStatus.PENDING, MessageStatus.PARKED))
-        .values("status")
-        .annotate(count=Count("id"), oldest=Min("created_at"))
-        .order_by()
-    )
-
-
 def gauges() -> Iterable[Metric]:
-    now = timezone.now()
-    rows = {row["status"]: row for row in backlog()}
-    pending = rows.get(MessageStatus.PENDING, {"count": 0, "oldest": None})
-    families = []
-    family = GaugeMetricFamily("ledon_outbox_pending", "Outbox messages waiting for delivery.")
-    family.add_metric([], pending["count"])
-    families.append(family)
-    family = GaugeMetricFamily(
+    state = backlog()
+    pending = GaugeMetricFamily("ledon_outbox_pending", "Outbox messages waiting for delivery.")
+    pending.add_metric([], state.pending)
+    lag = GaugeMetricFamily(
         "ledon_outbox_oldest_pending_age_seconds",
         "Seconds since the oldest pending outbox message was stored (the outbox's lag).",
     )
-    oldest = pending["oldest"]
-    family.add_metric([], max((now - oldest).total_seconds(), 0.0) if oldest else 0.0)
-    families.append(family)
-    family = GaugeMetricFamily(
+    lag.add_metric([], state.lag(timezone.now()))
+    parked = GaugeMetricFamily(
         "ledon_outbox_parked", "Parked outbox messages (waiting for an operator)."
     )
-    family.add_metric([], rows.get(MessageStatus.PARKED, {"count": 0})["count"])
-    families.append(family)
-    return families
+    parked.add_metric([], state.parked)
+    return [pending, lag, parked]
 
 
 def install() -> None:

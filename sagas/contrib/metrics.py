@@ -13,30 +13,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import Count, QuerySet
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ledon import metrics
 
-from ..models import SagaInstance
+from ..monitoring import open_instances
 from ..telemetry import saga_finished
-from ..types import SagaSnapshot, SagaStatus
-
-#: The statuses the gauge reads (an instance stays in them for a while, or for good).
-OPEN_STATUSES = (SagaStatus.RUNNING, SagaStatus.COMPENSATING, SagaStatus.FAILED)
+from ..types import SagaSnapshot
 
 
 def _count_finished(sender: Any, *, state: SagaSnapshot, outcome: str, **kwargs: Any) -> None:
     metrics.SAGAS_FINISHED.labels(state.name, outcome).inc()
-
-
-def open_instances() -> QuerySet[Any, Any]:
-    return (
-        SagaInstance.objects.filter(status__in=OPEN_STATUSES)
-        .values("name", "status")
-        .annotate(count=Count("id"))
-        .order_by()
-    )
 
 
 def gauges() -> Iterable[Metric]:

@@ -1,0 +1,149 @@
+"""The workers registry (SPEC M): every engine keeps a row while it runs — live,
+stopped (the row is gone) and SIGKILLed (the row stays and grows silent) — in real
+processes; rows silent past retention are deleted; an engine run inside a
+transaction is not recorded."""
+
+from __future__ import annotations
+
+import os
+import signal
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from procs import ManageProcess, WorkerProcess, wait_until
+
+from jobs.models import WorkerRecord
+from jobs.monitoring import reads
+from jobs.monitoring.registry import DatabaseRegistry, silent_after
+from ledon import registry
+from ledon.registry import EngineRecord, package_version
+
+FAST = {"JOBS_WORKERS_HEARTBEAT_SECONDS": "0.2"}
+
+
+def rows(**filters) -> list[WorkerRecord]:
+    return list(WorkerRecord.objects.filter(**filters).order_by("kind", "engine_id"))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_live_stopped_and_killed_engines(tmp_path):
+    worker = WorkerProcess(tmp_path, "--worker-id", "reg-w", "--concurrency", "3",
+                           "--queue", "reg-a", "--queue", "reg-b", env=FAST)  # fmt: skip
+    dispatcher = ManageProcess(tmp_path, "dispatch_outbox", "--dispatcher-id", "reg-d", env=FAST)
+    try:
+        wait_until(lambda: rows(engine_id="reg-w"), 60, "the worker's row", worker)
+        wait_until(lambda: rows(engine_id="reg-d"), 60, "the dispatcher's row", dispatcher)
+        [w] = rows(kind="worker", engine_id="reg-w")
+        assert (w.pid, w.host, w.concurrency, w.queues) == (
+            worker.pid,
+            os.uname().nodename,
+            3,
+            ["reg-a", "reg-b"],
+        )
+        assert w.version == package_version()
+        assert w.running == 0
+        # The worker's saga runner is an engine of its own.
+        assert rows(kind="saga runner", pid=worker.pid)
+        first = w.last_heartbeat_at
+        wait_until(
+            lambda: WorkerRecord.objects.get(pk=w.pk).last_heartbeat_at > first,
+            30, "a heartbeat", worker,
+        )  # fmt: skip
+
+        # A clean stop removes the rows of the worker and its saga runner.
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+        assert rows(engine_id="reg-w") == []
+        assert rows(pid=worker.pid) == []
+
+        # SIGKILL: the row stays, and is silent once its heartbeats stop.
+        dispatcher.kill()
+        [d] = rows(engine_id="reg-d")
+        assert d.kind == "dispatcher"
+        assert d.pid == dispatcher.pid
+        later = d.last_heartbeat_at + silent_after() + timedelta(seconds=1)
+        live, silent = reads.workers(later)
+        assert [r.engine_id for r in silent] == ["reg-d"]
+        assert "reg-d" not in [r.engine_id for r in live]
+
+        # A restart with the same id takes the row over.
+        again = ManageProcess(tmp_path, "dispatch_outbox", "--dispatcher-id", "reg-d", env=FAST)
+        try:
+            wait_until(lambda: rows(engine_id="reg-d", pid=again.pid), 60, "the new row", again)
+            assert len(rows(engine_id="reg-d")) == 1
+        finally:
+            again.signal(signal.SIGTERM)
+            assert again.wait() == 0
+            again.close()
+        assert rows(engine_id="reg-d") == []
+    finally:
+        worker.close()
+        dispatcher.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_in_a_thread_keeps_its_row_with_its_running_count(settings):
+    import threading
+
+    from jobs import JobSubmission, job_handler, submit_job
+    from jobs.handlers import unregister
+    from jobs.worker import Worker
+
+    settings.JOBS = {**settings.JOBS, "WORKERS_HEARTBEAT_SECONDS": 0.05}
+    release = threading.Event()
+    started = threading.Event()
+
+    @job_handler("reg.hold")
+    def hold(ctx):
+        started.set()
+        release.wait(30)
+        return None
+
+    try:
+        submit_job("reg", "hold-1", JobSubmission.create("reg.hold"))
+        worker = Worker(worker_id="reg-thread", listen=False, burst=True)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        assert started.wait(30)
+        wait_until(lambda: rows(engine_id="reg-thread", running=1), 30, "running 1")
+        release.set()
+        thread.join(30)
+        assert rows(engine_id="reg-thread") == []
+    finally:
+        release.set()
+        unregister("reg.hold", 1)
+
+
+@pytest.mark.django_db
+def test_an_engine_run_inside_a_transaction_is_not_recorded():
+    from outbox.dispatcher import Dispatcher
+    from outbox.testing import RecordingTransport
+
+    Dispatcher(transport=RecordingTransport(), burst=True, listen=False).run()
+    assert rows() == []
+
+
+@pytest.mark.django_db
+def test_rows_silent_past_retention_are_deleted_and_a_late_heartbeat_revives_nothing(settings):
+    settings.JOBS = {**settings.JOBS, "WORKERS_RETENTION_SECONDS": 3600}
+    store = DatabaseRegistry()
+    now = timezone.now()
+    old = EngineRecord(kind="worker", engine_id="old")
+    fresh = EngineRecord(kind="worker", engine_id="fresh")
+    store.register(old, running=0, now=now - timedelta(hours=2))
+    store.register(fresh, running=2, now=now)
+    assert store.clean_up(now=now) == 1
+    assert [r.engine_id for r in rows()] == ["fresh"]
+    # Another run took the id over: the earlier run's heartbeat and removal miss.
+    takeover = EngineRecord(kind="worker", engine_id="fresh")
+    store.register(takeover, running=0, now=now)
+    assert store.heartbeat(fresh, running=5, now=now) is False
+    store.remove(fresh)
+    [row] = rows()
+    assert (row.token, row.running) == (takeover.token, 0)
+
+
+def test_jobs_installs_its_store_into_the_registry():
+    assert isinstance(registry.installed(), DatabaseRegistry)
