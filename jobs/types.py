@@ -285,6 +285,8 @@ class Claim:
     trace_context: str | None = None
     #: When the job was due (its ``next_run_at``): the attempt's wait is measured from it.
     due_at: datetime | None = None
+    #: When the attempt was claimed.
+    started_at: datetime | None = None
 
     @property
     def payload(self) -> Any:

@@ -36,6 +36,7 @@ from .conf import jobs_settings
 from .db import alias_for, is_postgres
 from .exceptions import JobsError, UnknownHandler
 from .handlers import JobContext, get_handler
+from .log_fields import attempt_fields
 from .models import Job
 from .signals import finished_attempt, send_logged, worker_started, worker_stopping
 from .types import Claim, ExecutionStatus, FinishOutcome
@@ -212,7 +213,7 @@ class Worker(Engine):
         logger.info(
             "worker %s starting",
             self.worker_id,
-            extra={"worker_id": self.worker_id, "queues": self.queues},
+            extra={"worker": self.worker_id, "queues": self.queues},
         )
         if not self.wait_for_database():
             self._emit("stopped", None, self.stats.summary())
@@ -334,7 +335,10 @@ class Worker(Engine):
                 self.database_failed("finishing and claiming jobs", exc)
                 return [], limit
             except (DatabaseError, JobsError):
-                logger.exception("finishing and claiming jobs failed; finishing one by one")
+                logger.exception(
+                    "finishing and claiming jobs failed; finishing one by one",
+                    extra={"worker": self.worker_id, "finished": len(done), "claim_limit": limit},
+                )
                 self.reset_connection()
                 for finished, result in done:
                     self._finish_alone(finished, result)
@@ -415,7 +419,11 @@ class Worker(Engine):
                 lambda: execution.complete(claim.token, result, now=self.clock()),
             )
         except JobsError:
-            logger.exception("finishing job %s failed; it will be recovered", claim.job_id)
+            logger.exception(
+                "finishing job %s failed; it will be recovered",
+                claim.job_id,
+                extra=attempt_fields(claim),
+            )
         finally:
             self._release(claim)
 
@@ -516,7 +524,7 @@ class Worker(Engine):
             logger.warning(
                 "recovered %d attempt(s) whose worker stopped",
                 len(recovered),
-                extra={"worker_id": self.worker_id},
+                extra={"worker": self.worker_id},
             )
 
     def _clean_up(self, retention_seconds: float) -> bool:
@@ -569,7 +577,7 @@ class Worker(Engine):
                     "%d attempt(s) could not be finished or re-queued at shutdown; they are "
                     "recovered when their lease expires",
                     len(leftovers),
-                    extra={"worker_id": self.worker_id},
+                    extra={"worker": self.worker_id},
                 )
                 return
             self.stats.count(outcome)
@@ -667,7 +675,11 @@ class Worker(Engine):
         except Exception:
             # Never let a worker thread die: the attempt stays Running, its lease
             # is no longer renewed, and recovery re-queues it after expiry.
-            logger.exception("finishing job %s failed; it will be recovered", claim.job_id)
+            logger.exception(
+                "finishing job %s failed; it will be recovered",
+                claim.job_id,
+                extra=attempt_fields(claim),
+            )
         finally:
             if not handed_over:
                 self._release(claim)
@@ -739,7 +751,7 @@ class Worker(Engine):
             logger.warning(
                 "finishing job %s failed; it is recovered when its lease expires",
                 claim.job_id,
-                extra={"job_id": claim.job_id, "attempt": claim.attempt},
+                extra=attempt_fields(claim),
             )
             return
         self._record(claim, event, outcome, detail)
@@ -761,7 +773,7 @@ class Worker(Engine):
             "job %s %s",
             claim.job_id,
             event,
-            extra={"job_id": claim.job_id, "attempt": claim.attempt, "outcome": outcome.value},
+            extra=attempt_fields(claim, now=self.clock(), outcome=outcome.value, event=event),
         )
         finished_attempt(claim, outcome, retry_scheduled=event == "retry-scheduled")
         self._emit(event, claim, detail)

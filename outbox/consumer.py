@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import random
+import socket
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from django.db import connections
 
@@ -203,10 +205,15 @@ class EventConsumer(Engine):
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    @property
+    def consumer_id(self) -> str:
+        """``group@host:pid``: several consumers share a group, this says which one."""
+        return f"{self.group}@{socket.gethostname()}:{os.getpid()}"
+
     def registry_record(self) -> EngineRecord:
-        record = EngineRecord(kind=self.kind, engine_id=self.group, queues=tuple(self.event_types))
-        # Several consumers share a group: the id says which process this one is.
-        return replace(record, engine_id=f"{self.group}@{record.host}:{record.pid}")
+        return EngineRecord(
+            kind=self.kind, engine_id=self.consumer_id, queues=tuple(self.event_types)
+        )
 
     def _emit(self, event: str, detail: str = "") -> None:
         if self.on_event is not None:
@@ -219,7 +226,7 @@ class EventConsumer(Engine):
             "consumer %s starting: %s",
             self.group,
             self.subscription.describe(),
-            extra={"group": self.group, "event_types": self.event_types},
+            extra={"worker": self.consumer_id, "event_types": self.event_types},
         )
         delay = self.reconnect_delay
         try:
@@ -250,7 +257,11 @@ class EventConsumer(Engine):
     def _opened(self) -> None:
         if self.ready.is_set():
             self.stats.reconnects += 1
-            logger.warning("consumer %s reconnected", self.group, extra={"group": self.group})
+            logger.warning(
+                "consumer %s reconnected",
+                self.group,
+                extra={"worker": self.consumer_id, "group": self.group},
+            )
             self._emit("reconnected", self.subscription.describe())
         else:
             self.ready.set()
@@ -267,7 +278,7 @@ class EventConsumer(Engine):
             self.group,
             delay,
             exc,
-            extra={"group": self.group},
+            extra={"worker": self.consumer_id, "group": self.group},
         )
         self._emit("broker-unavailable", str(exc))
         self._stopping.wait(delay)
@@ -388,7 +399,7 @@ class EventConsumer(Engine):
             attempt,
             delay,
             _describe(exc),
-            extra={"group": self.group, "message_id": str(envelope.message_id)},
+            extra={**self._fields(envelope, None), "attempt": attempt},
         )
         self._emit("retry", f"{envelope.message_id} in {delay:.1f}s: {_describe(exc)[:200]}")
         return self._wait(delay)
@@ -428,12 +439,13 @@ class EventConsumer(Engine):
         )
         return ConsumeOutcome.PARKED
 
-    def _fields(self, envelope: Envelope | None, received: Received) -> dict[str, str]:
+    def _fields(self, envelope: Envelope | None, received: Received | None) -> dict[str, str]:
         return {
+            "worker": self.consumer_id,
             "group": self.group,
             "message_id": str(envelope.message_id) if envelope else "",
             "event_type": envelope.event_type if envelope else "",
-            "source": received.source,
+            "source": received.source if received is not None else "",
         }
 
 

@@ -160,7 +160,7 @@ class _BatchLeaseKeeper(threading.Thread):
             "an outbox batch of %d message(s) lost its lease while publishing; its late "
             "record will be fenced off",
             len(batch.messages),
-            extra={"dispatcher_id": dispatcher.dispatcher_id},
+            extra={"worker": dispatcher.dispatcher_id},
         )
         self.unwatch(batch)
 
@@ -236,7 +236,7 @@ class Dispatcher(Engine):
         logger.info(
             "outbox dispatcher %s starting",
             self.dispatcher_id,
-            extra={"dispatcher_id": self.dispatcher_id, "transport": self.transport.name},
+            extra={"worker": self.dispatcher_id, "transport": self.transport.name},
         )
         if not self.wait_for_database():
             self.transport.close()
@@ -311,13 +311,18 @@ class Dispatcher(Engine):
             self.transport.check()
         except TransportUnavailable as exc:
             # Messages stay Pending and are retried: nothing is lost meanwhile.
-            logger.warning("outbox transport unavailable at start-up: %s", exc)
+            logger.warning(
+                "outbox transport unavailable at start-up: %s",
+                exc,
+                extra={"worker": self.dispatcher_id, "transport": self.transport.name},
+            )
             self._emit("transport-unavailable", str(exc))
 
     # ------------------------------------------------------------------ one batch
 
     def dispatch_batch(self) -> int:
         """Claim, publish and record one batch; the number of messages claimed."""
+        started = time.monotonic()
         batch = store.claim_batch(self.dispatcher_id, limit=self.batch_size, now=self.clock())
         if batch is None:
             return 0
@@ -345,7 +350,12 @@ class Dispatcher(Engine):
         logger.info(
             "outbox batch: %s",
             detail,
-            extra={"dispatcher_id": self.dispatcher_id, "claimed": len(batch.messages)},
+            extra={
+                "worker": self.dispatcher_id,
+                "claimed": len(batch.messages),
+                "sent": sent,
+                "duration": round(time.monotonic() - started, 6),
+            },
         )
         self._emit("batch", detail)
         return len(batch.messages)
@@ -373,7 +383,12 @@ class Dispatcher(Engine):
         try:
             returned: Sequence[DeliveryReport] = self.transport.publish(messages)
         except Exception as exc:
-            logger.warning("outbox transport failed on a batch: %s", exc, exc_info=True)
+            logger.warning(
+                "outbox transport failed on a batch: %s",
+                exc,
+                exc_info=True,
+                extra={"worker": self.dispatcher_id, "messages": len(messages)},
+            )
             error = format_error(exc)
             return [DeliveryReport.failed(m.message_id, error) for m in batch.messages]
         by_id: dict[uuid.UUID, DeliveryReport] = {r.message_id: r for r in returned}
@@ -425,7 +440,7 @@ class Dispatcher(Engine):
                 "recovered %d outbox message(s) of stopped dispatchers (%d parked)",
                 result.total,
                 result.parked,
-                extra={"dispatcher_id": self.dispatcher_id},
+                extra={"worker": self.dispatcher_id},
             )
             self._emit("recovered", f"{result.released} released, {result.parked} parked")
         return result

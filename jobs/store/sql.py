@@ -120,7 +120,7 @@ INSERT_JOBS_UNNEST = (
 CLAIM_FIELDS = tuple(
     name
     for name in Claim.__dataclass_fields__
-    if name not in ("worker_id", "lease_expires_at", "due_at")
+    if name not in ("worker_id", "lease_expires_at", "due_at", "started_at")
 )
 _CLAIM_EXPRESSIONS = {"token": "current_token", "attempt": "attempt_count"}
 #: The columns of each job a claim started: its primary key, :data:`CLAIM_FIELDS`, and

@@ -1,0 +1,256 @@
+"""``python -m benchmarks.observability``: what SPEC M's observability costs.
+
+On a throw-away PostgreSQL (fsync on), or the server ``--database-url`` names:
+
+- **Scrape time at 1M rows**: 1,000,000 finished jobs, 1,000,000 sent outbox messages
+  and 1,000,000 finished saga instances (one ``INSERT … SELECT generate_series`` each,
+  :func:`load_history`), a few hundred queued, running and pending rows, ``ANALYZE``;
+  then every database gauge is read ``--scrapes`` times, as a Prometheus scrape reads
+  them (``DatabaseCollector.collect``): median and p95 milliseconds.
+- **Per-job overhead of metrics + tracing**: ``--jobs`` no-op jobs run by one
+  in-process worker (concurrency 1, burst), with ``JOBS/OUTBOX/SAGAS["METRICS"]`` and
+  ``["TRACING"]`` off, then on (OpenTelemetry's SDK with a batch processor and an
+  exporter that drops spans, so that the figure is ours, not an exporter's); each
+  ``--rounds`` times, alternating. Reported: jobs per second and microseconds per job,
+  median of the rounds.
+
+Prints a Markdown table and writes the raw figures to ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: The statements that load history; %s is the row count. Spread over 30 days, so
+#: that the last hour holds a realistic slice of it.
+HISTORY = {
+    "jobs_job": (
+        "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
+        " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
+        " attempt_count, current_token, cancel_requested, progress, progress_message,"
+        " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
+        " started_at, finished_at, handler_unknown_since, trace_context)"
+        " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'), 'old-' || g,"
+        " 'bench.noop', 1, '{}', 'q' || (g %% 4), 0, 1, NULL,"
+        " now() - g * interval '2.6 s',"
+        " CASE WHEN g %% 50 = 0 THEN 'failed' ELSE 'succeeded' END, 1, NULL, false,"
+        " NULL, '', '', NULL, '', NULL, now() - g * interval '2.6 s',"
+        " now() - g * interval '2.6 s', now() - g * interval '2.6 s',"
+        " now() - g * interval '2.6 s' + interval '50 ms', NULL, NULL"
+        " FROM generate_series(1, %s) AS g"
+    ),
+    "outbox_outboxmessage": (
+        "INSERT INTO outbox_outboxmessage (message_id, event_type, key, payload_json, headers,"
+        " status, attempts, available_at, last_error, leased_by, lease_token,"
+        " lease_expires_at, created_at, updated_at, sent_at)"
+        " SELECT md5(g::text)::uuid, 'orders.placed', '', '{}', '{}', 'sent', 1,"
+        " now() - g * interval '2.6 s', '', '', NULL, NULL, now() - g * interval '2.6 s',"
+        " now() - g * interval '2.6 s', now() - g * interval '2.6 s'"
+        " FROM generate_series(1, %s) AS g"
+    ),
+    "sagas_sagainstance": (
+        "INSERT INTO sagas_sagainstance (instance_id, name, idempotency_key, steps,"
+        " completed_steps, compensated_steps, uncompensated_steps, data, status, failed_step,"
+        " error, compensation_error, leased_by, leased_until, version, takeovers, created_at,"
+        " updated_at, finished_at)"
+        " SELECT md5('saga' || g)::uuid, 'order-fulfilment', NULL, '[\"a\"]', '[\"a\"]', '[]',"
+        " '[]', '{}', CASE WHEN g %% 100 = 0 THEN 'compensated' ELSE 'succeeded' END, '',"
+        " '', '', '', NULL, 1, 0, now() - g * interval '2.6 s', now() - g * interval '2.6 s',"
+        " now() - g * interval '2.6 s' FROM generate_series(1, %s) AS g"
+    ),
+}
+
+
+def load_history(rows: int, tables: Sequence[str] = tuple(HISTORY)) -> None:
+    """Bulk-load ``rows`` finished rows into each of ``tables`` (a fixture: the history
+    a busy system keeps), then ANALYZE them."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        for table in tables:
+            cursor.execute(HISTORY[table], [rows])
+        for table in tables:
+            cursor.execute(f"ANALYZE {table}")
+
+
+def live_rows(queued: int = 200) -> None:
+    """What a busy system has besides history: queued, due and running jobs in four
+    queues, pending outbox messages, running and failed saga instances."""
+    from django.db import connection
+
+    from jobs import JobScope, JobSubmission, execution
+
+    JobScope("live").submit_many(
+        [(f"live-{n}", JobSubmission.create("bench.noop", {}, queue=f"q{n % 4}"))
+         for n in range(queued)]
+    )  # fmt: skip
+    execution.claim_due("bench-live", limit=queued // 10)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            HISTORY["outbox_outboxmessage"]
+            .replace("'sent', 1", "'pending', 0")
+            .replace("md5(g::text)", "md5('live' || g)"),
+            [queued],
+        )
+        cursor.execute(
+            HISTORY["sagas_sagainstance"]
+            .replace("'succeeded' END", "'running' END")
+            .replace("md5('saga' || g)", "md5('live-saga' || g)"),
+            [queued // 4],
+        )
+
+
+def scrape_times(scrapes: int) -> dict[str, Any]:
+    from ledon import metrics
+
+    metrics.enable_all()
+    collector = metrics.DatabaseCollector()
+    times = []
+    for _ in range(scrapes):
+        started = time.perf_counter()
+        families = list(collector.collect())
+        times.append((time.perf_counter() - started) * 1000)
+    names = sorted({f.name for f in families})
+    return {
+        "scrapes": scrapes,
+        "median_ms": round(statistics.median(times), 2),
+        "p95_ms": round(sorted(times)[int(0.95 * (len(times) - 1))], 2),
+        "families": names,
+    }
+
+
+class _DropSpans:
+    """An exporter that drops what it gets (the SDK's work is measured, not an export)."""
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+def job_rounds(jobs: int, rounds: int) -> dict[str, Any]:
+    from django.db import connection
+    from django.test import override_settings
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from jobs import JobScope, JobSubmission, job_handler
+    from jobs.worker import Worker
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(_DropSpans()))  # type: ignore[arg-type]
+    trace.set_tracer_provider(provider)
+
+    @job_handler("bench.observed")
+    def noop(ctx: Any) -> None:
+        return None
+
+    from django.conf import settings as django_settings
+
+    def run(observed: bool, n: int) -> float:
+        flags = {"METRICS": observed, "TRACING": observed}
+        with override_settings(
+            JOBS={**django_settings.JOBS, **flags},
+            OUTBOX={**django_settings.OUTBOX, **flags},
+            SAGAS={**django_settings.SAGAS, **flags, "RECOVER_IN_WORKER": False},
+        ):
+            JobScope("bench").submit_many(
+                [(f"{observed}-{n}-{i}", JobSubmission.create("bench.observed", {}))
+                 for i in range(jobs)]
+            )  # fmt: skip
+            started = time.perf_counter()
+            Worker(burst=True, listen=False, worker_id=f"bench-{observed}-{n}").run()
+            elapsed = time.perf_counter() - started
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM jobs_jobattempt")
+            cursor.execute("DELETE FROM jobs_job WHERE scope_hash <> ''")
+        return elapsed
+
+    run(False, -1)  # warm up both paths
+    run(True, -1)
+    plain, observed = [], []
+    for n in range(rounds):
+        plain.append(run(False, n))
+        observed.append(run(True, n))
+    provider.shutdown()
+    plain_s, observed_s = statistics.median(plain), statistics.median(observed)
+    return {
+        "jobs": jobs,
+        "rounds": rounds,
+        "plain_jobs_per_s": round(jobs / plain_s, 1),
+        "observed_jobs_per_s": round(jobs / observed_s, 1),
+        "overhead_us_per_job": round((observed_s - plain_s) / jobs * 1e6, 1),
+        "overhead_ratio": round(observed_s / plain_s, 3),
+    }
+
+
+def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    overhead = job_rounds(args.jobs, args.rounds)
+    started = time.perf_counter()
+    load_history(args.rows)
+    live_rows()
+    loaded = time.perf_counter() - started
+    scrape = scrape_times(args.scrapes)
+    return {"rows": args.rows, "load_seconds": round(loaded, 1), "scrape": scrape,
+            "jobs": overhead}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    from .server import scratch_database, throwaway_server
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.observability", description=__doc__)
+    parser.add_argument("--database-url", help="an existing PostgreSQL server to use")
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--scrapes", type=int, default=50)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    server = throwaway_server() if args.database_url is None else nullcontext(args.database_url)
+    with server as server_url, scratch_database(server_url, "ledon_bench_observability") as url:
+        result = measure(url, args)
+    report = {"when": datetime.now(UTC).isoformat(timespec="seconds"), **result}
+    out = ROOT / "benchmarks" / "results" / "observability.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    jobs, scrape = result["jobs"], result["scrape"]
+    print("| measure | value |")
+    print("|---|---|")
+    print(f"| rows of history per table | {result['rows']:,} |")
+    print(f"| scrape of every database gauge, ms (median / p95) | "
+          f"{scrape['median_ms']} / {scrape['p95_ms']} |")  # fmt: skip
+    print(f"| jobs/s, metrics and tracing off | {jobs['plain_jobs_per_s']} |")
+    print(f"| jobs/s, metrics and tracing on | {jobs['observed_jobs_per_s']} |")
+    print(f"| overhead per job, µs | {jobs['overhead_us_per_job']} |")
+    print(f"raw figures: {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
