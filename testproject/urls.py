@@ -5,3 +5,10 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("shop/", include("testproject.shop.urls")),
 ]
+
+try:  # SPEC M: the Prometheus metrics, with the [metrics] extra installed
+    from ledon.metrics import metrics_view
+except ImportError:  # pragma: no cover - a project without the extra
+    pass
+else:
+    urlpatterns.append(path("metrics", metrics_view))
