@@ -119,3 +119,28 @@ def test_report_renders_ratios_and_target_verdicts() -> None:
     assert verdicts["Bulk submit ≥ 20,000 jobs/s"] is True
     slower = {t: holds for t, _, holds in report.targets(synthetic(1.0))}
     assert slower["Burn-down ≥ 1.5× pgqueuer at equal resources (every set-up)"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_the_observability_benchmark_runs_small(tmp_path: Path) -> None:
+    out = tmp_path / "observability.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.observability", "--database-url", server_url(),
+         "--rows", "2000", "--scrapes", "3", "--jobs", "10", "--rounds", "1", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["rows"] == 2000
+    assert figures["scrape"]["scrapes"] == 3
+    assert {"ledon_jobs_queued", "ledon_outbox_pending", "ledon_sagas"} <= set(
+        figures["scrape"]["families"]
+    )
+    for variant in ("off", "metrics", "tracing", "both"):
+        assert figures["jobs"][variant]["jobs_per_s"] > 0
+    assert figures["jobs"]["off"]["ratio"] == 1.0
+    assert "metrics and tracing" in done.stdout
