@@ -23,15 +23,14 @@ class JobsConfig(AppConfig):
         # SPEC M: every engine of the three apps keeps its row in jobs_workerrecord
         # (see jobs.monitoring), and the optional metrics and tracing.
         from ledon import registry
+        from ledon.observability import OptionalLayers
 
-        from .contrib import configure
+        from .conf import jobs_settings
+        from .exceptions import JobsConfigurationError
         from .monitoring.registry import DatabaseRegistry
 
         registry.install(DatabaseRegistry())
-        configure()
-
-    def enable_metrics(self) -> None:
-        """``ledon.metrics.enable_all()`` (``--metrics-port``, the metrics view)."""
-        from .contrib import enable_metrics
-
-        enable_metrics()
+        self.optional_layers = OptionalLayers(
+            "jobs", read_settings=jobs_settings, invalid=JobsConfigurationError
+        )
+        self.optional_layers.configure()

@@ -22,11 +22,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from django.apps import apps
 from django.db import DatabaseError, connections
+from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -157,14 +159,35 @@ def remove_source(name: str) -> None:
         _sources.pop(name, None)
 
 
+@dataclass(frozen=True, slots=True)
+class AppMetrics:
+    """One app's metrics: the signals it counts from — (signal, receiver, dispatch
+    uid) — and its gauge source, connected by :meth:`install` (idempotent) and
+    disconnected by :meth:`uninstall`."""
+
+    name: str
+    gauges: Source
+    receivers: tuple[tuple[Signal, Callable[..., None], str], ...]
+
+    def install(self) -> None:
+        for signal, receiver, uid in self.receivers:
+            signal.connect(receiver, dispatch_uid=uid)
+        add_source(self.name, self.gauges)
+
+    def uninstall(self) -> None:
+        for signal, _receiver, uid in self.receivers:
+            signal.disconnect(dispatch_uid=uid)
+        remove_source(self.name)
+
+
 def enable_all() -> None:
     """Turn on the metrics of every installed app that has them (each app config's
-    ``enable_metrics()``), whatever their settings say: ``--metrics-port`` and the view
-    do this."""
+    ``optional_layers``, a :class:`ledon.observability.OptionalLayers`), whatever their
+    settings say: ``--metrics-port`` and the view do this."""
     for config in apps.get_app_configs():
-        enable = getattr(config, "enable_metrics", None)
-        if callable(enable):
-            enable()
+        layers = getattr(config, "optional_layers", None)
+        if layers is not None:
+            layers.enable_metrics()
 
 
 def serve(port: int, address: str = "0.0.0.0") -> WSGIServer:

@@ -11,12 +11,17 @@ class OutboxConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
+        from ledon.observability import OptionalLayers
+
         from . import checks  # noqa: F401  (registers the system checks)
         from .conf import outbox_settings
-        from .contrib import configure
-
-        configure()  # SPEC M: the optional metrics and tracing
         from .exceptions import OutboxConfigurationError
+
+        # SPEC M: the optional metrics and tracing.
+        self.optional_layers = OptionalLayers(
+            "outbox", read_settings=outbox_settings, invalid=OutboxConfigurationError
+        )
+        self.optional_layers.configure()
 
         # Like the admin's admin.py: each app's events module defines its events and
         # subscribes its handlers, in every process (web, dispatcher, workers).
@@ -26,12 +31,6 @@ class OutboxConfig(AppConfig):
             return  # the system checks report the bad setting
         if module:
             autodiscover_modules(module)
-
-    def enable_metrics(self) -> None:
-        """``ledon.metrics.enable_all()`` (``--metrics-port``, the metrics view)."""
-        from .contrib import enable_metrics
-
-        enable_metrics()
 
     def dashboard_panels(self, now: Any) -> list[Any]:
         """The admin dashboard's panels of this app (see :mod:`ledon.dashboard`)."""

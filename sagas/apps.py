@@ -9,10 +9,17 @@ class SagasConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
-        from .contrib import configure
+        from ledon.observability import OptionalLayers
 
-        configure()  # SPEC M: the optional metrics and tracing
+        from . import checks  # noqa: F401  (registers the system checks)
+        from .conf import sagas_settings
+        from .exceptions import SagasConfigurationError
+
+        # SPEC M: the optional metrics and tracing.
+        self.optional_layers = OptionalLayers(
+            "sagas", read_settings=sagas_settings, invalid=SagasConfigurationError
+        )
+        self.optional_layers.configure()
 
         if apps.is_installed("jobs"):
             # S5: every run_jobs worker also recovers saga instances.
@@ -22,7 +29,6 @@ class SagasConfig(AppConfig):
 
             worker_started.connect(start_recovery, dispatch_uid="sagas.start_recovery")
             worker_stopping.connect(stop_recovery, dispatch_uid="sagas.stop_recovery")
-        from .exceptions import SagasConfigurationError
         from .registry import autodiscover
 
         # Like the admin's admin.py: each app's sagas module registers its sagas, in
@@ -32,12 +38,6 @@ class SagasConfig(AppConfig):
             autodiscover()
         except SagasConfigurationError:
             return  # the system checks report the bad setting
-
-    def enable_metrics(self) -> None:
-        """``ledon.metrics.enable_all()`` (``--metrics-port``, the metrics view)."""
-        from .contrib import enable_metrics
-
-        enable_metrics()
 
     def dashboard_panels(self, now: Any) -> list[Any]:
         """The admin dashboard's panels of this app (see :mod:`ledon.dashboard`)."""

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 #: The modules allowed to import them (loaded only when metrics or tracing are on).
 OPTIONAL = {
@@ -80,3 +82,31 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("prometheus_client", 
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["succeeded reports/2026-11.csv", "[]"]
+
+
+@pytest.mark.parametrize(
+    ("blocked", "key", "extra"),
+    [("opentelemetry", "TRACING", "otel"), ("prometheus_client", "METRICS", "metrics")],
+)
+def test_a_setting_asking_for_a_missing_library_names_the_extra(monkeypatch, blocked, key, extra):
+    """As without the extra: importing the library fails. The error says which extra
+    installs it, and nothing is turned on."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from ledon import observability, tracing
+
+    monkeypatch.setitem(sys.modules, blocked, None)  # import raises ImportError
+    for module in ("ledon.otel", "ledon.metrics", "jobs.contrib.metrics"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    tracing.disable("jobs")
+    with pytest.raises(
+        ImproperlyConfigured, match=rf"JOBS\['{key}'\] needs .*django-ledon\[{extra}\]"
+    ):
+        observability.configure(
+            "jobs",
+            metrics=key == "METRICS",
+            traced=key == "TRACING",
+            metrics_module="jobs.contrib.metrics",
+        )
+    assert tracing.tracer("jobs").enabled is False
+    assert "jobs.contrib.metrics" not in sys.modules

@@ -121,14 +121,14 @@ def gauges() -> Iterable[Metric]:
     return [queued, running, oldest, workers]
 
 
-def install() -> None:
-    """Count from now on (idempotent) and add the jobs' gauges to every scrape."""
-    jobs_enqueued.connect(_count_enqueued, dispatch_uid="jobs.metrics.enqueued")
-    attempt_finished.connect(_count_finished, dispatch_uid="jobs.metrics.finished")
-    metrics.add_source("jobs", gauges)
-
-
-def uninstall() -> None:
-    jobs_enqueued.disconnect(dispatch_uid="jobs.metrics.enqueued")
-    attempt_finished.disconnect(dispatch_uid="jobs.metrics.finished")
-    metrics.remove_source("jobs")
+_APP = metrics.AppMetrics(
+    "jobs",
+    gauges,
+    (
+        (jobs_enqueued, _count_enqueued, "jobs.metrics.enqueued"),
+        (attempt_finished, _count_finished, "jobs.metrics.finished"),
+    ),
+)
+#: Count from now on (idempotent) and add the jobs' gauges to every scrape.
+install = _APP.install
+uninstall = _APP.uninstall

@@ -67,13 +67,14 @@ def gauges() -> Iterable[Metric]:
     return [pending, lag, parked]
 
 
-def install() -> None:
-    deliveries_recorded.connect(_count_deliveries, dispatch_uid="outbox.metrics.deliveries")
-    message_consumed.connect(_count_consumed, dispatch_uid="outbox.metrics.consumed")
-    metrics.add_source("outbox", gauges)
-
-
-def uninstall() -> None:
-    deliveries_recorded.disconnect(dispatch_uid="outbox.metrics.deliveries")
-    message_consumed.disconnect(dispatch_uid="outbox.metrics.consumed")
-    metrics.remove_source("outbox")
+_APP = metrics.AppMetrics(
+    "outbox",
+    gauges,
+    (
+        (deliveries_recorded, _count_deliveries, "outbox.metrics.deliveries"),
+        (message_consumed, _count_consumed, "outbox.metrics.consumed"),
+    ),
+)
+#: Count from now on (idempotent) and add the outbox's gauges to every scrape.
+install = _APP.install
+uninstall = _APP.uninstall

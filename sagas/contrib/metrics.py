@@ -37,11 +37,9 @@ def gauges() -> Iterable[Metric]:
     return [family]
 
 
-def install() -> None:
-    saga_finished.connect(_count_finished, dispatch_uid="sagas.metrics.finished")
-    metrics.add_source("sagas", gauges)
-
-
-def uninstall() -> None:
-    saga_finished.disconnect(dispatch_uid="sagas.metrics.finished")
-    metrics.remove_source("sagas")
+_APP = metrics.AppMetrics(
+    "sagas", gauges, ((saga_finished, _count_finished, "sagas.metrics.finished"),)
+)
+#: Count from now on (idempotent) and add the sagas' gauges to every scrape.
+install = _APP.install
+uninstall = _APP.uninstall
