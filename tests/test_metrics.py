@@ -4,6 +4,7 @@ the gauges read from the database at scrape time, the view a project routes, and
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 from datetime import timedelta
@@ -114,35 +115,66 @@ def test_gauges_read_the_database_at_scrape_time(make_job):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_outbox_and_saga_metrics():
+def test_outbox_and_saga_metrics_after_a_known_workload():
     from dataclasses import dataclass
 
-    from sagas import run_saga, saga
+    from sagas import SagaExecutionError, run_saga, saga
     from sagas.registry import unregister as unregister_saga
 
     @dataclass(frozen=True)
     class Measured(IntegrationEvent, name="tests.measured"):
         n: int
 
+    def outcome(name: str) -> tuple[str, dict[str, str]]:
+        return "ledon_outbox_messages_total", {"event_type": "tests.measured", "outcome": name}
+
+    def number(envelope) -> int:
+        return json.loads(envelope.payload_json)["n"]
+
+    before = {name: value(*outcome(name)) for name in ("sent", "retried", "parked")}
     with unit_of_work() as uow:
-        for n in range(3):
+        for n in range(4):
             uow.add_integration_event(Measured(n))
-    assert value("ledon_outbox_pending") == 3
+    assert value("ledon_outbox_pending") == 4
     assert value("ledon_outbox_oldest_pending_age_seconds") >= 0
-    sent = ("ledon_outbox_messages_total", {"event_type": "tests.measured", "outcome": "sent"})
-    before = value(*sent)
-    Dispatcher(transport=RecordingTransport(), burst=True, listen=False).run()
-    assert value(*sent) - before == 3
-    assert value("ledon_outbox_pending") == 0
+    # Message 3 is refused for good: parked; the others are sent.
+    poison = RecordingTransport(fail_with=lambda e: "poison" if number(e) == 3 else None,
+                                permanent=True)  # fmt: skip
+    Dispatcher(transport=poison, burst=True, listen=False).run()
+    # Message 4 is refused for now: a retry is scheduled.
+    with unit_of_work() as uow:
+        uow.add_integration_event(Measured(4))
+    busy = RecordingTransport(fail_with="broker busy")
+    Dispatcher(transport=busy, burst=True, listen=False).run()
+    assert value(*outcome("sent")) - before["sent"] == 3
+    assert value(*outcome("parked")) - before["parked"] == 1
+    assert value(*outcome("retried")) - before["retried"] == 1
+    assert value("ledon_outbox_pending") == 1  # the retried one
+    assert value("ledon_outbox_parked") == 1
 
     saga("metrics-saga").step("only", lambda ctx: None)
+    saga("metrics-declined").step("reserve", lambda ctx: None, compensate=lambda ctx: None).step(
+        "charge", _declined
+    )
     try:
         done = ("ledon_sagas_finished_total", {"saga": "metrics-saga", "outcome": "succeeded"})
-        before = value(*done)
+        undone = (
+            "ledon_sagas_finished_total",
+            {"saga": "metrics-declined", "outcome": "compensated"},
+        )
+        before_done, before_undone = value(*done), value(*undone)
         run_saga("metrics-saga", data={})
-        assert value(*done) - before == 1
+        with pytest.raises(SagaExecutionError):
+            run_saga("metrics-declined", data={})
+        assert value(*done) - before_done == 1
+        assert value(*undone) - before_undone == 1
     finally:
         unregister_saga("metrics-saga")
+        unregister_saga("metrics-declined")
+
+
+def _declined(ctx) -> None:
+    raise ValueError("card declined")
 
 
 @pytest.mark.django_db
