@@ -10,8 +10,9 @@ without ``jobs`` installed nothing is recorded. :class:`~ledon.engine.Engine` ru
 - once the engine's database answers, its row is written (an earlier row of the same
   kind and id — a previous run that was killed — is replaced);
 - every ``heartbeat_seconds``, from a thread of its own, the row's heartbeat and
-  running count are renewed, and rows silent for longer than the store's retention are
-  deleted;
+  running count are renewed; when the row is written and every
+  :data:`CLEAN_UP_EVERY` heartbeats after, rows silent for longer than the store's
+  retention are deleted (any engine's, a killed one's);
 - when ``run()`` returns, the row is deleted. A process killed with SIGKILL leaves its
   row, whose heartbeat then grows old: the admin shows it as silent.
 
@@ -40,6 +41,10 @@ from .db import DATABASE_ERRORS
 from .outage import OutageReporter
 
 logger = logging.getLogger(__name__)
+
+#: Heartbeats between two clean-ups of rows silent past the retention, by each engine
+#: (five minutes at the default heartbeat of ten seconds).
+CLEAN_UP_EVERY = 30
 
 
 def package_version() -> str:
@@ -126,6 +131,7 @@ class Registration:
             logger, "workers registry", level=logging.WARNING, extra={"worker": record.engine_id}
         )
         self.registered = threading.Event()
+        self._beats = 0
         self._closing = threading.Event()
         self._thread = threading.Thread(
             target=self._main, name=f"{record.kind}-registry", daemon=True
@@ -161,6 +167,9 @@ class Registration:
                 lambda: self.store.heartbeat(self.record, running=running, now=now),
             )
             if kept is not False:
+                self._beats += 1
+                if self._beats % CLEAN_UP_EVERY == 0:
+                    self._step("deleting old rows", lambda: self.store.clean_up(now=now))
                 return
             self.registered.clear()  # the row is gone: write it again
 

@@ -6,6 +6,7 @@ transaction is not recorded."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 from datetime import timedelta
 
@@ -15,7 +16,7 @@ from procs import ManageProcess, WorkerProcess, wait_until
 
 from jobs.models import WorkerRecord
 from jobs.monitoring import reads
-from jobs.monitoring.registry import DatabaseRegistry, silent_after
+from jobs.monitoring.registry import DatabaseRegistry
 from ledon import registry
 from ledon.registry import EngineRecord, package_version
 
@@ -26,15 +27,34 @@ def rows(**filters) -> list[WorkerRecord]:
     return list(WorkerRecord.objects.filter(**filters).order_by("kind", "engine_id"))
 
 
+def admin_state(client, engine_id: str) -> str | None:
+    """The state column of ``engine_id``'s row in the admin's workers list."""
+    html = client.get("/admin/jobs/workerrecord/").content.decode()
+    row = re.search(rf"<tr>(?:(?!</tr>).)*>{re.escape(engine_id)}<(?:(?!</tr>).)*</tr>", html, re.S)
+    if row is None:
+        return None
+    state = re.search(r'<td class="field-state">([^<]*)</td>', row.group(0))
+    return state.group(1) if state else None
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_live_stopped_and_killed_engines(tmp_path):
+def test_live_stopped_and_killed_engines(tmp_path, admin_client, settings):
+    """Real processes: a worker and two dispatchers. The worker's row says who it is
+    and renews its heartbeat; SIGKILL leaves a dispatcher's row, which the admin then
+    shows as silent and a restart with the same id takes over; a clean stop deletes
+    the rows; the worker's heartbeats delete a killed engine's row once it has been
+    silent past the retention."""
+    settings.JOBS = {**settings.JOBS, "WORKERS_HEARTBEAT_SECONDS": 0.2}  # the admin's view
     worker = WorkerProcess(tmp_path, "--worker-id", "reg-w", "--concurrency", "3",
-                           "--queue", "reg-a", "--queue", "reg-b", env=FAST)  # fmt: skip
+                           "--queue", "reg-a", "--queue", "reg-b",
+                           env={**FAST, "JOBS_WORKERS_RETENTION_SECONDS": "4"})  # fmt: skip
     dispatcher = ManageProcess(tmp_path, "dispatch_outbox", "--dispatcher-id", "reg-d", env=FAST)
+    doomed = ManageProcess(tmp_path, "dispatch_outbox", "--dispatcher-id", "reg-k", env=FAST)
     try:
         wait_until(lambda: rows(engine_id="reg-w"), 60, "the worker's row", worker)
         wait_until(lambda: rows(engine_id="reg-d"), 60, "the dispatcher's row", dispatcher)
+        wait_until(lambda: rows(engine_id="reg-k"), 60, "the second dispatcher's row", doomed)
         [w] = rows(kind="worker", engine_id="reg-w")
         assert (w.pid, w.host, w.concurrency, w.queues) == (
             worker.pid,
@@ -51,36 +71,53 @@ def test_live_stopped_and_killed_engines(tmp_path):
             lambda: WorkerRecord.objects.get(pk=w.pk).last_heartbeat_at > first,
             30, "a heartbeat", worker,
         )  # fmt: skip
+        assert admin_state(admin_client, "reg-w") == "live"
+
+        # SIGKILL: the row stays, and the admin shows it silent once its heartbeats stop.
+        dispatcher.kill()
+        [d] = rows(engine_id="reg-d")
+        assert (d.kind, d.pid) == ("dispatcher", dispatcher.pid)
+        state = wait_until(
+            lambda: (
+                (admin_state(admin_client, "reg-d") or "").startswith("silent for")
+                and admin_state(admin_client, "reg-d")
+            ),
+            30,
+            "the killed dispatcher shown as silent",
+        )
+        assert state.startswith("silent for ")
+        live, silent = reads.workers(timezone.now())
+        assert "reg-d" in [r.engine_id for r in silent]
+        assert "reg-d" not in [r.engine_id for r in live]
+
+        # A restart with the same id takes the row over; a clean stop deletes it.
+        again = ManageProcess(tmp_path, "dispatch_outbox", "--dispatcher-id", "reg-d", env=FAST)
+        try:
+            wait_until(lambda: rows(engine_id="reg-d", pid=again.pid), 60, "the new row", again)
+            assert len(rows(engine_id="reg-d")) == 1
+            assert admin_state(admin_client, "reg-d") == "live"
+        finally:
+            again.signal(signal.SIGTERM)
+            assert again.wait() == 0
+            again.close()
+        assert rows(engine_id="reg-d") == []
+
+        # Another SIGKILL: silent past the worker's retention (4 s), the row is deleted
+        # by the worker's heartbeats (every CLEAN_UP_EVERY of them).
+        doomed.kill()
+        assert rows(engine_id="reg-k")
+        wait_until(lambda: not rows(engine_id="reg-k"), 60, "the old row deleted", worker)
+        assert rows(engine_id="reg-w")  # the live ones stay
 
         # A clean stop removes the rows of the worker and its saga runner.
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0
         assert rows(engine_id="reg-w") == []
         assert rows(pid=worker.pid) == []
-
-        # SIGKILL: the row stays, and is silent once its heartbeats stop.
-        dispatcher.kill()
-        [d] = rows(engine_id="reg-d")
-        assert d.kind == "dispatcher"
-        assert d.pid == dispatcher.pid
-        later = d.last_heartbeat_at + silent_after() + timedelta(seconds=1)
-        live, silent = reads.workers(later)
-        assert [r.engine_id for r in silent] == ["reg-d"]
-        assert "reg-d" not in [r.engine_id for r in live]
-
-        # A restart with the same id takes the row over.
-        again = ManageProcess(tmp_path, "dispatch_outbox", "--dispatcher-id", "reg-d", env=FAST)
-        try:
-            wait_until(lambda: rows(engine_id="reg-d", pid=again.pid), 60, "the new row", again)
-            assert len(rows(engine_id="reg-d")) == 1
-        finally:
-            again.signal(signal.SIGTERM)
-            assert again.wait() == 0
-            again.close()
-        assert rows(engine_id="reg-d") == []
     finally:
         worker.close()
         dispatcher.close()
+        doomed.close()
 
 
 @pytest.mark.django_db(transaction=True)
