@@ -8,6 +8,7 @@ import re
 import pytest
 from dashboard_support import make_workload
 from django.contrib.auth.models import Permission, User
+from schedules_support import schedules  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -71,3 +72,21 @@ def test_the_workers_list_says_live_or_silent(admin_client, settings):
     assert "dash-live" in html
     assert re.search(r"dash-silent.*?silent for 10 min", html, re.S)
     assert ">live<" in html
+
+
+@pytest.mark.usefixtures("schedules")
+def test_the_dashboard_lists_the_schedules_next_runs(admin_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs import execution, periodic
+    from jobs.schedules.models import Schedule
+
+    periodic(timedelta(hours=1), name="dash-hourly", handler="demo.report")
+    execution.enqueue_due_schedules(now=timezone.now())
+    stored = Schedule.objects.get(name="dash-hourly")
+    html = admin_client.get(URL).content.decode()
+    section = re.search(r'<section id="schedules">(.*?)</section>', html, re.S).group(1)
+    expected = timezone.localtime(stored.next_run_at).strftime("%Y-%m-%d %H:%M:%S")
+    assert f"<td>dash-hourly</td><td>{expected}</td><td>demo.report</td>" in section
