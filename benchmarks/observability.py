@@ -12,8 +12,9 @@ On a throw-away PostgreSQL (fsync on), or the server ``--database-url`` names:
   ``["TRACING"]`` both off, metrics only, tracing only, both on (OpenTelemetry's SDK
   with a batch processor and an exporter that drops spans, so that the figure is ours,
   not an exporter's); each ``--rounds`` times, in turn. Reported per variant: jobs per
-  second, microseconds per job more than with both off, and the ratio of its time to
-  that of both off, medians of the rounds.
+  second, wall-clock microseconds per job more than with both off and the ratio of the
+  times; the same for the process's CPU time (what metrics and tracing add is CPU work,
+  while a job's wall-clock time is mostly its durable commits), medians of the rounds.
 
 Prints a Markdown table and writes the raw figures to ``benchmarks/results/``.
 """
@@ -124,10 +125,19 @@ def scrape_times(scrapes: int) -> dict[str, Any]:
         families = list(collector.collect())
         times.append((time.perf_counter() - started) * 1000)
     names = sorted({f.name for f in families})
+    per_source: dict[str, float] = {}
+    for name, source in sorted(metrics.sources().items()):
+        each = []
+        for _ in range(scrapes):
+            started = time.perf_counter()
+            list(source())
+            each.append((time.perf_counter() - started) * 1000)
+        per_source[name] = round(statistics.median(each), 2)
     return {
         "scrapes": scrapes,
         "median_ms": round(statistics.median(times), 2),
         "p95_ms": round(sorted(times)[int(0.95 * (len(times) - 1))], 2),
+        "median_ms_per_source": per_source,
         "families": names,
     }
 
@@ -171,7 +181,8 @@ def job_rounds(jobs: int, rounds: int) -> dict[str, Any]:
 
     from django.conf import settings as django_settings
 
-    def run(variant: str, n: int) -> float:
+    def run(variant: str, n: int) -> tuple[float, float]:
+        """The worker's wall-clock and CPU seconds (this process's, every thread's)."""
         flags = {
             "METRICS": variant in ("metrics", "both"),
             "TRACING": variant in ("tracing", "both"),
@@ -185,9 +196,9 @@ def job_rounds(jobs: int, rounds: int) -> dict[str, Any]:
                 [(f"{variant}-{n}-{i}", JobSubmission.create("bench.observed", {}))
                  for i in range(jobs)]
             )  # fmt: skip
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             Worker(burst=True, listen=False, worker_id=f"bench-{variant}-{n}").run()
-            elapsed = time.perf_counter() - started
+            elapsed = time.perf_counter() - started, time.process_time() - cpu
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM jobs_jobattempt")
             cursor.execute("DELETE FROM jobs_job WHERE scope_hash <> ''")
@@ -195,23 +206,30 @@ def job_rounds(jobs: int, rounds: int) -> dict[str, Any]:
 
     for variant in VARIANTS:  # warm every path up
         run(variant, -1)
-    times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    walls: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    cpus: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     for n in range(rounds):
         for variant in VARIANTS:
-            times[variant].append(run(variant, n))
+            wall, cpu = run(variant, n)
+            walls[variant].append(wall)
+            cpus[variant].append(cpu)
     provider.shutdown()
-    medians = {variant: statistics.median(found) for variant, found in times.items()}
-    plain = medians["off"]
+    wall_median = {variant: statistics.median(found) for variant, found in walls.items()}
+    cpu_median = {variant: statistics.median(found) for variant, found in cpus.items()}
+    plain_wall, plain_cpu = wall_median["off"], cpu_median["off"]
     return {
         "jobs": jobs,
         "rounds": rounds,
         **{
             variant: {
-                "jobs_per_s": round(jobs / seconds, 1),
-                "overhead_us_per_job": round((seconds - plain) / jobs * 1e6, 1),
-                "ratio": round(seconds / plain, 3),
+                "jobs_per_s": round(jobs / wall_median[variant], 1),
+                "overhead_us_per_job": round((wall_median[variant] - plain_wall) / jobs * 1e6, 1),
+                "ratio": round(wall_median[variant] / plain_wall, 3),
+                "cpu_us_per_job": round(cpu_median[variant] / jobs * 1e6, 1),
+                "cpu_overhead_us_per_job": round((cpu_median[variant] - plain_cpu) / jobs * 1e6, 1),
+                "cpu_ratio": round(cpu_median[variant] / plain_cpu, 3),
             }
-            for variant, seconds in medians.items()
+            for variant in VARIANTS
         },
     }
 

@@ -102,10 +102,8 @@ class DatabaseCollector(Collector):
     """Reads every source at scrape time, and how long that took."""
 
     def collect(self) -> Iterator[Metric]:
-        with _lock:
-            sources = dict(_sources)
         started = time.perf_counter()
-        for name, source in sorted(sources.items()):
+        for name, source in sorted(sources().items()):
             try:
                 with _scrape_connections():
                     families = list(source())
@@ -152,6 +150,12 @@ def add_source(name: str, source: Source) -> None:
         if not _collector_registered:
             REGISTRY.register(DatabaseCollector())
             _collector_registered = True
+
+
+def sources() -> dict[str, Source]:
+    """The gauge sources each scrape reads, by name."""
+    with _lock:
+        return dict(_sources)
 
 
 def remove_source(name: str) -> None:
