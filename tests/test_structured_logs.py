@@ -1,5 +1,6 @@
 """SPEC M: the engines' log lines carry their fields in ``extra=`` — each attempt's
-worker, job id, scope hash, attempt, token prefix, queue, handler and duration."""
+worker, job id, scope hash, attempt, token prefix, queue, handler and duration; the
+dispatcher's, the consumer's and the saga runner's own."""
 
 from __future__ import annotations
 
@@ -63,3 +64,37 @@ def test_a_dispatchers_batch_line_carries_its_fields(caplog, settings):
     [line] = [r for r in caplog.records if r.getMessage().startswith("outbox batch")]
     assert (line.worker, line.claimed, line.sent) == ("d-1", 1, 1)
     assert line.duration >= 0
+
+
+def test_a_consumers_line_carries_its_fields(caplog, settings):
+    from test_brokers_consumer import GROUP, received, run
+
+    settings.OUTBOX = {**settings.OUTBOX, "ENABLED": True}
+    message = received(number="L-1")
+    with caplog.at_level(logging.INFO, logger="outbox.consumer"):
+        consumer, _ = run(message)
+    [line] = [r for r in caplog.records if "handled" in r.getMessage()]
+    assert (line.worker, line.group, line.source) == (consumer.consumer_id, GROUP, "scripted")
+    assert (line.message_id, line.event_type) == (
+        str(message.envelope.message_id),
+        message.envelope.event_type,
+    )
+
+
+def test_a_saga_runners_line_carries_its_fields(caplog):
+    from sagas import SagaExecutionError, run_saga, saga
+    from sagas.registry import unregister
+
+    def declined(ctx):
+        raise ValueError("card declined")
+
+    saga("logged-order").step("charge", declined)
+    try:
+        with caplog.at_level(logging.INFO, logger="sagas"), pytest.raises(SagaExecutionError):
+            run_saga("logged-order", data={})
+    finally:
+        unregister("logged-order")
+    [line] = [r for r in caplog.records if "step 'charge' failed" in r.getMessage()]
+    assert (line.saga, line.step) == ("logged-order", "charge")
+    assert line.instance_id in line.getMessage()
+    assert line.runner_id
