@@ -13,6 +13,7 @@ class JobsConfig(AppConfig):
         import django.tasks  # noqa: F401
 
         from . import checks  # noqa: F401  (registers the system checks)
+        from .handlers import register_autodiscovery
         from .schedules.scheduler import start_scheduler, stop_scheduler
         from .signals import worker_started, worker_stopping
 
@@ -34,3 +35,14 @@ class JobsConfig(AppConfig):
             "jobs", read_settings=jobs_settings, invalid=JobsConfigurationError
         )
         self.optional_layers.configure()
+        # J15: the tasks backend is an adapter above the handler registry; the app
+        # wires it in, so that the registry never imports it.
+        register_autodiscovery(_autodiscover_tasks)
+
+
+def _autodiscover_tasks() -> None:
+    """Import the task modules of every ``JobsBackend`` in ``TASKS`` (the backend's
+    package is imported only when a worker or a test autodiscovers)."""
+    from .backends import autodiscover_tasks
+
+    autodiscover_tasks()

@@ -9,13 +9,12 @@ from django.core import checks
 from ledon.checks import check_sqlite_options
 from ledon.conf import settings_hint
 
+from .conf import jobs_settings
 from .exceptions import JobsConfigurationError
 
 
 @checks.register()
 def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from .conf import jobs_settings
-
     jobs_settings.cache_clear()
     try:
         jobs_settings()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 from django.db.models import Count
@@ -31,6 +31,7 @@ __all__ = [
     "default_worker_id",
     "due_counts_by_queue",
     "enqueue_due_schedules",
+    "execution_statuses",
     "fail",
     "get_due",
     "get_execution_status",
@@ -194,6 +195,11 @@ def get_execution_status(token: str) -> ExecutionStatus:
     return store.execution_statuses([token])[token]
 
 
+def execution_statuses(tokens: Sequence[str]) -> dict[str, ExecutionStatus]:
+    """:func:`get_execution_status` for several tokens, in one read."""
+    return store.execution_statuses(tokens)
+
+
 def heartbeat(
     tokens: Sequence[str],
     worker_id: str,
@@ -227,19 +233,21 @@ def recover_expired(
 
 
 def recover_worker(
-    worker_id: str, *, requeue: bool = True, now: datetime | None = None
+    worker_id: str,
+    *,
+    requeue: bool = True,
+    keep: Collection[str] = (),
+    reason: str | None = None,
+    now: datetime | None = None,
 ) -> dict[str, FinishOutcome]:
     """Recover the Running attempts leased by ``worker_id`` — a restarted worker
-    taking back its own attempts at once, without waiting for the lease to expire."""
+    taking back its own attempts at once, without waiting for the lease to expire —
+    but for the tokens in ``keep`` (attempts the worker still runs)."""
+    reason = reason or f"recovered: worker {worker_id} restarted"
     return {
-        token: store.recover(
-            token,
-            requeue=requeue,
-            reason=f"recovered: worker {worker_id} restarted",
-            leased_by=worker_id,
-            now=now,
-        )
+        token: store.recover(token, requeue=requeue, reason=reason, leased_by=worker_id, now=now)
         for token in store.tokens_leased_by(worker_id)
+        if token not in keep
     }
 
 

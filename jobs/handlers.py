@@ -13,6 +13,7 @@ import inspect
 import random
 import threading
 import traceback
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -212,13 +213,30 @@ def unregister(name: str, version: int) -> None:
         _registry.pop((name, version), None)
 
 
-def autodiscover() -> None:
-    """Import ``<app>.<AUTODISCOVER_MODULE>`` for every installed app, then the task
-    modules named by each ``jobs.backends.JobsBackend`` in the ``TASKS`` setting."""
-    autodiscover_modules(jobs_settings().AUTODISCOVER_MODULE)
-    from .backends import autodiscover_tasks
+_discovery_hooks: list[Callable[[], None]] = []
 
-    autodiscover_tasks()
+
+def register_autodiscovery(hook: Callable[[], None]) -> None:
+    """Have :func:`autodiscover` call ``hook`` after importing the apps' task modules.
+
+    The adapters built on this registry plug in here without the registry knowing
+    them: the ``django.tasks`` backend imports its ``OPTIONS["MODULES"]`` (wired in
+    ``JobsConfig.ready``). Registering a hook twice keeps one.
+    """
+    with _lock:
+        if hook not in _discovery_hooks:
+            _discovery_hooks.append(hook)
+
+
+def autodiscover() -> None:
+    """Import ``<app>.<AUTODISCOVER_MODULE>`` for every installed app, then run the
+    hooks of :func:`register_autodiscovery` (the task modules named by each
+    ``jobs.backends.JobsBackend`` in the ``TASKS`` setting)."""
+    autodiscover_modules(jobs_settings().AUTODISCOVER_MODULE)
+    with _lock:
+        hooks = list(_discovery_hooks)
+    for hook in hooks:
+        hook()
 
 
 class JobContext:
@@ -288,6 +306,9 @@ class JobContext:
         """Record progress (a percentage, never going down). False if the attempt is
         no longer current or its cancellation was requested."""
         if self._progress is None:
+            # Not at the top: handlers are imported by task modules (and the tasks
+            # backend) that may load before the app registry is ready, and the store
+            # imports the models.
             from . import store
 
             return store.report_progress(self.token, value, message)
@@ -324,9 +345,19 @@ class JobContext:
         """Block until cancellation is signalled or ``timeout`` passes; True if signalled."""
         return self._cancel.wait(timeout)
 
-    async def await_cancel(self, timeout: float | None = None) -> bool:
-        """The async form of :meth:`wait_for_cancel`."""
+    async def await_for_cancel(self, timeout: float | None = None) -> bool:
+        """The async form of :meth:`wait_for_cancel` (Django's ``a`` prefix)."""
         return await asyncio.to_thread(self._cancel.wait, timeout)
+
+    async def await_cancel(self, timeout: float | None = None) -> bool:
+        """Deprecated alias of :meth:`await_for_cancel` (the name it first shipped
+        under); it warns and will be removed in a later release."""
+        warnings.warn(
+            "JobContext.await_cancel() is deprecated; use await_for_cancel()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return await self.await_for_cancel(timeout)
 
     # the worker's side
     def signal_cancel(self, *, shutdown: bool = False) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from django.db import models
 from django.db.models import F, Q
 
-from .types import AttemptStatus, JobStatus
+from .types import FINISHED_STATUSES, AttemptStatus, JobStatus
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -26,7 +26,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(status=JobStatus.RUNNING, current_token__isnull=False)
 
     def finished(self) -> JobQuerySet:
-        return self.exclude(status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
+        return self.filter(status__in=FINISHED_STATUSES)
 
     def due(self, now: datetime) -> JobQuerySet:
         """Claimable now: Queued, no cancel requested, due, attempts left."""

@@ -2,9 +2,9 @@
 
 ``run_jobs_inline()`` runs due jobs one by one in the calling thread, on its database
 connection — so it also sees what a ``TestCase``'s open transaction wrote — through
-the same store transitions and handler rules as ``manage.py run_jobs``: failures are
-recorded with their traceback and retried per the handler's policy, cancellation and
-token fencing apply.
+the same store transitions and handler rules as ``manage.py run_jobs`` (one function,
+:func:`jobs.attempts.run_attempt`, decides for both): failures are recorded with their
+traceback and retried per the handler's policy, cancellation and token fencing apply.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from datetime import datetime
 from django.utils import timezone
 
 from . import execution
-from .exceptions import UnknownHandler
-from .handlers import JobContext, autodiscover, get_handler
+from .attempts import Ending, run_attempt
+from .handlers import JobContext, autodiscover
 from .signals import finished_attempt
 from .types import Claim, FinishOutcome
 
@@ -60,21 +60,8 @@ def run_jobs_inline(
 
 
 def _run(claim: Claim, now: datetime) -> InlineRun:
-    def ended(outcome: FinishOutcome, error: str = "") -> InlineRun:
-        retry_scheduled = bool(error) and outcome is FinishOutcome.REQUEUED
-        finished_attempt(claim, outcome, retry_scheduled=retry_scheduled)
-        return InlineRun(claim.job_id, claim.handler, claim.attempt, outcome, error)
-
-    try:
-        spec = get_handler(claim.handler, claim.handler_version)
-    except UnknownHandler as exc:
-        # J19, as in the worker: put back for later, then failed, never an attempt.
-        message = str(exc)
-        return ended(execution.put_back_unknown_handler(claim.token, message, now=now), message)
-    ctx = JobContext(claim)
-    try:
-        result = spec.invoke(ctx)
-    except Exception as exc:
-        error, retry_at = spec.failure(ctx, exc, now)
-        return ended(execution.fail(claim.token, error, retry_at=retry_at, now=now), error)
-    return ended(execution.complete(claim.token, result, now=now))
+    end = run_attempt(JobContext(claim), clock=lambda: now)
+    outcome = end.write(claim.token, now=now)
+    retry_scheduled = end.ending is Ending.FAILED and outcome is FinishOutcome.REQUEUED
+    finished_attempt(claim, outcome, retry_scheduled=retry_scheduled)  # SPEC M
+    return InlineRun(claim.job_id, claim.handler, claim.attempt, outcome, end.error)

@@ -28,11 +28,14 @@ class JobStatus(models.TextChoices):
 
     @property
     def is_finished(self) -> bool:
-        return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
+        """Whether the job has finished (see :data:`FINISHED_STATUSES`)."""
+        return self in FINISHED_STATUSES
 
 
 #: States from which ``retry`` may re-queue a job (attempts permitting).
 RETRYABLE_STATUSES = (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED)
+#: The one definition of "finished": every state but Queued and Running. Used by
+#: ``JobStatus.is_finished``, ``Job.objects.finished()`` and the store's SQL.
 FINISHED_STATUSES = (*RETRYABLE_STATUSES, JobStatus.SUCCEEDED)
 
 
@@ -295,11 +298,3 @@ class Claim:
     @property
     def attempts_left(self) -> int:
         return max(self.max_attempts - self.attempt, 0)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TokenState:
-    """A heartbeat's view of one running attempt."""
-
-    token: str
-    status: ExecutionStatus

@@ -58,7 +58,7 @@ def stop_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
     if entry is None:
         return
     runner, thread = entry
-    if worker.burst and not worker.stop_requested:
+    if worker.burst and not worker.stopping:
         thread.join()  # a burst ends when nothing is left: saga instances included
         return
     runner.stop()

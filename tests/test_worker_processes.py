@@ -24,6 +24,9 @@ FAST_LEASES = {
     "JOBS_RECOVERY_INTERVAL": "0.3",
     "JOBS_POLL_INTERVAL": "0.2",
 }
+#: Crash tests: leases far longer than the test, so only the restarted worker's
+#: recovery of its own attempts can take the killed work back.
+CRASH_LEASES = {"JOBS_LEASE_SECONDS": "60", "JOBS_HEARTBEAT_SECONDS": "5"}
 
 
 @pytest.fixture
@@ -82,18 +85,19 @@ def test_j14_sigkill_mid_run_loses_nothing_and_restart_recovers_own_attempts(wor
     assert "recovered 4 attempt(s)" in restarted.output
 
 
-def test_j14_crash_after_the_handler_committed_its_effect_runs_again_once(workers):
-    """Fault point: the handler commits its side effect, then its process dies with
-    SIGKILL before the attempt is completed. The restarted worker re-runs the job
-    (at-least-once); the successful attempt's effect is recorded exactly once."""
-    payload = {"crash_after_effect_on_attempt": 1}
-    submit_job(SCOPE, "crashy", JobSubmission.create("test.record", payload, max_attempts=2))
-    env = {"JOBS_LEASE_SECONDS": "60", "JOBS_HEARTBEAT_SECONDS": "5"}
-    first = workers("--worker-id", "w", env=env)
+def _crash_at(workers, point: str, job_id: str) -> Job:
+    """One job, a worker killed (SIGKILL) at the first ``point``; the job as it was left."""
+    submit_job(SCOPE, job_id, JobSubmission.create("test.record", {}, max_attempts=2))
+    first = workers("--worker-id", "w", env={**CRASH_LEASES, "JOBS_FAULT": f"{point}@1:kill"})
     assert first.wait() == -signal.SIGKILL
-    job = Job.objects.get(job_id="crashy")
-    assert job.status == JobStatus.RUNNING  # the crash left the attempt open
-    second = workers("--worker-id", "w", "--burst", env=env)
+    job = Job.objects.get(job_id=job_id)
+    assert (job.status, job.attempt_count) == (JobStatus.RUNNING, 1)  # the attempt is open
+    return job
+
+
+def _restart_runs_it_once_more(workers, job: Job) -> None:
+    """The same worker id restarted in burst mode recovers attempt 1 and runs attempt 2."""
+    second = workers("--worker-id", "w", "--burst", env=CRASH_LEASES)
     assert second.wait() == 0, second.output
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED
@@ -101,7 +105,57 @@ def test_j14_crash_after_the_handler_committed_its_effect_runs_again_once(worker
         (1, AttemptStatus.INTERRUPTED),
         (2, AttemptStatus.SUCCEEDED),
     ]
+
+
+def test_j14_crash_after_the_handler_committed_its_effect_runs_again_once(workers):
+    """Fault point ``jobs.worker.handler_returned``: the handler has committed its side
+    effect, and the process dies with SIGKILL before the attempt is completed. The
+    restarted worker re-runs the job (at-least-once); the successful attempt's effect
+    is recorded exactly once."""
+    job = _crash_at(workers, "jobs.worker.handler_returned", "crashy")
+    assert list(WorkLog.objects.values_list("attempt", flat=True)) == [1]
+    _restart_runs_it_once_more(workers, job)
     assert list(WorkLog.objects.values_list("attempt", flat=True)) == [1, 2]
+
+
+def test_j14_crash_right_after_a_claim_committed_runs_the_job_once_after_restart(workers):
+    """Fault point ``jobs.worker.claimed``: the claim committed (attempt 1 Running),
+    the handler never started. The restart recovers the attempt and runs the job:
+    one effect, from attempt 2."""
+    job = _crash_at(workers, "jobs.worker.claimed", "claimed")
+    assert not WorkLog.objects.exists()
+    _restart_runs_it_once_more(workers, job)
+    assert list(WorkLog.objects.values_list("attempt", flat=True)) == [2]
+
+
+def test_j14_crash_right_after_a_settle_committed_keeps_what_it_finished(workers):
+    """Fault point ``jobs.worker.settled``: a settle finished returned attempts and
+    claimed new ones in one commit, then the process died. What it finished stays
+    Succeeded and never runs again; what it claimed is recovered and run by the
+    restarted worker; every job ends with exactly one successful attempt whose
+    effect exists once."""
+    for n in range(40):
+        submit_job(SCOPE, f"s{n}", JobSubmission.create("test.record", {}, max_attempts=3))
+    fault = {"JOBS_FAULT": "jobs.worker.settled@3:kill"}
+    first = workers("--worker-id", "w", "--concurrency", "4", env={**CRASH_LEASES, **fault})
+    assert first.wait() == -signal.SIGKILL
+    done_before = set(
+        Job.objects.filter(status=JobStatus.SUCCEEDED).values_list("job_id", flat=True)
+    )
+    assert done_before  # the third settle finished what the second one claimed
+    running = Job.objects.filter(status=JobStatus.RUNNING).count()
+    assert running > 0
+    second = workers("--worker-id", "w", "--burst", "--concurrency", "4", env=CRASH_LEASES)
+    assert second.wait() == 0, second.output
+    assert _unfinished() == 0
+    for job in Job.objects.all():
+        assert job.status == JobStatus.SUCCEEDED
+        assert job.attempts.filter(status=AttemptStatus.SUCCEEDED).count() == 1
+        assert WorkLog.objects.filter(job_id=job.job_id, attempt=job.attempt_count).count() == 1
+        if job.job_id in done_before:
+            assert job.attempt_count == 1  # finished by the settle: never run again
+    interrupted = JobAttempt.objects.filter(status=AttemptStatus.INTERRUPTED).count()
+    assert interrupted == running
 
 
 def test_j14_second_worker_never_robs_a_running_one(workers, tmp_path: Path):

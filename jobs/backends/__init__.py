@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
+from importlib import import_module
+
 from django.conf import settings
 from django.tasks import task_backends
 from django.tasks.exceptions import InvalidTaskBackend
 
-from . import runner  # noqa: F401  (registers the job handler that runs tasks)
+from . import task_handler  # noqa: F401  (registers the job handler that runs tasks)
 from .backend import JobsBackend
 from .exceptions import InvalidReturnValue, TaskInterrupted, TaskNotRegistered
 from .registry import JobsTask, JobsTaskContext
@@ -34,8 +36,6 @@ def autodiscover_tasks() -> None:
     every ``@task`` function of these modules is registered before a job asks for it.
     Only module names written in settings are imported, never a path read from a job.
     """
-    from importlib import import_module
-
     for alias in getattr(settings, "TASKS", {}):
         try:
             backend = task_backends[alias]

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core import checks
+from django.db import transaction
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -14,7 +16,7 @@ from django.utils import timezone
 
 from .. import validation
 from ..exceptions import InvalidInput, InvalidJobId, JobNotFound, TransactionRequiredError
-from ..handlers import RetryPolicy
+from ..handlers import RetryPolicy, autodiscover
 from ..types import CancelOutcome, JobSnapshot, JobSubmission
 from . import registry
 from .exceptions import TaskNotRegistered
@@ -88,8 +90,8 @@ class JobsBackend(BaseTaskBackend):
         """Store the task as a job: staged in the caller's ``transaction.atomic``
         block if there is one, else submitted on its own. ``task_enqueued`` is sent
         once the job is committed (never for a rolled-back enqueue)."""
-        from django.db import transaction
-
+        # Not at the top, here and below: Django may import the backend before the
+        # app registry is ready, and these import the models.
         from ..api import stage_job, submit_job
         from ..db import alias_for
         from ..models import Job
@@ -163,8 +165,6 @@ class JobsBackend(BaseTaskBackend):
         if task is None:
             # Import what the worker would import (app task modules, OPTIONS
             # ["MODULES"]): configured module names, never the stored path.
-            from ..handlers import autodiscover
-
             autodiscover()
             task = registry.lookup(task_path)
         if task is None:
@@ -212,6 +212,4 @@ class JobsBackend(BaseTaskBackend):
 
     async def acancel(self, result_id: str) -> CancelOutcome:
         """The async form of :meth:`cancel`."""
-        from asgiref.sync import sync_to_async
-
         return await sync_to_async(self.cancel, thread_sensitive=True)(result_id)

@@ -21,8 +21,13 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict, TypeVar, Unpack, overload
 from zoneinfo import ZoneInfo
 
+from django.tasks import Task, task_backends
+
 from .. import validation
+from ..backends.backend import JobsBackend
+from ..backends.results import HANDLER, HANDLER_VERSION, TaskPayload
 from ..exceptions import InvalidInput, InvalidSchedule
+from ..handlers import autodiscover, registered_handlers
 from ..types import JobSubmission
 from .timetable import CronTimetable, IntervalTimetable, TimetableError, job_id_time
 from .types import CatchUp
@@ -267,8 +272,6 @@ def _resolve(
         return _task_spec(task, options, build)
     if not callable(target):
         return None
-    from ..handlers import registered_handlers
-
     handlers = [h for h in registered_handlers() if h.func is target]
     if len(handlers) > 1:
         found = ", ".join(f"{h.name}@{h.version}" for h in handlers)
@@ -310,11 +313,6 @@ def _task_spec(
     task: Any, options: Mapping[str, Any], build: Callable[[JobSubmission, str], ScheduleSpec]
 ) -> ScheduleSpec:
     """A task's period job is what ``JobsBackend.enqueue`` would store for it."""
-    from django.tasks import task_backends
-
-    from ..backends.backend import JobsBackend
-    from ..backends.results import HANDLER, HANDLER_VERSION, TaskPayload
-
     if options.get("payload") is not None:
         raise InvalidSchedule("a task takes args= and kwargs=, not payload=")
     if options.get("version") is not None:
@@ -346,10 +344,6 @@ def _or(value: Any, default: Any) -> Any:
 
 
 def _as_task(value: Any) -> Any:
-    try:
-        from django.tasks import Task
-    except ImportError:  # pragma: no cover - Django without a tasks framework
-        return None
     return value if isinstance(value, Task) else None
 
 
@@ -448,7 +442,5 @@ def discover() -> None:
     tasks backend), once per process, so that every schedule is declared here too."""
     global _discovered
     if not _discovered:
-        from ..handlers import autodiscover
-
         autodiscover()
         _discovered = True

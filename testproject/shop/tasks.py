@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 from pathlib import Path
 
 from django.db import transaction
@@ -69,9 +68,6 @@ def record(ctx: JobContext) -> str:
             if ctx.wait_for_cancel(0.05) and ctx.payload.get("obey_cancel", True):
                 ctx.raise_if_cancelled()
     _log(ctx, note=str(os.getpid()))
-    if ctx.payload.get("crash_after_effect_on_attempt") == ctx.attempt:
-        # Fault point for crash tests: the effect is committed, the attempt is not.
-        os.kill(os.getpid(), signal.SIGKILL)
     return f"recorded {ctx.job_id}"
 
 

@@ -72,6 +72,8 @@ def _will_retry(ctx: JobContext, exc: Exception) -> bool:
 @job_handler(HANDLER, version=HANDLER_VERSION, format_error=format_task_error)
 def run_task(ctx: JobContext) -> str:
     """Run one attempt of a task enqueued through a :class:`JobsBackend`."""
+    # Not at the top: this module loads with the tasks backend, which Django may
+    # import before the app registry is ready, and the store imports the models.
     from .. import store
 
     payload = TaskPayload.parse(ctx.payload)

@@ -1,0 +1,118 @@
+"""Running one attempt: find its handler, invoke it, decide how the attempt ends, and
+write that end through :mod:`jobs.execution`.
+
+The one place this policy lives, used by the worker (:mod:`jobs.worker`) and by
+:func:`jobs.testing.run_jobs_inline`:
+
+- unknown handler or version: put back for later without consuming an attempt, then
+  failed naming it (J19);
+- the handler raised: failed with the stored error text, and a retry scheduled when
+  the handler's policy and the attempts left allow it (J10 through the executor);
+- the handler returned: succeeded with its result reference (J8 decides Cancelled in
+  the database if a cancel request committed first);
+- either way, if the worker's shutdown stopped it: re-queued, never completed (J14).
+
+:func:`run_attempt` decides (it writes nothing) and returns an :class:`AttemptEnd`;
+:meth:`AttemptEnd.write` writes it. The worker sits between the two: it may batch a
+success with its next claim, and retries the write while the database is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from . import execution
+from .exceptions import UnknownHandler
+from .handlers import JobContext, get_handler
+from .types import FinishOutcome
+
+#: The reason stored on an attempt that the worker's shutdown stopped.
+SHUTDOWN_REASON = "worker shut down"
+
+
+class Ending(enum.Enum):
+    """How an attempt ended, as the worker saw it."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    #: J19: this process knows no handler for the job's name and version.
+    UNKNOWN_HANDLER = "unknown-handler"
+    #: The worker's shutdown signal stopped the handler (J14: re-queued).
+    SHUTDOWN = "shutdown"
+
+
+#: The worker's event for each ending (before the outcome refines it).
+_EVENTS = {
+    Ending.SUCCEEDED: "succeeded",
+    Ending.FAILED: "failed",
+    Ending.UNKNOWN_HANDLER: "failed",
+    Ending.SHUTDOWN: "requeued",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    """What :func:`run_attempt` decided: how the attempt ended and what to store."""
+
+    ending: Ending
+    #: The handler's result reference (a success).
+    result: str | None = None
+    #: The stored error text (a failure) or the J19 reason.
+    error: str = ""
+    #: When to run again after a failure (None: no automatic retry).
+    retry_at: datetime | None = None
+    #: One line for the worker's events ("ValueError: bad input (retry at …)").
+    detail: str = ""
+
+    @property
+    def event(self) -> str:
+        return _EVENTS[self.ending]
+
+    def write(self, token: str, *, now: datetime | None = None) -> FinishOutcome:
+        """Store this end for the attempt of ``token``; fenced by the token, so a
+        late write of an attempt that ended elsewhere returns ``STALE``."""
+        if self.ending is Ending.SUCCEEDED:
+            return execution.complete(token, self.result, now=now)
+        if self.ending is Ending.FAILED:
+            return execution.fail(token, self.error, retry_at=self.retry_at, now=now)
+        if self.ending is Ending.UNKNOWN_HANDLER:
+            return execution.put_back_unknown_handler(token, self.error, now=now)
+        return execution.recover(token, requeue=True, reason=SHUTDOWN_REASON, now=now)
+
+
+def run_attempt(
+    ctx: JobContext,
+    *,
+    clock: Callable[[], datetime],
+    loop: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> AttemptEnd:
+    """Run the handler of ``ctx``'s claim once and decide how the attempt ended.
+
+    ``clock`` gives the time a retry is scheduled from; ``loop`` gives the event loop
+    an ``async def`` handler runs on (None: a fresh loop for this call). Writes
+    nothing: the caller stores the end with :meth:`AttemptEnd.write`.
+    """
+    claim = ctx.claim
+    try:
+        spec = get_handler(claim.handler, claim.handler_version)
+    except UnknownHandler as exc:
+        # J19: perhaps a newer worker knows it (a rolling deploy): put back.
+        message = str(exc)
+        return AttemptEnd(Ending.UNKNOWN_HANDLER, error=message, detail=message)
+    try:
+        result = spec.invoke(ctx, loop() if spec.is_async and loop is not None else None)
+    except Exception as exc:
+        if ctx.stopped_by_shutdown:
+            return AttemptEnd(Ending.SHUTDOWN, detail="stopped by shutdown")
+        error, retry_at = spec.failure(ctx, exc, clock())
+        detail = f"{type(exc).__name__}: {exc}"
+        if retry_at is not None:
+            detail += f" (retry at {retry_at.isoformat()})"
+        return AttemptEnd(Ending.FAILED, error=error, retry_at=retry_at, detail=detail)
+    if ctx.stopped_by_shutdown:
+        return AttemptEnd(Ending.SHUTDOWN, detail="stopped by shutdown")
+    return AttemptEnd(Ending.SUCCEEDED, result=result)

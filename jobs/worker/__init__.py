@@ -1,0 +1,46 @@
+"""The executor engine behind ``manage.py run_jobs`` (J14).
+
+A :class:`Worker` claims due jobs only for free capacity, runs their handlers on a
+fixed set of threads (``async def`` handlers on one event loop), renews the leases
+of its running attempts by heartbeat, passes cancellation requests to handlers,
+finishes each attempt, and recovers attempts whose worker died.
+
+Every read and write of job state goes through :mod:`jobs.execution` (the trusted
+executor API), fenced by the attempt's token: if this worker lost an attempt (it was
+recovered elsewhere), its late result changes nothing. When the database is
+unreachable the worker keeps what it knows (the attempts that ended, their results),
+backs off, says so once per outage (see :mod:`ledon.engine`) and finishes them when
+the database is back.
+
+The worker in parts, each building on the one before:
+
+- :mod:`~jobs.worker.base` — the attempts it holds, its counts and events, writing
+  one attempt's end, the heartbeat and cancellation watch;
+- :mod:`~jobs.worker.settling` — finishing returned attempts together with the next
+  claim, one commit, capacity reserved so Running never exceeds the concurrency;
+- :mod:`~jobs.worker.threads` — handler threads, the event loop, the LISTEN thread;
+  one attempt is run by :func:`jobs.attempts.run_attempt`;
+- :mod:`~jobs.worker.shutdown` — the graceful shutdown;
+- :mod:`~jobs.worker.engine` — configuration, the main loop, recovery, retention.
+
+Fault points (:func:`ledon.faults.fault_point`, for crash tests), each right after
+the commit it names or right before the next one:
+
+- ``jobs.worker.claimed`` (``job_id``, ``attempt``) — a claim committed: the attempt
+  is Running in the database, its handler not started;
+- ``jobs.worker.handler_returned`` (``job_id``, ``attempt``, ``ending``) — the
+  handler returned or raised (its own commits done), the attempt's end not written;
+- ``jobs.worker.settled`` (``finished``, ``claimed``) — a settle committed: returned
+  attempts finished and new ones claimed, in one transaction;
+- ``jobs.worker.finished`` (``job_id``, ``outcome``) — one attempt's end committed
+  on its own (a failure, a put-back, a re-queue, a success outside a settle);
+- ``jobs.worker.recovered`` (``count``) — recovered attempts (expired leases, this
+  worker id's leftovers, claims lost with the database) committed.
+"""
+
+from __future__ import annotations
+
+from .base import EventCallback, WorkerStats
+from .engine import Worker
+
+__all__ = ["EventCallback", "Worker", "WorkerStats"]
