@@ -229,3 +229,37 @@ def test_a_bad_metrics_port_is_a_clear_error():
 
     with pytest.raises(CommandError, match="--metrics-port must be between 0 and 65535"):
         call_command("run_jobs", "--metrics-port", "70000", "--burst")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "kind"), [("dispatch_outbox", "dispatcher"), ("recover_sagas", "saga runner")]
+)
+@pytest.mark.django_db(transaction=True)
+def test_the_other_engines_serve_their_metrics_too(tmp_path, command, kind):
+    from procs import ManageProcess
+
+    engine = ManageProcess(tmp_path, command, "--metrics-port", "0",
+                           env={"JOBS_WORKERS_HEARTBEAT_SECONDS": "0.2"})  # fmt: skip
+    try:
+        found = wait_until(
+            lambda: re.search(r"metrics on http://0\.0\.0\.0:(\d+)/metrics", engine.output),
+            60,
+            "the metrics address",
+            engine,
+        )
+        url = f"http://127.0.0.1:{found.group(1)}/metrics"
+        live = f'ledon_workers{{kind="{kind}",state="live"}} 1.0'
+
+        def scraped() -> str | None:
+            text = urllib.request.urlopen(url, timeout=10).read().decode()
+            return text if live in text else None
+
+        text = wait_until(scraped, 60, f"the {kind} live in its own scrape", engine)
+        # Every installed app's metrics are on in that process, whatever the settings.
+        for family in ("ledon_jobs_finished_total", "ledon_outbox_pending", "ledon_sagas"):
+            assert f"# TYPE {family}" in text, family
+    finally:
+        engine.signal(15)
+        assert engine.wait() == 0
+        engine.close()
