@@ -311,3 +311,20 @@ def test_the_publish_spans_context_is_what_each_broker_puts_in_its_headers(kind)
     back = wire.read_envelope(envelope.payload_json.encode(), wire.text_headers(on_wire))
     assert {k: back.headers[k] for k in carrier} == carrier
     assert back.message_id == envelope.message_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_publish_is_an_error_on_its_span(spans):
+    from outbox.dispatcher import Dispatcher
+    from outbox.testing import RecordingTransport
+
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("placing") as outer, unit_of_work() as uow:
+        uow.add_integration_event(TracePing("o-5"), key="o-5")
+    refusing = RecordingTransport(fail_with="no route to the billing exchange", permanent=True)
+    Dispatcher(transport=refusing, burst=True, listen=False).run()
+    publish = one(spans.get_finished_spans(), "outbox.publish tests.trace_ping")
+    assert parent_of(publish) == outer.get_span_context().span_id
+    assert publish.status.status_code is StatusCode.ERROR
+    assert "no route to the billing exchange" in publish.status.description
+    assert publish.attributes["messaging.system"] == "recording"
