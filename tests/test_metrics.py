@@ -195,6 +195,24 @@ def finished(outcome: str, count: int = 2) -> str:
     return f"ledon_jobs_finished_total{{{labels}}} {count:.1f}"
 
 
+def scrape_until(engine, wanted: str, what: str) -> str:
+    """The scrape of ``engine``'s ``--metrics-port`` (the address it prints) once it
+    has ``wanted`` in it."""
+    found = wait_until(
+        lambda: re.search(r"metrics on http://0\.0\.0\.0:(\d+)/metrics", engine.output),
+        60,
+        "the metrics address",
+        engine,
+    )
+    url = f"http://127.0.0.1:{found.group(1)}/metrics"
+
+    def scraped() -> str | None:
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        return text if wanted in text else None
+
+    return wait_until(scraped, 60, what, engine)
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_run_jobs_serves_its_metrics_on_the_port_it_prints(tmp_path):
@@ -203,19 +221,7 @@ def test_run_jobs_serves_its_metrics_on_the_port_it_prints(tmp_path):
                                                        queue=QUEUE, max_attempts=2))  # fmt: skip
     worker = WorkerProcess(tmp_path, "--metrics-port", "0", "--queue", QUEUE)
     try:
-        found = wait_until(
-            lambda: re.search(r"metrics on http://0\.0\.0\.0:(\d+)/metrics", worker.output),
-            60,
-            "the metrics address",
-            worker,
-        )
-        url = f"http://127.0.0.1:{found.group(1)}/metrics"
-
-        def scraped() -> str | None:
-            text = urllib.request.urlopen(url, timeout=10).read().decode()
-            return text if finished("succeeded") in text else None
-
-        text = wait_until(scraped, 60, "two succeeded jobs in the scrape", worker)
+        text = scrape_until(worker, finished("succeeded"), "two succeeded jobs in the scrape")
         assert finished("retried") in text
         assert 'ledon_workers{kind="worker",state="live"} 1.0' in text
     finally:
@@ -242,20 +248,8 @@ def test_the_other_engines_serve_their_metrics_too(tmp_path, command, kind):
     engine = ManageProcess(tmp_path, command, "--metrics-port", "0",
                            env={"JOBS_WORKERS_HEARTBEAT_SECONDS": "0.2"})  # fmt: skip
     try:
-        found = wait_until(
-            lambda: re.search(r"metrics on http://0\.0\.0\.0:(\d+)/metrics", engine.output),
-            60,
-            "the metrics address",
-            engine,
-        )
-        url = f"http://127.0.0.1:{found.group(1)}/metrics"
         live = f'ledon_workers{{kind="{kind}",state="live"}} 1.0'
-
-        def scraped() -> str | None:
-            text = urllib.request.urlopen(url, timeout=10).read().decode()
-            return text if live in text else None
-
-        text = wait_until(scraped, 60, f"the {kind} live in its own scrape", engine)
+        text = scrape_until(engine, live, f"the {kind} live in its own scrape")
         # Every installed app's metrics are on in that process, whatever the settings.
         for family in ("ledon_jobs_finished_total", "ledon_outbox_pending", "ledon_sagas"):
             assert f"# TYPE {family}" in text, family
