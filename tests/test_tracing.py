@@ -210,9 +210,12 @@ def broker_transports(kind: str, name: str):
         )
     from outbox.transports.kafka import KafkaTransport
 
+    # The topic is created by the first publish, after the consumer subscribed: the
+    # consumer looks for it again every second (librdkafka's default is 5 minutes).
+    fresh_topics = {"topic.metadata.refresh.interval.ms": 1000}
     return (
         KafkaTransport(bootstrap_servers=address, topic=name, delivery_timeout=20),
-        KafkaTransport(bootstrap_servers=address, topic=name),
+        KafkaTransport(bootstrap_servers=address, topic=name, consumer_config=fresh_topics),
     )
 
 
