@@ -22,7 +22,13 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from outbox.admin_support import ReadOnlyAdminMixin, report_refusals, state_action
+from ledon.admin import (
+    GrowingTableMixin,
+    ReadOnlyAdminMixin,
+    report_changes,
+    report_refusals,
+    state_action,
+)
 
 from . import store, validation
 from .exceptions import InvalidInput, InvalidTransition, JobNotFound
@@ -46,6 +52,21 @@ def _percent(value: float | None, *, succeeded: bool = False) -> str:
     return "-" if value is None else f"{value:g}%"
 
 
+#: What the admin shows of an attempt. The token is deliberately not shown: it is the
+#: attempt's write capability.
+ATTEMPT_FIELDS = (
+    "number",
+    "status",
+    "worker_id",
+    "progress_percent",
+    "progress_message",
+    "error",
+    "result_ref",
+    "started_at",
+    "finished_at",
+)
+
+
 class JobAttemptInline(ReadOnlyAdminMixin, _AttemptInlineBase):
     """The attempts of one job, oldest first, read-only."""
 
@@ -54,18 +75,7 @@ class JobAttemptInline(ReadOnlyAdminMixin, _AttemptInlineBase):
     can_delete = False
     show_change_link = True
     ordering = ("number",)
-    # The token is deliberately not shown: it is the attempt's write capability.
-    fields = readonly_fields = (
-        "number",
-        "status",
-        "worker_id",
-        "progress_percent",
-        "progress_message",
-        "error",
-        "result_ref",
-        "started_at",
-        "finished_at",
-    )
+    fields = readonly_fields = ATTEMPT_FIELDS
 
     @admin.display(description="progress")
     def progress_percent(self, obj: JobAttempt) -> str:
@@ -73,7 +83,7 @@ class JobAttemptInline(ReadOnlyAdminMixin, _AttemptInlineBase):
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
+class JobAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _JobAdminBase):
     list_display = (
         "job_id",
         "handler_with_version",
@@ -93,8 +103,6 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
     )
     ordering = ("-created_at", "-id")
     # Counting the whole table on every page is slow once history grows.
-    show_full_result_count = False
-    list_per_page = 50
     inlines = (JobAttemptInline,)
     actions = ("cancel_jobs", "retry_jobs")
     fieldsets = (
@@ -182,17 +190,9 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
             hashes.add(validation.scope_hash(term))
         return found | queryset.filter(scope_hash__in=hashes), may_have_duplicates
 
-    # ------------------------------------------------------------------ permissions
-
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
-    def has_retry_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
     # ------------------------------------------------------------------ actions
 
-    @state_action("Cancel selected jobs", "cancel")
+    @state_action("Cancel selected jobs")
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Cancel through the store: Queued jobs at once, Running ones by request."""
         outcomes: Counter[CancelOutcome] = Counter()
@@ -221,7 +221,7 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
         )
         report_refusals(self, request, refusals, "not cancelled")
 
-    @state_action("Retry selected jobs", "retry")
+    @state_action("Retry selected jobs")
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Re-queue through the store; jobs whose state forbids it are listed with why."""
         requeued = 0
@@ -235,17 +235,11 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
                 refusals.append(str(exc))
             else:
                 requeued += 1
-        summary = f"{requeued} re-queued"
-        if refusals:
-            summary += f", {len(refusals)} refused"
-        self.message_user(
-            request, summary + ".", messages.SUCCESS if requeued else messages.WARNING
-        )
-        report_refusals(self, request, refusals, "refused")
+        report_changes(self, request, requeued, "re-queued", refusals)
 
 
 @admin.register(JobAttempt)
-class JobAttemptAdmin(ReadOnlyAdminMixin, _AttemptAdminBase):
+class JobAttemptAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _AttemptAdminBase):
     list_display = ("job_link", "number", "status", "worker_id", "started_at", "finished_at")
     # The first column already links to the job; the attempt opens from its number.
     list_display_links = ("number",)
@@ -254,21 +248,7 @@ class JobAttemptAdmin(ReadOnlyAdminMixin, _AttemptAdminBase):
     search_fields = ("job__job_id", "worker_id")
     search_help_text = "Job id or worker id (contains)."
     ordering = ("-started_at", "-id")
-    show_full_result_count = False
-    list_per_page = 50
-    # The token is deliberately not shown: it is the attempt's write capability.
-    fields = readonly_fields = (
-        "job",
-        "number",
-        "status",
-        "worker_id",
-        "progress_percent",
-        "progress_message",
-        "error",
-        "result_ref",
-        "started_at",
-        "finished_at",
-    )
+    fields = readonly_fields = ("job", *ATTEMPT_FIELDS)
 
     @admin.display(description="job", ordering="job__job_id")
     def job_link(self, obj: JobAttempt) -> SafeString:

@@ -11,28 +11,16 @@ from ledon.conf import settings_hint
 
 from .conf import jobs_settings
 from .exceptions import JobsConfigurationError
+from .middleware import configured_paths, load
 
 
 @checks.register()
 def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    jobs_settings.cache_clear()
-    try:
-        jobs_settings()
-    except JobsConfigurationError as exc:
-        return [
-            checks.Error(
-                str(exc),
-                hint=settings_hint("JOBS"),
-                id="jobs.E001",
-            )
-        ]
-    return check_middleware()
+    return jobs_settings.check("jobs.E001") or check_middleware()
 
 
 def check_middleware() -> list[checks.CheckMessage]:
     """``jobs.E002``: every middleware of the chain imports."""
-    from .middleware import configured_paths, load
-
     try:
         load(configured_paths())
     except JobsConfigurationError as exc:

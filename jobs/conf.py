@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
-from ledon.conf import unknown_keys_message
+from ledon.conf import SettingsReader, is_number
 
 from .exceptions import JobsConfigurationError
 from .validation import scope_hash
@@ -72,7 +67,7 @@ class JobsSettings:
     UNKNOWN_HANDLER_RETRY_DELAY: float = 10.0
     #: SPEC M: dotted paths of middlewares that wrap every handler invocation,
     #: outermost first (see :mod:`jobs.middleware`).
-    MIDDLEWARE: tuple[str, ...] = ()
+    MIDDLEWARE: Sequence[str] = ()
     #: SPEC M: Prometheus counters and histograms of jobs (the ``[metrics]`` extra).
     METRICS: bool = False
     #: SPEC M: OpenTelemetry spans of submissions and attempts (the ``[otel]`` extra).
@@ -85,21 +80,15 @@ class JobsSettings:
     WORKERS_RETENTION_SECONDS: float = 86_400.0
 
 
-def _validate(values: dict[str, Any]) -> JobsSettings:
-    known = {f.name for f in fields(JobsSettings)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise JobsConfigurationError(unknown_keys_message("JOBS setting(s)", unknown, known))
-    if "MIDDLEWARE" in values:
-        middleware = values["MIDDLEWARE"]
-        if not isinstance(middleware, list | tuple) or not all(
-            isinstance(path, str) and path for path in middleware
-        ):
-            raise JobsConfigurationError(
-                f"JOBS['MIDDLEWARE'] must be a list of dotted paths, got {middleware!r}"
-            )
-        values["MIDDLEWARE"] = tuple(middleware)
-    result = JobsSettings(**values)
+def _check(result: JobsSettings) -> None:
+    """Raise :class:`~jobs.exceptions.JobsConfigurationError` for a bad value."""
+    middleware = result.MIDDLEWARE
+    if not isinstance(middleware, list | tuple) or not all(
+        isinstance(path, str) and path for path in middleware
+    ):
+        raise JobsConfigurationError(
+            f"JOBS['MIDDLEWARE'] must be a list of dotted paths, got {middleware!r}"
+        )
     positive = (
         "LEASE_SECONDS",
         "HEARTBEAT_SECONDS",
@@ -118,7 +107,7 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
     )
     for key in positive:
         value = getattr(result, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        if not is_number(value) or value <= 0:
             raise JobsConfigurationError(f"JOBS[{key!r}] must be a positive number, got {value!r}")
     if result.HEARTBEAT_SECONDS >= result.LEASE_SECONDS:
         raise JobsConfigurationError(
@@ -126,15 +115,13 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
             "or leases expire between two heartbeats"
         )
     retention = result.RETENTION_SECONDS
-    if retention is not None and (
-        isinstance(retention, bool) or not isinstance(retention, int | float) or retention <= 0
-    ):
+    if retention is not None and (not is_number(retention) or retention <= 0):
         raise JobsConfigurationError(
             f"JOBS['RETENTION_SECONDS'] must be None or a positive number, got {retention!r}"
         )
     for key in ("UNKNOWN_HANDLER_RETRY_SECONDS", "UNKNOWN_HANDLER_RETRY_DELAY"):
         value = getattr(result, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if not is_number(value) or value < 0:
             raise JobsConfigurationError(
                 f"JOBS[{key!r}] must be a number of seconds >= 0, got {value!r}"
             )
@@ -159,19 +146,7 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
         ) from None
     if not isinstance(result.AUTODISCOVER_MODULE, str) or not result.AUTODISCOVER_MODULE:
         raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")
-    return result
 
 
-@functools.cache
-def jobs_settings() -> JobsSettings:
-    """The current ``JOBS`` settings, validated. Read lazily, never at import time."""
-    values = getattr(settings, "JOBS", {}) or {}
-    if not isinstance(values, dict):
-        raise JobsConfigurationError("the JOBS setting must be a dict")
-    return _validate(dict(values))
-
-
-@receiver(setting_changed)
-def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting == "JOBS":
-        jobs_settings.cache_clear()
+#: The current ``JOBS`` settings, validated: ``jobs_settings()``.
+jobs_settings = SettingsReader("JOBS", JobsSettings, _check, JobsConfigurationError)

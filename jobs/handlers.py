@@ -12,7 +12,6 @@ import asyncio
 import inspect
 import random
 import threading
-import traceback
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,9 @@ from typing import Any
 
 from django.db import connections
 from django.utils.module_loading import autodiscover_modules
+
+from ledon.backoff import RetryPace
+from ledon.errors import format_error
 
 from . import validation
 from .conf import jobs_settings
@@ -62,19 +64,13 @@ class RetryPolicy:
 
     @classmethod
     def from_settings(cls) -> RetryPolicy:
-        s = jobs_settings()
-        return cls(
-            base_delay=s.RETRY_BASE_DELAY,
-            factor=s.RETRY_BACKOFF_FACTOR,
-            max_delay=s.RETRY_MAX_DELAY,
-            jitter=s.RETRY_JITTER,
-        )
+        pace = RetryPace.from_settings(jobs_settings())
+        return cls(base_delay=pace.base, factor=pace.factor, max_delay=pace.cap, jitter=pace.jitter)
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        raw = min(self.max_delay, self.base_delay * self.factor ** max(attempt - 1, 0))
-        spread = (rng or random).uniform(-self.jitter, self.jitter)
-        return max(0.0, raw * (1 + spread))
+        pace = RetryPace(self.base_delay, self.factor, self.max_delay, self.jitter)
+        return pace.delay(attempt, rng)
 
     def retry_at(self, attempt: int, now: datetime, exc: BaseException) -> datetime | None:
         """When to run again after ``exc`` ended ``attempt``, or None for no retry."""
@@ -98,17 +94,21 @@ class HandlerSpec:
         return self.retry or RetryPolicy.from_settings()
 
     def invoke(
-        self, ctx: JobContext, loop: asyncio.AbstractEventLoop | None = None
+        self,
+        ctx: JobContext,
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        call: Callable[[JobContext], Any] | None = None,
     ) -> HandlerResult:
-        """Run the handler for one attempt, inside the ``JOBS["MIDDLEWARE"]`` chain (see
-        :mod:`jobs.middleware`), and return its result reference.
+        """Run the handler for one attempt and return its result reference.
 
-        An ``async def`` handler runs on ``loop`` (or a fresh loop); a result that is
+        ``call`` is what runs instead of the bare handler, in the handler's form: the
+        handler inside the ``JOBS["MIDDLEWARE"]`` chain, which
+        :func:`jobs.attempts.run_attempt` passes (see :mod:`jobs.middleware`). An
+        ``async def`` handler runs on ``loop`` (or a fresh loop); a result that is
         neither a string nor None raises ``TypeError``.
         """
-        from .middleware import chain_for
-
-        call = chain_for(self)  # the handler inside JOBS["MIDDLEWARE"]
+        call = call or self.func
         if self.is_async:
             coro = call(ctx)
             assert inspect.iscoroutine(coro)
@@ -136,14 +136,6 @@ class HandlerSpec:
             policy = ctx.retry_policy or self.retry_policy()
             retry_at = policy.retry_at(ctx.attempt, now, exc)
         return error, retry_at
-
-
-def format_error(exc: BaseException) -> str:
-    """Exception type, message and traceback, as stored on the failed attempt."""
-    text = "".join(traceback.format_exception(exc))
-    # Stored text must be valid Unicode without NUL: escape what a message may carry.
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text.replace("\x00", "\\x00")[:100_000]
 
 
 _registry: dict[tuple[str, int], HandlerSpec] = {}

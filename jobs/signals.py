@@ -45,7 +45,7 @@ attempt_finished = Signal()
 def finished_attempt(claim: Claim, outcome: FinishOutcome, *, retry_scheduled: bool) -> None:
     """Send :data:`attempt_finished` (receivers' errors are logged, never raised)."""
     if attempt_finished.receivers:
-        from .models import Job
+        from .models import Job  # the sender; signals is imported before the models
 
         send_logged(
             attempt_finished,

@@ -1,7 +1,8 @@
 """What the engines' management commands share: the engine runs with each signal as a
-stop request (and a line saying what it does), a database without the app's tables is
-a :class:`~django.core.management.CommandError` — two lines, no traceback — and
-``--metrics-port`` serves the Prometheus metrics while the engine runs (SPEC M)."""
+stop request (and a line saying what it does), and a database without the app's
+tables is a :class:`~django.core.management.CommandError` — two lines, no traceback;
+the engine's summary line when it stops; and ``--metrics-port``, which serves the
+Prometheus metrics while the engine runs (SPEC M)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from .db import DatabaseNotMigrated
-from .engine import Engine, StopLevel
+from .engine import Engine, EngineStats, StopLevel
 
 
 def add_metrics_port(parser: CommandParser) -> None:
@@ -31,7 +32,7 @@ def serve_metrics(port: int, *, out: Any, name: str) -> Any:
     if not 0 <= port <= 65535:
         raise CommandError("--metrics-port must be between 0 and 65535")
     try:
-        from . import metrics
+        from . import metrics  # the [metrics] extra, needed only with --metrics-port
     except ImportError as exc:
         raise CommandError(
             f"--metrics-port needs prometheus-client: pip install 'django-ledon[metrics]' ({exc})"
@@ -45,18 +46,21 @@ def serve_metrics(port: int, *, out: Any, name: str) -> Any:
     return server
 
 
-def run_engine[S](
+def run_engine[S: EngineStats](
     engine: Engine,
     run: Callable[[], S],
     *,
     out: Any,
     name: str,
     meaning: Mapping[StopLevel, str],
+    style: Callable[[str], str],
     metrics_port: int | None = None,
 ) -> S:
     """``run()`` (the engine's) with SIGTERM and SIGINT as stop requests; each is
     announced on ``out`` as ``"<name>: SIGTERM, <meaning of the level reached>"``.
-    With ``metrics_port``, the metrics are served meanwhile (:func:`serve_metrics`)."""
+    At the end, ``"<name> stopped: <the stats' summary>"`` on ``out`` (``style``
+    applied: the command's ``self.style.SUCCESS``). With ``metrics_port``, the
+    metrics are served meanwhile (:func:`serve_metrics`)."""
     server = None if metrics_port is None else serve_metrics(metrics_port, out=out, name=name)
 
     def announce(signum: Any, level: StopLevel) -> None:
@@ -65,10 +69,12 @@ def run_engine[S](
 
     try:
         with engine.stop_on_signals(announce):
-            return run()
+            stats = run()
     except DatabaseNotMigrated as exc:
         raise CommandError(str(exc)) from exc
     finally:
         if server is not None:
             server.shutdown()
             server.server_close()
+    out.write(style(f"{name} stopped: {stats.summary()}"))
+    return stats

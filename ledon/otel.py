@@ -15,9 +15,9 @@ from importlib.metadata import PackageNotFoundError, version
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from .tracing import AttributeValue, Carrier
-from .tracing import Span as SpanProtocol
-from .tracing import SpanKind as KindName
+from .spans import AttributeValue, Carrier
+from .spans import Span as SpanProtocol
+from .spans import SpanKind as KindName
 
 _KINDS: dict[str, SpanKind] = {
     "internal": SpanKind.INTERNAL,

@@ -18,50 +18,11 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from typing import Literal, Protocol
+from contextlib import contextmanager
 
-#: W3C trace context headers, as a dict (empty: no trace).
-Carrier = dict[str, str]
-SpanKind = Literal["internal", "producer", "consumer", "client", "server"]
-AttributeValue = str | int | float | bool
+from .spans import AttributeValue, Carrier, Span, SpanKind, Tracer
 
-
-class Span(Protocol):
-    def carrier(self) -> Carrier:
-        """This span's context, to hand to the work it causes."""
-        ...
-
-    def set_attribute(self, key: str, value: AttributeValue) -> None: ...
-
-    def record_error(self, exc: BaseException, *, message: str | None = None) -> None:
-        """Record ``exc`` on the span and mark the span as failed (for errors that do
-        not propagate out of the ``with`` block; those that do are recorded anyway)."""
-        ...
-
-
-class Tracer(Protocol):
-    #: False for the tracer that does nothing.
-    enabled: bool
-
-    def span(
-        self,
-        name: str,
-        *,
-        kind: SpanKind = "internal",
-        attributes: Mapping[str, AttributeValue] | None = None,
-        parent: Mapping[str, str] | None = None,
-        links: Sequence[Mapping[str, str]] = (),
-    ) -> AbstractContextManager[Span]:
-        """A span, current while the block runs, that records an exception leaving the
-        block. ``parent``: a carrier to be the child of (default: the current span;
-        a carrier without a trace starts a new trace); ``links``: carriers of related
-        spans (earlier attempts)."""
-        ...
-
-    def current(self) -> Carrier:
-        """The current span's context as a carrier (empty when there is none)."""
-        ...
+__all__ = ["AttributeValue", "Carrier", "NoTracer", "Span", "SpanKind", "Tracer", "tracer"]
 
 
 class _NoSpan:
@@ -114,7 +75,7 @@ def enable(component: str) -> None:
 
     Spans go to the tracer provider the project configures with the OpenTelemetry SDK;
     without one, OpenTelemetry's own no-op provider drops them."""
-    from .otel import OpenTelemetryTracer
+    from .otel import OpenTelemetryTracer  # the [otel] extra, only once tracing is on
 
     with _lock:
         if not _tracers.get(component, NO_TRACER).enabled:

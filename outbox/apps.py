@@ -1,6 +1,12 @@
 from typing import Any
 
 from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
+
+from ledon.observability import OptionalLayers
+
+from .conf import outbox_settings
+from .exceptions import OutboxConfigurationError
 
 
 class OutboxConfig(AppConfig):
@@ -9,13 +15,8 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.utils.module_loading import autodiscover_modules
-
-        from ledon.observability import OptionalLayers
-
-        from . import checks  # noqa: F401  (registers the system checks)
-        from .conf import outbox_settings
-        from .exceptions import OutboxConfigurationError
+        # Registers the system checks; they import the models, loaded by now.
+        from . import checks  # noqa: F401
 
         # SPEC M: the optional metrics and tracing.
         self.optional_layers = OptionalLayers(
@@ -34,6 +35,6 @@ class OutboxConfig(AppConfig):
 
     def dashboard_panels(self, now: Any) -> list[Any]:
         """The admin dashboard's panels of this app (see :mod:`ledon.dashboard`)."""
-        from .monitoring import dashboard_panels
+        from .monitoring import dashboard_panels  # imports the models, loaded by now
 
         return dashboard_panels(now)

@@ -2,6 +2,12 @@ from typing import Any
 
 from django.apps import AppConfig, apps
 
+from ledon.observability import OptionalLayers
+
+from .conf import sagas_settings
+from .exceptions import SagasConfigurationError
+from .registry import autodiscover
+
 
 class SagasConfig(AppConfig):
     name = "sagas"
@@ -9,11 +15,8 @@ class SagasConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from ledon.observability import OptionalLayers
-
-        from . import checks  # noqa: F401  (registers the system checks)
-        from .conf import sagas_settings
-        from .exceptions import SagasConfigurationError
+        # Registers the system checks; they import the models, loaded by now.
+        from . import checks  # noqa: F401
 
         # SPEC M: the optional metrics and tracing.
         self.optional_layers = OptionalLayers(
@@ -22,15 +25,14 @@ class SagasConfig(AppConfig):
         self.optional_layers.configure()
 
         if apps.is_installed("jobs"):
-            # S5: every run_jobs worker also recovers saga instances.
+            # S5: every run_jobs worker also recovers saga instances. Imported only
+            # with jobs installed; in_worker imports the models, loaded by now.
             from jobs.signals import worker_started, worker_stopping
 
             from .in_worker import start_recovery, stop_recovery
 
             worker_started.connect(start_recovery, dispatch_uid="sagas.start_recovery")
             worker_stopping.connect(stop_recovery, dispatch_uid="sagas.stop_recovery")
-        from .registry import autodiscover
-
         # Like the admin's admin.py: each app's sagas module registers its sagas, in
         # every process (web, recover_sagas, shells), so any of them can run or
         # recover an instance by its saga's name.
@@ -41,6 +43,6 @@ class SagasConfig(AppConfig):
 
     def dashboard_panels(self, now: Any) -> list[Any]:
         """The admin dashboard's panels of this app (see :mod:`ledon.dashboard`)."""
-        from .monitoring import dashboard_panels
+        from .monitoring import dashboard_panels  # imports the models, loaded by now
 
         return dashboard_panels(now)

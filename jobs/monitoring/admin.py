@@ -15,13 +15,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
+from ledon.admin import ReadOnlyAdminMixin
 from ledon.dashboard import age, panels
-from outbox.admin_support import ReadOnlyAdminMixin
 
 from . import reads
 from .charts import per_minute
@@ -93,7 +94,6 @@ class DashboardAdmin(_DashboardAdminBase):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        from django.core.exceptions import PermissionDenied
 
         if not self.has_view_permission(request):
             raise PermissionDenied

@@ -9,10 +9,10 @@ from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 
+from ledon.db import alias_for
 from ledon.registry import EngineRecord
 
 from ..conf import jobs_settings
-from ..db import alias_for
 from .models import WorkerRecord
 
 

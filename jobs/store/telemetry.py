@@ -11,9 +11,9 @@ from typing import Any, Literal, cast
 
 from django.db import transaction
 
+from ledon.db import alias_for
 from ledon.tracing import AttributeValue, tracer
 
-from ..db import alias_for
 from ..models import Job
 from ..signals import jobs_enqueued
 from ..types import JobSnapshot, JobSubmission, SubmitResult

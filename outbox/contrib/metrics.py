@@ -19,10 +19,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ledon import metrics
 
-from ..consumer import ConsumeOutcome
 from ..monitoring import backlog
 from ..signals import deliveries_recorded, message_consumed
-from ..types import Envelope, RecordOutcome
+from ..types import ConsumeOutcome, Envelope, RecordOutcome
 
 _OUTCOMES = {
     RecordOutcome.SENT: "sent",
