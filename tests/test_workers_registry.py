@@ -66,8 +66,8 @@ def test_live_stopped_and_killed_engines(tmp_path, admin_client, settings):
         )
         assert w.version == package_version()
         assert w.running == 0
-        # The worker's saga runner is an engine of its own.
-        assert rows(kind="saga runner", pid=worker.pid)
+        # The worker's saga runner is an engine of its own (started beside the worker).
+        wait_until(lambda: rows(kind="saga runner", pid=worker.pid), 60, "the runner's row", worker)
         first = w.last_heartbeat_at
         wait_until(
             lambda: WorkerRecord.objects.get(pk=w.pk).last_heartbeat_at > first,
