@@ -262,5 +262,7 @@ class JobAttemptAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _AttemptAdminBase):
         return _percent(obj.progress, succeeded=obj.status == AttemptStatus.SUCCEEDED)
 
 
-# SPEC J16: the schedules' admin lives with the schedules.
+# SPEC J16: the schedules' admin lives with the schedules; SPEC M: the workers
+# registry and the dashboard with the monitoring.
+from .monitoring import admin as _monitoring_admin  # noqa: E402, F401
 from .schedules import admin as _schedules_admin  # noqa: E402, F401

@@ -22,6 +22,21 @@ class JobsConfig(AppConfig):
         # J16: every run_jobs worker enqueues its schedules' due periods.
         worker_started.connect(start_scheduler, dispatch_uid="jobs.start_scheduler")
         worker_stopping.connect(stop_scheduler, dispatch_uid="jobs.stop_scheduler")
+
+        # SPEC M: every engine of the three apps keeps its row in jobs_workerrecord
+        # (see jobs.monitoring), and the optional metrics and tracing.
+        from ledon import registry
+        from ledon.observability import OptionalLayers
+
+        from .conf import jobs_settings
+        from .exceptions import JobsConfigurationError
+        from .monitoring.registry import DatabaseRegistry
+
+        registry.install(DatabaseRegistry())
+        self.optional_layers = OptionalLayers(
+            "jobs", read_settings=jobs_settings, invalid=JobsConfigurationError
+        )
+        self.optional_layers.configure()
         # J15: the tasks backend is an adapter above the handler registry; the app
         # wires it in, so that the registry never imports it.
         register_autodiscovery(_autodiscover_tasks)

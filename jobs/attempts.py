@@ -28,6 +28,7 @@ from datetime import datetime
 from . import execution
 from .exceptions import UnknownHandler
 from .handlers import JobContext, get_handler
+from .middleware import chain_for
 from .types import FinishOutcome
 
 #: The reason stored on an attempt that the worker's shutdown stopped.
@@ -104,7 +105,11 @@ def run_attempt(
         message = str(exc)
         return AttemptEnd(Ending.UNKNOWN_HANDLER, error=message, detail=message)
     try:
-        result = spec.invoke(ctx, loop() if spec.is_async and loop is not None else None)
+        result = spec.invoke(
+            ctx,
+            loop() if spec.is_async and loop is not None else None,
+            call=chain_for(spec),  # the handler inside JOBS["MIDDLEWARE"]
+        )
     except Exception as exc:
         if ctx.stopped_by_shutdown:
             return AttemptEnd(Ending.SHUTDOWN, detail="stopped by shutdown")

@@ -11,18 +11,29 @@ from django.core import checks
 from django.db import connections
 
 from ledon.checks import check_sqlite_options
+from ledon.conf import settings_hint
 from ledon.db import alias_for, is_postgres
 from ledon.pglisten import check_listen_database, is_pooled
 
 from .conf import jobs_settings
 from .exceptions import JobsConfigurationError
+from .middleware import configured_paths, load
 from .models import Job
 from .tasks_framework import INSTALL_HINT, available
 
 
 @checks.register()
 def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    return jobs_settings.check("jobs.E001")
+    return jobs_settings.check("jobs.E001") or check_middleware()
+
+
+def check_middleware() -> list[checks.CheckMessage]:
+    """``jobs.E003``: every middleware of the chain imports."""
+    try:
+        load(configured_paths())
+    except JobsConfigurationError as exc:
+        return [checks.Error(str(exc), hint=settings_hint("JOBS"), id="jobs.E003")]
+    return []
 
 
 @checks.register()

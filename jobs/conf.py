@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ledon.conf import SettingsReader, is_database_alias_or_none, is_number
@@ -69,10 +70,30 @@ class JobsSettings:
     #: claim; then it fails naming the handler and version. 0 fails it at once.
     UNKNOWN_HANDLER_RETRY_SECONDS: float = 600.0
     UNKNOWN_HANDLER_RETRY_DELAY: float = 10.0
+    #: SPEC M: dotted paths of middlewares that wrap every handler invocation,
+    #: outermost first (see :mod:`jobs.middleware`).
+    MIDDLEWARE: Sequence[str] = ()
+    #: SPEC M: Prometheus counters and histograms of jobs (the ``[metrics]`` extra).
+    METRICS: bool = False
+    #: SPEC M: OpenTelemetry spans of submissions and attempts (the ``[otel]`` extra).
+    TRACING: bool = False
+    #: The workers registry: seconds between two heartbeats of each engine's row; a
+    #: row silent for WORKERS_SILENT_AFTER heartbeats is shown as silent, and one
+    #: silent for WORKERS_RETENTION_SECONDS is deleted.
+    WORKERS_HEARTBEAT_SECONDS: float = 10.0
+    WORKERS_SILENT_AFTER: int = 3
+    WORKERS_RETENTION_SECONDS: float = 86_400.0
 
 
 def _check(result: JobsSettings) -> None:
     """Raise :class:`~jobs.exceptions.JobsConfigurationError` for a bad value."""
+    middleware = result.MIDDLEWARE
+    if not isinstance(middleware, list | tuple) or not all(
+        isinstance(path, str) and path for path in middleware
+    ):
+        raise JobsConfigurationError(
+            f"JOBS['MIDDLEWARE'] must be a list of dotted paths, got {middleware!r}"
+        )
     positive = (
         "LEASE_SECONDS",
         "HEARTBEAT_SECONDS",
@@ -85,6 +106,9 @@ def _check(result: JobsSettings) -> None:
         "SCHEDULE_MAX_CATCH_UP",
         "SCHEDULE_TOLERANCE_SECONDS",
         "SCHEDULE_REFRESH_SECONDS",
+        "WORKERS_HEARTBEAT_SECONDS",
+        "WORKERS_SILENT_AFTER",
+        "WORKERS_RETENTION_SECONDS",
     )
     for key in positive:
         value = getattr(result, key)
@@ -113,8 +137,13 @@ def _check(result: JobsSettings) -> None:
         )
     if not isinstance(result.PREPARED_STATEMENTS, bool):
         raise JobsConfigurationError("JOBS['PREPARED_STATEMENTS'] must be True or False")
-    if not isinstance(result.SCHEDULER, bool):
-        raise JobsConfigurationError("JOBS['SCHEDULER'] must be True or False")
+    for key in ("SCHEDULER", "METRICS", "TRACING"):
+        if not isinstance(getattr(result, key), bool):
+            raise JobsConfigurationError(f"JOBS[{key!r}] must be True or False")
+    if isinstance(result.WORKERS_SILENT_AFTER, bool) or not isinstance(
+        result.WORKERS_SILENT_AFTER, int
+    ):
+        raise JobsConfigurationError("JOBS['WORKERS_SILENT_AFTER'] must be a positive int")
     if isinstance(result.SCHEDULE_MAX_CATCH_UP, bool) or not isinstance(
         result.SCHEDULE_MAX_CATCH_UP, int
     ):

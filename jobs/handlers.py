@@ -94,22 +94,30 @@ class HandlerSpec:
         return self.retry or RetryPolicy.from_settings()
 
     def invoke(
-        self, ctx: JobContext, loop: asyncio.AbstractEventLoop | None = None
+        self,
+        ctx: JobContext,
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        call: Callable[[JobContext], Any] | None = None,
     ) -> HandlerResult:
         """Run the handler for one attempt and return its result reference.
 
-        An ``async def`` handler runs on ``loop`` (or a fresh loop); a result that is
+        ``call`` is what runs instead of the bare handler, in the handler's form: the
+        handler inside the ``JOBS["MIDDLEWARE"]`` chain, which
+        :func:`jobs.attempts.run_attempt` passes (see :mod:`jobs.middleware`). An
+        ``async def`` handler runs on ``loop`` (or a fresh loop); a result that is
         neither a string nor None raises ``TypeError``.
         """
+        call = call or self.func
         if self.is_async:
-            coro = self.func(ctx)
+            coro = call(ctx)
             assert inspect.iscoroutine(coro)
             if loop is None:
                 result = asyncio.run(coro)
             else:
                 result = asyncio.run_coroutine_threadsafe(coro, loop).result()
         else:
-            result = self.func(ctx)
+            result = call(ctx)
         if result is not None and not isinstance(result, str):
             raise TypeError(
                 f"handler {self.name!r} returned {type(result).__name__}; "

@@ -80,6 +80,12 @@ class Job(models.Model):
         null=True, blank=True, help_text="J19: first claimed by a worker without its handler."
     )
 
+    # SPEC M: the submitter's trace context (W3C headers as JSON), so that every
+    # attempt's span is its child; NULL when tracing is off.
+    trace_context = models.TextField(  # noqa: DJ001
+        null=True, blank=True, help_text="The submitter's trace context (W3C headers, JSON)."
+    )
+
     objects = JobQuerySet.as_manager()
 
     class Meta:
@@ -156,4 +162,6 @@ class JobAttempt(models.Model):
 
 
 # SPEC J16: the schedules' table lives with the schedules (``jobs/schedules/``).
+# SPEC M: the workers registry's table lives with the monitoring.
+from .monitoring.models import Dashboard, WorkerRecord  # noqa: E402, F401
 from .schedules.models import Schedule  # noqa: E402, F401

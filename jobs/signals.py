@@ -1,18 +1,61 @@
-"""Signals of the job worker, for apps that run beside it in every ``run_jobs``
-process (``sagas`` recovers unfinished saga instances there, SPEC S5).
+"""Signals of the jobs app.
 
-Both are sent with ``sender=Worker`` and ``worker=<the Worker>``. A receiver that
-raises is logged and does not stop the worker.
+``jobs_enqueued`` and ``attempt_finished`` say what happened to jobs, for optional
+layers such as the Prometheus metrics (SPEC M, :mod:`jobs.contrib.metrics`).
+
+``worker_started`` and ``worker_stopping`` are for apps that run beside the worker in
+every ``run_jobs`` process (``sagas`` recovers unfinished saga instances there, SPEC
+S5); both are sent with ``sender=Worker`` and ``worker=<the Worker>``.
+
+A receiver that raises is logged and does not stop the worker.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.dispatch import Signal
 
-logger = logging.getLogger(__name__)
+from ledon.signals import send_logged
+
+if TYPE_CHECKING:
+    from .types import Claim, FinishOutcome
+
+__all__ = [
+    "attempt_finished",
+    "finished_attempt",
+    "jobs_enqueued",
+    "send_logged",
+    "worker_started",
+    "worker_stopping",
+]
+
+#: Jobs were created (SPEC M), sent with ``sender=Job``, ``snapshots`` (the new jobs),
+#: ``staged`` (True: inside the caller's transaction, which may still roll back —
+#: count them on commit) and ``using`` (the database alias).
+jobs_enqueued = Signal()
+
+#: An attempt ended and its end was recorded (SPEC M), sent by whoever ran it (the
+#: worker, :func:`jobs.testing.run_jobs_inline`) with ``sender=Job``, ``claim``,
+#: ``outcome`` (a :class:`~jobs.types.FinishOutcome`) and ``retry_scheduled`` (a
+#: failed attempt whose job was queued again). Use :func:`finished_attempt`.
+attempt_finished = Signal()
+
+
+def finished_attempt(claim: Claim, outcome: FinishOutcome, *, retry_scheduled: bool) -> None:
+    """Send :data:`attempt_finished` (receivers' errors are logged, never raised)."""
+    if attempt_finished.receivers:
+        from .models import Job  # the sender; signals is imported before the models
+
+        send_logged(
+            attempt_finished,
+            Job,
+            "attempt_finished",
+            claim=claim,
+            outcome=outcome,
+            retry_scheduled=retry_scheduled,
+        )
+
 
 #: A worker has started: its start-up recovery is done, it is about to claim jobs.
 worker_started = Signal()
@@ -20,19 +63,3 @@ worker_started = Signal()
 #: A worker is stopping: its handlers have ended (or were re-queued). Receivers stop
 #: what they started for it; in ``burst`` mode they may first let it finish.
 worker_stopping = Signal()
-
-
-def send_logged(
-    signal: Signal,
-    sender: Any,
-    what: str,
-    *,
-    log: logging.Logger = logger,
-    extra: dict[str, Any] | None = None,
-    **named: Any,
-) -> None:
-    """Send ``signal`` robustly: a receiver that raises is logged to ``log`` (naming
-    ``what``) and the other receivers still run; the sender goes on either way."""
-    for receiver, response in signal.send_robust(sender=sender, **named):
-        if isinstance(response, Exception):
-            log.error("a receiver of %s failed: %r", what, receiver, exc_info=response, extra=extra)

@@ -16,8 +16,9 @@ from datetime import datetime
 from django.utils import timezone
 
 from . import execution
-from .attempts import run_attempt
+from .attempts import Ending, run_attempt
 from .handlers import JobContext, autodiscover
+from .signals import finished_attempt
 from .types import Claim, FinishOutcome
 
 
@@ -61,4 +62,6 @@ def run_jobs_inline(
 def _run(claim: Claim, now: datetime) -> InlineRun:
     end = run_attempt(JobContext(claim), clock=lambda: now)
     outcome = end.write(claim.token, now=now)
+    retry_scheduled = end.ending is Ending.FAILED and outcome is FinishOutcome.REQUEUED
+    finished_attempt(claim, outcome, retry_scheduled=retry_scheduled)  # SPEC M
     return InlineRun(claim.job_id, claim.handler, claim.attempt, outcome, end.error)

@@ -297,6 +297,12 @@ class Claim:
     queue: str
     worker_id: str
     lease_expires_at: datetime
+    #: The submitter's trace context as stored (SPEC M), or None.
+    trace_context: str | None = None
+    #: When the job was due (its ``next_run_at``): the attempt's wait is measured from it.
+    due_at: datetime | None = None
+    #: When the attempt was claimed.
+    started_at: datetime | None = None
 
     @property
     def payload(self) -> Any:

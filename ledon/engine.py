@@ -25,6 +25,12 @@ makes the engine's next wait (:meth:`Engine.pause`) the back-off delay, cut shor
 only by a stop. Steps are skipped until that wait is over, so one pass of an engine's
 loop touches a database that is down once.
 
+**The workers registry** (:mod:`ledon.registry`): every subclass's ``run()`` is
+wrapped so that, while it runs, the engine keeps its row in the registry (written once
+:meth:`Engine.wait_for_database` succeeded, renewed by a heartbeat thread, deleted when
+``run()`` returns). Subclasses say who they are in :meth:`Engine.registry_record` and
+how much work they hold in :meth:`Engine.running_count`.
+
 **Start-up** (:meth:`Engine.wait_for_database`): an unreachable database is waited
 for, with the same back-off and reporting; a database that answers without the app's
 tables raises :class:`~ledon.db.DatabaseNotMigrated`, a clear error naming
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import logging
 import os
 import signal
@@ -56,6 +63,8 @@ from .db import (
     reset_connection,
 )
 from .outage import OutageReporter
+from .registry import EngineRecord, Registration
+from .registry import installed as installed_registry
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +148,61 @@ class Engine:
         #: Set by a failed database step until the next :meth:`pause` has backed off.
         self._backing_off = threading.Event()
         self._delay = 0.0
+        #: Set once the database answered at start-up (the registry row is written then).
+        self._database_ready = threading.Event()
+        self._registration: Registration | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        run = cls.__dict__.get("run")
+        if run is None or getattr(run, "_registered", False):
+            return
+
+        @functools.wraps(run)
+        def registered_run(self: Engine, *args: Any, **kwargs: Any) -> Any:
+            with self.registered():
+                return run(self, *args, **kwargs)
+
+        registered_run._registered = True  # type: ignore[attr-defined]
+        cls.run = registered_run  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------------ registry
+
+    def registry_record(self) -> EngineRecord:
+        """Who this engine is, for the workers registry (subclasses say more)."""
+        return EngineRecord(kind=self.kind, engine_id=f"{os.getpid()}")
+
+    def running_count(self) -> int:
+        """How much work the engine holds now (jobs running, instances driven…)."""
+        return 0
+
+    @contextmanager
+    def registered(self) -> Iterator[None]:
+        """The engine's row in the workers registry while the block runs (see
+        :mod:`ledon.registry`); nothing when no registry is installed, when the engine
+        runs inside an open transaction (a test's), or when a row is already kept."""
+        store = installed_registry()
+        if (
+            store is None
+            or self._registration is not None
+            or connections[self.alias].in_atomic_block
+        ):
+            yield
+            return
+        registration = Registration(
+            store,
+            self.registry_record(),
+            alias=self.alias,
+            running=self.running_count,
+            ready=self._database_ready,
+        )
+        self._registration = registration
+        registration.start()
+        try:
+            yield
+        finally:
+            registration.close()
+            self._registration = None
 
     # ------------------------------------------------------------------ stopping
 
@@ -310,6 +374,7 @@ class Engine:
             self.database_ok()
             if missing:
                 raise DatabaseNotMigrated(self.alias, self.app_label, missing, self.kind)
+            self._database_ready.set()
             return True
         return False
 

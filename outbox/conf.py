@@ -54,6 +54,11 @@ class OutboxSettings:
     #: Module imported from each installed app at start-up, where events are
     #: defined and subscribed (None: import nothing).
     AUTODISCOVER_MODULE: str | None = "events"
+    #: SPEC M: Prometheus counters of deliveries and consumed messages (``[metrics]``).
+    METRICS: bool = False
+    #: SPEC M: OpenTelemetry spans of publish and consume, the trace context carried in
+    #: the messages' headers (``[otel]``).
+    TRACING: bool = False
 
 
 def _check(result: OutboxSettings) -> None:
@@ -64,8 +69,9 @@ def _check(result: OutboxSettings) -> None:
             f"OUTBOX[{key!r}] must be {expected}, got {getattr(result, key)!r}"
         )
 
-    if not isinstance(result.ENABLED, bool):
-        raise fail("ENABLED", "True or False")
+    for key in ("ENABLED", "METRICS", "TRACING"):
+        if not isinstance(getattr(result, key), bool):
+            raise fail(key, "True or False")
     if not isinstance(result.TRANSPORT, str) or not result.TRANSPORT:
         raise fail("TRANSPORT", "a transport name or dotted path")
     if not isinstance(result.TRANSPORT_OPTIONS, dict):

@@ -39,7 +39,9 @@ acknowledgement — then ``run()`` returns.
 from __future__ import annotations
 
 import logging
+import os
 import random
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -48,13 +50,16 @@ from django.db import connections
 from ledon.backoff import retry_delay
 from ledon.db import TRANSIENT_ERRORS, alias_for
 from ledon.engine import Engine, EngineStats
+from ledon.registry import EngineRecord
 from ledon.renamed import renamed_attribute
+from ledon.signals import send_logged
 
 from .bus import event_bus
 from .events import Event, IntegrationEvent, decode, registered_events
 from .exceptions import (
     HandlerFailed,
     InvalidEvent,
+    MessageParked,
     OutboxConfigurationError,
     TransportUnavailable,
     UnknownEventType,
@@ -62,6 +67,8 @@ from .exceptions import (
 from .faults import fault_point
 from .inbox import consume
 from .models import InboxMessage
+from .signals import message_consumed
+from .telemetry import consuming
 from .transports import get_transport
 from .transports.base import Received, Subscription
 from .types import ConsumeOutcome, Envelope
@@ -177,6 +184,16 @@ class EventConsumer(Engine):
 
     # ------------------------------------------------------------------ control
 
+    @property
+    def consumer_id(self) -> str:
+        """``group@host:pid``: several consumers share a group, this says which one."""
+        return f"{self.group}@{socket.gethostname()}:{os.getpid()}"
+
+    def registry_record(self) -> EngineRecord:
+        return EngineRecord(
+            kind=self.kind, engine_id=self.consumer_id, queues=tuple(self.event_types)
+        )
+
     def _emit(self, event: str, detail: str = "") -> None:
         if self.on_event is not None:
             self.on_event(event, detail)
@@ -188,7 +205,7 @@ class EventConsumer(Engine):
             "consumer %s starting: %s",
             self.group,
             self.subscription.describe(),
-            extra={"group": self.group, "event_types": self.event_types},
+            extra={"worker": self.consumer_id, "event_types": self.event_types},
         )
         delay = self.reconnect_delay
         try:
@@ -219,7 +236,11 @@ class EventConsumer(Engine):
     def _opened(self) -> None:
         if self.started.is_set():
             self.stats.reconnects += 1
-            logger.warning("consumer %s reconnected", self.group, extra={"group": self.group})
+            logger.warning(
+                "consumer %s reconnected",
+                self.group,
+                extra={"worker": self.consumer_id, "group": self.group},
+            )
             self._emit("reconnected", self.subscription.describe())
         else:
             self.started.set()
@@ -236,7 +257,7 @@ class EventConsumer(Engine):
             self.group,
             delay,
             exc,
-            extra={"group": self.group},
+            extra={"worker": self.consumer_id, "group": self.group},
         )
         self._emit("broker-unavailable", str(exc))
         self._stopping.wait(delay)
@@ -245,7 +266,20 @@ class EventConsumer(Engine):
 
     def process(self, received: Received) -> ConsumeOutcome:
         """Handle, skip or park one message, then acknowledge it (not when the
-        consumer stopped first: then the broker delivers it again)."""
+        consumer stopped first: then the broker delivers it again) — in its consumer
+        span (SPEC M, :mod:`outbox.telemetry`)."""
+        with consuming(self.group, received) as span:
+            outcome = self._process(received)
+            span.set_attribute("ledon.outbox.outcome", outcome.value)
+            if outcome is ConsumeOutcome.PARKED:
+                span.record_error(MessageParked(), message="parked")
+        send_logged(
+            message_consumed, EventConsumer, "message_consumed", log=logger,
+            consumer=self, envelope=received.envelope, outcome=outcome,
+        )  # fmt: skip
+        return outcome
+
+    def _process(self, received: Received) -> ConsumeOutcome:
         fault_point("outbox.consumer.received", received=received)
         envelope = received.envelope
         if envelope is None:
@@ -350,7 +384,7 @@ class EventConsumer(Engine):
             attempt,
             delay,
             _describe(exc),
-            extra={"group": self.group, "message_id": str(envelope.message_id)},
+            extra={**self._fields(envelope, None), "attempt": attempt},
         )
         self._emit("retry", f"{envelope.message_id} in {delay:.1f}s: {_describe(exc)[:200]}")
         return self._wait(delay)
@@ -390,12 +424,13 @@ class EventConsumer(Engine):
         )
         return ConsumeOutcome.PARKED
 
-    def _fields(self, envelope: Envelope | None, received: Received) -> dict[str, str]:
+    def _fields(self, envelope: Envelope | None, received: Received | None) -> dict[str, str]:
         return {
+            "worker": self.consumer_id,
             "group": self.group,
             "message_id": str(envelope.message_id) if envelope else "",
             "event_type": envelope.event_type if envelope else "",
-            "source": received.source,
+            "source": received.source if received is not None else "",
         }
 
 

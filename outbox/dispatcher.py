@@ -37,15 +37,19 @@ from ledon.db import DATABASE_ERRORS, alias_for, is_postgres
 from ledon.engine import FAILED, Engine, EngineStats
 from ledon.errors import format_error
 from ledon.pglisten import Listener
+from ledon.registry import EngineRecord
+from ledon.signals import send_logged
 
 from . import store
 from .conf import outbox_settings
 from .exceptions import TransportUnavailable
 from .faults import fault_point
 from .models import OutboxMessage
+from .signals import deliveries_recorded
+from .telemetry import publishing
 from .transports import get_transport
 from .transports.base import Transport
-from .types import Batch, DeliveryReport, RecordOutcome, RecoveryResult
+from .types import Batch, DeliveryReport, Envelope, RecordOutcome, RecoveryResult
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +148,7 @@ class _BatchLeaseKeeper(threading.Thread):
             "an outbox batch of %d message(s) lost its lease while publishing; its late "
             "record will be fenced off",
             len(batch.messages),
-            extra={"dispatcher_id": dispatcher.dispatcher_id},
+            extra={"worker": dispatcher.dispatcher_id},
         )
         self.unwatch(batch)
 
@@ -198,6 +202,9 @@ class Dispatcher(Engine):
 
     # ------------------------------------------------------------------ control
 
+    def registry_record(self) -> EngineRecord:
+        return EngineRecord(kind=self.kind, engine_id=self.dispatcher_id)
+
     def _emit(self, event: str, detail: str = "") -> None:
         if self.on_event is not None:
             self.on_event(event, detail)
@@ -208,7 +215,7 @@ class Dispatcher(Engine):
         logger.info(
             "outbox dispatcher %s starting",
             self.dispatcher_id,
-            extra={"dispatcher_id": self.dispatcher_id, "transport": self.transport.name},
+            extra={"worker": self.dispatcher_id, "transport": self.transport.name},
         )
         if not self.wait_for_database():
             self.transport.close()
@@ -284,26 +291,36 @@ class Dispatcher(Engine):
             self.transport.check()
         except TransportUnavailable as exc:
             # Messages stay Pending and are retried: nothing is lost meanwhile.
-            logger.warning("outbox transport unavailable at start-up: %s", exc)
+            logger.warning(
+                "outbox transport unavailable at start-up: %s",
+                exc,
+                extra={"worker": self.dispatcher_id, "transport": self.transport.name},
+            )
             self._emit("transport-unavailable", str(exc))
 
     # ------------------------------------------------------------------ one batch
 
     def dispatch_batch(self) -> int:
         """Claim, publish and record one batch; the number of messages claimed."""
+        started = time.monotonic()
         batch = store.claim_batch(self.dispatcher_id, limit=self.batch_size, now=self.clock())
         if batch is None:
             return 0
         self.stats.batches += 1
         self.stats.claimed += len(batch.messages)
         fault_point("outbox.dispatcher.claimed", batch=batch)
-        with self._lease_kept(batch):
-            reports = self._publish(batch)
+        with self._lease_kept(batch), publishing(batch.messages, self.transport.name) as spans:
+            reports = self._publish(batch, spans.messages)
+            spans.reported(reports)
         fault_point("outbox.dispatcher.published", batch=batch, reports=reports)
         outcomes = self._record(batch, reports)
         fault_point("outbox.dispatcher.recorded", batch=batch, outcomes=outcomes)
         for outcome in outcomes.values():
             self.stats.count(outcome)
+        send_logged(
+            deliveries_recorded, Dispatcher, "deliveries_recorded", log=logger,
+            dispatcher=self, outcomes=outcomes, messages=batch.messages,
+        )  # fmt: skip
         sent = sum(1 for o in outcomes.values() if o is RecordOutcome.SENT)
         failed = [r for r in reports if not r.ok]
         detail = f"{len(batch.messages)} claimed, {sent} sent"
@@ -313,7 +330,12 @@ class Dispatcher(Engine):
         logger.info(
             "outbox batch: %s",
             detail,
-            extra={"dispatcher_id": self.dispatcher_id, "claimed": len(batch.messages)},
+            extra={
+                "worker": self.dispatcher_id,
+                "claimed": len(batch.messages),
+                "sent": sent,
+                "duration": round(time.monotonic() - started, 6),
+            },
         )
         self._emit("batch", detail)
         return len(batch.messages)
@@ -334,13 +356,19 @@ class Dispatcher(Engine):
                 self._keeper.close()
                 self._keeper = None
 
-    def _publish(self, batch: Batch) -> list[DeliveryReport]:
-        """The transport's report for every message of the batch; a message it did not
-        confirm, or a batch it raised on, counts as failed."""
+    def _publish(self, batch: Batch, messages: Sequence[Envelope]) -> list[DeliveryReport]:
+        """The transport's report for every message of the batch (``messages``: as they
+        are published, trace context included); a message it did not confirm, or a
+        batch it raised on, counts as failed."""
         try:
-            returned: Sequence[DeliveryReport] = self.transport.publish(batch.messages)
+            returned: Sequence[DeliveryReport] = self.transport.publish(messages)
         except Exception as exc:
-            logger.warning("outbox transport failed on a batch: %s", exc, exc_info=True)
+            logger.warning(
+                "outbox transport failed on a batch: %s",
+                exc,
+                exc_info=True,
+                extra={"worker": self.dispatcher_id, "messages": len(messages)},
+            )
             error = format_error(exc)
             return [DeliveryReport.failed(m.message_id, error) for m in batch.messages]
         by_id: dict[uuid.UUID, DeliveryReport] = {r.message_id: r for r in returned}
@@ -388,7 +416,7 @@ class Dispatcher(Engine):
                 "recovered %d outbox message(s) of stopped dispatchers (%d parked)",
                 result.total,
                 result.parked,
-                extra={"dispatcher_id": self.dispatcher_id},
+                extra={"worker": self.dispatcher_id},
             )
             self._emit("recovered", f"{result.released} released, {result.parked} parked")
         return result

@@ -61,6 +61,11 @@ class InvalidTransition(OutboxError):
     """The message's current state does not allow this transition."""
 
 
+class MessageParked(OutboxError):
+    """The consumer parked the message (its reason is on the parked copy); recorded on
+    the message's consume span."""
+
+
 class TransportError(OutboxError):
     """The transport could not publish."""
 

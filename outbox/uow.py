@@ -49,6 +49,7 @@ from .exceptions import (
     UnitOfWorkRolledBack,
     WrongDatabase,
 )
+from .telemetry import trace_headers
 from .types import Envelope
 
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ def make_envelope(
         event_type=event.event_name,
         payload_json=payload_json,
         key=key,
-        headers=header_map,
+        # SPEC M: the current trace context (tracing on), unless the caller gave one.
+        headers={**trace_headers(), **header_map},
         created_at=timezone.now(),
     )
 

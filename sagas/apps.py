@@ -1,5 +1,10 @@
+from typing import Any
+
 from django.apps import AppConfig, apps
 
+from ledon.observability import OptionalLayers
+
+from .conf import sagas_settings
 from .exceptions import SagasConfigurationError
 from .registry import autodiscover
 
@@ -12,6 +17,12 @@ class SagasConfig(AppConfig):
     def ready(self) -> None:
         # Registers the system checks; they import the models, loaded by now.
         from . import checks  # noqa: F401
+
+        # SPEC M: the optional metrics and tracing.
+        self.optional_layers = OptionalLayers(
+            "sagas", read_settings=sagas_settings, invalid=SagasConfigurationError
+        )
+        self.optional_layers.configure()
 
         if apps.is_installed("jobs"):
             # S5: every run_jobs worker also recovers saga instances. Imported only
@@ -29,3 +40,9 @@ class SagasConfig(AppConfig):
             autodiscover()
         except SagasConfigurationError:
             return  # the system checks report the bad setting
+
+    def dashboard_panels(self, now: Any) -> list[Any]:
+        """The admin dashboard's panels of this app (see :mod:`ledon.dashboard`)."""
+        from .monitoring import dashboard_panels  # imports the models, loaded by now
+
+        return dashboard_panels(now)

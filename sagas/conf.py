@@ -39,6 +39,10 @@ class SagasSettings:
     #: its current step counts as failed (a step that kills or hangs its process every
     #: time); ``None``: no limit.
     MAX_TAKEOVERS: int | None = 3
+    #: SPEC M: Prometheus counters of finished instances (``[metrics]``).
+    METRICS: bool = False
+    #: SPEC M: an OpenTelemetry span per step and compensation (``[otel]``).
+    TRACING: bool = False
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -75,10 +79,11 @@ def _check(result: SagasSettings) -> None:
         raise SagasConfigurationError(
             f"SAGAS['MAX_TAKEOVERS'] must be None or an integer of at least 1, got {takeovers!r}"
         )
-    if not isinstance(result.RECOVER_IN_WORKER, bool):
-        raise SagasConfigurationError(
-            f"SAGAS['RECOVER_IN_WORKER'] must be True or False, got {result.RECOVER_IN_WORKER!r}"
-        )
+    for key in ("RECOVER_IN_WORKER", "METRICS", "TRACING"):
+        if not isinstance(getattr(result, key), bool):
+            raise SagasConfigurationError(
+                f"SAGAS[{key!r}] must be True or False, got {getattr(result, key)!r}"
+            )
     if result.heartbeat_seconds >= result.LEASE_SECONDS:
         raise SagasConfigurationError(
             "SAGAS['HEARTBEAT_SECONDS'] must be shorter than SAGAS['LEASE_SECONDS'] "

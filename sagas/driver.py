@@ -69,6 +69,7 @@ from .lease import DatabaseErrorReport, LeaseKeeper
 from .models import SagaInstance
 from .registry import SagaDefinition, SagaStep
 from .steps import StepOutcome, TimedStep, step_thread_for_caller
+from .telemetry import FINISHING_EVENTS, instance_finished, step_span, trace_context
 from .types import SagaSnapshot, SagaStatus
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,8 @@ class Driver:
     # ------------------------------------------------------------------ helpers
 
     def _emit(self, event: str, state: SagaSnapshot | None, detail: str = "") -> None:
+        if state is not None and event in FINISHING_EVENTS:
+            instance_finished(state, event)
         if self.on_event is not None:
             self.on_event(event, state, detail)
 
@@ -390,11 +393,14 @@ class Driver:
         self._current_cancel = cancel
         if self._stopped_short():
             cancel.set()
+        # The step runs on a thread of its own: its span's parent is this thread's.
+        parent = trace_context()
 
         def body() -> None:
-            self._transaction(
-                state, step, compensating=compensating, attempt=attempt, cancel=cancel
-            )
+            with step_span(state, step.name, compensating, attempt, parent):
+                self._transaction(
+                    state, step, compensating=compensating, attempt=attempt, cancel=cancel
+                )
 
         timeout = step.timeout if step.timeout is not None else self.settings.STEP_TIMEOUT
 

@@ -32,6 +32,7 @@ from django.utils import timezone
 from ledon.db import DATABASE_ERRORS, alias_for, in_test_case_transaction
 from ledon.engine import FAILED, Engine, EngineStats, Failed, StopLevel
 from ledon.faults import fault_point
+from ledon.registry import EngineRecord
 
 from . import store, validation
 from .conf import sagas_settings
@@ -130,6 +131,14 @@ class SagaRunner(Engine):
             driver.abandon()
         elif level >= StopLevel.CANCEL:
             driver.interrupt()
+
+    def registry_record(self) -> EngineRecord:
+        return EngineRecord(
+            kind=self.kind, engine_id=self.runner_id, queues=tuple(sorted(self.names or ()))
+        )
+
+    def running_count(self) -> int:
+        return 0 if self._driver is None else 1
 
     def _emit(self, event: str, state: SagaSnapshot | None, detail: str = "") -> None:
         if self.on_event is not None:

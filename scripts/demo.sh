@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make demo: a fresh SQLite database, three sample jobs, one worker in burst mode; the
-# shop; a schedule firing every two seconds.
+# shop; a schedule firing every two seconds; a worker serving its metrics; where to look.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
@@ -44,3 +44,49 @@ kill -TERM "$worker"
 wait "$worker"
 worker=
 "$PY" manage.py list_schedules
+
+echo
+echo "== observability: a worker serving Prometheus metrics (--metrics-port), its row in the workers registry"
+"$PY" manage.py shop_demo place
+log="$dir/observed-worker.log"
+"$PY" manage.py run_jobs --metrics-port 0 --worker-id demo-observed >"$log" 2>&1 &
+worker=$!
+"$PY" - "$log" <<'PYTHON'
+import re, sys, time, urllib.request
+log, deadline, url = sys.argv[1], time.monotonic() + 60, None
+while time.monotonic() < deadline:  # the worker prints its address once it listens
+    found = re.search(r"metrics on http://0\.0\.0\.0:(\d+)/metrics", open(log).read())
+    if found:
+        url = f"http://127.0.0.1:{found.group(1)}/metrics"
+        break
+    time.sleep(0.2)
+if url is None:
+    sys.exit("the worker did not start its metrics server:\n" + open(log).read())
+wanted = ("ledon_jobs_finished_total", "ledon_jobs_queued", "ledon_workers", "ledon_outbox_pending",
+          "ledon_scrape_duration_seconds")
+while time.monotonic() < deadline:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    if 'ledon_workers{kind="worker",state="live"}' in text and "ledon_jobs_finished_total{" in text:
+        break
+    time.sleep(0.5)
+print(f"scraped {url}:")
+for line in text.splitlines():
+    if line.startswith(wanted):
+        print("  " + line)
+PYTHON
+kill -TERM "$worker"
+wait "$worker"
+worker=
+
+cat <<'TEXT'
+
+== where to look
+- The dashboard: python manage.py createsuperuser, python manage.py runserver, then
+  http://127.0.0.1:8000/admin/jobs/dashboard/ (queues, throughput per minute, workers,
+  schedules, outbox lag, sagas needing attention; it reloads itself).
+- The workers registry: http://127.0.0.1:8000/admin/jobs/workerrecord/
+- Prometheus metrics: run_jobs / dispatch_outbox / consume_events / recover_sagas
+  --metrics-port N, or route ledon.metrics.metrics_view (this project: /metrics).
+- Tracing: JOBS/OUTBOX/SAGAS = {"TRACING": True} and an OpenTelemetry SDK; see
+  docs/operations.md.
+TEXT

@@ -118,6 +118,8 @@ JOBS: dict[str, Any] = {
     "UNKNOWN_HANDLER_RETRY_SECONDS": env.float("JOBS_UNKNOWN_HANDLER_RETRY_SECONDS", default=600),
     "UNKNOWN_HANDLER_RETRY_DELAY": env.float("JOBS_UNKNOWN_HANDLER_RETRY_DELAY", default=10),
     "LISTEN_DATABASE": "listen" if _LISTEN_DATABASE_URL else None,
+    "WORKERS_HEARTBEAT_SECONDS": env.float("JOBS_WORKERS_HEARTBEAT_SECONDS", default=10),
+    "WORKERS_RETENTION_SECONDS": env.float("JOBS_WORKERS_RETENTION_SECONDS", default=86_400),
 }
 
 # Django's tasks framework, backed by the job store: ``manage.py run_jobs`` runs the

@@ -40,6 +40,15 @@ def pg_only() -> None:
         pytest.skip("PostgreSQL only")
 
 
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """OpenTelemetry's in-memory exporter: the spans the test's code ends (see
+    ``otel_support``)."""
+    from otel_support import collected
+
+    yield from collected()
+
+
 # --------------------------------------------------------------------------- job set-up
 
 

@@ -104,3 +104,50 @@ def test_admin_login_list_cancel_and_retry_in_a_browser(page):
     page.wait_for_selector("pre")
     _shot(page, "05-job-page")
     assert "simulated outage" in page.content()
+
+
+def test_dashboard_shows_a_known_workload_and_reloads_itself(page, live_server, settings):
+    """SPEC M: the dashboard's numbers for a known workload, nothing requested from
+    another site, and a reload by itself; its screenshot is kept."""
+    from dashboard_support import make_workload
+
+    make_workload(settings)
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto("/admin/login/?next=/admin/jobs/dashboard/%3Frefresh%3D2")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "password")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#queues")
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    _shot(page, "10-dashboard")
+
+    row = page.locator('#queues tr[data-queue="dash-a"]')
+    assert row.locator(".queued").inner_text() == "2"
+    assert row.locator(".running").inner_text() == "1"
+    assert "5 min" in row.locator(".oldest").inner_text()
+    chart = page.locator('#throughput figure[data-queue="dash-a"]')
+    assert chart.locator(".succeeded").inner_text() == "3"
+    assert chart.locator(".failed").inner_text() == "1"
+    # The bars add up to the workload (one minute's bar, or two across a minute's end).
+    for bar, count in (("bar-ok", 3), ("bar-failed", 1)):
+        titles = chart.locator(f"svg rect.{bar} title").all_text_contents()
+        assert 1 <= len(titles) <= 2
+        assert sum(int(title.split()[0]) for title in titles) == count
+    assert "waiting-long" in page.locator("#oldest-job").inner_text()
+    assert page.locator("#workers h2").inner_text() == "Workers: 1 live, 1 silent"
+    outbox = page.locator('section[data-panel="Outbox"]')
+    assert outbox.locator('[data-fact="pending"] strong').inner_text() == "2"
+    assert outbox.locator('[data-fact="parked"] strong').inner_text() == "1"
+    sagas = page.locator('section[data-panel="Sagas needing attention"]')
+    assert sagas.locator('[data-fact="needing attention"] strong').inner_text() == "1"
+
+    # It reloads by itself (every 2 s here), reading the database again.
+    before = page.locator("#dashboard-time").inner_text()
+    submit_job("dash", "arrived", JobSubmission.create("demo.report", {}, queue="dash-a"))
+    page.wait_for_function(
+        "document.querySelector('#queues tr[data-queue=\"dash-a\"] .queued').textContent === '3'",
+        timeout=15_000,
+    )
+    assert page.locator("#dashboard-time").inner_text() != before
+    assert [url for url in requests if not url.startswith(live_server.url)] == []

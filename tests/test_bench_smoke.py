@@ -187,3 +187,29 @@ def test_physical_targets_read_ratios_against_the_floor_and_the_curve() -> None:
     assert verdicts["Scale-out: throughput never falls as processes are added"][1] is False
     assert verdicts["5 ms handler at concurrency 16 ≥ 90% of the ideal"][1] is True
     assert "## What holds, and what stops the rest" in report.render(document)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_the_observability_benchmark_runs_small(tmp_path: Path) -> None:
+    out = tmp_path / "observability.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.observability", "--database-url", server_url(),
+         "--rows", "2000", "--scrapes", "3", "--jobs", "10", "--rounds", "1", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["rows"] == 2000
+    assert figures["scrape"]["scrapes"] == 3
+    assert {"ledon_jobs_queued", "ledon_outbox_pending", "ledon_sagas"} <= set(
+        figures["scrape"]["families"]
+    )
+    for variant in ("off", "metrics", "tracing", "both"):
+        assert figures["jobs"][variant]["jobs_per_s"] > 0
+    assert figures["jobs"]["off"]["ratio"] == figures["jobs"]["off"]["cpu_ratio"] == 1.0
+    assert set(figures["scrape"]["median_ms_per_source"]) == {"jobs", "outbox", "sagas"}
+    assert "metrics and tracing" in done.stdout

@@ -3,6 +3,8 @@ the key that was meant, and names a settings reference page that exists."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import re
 from pathlib import Path
 
@@ -10,8 +12,11 @@ import pytest
 from django.test import override_settings
 
 from jobs.checks import check_jobs_settings
+from jobs.conf import JobsSettings
 from outbox.checks import check_outbox_settings
+from outbox.conf import OutboxSettings
 from sagas.checks import check_sagas_settings
+from sagas.conf import SagasSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "docs" / "settings.md"
@@ -86,7 +91,7 @@ def test_the_reference_defaults_are_the_codes(setting) -> None:
     section = REFERENCE.read_text().split(f"\n## {setting}\n", 1)[1].split("\n## ", 1)[0]
     documented = dict(re.findall(r"^\| `(\w+)` \| `([^`]+)`", section, re.M))
     for f in fields(cls):
-        default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+        default = f.default_factory() if f.default is MISSING else f.default
         assert ast.literal_eval(documented[f.name]) == default, f.name
 
 
@@ -158,3 +163,31 @@ def test_the_test_project_is_configured_as_the_check_asks() -> None:
     from ledon.checks import check_sqlite_options
 
     assert check_sqlite_options() == []
+
+
+def _documented_defaults(section: str) -> dict[str, object]:
+    """The reference's table under ``## section``: each key and its default, read as
+    the Python literal its second column shows."""
+    text = REFERENCE.read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([A-Z_]+)` \| `([^`]+)`", body, re.M)
+    return {key: ast.literal_eval(default) for key, default in rows}
+
+
+@pytest.mark.parametrize(
+    ("section", "settings_class"),
+    [("JOBS", JobsSettings), ("OUTBOX", OutboxSettings), ("SAGAS", SagasSettings)],
+)
+def test_the_reference_lists_every_setting_with_the_codes_default(section, settings_class):
+    documented = _documented_defaults(section)
+    defaults = {
+        f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+        for f in dataclasses.fields(settings_class)
+    }
+    assert sorted(documented) == sorted(defaults)
+    wrong = {
+        key: (documented[key], default)
+        for key, default in defaults.items()
+        if documented[key] != default or type(documented[key]) is not type(default)
+    }
+    assert wrong == {}

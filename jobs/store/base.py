@@ -21,7 +21,7 @@ from ..types import (
 )
 from . import sql
 
-#: Rows per statement of a bulk write on SQLite (an insert of 14 parameters a row;
+#: Rows per statement of a bulk write on SQLite (an insert of 19 parameters a row;
 #: SQLite accepts 32,766 parameters per statement) and jobs per read of a batch.
 CHUNK_ROWS = 500
 

@@ -55,6 +55,7 @@ NEW_JOB_ROW = {
     "queue": "varchar",
     "priority": "smallint",
     "max_attempts": "int",
+    "trace_context": "text",
     "initial_not_before": "timestamptz",
 }
 #: The columns of a new job that vary from job to job.
@@ -100,7 +101,7 @@ def insert_jobs(rows: int, *, notify: bool = False) -> str:
 
 
 _ROW_VALUES = [f"(r->>{n})::{kind}" for n, kind in enumerate(NEW_JOB_ROW.values())]
-_NOT_BEFORE = _ROW_VALUES[len(NEW_JOB_ROW) - 1]
+_NOT_BEFORE = _ROW_VALUES[list(NEW_JOB_ROW).index("initial_not_before")]
 
 #: PostgreSQL: a bulk insert as one parameter whatever the number of rows: ``rows``,
 #: a JSON array with one array of the :data:`NEW_JOB_ROW` values per job (the
@@ -122,7 +123,9 @@ INSERT_JOBS_JSON = (
 #: A Claim's fields that a claim returns by name (``token`` and ``attempt`` are the
 #: job's new ``current_token`` and ``attempt_count``).
 CLAIM_FIELDS = tuple(
-    name for name in Claim.__dataclass_fields__ if name not in ("worker_id", "lease_expires_at")
+    name
+    for name in Claim.__dataclass_fields__
+    if name not in ("worker_id", "lease_expires_at", "due_at", "started_at")
 )
 _CLAIM_EXPRESSIONS = {"token": "current_token", "attempt": "attempt_count"}
 #: The columns of each job a claim started: its primary key, :data:`CLAIM_FIELDS`, and

@@ -13,6 +13,7 @@ from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ledon.db import adapt_dt, alias_for, connection_for, in_caller_atomic_block, is_postgres
+from ledon.tracing import carrier_text, tracer
 
 from ..conf import jobs_settings
 from ..db import fetch, numbered
@@ -32,6 +33,7 @@ from ..types import (
 from . import sql
 from .base import CHUNK_ROWS, current_time, notify
 from .reads import snapshot
+from .telemetry import observed_submission
 
 
 def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> JobSnapshot:
@@ -62,15 +64,26 @@ def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetim
 
 
 #: The columns of a new job that its snapshot does not show.
-_UNSEEN = ("leased_by", "updated_at")
+_UNSEEN = ("leased_by", "updated_at", "trace_context")
 
 
-def _new_row(job: JobSnapshot) -> dict[str, Any]:
+def _new_row(job: JobSnapshot, trace_context: str | None) -> dict[str, Any]:
     """The values the insert of the new job ``job`` sets, by column
-    (:data:`sql.NEW_JOB_COLUMNS`)."""
+    (:data:`sql.NEW_JOB_COLUMNS`); ``trace_context`` is the submitter's (SPEC M)."""
     row = {name: getattr(job, name) for name in sql.NEW_JOB_COLUMNS if name not in _UNSEEN}
-    row.update(status=job.status.value, leased_by="", updated_at=job.created_at)
+    row.update(
+        status=job.status.value,
+        leased_by="",
+        updated_at=job.created_at,
+        trace_context=trace_context,
+    )
     return row
+
+
+def _trace_context() -> str | None:
+    """The current span's context as stored with a new job: called inside the
+    submission's span (see :mod:`.telemetry`), so its attempts become children."""
+    return carrier_text(tracer("jobs").current())
 
 
 def _adapted(connection: BaseDatabaseWrapper, row: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +103,7 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     connection = connection_for(Job)
     job = _new_snapshot(scope_hash, job_id, sub, now)
     wake = job.next_run_at <= now and is_postgres(connection)
-    params = numbered([_adapted(connection, _new_row(job))])
+    params = numbered([_adapted(connection, _new_row(job, _trace_context()))])
     if wake:
         params["channel"] = jobs_settings().NOTIFY_CHANNEL
     if not fetch(connection, sql.insert_jobs(1, notify=wake), params, prepare=True):
@@ -98,7 +111,7 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     return job
 
 
-def _json_rows(items: Sequence[tuple[str, str, JobSubmission]]) -> str:
+def _json_rows(items: Sequence[tuple[str, str, JobSubmission]], trace_context: str | None) -> str:
     """The ``rows`` parameter of :data:`sql.INSERT_JOBS_JSON`: one JSON array of the
     :data:`sql.NEW_JOB_ROW` values per item (a payload travels as its JSON text)."""
     return json.dumps(
@@ -112,6 +125,7 @@ def _json_rows(items: Sequence[tuple[str, str, JobSubmission]]) -> str:
                 sub.queue,
                 sub.priority,
                 sub.max_attempts,
+                trace_context,
                 None if sub.initial_not_before is None else sub.initial_not_before.isoformat(),
             ]
             for scope_hash, job_id, sub in items
@@ -133,15 +147,17 @@ def _insert_many(
     if not jobs:
         return {}
     inserted_rows: list[dict[str, Any]] = []
+    trace_context = _trace_context()
     if is_postgres(connection):
-        first = _new_row(jobs[0])
+        first = _new_row(jobs[0], trace_context)
         params = {name: first[name] for name in sql.NEW_JOB_SHARED}
-        params["rows"] = _json_rows(items)
+        params["rows"] = _json_rows(items, trace_context)
         inserted_rows = fetch(connection, sql.INSERT_JOBS_JSON, params, prepare=True)
     else:
         for start in range(0, len(jobs), CHUNK_ROWS):
             chunk = [
-                _adapted(connection, _new_row(job)) for job in jobs[start : start + CHUNK_ROWS]
+                _adapted(connection, _new_row(job, trace_context))
+                for job in jobs[start : start + CHUNK_ROWS]
             ]
             inserted_rows += fetch(connection, sql.insert_jobs(len(chunk)), numbered(chunk))
     keys = {(row["scope_hash"], row["job_id"]) for row in inserted_rows}
@@ -189,6 +205,7 @@ def _existing_or_conflict(scope_hash: str, job_id: str, sub: JobSubmission) -> J
     return _same_request(snapshot(job), job_id, sub).job()
 
 
+@observed_submission("submit")
 def submit(
     scope_hash: str, job_id: str, sub: JobSubmission, *, now: datetime | None = None
 ) -> JobSnapshot:
@@ -214,6 +231,7 @@ def submit(
     raise JobIdentityUnresolved([job_id])
 
 
+@observed_submission("submit")
 def submit_many(
     items: Sequence[tuple[str, str, JobSubmission]], *, now: datetime | None = None
 ) -> list[SubmitResult]:
@@ -271,6 +289,7 @@ def submit_many(
     return outcomes
 
 
+@observed_submission("stage")
 def stage(
     scope_hash: str, job_id: str, sub: JobSubmission, *, now: datetime | None = None
 ) -> JobSnapshot:

@@ -24,6 +24,8 @@ from ledon.pglisten import Listener
 from .. import execution
 from ..conf import JobsSettings
 from ..handlers import JobContext
+from ..log_fields import attempt_fields
+from ..signals import finished_attempt
 from ..types import Claim, ExecutionStatus, FinishOutcome
 
 logger = logging.getLogger(__name__)
@@ -108,6 +110,10 @@ class WorkerBase(Engine):
         with self._lock:
             return list(self._running)
 
+    def running_count(self) -> int:
+        with self._lock:
+            return len(self._running)
+
     def _busy(self) -> bool:
         """Whether a handler runs or waits to run, or a settle is under way."""
         with self._lock:
@@ -137,7 +143,7 @@ class WorkerBase(Engine):
             logger.warning(
                 "finishing job %s failed; it is recovered when its lease expires",
                 claim.job_id,
-                extra={"job_id": claim.job_id, "attempt": claim.attempt},
+                extra=attempt_fields(claim),
             )
             return
         fault_point("jobs.worker.finished", job_id=claim.job_id, outcome=outcome.value)
@@ -160,8 +166,9 @@ class WorkerBase(Engine):
             "job %s %s",
             claim.job_id,
             event,
-            extra={"job_id": claim.job_id, "attempt": claim.attempt, "outcome": outcome.value},
+            extra=attempt_fields(claim, now=self.clock(), outcome=outcome.value, event=event),
         )
+        finished_attempt(claim, outcome, retry_scheduled=event == "retry-scheduled")
         self._emit(event, claim, detail)
 
     # ------------------------------------------------------------------ watching

@@ -13,6 +13,7 @@ from django.utils import timezone
 from ledon.db import alias_for, is_postgres
 from ledon.engine import FAILED, StopLevel
 from ledon.faults import fault_point
+from ledon.registry import EngineRecord
 from ledon.renamed import renamed_attribute
 
 from .. import execution
@@ -96,6 +97,14 @@ class Worker(Shutdown):
 
     stop_requested = renamed_attribute("Worker.stop_requested", "stopping")
 
+    def registry_record(self) -> EngineRecord:
+        return EngineRecord(
+            kind=self.kind,
+            engine_id=self.worker_id,
+            queues=tuple(self.queues),
+            concurrency=self.concurrency,
+        )
+
     def report(self, event: str, detail: str = "") -> None:
         """Tell the worker's event callback about ``event`` (for work running beside
         the worker, such as saga recovery); ``run_jobs`` prints it."""
@@ -107,7 +116,7 @@ class Worker(Shutdown):
         logger.info(
             "worker %s starting",
             self.worker_id,
-            extra={"worker_id": self.worker_id, "queues": self.queues},
+            extra={"worker": self.worker_id, "queues": self.queues},
         )
         if not self.wait_for_database():
             self._emit("stopped", None, self.stats.summary())
@@ -237,7 +246,7 @@ class Worker(Shutdown):
             logger.warning(
                 "recovered %d attempt(s) whose worker stopped",
                 len(recovered),
-                extra={"worker_id": self.worker_id},
+                extra={"worker": self.worker_id},
             )
 
     # ------------------------------------------------------------------ retention

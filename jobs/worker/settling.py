@@ -20,6 +20,7 @@ from ledon.faults import fault_point
 from .. import execution
 from ..exceptions import JobsError
 from ..handlers import JobContext
+from ..log_fields import attempt_fields
 from ..types import Claim
 from .base import Running, WorkerBase
 
@@ -76,7 +77,10 @@ class Settling(WorkerBase):
                 self.database_failed("finishing and claiming jobs", exc)
                 return [], limit
             except (DatabaseError, JobsError):
-                logger.exception("finishing and claiming jobs failed; finishing one by one")
+                logger.exception(
+                    "finishing and claiming jobs failed; finishing one by one",
+                    extra={"worker": self.worker_id, "finished": len(done), "claim_limit": limit},
+                )
                 self.reset_connection()
                 for finished, result in done:
                     self._finish_alone(finished, result)
@@ -160,6 +164,10 @@ class Settling(WorkerBase):
                 lambda: execution.complete(claim.token, result, now=self.clock()),
             )
         except JobsError:
-            logger.exception("finishing job %s failed; it will be recovered", claim.job_id)
+            logger.exception(
+                "finishing job %s failed; it will be recovered",
+                claim.job_id,
+                extra=attempt_fields(claim),
+            )
         finally:
             self._release(claim)

@@ -14,6 +14,7 @@ from ledon.db import DATABASE_ERRORS
 from ledon.engine import StopLevel
 
 from .. import execution
+from ..signals import finished_attempt
 from .threads import HandlerThreads
 
 logger = logging.getLogger(__name__)
@@ -53,10 +54,11 @@ class Shutdown(HandlerThreads):
                     "%d attempt(s) could not be finished or re-queued at shutdown; they are "
                     "recovered when their lease expires",
                     len(leftovers),
-                    extra={"worker_id": self.worker_id},
+                    extra={"worker": self.worker_id},
                 )
                 return
             self.stats.count(outcome)
+            finished_attempt(entry.claim, outcome, retry_scheduled=False)
             self._emit("requeued", entry.claim, "handler did not stop in time")
 
     def _wait_for_handlers(self, seconds: float, *, until: threading.Event) -> bool:

@@ -22,6 +22,7 @@ from ledon.pglisten import Listener
 
 from ..attempts import Ending, run_attempt
 from ..handlers import JobContext
+from ..log_fields import attempt_fields
 from ..types import Claim
 from .settling import Settling
 
@@ -98,7 +99,11 @@ class HandlerThreads(Settling):
         except Exception:
             # Never let a worker thread die: the attempt stays Running, its lease
             # is no longer renewed, and recovery re-queues it after expiry.
-            logger.exception("finishing job %s failed; it will be recovered", claim.job_id)
+            logger.exception(
+                "finishing job %s failed; it will be recovered",
+                claim.job_id,
+                extra=attempt_fields(claim),
+            )
         finally:
             if not handed_over:
                 self._release(claim)

@@ -12,7 +12,7 @@ from jobs.exceptions import JobsError
 from jobs.handlers import autodiscover, registered_handlers
 from jobs.types import Claim
 from jobs.worker import Worker
-from ledon.commands import run_engine
+from ledon.commands import add_metrics_port, run_engine
 from ledon.engine import StopLevel
 
 #: What each signal does, by the stop level it reaches.
@@ -27,6 +27,7 @@ class Command(BaseCommand):
     help = "Run jobs: claim due jobs, run their handlers, recover stopped workers' attempts."
 
     def add_arguments(self, parser: CommandParser) -> None:
+        add_metrics_port(parser)
         parser.add_argument(
             "--concurrency",
             type=int,
@@ -91,6 +92,7 @@ class Command(BaseCommand):
         run_engine(
             worker, worker.run, out=self.stdout, name=f"worker {worker.worker_id}",
             meaning=SIGNAL_MEANING, style=self.style.SUCCESS,
+            metrics_port=options["metrics_port"],
         )  # fmt: skip
 
     def _hint_other_queues(self, queues: list[str]) -> None:

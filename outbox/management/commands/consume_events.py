@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledon.commands import run_engine
+from ledon.commands import add_metrics_port, run_engine
 from ledon.engine import StopLevel
 from outbox.conf import outbox_settings
 from outbox.consumer import EventConsumer
@@ -31,6 +31,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        add_metrics_port(parser)
         parser.add_argument(
             "--group",
             required=True,
@@ -107,6 +108,7 @@ class Command(BaseCommand):
             run_engine(
                 consumer, consumer.run, out=self.stdout, name=f"consumer {consumer.group}",
                 meaning=SIGNAL_MEANING, style=self.style.SUCCESS,
+                metrics_port=options["metrics_port"],
             )  # fmt: skip
         except OutboxError as exc:
             raise CommandError(str(exc)) from exc

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledon.commands import run_engine
+from ledon.commands import add_metrics_port, run_engine
 from ledon.engine import StopLevel
 from outbox import validation
 from outbox.conf import outbox_settings
@@ -28,6 +28,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        add_metrics_port(parser)
         parser.add_argument("--burst", action="store_true", help="exit when no message is due")
         parser.add_argument(
             "--batch-size",
@@ -73,7 +74,7 @@ class Command(BaseCommand):
         run_engine(
             dispatcher, dispatcher.run, out=self.stdout,
             name=f"dispatcher {dispatcher.dispatcher_id}", meaning=SIGNAL_MEANING,
-            style=self.style.SUCCESS,
+            style=self.style.SUCCESS, metrics_port=options["metrics_port"],
         )  # fmt: skip
 
     def _printer(self, verbosity: int) -> Any:

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledon.commands import run_engine
+from ledon.commands import add_metrics_port, run_engine
 from ledon.engine import StopLevel
 from sagas import validation
 from sagas.exceptions import SagaError
@@ -29,6 +29,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        add_metrics_port(parser)
         parser.add_argument(
             "--burst", action="store_true", help="exit when no instance is left to claim"
         )
@@ -72,6 +73,7 @@ class Command(BaseCommand):
         run_engine(
             runner, runner.run, out=self.stdout, name=f"saga runner {runner.runner_id}",
             meaning=SIGNAL_MEANING, style=self.style.SUCCESS,
+            metrics_port=options["metrics_port"],
         )  # fmt: skip
 
     def _printer(self, verbosity: int) -> Any:

@@ -1,0 +1,134 @@
+"""Prometheus metrics of jobs (SPEC M; ``JOBS["METRICS"]``, the ``[metrics]`` extra).
+
+- ``ledon_jobs_enqueued_total{queue,handler}`` — from :data:`jobs.signals.jobs_enqueued`
+  (staged jobs when their transaction commits);
+- ``ledon_jobs_finished_total{queue,handler,outcome}`` — from
+  :data:`jobs.signals.attempt_finished`;
+- ``ledon_job_wait_seconds{queue,handler}`` (due → start) and
+  ``ledon_job_run_seconds{queue,handler}`` — from :func:`metrics_middleware`;
+- at scrape time, from the database (:mod:`jobs.monitoring.reads`):
+  ``ledon_jobs_queued{queue}``, ``ledon_jobs_running{queue}``,
+  ``ledon_jobs_oldest_due_age_seconds{queue}`` and ``ledon_workers{kind,state}``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.utils import timezone
+from django.utils.decorators import sync_and_async_middleware
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from ledon import metrics
+from ledon.metrics import metrics_view
+
+from ..monitoring import reads
+from ..signals import attempt_finished, jobs_enqueued
+from ..types import Claim, FinishOutcome, JobSnapshot
+
+if TYPE_CHECKING:
+    from ..handlers import JobContext
+
+__all__ = ["install", "metrics_middleware", "metrics_view", "uninstall"]
+
+
+def _waited(claim: Claim) -> None:
+    if claim.due_at is not None:
+        waited = (timezone.now() - claim.due_at).total_seconds()
+        metrics.JOB_WAIT.labels(claim.queue, claim.handler).observe(max(waited, 0.0))
+
+
+def _ran(claim: Claim, started: float) -> None:
+    metrics.JOB_RUN.labels(claim.queue, claim.handler).observe(time.perf_counter() - started)
+
+
+@sync_and_async_middleware
+def metrics_middleware(call_next: Callable[..., Any]) -> Callable[..., Any]:
+    """The middleware ``JOBS["METRICS"]`` adds: each attempt's wait and run time."""
+    if inspect.iscoroutinefunction(call_next):
+
+        async def async_middleware(ctx: JobContext) -> Any:
+            _waited(ctx.claim)
+            started = time.perf_counter()
+            try:
+                return await call_next(ctx)
+            finally:
+                _ran(ctx.claim, started)
+
+        return async_middleware
+
+    def middleware(ctx: JobContext) -> Any:
+        _waited(ctx.claim)
+        started = time.perf_counter()
+        try:
+            return call_next(ctx)
+        finally:
+            _ran(ctx.claim, started)
+
+    return middleware
+
+
+def _count_enqueued(
+    sender: Any, *, snapshots: list[JobSnapshot], staged: bool, using: str, **kwargs: Any
+) -> None:
+    def count() -> None:
+        for snap in snapshots:
+            metrics.JOBS_ENQUEUED.labels(snap.queue, snap.handler).inc()
+
+    if staged:
+        transaction.on_commit(count, using=using)
+    else:
+        count()
+
+
+def outcome_label(outcome: FinishOutcome, *, retry_scheduled: bool) -> str:
+    """The ``outcome`` label of a finished attempt."""
+    return "retried" if retry_scheduled else outcome.value.replace("-", "_")
+
+
+def _count_finished(
+    sender: Any, *, claim: Claim, outcome: FinishOutcome, retry_scheduled: bool, **kwargs: Any
+) -> None:
+    label = outcome_label(outcome, retry_scheduled=retry_scheduled)
+    metrics.JOBS_FINISHED.labels(claim.queue, claim.handler, label).inc()
+
+
+def gauges() -> Iterable[Metric]:
+    """The jobs' gauges, read now (three indexed queries and the registry's rows)."""
+    now = timezone.now()
+    queued = GaugeMetricFamily("ledon_jobs_queued", "Queued jobs, per queue.", labels=["queue"])
+    running = GaugeMetricFamily("ledon_jobs_running", "Running jobs, per queue.", labels=["queue"])
+    oldest = GaugeMetricFamily(
+        "ledon_jobs_oldest_due_age_seconds",
+        "Seconds the longest-waiting due job has waited, per queue.",
+        labels=["queue"],
+    )
+    for state in reads.queue_states(now):
+        queued.add_metric([state.queue], state.queued)
+        running.add_metric([state.queue], state.running)
+        oldest.add_metric([state.queue], state.oldest_due_age(now))
+    workers = GaugeMetricFamily(
+        "ledon_workers",
+        "Engines in the workers registry, by kind and state (live, silent).",
+        labels=["kind", "state"],
+    )
+    for (kind, liveness), count in sorted(reads.worker_counts(now).items()):
+        workers.add_metric([kind, liveness], count)
+    return [queued, running, oldest, workers]
+
+
+_APP = metrics.AppMetrics(
+    "jobs",
+    gauges,
+    (
+        (jobs_enqueued, _count_enqueued, "jobs.metrics.enqueued"),
+        (attempt_finished, _count_finished, "jobs.metrics.finished"),
+    ),
+)
+#: Count from now on (idempotent) and add the jobs' gauges to every scrape.
+install = _APP.install
+uninstall = _APP.uninstall

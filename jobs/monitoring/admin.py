@@ -1,0 +1,164 @@
+"""The workers registry and the dashboard in the Django admin (SPEC M), staff only.
+
+- **Workers** (``jobs_workerrecord``): read-only; each row says whether the engine is
+  live or silent (no heartbeat for ``WORKERS_SILENT_AFTER`` heartbeats).
+- **Dashboard**: per-queue depth and running jobs, finished and failed jobs per minute
+  over the last hour as charts, the oldest waiting job, workers, the next runs of
+  schedules, and the other apps' panels (outbox lag, sagas needing attention). It
+  reloads itself every ``?refresh=`` seconds (default 10); charts are inline SVG and
+  the page loads nothing from elsewhere. Every query is indexed (see
+  :mod:`jobs.monitoring.reads`). Staff who may view jobs (``jobs.view_job``) see it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+
+from ledon.admin import ReadOnlyAdminMixin
+from ledon.dashboard import age, panels
+
+from . import reads
+from .charts import per_minute
+from .models import Dashboard, WorkerRecord
+from .registry import silent_after
+
+if TYPE_CHECKING:
+    _WorkerAdminBase = admin.ModelAdmin[WorkerRecord]
+    _DashboardAdminBase = admin.ModelAdmin[Dashboard]
+else:
+    _WorkerAdminBase = admin.ModelAdmin
+    _DashboardAdminBase = admin.ModelAdmin
+
+#: Seconds between two reloads of the dashboard, unless ``?refresh=`` says otherwise.
+REFRESH_SECONDS = 10
+
+
+@admin.register(WorkerRecord)
+class WorkerRecordAdmin(ReadOnlyAdminMixin, _WorkerAdminBase):
+    list_display = (
+        "kind",
+        "engine_id",
+        "state",
+        "host",
+        "pid",
+        "queue_list",
+        "concurrency",
+        "running",
+        "version",
+        "started_at",
+        "last_heartbeat_at",
+    )
+    list_filter = ("kind",)
+    search_fields = ("engine_id", "host")
+    search_help_text = "Worker id or host (contains)."
+    fields = readonly_fields = list_display
+    actions = None
+
+    @admin.display(description="state")
+    def state(self, obj: WorkerRecord) -> str:
+        silent_for = (timezone.now() - obj.last_heartbeat_at).total_seconds()
+        if silent_for <= silent_after().total_seconds():
+            return "live"
+        return f"silent for {age(silent_for)}"
+
+    @admin.display(description="queues")
+    def queue_list(self, obj: WorkerRecord) -> str:
+        return ", ".join(obj.queues) or "all"
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(_DashboardAdminBase):
+    """The dashboard, as the admin's "Dashboard" entry (its list page)."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_active and request.user.is_staff) and request.user.has_perm(
+            "jobs.view_job"
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        now = timezone.now()
+        refresh = _refresh(request.GET.get("refresh"))
+        queues = reads.queue_states(now)
+        throughput = reads.throughput(now)
+        names = sorted({q.queue for q in queues} | set(throughput.succeeded))
+        charts = []
+        for name in names:
+            ok, bad = throughput.succeeded.get(name, []), throughput.failed.get(name, [])
+            if not ok:
+                continue
+            total_ok, total_bad = sum(ok), sum(bad)
+            charts.append(
+                {
+                    "queue": name,
+                    "succeeded": total_ok,
+                    "failed": total_bad,
+                    "peak": max(s + f for s, f in zip(ok, bad, strict=True)),
+                    "svg": per_minute(
+                        ok,
+                        bad,
+                        title=f"{name}: {total_ok} succeeded and {total_bad} failed "
+                        "per minute, last hour",
+                    ),
+                }
+            )
+        oldest = reads.oldest_waiting(now)
+        live, silent = reads.workers(now)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Dashboard",
+            "opts": self.opts,
+            "now": now,
+            "refresh": refresh,
+            "queues": [
+                {
+                    "name": q.queue,
+                    "queued": q.queued,
+                    "running": q.running,
+                    "oldest": age(q.oldest_due_age(now)) if q.oldest_due_at else "",
+                }
+                for q in queues
+            ],
+            "charts": charts,
+            "oldest": oldest,
+            "oldest_age": age((now - oldest.next_run_at).total_seconds()) if oldest else "",
+            "oldest_link": (
+                reverse("admin:jobs_job_change", args=[oldest.pk]) if oldest is not None else ""
+            ),
+            "live": [(w, age((now - w.last_heartbeat_at).total_seconds())) for w in live],
+            "silent": [(w, age((now - w.last_heartbeat_at).total_seconds())) for w in silent],
+            "schedules": reads.next_schedules(),
+            "panels": panels(now),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/jobs/dashboard.html", context)
+
+
+def _refresh(value: str | None) -> int:
+    """Seconds between reloads: ``?refresh=`` (0 turns reloading off), else the default."""
+    if value is None:
+        return REFRESH_SECONDS
+    try:
+        return min(max(int(value), 0), 3600)
+    except ValueError:
+        return REFRESH_SECONDS

@@ -1,0 +1,55 @@
+"""What an app adds to the admin's dashboard (SPEC M), without importing the app that
+shows it: each installed app's config may define ``dashboard_panels(now)``, returning
+:class:`Panel` values, and the dashboard (in ``jobs``) lists them after its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.apps import apps
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """A table cell: text, linked to ``link`` (an admin page) when there is one."""
+
+    text: str
+    link: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Panel:
+    """A titled box: a few facts (label, value), then an optional table."""
+
+    title: str
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    headers: list[str] = field(default_factory=list)
+    #: Table rows of :class:`Cell` values.
+    rows: list[list[Cell]] = field(default_factory=list)
+    #: Where to see all of it (an admin list), or "".
+    link: str = ""
+    #: Whether something here needs a person (the panel is highlighted).
+    attention: bool = False
+
+
+def panels(now: datetime) -> list[Panel]:
+    """The panels of every installed app that has some, in INSTALLED_APPS order."""
+    found: list[Panel] = []
+    for config in apps.get_app_configs():
+        hook = getattr(config, "dashboard_panels", None)
+        if callable(hook):
+            found.extend(hook(now))
+    return found
+
+
+def age(seconds: float) -> str:
+    """``42 s``, ``3 min 5 s``, ``2 h 10 min``, ``3 d 4 h``."""
+    whole = int(max(seconds, 0))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    if whole < 86_400:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
+    return f"{whole // 86_400} d {whole % 86_400 // 3600} h"

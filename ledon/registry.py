@@ -1,0 +1,202 @@
+"""The workers registry (SPEC M): every running engine — job worker, outbox dispatcher,
+event consumer, saga runner — keeps a row saying who it is and that it is alive.
+
+This module holds no table: it defines what an engine records (:class:`EngineRecord`)
+and the interface of the store that keeps the rows (:class:`RegistryStore`). The
+``jobs`` app installs its store (the ``jobs_workerrecord`` table) in its ``ready()``;
+without ``jobs`` installed nothing is recorded. :class:`~ledon.engine.Engine` runs a
+:class:`Registration` around every engine's ``run()``:
+
+- once the engine's database answers, its row is written (an earlier row of the same
+  kind and id — a previous run that was killed — is replaced);
+- every ``heartbeat_seconds``, from a thread of its own, the row's heartbeat and
+  running count are renewed; when the row is written and every
+  :data:`CLEAN_UP_EVERY` heartbeats after, rows silent for longer than the store's
+  retention are deleted (any engine's, a killed one's);
+- when ``run()`` returns, the row is deleted. A process killed with SIGKILL leaves its
+  row, whose heartbeat then grows old: the admin shows it as silent.
+
+An engine run inside an open transaction (a test's) is not recorded. A registry write
+that fails is said once per outage and tried again at the next heartbeat; it never
+stops the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib.metadata import PackageNotFoundError, version
+from typing import Protocol
+
+from django.db import connections
+from django.utils import timezone
+
+from .db import DATABASE_ERRORS
+from .outage import OutageReporter
+
+logger = logging.getLogger(__name__)
+
+#: Heartbeats between two clean-ups of rows silent past the retention, by each engine
+#: (five minutes at the default heartbeat of ten seconds).
+CLEAN_UP_EVERY = 30
+
+
+def package_version() -> str:
+    try:
+        return version("django-ledon")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineRecord:
+    """What an engine says about itself in the registry."""
+
+    kind: str
+    engine_id: str
+    queues: tuple[str, ...] = ()
+    concurrency: int = 1
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    version: str = field(default_factory=package_version)
+    #: Distinguishes this run from an earlier one with the same kind and id.
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+class RegistryStore(Protocol):
+    """Where the rows live (installed by the ``jobs`` app)."""
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        """Seconds between two heartbeats of each engine."""
+        ...
+
+    def register(self, record: EngineRecord, *, running: int, now: datetime) -> None:
+        """Write the engine's row (replacing one of the same kind and id)."""
+        ...
+
+    def heartbeat(self, record: EngineRecord, *, running: int, now: datetime) -> bool:
+        """Renew the row; False if it is gone (deleted, or replaced by another run)."""
+        ...
+
+    def remove(self, record: EngineRecord) -> None:
+        """Delete the row, if it is still this run's."""
+        ...
+
+    def clean_up(self, *, now: datetime) -> int:
+        """Delete rows silent for longer than the retention; how many."""
+        ...
+
+
+_store: RegistryStore | None = None
+
+
+def install(store: RegistryStore | None) -> None:
+    """Make ``store`` the registry's (None: record nothing)."""
+    global _store
+    _store = store
+
+
+def installed() -> RegistryStore | None:
+    return _store
+
+
+class Registration:
+    """The row of one engine while it runs: written once ``ready`` is set, renewed
+    every heartbeat, deleted by :meth:`close`."""
+
+    def __init__(
+        self,
+        store: RegistryStore,
+        record: EngineRecord,
+        *,
+        alias: str,
+        running: Callable[[], int],
+        ready: threading.Event,
+        clock: Callable[[], datetime] = timezone.now,
+    ) -> None:
+        self.store = store
+        self.record = record
+        self.alias = alias
+        self.running = running
+        self.ready = ready
+        self.clock = clock
+        self.outage = OutageReporter(
+            logger, "workers registry", level=logging.WARNING, extra={"worker": record.engine_id}
+        )
+        self.registered = threading.Event()
+        self._beats = 0
+        self._closing = threading.Event()
+        self._thread = threading.Thread(
+            target=self._main, name=f"{record.kind}-registry", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the heartbeats and delete the row (a clean exit)."""
+        self._closing.set()
+        self.ready.set()  # an engine that never reached its database: nothing to wait for
+        self._thread.join(timeout)
+
+    def _main(self) -> None:
+        try:
+            self.ready.wait()
+            interval = self.store.heartbeat_seconds
+            while not self._closing.is_set():
+                self._beat()
+                self._closing.wait(interval)
+            if self.registered.is_set():
+                self._step("removing its row", lambda: self.store.remove(self.record))
+        finally:
+            connections.close_all()
+
+    def _beat(self) -> None:
+        now = self.clock()
+        running = self._running()
+        if self.registered.is_set():
+            kept = self._step(
+                "renewing its heartbeat",
+                lambda: self.store.heartbeat(self.record, running=running, now=now),
+            )
+            if kept is not False:
+                self._beats += 1
+                if self._beats % CLEAN_UP_EVERY == 0:
+                    self._step("deleting old rows", lambda: self.store.clean_up(now=now))
+                return
+            self.registered.clear()  # the row is gone: write it again
+
+        def register() -> bool:
+            self.store.register(self.record, running=running, now=now)
+            return True
+
+        if self._step("recording the engine", register):
+            self.registered.set()
+            self._step("deleting old rows", lambda: self.store.clean_up(now=now))
+
+    def _running(self) -> int:
+        try:
+            return self.running()
+        except Exception:  # a count is advisory; never stop the heartbeat for it
+            logger.exception("counting the running work of %s failed", self.record.engine_id)
+            return 0
+
+    def _step[T](self, what: str, call: Callable[[], T]) -> T | None:
+        try:
+            result = call()
+        except DATABASE_ERRORS as exc:
+            self.outage.failed(exc, doing=what, retry_in=self.store.heartbeat_seconds)
+            return None
+        finally:
+            # One short write every heartbeat: hold no connection in between.
+            connections[self.alias].close()
+        if self.outage.active:
+            self.outage.recovered()
+        return result
