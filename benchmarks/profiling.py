@@ -142,16 +142,18 @@ def _top(stats: pstats.Stats, jobs: int, count: int = 15) -> list[dict[str, Any]
     return rows[:count]
 
 
-def _server(url: str) -> dict[str, Any]:
-    """The finish-and-claim statement's server figures and the WAL syncs since the
-    last reset."""
+def _server(url: str, statements: bool) -> dict[str, Any]:
+    """The finish-and-claim statement's server figures (with ``statements``, when
+    ``pg_stat_statements`` is loaded) and the WAL syncs since the last reset."""
     with physical._connect(url) as conn:
-        statement = conn.execute(
-            "SELECT calls, mean_exec_time, shared_blks_hit, shared_blks_read,"
-            " shared_blks_dirtied, wal_records, wal_bytes FROM pg_stat_statements"
-            " WHERE toplevel AND query LIKE 'WITH done AS%%claimed AS (UPDATE%%'"
-            " ORDER BY calls DESC LIMIT 1"
-        ).fetchone()
+        statement = None
+        if statements:
+            statement = conn.execute(
+                "SELECT calls, mean_exec_time, shared_blks_hit, shared_blks_read,"
+                " shared_blks_dirtied, wal_records, wal_bytes FROM pg_stat_statements"
+                " WHERE toplevel AND query LIKE 'WITH done AS%%claimed AS (UPDATE%%'"
+                " ORDER BY calls DESC LIMIT 1"
+            ).fetchone()
         wal = conn.execute(
             "SELECT wal_records, wal_bytes, wal_write, wal_sync, wal_write_time, wal_sync_time"
             " FROM pg_stat_wal"
@@ -253,7 +255,7 @@ def profile(
         with _patched(timers):
             span, _ = _run_worker(concurrency, profile=False)
         time.sleep(1.1)  # backends flush their WAL statistics when they end
-        server = _server(url)
+        server = _server(url, statements)
         wall_ms = span * 1000 / jobs
 
         def per_job(name: str, timers: _Timers = timers) -> float:
