@@ -9,13 +9,14 @@ from django.core import checks
 from ledon.checks import check_sqlite_options
 from ledon.conf import settings_hint
 
-from .conf import jobs_settings
+from .conf import jobs_settings, queue_limits
 from .exceptions import JobsConfigurationError
 
 
 @checks.register()
 def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     jobs_settings.cache_clear()
+    queue_limits.cache_clear()
     try:
         jobs_settings()
     except JobsConfigurationError as exc:

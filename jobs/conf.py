@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.conf import settings
@@ -12,7 +12,9 @@ from django.dispatch import receiver
 
 from ledon.conf import unknown_keys_message
 
-from .exceptions import JobsConfigurationError
+from . import validation
+from .exceptions import InvalidLimits, JobsConfigurationError
+from .limits import Limits
 from .validation import scope_hash
 
 
@@ -70,6 +72,16 @@ class JobsSettings:
     #: claim; then it fails naming the handler and version. 0 fails it at once.
     UNKNOWN_HANDLER_RETRY_SECONDS: float = 600.0
     UNKNOWN_HANDLER_RETRY_DELAY: float = 10.0
+    #: J17: seconds a handler may run before it is signalled to stop, for handlers
+    #: that set no ``timeout``; None: no timeout.
+    JOB_TIMEOUT_SECONDS: float | None = None
+    #: J17: seconds a timed-out handler gets to stop before its attempt is failed
+    #: with ``JobTimedOut`` and its thread abandoned (a fresh one takes its slot).
+    TIMEOUT_GRACE_SECONDS: float = 5.0
+    #: J18: limits per queue, enforced by every worker's claim:
+    #: ``{"emails": {"max_running": 4, "rate": (10, 1)}}`` (keys: ``max_running``,
+    #: ``max_running_per_scope``, ``rate``).
+    QUEUES: dict[str, Any] = field(default_factory=dict)
 
 
 def _validate(values: dict[str, Any]) -> JobsSettings:
@@ -127,9 +139,51 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
         raise JobsConfigurationError(
             f"JOBS['SCHEDULE_SCOPE'] is not a valid scope: {exc}"
         ) from None
+    timeout = result.JOB_TIMEOUT_SECONDS
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
+        raise JobsConfigurationError(
+            f"JOBS['JOB_TIMEOUT_SECONDS'] must be None or a positive number, got {timeout!r}"
+        )
+    grace = result.TIMEOUT_GRACE_SECONDS
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+        raise JobsConfigurationError(
+            f"JOBS['TIMEOUT_GRACE_SECONDS'] must be a number of seconds >= 0, got {grace!r}"
+        )
+    _check_queues(result.QUEUES)
     if not isinstance(result.AUTODISCOVER_MODULE, str) or not result.AUTODISCOVER_MODULE:
         raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")
     return result
+
+
+_LIMIT_KEYS = ("max_running", "max_running_per_scope", "rate")
+
+
+def _check_queues(queues: Any) -> None:
+    if not isinstance(queues, dict):
+        raise JobsConfigurationError(
+            "JOBS['QUEUES'] must be a dict of queue name to limits, such as "
+            '{"emails": {"max_running": 4, "rate": (10, 1)}}'
+        )
+    for name, values in queues.items():
+        try:
+            validation.name(name, "queue", validation.MAX_QUEUE_LENGTH)
+        except ValueError as exc:
+            raise JobsConfigurationError(f"JOBS['QUEUES']: {exc}") from None
+        if not isinstance(values, dict):
+            raise JobsConfigurationError(
+                f"JOBS['QUEUES'][{name!r}] must be a dict of limits, got {values!r}"
+            )
+        unknown = sorted(set(values) - set(_LIMIT_KEYS))
+        if unknown:
+            raise JobsConfigurationError(
+                unknown_keys_message(f"JOBS['QUEUES'][{name!r}] key(s)", unknown, _LIMIT_KEYS)
+            )
+        try:
+            Limits(**values)
+        except InvalidLimits as exc:
+            raise JobsConfigurationError(f"JOBS['QUEUES'][{name!r}]: {exc}") from None
 
 
 @functools.cache
@@ -141,7 +195,15 @@ def jobs_settings() -> JobsSettings:
     return _validate(dict(values))
 
 
+@functools.cache
+def queue_limits() -> dict[str, Limits]:
+    """``JOBS["QUEUES"]`` as :class:`~jobs.limits.Limits` (queues without any left out)."""
+    limits = {name: Limits(**values) for name, values in jobs_settings().QUEUES.items()}
+    return {name: value for name, value in limits.items() if value}
+
+
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
     if setting == "JOBS":
         jobs_settings.cache_clear()
+        queue_limits.cache_clear()

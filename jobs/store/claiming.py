@@ -1,6 +1,11 @@
 """Claiming: Queued -> Running with a new token and its attempt row (J6), alone or
 after finishing a batch of attempts in the same transaction (J8, see
-:mod:`jobs.store.finishing`)."""
+:mod:`jobs.store.finishing`).
+
+A claim no limit applies to is one statement (:func:`jobs.store.sql.claim`); a claim
+under limits (J18) locks, counts, picks and claims in one transaction (see
+:mod:`jobs.store.limits`). Either skips paused queues (J18) in its guard.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from ..db import (
     numbered,
     read_dt,
 )
+from ..limits import NO_LIMITS, ClaimLimits
 from ..models import Job
 from ..types import Claim, FinishOutcome
 from . import sql
@@ -38,6 +44,7 @@ from .finishing import (
     outcomes,
     read_finished,
 )
+from .limits import choose, counted, lock_keys, read_usage, record_starts
 
 
 def _claim_rows(
@@ -50,9 +57,13 @@ def _claim_rows(
     expires: datetime,
     now: datetime,
     finishing: Sequence[Finishing] = (),
+    chosen: Sequence[int] | None = None,
 ) -> tuple[dict[str, Finished], list[Claim]]:
     """Claim inside the caller's transaction (see :func:`claim`); on PostgreSQL, first
-    finish ``finishing`` in the same statement (the J8 rule of :func:`sql.finish`)."""
+    finish ``finishing`` in the same statement (the J8 rule of :func:`sql.finish`).
+    With ``chosen``, claim those jobs (picked under limits) instead of the first due."""
+    if chosen is not None and not chosen:
+        return {}, []
     now_db = adapt_dt(connection, now)
     params: dict[str, Any] = {
         "worker_id": worker_id,
@@ -65,11 +76,19 @@ def _claim_rows(
         params["scope_hash"], params["job_id"] = identity
     if finishing:
         params.update(finishing_params(connection, finishing, now))
+    by_ids = 0
+    if chosen is not None:
+        if is_postgres(connection):
+            params["ids"], by_ids = list(chosen), 1
+        else:
+            params.update(in_list_params("id", chosen))
+            by_ids = len(chosen)
     statement = sql.claim(
         connection.vendor,
         queues=len(queue_list),
         one_job=identity is not None,
         finishing=bool(finishing),
+        chosen=by_ids,
     )
     finished: dict[str, Finished] = {}
     rows = fetch(connection, statement, params, prepare=True)
@@ -78,7 +97,7 @@ def _claim_rows(
         rows = [row for row in rows if row["kind"] == "claimed"]
     if rows and not is_postgres(connection):
         attempts = [
-            {"job_id": row["id"], "number": row["attempt"], "token": row["token"]} for row in rows
+            {"job_id": row["id"], "number": row["number"], "token": row["token"]} for row in rows
         ]
         fetch(
             connection,
@@ -98,6 +117,36 @@ def _claim_rows(
     return finished, claims
 
 
+def _claim_limited(
+    claim_rows: functools.partial[tuple[dict[str, Finished], list[Claim]]],
+    connection: BaseDatabaseWrapper,
+    limits: ClaimLimits,
+    limit: int,
+    queue_list: list[str],
+    identity: tuple[str, str] | None,
+    now: datetime,
+) -> list[Claim]:
+    """J18, inside the caller's transaction: lock, count, pick, claim, record the
+    rate starts (see :mod:`jobs.store.limits`)."""
+    lock_keys(connection, limits)
+    usage = read_usage(connection, limits, now)
+    counted(limits)
+    base: dict[str, Any] = {"now": adapt_dt(connection, now), **in_list_params("queue", queue_list)}
+    if identity is not None:
+        base["scope_hash"], base["job_id"] = identity
+    chosen = choose(
+        connection,
+        usage,
+        limit=limit,
+        base_params=base,
+        queues=len(queue_list),
+        one_job=identity is not None,
+    )
+    _, claims = claim_rows(chosen=chosen)
+    record_starts(connection, limits, claims, now)
+    return claims
+
+
 def claim(
     worker_id: str,
     *,
@@ -105,6 +154,7 @@ def claim(
     queues: Sequence[str] | None = None,
     lease_seconds: float | None = None,
     identity: tuple[str, str] | None = None,
+    limits: ClaimLimits = NO_LIMITS,
     now: datetime | None = None,
 ) -> list[Claim]:
     """J6: start up to ``limit`` due jobs in one transaction; each gets a new token.
@@ -122,6 +172,7 @@ def claim(
         queues=queues,
         lease_seconds=lease_seconds,
         identity=identity,
+        limits=limits,
         now=now,
     )[1]
 
@@ -134,6 +185,7 @@ def complete_and_claim(
     queues: Sequence[str] | None = None,
     lease_seconds: float | None = None,
     identity: tuple[str, str] | None = None,
+    limits: ClaimLimits = NO_LIMITS,
     now: datetime | None = None,
 ) -> tuple[dict[str, FinishOutcome], list[Claim]]:
     """A worker's round trip: finish ``completed`` as :func:`complete_many` does, then
@@ -141,7 +193,9 @@ def complete_and_claim(
 
     The two parts keep their own guards and outcomes; sharing the commit only means
     that either both take effect or neither does. On PostgreSQL they are one
-    statement, run in autocommit when the caller has no transaction open.
+    statement, run in autocommit when the caller has no transaction open — unless
+    ``limits`` apply (J18): then the claim locks, counts and picks first, in the
+    same transaction (:mod:`jobs.store.limits`).
     """
     batch = completions(completed)
     validation.integer(limit, "limit", 0, 10_000)
@@ -152,16 +206,25 @@ def complete_and_claim(
     expires = now + timedelta(seconds=lease_seconds or jobs_settings().LEASE_SECONDS)
     alias = alias_for(Job)
     connection = connection_for(Job)
+    queue_list = list(queues or [])
     claim_rows = functools.partial(
         _claim_rows,
         connection,
         worker_id,
         limit=limit,
-        queue_list=list(queues or []),
+        queue_list=queue_list,
         identity=identity,
         expires=expires,
         now=now,
     )
+    limits = limits.for_queues(queue_list)
+    if limits:
+        with transaction.atomic(using=alias):
+            finished = finish_batch(connection, batch, now) if batch else {}
+            claims = _claim_limited(
+                claim_rows, connection, limits, limit, queue_list, identity, now
+            )
+        return outcomes(batch, finished), claims
     if is_postgres(connection):
         # One statement finishes and claims; it is atomic by itself, so in autocommit
         # it is its own transaction: one round trip.

@@ -14,12 +14,12 @@ from ledon.db import DATABASE_ERRORS
 from ledon.engine import StopLevel
 
 from .. import execution
-from .threads import HandlerThreads
+from .timeouts import Timeouts
 
 logger = logging.getLogger(__name__)
 
 
-class Shutdown(HandlerThreads):
+class Shutdown(Timeouts):
     def _shutdown(self) -> None:
         if not self._busy():
             self._close_settling()
@@ -67,6 +67,7 @@ class Shutdown(HandlerThreads):
         while self._busy():
             if not self.backing_off:
                 self._settle(claim=False)
+            self._enforce_timeouts()
             now = time.monotonic()
             if now >= deadline or until.is_set():
                 return False

@@ -1,0 +1,284 @@
+"""Claims under limits (J18): ``max_running``, ``max_running_per_scope`` and ``rate``
+per handler name and per queue, exact across every worker and machine.
+
+**The mechanism.** A claim that a limit may apply to runs in one transaction:
+
+1. PostgreSQL: it takes a transaction-scoped advisory lock (``pg_advisory_xact_lock``)
+   for every limited handler and queue it may touch, in one statement, in one order.
+   SQLite: the transaction is ``BEGIN IMMEDIATE``, which holds the database's write
+   lock from its first statement (``transaction_mode: IMMEDIATE``, checked by
+   ``ledon.W001``); every writer is serialised already.
+2. Only then it reads the usage — Running jobs per handler, queue and scope, starts
+   inside each rate window. Under PostgreSQL's READ COMMITTED every statement takes
+   a new snapshot: taken after the lock, it sees every claim committed by the lock's
+   previous holder. (A single statement that counted and claimed would count in a
+   snapshot taken before it waited for a row lock, and could over-claim.)
+3. It picks due jobs in claim order that keep every limit, skipping the others —
+   no head of line blocks: handlers, queues and (handler, scope) pairs already at a
+   limit are left out of the candidates' query itself, and a key that fills up while
+   picking is left out of the next page.
+4. It claims them (the guarded update of every claim, by id), and records each start
+   of a rate-limited key; the commit releases the locks.
+
+Ends of Running attempts take no lock: they only free capacity, so a claim that
+misses one under-claims for one cycle and never over-claims. ``rate=(count,
+seconds)`` counts every start after ``now - seconds``, even one a claimer with a later
+clock committed: whatever the order in which claimers' clocks and locks go, no window
+of ``seconds`` ever holds more than ``count`` starts.
+
+Fault points (:func:`ledon.faults.fault_point`): ``jobs.claim.counted`` (``limited``:
+the number of keys) — locks held, usage read, nothing claimed yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ledon.faults import fault_point
+
+from ..db import adapt_dt, fetch, in_list_params, is_postgres
+from ..limits import ClaimLimits, Limits
+from ..types import Claim
+from . import sql_flow
+
+#: Rate starts are pruned this long after their window ended: a margin for workers
+#: whose clocks run behind (see :func:`prune_claim_starts`).
+PRUNE_MARGIN = timedelta(minutes=5)
+
+#: A key of the usage: ("h", handler), ("q", queue), ("hs", handler, scope) or
+#: ("qs", queue, scope).
+Key = tuple[str, ...]
+
+
+def rate_key(kind: str, name: str) -> str:
+    """The ``jobs_claimstart.key`` of a handler's or a queue's rate."""
+    return f"{kind}:{name}"
+
+
+def lock_id(kind: str, name: str) -> int:
+    """The advisory lock of a handler's or a queue's limits: 64 bits of a hash."""
+    digest = hashlib.sha256(f"jobs.limits:{kind}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def lock_keys(connection: BaseDatabaseWrapper, limits: ClaimLimits) -> None:
+    """Serialise the claims that ``limits`` apply to (see the module's docstring)."""
+    if not is_postgres(connection):
+        return  # SQLite: the IMMEDIATE transaction holds the write lock already
+    keys = sorted(
+        {lock_id("handler", name) for name in limits.handlers}
+        | {lock_id("queue", name) for name in limits.queues}
+    )
+    fetch(connection, sql_flow.LOCK_KEYS, {"keys": keys})
+
+
+@dataclass(slots=True)
+class Job:
+    """A candidate: what its limits are keyed by."""
+
+    id: int
+    handler: str
+    queue: str
+    scope_hash: str
+
+
+@dataclass(slots=True)
+class Usage:
+    """What the limits allow now: Running counts and recent starts, kept current as
+    the claim picks jobs."""
+
+    limits: ClaimLimits
+    running: Counter[Key] = field(default_factory=Counter)
+    started: Counter[str] = field(default_factory=Counter)
+
+    def _checks(self, job: Job) -> Iterable[tuple[Counter[Any], Any, int]]:
+        for kind, name, limits in (
+            ("h", job.handler, self.limits.handlers.get(job.handler)),
+            ("q", job.queue, self.limits.queues.get(job.queue)),
+        ):
+            if limits is None:
+                continue
+            if limits.max_running is not None:
+                yield self.running, (kind, name), limits.max_running
+            if limits.max_running_per_scope is not None:
+                yield self.running, (kind + "s", name, job.scope_hash), limits.max_running_per_scope
+            if limits.rate is not None:
+                yield self.started, rate_key(_KINDS[kind], name), limits.rate[0]
+
+    def admits(self, job: Job) -> bool:
+        return all(counter[key] < limit for counter, key, limit in self._checks(job))
+
+    def take(self, job: Job) -> None:
+        """Count ``job`` as started."""
+        for counter, key, _limit in self._checks(job):
+            counter[key] += 1
+
+    def full(self) -> dict[str, list[Any]]:
+        """What is at a limit: handlers, queues, (name, scope) pairs — the candidates'
+        exclusions (see :func:`jobs.store.sql_flow.candidates`)."""
+        out: dict[str, list[Any]] = {"fh": [], "fq": [], "fhs": [], "fqs": []}
+        for kind, prefix, configured in (
+            ("h", "fh", self.limits.handlers),
+            ("q", "fq", self.limits.queues),
+        ):
+            for name, limits in configured.items():
+                at_max = (
+                    limits.max_running is not None
+                    and self.running[(kind, name)] >= limits.max_running
+                )
+                at_rate = (
+                    limits.rate is not None
+                    and self.started[rate_key(_KINDS[kind], name)] >= limits.rate[0]
+                )
+                if at_max or at_rate:
+                    out[prefix].append(name)
+                if limits.max_running_per_scope is not None:
+                    out[prefix + "s"].extend(
+                        (key[1], key[2])
+                        for key, count in self.running.items()
+                        if key[0] == kind + "s"
+                        and key[1] == name
+                        and count >= limits.max_running_per_scope
+                    )
+        return out
+
+
+_KINDS = {"h": "handler", "q": "queue"}
+
+
+def read_usage(connection: BaseDatabaseWrapper, limits: ClaimLimits, now: datetime) -> Usage:
+    """The Running jobs and recent starts that ``limits`` count (after :func:`lock_keys`)."""
+    usage = Usage(limits)
+    handlers, queues = list(limits.handlers), list(limits.queues)
+    rows = fetch(
+        connection,
+        sql_flow.running_usage(len(handlers), len(queues)),
+        {**in_list_params("handler", handlers), **in_list_params("queue", queues)},
+    )
+    for row in rows:
+        count = row["running"]
+        for kind, name, configured in (
+            ("h", row["handler"], limits.handlers),
+            ("q", row["queue"], limits.queues),
+        ):
+            if name in configured:
+                usage.running[(kind, name)] += count
+                usage.running[(kind + "s", name, row["scope_hash"])] += count
+    windows = _rate_windows(limits)
+    if windows:
+        params: dict[str, Any] = {}
+        for n, (key, seconds) in enumerate(windows.items()):
+            params[f"key_{n}"] = key
+            params[f"since_{n}"] = adapt_dt(connection, now - timedelta(seconds=seconds))
+        for row in fetch(connection, sql_flow.recent_starts(len(windows)), params):
+            usage.started[row["key"]] = row["started"]
+    return usage
+
+
+def _rate_windows(limits: ClaimLimits) -> dict[str, float]:
+    windows = {}
+    for kind, configured in (("handler", limits.handlers), ("queue", limits.queues)):
+        for name, value in configured.items():
+            if value.rate is not None:
+                windows[rate_key(kind, name)] = value.rate[1]
+    return windows
+
+
+def choose(
+    connection: BaseDatabaseWrapper,
+    usage: Usage,
+    *,
+    limit: int,
+    base_params: dict[str, Any],
+    queues: int,
+    one_job: bool,
+) -> list[int]:
+    """Pick up to ``limit`` due jobs that keep every limit (see the module's
+    docstring); returns their ids, in claim order.
+
+    Each page asks for as many jobs as are still wanted; a job skipped means a key
+    filled up while picking, which the next page leaves out — so the pages end after
+    at most one more than the number of limited keys.
+    """
+    chosen: list[int] = []
+    seen: set[int] = set()
+    while len(chosen) < limit:
+        wanted = limit - len(chosen)
+        full = usage.full()
+        params: dict[str, Any] = {**base_params, "limit": wanted}
+        params.update(in_list_params("fh", full["fh"]))
+        params.update(in_list_params("fq", full["fq"]))
+        params.update(in_list_params("seen", sorted(seen)))
+        for prefix in ("fhs", "fqs"):
+            for n, (name, scope) in enumerate(full[prefix]):
+                params[f"{prefix}_k_{n}"] = name
+                params[f"{prefix}_s_{n}"] = scope
+        statement = sql_flow.candidates(
+            connection.vendor,
+            queues=queues,
+            one_job=one_job,
+            full_handlers=len(full["fh"]),
+            full_queues=len(full["fq"]),
+            full_handler_scopes=len(full["fhs"]),
+            full_queue_scopes=len(full["fqs"]),
+            seen=len(seen),
+        )
+        rows = [Job(**row) for row in fetch(connection, statement, params)]
+        skipped = False
+        for job in rows:
+            seen.add(job.id)
+            if usage.admits(job):
+                usage.take(job)
+                chosen.append(job.id)
+            else:
+                skipped = True
+        if len(rows) < wanted or not skipped:
+            break
+    return chosen
+
+
+def record_starts(
+    connection: BaseDatabaseWrapper, limits: ClaimLimits, claims: Sequence[Claim], now: datetime
+) -> None:
+    """One ``jobs_claimstart`` row per start of a rate-limited handler or queue, at
+    ``now`` (the claims' start time)."""
+    keys = []
+    for claim in claims:
+        for kind, name, configured in (
+            ("handler", claim.handler, limits.handlers),
+            ("queue", claim.queue, limits.queues),
+        ):
+            value = configured.get(name)
+            if value is not None and value.rate is not None:
+                keys.append(rate_key(kind, name))
+    if keys:
+        params = {f"key_{n}": key for n, key in enumerate(keys)}
+        fetch(
+            connection,
+            sql_flow.insert_claim_starts(len(keys)),
+            {**params, "now": adapt_dt(connection, now)},
+        )
+
+
+def prune_claim_starts(
+    connection: BaseDatabaseWrapper, limits: Iterable[Limits], now: datetime
+) -> int:
+    """Delete the starts that no rate window of ``limits`` can count any more (with
+    :data:`PRUNE_MARGIN`); returns how many."""
+    longest = max((value.rate[1] for value in limits if value.rate is not None), default=0.0)
+    before = now - timedelta(seconds=longest) - PRUNE_MARGIN
+    with connection.cursor() as cursor:
+        cursor.execute(sql_flow.PRUNE_CLAIM_STARTS, {"before": adapt_dt(connection, before)})
+        return max(int(cursor.rowcount), 0)
+
+
+def counted(limits: ClaimLimits) -> None:
+    """The fault point between reading the usage and claiming."""
+    fault_point("jobs.claim.counted", limited=len(limits.handlers) + len(limits.queues))
