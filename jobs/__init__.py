@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import JobScope, stage_job, submit_job, submit_jobs
-    from .handlers import JobContext, job_handler
+    from .handlers import JobContext, Snooze, job_handler
     from .schedules import periodic
     from .types import (
         CancelOutcome,
@@ -30,6 +30,7 @@ __all__ = [
     "JobSnapshot",
     "JobStatus",
     "JobSubmission",
+    "Snooze",
     "SubmitResult",
     "job_handler",
     "periodic",
@@ -45,6 +46,7 @@ _LAZY = {
     "submit_jobs": "api",
     "JobContext": "handlers",
     "job_handler": "handlers",
+    "Snooze": "handlers",
     "periodic": "schedules",
     "CancelOutcome": "types",
     "FinishOutcome": "types",

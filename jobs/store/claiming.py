@@ -17,6 +17,8 @@ from typing import Any, cast
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ledon.faults import fault_point
+
 from .. import validation
 from ..conf import jobs_settings
 from ..db import (
@@ -128,6 +130,7 @@ def _claim_limited(
 ) -> list[Claim]:
     """J18, inside the caller's transaction: lock, count, pick, claim, record the
     rate starts (see :mod:`jobs.store.limits`)."""
+    fault_point("jobs.claim.limited", limited=len(limits.handlers) + len(limits.queues))
     lock_keys(connection, limits)
     usage = read_usage(connection, limits, now)
     counted(limits)

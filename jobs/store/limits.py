@@ -26,8 +26,9 @@ seconds)`` counts every start after ``now - seconds``, even one a claimer with a
 clock committed: whatever the order in which claimers' clocks and locks go, no window
 of ``seconds`` ever holds more than ``count`` starts.
 
-Fault points (:func:`ledon.faults.fault_point`): ``jobs.claim.counted`` (``limited``:
-the number of keys) — locks held, usage read, nothing claimed yet.
+Fault points (:func:`ledon.faults.fault_point`; ``limited``: the number of limited
+keys): ``jobs.claim.limited`` — a claim under limits begins, no lock taken yet;
+``jobs.claim.counted`` — locks held, usage read, nothing claimed yet.
 """
 
 from __future__ import annotations
