@@ -38,6 +38,11 @@ INSTALLED_APPS = [
     "testproject.timetable",
 ]
 
+# J18: handlers with limits (every claim of a process that has them is a claim under
+# limits): the demo and the flow-control process tests turn them on.
+if env.bool("FLOW_TASKS", default=False):
+    INSTALLED_APPS.append("testproject.flow")
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -108,6 +113,9 @@ JOBS: dict[str, Any] = {
     "PREPARED_STATEMENTS": env.bool("JOBS_PREPARED_STATEMENTS", default=True),
     "UNKNOWN_HANDLER_RETRY_SECONDS": env.float("JOBS_UNKNOWN_HANDLER_RETRY_SECONDS", default=600),
     "UNKNOWN_HANDLER_RETRY_DELAY": env.float("JOBS_UNKNOWN_HANDLER_RETRY_DELAY", default=10),
+    "TIMEOUT_GRACE_SECONDS": env.float("JOBS_TIMEOUT_GRACE_SECONDS", default=5.0),
+    # J18: limits per queue, e.g. JOBS_QUEUES='{"emails": {"max_running": 4}}'.
+    "QUEUES": env.json("JOBS_QUEUES", default={}),
 }
 
 # Django's tasks framework, backed by the job store: ``manage.py run_jobs`` runs the
