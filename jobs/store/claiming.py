@@ -130,7 +130,6 @@ def _claim_limited(
 ) -> list[Claim]:
     """J18, inside the caller's transaction: lock, count, pick, claim, record the
     rate starts (see :mod:`jobs.store.limits`)."""
-    fault_point("jobs.claim.limited", limited=len(limits.handlers) + len(limits.queues))
     lock_keys(connection, limits)
     usage = read_usage(connection, limits, now)
     counted(limits)
@@ -222,6 +221,8 @@ def complete_and_claim(
     )
     limits = limits.for_queues(queue_list)
     if limits:
+        # Before the transaction: on SQLite, BEGIN IMMEDIATE takes the write lock.
+        fault_point("jobs.claim.limited", limited=len(limits.handlers) + len(limits.queues))
         with transaction.atomic(using=alias):
             finished = finish_batch(connection, batch, now) if batch else {}
             claims = _claim_limited(

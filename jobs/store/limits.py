@@ -27,7 +27,7 @@ clock committed: whatever the order in which claimers' clocks and locks go, no w
 of ``seconds`` ever holds more than ``count`` starts.
 
 Fault points (:func:`ledon.faults.fault_point`; ``limited``: the number of limited
-keys): ``jobs.claim.limited`` — a claim under limits begins, no lock taken yet;
+keys): ``jobs.claim.limited`` — a claim under limits begins, no transaction open yet;
 ``jobs.claim.counted`` — locks held, usage read, nothing claimed yet.
 """
 

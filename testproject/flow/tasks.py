@@ -3,7 +3,10 @@ demo and the process tests; installed when ``FLOW_TASKS`` is set."""
 
 from __future__ import annotations
 
-from jobs import JobContext, job_handler
+import time
+from pathlib import Path
+
+from jobs import JobContext, Snooze, job_handler
 
 
 @job_handler("flow.limited", version=1, max_running=2)
@@ -26,11 +29,32 @@ def rated(ctx: JobContext) -> str:
     return "rated"
 
 
+@job_handler("flow.sleepy", version=1)
+def sleepy(ctx: JobContext) -> str:
+    """Snoozes its first execution for ``snooze`` seconds (not a failure, not an
+    attempt), then runs."""
+    from jobs.models import JobAttempt
+    from jobs.types import AttemptStatus
+
+    snoozed = JobAttempt.objects.filter(
+        job__scope_hash=ctx.scope_hash, job__job_id=ctx.job_id, status=AttemptStatus.SNOOZED
+    ).exists()
+    if not snoozed:
+        raise Snooze(float(ctx.payload.get("snooze", 0.5)))
+    return "awake"
+
+
 @job_handler("flow.stubborn", version=1, timeout=0.5)
 def stubborn(ctx: JobContext) -> str:
-    """Ignores its timeout's signal for ``seconds``: the worker fails it with
-    JobTimedOut after the grace and runs the next job in its slot."""
-    import time
-
-    time.sleep(float(ctx.payload.get("seconds", 5)))  # ignores the signal on purpose
+    """Ignores its timeout's signal: waits for the file ``gate`` (or ``seconds``), then
+    reports progress and returns — too late, the worker failed it with JobTimedOut
+    after the grace and ran the next job in its slot. Writes whether the late
+    progress was accepted to ``done``."""
+    gate = Path(ctx.payload["gate"]) if ctx.payload.get("gate") else None
+    until = time.monotonic() + float(ctx.payload.get("seconds", 60))
+    while time.monotonic() < until and not (gate and gate.exists()):
+        time.sleep(0.01)  # ignores the signal on purpose
+    accepted = ctx.report_progress(50, "too late")
+    if ctx.payload.get("done"):
+        Path(ctx.payload["done"]).write_text(str(accepted))
     return "too late"
