@@ -19,7 +19,8 @@ from jobs.exceptions import InvalidInput, InvalidLimits, InvalidSubmission
 from jobs.handlers import job_handler, unregister
 from jobs.limits import Limits
 from jobs.models import ClaimStart, Job, JobAttempt, Queue
-from jobs.store import claiming
+from jobs.store import claiming, sql
+from jobs.store import limits as limits_store
 from jobs.testing import run_jobs_inline
 from jobs.types import AttemptStatus, FinishOutcome
 from jobs.worker import Worker
@@ -325,15 +326,44 @@ def test_j18_bad_queue_limits_in_settings_are_configuration_errors(settings):
             jobs_settings()
 
 
+def _statements(monkeypatch) -> list[str]:
+    """The store's statements the claims run from now on, as texts."""
+    seen: list[str] = []
+    real = claiming.fetch
+
+    def recording(connection, statement, params, **kwargs):
+        seen.append(statement)
+        return real(connection, statement, params, **kwargs)
+
+    monkeypatch.setattr(claiming, "fetch", recording)
+    monkeypatch.setattr(limits_store, "fetch", recording)
+    return seen
+
+
 @pytest.mark.django_db(transaction=True)
-def test_j18_without_limits_the_claim_is_one_statement(handler, django_assert_num_queries):
-    """No limit configured: the plain claim, one statement (PostgreSQL; SQLite adds
-    its attempt rows' insert), never the locking path."""
+def test_j18_without_limits_the_claim_is_one_statement(
+    handler, django_assert_num_queries, monkeypatch
+):
+    """No limit configured: the plain claim of :func:`jobs.store.sql.claim`, one
+    statement (PostgreSQL; SQLite adds its attempt rows' insert), never the locking
+    path; with a limit, the claim locks, counts and picks first."""
     handler("flow.free")(lambda ctx: None)
     submit(3, "flow.free")
-    with django_assert_num_queries(1 if connection.vendor == "postgresql" else 4):
+    statements = _statements(monkeypatch)
+    postgres = connection.vendor == "postgresql"
+    with django_assert_num_queries(1 if postgres else 4):
         claims = execution.claim_due("w", limit=3)
     assert len(claims) == 3
+    plain = sql.claim(connection.vendor, queues=0, one_job=False)
+    assert statements == ([plain] if postgres else [plain, sql.insert_attempts(3)])
+    assert not any("pg_advisory" in text or "jobs_claimstart" in text for text in statements)
+
+    handler("flow.capped", max_running=1)(lambda ctx: None)
+    submit(2, "flow.capped", prefix="c")
+    statements.clear()
+    assert len(execution.claim_due("w", limit=3)) == 1
+    assert statements[0] != plain
+    assert any("pg_advisory_xact_lock" in text for text in statements) == postgres
 
 
 # --------------------------------------------------------------------------- pause
