@@ -3,6 +3,7 @@ the key that was meant, and names a settings reference page that exists."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -158,3 +159,25 @@ def test_the_test_project_is_configured_as_the_check_asks() -> None:
     from ledon.checks import check_sqlite_options
 
     assert check_sqlite_options() == []
+
+
+def _documented_defaults(section: str) -> dict[str, str]:
+    """The ``key | default`` rows of one section's table of docs/settings.md."""
+    text = REFERENCE.read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^\| `([A-Z_]+)` \| `(.+?)` \|", body, re.M))
+
+
+def test_every_jobs_setting_is_documented_with_its_default() -> None:
+    """docs/settings.md has one row per ``JOBS`` key, with the default the code has."""
+    import ast
+
+    from jobs.conf import JobsSettings
+
+    code = {
+        f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+        for f in dataclasses.fields(JobsSettings)
+    }
+    documented = _documented_defaults("JOBS")
+    assert sorted(documented) == sorted(code)
+    assert {key: ast.literal_eval(text) for key, text in documented.items()} == code
