@@ -16,7 +16,7 @@ from procs import wait_until
 
 from jobs import JobScope, JobStatus, JobSubmission, Snooze, execution, submit_job
 from jobs.exceptions import InvalidInput, InvalidLimits, InvalidSubmission
-from jobs.handlers import job_handler, unregister
+from jobs.handlers import RetryPolicy, job_handler, unregister
 from jobs.limits import Limits
 from jobs.models import ClaimStart, Job, JobAttempt, Queue
 from jobs.store import claiming, sql
@@ -450,3 +450,66 @@ def test_j17_snooze_takes_a_number_of_seconds():
         with pytest.raises(InvalidInput):
             Snooze(bad)
     assert Snooze(1.5).seconds == 1.5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_j17_snoozes_never_use_up_max_attempts_but_failures_do(handler):
+    """max_attempts=2: a failure, a snooze, a failure — the job ends Failed after its
+    two attempts, the snooze between them not counted; a third execution never runs."""
+    seen: list[int] = []
+
+    @handler("flow.moody", retry=RetryPolicy(base_delay=1, jitter=0))
+    def run(ctx):
+        seen.append(ctx.attempt)
+        if len(seen) == 2:
+            raise Snooze(10)
+        raise RuntimeError(f"execution {len(seen)}")
+
+    submit_job(SCOPE, "m", JobSubmission.create("flow.moody", max_attempts=2))
+    now = timezone.now()
+    outcomes = [
+        [r.outcome for r in run_jobs_inline(now=now + timedelta(seconds=at))]
+        for at in (0, 5, 20, 40)
+    ]
+    assert outcomes == [
+        [FinishOutcome.REQUEUED],
+        [FinishOutcome.SNOOZED],
+        [FinishOutcome.FAILED],
+        [],
+    ]
+    assert seen == [1, 2, 2]
+    snap = JobScope(SCOPE).get("m")
+    assert (snap.status, snap.attempt_count, snap.max_attempts) == (JobStatus.FAILED, 2, 2)
+    assert [(a.number, a.status) for a in snap.attempts] == [
+        (1, AttemptStatus.FAILED),
+        (2, AttemptStatus.SNOOZED),
+        (3, AttemptStatus.FAILED),
+    ]
+    assert Job.objects.get(job_id="m").snooze_count == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_j17_a_worker_snoozes_a_job_counts_it_and_runs_it_again(handler):
+    runs: list[int] = []
+
+    @handler("flow.nap")
+    def nap(ctx):
+        runs.append(ctx.attempt)
+        if len(runs) == 1:
+            raise Snooze(0)  # due again at once: the same burst runs it
+        return "rested"
+
+    submit_job(SCOPE, "n", JobSubmission.create("flow.nap"))
+    events: list[tuple[str, str]] = []
+    worker = Worker(
+        burst=True,
+        listen=False,
+        on_event=lambda event, claim, detail: events.append((event, claim.job_id if claim else "")),
+    )
+    worker.run()
+    assert runs == [1, 1]
+    assert ("snoozed", "n") in events
+    assert (worker.stats.snoozed, worker.stats.succeeded, worker.stats.claimed) == (1, 1, 2)
+    assert "snoozed 1" in worker.stats.summary()
+    snap = JobScope(SCOPE).get("n")
+    assert (snap.status, snap.result_ref, snap.attempt_count) == (JobStatus.SUCCEEDED, "rested", 1)

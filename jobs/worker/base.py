@@ -45,6 +45,7 @@ class WorkerStats:
     recovered: int = 0
     purged: int = 0
     put_back: int = 0
+    snoozed: int = 0
 
     def count(self, outcome: FinishOutcome) -> None:
         name = {
@@ -55,6 +56,7 @@ class WorkerStats:
             FinishOutcome.REQUEUED: "requeued",
             FinishOutcome.STALE: "stale",
             FinishOutcome.PUT_BACK: "put_back",
+            FinishOutcome.SNOOZED: "snoozed",
         }[outcome]
         setattr(self, name, getattr(self, name) + 1)
 
@@ -64,6 +66,7 @@ class WorkerStats:
             f"retries scheduled {self.retried}, cancelled {self.cancelled}, "
             f"re-queued {self.requeued}, recovered {self.recovered}, purged {self.purged}"
             + (f", put back (unknown handler) {self.put_back}" if self.put_back else "")
+            + (f", snoozed {self.snoozed}" if self.snoozed else "")
         )
 
 
@@ -176,6 +179,7 @@ class WorkerBase(Engine):
                     FinishOutcome.CANCELLED,
                     FinishOutcome.STALE,
                     FinishOutcome.PUT_BACK,
+                    FinishOutcome.SNOOZED,
                 ):
                     event = outcome.value
         logger.info(
