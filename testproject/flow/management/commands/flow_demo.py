@@ -31,9 +31,8 @@ class Command(BaseCommand):
                     SCOPE, f"limited-{n}", JobSubmission.create("flow.limited", {"seconds": 0.2})
                 )
             submit_job(SCOPE, "sleepy", JobSubmission.create("flow.sleepy", {"snooze": 0.5}))
-            submit_job(
-                SCOPE, "stubborn", JobSubmission.create("flow.stubborn", {"seconds": 1.5}, max_attempts=1)
-            )
+            stubborn = JobSubmission.create("flow.stubborn", {"seconds": 1.5}, max_attempts=1)
+            submit_job(SCOPE, "stubborn", stubborn)
             self.stdout.write(
                 f"submitted {LIMITED} jobs of flow.limited (max_running=2), flow.sleepy "
                 "(snoozes 0.5 s once) and flow.stubborn (timeout 0.5 s, ignores it)"
