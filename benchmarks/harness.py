@@ -7,7 +7,9 @@ Measurements (see ``benchmarks/README.md``):
 2. burn-down of queued jobs by one worker process at several concurrencies and by
    two worker processes;
 3. idle pickup latency: from the enqueue's commit to the handler's start;
-4. claim cost with a table of finished jobs versus an empty one (ours only).
+4. claim cost with a table of finished jobs versus an empty one (ours only);
+5. flow control: burn-down at concurrency 16 with limits that never bind versus none
+   (ours only, J18).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Plan:
     claim_burn_jobs: int
     outbox_messages: int
     saga_instances: int
+    flow_burn_jobs: int
 
     @classmethod
     def full(cls, runs: int = 3) -> Plan:
@@ -72,6 +75,7 @@ class Plan:
             claim_burn_jobs=10_000,
             outbox_messages=10_000,
             saga_instances=200,
+            flow_burn_jobs=10_000,
         )
 
     @classmethod
@@ -89,6 +93,7 @@ class Plan:
             claim_burn_jobs=0,
             outbox_messages=100,
             saga_instances=5,
+            flow_burn_jobs=1_000,
         )
 
     def for_system(self, counts: dict[str, int], system: str) -> int:
@@ -208,11 +213,18 @@ class Runner:
         system.enqueue_bulk(count)
         return count / (time.perf_counter() - start)
 
-    def burn_down(self, system: System, config: WorkerConfig, tag: str, count: int) -> float:
+    def burn_down(
+        self,
+        system: System,
+        config: WorkerConfig,
+        tag: str,
+        count: int,
+        extra_env: dict[str, str] | None = None,
+    ) -> float:
         """Jobs/s from the first job's start (the enqueue's commit where the system
         records no start time) to the last job's end."""
         self.fresh(system, prime=count)
-        with workers(system, config, self.log_dir, tag):
+        with workers(system, config, self.log_dir, tag, extra_env):
             warm_up(system)
             before = time.time()
             system.seed(count)
@@ -442,6 +454,46 @@ def load_finished(rows: int) -> None:
         )
 
 
+# --------------------------------------------------------------------------- flow control
+
+#: J18: the queue limits of each flow-control burn-down (``JOBS["QUEUES"]`` of the
+#: workers, through ``BENCH_JOBS_QUEUES``). None binds at concurrency 16 in one
+#: process: they measure what keeping limits costs, not what limiting does.
+FLOW_VARIANTS: dict[str, dict[str, Any] | None] = {
+    "off": None,
+    "max_running": {"default": {"max_running": 64}},
+    "all_three": {
+        "default": {"max_running": 64, "max_running_per_scope": 64, "rate": [1_000_000, 1]}
+    },
+}
+
+
+def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
+    """Burn-down of ``flow_burn_jobs`` by one worker process at concurrency 16 with
+    each of :data:`FLOW_VARIANTS`, order rotated per run; the medians and each
+    variant's slowdown (off ÷ on jobs/s)."""
+    plan = runner.plan
+    config = WorkerConfig(1, 16)
+    names = list(FLOW_VARIANTS)
+    raw: dict[str, list[float]] = {name: [] for name in names}
+    for run in range(plan.runs):
+        for name in names[run % len(names) :] + names[: run % len(names)]:
+            limits = FLOW_VARIANTS[name]
+            env = {"BENCH_JOBS_QUEUES": json.dumps(limits)} if limits else None
+            tag = f"flow-{name}-run{run + 1}"
+            rate = runner.burn_down(ledon, config, tag, plan.flow_burn_jobs, extra_env=env)
+            raw[name].append(rate)
+            runner.log(f"  limits {name:12} {rate:10.1f} jobs/s")
+    medians = {name: median(values) for name, values in raw.items()}
+    return {
+        "jobs": plan.flow_burn_jobs,
+        "limits": {name: FLOW_VARIANTS[name] for name in names},
+        "runs": raw,
+        "median": medians,
+        "slowdown": {name: medians["off"] / medians[name] for name in names if name != "off"},
+    }
+
+
 # --------------------------------------------------------------------------- outbox, sagas
 
 
@@ -520,6 +572,9 @@ def run_all(
             document["claim_cost"] = claim_cost(runner, ours)
             save(document)
         if ours is not None:
+            log("flow control (limits on versus off)")
+            document["flow_control"] = flow_control(runner, ours)
+            save(document)
             document.update(outbox_and_sagas(plan, admin, log))
             save(document)
     finally:

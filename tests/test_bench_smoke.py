@@ -51,7 +51,7 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     document = json.loads((tmp_path / "latest.json").read_text())
@@ -61,6 +61,10 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
         assert len(ours[key]["runs"]) == 1
     assert ours["latency"]["samples"] == len(ours["latency"]["values_ms"]) > 0
     assert document["claim_cost"]["loaded"]["claim_1_ms"] > 0
+    flow = document["flow_control"]
+    assert set(flow["median"]) == {"off", "max_running", "all_three"}
+    assert all(rate > 0 for rate in flow["median"].values())
+    assert set(flow["slowdown"]) == {"max_running", "all_three"}
     assert document["environment"]["postgresql"]["server_version"]
     markdown = docs.read_text()
     assert "# Benchmarks" in markdown
@@ -68,6 +72,8 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
     assert document["sagas"]["ms_per_step"] > 0
     assert "| Enqueue, bulk API |" in markdown
     assert "## Targets" in markdown
+    assert "| max_running=64 |" in markdown
+    assert "Burn-down with limits ≤ 1.3× slower than without" in markdown
 
 
 def synthetic(peer_factor: float) -> dict:

@@ -513,3 +513,23 @@ def test_j17_a_worker_snoozes_a_job_counts_it_and_runs_it_again(handler):
     assert "snoozed 1" in worker.stats.summary()
     snap = JobScope(SCOPE).get("n")
     assert (snap.status, snap.result_ref, snap.attempt_count) == (JobStatus.SUCCEEDED, "rested", 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_j18_a_finish_in_the_claims_round_trip_frees_its_slot_and_a_stale_one_does_not(handler):
+    """max_running=1. Finishing the Running attempt and claiming in one round trip
+    takes the next job at once; a stale finish (its job recovered and Running again
+    under another token) frees nothing, so nothing more is claimed."""
+    handler("flow.solo", max_running=1)(lambda ctx: None)
+    submit(3, "flow.solo", max_attempts=3)
+    [first] = execution.claim_due("w", limit=5)
+    outcomes, [second] = execution.complete_and_claim([(first, None)], "w", limit=5)
+    assert outcomes == {first.token: FinishOutcome.SUCCEEDED}
+    assert running("flow.solo") == 1
+    assert execution.recover(second.token) is FinishOutcome.REQUEUED
+    third = execution.try_start(second.scope_hash, second.job_id, "w")
+    assert third is not None
+    outcomes, claims = execution.complete_and_claim([(second, None)], "w", limit=5)
+    assert outcomes == {second.token: FinishOutcome.STALE}
+    assert claims == []
+    assert running("flow.solo") == 1

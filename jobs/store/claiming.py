@@ -127,11 +127,13 @@ def _claim_limited(
     queue_list: list[str],
     identity: tuple[str, str] | None,
     now: datetime,
-) -> list[Claim]:
-    """J18, inside the caller's transaction: lock, count, pick, claim, record the
-    rate starts (see :mod:`jobs.store.limits`)."""
+    finishing: Sequence[Finishing] = (),
+) -> tuple[dict[str, Finished], list[Claim]]:
+    """J18, inside the caller's transaction: lock, count, pick, claim — finishing
+    ``finishing`` in the claim's statement (PostgreSQL only) — and record the rate
+    starts (see :mod:`jobs.store.limits`)."""
     lock_keys(connection, limits)
-    usage = read_usage(connection, limits, now)
+    usage = read_usage(connection, limits, now, leaving=[f.token for f in finishing])
     counted(limits)
     base: dict[str, Any] = {"now": adapt_dt(connection, now), **in_list_params("queue", queue_list)}
     if identity is not None:
@@ -144,9 +146,11 @@ def _claim_limited(
         queues=len(queue_list),
         one_job=identity is not None,
     )
-    _, claims = claim_rows(chosen=chosen)
+    if not chosen:
+        return (finish_batch(connection, finishing, now) if finishing else {}), []
+    finished, claims = claim_rows(chosen=chosen, finishing=finishing)
     record_starts(connection, limits, claims, now)
-    return claims
+    return finished, claims
 
 
 def claim(
@@ -224,10 +228,16 @@ def complete_and_claim(
         # Before the transaction: on SQLite, BEGIN IMMEDIATE takes the write lock.
         fault_point("jobs.claim.limited", limited=len(limits.handlers) + len(limits.queues))
         with transaction.atomic(using=alias):
-            finished = finish_batch(connection, batch, now) if batch else {}
-            claims = _claim_limited(
-                claim_rows, connection, limits, limit, queue_list, identity, now
-            )
+            if is_postgres(connection):
+                # The finishes go into the claim's statement (see jobs.store.limits).
+                finished, claims = _claim_limited(
+                    claim_rows, connection, limits, limit, queue_list, identity, now, batch
+                )
+            else:
+                finished = finish_batch(connection, batch, now) if batch else {}
+                _, claims = _claim_limited(
+                    claim_rows, connection, limits, limit, queue_list, identity, now
+                )
         return outcomes(batch, finished), claims
     if is_postgres(connection):
         # One statement finishes and claims; it is atomic by itself, so in autocommit

@@ -18,7 +18,10 @@ per handler name and per queue, exact across every worker and machine.
    limit are left out of the candidates' query itself, and a key that fills up while
    picking is left out of the next page.
 4. It claims them (the guarded update of every claim, by id), and records each start
-   of a rate-limited key; the commit releases the locks.
+   of a rate-limited key; the commit releases the locks. On PostgreSQL the attempts
+   the same round trip finishes (J8) are finished by the claim's statement: the usage
+   read leaves out the jobs Running under their tokens, which that statement ends
+   (or, should one attempt be an orphan, it changes nothing at all — claims included).
 
 Ends of Running attempts take no lock: they only free capacity, so a claim that
 misses one under-claims for one cycle and never over-claims. ``rate=(count,
@@ -154,32 +157,38 @@ class Usage:
 _KINDS = {"h": "handler", "q": "queue"}
 
 
-def read_usage(connection: BaseDatabaseWrapper, limits: ClaimLimits, now: datetime) -> Usage:
-    """The Running jobs and recent starts that ``limits`` count (after :func:`lock_keys`)."""
+def read_usage(
+    connection: BaseDatabaseWrapper,
+    limits: ClaimLimits,
+    now: datetime,
+    leaving: Sequence[str] = (),
+) -> Usage:
+    """The Running jobs and recent starts that ``limits`` count (after
+    :func:`lock_keys`), in one statement; jobs Running under the ``leaving`` tokens
+    are not counted (the caller's transaction finishes them)."""
     usage = Usage(limits)
     handlers, queues = list(limits.handlers), list(limits.queues)
-    rows = fetch(
-        connection,
-        sql_flow.running_usage(len(handlers), len(queues)),
-        {**in_list_params("handler", handlers), **in_list_params("queue", queues)},
-    )
-    for row in rows:
-        count = row["running"]
+    windows = _rate_windows(limits)
+    params: dict[str, Any] = {
+        **in_list_params("handler", handlers),
+        **in_list_params("queue", queues),
+        **in_list_params("leaving", leaving),
+    }
+    for n, (key, seconds) in enumerate(windows.items()):
+        params[f"key_{n}"] = key
+        params[f"since_{n}"] = adapt_dt(connection, now - timedelta(seconds=seconds))
+    statement = sql_flow.usage(len(handlers), len(queues), len(windows), len(leaving))
+    for row in fetch(connection, statement, params):
+        if row["kind"] == "started":
+            usage.started[row["key"]] = row["n"]
+            continue
         for kind, name, configured in (
             ("h", row["handler"], limits.handlers),
             ("q", row["queue"], limits.queues),
         ):
             if name in configured:
-                usage.running[(kind, name)] += count
-                usage.running[(kind + "s", name, row["scope_hash"])] += count
-    windows = _rate_windows(limits)
-    if windows:
-        params: dict[str, Any] = {}
-        for n, (key, seconds) in enumerate(windows.items()):
-            params[f"key_{n}"] = key
-            params[f"since_{n}"] = adapt_dt(connection, now - timedelta(seconds=seconds))
-        for row in fetch(connection, sql_flow.recent_starts(len(windows)), params):
-            usage.started[row["key"]] = row["started"]
+                usage.running[(kind, name)] += row["n"]
+                usage.running[(kind + "s", name, row["scope_hash"])] += row["n"]
     return usage
 
 

@@ -28,29 +28,35 @@ LOCK_KEYS = "SELECT count(pg_advisory_xact_lock(k)) AS locked FROM unnest(%(keys
 
 
 @functools.lru_cache(maxsize=64)
-def running_usage(handlers: int, queues: int) -> str:
-    """The Running jobs of ``handlers`` limited handler names (``handler_0``…) or
-    ``queues`` limited queues (``queue_0``…), counted per handler, queue and scope.
-    Only Running jobs hold a current token: the small partial index of tokens serves
-    it, never the history."""
+def usage(handlers: int, queues: int, rate_keys: int, leaving: int = 0) -> str:
+    """What limits count, in one statement: rows of ``kind`` ``'running'`` — the
+    Running jobs of ``handlers`` limited handler names (``handler_0``…) or ``queues``
+    limited queues (``queue_0``…), per ``handler``, ``queue`` and ``scope_hash``, in
+    ``n`` — and rows of ``kind`` ``'started'`` — per rate key (``key_0``…), in ``n``,
+    the starts after its window's start (``since_0``…). Jobs Running under the
+    ``leaving`` tokens (``leaving_0``…) are left out: the same transaction finishes
+    them. Only Running jobs hold a current token: the small partial index of tokens
+    serves the first part, the (key, started_at) index each term of the second."""
     either = []
     if handlers:
         either.append(f"handler IN ({in_list('handler', handlers)})")
     if queues:
         either.append(f"queue IN ({in_list('queue', queues)})")
-    return (
-        f"SELECT handler, queue, scope_hash, count(*) AS running FROM {JOB}"
-        f" WHERE current_token IS NOT NULL AND status = '{RUNNING}' AND ({' OR '.join(either)})"
-        " GROUP BY handler, queue, scope_hash"
+    gone = f" AND current_token NOT IN ({in_list('leaving', leaving)})" if leaving else ""
+    running = (
+        "SELECT 'running' AS kind, handler, queue, scope_hash, NULL AS key, count(*) AS n"
+        f" FROM {JOB} WHERE current_token IS NOT NULL AND status = '{RUNNING}'{gone}"
+        f" AND ({' OR '.join(either)}) GROUP BY handler, queue, scope_hash"
     )
-
-
-@functools.lru_cache(maxsize=64)
-def recent_starts(keys: int) -> str:
-    """Per rate key (``key_0``…), the attempt starts after its window's start
-    (``since_0``…): the (key, started_at) index serves each term."""
-    terms = " OR ".join(f"(key = %(key_{n})s AND started_at > %(since_{n})s)" for n in range(keys))
-    return f"SELECT key, count(*) AS started FROM {CLAIM_START} WHERE {terms} GROUP BY key"
+    if not rate_keys:
+        return running
+    terms = " OR ".join(
+        f"(key = %(key_{n})s AND started_at > %(since_{n})s)" for n in range(rate_keys)
+    )
+    return (
+        f"{running} UNION ALL SELECT 'started', NULL, NULL, NULL, key, count(*)"
+        f" FROM {CLAIM_START} WHERE {terms} GROUP BY key"
+    )
 
 
 @functools.lru_cache(maxsize=256)
