@@ -16,7 +16,7 @@ from procs import wait_until
 
 from jobs import JobScope, JobStatus, JobSubmission, Snooze, execution, submit_job
 from jobs.exceptions import InvalidInput, InvalidLimits, InvalidSubmission
-from jobs.handlers import RetryPolicy, job_handler, unregister
+from jobs.handlers import RetryPolicy
 from jobs.limits import Limits
 from jobs.models import ClaimStart, Job, JobAttempt, Queue
 from jobs.store import claiming, sql
@@ -27,19 +27,6 @@ from jobs.worker import Worker
 from ledon.faults import add_fault_hook, remove_fault_hook
 
 SCOPE = "flow-tests"
-
-
-@pytest.fixture
-def handler():
-    names: list[tuple[str, int]] = []
-
-    def register(name: str, version: int = 1, **kwargs):
-        names.append((name, version))
-        return job_handler(name, version=version, **kwargs)
-
-    yield register
-    for name, version in names:
-        unregister(name, version)
 
 
 def submit(n: int, handler: str, *, prefix: str = "j", scope: str = SCOPE, **kwargs) -> None:

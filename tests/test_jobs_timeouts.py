@@ -13,7 +13,7 @@ from procs import wait_until
 
 from jobs import JobScope, JobStatus, JobSubmission, execution, submit_job
 from jobs.exceptions import JobsConfigurationError
-from jobs.handlers import RetryPolicy, get_handler, job_handler, unregister
+from jobs.handlers import RetryPolicy, get_handler
 from jobs.models import Job
 from jobs.types import AttemptStatus, CancelReason
 from jobs.worker import Worker
@@ -22,19 +22,6 @@ SCOPE = "timeout-tests"
 NO_DELAY = RetryPolicy(base_delay=0, jitter=0)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def handler():
-    names: list[tuple[str, int]] = []
-
-    def register(name: str, version: int = 1, **kwargs):
-        names.append((name, version))
-        return job_handler(name, version=version, **kwargs)
-
-    yield register
-    for name, version in names:
-        unregister(name, version)
 
 
 @pytest.fixture
