@@ -184,3 +184,20 @@ def test_task_options_that_belong_to_handlers_are_refused():
         periodic("@daily", name="t2", handler=send_digest, version=2)
     with pytest.raises(InvalidSchedule, match="must be JSON"):
         periodic("@daily", name="t3", handler=send_digest, args=[object()])
+
+
+def test_without_the_cron_extra_a_cron_schedule_is_refused_and_an_interval_is_not(monkeypatch):
+    """cronsim is the ``[cron]`` extra: without it, a cron declaration says what to
+    install; an interval needs nothing more."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cronsim", None)  # as if not installed
+
+    @job_handler("reports.needs-cron")
+    def needs_cron(ctx: JobContext) -> None:
+        return None
+
+    with pytest.raises(InvalidSchedule, match=r"django-ledon\[cron\]"):
+        periodic("0 6 * * *", name="needs-cron", handler="reports.needs-cron")
+    periodic(every=timedelta(minutes=5), name="no-cron-needed", handler="reports.needs-cron")
+    assert [s.name for s in registry.declared()] == ["no-cron-needed"]

@@ -15,6 +15,9 @@ in a zone with daylight-saving time, ``*/15 * * * *`` does not run in the repeat
 hour's second pass. For "every 15 minutes of real time", use ``timezone="UTC"`` or an
 interval.
 
+``cronsim`` comes with the ``[cron]`` extra (``pip install "django-ledon[cron]"``);
+without it a cron schedule is refused at its declaration, intervals still work.
+
 Intervals (``every=timedelta(...)``) are anchored to the Unix epoch in UTC: their
 periods start at ``1970-01-01T00:00:00Z + k * every``, the same on every machine and
 after every restart, with no stored anchor. Every period start is a whole second.
@@ -24,10 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from types import ModuleType
 from typing import Protocol
 from zoneinfo import ZoneInfo
-
-from cronsim import CronSim, CronSimError
 
 __all__ = [
     "ALIASES",
@@ -59,6 +61,18 @@ _LONGEST = timedelta(seconds=2**31 - 1)
 
 class TimetableError(ValueError):
     """A cron expression, time zone or interval that cannot make a timetable."""
+
+
+def _cronsim() -> ModuleType:
+    """The cron library, imported when a cron schedule is declared: an optional extra."""
+    try:
+        import cronsim
+    except ImportError:
+        raise TimetableError(
+            'cron schedules need the cronsim package: pip install "django-ledon[cron]" '
+            "(intervals, every=timedelta(...), need nothing more)"
+        ) from None
+    return cronsim
 
 
 def job_id_time(period: datetime) -> str:
@@ -122,10 +136,11 @@ class CronTimetable:
     tz: ZoneInfo
 
     def __post_init__(self) -> None:
+        cronsim = _cronsim()
         try:
-            probe = CronSim(self.expression, datetime(2000, 1, 1))
+            probe = cronsim.CronSim(self.expression, datetime(2000, 1, 1))
             next(probe)
-        except CronSimError as exc:
+        except cronsim.CronSimError as exc:
             raise TimetableError(f"invalid cron expression {self.expression!r}: {exc}") from None
         except StopIteration:
             raise TimetableError(
@@ -141,7 +156,7 @@ class CronTimetable:
         return self.tz.key
 
     def describe(self) -> str:
-        words: str = CronSim(self.expression, datetime(2000, 1, 1)).explain()
+        words: str = _cronsim().CronSim(self.expression, datetime(2000, 1, 1)).explain()
         return f"{words} ({self.zone_name})"
 
     # -------------------------------------------------------------- local -> instant
@@ -175,7 +190,7 @@ class CronTimetable:
         local = moment.astimezone(self.tz).replace(tzinfo=None, fold=0)
         # Local times after the moment's own can still map to earlier instants (the
         # first pass of a repeated hour when the moment is in its second pass): skip.
-        for candidate in CronSim(self.expression, local):
+        for candidate in _cronsim().CronSim(self.expression, local):
             instant = self._instant(candidate)
             if instant > moment:
                 return instant
@@ -192,7 +207,7 @@ class CronTimetable:
             assert first_offset is not None
             assert second_offset is not None
             local += first_offset - second_offset
-        for candidate in CronSim(self.expression, local + _MICROSECOND, reverse=True):
+        for candidate in _cronsim().CronSim(self.expression, local + _MICROSECOND, reverse=True):
             instant = self._instant(candidate)
             if instant <= moment:
                 return instant
