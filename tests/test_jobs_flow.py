@@ -520,3 +520,15 @@ def test_j18_a_finish_in_the_claims_round_trip_frees_its_slot_and_a_stale_one_do
     assert outcomes == {second.token: FinishOutcome.STALE}
     assert claims == []
     assert running("flow.solo") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_j18_a_claim_with_room_under_every_limit_claims_plainly_and_one_without_picks(handler):
+    """max_running=5, claims of 3: the first has room for 3 more under the limit
+    (the plain choice); the second has not, picks, and takes only the 2 left."""
+    handler("flow.five", max_running=5)(lambda ctx: None)
+    submit(10, "flow.five")
+    assert len(execution.claim_due("w", limit=3)) == 3
+    assert len(execution.claim_due("w", limit=3)) == 2
+    assert execution.claim_due("w", limit=3) == []
+    assert running("flow.five") == 5

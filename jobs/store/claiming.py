@@ -135,6 +135,11 @@ def _claim_limited(
     lock_keys(connection, limits)
     usage = read_usage(connection, limits, now, leaving=[f.token for f in finishing])
     counted(limits)
+    if usage.room_for(limit):
+        # No limit can be reached by `limit` more starts: the plain claim's choice.
+        finished, claims = claim_rows(finishing=finishing)
+        record_starts(connection, limits, claims, now)
+        return finished, claims
     base: dict[str, Any] = {"now": adapt_dt(connection, now), **in_list_params("queue", queue_list)}
     if identity is not None:
         base["scope_hash"], base["job_id"] = identity

@@ -13,7 +13,10 @@ per handler name and per queue, exact across every worker and machine.
    a new snapshot: taken after the lock, it sees every claim committed by the lock's
    previous holder. (A single statement that counted and claimed would count in a
    snapshot taken before it waited for a row lock, and could over-claim.)
-3. It picks due jobs in claim order that keep every limit, skipping the others —
+3. If ``limit`` more starts of any jobs would keep every limit (the usual case of
+   limits that do not bind), it claims as a claim without limits does, in the same
+   transaction. Otherwise it picks due jobs in claim order that keep every limit,
+   skipping the others —
    no head of line blocks: handlers, queues and (handler, scope) pairs already at a
    limit are left out of the candidates' query itself, and a key that fills up while
    picking is left out of the next page.
@@ -123,6 +126,31 @@ class Usage:
         """Count ``job`` as started."""
         for counter, key, _limit in self._checks(job):
             counter[key] += 1
+
+    def room_for(self, count: int) -> bool:
+        """Whether ``count`` more starts of any jobs keep every limit — each key
+        gains at most ``count``: then the claim need not pick (the plain claim's
+        choice, in the same transaction, keeps them all)."""
+        for kind, configured in (("h", self.limits.handlers), ("q", self.limits.queues)):
+            for name, limits in configured.items():
+                if (
+                    limits.max_running is not None
+                    and self.running[(kind, name)] + count > limits.max_running
+                ):
+                    return False
+                if limits.max_running_per_scope is not None:
+                    busiest = max(
+                        (n for key, n in self.running.items() if key[:2] == (kind + "s", name)),
+                        default=0,
+                    )
+                    if busiest + count > limits.max_running_per_scope:
+                        return False
+                if (
+                    limits.rate is not None
+                    and self.started[rate_key(_KINDS[kind], name)] + count > limits.rate[0]
+                ):
+                    return False
+        return True
 
     def full(self) -> dict[str, list[Any]]:
         """What is at a limit: handlers, queues, (name, scope) pairs — the candidates'
