@@ -81,6 +81,28 @@ def fetch(
     return rows
 
 
+def fetch_results(
+    connection: BaseDatabaseWrapper, statements: Sequence[str], params: Mapping[str, Any]
+) -> list[list[dict[str, Any]]]:
+    """PostgreSQL: run ``statements`` in one query, one round trip (the parameters
+    bound by the client, as Django's cursors do), each with a snapshot of its own;
+    the rows of each, by column name. Recorded where Django records queries."""
+    with connection.cursor() as cursor:
+        cursor.execute("; ".join(statements), params)
+        results: list[list[dict[str, Any]]] = []
+        while True:
+            if cursor.description:
+                names = [column[0] for column in cursor.description]
+                results.append([dict(zip(names, row, strict=True)) for row in cursor.fetchall()])
+            else:
+                results.append([])
+            if not cursor.nextset():
+                break
+    if len(results) != len(statements):
+        raise RuntimeError(f"{len(statements)} statements gave {len(results)} results")
+    return results
+
+
 def adapt_dt(connection: BaseDatabaseWrapper, value: datetime | None) -> Any:
     """A datetime as the backend stores it (SQLite: sortable UTC text)."""
     if value is None:

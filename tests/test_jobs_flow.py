@@ -79,7 +79,7 @@ def _race_for_the_last_slot(handler_name: str) -> list[int]:
         for thread in threads:
             thread.start()
         assert first.wait(60)
-        if connection.vendor == "postgresql" and claiming.lock_keys is _LOCK:
+        if connection.vendor == "postgresql" and limits_store.lock_ids is _LOCK_IDS:
             # Both others wait for the first one's advisory lock, not one moment less.
             wait_until(_waiting_for_advisory_locks(2), 30, "two claims waiting for the lock")
             go.set()
@@ -100,7 +100,7 @@ def _race_for_the_last_slot(handler_name: str) -> list[int]:
         remove_fault_hook(hook)
 
 
-_LOCK = claiming.lock_keys
+_LOCK_IDS = limits_store.lock_ids
 
 
 def _waiting_for_advisory_locks(count: int):
@@ -133,7 +133,7 @@ def test_j18_without_the_advisory_lock_two_claims_take_the_last_slot(handler, mo
     would catch)."""
     handler("flow.one", max_running=1)(lambda ctx: None)
     submit(6, "flow.one")
-    monkeypatch.setattr(claiming, "lock_keys", lambda connection, limits: None)
+    monkeypatch.setattr(limits_store, "lock_ids", lambda limits: [])
     results = _race_for_the_last_slot("flow.one")
     assert sum(results) >= 2, results  # the first one's, and at least one other's
     assert running("flow.one") == sum(results)
@@ -146,7 +146,7 @@ def test_j18_sqlite_immediate_transactions_serialise_claims_without_a_lock(handl
     database's write lock from BEGIN IMMEDIATE to its commit."""
     handler("flow.one", max_running=1)(lambda ctx: None)
     submit(6, "flow.one")
-    monkeypatch.setattr(claiming, "lock_keys", lambda connection, limits: None)
+    monkeypatch.setattr(limits_store, "lock_ids", lambda limits: [])
     results = _race_for_the_last_slot("flow.one")
     assert sum(results) == 1, results
 
@@ -322,8 +322,15 @@ def _statements(monkeypatch) -> list[str]:
         seen.append(statement)
         return real(connection, statement, params, **kwargs)
 
+    real_results = limits_store.fetch_results
+
+    def recording_results(connection, statements, params):
+        seen.extend(statements)
+        return real_results(connection, statements, params)
+
     monkeypatch.setattr(claiming, "fetch", recording)
     monkeypatch.setattr(limits_store, "fetch", recording)
+    monkeypatch.setattr(limits_store, "fetch_results", recording_results)
     return seen
 
 

@@ -46,7 +46,7 @@ from .finishing import (
     outcomes,
     read_finished,
 )
-from .limits import choose, counted, lock_keys, read_usage, record_starts
+from .limits import choose, counted, lock_and_read_usage, record_starts
 
 
 def _claim_rows(
@@ -132,14 +132,14 @@ def _claim_limited(
     """J18, inside the caller's transaction: lock, count, pick, claim — finishing
     ``finishing`` in the claim's statement (PostgreSQL only) — and record the rate
     starts (see :mod:`jobs.store.limits`)."""
-    lock_keys(connection, limits)
-    usage = read_usage(connection, limits, now, leaving=[f.token for f in finishing])
-    counted(limits)
+    leaving = [f.token for f in finishing]
+    usage = lock_and_read_usage(connection, limits, now, leaving)
     if usage.room_for(limit):
         # No limit can be reached by `limit` more starts: the plain claim's choice.
         finished, claims = claim_rows(finishing=finishing)
         record_starts(connection, limits, claims, now)
         return finished, claims
+    counted(limits)
     base: dict[str, Any] = {"now": adapt_dt(connection, now), **in_list_params("queue", queue_list)}
     if identity is not None:
         base["scope_hash"], base["job_id"] = identity

@@ -4,7 +4,8 @@ per handler name and per queue, exact across every worker and machine.
 **The mechanism.** A claim that a limit may apply to runs in one transaction:
 
 1. PostgreSQL: it takes a transaction-scoped advisory lock (``pg_advisory_xact_lock``)
-   for every limited handler and queue it may touch, in one statement, in one order.
+   for every limited handler and queue it may touch, in one statement, in one order
+   (sent with the usage read of step 2 in one query: one round trip).
    SQLite: the transaction is ``BEGIN IMMEDIATE``, which holds the database's write
    lock from its first statement (``transaction_mode: IMMEDIATE``, checked by
    ``ledon.W001``); every writer is serialised already.
@@ -34,7 +35,8 @@ of ``seconds`` ever holds more than ``count`` starts.
 
 Fault points (:func:`ledon.faults.fault_point`; ``limited``: the number of limited
 keys): ``jobs.claim.limited`` — a claim under limits begins, no transaction open yet;
-``jobs.claim.counted`` — locks held, usage read, nothing claimed yet.
+``jobs.claim.counted`` — locks held, usage read, nothing claimed yet, the claim about
+to pick (not reached when the usage leaves room for the whole claim).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ledon.faults import fault_point
 
-from ..db import adapt_dt, fetch, in_list_params, is_postgres
+from ..db import adapt_dt, fetch, fetch_results, in_list_params, is_postgres
 from ..limits import ClaimLimits, Limits
 from ..types import Claim
 from . import sql_flow
@@ -75,15 +77,20 @@ def lock_id(kind: str, name: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+def lock_ids(limits: ClaimLimits) -> list[int]:
+    """The advisory locks of ``limits``' handlers and queues, in the one order every
+    claimer takes them."""
+    return sorted(
+        {lock_id("handler", name) for name in limits.handlers}
+        | {lock_id("queue", name) for name in limits.queues}
+    )
+
+
 def lock_keys(connection: BaseDatabaseWrapper, limits: ClaimLimits) -> None:
     """Serialise the claims that ``limits`` apply to (see the module's docstring)."""
     if not is_postgres(connection):
         return  # SQLite: the IMMEDIATE transaction holds the write lock already
-    keys = sorted(
-        {lock_id("handler", name) for name in limits.handlers}
-        | {lock_id("queue", name) for name in limits.queues}
-    )
-    fetch(connection, sql_flow.LOCK_KEYS, {"keys": keys})
+    fetch(connection, sql_flow.LOCK_KEYS, {"keys": lock_ids(limits)})
 
 
 @dataclass(slots=True)
@@ -185,6 +192,25 @@ class Usage:
 _KINDS = {"h": "handler", "q": "queue"}
 
 
+def _usage_statement(
+    connection: BaseDatabaseWrapper,
+    limits: ClaimLimits,
+    now: datetime,
+    leaving: Sequence[str],
+) -> tuple[str, dict[str, Any]]:
+    handlers, queues = list(limits.handlers), list(limits.queues)
+    windows = _rate_windows(limits)
+    params: dict[str, Any] = {
+        **in_list_params("lim_handler", handlers),
+        **in_list_params("lim_queue", queues),
+        **in_list_params("leaving", leaving),
+    }
+    for n, (key, seconds) in enumerate(windows.items()):
+        params[f"key_{n}"] = key
+        params[f"since_{n}"] = adapt_dt(connection, now - timedelta(seconds=seconds))
+    return sql_flow.usage(len(handlers), len(queues), len(windows), len(leaving)), params
+
+
 def read_usage(
     connection: BaseDatabaseWrapper,
     limits: ClaimLimits,
@@ -194,19 +220,13 @@ def read_usage(
     """The Running jobs and recent starts that ``limits`` count (after
     :func:`lock_keys`), in one statement; jobs Running under the ``leaving`` tokens
     are not counted (the caller's transaction finishes them)."""
+    statement, params = _usage_statement(connection, limits, now, leaving)
+    return _usage_of(limits, fetch(connection, statement, params))
+
+
+def _usage_of(limits: ClaimLimits, rows: Iterable[dict[str, Any]]) -> Usage:
     usage = Usage(limits)
-    handlers, queues = list(limits.handlers), list(limits.queues)
-    windows = _rate_windows(limits)
-    params: dict[str, Any] = {
-        **in_list_params("handler", handlers),
-        **in_list_params("queue", queues),
-        **in_list_params("leaving", leaving),
-    }
-    for n, (key, seconds) in enumerate(windows.items()):
-        params[f"key_{n}"] = key
-        params[f"since_{n}"] = adapt_dt(connection, now - timedelta(seconds=seconds))
-    statement = sql_flow.usage(len(handlers), len(queues), len(windows), len(leaving))
-    for row in fetch(connection, statement, params):
+    for row in rows:
         if row["kind"] == "started":
             usage.started[row["key"]] = row["n"]
             continue
@@ -218,6 +238,24 @@ def read_usage(
                 usage.running[(kind, name)] += row["n"]
                 usage.running[(kind + "s", name, row["scope_hash"])] += row["n"]
     return usage
+
+
+def lock_and_read_usage(
+    connection: BaseDatabaseWrapper,
+    limits: ClaimLimits,
+    now: datetime,
+    leaving: Sequence[str] = (),
+) -> Usage:
+    """:func:`lock_keys` then :func:`read_usage`. On PostgreSQL both go in one query,
+    one round trip: each statement of it has a snapshot of its own (READ COMMITTED),
+    so the usage read sees every claim the locks' previous holders committed."""
+    if not is_postgres(connection):
+        return read_usage(connection, limits, now, leaving)
+    statement, params = _usage_statement(connection, limits, now, leaving)
+    _locked, rows = fetch_results(
+        connection, [sql_flow.LOCK_KEYS, statement], {**params, "keys": lock_ids(limits)}
+    )
+    return _usage_of(limits, rows)
 
 
 def _rate_windows(limits: ClaimLimits) -> dict[str, float]:

@@ -30,8 +30,8 @@ LOCK_KEYS = "SELECT count(pg_advisory_xact_lock(k)) AS locked FROM unnest(%(keys
 @functools.lru_cache(maxsize=64)
 def usage(handlers: int, queues: int, rate_keys: int, leaving: int = 0) -> str:
     """What limits count, in one statement: rows of ``kind`` ``'running'`` — the
-    Running jobs of ``handlers`` limited handler names (``handler_0``…) or ``queues``
-    limited queues (``queue_0``…), per ``handler``, ``queue`` and ``scope_hash``, in
+    Running jobs of ``handlers`` limited handler names (``lim_handler_0``…) or
+    ``queues`` limited queues (``lim_queue_0``…), per ``handler``, ``queue`` and ``scope_hash``, in
     ``n`` — and rows of ``kind`` ``'started'`` — per rate key (``key_0``…), in ``n``,
     the starts after its window's start (``since_0``…). Jobs Running under the
     ``leaving`` tokens (``leaving_0``…) are left out: the same transaction finishes
@@ -39,9 +39,9 @@ def usage(handlers: int, queues: int, rate_keys: int, leaving: int = 0) -> str:
     serves the first part, the (key, started_at) index each term of the second."""
     either = []
     if handlers:
-        either.append(f"handler IN ({in_list('handler', handlers)})")
+        either.append(f"handler IN ({in_list('lim_handler', handlers)})")
     if queues:
-        either.append(f"queue IN ({in_list('queue', queues)})")
+        either.append(f"queue IN ({in_list('lim_queue', queues)})")
     gone = f" AND current_token NOT IN ({in_list('leaving', leaving)})" if leaving else ""
     running = (
         "SELECT 'running' AS kind, handler, queue, scope_hash, NULL AS key, count(*) AS n"
