@@ -84,22 +84,31 @@ def fetch(
 def fetch_results(
     connection: BaseDatabaseWrapper, statements: Sequence[str], params: Mapping[str, Any]
 ) -> list[list[dict[str, Any]]]:
-    """PostgreSQL: run ``statements`` in one query, one round trip (the parameters
-    bound by the client, as Django's cursors do), each with a snapshot of its own;
-    the rows of each, by column name. Recorded where Django records queries."""
-    with connection.cursor() as cursor:
-        cursor.execute("; ".join(statements), params)
-        results: list[list[dict[str, Any]]] = []
-        while True:
-            if cursor.description:
-                names = [column[0] for column in cursor.description]
-                results.append([dict(zip(names, row, strict=True)) for row in cursor.fetchall()])
-            else:
-                results.append([])
-            if not cursor.nextset():
-                break
-    if len(results) != len(statements):
-        raise RuntimeError(f"{len(statements)} statements gave {len(results)} results")
+    """PostgreSQL: run ``statements`` one after the other in one round trip — a
+    pipeline, with the transaction's ``BEGIN`` if it is the first — each with a
+    snapshot of its own; the rows of each, by column name. Recorded where Django
+    records queries."""
+    from psycopg.rows import dict_row
+
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    connection.validate_no_broken_transaction()
+    raw = connection.connection
+    start = time.monotonic()
+    with connection.wrap_database_errors:
+        cursors = [raw.cursor(row_factory=dict_row) for _ in statements]
+        try:
+            with raw.pipeline():
+                for cursor, statement in zip(cursors, statements, strict=True):
+                    cursor.execute(statement, params)
+            results = [cursor.fetchall() if cursor.description else [] for cursor in cursors]
+        finally:
+            for cursor in cursors:
+                cursor.close()
+    if connection.queries_logged:
+        connection.queries_log.append(
+            {"sql": "; ".join(statements), "time": f"{time.monotonic() - start:.3f}"}
+        )
     return results
 
 
