@@ -7,7 +7,9 @@ The scoped API (``submit_job``, ``stage_job``, ``JobScope``) and the handler API
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ledon.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from .api import JobScope, stage_job, submit_job, submit_jobs
@@ -56,11 +58,4 @@ _LAZY = {
     "SubmitResult": "types",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'jobs' has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f".{module}", __name__), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

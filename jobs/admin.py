@@ -23,7 +23,13 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from outbox.admin_support import ReadOnlyAdminMixin, report_refusals, state_action
+from ledon.admin import (
+    GrowingTableMixin,
+    ReadOnlyAdminMixin,
+    report_changes,
+    report_refusals,
+    state_action,
+)
 
 from . import store, validation
 from .conf import queue_limits
@@ -48,6 +54,21 @@ def _percent(value: float | None, *, succeeded: bool = False) -> str:
     return "-" if value is None else f"{value:g}%"
 
 
+#: What the admin shows of an attempt. The token is deliberately not shown: it is the
+#: attempt's write capability.
+ATTEMPT_FIELDS = (
+    "number",
+    "status",
+    "worker_id",
+    "progress_percent",
+    "progress_message",
+    "error",
+    "result_ref",
+    "started_at",
+    "finished_at",
+)
+
+
 class JobAttemptInline(ReadOnlyAdminMixin, _AttemptInlineBase):
     """The attempts of one job, oldest first, read-only."""
 
@@ -56,18 +77,7 @@ class JobAttemptInline(ReadOnlyAdminMixin, _AttemptInlineBase):
     can_delete = False
     show_change_link = True
     ordering = ("number",)
-    # The token is deliberately not shown: it is the attempt's write capability.
-    fields = readonly_fields = (
-        "number",
-        "status",
-        "worker_id",
-        "progress_percent",
-        "progress_message",
-        "error",
-        "result_ref",
-        "started_at",
-        "finished_at",
-    )
+    fields = readonly_fields = ATTEMPT_FIELDS
 
     @admin.display(description="progress")
     def progress_percent(self, obj: JobAttempt) -> str:
@@ -75,7 +85,7 @@ class JobAttemptInline(ReadOnlyAdminMixin, _AttemptInlineBase):
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
+class JobAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _JobAdminBase):
     list_display = (
         "job_id",
         "handler_with_version",
@@ -95,8 +105,6 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
     )
     ordering = ("-created_at", "-id")
     # Counting the whole table on every page is slow once history grows.
-    show_full_result_count = False
-    list_per_page = 50
     inlines = (JobAttemptInline,)
     actions = ("cancel_jobs", "retry_jobs")
     fieldsets = (
@@ -186,17 +194,9 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
             hashes.add(validation.scope_hash(term))
         return found | queryset.filter(scope_hash__in=hashes), may_have_duplicates
 
-    # ------------------------------------------------------------------ permissions
-
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
-    def has_retry_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
     # ------------------------------------------------------------------ actions
 
-    @state_action("Cancel selected jobs", "cancel")
+    @state_action("Cancel selected jobs")
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Cancel through the store: Queued jobs at once, Running ones by request."""
         outcomes: Counter[CancelOutcome] = Counter()
@@ -225,7 +225,7 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
         )
         report_refusals(self, request, refusals, "not cancelled")
 
-    @state_action("Retry selected jobs", "retry")
+    @state_action("Retry selected jobs")
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Re-queue through the store; jobs whose state forbids it are listed with why."""
         requeued = 0
@@ -239,17 +239,11 @@ class JobAdmin(ReadOnlyAdminMixin, _JobAdminBase):
                 refusals.append(str(exc))
             else:
                 requeued += 1
-        summary = f"{requeued} re-queued"
-        if refusals:
-            summary += f", {len(refusals)} refused"
-        self.message_user(
-            request, summary + ".", messages.SUCCESS if requeued else messages.WARNING
-        )
-        report_refusals(self, request, refusals, "refused")
+        report_changes(self, request, requeued, "re-queued", refusals)
 
 
 @admin.register(JobAttempt)
-class JobAttemptAdmin(ReadOnlyAdminMixin, _AttemptAdminBase):
+class JobAttemptAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _AttemptAdminBase):
     list_display = ("job_link", "number", "status", "worker_id", "started_at", "finished_at")
     # The first column already links to the job; the attempt opens from its number.
     list_display_links = ("number",)
@@ -258,21 +252,7 @@ class JobAttemptAdmin(ReadOnlyAdminMixin, _AttemptAdminBase):
     search_fields = ("job__job_id", "worker_id")
     search_help_text = "Job id or worker id (contains)."
     ordering = ("-started_at", "-id")
-    show_full_result_count = False
-    list_per_page = 50
-    # The token is deliberately not shown: it is the attempt's write capability.
-    fields = readonly_fields = (
-        "job",
-        "number",
-        "status",
-        "worker_id",
-        "progress_percent",
-        "progress_message",
-        "error",
-        "result_ref",
-        "started_at",
-        "finished_at",
-    )
+    fields = readonly_fields = ("job", *ATTEMPT_FIELDS)
 
     @admin.display(description="job", ordering="job__job_id")
     def job_link(self, obj: JobAttempt) -> SafeString:
@@ -327,18 +307,13 @@ class QueueAdmin(ReadOnlyAdminMixin, _QueueAdminBase):
         value = queue_limits().get(obj.name)
         return value.describe() if value else "none"
 
-    def has_pause_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
-    has_resume_permission = has_pause_permission
-
-    @state_action("Pause selected queues", "pause")
+    @state_action("Pause selected queues")
     def pause_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         """Every worker stops claiming from these queues with its next claim."""
         changed = sum(store.pause(name) for name in queryset.values_list("name", flat=True))
         self.message_user(request, f"{changed} queue(s) paused.", messages.SUCCESS)
 
-    @state_action("Resume selected queues", "resume")
+    @state_action("Resume selected queues")
     def resume_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         changed = sum(store.resume(name) for name in queryset.values_list("name", flat=True))
         self.message_user(request, f"{changed} queue(s) resumed.", messages.SUCCESS)

@@ -28,6 +28,8 @@ class JobsConfig(AppConfig):
 def _autodiscover_tasks() -> None:
     """Import the task modules of every ``JobsBackend`` in ``TASKS`` (the backend's
     package is imported only when a worker or a test autodiscovers)."""
+    # Not at the top: the backend's package (and django.tasks with it) loads only
+    # when a worker or a test autodiscovers, not with every start of the app.
     from .backends import autodiscover_tasks
 
     autodiscover_tasks()

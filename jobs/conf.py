@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
-from ledon.conf import unknown_keys_message
+from ledon.conf import SettingsReader, is_number, unknown_keys_message
 
 from . import validation
 from .exceptions import InvalidLimits, JobsConfigurationError
@@ -84,12 +79,8 @@ class JobsSettings:
     QUEUES: dict[str, Any] = field(default_factory=dict)
 
 
-def _validate(values: dict[str, Any]) -> JobsSettings:
-    known = {f.name for f in fields(JobsSettings)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise JobsConfigurationError(unknown_keys_message("JOBS setting(s)", unknown, known))
-    result = JobsSettings(**values)
+def _check(result: JobsSettings) -> None:
+    """Raise :class:`~jobs.exceptions.JobsConfigurationError` for a bad value."""
     positive = (
         "LEASE_SECONDS",
         "HEARTBEAT_SECONDS",
@@ -105,7 +96,7 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
     )
     for key in positive:
         value = getattr(result, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        if not is_number(value) or value <= 0:
             raise JobsConfigurationError(f"JOBS[{key!r}] must be a positive number, got {value!r}")
     if result.HEARTBEAT_SECONDS >= result.LEASE_SECONDS:
         raise JobsConfigurationError(
@@ -113,15 +104,13 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
             "or leases expire between two heartbeats"
         )
     retention = result.RETENTION_SECONDS
-    if retention is not None and (
-        isinstance(retention, bool) or not isinstance(retention, int | float) or retention <= 0
-    ):
+    if retention is not None and (not is_number(retention) or retention <= 0):
         raise JobsConfigurationError(
             f"JOBS['RETENTION_SECONDS'] must be None or a positive number, got {retention!r}"
         )
     for key in ("UNKNOWN_HANDLER_RETRY_SECONDS", "UNKNOWN_HANDLER_RETRY_DELAY"):
         value = getattr(result, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if not is_number(value) or value < 0:
             raise JobsConfigurationError(
                 f"JOBS[{key!r}] must be a number of seconds >= 0, got {value!r}"
             )
@@ -140,21 +129,18 @@ def _validate(values: dict[str, Any]) -> JobsSettings:
             f"JOBS['SCHEDULE_SCOPE'] is not a valid scope: {exc}"
         ) from None
     timeout = result.JOB_TIMEOUT_SECONDS
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-    ):
+    if timeout is not None and (not is_number(timeout) or timeout <= 0):
         raise JobsConfigurationError(
             f"JOBS['JOB_TIMEOUT_SECONDS'] must be None or a positive number, got {timeout!r}"
         )
     grace = result.TIMEOUT_GRACE_SECONDS
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+    if not is_number(grace) or grace < 0:
         raise JobsConfigurationError(
             f"JOBS['TIMEOUT_GRACE_SECONDS'] must be a number of seconds >= 0, got {grace!r}"
         )
     _check_queues(result.QUEUES)
     if not isinstance(result.AUTODISCOVER_MODULE, str) or not result.AUTODISCOVER_MODULE:
         raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")
-    return result
 
 
 _LIMIT_KEYS = ("max_running", "max_running_per_scope", "rate")
@@ -186,24 +172,22 @@ def _check_queues(queues: Any) -> None:
             raise JobsConfigurationError(f"JOBS['QUEUES'][{name!r}]: {exc}") from None
 
 
-@functools.cache
-def jobs_settings() -> JobsSettings:
-    """The current ``JOBS`` settings, validated. Read lazily, never at import time."""
-    values = getattr(settings, "JOBS", {}) or {}
-    if not isinstance(values, dict):
-        raise JobsConfigurationError("the JOBS setting must be a dict")
-    return _validate(dict(values))
+#: The current ``JOBS`` settings, validated: ``jobs_settings()``.
+jobs_settings = SettingsReader("JOBS", JobsSettings, _check, JobsConfigurationError)
+
+#: The settings object :func:`queue_limits` was last computed from, and its result.
+_queue_limits: tuple[JobsSettings, dict[str, Limits]] | None = None
 
 
-@functools.cache
 def queue_limits() -> dict[str, Limits]:
-    """``JOBS["QUEUES"]`` as :class:`~jobs.limits.Limits` (queues without any left out)."""
-    limits = {name: Limits(**values) for name, values in jobs_settings().QUEUES.items()}
-    return {name: value for name, value in limits.items() if value}
-
-
-@receiver(setting_changed)
-def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting == "JOBS":
-        jobs_settings.cache_clear()
-        queue_limits.cache_clear()
+    """``JOBS["QUEUES"]`` as :class:`~jobs.limits.Limits` (queues without any left
+    out); computed again whenever the ``JOBS`` setting is read again."""
+    global _queue_limits
+    current = jobs_settings()
+    cached = _queue_limits
+    if cached is not None and cached[0] is current:
+        return cached[1]
+    limits = {name: Limits(**values) for name, values in current.QUEUES.items()}
+    result = {name: value for name, value in limits.items() if value}
+    _queue_limits = (current, result)
+    return result

@@ -1,4 +1,6 @@
-"""Small database helpers shared by the store: the alias, vendor switches, adapters.
+"""The jobs store's raw SQL helpers: running a statement with named parameters, the
+token expression, and the builders of multi-row parameters. (The alias, vendor switch
+and datetime adapters every app shares live in :mod:`ledon.db`.)
 
 The store writes raw SQL where the ORM cannot express a statement in one round
 trip (``INSERT … ON CONFLICT DO NOTHING RETURNING``, ``UPDATE … RETURNING``,
@@ -10,27 +12,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.utils.dateparse import parse_datetime
+
+from ledon.db import is_postgres
 
 from .conf import jobs_settings
-
-
-def alias_for(model: type[Any]) -> str:
-    return router.db_for_write(model) or "default"
-
-
-def connection_for(model: type[Any]) -> BaseDatabaseWrapper:
-    return connections[alias_for(model)]
-
-
-def is_postgres(connection: BaseDatabaseWrapper) -> bool:
-    return connection.vendor == "postgresql"
-
 
 #: psycopg ``prepare_threshold`` that no statement reaches by repetition.
 _NEVER_BY_COUNT = 2**31 - 1
@@ -60,6 +48,7 @@ def fetch(
                 return []
             names = [column[0] for column in cursor.description]
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    # psycopg is the [postgres] extra: a SQLite set-up never imports it.
     import psycopg
     from psycopg.rows import dict_row
 
@@ -110,25 +99,6 @@ def fetch_results(
             {"sql": "; ".join(statements), "time": f"{time.monotonic() - start:.3f}"}
         )
     return results
-
-
-def adapt_dt(connection: BaseDatabaseWrapper, value: datetime | None) -> Any:
-    """A datetime as the backend stores it (SQLite: sortable UTC text)."""
-    if value is None:
-        return None
-    return connection.ops.adapt_datetimefield_value(value)
-
-
-def read_dt(value: Any) -> datetime | None:
-    """A datetime read by raw SQL: PostgreSQL gives aware values, SQLite gives text."""
-    if value is None:
-        return None
-    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
-    if parsed is None:
-        raise ValueError(f"not a datetime: {value!r}")
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
 
 
 def random_token_sql(vendor: str) -> str:

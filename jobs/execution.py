@@ -14,9 +14,10 @@ from datetime import datetime
 
 from django.db.models import Count
 
+from ledon.db import connection_for
+
 from . import store, validation
 from .conf import queue_limits
-from .db import connection_for
 from .handlers import handler_limits
 from .limits import ClaimLimits
 from .models import ClaimStart, Job
@@ -256,15 +257,9 @@ def execution_statuses(tokens: Sequence[str]) -> dict[str, ExecutionStatus]:
     return store.execution_statuses(tokens)
 
 
-def heartbeat(
-    tokens: Sequence[str],
-    worker_id: str,
-    *,
-    lease_seconds: float | None = None,
-    now: datetime | None = None,
-) -> dict[str, ExecutionStatus]:
-    """Renew the leases of this worker's attempts and report each token's status."""
-    return store.heartbeat(tokens, worker_id, lease_seconds=lease_seconds, now=now)
+#: Renew the leases of this worker's attempts and report each token's status: the
+#: store's transition as it is (nothing to add on the executor's side).
+heartbeat = store.heartbeat
 
 
 def recover_expired(

@@ -14,13 +14,15 @@ import functools
 import inspect
 import random
 import threading
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils.module_loading import autodiscover_modules
+
+from ledon.backoff import RetryPace
+from ledon.errors import format_error
 
 from . import validation
 from .conf import jobs_settings
@@ -97,19 +99,13 @@ class RetryPolicy:
 
     @classmethod
     def from_settings(cls) -> RetryPolicy:
-        s = jobs_settings()
-        return cls(
-            base_delay=s.RETRY_BASE_DELAY,
-            factor=s.RETRY_BACKOFF_FACTOR,
-            max_delay=s.RETRY_MAX_DELAY,
-            jitter=s.RETRY_JITTER,
-        )
+        pace = RetryPace.from_settings(jobs_settings())
+        return cls(base_delay=pace.base, factor=pace.factor, max_delay=pace.cap, jitter=pace.jitter)
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        raw = min(self.max_delay, self.base_delay * self.factor ** max(attempt - 1, 0))
-        spread = (rng or random).uniform(-self.jitter, self.jitter)
-        return max(0.0, raw * (1 + spread))
+        pace = RetryPace(self.base_delay, self.factor, self.max_delay, self.jitter)
+        return pace.delay(attempt, rng)
 
     def retry_at(self, attempt: int, now: datetime, exc: BaseException) -> datetime | None:
         """When to run again after ``exc`` ended ``attempt``, or None for no retry."""
@@ -182,14 +178,6 @@ class HandlerSpec:
             policy = ctx.retry_policy or self.retry_policy()
             retry_at = policy.retry_at(ctx.attempt, now, exc)
         return error, retry_at
-
-
-def format_error(exc: BaseException) -> str:
-    """Exception type, message and traceback, as stored on the failed attempt."""
-    text = "".join(traceback.format_exception(exc))
-    # Stored text must be valid Unicode without NUL: escape what a message may carry.
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text.replace("\x00", "\\x00")[:100_000]
 
 
 _registry: dict[tuple[str, int], HandlerSpec] = {}

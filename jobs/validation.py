@@ -14,6 +14,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from ledon import validation as ledon_validation
+
 from .exceptions import InvalidJobId, InvalidPayload, InvalidScope, InvalidSubmission
 
 MAX_JOB_ID_LENGTH = 200
@@ -24,16 +26,11 @@ MAX_ATTEMPTS_LIMIT = 1000
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 MAX_TEXT_LENGTH = 100_000
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
 
 
 def _is_strict_utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8", "strict")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return ledon_validation.lone_surrogate(value) is None
 
 
 def scope_hash(scope: object) -> str:
@@ -43,21 +40,9 @@ def scope_hash(scope: object) -> str:
     scope with a lone surrogate is rejected, never replaced, so that distinct bad
     inputs cannot fold onto one scope.
     """
-    if not isinstance(scope, str):
-        raise InvalidScope(f"scope must be a str, not {type(scope).__name__}")
-    if not scope:
-        raise InvalidScope("scope must not be empty")
-    if len(scope) > MAX_SCOPE_LENGTH:
-        raise InvalidScope(f"scope must be at most {MAX_SCOPE_LENGTH} characters")
-    if _CONTROL.search(scope):
-        # The job id's rule: a NUL or a newline in a key is a bug upstream, never a tenant.
-        raise InvalidScope("scope must not contain control characters")
-    try:
-        data = scope.encode("utf-8", "strict")
-    except UnicodeEncodeError as exc:
-        raise InvalidScope(
-            f"scope contains a lone surrogate at position {exc.start}; it is not valid Unicode"
-        ) from None
+    # The job id's rule: a NUL or a newline in a key is a bug upstream, never a tenant.
+    scope = ledon_validation.text(scope, "scope", max_length=MAX_SCOPE_LENGTH, error=InvalidScope)
+    data = scope.encode("utf-8", "strict")
     return hashlib.sha256(data).hexdigest()
 
 
@@ -72,18 +57,9 @@ def job_id(value: object) -> str:
     """A caller-chosen job id, or a generated one when ``value`` is None."""
     if value is None:
         return uuid.uuid4().hex
-    if not isinstance(value, str):
-        raise InvalidJobId(f"job id must be a str, not {type(value).__name__}")
-    if not value:
-        raise InvalidJobId("job id must not be empty")
-    if len(value) > MAX_JOB_ID_LENGTH:
-        raise InvalidJobId(f"job id must be at most {MAX_JOB_ID_LENGTH} characters")
-    if _CONTROL.search(value):
-        raise InvalidJobId("job id must not contain control characters")
+    value = ledon_validation.text(value, "job id", max_length=MAX_JOB_ID_LENGTH, error=InvalidJobId)
     if value != value.strip():
         raise InvalidJobId("job id must not start or end with whitespace")
-    if not _is_strict_utf8(value):
-        raise InvalidJobId("job id contains a lone surrogate; it is not valid Unicode")
     return value
 
 
@@ -130,19 +106,11 @@ def optional_aware_utc(value: object, what: str) -> datetime | None:
 
 
 def text(value: object, what: str, max_length: int = MAX_TEXT_LENGTH) -> str:
-    """Free text (error, progress message, result reference): valid Unicode, bounded.
-
-    NUL characters are refused because PostgreSQL text cannot store them.
-    """
-    if not isinstance(value, str):
-        raise InvalidSubmission(f"{what} must be a str, not {type(value).__name__}")
-    if len(value) > max_length:
-        raise InvalidSubmission(f"{what} must be at most {max_length} characters")
-    if "\x00" in value:
-        raise InvalidSubmission(f"{what} must not contain NUL characters")
-    if not _is_strict_utf8(value):
-        raise InvalidSubmission(f"{what} contains a lone surrogate; it is not valid Unicode")
-    return value
+    """Free text (error, progress message, result reference): may be empty and hold
+    line breaks; valid Unicode without NUL, bounded (:func:`ledon.validation.text`)."""
+    return ledon_validation.text(
+        value, what, max_length=max_length, error=InvalidSubmission, empty=True, control=True
+    )
 
 
 def _check_json(value: Any, path: str) -> None:

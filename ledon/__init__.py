@@ -6,10 +6,13 @@ three apps, and names may change between releases. Use the apps' own modules.
 - :mod:`ledon.backoff` — the back-off every engine uses after a database failure;
 - :mod:`ledon.outage` — says an outage once, sums it up while it lasts, and says when
   it ends;
-- :mod:`ledon.db` — connection reset, the start-up check (unreachable or not migrated);
+- :mod:`ledon.db` — the alias and vendor switch, datetime adapters, the caller-atomic
+  check, connection reset, the start-up check (unreachable or not migrated);
 - :mod:`ledon.engine` — the base of the long-running engines: stopping in escalating
   levels, signals that cannot deadlock, guarded database steps;
 - :mod:`ledon.commands` — running an engine from its management command;
+- :mod:`ledon.pglisten` — the PostgreSQL LISTEN thread that wakes an engine;
+- :mod:`ledon.admin` — the read-only admin base and its guarded actions;
 - :mod:`ledon.faults` — named fault points for crash tests;
 - :mod:`ledon.errors` — the errors' root, whose docstring is its default message;
 - :mod:`ledon.conf` — reading the apps' settings dicts (unknown keys, 'did you mean');

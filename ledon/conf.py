@@ -1,14 +1,26 @@
-"""What the three apps' settings share: where their reference lives, and the message
-for keys that do not exist (with the key that was probably meant)."""
+"""What the three apps' settings share: the reader of a settings dict, where their
+reference lives, and the message for keys that do not exist (with the key that was
+probably meant)."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.core.signals import setting_changed
 
 #: The published documentation; its settings reference is ``settings.html``
 #: (``docs/settings.md`` in the source).
 DOCS_URL = "https://django-ledon.readthedocs.io/en/latest/"
+
+
+def is_number(value: object) -> bool:
+    """An int or a float, not a bool (which Python counts as an int)."""
+    return not isinstance(value, bool) and isinstance(value, int | float)
 
 
 def settings_reference(setting: str) -> str:
@@ -31,3 +43,63 @@ def unknown_keys_message(what: str, unknown: Iterable[str], known: Iterable[str]
         close = difflib.get_close_matches(key, choices, n=1, cutoff=0.7)
         parts.append(f"{key} (did you mean {close[0]!r}?)" if close else key)
     return f"unknown {what}: {', '.join(parts)}"
+
+
+class SettingsReader[S]:
+    """The only reader of one app's settings dict (``JOBS``, ``OUTBOX``, ``SAGAS``).
+
+    Call it for the settings: read on first use (never at import time), as the
+    frozen dataclass ``cls`` (whose fields are the known keys, with their defaults),
+    checked by ``check`` (which raises ``error``, an ``ImproperlyConfigured``), and
+    kept until the setting changes (``setting_changed``, which ``override_settings``
+    sends) or :meth:`cache_clear`.
+    """
+
+    def __init__(
+        self,
+        setting: str,
+        cls: Callable[..., S],
+        check: Callable[[S], None],
+        error: type[Exception],
+    ) -> None:
+        self.setting = setting
+        self.cls = cls
+        self.check_values = check
+        self.error = error
+        self._current: S | None = None
+        setting_changed.connect(self._changed, weak=False, dispatch_uid=f"ledon.{setting}")
+
+    def __call__(self) -> S:
+        current = self._current
+        if current is None:
+            current = self._current = self.read(getattr(settings, self.setting, {}) or {})
+        return current
+
+    def read(self, values: object) -> S:
+        """``values`` as this setting, checked (what a settings file would give)."""
+        if not isinstance(values, dict):
+            raise self.error(f"the {self.setting} setting must be a dict")
+        known = {f.name for f in dataclasses.fields(self.cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise self.error(unknown_keys_message(f"{self.setting} setting(s)", unknown, known))
+        result = self.cls(**values)
+        self.check_values(result)
+        return result
+
+    def cache_clear(self) -> None:
+        """Read the setting again on the next call."""
+        self._current = None
+
+    def check(self, check_id: str) -> list[checks.CheckMessage]:
+        """The system check of the setting: one error ``check_id`` if it is invalid."""
+        self.cache_clear()
+        try:
+            self()
+        except self.error as exc:
+            return [checks.Error(str(exc), hint=settings_hint(self.setting), id=check_id)]
+        return []
+
+    def _changed(self, *, setting: str, **kwargs: Any) -> None:
+        if setting == self.setting:
+            self.cache_clear()

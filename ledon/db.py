@@ -1,13 +1,26 @@
-"""Database helpers every engine shares: which errors mean "not now", dropping a
-broken connection, and the start-up check that tells an unreachable database (wait
-for it) from one that answers without the app's tables (a fatal, clear error)."""
+"""Database helpers every app shares.
+
+- where a model's rows live (:func:`alias_for`, :func:`connection_for`) and the vendor
+  switch of the raw SQL (:func:`is_postgres`);
+- datetimes in and out of raw SQL (:func:`adapt_dt`, :func:`read_dt`): PostgreSQL
+  takes and gives aware values, SQLite sortable UTC text;
+- whether the caller holds a transaction open (:func:`in_caller_atomic_block`), the
+  test case's own blocks left out;
+- which errors mean "not now", dropping a broken connection, and the start-up check
+  that tells an unreachable database (wait for it) from one that answers without the
+  app's tables (a fatal, clear error).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.dateparse import parse_datetime
 
 #: Every error a database step may raise (Django's ``InterfaceError`` is not a
 #: ``DatabaseError``).
@@ -16,6 +29,52 @@ DATABASE_ERRORS = (DatabaseError, InterfaceError)
 #: Database errors that say "not now" rather than "never": the server is unreachable,
 #: the connection broke, the transaction lost a race. Retried until they pass.
 TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+
+
+def alias_for(model: type[Any]) -> str:
+    """The database alias ``model``'s rows are written to (the router's choice)."""
+    return router.db_for_write(model) or "default"
+
+
+def connection_for(model: type[Any]) -> BaseDatabaseWrapper:
+    return connections[alias_for(model)]
+
+
+def is_postgres(connection: BaseDatabaseWrapper) -> bool:
+    return connection.vendor == "postgresql"
+
+
+def adapt_dt(connection: BaseDatabaseWrapper, value: datetime | None) -> Any:
+    """A datetime as the backend stores it (SQLite: sortable UTC text)."""
+    return None if value is None else connection.ops.adapt_datetimefield_value(value)
+
+
+def read_dt(value: Any) -> datetime:
+    """A datetime read by raw SQL, as an aware UTC value: PostgreSQL gives aware
+    values, SQLite gives text."""
+    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
+    if parsed is None:
+        raise ValueError(f"not a datetime: {value!r}")
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def in_caller_atomic_block(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the caller has an ``atomic`` block open on ``connection``.
+
+    The blocks Django's ``TestCase`` (and pytest-django's ``django_db``) wrap around
+    each test do not count, exactly as for ``atomic(durable=True)``: code that refuses
+    (or requires) the caller's transaction behaves in an ordinary test as in
+    production.
+    """
+    return any(not block._from_testcase for block in connection.atomic_blocks)  # type: ignore[attr-defined]
+
+
+def in_test_case_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the only open ``atomic`` blocks are those of a test case: other
+    connections cannot see this transaction's rows."""
+    return bool(connection.atomic_blocks) and not in_caller_atomic_block(connection)
 
 
 class DatabaseNotMigrated(ImproperlyConfigured):

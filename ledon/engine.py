@@ -40,7 +40,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
@@ -82,6 +82,30 @@ class Failed(enum.Enum):
 FAILED = Failed.FAILED
 
 
+class EngineStats:
+    """The base of what an engine's ``run()`` returns: its counters (``int`` fields of
+    a slotted dataclass), :meth:`count` of the outcomes it sees, and :meth:`summary`,
+    the line its management command prints at the end.
+
+    An outcome (a member of an enum) counts on the counter :attr:`counters` maps it
+    to; by default on the counter named after its value.
+    """
+
+    __slots__ = ()
+
+    #: The counter each outcome adds one to, where it is not named after its value.
+    counters: ClassVar[Mapping[enum.Enum, str]] = {}
+
+    def count(self, outcome: enum.Enum) -> None:
+        """One more of ``outcome``."""
+        name = self.counters.get(outcome) or str(outcome.value)
+        setattr(self, name, getattr(self, name) + 1)
+
+    def summary(self) -> str:
+        """The counters in one line."""
+        raise NotImplementedError
+
+
 class Engine:
     """What every engine shares: stop levels, signals, guarded database steps.
 
@@ -109,6 +133,9 @@ class Engine:
         self._aborting = threading.Event()
         #: Set when there may be work, or the stop level changed.
         self._wake = threading.Event()
+        #: Set once the engine is at work (the database answered, its start-up steps
+        #: ran; for a consumer, its subscription opened).
+        self.started = threading.Event()
         #: Set by a failed database step until the next :meth:`pause` has backed off.
         self._backing_off = threading.Event()
         self._delay = 0.0
@@ -147,6 +174,16 @@ class Engine:
 
     def _stop_level_reached(self, level: StopLevel) -> None:
         """Hook: the stop level just rose to ``level`` (runs on the requesting thread)."""
+
+    def stop(self) -> None:
+        """Take no new work, finish what is under way, then return from ``run()``
+        (the first level of :meth:`request_stop`)."""
+        self.escalate(StopLevel.GRACEFUL)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was requested."""
+        return self._stopping.is_set()
 
     @contextmanager
     def stop_on_signals(

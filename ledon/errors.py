@@ -1,6 +1,25 @@
-"""The root of each app's errors: the class docstring is the default message."""
+"""Errors: the root of each app's errors (the class docstring is the default
+message), and the one way an exception becomes the error text that is stored."""
 
 from __future__ import annotations
+
+import traceback
+
+#: The longest error text any app stores (an attempt's, a message's, an instance's).
+MAX_ERROR_LENGTH = 100_000
+
+
+def storable_text(text: str, limit: int = MAX_ERROR_LENGTH) -> str:
+    """``text`` as an error is stored: valid Unicode (a lone surrogate escaped), NUL
+    made visible (PostgreSQL text cannot hold it), at most ``limit`` characters."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.replace("\x00", "\\x00")[:limit]
+
+
+def format_error(exc: BaseException, limit: int = MAX_ERROR_LENGTH) -> str:
+    """Exception type, message and traceback, as stored on a failed attempt, message
+    or saga instance."""
+    return storable_text("".join(traceback.format_exception(exc)), limit)
 
 
 def docstring_message(cls: type) -> str:

@@ -7,7 +7,9 @@ imports models before the app registry is ready.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ledon.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from .bus import EventBus, current_envelope, event_bus
@@ -45,11 +47,4 @@ _LAZY = {
     "unit_of_work": "uow",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'outbox' has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f".{module}", __name__), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

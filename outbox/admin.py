@@ -12,14 +12,15 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from ledon.admin import GrowingTableMixin, ReadOnlyAdminMixin, report_changes, state_action
+
 from . import store
-from .admin_support import ReadOnlyAdminMixin, report_refusals, state_action
 from .exceptions import InvalidTransition, MessageNotFound
 from .models import InboxMessage, OutboxMessage
 
@@ -41,7 +42,7 @@ def _pretty_json(value: Any) -> SafeString:
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(ReadOnlyAdminMixin, _OutboxAdminBase):
+class OutboxMessageAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _OutboxAdminBase):
     list_display = (
         "message_id",
         "event_type",
@@ -56,8 +57,6 @@ class OutboxMessageAdmin(ReadOnlyAdminMixin, _OutboxAdminBase):
     search_fields = ("=message_id", "key")
     search_help_text = "Message id (exact) or key (contains)."
     ordering = ("-created_at", "-id")
-    show_full_result_count = False
-    list_per_page = 50
     actions = ("redeliver_messages", "park_messages")
     fieldsets = (
         (None, {"fields": ("message_id", "event_type", "key", "status", "attempts")}),
@@ -85,18 +84,12 @@ class OutboxMessageAdmin(ReadOnlyAdminMixin, _OutboxAdminBase):
             return "-"
         return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.last_error)
 
-    def has_redeliver_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
-    def has_park_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
-    @state_action("Redeliver selected messages now", "redeliver")
+    @state_action("Redeliver selected messages now")
     def redeliver_messages(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
         """Pending or parked messages become due now (parked ones with fresh attempts)."""
         self._apply(request, queryset, lambda m: store.redeliver(m), "redelivered")
 
-    @state_action("Park selected messages", "park")
+    @state_action("Park selected messages")
     def park_messages(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
         """Pending messages stop being delivered until redelivered."""
         reason = f"parked by {request.user.get_username()} in the admin"
@@ -118,20 +111,14 @@ class OutboxMessageAdmin(ReadOnlyAdminMixin, _OutboxAdminBase):
                 refusals.append(str(exc))
             else:
                 done += 1
-        summary = f"{done} {verb}"
-        if refusals:
-            summary += f", {len(refusals)} refused"
-        self.message_user(request, summary + ".", messages.SUCCESS if done else messages.WARNING)
-        report_refusals(self, request, refusals, "refused")
+        report_changes(self, request, done, verb, refusals)
 
 
 @admin.register(InboxMessage)
-class InboxMessageAdmin(ReadOnlyAdminMixin, _InboxAdminBase):
+class InboxMessageAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _InboxAdminBase):
     list_display = ("consumer", "message_id", "processed_at")
     list_filter = ("consumer",)
     search_fields = ("=message_id",)
     search_help_text = "Message id (exact)."
     ordering = ("-processed_at", "-id")
-    show_full_result_count = False
-    list_per_page = 50
     fields = readonly_fields = ("consumer", "message_id", "processed_at")

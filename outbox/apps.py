@@ -1,4 +1,8 @@
 from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
+
+from .conf import outbox_settings
+from .exceptions import OutboxConfigurationError
 
 
 class OutboxConfig(AppConfig):
@@ -7,11 +11,8 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.utils.module_loading import autodiscover_modules
-
-        from . import checks  # noqa: F401  (registers the system checks)
-        from .conf import outbox_settings
-        from .exceptions import OutboxConfigurationError
+        # Registers the system checks; they import the models, loaded by now.
+        from . import checks  # noqa: F401
 
         # Like the admin's admin.py: each app's events module defines its events and
         # subscribes its handlers, in every process (web, dispatcher, workers).

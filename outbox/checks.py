@@ -6,25 +6,26 @@ from typing import Any
 
 from django.core import checks
 from django.db import DatabaseError, connections
+from django.db.migrations.loader import MigrationLoader
 
 from ledon.checks import check_sqlite_options
 from ledon.conf import settings_hint
+from ledon.db import alias_for
 
+from .conf import outbox_settings
 from .exceptions import OutboxConfigurationError
+from .models import OutboxMessage
+from .transports import transport_class
 
 HINT = settings_hint("OUTBOX")
 
 
 @checks.register()
 def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from .conf import outbox_settings
-    from .transports import transport_class
-
-    outbox_settings.cache_clear()
-    try:
-        settings = outbox_settings()
-    except OutboxConfigurationError as exc:
-        return [checks.Error(str(exc), hint=HINT, id="outbox.E001")]
+    errors = outbox_settings.check("outbox.E001")
+    if errors:
+        return errors
+    settings = outbox_settings()
     try:
         cls = transport_class(settings.TRANSPORT)
     except OutboxConfigurationError as exc:
@@ -41,8 +42,6 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[checks
 
 def missing_outbox_table(alias: str) -> checks.CheckMessage | None:
     """A warning if the outbox table does not exist in ``alias``, else None."""
-    from .models import OutboxMessage
-
     table = OutboxMessage._meta.db_table
     try:
         with connections[alias].cursor() as cursor:
@@ -63,8 +62,6 @@ def missing_outbox_table(alias: str) -> checks.CheckMessage | None:
 
 def _outbox_migrations_pending(alias: str) -> bool:
     """True when some migration of the outbox app is not recorded as applied."""
-    from django.db.migrations.loader import MigrationLoader
-
     try:
         loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
     except DatabaseError:
@@ -87,10 +84,6 @@ def check_outbox_table(
     it); once they are recorded as applied, a missing table is a warning — a
     warning, so that it never stops the ``migrate`` that could repair it.
     """
-    from .conf import outbox_settings
-    from .db import alias_for
-    from .models import OutboxMessage
-
     try:
         enabled = outbox_settings().ENABLED
     except OutboxConfigurationError:

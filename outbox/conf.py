@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
-from ledon.conf import unknown_keys_message
+from ledon.conf import SettingsReader, is_number
 
 from .exceptions import OutboxConfigurationError
 
@@ -56,16 +51,8 @@ class OutboxSettings:
     AUTODISCOVER_MODULE: str | None = "events"
 
 
-def _number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float)
-
-
-def _validate(values: dict[str, Any]) -> OutboxSettings:
-    known = {f.name for f in fields(OutboxSettings)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise OutboxConfigurationError(unknown_keys_message("OUTBOX setting(s)", unknown, known))
-    result = OutboxSettings(**values)
+def _check(result: OutboxSettings) -> None:
+    """Raise :class:`~outbox.exceptions.OutboxConfigurationError` for a bad value."""
 
     def fail(key: str, expected: str) -> OutboxConfigurationError:
         return OutboxConfigurationError(
@@ -84,18 +71,18 @@ def _validate(values: dict[str, Any]) -> OutboxSettings:
             raise fail(key, "a positive integer")
     for key in ("LEASE_SECONDS", "POLL_INTERVAL", "RECOVERY_INTERVAL", "CLEANUP_INTERVAL"):
         value = getattr(result, key)
-        if not _number(value) or value <= 0:
+        if not is_number(value) or value <= 0:
             raise fail(key, "a positive number")
     for key in ("RETENTION_SECONDS", "INBOX_RETENTION_SECONDS"):
         value = getattr(result, key)
-        if value is not None and (not _number(value) or value <= 0):
+        if value is not None and (not is_number(value) or value <= 0):
             raise fail(key, "a positive number or None")
     for key in ("RETRY_BASE_DELAY", "RETRY_MAX_DELAY"):
-        if not _number(getattr(result, key)) or getattr(result, key) < 0:
+        if not is_number(getattr(result, key)) or getattr(result, key) < 0:
             raise fail(key, "a number >= 0")
-    if not _number(result.RETRY_BACKOFF_FACTOR) or result.RETRY_BACKOFF_FACTOR < 1:
+    if not is_number(result.RETRY_BACKOFF_FACTOR) or result.RETRY_BACKOFF_FACTOR < 1:
         raise fail("RETRY_BACKOFF_FACTOR", "a number >= 1")
-    if not _number(result.RETRY_JITTER) or not 0 <= result.RETRY_JITTER < 1:
+    if not is_number(result.RETRY_JITTER) or not 0 <= result.RETRY_JITTER < 1:
         raise fail("RETRY_JITTER", "a ratio in [0, 1)")
     if not isinstance(result.NOTIFY_CHANNEL, str) or not re.fullmatch(
         r"[a-z_][a-z0-9_]{0,62}", result.NOTIFY_CHANNEL
@@ -104,19 +91,7 @@ def _validate(values: dict[str, Any]) -> OutboxSettings:
     module = result.AUTODISCOVER_MODULE
     if module is not None and (not isinstance(module, str) or not module.isidentifier()):
         raise fail("AUTODISCOVER_MODULE", "a module name or None")
-    return result
 
 
-@functools.cache
-def outbox_settings() -> OutboxSettings:
-    """The current ``OUTBOX`` settings, validated. Read lazily, never at import time."""
-    values = getattr(settings, "OUTBOX", {}) or {}
-    if not isinstance(values, dict):
-        raise OutboxConfigurationError("the OUTBOX setting must be a dict")
-    return _validate(dict(values))
-
-
-@receiver(setting_changed)
-def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting == "OUTBOX":
-        outbox_settings.cache_clear()
+#: The current ``OUTBOX`` settings, validated: ``outbox_settings()``.
+outbox_settings = SettingsReader("OUTBOX", OutboxSettings, _check, OutboxConfigurationError)

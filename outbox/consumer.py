@@ -38,20 +38,19 @@ acknowledgement — then ``run()`` returns.
 
 from __future__ import annotations
 
-import enum
 import logging
 import random
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.db import connections
 
-from ledon.db import TRANSIENT_ERRORS
-from ledon.engine import Engine, StopLevel
+from ledon.backoff import retry_delay
+from ledon.db import TRANSIENT_ERRORS, alias_for
+from ledon.engine import Engine, EngineStats
+from ledon.renamed import renamed_attribute
 
 from .bus import event_bus
-from .db import alias_for
 from .events import Event, IntegrationEvent, decode, registered_events
 from .exceptions import (
     HandlerFailed,
@@ -63,11 +62,11 @@ from .exceptions import (
 from .faults import fault_point
 from .inbox import consume
 from .models import InboxMessage
-from .store import MAX_CONSUMER_LENGTH, text
 from .transports import get_transport
 from .transports.base import Received, Subscription
-from .types import Envelope
+from .types import ConsumeOutcome, Envelope
 from .uow import unit_of_work
+from .validation import MAX_CONSUMER_LENGTH, text
 
 logger = logging.getLogger(__name__)
 
@@ -75,17 +74,8 @@ logger = logging.getLogger(__name__)
 EventCallback = Callable[[str, str], None]
 
 
-class ConsumeOutcome(enum.Enum):
-    HANDLED = "handled"
-    DUPLICATE = "duplicate"
-    SKIPPED = "skipped"
-    PARKED = "parked"
-    #: The consumer stopped before the message was done; the broker delivers it again.
-    ABANDONED = "abandoned"
-
-
 @dataclass(slots=True)
-class ConsumerStats:
+class ConsumerStats(EngineStats):
     received: int = 0
     handled: int = 0
     duplicate: int = 0
@@ -94,9 +84,6 @@ class ConsumerStats:
     abandoned: int = 0
     retries: int = 0
     reconnects: int = 0
-
-    def count(self, outcome: ConsumeOutcome) -> None:
-        setattr(self, outcome.value, getattr(self, outcome.value) + 1)
 
     def summary(self) -> str:
         return (
@@ -184,19 +171,11 @@ class EventConsumer(Engine):
         super().__init__(alias=alias_for(InboxMessage), log=logger)
         self.using = self.alias
         self.stats = ConsumerStats()
-        #: Set once the subscription is open for the first time.
-        self.ready = threading.Event()
         self._open = False
 
+    ready = renamed_attribute("EventConsumer.ready", "started")
+
     # ------------------------------------------------------------------ control
-
-    def stop(self) -> None:
-        """Finish the message being handled, then return from ``run()``."""
-        self.escalate(StopLevel.GRACEFUL)
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
 
     def _emit(self, event: str, detail: str = "") -> None:
         if self.on_event is not None:
@@ -238,12 +217,12 @@ class EventConsumer(Engine):
         return self.stats
 
     def _opened(self) -> None:
-        if self.ready.is_set():
+        if self.started.is_set():
             self.stats.reconnects += 1
             logger.warning("consumer %s reconnected", self.group, extra={"group": self.group})
             self._emit("reconnected", self.subscription.describe())
         else:
-            self.ready.set()
+            self.started.set()
             self._emit(
                 "ready",
                 f"{self.subscription.describe()}; event types: {', '.join(self.event_types)}",
@@ -354,8 +333,14 @@ class EventConsumer(Engine):
     def _retry_later(self, envelope: Envelope, exc: Exception, attempt: int, what: str) -> bool:
         """Wait before the next attempt; False if the consumer stopped meanwhile."""
         self.stats.retries += 1
-        raw = min(self.max_retry_delay, self.retry_delay * 2 ** (attempt - 1))
-        delay = raw * self.rng.uniform(0.9, 1.1)
+        delay = retry_delay(
+            attempt,
+            base=self.retry_delay,
+            factor=2,
+            cap=self.max_retry_delay,
+            jitter=0.1,
+            rng=self.rng,
+        )
         logger.warning(
             "consumer %s: %s on %s %s (attempt %d), retrying in %.1fs: %s",
             self.group,

@@ -23,7 +23,6 @@ import random
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,16 +32,17 @@ from datetime import datetime, timedelta
 from django.db import connections
 from django.utils import timezone
 
-from ledon.db import DATABASE_ERRORS
-from ledon.engine import FAILED, Engine, StopLevel
+from ledon.backoff import RetryPace
+from ledon.db import DATABASE_ERRORS, alias_for, is_postgres
+from ledon.engine import FAILED, Engine, EngineStats
+from ledon.errors import format_error
+from ledon.pglisten import Listener
 
 from . import store
 from .conf import outbox_settings
-from .db import alias_for, is_postgres
 from .exceptions import TransportUnavailable
 from .faults import fault_point
 from .models import OutboxMessage
-from .pglisten import Listener
 from .transports import get_transport
 from .transports.base import Transport
 from .types import Batch, DeliveryReport, RecordOutcome, RecoveryResult
@@ -57,13 +57,8 @@ def default_dispatcher_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def format_error(exc: BaseException) -> str:
-    """Exception type, message and traceback, as stored on the message."""
-    return "".join(traceback.format_exception(exc))
-
-
 @dataclass(slots=True)
-class DispatcherStats:
+class DispatcherStats(EngineStats):
     batches: int = 0
     claimed: int = 0
     sent: int = 0
@@ -73,14 +68,7 @@ class DispatcherStats:
     recovered: int = 0
     purged: int = 0
 
-    def count(self, outcome: RecordOutcome) -> None:
-        name = {
-            RecordOutcome.SENT: "sent",
-            RecordOutcome.RETRY_SCHEDULED: "retried",
-            RecordOutcome.PARKED: "parked",
-            RecordOutcome.STALE: "stale",
-        }[outcome]
-        setattr(self, name, getattr(self, name) + 1)
+    counters = {RecordOutcome.RETRY_SCHEDULED: "retried"}
 
     def summary(self) -> str:
         return (
@@ -198,7 +186,6 @@ class Dispatcher(Engine):
         super().__init__(alias=alias_for(OutboxMessage), log=logger)
         self.listen = is_postgres(connections[self.alias]) if listen is None else listen
         self.stats = DispatcherStats()
-        self.started = threading.Event()
         #: Set while the dispatcher waits for work (nothing was due at its last claim).
         self.idle = threading.Event()
         self._listener: Listener | None = None
@@ -210,14 +197,6 @@ class Dispatcher(Engine):
         self._own_recovered = False
 
     # ------------------------------------------------------------------ control
-
-    def stop(self) -> None:
-        """Finish the current batch, then return from ``run()``."""
-        self.escalate(StopLevel.GRACEFUL)
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
 
     def _emit(self, event: str, detail: str = "") -> None:
         if self.on_event is not None:
@@ -389,11 +368,7 @@ class Dispatcher(Engine):
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds before the attempt after failed attempt number ``attempt``."""
-        s = self.settings
-        raw = min(
-            s.RETRY_MAX_DELAY, s.RETRY_BASE_DELAY * s.RETRY_BACKOFF_FACTOR ** max(attempt - 1, 0)
-        )
-        return max(0.0, raw * (1 + self.rng.uniform(-s.RETRY_JITTER, s.RETRY_JITTER)))
+        return RetryPace.from_settings(self.settings).delay(attempt, self.rng)
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -422,15 +397,14 @@ class Dispatcher(Engine):
         s = self.settings
         now = self.clock()
         purged = 0
-        if s.RETENTION_SECONDS is not None:
-            cutoff = now - timedelta(seconds=s.RETENTION_SECONDS)
-            while count := store.purge_sent(older_than=cutoff):
-                purged += count
-                if self._stopping.is_set():
-                    break
-        if s.INBOX_RETENTION_SECONDS is not None:
-            cutoff = now - timedelta(seconds=s.INBOX_RETENTION_SECONDS)
-            while count := store.purge_inbox(older_than=cutoff):
+        for seconds, purge in (
+            (s.RETENTION_SECONDS, store.purge_sent),
+            (s.INBOX_RETENTION_SECONDS, store.purge_inbox),
+        ):
+            if seconds is None:
+                continue
+            cutoff = now - timedelta(seconds=seconds)
+            while count := purge(older_than=cutoff):
                 purged += count
                 if self._stopping.is_set():
                     break

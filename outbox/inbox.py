@@ -23,8 +23,9 @@ from contextlib import contextmanager
 
 from django.db import transaction
 
-from . import store
-from .db import alias_for
+from ledon.db import alias_for
+
+from . import store, validation
 from .models import InboxMessage
 
 
@@ -37,10 +38,10 @@ def consume(
     Must run inside ``transaction.atomic`` or a unit of work on ``using`` (raises
     :class:`~outbox.exceptions.TransactionRequired` otherwise).
     """
-    consumer = store.text(consumer, "consumer", store.MAX_CONSUMER_LENGTH)
+    consumer = validation.text(consumer, "consumer", validation.MAX_CONSUMER_LENGTH)
     if isinstance(message_id, uuid.UUID):
         message_id = str(message_id)
-    message_id = store.text(message_id, "message id", store.MAX_MESSAGE_ID_LENGTH)
+    message_id = validation.text(message_id, "message id", validation.MAX_MESSAGE_ID_LENGTH)
     alias = using or alias_for(InboxMessage)
     fresh = store.record_inbox(consumer, message_id, using=alias)
     try:

@@ -29,23 +29,21 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Case, F, PositiveIntegerField, Value, When
+from django.db.models import Case, F, PositiveIntegerField, QuerySet, Value, When
 from django.utils import timezone
 
-from .conf import outbox_settings
-from .db import (
+from ledon.db import (
     adapt_dt,
-    adapt_uuid,
     alias_for,
     connection_for,
     in_caller_atomic_block,
     is_postgres,
-    placeholders,
     read_dt,
-    read_json,
-    read_uuid,
-    skip_locked,
 )
+from ledon.errors import MAX_ERROR_LENGTH, storable_text
+
+from .conf import outbox_settings
+from .db import adapt_uuid, placeholders, read_json, read_uuid, skip_locked
 from .exceptions import (
     InvalidInput,
     InvalidTransition,
@@ -61,41 +59,19 @@ from .types import (
     RecordOutcome,
     RecoveryResult,
 )
+from .validation import MAX_DISPATCHER_ID_LENGTH, text
 
 logger = logging.getLogger(__name__)
 
 OUTBOX = OutboxMessage._meta.db_table
 INBOX = InboxMessage._meta.db_table
 
-MAX_KEY_LENGTH = 200
-MAX_CONSUMER_LENGTH = 100
-MAX_MESSAGE_ID_LENGTH = 200
-MAX_DISPATCHER_ID_LENGTH = 200
-MAX_ERROR_LENGTH = 100_000
 
 PENDING, SENT, PARKED = (s.value for s in MessageStatus)
 
 
 def _now(now: datetime | None) -> datetime:
     return timezone.now() if now is None else now
-
-
-def text(value: object, what: str, max_length: int, *, empty: bool = False) -> str:
-    """A short text field as a caller hands it: a str of bounded length, no NUL."""
-    if not isinstance(value, str):
-        raise InvalidInput(f"{what} must be a str, not {type(value).__name__}")
-    if not value and not empty:
-        raise InvalidInput(f"{what} must not be empty")
-    if len(value) > max_length:
-        raise InvalidInput(f"{what} must be at most {max_length} characters")
-    if "\x00" in value:
-        raise InvalidInput(f"{what} must not contain NUL characters")
-    return value
-
-
-def error_text(error: str) -> str:
-    """An error as stored: NUL made visible, cut to a bounded length."""
-    return error.replace("\x00", "\\x00")[:MAX_ERROR_LENGTH]
 
 
 def _notify(connection: BaseDatabaseWrapper) -> None:
@@ -276,7 +252,7 @@ def record_deliveries(
                     PARKED,
                     PENDING,
                     adapt_dt(connection, retry_at.get(report.message_id, now)),
-                    error_text(report.error),
+                    storable_text(report.error),
                     adapt_dt(connection, now),
                     token,
                     PENDING,
@@ -313,7 +289,7 @@ def _recover(
         PARKED,
         PENDING,
         max_attempts,
-        error_text(reason),
+        storable_text(reason),
         adapt_dt(connection, now),
         PENDING,
         *guard_params,
@@ -358,17 +334,7 @@ def recover_dispatcher(
 
 def purge_sent(*, older_than: datetime, limit: int = 1000) -> int:
     """Retention: delete up to ``limit`` Sent messages sent before ``older_than``."""
-    alias = alias_for(OutboxMessage)
-    oldest = (
-        OutboxMessage.objects.using(alias)
-        .sent()
-        .filter(sent_at__lt=older_than)
-        .order_by("sent_at")
-        .values_list("id", flat=True)[:limit]
-    )
-    with transaction.atomic(using=alias):
-        deleted, _ = OutboxMessage.objects.using(alias).filter(id__in=list(oldest)).delete()
-    return deleted
+    return _delete_oldest(OutboxMessage.objects.sent(), "sent_at", older_than, limit)
 
 
 def purge_inbox(*, older_than: datetime, limit: int = 1000) -> int:
@@ -376,15 +342,22 @@ def purge_inbox(*, older_than: datetime, limit: int = 1000) -> int:
 
     A redelivery of a message whose record was purged is processed again.
     """
-    alias = alias_for(InboxMessage)
-    oldest = (
-        InboxMessage.objects.using(alias)
-        .filter(processed_at__lt=older_than)
-        .order_by("processed_at")
-        .values_list("id", flat=True)[:limit]
-    )
+    return _delete_oldest(InboxMessage.objects.all(), "processed_at", older_than, limit)
+
+
+def _delete_oldest(
+    rows: QuerySet[Any],
+    field: str,
+    older_than: datetime,
+    limit: int,
+) -> int:
+    """Delete up to ``limit`` of ``rows`` whose ``field`` is before ``older_than``,
+    oldest first, in one transaction: the number deleted."""
+    alias = alias_for(rows.model)
+    rows = rows.using(alias).filter(**{f"{field}__lt": older_than})
+    ids = list(rows.order_by(field).values_list("id", flat=True)[:limit])
     with transaction.atomic(using=alias):
-        deleted, _ = InboxMessage.objects.using(alias).filter(id__in=list(oldest)).delete()
+        deleted, _ = rows.filter(id__in=ids).delete()
     return deleted
 
 

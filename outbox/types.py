@@ -75,6 +75,17 @@ class DeliveryReport:
         return cls(message_id=message_id, error=error or "delivery failed", permanent=permanent)
 
 
+class ConsumeOutcome(enum.Enum):
+    """What ``consume_events`` did with one received message."""
+
+    HANDLED = "handled"
+    DUPLICATE = "duplicate"
+    SKIPPED = "skipped"
+    PARKED = "parked"
+    #: The consumer stopped before the message was done; the broker delivers it again.
+    ABANDONED = "abandoned"
+
+
 class RecordOutcome(enum.Enum):
     """What recording one delivery did. ``STALE`` is falsy: the batch's lease was
     lost (recovered by another dispatcher), and nothing changed."""

@@ -36,6 +36,9 @@ from typing import TYPE_CHECKING, Any, overload
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from ledon.db import alias_for
+
+from . import validation
 from .bus import event_bus
 from .conf import outbox_settings
 from .events import CollectsEvents, DomainEvent, Event, IntegrationEvent, decode
@@ -53,7 +56,6 @@ if TYPE_CHECKING:
     from django.db.transaction import Atomic
 
 MAX_HEADERS = 64
-MAX_HEADER_LENGTH = 1000
 
 
 @dataclass
@@ -75,7 +77,9 @@ def _open_units() -> dict[str, _Open]:
 
 
 def _default_alias() -> str:
-    from .db import alias_for
+    # Users import this module (``from outbox import unit_of_work``) at the top of
+    # their own modules, their apps' included: the model is imported when a unit of
+    # work first needs it, once the app registry is ready.
     from .models import OutboxMessage
 
     return alias_for(OutboxMessage)
@@ -85,15 +89,13 @@ def make_envelope(
     event: IntegrationEvent, *, key: str = "", headers: Mapping[str, str] | None = None
 ) -> Envelope:
     """The message an integration event becomes: a new id, its JSON, key and headers."""
-    from .store import MAX_KEY_LENGTH, text
-
-    key = text(key, "key", MAX_KEY_LENGTH, empty=True)
+    key = validation.text(key, "key", validation.MAX_KEY_LENGTH, empty=True)
     header_map = dict(headers or {})
     if len(header_map) > MAX_HEADERS:
         raise InvalidInput(f"at most {MAX_HEADERS} headers")
     for name, value in header_map.items():
-        text(name, "header name", MAX_HEADER_LENGTH)
-        text(value, f"header {name!r}", MAX_HEADER_LENGTH, empty=True)
+        validation.text(name, "header name", validation.MAX_HEADER_LENGTH)
+        validation.text(value, f"header {name!r}", validation.MAX_HEADER_LENGTH, empty=True)
     payload_json = event.to_json()
     limit = outbox_settings().MAX_PAYLOAD_BYTES
     if len(payload_json.encode()) > limit:
@@ -163,7 +165,7 @@ class UnitOfWork:
         self._require_open()
         envelope = make_envelope(event, key=key, headers=headers)
         if outbox_settings().ENABLED:
-            from . import store
+            from . import store  # imports the models: see _default_alias
 
             if self.using != _default_alias():
                 raise WrongDatabase()

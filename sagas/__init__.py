@@ -6,7 +6,9 @@ imports models before the app registry is ready.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ledon.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from .api import compensate_saga, get_saga_instance, resume_saga, run_saga, start_saga
@@ -49,11 +51,4 @@ _LAZY = {
     "SagaStatus": "types",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sagas' has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f".{module}", __name__), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -22,7 +22,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from outbox.admin_support import MAX_LISTED, ReadOnlyAdminMixin, state_action
+from ledon.admin import MAX_LISTED, GrowingTableMixin, ReadOnlyAdminMixin, state_action
 
 from .api import compensate_saga, resume_saga
 from .exceptions import SagaError, UnknownSaga
@@ -49,7 +49,7 @@ def _step_state(obj: SagaInstance, name: str) -> str:
 
 
 @admin.register(SagaInstance)
-class SagaInstanceAdmin(ReadOnlyAdminMixin, _InstanceAdminBase):
+class SagaInstanceAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _InstanceAdminBase):
     list_display = (
         "instance_id",
         "name",
@@ -64,8 +64,6 @@ class SagaInstanceAdmin(ReadOnlyAdminMixin, _InstanceAdminBase):
     search_fields = ("=instance_id", "=idempotency_key", "name")
     search_help_text = "Instance id or idempotency key (exact), or saga name (contains)."
     ordering = ("-created_at", "-id")
-    show_full_result_count = False
-    list_per_page = 50
     actions = ("resume_instances", "compensate_instances")
     fieldsets = (
         (
@@ -118,22 +116,14 @@ class SagaInstanceAdmin(ReadOnlyAdminMixin, _InstanceAdminBase):
         text = json.dumps(obj.data, indent=2, ensure_ascii=False, sort_keys=True)
         return format_html('<pre class="sagas-data">{}</pre>', text)
 
-    # ------------------------------------------------------------------ permissions
-
-    def has_resume_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
-    def has_compensate_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
     # ------------------------------------------------------------------ actions
 
-    @state_action("Resume selected instances (drive them here)", "resume")
+    @state_action("Resume selected instances (drive them here)")
     def resume_instances(self, request: HttpRequest, queryset: QuerySet[SagaInstance]) -> None:
         """Claim running or compensating instances whose lease expired and drive them."""
         self._steer(request, queryset, resume_saga, "resumed")
 
-    @state_action("Compensate selected instances (undo their completed steps)", "compensate")
+    @state_action("Compensate selected instances (undo their completed steps)")
     def compensate_instances(self, request: HttpRequest, queryset: QuerySet[SagaInstance]) -> None:
         """Undo completed steps; for failed instances, try the compensations again."""
         reason = f"compensation requested in the admin by {request.user}"

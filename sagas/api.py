@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
 
+from ledon.db import alias_for, in_caller_atomic_block, in_test_case_transaction
+
 from . import store, validation
 from .conf import sagas_settings
-from .db import alias_for, in_caller_atomic_block, in_test_case_transaction
+from .driver import Driver, EventCallback, default_runner_id
 from .exceptions import (
     AmbientTransactionError,
     InvalidSagaDefinition,
@@ -24,7 +27,6 @@ from .exceptions import (
 )
 from .models import SagaInstance
 from .registry import SagaDefinition, get_saga
-from .runner import Driver, EventCallback, default_runner_id
 from .types import SagaSnapshot, SagaStatus
 
 
@@ -33,6 +35,22 @@ def _definition(name: str) -> SagaDefinition:
     if not definition.steps:
         raise InvalidSagaDefinition(f"saga {name!r} has no steps")
     return definition
+
+
+def _to_drive(
+    instance_id: uuid.UUID | str, *, state_allows: Callable[[SagaStatus], bool], refusal: str
+) -> tuple[SagaSnapshot, SagaDefinition]:
+    """The instance an operator asked to drive, and its saga's definition (which must
+    still have the instance's steps); :class:`InvalidTransition` with ``refusal`` if
+    its state does not allow it."""
+    state = store.require(instance_id)
+    if not state_allows(state.status):
+        raise InvalidTransition(
+            f"saga instance {state.instance_id} is {state.status.label.lower()}; {refusal}"
+        )
+    definition = _definition(state.name)
+    definition.check_plan(state.steps)
+    return state, definition
 
 
 def _driver(definition: SagaDefinition, owner: str, on_event: EventCallback | None) -> Driver:
@@ -156,14 +174,10 @@ def resume_saga(
     """Claim a running or compensating instance whose lease is free or expired and
     drive it to its end here; returns its final state (never raises for a failed step:
     read ``status``)."""
-    state = store.require(instance_id)
-    if not state.status.is_active:
-        raise InvalidTransition(
-            f"saga instance {state.instance_id} is {state.status.label.lower()}; only "
-            "running or compensating instances can be resumed"
-        )
-    definition = _definition(state.name)
-    definition.check_plan(state.steps)
+    state, definition = _to_drive(
+        instance_id, state_allows=lambda status: status.is_active,
+        refusal="only running or compensating instances can be resumed",
+    )  # fmt: skip
     owner = runner_id or default_runner_id()
     claimed = store.claim(state, owner, lease_seconds=sagas_settings().LEASE_SECONDS)
     if claimed is None:
@@ -182,14 +196,10 @@ def compensate_saga(
     expired stops going forward; a compensating one is resumed; a failed one (a
     compensation kept failing) tries its remaining compensations again. Returns the
     final state."""
-    state = store.require(instance_id)
-    if state.status.is_finished:
-        raise InvalidTransition(
-            f"saga instance {state.instance_id} is {state.status.label.lower()}; there is "
-            "nothing left to compensate"
-        )
-    definition = _definition(state.name)
-    definition.check_plan(state.steps)
+    state, definition = _to_drive(
+        instance_id, state_allows=lambda status: not status.is_finished,
+        refusal="there is nothing left to compensate",
+    )  # fmt: skip
     owner = runner_id or default_runner_id()
     settings = sagas_settings()
     if state.status is SagaStatus.FAILED:

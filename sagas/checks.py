@@ -8,27 +8,13 @@ from django.apps import apps
 from django.core import checks
 
 from ledon.checks import check_sqlite_options
-from ledon.conf import settings_hint
 
-from .exceptions import SagasConfigurationError
+from .conf import sagas_settings
 
 
 @checks.register()
 def check_sagas_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from .conf import sagas_settings
-
-    sagas_settings.cache_clear()
-    try:
-        sagas_settings()
-    except SagasConfigurationError as exc:
-        return [
-            checks.Error(
-                str(exc),
-                hint=settings_hint("SAGAS"),
-                id="sagas.E001",
-            )
-        ]
-    return []
+    return sagas_settings.check("sagas.E001")
 
 
 @checks.register()

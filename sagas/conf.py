@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
-from ledon.conf import unknown_keys_message
+from ledon.conf import SettingsReader, is_number
 
 from .exceptions import SagasConfigurationError
 
@@ -51,16 +45,8 @@ class SagasSettings:
         return self.HEARTBEAT_SECONDS or self.LEASE_SECONDS / 3
 
 
-def _number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float)
-
-
-def _validate(values: dict[str, Any]) -> SagasSettings:
-    known = {f.name for f in fields(SagasSettings)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise SagasConfigurationError(unknown_keys_message("SAGAS setting(s)", unknown, known))
-    result = SagasSettings(**values)
+def _check(result: SagasSettings) -> None:
+    """Raise :class:`~sagas.exceptions.SagasConfigurationError` for a bad value."""
     optional = {"HEARTBEAT_SECONDS", "STEP_TIMEOUT"}
     for key in (
         "LEASE_SECONDS",
@@ -74,7 +60,7 @@ def _validate(values: dict[str, Any]) -> SagasSettings:
         value = getattr(result, key)
         if value is None and key in optional:
             continue
-        if not _number(value) or value < 0 or (value == 0 and key != "COMPENSATION_RETRY_DELAY"):
+        if not is_number(value) or value < 0 or (value == 0 and key != "COMPENSATION_RETRY_DELAY"):
             allowed = "a positive number" + (" or None" if key in optional else "")
             raise SagasConfigurationError(f"SAGAS[{key!r}] must be {allowed}, got {value!r}")
     attempts = result.COMPENSATION_ATTEMPTS
@@ -102,19 +88,7 @@ def _validate(values: dict[str, Any]) -> SagasSettings:
         raise SagasConfigurationError(
             "SAGAS['AUTODISCOVER_MODULE'] must be a module name, or '' to turn discovery off"
         )
-    return result
 
 
-@functools.cache
-def sagas_settings() -> SagasSettings:
-    """The current ``SAGAS`` settings, validated. Read lazily, never at import time."""
-    values = getattr(settings, "SAGAS", {}) or {}
-    if not isinstance(values, dict):
-        raise SagasConfigurationError("the SAGAS setting must be a dict")
-    return _validate(dict(values))
-
-
-@receiver(setting_changed)
-def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting == "SAGAS":
-        sagas_settings.cache_clear()
+#: The current ``SAGAS`` settings, validated: ``sagas_settings()``.
+sagas_settings = SettingsReader("SAGAS", SagasSettings, _check, SagasConfigurationError)

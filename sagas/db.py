@@ -1,4 +1,5 @@
-"""Database helpers of the sagas app: the alias, and the deferred step transaction.
+"""The deferred step transaction of the sagas app. (The alias and the caller-atomic
+check every app shares live in :mod:`ledon.db`.)
 
 Steps run in ``transaction.atomic`` blocks of their own. On SQLite the test project
 (and most production set-ups) configure ``transaction_mode: IMMEDIATE``, which takes
@@ -16,26 +17,11 @@ was committed then, so the runner runs the step again (see :func:`is_snapshot_co
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.db import connections, router, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import transaction
 
 #: SQLite's extended result code for "a read transaction cannot become a write
 #: transaction because the database changed since it started reading".
 SQLITE_BUSY_SNAPSHOT = 517
-
-
-def alias_for(model: type[Any]) -> str:
-    return router.db_for_write(model) or "default"
-
-
-def connection_for(model: type[Any]) -> BaseDatabaseWrapper:
-    return connections[alias_for(model)]
-
-
-def is_postgres(connection: BaseDatabaseWrapper) -> bool:
-    return connection.vendor == "postgresql"
 
 
 class StepAtomic(transaction.Atomic):
@@ -71,18 +57,3 @@ def is_snapshot_conflict(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
-
-
-def in_caller_atomic_block(connection: BaseDatabaseWrapper) -> bool:
-    """Whether the caller has an ``atomic`` block open on ``connection``.
-
-    The blocks Django's ``TestCase`` (and pytest-django's ``django_db``) wrap around
-    each test do not count, exactly as for ``atomic(durable=True)``.
-    """
-    return any(not block._from_testcase for block in connection.atomic_blocks)  # type: ignore[attr-defined]
-
-
-def in_test_case_transaction(connection: BaseDatabaseWrapper) -> bool:
-    """Whether the only open ``atomic`` blocks are those of a test case: other
-    connections cannot see this transaction's rows, so steps must run on it."""
-    return bool(connection.atomic_blocks) and not in_caller_atomic_block(connection)

@@ -11,9 +11,9 @@ releases the instance it drives after the current step.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
+from ledon.beside import Beside
 from ledon.db import DatabaseNotMigrated
 
 from .conf import sagas_settings
@@ -22,8 +22,7 @@ from .types import SagaSnapshot
 
 logger = logging.getLogger(__name__)
 
-_lock = threading.Lock()
-_running: dict[int, tuple[SagaRunner, threading.Thread]] = {}
+_beside: Beside[SagaRunner] = Beside("saga-recovery")
 
 
 def start_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
@@ -45,25 +44,15 @@ def start_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
             logger.error("saga recovery does not run in this worker: %s", exc)
             worker.report("saga recovery off", str(exc).splitlines()[0])
 
-    thread = threading.Thread(target=run, name="saga-recovery", daemon=True)
-    with _lock:
-        _running[id(worker)] = (runner, thread)
-    thread.start()
+    _beside.start(worker, runner, run)
 
 
 def stop_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
     """``jobs.signals.worker_stopping``: stop (or, in burst mode, finish) the runner."""
-    with _lock:
-        entry = _running.pop(id(worker), None)
-    if entry is None:
-        return
-    runner, thread = entry
-    if worker.burst and not worker.stopping:
-        thread.join()  # a burst ends when nothing is left: saga instances included
-        return
-    runner.stop()
-    thread.join(max(worker.shutdown_timeout, 1.0))
-    if thread.is_alive():
+    # A burst ends when nothing is left, saga instances included: wait for the runner.
+    burst_end = worker.burst and not worker.stopping
+    runner = _beside.stop(worker, timeout=None if burst_end else max(worker.shutdown_timeout, 1.0))
+    if runner is not None:
         logger.warning(
             "saga runner %s is still in a step as the worker stops; its lease will "
             "expire and another runner will resume the instance",

@@ -1,15 +1,14 @@
-"""The table of the sagas app. Reads only, plus the optimistic-concurrency guard on
-``save()``: every state change lives in ``sagas/store.py``."""
+"""The table of the sagas app. Reads only: every state change lives in
+``sagas/store.py``."""
 
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from django.db import models, router, transaction
+from django.db import models
 from django.db.models import Q
 
-from .exceptions import SagaConcurrencyError
 from .types import ACTIVE_STATUSES, SagaStatus
 
 if TYPE_CHECKING:
@@ -41,7 +40,7 @@ class SagaInstance(models.Model):
     ``version`` grows with every change but a lease renewal. Every write is guarded by
     the version its writer read, so the later of two concurrent writers fails
     (:class:`~sagas.exceptions.SagaConcurrencyError`) instead of overwriting the
-    other's completed steps. ``save()`` keeps the same rule.
+    other's completed steps. Rows are written only through :mod:`sagas.store`.
     """
 
     instance_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
@@ -90,36 +89,3 @@ class SagaInstance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.instance_id}"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        """Insert, or update only if the stored version is still the one this object
-        was read with (then the version grows by one)."""
-        if self._state.adding:
-            super().save(*args, **kwargs)
-            return
-        using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
-        expected = self.version
-        update_fields = kwargs.get("update_fields")
-        if update_fields is not None:
-            kwargs["update_fields"] = {*update_fields, "version"}
-        with transaction.atomic(using=using):
-            # Moving the version first serialises concurrent savers: only one of them
-            # finds the version it read.
-            moved = (
-                type(self)
-                ._base_manager.using(using)
-                .filter(pk=self.pk, version=expected)
-                .update(version=expected + 1)
-            )
-            if not moved:
-                raise SagaConcurrencyError(
-                    f"saga instance {self.instance_id} was changed by someone else "
-                    f"(version {expected} is stale); re-read it and try again",
-                    instance_id=self.instance_id,
-                )
-            self.version = expected + 1
-            try:
-                super().save(*args, **kwargs)
-            except BaseException:
-                self.version = expected
-                raise

@@ -23,16 +23,16 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.utils.module_loading import autodiscover_modules
 
 from . import validation
+from .conf import sagas_settings
 from .exceptions import InvalidSagaDefinition, SagaDefinitionMismatch, UnknownSaga
 
 if TYPE_CHECKING:
     from .context import SagaContext
-    from .types import SagaSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -131,18 +131,6 @@ class SagaDefinition:
                 "the instance is left untouched"
             )
 
-    def run(self, data: dict[str, Any] | None = None, **kwargs: Any) -> SagaSnapshot:
-        """``run_saga(self.name, data, ...)``."""
-        from .api import run_saga
-
-        return run_saga(self.name, data, **kwargs)
-
-    def start(self, data: dict[str, Any] | None = None, **kwargs: Any) -> SagaSnapshot:
-        """``start_saga(self.name, data, ...)``."""
-        from .api import start_saga
-
-        return start_saga(self.name, data, **kwargs)
-
 
 _registry: dict[str, SagaDefinition] = {}
 _registry_lock = threading.Lock()
@@ -197,8 +185,6 @@ def unregister(name: str) -> None:
 
 def autodiscover() -> None:
     """Import ``<app>.<AUTODISCOVER_MODULE>`` for every installed app."""
-    from .conf import sagas_settings
-
     module = sagas_settings().AUTODISCOVER_MODULE
     if module:
         autodiscover_modules(module)

@@ -27,7 +27,6 @@ so the completion mark commits with the step's work or not at all.
 from __future__ import annotations
 
 import logging
-import traceback
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -37,8 +36,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, F, PositiveIntegerField, When
 from django.utils import timezone
 
+from ledon.db import alias_for
+from ledon.errors import MAX_ERROR_LENGTH
+
 from . import validation
-from .db import alias_for
 from .exceptions import (
     InvalidInput,
     SagaConcurrencyError,
@@ -49,8 +50,6 @@ from .models import SagaInstance, SagaInstanceQuerySet
 from .types import ACTIVE_STATUSES, SagaSnapshot, SagaStatus
 
 logger = logging.getLogger(__name__)
-
-MAX_ERROR_LENGTH = 100_000
 
 
 def _now(now: datetime | None) -> datetime:
@@ -63,12 +62,6 @@ def _alias() -> str:
 
 def _rows() -> SagaInstanceQuerySet:
     return SagaInstance.objects.using(_alias())
-
-
-def format_error(exc: BaseException) -> str:
-    """Exception type, message and traceback, as stored on the instance."""
-    text = "".join(traceback.format_exception(exc))
-    return text.replace("\x00", "\\x00")[:MAX_ERROR_LENGTH]
 
 
 # --------------------------------------------------------------------------- reads
@@ -330,18 +323,18 @@ def begin_compensation(
     )
 
 
+def _compensating(state: SagaSnapshot, owner: str, now: datetime, **values: Any) -> int:
+    """A transition of a COMPENSATING instance (guarded as every one: :func:`_transition`)."""
+    return _transition(state, owner, [SagaStatus.COMPENSATING], now, **values)
+
+
 def record_compensation(
     state: SagaSnapshot, owner: str, step: str, data: dict[str, Any], *, now: datetime | None = None
 ) -> int:
     """Mark ``step`` compensated; call it inside the compensation's own transaction."""
     now = _now(now)
-    return _transition(
-        state,
-        owner,
-        [SagaStatus.COMPENSATING],
-        now,
-        compensated_steps=[*state.compensated_steps, step],
-        data=data,
+    return _compensating(
+        state, owner, now, compensated_steps=[*state.compensated_steps, step], data=data
     )
 
 
@@ -350,24 +343,13 @@ def skip_compensation(
 ) -> int:
     """Record that ``step`` has no compensation: its effects remain."""
     now = _now(now)
-    return _transition(
-        state,
-        owner,
-        [SagaStatus.COMPENSATING],
-        now,
-        uncompensated_steps=[*state.uncompensated_steps, step],
-    )
+    return _compensating(state, owner, now, uncompensated_steps=[*state.uncompensated_steps, step])
 
 
 def finish_compensation(state: SagaSnapshot, owner: str, *, now: datetime | None = None) -> int:
     now = _now(now)
-    return _transition(
-        state,
-        owner,
-        [SagaStatus.COMPENSATING],
-        now,
-        compensation_error="",
-        **_released(now, SagaStatus.COMPENSATED),
+    return _compensating(
+        state, owner, now, compensation_error="", **_released(now, SagaStatus.COMPENSATED)
     )
 
 
@@ -376,10 +358,9 @@ def give_up(
 ) -> int:
     """A compensation kept failing: leave the instance FAILED, for a person to look at."""
     now = _now(now)
-    return _transition(
+    return _compensating(
         state,
         owner,
-        [SagaStatus.COMPENSATING],
         now,
         compensation_error=compensation_error[:MAX_ERROR_LENGTH],
         **_released(now, SagaStatus.FAILED),

@@ -8,6 +8,8 @@ import json
 import re
 from typing import Any
 
+from ledon import validation as ledon_validation
+
 from .conf import sagas_settings
 from .exceptions import InvalidInput, InvalidSagaData, InvalidSagaDefinition
 
@@ -17,7 +19,6 @@ MAX_KEY_LENGTH = 200
 MAX_OWNER_LENGTH = 200
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def name(value: object, what: str, limit: int) -> str:
@@ -38,14 +39,9 @@ def step_name(value: object) -> str:
 
 
 def text(value: object, what: str, limit: int) -> str:
-    """A short identifier (idempotency key, runner id): printable, 1 to ``limit`` chars."""
-    if not isinstance(value, str) or not value or len(value) > limit or _CONTROL.search(value):
-        raise InvalidInput(f"{what} must be 1 to {limit} printable characters, got {value!r}")
-    try:
-        value.encode("utf-8", "strict")
-    except UnicodeEncodeError:
-        raise InvalidInput(f"{what} must be valid Unicode (no lone surrogates)") from None
-    return value
+    """A short identifier (idempotency key, runner id): 1 to ``limit`` characters, no
+    control characters (:func:`ledon.validation.text`)."""
+    return ledon_validation.text(value, what, max_length=limit, error=InvalidInput)
 
 
 def idempotency_key(value: object) -> str | None:

@@ -47,6 +47,8 @@ step "ruff"
 "$VENV/bin/ruff" format --check .
 step "mypy"
 "$VENV/bin/mypy" ledon jobs outbox sagas testproject
+step "import contracts (pyproject.toml [tool.importlinter])"
+"$VENV/bin/lint-imports" --no-logo --no-cache
 step "makemigrations --check"
 DATABASE_URL="sqlite:///$(mktemp -d)/check.sqlite3" "$PY" manage.py makemigrations --check --dry-run
 

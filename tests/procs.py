@@ -16,6 +16,13 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def settings_module() -> str:
+    """The settings module of this test run (a child process uses the same one).
+    Read from the environment: under ``override_settings`` (the ``settings``
+    fixture), ``django.conf.settings.SETTINGS_MODULE`` is None."""
+    return os.environ.get("DJANGO_SETTINGS_MODULE") or "testproject.settings"
+
+
 def database_url() -> str:
     """The URL of the test database as the test process sees it."""
     s = connection.settings_dict
@@ -36,7 +43,7 @@ def manage(database: str, *args: str, env: dict[str, str] | None = None) -> None
         env={
             **os.environ,
             **(env or {}),
-            "DJANGO_SETTINGS_MODULE": "testproject.settings",
+            "DJANGO_SETTINGS_MODULE": settings_module(),
             "DATABASE_URL": database,
         },
         capture_output=True,
@@ -63,7 +70,7 @@ class ManageProcess:
         self._log: IO[str] = self.log_path.open("w")
         full_env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "testproject.settings",
+            "DJANGO_SETTINGS_MODULE": settings_module(),
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
             "DATABASE_URL": database or database_url(),

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 import pytest
 
 from jobs import JobSubmission, submit_job
-from jobs.exceptions import InvalidScope
+from jobs.exceptions import InvalidJobId, InvalidScope
 from jobs.models import Job
 from outbox import IntegrationEvent, unit_of_work
 from outbox.exceptions import InvalidEvent
+from outbox.exceptions import InvalidInput as OutboxInvalidInput
 from outbox.models import OutboxMessage
 from sagas import run_saga, start_saga
+from sagas.exceptions import InvalidInput as SagaInvalidInput
 from sagas.exceptions import InvalidSagaData
 from sagas.models import SagaInstance
 from sagas.testing import temporary_saga
@@ -66,3 +68,44 @@ def test_scopes_follow_the_job_id_rule_no_control_characters(scope) -> None:
     with pytest.raises(InvalidScope, match="control characters"):
         submit_job(scope, "j", JobSubmission.create("x.y"))
     assert not Job.objects.exists()
+
+
+# One rule for text fields (ledon.validation.text), each app with its own typed error
+# and its own limits: a lone surrogate is refused everywhere, before anything is written.
+
+
+def test_a_lone_surrogate_in_a_job_id_is_refused_typed() -> None:
+    with pytest.raises(InvalidJobId, match="lone surrogate at position 2"):
+        submit_job("tenant", "ab\ud800", JobSubmission.create("x.y"))
+    assert not Job.objects.exists()
+
+
+def test_a_lone_surrogate_in_an_idempotency_key_is_refused_typed() -> None:
+    with temporary_saga("bad-input.key") as definition:
+        definition.step("one", noop)
+        with pytest.raises(SagaInvalidInput, match="lone surrogate"):
+            start_saga("bad-input.key", {}, idempotency_key="key-\udfff")
+    assert not SagaInstance.objects.exists()
+
+
+def test_a_lone_surrogate_in_a_message_key_is_refused_typed() -> None:
+    with pytest.raises(OutboxInvalidInput, match="lone surrogate"), unit_of_work() as uow:
+        uow.add_integration_event(Noted(text="fine"), key="k\ud800")
+    assert not OutboxMessage.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "error"),
+    [
+        # identifiers: no control characters
+        (lambda v: submit_job("tenant", v, JobSubmission.create("x.y")), InvalidJobId),
+        (lambda v: start_saga("bad-input.lines", {}, idempotency_key=v), SagaInvalidInput),
+    ],
+)
+def test_identifiers_refuse_line_breaks(field, error) -> None:
+    with temporary_saga("bad-input.lines") as definition:
+        definition.step("one", noop)
+        with pytest.raises(error, match="control characters"):
+            field("line\nbreak")
+    assert not Job.objects.exists()
+    assert not SagaInstance.objects.exists()

@@ -415,3 +415,11 @@ def test_consume_events_rejects_bad_arguments_clearly(
     }
     with pytest.raises(CommandError, match=error.replace("(", r"\(")):
         call_command("consume_events", *args)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_consumer_is_started_once_its_subscription_opened_and_ready_is_a_deprecated_alias():
+    consumer, _ = run(received(number="O-8"))
+    assert consumer.started.is_set()
+    with pytest.warns(DeprecationWarning, match="use EventConsumer.started"):
+        assert consumer.ready is consumer.started

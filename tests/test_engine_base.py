@@ -4,6 +4,8 @@ check — in process, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import logging
 import os
 import random
@@ -15,11 +17,13 @@ from typing import Any
 import pytest
 from django.db import DataError, OperationalError, connection
 
+from jobs.worker import Worker
 from ledon import db as ledon_db
-from ledon.backoff import Backoff
+from ledon.backoff import Backoff, retry_delay
 from ledon.db import DatabaseNotMigrated, missing_tables
-from ledon.engine import FAILED, Engine, StopLevel
+from ledon.engine import FAILED, Engine, EngineStats, StopLevel
 from ledon.outage import OutageReporter
+from ledon.renamed import renamed_attribute
 
 log = logging.getLogger("tests.engine")
 
@@ -90,6 +94,55 @@ class TestBackoff:
     def test_bad_parameters_are_refused(self, kwargs):
         with pytest.raises(ValueError, match="back-off"):
             Backoff(**kwargs)
+
+
+class TestRetryDelay:
+    """The one formula of automatic retries (jobs, outbox, consumer, compensations)."""
+
+    def test_grows_from_the_first_retry_to_its_cap(self):
+        delays = [retry_delay(n, base=2, factor=3, cap=100, jitter=0) for n in (1, 2, 3, 4, 5, 6)]
+        assert delays == [2, 6, 18, 54, 100, 100]
+
+    def test_jitter_spreads_both_ways_and_never_below_zero(self):
+        rng = random.Random(7)
+        delays = [
+            retry_delay(1, base=10, factor=2, cap=100, jitter=0.25, rng=rng) for _ in range(300)
+        ]
+        assert min(delays) >= 7.5
+        assert max(delays) <= 12.5
+        assert min(delays) < 10 < max(delays)
+
+    def test_a_huge_attempt_number_neither_overflows_nor_passes_the_cap(self):
+        assert retry_delay(10_000, base=1, factor=10, cap=3600, jitter=0) == 3600
+        assert retry_delay(10_000, base=0, factor=10, cap=3600, jitter=0) == 0
+
+
+# --------------------------------------------------------------------------- stats
+
+
+class _Outcome(enum.Enum):
+    DONE = "done"
+    TRY_AGAIN = "try-again"
+
+
+@dataclasses.dataclass(slots=True)
+class _Stats(EngineStats):
+    done: int = 0
+    retried: int = 0
+
+    counters = {_Outcome.TRY_AGAIN: "retried"}
+
+    def summary(self) -> str:
+        return f"done {self.done}, retried {self.retried}"
+
+
+def test_stats_count_each_outcome_on_its_counter():
+    stats = _Stats()
+    for outcome in (_Outcome.DONE, _Outcome.TRY_AGAIN, _Outcome.DONE):
+        stats.count(outcome)
+    assert (stats.done, stats.retried) == (2, 1)
+    assert stats.summary() == "done 2, retried 1"
+    assert not hasattr(stats, "__dict__")  # the base keeps the counters slotted
 
 
 # --------------------------------------------------------------------------- reporter
@@ -373,3 +426,21 @@ class TestStartUp:
 
         monkeypatch.setattr("ledon.engine.missing_tables", down)
         assert engine.wait_for_database() is False
+
+
+def test_a_renamed_attribute_reads_the_new_one_and_warns_with_both_names():
+    class Machine:
+        stopping = True
+        stop_requested = renamed_attribute("Machine.stop_requested", "stopping")
+
+    with pytest.warns(
+        DeprecationWarning, match=r"^Machine.stop_requested is deprecated; use Machine.stopping$"
+    ):
+        assert Machine().stop_requested is True
+
+
+def test_worker_stop_requested_is_the_deprecated_name_of_stopping():
+    worker = Worker()
+    worker.stop()
+    with pytest.warns(DeprecationWarning, match="use Worker.stopping"):
+        assert worker.stop_requested is worker.stopping is True

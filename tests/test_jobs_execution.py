@@ -11,7 +11,6 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs import execution, store
-from jobs.db import connection_for
 from jobs.exceptions import AttemptRowMissing, InvalidInput, InvalidTransition, JobNotFound
 from jobs.models import Job, JobAttempt
 from jobs.types import (
@@ -21,6 +20,7 @@ from jobs.types import (
     FinishOutcome,
     JobStatus,
 )
+from ledon.db import connection_for
 
 FINISHED = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED]
 RETRYABLE = [JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED]

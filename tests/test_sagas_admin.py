@@ -17,9 +17,9 @@ from django.utils.html import escape
 from sagas_support import ORDER, instance, order, runs
 
 from sagas import SagaExecutionError, SagaStatus, run_saga, start_saga, store
+from sagas.driver import Driver
 from sagas.models import SagaInstance
 from sagas.registry import get_saga
-from sagas.runner import Driver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,6 +25,7 @@ from sagas import (
     store,
 )
 from sagas.conf import sagas_settings
+from sagas.driver import Driver
 from sagas.exceptions import (
     InvalidTransition,
     SagaLeased,
@@ -32,9 +33,8 @@ from sagas.exceptions import (
     SagasConfigurationError,
     UnknownSaga,
 )
-from sagas.models import SagaInstance
 from sagas.registry import get_saga
-from sagas.runner import Driver, SagaRunner
+from sagas.runner import SagaRunner
 from sagas.testing import drive_pending_sagas, temporary_saga
 from testproject.fulfilment.models import Payment, StepRun
 
@@ -161,29 +161,28 @@ def test_s4_the_whole_lifecycle_through_the_store():
     assert final.finished_at is not None
 
 
-def test_s8_a_stale_model_save_raises_the_concurrency_error():
-    state = started_instance()
-    first = SagaInstance.objects.get(instance_id=state.instance_id)
-    second = SagaInstance.objects.get(instance_id=state.instance_id)
-    first.completed_steps = ["reserve"]
-    first.save()
-    assert first.version == state.version + 1
+def test_s8_a_stale_write_raises_the_concurrency_error():
+    state = started_instance()  # both writers read this snapshot
+    first = store.complete_step(state, "", "reserve", {"writer": 0})
+    assert first == state.version + 1
 
-    second.completed_steps = []
     with pytest.raises(SagaConcurrencyError, match="stale"):
-        second.save()
-    assert second.version == state.version  # unchanged, so it is still visibly stale
+        store.complete_step(state, "", "reserve", {"writer": 1})
     row = instance(state.instance_id)
-    assert (row.completed_steps, row.version) == (["reserve"], state.version + 1)
+    assert (row.completed_steps, row.data, row.version) == (
+        ["reserve"],
+        {"writer": 0},
+        state.version + 1,
+    )
 
 
-def test_s8_of_two_concurrent_saves_the_later_fails(concurrently):
+def test_s8_of_two_concurrent_writers_the_later_fails(concurrently):
     state = started_instance()
-    copies = [SagaInstance.objects.get(instance_id=state.instance_id) for _ in range(2)]
-    for n, row in enumerate(copies):
-        row.data = {"writer": n}
 
-    outcomes = concurrently(*[row.save for row in copies])
+    def write(n: int):
+        return lambda: store.complete_step(state, "", "reserve", {"writer": n})
+
+    outcomes = concurrently(write(0), write(1))
 
     errors = [o.error for o in outcomes]
     assert sorted(e is None for e in errors) == [False, True]

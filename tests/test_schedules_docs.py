@@ -10,7 +10,7 @@ from schedules_support import period_jobs, row, schedules  # noqa: F401  (fixtur
 from test_docs_examples import python_blocks, run_page
 
 from jobs import JobScope, JobStatus
-from jobs.conf import _validate
+from jobs.conf import jobs_settings
 from jobs.schedules import registry
 from jobs.schedules.types import ScheduleOutcome
 
@@ -52,7 +52,7 @@ def test_the_schedules_page_examples_declare_enqueue_run_and_steer():
     assert row("daily-report").last_job_id == namespace["job"].job_id
 
     # The settings block is a valid JOBS setting.
-    _validate(namespace["JOBS"])
+    jobs_settings.read(namespace["JOBS"])
 
 
 def test_the_pause_example_reports_its_outcomes():

@@ -120,7 +120,7 @@ def test_the_check_catches_a_subclass_that_shadows_thread_stop():
 
 def test_the_apps_have_thread_subclasses_to_check():
     names = {cls.__qualname__ for cls in thread_subclasses()}
-    assert {"Listener", "_BatchLeaseKeeper", "_LeaseKeeper", "_StepThread"} <= names
+    assert {"Listener", "_BatchLeaseKeeper", "LeaseKeeper", "StepThread"} <= names
 
 
 @pytest.mark.parametrize("cls", thread_subclasses(), ids=lambda c: c.__qualname__)

@@ -14,6 +14,8 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
+from ledon.db import alias_for
+
 from .. import validation
 from ..exceptions import InvalidInput, InvalidJobId, JobNotFound, TransactionRequiredError
 from ..handlers import RetryPolicy, autodiscover
@@ -93,7 +95,6 @@ class JobsBackend(BaseTaskBackend):
         # Not at the top, here and below: Django may import the backend before the
         # app registry is ready, and these import the models.
         from ..api import stage_job, submit_job
-        from ..db import alias_for
         from ..models import Job
 
         self.validate_task(task)
@@ -184,7 +185,7 @@ class JobsBackend(BaseTaskBackend):
         return replace(task, **changes)
 
     def _snapshot(self, result_id: object) -> JobSnapshot:
-        from ..api import JobScope
+        from ..api import JobScope  # the models: see enqueue()
 
         if not isinstance(result_id, str):
             raise TaskResultDoesNotExist(result_id)
@@ -202,7 +203,7 @@ class JobsBackend(BaseTaskBackend):
         """Cancel a task: a READY task fails at once as cancelled; a RUNNING one has
         its cancellation requested (it reaches ``context.job`` of a task that takes
         context, and the result is dropped). Says so if the task had finished."""
-        from ..api import JobScope
+        from ..api import JobScope  # the models: see enqueue()
 
         snapshot = self._snapshot(result_id)
         try:

@@ -7,7 +7,9 @@ handler registry.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ledon.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from .registry import ScheduleSpec, periodic
@@ -38,11 +40,4 @@ _LAZY = {
     "ScheduleView": "types",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'jobs.schedules' has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f".{module}", __name__), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from outbox.admin_support import ReadOnlyAdminMixin, report_refusals, state_action
+from ledon.admin import ReadOnlyAdminMixin, report_refusals, state_action
 
 from ..exceptions import InvalidSchedule, JobsError
 from ..models import Job
@@ -127,17 +127,6 @@ class ScheduleAdmin(ReadOnlyAdminMixin, _ScheduleAdminBase):
         status = getattr(obj, "last_job_status", None)
         return JobStatus(status).label if status else "-"
 
-    # ------------------------------------------------------------------ permissions
-
-    def has_pause_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
-    def has_resume_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
-    def has_run_now_permission(self, request: HttpRequest) -> bool:
-        return self.may_steer(request)
-
     # ------------------------------------------------------------------ actions
 
     def _each(
@@ -153,7 +142,7 @@ class ScheduleAdmin(ReadOnlyAdminMixin, _ScheduleAdminBase):
         report_refusals(self, request, refusals, verb)
         return outcomes, refusals
 
-    @state_action("Pause selected schedules", "pause")
+    @state_action("Pause selected schedules")
     def pause_schedules(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         """No period is enqueued while paused (every worker, from its next pass)."""
         outcomes, _ = self._each(request, queryset, service.pause, "not paused")
@@ -164,7 +153,7 @@ class ScheduleAdmin(ReadOnlyAdminMixin, _ScheduleAdminBase):
             f"{outcomes[ScheduleOutcome.ALREADY_PAUSED]} already paused.",
         )
 
-    @state_action("Resume selected schedules", "resume")
+    @state_action("Resume selected schedules")
     def resume_schedules(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         """From the first period starting now or later; paused periods are not run."""
         outcomes, _ = self._each(request, queryset, service.resume, "not resumed")
@@ -175,7 +164,7 @@ class ScheduleAdmin(ReadOnlyAdminMixin, _ScheduleAdminBase):
             f"{outcomes[ScheduleOutcome.NOT_PAUSED]} were not paused.",
         )
 
-    @state_action("Run selected schedules now", "run_now")
+    @state_action("Run selected schedules now")
     def run_schedules_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         """One extra job each, at once, with a ``@manual-…`` job id."""
         outcomes, _ = self._each(

@@ -26,8 +26,10 @@ from typing import Any
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
+from ledon.beside import Beside
+from ledon.db import alias_for
+
 from ..conf import jobs_settings
-from ..db import alias_for
 from ..exceptions import InvalidSchedule, JobsError
 from . import registry, service
 from .models import Schedule
@@ -116,8 +118,7 @@ class Scheduler:
 
 # --------------------------------------------------------------------------- in the worker
 
-_lock = threading.Lock()
-_running: dict[int, tuple[Scheduler, threading.Thread]] = {}
+_beside: Beside[Scheduler] = Beside("jobs-scheduler")
 
 
 def start_scheduler(sender: Any, worker: Any, **kwargs: Any) -> None:
@@ -132,20 +133,10 @@ def start_scheduler(sender: Any, worker: Any, **kwargs: Any) -> None:
                 worker.report("schedule enqueued", job.job_id)
         return
     scheduler = Scheduler(clock=worker.clock, report=worker.report)
-    thread = threading.Thread(target=scheduler.run, name="jobs-scheduler", daemon=True)
-    with _lock:
-        _running[id(worker)] = (scheduler, thread)
-    thread.start()
+    _beside.start(worker, scheduler, scheduler.run)
 
 
 def stop_scheduler(sender: Any, worker: Any, **kwargs: Any) -> None:
     """``jobs.signals.worker_stopping``: stop the worker's scheduler thread."""
-    with _lock:
-        entry = _running.pop(id(worker), None)
-    if entry is None:
-        return
-    scheduler, thread = entry
-    scheduler.stop()
-    thread.join(max(worker.shutdown_timeout, 1.0))
-    if thread.is_alive():
+    if _beside.stop(worker, timeout=max(worker.shutdown_timeout, 1.0)) is not None:
         logger.warning("the scheduler is still in a database call as the worker stops")

@@ -25,12 +25,12 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
+from ledon.db import alias_for
 from ledon.faults import fault_point
 
 from .. import store as job_store
 from .. import validation
 from ..conf import jobs_settings
-from ..db import alias_for
 from ..exceptions import ScheduleNotDeclared
 from ..models import Job
 from ..types import JobSnapshot, JobStatus

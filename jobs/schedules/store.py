@@ -22,8 +22,9 @@ from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
+from ledon.db import alias_for
+
 from .. import validation
-from ..db import alias_for
 from ..exceptions import InvalidSchedule, InvalidTransition, ScheduleNotFound
 from .models import Schedule
 from .registry import ScheduleSpec

@@ -66,7 +66,7 @@ class TimetableError(ValueError):
 def _cronsim() -> ModuleType:
     """The cron library, imported when a cron schedule is declared: an optional extra."""
     try:
-        import cronsim
+        import cronsim  # an optional extra ([cron]): imported only when it is needed
     except ImportError:
         raise TimetableError(
             'cron schedules need the cronsim package: pip install "django-ledon[cron]" '

@@ -8,9 +8,11 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
+from ledon.db import is_postgres
+
 from .. import validation
 from ..conf import jobs_settings
-from ..db import fetch, is_postgres
+from ..db import fetch
 from ..exceptions import (
     InvalidInput,
 )

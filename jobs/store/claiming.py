@@ -17,20 +17,12 @@ from typing import Any, cast
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ledon.db import adapt_dt, alias_for, connection_for, is_postgres, read_dt
 from ledon.faults import fault_point
 
 from .. import validation
 from ..conf import jobs_settings
-from ..db import (
-    adapt_dt,
-    alias_for,
-    connection_for,
-    fetch,
-    in_list_params,
-    is_postgres,
-    numbered,
-    read_dt,
-)
+from ..db import fetch, in_list_params, numbered
 from ..limits import NO_LIMITS, ClaimLimits
 from ..models import Job
 from ..types import Claim, FinishOutcome

@@ -22,9 +22,11 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 
+from ledon.db import adapt_dt, alias_for, connection_for, is_postgres
+
 from .. import validation
 from ..conf import jobs_settings
-from ..db import adapt_dt, alias_for, connection_for, fetch, is_postgres
+from ..db import fetch
 from ..exceptions import AttemptRowMissing, InvalidInput
 from ..models import Job, JobAttempt
 from ..types import AttemptStatus, Claim, FinishOutcome, JobStatus

@@ -50,9 +50,10 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ledon.db import adapt_dt, is_postgres
 from ledon.faults import fault_point
 
-from ..db import adapt_dt, fetch, fetch_results, in_list_params, is_postgres
+from ..db import fetch, fetch_results, in_list_params
 from ..limits import ClaimLimits, Limits
 from ..types import Claim
 from . import sql_flow

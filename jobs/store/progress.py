@@ -10,9 +10,11 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
+from ledon.db import adapt_dt, alias_for, connection_for
+
 from .. import validation
 from ..conf import jobs_settings
-from ..db import adapt_dt, alias_for, connection_for, fetch, in_list_params
+from ..db import fetch, in_list_params
 from ..exceptions import (
     AttemptRowMissing,
     InvalidInput,

@@ -10,8 +10,10 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import Count
 
+from ledon.db import adapt_dt, alias_for, connection_for
+
 from .. import validation
-from ..db import adapt_dt, alias_for, connection_for, fetch
+from ..db import fetch
 from ..models import Job, Queue
 from ..types import JobStatus
 from . import sql_flow

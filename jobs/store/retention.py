@@ -6,8 +6,10 @@ from datetime import datetime
 
 from django.db import transaction
 
+from ledon.db import adapt_dt, alias_for, connection_for, is_postgres
+
 from .. import validation
-from ..db import adapt_dt, alias_for, connection_for, fetch, in_list_params, is_postgres
+from ..db import fetch, in_list_params
 from ..models import Job
 from . import sql
 from .base import CHUNK_ROWS

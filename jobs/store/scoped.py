@@ -7,11 +7,9 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import F
 
+from ledon.db import alias_for, connection_for
+
 from .. import validation
-from ..db import (
-    alias_for,
-    connection_for,
-)
 from ..exceptions import (
     InvalidTransition,
     JobNotFound,

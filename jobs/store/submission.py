@@ -11,8 +11,10 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ledon.db import adapt_dt, alias_for, connection_for, in_caller_atomic_block, is_postgres
+
 from ..conf import jobs_settings
-from ..db import adapt_dt, alias_for, connection_for, fetch, is_postgres, numbered
+from ..db import fetch, numbered
 from ..exceptions import (
     AmbientTransactionError,
     JobIdentityConflict,
@@ -154,16 +156,6 @@ def _existing_or_conflict(scope_hash: str, job_id: str, sub: JobSubmission) -> J
     return _same_request(snapshot(job), job_id, sub).job()
 
 
-def _in_caller_atomic_block(connection: BaseDatabaseWrapper) -> bool:
-    """Whether the caller has an ``atomic`` block open on ``connection``.
-
-    The blocks Django's ``TestCase`` (and pytest-django's ``django_db``) wrap around
-    each test do not count, exactly as for ``atomic(durable=True)``: code that calls
-    ``submit_job`` or ``stage_job`` behaves in an ordinary test as in production.
-    """
-    return any(not block._from_testcase for block in connection.atomic_blocks)  # type: ignore[attr-defined]
-
-
 def submit(
     scope_hash: str, job_id: str, sub: JobSubmission, *, now: datetime | None = None
 ) -> JobSnapshot:
@@ -174,7 +166,7 @@ def submit(
     is read by a fresh statement.
     """
     alias = alias_for(Job)
-    if _in_caller_atomic_block(transaction.get_connection(alias)):
+    if in_caller_atomic_block(transaction.get_connection(alias)):
         raise AmbientTransactionError()
     now = current_time(now)
     for _ in range(3):
@@ -202,7 +194,7 @@ def submit_many(
     """
     alias = alias_for(Job)
     connection = transaction.get_connection(alias)
-    if _in_caller_atomic_block(connection):
+    if in_caller_atomic_block(connection):
         raise AmbientTransactionError()
     now = current_time(now)
     first: dict[tuple[str, str], int] = {}
@@ -257,7 +249,7 @@ def stage(
     """
     alias = alias_for(Job)
     connection = transaction.get_connection(alias)
-    if not _in_caller_atomic_block(connection):
+    if not in_caller_atomic_block(connection):
         raise TransactionRequiredError()
     now = current_time(now)
     try:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ledon.db import DATABASE_ERRORS
-from ledon.engine import FAILED, Engine
+from ledon.engine import FAILED, Engine, EngineStats
 from ledon.faults import fault_point
-from outbox.pglisten import Listener
+from ledon.pglisten import Listener
 
 from .. import execution
 from ..conf import JobsSettings
@@ -33,7 +33,7 @@ EventCallback = Callable[[str, Claim | None, str], None]
 
 
 @dataclass(slots=True)
-class WorkerStats:
+class WorkerStats(EngineStats):
     claimed: int = 0
     succeeded: int = 0
     failed: int = 0
@@ -47,18 +47,7 @@ class WorkerStats:
     put_back: int = 0
     snoozed: int = 0
 
-    def count(self, outcome: FinishOutcome) -> None:
-        name = {
-            FinishOutcome.SUCCEEDED: "succeeded",
-            FinishOutcome.FAILED: "failed",
-            FinishOutcome.CANCELLED: "cancelled",
-            FinishOutcome.INTERRUPTED: "interrupted",
-            FinishOutcome.REQUEUED: "requeued",
-            FinishOutcome.STALE: "stale",
-            FinishOutcome.PUT_BACK: "put_back",
-            FinishOutcome.SNOOZED: "snoozed",
-        }[outcome]
-        setattr(self, name, getattr(self, name) + 1)
+    counters = {FinishOutcome.PUT_BACK: "put_back"}
 
     def summary(self) -> str:
         return (

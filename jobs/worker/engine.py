@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from django.db import connections
 from django.utils import timezone
 
+from ledon.db import alias_for, is_postgres
 from ledon.engine import FAILED, StopLevel
 from ledon.faults import fault_point
+from ledon.renamed import renamed_attribute
 
 from .. import execution
 from ..conf import jobs_settings
-from ..db import alias_for, is_postgres
 from ..models import Job
 from ..signals import send_logged, worker_started, worker_stopping
 from ..types import CancelReason, FinishOutcome
@@ -79,7 +78,6 @@ class Worker(Shutdown):
         self._init_state()
         # Whether this worker id's own leftovers were recovered (J11, at start-up).
         self._own_recovered = False
-        self.started = threading.Event()
 
     # ------------------------------------------------------------------ control
 
@@ -96,20 +94,7 @@ class Worker(Shutdown):
             for entry in entries:
                 entry.ctx.signal_cancel(CancelReason.SHUTDOWN)
 
-    @property
-    def stopping(self) -> bool:
-        """Whether :meth:`stop` was called (a signal, not the end of a burst)."""
-        return self._stopping.is_set()
-
-    @property
-    def stop_requested(self) -> bool:
-        """Deprecated alias of :attr:`stopping`, the name every engine uses."""
-        warnings.warn(
-            "Worker.stop_requested is deprecated; use Worker.stopping",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.stopping
+    stop_requested = renamed_attribute("Worker.stop_requested", "stopping")
 
     def report(self, event: str, detail: str = "") -> None:
         """Tell the worker's event callback about ``event`` (for work running beside

@@ -19,7 +19,7 @@ import time
 from django.db import connections
 
 from ledon.faults import fault_point
-from outbox.pglisten import Listener
+from ledon.pglisten import Listener
 
 from ..attempts import Ending, run_attempt
 from ..handlers import HandlerSpec, JobContext

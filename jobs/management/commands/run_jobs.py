@@ -88,13 +88,10 @@ class Command(BaseCommand):
         if options["queues"]:
             self._hint_other_queues(options["queues"])
 
-        stats = run_engine(
+        run_engine(
             worker, worker.run, out=self.stdout, name=f"worker {worker.worker_id}",
-            meaning=SIGNAL_MEANING,
+            meaning=SIGNAL_MEANING, style=self.style.SUCCESS,
         )  # fmt: skip
-        self.stdout.write(
-            self.style.SUCCESS(f"worker {worker.worker_id} stopped: {stats.summary()}")
-        )
 
     def _hint_other_queues(self, queues: list[str]) -> None:
         """Say so when none of ``queues`` has a due job while other queues do: a

@@ -104,15 +104,12 @@ class Command(BaseCommand):
         self.stdout.flush()
 
         try:
-            stats = run_engine(
+            run_engine(
                 consumer, consumer.run, out=self.stdout, name=f"consumer {consumer.group}",
-                meaning=SIGNAL_MEANING,
+                meaning=SIGNAL_MEANING, style=self.style.SUCCESS,
             )  # fmt: skip
         except OutboxError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(
-            self.style.SUCCESS(f"consumer {consumer.group} stopped: {stats.summary()}")
-        )
 
     def _printer(self, verbosity: int) -> Any:
         quiet_below_2 = {"handled", "duplicate", "skipped", "retry"}

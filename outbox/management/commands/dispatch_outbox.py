@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledon.commands import run_engine
 from ledon.engine import StopLevel
-from outbox import store
+from outbox import validation
 from outbox.conf import outbox_settings
 from outbox.dispatcher import Dispatcher
 from outbox.exceptions import OutboxError
@@ -49,8 +49,8 @@ class Command(BaseCommand):
             raise CommandError("--batch-size must be between 1 and 10000")
         try:
             if options["dispatcher_id"] is not None:
-                store.text(
-                    options["dispatcher_id"], "dispatcher id", store.MAX_DISPATCHER_ID_LENGTH
+                validation.text(
+                    options["dispatcher_id"], "dispatcher id", validation.MAX_DISPATCHER_ID_LENGTH
                 )
             dispatcher = Dispatcher(
                 dispatcher_id=options["dispatcher_id"],
@@ -70,13 +70,11 @@ class Command(BaseCommand):
             f"batches of {dispatcher.batch_size}"
         )
 
-        stats = run_engine(
+        run_engine(
             dispatcher, dispatcher.run, out=self.stdout,
             name=f"dispatcher {dispatcher.dispatcher_id}", meaning=SIGNAL_MEANING,
+            style=self.style.SUCCESS,
         )  # fmt: skip
-        self.stdout.write(
-            self.style.SUCCESS(f"dispatcher {dispatcher.dispatcher_id} stopped: {stats.summary()}")
-        )
 
     def _printer(self, verbosity: int) -> Any:
         def emit(event: str, detail: str) -> None:

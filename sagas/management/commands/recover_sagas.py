@@ -69,13 +69,10 @@ class Command(BaseCommand):
             on_event=self._printer(options["verbosity"]),
         )
 
-        stats = run_engine(
+        run_engine(
             runner, runner.run, out=self.stdout, name=f"saga runner {runner.runner_id}",
-            meaning=SIGNAL_MEANING,
+            meaning=SIGNAL_MEANING, style=self.style.SUCCESS,
         )  # fmt: skip
-        self.stdout.write(
-            self.style.SUCCESS(f"saga runner {runner.runner_id} stopped: {stats.summary()}")
-        )
 
     def _printer(self, verbosity: int) -> Any:
         quiet = {"step-completed", "step-compensated", "stopped"}

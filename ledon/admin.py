@@ -2,8 +2,8 @@
 hand, and state changes are actions that go through each app's store, offered only
 to staff with the model's change permission.
 
-This module imports no models, so any app's ``admin.py`` may use it whether or not
-the outbox app is installed.
+Every action is guarded by one permission, ``steer`` (Django asks the model admin's
+``has_steer_permission``): the model's change permission.
 """
 
 from __future__ import annotations
@@ -21,21 +21,34 @@ _Action = TypeVar("_Action", bound=Callable[..., Any])
 MAX_LISTED = 10
 
 
-def state_action(description: str, permission: str) -> Callable[[_Action], _Action]:
+#: The permission of every state-changing action (see ``has_steer_permission``).
+STEER = "steer"
+
+
+def state_action(description: str) -> Callable[[_Action], _Action]:
     """An admin action on the list and, from Django 6.1, on each object's own page,
-    offered to users for whom ``has_<permission>_permission`` is true."""
+    offered to users who may steer (:meth:`ReadOnlyAdminMixin.has_steer_permission`)."""
     location = getattr(admin, "ActionLocation", None)
     if location is None:  # pragma: no cover - Django 6.0 runs actions from the list only
-        return admin.action(description=description, permissions=[permission])
+        return admin.action(description=description, permissions=[STEER])
     return admin.action(
         description=description,
-        permissions=[permission],
+        permissions=[STEER],
         location=[location.CHANGE_LIST, location.CHANGE_FORM],
     )
 
 
+class GrowingTableMixin:
+    """The change list of a table that grows without bound: no count of every row on
+    each page view, and 50 rows a page."""
+
+    show_full_result_count = False
+    list_per_page = 50
+
+
 class ReadOnlyAdminMixin:
-    """No adding, editing or deleting by hand; ``may_steer`` guards the actions."""
+    """No adding, editing or deleting by hand; ``has_steer_permission`` guards the
+    actions."""
 
     opts: Any
 
@@ -50,7 +63,7 @@ class ReadOnlyAdminMixin:
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def may_steer(self, request: HttpRequest) -> bool:
+    def has_steer_permission(self, request: HttpRequest) -> bool:
         """Whether the user may change state through the actions: the model's change
         permission (staff who may only view see no actions)."""
         codename = get_permission_codename("change", self.opts)
@@ -66,3 +79,21 @@ def report_refusals(
     hidden = len(refusals) - MAX_LISTED
     if hidden > 0:
         model_admin.message_user(request, f"... and {hidden} more {verb}.", messages.WARNING)
+
+
+def report_changes(
+    model_admin: admin.ModelAdmin[Any],
+    request: HttpRequest,
+    changed: int,
+    verb: str,
+    refusals: Sequence[str],
+) -> None:
+    """The end of a guarded action: ``"<changed> <verb>, <n> refused."`` (a success if
+    anything changed, else a warning), then the refusals (:func:`report_refusals`)."""
+    summary = f"{changed} {verb}"
+    if refusals:
+        summary += f", {len(refusals)} refused"
+    model_admin.message_user(
+        request, summary + ".", messages.SUCCESS if changed else messages.WARNING
+    )
+    report_refusals(model_admin, request, refusals, "refused")

@@ -3,8 +3,7 @@
 It holds a dedicated autocommit connection: notifications are sent inside the
 writing transaction and arrive on commit. If the connection breaks, the engine still
 polls meanwhile, and the thread reconnects with the engines' back-off, saying so once
-per outage. This module imports no models, so any app may use it whether or not the
-outbox app is installed.
+per outage.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ class Listener(threading.Thread):
         self._stop_requested.set()
 
     def run(self) -> None:
+        # psycopg is the [postgres] extra; only PostgreSQL set-ups start a listener.
         import psycopg
         from psycopg import sql
 
