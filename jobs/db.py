@@ -77,6 +77,7 @@ def fetch_results(
     pipeline, with the transaction's ``BEGIN`` if it is the first — each with a
     snapshot of its own; the rows of each, by column name. Recorded where Django
     records queries."""
+    # psycopg is the [postgres] extra: a SQLite set-up never imports it.
     from psycopg.rows import dict_row
 
     connection.ensure_connection()
