@@ -12,7 +12,9 @@ Measurements (see ``benchmarks/README.md``):
 5. the physical limits of the same server (ours only): the floor loop of our
    finish-and-claim statement and the one-row commit rate (:mod:`benchmarks.physical`);
    the scale-out curve (1, 2, 4, 8 processes at concurrency 8, lock waits sampled);
-   a 5 ms handler at concurrency 16; and per job, each system's statements and WAL.
+   a 5 ms handler at concurrency 16; and per job, each system's statements and WAL;
+6. flow control: burn-down at concurrency 16 with limits that never bind versus none
+   (ours only, J18).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Plan:
     claim_burn_jobs: int
     outbox_messages: int
     saga_instances: int
+    flow_burn_jobs: int
     floor_jobs: int = 5_000
     commit_seconds: float = 5.0
     commit_clients: tuple[int, ...] = (1, 4)
@@ -93,6 +96,7 @@ class Plan:
             scale_jobs=n(self.scale_jobs),
             sleep_jobs=n(self.sleep_jobs),
             profile_jobs=n(self.profile_jobs),
+            flow_burn_jobs=n(self.flow_burn_jobs),
         )
 
     @classmethod
@@ -117,6 +121,7 @@ class Plan:
             claim_burn_jobs=10_000,
             outbox_messages=10_000,
             saga_instances=200,
+            flow_burn_jobs=10_000,
         )
 
     @classmethod
@@ -144,6 +149,7 @@ class Plan:
             sleep_concurrency=4,
             queued_rows=(100, 2_000),
             profile_jobs=100,
+            flow_burn_jobs=1_000,
         )
 
     def for_system(self, counts: dict[str, int], system: str) -> int:
@@ -279,9 +285,11 @@ class Runner:
         *,
         seed: Callable[[int], None] | None = None,
         locks: dict[str, Any] | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> float:
         """Jobs/s from the first job's start (the enqueue's commit where the system
-        records no start time) to the last job's end.
+        records no start time) to the last job's end; ``extra_env`` goes to the
+        workers' environment.
 
         Also records what the burn-down cost the server per job (statements, WAL; see
         :meth:`per_job`) and, with ``locks``, the lock waits sampled meanwhile."""
@@ -297,7 +305,7 @@ class Runner:
         self.admin("CHECKPOINT")
         cost: dict[str, Any] = {}
         sampled: dict[str, Any] = {}
-        with workers(system, config, self.log_dir, tag):
+        with workers(system, config, self.log_dir, tag, extra_env):
             warm_up(system)
             with ExitStack() as stack:
                 stack.enter_context(physical.counting(self.database_url, self.statements, cost))
@@ -665,6 +673,46 @@ def load_finished(rows: int) -> None:
         )
 
 
+# --------------------------------------------------------------------------- flow control
+
+#: J18: the queue limits of each flow-control burn-down (``JOBS["QUEUES"]`` of the
+#: workers, through ``BENCH_JOBS_QUEUES``). None binds at concurrency 16 in one
+#: process: they measure what keeping limits costs, not what limiting does.
+FLOW_VARIANTS: dict[str, dict[str, Any] | None] = {
+    "off": None,
+    "max_running": {"default": {"max_running": 64}},
+    "all_three": {
+        "default": {"max_running": 64, "max_running_per_scope": 64, "rate": [1_000_000, 1]}
+    },
+}
+
+
+def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
+    """Burn-down of ``flow_burn_jobs`` by one worker process at concurrency 16 with
+    each of :data:`FLOW_VARIANTS`, order rotated per run; the medians and each
+    variant's slowdown (off ÷ on jobs/s)."""
+    plan = runner.plan
+    config = WorkerConfig(1, 16)
+    names = list(FLOW_VARIANTS)
+    raw: dict[str, list[float]] = {name: [] for name in names}
+    for run in range(plan.runs):
+        for name in names[run % len(names) :] + names[: run % len(names)]:
+            limits = FLOW_VARIANTS[name]
+            env = {"BENCH_JOBS_QUEUES": json.dumps(limits)} if limits else None
+            tag = f"flow-{name}-run{run + 1}"
+            rate = runner.burn_down(ledon, config, tag, plan.flow_burn_jobs, extra_env=env)
+            raw[name].append(rate)
+            runner.log(f"  limits {name:12} {rate:10.1f} jobs/s")
+    medians = {name: median(values) for name, values in raw.items()}
+    return {
+        "jobs": plan.flow_burn_jobs,
+        "limits": {name: FLOW_VARIANTS[name] for name in names},
+        "runs": raw,
+        "median": medians,
+        "slowdown": {name: medians["off"] / medians[name] for name in names if name != "off"},
+    }
+
+
 # --------------------------------------------------------------------------- outbox, sagas
 
 
@@ -753,6 +801,9 @@ def run_all(
             document["queued_claim_cost"] = queued_claim_cost(runner, ours)
             save(document)
         if ours is not None:
+            log("flow control (limits on versus off)")
+            document["flow_control"] = flow_control(runner, ours)
+            save(document)
             document.update(outbox_and_sagas(plan, admin, log))
             save(document)
             document["environment"]["load_average_end"] = _load()

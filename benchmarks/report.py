@@ -27,6 +27,7 @@ TARGETS = {
     "enqueue_each_pgqueuer": 1.5,
     "bulk_jobs_per_s": 20_000.0,
     "claim_cost_ratio": 1.2,
+    "flow_control_slowdown": 1.3,
 }
 
 
@@ -142,6 +143,23 @@ def claim_table(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def flow_table(document: dict[str, Any]) -> str:
+    flow = document.get("flow_control")
+    if not flow:
+        return "_Not measured in this run._"
+    lines = ["| Limits | Burn-down (jobs/s) | Slowdown |", "|---|---|---|"]
+    for name, rate in flow["median"].items():
+        limits = flow["limits"][name]
+        label = (
+            "none"
+            if not limits
+            else ", ".join(f"{key}={value}" for key, value in limits["default"].items())
+        )
+        slowdown = "—" if name == "off" else f"{flow['slowdown'][name]:.2f}×"
+        lines.append(f"| {label} | {_num(rate)} | {slowdown} |")
+    return "\n".join(lines)
+
+
 def targets(document: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     """(target, measured, holds) for each target of the benchmark issue."""
     systems = document["systems"]
@@ -212,6 +230,13 @@ def targets(document: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                 worst <= goal,
             )
         )
+    flow = document.get("flow_control")
+    if flow:
+        goal = TARGETS["flow_control_slowdown"]
+        worst = max(flow["slowdown"].values())
+        measured = ", ".join(f"{name}: {value:.2f}×" for name, value in flow["slowdown"].items())
+        target = f"Burn-down with limits ≤ {goal:g}× slower than without"
+        out.append((target, measured, worst <= goal))
     return out
 
 
@@ -488,6 +513,7 @@ def summary_table(document: dict[str, Any]) -> str:
             throughput_table(document),
             latency_table(document),
             claim_table(document),
+            flow_table(document),
             targets_table(document),
         ]
     )
@@ -632,6 +658,15 @@ def render(document: dict[str, Any]) -> str:
         " jobs, loaded straight into the table.",
         "",
         queued_table(document),
+        "",
+        "## Flow control",
+        "",
+        "django-ledon only: the burn-down of one worker process at concurrency 16 with"
+        " queue limits (J18) that never bind there, against none — what keeping the"
+        " limits costs each claim (an advisory lock, the usage read, and with `rate` a"
+        " row per start). Slowdown = jobs/s without ÷ jobs/s with.",
+        "",
+        flow_table(document),
         "",
         "## Outbox and sagas",
         "",

@@ -8,6 +8,7 @@ that the numbers measure the queues.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from typing import Any
 
@@ -38,6 +39,9 @@ _db["CONN_MAX_AGE"] = None
 DATABASES = {"default": _db}
 
 JOBS: dict[str, Any] = {}
+# The flow-control burn-downs (harness.FLOW_VARIANTS): limits per queue (J18).
+if os.environ.get("BENCH_JOBS_QUEUES"):
+    JOBS["QUEUES"] = json.loads(os.environ["BENCH_JOBS_QUEUES"])
 
 OUTBOX: dict[str, Any] = {"ENABLED": True, "TRANSPORT": "in-process"}
 

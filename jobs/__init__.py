@@ -13,7 +13,7 @@ from ledon.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from .api import JobScope, stage_job, submit_job, submit_jobs
-    from .handlers import JobContext, job_handler
+    from .handlers import JobContext, Snooze, job_handler
     from .schedules import periodic
     from .types import (
         CancelOutcome,
@@ -32,6 +32,7 @@ __all__ = [
     "JobSnapshot",
     "JobStatus",
     "JobSubmission",
+    "Snooze",
     "SubmitResult",
     "job_handler",
     "periodic",
@@ -47,6 +48,7 @@ _LAZY = {
     "submit_jobs": "api",
     "JobContext": "handlers",
     "job_handler": "handlers",
+    "Snooze": "handlers",
     "periodic": "schedules",
     "CancelOutcome": "types",
     "FinishOutcome": "types",

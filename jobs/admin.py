@@ -5,7 +5,8 @@ be added or deleted here. The only state changes are the "Cancel" and "Retry"
 actions, which go through :mod:`jobs.store` exactly like the scoped API does, and are
 offered only to users holding ``jobs.change_job`` (the admin never edits a job, so
 that permission means "may steer jobs"). Staff with only ``jobs.view_job`` see the
-pages and no actions.
+pages and no actions. Queues (J18) are listed with their depth and limits, and
+paused or resumed by actions guarded by ``jobs.change_queue``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from ledon.admin import (
 )
 
 from . import store, validation
+from .conf import queue_limits
 from .exceptions import InvalidInput, InvalidTransition, JobNotFound
-from .models import Job, JobAttempt
+from .models import Job, JobAttempt, Queue
 from .types import AttemptStatus, CancelOutcome, JobStatus
 
 if TYPE_CHECKING:
@@ -158,7 +160,9 @@ class JobAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _JobAdminBase):
 
     @admin.display(description="attempts", ordering="attempt_count")
     def attempts(self, obj: Job) -> str:
-        return f"{obj.attempt_count}/{obj.max_attempts}"
+        # J17: snoozed executions have attempt rows but do not count as attempts.
+        snoozed = f" (+{obj.snooze_count} snoozed)" if obj.snooze_count else ""
+        return f"{obj.attempt_count}/{obj.max_attempts}{snoozed}"
 
     @admin.display(description="progress", ordering="progress")
     def progress_percent(self, obj: Job) -> str:
@@ -260,6 +264,59 @@ class JobAttemptAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _AttemptAdminBase):
     @admin.display(description="progress")
     def progress_percent(self, obj: JobAttempt) -> str:
         return _percent(obj.progress, succeeded=obj.status == AttemptStatus.SUCCEEDED)
+
+
+if TYPE_CHECKING:
+    _QueueAdminBase = admin.ModelAdmin[Queue]
+else:
+    _QueueAdminBase = admin.ModelAdmin
+
+
+@admin.register(Queue)
+class QueueAdmin(ReadOnlyAdminMixin, _QueueAdminBase):
+    """Queues that were paused or resumed once (J18), with their depth, Running jobs
+    and limits; "Pause" and "Resume" go through :mod:`jobs.store` and are offered to
+    users holding ``jobs.change_queue``. ``manage.py jobs_queues`` lists every queue
+    and pauses any by name."""
+
+    list_display = ("name", "paused", "queued", "running", "limits", "paused_at")
+    list_filter = ("paused",)
+    search_fields = ("name",)
+    ordering = ("name",)
+    actions = ("pause_queues", "resume_queues")
+    fields = readonly_fields = (
+        "name",
+        "paused",
+        "queued",
+        "running",
+        "limits",
+        "paused_at",
+        "updated_at",
+    )
+
+    @admin.display(description="queued")
+    def queued(self, obj: Queue) -> int:
+        return Job.objects.filter(queue=obj.name, status=JobStatus.QUEUED).count()
+
+    @admin.display(description="running")
+    def running(self, obj: Queue) -> int:
+        return Job.objects.filter(queue=obj.name).running().count()
+
+    @admin.display(description="limits")
+    def limits(self, obj: Queue) -> str:
+        value = queue_limits().get(obj.name)
+        return value.describe() if value else "none"
+
+    @state_action("Pause selected queues")
+    def pause_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        """Every worker stops claiming from these queues with its next claim."""
+        changed = sum(store.pause(name) for name in queryset.values_list("name", flat=True))
+        self.message_user(request, f"{changed} queue(s) paused.", messages.SUCCESS)
+
+    @state_action("Resume selected queues")
+    def resume_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        changed = sum(store.resume(name) for name in queryset.values_list("name", flat=True))
+        self.message_user(request, f"{changed} queue(s) resumed.", messages.SUCCESS)
 
 
 # SPEC J16: the schedules' admin lives with the schedules; SPEC M: the workers

@@ -8,6 +8,10 @@ The one place this policy lives, used by the worker (:mod:`jobs.worker`) and by
   failed naming it (J19);
 - the handler raised: failed with the stored error text, and a retry scheduled when
   the handler's policy and the attempts left allow it (J10 through the executor);
+- the handler raised ``Snooze(seconds)``: Snoozed, the job queued again for then,
+  the execution not counted (J17);
+- it ran past its timeout, whatever it did then: failed with ``JobTimedOut``,
+  retried by the policy (J17);
 - the handler returned: succeeded with its result reference (J8 decides Cancelled in
   the database if a cancel request committed first);
 - either way, if the worker's shutdown stopped it: re-queued, never completed (J14).
@@ -23,11 +27,12 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from . import execution
-from .exceptions import UnknownHandler
-from .handlers import JobContext, get_handler
+from .conf import jobs_settings
+from .exceptions import JobTimedOut, UnknownHandler
+from .handlers import HandlerSpec, JobContext, Snooze, get_handler
 from .middleware import chain_for
 from .types import FinishOutcome
 
@@ -44,6 +49,8 @@ class Ending(enum.Enum):
     UNKNOWN_HANDLER = "unknown-handler"
     #: The worker's shutdown signal stopped the handler (J14: re-queued).
     SHUTDOWN = "shutdown"
+    #: J17: the handler raised ``Snooze``.
+    SNOOZED = "snoozed"
 
 
 #: The worker's event for each ending (before the outcome refines it).
@@ -52,6 +59,7 @@ _EVENTS = {
     Ending.FAILED: "failed",
     Ending.UNKNOWN_HANDLER: "failed",
     Ending.SHUTDOWN: "requeued",
+    Ending.SNOOZED: "snoozed",
 }
 
 
@@ -64,7 +72,7 @@ class AttemptEnd:
     result: str | None = None
     #: The stored error text (a failure) or the J19 reason.
     error: str = ""
-    #: When to run again after a failure (None: no automatic retry).
+    #: When to run again after a failure (None: no automatic retry) or a snooze.
     retry_at: datetime | None = None
     #: One line for the worker's events ("ValueError: bad input (retry at …)").
     detail: str = ""
@@ -82,6 +90,9 @@ class AttemptEnd:
             return execution.fail(token, self.error, retry_at=self.retry_at, now=now)
         if self.ending is Ending.UNKNOWN_HANDLER:
             return execution.put_back_unknown_handler(token, self.error, now=now)
+        if self.ending is Ending.SNOOZED:
+            assert self.retry_at is not None
+            return execution.snooze(token, self.retry_at, now=now)
         return execution.recover(token, requeue=True, reason=SHUTDOWN_REASON, now=now)
 
 
@@ -90,12 +101,15 @@ def run_attempt(
     *,
     clock: Callable[[], datetime],
     loop: Callable[[], asyncio.AbstractEventLoop] | None = None,
+    starting: Callable[[HandlerSpec], None] | None = None,
 ) -> AttemptEnd:
     """Run the handler of ``ctx``'s claim once and decide how the attempt ended.
 
     ``clock`` gives the time a retry is scheduled from; ``loop`` gives the event loop
-    an ``async def`` handler runs on (None: a fresh loop for this call). Writes
-    nothing: the caller stores the end with :meth:`AttemptEnd.write`.
+    an ``async def`` handler runs on (None: a fresh loop for this call);
+    ``starting(spec)`` is called right before the handler runs (the worker starts
+    its timeout there). Writes nothing: the caller stores the end with
+    :meth:`AttemptEnd.write`.
     """
     claim = ctx.claim
     try:
@@ -104,13 +118,22 @@ def run_attempt(
         # J19: perhaps a newer worker knows it (a rolling deploy): put back.
         message = str(exc)
         return AttemptEnd(Ending.UNKNOWN_HANDLER, error=message, detail=message)
+    if starting is not None:
+        starting(spec)
     try:
         result = spec.invoke(
             ctx,
             loop() if spec.is_async and loop is not None else None,
             call=chain_for(spec),  # the handler inside JOBS["MIDDLEWARE"]
         )
+    except Snooze as snooze:
+        if ctx.timed_out:
+            return timed_out(spec, ctx, clock())
+        wake_at = clock() + timedelta(seconds=snooze.seconds)
+        return AttemptEnd(Ending.SNOOZED, retry_at=wake_at, detail=f"until {wake_at.isoformat()}")
     except Exception as exc:
+        if ctx.timed_out:
+            return timed_out(spec, ctx, clock())
         if ctx.stopped_by_shutdown:
             return AttemptEnd(Ending.SHUTDOWN, detail="stopped by shutdown")
         error, retry_at = spec.failure(ctx, exc, clock())
@@ -118,6 +141,29 @@ def run_attempt(
         if retry_at is not None:
             detail += f" (retry at {retry_at.isoformat()})"
         return AttemptEnd(Ending.FAILED, error=error, retry_at=retry_at, detail=detail)
+    if ctx.timed_out:
+        return timed_out(spec, ctx, clock())
     if ctx.stopped_by_shutdown:
         return AttemptEnd(Ending.SHUTDOWN, detail="stopped by shutdown")
     return AttemptEnd(Ending.SUCCEEDED, result=result)
+
+
+def timed_out_error(spec: HandlerSpec, *, abandoned: bool) -> JobTimedOut:
+    """The ``JobTimedOut`` an attempt of ``spec`` that ran past its timeout fails with."""
+    timeout = spec.timeout_seconds() or 0.0
+    message = f"handler {spec.name!r} ran past its timeout of {timeout:g} s"
+    if abandoned:
+        grace = jobs_settings().TIMEOUT_GRACE_SECONDS
+        message += f" and did not stop within the grace of {grace:g} s (its thread was left)"
+    return JobTimedOut(message)
+
+
+def timed_out(
+    spec: HandlerSpec, ctx: JobContext, now: datetime, *, abandoned: bool = False
+) -> AttemptEnd:
+    """J17: the end of an attempt that ran past its timeout — Failed with
+    ``JobTimedOut`` (whatever the handler did after the signal), retried by policy."""
+    exc = timed_out_error(spec, abandoned=abandoned)
+    error, retry_at = spec.failure(ctx, exc, now)
+    detail = str(exc) + (f" (retry at {retry_at.isoformat()})" if retry_at else "")
+    return AttemptEnd(Ending.FAILED, error=error, retry_at=retry_at, detail=detail)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from ledon.conf import SettingsReader, is_database_alias_or_none, is_number
+from ledon.conf import SettingsReader, is_database_alias_or_none, is_number, unknown_keys_message
 
-from .exceptions import JobsConfigurationError
+from . import validation
+from .exceptions import InvalidLimits, JobsConfigurationError
+from .limits import Limits
 from .validation import scope_hash
 
 
@@ -83,6 +86,16 @@ class JobsSettings:
     WORKERS_HEARTBEAT_SECONDS: float = 10.0
     WORKERS_SILENT_AFTER: int = 3
     WORKERS_RETENTION_SECONDS: float = 86_400.0
+    #: J17: seconds a handler may run before it is signalled to stop, for handlers
+    #: that set no ``timeout``; None: no timeout.
+    JOB_TIMEOUT_SECONDS: float | None = None
+    #: J17: seconds a timed-out handler gets to stop before its attempt is failed
+    #: with ``JobTimedOut`` and its thread abandoned (a fresh one takes its slot).
+    TIMEOUT_GRACE_SECONDS: float = 5.0
+    #: J18: limits per queue, enforced by every worker's claim:
+    #: ``{"emails": {"max_running": 4, "rate": (10, 1)}}`` (keys: ``max_running``,
+    #: ``max_running_per_scope``, ``rate``).
+    QUEUES: dict[str, Any] = field(default_factory=dict)
 
 
 def _check(result: JobsSettings) -> None:
@@ -154,9 +167,66 @@ def _check(result: JobsSettings) -> None:
         raise JobsConfigurationError(
             f"JOBS['SCHEDULE_SCOPE'] is not a valid scope: {exc}"
         ) from None
+    timeout = result.JOB_TIMEOUT_SECONDS
+    if timeout is not None and (not is_number(timeout) or timeout <= 0):
+        raise JobsConfigurationError(
+            f"JOBS['JOB_TIMEOUT_SECONDS'] must be None or a positive number, got {timeout!r}"
+        )
+    grace = result.TIMEOUT_GRACE_SECONDS
+    if not is_number(grace) or grace < 0:
+        raise JobsConfigurationError(
+            f"JOBS['TIMEOUT_GRACE_SECONDS'] must be a number of seconds >= 0, got {grace!r}"
+        )
+    _check_queues(result.QUEUES)
     if not isinstance(result.AUTODISCOVER_MODULE, str) or not result.AUTODISCOVER_MODULE:
         raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")
 
 
+_LIMIT_KEYS = ("max_running", "max_running_per_scope", "rate")
+
+
+def _check_queues(queues: Any) -> None:
+    if not isinstance(queues, dict):
+        raise JobsConfigurationError(
+            "JOBS['QUEUES'] must be a dict of queue name to limits, such as "
+            '{"emails": {"max_running": 4, "rate": (10, 1)}}'
+        )
+    for name, values in queues.items():
+        try:
+            validation.name(name, "queue", validation.MAX_QUEUE_LENGTH)
+        except ValueError as exc:
+            raise JobsConfigurationError(f"JOBS['QUEUES']: {exc}") from None
+        if not isinstance(values, dict):
+            raise JobsConfigurationError(
+                f"JOBS['QUEUES'][{name!r}] must be a dict of limits, got {values!r}"
+            )
+        unknown = sorted(set(values) - set(_LIMIT_KEYS))
+        if unknown:
+            raise JobsConfigurationError(
+                unknown_keys_message(f"JOBS['QUEUES'][{name!r}] key(s)", unknown, _LIMIT_KEYS)
+            )
+        try:
+            Limits(**values)
+        except InvalidLimits as exc:
+            raise JobsConfigurationError(f"JOBS['QUEUES'][{name!r}]: {exc}") from None
+
+
 #: The current ``JOBS`` settings, validated: ``jobs_settings()``.
 jobs_settings = SettingsReader("JOBS", JobsSettings, _check, JobsConfigurationError)
+
+#: The settings object :func:`queue_limits` was last computed from, and its result.
+_queue_limits: tuple[JobsSettings, dict[str, Limits]] | None = None
+
+
+def queue_limits() -> dict[str, Limits]:
+    """``JOBS["QUEUES"]`` as :class:`~jobs.limits.Limits` (queues without any left
+    out); computed again whenever the ``JOBS`` setting is read again."""
+    global _queue_limits
+    current = jobs_settings()
+    cached = _queue_limits
+    if cached is not None and cached[0] is current:
+        return cached[1]
+    limits = {name: Limits(**values) for name, values in current.QUEUES.items()}
+    result = {name: value for name, value in limits.items() if value}
+    _queue_limits = (current, result)
+    return result

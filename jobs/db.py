@@ -91,6 +91,38 @@ def _no_rows(values: Sequence[Any]) -> Any:
     raise TypeError("the statement returned no rows")
 
 
+def fetch_results(
+    connection: BaseDatabaseWrapper, statements: Sequence[str], params: Mapping[str, Any]
+) -> list[list[dict[str, Any]]]:
+    """PostgreSQL: run ``statements`` one after the other in one round trip — a
+    pipeline, with the transaction's ``BEGIN`` if it is the first — each with a
+    snapshot of its own; the rows of each, by column name. Recorded where Django
+    records queries."""
+    # psycopg is the [postgres] extra: a SQLite set-up never imports it.
+    from psycopg.rows import dict_row
+
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    connection.validate_no_broken_transaction()
+    raw = connection.connection
+    start = time.monotonic()
+    with connection.wrap_database_errors:
+        cursors = [raw.cursor(row_factory=dict_row) for _ in statements]
+        try:
+            with raw.pipeline():
+                for cursor, statement in zip(cursors, statements, strict=True):
+                    cursor.execute(statement, params)
+            results = [cursor.fetchall() if cursor.description else [] for cursor in cursors]
+        finally:
+            for cursor in cursors:
+                cursor.close()
+    if connection.queries_logged:
+        connection.queries_log.append(
+            {"sql": "; ".join(statements), "time": f"{time.monotonic() - start:.3f}"}
+        )
+    return results
+
+
 def random_token_sql(vendor: str) -> str:
     """SQL for a fresh token: 32 hex characters from the database server's
     cryptographic random source.

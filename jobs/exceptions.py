@@ -114,3 +114,14 @@ class ScheduleNotFound(JobsError, LookupError):
 
 class ScheduleNotDeclared(JobsError, LookupError):
     """This process declares no schedule of this name (an orphaned schedule cannot run)."""
+
+
+class JobTimedOut(JobsError):
+    """The attempt ran past its handler's timeout (J17): its handler was signalled to
+    stop at the timeout and the attempt failed after the grace period."""
+
+
+class InvalidLimits(JobsConfigurationError):
+    """A flow-control limit is not valid: max_running and max_running_per_scope are
+    positive ints, rate is a (count, seconds) pair of a positive int and a positive
+    number of seconds."""

@@ -14,9 +14,16 @@ from datetime import datetime
 
 from django.db.models import Count
 
+from ledon.db import connection_for
+
 from . import store, validation
-from .models import Job
+from .conf import queue_limits
+from .handlers import handler_limits
+from .limits import ClaimLimits
+from .models import ClaimStart, Job
 from .schedules import service as schedules
+from .store.limits import prune_claim_starts as _prune_claim_starts
+from .store.queues import QueueState
 from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome, JobSnapshot
 
 __all__ = [
@@ -25,6 +32,7 @@ __all__ = [
     "ExecutionStatus",
     "FinishOutcome",
     "claim_due",
+    "claim_limits",
     "complete",
     "complete_and_claim",
     "complete_many",
@@ -37,17 +45,28 @@ __all__ = [
     "get_execution_status",
     "heartbeat",
     "interrupt",
+    "pause_queue",
+    "prune_claim_starts",
     "put_back_unknown_handler",
+    "queue_states",
     "recover",
     "recover_expired",
     "recover_worker",
     "report_progress",
+    "resume_queue",
+    "snooze",
     "try_start",
 ]
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def claim_limits() -> ClaimLimits:
+    """J18: the limits every claim of this process keeps — its handlers' and
+    ``JOBS["QUEUES"]`` (falsy when there are none: claims are then one statement)."""
+    return ClaimLimits(handler_limits(), queue_limits())
 
 
 def get_due(
@@ -80,6 +99,7 @@ def try_start(
         limit=1,
         identity=identity,
         lease_seconds=lease_seconds,
+        limits=claim_limits(),
         now=now,
     )
     return claims[0] if claims else None
@@ -93,12 +113,14 @@ def claim_due(
     lease_seconds: float | None = None,
     now: datetime | None = None,
 ) -> list[Claim]:
-    """Start up to ``limit`` due jobs in one transaction (PostgreSQL: SKIP LOCKED)."""
+    """Start up to ``limit`` due jobs in one transaction (PostgreSQL: SKIP LOCKED),
+    keeping every limit (J18) and skipping paused queues."""
     return store.claim(
         worker_id or default_worker_id(),
         limit=limit,
         queues=queues,
         lease_seconds=lease_seconds,
+        limits=claim_limits(),
         now=now,
     )
 
@@ -144,6 +166,7 @@ def complete_and_claim(
         limit=limit,
         queues=queues,
         lease_seconds=lease_seconds,
+        limits=claim_limits(),
         now=now,
     )
 
@@ -176,6 +199,40 @@ def put_back_unknown_handler(
     ``JOBS["UNKNOWN_HANDLER_RETRY_SECONDS"]`` have passed since its first such claim,
     then ends Failed with ``reason``; Cancelled if its cancel was requested."""
     return store.put_back_unknown_handler(token, reason, now=now)
+
+
+def snooze(token: str, run_at: datetime, *, now: datetime | None = None) -> FinishOutcome:
+    """J17: the handler raised ``Snooze``: the job is Queued again at ``run_at`` and the
+    execution, recorded Snoozed, does not count against ``max_attempts``
+    (``SNOOZED``); Cancelled if its cancel was requested first."""
+    return store.snooze(token, run_at, now=now)
+
+
+def pause_queue(name: str, *, now: datetime | None = None) -> bool:
+    """J18: pause queue ``name`` for every worker: no claim takes its jobs until
+    :func:`resume_queue` (attempts already running go on). Persisted; True if it was
+    not paused already."""
+    return store.pause(name, now=now)
+
+
+def resume_queue(name: str, *, now: datetime | None = None) -> bool:
+    """J18: resume queue ``name`` (and wake the workers); True if it was paused."""
+    return store.resume(name, now=now)
+
+
+def queue_states(names: Sequence[str] | None = None) -> list[QueueState]:
+    """Every known queue's depth, Running jobs and pause, by name (``names`` are
+    listed even when empty)."""
+    return store.queue_states(list(names or []))
+
+
+def prune_claim_starts(*, now: datetime | None = None) -> int:
+    """J18: delete the recorded starts that no ``rate`` window counts any more."""
+    if not ClaimStart.objects.exists():
+        return 0
+    limits = claim_limits()
+    values = [*limits.handlers.values(), *limits.queues.values()]
+    return _prune_claim_starts(connection_for(ClaimStart), values, store.current_time(now))
 
 
 def recover(

@@ -9,74 +9,65 @@ path read from stored or user data (J13). The worker imports each installed app'
 from __future__ import annotations
 
 import asyncio
+import enum
+import functools
 import inspect
-import random
 import threading
-import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from django.db import connections
 from django.utils.module_loading import autodiscover_modules
 
-from ledon.backoff import RetryPace
 from ledon.errors import format_error
 
 from . import validation
 from .conf import jobs_settings
-from .exceptions import JobCancelled, JobsConfigurationError, UnknownHandler
-from .types import Claim
+from .context import JobContext as JobContext  # public here too: jobs.handlers.JobContext
+from .exceptions import InvalidInput, JobsConfigurationError, UnknownHandler
+from .limits import Limits
+from .retry import PermanentFailure as PermanentFailure  # public here too
+from .retry import RetryPolicy as RetryPolicy  # public here too
+from .types import CancelReason
 
 HandlerResult = str | None
-SyncHandler = Callable[["JobContext"], HandlerResult]
-AsyncHandler = Callable[["JobContext"], Awaitable[HandlerResult]]
+SyncHandler = Callable[[JobContext], HandlerResult]
+AsyncHandler = Callable[[JobContext], Awaitable[HandlerResult]]
 Handler = SyncHandler | AsyncHandler
 
 
-class PermanentFailure(Exception):
-    """Raise from a handler to fail the job without any automatic retry."""
+class Snooze(Exception):
+    """Raise from a handler to run the job again ``seconds`` from now (J17).
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RetryPolicy:
-    """Exponential backoff with jitter for automatic retries (J10 through the executor).
-
-    The delay before attempt ``n + 1`` is ``base_delay * factor ** (n - 1)``, capped at
-    ``max_delay``, then spread by ``± jitter`` (a ratio). Retries never go beyond the
-    job's ``max_attempts``; ``retry_on`` limits which exceptions are retried.
+    Not a failure: the attempt is recorded as Snoozed, the job is Queued again for
+    then, and the execution does not count against ``max_attempts`` (``ctx.attempt``
+    stays the same on the next run; the attempt rows keep one number per execution).
     """
 
-    base_delay: float = 2.0
-    factor: float = 2.0
-    max_delay: float = 3600.0
-    jitter: float = 0.25
-    retry_on: tuple[type[BaseException], ...] = (Exception,)
-
-    def __post_init__(self) -> None:
-        if self.base_delay < 0 or self.factor < 1 or self.max_delay < 0:
-            raise JobsConfigurationError(
-                "retry policy needs base_delay >= 0, factor >= 1 and max_delay >= 0"
+    def __init__(self, seconds: float) -> None:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 <= seconds <= MAX_SNOOZE_SECONDS
+        ):
+            raise InvalidInput(
+                f"Snooze takes a number of seconds in [0, {MAX_SNOOZE_SECONDS}], got {seconds!r}"
             )
-        if not 0 <= self.jitter < 1:
-            raise JobsConfigurationError("retry policy jitter must be in [0, 1)")
+        self.seconds = float(seconds)
+        super().__init__(f"snoozed for {self.seconds:g} s")
 
-    @classmethod
-    def from_settings(cls) -> RetryPolicy:
-        pace = RetryPace.from_settings(jobs_settings())
-        return cls(base_delay=pace.base, factor=pace.factor, max_delay=pace.cap, jitter=pace.jitter)
 
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        pace = RetryPace(self.base_delay, self.factor, self.max_delay, self.jitter)
-        return pace.delay(attempt, rng)
+#: The longest snooze: one year.
+MAX_SNOOZE_SECONDS = 366 * 86_400
 
-    def retry_at(self, attempt: int, now: datetime, exc: BaseException) -> datetime | None:
-        """When to run again after ``exc`` ended ``attempt``, or None for no retry."""
-        if isinstance(exc, PermanentFailure | JobCancelled) or not isinstance(exc, self.retry_on):
-            return None
-        return now + timedelta(seconds=self.delay(attempt))
+
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+#: ``timeout`` not given: ``JOBS["JOB_TIMEOUT_SECONDS"]`` applies.
+_DEFAULT_TIMEOUT = _Unset.UNSET
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +80,20 @@ class HandlerSpec:
     #: Turns the exception that failed an attempt into the stored error text
     #: (default: :func:`format_error`).
     format_error: Callable[[BaseException], str] | None = field(default=None)
+    #: J17: seconds before the handler is signalled to stop (None: never; unset:
+    #: ``JOBS["JOB_TIMEOUT_SECONDS"]``).
+    timeout: float | _Unset | None = field(default=_DEFAULT_TIMEOUT)
+    #: J18: limits across every worker, for every version of this handler name.
+    limits: Limits = field(default_factory=Limits)
 
     def retry_policy(self) -> RetryPolicy:
         return self.retry or RetryPolicy.from_settings()
+
+    def timeout_seconds(self) -> float | None:
+        """The timeout that applies to an attempt of this handler, in seconds."""
+        if isinstance(self.timeout, _Unset):
+            return jobs_settings().JOB_TIMEOUT_SECONDS
+        return self.timeout
 
     def invoke(
         self,
@@ -115,7 +117,10 @@ class HandlerSpec:
             if loop is None:
                 result = asyncio.run(coro)
             else:
-                result = asyncio.run_coroutine_threadsafe(coro, loop).result()
+                future = asyncio.run_coroutine_threadsafe(coro, loop)
+                # J17: a timeout cancels the coroutine on its loop.
+                ctx._on_cancel(future.cancel, CancelReason.TIMEOUT)
+                result = future.result()
         else:
             result = call(ctx)
         if result is not None and not isinstance(result, str):
@@ -132,7 +137,8 @@ class HandlerSpec:
         no automatic retry — no attempts left, cancellation, or the policy says no)."""
         error = (self.format_error or format_error)(exc)
         retry_at = None
-        if ctx.claim.attempts_left > 0 and not ctx.cancel_requested:
+        # A timeout is retried by the policy; a cancel request or the shutdown is not.
+        if ctx.claim.attempts_left > 0 and not ctx.stopped_by_request:
             policy = ctx.retry_policy or self.retry_policy()
             retry_at = policy.retry_at(ctx.attempt, now, exc)
         return error, retry_at
@@ -148,6 +154,10 @@ def job_handler(
     version: int = 1,
     retry: RetryPolicy | None = None,
     format_error: Callable[[BaseException], str] | None = None,
+    timeout: float | _Unset | None = _DEFAULT_TIMEOUT,
+    max_running: int | None = None,
+    max_running_per_scope: int | None = None,
+    rate: tuple[int, float] | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register a function as the handler of ``name`` at ``version``.
 
@@ -156,13 +166,38 @@ def job_handler(
     Registering a different function under a taken (name, version) is an error.
     ``format_error`` replaces the worker's text for a failed attempt's error; it
     must return at most 100,000 characters of valid text without NUL.
+
+    ``timeout`` (J17): seconds an attempt may run before its handler is signalled to
+    stop (``ctx.cancel_reason`` is ``CancelReason.TIMEOUT``); after
+    ``JOBS["TIMEOUT_GRACE_SECONDS"]`` more the attempt fails with ``JobTimedOut``,
+    retried by the retry policy. Default: ``JOBS["JOB_TIMEOUT_SECONDS"]``; None: none.
+
+    ``max_running``, ``max_running_per_scope`` and ``rate=(count, seconds)`` (J18)
+    limit this handler name (all its versions) across every worker: Running
+    attempts at once, the same per scope, and attempt starts in any window of
+    ``seconds``. Jobs over a limit stay Queued; claims take others past them.
     """
     validation.name(name, "handler")
     validation.integer(version, "version", 1, 2**31 - 1)
+    if not isinstance(timeout, _Unset) and timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise JobsConfigurationError(
+                f"handler {name!r}: timeout must be a positive number of seconds or None, "
+                f"got {timeout!r}"
+            )
+        timeout = float(timeout)
+    limits = Limits(max_running=max_running, max_running_per_scope=max_running_per_scope, rate=rate)
 
     def decorator(func: Handler) -> Handler:
         spec = HandlerSpec(
-            name, version, func, inspect.iscoroutinefunction(func), retry, format_error
+            name,
+            version,
+            func,
+            inspect.iscoroutinefunction(func),
+            retry,
+            format_error,
+            timeout,
+            limits,
         )
         key = (name, version)
         with _lock:
@@ -172,7 +207,16 @@ def job_handler(
                     f"handler {name!r} version {version} is already registered "
                     f"by {_qualified(existing.func)}"
                 )
+            for other in _registry.values():
+                if other.name == name and other.version != version and other.limits != limits:
+                    raise JobsConfigurationError(
+                        f"handler {name!r} version {version} declares limits "
+                        f"({limits.describe()}) that differ from version {other.version}'s "
+                        f"({other.limits.describe()}): limits apply to every version of a "
+                        "name, so declare the same ones"
+                    )
             _registry[key] = spec
+            _limits.cache_clear()
         return func
 
     return decorator
@@ -199,10 +243,22 @@ def registered_handlers() -> list[HandlerSpec]:
     return sorted(_registry.values(), key=lambda s: (s.name, s.version))
 
 
+def handler_limits() -> dict[str, Limits]:
+    """J18: the limits of every registered handler name that has any."""
+    return _limits()
+
+
+@functools.cache
+def _limits() -> dict[str, Limits]:
+    with _lock:
+        return {spec.name: spec.limits for spec in _registry.values() if spec.limits}
+
+
 def unregister(name: str, version: int) -> None:
     """Remove a registration (for tests)."""
     with _lock:
         _registry.pop((name, version), None)
+        _limits.cache_clear()
 
 
 _discovery_hooks: list[Callable[[], None]] = []
@@ -229,136 +285,3 @@ def autodiscover() -> None:
         hooks = list(_discovery_hooks)
     for hook in hooks:
         hook()
-
-
-class JobContext:
-    """What a handler gets: the parsed payload, identity, progress reporting, and a
-    cancellation signal it can poll (``cancel_requested``) or wait on.
-
-    ``cancel_requested`` becomes true when the job's cancellation is requested
-    (``JobScope.cancel``) and when the worker is shutting down; the worker keeps it
-    current while the handler runs.
-    """
-
-    def __init__(
-        self,
-        claim: Claim,
-        *,
-        progress: Callable[[str, float, str | None], bool] | None = None,
-    ) -> None:
-        self.claim = claim
-        self.payload: Any = claim.payload
-        self._progress = progress
-        self._cancel = threading.Event()
-        self._shutdown = threading.Event()
-        self._stored_cancel = False
-        #: A handler may set this to choose the retry policy for this attempt's
-        #: failure (it overrides the handler's registered policy).
-        self.retry_policy: RetryPolicy | None = None
-
-    # identity
-    @property
-    def job_id(self) -> str:
-        return self.claim.job_id
-
-    @property
-    def scope_hash(self) -> str:
-        return self.claim.scope_hash
-
-    @property
-    def attempt(self) -> int:
-        return self.claim.attempt
-
-    @property
-    def max_attempts(self) -> int:
-        return self.claim.max_attempts
-
-    @property
-    def token(self) -> str:
-        return self.claim.token
-
-    @property
-    def handler(self) -> str:
-        return self.claim.handler
-
-    @property
-    def version(self) -> int:
-        return self.claim.handler_version
-
-    @property
-    def queue(self) -> str:
-        return self.claim.queue
-
-    @property
-    def worker_id(self) -> str:
-        return self.claim.worker_id
-
-    # progress
-    def report_progress(self, value: float, message: str | None = None) -> bool:
-        """Record progress (a percentage, never going down). False if the attempt is
-        no longer current or its cancellation was requested."""
-        if self._progress is None:
-            # Not at the top: handlers are imported by task modules (and the tasks
-            # backend) that may load before the app registry is ready, and the store
-            # imports the models.
-            from . import store
-
-            return store.report_progress(self.token, value, message)
-        return self._progress(self.token, value, message)
-
-    async def areport_progress(self, value: float, message: str | None = None) -> bool:
-        """The async form of :meth:`report_progress` (runs on a helper thread)."""
-
-        def report() -> bool:
-            try:
-                return self.report_progress(value, message)
-            finally:
-                # The helper thread is pooled: never leave a connection open on it.
-                connections.close_all()
-
-        return await asyncio.to_thread(report)
-
-    # cancellation
-    @property
-    def cancel_requested(self) -> bool:
-        return self._cancel.is_set()
-
-    @property
-    def shutdown_requested(self) -> bool:
-        """True when the worker, not the user, asked the handler to stop."""
-        return self._shutdown.is_set()
-
-    def raise_if_cancelled(self) -> None:
-        """Raise :class:`~jobs.exceptions.JobCancelled` if the handler should stop."""
-        if self._cancel.is_set():
-            raise JobCancelled()
-
-    def wait_for_cancel(self, timeout: float | None = None) -> bool:
-        """Block until cancellation is signalled or ``timeout`` passes; True if signalled."""
-        return self._cancel.wait(timeout)
-
-    async def await_for_cancel(self, timeout: float | None = None) -> bool:
-        """The async form of :meth:`wait_for_cancel` (Django's ``a`` prefix)."""
-        return await asyncio.to_thread(self._cancel.wait, timeout)
-
-    async def await_cancel(self, timeout: float | None = None) -> bool:
-        """Deprecated alias of :meth:`await_for_cancel` (the name it first shipped
-        under); it warns and will be removed in a later release."""
-        warnings.warn(
-            "JobContext.await_cancel() is deprecated; use await_for_cancel()",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return await self.await_for_cancel(timeout)
-
-    # the worker's side
-    def signal_cancel(self, *, shutdown: bool = False) -> None:
-        if shutdown:
-            self._shutdown.set()
-        else:
-            self._stored_cancel = True
-        self._cancel.set()
-
-    @property
-    def stopped_by_shutdown(self) -> bool:
-        return self._shutdown.is_set() and not self._stored_cancel

@@ -79,6 +79,13 @@ class Job(models.Model):
     handler_unknown_since = models.DateTimeField(
         null=True, blank=True, help_text="J19: first claimed by a worker without its handler."
     )
+    # J17: executions that ended Snoozed. They do not count in attempt_count (nor
+    # against max_attempts); an attempt row's number is attempt_count + snooze_count.
+    snooze_count = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="J17: executions that snoozed (not counted as attempts).",
+    )
 
     # SPEC M: the submitter's trace context (W3C headers as JSON), so that every
     # attempt's span is its child; NULL when tracing is off.
@@ -159,6 +166,37 @@ class JobAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of job {self.job_id} ({self.status})"
+
+
+class Queue(models.Model):
+    """J18: a queue's persisted state — paused or not. A queue has a row once it has
+    been paused (or resumed); limits live in ``JOBS["QUEUES"]``, not here."""
+
+    name = models.CharField(max_length=100, unique=True)
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"queue {self.name}" + (" (paused)" if self.paused else "")
+
+
+class ClaimStart(models.Model):
+    """J18: one attempt start of a rate-limited handler or queue (``key``), written
+    by the claim that started it; the rate check counts a key's recent rows through
+    the (key, started_at) index. Rows older than every window are pruned."""
+
+    key = models.CharField(max_length=320)
+    started_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index("key", "started_at", name="jobs_claimstart_key_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.key} started at {self.started_at}"
 
 
 # SPEC J16: the schedules' table lives with the schedules (``jobs/schedules/``).

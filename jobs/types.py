@@ -46,6 +46,9 @@ class AttemptStatus(models.TextChoices):
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
     INTERRUPTED = "interrupted", "Interrupted"
+    #: J17: the handler raised ``Snooze``; the job was queued again for later and
+    #: this execution did not count against ``max_attempts``.
+    SNOOZED = "snoozed", "Snoozed"
 
 
 class ExecutionStatus(enum.Enum):
@@ -79,10 +82,27 @@ class FinishOutcome(enum.Enum):
     #: J19: the handler is unknown to this worker; the job is Queued again for later
     #: and the claim did not count as an attempt.
     PUT_BACK = "put-back"
+    #: J17: the handler raised ``Snooze``; the job is Queued again for later and the
+    #: execution did not count against ``max_attempts``.
+    SNOOZED = "snoozed"
     STALE = "stale"
 
     def __bool__(self) -> bool:
         return self is not FinishOutcome.STALE
+
+
+class CancelReason(enum.Enum):
+    """Why a handler's cancellation signal was set (``JobContext.cancel_reason``)."""
+
+    #: ``JobScope.cancel`` (or the backend's cancel) requested it; stored on the job.
+    REQUESTED = "requested"
+    #: The worker is shutting down; the attempt is re-queued, not failed.
+    SHUTDOWN = "shutdown"
+    #: The attempt ended elsewhere (recovered after a lost lease); whatever the
+    #: handler does now changes nothing.
+    LOST = "lost"
+    #: J17: the handler ran past its timeout; the attempt fails with ``JobTimedOut``.
+    TIMEOUT = "timeout"
 
 
 #: The fields whose exact equality makes a second submission a duplicate.

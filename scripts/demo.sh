@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make demo: a fresh SQLite database, three sample jobs, one worker in burst mode; the
-# shop; a schedule firing every two seconds; a worker serving its metrics; where to look.
+# shop; a schedule firing every two seconds; flow control (a limit, a snooze, a timeout);
+# a worker serving its metrics; where to look.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
@@ -46,6 +47,19 @@ worker=
 "$PY" manage.py list_schedules
 
 echo
+echo "== flow control: max_running=2 on every worker, a snooze, a timeout; a paused queue"
+export FLOW_TASKS=1 JOBS_TIMEOUT_GRACE_SECONDS=0.2 JOBS_SCHEDULER=false
+"$PY" manage.py flow_demo submit
+"$PY" manage.py jobs_queues pause reports
+"$PY" manage.py run_jobs --concurrency 4 --worker-id demo-flow &
+worker=$!
+"$PY" manage.py flow_demo wait
+kill -TERM "$worker"
+wait "$worker"
+worker=
+"$PY" manage.py jobs_queues list
+unset FLOW_TASKS JOBS_TIMEOUT_GRACE_SECONDS JOBS_SCHEDULER
+
 echo "== observability: a worker serving Prometheus metrics (--metrics-port), its row in the workers registry"
 "$PY" manage.py shop_demo place
 log="$dir/observed-worker.log"

@@ -107,6 +107,23 @@ class JobMaker:
 
 
 @pytest.fixture
+def handler() -> Iterator[Callable[..., Any]]:
+    """Register handlers for one test (``handler(name, version=1, **options)`` is
+    ``job_handler``) and remove them afterwards."""
+    from jobs.handlers import job_handler, unregister
+
+    names: list[tuple[str, int]] = []
+
+    def register(name: str, version: int = 1, **kwargs: Any) -> Any:
+        names.append((name, version))
+        return job_handler(name, version=version, **kwargs)
+
+    yield register
+    for name, version in names:
+        unregister(name, version)
+
+
+@pytest.fixture
 def make_job() -> JobMaker:
     return JobMaker()
 

@@ -85,6 +85,10 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
     assert queued["ratio_claim_16"] > 0
     assert ours["latency"]["samples"] == len(ours["latency"]["values_ms"]) > 0
     assert document["claim_cost"]["loaded"]["claim_1_ms"] > 0
+    flow = document["flow_control"]
+    assert set(flow["median"]) == {"off", "max_running", "all_three"}
+    assert all(rate > 0 for rate in flow["median"].values())
+    assert set(flow["slowdown"]) == {"max_running", "all_three"}
     assert document["environment"]["postgresql"]["server_version"]
     markdown = docs.read_text()
     assert "# Benchmarks" in markdown
@@ -108,6 +112,8 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
         assert part["statement_ms"] > 0
         assert part["settles_per_job"] > 0
         assert part["top"]
+    assert "| max_running=64 |" in markdown
+    assert "Burn-down with limits ≤ 1.3× slower than without" in markdown
 
 
 def synthetic(peer_factor: float) -> dict:

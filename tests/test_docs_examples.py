@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -86,7 +87,7 @@ def reader_project():
         "Order": SimpleNamespace(objects=orders),
         "request": SimpleNamespace(user=SimpleNamespace(pk=42)),
     }
-    for name in ("invoices.render", "reports.generate"):
+    for name in ("invoices.render", "reports.generate", "partners.sync"):
         unregister(name, 1)
 
 
@@ -148,6 +149,61 @@ def test_workers_handler_example_reports_progress_and_fails_permanently(reader_p
     assert empty.status == JobStatus.FAILED
     assert empty.attempt_count == 1  # PermanentFailure: no automatic retry
     assert "no data" in empty.error
+
+
+def test_workers_flow_control_examples_snooze_limit_and_pause(reader_project, settings):
+    """The handler of "Timeouts, snoozing and flow control" registers its timeout and
+    limits, snoozes without consuming an attempt while the partner is busy, then
+    runs; the QUEUES block is valid settings; the pause block leaves the queue
+    running."""
+    from django.utils import timezone
+
+    from jobs import JobSubmission, submit_job
+    from jobs.conf import jobs_settings, queue_limits
+    from jobs.handlers import get_handler
+    from jobs.limits import Limits
+    from jobs.models import Queue
+    from jobs.types import AttemptStatus
+
+    busy = {"acme": True}
+    fetched: list[str] = []
+    namespace = run_page(
+        "docs/workers.md",
+        build=lambda month: None,
+        nothing_to_do=False,
+        partner_busy=busy.__getitem__,
+        pages=lambda partner: [f"{partner}-1", f"{partner}-2"],
+        fetch=fetched.append,
+        save_where_we_are=lambda page: None,
+        **reader_project,
+    )
+    spec = get_handler("partners.sync", 1)
+    assert spec.timeout_seconds() == 30
+    assert spec.limits == Limits(max_running=4, max_running_per_scope=1, rate=(20, 1))
+    assert namespace["execution"].pause_queue("emails")  # the page resumed it
+    assert namespace["execution"].resume_queue("emails")
+    assert not Queue.objects.get(name="emails").paused
+
+    submit_job("docs", "sync", JobSubmission.create("partners.sync", {"partner": "acme"}))
+    Worker(burst=True, listen=False).run()
+    job = Job.objects.get(job_id="sync")
+    assert (job.status, job.attempt_count, job.snooze_count) == (JobStatus.QUEUED, 0, 1)
+    assert job.next_run_at > timezone.now() + timedelta(seconds=290)
+    assert [a.status for a in job.attempts.all()] == [AttemptStatus.SNOOZED]
+
+    busy["acme"] = False
+    Job.objects.filter(pk=job.pk).update(next_run_at=timezone.now())
+    Worker(burst=True, listen=False).run()
+    job.refresh_from_db()
+    assert (job.status, job.result_ref, job.attempt_count) == (JobStatus.SUCCEEDED, "synced", 1)
+    assert fetched == ["acme-1", "acme-2"]
+
+    [queues] = [b for b in python_blocks("docs/workers.md") if '"max_running": 4' in b]
+    exec(compile(queues, "docs/workers.md", "exec"), block := {})
+    settings.JOBS = block["JOBS"]
+    assert block["JOBS"]["QUEUES"] == jobs_settings().QUEUES
+    assert queue_limits()["emails"] == Limits(max_running=4, rate=(10, 1))
+    assert queue_limits()["imports"] == Limits(max_running_per_scope=1)
 
 
 def test_scopes_example_keeps_tenants_apart():

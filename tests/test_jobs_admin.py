@@ -16,7 +16,7 @@ from django.utils.html import escape
 
 from jobs import JobScope, JobSnapshot, JobStatus, JobSubmission, execution, submit_job
 from jobs.execution import Claim, ExecutionStatus, FinishOutcome
-from jobs.models import Job, JobAttempt
+from jobs.models import Job, JobAttempt, Queue
 
 # submit_job runs in a transaction of its own and refuses an ambient one.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -381,3 +381,42 @@ def test_attempt_pages_are_read_only(admin_client: Client) -> None:
     assert admin_client.get(reverse("admin:jobs_jobattempt_add")).status_code == 403
     delete_url = reverse("admin:jobs_jobattempt_delete", args=[attempt.pk])
     assert admin_client.get(delete_url).status_code == 403
+
+
+# --------------------------------------------------------------------------- queues (J18)
+
+
+def test_queue_admin_lists_depth_and_limits_and_pauses_for_who_may_steer(
+    staff_client: Any, settings: Any
+) -> None:
+    settings.JOBS = {"QUEUES": {"emails": {"max_running": 4, "rate": (10, 1)}}}
+    submit("mail-1", queue="emails")
+    submit("mail-2", queue="emails")
+    assert execution.pause_queue("emails")
+    assert execution.resume_queue("emails")
+    queue_changelist = reverse("admin:jobs_queue_changelist")
+    viewer = staff_client("view_queue")
+    page = viewer.get(queue_changelist).content.decode()
+    assert "emails" in page
+    assert "max_running=4, rate=10/1s" in page
+    assert "Pause selected queues" not in page
+    pk = Queue.objects.get(name="emails").pk
+    refused = viewer.post(queue_changelist, {"action": "pause_queues", "_selected_action": [pk]})
+    assert refused.status_code == 200
+    assert not Queue.objects.get(name="emails").paused
+
+    steerer = staff_client("view_queue", "change_queue")
+    response = steerer.post(queue_changelist, {"action": "pause_queues", "_selected_action": [pk]})
+    assert response.status_code == 302
+    assert [str(m) for m in get_messages(response.wsgi_request)] == ["1 queue(s) paused."]
+    assert Queue.objects.get(name="emails").paused
+    assert execution.claim_due("w", limit=5) == []
+
+
+def test_a_snoozed_attempt_shows_in_the_job_page(admin_client: Client) -> None:
+    claim = running("snoozer")
+    assert execution.snooze(claim.token, claim.lease_expires_at) is FinishOutcome.SNOOZED
+    page = admin_client.get(reverse("admin:jobs_job_change", args=[job("snoozer").pk]))
+    content = page.content.decode()
+    assert "Snoozed" in content
+    assert "0/3 (+1 snoozed)" in content

@@ -10,26 +10,12 @@ import pytest
 
 from jobs import JobContext, JobScope, JobStatus, JobSubmission, job_handler, submit_job
 from jobs.exceptions import JobCancelled, JobsConfigurationError, UnknownHandler
-from jobs.handlers import PermanentFailure, RetryPolicy, get_handler, unregister
+from jobs.handlers import PermanentFailure, RetryPolicy, get_handler
 from jobs.models import Job
 from jobs.types import AttemptStatus, FinishOutcome
 from jobs.worker import Worker
 
 SCOPE = "worker-tests"
-
-
-@pytest.fixture
-def handler():
-    """Register handlers for one test and remove them afterwards."""
-    names: list[tuple[str, int]] = []
-
-    def register(name: str, version: int = 1, **kwargs):
-        names.append((name, version))
-        return job_handler(name, version=version, **kwargs)
-
-    yield register
-    for name, version in names:
-        unregister(name, version)
 
 
 def run_burst(**kwargs) -> Worker:

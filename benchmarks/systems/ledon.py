@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import connection
 
 from jobs import JobSubmission, submit_job, submit_jobs
-from jobs.models import Job, JobAttempt
+from jobs.models import ClaimStart, Job, JobAttempt
 
 from ..physical import HARNESS_MARK
 from .base import QUEUE, ROOT, System, base_env, python_command
@@ -37,7 +37,10 @@ class Ledon(System):
 
     def reset(self) -> None:
         with connection.cursor() as cursor:
-            cursor.execute(f"TRUNCATE {JobAttempt._meta.db_table}, {Job._meta.db_table}")
+            cursor.execute(
+                f"TRUNCATE {JobAttempt._meta.db_table}, {Job._meta.db_table},"
+                f" {ClaimStart._meta.db_table}"
+            )
 
     def enqueue_each(self, count: int) -> None:
         prefix = self._prefix()

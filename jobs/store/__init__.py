@@ -14,9 +14,13 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     interrupt ................. RUNNING -> INTERRUPTED | CANCELLED   finishing
     unknown handler (J19) ..... RUNNING -> QUEUED later | FAILED | CANCELLED,
                                 the claim uncounted                  finishing
+    snooze (J17) .............. RUNNING -> QUEUED later, uncounted   finishing
     recover ................... RUNNING -> INTERRUPTED (-> QUEUED)   finishing + requeue
     retry ..................... FAILED | CANCELLED | INTERRUPTED -> QUEUED   scoped
     purge_finished ............ finished, older than a cutoff -> (deleted)   retention
+    pause / resume (J18) ...... a queue's claims stop / go on         queues
+
+Claims under limits (J18) are in :mod:`.limits`.
 
 Progress, heartbeats and execution status live in :mod:`.progress`, reads and
 snapshots in :mod:`.reads`. The trusted executor reaches these through
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from .base import current_time
 from .claiming import claim, complete_and_claim
-from .finishing import complete_many, finish, put_back_unknown_handler, recover
+from .finishing import complete_many, finish, put_back_unknown_handler, recover, snooze
 from .progress import (
     execution_statuses,
     expired_tokens,
@@ -35,12 +39,14 @@ from .progress import (
     report_progress,
     tokens_leased_by,
 )
+from .queues import QueueState, pause, queue_states, resume
 from .reads import get, get_due, list_jobs, snapshot
 from .retention import purge_finished
 from .scoped import cancel, retry
 from .submission import stage, submit, submit_many
 
 __all__ = [
+    "QueueState",
     "cancel",
     "claim",
     "complete_and_claim",
@@ -53,12 +59,16 @@ __all__ = [
     "get_due",
     "heartbeat",
     "list_jobs",
+    "pause",
     "purge_finished",
     "put_back_unknown_handler",
+    "queue_states",
     "recover",
     "report_progress",
+    "resume",
     "retry",
     "snapshot",
+    "snooze",
     "stage",
     "submit",
     "submit_many",

@@ -1,6 +1,11 @@
 """Claiming: Queued -> Running with a new token and its attempt row (J6), alone or
 after finishing a batch of attempts in the same transaction (J8, see
-:mod:`jobs.store.finishing`)."""
+:mod:`jobs.store.finishing`).
+
+A claim no limit applies to is one statement (:func:`jobs.store.sql.claim`); a claim
+under limits (J18) locks, counts, picks and claims in one transaction (see
+:mod:`jobs.store.limits`). Either skips paused queues (J18) in its guard.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,12 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ledon.db import adapt_dt, alias_for, connection_for, is_postgres, read_dt
+from ledon.faults import fault_point
 
 from .. import validation
 from ..conf import jobs_settings
 from ..db import fetch, in_list_params, numbered
+from ..limits import NO_LIMITS, ClaimLimits
 from ..models import Job
 from ..types import Claim, FinishOutcome
 from . import sql
@@ -31,6 +38,7 @@ from .finishing import (
     outcomes,
     read_finished,
 )
+from .limits import choose, counted, lock_and_read_usage, record_starts
 
 
 def _claim_rows(
@@ -43,9 +51,13 @@ def _claim_rows(
     expires: datetime,
     now: datetime,
     finishing: Sequence[Finishing] = (),
+    chosen: Sequence[int] | None = None,
 ) -> tuple[dict[str, Finished], list[Claim]]:
     """Claim inside the caller's transaction (see :func:`claim`); on PostgreSQL, first
-    finish ``finishing`` in the same statement (the J8 rule of :func:`sql.finish`)."""
+    finish ``finishing`` in the same statement (the J8 rule of :func:`sql.finish`).
+    With ``chosen``, claim those jobs (picked under limits) instead of the first due."""
+    if chosen is not None and not chosen:
+        return {}, []
     now_db = adapt_dt(connection, now)
     params: dict[str, Any] = {
         "worker_id": worker_id,
@@ -58,11 +70,19 @@ def _claim_rows(
         params["scope_hash"], params["job_id"] = identity
     if finishing:
         params.update(finishing_params(connection, finishing, now))
+    by_ids = 0
+    if chosen is not None:
+        if is_postgres(connection):
+            params["ids"], by_ids = list(chosen), 1
+        else:
+            params.update(in_list_params("id", chosen))
+            by_ids = len(chosen)
     statement = sql.claim(
         connection.vendor,
         queues=len(queue_list),
         one_job=identity is not None,
         finishing=bool(finishing),
+        chosen=by_ids,
     )
     finished: dict[str, Finished] = {}
     rows = fetch(connection, statement, params, prepare=True)
@@ -71,7 +91,7 @@ def _claim_rows(
         rows = [row for row in rows if row["kind"] == "claimed"]
     if rows and not is_postgres(connection):
         attempts = [
-            {"job_id": row["id"], "number": row["attempt"], "token": row["token"]} for row in rows
+            {"job_id": row["id"], "number": row["number"], "token": row["token"]} for row in rows
         ]
         fetch(
             connection,
@@ -93,6 +113,45 @@ def _claim_rows(
     return finished, claims
 
 
+def _claim_limited(
+    claim_rows: functools.partial[tuple[dict[str, Finished], list[Claim]]],
+    connection: BaseDatabaseWrapper,
+    limits: ClaimLimits,
+    limit: int,
+    queue_list: list[str],
+    identity: tuple[str, str] | None,
+    now: datetime,
+    finishing: Sequence[Finishing] = (),
+) -> tuple[dict[str, Finished], list[Claim]]:
+    """J18, inside the caller's transaction: lock, count, pick, claim — finishing
+    ``finishing`` in the claim's statement (PostgreSQL only) — and record the rate
+    starts (see :mod:`jobs.store.limits`)."""
+    leaving = [f.token for f in finishing]
+    usage = lock_and_read_usage(connection, limits, now, leaving)
+    if usage.room_for(limit):
+        # No limit can be reached by `limit` more starts: the plain claim's choice.
+        finished, claims = claim_rows(finishing=finishing)
+        record_starts(connection, limits, claims, now)
+        return finished, claims
+    counted(limits)
+    base: dict[str, Any] = {"now": adapt_dt(connection, now), **in_list_params("queue", queue_list)}
+    if identity is not None:
+        base["scope_hash"], base["job_id"] = identity
+    chosen = choose(
+        connection,
+        usage,
+        limit=limit,
+        base_params=base,
+        queues=len(queue_list),
+        one_job=identity is not None,
+    )
+    if not chosen:
+        return (finish_batch(connection, finishing, now) if finishing else {}), []
+    finished, claims = claim_rows(chosen=chosen, finishing=finishing)
+    record_starts(connection, limits, claims, now)
+    return finished, claims
+
+
 def claim(
     worker_id: str,
     *,
@@ -100,6 +159,7 @@ def claim(
     queues: Sequence[str] | None = None,
     lease_seconds: float | None = None,
     identity: tuple[str, str] | None = None,
+    limits: ClaimLimits = NO_LIMITS,
     now: datetime | None = None,
 ) -> list[Claim]:
     """J6: start up to ``limit`` due jobs in one transaction; each gets a new token.
@@ -117,6 +177,7 @@ def claim(
         queues=queues,
         lease_seconds=lease_seconds,
         identity=identity,
+        limits=limits,
         now=now,
     )[1]
 
@@ -129,6 +190,7 @@ def complete_and_claim(
     queues: Sequence[str] | None = None,
     lease_seconds: float | None = None,
     identity: tuple[str, str] | None = None,
+    limits: ClaimLimits = NO_LIMITS,
     now: datetime | None = None,
 ) -> tuple[dict[str, FinishOutcome], list[Claim]]:
     """A worker's round trip: finish ``completed`` as :func:`complete_many` does, then
@@ -136,7 +198,9 @@ def complete_and_claim(
 
     The two parts keep their own guards and outcomes; sharing the commit only means
     that either both take effect or neither does. On PostgreSQL they are one
-    statement, run in autocommit when the caller has no transaction open.
+    statement, run in autocommit when the caller has no transaction open — unless
+    ``limits`` apply (J18): then the claim locks, counts and picks first, in the
+    same transaction (:mod:`jobs.store.limits`).
     """
     batch = completions(completed)
     validation.integer(limit, "limit", 0, 10_000)
@@ -147,16 +211,33 @@ def complete_and_claim(
     expires = now + timedelta(seconds=lease_seconds or jobs_settings().LEASE_SECONDS)
     alias = alias_for(Job)
     connection = connection_for(Job)
+    queue_list = list(queues or [])
     claim_rows = functools.partial(
         _claim_rows,
         connection,
         worker_id,
         limit=limit,
-        queue_list=list(queues or []),
+        queue_list=queue_list,
         identity=identity,
         expires=expires,
         now=now,
     )
+    limits = limits.for_queues(queue_list)
+    if limits:
+        # Before the transaction: on SQLite, BEGIN IMMEDIATE takes the write lock.
+        fault_point("jobs.claim.limited", limited=len(limits.handlers) + len(limits.queues))
+        with transaction.atomic(using=alias):
+            if is_postgres(connection):
+                # The finishes go into the claim's statement (see jobs.store.limits).
+                finished, claims = _claim_limited(
+                    claim_rows, connection, limits, limit, queue_list, identity, now, batch
+                )
+            else:
+                finished = finish_batch(connection, batch, now) if batch else {}
+                _, claims = _claim_limited(
+                    claim_rows, connection, limits, limit, queue_list, identity, now
+                )
+        return outcomes(batch, finished), claims
     if is_postgres(connection):
         # One statement finishes and claims; it is atomic by itself, so in autocommit
         # it is its own transaction: one round trip.

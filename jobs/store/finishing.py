@@ -7,7 +7,8 @@ and the finishing half of :func:`jobs.store.claiming.complete_and_claim` — goe
 attempts: a single finish is a batch of one, with its guards and its re-queue.
 
 :func:`put_back_unknown_handler` (J19) ends a claim without an attempt: the worker did
-not know the job's handler.
+not know the job's handler. :func:`snooze` (J17) queues the job again for later, the
+execution recorded Snoozed and not counted as an attempt.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..db import fetch
 from ..exceptions import AttemptRowMissing, InvalidInput
 from ..models import Job, JobAttempt
 from ..types import AttemptStatus, Claim, FinishOutcome, JobStatus
-from . import sql
+from . import sql, sql_flow
 from .base import CHUNK_ROWS, check_result_ref, check_token, current_time, notify, requeue_fields
 
 #: How an attempt may end, and the job's status for it unless a cancel was requested.
@@ -277,7 +278,7 @@ def put_back_unknown_handler(
         ),
     }
     with transaction.atomic(using=alias_for(Job)):
-        rows = fetch(connection, sql.PUT_BACK_UNKNOWN_HANDLER, params)
+        rows = fetch(connection, sql_flow.PUT_BACK_UNKNOWN_HANDLER, params)
         if not rows:
             return FinishOutcome.STALE
         deleted, _ = JobAttempt.objects.filter(token=token, status=AttemptStatus.RUNNING).delete()
@@ -310,3 +311,36 @@ def complete_many(
         return outcomes(batch, finish_batch(connection, batch, now))
     with transaction.atomic(using=alias_for(Job)):
         return outcomes(batch, finish_batch(connection, batch, now))
+
+
+def snooze(token: str, run_at: datetime, *, now: datetime | None = None) -> FinishOutcome:
+    """J17: the handler holding ``token`` raised ``Snooze``: in one transaction the job
+    is Queued again at ``run_at`` — the execution taken back from ``attempt_count``
+    (it never counts against ``max_attempts``) and counted in ``snooze_count`` — and
+    its attempt row ends Snoozed (``SNOOZED``). A cancel request that committed first
+    ends the job Cancelled instead, as a finish would (J8); a stale token changes
+    nothing (``STALE``); a missing attempt row fails the whole transition."""
+    token = check_token(token)
+    now = current_time(now)
+    run_at = validation.aware_utc(run_at, "run_at")
+    connection = connection_for(Job)
+    params = {
+        "token": token,
+        "now": adapt_dt(connection, now),
+        "run_at": adapt_dt(connection, run_at),
+        "note": f"snoozed until {run_at.isoformat()}",
+    }
+    with transaction.atomic(using=alias_for(Job)):
+        rows = fetch(connection, sql_flow.SNOOZE_JOB, params)
+        if not rows:
+            # Stale, or a cancel request committed first: J8 decides (Cancelled).
+            finished = finish_batch(
+                connection, [Finishing(token, AttemptStatus.SUCCEEDED)], now
+            ).get(token)
+            return FinishOutcome.STALE if finished is None else FinishOutcome(finished.status.value)
+        job = rows[0]
+        if not fetch(connection, sql_flow.SNOOZE_ATTEMPT, {**params, "job": job["id"]}):
+            raise AttemptRowMissing()
+        if run_at <= now:
+            notify(connection, job["queue"])
+    return FinishOutcome.SNOOZED

@@ -21,11 +21,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 from ..db import in_list, numbered, random_token_sql, union_by_kind, values_of
-from ..models import Job, JobAttempt
+from ..models import Job, JobAttempt, Queue
 from ..types import FINISHED_STATUSES, Claim, JobStatus
 
 JOB = Job._meta.db_table
 ATTEMPT = JobAttempt._meta.db_table
+QUEUE = Queue._meta.db_table
 
 QUEUED = JobStatus.QUEUED.value
 RUNNING = JobStatus.RUNNING.value
@@ -35,6 +36,17 @@ _FINISHED = ", ".join(f"'{status.value}'" for status in FINISHED_STATUSES)
 
 
 # --------------------------------------------------------------------------- wake-ups
+
+
+#: The guard of every claim: Queued, no cancel requested, due, attempts left — and
+#: not in a paused queue (J18; a paused queue has a row of ``jobs_queue``).
+CLAIMABLE = (
+    f"status = '{QUEUED}'",
+    "NOT cancel_requested",
+    "next_run_at <= %(now)s",
+    "attempt_count < max_attempts",
+    f"queue NOT IN (SELECT name FROM {QUEUE} WHERE paused)",
+)
 
 
 #: PostgreSQL: wake listeners (``channel``, ``payload``); delivered on commit.
@@ -127,10 +139,23 @@ CLAIM_FIELDS = tuple(
     for name in Claim.__dataclass_fields__
     if name not in ("worker_id", "lease_expires_at", "due_at", "started_at")
 )
-_CLAIM_EXPRESSIONS = {"token": "current_token", "attempt": "attempt_count"}
+_CLAIM_EXPRESSIONS = {
+    "token": "current_token",
+    "attempt": "attempt_count",
+    # J17: snoozed executions keep their attempt rows without counting as attempts.
+    "number": "attempt_count + snooze_count",
+}
 #: The columns of each job a claim started: its primary key, :data:`CLAIM_FIELDS`, and
-#: what claims are ordered by and attempt rows need.
-CLAIMED = ("id", *CLAIM_FIELDS, "priority", "next_run_at", "leased_by", "started_at")
+#: what claims are ordered by and attempt rows need (``number``: the attempt row's).
+CLAIMED = (
+    "id",
+    *CLAIM_FIELDS,
+    "number",
+    "priority",
+    "next_run_at",
+    "leased_by",
+    "started_at",
+)
 _CLAIM_RETURNING = ", ".join(
     f"{_CLAIM_EXPRESSIONS[name]} AS {name}" if name in _CLAIM_EXPRESSIONS else name
     for name in CLAIMED
@@ -142,13 +167,18 @@ _ATTEMPT_INSERT = (
 
 
 @functools.lru_cache(maxsize=64)
-def claim(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -> str:
+def claim(
+    vendor: str, *, queues: int, one_job: bool, finishing: bool = False, chosen: int = 0
+) -> str:
     """The claim: one guarded UPDATE of up to ``limit`` due jobs, returning the
     :data:`CLAIMED` columns of each.
 
     Parameters: ``worker_id``, ``lease_expires_at``, ``now``, ``limit``; with
     ``queues``, ``queue_0``… (see :func:`jobs.db.in_list_params`); with ``one_job``,
-    ``scope_hash`` and ``job_id``.
+    ``scope_hash`` and ``job_id``. With ``chosen`` (a claim under limits, J18), the
+    jobs were chosen, and locked, by :func:`jobs.store.sql_flow.candidates`: the
+    update takes ``ids`` (PostgreSQL, an array) or ``id_0``… (SQLite, ``chosen`` of
+    them) instead of ``limit``, the same guard checked again.
 
     On PostgreSQL the same statement also inserts each claimed job's Running attempt
     row (a data-modifying CTE), so a claim is one round trip; on SQLite the attempt
@@ -161,12 +191,7 @@ def claim(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -
     one statement, it is atomic by itself: the worker runs it in autocommit, one round
     trip in all.
     """
-    filters = [
-        f"status = '{QUEUED}'",
-        "NOT cancel_requested",
-        "next_run_at <= %(now)s",
-        "attempt_count < max_attempts",
-    ]
+    filters = list(CLAIMABLE)
     if queues:
         filters.append(f"queue IN ({in_list('queue', queues)})")
     if one_job:
@@ -176,8 +201,15 @@ def claim(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -
     # PostgreSQL: the chosen ids as an array, so that the update finds them by primary
     # key whatever the plan's row estimate (an IN sub-select may be planned as a
     # hash join over the whole table).
-    chosen, close = ("= ANY(ARRAY", ")") if postgres else ("IN", "")
+    chosen_by, close = ("= ANY(ARRAY", ")") if postgres else ("IN", "")
     guard = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
+    which = (
+        f"id {chosen_by} (SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
+        f" ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s{lock}){close}"
+    )
+    if chosen:
+        ids = "ANY(%(ids)s::bigint[])" if postgres else f"({in_list('id', chosen)})"
+        which = f"id {'=' if postgres else 'IN'} {ids} AND {' AND '.join(filters)}"
     update = (
         f"UPDATE {JOB} SET status = '{RUNNING}', attempt_count = attempt_count + 1,"
         f" current_token = {random_token_sql(vendor)},"
@@ -185,15 +217,14 @@ def claim(vendor: str, *, queues: int, one_job: bool, finishing: bool = False) -
         " started_at = %(now)s, updated_at = %(now)s,"
         " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
         " finished_at = NULL"
-        f" WHERE {guard}id {chosen} (SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
-        f" ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s{lock}){close}"
+        f" WHERE {guard}{which}"
         f" RETURNING {_CLAIM_RETURNING}"
     )
     if not postgres:
         return update
     ctes = (
         f"claimed AS ({update}),"
-        f" attempts AS ({_ATTEMPT_INSERT} SELECT id, attempt, token, '{RUNNING}', leased_by,"
+        f" attempts AS ({_ATTEMPT_INSERT} SELECT id, number, token, '{RUNNING}', leased_by,"
         " NULL, '', '', NULL, started_at, NULL FROM claimed)"
     )
     if not finishing:
@@ -392,29 +423,6 @@ def finish_jobs_sqlite(rows: int, *, lease_guard: bool = False, owner_guard: boo
         f"{_sqlite_done(rows)} UPDATE {JOB} AS j SET {_finished_job_set()}"
         f" FROM done WHERE {guard} RETURNING id, status, queue"
     )
-
-
-#: J19: undo the claim under ``token`` (job Running) — the attempt count goes back
-#: down — and decide: a cancel request that committed first ends the job Cancelled;
-#: once the job's first such claim (``handler_unknown_since``, set by the first) is at
-#: or before ``window_start`` it ends Failed with ``failed``; else it is Queued again at
-#: ``run_at``, with ``waiting`` as its error. Returns the job's new ``status``.
-_OVER = "COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s"
-PUT_BACK_UNKNOWN_HANDLER = (
-    f"UPDATE {JOB} SET"
-    f" status = CASE WHEN cancel_requested THEN '{CANCELLED}'"
-    f" WHEN {_OVER} THEN '{JobStatus.FAILED.value}' ELSE '{QUEUED}' END,"
-    f" finished_at = CASE WHEN cancel_requested OR {_OVER} THEN %(now)s ELSE NULL END,"
-    f" next_run_at = CASE WHEN cancel_requested OR {_OVER} THEN next_run_at ELSE %(run_at)s END,"
-    f" error = CASE WHEN cancel_requested THEN '' WHEN {_OVER} THEN %(failed)s"
-    " ELSE %(waiting)s END,"
-    " handler_unknown_since = COALESCE(handler_unknown_since, %(now)s),"
-    " attempt_count = attempt_count - 1, updated_at = %(now)s,"
-    " current_token = NULL, leased_by = '', lease_expires_at = NULL,"
-    " started_at = NULL, progress = NULL, progress_message = '', result_ref = NULL"
-    f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
-    " RETURNING status"
-)
 
 
 # --------------------------------------------------------------------------- progress

@@ -23,10 +23,10 @@ from ledon.pglisten import Listener
 
 from .. import execution
 from ..conf import JobsSettings
-from ..handlers import JobContext
+from ..handlers import HandlerSpec, JobContext
 from ..log_fields import attempt_fields
 from ..signals import finished_attempt
-from ..types import Claim, ExecutionStatus, FinishOutcome
+from ..types import CancelReason, Claim, ExecutionStatus, FinishOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class WorkerStats(EngineStats):
     recovered: int = 0
     purged: int = 0
     put_back: int = 0
+    snoozed: int = 0
 
     counters = {FinishOutcome.PUT_BACK: "put_back"}
 
@@ -56,6 +57,7 @@ class WorkerStats(EngineStats):
             f"retries scheduled {self.retried}, cancelled {self.cancelled}, "
             f"re-queued {self.requeued}, recovered {self.recovered}, purged {self.purged}"
             + (f", put back (unknown handler) {self.put_back}" if self.put_back else "")
+            + (f", snoozed {self.snoozed}" if self.snoozed else "")
         )
 
 
@@ -65,6 +67,17 @@ class Running:
 
     claim: Claim
     ctx: JobContext
+    #: J17: when (``time.monotonic()``) its handler is signalled to stop; None: never.
+    deadline: float | None = None
+    #: The handler, once it started (for a timeout's error and retry).
+    spec: HandlerSpec | None = None
+    #: The thread running the handler.
+    thread: threading.Thread | None = None
+    #: The handler returned (or raised): its thread writes the end.
+    returned: bool = False
+    #: J17: the handler outlived its timeout's grace; the worker failed the attempt and
+    #: left the thread, whose late result is dropped (and fenced by the token).
+    abandoned: bool = False
 
 
 class WorkerBase(Engine):
@@ -97,6 +110,7 @@ class WorkerBase(Engine):
         self._settles = 0
         self._reserved = 0
         self._threads: list[threading.Thread] = []
+        self._spawned = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._listener: Listener | None = None
@@ -160,6 +174,7 @@ class WorkerBase(Engine):
                     FinishOutcome.CANCELLED,
                     FinishOutcome.STALE,
                     FinishOutcome.PUT_BACK,
+                    FinishOutcome.SNOOZED,
                 ):
                     event = outcome.value
         logger.info(
@@ -174,19 +189,26 @@ class WorkerBase(Engine):
     # ------------------------------------------------------------------ watching
 
     def _heartbeat(self) -> None:
+        # J17: a timed-out attempt's lease is left to expire: its handler cannot keep
+        # it alive (should this worker fail to end it, another recovers it).
+        with self._lock:
+            tokens = [t for t, entry in self._running.items() if not entry.ctx.timed_out]
         self._watch(
             lambda tokens: execution.heartbeat(tokens, self.worker_id, now=self.clock()),
             "lease renewal",
+            tokens,
         )
 
     def _check_cancel(self) -> None:
-        self._watch(execution.execution_statuses, "cancellation check")
+        self._watch(execution.execution_statuses, "cancellation check", self.running_tokens)
 
     def _watch(
-        self, read: Callable[[Sequence[str]], dict[str, ExecutionStatus]], what: str
+        self,
+        read: Callable[[Sequence[str]], dict[str, ExecutionStatus]],
+        what: str,
+        tokens: list[str],
     ) -> None:
-        """Read the running attempts' states (renewing leases or not) and act on them."""
-        tokens = self.running_tokens
+        """Read the attempts' states (renewing leases or not) and act on them."""
         if not tokens:
             return
         states = self.guarded(what, lambda: read(tokens))
@@ -207,4 +229,4 @@ class WorkerBase(Engine):
                 # The attempt ended elsewhere (recovered after a lost lease); whatever
                 # the handler returns now is fenced off by its token.
                 self._emit("lost", entry.claim, "attempt ended elsewhere; stopping handler")
-                entry.ctx.signal_cancel(shutdown=True)
+                entry.ctx.signal_cancel(CancelReason.LOST)

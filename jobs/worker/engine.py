@@ -20,7 +20,7 @@ from .. import execution
 from ..conf import jobs_settings
 from ..models import Job
 from ..signals import send_logged, worker_started, worker_stopping
-from ..types import FinishOutcome
+from ..types import CancelReason, FinishOutcome
 from .base import EventCallback, WorkerStats
 from .shutdown import Shutdown
 
@@ -93,7 +93,7 @@ class Worker(Shutdown):
             with self._lock:
                 entries = list(self._running.values())
             for entry in entries:
-                entry.ctx.signal_cancel(shutdown=True)
+                entry.ctx.signal_cancel(CancelReason.SHUTDOWN)
 
     stop_requested = renamed_attribute("Worker.stop_requested", "stopping")
 
@@ -170,6 +170,7 @@ class Worker(Shutdown):
             if now >= next_recovery:
                 self._recover()
                 next_recovery = now + s.RECOVERY_INTERVAL
+            next_timeout = self._enforce_timeouts()
             if s.RETENTION_SECONDS is not None and now >= next_cleanup:
                 more = self._clean_up(s.RETENTION_SECONDS)
                 # A long backlog goes one batch per pass, between heartbeats and claims.
@@ -186,6 +187,7 @@ class Worker(Shutdown):
                 max(next_heartbeat - now, 0.0),
                 max(next_recovery - now, 0.0),
                 max(next_cancel_check - now, 0.0) if self._running else s.POLL_INTERVAL,
+                s.POLL_INTERVAL if next_timeout is None else next_timeout,
             )
             self.pause(max(timeout, 0.01))
 
@@ -233,6 +235,8 @@ class Worker(Shutdown):
                 outcomes.update(execution.recover_worker(self.worker_id, now=self.clock()))
                 self._own_recovered = True
             outcomes.update(execution.recover_expired(now=self.clock()))
+            # J18: the recorded starts that no rate window counts any more.
+            execution.prune_claim_starts(now=self.clock())
             return outcomes
 
         outcomes = self.guarded("recovering expired attempts", recover)

@@ -15,12 +15,12 @@ from ledon.engine import StopLevel
 
 from .. import execution
 from ..signals import finished_attempt
-from .threads import HandlerThreads
+from .timeouts import Timeouts
 
 logger = logging.getLogger(__name__)
 
 
-class Shutdown(HandlerThreads):
+class Shutdown(Timeouts):
     def _shutdown(self) -> None:
         if not self._busy():
             self._close_settling()
@@ -69,6 +69,7 @@ class Shutdown(HandlerThreads):
         while self._busy():
             if not self.backing_off:
                 self._settle(claim=False)
+            self._enforce_timeouts()
             now = time.monotonic()
             if now >= deadline or until.is_set():
                 return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 from django.db import connections
 
@@ -21,7 +22,7 @@ from ledon.faults import fault_point
 from ledon.pglisten import Listener
 
 from ..attempts import Ending, run_attempt
-from ..handlers import JobContext
+from ..handlers import HandlerSpec, JobContext
 from ..log_fields import attempt_fields
 from ..types import Claim
 from .settling import Settling
@@ -29,14 +30,15 @@ from .settling import Settling
 logger = logging.getLogger(__name__)
 
 
+#: What :meth:`HandlerThreads._execute` returns to a thread whose handler outlived its
+#: timeout: the thread ends once the handler returns (a fresh one took its place).
+_RETIRE = object()
+
+
 class HandlerThreads(Settling):
     def _start_threads(self) -> None:
-        for index in range(self.concurrency):
-            thread = threading.Thread(
-                target=self._thread_main, name=f"jobs-worker-{index}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+        for _ in range(self.concurrency):
+            self._spawn_thread()
         if self.listen:
             channel = self.settings.NOTIFY_CHANNEL
             self._listener = Listener(
@@ -78,24 +80,40 @@ class HandlerThreads(Settling):
                 self._loop = loop
             return self._loop
 
+    def _spawn_thread(self) -> None:
+        """One more handler thread (at start, and in place of an abandoned one)."""
+        with self._lock:
+            self._spawned += 1
+            name = f"jobs-worker-{self._spawned - 1}"
+        thread = threading.Thread(target=self._thread_main, name=name, daemon=True)
+        with self._lock:
+            self._threads.append(thread)
+        thread.start()
+
     def _thread_main(self) -> None:
         try:
             while True:
                 claim = self._tasks.get()
                 if claim is None:
                     return
-                while claim is not None:
-                    claim = self._execute(claim)
+                next_claim: Claim | object | None = claim
+                while isinstance(next_claim, Claim):
+                    next_claim = self._execute(next_claim)
+                if next_claim is _RETIRE:
+                    return
         finally:
             connections.close_all()
 
-    def _execute(self, claim: Claim) -> Claim | None:
-        """Run one attempt; returns the next claim this thread runs, if it settled."""
+    def _execute(self, claim: Claim) -> Claim | object | None:
+        """Run one attempt; returns the next claim this thread runs, if it settled,
+        or :data:`_RETIRE` if the attempt was abandoned (J17) meanwhile."""
         with self._lock:
             entry = self._running[claim.token]
+            entry.thread = threading.current_thread()
         handed_over = False
+        retire = False
         try:
-            handed_over = self._run_handler(claim, entry.ctx)
+            handed_over, retire = self._run_handler(claim, entry.ctx)
         except Exception:
             # Never let a worker thread die: the attempt stays Running, its lease
             # is no longer renewed, and recovery re-queues it after expiry.
@@ -105,14 +123,40 @@ class HandlerThreads(Settling):
                 extra=attempt_fields(claim),
             )
         finally:
-            if not handed_over:
+            if not handed_over and not retire:
                 self._release(claim)
+        if retire:
+            return _RETIRE
         return self._settle_on_this_thread() if handed_over else None
 
-    def _run_handler(self, claim: Claim, ctx: JobContext) -> bool:
-        """Run the attempt's handler and write its end; True if a successful attempt
-        was handed to the next settle, which finishes and releases it."""
-        end = run_attempt(ctx, clock=self.clock, loop=self._event_loop)
+    def _handler_starting(self, claim: Claim, spec: HandlerSpec) -> None:
+        """J17: the handler starts now; its timeout, if any, runs from here."""
+        timeout = spec.timeout_seconds()
+        with self._lock:
+            entry = self._running.get(claim.token)
+            if entry is None:
+                return
+            entry.spec = spec
+            if timeout is not None:
+                entry.deadline = time.monotonic() + timeout
+        if timeout is not None:
+            self._wake.set()  # the main loop's next wait ends at the deadline
+
+    def _run_handler(self, claim: Claim, ctx: JobContext) -> tuple[bool, bool]:
+        """Run the attempt's handler and write its end. Returns whether a successful
+        attempt was handed to the next settle (which finishes and releases it), and
+        whether the attempt was abandoned after its timeout (nothing to write)."""
+        end = run_attempt(
+            ctx,
+            clock=self.clock,
+            loop=self._event_loop,
+            starting=lambda spec: self._handler_starting(claim, spec),
+        )
+        with self._lock:
+            entry = self._running.get(claim.token)
+            if entry is None or entry.abandoned:
+                return False, True
+            entry.returned = True
         fault_point(
             "jobs.worker.handler_returned",
             job_id=claim.job_id,
@@ -120,6 +164,6 @@ class HandlerThreads(Settling):
             ending=end.ending.value,
         )
         if end.ending is Ending.SUCCEEDED and self._defer_completion(claim, end.result):
-            return True
+            return True, False
         self._finish(claim, end.event, lambda: end.write(claim.token, now=self.clock()), end.detail)
-        return False
+        return False, False

@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs.exceptions import JobsError
+from jobs.management.tables import write_table
 from jobs.schedules.service import list_schedules
 
 COLUMNS = ("name", "timetable", "next run (UTC)", "last run", "status", "state")
@@ -67,8 +68,4 @@ class Command(BaseCommand):
             )
             for view in views
         ]
-        widths = [max(len(str(r[i])) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
-        for line in [COLUMNS, *rows]:
-            self.stdout.write(
-                "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-            )
+        write_table(self.stdout, COLUMNS, rows)

@@ -1,0 +1,14 @@
+"""Plain-text tables for the jobs app's management commands."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def write_table(out: Any, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """``columns`` then ``rows``, each column as wide as its widest cell."""
+    lines = [list(columns), *[list(row) for row in rows]]
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(columns))]
+    for line in lines:
+        out.write("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())

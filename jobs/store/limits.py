@@ -1,0 +1,361 @@
+"""Claims under limits (J18): ``max_running``, ``max_running_per_scope`` and ``rate``
+per handler name and per queue, exact across every worker and machine.
+
+**The mechanism.** A claim that a limit may apply to runs in one transaction:
+
+1. PostgreSQL: it takes a transaction-scoped advisory lock (``pg_advisory_xact_lock``)
+   for every limited handler and queue it may touch, in one statement, in one order
+   (sent with the usage read of step 2 in one query: one round trip).
+   SQLite: the transaction is ``BEGIN IMMEDIATE``, which holds the database's write
+   lock from its first statement (``transaction_mode: IMMEDIATE``, checked by
+   ``ledon.W001``); every writer is serialised already.
+2. Only then it reads the usage — Running jobs per handler, queue and scope, starts
+   inside each rate window. Under PostgreSQL's READ COMMITTED every statement takes
+   a new snapshot: taken after the lock, it sees every claim committed by the lock's
+   previous holder. (A single statement that counted and claimed would count in a
+   snapshot taken before it waited for a row lock, and could over-claim.)
+3. If ``limit`` more starts of any jobs would keep every limit (the usual case of
+   limits that do not bind), it claims as a claim without limits does, in the same
+   transaction. Otherwise it picks due jobs in claim order that keep every limit,
+   skipping the others —
+   no head of line blocks: handlers, queues and (handler, scope) pairs already at a
+   limit are left out of the candidates' query itself, and a key that fills up while
+   picking is left out of the next page.
+4. It claims them (the guarded update of every claim, by id), and records each start
+   of a rate-limited key; the commit releases the locks. On PostgreSQL the attempts
+   the same round trip finishes (J8) are finished by the claim's statement: the usage
+   read leaves out the jobs Running under their tokens, which that statement ends
+   (or, should one attempt be an orphan, it changes nothing at all — claims included).
+
+Ends of Running attempts take no lock: they only free capacity, so a claim that
+misses one under-claims for one cycle and never over-claims. ``rate=(count,
+seconds)`` counts every start after ``now - seconds``, even one a claimer with a later
+clock committed: whatever the order in which claimers' clocks and locks go, no window
+of ``seconds`` ever holds more than ``count`` starts.
+
+Fault points (:func:`ledon.faults.fault_point`; ``limited``: the number of limited
+keys): ``jobs.claim.limited`` — a claim under limits begins, no transaction open yet;
+``jobs.claim.counted`` — locks held, usage read, nothing claimed yet, the claim about
+to pick (not reached when the usage leaves room for the whole claim).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ledon.db import adapt_dt, is_postgres
+from ledon.faults import fault_point
+
+from ..db import fetch, fetch_results, in_list_params
+from ..limits import ClaimLimits, Limits
+from ..types import Claim
+from . import sql_flow
+
+#: Rate starts are pruned this long after their window ended: a margin for workers
+#: whose clocks run behind (see :func:`prune_claim_starts`).
+PRUNE_MARGIN = timedelta(minutes=5)
+
+#: A key of the usage: ("h", handler), ("q", queue), ("hs", handler, scope) or
+#: ("qs", queue, scope).
+Key = tuple[str, ...]
+
+
+def rate_key(kind: str, name: str) -> str:
+    """The ``jobs_claimstart.key`` of a handler's or a queue's rate."""
+    return f"{kind}:{name}"
+
+
+def lock_id(kind: str, name: str) -> int:
+    """The advisory lock of a handler's or a queue's limits: 64 bits of a hash."""
+    digest = hashlib.sha256(f"jobs.limits:{kind}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def lock_ids(limits: ClaimLimits) -> list[int]:
+    """The advisory locks of ``limits``' handlers and queues, in the one order every
+    claimer takes them."""
+    return sorted(
+        {lock_id("handler", name) for name in limits.handlers}
+        | {lock_id("queue", name) for name in limits.queues}
+    )
+
+
+def lock_keys(connection: BaseDatabaseWrapper, limits: ClaimLimits) -> None:
+    """Serialise the claims that ``limits`` apply to (see the module's docstring)."""
+    if not is_postgres(connection):
+        return  # SQLite: the IMMEDIATE transaction holds the write lock already
+    fetch(connection, sql_flow.LOCK_KEYS, {"keys": lock_ids(limits)})
+
+
+@dataclass(slots=True)
+class Job:
+    """A candidate: what its limits are keyed by."""
+
+    id: int
+    handler: str
+    queue: str
+    scope_hash: str
+
+
+@dataclass(slots=True)
+class Usage:
+    """What the limits allow now: Running counts and recent starts, kept current as
+    the claim picks jobs."""
+
+    limits: ClaimLimits
+    running: Counter[Key] = field(default_factory=Counter)
+    started: Counter[str] = field(default_factory=Counter)
+
+    def _checks(self, job: Job) -> Iterable[tuple[Counter[Any], Any, int]]:
+        for kind, name, limits in (
+            ("h", job.handler, self.limits.handlers.get(job.handler)),
+            ("q", job.queue, self.limits.queues.get(job.queue)),
+        ):
+            if limits is None:
+                continue
+            if limits.max_running is not None:
+                yield self.running, (kind, name), limits.max_running
+            if limits.max_running_per_scope is not None:
+                yield self.running, (kind + "s", name, job.scope_hash), limits.max_running_per_scope
+            if limits.rate is not None:
+                yield self.started, rate_key(_KINDS[kind], name), limits.rate[0]
+
+    def admits(self, job: Job) -> bool:
+        return all(counter[key] < limit for counter, key, limit in self._checks(job))
+
+    def take(self, job: Job) -> None:
+        """Count ``job`` as started."""
+        for counter, key, _limit in self._checks(job):
+            counter[key] += 1
+
+    def room_for(self, count: int) -> bool:
+        """Whether ``count`` more starts of any jobs keep every limit — each key
+        gains at most ``count``: then the claim need not pick (the plain claim's
+        choice, in the same transaction, keeps them all)."""
+        for kind, configured in (("h", self.limits.handlers), ("q", self.limits.queues)):
+            for name, limits in configured.items():
+                if (
+                    limits.max_running is not None
+                    and self.running[(kind, name)] + count > limits.max_running
+                ):
+                    return False
+                if limits.max_running_per_scope is not None:
+                    busiest = max(
+                        (n for key, n in self.running.items() if key[:2] == (kind + "s", name)),
+                        default=0,
+                    )
+                    if busiest + count > limits.max_running_per_scope:
+                        return False
+                if (
+                    limits.rate is not None
+                    and self.started[rate_key(_KINDS[kind], name)] + count > limits.rate[0]
+                ):
+                    return False
+        return True
+
+    def full(self) -> dict[str, list[Any]]:
+        """What is at a limit: handlers, queues, (name, scope) pairs — the candidates'
+        exclusions (see :func:`jobs.store.sql_flow.candidates`)."""
+        out: dict[str, list[Any]] = {"fh": [], "fq": [], "fhs": [], "fqs": []}
+        for kind, prefix, configured in (
+            ("h", "fh", self.limits.handlers),
+            ("q", "fq", self.limits.queues),
+        ):
+            for name, limits in configured.items():
+                at_max = (
+                    limits.max_running is not None
+                    and self.running[(kind, name)] >= limits.max_running
+                )
+                at_rate = (
+                    limits.rate is not None
+                    and self.started[rate_key(_KINDS[kind], name)] >= limits.rate[0]
+                )
+                if at_max or at_rate:
+                    out[prefix].append(name)
+                if limits.max_running_per_scope is not None:
+                    out[prefix + "s"].extend(
+                        (key[1], key[2])
+                        for key, count in self.running.items()
+                        if key[0] == kind + "s"
+                        and key[1] == name
+                        and count >= limits.max_running_per_scope
+                    )
+        return out
+
+
+_KINDS = {"h": "handler", "q": "queue"}
+
+
+def _usage_statement(
+    connection: BaseDatabaseWrapper,
+    limits: ClaimLimits,
+    now: datetime,
+    leaving: Sequence[str],
+) -> tuple[str, dict[str, Any]]:
+    handlers, queues = list(limits.handlers), list(limits.queues)
+    windows = _rate_windows(limits)
+    params: dict[str, Any] = {
+        **in_list_params("lim_handler", handlers),
+        **in_list_params("lim_queue", queues),
+        **in_list_params("leaving", leaving),
+    }
+    for n, (key, seconds) in enumerate(windows.items()):
+        params[f"key_{n}"] = key
+        params[f"since_{n}"] = adapt_dt(connection, now - timedelta(seconds=seconds))
+    return sql_flow.usage(len(handlers), len(queues), len(windows), len(leaving)), params
+
+
+def read_usage(
+    connection: BaseDatabaseWrapper,
+    limits: ClaimLimits,
+    now: datetime,
+    leaving: Sequence[str] = (),
+) -> Usage:
+    """The Running jobs and recent starts that ``limits`` count (after
+    :func:`lock_keys`), in one statement; jobs Running under the ``leaving`` tokens
+    are not counted (the caller's transaction finishes them)."""
+    statement, params = _usage_statement(connection, limits, now, leaving)
+    return _usage_of(limits, fetch(connection, statement, params))
+
+
+def _usage_of(limits: ClaimLimits, rows: Iterable[dict[str, Any]]) -> Usage:
+    usage = Usage(limits)
+    for row in rows:
+        if row["kind"] == "started":
+            usage.started[row["key"]] = row["n"]
+            continue
+        for kind, name, configured in (
+            ("h", row["handler"], limits.handlers),
+            ("q", row["queue"], limits.queues),
+        ):
+            if name in configured:
+                usage.running[(kind, name)] += row["n"]
+                usage.running[(kind + "s", name, row["scope_hash"])] += row["n"]
+    return usage
+
+
+def lock_and_read_usage(
+    connection: BaseDatabaseWrapper,
+    limits: ClaimLimits,
+    now: datetime,
+    leaving: Sequence[str] = (),
+) -> Usage:
+    """:func:`lock_keys` then :func:`read_usage`. On PostgreSQL both go in one query,
+    one round trip: each statement of it has a snapshot of its own (READ COMMITTED),
+    so the usage read sees every claim the locks' previous holders committed."""
+    if not is_postgres(connection):
+        return read_usage(connection, limits, now, leaving)
+    statement, params = _usage_statement(connection, limits, now, leaving)
+    _locked, rows = fetch_results(
+        connection, [sql_flow.LOCK_KEYS, statement], {**params, "keys": lock_ids(limits)}
+    )
+    return _usage_of(limits, rows)
+
+
+def _rate_windows(limits: ClaimLimits) -> dict[str, float]:
+    windows = {}
+    for kind, configured in (("handler", limits.handlers), ("queue", limits.queues)):
+        for name, value in configured.items():
+            if value.rate is not None:
+                windows[rate_key(kind, name)] = value.rate[1]
+    return windows
+
+
+def choose(
+    connection: BaseDatabaseWrapper,
+    usage: Usage,
+    *,
+    limit: int,
+    base_params: dict[str, Any],
+    queues: int,
+    one_job: bool,
+) -> list[int]:
+    """Pick up to ``limit`` due jobs that keep every limit (see the module's
+    docstring); returns their ids, in claim order.
+
+    Each page asks for as many jobs as are still wanted; a job skipped means a key
+    filled up while picking, which the next page leaves out — so the pages end after
+    at most one more than the number of limited keys.
+    """
+    chosen: list[int] = []
+    seen: set[int] = set()
+    while len(chosen) < limit:
+        wanted = limit - len(chosen)
+        full = usage.full()
+        params: dict[str, Any] = {**base_params, "limit": wanted}
+        params.update(in_list_params("fh", full["fh"]))
+        params.update(in_list_params("fq", full["fq"]))
+        params.update(in_list_params("seen", sorted(seen)))
+        for prefix in ("fhs", "fqs"):
+            for n, (name, scope) in enumerate(full[prefix]):
+                params[f"{prefix}_k_{n}"] = name
+                params[f"{prefix}_s_{n}"] = scope
+        statement = sql_flow.candidates(
+            connection.vendor,
+            queues=queues,
+            one_job=one_job,
+            full_handlers=len(full["fh"]),
+            full_queues=len(full["fq"]),
+            full_handler_scopes=len(full["fhs"]),
+            full_queue_scopes=len(full["fqs"]),
+            seen=len(seen),
+        )
+        rows = [Job(**row) for row in fetch(connection, statement, params)]
+        skipped = False
+        for job in rows:
+            seen.add(job.id)
+            if usage.admits(job):
+                usage.take(job)
+                chosen.append(job.id)
+            else:
+                skipped = True
+        if len(rows) < wanted or not skipped:
+            break
+    return chosen
+
+
+def record_starts(
+    connection: BaseDatabaseWrapper, limits: ClaimLimits, claims: Sequence[Claim], now: datetime
+) -> None:
+    """One ``jobs_claimstart`` row per start of a rate-limited handler or queue, at
+    ``now`` (the claims' start time)."""
+    keys = []
+    for claim in claims:
+        for kind, name, configured in (
+            ("handler", claim.handler, limits.handlers),
+            ("queue", claim.queue, limits.queues),
+        ):
+            value = configured.get(name)
+            if value is not None and value.rate is not None:
+                keys.append(rate_key(kind, name))
+    if keys:
+        params = {f"key_{n}": key for n, key in enumerate(keys)}
+        fetch(
+            connection,
+            sql_flow.insert_claim_starts(len(keys)),
+            {**params, "now": adapt_dt(connection, now)},
+        )
+
+
+def prune_claim_starts(
+    connection: BaseDatabaseWrapper, limits: Iterable[Limits], now: datetime
+) -> int:
+    """Delete the starts that no rate window of ``limits`` can count any more (with
+    :data:`PRUNE_MARGIN`); returns how many."""
+    longest = max((value.rate[1] for value in limits if value.rate is not None), default=0.0)
+    before = now - timedelta(seconds=longest) - PRUNE_MARGIN
+    with connection.cursor() as cursor:
+        cursor.execute(sql_flow.PRUNE_CLAIM_STARTS, {"before": adapt_dt(connection, before)})
+        return max(int(cursor.rowcount), 0)
+
+
+def counted(limits: ClaimLimits) -> None:
+    """The fault point between reading the usage and claiming."""
+    fault_point("jobs.claim.counted", limited=len(limits.handlers) + len(limits.queues))

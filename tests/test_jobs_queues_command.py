@@ -1,0 +1,72 @@
+"""``manage.py jobs_queues list|pause|resume NAME`` (J18): each queue's depth, Running
+jobs, pause and limits; pausing and resuming for every worker; bad input refused
+with nothing changed."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from jobs import JobSubmission, execution, submit_job
+from jobs.models import Queue
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SCOPE = "queues-command"
+
+
+def run(*args: str) -> list[str]:
+    out = StringIO()
+    call_command("jobs_queues", *args, stdout=out)
+    return out.getvalue().splitlines()
+
+
+def test_list_shows_depth_running_paused_and_limits(settings):
+    settings.JOBS = {"QUEUES": {"emails": {"max_running": 4, "rate": (10, 1)}, "quiet": {}}}
+    for n in range(3):
+        submit_job(SCOPE, f"m{n}", JobSubmission.create("test.record", {}, queue="emails"))
+    submit_job(SCOPE, "d", JobSubmission.create("test.record", {}))
+    assert len(execution.claim_due("w", limit=1, queues=["emails"])) == 1
+    assert execution.pause_queue("reports")
+    lines = run("list")
+    assert lines[0].split() == ["queue", "queued", "running", "paused", "limits"]
+    rows = {line.split()[0]: line.split(None, 4)[1:] for line in lines[1:]}
+    assert rows == {
+        "default": ["1", "0", "no", "none"],
+        "emails": ["2", "1", "no", "max_running=4, rate=10/1s"],
+        "quiet": ["0", "0", "no", "none"],
+        "reports": ["0", "0", "yes", "none"],
+    }
+
+
+def test_list_with_no_queue_says_so():
+    assert run("list") == ["No queue has jobs, a stored state or limits."]
+
+
+def test_pause_and_resume_stop_and_restart_claims():
+    submit_job(SCOPE, "m", JobSubmission.create("test.record", {}, queue="emails"))
+    assert run("pause", "emails") == [
+        "queue emails paused: no worker claims its jobs until 'jobs_queues resume'"
+    ]
+    assert run("pause", "emails") == ["queue emails was already paused"]
+    assert execution.claim_due("w", limit=5) == []
+    assert run("resume", "emails") == ["queue emails resumed"]
+    assert run("resume", "emails") == ["queue emails was not paused"]
+    assert [c.job_id for c in execution.claim_due("w", limit=5)] == ["m"]
+
+
+@pytest.mark.parametrize("name", ["", "bad queue", "x" * 101])
+def test_a_bad_queue_name_is_a_command_error_and_changes_nothing(name):
+    with pytest.raises(CommandError, match="queue"):
+        run("pause", name)
+    with pytest.raises(CommandError, match="queue"):
+        run("resume", name)
+    assert not Queue.objects.exists()
+
+
+def test_an_unknown_action_is_refused():
+    with pytest.raises(CommandError):
+        run("drain", "emails")
+    assert not Queue.objects.exists()
