@@ -21,9 +21,9 @@ venv: $(VENV)/.installed
 
 ## Run the whole suite: lint, types, migrations check, tests on SQLite and PostgreSQL,
 ## on every CI leg (a Python and a Django version, scripts/test.sh). One leg:
-## make test LEG=3.12-5.2
+## make test LEG=3.12-5.2 (SCOPE=core: the older legs run the fast and real-process tests)
 test: venv
-	scripts/test.sh $(if $(LEG),--leg $(LEG))
+	SCOPE=$(SCOPE) scripts/test.sh $(if $(LEG),--leg $(LEG))
 
 ## Run the demo on SQLite: migrate, submit sample jobs, run a worker until done.
 demo: venv
