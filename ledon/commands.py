@@ -1,15 +1,17 @@
 """What the engines' management commands share: the engine runs with each signal as a
 stop request (and a line saying what it does), and a database without the app's
 tables is a :class:`~django.core.management.CommandError` — two lines, no traceback;
-the engine's summary line when it stops; and ``--metrics-port``, which serves the
-Prometheus metrics while the engine runs (SPEC M)."""
+the engine's summary line when it stops; ``--metrics-port``, which serves the
+Prometheus metrics while the engine runs (SPEC M); and :class:`EngineCommand`, the
+base of the four engines' commands (``run_jobs``, ``dispatch_outbox``,
+``consume_events``, ``recover_sagas``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from .db import DatabaseNotMigrated
 from .engine import Engine, EngineStats, StopLevel
@@ -78,3 +80,80 @@ def run_engine[S: EngineStats](
             server.server_close()
     out.write(style(f"{name} stopped: {stats.summary()}"))
     return stats
+
+
+class EngineStart(NamedTuple):
+    """What an engine's command starts: the engine, its ``run``, and its name in the
+    lines the command prints (``"worker host:1234"``)."""
+
+    engine: Engine
+    run: Callable[[], EngineStats]
+    name: str
+
+
+class EngineCommand(BaseCommand):
+    """The base of every engine's management command: ``--metrics-port``, then the
+    engine's own options (:meth:`add_engine_arguments`); :meth:`handle` builds the
+    engine (:meth:`start`) and runs it with :func:`run_engine`. :meth:`printer` prints
+    the engine's events: none at verbosity 0, :attr:`quiet_events` only from 2, never
+    ``stopped`` (the summary line says it), :attr:`loud_events` in :attr:`loud_style`."""
+
+    #: What each signal does, by the stop level it reaches.
+    signal_meaning: ClassVar[Mapping[StopLevel, str]]
+    #: Events printed only at verbosity 2 and above.
+    quiet_events: ClassVar[frozenset[str]] = frozenset()
+    #: Events printed in :attr:`loud_style` (a style of ``self.style``).
+    loud_events: ClassVar[frozenset[str]] = frozenset()
+    loud_style: ClassVar[str] = "WARNING"
+    #: Errors raised by ``run()`` that end the command with their message alone.
+    run_errors: ClassVar[tuple[type[Exception], ...]] = ()
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        add_metrics_port(parser)
+        self.add_engine_arguments(parser)
+
+    def add_engine_arguments(self, parser: CommandParser) -> None:
+        """The engine's own options."""
+
+    def start(self, options: dict[str, Any]) -> EngineStart:
+        """Check the options, build the engine, say what it is about to do."""
+        raise NotImplementedError
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        engine, run, name = self.start(options)
+        try:
+            run_engine(
+                engine,
+                run,
+                out=self.stdout,
+                name=name,
+                meaning=self.signal_meaning,
+                style=self.style.SUCCESS,
+                metrics_port=options["metrics_port"],
+            )
+        except self.run_errors as exc:
+            raise CommandError(str(exc)) from exc
+
+    def describe(self, subject: Any) -> str:
+        """What an event is about (a claim, an instance), in the printed line."""
+        return ""
+
+    def printer(self, verbosity: int) -> Callable[..., None]:
+        """The engine's ``on_event``: ``(event, detail)`` or ``(event, subject, detail)``,
+        one line each, ``"<event> <subject> <detail>"``."""
+        loud = getattr(self.style, self.loud_style)
+
+        def emit(event: str, *about: Any) -> None:
+            if (
+                verbosity < 1
+                or event == "stopped"
+                or (verbosity < 2 and event in self.quiet_events)
+            ):
+                return
+            *subject, detail = about
+            what = self.describe(subject[0]) if subject and subject[0] is not None else ""
+            line = " ".join(p for p in (event, what, detail) if p)
+            self.stdout.write(loud(line) if event in self.loud_events else line)
+            self.stdout.flush()
+
+        return emit

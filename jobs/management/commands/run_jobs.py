@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
 from jobs import execution, validation
@@ -12,22 +12,22 @@ from jobs.exceptions import JobsError
 from jobs.handlers import autodiscover, registered_handlers
 from jobs.types import Claim
 from jobs.worker import Worker
-from ledon.commands import add_metrics_port, run_engine
+from ledon.commands import EngineCommand, EngineStart
 from ledon.engine import StopLevel
 
-#: What each signal does, by the stop level it reaches.
-SIGNAL_MEANING = {
-    StopLevel.GRACEFUL: "stopping gracefully (a second signal cancels running handlers)",
-    StopLevel.CANCEL: "cancelling running handlers now (a third signal stops waiting for them)",
-    StopLevel.ABORT: "no more waiting: re-queueing what still runs and exiting",
-}
 
-
-class Command(BaseCommand):
+class Command(EngineCommand):
     help = "Run jobs: claim due jobs, run their handlers, recover stopped workers' attempts."
+    signal_meaning = {
+        StopLevel.GRACEFUL: "stopping gracefully (a second signal cancels running handlers)",
+        StopLevel.CANCEL: "cancelling running handlers now (a third signal stops waiting for them)",
+        StopLevel.ABORT: "no more waiting: re-queueing what still runs and exiting",
+    }
+    quiet_events = frozenset({"claimed"})
+    loud_events = frozenset({"failed", "lost"})
+    loud_style = "ERROR"
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        add_metrics_port(parser)
+    def add_engine_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--concurrency",
             type=int,
@@ -61,7 +61,7 @@ class Command(BaseCommand):
             "they are signalled to stop and re-queued (a second signal: at once)",
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def start(self, options: dict[str, Any]) -> EngineStart:
         concurrency = options["concurrency"]
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
@@ -82,18 +82,13 @@ class Command(BaseCommand):
             worker_id=options["worker_id"],
             burst=options["burst"],
             shutdown_timeout=options["shutdown_timeout"],
-            on_event=self._printer(verbosity),
+            on_event=self.printer(verbosity),
         )
         handlers = ", ".join(f"{h.name}@{h.version}" for h in registered_handlers()) or "none"
         self.stdout.write(f"worker {worker.worker_id}: handlers {handlers}")
         if options["queues"]:
             self._hint_other_queues(options["queues"])
-
-        run_engine(
-            worker, worker.run, out=self.stdout, name=f"worker {worker.worker_id}",
-            meaning=SIGNAL_MEANING, style=self.style.SUCCESS,
-            metrics_port=options["metrics_port"],
-        )  # fmt: skip
+        return EngineStart(worker, worker.run, f"worker {worker.worker_id}")
 
     def _hint_other_queues(self, queues: list[str]) -> None:
         """Say so when none of ``queues`` has a due job while other queues do: a
@@ -116,14 +111,5 @@ class Command(BaseCommand):
             )
         )
 
-    def _printer(self, verbosity: int) -> Any:
-        def emit(event: str, claim: Claim | None, detail: str) -> None:
-            if verbosity < 1 or event == "stopped" or (verbosity < 2 and event == "claimed"):
-                return
-            what = f"job {claim.job_id} ({claim.handler}@{claim.handler_version})" if claim else ""
-            line = " ".join(p for p in (event, what, detail) if p)
-            style = self.style.ERROR if event in ("failed", "lost") else (lambda s: s)
-            self.stdout.write(style(line))
-            self.stdout.flush()
-
-        return emit
+    def describe(self, subject: Claim) -> str:
+        return f"job {subject.job_id} ({subject.handler}@{subject.handler_version})"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
-from ledon.commands import add_metrics_port, run_engine
+from ledon.commands import EngineCommand, EngineStart
 from ledon.engine import StopLevel
 from outbox.conf import outbox_settings
 from outbox.consumer import EventConsumer
@@ -15,23 +15,23 @@ from outbox.transports import transport_class
 from outbox.transports.kafka import KafkaTransport
 from outbox.transports.rabbitmq import RabbitMQTransport
 
-#: What each signal does, by the stop level it reaches.
-SIGNAL_MEANING = {
-    StopLevel.GRACEFUL: "stopping after this message",
-    StopLevel.CANCEL: "stopping after this message (a third signal stops waiting)",
-    StopLevel.ABORT: "exiting now; an unacknowledged message comes again",
-}
 
-
-class Command(BaseCommand):
+class Command(EngineCommand):
     help = (
         "Receive integration events from the configured broker and hand each to this "
         "process's subscribers in one transaction through the inbox; acknowledge after "
         "commit, park what cannot be handled."
     )
+    signal_meaning = {
+        StopLevel.GRACEFUL: "stopping after this message",
+        StopLevel.CANCEL: "stopping after this message (a third signal stops waiting)",
+        StopLevel.ABORT: "exiting now; an unacknowledged message comes again",
+    }
+    quiet_events = frozenset({"handled", "duplicate", "skipped", "retry"})
+    loud_events = frozenset({"broker-unavailable", "parked", "retry"})
+    run_errors = (OutboxError,)
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        add_metrics_port(parser)
+    def add_engine_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--group",
             required=True,
@@ -71,7 +71,7 @@ class Command(BaseCommand):
             help="first delay before retrying a failed message (doubles each time)",
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def start(self, options: dict[str, Any]) -> EngineStart:
         if options["max_attempts"] < 1:
             raise CommandError("--max-attempts must be at least 1")
         if options["retry_delay"] < 0:
@@ -95,7 +95,7 @@ class Command(BaseCommand):
                 event_types=options["event_types"] or None,
                 max_attempts=options["max_attempts"],
                 retry_delay=options["retry_delay"],
-                on_event=self._printer(options["verbosity"]),
+                on_event=self.printer(options["verbosity"]),
             )
         except OutboxError as exc:
             raise CommandError(str(exc)) from exc
@@ -103,25 +103,4 @@ class Command(BaseCommand):
             f"consumer {consumer.group}: transport {transport}, {consumer.subscription.describe()}"
         )
         self.stdout.flush()
-
-        try:
-            run_engine(
-                consumer, consumer.run, out=self.stdout, name=f"consumer {consumer.group}",
-                meaning=SIGNAL_MEANING, style=self.style.SUCCESS,
-                metrics_port=options["metrics_port"],
-            )  # fmt: skip
-        except OutboxError as exc:
-            raise CommandError(str(exc)) from exc
-
-    def _printer(self, verbosity: int) -> Any:
-        quiet_below_2 = {"handled", "duplicate", "skipped", "retry"}
-
-        def emit(event: str, detail: str) -> None:
-            if verbosity < 1 or event == "stopped" or (verbosity < 2 and event in quiet_below_2):
-                return
-            warn = event in {"broker-unavailable", "parked", "retry"}
-            style = self.style.WARNING if warn else (lambda s: s)
-            self.stdout.write(style(" ".join(p for p in (event, detail) if p)))
-            self.stdout.flush()
-
-        return emit
+        return EngineStart(consumer, consumer.run, f"consumer {consumer.group}")

@@ -4,31 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
-from ledon.commands import add_metrics_port, run_engine
+from ledon.commands import EngineCommand, EngineStart
 from ledon.engine import StopLevel
 from outbox import validation
 from outbox.conf import outbox_settings
 from outbox.dispatcher import Dispatcher
 from outbox.exceptions import OutboxError
 
-#: What each signal does, by the stop level it reaches.
-SIGNAL_MEANING = {
-    StopLevel.GRACEFUL: "stopping after the current batch",
-    StopLevel.CANCEL: "stopping after the current batch (a third signal stops waiting)",
-    StopLevel.ABORT: "no more waiting: exiting; an unrecorded batch is delivered again",
-}
 
-
-class Command(BaseCommand):
+class Command(EngineCommand):
     help = (
         "Deliver outbox messages through the configured transport: claim batches, "
         "publish, mark sent, retry with backoff, park poison messages."
     )
+    signal_meaning = {
+        StopLevel.GRACEFUL: "stopping after the current batch",
+        StopLevel.CANCEL: "stopping after the current batch (a third signal stops waiting)",
+        StopLevel.ABORT: "no more waiting: exiting; an unrecorded batch is delivered again",
+    }
+    quiet_events = frozenset({"batch"})
+    loud_events = frozenset({"transport-unavailable"})
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        add_metrics_port(parser)
+    def add_engine_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--burst", action="store_true", help="exit when no message is due")
         parser.add_argument(
             "--batch-size",
@@ -44,7 +43,7 @@ class Command(BaseCommand):
             "own unfinished batch at once (default: host:pid)",
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def start(self, options: dict[str, Any]) -> EngineStart:
         batch_size = options["batch_size"]
         if batch_size is not None and not 1 <= batch_size <= 10_000:
             raise CommandError("--batch-size must be between 1 and 10000")
@@ -57,7 +56,7 @@ class Command(BaseCommand):
                 dispatcher_id=options["dispatcher_id"],
                 batch_size=batch_size,
                 burst=options["burst"],
-                on_event=self._printer(options["verbosity"]),
+                on_event=self.printer(options["verbosity"]),
             )
         except OutboxError as exc:
             raise CommandError(str(exc)) from exc
@@ -70,19 +69,4 @@ class Command(BaseCommand):
             f"dispatcher {dispatcher.dispatcher_id}: transport {outbox_settings().TRANSPORT}, "
             f"batches of {dispatcher.batch_size}"
         )
-
-        run_engine(
-            dispatcher, dispatcher.run, out=self.stdout,
-            name=f"dispatcher {dispatcher.dispatcher_id}", meaning=SIGNAL_MEANING,
-            style=self.style.SUCCESS, metrics_port=options["metrics_port"],
-        )  # fmt: skip
-
-    def _printer(self, verbosity: int) -> Any:
-        def emit(event: str, detail: str) -> None:
-            if verbosity < 1 or event == "stopped" or (verbosity < 2 and event == "batch"):
-                return
-            style = self.style.WARNING if event == "transport-unavailable" else (lambda s: s)
-            self.stdout.write(style(" ".join(p for p in (event, detail) if p)))
-            self.stdout.flush()
-
-        return emit
+        return EngineStart(dispatcher, dispatcher.run, f"dispatcher {dispatcher.dispatcher_id}")

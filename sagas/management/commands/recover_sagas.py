@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
-from ledon.commands import add_metrics_port, run_engine
+from ledon.commands import EngineCommand, EngineStart
 from ledon.engine import StopLevel
 from sagas import validation
 from sagas.exceptions import SagaError
@@ -14,22 +14,22 @@ from sagas.registry import registered_sagas
 from sagas.runner import SagaRunner
 from sagas.types import SagaSnapshot
 
-#: What each signal does, by the stop level it reaches.
-SIGNAL_MEANING = {
-    StopLevel.GRACEFUL: "stopping after the current step (a second signal cancels it)",
-    StopLevel.CANCEL: "cancelling the current step; the instance is released, not compensated",
-    StopLevel.ABORT: "no more waiting for the step: releasing the instance and exiting",
-}
 
-
-class Command(BaseCommand):
+class Command(EngineCommand):
     help = (
         "Recover saga instances: claim running or compensating instances whose lease "
         "expired (or that were only started) and drive them to their end."
     )
+    signal_meaning = {
+        StopLevel.GRACEFUL: "stopping after the current step (a second signal cancels it)",
+        StopLevel.CANCEL: "cancelling the current step; the instance is released, not compensated",
+        StopLevel.ABORT: "no more waiting for the step: releasing the instance and exiting",
+    }
+    quiet_events = frozenset({"step-completed", "step-compensated"})
+    loud_events = frozenset({"untouched", "needs-attention", "error", "lease-lost", "step-failed"})
+    loud_style = "ERROR"
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        add_metrics_port(parser)
+    def add_engine_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--burst", action="store_true", help="exit when no instance is left to claim"
         )
@@ -47,7 +47,7 @@ class Command(BaseCommand):
             help="only instances of this saga (repeatable; default: every registered saga)",
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def start(self, options: dict[str, Any]) -> EngineStart:
         known = {d.name for d in registered_sagas()}
         names = options["sagas"]
         try:
@@ -67,26 +67,9 @@ class Command(BaseCommand):
             runner_id=options["runner_id"],
             burst=options["burst"],
             names=names,
-            on_event=self._printer(options["verbosity"]),
+            on_event=self.printer(options["verbosity"]),
         )
+        return EngineStart(runner, runner.run, f"saga runner {runner.runner_id}")
 
-        run_engine(
-            runner, runner.run, out=self.stdout, name=f"saga runner {runner.runner_id}",
-            meaning=SIGNAL_MEANING, style=self.style.SUCCESS,
-            metrics_port=options["metrics_port"],
-        )  # fmt: skip
-
-    def _printer(self, verbosity: int) -> Any:
-        quiet = {"step-completed", "step-compensated", "stopped"}
-
-        def emit(event: str, state: SagaSnapshot | None, detail: str) -> None:
-            if verbosity < 1 or (verbosity < 2 and event in quiet) or event == "stopped":
-                return
-            what = f"saga {state.name} {state.instance_id}" if state is not None else ""
-            line = " ".join(p for p in (event, what, detail) if p)
-            bad = ("untouched", "needs-attention", "error", "lease-lost", "step-failed")
-            style = self.style.ERROR if event in bad else (lambda s: s)
-            self.stdout.write(style(line))
-            self.stdout.flush()
-
-        return emit
+    def describe(self, subject: SagaSnapshot) -> str:
+        return f"saga {subject.name} {subject.instance_id}"
