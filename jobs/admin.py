@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -26,6 +26,8 @@ from django.utils.safestring import SafeString
 from ledon.admin import (
     GrowingTableMixin,
     ReadOnlyAdminMixin,
+    ReadOnlyModelAdmin,
+    TabularInline,
     report_changes,
     report_refusals,
     state_action,
@@ -36,15 +38,6 @@ from .conf import queue_limits
 from .exceptions import InvalidInput, InvalidTransition, JobNotFound
 from .models import Job, JobAttempt, Queue
 from .types import AttemptStatus, CancelOutcome, JobStatus
-
-if TYPE_CHECKING:
-    _JobAdminBase = admin.ModelAdmin[Job]
-    _AttemptAdminBase = admin.ModelAdmin[JobAttempt]
-    _AttemptInlineBase = admin.TabularInline[JobAttempt, Job]
-else:
-    _JobAdminBase = admin.ModelAdmin
-    _AttemptAdminBase = admin.ModelAdmin
-    _AttemptInlineBase = admin.TabularInline
 
 
 def _percent(value: float | None, *, succeeded: bool = False) -> str:
@@ -69,7 +62,7 @@ ATTEMPT_FIELDS = (
 )
 
 
-class JobAttemptInline(ReadOnlyAdminMixin, _AttemptInlineBase):
+class JobAttemptInline(ReadOnlyAdminMixin, TabularInline[JobAttempt, Job]):
     """The attempts of one job, oldest first, read-only."""
 
     model = JobAttempt
@@ -85,7 +78,7 @@ class JobAttemptInline(ReadOnlyAdminMixin, _AttemptInlineBase):
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _JobAdminBase):
+class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
     list_display = (
         "job_id",
         "handler_with_version",
@@ -243,7 +236,7 @@ class JobAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _JobAdminBase):
 
 
 @admin.register(JobAttempt)
-class JobAttemptAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _AttemptAdminBase):
+class JobAttemptAdmin(GrowingTableMixin, ReadOnlyModelAdmin[JobAttempt]):
     list_display = ("job_link", "number", "status", "worker_id", "started_at", "finished_at")
     # The first column already links to the job; the attempt opens from its number.
     list_display_links = ("number",)
@@ -266,14 +259,8 @@ class JobAttemptAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _AttemptAdminBase):
         return _percent(obj.progress, succeeded=obj.status == AttemptStatus.SUCCEEDED)
 
 
-if TYPE_CHECKING:
-    _QueueAdminBase = admin.ModelAdmin[Queue]
-else:
-    _QueueAdminBase = admin.ModelAdmin
-
-
 @admin.register(Queue)
-class QueueAdmin(ReadOnlyAdminMixin, _QueueAdminBase):
+class QueueAdmin(ReadOnlyModelAdmin[Queue]):
     """Queues that were paused or resumed once (J18), with their depth, Running jobs
     and limits; "Pause" and "Resume" go through :mod:`jobs.store` and are offered to
     users holding ``jobs.change_queue``. ``manage.py jobs_queues`` lists every queue

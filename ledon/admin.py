@@ -4,15 +4,21 @@ to staff with the model's change permission.
 
 Every action is guarded by one permission, ``steer`` (Django asks the model admin's
 ``has_steer_permission``): the model's change permission.
+
+:class:`ModelAdmin` and :class:`TabularInline` are Django's, subscriptable at run time
+as they are in the type stubs (``ModelAdmin[Job]``), so that no admin module needs a
+``TYPE_CHECKING`` switch of its own for its bases; :class:`ReadOnlyModelAdmin` is the
+base of every read-only admin.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
+from django.db.models import Model
 from django.http import HttpRequest
 
 _Action = TypeVar("_Action", bound=Callable[..., Any])
@@ -68,6 +74,26 @@ class ReadOnlyAdminMixin:
         permission (staff who may only view see no actions)."""
         codename = get_permission_codename("change", self.opts)
         return bool(request.user.has_perm(f"{self.opts.app_label}.{codename}"))
+
+
+if TYPE_CHECKING:
+    ModelAdmin = admin.ModelAdmin
+    TabularInline = admin.TabularInline
+else:
+
+    class _Subscriptable:
+        def __class_getitem__(cls, params):
+            return cls
+
+    class ModelAdmin(_Subscriptable, admin.ModelAdmin):
+        pass
+
+    class TabularInline(_Subscriptable, admin.TabularInline):
+        pass
+
+
+class ReadOnlyModelAdmin[M: Model](ReadOnlyAdminMixin, ModelAdmin[M]):
+    """The admin of a model that is only inspected (:class:`ReadOnlyAdminMixin`)."""
 
 
 def report_refusals(

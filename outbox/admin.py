@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
@@ -18,18 +18,11 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ledon.admin import GrowingTableMixin, ReadOnlyAdminMixin, report_changes, state_action
+from ledon.admin import GrowingTableMixin, ReadOnlyModelAdmin, report_changes, state_action
 
 from . import store
 from .exceptions import InvalidTransition, MessageNotFound
 from .models import InboxMessage, OutboxMessage
-
-if TYPE_CHECKING:
-    _OutboxAdminBase = admin.ModelAdmin[OutboxMessage]
-    _InboxAdminBase = admin.ModelAdmin[InboxMessage]
-else:
-    _OutboxAdminBase = admin.ModelAdmin
-    _InboxAdminBase = admin.ModelAdmin
 
 
 def _pretty_json(value: Any) -> SafeString:
@@ -42,7 +35,7 @@ def _pretty_json(value: Any) -> SafeString:
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _OutboxAdminBase):
+class OutboxMessageAdmin(GrowingTableMixin, ReadOnlyModelAdmin[OutboxMessage]):
     list_display = (
         "message_id",
         "event_type",
@@ -115,7 +108,7 @@ class OutboxMessageAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _OutboxAdminBase
 
 
 @admin.register(InboxMessage)
-class InboxMessageAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _InboxAdminBase):
+class InboxMessageAdmin(GrowingTableMixin, ReadOnlyModelAdmin[InboxMessage]):
     list_display = ("consumer", "message_id", "processed_at")
     list_filter = ("consumer",)
     search_fields = ("=message_id",)

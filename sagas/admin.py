@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin, messages
 from django.db import DatabaseError
@@ -22,18 +22,13 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ledon.admin import MAX_LISTED, GrowingTableMixin, ReadOnlyAdminMixin, state_action
+from ledon.admin import MAX_LISTED, GrowingTableMixin, ReadOnlyModelAdmin, state_action
 
 from .api import compensate_saga, resume_saga
 from .exceptions import SagaError, UnknownSaga
 from .models import SagaInstance
 from .registry import get_saga
 from .types import SagaSnapshot, SagaStatus
-
-if TYPE_CHECKING:
-    _InstanceAdminBase = admin.ModelAdmin[SagaInstance]
-else:
-    _InstanceAdminBase = admin.ModelAdmin
 
 
 def _step_state(obj: SagaInstance, name: str) -> str:
@@ -49,7 +44,7 @@ def _step_state(obj: SagaInstance, name: str) -> str:
 
 
 @admin.register(SagaInstance)
-class SagaInstanceAdmin(ReadOnlyAdminMixin, GrowingTableMixin, _InstanceAdminBase):
+class SagaInstanceAdmin(GrowingTableMixin, ReadOnlyModelAdmin[SagaInstance]):
     list_display = (
         "instance_id",
         "name",

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
@@ -21,7 +21,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
-from ledon.admin import ReadOnlyAdminMixin
+from ledon.admin import ModelAdmin, ReadOnlyModelAdmin
 from ledon.dashboard import age, panels
 
 from . import reads
@@ -29,19 +29,12 @@ from .charts import per_minute
 from .models import Dashboard, WorkerRecord
 from .registry import silent_after
 
-if TYPE_CHECKING:
-    _WorkerAdminBase = admin.ModelAdmin[WorkerRecord]
-    _DashboardAdminBase = admin.ModelAdmin[Dashboard]
-else:
-    _WorkerAdminBase = admin.ModelAdmin
-    _DashboardAdminBase = admin.ModelAdmin
-
 #: Seconds between two reloads of the dashboard, unless ``?refresh=`` says otherwise.
 REFRESH_SECONDS = 10
 
 
 @admin.register(WorkerRecord)
-class WorkerRecordAdmin(ReadOnlyAdminMixin, _WorkerAdminBase):
+class WorkerRecordAdmin(ReadOnlyModelAdmin[WorkerRecord]):
     list_display = (
         "kind",
         "engine_id",
@@ -74,7 +67,7 @@ class WorkerRecordAdmin(ReadOnlyAdminMixin, _WorkerAdminBase):
 
 
 @admin.register(Dashboard)
-class DashboardAdmin(_DashboardAdminBase):
+class DashboardAdmin(ModelAdmin[Dashboard]):
     """The dashboard, as the admin's "Dashboard" entry (its list page)."""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:

@@ -6,7 +6,7 @@ through :mod:`jobs.schedules.store` and are offered only to users holding
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import OuterRef, QuerySet, Subquery
@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ledon.admin import ReadOnlyAdminMixin, report_refusals, state_action
+from ledon.admin import ReadOnlyModelAdmin, report_refusals, state_action
 
 from ..exceptions import InvalidSchedule, JobsError
 from ..models import Job
@@ -25,14 +25,9 @@ from . import store as schedule_store
 from .models import Schedule
 from .types import ScheduleOutcome
 
-if TYPE_CHECKING:
-    _ScheduleAdminBase = admin.ModelAdmin[Schedule]
-else:
-    _ScheduleAdminBase = admin.ModelAdmin
-
 
 @admin.register(Schedule)
-class ScheduleAdmin(ReadOnlyAdminMixin, _ScheduleAdminBase):
+class ScheduleAdmin(ReadOnlyModelAdmin[Schedule]):
     list_display = (
         "name",
         "timetable",
