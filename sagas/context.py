@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import StepCancelled
@@ -12,6 +13,7 @@ if TYPE_CHECKING:
     from outbox import UnitOfWork
 
 
+@dataclass(kw_only=True, eq=False)
 class SagaContext:
     """The context of one step (or one compensation) of one saga instance.
 
@@ -30,27 +32,20 @@ class SagaContext:
     longer commit the step's completion.
     """
 
-    def __init__(
-        self,
-        *,
-        instance_id: uuid.UUID,
-        saga_name: str,
-        step: str,
-        data: dict[str, Any],
-        unit_of_work: UnitOfWork,
-        compensating: bool = False,
-        attempt: int = 1,
-        cancel: threading.Event | None = None,
-    ) -> None:
-        self.instance_id = instance_id
-        self.saga_name = saga_name
-        self.step = step
-        self.data = data
-        self.unit_of_work = unit_of_work
-        #: True while running a compensation rather than the step's action.
-        self.compensating = compensating
-        #: The try of this compensation (1 for actions and first tries).
-        self.attempt = attempt
+    instance_id: uuid.UUID
+    saga_name: str
+    step: str
+    data: dict[str, Any]
+    unit_of_work: UnitOfWork
+    #: True while running a compensation rather than the step's action.
+    compensating: bool = False
+    #: The try of this compensation (1 for actions and first tries).
+    attempt: int = 1
+    #: The step's cancellation signal (the runner's; a new one by default).
+    cancel: InitVar[threading.Event | None] = None
+    _cancel: threading.Event = field(init=False)
+
+    def __post_init__(self, cancel: threading.Event | None) -> None:
         self._cancel = cancel or threading.Event()
 
     def __repr__(self) -> str:
