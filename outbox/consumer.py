@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from django.db import connections
 
-from ledon.backoff import retry_delay
+from ledon.backoff import RetryPace
 from ledon.db import TRANSIENT_ERRORS, alias_for
 from ledon.engine import Engine, EngineStats
 from ledon.registry import EngineRecord
@@ -168,8 +168,8 @@ class EventConsumer(Engine):
             group=self.group, sources=sources, event_types=self.event_types
         )
         self.max_attempts = max_attempts
-        self.retry_delay = retry_delay
-        self.max_retry_delay = max_retry_delay
+        #: The pace of retries of a message whose subscriber raised.
+        self.retry_pace = RetryPace(retry_delay, 2.0, max_retry_delay, 0.1)
         self.reconnect_delay = reconnect_delay
         self.max_reconnect_delay = max_reconnect_delay
         self.receive_timeout = receive_timeout
@@ -367,14 +367,7 @@ class EventConsumer(Engine):
     def _retry_later(self, envelope: Envelope, exc: Exception, attempt: int, what: str) -> bool:
         """Wait before the next attempt; False if the consumer stopped meanwhile."""
         self.stats.retries += 1
-        delay = retry_delay(
-            attempt,
-            base=self.retry_delay,
-            factor=2,
-            cap=self.max_retry_delay,
-            jitter=0.1,
-            rng=self.rng,
-        )
+        delay = self.retry_pace.delay(attempt, self.rng)
         logger.warning(
             "consumer %s: %s on %s %s (attempt %d), retrying in %.1fs: %s",
             self.group,
