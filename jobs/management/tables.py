@@ -6,8 +6,14 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def write_table(out: Any, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """``columns`` then ``rows``, each column as wide as its widest cell."""
+def write_table(
+    out: Any, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, empty: str
+) -> None:
+    """``columns`` then ``rows``, each column as wide as its widest cell; the sentence
+    ``empty`` instead when there is no row."""
+    if not rows:
+        out.write(empty)
+        return
     lines = [list(columns), *[list(row) for row in rows]]
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(columns))]
     for line in lines:

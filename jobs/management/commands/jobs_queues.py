@@ -54,10 +54,6 @@ class Command(BaseCommand):
     def _list(self) -> None:
         limits = queue_limits()
         configured = list(jobs_settings().QUEUES)
-        states = execution.queue_states(configured)
-        if not states:
-            self.stdout.write("No queue has jobs, a stored state or limits.")
-            return
         rows = [
             (
                 state.name,
@@ -66,6 +62,8 @@ class Command(BaseCommand):
                 "yes" if state.paused else "no",
                 limits[state.name].describe() if state.name in limits else "none",
             )
-            for state in states
+            for state in execution.queue_states(configured)
         ]
-        write_table(self.stdout, COLUMNS, rows)
+        write_table(
+            self.stdout, COLUMNS, rows, empty="No queue has jobs, a stored state or limits."
+        )

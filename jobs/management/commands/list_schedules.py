@@ -54,9 +54,6 @@ class Command(BaseCommand):
                     )
                 )
             return
-        if not views:
-            self.stdout.write("No schedules are declared or stored.")
-            return
         rows = [
             (
                 view.name,
@@ -68,4 +65,4 @@ class Command(BaseCommand):
             )
             for view in views
         ]
-        write_table(self.stdout, COLUMNS, rows)
+        write_table(self.stdout, COLUMNS, rows, empty="No schedules are declared or stored.")
