@@ -12,6 +12,8 @@ from typing import Any, Self
 
 from django.db import models
 
+from ledon.outcomes import FencedOutcome
+
 from . import validation
 from .conf import jobs_settings
 from .exceptions import JobIdentityConflict
@@ -67,7 +69,7 @@ class CancelOutcome(enum.Enum):
     ALREADY_FINISHED = "already_finished"  # nothing to do: the job had already finished
 
 
-class FinishOutcome(enum.Enum):
+class FinishOutcome(FencedOutcome):
     """What a finishing call (complete, fail, interrupt, recover) did.
 
     ``STALE`` is falsy: the token was not current (late, unknown or already
@@ -86,9 +88,6 @@ class FinishOutcome(enum.Enum):
     #: execution did not count against ``max_attempts``.
     SNOOZED = "snoozed"
     STALE = "stale"
-
-    def __bool__(self) -> bool:
-        return self is not FinishOutcome.STALE
 
 
 class CancelReason(enum.Enum):

@@ -12,6 +12,8 @@ from typing import Any, Self
 
 from django.db import models
 
+from ledon.outcomes import FencedOutcome
+
 
 class MessageStatus(models.TextChoices):
     PENDING = "pending", "Pending"
@@ -86,7 +88,7 @@ class ConsumeOutcome(enum.Enum):
     ABANDONED = "abandoned"
 
 
-class RecordOutcome(enum.Enum):
+class RecordOutcome(FencedOutcome):
     """What recording one delivery did. ``STALE`` is falsy: the batch's lease was
     lost (recovered by another dispatcher), and nothing changed."""
 
@@ -94,9 +96,6 @@ class RecordOutcome(enum.Enum):
     RETRY_SCHEDULED = "retry_scheduled"
     PARKED = "parked"
     STALE = "stale"
-
-    def __bool__(self) -> bool:
-        return self is not RecordOutcome.STALE
 
 
 @dataclass(frozen=True, slots=True)
