@@ -64,8 +64,11 @@ def fetch(
     with connection.wrap_database_errors, psycopg.Cursor(raw, row_factory=_named_rows) as cursor:
         cursor.execute(sql, params, prepare=True)
         result = cursor.pgresult
-        # Not cursor.description: it builds a column object per column.
-        rows = cursor.fetchall() if result is not None and result.nfields else []
+        # Not cursor.description: it builds a column object per column. In a pipeline
+        # (jobs.store.finishing.asynchronous_commit) the result only arrives when
+        # fetched: a statement there must return rows.
+        in_pipeline = result is None and raw.pgconn.pipeline_status
+        rows = cursor.fetchall() if in_pipeline or (result and result.nfields) else []
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - start:.3f}"})
     return rows
