@@ -148,9 +148,9 @@ class WorkerBase(Engine):
         """Run the worker's own claim or finish ``call``: with
         ``JOBS["ASYNCHRONOUS_COMMIT"]`` on PostgreSQL, its commit does not wait for
         the WAL flush (``one_statement``: ``call`` is one statement in autocommit)."""
-        with execution.asynchronous_commit(
-            self.settings.ASYNCHRONOUS_COMMIT, one_statement=one_statement
-        ):
+        if not self.settings.ASYNCHRONOUS_COMMIT:
+            return call()
+        with execution.asynchronous_commit(True, one_statement=one_statement):
             return call()
 
     def _finish(
