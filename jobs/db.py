@@ -44,10 +44,15 @@ def fetch(
     if not (prepare and is_postgres(connection) and jobs_settings().PREPARED_STATEMENTS):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            if not cursor.description:
+            if in_pipeline(connection):
+                # The result arrives when fetched (a statement there must return rows).
+                rows = cursor.fetchall()
+            elif not cursor.description:
                 return []
+            else:
+                rows = cursor.fetchall()
             names = [column[0] for column in cursor.description]
-            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            return [dict(zip(names, row, strict=True)) for row in rows]
     # psycopg is the [postgres] extra: a SQLite set-up never imports it.
     import psycopg
 
@@ -65,13 +70,20 @@ def fetch(
         cursor.execute(sql, params, prepare=True)
         result = cursor.pgresult
         # Not cursor.description: it builds a column object per column. In a pipeline
-        # (jobs.store.finishing.asynchronous_commit) the result only arrives when
-        # fetched: a statement there must return rows.
-        in_pipeline = result is None and raw.pgconn.pipeline_status
-        rows = cursor.fetchall() if in_pipeline or (result and result.nfields) else []
+        # the result arrives when fetched (a statement there must return rows).
+        fetched = result.nfields if result is not None else in_pipeline(connection)
+        rows = cursor.fetchall() if fetched else []
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - start:.3f}"})
     return rows
+
+
+def in_pipeline(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the connection is in psycopg's pipeline mode
+    (:func:`jobs.store.finishing.asynchronous_commit`): a statement's result then
+    arrives only when its rows are fetched."""
+    raw = connection.connection
+    return is_postgres(connection) and raw is not None and bool(raw.pgconn.pipeline_status)
 
 
 def _named_rows(cursor: Any) -> Any:

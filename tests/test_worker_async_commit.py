@@ -147,15 +147,19 @@ def seen_by(monkeypatch: pytest.MonkeyPatch, name: str, log: list[str]) -> None:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("concurrency", [1, 3])
-@pytest.mark.parametrize("limited", [False, True], ids=["unlimited", "J18-limits"])
+@pytest.mark.parametrize(
+    ("limited", "prepared"),
+    [(False, True), (True, True), (False, False)],
+    ids=["unlimited", "J18-limits", "unprepared"],
+)
 def test_a_worker_with_it_on_finishes_every_job_as_without_it(
-    handler, settings, monkeypatch, concurrency, limited
+    handler, settings, monkeypatch, concurrency, limited, prepared
 ):
     """Successes (settled with the next claim), failures with a retry and a permanent
     failure (finished on their own): every job ends as it would with durable commits,
     with one attempt row per attempt; on PostgreSQL the worker's claims and finishes
     ran with ``synchronous_commit = off`` and the handler's own transaction did not."""
-    jobs = {"ASYNCHRONOUS_COMMIT": True}
+    jobs: dict[str, Any] = {"ASYNCHRONOUS_COMMIT": True, "PREPARED_STATEMENTS": prepared}
     if limited:
         jobs["QUEUES"] = {"default": {"max_running": 5}}  # the claim is several statements
     settings.JOBS = jobs
