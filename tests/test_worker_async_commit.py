@@ -20,7 +20,7 @@ from jobs.exceptions import JobsConfigurationError
 from jobs.handlers import RetryPolicy
 from jobs.models import JobAttempt
 from jobs.store import asynchronous_commit
-from jobs.types import AttemptStatus
+from jobs.types import AttemptStatus, FinishOutcome
 from jobs.worker import Worker
 
 SCOPE = "async-commit"
@@ -81,6 +81,15 @@ class TestTheTransaction:
         assert inside == ["off", "off"]
         assert not connection.in_atomic_block
         assert current_setting() == "on"
+
+    def test_finishes_alone_in_the_pipeline_are_read_back(self, make_job):
+        """A settle that claims nothing is the finishing statement alone."""
+        claim = make_job.running()
+        with asynchronous_commit(True, one_statement=True):
+            outcomes = execution_module.complete_many([(claim, "r")])
+        assert outcomes == {claim.token: FinishOutcome.SUCCEEDED}
+        assert make_job.get().status == JobStatus.SUCCEEDED
+        assert make_job.get().result_ref == "r"
 
     def test_disabled_it_changes_nothing(self):
         with asynchronous_commit(False, one_statement=True):
