@@ -27,7 +27,7 @@ from ledon.db import adapt_dt, alias_for, connection_for, is_postgres
 
 from .. import validation
 from ..conf import jobs_settings
-from ..db import fetch
+from ..db import asynchronous_commits, fetch
 from ..exceptions import AttemptRowMissing, InvalidInput
 from ..models import Job, JobAttempt
 from ..types import AttemptStatus, Claim, FinishOutcome, JobStatus
@@ -356,18 +356,15 @@ def asynchronous_commit(enabled: bool, *, one_statement: bool = False) -> Iterat
 
     With ``one_statement`` — the caller runs one statement that opens no transaction
     of its own (the finish-and-claim without limits), in autocommit — the setting
-    and the statement go in one pipeline: one implicit transaction, committed at
-    the pipeline's end, two round trips where the statement alone is one. Otherwise
-    one transaction that starts with ``SET LOCAL synchronous_commit = off``."""
+    goes in one pipeline with the statement (:func:`jobs.db.asynchronous_commits`):
+    still one round trip. Otherwise one transaction that starts with
+    ``SET LOCAL synchronous_commit = off``."""
     connection = connection_for(Job)
     if not enabled or not is_postgres(connection):
         yield
         return
     if one_statement and connection.get_autocommit():
-        connection.ensure_connection()
-        raw = connection.connection
-        with connection.wrap_database_errors, raw.pipeline():
-            raw.execute("SELECT set_config('synchronous_commit', 'off', true)")
+        with asynchronous_commits():
             yield
         return
     with transaction.atomic(using=alias_for(Job)):
