@@ -748,6 +748,13 @@ def closing_note(document: dict[str, Any]) -> str:
                 f" {prof['handoff_and_handler_ms']:.3f} and the rest of the worker"
                 f" {prof['return_to_next_statement_ms'] or 0:.3f}."
             )
+        durable, fast = _median(ours, "syncmode_c1_durable"), _median(ours, "syncmode_c1_async")
+        if durable and fast:
+            text += (
+                f" With `ASYNCHRONOUS_COMMIT` the worker waits for no WAL flush: {fast:,.0f}"
+                f" against {durable:,.0f} jobs/s measured beside it ({fast / durable:.2f}×),"
+                f" {fast / one:.2f} of the one-row commit rate."
+            )
         lines.append(text)
     costs = ours.get("per_job", {})
     peer_costs = pgq.get("per_job", {})
@@ -826,7 +833,26 @@ def closing_note(document: dict[str, Any]) -> str:
                 f" ({1000 / floor:.2f} ms a statement at the floor in this run: at most"
                 f" {5 / (5 + 1000 / floor):.0%} of the ideal even if every settle ran at once)"
             )
-        lines.append(text + ".")
+        text += "."
+        slot = document.get("slot_profile")
+        if slot:
+            text += (
+                f" Profiled, a slot's turn was {slot['handler_ms']:.2f} ms of handler,"
+                f" {slot['wait_for_settle_ms']:.2f} ms waiting for the settle under way,"
+                f" {slot['settle_ms']:.2f} ms for its own settle (one WAL sync"
+                f" {slot['wal_sync_ms']:.2f} ms) and {slot['handoff_ms']:.2f} ms of"
+                " hand-off to a thread: the commit between two jobs on a slot, not the"
+                " worker's Python, is what keeps it from the ideal."
+            )
+        durable = _median(ours, f"syncmode_sleep5_c{concurrency}_durable")
+        fast = _median(ours, f"syncmode_sleep5_c{concurrency}_async")
+        if durable and fast:
+            text += (
+                f" With `ASYNCHRONOUS_COMMIT` (no WAL flush waited for): {fast:,.0f}"
+                f" against {durable:,.0f} jobs/s measured beside it, {fast / ideal:.0%}"
+                " of the ideal."
+            )
+        lines.append(text)
     queued = document.get("queued_claim_cost")
     if queued:
         worst = max(queued["ratio_claim_1"], queued["ratio_claim_16"])
