@@ -154,10 +154,10 @@ class Settling(WorkerBase):
         settles, make throughput) and no settle is under way. At concurrency 1 the
         worker then never hands a job between threads. Called with the lock held.
 
-        Settles never run side by side for throughput's sake: on a durable server
-        their commits queue for the same WAL flush, so a second settle beside a first
-        waits for the first's flush and then its own, and each slows (measured with a
-        5 ms handler at concurrency 16: smaller batches, longer settles, fewer jobs
+        No thread starts a settle beside one under way to save its wait: on a
+        durable server their commits queue for the same WAL flush, so a second settle
+        beside a first waits for the first's flush and then its own (measured with a
+        5 ms handler at concurrency 16: smaller batches, longer settles and fewer jobs
         per second than one settle at a time)."""
         return (
             not self._stopping.is_set()
