@@ -215,7 +215,8 @@ def test_j17_a_timed_out_handler_fails_and_its_slot_runs_the_next_job(workers, t
     assert "JobTimedOut" in stubborn.error
     assert stubborn.attempts.get().status == AttemptStatus.FAILED
     gate.touch()  # now it reports progress and returns, too late
-    wait_until(done.exists, 30, "the late return", worker)
+    # The handler creates the file, then writes it: wait for what it wrote.
+    wait_until(lambda: done.exists() and done.read_text(), 30, "the late return", worker)
     assert done.read_text() == "False"  # its progress was refused (fenced by its token)
     _stop(worker)
     stubborn.refresh_from_db()
