@@ -539,3 +539,42 @@ def test_j18_a_claim_with_room_under_every_limit_claims_plainly_and_one_without_
     assert len(execution.claim_due("w", limit=3)) == 2
     assert execution.claim_due("w", limit=3) == []
     assert running("flow.five") == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_j18_a_burst_waits_for_due_jobs_a_rate_holds_back_and_then_exits(handler):
+    starts: list[int] = []
+
+    @handler("flow.burst.rated", rate=(3, 1))
+    def rated(ctx):
+        starts.append(ctx.payload["n"])
+        return "ok"
+
+    submit(5, "flow.burst.rated", prefix="b")
+    worker = Worker(burst=True, listen=False, concurrency=2)
+    worker.run()
+    # The first claim takes three: the other two are due but over the rate until its
+    # window moves on; a burst that stopped at the first empty claim left them Queued.
+    assert sorted(starts) == [0, 1, 2, 3, 4]
+    assert worker.stats.succeeded == 5
+    assert not Job.objects.filter(handler="flow.burst.rated").exclude(status=JobStatus.SUCCEEDED)
+    times = sorted(
+        JobAttempt.objects.filter(job__handler="flow.burst.rated").values_list(
+            "started_at", flat=True
+        )
+    )
+    assert times[3] - times[0] >= timedelta(seconds=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_j18_a_burst_does_not_wait_for_a_paused_queue_under_limits(handler):
+    @handler("flow.burst.paused", rate=(3, 1))
+    def rated(ctx):
+        return "ok"
+
+    submit(2, "flow.burst.paused", prefix="p", queue="held")
+    execution.pause_queue("held")
+    worker = Worker(burst=True, listen=False)
+    worker.run()
+    assert worker.stats.claimed == 0
+    assert Job.objects.filter(handler="flow.burst.paused", status=JobStatus.QUEUED).count() == 2
