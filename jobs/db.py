@@ -92,12 +92,18 @@ def _no_rows(values: Sequence[Any]) -> Any:
 
 
 def fetch_results(
-    connection: BaseDatabaseWrapper, statements: Sequence[str], params: Mapping[str, Any]
+    connection: BaseDatabaseWrapper,
+    statements: Sequence[str],
+    params: Mapping[str, Any],
+    *,
+    prepare: Sequence[str] = (),
 ) -> list[list[dict[str, Any]]]:
     """PostgreSQL: run ``statements`` one after the other in one round trip — a
     pipeline, with the transaction's ``BEGIN`` if it is the first — each with a
-    snapshot of its own; the rows of each, by column name. Recorded where Django
-    records queries."""
+    snapshot of its own; the rows of each, by column name. Those also in
+    ``prepare`` run as prepared statements, as :func:`fetch` runs them (unless
+    ``JOBS['PREPARED_STATEMENTS']`` is off). Recorded where Django records
+    queries."""
     # psycopg is the [postgres] extra: a SQLite set-up never imports it.
     from psycopg.rows import dict_row
 
@@ -105,13 +111,17 @@ def fetch_results(
     connection.validate_thread_sharing()
     connection.validate_no_broken_transaction()
     raw = connection.connection
+    if prepare and not jobs_settings().PREPARED_STATEMENTS:
+        prepare = ()
+    if prepare and raw.prepare_threshold is None:
+        raw.prepare_threshold = _NEVER_BY_COUNT  # see fetch
     start = time.monotonic()
     with connection.wrap_database_errors:
         cursors = [raw.cursor(row_factory=dict_row) for _ in statements]
         try:
             with raw.pipeline():
                 for cursor, statement in zip(cursors, statements, strict=True):
-                    cursor.execute(statement, params)
+                    cursor.execute(statement, params, prepare=statement in prepare or None)
             results = [cursor.fetchall() if cursor.description else [] for cursor in cursors]
         finally:
             for cursor in cursors:

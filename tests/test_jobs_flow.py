@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 from conftest import in_own_connection
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 from procs import wait_until
 
@@ -24,7 +24,6 @@ from jobs.store import limits as limits_store
 from jobs.testing import run_jobs_inline
 from jobs.types import AttemptStatus, FinishOutcome
 from jobs.worker import Worker
-from ledon.faults import add_fault_hook, remove_fault_hook
 
 SCOPE = "flow-tests"
 
@@ -42,62 +41,53 @@ def running(handler: str) -> int:
 
 
 def _race_for_the_last_slot(handler_name: str) -> list[int]:
-    """Three claimers on their own connections. The first stops between reading the
-    usage and claiming (fault point ``jobs.claim.counted``) while the two others
-    claim; then it goes on. Returns how many jobs each claimed."""
+    """Three claimers on their own connections. The first claims inside a transaction
+    of its own and holds it open, its claim not yet committed, while the two others
+    claim (each a claim's own transaction: on PostgreSQL the locks, the claim and the
+    commit in one round trip); then it commits. Returns how many jobs each claimed."""
     first = threading.Event()
     go = threading.Event()
     others_done = threading.Barrier(3)
-    me = threading.local()
-
-    def hook(name: str, context: dict[str, object]) -> None:
-        if name == "jobs.claim.counted" and getattr(me, "first", False):
-            first.set()
-            assert go.wait(60)
 
     def claimer(is_first: bool) -> int:
-        me.first = is_first
-        if not is_first:
-            assert first.wait(60)
+        if is_first:
+            with transaction.atomic():
+                claimed = len(execution.claim_due("w", limit=5))
+                first.set()
+                assert go.wait(60)
+            return claimed
+        assert first.wait(60)
         try:
             return len(execution.claim_due("w", limit=5))
         finally:
-            if not is_first:
-                others_done.wait(60)
-
-    add_fault_hook(hook)
-    try:
-        results: list[int] = [0, 0, 0]
-        threads = [
-            threading.Thread(
-                target=in_own_connection(
-                    lambda n=n: results.__setitem__(n, claimer(is_first=n == 0))
-                )
-            )
-            for n in range(3)
-        ]
-        for thread in threads:
-            thread.start()
-        assert first.wait(60)
-        if connection.vendor == "postgresql" and limits_store.lock_ids is _LOCK_IDS:
-            # Both others wait for the first one's advisory lock, not one moment less.
-            wait_until(_waiting_for_advisory_locks(2), 30, "two claims waiting for the lock")
-            go.set()
             others_done.wait(60)
-        else:
-            # Without the lock (or on SQLite, where the first holds the write lock)
-            # let the others finish — or block — before the first goes on.
-            if connection.vendor == "postgresql":
-                others_done.wait(60)
-                go.set()
-            else:
-                go.set()
-                others_done.wait(60)
-        for thread in threads:
-            thread.join(60)
-        return results
-    finally:
-        remove_fault_hook(hook)
+
+    results: list[int] = [0, 0, 0]
+    threads = [
+        threading.Thread(
+            target=in_own_connection(lambda n=n: results.__setitem__(n, claimer(is_first=n == 0)))
+        )
+        for n in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    assert first.wait(60)
+    if connection.vendor == "postgresql" and limits_store.lock_ids is _LOCK_IDS:
+        # Both others wait for the first one's advisory lock, not one moment less.
+        wait_until(_waiting_for_advisory_locks(2), 30, "two claims waiting for the lock")
+        go.set()
+        others_done.wait(60)
+    elif connection.vendor == "postgresql":
+        # Without the lock, let the others finish before the first commits.
+        others_done.wait(60)
+        go.set()
+    else:
+        # SQLite: the others wait for the first one's write lock.
+        go.set()
+        others_done.wait(60)
+    for thread in threads:
+        thread.join(60)
+    return results
 
 
 _LOCK_IDS = limits_store.lock_ids
@@ -324,9 +314,9 @@ def _statements(monkeypatch) -> list[str]:
 
     real_results = limits_store.fetch_results
 
-    def recording_results(connection, statements, params):
+    def recording_results(connection, statements, params, **kwargs):
         seen.extend(statements)
-        return real_results(connection, statements, params)
+        return real_results(connection, statements, params, **kwargs)
 
     monkeypatch.setattr(claiming, "fetch", recording)
     monkeypatch.setattr(limits_store, "fetch", recording)

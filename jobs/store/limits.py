@@ -87,6 +87,52 @@ def lock_ids(limits: ClaimLimits) -> list[int]:
     )
 
 
+def claim_keys(
+    connection: BaseDatabaseWrapper, limits: ClaimLimits, now: datetime
+) -> tuple[tuple[sql_flow.KeyShape, ...], dict[str, Any]]:
+    """PostgreSQL: the keys of :func:`jobs.store.sql_flow.limited_claim` — every
+    limited handler name, then every limited queue, each in name order — and their
+    parameters, with the advisory locks' ``keys`` (:func:`lock_ids`)."""
+    shapes: list[sql_flow.KeyShape] = []
+    params: dict[str, Any] = {"keys": lock_ids(limits)}
+    for kind, configured in (("h", limits.handlers), ("q", limits.queues)):
+        for name in sorted(configured):
+            value, n = configured[name], len(shapes)
+            shapes.append(
+                (
+                    kind,
+                    value.max_running is not None,
+                    value.max_running_per_scope is not None,
+                    value.rate is not None,
+                )
+            )
+            params[f"lim_{n}"] = name
+            if value.max_running is not None:
+                params[f"lim_{n}_max"] = value.max_running
+            if value.max_running_per_scope is not None:
+                params[f"lim_{n}_scope"] = value.max_running_per_scope
+            if value.rate is not None:
+                count, seconds = value.rate
+                params[f"lim_{n}_rate"] = count
+                params[f"lim_{n}_key"] = rate_key(_KINDS[kind], name)
+                params[f"lim_{n}_since"] = now - timedelta(seconds=seconds)
+    return tuple(shapes), params
+
+
+def claim_locked(
+    connection: BaseDatabaseWrapper, statement: str, params: dict[str, Any], *, commit: bool
+) -> list[dict[str, Any]]:
+    """PostgreSQL, in one round trip: the advisory locks of ``params['keys']``, then
+    ``statement`` (a :func:`jobs.store.sql_flow.limited_claim`, prepared), then — with
+    ``commit``, the transaction being the claim's own — ``COMMIT``. Each statement
+    runs when the one before it has finished, with a snapshot of its own: the claim's
+    sees every claim the locks' previous holders committed. Returns its rows."""
+    statements = [sql_flow.LOCK_KEYS, statement]
+    if commit:
+        statements.append(sql_flow.COMMIT)
+    return fetch_results(connection, statements, params, prepare=(statement,))[1]
+
+
 def lock_keys(connection: BaseDatabaseWrapper, limits: ClaimLimits) -> None:
     """Serialise the claims that ``limits`` apply to (see the module's docstring)."""
     if not is_postgres(connection):
