@@ -100,11 +100,13 @@ def fetch_results(
 ) -> list[list[dict[str, Any]]]:
     """PostgreSQL: run ``statements`` one after the other in one round trip — a
     pipeline, with the transaction's ``BEGIN`` if it is the first — each with a
-    snapshot of its own; the rows of each, by column name. Those also in
+    snapshot of its own, with server-side parameters; the rows of each, by column
+    name. Those also in
     ``prepare`` run as prepared statements, as :func:`fetch` runs them (unless
     ``JOBS['PREPARED_STATEMENTS']`` is off). Recorded where Django records
     queries."""
     # psycopg is the [postgres] extra: a SQLite set-up never imports it.
+    import psycopg
     from psycopg.rows import dict_row
 
     connection.ensure_connection()
@@ -117,7 +119,9 @@ def fetch_results(
         raw.prepare_threshold = _NEVER_BY_COUNT  # see fetch
     start = time.monotonic()
     with connection.wrap_database_errors:
-        cursors = [raw.cursor(row_factory=dict_row) for _ in statements]
+        # Server-side parameters (Django's own cursors bind on the client), so that
+        # a statement's text is the same each time and can be prepared.
+        cursors = [psycopg.Cursor(raw, row_factory=dict_row) for _ in statements]
         try:
             with raw.pipeline():
                 for cursor, statement in zip(cursors, statements, strict=True):

@@ -130,7 +130,7 @@ def claim_locked(
     statements = [sql_flow.LOCK_KEYS, statement]
     if commit:
         statements.append(sql_flow.COMMIT)
-    return fetch_results(connection, statements, params, prepare=(statement,))[1]
+    return fetch_results(connection, statements, params, prepare=statements[:2])[1]
 
 
 def lock_keys(connection: BaseDatabaseWrapper, limits: ClaimLimits) -> None:

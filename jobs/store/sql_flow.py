@@ -132,18 +132,17 @@ def limited_claim(
         shapes = [keys[n] for n in names[kind]]
         if any(s[1] or s[3] for s in shapes):
             picks.append(
-                f"{column} <> ALL(ARRAY(SELECT name FROM keys"
-                f" WHERE kind = '{kind}' AND room <= 0))"
+                f"{column} NOT IN (SELECT name FROM keys WHERE kind = '{kind}' AND room <= 0)"
             )
             ranks.append(f"row_number() OVER (PARTITION BY {column} ORDER BY {_ORDER}) AS n_{kind}")
             admits.append(f"(k_{kind}.room IS NULL OR r.n_{kind} <= k_{kind}.room)")
         if any(s[2] for s in shapes):
             # scope_hash has a fixed length: scope_hash || name names one pair.
             picks.append(
-                f"scope_hash || {column} <> ALL(ARRAY(SELECT u.scope_hash || u.{column}"
+                f"scope_hash || {column} NOT IN (SELECT u.scope_hash || u.{column}"
                 f" FROM running AS u JOIN keys AS k ON k.kind = '{kind}' AND k.name = u.{column}"
                 f" WHERE k.scope IS NOT NULL GROUP BY u.scope_hash, u.{column}, k.scope"
-                " HAVING count(*) >= k.scope))"
+                " HAVING count(*) >= k.scope)"
             )
             ranks.append(
                 f"row_number() OVER (PARTITION BY {column}, scope_hash ORDER BY {_ORDER})"
