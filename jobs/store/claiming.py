@@ -3,7 +3,8 @@ after finishing a batch of attempts in the same transaction (J8, see
 :mod:`jobs.store.finishing`).
 
 A claim no limit applies to is one statement (:func:`jobs.store.sql.claim`); a claim
-under limits (J18) locks, counts, picks and claims in one transaction (see
+under limits (J18) locks, then counts, picks and claims in one transaction — on
+PostgreSQL one statement after the locks, all in one round trip (see
 :mod:`jobs.store.limits`). Either skips paused queues (J18) in its guard.
 """
 
@@ -26,7 +27,7 @@ from ..db import fetch, in_list_params, numbered
 from ..limits import NO_LIMITS, ClaimLimits
 from ..models import Job
 from ..types import Claim, FinishOutcome
-from . import sql
+from . import sql, sql_flow
 from .base import current_time
 from .finishing import (
     Finished,
@@ -38,12 +39,10 @@ from .finishing import (
     outcomes,
     read_finished,
 )
-from . import sql_flow
 from .limits import (
     choose,
     claim_keys,
     claim_locked,
-    counted,
     read_usage,
     record_starts,
 )
@@ -97,11 +96,8 @@ def _claim_rows(
     else:
         by_ids = 0
         if chosen is not None:
-            if is_postgres(connection):
-                params["ids"], by_ids = list(chosen), 1
-            else:
-                params.update(in_list_params("id", chosen))
-                by_ids = len(chosen)
+            params.update(in_list_params("id", chosen))
+            by_ids = len(chosen)
         statement = sql.claim(
             connection.vendor,
             queues=len(queue_list),
@@ -189,7 +185,6 @@ def _claim_limited_sqlite(
         _, claims, _ = claim_rows()
         record_starts(connection, limits, claims, now)
         return claims
-    counted(limits)
     base: dict[str, Any] = {"now": adapt_dt(connection, now), **in_list_params("queue", queue_list)}
     if identity is not None:
         base["scope_hash"], base["job_id"] = identity

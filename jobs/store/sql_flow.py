@@ -3,7 +3,9 @@ the manner of :mod:`jobs.store.sql`: named parameters, named result columns, the
 PostgreSQL and SQLite forms side by side, cached texts.
 
 None of these runs in a claim that no limit applies to: that claim is the one
-statement of :func:`jobs.store.sql.claim`.
+statement of :func:`jobs.store.sql.claim`. A claim under limits is
+:data:`LOCK_KEYS` then :func:`limited_claim` on PostgreSQL, and :func:`usage`,
+:func:`candidates` and :func:`insert_claim_starts` around the plain claim on SQLite.
 """
 
 from __future__ import annotations
@@ -119,11 +121,7 @@ def limited_claim(
     if one_job:
         filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
     guard = " AND ".join(filters)
-    kinds = [
-        (kind, column)
-        for kind, column in (("h", "handler"), ("q", "queue"))
-        if names[kind]
-    ]
+    kinds = [(kind, column) for kind, column in (("h", "handler"), ("q", "queue")) if names[kind]]
     picks = []
     ranks = []
     admits = []
@@ -154,14 +152,17 @@ def limited_claim(
                 f" <= k_{kind}.scope)"
             )
         joins.append(
-            f" LEFT JOIN keys AS k_{kind} ON k_{kind}.kind = '{kind}' AND k_{kind}.name = r.{column}"
+            f" LEFT JOIN keys AS k_{kind}"
+            f" ON k_{kind}.kind = '{kind}' AND k_{kind}.name = r.{column}"
         )
     ctes.append(
         f"candidates AS (SELECT id, handler, queue, scope_hash, priority, next_run_at FROM {JOB}"
         f" WHERE {' AND '.join([guard, *picks])}"
         f" ORDER BY {_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
     )
-    ctes.append(f"ranked AS (SELECT id, handler, queue, scope_hash, {', '.join(ranks)} FROM candidates)")
+    ctes.append(
+        f"ranked AS (SELECT id, handler, queue, scope_hash, {', '.join(ranks)} FROM candidates)"
+    )
     ctes.append(
         "chosen AS (SELECT r.id FROM ranked AS r"
         + "".join(joins)
@@ -194,24 +195,22 @@ COMMIT = "COMMIT"
 
 
 @functools.lru_cache(maxsize=64)
-def usage(handlers: int, queues: int, rate_keys: int, leaving: int = 0) -> str:
-    """What limits count, in one statement: rows of ``kind`` ``'running'`` — the
-    Running jobs of ``handlers`` limited handler names (``lim_handler_0``…) or
-    ``queues`` limited queues (``lim_queue_0``…), per ``handler``, ``queue`` and ``scope_hash``, in
-    ``n`` — and rows of ``kind`` ``'started'`` — per rate key (``key_0``…), in ``n``,
-    the starts after its window's start (``since_0``…). Jobs Running under the
-    ``leaving`` tokens (``leaving_0``…) are left out: the same transaction finishes
-    them. Only Running jobs hold a current token: the small partial index of tokens
-    serves the first part, the (key, started_at) index each term of the second."""
+def usage(handlers: int, queues: int, rate_keys: int) -> str:
+    """SQLite: what limits count, in one statement: rows of ``kind`` ``'running'`` —
+    the Running jobs of ``handlers`` limited handler names (``lim_handler_0``…) or
+    ``queues`` limited queues (``lim_queue_0``…), per ``handler``, ``queue`` and
+    ``scope_hash``, in ``n`` — and rows of ``kind`` ``'started'`` — per rate key
+    (``key_0``…), in ``n``, the starts after its window's start (``since_0``…). Only
+    Running jobs hold a current token: the small partial index of tokens serves the
+    first part, the (key, started_at) index each term of the second."""
     either = []
     if handlers:
         either.append(f"handler IN ({in_list('lim_handler', handlers)})")
     if queues:
         either.append(f"queue IN ({in_list('lim_queue', queues)})")
-    gone = f" AND current_token NOT IN ({in_list('leaving', leaving)})" if leaving else ""
     running = (
         "SELECT 'running' AS kind, handler, queue, scope_hash, NULL AS key, count(*) AS n"
-        f" FROM {JOB} WHERE current_token IS NOT NULL AND status = '{RUNNING}'{gone}"
+        f" FROM {JOB} WHERE current_token IS NOT NULL AND status = '{RUNNING}'"
         f" AND ({' OR '.join(either)}) GROUP BY handler, queue, scope_hash"
     )
     if not rate_keys:
@@ -227,7 +226,6 @@ def usage(handlers: int, queues: int, rate_keys: int, leaving: int = 0) -> str:
 
 @functools.lru_cache(maxsize=256)
 def candidates(
-    vendor: str,
     *,
     queues: int,
     one_job: bool,
@@ -242,8 +240,8 @@ def candidates(
     limit and the (handler, scope) and (queue, scope) pairs at a per-scope limit
     (``fhs_k_0``/``fhs_s_0``…, ``fqs_k_0``/``fqs_s_0``…), and the ``seen`` jobs an
     earlier page returned (``seen_0``…). Returns each job's ``id``,
-    ``handler``, ``queue`` and ``scope_hash``. PostgreSQL locks the rows it returns,
-    skipping rows other claims hold."""
+    ``handler``, ``queue`` and ``scope_hash``. SQLite (whose claims hold the write
+    lock)."""
     filters = list(CLAIMABLE)
     if queues:
         filters.append(f"queue IN ({in_list('queue', queues)})")
@@ -265,10 +263,9 @@ def candidates(
             filters.append(f"NOT ({pairs})")
     if seen:
         filters.append(f"id NOT IN ({in_list('seen', seen)})")
-    lock = " FOR UPDATE SKIP LOCKED" if vendor == "postgresql" else ""
     return (
         f"SELECT id, handler, queue, scope_hash FROM {JOB} WHERE {' AND '.join(filters)}"
-        f" ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s{lock}"
+        f" ORDER BY {_ORDER} LIMIT %(limit)s"
     )
 
 
