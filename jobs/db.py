@@ -107,7 +107,6 @@ def fetch_results(
     queries."""
     # psycopg is the [postgres] extra: a SQLite set-up never imports it.
     import psycopg
-    from psycopg.rows import dict_row
 
     connection.ensure_connection()
     connection.validate_thread_sharing()
@@ -121,12 +120,15 @@ def fetch_results(
     with connection.wrap_database_errors:
         # Server-side parameters (Django's own cursors bind on the client), so that
         # a statement's text is the same each time and can be prepared.
-        cursors = [psycopg.Cursor(raw, row_factory=dict_row) for _ in statements]
+        cursors = [psycopg.Cursor(raw, row_factory=_named_rows) for _ in statements]
         try:
             with raw.pipeline():
                 for cursor, statement in zip(cursors, statements, strict=True):
                     cursor.execute(statement, params, prepare=statement in prepare or None)
-            results = [cursor.fetchall() if cursor.description else [] for cursor in cursors]
+            results = [
+                cursor.fetchall() if cursor.pgresult is not None and cursor.pgresult.nfields else []
+                for cursor in cursors
+            ]
         finally:
             for cursor in cursors:
                 cursor.close()

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from conftest import in_own_connection
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from procs import wait_until
 
@@ -19,7 +20,7 @@ from jobs.exceptions import InvalidInput, InvalidLimits, InvalidSubmission
 from jobs.handlers import RetryPolicy
 from jobs.limits import Limits
 from jobs.models import ClaimStart, Job, JobAttempt, Queue
-from jobs.store import claiming, sql
+from jobs.store import claiming, sql, sql_flow
 from jobs.store import limits as limits_store
 from jobs.testing import run_jobs_inline
 from jobs.types import AttemptStatus, FinishOutcome
@@ -330,7 +331,8 @@ def test_j18_without_limits_the_claim_is_one_statement(
 ):
     """No limit configured: the plain claim of :func:`jobs.store.sql.claim`, one
     statement (PostgreSQL; SQLite adds its attempt rows' insert), never the locking
-    path; with a limit, the claim locks, counts and picks first."""
+    path; with a limit, the claim locks, counts and picks first — on PostgreSQL in
+    one round trip too: the locks, the claim and the commit in one pipeline."""
     handler("flow.free")(lambda ctx: None)
     submit(3, "flow.free")
     statements = _statements(monkeypatch)
@@ -345,9 +347,14 @@ def test_j18_without_limits_the_claim_is_one_statement(
     handler("flow.capped", max_running=1)(lambda ctx: None)
     submit(2, "flow.capped", prefix="c")
     statements.clear()
-    assert len(execution.claim_due("w", limit=3)) == 1
+    with CaptureQueriesContext(connection) as queries:
+        assert len(execution.claim_due("w", limit=1)) == 1
     assert statements[0] != plain
     assert any("pg_advisory_xact_lock" in text for text in statements) == postgres
+    if postgres:
+        assert len(queries) == 1
+        assert statements[0] == sql_flow.LOCK_KEYS
+        assert statements[2:] == [sql_flow.COMMIT]
 
 
 # --------------------------------------------------------------------------- pause
