@@ -10,6 +10,8 @@ accept these forms; the few differences are switched on ``connection.vendor``.
 
 from __future__ import annotations
 
+import functools
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -119,12 +121,19 @@ def fetch_results(
     start = time.monotonic()
     with connection.wrap_database_errors:
         # Server-side parameters (Django's own cursors bind on the client), so that
-        # a statement's text is the same each time and can be prepared.
-        cursors = [psycopg.Cursor(raw, row_factory=_named_rows) for _ in statements]
+        # a statement's text is the same each time and can be prepared; in
+        # PostgreSQL's own $n form, converted once per text (psycopg would parse a
+        # long statement's text again on every call).
+        cursors = [psycopg.RawCursor(raw, row_factory=_named_rows) for _ in statements]
         try:
             with raw.pipeline():
                 for cursor, statement in zip(cursors, statements, strict=True):
-                    cursor.execute(statement, params, prepare=statement in prepare or None)
+                    text, names = _numbered_placeholders(statement)
+                    cursor.execute(
+                        text,
+                        [params[name] for name in names],
+                        prepare=statement in prepare or None,
+                    )
             results = [
                 cursor.fetchall() if cursor.pgresult is not None and cursor.pgresult.nfields else []
                 for cursor in cursors
@@ -137,6 +146,21 @@ def fetch_results(
             {"sql": "; ".join(statements), "time": f"{time.monotonic() - start:.3f}"}
         )
     return results
+
+
+_NAMED_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+@functools.lru_cache(maxsize=256)
+def _numbered_placeholders(statement: str) -> tuple[str, tuple[str, ...]]:
+    """``statement`` with each named placeholder (``%(name)s``) as PostgreSQL's
+    ``$n``, the same number for the same name; and the names, in number order."""
+    names: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        return f"${names.setdefault(match.group(1), len(names) + 1)}"
+
+    return _NAMED_PLACEHOLDER.sub(number, statement), tuple(names)
 
 
 def random_token_sql(vendor: str) -> str:
