@@ -90,11 +90,13 @@ def limited_claim(
     (the starts ``max_running`` and ``rate`` still allow, the fewer) and its
     per-scope limit; ``candidates`` — up to ``limit`` due jobs in claim order, locked
     (``SKIP LOCKED``), leaving out the handlers and queues without room and the
-    (name, scope) pairs at their per-scope limit; ``chosen`` — the candidates whose
-    rank among the candidates of each of their keys is within its room (a job is
-    refused when as many candidates of one of its keys come before it as that key
-    has room: a claim never takes more than any room, and may take fewer where one
-    key's refusal leaves another's room unused); then the claim's update and
+    (name, scope) pairs at their per-scope limit; ``chosen`` — all of them when
+    every key has room for ``limit`` more starts (``ample``: the limits cannot bind),
+    else those whose rank among the candidates of each of their keys is within its
+    room (``ranked``; a job is refused when as many candidates of one of its keys
+    come before it as that key has room: a claim never takes more than any room,
+    and may take fewer where one key's refusal leaves another's room unused); then
+    the claim's update of the chosen jobs (locked, so their guard still holds) and
     attempt rows, and a ``jobs_claimstart`` row per start of a rate-limited key.
 
     Returns the rows of :func:`jobs.store.sql.claim` with ``finishing`` (a ``kind``
@@ -163,14 +165,26 @@ def limited_claim(
     ctes.append(
         f"ranked AS (SELECT id, handler, queue, scope_hash, {', '.join(ranks)} FROM candidates)"
     )
+    # Room for the whole claim under every limit: the candidates as they come (the
+    # ranking is then never computed).
+    ample = ["(room IS NULL OR room >= %(limit)s)"]
+    if any(shape[2] for shape in keys):
+        ample.append(
+            "(scope IS NULL OR scope >= %(limit)s + COALESCE((SELECT max(n) FROM"
+            " (SELECT count(*) AS n FROM running AS u WHERE (k.kind = 'h' AND u.handler = k.name)"
+            " OR (k.kind = 'q' AND u.queue = k.name) GROUP BY u.scope_hash) AS busiest), 0))"
+        )
+    ctes.append(f"ample AS (SELECT bool_and({' AND '.join(ample)}) AS yes FROM keys AS k)")
     ctes.append(
-        "chosen AS (SELECT r.id FROM ranked AS r"
+        "chosen AS (SELECT id FROM candidates WHERE (SELECT yes FROM ample)"
+        " UNION ALL SELECT r.id FROM ranked AS r"
         + "".join(joins)
-        + f" WHERE {' AND '.join(admits) or 'TRUE'})"
+        + f" WHERE NOT (SELECT yes FROM ample) AND {' AND '.join(admits)})"
     )
     orphans = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
+    # The candidates are locked by this statement: their guard holds still.
     update = claim_update(
-        "postgresql", f"{orphans}id = ANY(ARRAY(SELECT id FROM chosen)) AND {guard}"
+        "postgresql", f"{orphans}id = ANY(ARRAY(SELECT id FROM chosen)) AND status = '{QUEUED}'"
     )
     ctes.append(claimed_ctes(update))
     if any(shape[3] for shape in keys):
