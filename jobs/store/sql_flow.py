@@ -204,7 +204,7 @@ def limited_claim(
 
 
 #: The end of a claim's transaction, sent in its round trip (see
-#: :func:`jobs.store.limits.claim_limited`).
+#: :func:`jobs.store.limits.claim_locked`).
 COMMIT = "COMMIT"
 
 
