@@ -122,7 +122,7 @@ def claim_keys(
                 count, seconds = value.rate
                 params[f"lim_{n}_rate"] = count
                 params[f"lim_{n}_key"] = rate_key(_KINDS[kind], name)
-                params[f"lim_{n}_since"] = now - timedelta(seconds=seconds)
+                params[f"lim_{n}_since"] = adapt_dt(connection, now - timedelta(seconds=seconds))
     return tuple(shapes), params
 
 
