@@ -175,10 +175,11 @@ def claim(
 
     Parameters: ``worker_id``, ``lease_expires_at``, ``now``, ``limit``; with
     ``queues``, ``queue_0``… (see :func:`jobs.db.in_list_params`); with ``one_job``,
-    ``scope_hash`` and ``job_id``. With ``chosen`` (a claim under limits, J18), the
-    jobs were chosen, and locked, by :func:`jobs.store.sql_flow.candidates`: the
-    update takes ``ids`` (PostgreSQL, an array) or ``id_0``… (SQLite, ``chosen`` of
-    them) instead of ``limit``, the same guard checked again.
+    ``scope_hash`` and ``job_id``. With ``chosen`` (a claim under limits, J18, on
+    SQLite; PostgreSQL's is :func:`jobs.store.sql_flow.limited_claim`), the jobs were
+    chosen by :func:`jobs.store.sql_flow.candidates`: the update takes ``ids``
+    (PostgreSQL, an array) or ``id_0``… (SQLite, ``chosen`` of them) instead of
+    ``limit``, the same guard checked again.
 
     On PostgreSQL the same statement also inserts each claimed job's Running attempt
     row (a data-modifying CTE), so a claim is one round trip; on SQLite the attempt
