@@ -409,6 +409,30 @@ class Runner:
             tag = f"{system.name}-sleep-{config.key}-run{run + 1}"
             rate = self.burn_down(system, config, tag, plan.sleep_jobs, seed=seed_sleeping)
             record(system, f"sleep5_{config.key}", rate, plan.sleep_jobs)
+        self.asynchronous_commit(system, run, record)
+
+    def asynchronous_commit(self, system: System, run: int, record: Callable[..., None]) -> None:
+        """``JOBS["ASYNCHRONOUS_COMMIT"]`` off and on, one right after the other (their
+        order alternating from run to run): the burn-down at concurrency 1 and the 5 ms
+        handler at ``sleep_concurrency``."""
+        plan = self.plan
+        count = plan.for_system(plan.burn_jobs, system.name)
+        seed_sleeping = getattr(system, "seed_sleeping", None)
+        cases: list[tuple[str, WorkerConfig, int, Callable[[int], None] | None]] = [
+            ("c1", WorkerConfig(1, 1), count, None)
+        ]
+        if seed_sleeping is not None:
+            config = WorkerConfig(1, plan.sleep_concurrency)
+            cases.append(
+                (f"sleep5_c{plan.sleep_concurrency}", config, plan.sleep_jobs, seed_sleeping)
+            )
+        modes = ["durable", "async"] if run % 2 == 0 else ["async", "durable"]
+        for name, config, jobs, seed in cases:
+            for mode in modes:
+                env = {"BENCH_JOBS": json.dumps({"ASYNCHRONOUS_COMMIT": mode == "async"})}
+                tag = f"{system.name}-{mode}-{name}-run{run + 1}"
+                rate = self.burn_down(system, config, tag, jobs, seed=seed, extra_env=env)
+                record(system, f"syncmode_{name}_{mode}", rate, jobs)
 
     def run(self) -> dict[str, Any]:
         results: dict[str, Any] = {s.name: {} for s in self.systems}
@@ -834,6 +858,18 @@ def run_all(
 
             document["profile"] = profile(
                 database_url, ours, admin, jobs=plan.profile_jobs, log=log
+            )
+            save(document)
+            log("profile of a 5 ms handler's slot")
+            from .profiling import slot_profile
+
+            document["slot_profile"] = slot_profile(
+                database_url,
+                ours,
+                admin,
+                jobs=plan.sleep_jobs,
+                concurrency=plan.sleep_concurrency,
+                log=log,
             )
             save(document)
     finally:

@@ -312,6 +312,97 @@ def profile(
     return result
 
 
+def slot_profile(
+    url: str,
+    ledon: Any,
+    admin: Callable[[str], None],
+    jobs: int,
+    concurrency: int = 16,
+    log: Callable[[str], None] = physical.log_stderr,
+) -> dict[str, Any]:
+    """Where a handler thread's time goes with a handler that sleeps 5 ms: a burst
+    worker in this process at ``concurrency`` over ``jobs`` such jobs, each attempt
+    followed from its handler's start to the start of the next attempt on a slot —
+    the handler, the wait for a settle already under way (only one runs at a time),
+    the settle that finishes it and claims for the capacity it frees, and the hand-off
+    of the new claim to a thread. Means in ms per attempt; the WAL syncs of the
+    settles from ``pg_stat_wal``."""
+    from jobs import execution
+    from jobs.worker import threads
+    from jobs.worker.settling import Settling
+
+    returned: dict[str, float] = {}
+    started: dict[str, float] = {}
+    settled: dict[str, tuple[float, float]] = {}
+    claimed: dict[str, float] = {}
+    lock = threading.Lock()
+    complete_and_claim = execution.complete_and_claim
+    run_attempt = threads.run_attempt
+    defer = Settling._defer_completion
+
+    def timed_settle(done: Any, *args: Any, **kwargs: Any) -> Any:
+        begin = time.perf_counter()
+        outcomes, claims = complete_and_claim(done, *args, **kwargs)
+        end = time.perf_counter()
+        with lock:
+            for claim, _result in done:
+                settled[claim.token] = (begin, end)
+            for claim in claims:
+                claimed[claim.token] = end
+        return outcomes, claims
+
+    def timed_attempt(ctx: Any, **kwargs: Any) -> Any:
+        with lock:
+            started[ctx.token] = time.perf_counter()
+        return run_attempt(ctx, **kwargs)
+
+    def timed_defer(worker: Any, claim: Any, result: Any) -> bool:
+        with lock:
+            returned[claim.token] = time.perf_counter()
+        return defer(worker, claim, result)
+
+    ledon.reset()
+    ledon.seed_sleeping(jobs)
+    admin("ANALYZE")
+    admin("CHECKPOINT")
+    _reset_server(url, False)
+    execution.complete_and_claim = timed_settle
+    threads.run_attempt = timed_attempt
+    Settling._defer_completion = timed_defer  # type: ignore[method-assign]
+    try:
+        span, _ = _run_worker(concurrency, profile=False)
+    finally:
+        execution.complete_and_claim = complete_and_claim
+        threads.run_attempt = run_attempt
+        Settling._defer_completion = defer  # type: ignore[method-assign]
+    time.sleep(1.1)  # backends flush their WAL statistics when they end
+    wal = _server(url, False)["wal"]
+    settles = {b for b in settled.values()}
+    handler = [returned[t] - started[t] for t in returned if t in started]
+    waiting = [settled[t][0] - returned[t] for t in returned if t in settled]
+    settling = [settled[t][1] - settled[t][0] for t in returned if t in settled]
+    handoff = [started[t] - claimed[t] for t in started if t in claimed]
+
+    def mean_ms(values: list[float]) -> float:
+        return statistics.fmean(values) * 1000 if values else 0.0
+
+    result = {
+        "jobs": jobs,
+        "concurrency": concurrency,
+        "jobs_per_s": jobs / span,
+        "handler_ms": mean_ms(handler),
+        "wait_for_settle_ms": mean_ms(waiting),
+        "settle_ms": mean_ms(settling),
+        "handoff_ms": mean_ms(handoff),
+        "settles": len(settles),
+        "jobs_per_settle": len(settled) / len(settles) if settles else 0.0,
+        "wal_sync_ms": wal["sync_ms"] / wal["syncs"] if wal["syncs"] else 0.0,
+    }
+    ledon.reset()
+    log("  slot profile: " + ", ".join(f"{k} {v:.3f}" for k, v in result.items()))
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import os

@@ -652,6 +652,17 @@ def render(document: dict[str, Any]) -> str:
         "",
         _sleep_text(document),
         "",
+        "## Asynchronous commit (opt-in)",
+        "",
+        "django-ledon only: the same burn-downs with the worker's claims and finishes"
+        ' committed durably (the default) and with `JOBS["ASYNCHRONOUS_COMMIT"]`'
+        " (`synchronous_commit = off` for those transactions; a database crash can then"
+        " lose the last few hundred milliseconds of them, and those jobs run again — see"
+        " [asynchronous commit](workers.md#asynchronous-commit)), one right after the"
+        " other in each run.",
+        "",
+        syncmode_table(document),
+        "",
         "## Claim cost with a deep queue",
         "",
         "django-ledon only: the same claims with a shallow and with a deep queue of due"
@@ -739,6 +750,13 @@ def closing_note(document: dict[str, Any]) -> str:
                 f" {prof['handoff_and_handler_ms']:.3f} and the rest of the worker"
                 f" {prof['return_to_next_statement_ms'] or 0:.3f}."
             )
+        durable, fast = _median(ours, "syncmode_c1_durable"), _median(ours, "syncmode_c1_async")
+        if durable and fast:
+            text += (
+                f" With `ASYNCHRONOUS_COMMIT` the worker waits for no WAL flush: {fast:,.0f}"
+                f" against {durable:,.0f} jobs/s measured beside it ({fast / durable:.2f}×),"
+                f" {fast / one:.2f} of the one-row commit rate."
+            )
         lines.append(text)
     costs = ours.get("per_job", {})
     peer_costs = pgq.get("per_job", {})
@@ -817,7 +835,26 @@ def closing_note(document: dict[str, Any]) -> str:
                 f" ({1000 / floor:.2f} ms a statement at the floor in this run: at most"
                 f" {5 / (5 + 1000 / floor):.0%} of the ideal even if every settle ran at once)"
             )
-        lines.append(text + ".")
+        text += "."
+        slot = document.get("slot_profile")
+        if slot:
+            text += (
+                f" Profiled, a slot's turn was {slot['handler_ms']:.2f} ms of handler,"
+                f" {slot['wait_for_settle_ms']:.2f} ms waiting for the settle under way,"
+                f" {slot['settle_ms']:.2f} ms for its own settle (one WAL sync"
+                f" {slot['wal_sync_ms']:.2f} ms) and {slot['handoff_ms']:.2f} ms of"
+                " hand-off to a thread: the commit between two jobs on a slot, not the"
+                " worker's Python, is what keeps it from the ideal."
+            )
+        durable = _median(ours, f"syncmode_sleep5_c{concurrency}_durable")
+        fast = _median(ours, f"syncmode_sleep5_c{concurrency}_async")
+        if durable and fast:
+            text += (
+                f" With `ASYNCHRONOUS_COMMIT` (no WAL flush waited for): {fast:,.0f}"
+                f" against {durable:,.0f} jobs/s measured beside it, {fast / ideal:.0%}"
+                " of the ideal."
+            )
+        lines.append(text)
     queued = document.get("queued_claim_cost")
     if queued:
         worst = max(queued["ratio_claim_1"], queued["ratio_claim_16"])
@@ -844,11 +881,66 @@ def _sleep_text(document: dict[str, Any]) -> str:
     if sleep is None:
         return "_Not measured in this run._"
     rate, ideal, concurrency = sleep
-    return (
+    text = (
         f"A handler that sleeps 5 ms, one worker process at concurrency {concurrency}:"
         f" **{rate:,.0f} jobs/s** against the ideal {ideal:,.0f} ({concurrency} handlers"
         f" each finishing 200 jobs a second) — {rate / ideal:.0%} of it."
     )
+    slot = document.get("slot_profile")
+    if not slot:
+        return text
+    cycle = sum(slot[k] for k in ("handler_ms", "wait_for_settle_ms", "settle_ms", "handoff_ms"))
+    rows = [
+        ("The handler (`run_attempt`: the 5 ms sleep and its call)", slot["handler_ms"]),
+        ("Waiting for the settle under way (one runs at a time)", slot["wait_for_settle_ms"]),
+        ("Its own settle: finish and claim, one statement and its commit", slot["settle_ms"]),
+        ("Hand-off of the new claim to a handler thread", slot["handoff_ms"]),
+    ]
+    lines = [
+        text,
+        "",
+        f"Where a handler thread's time goes (`benchmarks/profiling.py`, a worker in the"
+        f" harness's process at concurrency {slot['concurrency']} over {slot['jobs']:,}"
+        f" such jobs, {slot['jobs_per_s']:,.0f} jobs/s there; mean ms per attempt, from"
+        " its handler's start to the start of the next attempt on that slot):",
+        "",
+        "| Part of a slot's turn | ms |",
+        "|---|---|",
+        *(f"| {label} | {value:.2f} |" for label, value in rows),
+        f"| **One turn** | **{cycle:.2f}** |",
+        "",
+        f"{slot['jobs_per_settle']:.1f} jobs per settle; one WAL sync took"
+        f" {slot['wal_sync_ms']:.2f} ms. The handler is"
+        f" {slot['handler_ms'] / cycle:.0%} of a turn: the rest is the settle a slot waits"
+        " for before its next job, which J14 (claims only for free capacity) and J8 (the"
+        " finish in a committed transaction) put between two jobs on one slot.",
+    ]
+    return "\n".join(lines)
+
+
+def syncmode_table(document: dict[str, Any]) -> str:
+    """``JOBS["ASYNCHRONOUS_COMMIT"]`` off and on, measured one right after the other."""
+    ours = document["systems"].get(OURS, {})
+    names = sorted(
+        {k[len("syncmode_") :].rsplit("_", 1)[0] for k in ours if k.startswith("syncmode_")}
+    )
+    if not names:
+        return "_Not measured in this run._"
+    lines = [
+        "| Burn-down (jobs/s, median) | durable commits (default) | `ASYNCHRONOUS_COMMIT` |"
+        " async ÷ durable |",
+        "|---|---|---|---|",
+    ]
+    for name in names:
+        durable = _median(ours, f"syncmode_{name}_durable")
+        fast = _median(ours, f"syncmode_{name}_async")
+        label = (
+            "1 worker process, concurrency 1, no-op handler"
+            if name == "c1"
+            else f"1 worker process, concurrency {name.rsplit('_c', 1)[1]}, 5 ms handler"
+        )
+        lines.append(f"| {label} | {_num(durable)} | {_num(fast)} | {_ratio(fast, durable)} |")
+    return "\n".join(lines)
 
 
 METHOD = """## Method

@@ -55,6 +55,11 @@ class JobsSettings:
     #: finish) as server-side prepared statements, planned once per connection. Turn
     #: off behind a transaction-pooling PgBouncer older than 1.21.
     PREPARED_STATEMENTS: bool = True
+    #: PostgreSQL, opt-in: the worker's own claim and finish transactions commit with
+    #: ``synchronous_commit = off`` (``SET LOCAL``; the handlers' transactions stay
+    #: durable). A crash of the database server can lose the last few hundred
+    #: milliseconds of those commits: finished jobs then run again, claims are undone.
+    ASYNCHRONOUS_COMMIT: bool = False
     #: Schedules (SPEC J16): every ``run_jobs`` worker enqueues the periods that are
     #: due, waking at the next period start; False turns that off in this process.
     SCHEDULER: bool = True
@@ -150,7 +155,7 @@ def _check(result: JobsSettings) -> None:
         )
     if not isinstance(result.PREPARED_STATEMENTS, bool):
         raise JobsConfigurationError("JOBS['PREPARED_STATEMENTS'] must be True or False")
-    for key in ("SCHEDULER", "METRICS", "TRACING"):
+    for key in ("SCHEDULER", "METRICS", "TRACING", "ASYNCHRONOUS_COMMIT"):
         if not isinstance(getattr(result, key), bool):
             raise JobsConfigurationError(f"JOBS[{key!r}] must be True or False")
     if isinstance(result.WORKERS_SILENT_AFTER, bool) or not isinstance(

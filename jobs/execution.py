@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 
 from django.db.models import Count
@@ -147,6 +148,16 @@ def complete_many(
     """:func:`complete` for several attempts, ``(claim, result_ref)`` pairs, sharing one
     commit; each token's outcome is returned (``STALE`` for a token not current)."""
     return store.complete_many(completions, now=now)
+
+
+def asynchronous_commit(
+    enabled: bool, *, one_statement: bool = False
+) -> AbstractContextManager[None]:
+    """A worker's claim or finish run inside commits without waiting for its WAL
+    flush when ``enabled`` on PostgreSQL (``JOBS["ASYNCHRONOUS_COMMIT"]``); otherwise
+    as it would. ``one_statement``: what runs inside is one statement in autocommit
+    (see :func:`jobs.store.finishing.asynchronous_commit`)."""
+    return store.asynchronous_commit(enabled, one_statement=one_statement)
 
 
 def complete_and_claim(

@@ -31,7 +31,14 @@ from __future__ import annotations
 
 from .base import current_time
 from .claiming import claim, complete_and_claim
-from .finishing import complete_many, finish, put_back_unknown_handler, recover, snooze
+from .finishing import (
+    asynchronous_commit,
+    complete_many,
+    finish,
+    put_back_unknown_handler,
+    recover,
+    snooze,
+)
 from .progress import (
     execution_statuses,
     expired_tokens,
@@ -47,6 +54,7 @@ from .submission import stage, submit, submit_many
 
 __all__ = [
     "QueueState",
+    "asynchronous_commit",
     "cancel",
     "claim",
     "complete_and_claim",

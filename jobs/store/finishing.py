@@ -13,7 +13,8 @@ execution recorded Snoozed and not counted as an attempt.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -26,7 +27,7 @@ from ledon.db import adapt_dt, alias_for, connection_for, is_postgres
 
 from .. import validation
 from ..conf import jobs_settings
-from ..db import fetch
+from ..db import asynchronous_commits, fetch
 from ..exceptions import AttemptRowMissing, InvalidInput
 from ..models import Job, JobAttempt
 from ..types import AttemptStatus, Claim, FinishOutcome, JobStatus
@@ -344,3 +345,29 @@ def snooze(token: str, run_at: datetime, *, now: datetime | None = None) -> Fini
         if run_at <= now:
             notify(connection, job["queue"])
     return FinishOutcome.SNOOZED
+
+
+@contextmanager
+def asynchronous_commit(enabled: bool, *, one_statement: bool = False) -> Iterator[None]:
+    """With ``enabled`` on PostgreSQL: what runs inside commits without waiting for
+    its WAL to reach the disk (``synchronous_commit = off`` for that transaction
+    only), for the worker's own claims and finishes (``JOBS["ASYNCHRONOUS_COMMIT"]``).
+    Otherwise nothing: what runs inside commits as it would anyway.
+
+    With ``one_statement`` — the caller runs one statement that opens no transaction
+    of its own (the finish-and-claim without limits), in autocommit — the setting
+    goes in one pipeline with the statement (:func:`jobs.db.asynchronous_commits`):
+    still one round trip. Otherwise one transaction that starts with
+    ``SET LOCAL synchronous_commit = off``."""
+    connection = connection_for(Job)
+    if not enabled or not is_postgres(connection):
+        yield
+        return
+    if one_statement and connection.get_autocommit():
+        with asynchronous_commits():
+            yield
+        return
+    with transaction.atomic(using=alias_for(Job)):
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit = off")
+        yield

@@ -144,6 +144,15 @@ class WorkerBase(Engine):
 
     # ------------------------------------------------------------------ one attempt's end
 
+    def _committed[T](self, call: Callable[[], T], *, one_statement: bool = False) -> T:
+        """Run the worker's own claim or finish ``call``: with
+        ``JOBS["ASYNCHRONOUS_COMMIT"]`` on PostgreSQL, its commit does not wait for
+        the WAL flush (``one_statement``: ``call`` is one statement in autocommit)."""
+        if not self.settings.ASYNCHRONOUS_COMMIT:
+            return call()
+        with execution.asynchronous_commit(True, one_statement=one_statement):
+            return call()
+
     def _finish(
         self, claim: Claim, event: str, call: Callable[[], FinishOutcome], detail: str = ""
     ) -> None:
@@ -152,7 +161,9 @@ class WorkerBase(Engine):
         — another error, or the worker aborts — the lease expires and another worker
         recovers the attempt."""
         try:
-            outcome = self.retry_database(f"finishing job {claim.job_id}", call)
+            outcome = self.retry_database(
+                f"finishing job {claim.job_id}", lambda: self._committed(call)
+            )
         except DATABASE_ERRORS:
             logger.warning(
                 "finishing job %s failed; it is recovered when its lease expires",

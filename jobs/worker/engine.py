@@ -175,9 +175,8 @@ class Worker(Shutdown):
                 more = self._clean_up(s.RETENTION_SECONDS)
                 # A long backlog goes one batch per pass, between heartbeats and claims.
                 next_cleanup = now if more else now + s.CLEANUP_INTERVAL
+            # The new claims are already on their way to the handler threads.
             claims, asked = self._settle(claim=True) if not self.backing_off else ([], 0)
-            for new in claims:
-                self._tasks.put(new)
             if self.burst and not claims and not self._busy() and not self.backing_off:
                 break
             if claims and len(claims) == asked:
