@@ -21,7 +21,7 @@ venv: $(VENV)/.installed
 
 ## Run the whole suite: lint, types, migrations check, tests on SQLite and PostgreSQL,
 ## on every CI leg (a Python and a Django version, scripts/test.sh). One leg:
-## make test LEG=3.12-5.2 (SCOPE=core: the older legs run the fast and real-process tests)
+## make test LEG=3.12-5.2 (SCOPE=compat: only the tests of what differs between versions)
 test: venv
 	SCOPE=$(SCOPE) scripts/test.sh $(if $(LEG),--leg $(LEG))
 

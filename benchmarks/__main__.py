@@ -37,6 +37,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
     parser.add_argument(
+        "--only",
+        choices=["flow-control"],
+        help="measure only this part (django-ledon alone) and print its table",
+    )
+    parser.add_argument(
         "--jobs-factor",
         type=float,
         default=1.0,
@@ -89,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         admin = server.django_on(url, stack)
         plan = harness.Plan.quick() if args.quick else harness.Plan.full(args.runs)
         plan = plan.scaled(args.jobs_factor)
+        if args.only == "flow-control":
+            flow = harness.flow_control_alone(
+                plan=plan, database_url=url, out_dir=args.out, log=log, admin=admin
+            )
+            print(report.flow_table({"flow_control": flow}))
+            return 0
         document = harness.run_all(
             plan=plan,
             database_url=url,

@@ -737,6 +737,28 @@ def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
     }
 
 
+def flow_control_alone(
+    *, plan: Plan, database_url: str, out_dir: Path, log: Log, admin: Callable[[str], None]
+) -> dict[str, Any]:
+    """Only :func:`flow_control` (``--only flow-control``), its results and the load
+    average at its start and end written as JSON into ``out_dir``."""
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ours = adapter(OURS)(database_url)
+    ours.install()
+    runner = Runner(plan, [ours], admin, log_dir, log, database_url)
+    load = _load()
+    try:
+        log("flow control (limits on versus off)")
+        flow = flow_control(runner, ours)
+    finally:
+        ours.close()
+    flow["load_average"] = {"start": load, "end": _load()}
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    (out_dir / f"flow-control-{stamp}.json").write_text(json.dumps(flow, indent=2))
+    return flow
+
+
 # --------------------------------------------------------------------------- outbox, sagas
 
 

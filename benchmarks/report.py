@@ -674,8 +674,10 @@ def render(document: dict[str, Any]) -> str:
         "",
         "django-ledon only: the burn-down of one worker process at concurrency 16 with"
         " queue limits (J18) that never bind there, against none — what keeping the"
-        " limits costs each claim (an advisory lock, the usage read, and with `rate` a"
-        " row per start). Slowdown = jobs/s without ÷ jobs/s with.",
+        " limits costs each claim (the advisory locks and one statement that counts,"
+        " picks and claims, in the round trip of a claim without limits; with `rate` a"
+        " row per start, and the starts in its window counted). Slowdown = jobs/s"
+        " without ÷ jobs/s with.",
         "",
         flow_table(document),
         "",

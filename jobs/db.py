@@ -10,6 +10,8 @@ accept these forms; the few differences are switched on ``connection.vendor``.
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -134,27 +136,50 @@ def _no_rows(values: Sequence[Any]) -> Any:
 
 
 def fetch_results(
-    connection: BaseDatabaseWrapper, statements: Sequence[str], params: Mapping[str, Any]
+    connection: BaseDatabaseWrapper,
+    statements: Sequence[str],
+    params: Mapping[str, Any],
+    *,
+    prepare: Sequence[str] = (),
 ) -> list[list[dict[str, Any]]]:
     """PostgreSQL: run ``statements`` one after the other in one round trip — a
     pipeline, with the transaction's ``BEGIN`` if it is the first — each with a
-    snapshot of its own; the rows of each, by column name. Recorded where Django
-    records queries."""
+    snapshot of its own, with server-side parameters; the rows of each, by column
+    name. Those also in
+    ``prepare`` run as prepared statements, as :func:`fetch` runs them (unless
+    ``JOBS['PREPARED_STATEMENTS']`` is off). Recorded where Django records
+    queries."""
     # psycopg is the [postgres] extra: a SQLite set-up never imports it.
-    from psycopg.rows import dict_row
+    import psycopg
 
     connection.ensure_connection()
     connection.validate_thread_sharing()
     connection.validate_no_broken_transaction()
     raw = connection.connection
+    if prepare and not jobs_settings().PREPARED_STATEMENTS:
+        prepare = ()
+    if prepare and raw.prepare_threshold is None:
+        raw.prepare_threshold = _NEVER_BY_COUNT  # see fetch
     start = time.monotonic()
     with connection.wrap_database_errors:
-        cursors = [raw.cursor(row_factory=dict_row) for _ in statements]
+        # Server-side parameters (Django's own cursors bind on the client), so that
+        # a statement's text is the same each time and can be prepared; in
+        # PostgreSQL's own $n form, converted once per text (psycopg would parse a
+        # long statement's text again on every call).
+        cursors = [psycopg.RawCursor(raw, row_factory=_named_rows) for _ in statements]
         try:
             with raw.pipeline():
                 for cursor, statement in zip(cursors, statements, strict=True):
-                    cursor.execute(statement, params)
-            results = [cursor.fetchall() if cursor.description else [] for cursor in cursors]
+                    text, names = _numbered_placeholders(statement)
+                    cursor.execute(
+                        text,
+                        [params[name] for name in names],
+                        prepare=statement in prepare or None,
+                    )
+            results = [
+                cursor.fetchall() if cursor.pgresult is not None and cursor.pgresult.nfields else []
+                for cursor in cursors
+            ]
         finally:
             for cursor in cursors:
                 cursor.close()
@@ -163,6 +188,21 @@ def fetch_results(
             {"sql": "; ".join(statements), "time": f"{time.monotonic() - start:.3f}"}
         )
     return results
+
+
+_NAMED_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+@functools.lru_cache(maxsize=256)
+def _numbered_placeholders(statement: str) -> tuple[str, tuple[str, ...]]:
+    """``statement`` with each named placeholder (``%(name)s``) as PostgreSQL's
+    ``$n``, the same number for the same name; and the names, in number order."""
+    names: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        return f"${names.setdefault(match.group(1), len(names) + 1)}"
+
+    return _NAMED_PLACEHOLDER.sub(number, statement), tuple(names)
 
 
 def random_token_sql(vendor: str) -> str:

@@ -21,7 +21,7 @@ from . import store, validation
 from .conf import queue_limits
 from .handlers import handler_limits
 from .limits import ClaimLimits
-from .models import ClaimStart, Job
+from .models import ClaimStart, Job, Queue
 from .schedules import service as schedules
 from .store.limits import prune_claim_starts as _prune_claim_starts
 from .store.queues import QueueState
@@ -78,9 +78,13 @@ def get_due(
     return store.get_due(limit=limit, queues=queues, now=now)
 
 
-def due_counts_by_queue(*, now: datetime | None = None) -> dict[str, int]:
-    """How many jobs are due now, per queue (for operators' hints and tools)."""
-    rows = Job.objects.due(store.current_time(now)).values_list("queue").annotate(count=Count("id"))
+def due_counts_by_queue(*, now: datetime | None = None, paused: bool = True) -> dict[str, int]:
+    """How many jobs are due now, per queue (for operators' hints and tools);
+    ``paused=False`` leaves out the queues that are paused."""
+    due = Job.objects.due(store.current_time(now))
+    if not paused:
+        due = due.exclude(queue__in=Queue.objects.filter(paused=True).values("name"))
+    rows = due.values_list("queue").annotate(count=Count("id"))
     return dict(rows.order_by())
 
 

@@ -21,17 +21,17 @@ PY="$VENV/bin/python"
 # suite, on the newest combination. "core" is the fast part of the suite (every
 # test not marked slow) and every test that starts real processes (marked slow),
 # leaving out the browser test and the benchmark smoke test, which exercise no
-# Django or Python difference the rest misses (docs/compatibility.md). "compat" is
-# the tests of what differs between Django and Python versions (COMPAT_TESTS): the
-# tasks framework and its backport, the admin, the checks and settings, threads and
-# signals, the worker command; in and out of real processes. The older legs run
-# "compat" by default, so that the whole check stays near 20 minutes on 2 CPUs;
-# SCOPE=core (make test LEG=3.12-5.2 SCOPE=core) runs "core" on them instead.
+# Django or Python difference the rest misses (docs/compatibility.md): the older
+# legs run it. "compat" is a quick look at one leg, the tests of what differs
+# between Django and Python versions (COMPAT_TESTS): the tasks framework and its
+# backport, the admin, the checks and settings, threads and signals, the worker
+# command; in and out of real processes. SCOPE=compat (make test LEG=3.12-5.2
+# SCOPE=compat) runs it on the older legs instead of "core".
 LEGS=(
     "3.13 6.1 all"
-    "3.12 5.2 compat"
-    "3.13 6.0 compat"
-    "3.12 6.1 compat"
+    "3.12 5.2 core"
+    "3.13 6.0 core"
+    "3.12 6.1 core"
 )
 CORE_DESELECT=(--ignore=tests/test_admin_browser.py --ignore=tests/test_bench_smoke.py)
 COMPAT_TESTS=(
@@ -181,12 +181,27 @@ fi
 status=0
 ran=0
 leg_times=()
+# CPU seconds (user + system) of this script's finished children so far, into
+# $cpu_now: the test runs' own, not the PostgreSQL server's or the brokers'. (The
+# builtin runs in this shell, not in a subshell, whose children are not these.)
+cpu_now=0
+children_cpu() {
+    times >"$venv_logs/times"
+    cpu_now=$(awk 'function sec(t,  m) {
+        m = substr(t, 1, index(t, "m") - 1); sub(/^[0-9]+m/, "", t); sub(/s$/, "", t)
+        return m * 60 + t } NR == 2 { printf "%d", sec($1) + sec($2) }' "$venv_logs/times")
+}
 run_suite() { # leg-name python database-name database-url pytest-args...
     local leg=$1 python=$2 db=$3 url=$4
     shift 4
     step "tests on $db, leg $leg"
-    local code=0
+    local code=0 started cpu
+    started=$(date +%s)
+    children_cpu
+    cpu=$cpu_now
     DATABASE_URL="$url" "$python" -m pytest -p no:cacheprovider "$@" || code=$?
+    children_cpu
+    run_times="$run_times; $db $(($(date +%s) - started)) s (CPU $((cpu_now - cpu)) s)"
     if [ "$code" = 5 ]; then
         echo "error: no tests ran on $db, leg $leg" >&2
         exit 1
@@ -210,6 +225,7 @@ for leg in "${LEGS[@]}"; do
     fi
     step "leg: $name"
     leg_started=$(date +%s)
+    run_times=""
     log="$venv_logs/$version-$django"
     while [ ! -e "$log.ok" ] && [ ! -e "$log.failed" ] && kill -0 "$venv_builder" 2>/dev/null; do
         sleep 1
@@ -239,7 +255,7 @@ for leg in "${LEGS[@]}"; do
         run_suite "$version-$django" "$python" PostgreSQL "$pg_url" "${args[@]}"
     fi
     ran=$((ran + 1))
-    leg_times+=("$version-$django $scope: $(($(date +%s) - leg_started)) s")
+    leg_times+=("$version-$django $scope: $(($(date +%s) - leg_started)) s$run_times")
 done
 wait "$venv_builder" || true
 if [ "$ran" = 0 ]; then
@@ -247,5 +263,7 @@ if [ "$ran" = 0 ]; then
     exit 1
 fi
 for line in "${leg_times[@]}"; do echo "== leg $line"; done
+children_cpu
+echo "== CPU of this check's processes (user + system, the servers' left out): $cpu_now s"
 step "done, exit status $status"
 exit "$status"

@@ -17,7 +17,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from procs import ROOT, ManageProcess, wait_until
+from procs import ROOT, ManageProcess, manage, wait_until
 
 SCRIPT = ROOT / "scripts" / "brokers.sh"
 ENV_NAMES = {"rabbitmq": "RABBITMQ_URL", "kafka": "KAFKA_BOOTSTRAP"}
@@ -252,19 +251,7 @@ class ServiceDatabase:
         )
 
     def migrate(self) -> None:
-        result = subprocess.run(
-            [sys.executable, "manage.py", "migrate", "-v", "0"],
-            cwd=ROOT,
-            env={
-                **os.environ,
-                "DJANGO_SETTINGS_MODULE": "testproject.settings",
-                "DATABASE_URL": self.url,
-            },
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert result.returncode == 0, f"migrating service B failed:\n{result.stderr}"
+        manage(self.url, "migrate", "-v", "0")
 
     def rows(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of ``query`` (with ``%s`` placeholders) in a fresh connection."""

@@ -28,6 +28,27 @@ def is_postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup`` (scripts/test.sh): pytest-xdist marks the id of each test of
+    an ``xdist_group`` with ``@group`` so that one worker runs the whole group (the wheel
+    tests share one build, the broker tests stop and start the shared brokers). Since
+    pytest 9.2 the id is no longer read from where xdist writes it, and the groups are
+    silently spread over the workers; this writes the id where pytest reads it."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted(
+            {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+             for m in item.iter_markers("xdist_group")}
+        )  # fmt: skip
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+            from _pytest.nodeid import coerce_node_id  # pytest >= 9.2 only
+
+            item._id = coerce_node_id(item.nodeid + suffix)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("postgres_only") and not is_postgres():
         pytest.skip("PostgreSQL only")

@@ -1,4 +1,9 @@
-"""Helpers for tests that run real worker processes against the test database."""
+"""Helpers for tests that run real worker processes against the test database.
+
+Children are started through the fork server (``forkserver.spawn``): real processes
+of their own that skip most of the interpreter's and Django's start-up. A test of
+start-up itself passes ``real=True`` for a fresh ``python manage.py``.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from django.db import connection
+from forkserver import ForkedProcess, spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,28 +41,40 @@ def database_url() -> str:
     return f"postgres://{auth}{s['HOST']}:{s['PORT']}/{s['NAME']}"
 
 
-def manage(database: str, *args: str, env: dict[str, str] | None = None) -> None:
+def manage(
+    database: str, *args: str, env: dict[str, str] | None = None, real: bool = False
+) -> None:
     """Run ``manage.py ARG …`` to its end on the database ``database`` (a URL); fail
     the test with its error output if it fails."""
-    result = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            **(env or {}),
-            "DJANGO_SETTINGS_MODULE": settings_module(),
-            "DATABASE_URL": database,
-        },
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, f"manage.py {' '.join(args)[:200]}:\n{result.stderr[-3000:]}"
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = spawn(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                **(env or {}),
+                "DJANGO_SETTINGS_MODULE": settings_module(),
+                "DATABASE_URL": database,
+            },
+            stdout=out,
+            stderr=err,
+            real=real,
+        )
+        try:
+            code = proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    assert code == 0, f"manage.py {' '.join(args)[:200]}:\n{stderr[-3000:]}"
 
 
 class ManageProcess:
     """``manage.py <command> …`` in a child process on the test database (or the one
-    ``database`` names by URL), its output kept in a file."""
+    ``database`` names by URL), its output kept in a file; ``real=True``: a fresh
+    interpreter, not a child of the fork server."""
 
     def __init__(
         self,
@@ -64,6 +83,7 @@ class ManageProcess:
         *args: str,
         env: dict[str, str] | None = None,
         database: str | None = None,
+        real: bool = False,
     ) -> None:
         self.name = command
         self.log_path = tmp_path / f"{command}-{time.monotonic_ns()}.log"
@@ -75,12 +95,13 @@ class ManageProcess:
             **(env or {}),
             "DATABASE_URL": database or database_url(),
         }
-        self.proc = subprocess.Popen(
+        self.proc: ForkedProcess | subprocess.Popen[bytes] = spawn(
             self.argv(command, args),
             cwd=ROOT,
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            real=real,
         )
 
     def argv(self, command: str, args: tuple[str, ...]) -> list[str]:

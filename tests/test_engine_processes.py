@@ -129,9 +129,13 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
     started: list[ManageProcess] = []
 
     def start(
-        command: str, *args: str, env: dict[str, str] | None = None, database: str | None = None
+        command: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        database: str | None = None,
+        real: bool = False,
     ) -> ManageProcess:
-        proc = ManageProcess(tmp_path, command, *args, env=env, database=database)
+        proc = ManageProcess(tmp_path, command, *args, env=env, database=database, real=real)
         started.append(proc)
         return proc
 
@@ -162,7 +166,7 @@ def test_before_migrate_every_engine_stops_with_a_short_error_naming_migrate(com
         # The broker is never reached: the database check comes first.
         env.update({"OUTBOX_TRANSPORT": "rabbitmq", "RABBITMQ_URL": "amqp://127.0.0.1:1/"})
     later.create_empty()
-    proc = spawn(*command, env=env, database=later.url)
+    proc = spawn(*command, env=env, database=later.url, real=True)  # start-up itself
     assert proc.wait(60) == 1, proc.output
     output = proc.output
     assert "Traceback" not in output
@@ -178,10 +182,10 @@ def test_engines_started_before_their_database_exists_wait_for_it_then_work(late
     Each logs one ERROR line and keeps trying; the database appears, migrated, with
     jobs, orders and sagas in it; every burst finishes the work and exits 0."""
     env = dict(TINY)
-    procs = [
-        spawn("run_jobs", "--burst", "-v", "2", env=env, database=later.url),
-        spawn("dispatch_outbox", "--burst", "-v", "2", env=env, database=later.url),
-        spawn("recover_sagas", "--burst", "-v", "2", env=env, database=later.url),
+    procs = [  # start-up itself: fresh interpreters
+        spawn("run_jobs", "--burst", "-v", "2", env=env, database=later.url, real=True),
+        spawn("dispatch_outbox", "--burst", "-v", "2", env=env, database=later.url, real=True),
+        spawn("recover_sagas", "--burst", "-v", "2", env=env, database=later.url, real=True),
     ]
     for proc in procs:
         proc.wait_for_output("database unreachable: connecting to database 'default' failed")

@@ -1,17 +1,20 @@
 """J17 and J18 with real ``run_jobs`` processes: limits kept across three worker
 processes claiming at the same instant (and broken when the claim's lock is taken
-out), per-scope fairness, a rate measured from attempt start times, a paused queue
-skipped by every worker, and a timed-out handler's slot running the next job — on
-SQLite and PostgreSQL."""
+out and the claims' commits are held back), per-scope fairness, a rate measured
+from attempt start times, a paused queue skipped by every worker, and a timed-out
+handler's slot running the next job — on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
 import signal
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from procs import WorkerProcess, wait_until
 
 from jobs import JobStatus, JobSubmission, execution, submit_job
@@ -99,23 +102,83 @@ def test_j18_max_running_holds_across_three_worker_processes(workers, tmp_path):
     assert JobAttempt.objects.filter(job__handler="flow.limited").count() == 300
 
 
+#: The advisory lock a held commit waits for (a claim's locks are 64-bit hashes).
+HOLD = 72_018
+
+
+@contextmanager
+def commits_held() -> Iterator[Callable[[], None]]:
+    """PostgreSQL: every transaction that inserts an attempt row — every claim —
+    waits at its COMMIT (a deferred trigger takes a lock this connection holds)
+    until the function yielded is called; its claim is made, not yet visible."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION flow_test_hold() RETURNS trigger LANGUAGE plpgsql AS"
+            f" $$ BEGIN PERFORM pg_advisory_xact_lock_shared({HOLD}); RETURN NULL; END $$"
+        )
+        cursor.execute(
+            "CREATE CONSTRAINT TRIGGER flow_test_hold AFTER INSERT ON jobs_jobattempt"
+            " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION flow_test_hold()"
+        )
+        cursor.execute("SELECT pg_advisory_lock(%s)", [HOLD])
+    held = [True]
+
+    def release() -> None:
+        if held.pop() if held else False:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [HOLD])
+
+    try:
+        yield release
+    finally:
+        release()
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER flow_test_hold ON jobs_jobattempt")
+            cursor.execute("DROP FUNCTION flow_test_hold()")
+
+
+def lock_waits() -> tuple[int, int]:
+    """Backends waiting at a held commit, and waiting for a claim's advisory lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE classid = 0 AND objid = %s),"
+            " count(*) FILTER (WHERE NOT (classid = 0 AND objid = %s))"
+            " FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            [HOLD, HOLD],
+        )
+        at_commit, at_claim = cursor.fetchone()
+    return at_commit, at_claim
+
+
 @pytest.mark.postgres_only
-def test_j18_the_same_run_without_the_claims_lock_goes_past_the_limit(workers, tmp_path):
-    """What the test above would catch: with the advisory lock taken out
-    (``FLOW_UNGUARDED``) and the three claims meeting after reading the usage, each
-    sees two free slots and takes them."""
+@pytest.mark.parametrize("guarded", [True, False], ids=["locked", "without-the-lock"])
+def test_j18_claims_whose_commits_are_held_back_keep_the_limit_only_with_the_lock(workers, guarded):
+    """Three workers of 8 threads, max_running=2, every claim's commit held back.
+    With the claim's advisory lock, the first claim holds it at its commit and the
+    two others wait for it: the limit holds. Without it (``FLOW_UNGUARDED``, what the
+    test above would catch) all three claims count in snapshots without each
+    other's claims, each takes both slots, and the sampler sees more than 2."""
     for n in range(24):
         submit_job(SCOPE, f"l{n}", JobSubmission.create("flow.limited", {"seconds": 0.5}))
-    procs = _three_meeting_at("jobs.claim.counted", workers, tmp_path, FLOW_UNGUARDED="1")
+    env = {} if guarded else {"FLOW_UNGUARDED": "1"}
     sampler = MostRunning("flow.limited")
+    with commits_held() as release:
+        procs = [workers("--concurrency", "8", env=env) for _ in range(3)]
+        expected = (1, 2) if guarded else (3, 0)
+        wait_until(lambda: lock_waits() == expected, 60, f"lock waits {expected}", procs[0])
+        release()
 
-    def over_or_done() -> bool:
-        sampler.sample()
-        return sampler.most > 2 or succeeded("flow.limited") == 24
+        def over_or_done() -> bool:
+            sampler.sample()
+            return sampler.most > 2 or succeeded("flow.limited") == 24
 
-    wait_until(over_or_done, 120, "the limit to break", procs[0])
-    _stop(*procs)
-    assert sampler.most > 2, sampler.most
+        wait_until(over_or_done, 120, "the limit to break or every job", procs[0])
+        _stop(*procs)
+    if guarded:
+        assert sampler.most == 2
+        assert succeeded("flow.limited") == 24
+    else:
+        assert sampler.most > 2, sampler.most
 
 
 def test_j18_max_running_per_scope_keeps_one_per_scope_and_no_scope_starves(workers, tmp_path):
@@ -215,7 +278,8 @@ def test_j17_a_timed_out_handler_fails_and_its_slot_runs_the_next_job(workers, t
     assert "JobTimedOut" in stubborn.error
     assert stubborn.attempts.get().status == AttemptStatus.FAILED
     gate.touch()  # now it reports progress and returns, too late
-    wait_until(done.exists, 30, "the late return", worker)
+    # The handler creates the file, then writes it: wait for what it wrote.
+    wait_until(lambda: done.exists() and done.read_text(), 30, "the late return", worker)
     assert done.read_text() == "False"  # its progress was refused (fenced by its token)
     _stop(worker)
     stubborn.refresh_from_db()

@@ -10,7 +10,8 @@ from datetime import timedelta
 
 import pytest
 from conftest import in_own_connection
-from django.db import connection
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from procs import wait_until
 
@@ -19,12 +20,11 @@ from jobs.exceptions import InvalidInput, InvalidLimits, InvalidSubmission
 from jobs.handlers import RetryPolicy
 from jobs.limits import Limits
 from jobs.models import ClaimStart, Job, JobAttempt, Queue
-from jobs.store import claiming, sql
+from jobs.store import claiming, sql, sql_flow
 from jobs.store import limits as limits_store
 from jobs.testing import run_jobs_inline
 from jobs.types import AttemptStatus, FinishOutcome
 from jobs.worker import Worker
-from ledon.faults import add_fault_hook, remove_fault_hook
 
 SCOPE = "flow-tests"
 
@@ -42,62 +42,53 @@ def running(handler: str) -> int:
 
 
 def _race_for_the_last_slot(handler_name: str) -> list[int]:
-    """Three claimers on their own connections. The first stops between reading the
-    usage and claiming (fault point ``jobs.claim.counted``) while the two others
-    claim; then it goes on. Returns how many jobs each claimed."""
+    """Three claimers on their own connections. The first claims inside a transaction
+    of its own and holds it open, its claim not yet committed, while the two others
+    claim (each a claim's own transaction: on PostgreSQL the locks, the claim and the
+    commit in one round trip); then it commits. Returns how many jobs each claimed."""
     first = threading.Event()
     go = threading.Event()
     others_done = threading.Barrier(3)
-    me = threading.local()
-
-    def hook(name: str, context: dict[str, object]) -> None:
-        if name == "jobs.claim.counted" and getattr(me, "first", False):
-            first.set()
-            assert go.wait(60)
 
     def claimer(is_first: bool) -> int:
-        me.first = is_first
-        if not is_first:
-            assert first.wait(60)
+        if is_first:
+            with transaction.atomic():
+                claimed = len(execution.claim_due("w", limit=5))
+                first.set()
+                assert go.wait(60)
+            return claimed
+        assert first.wait(60)
         try:
             return len(execution.claim_due("w", limit=5))
         finally:
-            if not is_first:
-                others_done.wait(60)
-
-    add_fault_hook(hook)
-    try:
-        results: list[int] = [0, 0, 0]
-        threads = [
-            threading.Thread(
-                target=in_own_connection(
-                    lambda n=n: results.__setitem__(n, claimer(is_first=n == 0))
-                )
-            )
-            for n in range(3)
-        ]
-        for thread in threads:
-            thread.start()
-        assert first.wait(60)
-        if connection.vendor == "postgresql" and limits_store.lock_ids is _LOCK_IDS:
-            # Both others wait for the first one's advisory lock, not one moment less.
-            wait_until(_waiting_for_advisory_locks(2), 30, "two claims waiting for the lock")
-            go.set()
             others_done.wait(60)
-        else:
-            # Without the lock (or on SQLite, where the first holds the write lock)
-            # let the others finish — or block — before the first goes on.
-            if connection.vendor == "postgresql":
-                others_done.wait(60)
-                go.set()
-            else:
-                go.set()
-                others_done.wait(60)
-        for thread in threads:
-            thread.join(60)
-        return results
-    finally:
-        remove_fault_hook(hook)
+
+    results: list[int] = [0, 0, 0]
+    threads = [
+        threading.Thread(
+            target=in_own_connection(lambda n=n: results.__setitem__(n, claimer(is_first=n == 0)))
+        )
+        for n in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    assert first.wait(60)
+    if connection.vendor == "postgresql" and limits_store.lock_ids is _LOCK_IDS:
+        # Both others wait for the first one's advisory lock, not one moment less.
+        wait_until(_waiting_for_advisory_locks(2), 30, "two claims waiting for the lock")
+        go.set()
+        others_done.wait(60)
+    elif connection.vendor == "postgresql":
+        # Without the lock, let the others finish before the first commits.
+        others_done.wait(60)
+        go.set()
+    else:
+        # SQLite: the others wait for the first one's write lock.
+        go.set()
+        others_done.wait(60)
+    for thread in threads:
+        thread.join(60)
+    return results
 
 
 _LOCK_IDS = limits_store.lock_ids
@@ -324,9 +315,9 @@ def _statements(monkeypatch) -> list[str]:
 
     real_results = limits_store.fetch_results
 
-    def recording_results(connection, statements, params):
+    def recording_results(connection, statements, params, **kwargs):
         seen.extend(statements)
-        return real_results(connection, statements, params)
+        return real_results(connection, statements, params, **kwargs)
 
     monkeypatch.setattr(claiming, "fetch", recording)
     monkeypatch.setattr(limits_store, "fetch", recording)
@@ -340,7 +331,8 @@ def test_j18_without_limits_the_claim_is_one_statement(
 ):
     """No limit configured: the plain claim of :func:`jobs.store.sql.claim`, one
     statement (PostgreSQL; SQLite adds its attempt rows' insert), never the locking
-    path; with a limit, the claim locks, counts and picks first."""
+    path; with a limit, the claim locks, counts and picks first — on PostgreSQL in
+    one round trip too: the locks, the claim and the commit in one pipeline."""
     handler("flow.free")(lambda ctx: None)
     submit(3, "flow.free")
     statements = _statements(monkeypatch)
@@ -355,9 +347,17 @@ def test_j18_without_limits_the_claim_is_one_statement(
     handler("flow.capped", max_running=1)(lambda ctx: None)
     submit(2, "flow.capped", prefix="c")
     statements.clear()
-    assert len(execution.claim_due("w", limit=3)) == 1
+    with CaptureQueriesContext(connection) as queries:
+        assert len(execution.claim_due("w", limit=1)) == 1
     assert statements[0] != plain
     assert any("pg_advisory_xact_lock" in text for text in statements) == postgres
+    if postgres:
+        # Django logs its BEGIN and COMMIT, which psycopg sends lazily: the BEGIN goes
+        # with the pipeline, and the COMMIT finds the transaction ended already.
+        pipelined = "; ".join(statements)
+        assert [q["sql"] for q in queries] == ["BEGIN", pipelined, "COMMIT"]
+        assert statements[0] == sql_flow.LOCK_KEYS
+        assert statements[2:] == [sql_flow.COMMIT]
 
 
 # --------------------------------------------------------------------------- pause
@@ -539,3 +539,42 @@ def test_j18_a_claim_with_room_under_every_limit_claims_plainly_and_one_without_
     assert len(execution.claim_due("w", limit=3)) == 2
     assert execution.claim_due("w", limit=3) == []
     assert running("flow.five") == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_j18_a_burst_waits_for_due_jobs_a_rate_holds_back_and_then_exits(handler):
+    starts: list[int] = []
+
+    @handler("flow.burst.rated", rate=(3, 1))
+    def rated(ctx):
+        starts.append(ctx.payload["n"])
+        return "ok"
+
+    submit(5, "flow.burst.rated", prefix="b")
+    worker = Worker(burst=True, listen=False, concurrency=2)
+    worker.run()
+    # The first claim takes three: the other two are due but over the rate until its
+    # window moves on; a burst that stopped at the first empty claim left them Queued.
+    assert sorted(starts) == [0, 1, 2, 3, 4]
+    assert worker.stats.succeeded == 5
+    assert not Job.objects.filter(handler="flow.burst.rated").exclude(status=JobStatus.SUCCEEDED)
+    times = sorted(
+        JobAttempt.objects.filter(job__handler="flow.burst.rated").values_list(
+            "started_at", flat=True
+        )
+    )
+    assert times[3] - times[0] >= timedelta(seconds=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_j18_a_burst_does_not_wait_for_a_paused_queue_under_limits(handler):
+    @handler("flow.burst.paused", rate=(3, 1))
+    def rated(ctx):
+        return "ok"
+
+    submit(2, "flow.burst.paused", prefix="p", queue="held")
+    execution.pause_queue("held")
+    worker = Worker(burst=True, listen=False)
+    worker.run()
+    assert worker.stats.claimed == 0
+    assert Job.objects.filter(handler="flow.burst.paused", status=JobStatus.QUEUED).count() == 2

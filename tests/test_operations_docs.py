@@ -9,6 +9,7 @@ import logging
 import re
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -80,13 +81,27 @@ def test_the_json_formatter_gives_each_field_its_key(page_module, handler, caplo
     assert page_module.LOGGING["handlers"]["json"]["formatter"] == "json"
 
 
-@pytest.mark.django_db
-def test_the_page_lists_every_metric_the_code_exports_and_no_other():
-    """Every family a scrape returns (counters, histograms, the database gauges of all
-    three apps), named as Prometheus shows them, against the page's metrics table."""
+@pytest.fixture
+def all_metrics_on() -> Iterator[None]:
+    """Every app's metrics on, as a scrape turns them on; afterwards what the settings
+    say again (off), so that no later test of this process counts."""
+    from django.apps import apps
+
     from ledon import metrics
 
     metrics.enable_all()
+    yield
+    for config in apps.get_app_configs():
+        layers = getattr(config, "optional_layers", None)
+        if layers is not None:
+            layers.configure()
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("all_metrics_on")
+def test_the_page_lists_every_metric_the_code_exports_and_no_other():
+    """Every family a scrape returns (counters, histograms, the database gauges of all
+    three apps), named as Prometheus shows them, against the page's metrics table."""
     exported = {
         family.name + ("_total" if family.type == "counter" else "")
         for family in REGISTRY.collect()

@@ -232,6 +232,7 @@ class TestChecks:
             "check",
             env={"DJANGO_SETTINGS_MODULE": "bad_tasks_settings", "PYTHONPATH": str(tmp_path)},
             database=f"sqlite:///{tmp_path}/unused.sqlite3",
+            real=True,
         )
         assert check.wait() == 1, check.output
         assert "jobs.E103" in check.output

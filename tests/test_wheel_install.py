@@ -70,7 +70,12 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new virtualenv with the wheel and its [postgres] extra installed, and the
     Django of this session (each CI leg's): a user of Django 5.2 installs just this
     too, without the tasks backport."""
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()[:16]
+    # The wheel's contents, not its bytes: each build stamps its files with the time.
+    content = hashlib.sha256()
+    with zipfile.ZipFile(wheel) as archive:
+        for member in sorted(archive.namelist()):
+            content.update(member.encode() + b"\0" + archive.read(member))
+    digest = content.hexdigest()[:16]
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     name = f"venv-py{python}-django{django.get_version()}-{digest}"
     cache = os.environ.get("LEDON_WHEEL_CACHE")

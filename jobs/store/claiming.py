@@ -3,7 +3,8 @@ after finishing a batch of attempts in the same transaction (J8, see
 :mod:`jobs.store.finishing`).
 
 A claim no limit applies to is one statement (:func:`jobs.store.sql.claim`); a claim
-under limits (J18) locks, counts, picks and claims in one transaction (see
+under limits (J18) locks, then counts, picks and claims in one transaction — on
+PostgreSQL one statement after the locks, all in one round trip (see
 :mod:`jobs.store.limits`). Either skips paused queues (J18) in its guard.
 """
 
@@ -26,7 +27,7 @@ from ..db import fetch, in_list_params, numbered
 from ..limits import NO_LIMITS, ClaimLimits
 from ..models import Job
 from ..types import Claim, FinishOutcome
-from . import sql
+from . import sql, sql_flow
 from .base import current_time
 from .finishing import (
     Finished,
@@ -38,7 +39,13 @@ from .finishing import (
     outcomes,
     read_finished,
 )
-from .limits import choose, counted, lock_and_read_usage, record_starts
+from .limits import (
+    choose,
+    claim_keys,
+    claim_locked,
+    read_usage,
+    record_starts,
+)
 
 
 def _claim_rows(
@@ -52,12 +59,17 @@ def _claim_rows(
     now: datetime,
     finishing: Sequence[Finishing] = (),
     chosen: Sequence[int] | None = None,
-) -> tuple[dict[str, Finished], list[Claim]]:
+    limits: ClaimLimits = NO_LIMITS,
+    commit: bool = False,
+) -> tuple[dict[str, Finished], list[Claim], bool]:
     """Claim inside the caller's transaction (see :func:`claim`); on PostgreSQL, first
     finish ``finishing`` in the same statement (the J8 rule of :func:`sql.finish`).
-    With ``chosen``, claim those jobs (picked under limits) instead of the first due."""
+    With ``chosen``, claim those jobs (picked under limits, SQLite) instead of the
+    first due. With ``limits`` (PostgreSQL), the claim under limits of
+    :func:`jobs.store.limits.claim_locked`, ``commit`` ending its transaction in the
+    same round trip; the third value says whether a limit refused a candidate."""
     if chosen is not None and not chosen:
-        return {}, []
+        return {}, [], False
     now_db = adapt_dt(connection, now)
     params: dict[str, Any] = {
         "worker_id": worker_id,
@@ -70,24 +82,34 @@ def _claim_rows(
         params["scope_hash"], params["job_id"] = identity
     if finishing:
         params.update(finishing_params(connection, finishing, now))
-    by_ids = 0
-    if chosen is not None:
-        if is_postgres(connection):
-            params["ids"], by_ids = list(chosen), 1
-        else:
+    skipped = False
+    if limits:
+        keys, limit_params = claim_keys(connection, limits, now)
+        statement = sql_flow.limited_claim(
+            queues=len(queue_list),
+            one_job=identity is not None,
+            finishing=bool(finishing),
+            keys=keys,
+        )
+        rows = claim_locked(connection, statement, {**params, **limit_params}, commit=commit)
+        skipped = any(row["kind"] == "skipped" for row in rows)
+    else:
+        by_ids = 0
+        if chosen is not None:
             params.update(in_list_params("id", chosen))
             by_ids = len(chosen)
-    statement = sql.claim(
-        connection.vendor,
-        queues=len(queue_list),
-        one_job=identity is not None,
-        finishing=bool(finishing),
-        chosen=by_ids,
-    )
+        statement = sql.claim(
+            connection.vendor,
+            queues=len(queue_list),
+            one_job=identity is not None,
+            finishing=bool(finishing),
+            chosen=by_ids,
+        )
+        rows = fetch(connection, statement, params, prepare=True)
     finished: dict[str, Finished] = {}
-    rows = fetch(connection, statement, params, prepare=True)
     if finishing:
         finished = read_finished(cast(list[sql.FinishedRow], rows))
+    if finishing or limits:
         rows = [row for row in rows if row["kind"] == "claimed"]
     if rows and not is_postgres(connection):
         attempts = [
@@ -110,30 +132,59 @@ def _claim_rows(
         )
         for row in rows
     ]
+    return finished, claims, skipped
+
+
+ClaimRows = functools.partial[tuple[dict[str, Finished], list[Claim], bool]]
+
+
+def _claim_limited_postgres(
+    claim_rows: ClaimRows,
+    connection: BaseDatabaseWrapper,
+    alias: str,
+    limits: ClaimLimits,
+    limit: int,
+    finishing: Sequence[Finishing],
+) -> tuple[dict[str, Finished], list[Claim]]:
+    """J18 on PostgreSQL: the claim under limits of :mod:`jobs.store.limits` — locks,
+    then one statement that finishes ``finishing``, counts, picks and claims — in one
+    round trip with its transaction's BEGIN and COMMIT (inside the caller's
+    transaction, without the COMMIT). Should a limit refuse a candidate while the
+    claim is short, the claim goes on with the rest, in a transaction of its own,
+    until it is full, no limit refuses one, or a claim takes none."""
+    finished: dict[str, Finished] = {}
+    claims: list[Claim] = []
+    while len(claims) < limit:
+        commit = connection.get_autocommit()
+        with transaction.atomic(using=alias):
+            page_finished, page, skipped = claim_rows(
+                limit=limit - len(claims), finishing=finishing, limits=limits, commit=commit
+            )
+        finished = finished or page_finished
+        finishing = ()
+        claims.extend(page)
+        if not skipped or not page:
+            break
     return finished, claims
 
 
-def _claim_limited(
-    claim_rows: functools.partial[tuple[dict[str, Finished], list[Claim]]],
+def _claim_limited_sqlite(
+    claim_rows: ClaimRows,
     connection: BaseDatabaseWrapper,
     limits: ClaimLimits,
     limit: int,
     queue_list: list[str],
     identity: tuple[str, str] | None,
     now: datetime,
-    finishing: Sequence[Finishing] = (),
-) -> tuple[dict[str, Finished], list[Claim]]:
-    """J18, inside the caller's transaction: lock, count, pick, claim — finishing
-    ``finishing`` in the claim's statement (PostgreSQL only) — and record the rate
-    starts (see :mod:`jobs.store.limits`)."""
-    leaving = [f.token for f in finishing]
-    usage = lock_and_read_usage(connection, limits, now, leaving)
+) -> list[Claim]:
+    """J18 on SQLite, inside the caller's IMMEDIATE transaction: count, pick, claim,
+    and record the rate starts (see :mod:`jobs.store.limits`)."""
+    usage = read_usage(connection, limits, now)
     if usage.room_for(limit):
         # No limit can be reached by `limit` more starts: the plain claim's choice.
-        finished, claims = claim_rows(finishing=finishing)
+        _, claims, _ = claim_rows()
         record_starts(connection, limits, claims, now)
-        return finished, claims
-    counted(limits)
+        return claims
     base: dict[str, Any] = {"now": adapt_dt(connection, now), **in_list_params("queue", queue_list)}
     if identity is not None:
         base["scope_hash"], base["job_id"] = identity
@@ -145,11 +196,9 @@ def _claim_limited(
         queues=len(queue_list),
         one_job=identity is not None,
     )
-    if not chosen:
-        return (finish_batch(connection, finishing, now) if finishing else {}), []
-    finished, claims = claim_rows(chosen=chosen, finishing=finishing)
+    _, claims, _ = claim_rows(chosen=chosen)
     record_starts(connection, limits, claims, now)
-    return finished, claims
+    return claims
 
 
 def claim(
@@ -226,29 +275,28 @@ def complete_and_claim(
     if limits:
         # Before the transaction: on SQLite, BEGIN IMMEDIATE takes the write lock.
         fault_point("jobs.claim.limited", limited=len(limits.handlers) + len(limits.queues))
+        if is_postgres(connection):
+            finished, claims = _claim_limited_postgres(
+                claim_rows, connection, alias, limits, limit, batch
+            )
+            return outcomes(batch, finished), claims
         with transaction.atomic(using=alias):
-            if is_postgres(connection):
-                # The finishes go into the claim's statement (see jobs.store.limits).
-                finished, claims = _claim_limited(
-                    claim_rows, connection, limits, limit, queue_list, identity, now, batch
-                )
-            else:
-                finished = finish_batch(connection, batch, now) if batch else {}
-                _, claims = _claim_limited(
-                    claim_rows, connection, limits, limit, queue_list, identity, now
-                )
+            finished = finish_batch(connection, batch, now) if batch else {}
+            claims = _claim_limited_sqlite(
+                claim_rows, connection, limits, limit, queue_list, identity, now
+            )
         return outcomes(batch, finished), claims
     if is_postgres(connection):
         # One statement finishes and claims; it is atomic by itself, so in autocommit
         # it is its own transaction: one round trip.
         if connection.get_autocommit():
-            finished, claims = claim_rows(finishing=batch)
+            finished, claims, _ = claim_rows(finishing=batch)
         else:
             with transaction.atomic(using=alias):
-                finished, claims = claim_rows(finishing=batch)
+                finished, claims, _ = claim_rows(finishing=batch)
         return outcomes(batch, finished), claims
     # SQLite has no data-modifying CTEs: the finishing statements come first.
     with transaction.atomic(using=alias):
         finished = finish_batch(connection, batch, now) if batch else {}
-        _, claims = claim_rows()
+        _, claims, _ = claim_rows()
     return outcomes(batch, finished), claims

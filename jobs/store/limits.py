@@ -1,31 +1,41 @@
 """Claims under limits (J18): ``max_running``, ``max_running_per_scope`` and ``rate``
 per handler name and per queue, exact across every worker and machine.
 
-**The mechanism.** A claim that a limit may apply to runs in one transaction:
+**PostgreSQL: one round trip.** A claim that a limit may apply to sends, in one
+pipeline (:func:`claim_locked`), its transaction's ``BEGIN``; one statement that
+takes a transaction-scoped advisory lock (``pg_advisory_xact_lock``) for every
+limited handler and queue it may touch, in one order; the claim itself, one
+statement (:func:`jobs.store.sql_flow.limited_claim`); and ``COMMIT``. The server
+runs them one after the other: under READ COMMITTED the claim's statement takes
+its snapshot when it starts — after the locks are held — so it sees every claim
+committed by the locks' previous holders, and the commit releases the locks. (A
+single statement that took the locks itself would count in a snapshot taken
+before it waited for them, and could over-claim.) Inside the statement:
 
-1. PostgreSQL: it takes a transaction-scoped advisory lock (``pg_advisory_xact_lock``)
-   for every limited handler and queue it may touch, in one statement, in one order
-   (sent with the usage read of step 2 in one query: one round trip).
-   SQLite: the transaction is ``BEGIN IMMEDIATE``, which holds the database's write
-   lock from its first statement (``transaction_mode: IMMEDIATE``, checked by
-   ``ledon.W001``); every writer is serialised already.
-2. Only then it reads the usage — Running jobs per handler, queue and scope, starts
-   inside each rate window. Under PostgreSQL's READ COMMITTED every statement takes
-   a new snapshot: taken after the lock, it sees every claim committed by the lock's
-   previous holder. (A single statement that counted and claimed would count in a
-   snapshot taken before it waited for a row lock, and could over-claim.)
-3. If ``limit`` more starts of any jobs would keep every limit (the usual case of
-   limits that do not bind), it claims as a claim without limits does, in the same
-   transaction. Otherwise it picks due jobs in claim order that keep every limit,
-   skipping the others —
-   no head of line blocks: handlers, queues and (handler, scope) pairs already at a
-   limit are left out of the candidates' query itself, and a key that fills up while
-   picking is left out of the next page.
-4. It claims them (the guarded update of every claim, by id), and records each start
-   of a rate-limited key; the commit releases the locks. On PostgreSQL the attempts
-   the same round trip finishes (J8) are finished by the claim's statement: the usage
-   read leaves out the jobs Running under their tokens, which that statement ends
-   (or, should one attempt be an orphan, it changes nothing at all — claims included).
+1. the usage: the Running jobs of the limited handlers and queues, less those the
+   same statement finishes (J8), and per rate key the starts after ``now -
+   seconds`` (``jobs_claimstart``);
+2. the candidates: up to ``limit`` due jobs in claim order, locked with ``SKIP
+   LOCKED``, leaving out the handlers and queues without room and the (name,
+   scope) pairs at their per-scope limit — no head of line blocks: jobs past them
+   are claimed;
+3. the choice: a candidate is taken when, for each of its keys, its rank among the
+   candidates of that key is within the key's room; a claim never takes more than
+   a room, and limits that do not bind refuse nothing (the plain claim's choice);
+4. the claim's update and attempt rows, and one ``jobs_claimstart`` row per start
+   of a rate-limited key.
+
+When a limit refused a candidate and the claim is short, it goes on in a
+transaction of its own with the rest (the keys that filled are now left out of the
+candidates); each such claim takes at least the first candidate, so they end.
+
+**SQLite** serialises every writer already: the transaction is ``BEGIN
+IMMEDIATE``, which holds the database's write lock from its first statement
+(``transaction_mode: IMMEDIATE``, checked by ``ledon.W001``). In it the claim
+reads the usage (:func:`read_usage`); if ``limit`` more starts of any jobs keep
+every limit it claims as a claim without limits does, else it picks due jobs in
+claim order that keep every limit, page by page (:func:`choose`), claims them by
+id and records the rate starts (:func:`record_starts`).
 
 Ends of Running attempts take no lock: they only free capacity, so a claim that
 misses one under-claims for one cycle and never over-claims. ``rate=(count,
@@ -33,10 +43,8 @@ seconds)`` counts every start after ``now - seconds``, even one a claimer with a
 clock committed: whatever the order in which claimers' clocks and locks go, no window
 of ``seconds`` ever holds more than ``count`` starts.
 
-Fault points (:func:`ledon.faults.fault_point`; ``limited``: the number of limited
-keys): ``jobs.claim.limited`` — a claim under limits begins, no transaction open yet;
-``jobs.claim.counted`` — locks held, usage read, nothing claimed yet, the claim about
-to pick (not reached when the usage leaves room for the whole claim).
+Fault point (:func:`ledon.faults.fault_point`; ``limited``: the number of limited
+keys): ``jobs.claim.limited`` — a claim under limits begins, no transaction open yet.
 """
 
 from __future__ import annotations
@@ -50,8 +58,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ledon.db import adapt_dt, is_postgres
-from ledon.faults import fault_point
+from ledon.db import adapt_dt
 
 from ..db import fetch, fetch_results, in_list_params
 from ..limits import ClaimLimits, Limits
@@ -87,11 +94,50 @@ def lock_ids(limits: ClaimLimits) -> list[int]:
     )
 
 
-def lock_keys(connection: BaseDatabaseWrapper, limits: ClaimLimits) -> None:
-    """Serialise the claims that ``limits`` apply to (see the module's docstring)."""
-    if not is_postgres(connection):
-        return  # SQLite: the IMMEDIATE transaction holds the write lock already
-    fetch(connection, sql_flow.LOCK_KEYS, {"keys": lock_ids(limits)})
+def claim_keys(
+    connection: BaseDatabaseWrapper, limits: ClaimLimits, now: datetime
+) -> tuple[tuple[sql_flow.KeyShape, ...], dict[str, Any]]:
+    """PostgreSQL: the keys of :func:`jobs.store.sql_flow.limited_claim` — every
+    limited handler name, then every limited queue, each in name order — and their
+    parameters, with the advisory locks' ``keys`` (:func:`lock_ids`)."""
+    shapes: list[sql_flow.KeyShape] = []
+    params: dict[str, Any] = {"keys": lock_ids(limits)}
+    for kind, configured in (("h", limits.handlers), ("q", limits.queues)):
+        for name in sorted(configured):
+            value, n = configured[name], len(shapes)
+            shapes.append(
+                (
+                    kind,
+                    value.max_running is not None,
+                    value.max_running_per_scope is not None,
+                    value.rate is not None,
+                )
+            )
+            params[f"lim_{n}"] = name
+            if value.max_running is not None:
+                params[f"lim_{n}_max"] = value.max_running
+            if value.max_running_per_scope is not None:
+                params[f"lim_{n}_scope"] = value.max_running_per_scope
+            if value.rate is not None:
+                count, seconds = value.rate
+                params[f"lim_{n}_rate"] = count
+                params[f"lim_{n}_key"] = rate_key(_KINDS[kind], name)
+                params[f"lim_{n}_since"] = adapt_dt(connection, now - timedelta(seconds=seconds))
+    return tuple(shapes), params
+
+
+def claim_locked(
+    connection: BaseDatabaseWrapper, statement: str, params: dict[str, Any], *, commit: bool
+) -> list[dict[str, Any]]:
+    """PostgreSQL, in one round trip: the advisory locks of ``params['keys']``, then
+    ``statement`` (a :func:`jobs.store.sql_flow.limited_claim`, prepared), then — with
+    ``commit``, the transaction being the claim's own — ``COMMIT``. Each statement
+    runs when the one before it has finished, with a snapshot of its own: the claim's
+    sees every claim the locks' previous holders committed. Returns its rows."""
+    statements = [sql_flow.LOCK_KEYS, statement]
+    if commit:
+        statements.append(sql_flow.COMMIT)
+    return fetch_results(connection, statements, params, prepare=statements[:2])[1]
 
 
 @dataclass(slots=True)
@@ -194,34 +240,24 @@ _KINDS = {"h": "handler", "q": "queue"}
 
 
 def _usage_statement(
-    connection: BaseDatabaseWrapper,
-    limits: ClaimLimits,
-    now: datetime,
-    leaving: Sequence[str],
+    connection: BaseDatabaseWrapper, limits: ClaimLimits, now: datetime
 ) -> tuple[str, dict[str, Any]]:
     handlers, queues = list(limits.handlers), list(limits.queues)
     windows = _rate_windows(limits)
     params: dict[str, Any] = {
         **in_list_params("lim_handler", handlers),
         **in_list_params("lim_queue", queues),
-        **in_list_params("leaving", leaving),
     }
     for n, (key, seconds) in enumerate(windows.items()):
         params[f"key_{n}"] = key
         params[f"since_{n}"] = adapt_dt(connection, now - timedelta(seconds=seconds))
-    return sql_flow.usage(len(handlers), len(queues), len(windows), len(leaving)), params
+    return sql_flow.usage(len(handlers), len(queues), len(windows)), params
 
 
-def read_usage(
-    connection: BaseDatabaseWrapper,
-    limits: ClaimLimits,
-    now: datetime,
-    leaving: Sequence[str] = (),
-) -> Usage:
-    """The Running jobs and recent starts that ``limits`` count (after
-    :func:`lock_keys`), in one statement; jobs Running under the ``leaving`` tokens
-    are not counted (the caller's transaction finishes them)."""
-    statement, params = _usage_statement(connection, limits, now, leaving)
+def read_usage(connection: BaseDatabaseWrapper, limits: ClaimLimits, now: datetime) -> Usage:
+    """SQLite: the Running jobs and recent starts that ``limits`` count, in one
+    statement."""
+    statement, params = _usage_statement(connection, limits, now)
     return _usage_of(limits, fetch(connection, statement, params))
 
 
@@ -239,24 +275,6 @@ def _usage_of(limits: ClaimLimits, rows: Iterable[dict[str, Any]]) -> Usage:
                 usage.running[(kind, name)] += row["n"]
                 usage.running[(kind + "s", name, row["scope_hash"])] += row["n"]
     return usage
-
-
-def lock_and_read_usage(
-    connection: BaseDatabaseWrapper,
-    limits: ClaimLimits,
-    now: datetime,
-    leaving: Sequence[str] = (),
-) -> Usage:
-    """:func:`lock_keys` then :func:`read_usage`. On PostgreSQL both go in one query,
-    one round trip: each statement of it has a snapshot of its own (READ COMMITTED),
-    so the usage read sees every claim the locks' previous holders committed."""
-    if not is_postgres(connection):
-        return read_usage(connection, limits, now, leaving)
-    statement, params = _usage_statement(connection, limits, now, leaving)
-    _locked, rows = fetch_results(
-        connection, [sql_flow.LOCK_KEYS, statement], {**params, "keys": lock_ids(limits)}
-    )
-    return _usage_of(limits, rows)
 
 
 def _rate_windows(limits: ClaimLimits) -> dict[str, float]:
@@ -298,7 +316,6 @@ def choose(
                 params[f"{prefix}_k_{n}"] = name
                 params[f"{prefix}_s_{n}"] = scope
         statement = sql_flow.candidates(
-            connection.vendor,
             queues=queues,
             one_job=one_job,
             full_handlers=len(full["fh"]),
@@ -354,8 +371,3 @@ def prune_claim_starts(
     with connection.cursor() as cursor:
         cursor.execute(sql_flow.PRUNE_CLAIM_STARTS, {"before": adapt_dt(connection, before)})
         return max(int(cursor.rowcount), 0)
-
-
-def counted(limits: ClaimLimits) -> None:
-    """The fault point between reading the usage and claiming."""
-    fault_point("jobs.claim.counted", limited=len(limits.handlers) + len(limits.queues))

@@ -175,10 +175,11 @@ def claim(
 
     Parameters: ``worker_id``, ``lease_expires_at``, ``now``, ``limit``; with
     ``queues``, ``queue_0``… (see :func:`jobs.db.in_list_params`); with ``one_job``,
-    ``scope_hash`` and ``job_id``. With ``chosen`` (a claim under limits, J18), the
-    jobs were chosen, and locked, by :func:`jobs.store.sql_flow.candidates`: the
-    update takes ``ids`` (PostgreSQL, an array) or ``id_0``… (SQLite, ``chosen`` of
-    them) instead of ``limit``, the same guard checked again.
+    ``scope_hash`` and ``job_id``. With ``chosen`` (a claim under limits, J18, on
+    SQLite; PostgreSQL's is :func:`jobs.store.sql_flow.limited_claim`), the jobs were
+    chosen by :func:`jobs.store.sql_flow.candidates`: the update takes ``ids``
+    (PostgreSQL, an array) or ``id_0``… (SQLite, ``chosen`` of them) instead of
+    ``limit``, the same guard checked again.
 
     On PostgreSQL the same statement also inserts each claimed job's Running attempt
     row (a data-modifying CTE), so a claim is one round trip; on SQLite the attempt
@@ -210,32 +211,57 @@ def claim(
     if chosen:
         ids = "ANY(%(ids)s::bigint[])" if postgres else f"({in_list('id', chosen)})"
         which = f"id {'=' if postgres else 'IN'} {ids} AND {' AND '.join(filters)}"
-    update = (
+    update = claim_update(vendor, f"{guard}{which}")
+    if not postgres:
+        return update
+    ctes = claimed_ctes(update)
+    if not finishing:
+        return f"WITH {ctes} SELECT {', '.join(CLAIMED)} FROM claimed"
+    return f"WITH {_finish_ctes()}, {ctes} " + union_by_kind(claimed_kinds(finishing=True))
+
+
+def claim_update(vendor: str, where: str) -> str:
+    """The claim's UPDATE of the jobs ``where`` selects (the guard included),
+    returning the :data:`CLAIMED` columns of each (see :func:`claim`)."""
+    return (
         f"UPDATE {JOB} SET status = '{RUNNING}', attempt_count = attempt_count + 1,"
         f" current_token = {random_token_sql(vendor)},"
         " leased_by = %(worker_id)s, lease_expires_at = %(lease_expires_at)s,"
         " started_at = %(now)s, updated_at = %(now)s,"
         " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
         " finished_at = NULL"
-        f" WHERE {guard}{which}"
+        f" WHERE {where}"
         f" RETURNING {_CLAIM_RETURNING}"
     )
-    if not postgres:
-        return update
-    ctes = (
+
+
+def claimed_ctes(update: str) -> str:
+    """PostgreSQL: the CTEs ``claimed`` (``update``, a :func:`claim_update`) and
+    ``attempts``, the Running attempt row of each claimed job."""
+    return (
         f"claimed AS ({update}),"
         f" attempts AS ({_ATTEMPT_INSERT} SELECT id, number, token, '{RUNNING}', leased_by,"
         " NULL, '', '', NULL, started_at, NULL FROM claimed)"
     )
+
+
+def claimed_kinds(*, finishing: bool) -> list[tuple[str, str, Mapping[str, str]]]:
+    """The :func:`jobs.db.union_by_kind` branches of a claim's rows: ``'claimed'``,
+    and with ``finishing`` ``'finished'`` and ``'orphan'`` (see :func:`claim`)."""
+    claimed = ("claimed", "claimed", {name: name for name in CLAIMED})
     if not finishing:
-        return f"WITH {ctes} SELECT {', '.join(CLAIMED)} FROM claimed"
-    return f"WITH {_finish_ctes()}, {ctes} " + union_by_kind(
-        [
-            ("finished", "finished", _FINISHED_COLUMNS),
-            ("claimed", "claimed", {name: name for name in CLAIMED}),
-            ("orphan", "orphans", _ORPHAN_COLUMNS),
-        ]
-    )
+        return [claimed]
+    return [
+        ("finished", "finished", _FINISHED_COLUMNS),
+        claimed,
+        ("orphan", "orphans", _ORPHAN_COLUMNS),
+    ]
+
+
+def finish_ctes() -> str:
+    """PostgreSQL: the J8 rule for a batch as CTEs (see :func:`_finish_ctes`), for a
+    statement that finishes before it claims."""
+    return _finish_ctes()
 
 
 @functools.lru_cache(maxsize=64)

@@ -3,17 +3,31 @@ the manner of :mod:`jobs.store.sql`: named parameters, named result columns, the
 PostgreSQL and SQLite forms side by side, cached texts.
 
 None of these runs in a claim that no limit applies to: that claim is the one
-statement of :func:`jobs.store.sql.claim`.
+statement of :func:`jobs.store.sql.claim`. A claim under limits is
+:data:`LOCK_KEYS` then :func:`limited_claim` on PostgreSQL, and :func:`usage`,
+:func:`candidates` and :func:`insert_claim_starts` around the plain claim on SQLite.
 """
 
 from __future__ import annotations
 
 import functools
 
-from ..db import in_list, values_of
+from ..db import in_list, union_by_kind, values_of
 from ..models import ClaimStart
 from ..types import JobStatus
-from .sql import ATTEMPT, CANCELLED, CLAIMABLE, JOB, QUEUE, QUEUED, RUNNING
+from .sql import (
+    ATTEMPT,
+    CANCELLED,
+    CLAIMABLE,
+    JOB,
+    QUEUE,
+    QUEUED,
+    RUNNING,
+    claim_update,
+    claimed_ctes,
+    claimed_kinds,
+    finish_ctes,
+)
 
 CLAIM_START = ClaimStart._meta.db_table
 SNOOZED = "snoozed"
@@ -27,25 +41,190 @@ SNOOZED = "snoozed"
 LOCK_KEYS = "SELECT count(pg_advisory_xact_lock(k)) AS locked FROM unnest(%(keys)s::bigint[]) AS k"
 
 
+#: One limited key of a claim under limits: its kind (``"h"``, a handler name, or
+#: ``"q"``, a queue) and which of ``max_running``, ``max_running_per_scope`` and
+#: ``rate`` it has.
+KeyShape = tuple[str, bool, bool, bool]
+
+_ORDER = "priority DESC, next_run_at, id"
+
+
+def _key_row(n: int, shape: KeyShape) -> str:
+    """The ``keys`` row of key ``n`` (see :func:`limited_claim`)."""
+    kind, max_running, per_scope, rate = shape
+    column = "handler" if kind == "h" else "queue"
+    name = f"%(lim_{n})s"
+    rooms = []
+    if max_running:
+        rooms.append(
+            f"%(lim_{n}_max)s::bigint - (SELECT count(*) FROM running WHERE {column} = {name})"
+        )
+    if rate:
+        rooms.append(
+            f"%(lim_{n}_rate)s::bigint - (SELECT count(*) FROM {CLAIM_START}"
+            f" WHERE key = %(lim_{n}_key)s AND started_at > %(lim_{n}_since)s)"
+        )
+    room = f"LEAST({', '.join(rooms)})" if rooms else "NULL::bigint"
+    scope = f"%(lim_{n}_scope)s::bigint" if per_scope else "NULL::bigint"
+    key = f"%(lim_{n}_key)s::text" if rate else "NULL::text"
+    return f"('{kind}'::text, {name}::text, {room}, {scope}, {key})"
+
+
 @functools.lru_cache(maxsize=64)
-def usage(handlers: int, queues: int, rate_keys: int, leaving: int = 0) -> str:
-    """What limits count, in one statement: rows of ``kind`` ``'running'`` — the
-    Running jobs of ``handlers`` limited handler names (``lim_handler_0``…) or
-    ``queues`` limited queues (``lim_queue_0``…), per ``handler``, ``queue`` and ``scope_hash``, in
-    ``n`` — and rows of ``kind`` ``'started'`` — per rate key (``key_0``…), in ``n``,
-    the starts after its window's start (``since_0``…). Jobs Running under the
-    ``leaving`` tokens (``leaving_0``…) are left out: the same transaction finishes
-    them. Only Running jobs hold a current token: the small partial index of tokens
-    serves the first part, the (key, started_at) index each term of the second."""
+def limited_claim(
+    *, queues: int, one_job: bool, finishing: bool, keys: tuple[KeyShape, ...]
+) -> str:
+    """PostgreSQL: a claim under limits (J18) as one statement — usage, choice and
+    claim — to run after the advisory locks of its keys (:data:`LOCK_KEYS`), so that
+    its snapshot, taken when it starts, sees every claim the locks' previous holders
+    committed.
+
+    The parameters of :func:`jobs.store.sql.claim` (with ``finishing``, the batch's
+    too), and per limited key ``n`` of ``keys`` (see :data:`KeyShape`): its name
+    ``lim_n``, and as it has them ``lim_n_max``, ``lim_n_scope``, ``lim_n_rate``
+    with ``lim_n_key`` (its ``jobs_claimstart`` key) and ``lim_n_since`` (its
+    window's start).
+
+    In the statement: ``running`` — the Running jobs of the limited handlers and
+    queues, less those the statement finishes; ``keys`` — per key, its ``room``
+    (the starts ``max_running`` and ``rate`` still allow, the fewer) and its
+    per-scope limit; ``candidates`` — up to ``limit`` due jobs in claim order, locked
+    (``SKIP LOCKED``), leaving out the handlers and queues without room and the
+    (name, scope) pairs at their per-scope limit; ``chosen`` — all of them when
+    every key has room for ``limit`` more starts (``ample``: the limits cannot bind),
+    else those whose rank among the candidates of each of their keys is within its
+    room (``ranked``; a job is refused when as many candidates of one of its keys
+    come before it as that key has room: a claim never takes more than any room,
+    and may take fewer where one key's refusal leaves another's room unused); then
+    the claim's update of the chosen jobs (locked, so their guard still holds) and
+    attempt rows, and a ``jobs_claimstart`` row per start of a rate-limited key.
+
+    Returns the rows of :func:`jobs.store.sql.claim` with ``finishing`` (a ``kind``
+    per row), and a row of kind ``'skipped'`` when a limit refused a candidate: a
+    claim of the rest may find jobs past it."""
+    names = {kind: [n for n, k in enumerate(keys) if k[0] == kind] for kind in ("h", "q")}
+    either = [
+        f"{column} IN ({', '.join(f'%(lim_{n})s' for n in names[kind])})"
+        for kind, column in (("h", "handler"), ("q", "queue"))
+        if names[kind]
+    ]
+    gone = " AND current_token <> ALL(%(tokens)s::text[])" if finishing else ""
+    ctes = [
+        f"running AS (SELECT handler, queue, scope_hash FROM {JOB}"
+        f" WHERE current_token IS NOT NULL AND status = '{RUNNING}'{gone}"
+        f" AND ({' OR '.join(either)}))",
+        "keys AS (SELECT * FROM (VALUES "
+        + ", ".join(_key_row(n, shape) for n, shape in enumerate(keys))
+        + ") AS k(kind, name, room, scope, key))",
+    ]
+    filters = list(CLAIMABLE)
+    if queues:
+        filters.append(f"queue IN ({in_list('queue', queues)})")
+    if one_job:
+        filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
+    guard = " AND ".join(filters)
+    kinds = [(kind, column) for kind, column in (("h", "handler"), ("q", "queue")) if names[kind]]
+    picks = []
+    ranks = []
+    admits = []
+    joins = []
+    for kind, column in kinds:
+        shapes = [keys[n] for n in names[kind]]
+        if any(s[1] or s[3] for s in shapes):
+            picks.append(
+                f"{column} NOT IN (SELECT name FROM keys WHERE kind = '{kind}' AND room <= 0)"
+            )
+            ranks.append(f"row_number() OVER (PARTITION BY {column} ORDER BY {_ORDER}) AS n_{kind}")
+            admits.append(f"(k_{kind}.room IS NULL OR r.n_{kind} <= k_{kind}.room)")
+        if any(s[2] for s in shapes):
+            # scope_hash has a fixed length: scope_hash || name names one pair.
+            picks.append(
+                f"scope_hash || {column} NOT IN (SELECT u.scope_hash || u.{column}"
+                f" FROM running AS u JOIN keys AS k ON k.kind = '{kind}' AND k.name = u.{column}"
+                f" WHERE k.scope IS NOT NULL GROUP BY u.scope_hash, u.{column}, k.scope"
+                " HAVING count(*) >= k.scope)"
+            )
+            ranks.append(
+                f"row_number() OVER (PARTITION BY {column}, scope_hash ORDER BY {_ORDER})"
+                f" AS n_{kind}s"
+            )
+            admits.append(
+                f"(k_{kind}.scope IS NULL OR r.n_{kind}s + (SELECT count(*) FROM running AS u"
+                f" WHERE u.{column} = r.{column} AND u.scope_hash = r.scope_hash)"
+                f" <= k_{kind}.scope)"
+            )
+        joins.append(
+            f" LEFT JOIN keys AS k_{kind}"
+            f" ON k_{kind}.kind = '{kind}' AND k_{kind}.name = r.{column}"
+        )
+    ctes.append(
+        f"candidates AS (SELECT id, handler, queue, scope_hash, priority, next_run_at FROM {JOB}"
+        f" WHERE {' AND '.join([guard, *picks])}"
+        f" ORDER BY {_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+    )
+    ctes.append(
+        f"ranked AS (SELECT id, handler, queue, scope_hash, {', '.join(ranks)} FROM candidates)"
+    )
+    # Room for the whole claim under every limit: the candidates as they come (the
+    # ranking is then never computed).
+    ample = ["(room IS NULL OR room >= %(limit)s)"]
+    if any(shape[2] for shape in keys):
+        ample.append(
+            "(scope IS NULL OR scope >= %(limit)s + COALESCE((SELECT max(n) FROM"
+            " (SELECT count(*) AS n FROM running AS u WHERE (k.kind = 'h' AND u.handler = k.name)"
+            " OR (k.kind = 'q' AND u.queue = k.name) GROUP BY u.scope_hash) AS busiest), 0))"
+        )
+    ctes.append(f"ample AS (SELECT bool_and({' AND '.join(ample)}) AS yes FROM keys AS k)")
+    ctes.append(
+        "chosen AS (SELECT id FROM candidates WHERE (SELECT yes FROM ample)"
+        " UNION ALL SELECT r.id FROM ranked AS r"
+        + "".join(joins)
+        + f" WHERE NOT (SELECT yes FROM ample) AND {' AND '.join(admits)})"
+    )
+    orphans = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
+    # The candidates are locked by this statement: their guard holds still.
+    update = claim_update(
+        "postgresql", f"{orphans}id = ANY(ARRAY(SELECT id FROM chosen)) AND status = '{QUEUED}'"
+    )
+    ctes.append(claimed_ctes(update))
+    if any(shape[3] for shape in keys):
+        ctes.append(
+            f"starts AS (INSERT INTO {CLAIM_START} (key, started_at)"
+            " SELECT k.key, %(now)s FROM claimed AS c JOIN keys AS k ON k.key IS NOT NULL"
+            " AND ((k.kind = 'h' AND k.name = c.handler) OR (k.kind = 'q' AND k.name = c.queue)))"
+        )
+    if finishing:
+        ctes.insert(0, finish_ctes())
+    skipped = (
+        "(SELECT 1 WHERE (SELECT count(*) FROM candidates) > (SELECT count(*) FROM chosen)) AS s"
+    )
+    return f"WITH {', '.join(ctes)} " + union_by_kind(
+        [*claimed_kinds(finishing=finishing), ("skipped", skipped, {})]
+    )
+
+
+#: The end of a claim's transaction, sent in its round trip (see
+#: :func:`jobs.store.limits.claim_locked`).
+COMMIT = "COMMIT"
+
+
+@functools.lru_cache(maxsize=64)
+def usage(handlers: int, queues: int, rate_keys: int) -> str:
+    """SQLite: what limits count, in one statement: rows of ``kind`` ``'running'`` —
+    the Running jobs of ``handlers`` limited handler names (``lim_handler_0``…) or
+    ``queues`` limited queues (``lim_queue_0``…), per ``handler``, ``queue`` and
+    ``scope_hash``, in ``n`` — and rows of ``kind`` ``'started'`` — per rate key
+    (``key_0``…), in ``n``, the starts after its window's start (``since_0``…). Only
+    Running jobs hold a current token: the small partial index of tokens serves the
+    first part, the (key, started_at) index each term of the second."""
     either = []
     if handlers:
         either.append(f"handler IN ({in_list('lim_handler', handlers)})")
     if queues:
         either.append(f"queue IN ({in_list('lim_queue', queues)})")
-    gone = f" AND current_token NOT IN ({in_list('leaving', leaving)})" if leaving else ""
     running = (
         "SELECT 'running' AS kind, handler, queue, scope_hash, NULL AS key, count(*) AS n"
-        f" FROM {JOB} WHERE current_token IS NOT NULL AND status = '{RUNNING}'{gone}"
+        f" FROM {JOB} WHERE current_token IS NOT NULL AND status = '{RUNNING}'"
         f" AND ({' OR '.join(either)}) GROUP BY handler, queue, scope_hash"
     )
     if not rate_keys:
@@ -61,7 +240,6 @@ def usage(handlers: int, queues: int, rate_keys: int, leaving: int = 0) -> str:
 
 @functools.lru_cache(maxsize=256)
 def candidates(
-    vendor: str,
     *,
     queues: int,
     one_job: bool,
@@ -76,8 +254,8 @@ def candidates(
     limit and the (handler, scope) and (queue, scope) pairs at a per-scope limit
     (``fhs_k_0``/``fhs_s_0``…, ``fqs_k_0``/``fqs_s_0``…), and the ``seen`` jobs an
     earlier page returned (``seen_0``…). Returns each job's ``id``,
-    ``handler``, ``queue`` and ``scope_hash``. PostgreSQL locks the rows it returns,
-    skipping rows other claims hold."""
+    ``handler``, ``queue`` and ``scope_hash``. SQLite (whose claims hold the write
+    lock)."""
     filters = list(CLAIMABLE)
     if queues:
         filters.append(f"queue IN ({in_list('queue', queues)})")
@@ -99,10 +277,9 @@ def candidates(
             filters.append(f"NOT ({pairs})")
     if seen:
         filters.append(f"id NOT IN ({in_list('seen', seen)})")
-    lock = " FOR UPDATE SKIP LOCKED" if vendor == "postgresql" else ""
     return (
         f"SELECT id, handler, queue, scope_hash FROM {JOB} WHERE {' AND '.join(filters)}"
-        f" ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s{lock}"
+        f" ORDER BY {_ORDER} LIMIT %(limit)s"
     )
 
 

@@ -177,7 +177,8 @@ class Worker(Shutdown):
                 next_cleanup = now if more else now + s.CLEANUP_INTERVAL
             # The new claims are already on their way to the handler threads.
             claims, asked = self._settle(claim=True) if not self.backing_off else ([], 0)
-            if self.burst and not claims and not self._busy() and not self.backing_off:
+            idle = not claims and not self._busy() and not self.backing_off
+            if self.burst and idle and not self._due_held_by_limits():
                 break
             if claims and len(claims) == asked:
                 continue  # capacity was filled by a full batch: there may be more to take
@@ -189,6 +190,20 @@ class Worker(Shutdown):
                 s.POLL_INTERVAL if next_timeout is None else next_timeout,
             )
             self.pause(max(timeout, 0.01))
+
+    def _due_held_by_limits(self) -> bool:
+        """Burst mode: are there due jobs in this worker's unpaused queues that only
+        limits (J18) keep from its claim? They are due, so a burst waits for them
+        (a slot frees, a rate window moves on); a paused queue's are not waited for."""
+        if not execution.claim_limits().for_queues(self.queues):
+            return False  # without limits, a claim that took nothing leaves nothing due
+        counts = self.guarded(
+            "counting due jobs",
+            lambda: execution.due_counts_by_queue(now=self.clock(), paused=False),
+        )
+        if counts is FAILED:
+            return True  # backing off; decided once the database answers
+        return any(n for queue, n in counts.items() if not self.queues or queue in self.queues)
 
     # ------------------------------------------------------------------ recovery
 
