@@ -252,7 +252,7 @@ def test_web_view_to_job_to_outbox_to_broker_to_consumer_is_one_trace(
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     try:
-        assert consumer.ready.wait(60), "the consumer never opened its subscription"
+        assert consumer.started.wait(60), "the consumer never opened its subscription"
         answer = place(client, "o-9", "traced.ping")
         Worker(burst=True, listen=False).run()
         Dispatcher(transport=transport, burst=True, listen=False).run()
