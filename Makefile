@@ -21,7 +21,8 @@ venv: $(VENV)/.installed
 
 ## Run the whole suite: lint, types, migrations check, tests on SQLite and PostgreSQL,
 ## on every CI leg (a Python and a Django version, scripts/test.sh). One leg:
-## make test LEG=3.12-5.2 (SCOPE=compat: only the tests of what differs between versions)
+## make test LEG=3.12-5.2 (SCOPE=compat: only the tests of what differs between versions;
+## the whole check runs the older legs with compat, SCOPE=core with every test)
 test: venv
 	SCOPE=$(SCOPE) scripts/test.sh $(if $(LEG),--leg $(LEG))
 
