@@ -190,16 +190,19 @@ def fetch_results(
     return results
 
 
-_NAMED_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+_NAMED_PLACEHOLDER = re.compile(r"%%|%\((\w+)\)s")
 
 
 @functools.lru_cache(maxsize=256)
 def _numbered_placeholders(statement: str) -> tuple[str, tuple[str, ...]]:
     """``statement`` with each named placeholder (``%(name)s``) as PostgreSQL's
-    ``$n``, the same number for the same name; and the names, in number order."""
+    ``$n``, the same number for the same name, and ``%%`` as the ``%`` it stands for;
+    and the names, in number order."""
     names: dict[str, int] = {}
 
     def number(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return "%"
         return f"${names.setdefault(match.group(1), len(names) + 1)}"
 
     return _NAMED_PLACEHOLDER.sub(number, statement), tuple(names)

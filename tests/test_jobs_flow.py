@@ -578,3 +578,16 @@ def test_j18_a_burst_does_not_wait_for_a_paused_queue_under_limits(handler):
     worker.run()
     assert worker.stats.claimed == 0
     assert Job.objects.filter(handler="flow.burst.paused", status=JobStatus.QUEUED).count() == 2
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_pipelined_statement_binds_each_name_once_and_keeps_a_literal_percent():
+    from django.db import transaction
+
+    from jobs.db import fetch_results
+
+    statement = "SELECT %(a)s::int AS a, %(b)s::text AS b, %(a)s::int + 1 AS c, 'x%%' AS d"
+    with transaction.atomic():
+        rows = fetch_results(connection, [statement], {"a": 1, "b": "y"}, prepare=[statement])
+    assert rows == [[{"a": 1, "b": "y", "c": 2, "d": "x%"}]]
