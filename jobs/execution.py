@@ -21,7 +21,7 @@ from . import store, validation
 from .conf import queue_limits
 from .handlers import handler_limits
 from .limits import ClaimLimits
-from .models import ClaimStart, Job, Queue
+from .models import ClaimStart, Job
 from .schedules import service as schedules
 from .store.limits import prune_claim_starts as _prune_claim_starts
 from .store.queues import QueueState
@@ -83,7 +83,7 @@ def due_counts_by_queue(*, now: datetime | None = None, paused: bool = True) -> 
     ``paused=False`` leaves out the queues that are paused."""
     due = Job.objects.due(store.current_time(now))
     if not paused:
-        due = due.exclude(queue__in=Queue.objects.filter(paused=True).values("name"))
+        due = due.unpaused()
     rows = due.values_list("queue").annotate(count=Count("id"))
     return dict(rows.order_by())
 

@@ -37,6 +37,10 @@ class JobQuerySet(models.QuerySet["Job"]):
             attempt_count__lt=F("max_attempts"),
         )
 
+    def unpaused(self) -> JobQuerySet:
+        """Not in a paused queue (J18: the last of the claim's guards, ``sql.CLAIMABLE``)."""
+        return self.exclude(queue__in=Queue.objects.filter(paused=True).values("name"))
+
     def lease_expired(self, now: datetime) -> JobQuerySet:
         return self.running().filter(lease_expires_at__lt=now)
 
