@@ -759,6 +759,72 @@ def flow_control_alone(
     return flow
 
 
+def burn_down_alone(
+    *,
+    plan: Plan,
+    database_url: str,
+    systems: list[str],
+    out_dir: Path,
+    log: Log,
+    admin: Callable[[str], None],
+    concurrencies: tuple[int, ...] = (4, 16),
+) -> dict[str, Any]:
+    """Only the one-process burn-downs at ``concurrencies`` of every system and ours
+    with the 5 ms handler (``--only burn-down``), the systems interleaved round by
+    round; medians, each system's ratio to ours, and the load average at the start and
+    end, written as JSON into ``out_dir``."""
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    chosen = [adapter(name)(database_url) for name in systems]
+    for system in chosen:
+        system.install()
+    runner = Runner(plan, chosen, admin, log_dir, log, database_url)
+    raw: dict[str, dict[str, list[float]]] = {s.name: {} for s in chosen}
+    load = _load()
+    try:
+        for run in range(plan.runs):
+            log(f"run {run + 1} of {plan.runs}")
+            order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
+            for system in order:
+                count = plan.for_system(plan.burn_jobs, system.name)
+                for concurrency in concurrencies:
+                    config = system.worker_config(WorkerConfig(1, concurrency))
+                    tag = f"{system.name}-{config.key}-run{run + 1}"
+                    rate = runner.burn_down(system, config, tag, count)
+                    raw[system.name].setdefault(f"c{concurrency}", []).append(rate)
+                    log(f"  {system.name:16} c{concurrency:<4} {rate:10.1f} jobs/s")
+                seed_sleeping = getattr(system, "seed_sleeping", None)
+                if seed_sleeping is not None:
+                    config = WorkerConfig(1, plan.sleep_concurrency)
+                    tag = f"{system.name}-sleep-{config.key}-run{run + 1}"
+                    rate = runner.burn_down(
+                        system, config, tag, plan.sleep_jobs, seed=seed_sleeping
+                    )
+                    raw[system.name].setdefault("sleep5", []).append(rate)
+                    log(f"  {system.name:16} sleep5 {rate:10.1f} jobs/s")
+    finally:
+        for system in chosen:
+            system.close()
+    medians = {name: {k: median(v) for k, v in runs.items()} for name, runs in raw.items()}
+    ours = medians.get(OURS, {})
+    ratios = {
+        name: {k: ours[k] / v for k, v in values.items() if k in ours and v}
+        for name, values in medians.items()
+        if name != OURS
+    }
+    ideal = plan.sleep_concurrency * 200.0
+    result = {
+        "runs": raw,
+        "median": medians,
+        "ours_over": ratios,
+        "sleep5_of_ideal": ours["sleep5"] / ideal if "sleep5" in ours else None,
+        "load_average": {"start": load, "end": _load()},
+    }
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    (out_dir / f"burn-down-{stamp}.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
 # --------------------------------------------------------------------------- outbox, sagas
 
 
