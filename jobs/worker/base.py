@@ -80,6 +80,12 @@ class Running:
     abandoned: bool = False
 
 
+def _settle_slots(concurrency: int) -> int:
+    import os
+
+    return int(os.environ.get("LEDON_SETTLE_SLOTS", max(1, concurrency // 4)))
+
+
 class WorkerBase(Engine):
     """The state every part of the worker reads, set up by :meth:`_init_state`."""
 
@@ -109,6 +115,8 @@ class WorkerBase(Engine):
         # Settles under way, and the capacity their claims may still take.
         self._settles = 0
         self._reserved = 0
+        #: How many settles may run at once (see Settling._settles_here).
+        self._settle_slots = _settle_slots(self.concurrency)
         self._threads: list[threading.Thread] = []
         self._spawned = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -188,12 +196,13 @@ class WorkerBase(Engine):
                     FinishOutcome.SNOOZED,
                 ):
                     event = outcome.value
-        logger.info(
-            "job %s %s",
-            claim.job_id,
-            event,
-            extra=attempt_fields(claim, now=self.clock(), outcome=outcome.value, event=event),
-        )
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "job %s %s",
+                claim.job_id,
+                event,
+                extra=attempt_fields(claim, now=self.clock(), outcome=outcome.value, event=event),
+            )
         finished_attempt(claim, outcome, retry_scheduled=event == "retry-scheduled")
         self._emit(event, claim, detail)
 

@@ -51,6 +51,11 @@ class Settling(WorkerBase):
         """
         with self._lock:
             if alone and (not self._completed or not self._settles_here() or self.backing_off):
+                # Another settle took the completion; or none may start here now
+                # (the main loop settles what is left, after a back-off).
+                left = bool(self._completed) and not self.backing_off
+                if left:
+                    self._wake.set()
                 return [], 0
             done, self._completed = self._completed, []
             limit = 0
@@ -105,7 +110,8 @@ class Settling(WorkerBase):
                 self.stats.claimed += len(claims)
             for new in claims:
                 fault_point("jobs.worker.claimed", job_id=new.job_id, attempt=new.attempt)
-                self._emit("claimed", new, f"attempt {new.attempt}/{new.max_attempts}")
+                if self.on_event is not None:
+                    self._emit("claimed", new, f"attempt {new.attempt}/{new.max_attempts}")
             for new in claims[1:] if keep else claims:
                 self._tasks.put(new)
             for finished, _result in done:
@@ -149,20 +155,21 @@ class Settling(WorkerBase):
         return True
 
     def _settles_here(self) -> bool:
-        """Whether the thread that just queued a completion settles it itself: when
-        no other handler runs (the batch is complete — batches, not parallel small
-        settles, make throughput) and no settle is under way. At concurrency 1 the
-        worker then never hands a job between threads. Called with the lock held.
+        """Whether the thread that just queued a completion settles it itself — with
+        every other completion waiting — rather than leaving it to the next settle:
+        when fewer than :attr:`_settle_slots` settles are under way, each on its own
+        thread's connection. Called with the lock held.
 
-        No thread starts a settle beside one under way to save its wait: on a
-        durable server their commits queue for the same WAL flush, so a second settle
-        beside a first waits for the first's flush and then its own (measured with a
-        5 ms handler at concurrency 16: smaller batches, longer settles and fewer jobs
-        per second than one settle at a time)."""
+        Settles overlap instead of queueing one behind the other: the server flushes
+        the WAL of the commits that arrive together once (group commit), and the
+        thread that settles runs one of the new claims itself, with no hand-over. A
+        completion that finds every slot taken joins the next settle; the first
+        settle to end wakes the main loop for it. None starts while a lost claim is
+        being recovered (its attempts are told from this worker's by what runs)."""
         return (
             not self._stopping.is_set()
-            and self._settles == 0
-            and len(self._completed) == len(self._running)
+            and not self._claims_unknown
+            and self._settles < self._settle_slots
         )
 
     def _close_settling(self) -> None:
