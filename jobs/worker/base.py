@@ -112,9 +112,11 @@ class WorkerBase(Engine):
         # finish them together with its next claim (one commit for the lot).
         self._completed: list[tuple[Claim, str | None]] = []
         self._settling = True
-        # Settles under way, and the capacity their claims may still take.
+        # Settles under way, the capacity they hold until they end (each the larger
+        # of what it finishes and what it may claim), and the attempts they finish.
         self._settles = 0
         self._reserved = 0
+        self._settling_done = 0
         #: How many settles may run at once (see Settling._settles_here).
         self._settle_slots = _settle_slots(self.concurrency)
         self._threads: list[threading.Thread] = []

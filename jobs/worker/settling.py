@@ -60,13 +60,26 @@ class Settling(WorkerBase):
             done, self._completed = self._completed, []
             limit = 0
             if claim and not self._stopping.is_set():
-                # The attempts finished here free their capacity for this claim.
-                free = self.concurrency - (len(self._running) - len(done)) - self._reserved
-                limit = max(min(free, self.settings.CLAIM_BATCH_SIZE), 0)
+                limit = max(min(self._free(len(done)), self.settings.CLAIM_BATCH_SIZE), 0)
             if not done and not limit:
                 return [], 0
-            self._reserved += limit
+            # Until it ends, this settle holds its finished attempts (before its
+            # commit) or its new claims (after): at most the larger of the two.
+            reserved = max(len(done), limit)
+            self._reserved += reserved
+            self._settling_done += len(done)
             self._settles += 1
+        held = True
+
+        def release() -> None:
+            """This settle no longer holds capacity apart from ``_running`` (with the
+            lock held, in the same step that puts its attempts there or not)."""
+            nonlocal held
+            if held:
+                held = False
+                self._reserved -= reserved
+                self._settling_done -= len(done)
+
         claims: list[Claim] = []
         failed = False
         try:
@@ -86,6 +99,7 @@ class Settling(WorkerBase):
             except TRANSIENT_ERRORS as exc:
                 failed = True
                 with self._lock:
+                    release()
                     self._completed[:0] = done
                     self._claims_unknown = self._claims_unknown or limit > 0
                 self.database_failed("finishing and claiming jobs", exc)
@@ -96,6 +110,8 @@ class Settling(WorkerBase):
                     extra={"worker": self.worker_id, "finished": len(done), "claim_limit": limit},
                 )
                 self.reset_connection()
+                with self._lock:
+                    release()  # nothing claimed; each attempt below is released alone
                 for finished, result in done:
                     self._finish_alone(finished, result)
                 return [], limit
@@ -103,6 +119,7 @@ class Settling(WorkerBase):
             if done or claims:
                 fault_point("jobs.worker.settled", finished=len(done), claimed=len(claims))
             with self._lock:
+                release()
                 for finished, _result in done:
                     self._running.pop(finished.token, None)
                 for new in claims:
@@ -119,7 +136,7 @@ class Settling(WorkerBase):
             return claims, limit
         finally:
             with self._lock:
-                self._reserved -= limit
+                release()
                 self._settles -= 1
                 # Completions left for the main loop, or a shutdown waiting for
                 # settles to end — unless the database failed: then the main loop
@@ -129,6 +146,14 @@ class Settling(WorkerBase):
                 wake = not failed and (bool(self._completed) or self._stopping.is_set())
             if wake:
                 self._wake.set()
+
+    def _free(self, finishing: int) -> int:
+        """J14: the capacity a settle that finishes ``finishing`` attempts may claim
+        for, with the lock held. The attempts that no settle under way finishes are
+        held; each settle under way holds what it reserved (see :meth:`_settle`),
+        whichever of its commits comes first; this one's own finishes free theirs."""
+        held = len(self._running) - self._settling_done - finishing
+        return self.concurrency - held - self._reserved
 
     def _settle_on_this_thread(self) -> Claim | None:
         """On a handler thread whose attempt succeeded: settle now if
