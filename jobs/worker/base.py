@@ -80,12 +80,6 @@ class Running:
     abandoned: bool = False
 
 
-def _settle_slots(concurrency: int) -> int:
-    import os
-
-    return int(os.environ.get("LEDON_SETTLE_SLOTS", max(1, concurrency // 4)))
-
-
 class WorkerBase(Engine):
     """The state every part of the worker reads, set up by :meth:`_init_state`."""
 
@@ -112,13 +106,9 @@ class WorkerBase(Engine):
         # finish them together with its next claim (one commit for the lot).
         self._completed: list[tuple[Claim, str | None]] = []
         self._settling = True
-        # Settles under way, the capacity they hold until they end (each the larger
-        # of what it finishes and what it may claim), and the attempts they finish.
+        # Settles under way, and the capacity their claims may still take.
         self._settles = 0
         self._reserved = 0
-        self._settling_done = 0
-        #: How many settles may run at once (see Settling._settles_here).
-        self._settle_slots = _settle_slots(self.concurrency)
         self._threads: list[threading.Thread] = []
         self._spawned = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -198,7 +188,7 @@ class WorkerBase(Engine):
                     FinishOutcome.SNOOZED,
                 ):
                     event = outcome.value
-        if logger.isEnabledFor(logging.INFO):
+        if logger.isEnabledFor(logging.INFO):  # its fields are not built for nothing
             logger.info(
                 "job %s %s",
                 claim.job_id,
