@@ -94,32 +94,26 @@ def main(argv: list[str] | None = None) -> int:
         admin = server.django_on(url, stack)
         plan = harness.Plan.quick() if args.quick else harness.Plan.full(args.runs)
         plan = plan.scaled(args.jobs_factor)
+        session = {
+            "plan": plan,
+            "database_url": url,
+            "out_dir": args.out,
+            "log": log,
+            "admin": admin,
+        }
         if args.only == "flow-control":
-            flow = harness.flow_control_alone(
-                plan=plan, database_url=url, out_dir=args.out, log=log, admin=admin
-            )
+            flow = harness.flow_control_alone(**session)
             print(report.flow_table({"flow_control": flow}))
             return 0
         if args.only == "burn-down":
-            burn = harness.burn_down_alone(
-                plan=plan,
-                database_url=url,
-                systems=args.system_names,
-                out_dir=args.out,
-                log=log,
-                admin=admin,
-            )
+            burn = harness.burn_down_alone(args.system_names, **session)
             print(json.dumps({k: burn[k] for k in ("median", "ours_over", "sleep5_of_ideal")}))
             return 0
         document = harness.run_all(
-            plan=plan,
-            database_url=url,
             systems=args.system_names,
-            out_dir=args.out,
-            log=log,
-            admin=admin,
             server=server.server_settings(url),
             claim=not args.no_claim_cost,
+            **session,
         )
     markdown = report.render(document)
     (args.out / "latest.md").write_text(markdown)
