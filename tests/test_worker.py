@@ -315,4 +315,3 @@ def test_j14_an_idle_worker_waits_between_claims_instead_of_spinning(settings, m
         worker.stop()
         thread.join(30)
     assert not any(woken_at_pause[:5]), woken_at_pause[:5]
-
