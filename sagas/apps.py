@@ -1,29 +1,22 @@
-from typing import Any
+from django.apps import apps
 
-from django.apps import AppConfig, apps
-
-from ledon.observability import OptionalLayers
+# The module, not the class: Django takes the one AppConfig subclass named in apps.py.
+import ledon.apps
 
 from .conf import sagas_settings
 from .exceptions import SagasConfigurationError
 from .registry import autodiscover
 
 
-class SagasConfig(AppConfig):
+class SagasConfig(ledon.apps.LedonAppConfig):
     name = "sagas"
     verbose_name = "Sagas"
-    default_auto_field = "django.db.models.BigAutoField"
+    read_settings = sagas_settings
+    invalid_settings = SagasConfigurationError
+    dashboard_module = "sagas.monitoring"
 
     def ready(self) -> None:
-        # Registers the system checks; they import the models, loaded by now.
-        from . import checks  # noqa: F401
-
-        # SPEC M: the optional metrics and tracing.
-        self.optional_layers = OptionalLayers(
-            "sagas", read_settings=sagas_settings, invalid=SagasConfigurationError
-        )
-        self.optional_layers.configure()
-
+        super().ready()
         if apps.is_installed("jobs"):
             # S5: every run_jobs worker also recovers saga instances. Imported only
             # with jobs installed; in_worker imports the models, loaded by now.
@@ -40,9 +33,3 @@ class SagasConfig(AppConfig):
             autodiscover()
         except SagasConfigurationError:
             return  # the system checks report the bad setting
-
-    def dashboard_panels(self, now: Any) -> list[Any]:
-        """The admin dashboard's panels of this app (see :mod:`ledon.dashboard`)."""
-        from .monitoring import dashboard_panels  # imports the models, loaded by now
-
-        return dashboard_panels(now)
