@@ -3,14 +3,12 @@ import ledon.apps
 
 from . import tasks_framework
 from .conf import jobs_settings
-from .exceptions import JobsConfigurationError
 
 
 class JobsConfig(ledon.apps.LedonAppConfig):
     name = "jobs"
     verbose_name = "Jobs"
     read_settings = jobs_settings
-    invalid_settings = JobsConfigurationError
 
     def ready(self) -> None:
         # Django registers its TASKS checks (jobs.E101-E107 among them) only once its

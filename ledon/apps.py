@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from importlib import import_module
 from typing import Any, ClassVar
 
 from django.apps import AppConfig
 
-from .observability import ObservedSettings, OptionalLayers
+from .conf import SettingsReader
+from .observability import OptionalLayers
 
 
 class LedonAppConfig(AppConfig):
@@ -17,9 +17,8 @@ class LedonAppConfig(AppConfig):
     names the module whose ``dashboard_panels(now)`` gives them."""
 
     default_auto_field = "django.db.models.BigAutoField"
-    #: The app's settings reader and the error of a bad setting, for its optional layers.
-    read_settings: ClassVar[Callable[[], ObservedSettings]]
-    invalid_settings: ClassVar[type[Exception]]
+    #: The reader of the app's settings dict (its error is the app's configuration error).
+    read_settings: ClassVar[SettingsReader[Any]]
     #: The module of the app's ``dashboard_panels(now)`` (see :mod:`ledon.dashboard`).
     dashboard_module: ClassVar[str] = ""
 
@@ -27,7 +26,7 @@ class LedonAppConfig(AppConfig):
         # The checks import the models, loaded by now.
         import_module(f"{self.name}.checks")
         self.optional_layers = OptionalLayers(
-            self.name, read_settings=type(self).read_settings, invalid=self.invalid_settings
+            self.name, read_settings=self.read_settings, invalid=self.read_settings.error
         )
         self.optional_layers.configure()
 

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 #: Distinct errors whose traceback was logged; bounded so that a process that sees
@@ -37,25 +38,20 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+@dataclass(eq=False)
 class OutageReporter:
-    """Reports failures of ``subject`` as outages (thread-safe)."""
+    """Reports failures of ``subject`` as outages (thread-safe); ``extra`` goes into
+    every line's structured fields."""
 
-    def __init__(
-        self,
-        log: logging.Logger,
-        subject: str = "database",
-        *,
-        level: int = logging.ERROR,
-        summary_interval: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
-        extra: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.log = log
-        self.subject = subject
-        self.level = level
-        self.summary_interval = summary_interval
-        self.clock = clock
-        self.extra = dict(extra or {})
+    log: logging.Logger
+    subject: str = "database"
+    _: KW_ONLY
+    level: int = logging.ERROR
+    summary_interval: float = 10.0
+    clock: Callable[[], float] = time.monotonic
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._since: float | None = None
         self._attempts = 0

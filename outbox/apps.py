@@ -11,7 +11,6 @@ class OutboxConfig(ledon.apps.LedonAppConfig):
     name = "outbox"
     verbose_name = "Outbox and inbox"
     read_settings = outbox_settings
-    invalid_settings = OutboxConfigurationError
     dashboard_module = "outbox.monitoring"
 
     def ready(self) -> None:

@@ -12,7 +12,6 @@ class SagasConfig(ledon.apps.LedonAppConfig):
     name = "sagas"
     verbose_name = "Sagas"
     read_settings = sagas_settings
-    invalid_settings = SagasConfigurationError
     dashboard_module = "sagas.monitoring"
 
     def ready(self) -> None:
