@@ -3,16 +3,14 @@ from django.apps import apps
 # The module, not the class: Django takes the one AppConfig subclass named in apps.py.
 import ledon.apps
 
+from . import registry
 from .conf import sagas_settings
-from .exceptions import SagasConfigurationError
-from .registry import autodiscover
 
 
 class SagasConfig(ledon.apps.LedonAppConfig):
     name = "sagas"
     verbose_name = "Sagas"
     read_settings = sagas_settings
-    dashboard_module = "sagas.monitoring"
 
     def ready(self) -> None:
         super().ready()
@@ -25,10 +23,9 @@ class SagasConfig(ledon.apps.LedonAppConfig):
 
             worker_started.connect(start_recovery, dispatch_uid="sagas.start_recovery")
             worker_stopping.connect(stop_recovery, dispatch_uid="sagas.stop_recovery")
-        # Like the admin's admin.py: each app's sagas module registers its sagas, in
-        # every process (web, recover_sagas, shells), so any of them can run or
-        # recover an instance by its saga's name.
-        try:
-            autodiscover()
-        except SagasConfigurationError:
-            return  # the system checks report the bad setting
+
+    def autodiscover(self) -> None:
+        # Each app's sagas module registers its sagas, in every process (web,
+        # recover_sagas, shells), so any of them can run or recover an instance by its
+        # saga's name.
+        registry.autodiscover()
