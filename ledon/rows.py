@@ -1,4 +1,5 @@
-"""A stored row as the frozen value that leaves its app's store."""
+"""A stored row as the frozen value that leaves its app's store (or one value made
+from another that has the same fields)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ def _field_names(cls: type) -> tuple[str, ...]:
 
 
 def from_row[T](cls: type[T], row: object, /, **converted: Any) -> T:
-    """The dataclass ``cls`` of the model instance ``row``: each field is the row's
-    attribute of the same name, unless ``converted`` gives it (an enum member, a tuple
-    of a JSON list, a value the row does not hold). A field with a default is read from
-    the row too: one the row lacks is an AttributeError, never a silent default."""
+    """The dataclass ``cls`` of ``row`` (a model instance, or a value with the same
+    attributes): each field is the row's attribute of the same name, unless
+    ``converted`` gives it (an enum member, a tuple of a JSON list, a value the row does
+    not hold). A field with a default is read from the row too: one the row lacks is an
+    AttributeError, never a silent default."""
     values = {name: getattr(row, name) for name in _field_names(cls) if name not in converted}
     return cls(**values, **converted)
