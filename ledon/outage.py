@@ -98,25 +98,20 @@ class OutageReporter:
             since, attempts, state = self._since, self._attempts, self._state
         assert since is not None
         fields = {**self.extra, "outage_attempts": attempts, "doing": doing}
-        if starting:
-            self.log.log(
-                self.level,
-                "%s %s: %s failed: %s; retrying in %.1f s",
-                self.subject,
-                state,
-                doing,
-                describe(exc),
-                retry_in,
-                exc_info=exc if trace else None,
-                extra=fields,
+        error = describe(exc)
+        if starting or new_here:
+            # The first failure at the outage's level; another error during it, a warning.
+            message, args = (
+                ("%s %s: %s failed: %s; retrying in %.1f s", (doing, error, retry_in))
+                if starting
+                else ("%s still %s: %s failed with another error: %s", (doing, error))
             )
-        elif new_here:
-            self.log.warning(
-                "%s still %s: %s failed with another error: %s",
+            self.log.log(
+                self.level if starting else logging.WARNING,
+                message,
                 self.subject,
                 state,
-                doing,
-                describe(exc),
+                *args,
                 exc_info=exc if trace else None,
                 extra=fields,
             )
@@ -129,7 +124,7 @@ class OutageReporter:
                 attempts,
                 retry_in,
                 doing,
-                describe(exc),
+                error,
                 extra=fields,
             )
 
