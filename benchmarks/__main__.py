@@ -38,8 +38,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
     parser.add_argument(
         "--only",
-        choices=["flow-control"],
-        help="measure only this part (django-ledon alone) and print its table",
+        choices=["flow-control", "bulk"],
+        help="measure only this part and print its table (flow-control: django-ledon"
+        " alone; bulk: the bulk enqueue of --systems)",
     )
     parser.add_argument(
         "--jobs-factor",
@@ -99,6 +100,17 @@ def main(argv: list[str] | None = None) -> int:
                 plan=plan, database_url=url, out_dir=args.out, log=log, admin=admin
             )
             print(report.flow_table({"flow_control": flow}))
+            return 0
+        if args.only == "bulk":
+            bulk = harness.bulk_alone(
+                plan=plan,
+                database_url=url,
+                systems=args.system_names,
+                out_dir=args.out,
+                log=log,
+                admin=admin,
+            )
+            print(report.bulk_table(bulk))
             return 0
         document = harness.run_all(
             plan=plan,

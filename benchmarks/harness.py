@@ -759,6 +759,59 @@ def flow_control_alone(
     return flow
 
 
+def bulk_alone(
+    *,
+    plan: Plan,
+    database_url: str,
+    systems: list[str],
+    out_dir: Path,
+    log: Log,
+    admin: Callable[[str], None],
+) -> dict[str, Any]:
+    """Only the bulk enqueue (``--only bulk``) of each system with a bulk API, in
+    interleaved rounds (the order rotates): jobs/s, and per job the WAL written and,
+    with ``pg_stat_statements``, the statements sent. Written as JSON into ``out_dir``."""
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    chosen = [adapter(name)(database_url) for name in systems]
+    chosen = [system for system in chosen if system.has_bulk]
+    for system in chosen:
+        system.install()
+    runner = Runner(plan, chosen, admin, log_dir, log, database_url)
+    count = plan.bulk_jobs
+    rates: dict[str, list[float]] = {s.name: [] for s in chosen}
+    costs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
+    load = _load()
+    try:
+        for run in range(plan.runs):
+            log(f"bulk run {run + 1} of {plan.runs}")
+            order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
+            for system in order:
+                cost: dict[str, Any] = {}
+                with physical.counting(database_url, runner.statements, cost):
+                    rate = runner.enqueue_bulk(system)
+                rates[system.name].append(rate)
+                entry = {"wal_bytes": cost["wal_bytes"] / count}
+                if "statements" in cost:
+                    entry["statements"] = cost["statements"] / count
+                    entry["top"] = cost["top"]
+                costs[system.name].append(entry)
+                log(f"  {system.name:16} {rate:10.1f} jobs/s, {entry['wal_bytes']:.0f} WAL B/job")
+    finally:
+        for system in chosen:
+            system.close()
+    result: dict[str, Any] = {
+        "jobs": count,
+        "runs": rates,
+        "median": {name: median(values) for name, values in rates.items()},
+        "per_job": {name: _median_fields(entries) for name, entries in costs.items()},
+        "load_average": {"start": load, "end": _load()},
+    }
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    (out_dir / f"bulk-{stamp}.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
 # --------------------------------------------------------------------------- outbox, sagas
 
 

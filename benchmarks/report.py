@@ -160,6 +160,28 @@ def flow_table(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def bulk_table(bulk: dict[str, Any]) -> str:
+    """The table of ``--only bulk``: jobs/s (median) and per job WAL and statements,
+    with each system's rate as a multiple of django-ledon's."""
+    ours = bulk["median"].get(OURS)
+    lines = [
+        f"Bulk enqueue of {bulk['jobs']:,} jobs, medians of {len(next(iter(bulk['runs'].values())))}"
+        " interleaved rounds",
+        "",
+        "| System | Jobs/s | django-ledon ÷ system | WAL bytes/job | Statements/job |",
+        "|---|---|---|---|---|",
+    ]
+    for name, rate in bulk["median"].items():
+        cost = bulk["per_job"].get(name, {})
+        ratio = f"{ours / rate:.2f}×" if ours and rate else "—"
+        statements = cost.get("statements")
+        lines.append(
+            f"| {name} | {_num(rate)} | {ratio} | {_num(cost.get('wal_bytes'))} |"
+            f" {'—' if statements is None else f'{statements:.4f}'} |"
+        )
+    return "\n".join(lines)
+
+
 def targets(document: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     """(target, measured, holds) for each target of the benchmark issue."""
     systems = document["systems"]
