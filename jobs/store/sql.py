@@ -129,6 +129,37 @@ INSERT_JOBS_JSON = (
 )
 
 
+_NEW_ROW_NAMES = {
+    name: f"(r.v->>{n})::{kind}" for n, (name, kind) in enumerate(NEW_JOB_ROW.items())
+}
+
+#: PostgreSQL: a whole bulk submission as one statement, run in autocommit (its own
+#: transaction, one round trip). ``rows`` as for :data:`INSERT_JOBS_JSON`; rows are
+#: distinct identities. A row whose identity is stored already is left out by the
+#: ``NOT EXISTS`` guard, not by ``ON CONFLICT``: a plain insert skips the speculative
+#: insertion (one WAL record and a second probe of the identity index per job). A
+#: concurrent insert of the same identity makes the statement fail with a unique
+#: violation instead; the caller then rolls back and falls back on
+#: :data:`INSERT_JOBS_JSON` (J3). One row back: ``skipped``, the 0-based positions
+#: in ``rows`` not inserted (their identities exist), and ``notified``, the queues
+#: of due jobs woken (on ``channel``, once each).
+INSERT_NEW_JOBS_JSON = (
+    "WITH r AS (SELECT r.ord - 1 AS ord, "
+    + ", ".join(f"{value} AS {name}" for name, value in _NEW_ROW_NAMES.items())
+    + " FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r(v, ord)),"
+    f" inserted AS (INSERT INTO {JOB} ({', '.join(NEW_JOB_COLUMNS)})"
+    f" SELECT {', '.join(NEW_JOB_ROW)}, COALESCE(initial_not_before, %(created_at)s),"
+    f" {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}"
+    f" FROM r WHERE NOT EXISTS (SELECT FROM {JOB} AS j"
+    " WHERE j.scope_hash = r.scope_hash AND j.job_id = r.job_id)"
+    " RETURNING scope_hash, job_id, queue, next_run_at)"
+    " SELECT ARRAY(SELECT r.ord FROM r WHERE NOT EXISTS (SELECT FROM inserted AS i"
+    " WHERE i.scope_hash = r.scope_hash AND i.job_id = r.job_id) ORDER BY r.ord) AS skipped,"
+    " (SELECT count(pg_notify(%(channel)s, d.queue)) FROM (SELECT DISTINCT queue"
+    " FROM inserted WHERE next_run_at <= %(created_at)s) AS d) AS notified"
+)
+
+
 # --------------------------------------------------------------------------- claiming
 
 
