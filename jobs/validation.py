@@ -70,8 +70,17 @@ def existing_job_id(value: object) -> str:
     return job_id(value)
 
 
+#: Handler and queue names already found valid (a few per project): most submissions
+#: name one of them, and a set lookup costs less than the pattern. Bounded, so that
+#: arbitrary names cannot grow it without limit.
+_VALID_NAMES: set[str] = set()
+_VALID_NAMES_LIMIT = 4096
+
+
 def name(value: object, what: str, max_length: int = MAX_NAME_LENGTH) -> str:
     """A handler or queue name: letters, digits and ``_ . : -``."""
+    if type(value) is str and value in _VALID_NAMES and len(value) <= max_length:
+        return value
     if not isinstance(value, str):
         raise InvalidSubmission(f"{what} must be a str, not {type(value).__name__}")
     if len(value) > max_length:
@@ -80,11 +89,15 @@ def name(value: object, what: str, max_length: int = MAX_NAME_LENGTH) -> str:
         raise InvalidSubmission(
             f"{what} {value!r} must be non-empty and use only letters, digits and _ . : -"
         )
+    if type(value) is str and len(_VALID_NAMES) < _VALID_NAMES_LIMIT:
+        _VALID_NAMES.add(value)
     return value
 
 
 def integer(value: object, what: str, low: int, high: int) -> int:
     """An int (not a bool) within [low, high]."""
+    if type(value) is int and low <= value <= high:
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidSubmission(f"{what} must be an int, not {type(value).__name__}")
     if not low <= value <= high:
@@ -149,11 +162,45 @@ def _reject_constant(token: str) -> Any:
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+def _check_shape(value: Any, path: str) -> None:
+    """:func:`_check_json` but for lone surrogates, which :func:`serialise_payload`
+    finds in the encoded text at once; exact built-in scalars are checked inline
+    (the common payload: a dict of them), anything else by :func:`_check_json`."""
+    kind = type(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                _check_json({key: item}, path)
+            item_kind = type(item)
+            if item_kind is str or item_kind is int or item_kind is bool or item is None:
+                continue
+            if item_kind is float and math.isfinite(item):
+                continue
+            _check_shape(item, f"{path}[{key!r}]")
+    elif kind is list:
+        for index, item in enumerate(value):
+            item_kind = type(item)
+            if item_kind is str or item_kind is int or item_kind is bool or item is None:
+                continue
+            if item_kind is float and math.isfinite(item):
+                continue
+            _check_shape(item, f"{path}[{index}]")
+    elif not (kind is str or kind is int or kind is bool or value is None):
+        _check_json(value, path)
+
+
 def serialise_payload(payload: Any, max_bytes: int) -> str:
     """The exact JSON text of ``payload``; it never changes after this call."""
-    _check_json(payload, "")
+    _check_shape(payload, "")
     text_ = _ENCODER.encode(payload)
-    if len(text_.encode("utf-8")) > max_bytes:
+    try:
+        size = len(text_.encode("utf-8"))
+    except UnicodeEncodeError:
+        # A lone surrogate in a string or key (the text holds them as they are):
+        # the full check names where.
+        _check_json(payload, "")
+        raise InvalidPayload("payload contains a lone surrogate") from None
+    if size > max_bytes:
         raise InvalidPayload(f"payload is larger than {max_bytes} bytes of JSON")
     return text_
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import random
 from datetime import UTC, datetime, timedelta, timezone
@@ -211,6 +212,34 @@ class TestJ2Submission:
     def test_non_json_payload_is_rejected(self, payload: object) -> None:
         with pytest.raises(InvalidPayload):
             JobSubmission.create("reports.generate", payload)
+
+    @pytest.mark.parametrize(
+        ("payload", "message"),
+        [
+            ({"a": [1, {"b": "\ud800"}]}, "payload['a'][1]['b'] contains a lone surrogate"),
+            ({"ok": 1, "\udc00": 1}, "payload has a key with a lone surrogate"),
+            (["x", ("y", "\ud800")], "payload[1][1] contains a lone surrogate"),
+            ({"a": {"b": float("nan")}}, "payload['a']['b'] is nan"),
+            ([1, {2: 3}], "payload[1] has a int key 2"),
+            ({"a": [{"b": b"x"}]}, "payload['a'][0]['b'] is a bytes"),
+        ],
+    )
+    def test_a_rejected_payload_names_where(self, payload: object, message: str) -> None:
+        with pytest.raises(InvalidPayload) as raised:
+            JobSubmission.create("reports.generate", payload)
+        assert str(raised.value).startswith(message)
+
+    def test_json_subtypes_serialise_as_json(self) -> None:
+        class Label(str):
+            pass
+
+        class Level(enum.IntEnum):
+            HIGH = 2
+
+        sub = JobSubmission.create(
+            "reports.generate", {"l": Label("x"), "n": Level.HIGH, "t": (1, 2.5, None, True)}
+        )
+        assert sub.payload_json == '{"l":"x","n":2,"t":[1,2.5,null,true]}'
 
     @pytest.mark.parametrize("text", ["NaN", "Infinity", "{bad", '{"a": -Infinity}', ""])
     def test_non_json_text_is_rejected(self, text: str) -> None:
