@@ -770,7 +770,9 @@ def bulk_alone(
 ) -> dict[str, Any]:
     """Only the bulk enqueue (``--only bulk``) of each system with a bulk API, in
     interleaved rounds (the order rotates): jobs/s, and per job the WAL written and,
-    with ``pg_stat_statements``, the statements sent. Written as JSON into ``out_dir``."""
+    with ``pg_stat_statements``, the statements sent and the server's time executing
+    them (µs; the rest of a job's time is the client's, the round trip and the commit).
+    Written as JSON into ``out_dir``."""
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     chosen = [adapter(name)(database_url) for name in systems]
@@ -794,6 +796,7 @@ def bulk_alone(
                 entry = {"wal_bytes": cost["wal_bytes"] / count}
                 if "statements" in cost:
                     entry["statements"] = cost["statements"] / count
+                    entry["server_us"] = cost["exec_ms"] * 1000 / count
                     entry["top"] = cost["top"]
                 costs[system.name].append(entry)
                 log(f"  {system.name:16} {rate:10.1f} jobs/s, {entry['wal_bytes']:.0f} WAL B/job")

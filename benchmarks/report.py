@@ -165,18 +165,21 @@ def bulk_table(bulk: dict[str, Any]) -> str:
     with each system's rate as a multiple of django-ledon's."""
     ours = bulk["median"].get(OURS)
     lines = [
-        f"Bulk enqueue of {bulk['jobs']:,} jobs, medians of {len(next(iter(bulk['runs'].values())))}"
+        f"Bulk enqueue of {bulk['jobs']:,} jobs, medians of"
+        f" {len(next(iter(bulk['runs'].values())))}"
         " interleaved rounds",
         "",
-        "| System | Jobs/s | django-ledon ÷ system | WAL bytes/job | Statements/job |",
-        "|---|---|---|---|---|",
+        "| System | Jobs/s | django-ledon ÷ system | µs/job | server µs/job | WAL bytes/job"
+        " | Statements/job |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, rate in bulk["median"].items():
         cost = bulk["per_job"].get(name, {})
         ratio = f"{ours / rate:.2f}×" if ours and rate else "—"
         statements = cost.get("statements")
         lines.append(
-            f"| {name} | {_num(rate)} | {ratio} | {_num(cost.get('wal_bytes'))} |"
+            f"| {name} | {_num(rate)} | {ratio} | {_num(1e6 / rate if rate else None, 1)} |"
+            f" {_num(cost.get('server_us'), 1)} | {_num(cost.get('wal_bytes'))} |"
             f" {'—' if statements is None else f'{statements:.4f}'} |"
         )
     return "\n".join(lines)
