@@ -11,6 +11,7 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -162,6 +163,30 @@ def _reject_constant(token: str) -> Any:
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+def _c_encoder() -> Callable[[Any], str]:
+    """``_ENCODER.encode``, or the same C encoder made once: ``encode`` makes a new
+    one per call, which is most of a small payload's cost. Without the circular
+    check: :func:`_check_json` has walked the payload before it is encoded."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _ENCODER.encode
+    encoder = make(
+        None,
+        _ENCODER.default,
+        json.encoder.encode_basestring,
+        None,
+        _ENCODER.key_separator,
+        _ENCODER.item_separator,
+        False,
+        False,
+        False,
+    )
+    return lambda payload: "".join(encoder(payload, 0))
+
+
+_encode = _c_encoder()
+
+
 def _check_shape(value: Any, path: str) -> None:
     """:func:`_check_json` but for lone surrogates, which :func:`serialise_payload`
     finds in the encoded text at once; exact built-in scalars are checked inline
@@ -192,7 +217,7 @@ def _check_shape(value: Any, path: str) -> None:
 def serialise_payload(payload: Any, max_bytes: int) -> str:
     """The exact JSON text of ``payload``; it never changes after this call."""
     _check_shape(payload, "")
-    text_ = _ENCODER.encode(payload)
+    text_ = _encode(payload)
     try:
         size = len(text_.encode("utf-8"))
     except UnicodeEncodeError:

@@ -254,6 +254,8 @@ class TestBulkSubmit:
             )
             assert snap == expected
             assert hash(snap) == hash(expected)
+            assert result == SubmitResult(job_id=result.job_id, snapshot=expected)
+            assert hash(result) == hash(SubmitResult(job_id=result.job_id, snapshot=expected))
             assert fields(snap) == {**fields(stored(SCOPE, result.job_id)), "created": True}
 
     def test_a_batch_beyond_one_statements_parameter_limit(self) -> None:

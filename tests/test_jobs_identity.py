@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import json
 import random
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -228,6 +229,17 @@ class TestJ2Submission:
         with pytest.raises(InvalidPayload) as raised:
             JobSubmission.create("reports.generate", payload)
         assert str(raised.value).startswith(message)
+
+    def test_payload_text_is_what_json_dumps_writes(self) -> None:
+        # J2 compares the text byte for byte: a stored job's text must not change.
+        payload = {
+            "é€😀": ["ünï", 1.5, 1e300, -0.0, 2**70, True, None, {"": []}],
+            "esc": 'a"b\\c\n\u0001',
+            "n": -7,
+        }
+        for value in (payload, [payload, payload], "text", 3, 2.5, None, []):
+            expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+            assert JobSubmission.create("reports.generate", value).payload_json == expected
 
     def test_json_subtypes_serialise_as_json(self) -> None:
         class Label(str):

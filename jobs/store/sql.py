@@ -141,8 +141,8 @@ _NEW_ROW_NAMES = {
 #: concurrent insert of the same identity makes the statement fail with a unique
 #: violation instead; the caller then rolls back and falls back on
 #: :data:`INSERT_JOBS_JSON` (J3). One row back: ``skipped``, the 0-based positions
-#: in ``rows`` not inserted (their identities exist), and ``notified``, the queues
-#: of due jobs woken (on ``channel``, once each).
+#: in ``rows`` not inserted (their identities exist; ``count`` is the number of
+#: rows), and ``notified``, the queues of due jobs woken (on ``channel``, once each).
 INSERT_NEW_JOBS_JSON = (
     "WITH r AS (SELECT r.ord - 1 AS ord, "
     + ", ".join(f"{value} AS {name}" for name, value in _NEW_ROW_NAMES.items())
@@ -153,8 +153,11 @@ INSERT_NEW_JOBS_JSON = (
     f" FROM r WHERE NOT EXISTS (SELECT FROM {JOB} AS j"
     " WHERE j.scope_hash = r.scope_hash AND j.job_id = r.job_id)"
     " RETURNING scope_hash, job_id, queue, next_run_at)"
-    " SELECT ARRAY(SELECT r.ord FROM r WHERE NOT EXISTS (SELECT FROM inserted AS i"
-    " WHERE i.scope_hash = r.scope_hash AND i.job_id = r.job_id) ORDER BY r.ord) AS skipped,"
+    # The skipped positions are looked for only when fewer rows went in than came.
+    " SELECT CASE WHEN (SELECT count(*) FROM inserted) = %(count)s THEN '{}'::bigint[]"
+    " ELSE ARRAY(SELECT r.ord FROM r WHERE NOT EXISTS (SELECT FROM inserted AS i"
+    " WHERE i.scope_hash = r.scope_hash AND i.job_id = r.job_id) ORDER BY r.ord) END"
+    " AS skipped,"
     " (SELECT count(pg_notify(%(channel)s, d.queue)) FROM (SELECT DISTINCT queue"
     " FROM inserted WHERE next_run_at <= %(created_at)s) AS d) AS notified"
 )

@@ -179,6 +179,20 @@ def _json_rows(items: Sequence[tuple[str, str, JobSubmission]], trace_context: s
     )
 
 
+_set_result_job_id, _set_result_snapshot, _set_result_conflict = (
+    getattr(SubmitResult, name).__set__ for name in ("job_id", "snapshot", "conflict")
+)
+
+
+def _created_result(job_id: str, job: JobSnapshot) -> SubmitResult:
+    """``SubmitResult(job_id=job_id, snapshot=job)`` filled as :func:`_new_snapshot` is."""
+    result: SubmitResult = _new_object(SubmitResult)
+    _set_result_job_id(result, job_id)
+    _set_result_snapshot(result, job)
+    _set_result_conflict(result, None)
+    return result
+
+
 def _shared_params(now: datetime) -> dict[str, Any]:
     """The :data:`sql.NEW_JOB_SHARED` parameters of a bulk insert at ``now``."""
     return {
@@ -207,6 +221,7 @@ def _insert_new(
     params = _shared_params(now)
     params["rows"] = _json_rows(items, _trace_context())
     params["channel"] = jobs_settings().NOTIFY_CHANNEL
+    params["count"] = len(items)
     # Only a test case's transaction can be open here (the caller's refuses): its
     # savepoint stands in for autocommit, so that a lost race leaves it usable.
     scope: AbstractContextManager[Any] = (
@@ -346,8 +361,14 @@ def submit_many(
     # a lost race with a concurrent insert, and every retry, take the transaction of
     # ON CONFLICT inserts and reads below.
     fast = is_postgres(connection) and bool(pending)
+    skipped = _insert_new(connection, [items[i] for i in pending], now) if fast else None
+    if skipped == [] and len(pending) == len(items):
+        # Every item a new, distinct identity (the common bulk submit).
+        return [
+            _created_result(job_id, _new_snapshot(scope_hash, job_id, sub, now))
+            for scope_hash, job_id, sub in items
+        ]
     for _ in range(3):
-        skipped = _insert_new(connection, [items[i] for i in pending], now) if fast else None
         if skipped is not None:
             taken = {pending[position] for position in skipped}
             inserted = {
@@ -360,14 +381,14 @@ def submit_many(
                 existing = _existing_many(
                     (items[i][0], items[i][1]) for i in pending if items[i][:2] not in inserted
                 )
-        fast = False
+        skipped = None
         missing = []
         for index in pending:
             scope_hash, job_id, sub = items[index]
             key = (scope_hash, job_id)
             if key in inserted:
                 stored[key] = inserted[key]
-                results[index] = SubmitResult(job_id=job_id, snapshot=stored[key])
+                results[index] = _created_result(job_id, stored[key])
             elif key in existing:
                 stored[key] = existing[key]
                 results[index] = _same_request(existing[key], job_id, sub)
