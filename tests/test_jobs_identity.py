@@ -8,6 +8,7 @@ import hashlib
 import json
 import random
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from django.db import IntegrityError, transaction
@@ -229,6 +230,50 @@ class TestJ2Submission:
         with pytest.raises(InvalidPayload) as raised:
             JobSubmission.create("reports.generate", payload)
         assert str(raised.value).startswith(message)
+
+    def test_create_equals_the_constructor_of_the_same_fields(self) -> None:
+        plus_two = timezone(timedelta(hours=2))
+        nb = datetime(2030, 1, 1, 14, 0, 0, 5, tzinfo=plus_two)
+        sub = JobSubmission.create(
+            "reports.generate",
+            {"a": 1},
+            version=3,
+            queue="q",
+            max_attempts=4,
+            not_before=nb,
+            priority=-2,
+        )
+        built = JobSubmission(
+            handler="reports.generate",
+            handler_version=3,
+            payload_json='{"a":1}',
+            queue="q",
+            priority=-2,
+            max_attempts=4,
+            initial_not_before=nb,
+        )
+        assert sub == built
+        assert hash(sub) == hash(built)
+        assert sub.initial_not_before is not None
+        assert sub.initial_not_before.tzinfo is UTC
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            sub.queue = "other"  # type: ignore[misc]
+
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [
+            ("handler", "bad name"),
+            ("version", 0),
+            ("queue", ""),
+            ("priority", True),
+            ("max_attempts", 0),
+            ("not_before", datetime(2030, 1, 1)),
+        ],
+    )
+    def test_create_checks_every_field(self, field: str, value: object) -> None:
+        arguments: dict[str, Any] = {"handler": "reports.generate", field: value}
+        with pytest.raises(InvalidSubmission):
+            JobSubmission.create(**arguments)
 
     def test_payload_text_is_what_json_dumps_writes(self) -> None:
         # J2 compares the text byte for byte: a stored job's text must not change.
