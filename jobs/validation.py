@@ -58,6 +58,17 @@ def job_id(value: object) -> str:
     """A caller-chosen job id, or a generated one when ``value`` is None."""
     if value is None:
         return uuid.uuid4().hex
+    if (
+        type(value) is str
+        and 0 < len(value) <= MAX_JOB_ID_LENGTH
+        and value.isascii()
+        and value.isprintable()
+        and value[0] != " "
+        and value[-1] != " "
+    ):
+        # Printable ASCII: no control character, NUL or surrogate, and no whitespace
+        # but inner spaces; what the full check below accepts, at a fraction of its cost.
+        return value
     value = ledon_validation.text(value, "job id", max_length=MAX_JOB_ID_LENGTH, error=InvalidJobId)
     if value != value.strip():
         raise InvalidJobId("job id must not start or end with whitespace")

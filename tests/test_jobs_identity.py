@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone as dj_timezone
 from factories import JobSubmissionFactory
 
-from jobs import execution, store
+from jobs import execution, store, validation
 from jobs.api import JobScope, stage_job, submit_job
 from jobs.exceptions import (
     InvalidJobId,
@@ -107,6 +107,26 @@ class TestJ1JobId:
         with pytest.raises(InvalidJobId), transaction.atomic():
             stage_job("tenant-42", job_id, JobSubmissionFactory())  # type: ignore[arg-type]
         assert Job.objects.count() == 0
+
+    def test_every_ascii_character_is_judged_as_the_text_rule_judges_it(self) -> None:
+        # An ASCII job id takes a shorter path: it must accept exactly what the text
+        # rule (no control character, NUL or surrogate) and the whitespace rule accept.
+        def accepted(value: str) -> bool:
+            try:
+                validation.job_id(value)
+            except InvalidJobId:
+                return False
+            return True
+
+        for code in range(128):
+            c = chr(code)
+            for value in (f"a{c}b", f"{c}ab", f"ab{c}", c, "x" * 199 + c, "x" * 200 + c):
+                expected = (
+                    (code >= 0x20 and code != 0x7F)
+                    and value == value.strip()
+                    and len(value) <= validation.MAX_JOB_ID_LENGTH
+                )
+                assert accepted(value) is expected, repr(value)
 
     def test_longest_and_unusual_but_valid_job_ids_round_trip(self) -> None:
         ids = ["x" * 200, "résumé/2026 11", "Report", "report", "a:b.c-d_e", "日本語"]

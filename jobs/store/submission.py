@@ -107,6 +107,9 @@ def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetim
     return job
 
 
+#: The encoder of a bulk insert's rows.
+_ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
 #: The columns of a new job that its snapshot does not show.
 _UNSEEN = ("leased_by", "updated_at", "trace_context")
 
@@ -155,28 +158,32 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     return job
 
 
-def _json_rows(items: Sequence[tuple[str, str, JobSubmission]], trace_context: str | None) -> str:
-    """The ``rows`` parameter of :data:`sql.INSERT_JOBS_JSON`: one JSON array of the
-    :data:`sql.NEW_JOB_ROW` values per item (a payload travels as its JSON text)."""
-    return json.dumps(
+def _json_params(
+    items: Sequence[tuple[str, str, JobSubmission]], trace_context: str | None
+) -> dict[str, Any]:
+    """The ``rows``, ``scopes`` and ``trace_context`` parameters of
+    :data:`sql.INSERT_JOBS_JSON`: one JSON array per item (a payload travels as its
+    JSON text), its scope hash given by its 1-based position in ``scopes``."""
+    scopes: dict[str, int] = {}
+    rows = [
         [
-            [
-                scope_hash,
-                job_id,
-                sub.handler,
-                sub.handler_version,
-                sub.payload_json,
-                sub.queue,
-                sub.priority,
-                sub.max_attempts,
-                trace_context,
-                None if sub.initial_not_before is None else sub.initial_not_before.isoformat(),
-            ]
-            for scope_hash, job_id, sub in items
-        ],
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+            scopes.get(scope_hash) or scopes.setdefault(scope_hash, len(scopes) + 1),
+            job_id,
+            sub.handler,
+            sub.handler_version,
+            sub.payload_json,
+            sub.queue,
+            sub.priority,
+            sub.max_attempts,
+            None if sub.initial_not_before is None else sub.initial_not_before.isoformat(),
+        ]
+        for scope_hash, job_id, sub in items
+    ]
+    return {
+        "rows": _ROWS_ENCODER.encode(rows),
+        "scopes": list(scopes),
+        "trace_context": trace_context,
+    }
 
 
 _set_result_job_id, _set_result_snapshot, _set_result_conflict = (
@@ -218,8 +225,7 @@ def _insert_new(
     in ``items`` that were not inserted, their identities being stored already; None
     if a concurrent insert of one of the identities won the race — the statement then
     rolled back and wrote nothing (the caller falls back on :func:`_insert_many`)."""
-    params = _shared_params(now)
-    params["rows"] = _json_rows(items, _trace_context())
+    params = _shared_params(now) | _json_params(items, _trace_context())
     params["channel"] = jobs_settings().NOTIFY_CHANNEL
     params["count"] = len(items)
     # Only a test case's transaction can be open here (the caller's refuses): its
@@ -249,8 +255,7 @@ def _insert_many(
     inserted_rows: list[dict[str, Any]] = []
     trace_context = _trace_context()
     if is_postgres(connection):
-        params = _shared_params(now)
-        params["rows"] = _json_rows(items, trace_context)
+        params = _shared_params(now) | _json_params(items, trace_context)
         inserted_rows = fetch(connection, sql.INSERT_JOBS_JSON, params, prepare=True)
     else:
         for start in range(0, len(items), CHUNK_ROWS):
