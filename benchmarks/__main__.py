@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from .systems import ADAPTERS
 from .systems.base import ROOT
@@ -95,32 +96,26 @@ def main(argv: list[str] | None = None) -> int:
         admin = server.django_on(url, stack)
         plan = harness.Plan.quick() if args.quick else harness.Plan.full(args.runs)
         plan = plan.scaled(args.jobs_factor)
+        common: dict[str, Any] = {
+            "plan": plan,
+            "database_url": url,
+            "out_dir": args.out,
+            "log": log,
+            "admin": admin,
+        }
         if args.only == "flow-control":
-            flow = harness.flow_control_alone(
-                plan=plan, database_url=url, out_dir=args.out, log=log, admin=admin
-            )
+            flow = harness.flow_control_alone(**common)
             print(report.flow_table({"flow_control": flow}))
             return 0
         if args.only == "bulk":
-            bulk = harness.bulk_alone(
-                plan=plan,
-                database_url=url,
-                systems=args.system_names,
-                out_dir=args.out,
-                log=log,
-                admin=admin,
-            )
+            bulk = harness.bulk_alone(systems=args.system_names, **common)
             print(report.bulk_table(bulk))
             return 0
         document = harness.run_all(
-            plan=plan,
-            database_url=url,
             systems=args.system_names,
-            out_dir=args.out,
-            log=log,
-            admin=admin,
             server=server.server_settings(url),
             claim=not args.no_claim_cost,
+            **common,
         )
     markdown = report.render(document)
     (args.out / "latest.md").write_text(markdown)

@@ -761,9 +761,9 @@ def flow_control_alone(
 
 def bulk_alone(
     *,
+    systems: list[str],
     plan: Plan,
     database_url: str,
-    systems: list[str],
     out_dir: Path,
     log: Log,
     admin: Callable[[str], None],

@@ -231,20 +231,9 @@ def _checked(
     return validation.optional_aware_utc(not_before, "not_before")
 
 
-#: The slot setters of :class:`JobSubmission`'s fields, in :meth:`~JobSubmission.create`'s
-#: order.
-_SUBMISSION_SETTERS = tuple(
-    getattr(JobSubmission, name).__set__
-    for name in (
-        "handler",
-        "handler_version",
-        "payload_json",
-        "queue",
-        "priority",
-        "max_attempts",
-        "initial_not_before",
-    )
-)
+#: The slot setters of :class:`JobSubmission`'s fields, in their order (each of them
+#: is part of a submission's identity, J2).
+_SUBMISSION_SETTERS = tuple(getattr(JobSubmission, name).__set__ for name in IDENTITY_FIELDS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

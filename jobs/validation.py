@@ -11,7 +11,7 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -203,26 +203,24 @@ def _check_shape(value: Any, path: str) -> None:
     finds in the encoded text at once; exact built-in scalars are checked inline
     (the common payload: a dict of them), anything else by :func:`_check_json`."""
     kind = type(value)
+    members: Iterable[tuple[object, Any]]
     if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str:
-                _check_json({key: item}, path)
-            item_kind = type(item)
-            if item_kind is str or item_kind is int or item_kind is bool or item is None:
-                continue
-            if item_kind is float and math.isfinite(item):
-                continue
-            _check_shape(item, f"{path}[{key!r}]")
+        if any(type(key) is not str for key in value):
+            _check_json(value, path)  # names the key
+        members = value.items()
     elif kind is list:
-        for index, item in enumerate(value):
-            item_kind = type(item)
-            if item_kind is str or item_kind is int or item_kind is bool or item is None:
-                continue
-            if item_kind is float and math.isfinite(item):
-                continue
-            _check_shape(item, f"{path}[{index}]")
-    elif not (kind is str or kind is int or kind is bool or value is None):
-        _check_json(value, path)
+        members = enumerate(value)
+    else:
+        if not (kind is str or kind is int or kind is bool or value is None):
+            _check_json(value, path)
+        return
+    for key, item in members:
+        item_kind = type(item)
+        if item_kind is str or item_kind is int or item_kind is bool or item is None:
+            continue
+        if item_kind is float and math.isfinite(item):
+            continue
+        _check_shape(item, f"{path}[{key!r}]")
 
 
 def serialise_payload(payload: Any, max_bytes: int) -> str:

@@ -219,3 +219,29 @@ def test_the_observability_benchmark_runs_small(tmp_path: Path) -> None:
     assert figures["jobs"]["off"]["ratio"] == figures["jobs"]["off"]["cpu_ratio"] == 1.0
     assert set(figures["scrape"]["median_ms_per_source"]) == {"jobs", "outbox", "sagas"}
     assert "metrics and tracing" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_only_bulk_measures_the_bulk_enqueue_alone(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "bulk", "--systems",
+         "django-ledon", "--database-url", server_url(), "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    [written] = tmp_path.glob("bulk-*.json")
+    bulk = json.loads(written.read_text())
+    assert bulk["jobs"] == 200
+    assert len(bulk["runs"]["django-ledon"]) == 1
+    assert bulk["median"]["django-ledon"] > 0
+    cost = bulk["per_job"]["django-ledon"]
+    assert cost["wal_bytes"] > 0
+    if "statements" in cost:
+        # The batch is one statement; the harness's TRUNCATE and CHECKPOINT are counted.
+        assert cost["statements"] * bulk["jobs"] <= 3
+    assert "| django-ledon |" in done.stdout
+    assert not (tmp_path / "latest.json").exists()

@@ -26,6 +26,7 @@ from ..exceptions import (
 )
 from ..models import Job
 from ..types import (
+    IDENTITY_FIELDS,
     JobSnapshot,
     JobStatus,
     JobSubmission,
@@ -67,22 +68,7 @@ _SET_CONSTANTS = tuple((_SET[name], value) for name, value in _NEW_JOB_CONSTANTS
     _set_initial_not_before,
     _set_next_run_at,
     _set_created_at,
-) = (
-    _SET[name]
-    for name in (
-        "scope_hash",
-        "job_id",
-        "handler",
-        "handler_version",
-        "payload_json",
-        "queue",
-        "priority",
-        "max_attempts",
-        "initial_not_before",
-        "next_run_at",
-        "created_at",
-    )
-)
+) = (_SET[name] for name in ("scope_hash", "job_id", *IDENTITY_FIELDS, "next_run_at", "created_at"))
 _new_object = object.__new__
 
 
