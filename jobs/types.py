@@ -175,12 +175,16 @@ class JobSubmission:
             # (a bulk submit's items are built here).
             not_before = _checked(handler, version, queue, priority, max_attempts, not_before)
             sub = object.__new__(cls)
-            for setter, value in zip(
-                _SUBMISSION_SETTERS,
-                (handler, version, payload_json, queue, priority, max_attempts, not_before),
-                strict=True,
-            ):
-                setter(sub, value)
+            set_handler, set_version, set_payload, set_queue, set_priority, set_max, set_nb = (
+                _SUBMISSION_SETTERS
+            )
+            set_handler(sub, handler)
+            set_version(sub, version)
+            set_payload(sub, payload_json)
+            set_queue(sub, queue)
+            set_priority(sub, priority)
+            set_max(sub, max_attempts)
+            set_nb(sub, not_before)
             return sub
         # serialise_payload checked the payload and its size and wrote JSON text
         # without NUL characters: __post_init__ need not parse it again.

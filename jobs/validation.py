@@ -228,7 +228,8 @@ def serialise_payload(payload: Any, max_bytes: int) -> str:
     _check_shape(payload, "")
     text_ = _encode(payload)
     try:
-        size = len(text_.encode("utf-8"))
+        # ASCII text (known to the str at no cost) is one byte a character.
+        size = len(text_) if text_.isascii() else len(text_.encode("utf-8"))
     except UnicodeEncodeError:
         # A lone surrogate in a string or key (the text holds them as they are):
         # the full check names where.

@@ -306,6 +306,14 @@ class TestJ2Submission:
             expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
             assert JobSubmission.create("reports.generate", value).payload_json == expected
 
+    def test_the_payload_limit_counts_utf8_bytes_not_characters(self, settings) -> None:
+        settings.JOBS = {**settings.JOBS, "MAX_PAYLOAD_BYTES": 100}
+        assert JobSubmission.create("reports.generate", "é" * 49).payload == "é" * 49  # 100 bytes
+        with pytest.raises(InvalidPayload, match="larger than 100 bytes"):
+            JobSubmission.create("reports.generate", "é" * 50)  # 52 characters, 102 bytes
+        with pytest.raises(InvalidPayload, match="larger than 100 bytes"):
+            JobSubmission.create("reports.generate", "x" * 99)  # ASCII: 101 bytes
+
     def test_json_subtypes_serialise_as_json(self) -> None:
         class Label(str):
             pass
