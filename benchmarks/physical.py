@@ -240,8 +240,7 @@ class Counters:
                     [HARNESS_MARK + "%"],
                 ).fetchall()
                 result["statements"] = int(sum(row[1] for row in rows))
-                # The server's execution time of those statements (ms), commits aside.
-                result["exec_ms"] = float(sum(row[3] for row in rows))
+                result["execution_ms"] = float(sum(row[3] for row in rows))
                 result["top"] = sorted(
                     (
                         {"query": q[:160], "calls": int(c), "wal_bytes": int(w)}
