@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from .systems import ADAPTERS
 from .systems.base import ROOT
@@ -38,9 +39,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
     parser.add_argument(
         "--only",
-        choices=["flow-control", "burn-down"],
+        choices=["flow-control", "burn-down", "bulk"],
         help="measure only this part and print its figures (flow-control: django-ledon "
-        "alone; burn-down: one process at concurrency 4 and 16 and the 5 ms handler)",
+        "alone; burn-down: one process at concurrency 4 and 16 and the 5 ms handler; "
+        "bulk: the bulk enqueue of --systems)",
     )
     parser.add_argument(
         "--jobs-factor",
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         admin = server.django_on(url, stack)
         plan = harness.Plan.quick() if args.quick else harness.Plan.full(args.runs)
         plan = plan.scaled(args.jobs_factor)
-        session = {
+        session: dict[str, Any] = {
             "plan": plan,
             "database_url": url,
             "out_dir": args.out,
@@ -108,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.only == "burn-down":
             burn = harness.burn_down_alone(args.system_names, **session)
             print(json.dumps({k: burn[k] for k in ("median", "ours_over", "sleep5_of_ideal")}))
+            return 0
+        if args.only == "bulk":
+            bulk = harness.bulk_alone(systems=args.system_names, **session)
+            print(report.bulk_table(bulk))
             return 0
         document = harness.run_all(
             systems=args.system_names,

@@ -863,6 +863,47 @@ def burn_down_alone(
     return result
 
 
+def bulk_alone(systems: list[str], **session: Any) -> dict[str, Any]:
+    """Only the bulk enqueue (``--only bulk``; ``session``: the keywords of
+    :func:`_part_alone`) of each of ``systems`` with a bulk API, in interleaved rounds
+    (the order rotates): jobs/s, and per job the WAL written and, with
+    ``pg_stat_statements``, the statements sent and the server's time executing them
+    (µs; the rest of a job's time is the client's, the round trip and the commit)."""
+    plan: Plan = session["plan"]
+    with_bulk = [name for name in systems if adapter(name).has_bulk]
+    with _part_alone("bulk", with_bulk, **session) as (runner, chosen, result):
+        count = plan.bulk_jobs
+        rates: dict[str, list[float]] = {s.name: [] for s in chosen}
+        costs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
+        for run in range(plan.runs):
+            runner.log(f"bulk run {run + 1} of {plan.runs}")
+            order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
+            for system in order:
+                cost: dict[str, Any] = {}
+                runner.fresh(system)  # its TRUNCATE and CHECKPOINT are not the system's
+                with physical.counting(runner.database_url, runner.statements, cost):
+                    start = time.perf_counter()
+                    system.enqueue_bulk(count)
+                    rate = count / (time.perf_counter() - start)
+                rates[system.name].append(rate)
+                entry = {"wal_bytes": cost["wal_bytes"] / count}
+                if "statements" in cost:
+                    entry["statements"] = cost["statements"] / count
+                    entry["server_us"] = cost["execution_ms"] * 1000 / count
+                    entry["top"] = cost["top"]
+                costs[system.name].append(entry)
+                runner.log(
+                    f"  {system.name:16} {rate:10.1f} jobs/s, {entry['wal_bytes']:.0f} WAL B/job"
+                )
+        result.update(
+            jobs=count,
+            runs=rates,
+            median={name: median(values) for name, values in rates.items()},
+            per_job={name: _median_fields(entries) for name, entries in costs.items()},
+        )
+    return result
+
+
 # --------------------------------------------------------------------------- outbox, sagas
 
 

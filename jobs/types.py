@@ -140,19 +140,19 @@ class JobSubmission:
     initial_not_before: datetime | None = None
 
     def __post_init__(self) -> None:
-        validation.name(self.handler, "handler")
-        validation.integer(self.handler_version, "version", 1, 2**31 - 1)
         if self.payload_json is not _SERIALISED.get():
             validation.check_payload_json(self.payload_json, jobs_settings().MAX_PAYLOAD_BYTES)
-        validation.name(self.queue, "queue", validation.MAX_QUEUE_LENGTH)
-        validation.integer(
-            self.priority, "priority", validation.MIN_PRIORITY, validation.MAX_PRIORITY
-        )
-        validation.integer(self.max_attempts, "max_attempts", 1, validation.MAX_ATTEMPTS_LIMIT)
         object.__setattr__(
             self,
             "initial_not_before",
-            validation.optional_aware_utc(self.initial_not_before, "not_before"),
+            _checked(
+                self.handler,
+                self.handler_version,
+                self.queue,
+                self.priority,
+                self.max_attempts,
+                self.initial_not_before,
+            ),
         )
 
     @classmethod
@@ -170,6 +170,23 @@ class JobSubmission:
         """Validate and serialise a request; raises a :class:`~jobs.exceptions.JobsError`
         subclass for anything invalid."""
         payload_json = validation.serialise_payload(payload, jobs_settings().MAX_PAYLOAD_BYTES)
+        if cls is JobSubmission:
+            # The fields checked as __post_init__ checks them and set through their
+            # slots: no second parse of the JSON text just written, no frozen __init__
+            # (a bulk submit's items are built here).
+            not_before = _checked(handler, version, queue, priority, max_attempts, not_before)
+            sub = object.__new__(cls)
+            set_handler, set_version, set_payload, set_queue, set_priority, set_max, set_nb = (
+                _SUBMISSION_SETTERS
+            )
+            set_handler(sub, handler)
+            set_version(sub, version)
+            set_payload(sub, payload_json)
+            set_queue(sub, queue)
+            set_priority(sub, priority)
+            set_max(sub, max_attempts)
+            set_nb(sub, not_before)
+            return sub
         # serialise_payload checked the payload and its size and wrote JSON text
         # without NUL characters: __post_init__ need not parse it again.
         serialised = _SERIALISED.set(payload_json)
@@ -200,6 +217,28 @@ class JobSubmission:
 
     def differing_fields(self, other: JobSubmission) -> list[str]:
         return [f for f in IDENTITY_FIELDS if getattr(self, f) != getattr(other, f)]
+
+
+def _checked(
+    handler: object,
+    version: object,
+    queue: object,
+    priority: object,
+    max_attempts: object,
+    not_before: object,
+) -> datetime | None:
+    """Check a submission's fields but its payload; its not-before in UTC."""
+    validation.name(handler, "handler")
+    validation.integer(version, "version", 1, 2**31 - 1)
+    validation.name(queue, "queue", validation.MAX_QUEUE_LENGTH)
+    validation.integer(priority, "priority", validation.MIN_PRIORITY, validation.MAX_PRIORITY)
+    validation.integer(max_attempts, "max_attempts", 1, validation.MAX_ATTEMPTS_LIMIT)
+    return validation.optional_aware_utc(not_before, "not_before")
+
+
+#: The slot setters of :class:`JobSubmission`'s fields, in their order (each of them
+#: is part of a submission's identity, J2).
+_SUBMISSION_SETTERS = tuple(getattr(JobSubmission, name).__set__ for name in IDENTITY_FIELDS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -240,3 +240,24 @@ def test_only_burn_down_measures_the_burn_downs_and_the_5ms_handler(tmp_path: Pa
     assert figures["sleep5_of_ideal"] == figures["median"]["django-ledon"]["sleep5"] / 800
     assert set(figures["load_average"]) == {"start", "end"}
     assert json.loads(done.stdout.strip().splitlines()[-1])["median"] == figures["median"]
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_only_bulk_measures_the_bulk_enqueue_alone(tmp_path: Path) -> None:
+    done = run_module(
+        "benchmarks", "--quick", "--only", "bulk", "--systems", "django-ledon",
+        "--database-url", server_url(), "--out", str(tmp_path),
+    )  # fmt: skip
+    [written] = tmp_path.glob("bulk-*.json")
+    bulk = json.loads(written.read_text())
+    assert bulk["jobs"] == 200
+    assert len(bulk["runs"]["django-ledon"]) == 1
+    assert bulk["median"]["django-ledon"] > 0
+    cost = bulk["per_job"]["django-ledon"]
+    assert cost["wal_bytes"] > 0
+    if "statements" in cost:
+        # The whole batch is one statement.
+        assert cost["statements"] * bulk["jobs"] == 1
+    assert "| django-ledon |" in done.stdout
+    assert not (tmp_path / "latest.json").exists()

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from factories import JobSubmissionFactory
 
-from jobs import SubmitResult, execution, submit_job, submit_jobs
+from jobs import SubmitResult, execution, stage_job, submit_job, submit_jobs
 from jobs.api import JobScope
 from jobs.exceptions import (
     AmbientTransactionError,
@@ -27,7 +27,7 @@ from jobs.exceptions import (
 )
 from jobs.models import Job, JobAttempt
 from jobs.store import finishing, submission
-from jobs.types import CancelOutcome, FinishOutcome, JobSnapshot, JobStatus
+from jobs.types import IDENTITY_FIELDS, CancelOutcome, FinishOutcome, JobSnapshot, JobStatus
 
 SCOPE = "tenant-42"
 OTHER = "tenant-7"
@@ -195,6 +195,77 @@ class TestBulkSubmit:
         again = submit_jobs([(SCOPE, f"job-{n}", sub) for n in range(count)])
         assert not any(r.created or r.conflict for r in again)
 
+    def test_mixed_created_existing_and_conflicting_items_in_one_batch(self) -> None:
+        kept = JobSubmissionFactory(payload={"kept": True})
+        submit_jobs([(SCOPE, "old-same", kept), (SCOPE, "old-other", kept)])
+        before = {job_id: stored(SCOPE, job_id) for job_id in ("old-same", "old-other")}
+        other = JobSubmissionFactory(payload={"kept": False}, priority=3)
+        results = submit_jobs(
+            [
+                (SCOPE, "new-1", JobSubmissionFactory(payload={"n": 1})),
+                (SCOPE, "old-same", kept),
+                (SCOPE, "old-other", other),
+                (SCOPE, "new-2", JobSubmissionFactory(payload={"n": 2})),
+            ]
+        )
+        assert [(r.job_id, r.created, r.conflict is not None) for r in results] == [
+            ("new-1", True, False),
+            ("old-same", False, False),
+            ("old-other", False, True),
+            ("new-2", True, False),
+        ]
+        for result in (results[0], results[3]):
+            assert fields(result.job()) == {**fields(stored(SCOPE, result.job_id)), "created": True}
+        assert fields(results[1].job()) == fields(before["old-same"])
+        assert results[2].snapshot is None
+        assert results[2].conflict is not None
+        assert set(results[2].conflict.fields) == {"payload_json", "priority"}
+        with pytest.raises(JobIdentityConflict):
+            results[2].job()
+        assert {job_id: stored(SCOPE, job_id) for job_id in before} == before
+        assert Job.objects.count() == 4
+
+    def test_a_new_jobs_snapshot_equals_one_built_field_by_field(self) -> None:
+        later = timezone.now() + timedelta(minutes=5)
+        subs = [
+            JobSubmissionFactory(),
+            JobSubmissionFactory(not_before=later, priority=-4, max_attempts=7, version=3),
+        ]
+        results = submit_jobs([(SCOPE, f"job-{n}", sub) for n, sub in enumerate(subs)])
+        for result, sub in zip(results, subs, strict=True):
+            snap = result.job()
+            # Built by the dataclass from the stored row: equal, field for field.
+            expected = JobSnapshot(**{**fields(stored(SCOPE, result.job_id)), "created": True})
+            assert snap.next_run_at == (sub.initial_not_before or snap.created_at)
+            assert {name: getattr(snap, name) for name in IDENTITY_FIELDS} == {
+                name: getattr(sub, name) for name in IDENTITY_FIELDS
+            }
+            assert snap == expected
+            assert hash(snap) == hash(expected)
+            assert result == SubmitResult(job_id=result.job_id, snapshot=expected)
+            assert hash(result) == hash(SubmitResult(job_id=result.job_id, snapshot=expected))
+
+    def test_a_batch_beyond_one_statements_parameter_limit(self) -> None:
+        # SQLite accepts 32,766 parameters per statement: 2,000 rows of 19 need several.
+        count = 2_000
+        sub = JobSubmissionFactory()
+        submit_jobs([(SCOPE, "job-1999", JobSubmissionFactory(payload={"other": 1}))])
+        results = submit_jobs([(SCOPE, f"job-{n}", sub) for n in range(count)])
+        assert sum(r.created for r in results) == count - 1
+        assert results[-1].conflict is not None
+        assert results[-1].conflict.fields == ("payload_json",)
+        assert Job.objects.count() == count
+        again = submit_jobs([(SCOPE, f"job-{n}", sub) for n in range(count - 1)])
+        assert not any(r.created or r.conflict for r in again)
+        assert Job.objects.count() == count
+
+    def test_bad_item_after_existing_ones_changes_nothing(self, unchanged) -> None:
+        submit_jobs([(SCOPE, f"job-{n}", JobSubmissionFactory()) for n in range(3)])
+        items: list[Any] = [(SCOPE, f"job-{n}", JobSubmissionFactory()) for n in range(5)]
+        items.append((SCOPE, "job-x", JobSubmissionFactory(payload={"n": 1}).payload_json))
+        with unchanged(), pytest.raises(InvalidSubmission):
+            submit_jobs(items)
+
     def test_empty_batch(self) -> None:
         assert submit_jobs([]) == []
 
@@ -284,6 +355,58 @@ class TestBulkSubmitCommits:
         conflicts = [r.conflict for r in results if r.conflict is not None]
         assert len(conflicts) == 5
         assert all(c.fields == ("payload_json",) for c in conflicts)
+
+    @pytest.mark.postgres_only
+    def test_a_batch_is_one_statement_in_autocommit(self, background) -> None:
+        submit_job(SCOPE, "job-1", JobSubmissionFactory())
+        sub = JobSubmissionFactory()
+        with CaptureQueriesContext(connection) as queries:
+            results = submit_jobs([(SCOPE, f"job-{n}", sub) for n in range(2, 300)])
+        assert all(r.created for r in results)
+        assert len(queries.captured_queries) == 1, queries.captured_queries
+        assert background(lambda: Job.objects.count()).result(30) == 299
+
+    @pytest.mark.postgres_only
+    def test_a_race_lost_to_a_concurrent_insert_falls_back_per_item(
+        self, background, blocked_on_lock, monkeypatch
+    ) -> None:
+        # The batch's one statement checks that its identities are new, then meets a
+        # concurrent insert of two of them on the identity index: it waits, fails with
+        # a unique violation when that insert commits, and the batch is redone with
+        # ON CONFLICT: every item gets the outcome it would have had without the race.
+        fallbacks: list[int] = []
+        insert_many = submission._insert_many
+
+        def spied(*args: Any) -> Any:
+            fallbacks.append(len(args[1]))
+            return insert_many(*args)
+
+        monkeypatch.setattr(submission, "_insert_many", spied)
+        same, different = JobSubmissionFactory(payload={"a": 1}), JobSubmissionFactory()
+        batch = [
+            (SCOPE, "job-0", JobSubmissionFactory()),
+            (SCOPE, "job-1", same),
+            (SCOPE, "job-2", JobSubmissionFactory(payload={"b": 2})),
+            (SCOPE, "job-3", JobSubmissionFactory()),
+        ]
+        with transaction.atomic():
+            stage_job(SCOPE, "job-1", same)
+            stage_job(SCOPE, "job-2", different)
+            racing = background(lambda: submit_jobs(batch))
+            # Watched from a connection of its own: this transaction's view of
+            # pg_stat_activity would stay as it first read it.
+            background(blocked_on_lock).result(30)
+        results = racing.result(30)
+        assert fallbacks == [4]
+        assert [(r.job_id, r.created, r.conflict is not None) for r in results] == [
+            ("job-0", True, False),
+            ("job-1", False, False),
+            ("job-2", False, True),
+            ("job-3", True, False),
+        ]
+        assert results[1].job().payload == {"a": 1}
+        assert stored(SCOPE, "job-2").payload_json == different.payload_json
+        assert Job.objects.count() == 4
 
     @pytest.mark.postgres_only
     def test_wakes_workers_once_per_queue_on_commit(self) -> None:

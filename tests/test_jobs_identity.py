@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
+import json
 import random
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone as dj_timezone
 from factories import JobSubmissionFactory
 
-from jobs import execution, store
+from jobs import execution, store, validation
 from jobs.api import JobScope, stage_job, submit_job
 from jobs.exceptions import (
     InvalidJobId,
@@ -104,6 +107,26 @@ class TestJ1JobId:
         with pytest.raises(InvalidJobId), transaction.atomic():
             stage_job("tenant-42", job_id, JobSubmissionFactory())  # type: ignore[arg-type]
         assert Job.objects.count() == 0
+
+    def test_every_ascii_character_is_judged_as_the_text_rule_judges_it(self) -> None:
+        # An ASCII job id takes a shorter path: it must accept exactly what the text
+        # rule (no control character, NUL or surrogate) and the whitespace rule accept.
+        def accepted(value: str) -> bool:
+            try:
+                validation.job_id(value)
+            except InvalidJobId:
+                return False
+            return True
+
+        for code in range(128):
+            c = chr(code)
+            for value in (f"a{c}b", f"{c}ab", f"ab{c}", c, "x" * 199 + c, "x" * 200 + c):
+                expected = (
+                    (code >= 0x20 and code != 0x7F)
+                    and value == value.strip()
+                    and len(value) <= validation.MAX_JOB_ID_LENGTH
+                )
+                assert accepted(value) is expected, repr(value)
 
     def test_longest_and_unusual_but_valid_job_ids_round_trip(self) -> None:
         ids = ["x" * 200, "résumé/2026 11", "Report", "report", "a:b.c-d_e", "日本語"]
@@ -211,6 +234,97 @@ class TestJ2Submission:
     def test_non_json_payload_is_rejected(self, payload: object) -> None:
         with pytest.raises(InvalidPayload):
             JobSubmission.create("reports.generate", payload)
+
+    @pytest.mark.parametrize(
+        ("payload", "message"),
+        [
+            ({"a": [1, {"b": "\ud800"}]}, "payload['a'][1]['b'] contains a lone surrogate"),
+            ({"ok": 1, "\udc00": 1}, "payload has a key with a lone surrogate"),
+            (["x", ("y", "\ud800")], "payload[1][1] contains a lone surrogate"),
+            ({"a": {"b": float("nan")}}, "payload['a']['b'] is nan"),
+            ([1, {2: 3}], "payload[1] has a int key 2"),
+            ({"a": [{"b": b"x"}]}, "payload['a'][0]['b'] is a bytes"),
+        ],
+    )
+    def test_a_rejected_payload_names_where(self, payload: object, message: str) -> None:
+        with pytest.raises(InvalidPayload) as raised:
+            JobSubmission.create("reports.generate", payload)
+        assert str(raised.value).startswith(message)
+
+    def test_create_equals_the_constructor_of_the_same_fields(self) -> None:
+        plus_two = timezone(timedelta(hours=2))
+        nb = datetime(2030, 1, 1, 14, 0, 0, 5, tzinfo=plus_two)
+        sub = JobSubmission.create(
+            "reports.generate",
+            {"a": 1},
+            version=3,
+            queue="q",
+            max_attempts=4,
+            not_before=nb,
+            priority=-2,
+        )
+        built = JobSubmission(
+            handler="reports.generate",
+            handler_version=3,
+            payload_json='{"a":1}',
+            queue="q",
+            priority=-2,
+            max_attempts=4,
+            initial_not_before=nb,
+        )
+        assert sub == built
+        assert hash(sub) == hash(built)
+        assert sub.initial_not_before is not None
+        assert sub.initial_not_before.tzinfo is UTC
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            sub.queue = "other"  # type: ignore[misc]
+
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [
+            ("handler", "bad name"),
+            ("version", 0),
+            ("queue", ""),
+            ("priority", True),
+            ("max_attempts", 0),
+            ("not_before", datetime(2030, 1, 1)),
+        ],
+    )
+    def test_create_checks_every_field(self, field: str, value: object) -> None:
+        arguments: dict[str, Any] = {"handler": "reports.generate", field: value}
+        with pytest.raises(InvalidSubmission):
+            JobSubmission.create(**arguments)
+
+    def test_payload_text_is_what_json_dumps_writes(self) -> None:
+        # J2 compares the text byte for byte: a stored job's text must not change.
+        payload = {
+            "é€😀": ["ünï", 1.5, 1e300, -0.0, 2**70, True, None, {"": []}],
+            "esc": 'a"b\\c\n\u0001',
+            "n": -7,
+        }
+        for value in (payload, [payload, payload], "text", 3, 2.5, None, []):
+            expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+            assert JobSubmission.create("reports.generate", value).payload_json == expected
+
+    def test_the_payload_limit_counts_utf8_bytes_not_characters(self, settings) -> None:
+        settings.JOBS = {**settings.JOBS, "MAX_PAYLOAD_BYTES": 100}
+        assert JobSubmission.create("reports.generate", "é" * 49).payload == "é" * 49  # 100 bytes
+        with pytest.raises(InvalidPayload, match="larger than 100 bytes"):
+            JobSubmission.create("reports.generate", "é" * 50)  # 52 characters, 102 bytes
+        with pytest.raises(InvalidPayload, match="larger than 100 bytes"):
+            JobSubmission.create("reports.generate", "x" * 99)  # ASCII: 101 bytes
+
+    def test_json_subtypes_serialise_as_json(self) -> None:
+        class Label(str):
+            pass
+
+        class Level(enum.IntEnum):
+            HIGH = 2
+
+        sub = JobSubmission.create(
+            "reports.generate", {"l": Label("x"), "n": Level.HIGH, "t": (1, 2.5, None, True)}
+        )
+        assert sub.payload_json == '{"l":"x","n":2,"t":[1,2.5,null,true]}'
 
     @pytest.mark.parametrize("text", ["NaN", "Infinity", "{bad", '{"a": -Infinity}', ""])
     def test_non_json_text_is_rejected(self, text: str) -> None:

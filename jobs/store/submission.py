@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ledon.db import adapt_dt, alias_for, connection_for, in_caller_atomic_block, is_postgres
@@ -25,6 +26,7 @@ from ..exceptions import (
 )
 from ..models import Job
 from ..types import (
+    IDENTITY_FIELDS,
     JobSnapshot,
     JobStatus,
     JobSubmission,
@@ -35,33 +37,64 @@ from .base import CHUNK_ROWS, current_time, notify
 from .reads import snapshot
 from .telemetry import observed_submission
 
+#: The fields of a new Queued job's snapshot that every new job has the same value in.
+_NEW_JOB_CONSTANTS: dict[str, Any] = {
+    "status": JobStatus.QUEUED,
+    "attempt_count": 0,
+    "cancel_requested": False,
+    "progress": None,
+    "progress_message": "",
+    "error": "",
+    "result_ref": None,
+    "started_at": None,
+    "finished_at": None,
+    "created": True,
+    "attempts": (),
+}
+#: Each field's slot setter: :func:`_new_snapshot` fills a snapshot from values that
+#: are validated already, without the frozen dataclass's ``__init__`` (about half the
+#: cost of a bulk item's Python side).
+_SET = {name: getattr(JobSnapshot, name).__set__ for name in JobSnapshot.__dataclass_fields__}
+_SET_CONSTANTS = tuple((_SET[name], value) for name, value in _NEW_JOB_CONSTANTS.items())
+(
+    _set_scope_hash,
+    _set_job_id,
+    _set_handler,
+    _set_handler_version,
+    _set_payload_json,
+    _set_queue,
+    _set_priority,
+    _set_max_attempts,
+    _set_initial_not_before,
+    _set_next_run_at,
+    _set_created_at,
+) = (_SET[name] for name in ("scope_hash", "job_id", *IDENTITY_FIELDS, "next_run_at", "created_at"))
+_new_object = object.__new__
+
 
 def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> JobSnapshot:
-    """The snapshot of a new Queued job, as its insert stores it (``created``)."""
-    return JobSnapshot(
-        scope_hash=scope_hash,
-        job_id=job_id,
-        handler=sub.handler,
-        handler_version=sub.handler_version,
-        payload_json=sub.payload_json,
-        queue=sub.queue,
-        priority=sub.priority,
-        max_attempts=sub.max_attempts,
-        initial_not_before=sub.initial_not_before,
-        next_run_at=sub.initial_not_before or now,
-        status=JobStatus.QUEUED,
-        attempt_count=0,
-        cancel_requested=False,
-        progress=None,
-        progress_message="",
-        error="",
-        result_ref=None,
-        created_at=now,
-        started_at=None,
-        finished_at=None,
-        created=True,
-    )
+    """The snapshot of a new Queued job, as its insert stores it (``created``): equal
+    to ``JobSnapshot(...)`` of the same fields (a test holds them equal)."""
+    job: JobSnapshot = _new_object(JobSnapshot)
+    for setter, value in _SET_CONSTANTS:
+        setter(job, value)
+    _set_scope_hash(job, scope_hash)
+    _set_job_id(job, job_id)
+    _set_handler(job, sub.handler)
+    _set_handler_version(job, sub.handler_version)
+    _set_payload_json(job, sub.payload_json)
+    _set_queue(job, sub.queue)
+    _set_priority(job, sub.priority)
+    _set_max_attempts(job, sub.max_attempts)
+    not_before = sub.initial_not_before
+    _set_initial_not_before(job, not_before)
+    _set_next_run_at(job, now if not_before is None else not_before)
+    _set_created_at(job, now)
+    return job
 
+
+#: The encoder of a bulk insert's rows.
+_ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 #: The columns of a new job that its snapshot does not show.
 _UNSEEN = ("leased_by", "updated_at", "trace_context")
@@ -111,28 +144,88 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     return job
 
 
-def _json_rows(items: Sequence[tuple[str, str, JobSubmission]], trace_context: str | None) -> str:
-    """The ``rows`` parameter of :data:`sql.INSERT_JOBS_JSON`: one JSON array of the
-    :data:`sql.NEW_JOB_ROW` values per item (a payload travels as its JSON text)."""
-    return json.dumps(
+def _json_params(
+    items: Sequence[tuple[str, str, JobSubmission]], trace_context: str | None
+) -> dict[str, Any]:
+    """The ``rows``, ``scopes`` and ``trace_context`` parameters of
+    :data:`sql.INSERT_JOBS_JSON`: one JSON array per item (a payload travels as its
+    JSON text), its scope hash given by its 1-based position in ``scopes``."""
+    scopes: dict[str, int] = {}
+    rows = [
         [
-            [
-                scope_hash,
-                job_id,
-                sub.handler,
-                sub.handler_version,
-                sub.payload_json,
-                sub.queue,
-                sub.priority,
-                sub.max_attempts,
-                trace_context,
-                None if sub.initial_not_before is None else sub.initial_not_before.isoformat(),
-            ]
-            for scope_hash, job_id, sub in items
-        ],
-        ensure_ascii=False,
-        separators=(",", ":"),
+            scopes.get(scope_hash) or scopes.setdefault(scope_hash, len(scopes) + 1),
+            job_id,
+            sub.handler,
+            sub.handler_version,
+            sub.payload_json,
+            sub.queue,
+            sub.priority,
+            sub.max_attempts,
+            None if sub.initial_not_before is None else sub.initial_not_before.isoformat(),
+        ]
+        for scope_hash, job_id, sub in items
+    ]
+    return {
+        "rows": _ROWS_ENCODER.encode(rows),
+        "scopes": list(scopes),
+        "trace_context": trace_context,
+    }
+
+
+_set_result_job_id, _set_result_snapshot, _set_result_conflict = (
+    getattr(SubmitResult, name).__set__ for name in ("job_id", "snapshot", "conflict")
+)
+
+
+def _created_result(job_id: str, job: JobSnapshot) -> SubmitResult:
+    """``SubmitResult(job_id=job_id, snapshot=job)`` filled as :func:`_new_snapshot` is."""
+    result: SubmitResult = _new_object(SubmitResult)
+    _set_result_job_id(result, job_id)
+    _set_result_snapshot(result, job)
+    _set_result_conflict(result, None)
+    return result
+
+
+def _shared_params(now: datetime) -> dict[str, Any]:
+    """The :data:`sql.NEW_JOB_SHARED` parameters of a bulk insert at ``now``."""
+    return {
+        "status": JobStatus.QUEUED.value,
+        "attempt_count": 0,
+        "cancel_requested": False,
+        "progress_message": "",
+        "error": "",
+        "leased_by": "",
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def _insert_new(
+    connection: BaseDatabaseWrapper,
+    items: Sequence[tuple[str, str, JobSubmission]],
+    now: datetime,
+) -> list[int] | None:
+    """PostgreSQL, outside any transaction: insert the (distinct) identities of
+    ``items`` that are not stored yet and wake the workers of their due queues, as one
+    statement in autocommit (:data:`sql.INSERT_NEW_JOBS_JSON`). Returns the positions
+    in ``items`` that were not inserted, their identities being stored already; None
+    if a concurrent insert of one of the identities won the race — the statement then
+    rolled back and wrote nothing (the caller falls back on :func:`_insert_many`)."""
+    params = _shared_params(now) | _json_params(items, _trace_context())
+    params["channel"] = jobs_settings().NOTIFY_CHANNEL
+    params["count"] = len(items)
+    # Only a test case's transaction can be open here (the caller's refuses): its
+    # savepoint stands in for autocommit, so that a lost race leaves it usable.
+    scope: AbstractContextManager[Any] = (
+        transaction.atomic(using=connection.alias) if connection.in_atomic_block else nullcontext()
     )
+    try:
+        with scope:
+            rows = fetch(connection, sql.INSERT_NEW_JOBS_JSON, params, prepare=True)
+    except IntegrityError:
+        return None
+    skipped: list[int] = rows[0]["skipped"]
+    return skipped
 
 
 def _insert_many(
@@ -143,25 +236,26 @@ def _insert_many(
     """Insert the (distinct) identities of ``items`` that do not exist yet, in the
     current transaction; wake workers once per queue that got due jobs. Returns the
     jobs inserted, by identity."""
-    jobs = [_new_snapshot(scope_hash, job_id, sub, now) for scope_hash, job_id, sub in items]
-    if not jobs:
+    if not items:
         return {}
     inserted_rows: list[dict[str, Any]] = []
     trace_context = _trace_context()
     if is_postgres(connection):
-        first = _new_row(jobs[0], trace_context)
-        params = {name: first[name] for name in sql.NEW_JOB_SHARED}
-        params["rows"] = _json_rows(items, trace_context)
+        params = _shared_params(now) | _json_params(items, trace_context)
         inserted_rows = fetch(connection, sql.INSERT_JOBS_JSON, params, prepare=True)
     else:
-        for start in range(0, len(jobs), CHUNK_ROWS):
+        for start in range(0, len(items), CHUNK_ROWS):
             chunk = [
-                _adapted(connection, _new_row(job, trace_context))
-                for job in jobs[start : start + CHUNK_ROWS]
+                _adapted(connection, _new_row(_new_snapshot(*item, now), trace_context))
+                for item in items[start : start + CHUNK_ROWS]
             ]
             inserted_rows += fetch(connection, sql.insert_jobs(len(chunk)), numbered(chunk))
     keys = {(row["scope_hash"], row["job_id"]) for row in inserted_rows}
-    inserted = {key: job for job in jobs if (key := (job.scope_hash, job.job_id)) in keys}
+    inserted = {
+        key: _new_snapshot(scope_hash, job_id, sub, now)
+        for scope_hash, job_id, sub in items
+        if (key := (scope_hash, job_id)) in keys
+    }
     due_queues = {
         sub.queue
         for scope_hash, job_id, sub in items
@@ -254,19 +348,38 @@ def submit_many(
     stored: dict[tuple[str, str], JobSnapshot] = {}
     results: dict[int, SubmitResult] = {}
     pending = list(first.values())
+    # PostgreSQL: first one statement in autocommit that inserts the new identities;
+    # a lost race with a concurrent insert, and every retry, take the transaction of
+    # ON CONFLICT inserts and reads below.
+    fast = is_postgres(connection) and bool(pending)
+    skipped = _insert_new(connection, [items[i] for i in pending], now) if fast else None
+    if skipped == [] and len(pending) == len(items):
+        # Every item a new, distinct identity (the common bulk submit).
+        return [
+            _created_result(job_id, _new_snapshot(scope_hash, job_id, sub, now))
+            for scope_hash, job_id, sub in items
+        ]
     for _ in range(3):
-        with transaction.atomic(using=alias):
-            inserted = _insert_many(connection, [items[i] for i in pending], now)
-            existing = _existing_many(
-                (items[i][0], items[i][1]) for i in pending if items[i][:2] not in inserted
-            )
+        if skipped is not None:
+            taken = {pending[position] for position in skipped}
+            inserted = {
+                items[i][:2]: _new_snapshot(*items[i], now) for i in pending if i not in taken
+            }
+            existing = _existing_many(items[i][:2] for i in sorted(taken))
+        else:
+            with transaction.atomic(using=alias):
+                inserted = _insert_many(connection, [items[i] for i in pending], now)
+                existing = _existing_many(
+                    (items[i][0], items[i][1]) for i in pending if items[i][:2] not in inserted
+                )
+        skipped = None
         missing = []
         for index in pending:
             scope_hash, job_id, sub = items[index]
             key = (scope_hash, job_id)
             if key in inserted:
                 stored[key] = inserted[key]
-                results[index] = SubmitResult(job_id=job_id, snapshot=stored[key])
+                results[index] = _created_result(job_id, stored[key])
             elif key in existing:
                 stored[key] = existing[key]
                 results[index] = _same_request(existing[key], job_id, sub)
