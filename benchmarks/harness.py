@@ -70,6 +70,8 @@ class Plan:
     sleep_concurrency: int = 16
     #: Queue depths of the claim cost with queued jobs: shallow, deep.
     queued_rows: tuple[int, int] = (1_000, 1_000_000)
+    #: Claims between the cold and the steady phase of the deep-queue claim cost.
+    queued_warm: int = 20_000
     #: Jobs of each run of :mod:`benchmarks.profiling`.
     profile_jobs: int = 3_000
 
@@ -148,6 +150,7 @@ class Plan:
             sleep_jobs=64,
             sleep_concurrency=4,
             queued_rows=(100, 2_000),
+            queued_warm=200,
             profile_jobs=100,
             flow_burn_jobs=1_000,
         )
@@ -571,45 +574,77 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
 
 
 def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
-    """Claim cost with a shallow and a deep queue of due jobs (``plan.queued_rows``):
-    the same single claims and claims of 16, each depth loaded straight into the
-    table (plus the jobs the claims take, so that the depth stays)."""
+    """Claim cost with a shallow and a deep queue of due jobs (``plan.queued_rows``),
+    each depth loaded straight into the table (plus the jobs the claims take, so that
+    the depth stays), in two phases:
+
+    - **cold**: the first claims after a ``CHECKPOINT``. Each claim's update is not
+      HOT (status and token are indexed), so it adds an entry to every index; the
+      first change of an index page after a checkpoint writes the whole page to the
+      WAL (``full_page_writes``). In a deep queue the identity and scope indexes are
+      thousands of pages and the claimed jobs' entries land on pages not yet touched
+      since the checkpoint, so nearly every claim pays those page images;
+    - **steady**: the same claims after ``plan.queued_warm`` more claims since that
+      checkpoint, as on a server that has been claiming for a while: the pages the
+      claims touch have had their image written in this checkpoint cycle.
+
+    Each phase gives the client's median time per claim, and from the server the WAL
+    bytes and the execution time per claimed job."""
     from jobs import execution
 
     plan = runner.plan
     taken = plan.claim_samples + plan.claim_batches * 16
+
+    def claims(into: list[Any]) -> dict[str, Any]:
+        singles, batches = [], []
+        server: dict[str, Any] = {}
+        with physical.counting(runner.database_url, runner.statements, server):
+            for _ in range(plan.claim_samples):
+                start = time.perf_counter()
+                into.extend(execution.claim_due("claim-cost", limit=1))
+                singles.append((time.perf_counter() - start) * 1000)
+            for _ in range(plan.claim_batches):
+                start = time.perf_counter()
+                into.extend(execution.claim_due("claim-cost", limit=16))
+                batches.append((time.perf_counter() - start) * 1000)
+        result = {
+            "claim_1_ms": median(singles),
+            "claim_16_ms": median(batches),
+            "wal_bytes_per_job": server["wal_bytes"] / taken,
+        }
+        if "execution_ms" in server:
+            result["server_ms_per_job"] = server["execution_ms"] / taken
+        return result
+
     depths: dict[str, Any] = {}
     for depth in plan.queued_rows:
         ledon.reset()
         runner.log(f"  loading {depth:,} queued jobs")
-        load_queued(depth + taken)
+        load_queued(depth + 2 * taken + plan.queued_warm)
         runner.admin("VACUUM ANALYZE jobs_job")
         runner.admin("CHECKPOINT")
-        singles, batches, claimed = [], [], []
-        for _ in range(plan.claim_samples):
-            start = time.perf_counter()
-            claims = execution.claim_due("claim-cost", limit=1)
-            singles.append((time.perf_counter() - start) * 1000)
-            claimed.extend(claims)
-        for _ in range(plan.claim_batches):
-            start = time.perf_counter()
-            claims = execution.claim_due("claim-cost", limit=16)
-            batches.append((time.perf_counter() - start) * 1000)
-            claimed.extend(claims)
-        assert len(claimed) == taken, (len(claimed), taken)
+        claimed: list[Any] = []
+        cold = claims(claimed)
+        for _ in range(plan.queued_warm // 100):
+            claimed.extend(execution.claim_due("claim-cost", limit=100))
+        steady = claims(claimed)
+        assert len(claimed) == 2 * taken + plan.queued_warm // 100 * 100, len(claimed)
         for start in range(0, len(claimed), 500):
             execution.complete_many([(c, None) for c in claimed[start : start + 500]])
-        depths[str(depth)] = {"claim_1_ms": median(singles), "claim_16_ms": median(batches)}
+        depths[str(depth)] = {**cold, "steady": steady}
         runner.log(f"  claim cost, {depth:,} queued: {depths[str(depth)]}")
     ledon.reset()
     shallow, deep = (depths[str(d)] for d in plan.queued_rows)
     return {
         "shallow_rows": plan.queued_rows[0],
         "deep_rows": plan.queued_rows[1],
+        "warm_claims": plan.queued_warm,
         "shallow": shallow,
         "deep": deep,
         "ratio_claim_1": deep["claim_1_ms"] / shallow["claim_1_ms"],
         "ratio_claim_16": deep["claim_16_ms"] / shallow["claim_16_ms"],
+        "steady_ratio_claim_1": deep["steady"]["claim_1_ms"] / shallow["steady"]["claim_1_ms"],
+        "steady_ratio_claim_16": (deep["steady"]["claim_16_ms"] / shallow["steady"]["claim_16_ms"]),
     }
 
 

