@@ -9,7 +9,7 @@
 #   scripts/test.sh -k worker -x         pytest arguments are passed on to every run
 #
 # With CI=true, a Python, PostgreSQL, PgBouncer or broker that cannot be had is a
-# failure, never a skip. PYTEST_WORKERS (default 2) sets pytest-xdist's processes
+# failure, never a skip. PYTEST_WORKERS (default 4) sets pytest-xdist's processes
 # per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -281,7 +281,7 @@ for leg in "${LEGS[@]}"; do
     fi
     step "makemigrations --check, leg $version-$django"
     DATABASE_URL="sqlite:///$(mktemp -d)/check.sqlite3" "$python" manage.py makemigrations --check --dry-run
-    args=(-n "${PYTEST_WORKERS:-2}" --dist loadgroup)
+    args=(-n "${PYTEST_WORKERS:-4}" --dist loadgroup)
     jobs_alone=all
     if [ "$scope" = "core" ]; then
         args+=("${CORE_DESELECT[@]}")

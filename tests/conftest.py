@@ -16,7 +16,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.color import no_style
 from django.db import connection, connections
-from django.test import TransactionTestCase
+from django.test import TransactionTestCase, override_settings
 from factories import JobSubmissionFactory
 
 from jobs import execution
@@ -107,6 +107,16 @@ def _flush_keeping_model_rows(self: Any) -> None:
 
 _full_fixture_teardown = TransactionTestCase._fixture_teardown
 TransactionTestCase._fixture_teardown = _flush_keeping_model_rows  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing() -> Iterator[None]:
+    """Passwords hashed with MD5 in this test process, as Django's testing docs advise
+    ("Speeding up the tests"): every ``admin_client`` and staff user of the admin tests
+    hashes one, and the default PBKDF2 spends about a CPU-second on each. Child
+    processes (the browser test's server) keep the project's hashers."""
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
