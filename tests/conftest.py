@@ -102,7 +102,17 @@ def _flush_keeping_model_rows(self: Any) -> None:
             for t in conn.introspection.django_table_names(only_existing=True, include_views=False)
             if t not in kept
         ]
-        conn.ops.execute_sql_flush(conn.ops.sql_flush(no_style(), tables, reset_sequences=False))
+        if conn.vendor == "postgresql":
+            # DELETE, not Django's TRUNCATE: the tables hold a test's few rows, and
+            # TRUNCATE gives each table, index and TOAST table a new file (about a
+            # tenth of a second a flush, against a few milliseconds). Foreign keys are
+            # deferred, so the order does not matter; sequences go on, as with Django's.
+            statements = ["SET CONSTRAINTS ALL DEFERRED"] + [
+                f"DELETE FROM {conn.ops.quote_name(table)}" for table in tables
+            ]
+        else:
+            statements = conn.ops.sql_flush(no_style(), tables, reset_sequences=False)
+        conn.ops.execute_sql_flush(statements)
 
 
 _full_fixture_teardown = TransactionTestCase._fixture_teardown
