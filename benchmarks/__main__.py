@@ -38,8 +38,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
     parser.add_argument(
         "--only",
-        choices=["flow-control"],
-        help="measure only this part (django-ledon alone) and print its table",
+        choices=["flow-control", "burn-down"],
+        help="measure only this part and print its figures (flow-control: django-ledon "
+        "alone; burn-down: one process at concurrency 4 and 16 and the 5 ms handler)",
     )
     parser.add_argument(
         "--jobs-factor",
@@ -71,13 +72,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    import json
     from contextlib import ExitStack
 
     from . import harness, report, server
 
     if args.render is not None:
-        import json
-
         document = json.loads(args.render.read_text())
         (args.docs or args.out / "latest.md").write_text(report.render(document))
         print(report.summary_table(document))
@@ -94,21 +94,26 @@ def main(argv: list[str] | None = None) -> int:
         admin = server.django_on(url, stack)
         plan = harness.Plan.quick() if args.quick else harness.Plan.full(args.runs)
         plan = plan.scaled(args.jobs_factor)
+        session = {
+            "plan": plan,
+            "database_url": url,
+            "out_dir": args.out,
+            "log": log,
+            "admin": admin,
+        }
         if args.only == "flow-control":
-            flow = harness.flow_control_alone(
-                plan=plan, database_url=url, out_dir=args.out, log=log, admin=admin
-            )
+            flow = harness.flow_control_alone(**session)
             print(report.flow_table({"flow_control": flow}))
             return 0
+        if args.only == "burn-down":
+            burn = harness.burn_down_alone(args.system_names, **session)
+            print(json.dumps({k: burn[k] for k in ("median", "ours_over", "sleep5_of_ideal")}))
+            return 0
         document = harness.run_all(
-            plan=plan,
-            database_url=url,
             systems=args.system_names,
-            out_dir=args.out,
-            log=log,
-            admin=admin,
             server=server.server_settings(url),
             claim=not args.no_claim_cost,
+            **session,
         )
     markdown = report.render(document)
     (args.out / "latest.md").write_text(markdown)

@@ -772,26 +772,95 @@ def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
     }
 
 
-def flow_control_alone(
-    *, plan: Plan, database_url: str, out_dir: Path, log: Log, admin: Callable[[str], None]
-) -> dict[str, Any]:
-    """Only :func:`flow_control` (``--only flow-control``), its results and the load
-    average at its start and end written as JSON into ``out_dir``."""
+@contextmanager
+def _part_alone(
+    name: str,
+    systems: list[str],
+    *,
+    plan: Plan,
+    database_url: str,
+    out_dir: Path,
+    log: Log,
+    admin: Callable[[str], None],
+) -> Iterator[tuple[Runner, list[System], dict[str, Any]]]:
+    """One part of the run measured alone (``--only``): the ``systems`` installed and a
+    runner over them; the part fills the dict yielded, which is then written, with the
+    load average at the part's start and end, as JSON named after ``name`` into
+    ``out_dir``."""
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    ours = adapter(OURS)(database_url)
-    ours.install()
-    runner = Runner(plan, [ours], admin, log_dir, log, database_url)
+    chosen = [adapter(system)(database_url) for system in systems]
+    for system in chosen:
+        system.install()
+    result: dict[str, Any] = {}
     load = _load()
     try:
-        log("flow control (limits on versus off)")
-        flow = flow_control(runner, ours)
+        yield Runner(plan, chosen, admin, log_dir, log, database_url), chosen, result
     finally:
-        ours.close()
-    flow["load_average"] = {"start": load, "end": _load()}
+        for system in chosen:
+            system.close()
+    result["load_average"] = {"start": load, "end": _load()}
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    (out_dir / f"flow-control-{stamp}.json").write_text(json.dumps(flow, indent=2))
+    (out_dir / f"{name}-{stamp}.json").write_text(json.dumps(result, indent=2))
+
+
+def flow_control_alone(**session: Any) -> dict[str, Any]:
+    """Only :func:`flow_control` (``--only flow-control``; ``session``: the keywords
+    of :func:`_part_alone`), its results and the load average at its start and end
+    written as JSON into the session's ``out_dir``."""
+    with _part_alone("flow-control", [OURS], **session) as (runner, (ours,), flow):
+        runner.log("flow control (limits on versus off)")
+        flow.update(flow_control(runner, ours))
     return flow
+
+
+def burn_down_alone(
+    systems: list[str], concurrencies: tuple[int, ...] = (4, 16), **session: Any
+) -> dict[str, Any]:
+    """Only the one-process burn-downs at ``concurrencies`` of ``systems`` and ours
+    with the 5 ms handler (``--only burn-down``; ``session``: the keywords of
+    :func:`_part_alone`), the systems interleaved round by round: medians, ours over
+    each other system's, the 5 ms handler's share of the ideal rate."""
+    plan: Plan = session["plan"]
+    with _part_alone("burn-down", systems, **session) as (runner, chosen, result):
+        raw: dict[str, dict[str, list[float]]] = {s.name: {} for s in chosen}
+
+        def record(system: System, key: str, rate: float) -> None:
+            raw[system.name].setdefault(key, []).append(rate)
+            runner.log(f"  {system.name:16} {key:8} {rate:10.1f} jobs/s")
+
+        for run in range(plan.runs):
+            runner.log(f"run {run + 1} of {plan.runs}")
+            order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
+            for system in order:
+                count = plan.for_system(plan.burn_jobs, system.name)
+                for concurrency in concurrencies:
+                    config = system.worker_config(WorkerConfig(1, concurrency))
+                    tag = f"{system.name}-{config.key}-run{run + 1}"
+                    record(system, f"c{concurrency}", runner.burn_down(system, config, tag, count))
+                seed_sleeping = getattr(system, "seed_sleeping", None)
+                if seed_sleeping is not None:
+                    config = WorkerConfig(1, plan.sleep_concurrency)
+                    tag = f"{system.name}-sleep-{config.key}-run{run + 1}"
+                    rate = runner.burn_down(
+                        system, config, tag, plan.sleep_jobs, seed=seed_sleeping
+                    )
+                    record(system, "sleep5", rate)
+        medians = {name: {k: median(v) for k, v in runs.items()} for name, runs in raw.items()}
+        ours = medians.get(OURS, {})
+        result.update(
+            runs=raw,
+            median=medians,
+            ours_over={
+                name: {k: ours[k] / v for k, v in values.items() if k in ours and v}
+                for name, values in medians.items()
+                if name != OURS
+            },
+            sleep5_of_ideal=(
+                ours["sleep5"] / (plan.sleep_concurrency * 200.0) if "sleep5" in ours else None
+            ),
+        )
+    return result
 
 
 # --------------------------------------------------------------------------- outbox, sagas

@@ -413,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profiling", description=__doc__)
     parser.add_argument("--database-url", help="use this server instead of a throw-away one")
     parser.add_argument("--jobs", type=int, default=JOBS)
+    parser.add_argument(
+        "--slot",
+        action="store_true",
+        help="only the slot-turn profile of the 5 ms handler at concurrency 16",
+    )
     args = parser.parse_args(argv)
     with ExitStack() as stack:
         server_url = args.database_url or stack.enter_context(server.throwaway_server())
@@ -422,7 +427,10 @@ def main(argv: list[str] | None = None) -> int:
         admin = server.django_on(url, stack)
         from .systems.ledon import Ledon
 
-        document = profile(url, Ledon(url), admin, jobs=args.jobs)
+        if args.slot:
+            document = slot_profile(url, Ledon(url), admin, jobs=args.jobs)
+        else:
+            document = profile(url, Ledon(url), admin, jobs=args.jobs)
     print(json.dumps(document, indent=2))
     return 0
 

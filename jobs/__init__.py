@@ -9,53 +9,39 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ledon.lazy import lazy_attributes
+from ledon.lazy import exported, lazy_attributes
 
-if TYPE_CHECKING:
-    from .api import JobScope, stage_job, submit_job, submit_jobs
-    from .handlers import JobContext, Snooze, job_handler
-    from .schedules import periodic
-    from .types import (
-        CancelOutcome,
-        FinishOutcome,
-        JobSnapshot,
-        JobStatus,
-        JobSubmission,
-        SubmitResult,
-    )
+if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
+    from .api import JobScope as JobScope
+    from .api import stage_job as stage_job
+    from .api import submit_job as submit_job
+    from .api import submit_jobs as submit_jobs
+    from .handlers import JobContext as JobContext
+    from .handlers import Snooze as Snooze
+    from .handlers import job_handler as job_handler
+    from .schedules import periodic as periodic
+    from .types import CancelOutcome as CancelOutcome
+    from .types import FinishOutcome as FinishOutcome
+    from .types import JobSnapshot as JobSnapshot
+    from .types import JobStatus as JobStatus
+    from .types import JobSubmission as JobSubmission
+    from .types import SubmitResult as SubmitResult
 
-__all__ = [
-    "CancelOutcome",
-    "FinishOutcome",
-    "JobContext",
-    "JobScope",
-    "JobSnapshot",
-    "JobStatus",
-    "JobSubmission",
-    "Snooze",
-    "SubmitResult",
-    "job_handler",
-    "periodic",
-    "stage_job",
-    "submit_job",
-    "submit_jobs",
-]
-
-_LAZY = {
-    "JobScope": "api",
-    "stage_job": "api",
-    "submit_job": "api",
-    "submit_jobs": "api",
-    "JobContext": "handlers",
-    "job_handler": "handlers",
-    "Snooze": "handlers",
-    "periodic": "schedules",
-    "CancelOutcome": "types",
-    "FinishOutcome": "types",
-    "JobSnapshot": "types",
-    "JobStatus": "types",
-    "JobSubmission": "types",
-    "SubmitResult": "types",
-}
+_LAZY = exported(
+    {
+        "api": ("JobScope", "stage_job", "submit_job", "submit_jobs"),
+        "handlers": ("JobContext", "Snooze", "job_handler"),
+        "schedules": ("periodic",),
+        "types": (
+            "CancelOutcome",
+            "FinishOutcome",
+            "JobSnapshot",
+            "JobStatus",
+            "JobSubmission",
+            "SubmitResult",
+        ),
+    }
+)
+__all__ = sorted(_LAZY)
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

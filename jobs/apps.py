@@ -1,12 +1,14 @@
-from django.apps import AppConfig
+# The module, not the class: Django takes the one AppConfig subclass named in apps.py.
+import ledon.apps
 
 from . import tasks_framework
+from .conf import jobs_settings
 
 
-class JobsConfig(AppConfig):
+class JobsConfig(ledon.apps.LedonAppConfig):
     name = "jobs"
     verbose_name = "Jobs"
-    default_auto_field = "django.db.models.BigAutoField"
+    read_settings = jobs_settings
 
     def ready(self) -> None:
         # Django registers its TASKS checks (jobs.E101-E107 among them) only once its
@@ -14,7 +16,7 @@ class JobsConfig(AppConfig):
         # ``manage.py check`` runs.
         tasks_framework.register_checks()
 
-        from . import checks  # noqa: F401  (registers the system checks)
+        # Not at the top: the scheduler imports the models, loaded by now.
         from .handlers import register_autodiscovery
         from .schedules.scheduler import start_scheduler, stop_scheduler
         from .signals import worker_started, worker_stopping
@@ -24,19 +26,13 @@ class JobsConfig(AppConfig):
         worker_stopping.connect(stop_scheduler, dispatch_uid="jobs.stop_scheduler")
 
         # SPEC M: every engine of the three apps keeps its row in jobs_workerrecord
-        # (see jobs.monitoring), and the optional metrics and tracing.
+        # (see jobs.monitoring); then the checks and the optional metrics and tracing.
         from ledon import registry
-        from ledon.observability import OptionalLayers
 
-        from .conf import jobs_settings
-        from .exceptions import JobsConfigurationError
         from .monitoring.registry import DatabaseRegistry
 
         registry.install(DatabaseRegistry())
-        self.optional_layers = OptionalLayers(
-            "jobs", read_settings=jobs_settings, invalid=JobsConfigurationError
-        )
-        self.optional_layers.configure()
+        super().ready()
         # J15: the tasks backend is an adapter above the handler registry; the app
         # wires it in, so that the registry never imports it.
         register_autodiscovery(_autodiscover_tasks)

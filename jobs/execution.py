@@ -12,6 +12,7 @@ import socket
 from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Count
 
@@ -99,13 +100,8 @@ def try_start(
     """Start one job if it is still claimable: new token, attempt n+1, Running attempt
     row — one transaction. None if another worker won or the job is no longer due."""
     identity = (validation.validate_scope_hash(scope_hash), validation.existing_job_id(job_id))
-    claims = store.claim(
-        worker_id or default_worker_id(),
-        limit=1,
-        identity=identity,
-        lease_seconds=lease_seconds,
-        limits=claim_limits(),
-        now=now,
+    _, claims = _claiming(
+        (), worker_id, limit=1, identity=identity, lease_seconds=lease_seconds, now=now
     )
     return claims[0] if claims else None
 
@@ -120,13 +116,21 @@ def claim_due(
 ) -> list[Claim]:
     """Start up to ``limit`` due jobs in one transaction (PostgreSQL: SKIP LOCKED),
     keeping every limit (J18) and skipping paused queues."""
-    return store.claim(
-        worker_id or default_worker_id(),
-        limit=limit,
-        queues=queues,
-        lease_seconds=lease_seconds,
-        limits=claim_limits(),
-        now=now,
+    validation.integer(limit, "limit", 1, 10_000)
+    _, claims = _claiming(
+        (), worker_id, limit=limit, queues=queues, lease_seconds=lease_seconds, now=now
+    )
+    return claims
+
+
+def _claiming(
+    completions: Sequence[tuple[Claim, str | None]], worker_id: str | None, **claim: Any
+) -> tuple[dict[str, FinishOutcome], list[Claim]]:
+    """The store's finish-and-claim as this process runs it: its default worker id,
+    every limit (J18) of :func:`claim_limits` kept; ``claim``: the rest of its
+    keywords."""
+    return store.complete_and_claim(
+        completions, worker_id or default_worker_id(), limits=claim_limits(), **claim
     )
 
 
@@ -175,14 +179,8 @@ def complete_and_claim(
 ) -> tuple[dict[str, FinishOutcome], list[Claim]]:
     """:func:`complete_many` then :func:`claim_due` in one transaction: a worker's
     round trip when handlers return and capacity frees up (``limit`` may be 0)."""
-    return store.complete_and_claim(
-        completions,
-        worker_id or default_worker_id(),
-        limit=limit,
-        queues=queues,
-        lease_seconds=lease_seconds,
-        limits=claim_limits(),
-        now=now,
+    return _claiming(
+        completions, worker_id, limit=limit, queues=queues, lease_seconds=lease_seconds, now=now
     )
 
 

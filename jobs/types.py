@@ -13,6 +13,7 @@ from typing import Any, Self
 from django.db import models
 
 from ledon.outcomes import FencedOutcome
+from ledon.rows import from_row
 
 from . import validation
 from .conf import jobs_settings
@@ -252,15 +253,8 @@ class JobSnapshot:
         return max(self.max_attempts - self.attempt_count, 0)
 
     def submission(self) -> JobSubmission:
-        return JobSubmission(
-            handler=self.handler,
-            handler_version=self.handler_version,
-            payload_json=self.payload_json,
-            queue=self.queue,
-            priority=self.priority,
-            max_attempts=self.max_attempts,
-            initial_not_before=self.initial_not_before,
-        )
+        """The submission this job was created from (its fields are the snapshot's)."""
+        return from_row(JobSubmission, self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -50,29 +50,25 @@ def unknown_keys_message(what: str, unknown: Iterable[str], known: Iterable[str]
     return f"unknown {what}: {', '.join(parts)}"
 
 
+@dataclasses.dataclass(eq=False)
 class SettingsReader[S]:
     """The only reader of one app's settings dict (``JOBS``, ``OUTBOX``, ``SAGAS``).
 
     Call it for the settings: read on first use (never at import time), as the
     frozen dataclass ``cls`` (whose fields are the known keys, with their defaults),
-    checked by ``check`` (which raises ``error``, an ``ImproperlyConfigured``), and
+    checked by ``check_values`` (which raises ``error``, an ``ImproperlyConfigured``), and
     kept until the setting changes (``setting_changed``, which ``override_settings``
     sends) or :meth:`cache_clear`.
     """
 
-    def __init__(
-        self,
-        setting: str,
-        cls: Callable[..., S],
-        check: Callable[[S], None],
-        error: type[Exception],
-    ) -> None:
-        self.setting = setting
-        self.cls = cls
-        self.check_values = check
-        self.error = error
+    setting: str
+    cls: Callable[..., S]
+    check_values: Callable[[S], None]
+    error: type[Exception]
+
+    def __post_init__(self) -> None:
         self._current: S | None = None
-        setting_changed.connect(self._changed, weak=False, dispatch_uid=f"ledon.{setting}")
+        setting_changed.connect(self._changed, weak=False, dispatch_uid=f"ledon.{self.setting}")
 
     def __call__(self) -> S:
         current = self._current

@@ -115,6 +115,20 @@ class EngineStats:
         raise NotImplementedError
 
 
+#: What an engine tells its management command of what it does: (event, detail).
+EventCallback = Callable[[str, str], None]
+
+
+class EmitsEvents:
+    """An engine whose ``on_event`` hears ``(event, detail)`` (the outbox's engines)."""
+
+    on_event: EventCallback | None
+
+    def _emit(self, event: str, detail: str = "") -> None:
+        if self.on_event is not None:
+            self.on_event(event, detail)
+
+
 class Engine:
     """What every engine shares: stop levels, signals, guarded database steps.
 

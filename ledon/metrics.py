@@ -56,17 +56,16 @@ JOBS_FINISHED = Counter(
     "cancelled, interrupted, requeued (shutdown), put_back (unknown handler), stale.",
     ["queue", "handler", "outcome"],
 )
-JOB_WAIT = Histogram(
-    "ledon_job_wait_seconds",
-    "Seconds from a job's due time to the start of its attempt.",
-    ["queue", "handler"],
-    buckets=BUCKETS,
-)
-JOB_RUN = Histogram(
-    "ledon_job_run_seconds",
-    "Seconds an attempt's handler ran (the middleware chain included).",
-    ["queue", "handler"],
-    buckets=BUCKETS,
+#: The two timings of an attempt, with the same labels and buckets.
+JOB_WAIT, JOB_RUN = (
+    Histogram(name, text, ["queue", "handler"], buckets=BUCKETS)
+    for name, text in (
+        ("ledon_job_wait_seconds", "Seconds from a job's due time to the start of its attempt."),
+        (
+            "ledon_job_run_seconds",
+            "Seconds an attempt's handler ran (the middleware chain included).",
+        ),
+    )
 )
 OUTBOX_MESSAGES = Counter(
     "ledon_outbox_messages",

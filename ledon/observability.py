@@ -42,8 +42,8 @@ def _missing(setting: str, key: str, exc: ImportError) -> ImproperlyConfigured:
 
 
 def configure(component: str, *, metrics: bool, traced: bool, metrics_module: str) -> None:
-    """Make ``component``'s tracing and metrics (``metrics_module``'s ``install()`` /
-    ``uninstall()``) what the settings say."""
+    """Make ``component``'s tracing and metrics (``metrics_module``'s ``APP_METRICS``,
+    a :class:`ledon.metrics.AppMetrics`) what the settings say."""
     setting = component.upper()
     if traced:
         try:
@@ -57,18 +57,18 @@ def configure(component: str, *, metrics: bool, traced: bool, metrics_module: st
             module = importlib.import_module(metrics_module)
         except ImportError as exc:
             raise _missing(setting, "METRICS", exc) from None
-        module.install()
+        module.APP_METRICS.install()
     elif metrics_module in sys.modules:
-        sys.modules[metrics_module].uninstall()
+        sys.modules[metrics_module].APP_METRICS.uninstall()
 
 
 class OptionalLayers:
     """One app's optional layers: ``component`` is its name and its setting's, in lower
     case ("jobs": ``JOBS``); ``read_settings`` reads that setting, raising
     ``invalid`` when it is not valid (the app's system check reports it; nothing is
-    turned on); ``<component>.contrib.metrics`` has the app's ``install()`` and
-    ``uninstall()``. The app config keeps it as ``optional_layers``, where
-    :func:`ledon.metrics.enable_all` finds it."""
+    turned on); ``<component>.contrib.metrics`` has the app's ``APP_METRICS``. The app
+    config keeps it as ``optional_layers``, where :func:`ledon.metrics.enable_all`
+    finds it."""
 
     def __init__(
         self,
@@ -104,7 +104,7 @@ class OptionalLayers:
             module = importlib.import_module(self.metrics_module)
         except ImportError as exc:
             raise _missing(self.component.upper(), "METRICS", exc) from None
-        module.install()
+        module.APP_METRICS.install()
 
     def _setting_changed(self, *, setting: str, **kwargs: Any) -> None:
         if setting == self.component.upper():

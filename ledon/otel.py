@@ -15,9 +15,8 @@ from importlib.metadata import PackageNotFoundError, version
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from .spans import AttributeValue, Carrier
+from .spans import AttributeValue, Carrier, SpanStart, Tracer
 from .spans import Span as SpanProtocol
-from .spans import SpanKind as KindName
 
 _KINDS: dict[str, SpanKind] = {
     "internal": SpanKind.INTERNAL,
@@ -63,7 +62,7 @@ def _links(carriers: Sequence[Mapping[str, str]]) -> list[Link]:
     return links
 
 
-class OpenTelemetryTracer:
+class OpenTelemetryTracer(Tracer):
     enabled = True
 
     def __init__(self, component: str) -> None:
@@ -71,22 +70,15 @@ class OpenTelemetryTracer:
         self._tracer = trace.get_tracer(f"ledon.{component}", _version())
 
     @contextmanager
-    def span(
-        self,
-        name: str,
-        *,
-        kind: KindName = "internal",
-        attributes: Mapping[str, AttributeValue] | None = None,
-        parent: Mapping[str, str] | None = None,
-        links: Sequence[Mapping[str, str]] = (),
-    ) -> Iterator[SpanProtocol]:
+    def start(self, request: SpanStart) -> Iterator[SpanProtocol]:
+        parent = request.parent
         context = propagate.extract(dict(parent)) if parent is not None else None
         with self._tracer.start_as_current_span(
-            name,
+            request.name,
             context=context,
-            kind=_KINDS[kind],
-            attributes=dict(attributes or {}),
-            links=_links(links),
+            kind=_KINDS[request.kind],
+            attributes=dict(request.attributes),
+            links=_links(request.links),
             record_exception=True,
             set_status_on_exception=True,
         ) as span:

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 #: Distinct errors whose traceback was logged; bounded so that a process that sees
@@ -37,25 +38,20 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+@dataclass(eq=False)
 class OutageReporter:
-    """Reports failures of ``subject`` as outages (thread-safe)."""
+    """Reports failures of ``subject`` as outages (thread-safe); ``extra`` goes into
+    every line's structured fields."""
 
-    def __init__(
-        self,
-        log: logging.Logger,
-        subject: str = "database",
-        *,
-        level: int = logging.ERROR,
-        summary_interval: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
-        extra: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.log = log
-        self.subject = subject
-        self.level = level
-        self.summary_interval = summary_interval
-        self.clock = clock
-        self.extra = dict(extra or {})
+    log: logging.Logger
+    subject: str = "database"
+    _: KW_ONLY
+    level: int = logging.ERROR
+    summary_interval: float = 10.0
+    clock: Callable[[], float] = time.monotonic
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._since: float | None = None
         self._attempts = 0
@@ -102,25 +98,20 @@ class OutageReporter:
             since, attempts, state = self._since, self._attempts, self._state
         assert since is not None
         fields = {**self.extra, "outage_attempts": attempts, "doing": doing}
-        if starting:
-            self.log.log(
-                self.level,
-                "%s %s: %s failed: %s; retrying in %.1f s",
-                self.subject,
-                state,
-                doing,
-                describe(exc),
-                retry_in,
-                exc_info=exc if trace else None,
-                extra=fields,
+        error = describe(exc)
+        if starting or new_here:
+            # The first failure at the outage's level; another error during it, a warning.
+            message, args = (
+                ("%s %s: %s failed: %s; retrying in %.1f s", (doing, error, retry_in))
+                if starting
+                else ("%s still %s: %s failed with another error: %s", (doing, error))
             )
-        elif new_here:
-            self.log.warning(
-                "%s still %s: %s failed with another error: %s",
+            self.log.log(
+                self.level if starting else logging.WARNING,
+                message,
                 self.subject,
                 state,
-                doing,
-                describe(exc),
+                *args,
                 exc_info=exc if trace else None,
                 extra=fields,
             )
@@ -133,7 +124,7 @@ class OutageReporter:
                 attempts,
                 retry_in,
                 doing,
-                describe(exc),
+                error,
                 extra=fields,
             )
 

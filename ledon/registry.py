@@ -29,7 +29,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Protocol
@@ -107,30 +107,27 @@ def installed() -> RegistryStore | None:
     return _store
 
 
+@dataclass(eq=False)
 class Registration:
     """The row of one engine while it runs: written once ``ready`` is set, renewed
-    every heartbeat, deleted by :meth:`close`."""
+    every heartbeat, deleted by :meth:`close`. ``running`` counts the engine's running
+    work for each heartbeat."""
 
-    def __init__(
-        self,
-        store: RegistryStore,
-        record: EngineRecord,
-        *,
-        alias: str,
-        running: Callable[[], int],
-        ready: threading.Event,
-        clock: Callable[[], datetime] = timezone.now,
-    ) -> None:
-        self.store = store
-        self.record = record
-        self.alias = alias
-        self.running = running
-        self.ready = ready
-        self.clock = clock
+    store: RegistryStore
+    record: EngineRecord
+    _: KW_ONLY
+    alias: str
+    running: Callable[[], int]
+    ready: threading.Event
+    clock: Callable[[], datetime] = timezone.now
+    #: Set while the engine's row is written.
+    registered: threading.Event = field(default_factory=threading.Event, init=False)
+
+    def __post_init__(self) -> None:
+        record = self.record
         self.outage = OutageReporter(
             logger, "workers registry", level=logging.WARNING, extra={"worker": record.engine_id}
         )
-        self.registered = threading.Event()
         self._beats = 0
         self._closing = threading.Event()
         self._thread = threading.Thread(

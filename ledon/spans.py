@@ -5,8 +5,10 @@ is turned on)."""
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 #: W3C trace context headers, as a dict (empty: no trace).
@@ -28,7 +30,22 @@ class Span(Protocol):
         ...
 
 
-class Tracer(Protocol):
+@dataclass(frozen=True, slots=True)
+class SpanStart:
+    """What :meth:`Tracer.span` was asked for, as each tracer's :meth:`Tracer.start`
+    receives it."""
+
+    name: str
+    kind: SpanKind
+    attributes: Mapping[str, AttributeValue]
+    parent: Mapping[str, str] | None
+    links: Sequence[Mapping[str, str]]
+
+
+class Tracer(abc.ABC):
+    """A component's tracer: :meth:`span` is the one signature the apps call; each
+    tracer says in :meth:`start` how it opens the span."""
+
     #: False for the tracer that does nothing.
     enabled: bool
 
@@ -45,8 +62,12 @@ class Tracer(Protocol):
         block. ``parent``: a carrier to be the child of (default: the current span;
         a carrier without a trace starts a new trace); ``links``: carriers of related
         spans (earlier attempts)."""
-        ...
+        return self.start(SpanStart(name, kind, attributes or {}, parent, links))
 
+    @abc.abstractmethod
+    def start(self, request: SpanStart) -> AbstractContextManager[Span]:
+        """The span ``request`` asks for (see :meth:`span`)."""
+
+    @abc.abstractmethod
     def current(self) -> Carrier:
         """The current span's context as a carrier (empty when there is none)."""
-        ...

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 
-from .spans import AttributeValue, Carrier, Span, SpanKind, Tracer
+from .spans import AttributeValue, Carrier, Span, SpanKind, SpanStart, Tracer
 
 __all__ = ["AttributeValue", "Carrier", "NoTracer", "Span", "SpanKind", "Tracer", "tracer"]
 
@@ -39,22 +39,13 @@ class _NoSpan:
 _NO_SPAN = _NoSpan()
 
 
-class NoTracer:
+class NoTracer(Tracer):
     """The tracer of a component whose tracing is off: every span is a no-op."""
 
     enabled = False
 
-    @contextmanager
-    def span(
-        self,
-        name: str,
-        *,
-        kind: SpanKind = "internal",
-        attributes: Mapping[str, AttributeValue] | None = None,
-        parent: Mapping[str, str] | None = None,
-        links: Sequence[Mapping[str, str]] = (),
-    ) -> Iterator[Span]:
-        yield _NO_SPAN
+    def start(self, request: SpanStart) -> AbstractContextManager[Span]:
+        return nullcontext(_NO_SPAN)
 
     def current(self) -> Carrier:
         return {}

@@ -1,50 +1,37 @@
 """django-ledon outbox: unit of work, domain and integration events, a transactional
 outbox and an inbox.
 
-Names are imported lazily so that listing ``"outbox"`` in ``INSTALLED_APPS`` never
-imports models before the app registry is ready.
+Its public names are imported on first use (see :mod:`ledon.lazy`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ledon.lazy import lazy_attributes
+from ledon.lazy import exported, lazy_attributes
 
-if TYPE_CHECKING:
-    from .bus import EventBus, current_envelope, event_bus
-    from .events import CollectsEvents, DomainEvent, Event, IntegrationEvent
-    from .types import Envelope
-    from .uow import UnitOfWork, current_unit_of_work, execute, unit_of_work
+if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
+    from .bus import EventBus as EventBus
+    from .bus import current_envelope as current_envelope
+    from .bus import event_bus as event_bus
+    from .events import CollectsEvents as CollectsEvents
+    from .events import DomainEvent as DomainEvent
+    from .events import Event as Event
+    from .events import IntegrationEvent as IntegrationEvent
+    from .types import Envelope as Envelope
+    from .uow import UnitOfWork as UnitOfWork
+    from .uow import current_unit_of_work as current_unit_of_work
+    from .uow import execute as execute
+    from .uow import unit_of_work as unit_of_work
 
-__all__ = [
-    "CollectsEvents",
-    "DomainEvent",
-    "Envelope",
-    "Event",
-    "EventBus",
-    "IntegrationEvent",
-    "UnitOfWork",
-    "current_envelope",
-    "current_unit_of_work",
-    "event_bus",
-    "execute",
-    "unit_of_work",
-]
-
-_LAZY = {
-    "EventBus": "bus",
-    "current_envelope": "bus",
-    "event_bus": "bus",
-    "CollectsEvents": "events",
-    "DomainEvent": "events",
-    "Event": "events",
-    "IntegrationEvent": "events",
-    "Envelope": "types",
-    "UnitOfWork": "uow",
-    "current_unit_of_work": "uow",
-    "execute": "uow",
-    "unit_of_work": "uow",
-}
+_LAZY = exported(
+    {
+        "bus": ("EventBus", "current_envelope", "event_bus"),
+        "events": ("CollectsEvents", "DomainEvent", "Event", "IntegrationEvent"),
+        "types": ("Envelope",),
+        "uow": ("UnitOfWork", "current_unit_of_work", "execute", "unit_of_work"),
+    }
+)
+__all__ = sorted(_LAZY)
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

@@ -42,14 +42,14 @@ import logging
 import os
 import random
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.db import connections
 
 from ledon.backoff import RetryPace
 from ledon.db import TRANSIENT_ERRORS, alias_for
-from ledon.engine import Engine, EngineStats
+from ledon.engine import EmitsEvents, Engine, EngineStats, EventCallback
 from ledon.registry import EngineRecord
 from ledon.renamed import renamed_attribute
 from ledon.signals import send_logged
@@ -76,9 +76,6 @@ from .uow import unit_of_work
 from .validation import MAX_CONSUMER_LENGTH, text
 
 logger = logging.getLogger(__name__)
-
-#: A callback for what the consumer does: (event, detail).
-EventCallback = Callable[[str, str], None]
 
 
 @dataclass(slots=True)
@@ -133,7 +130,7 @@ def handled_event_types(requested: Sequence[str] | None = None) -> list[str]:
     return sorted(set(requested))
 
 
-class EventConsumer(Engine):
+class EventConsumer(EmitsEvents, Engine):
     """Handle messages from a broker until stopped.
 
     ``group`` names the consumer: its inbox records, its RabbitMQ queue (by
@@ -193,10 +190,6 @@ class EventConsumer(Engine):
         return EngineRecord(
             kind=self.kind, engine_id=self.consumer_id, queues=tuple(self.event_types)
         )
-
-    def _emit(self, event: str, detail: str = "") -> None:
-        if self.on_event is not None:
-            self.on_event(event, detail)
 
     # ------------------------------------------------------------------ main loop
 

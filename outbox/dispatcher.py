@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from ledon.backoff import RetryPace
 from ledon.db import DATABASE_ERRORS, alias_for, is_postgres
-from ledon.engine import FAILED, Engine, EngineStats
+from ledon.engine import FAILED, EmitsEvents, Engine, EngineStats, EventCallback
 from ledon.errors import format_error
 from ledon.pglisten import Listener
 from ledon.registry import EngineRecord
@@ -52,9 +52,6 @@ from .transports.base import Transport
 from .types import Batch, DeliveryReport, Envelope, RecordOutcome, RecoveryResult
 
 logger = logging.getLogger(__name__)
-
-#: A callback for what the dispatcher does: (event, detail).
-EventCallback = Callable[[str, str], None]
 
 
 def default_dispatcher_id() -> str:
@@ -153,7 +150,7 @@ class _BatchLeaseKeeper(threading.Thread):
         self.unwatch(batch)
 
 
-class Dispatcher(Engine):
+class Dispatcher(EmitsEvents, Engine):
     """Deliver outbox messages until stopped (or, with ``burst``, until none is due).
 
     ``run()`` blocks; ``stop()`` may be called from any thread (for signals, see
@@ -204,10 +201,6 @@ class Dispatcher(Engine):
 
     def registry_record(self) -> EngineRecord:
         return EngineRecord(kind=self.kind, engine_id=self.dispatcher_id)
-
-    def _emit(self, event: str, detail: str = "") -> None:
-        if self.on_event is not None:
-            self.on_event(event, detail)
 
     # ------------------------------------------------------------------ main loop
 

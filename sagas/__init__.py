@@ -1,54 +1,39 @@
 """django-ledon sagas: long business processes as persisted steps with compensations.
 
-Names are imported lazily so that listing ``"sagas"`` in ``INSTALLED_APPS`` never
-imports models before the app registry is ready.
+Its public names are imported on first use (see :mod:`ledon.lazy`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ledon.lazy import lazy_attributes
+from ledon.lazy import exported, lazy_attributes
 
-if TYPE_CHECKING:
-    from .api import compensate_saga, get_saga_instance, resume_saga, run_saga, start_saga
-    from .context import SagaContext
-    from .exceptions import SagaConcurrencyError, SagaError, SagaExecutionError
-    from .registry import SagaDefinition, get_saga, saga
-    from .types import SagaSnapshot, SagaStatus
+if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
+    from .api import compensate_saga as compensate_saga
+    from .api import get_saga_instance as get_saga_instance
+    from .api import resume_saga as resume_saga
+    from .api import run_saga as run_saga
+    from .api import start_saga as start_saga
+    from .context import SagaContext as SagaContext
+    from .exceptions import SagaConcurrencyError as SagaConcurrencyError
+    from .exceptions import SagaError as SagaError
+    from .exceptions import SagaExecutionError as SagaExecutionError
+    from .registry import SagaDefinition as SagaDefinition
+    from .registry import get_saga as get_saga
+    from .registry import saga as saga
+    from .types import SagaSnapshot as SagaSnapshot
+    from .types import SagaStatus as SagaStatus
 
-__all__ = [
-    "SagaConcurrencyError",
-    "SagaContext",
-    "SagaDefinition",
-    "SagaError",
-    "SagaExecutionError",
-    "SagaSnapshot",
-    "SagaStatus",
-    "compensate_saga",
-    "get_saga",
-    "get_saga_instance",
-    "resume_saga",
-    "run_saga",
-    "saga",
-    "start_saga",
-]
-
-_LAZY = {
-    "compensate_saga": "api",
-    "get_saga_instance": "api",
-    "resume_saga": "api",
-    "run_saga": "api",
-    "start_saga": "api",
-    "SagaContext": "context",
-    "SagaConcurrencyError": "exceptions",
-    "SagaError": "exceptions",
-    "SagaExecutionError": "exceptions",
-    "SagaDefinition": "registry",
-    "get_saga": "registry",
-    "saga": "registry",
-    "SagaSnapshot": "types",
-    "SagaStatus": "types",
-}
+_LAZY = exported(
+    {
+        "api": ("compensate_saga", "get_saga_instance", "resume_saga", "run_saga", "start_saga"),
+        "context": ("SagaContext",),
+        "exceptions": ("SagaConcurrencyError", "SagaError", "SagaExecutionError"),
+        "registry": ("SagaDefinition", "get_saga", "saga"),
+        "types": ("SagaSnapshot", "SagaStatus"),
+    }
+)
+__all__ = sorted(_LAZY)
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

@@ -1,29 +1,19 @@
-from typing import Any
+from django.apps import apps
 
-from django.apps import AppConfig, apps
+# The module, not the class: Django takes the one AppConfig subclass named in apps.py.
+import ledon.apps
 
-from ledon.observability import OptionalLayers
-
+from . import registry
 from .conf import sagas_settings
-from .exceptions import SagasConfigurationError
-from .registry import autodiscover
 
 
-class SagasConfig(AppConfig):
+class SagasConfig(ledon.apps.LedonAppConfig):
     name = "sagas"
     verbose_name = "Sagas"
-    default_auto_field = "django.db.models.BigAutoField"
+    read_settings = sagas_settings
 
     def ready(self) -> None:
-        # Registers the system checks; they import the models, loaded by now.
-        from . import checks  # noqa: F401
-
-        # SPEC M: the optional metrics and tracing.
-        self.optional_layers = OptionalLayers(
-            "sagas", read_settings=sagas_settings, invalid=SagasConfigurationError
-        )
-        self.optional_layers.configure()
-
+        super().ready()
         if apps.is_installed("jobs"):
             # S5: every run_jobs worker also recovers saga instances. Imported only
             # with jobs installed; in_worker imports the models, loaded by now.
@@ -33,16 +23,9 @@ class SagasConfig(AppConfig):
 
             worker_started.connect(start_recovery, dispatch_uid="sagas.start_recovery")
             worker_stopping.connect(stop_recovery, dispatch_uid="sagas.stop_recovery")
-        # Like the admin's admin.py: each app's sagas module registers its sagas, in
-        # every process (web, recover_sagas, shells), so any of them can run or
-        # recover an instance by its saga's name.
-        try:
-            autodiscover()
-        except SagasConfigurationError:
-            return  # the system checks report the bad setting
 
-    def dashboard_panels(self, now: Any) -> list[Any]:
-        """The admin dashboard's panels of this app (see :mod:`ledon.dashboard`)."""
-        from .monitoring import dashboard_panels  # imports the models, loaded by now
-
-        return dashboard_panels(now)
+    def autodiscover(self) -> None:
+        # Each app's sagas module registers its sagas, in every process (web,
+        # recover_sagas, shells), so any of them can run or recover an instance by its
+        # saga's name.
+        registry.autodiscover()

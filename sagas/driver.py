@@ -43,6 +43,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -87,6 +88,7 @@ def default_runner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+@dataclass(eq=False)
 class Driver:
     """Drive one instance, leased to ``owner``, until it ends, the lease is lost, or
     ``stopping`` is set (then the lease is released between two steps).
@@ -97,30 +99,22 @@ class Driver:
     each). :meth:`interrupt` and :meth:`abandon` are for a runner that shuts down.
     """
 
-    def __init__(
-        self,
-        definition: SagaDefinition,
-        owner: str,
-        *,
-        clock: Callable[[], datetime] = timezone.now,
-        on_event: EventCallback | None = None,
-        stopping: threading.Event | None = None,
-        inline: bool = False,
-        on_database_error: DatabaseErrorReport | None = None,
-    ) -> None:
-        self.definition = definition
-        self.owner = owner
-        self.clock = clock
-        self.on_event = on_event
-        self.stopping = stopping or threading.Event()
-        self.inline = inline
+    definition: SagaDefinition
+    owner: str
+    _: KW_ONLY
+    clock: Callable[[], datetime] = timezone.now
+    on_event: EventCallback | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+    inline: bool = False
+    on_database_error: DatabaseErrorReport | None = None
+
+    def __post_init__(self) -> None:
         self.settings = sagas_settings()
         self.alias = alias_for(SagaInstance)
         #: The exception of the step that failed while this driver ran it, if any.
         self.failure: BaseException | None = None
         #: The last exception of a compensation that kept failing, if any.
         self.compensation_failure: BaseException | None = None
-        self.on_database_error = on_database_error
         self._lost = threading.Event()
         self._current_cancel: threading.Event | None = None
         # Set by interrupt(): a step that then fails was cancelled by a shutdown, not

@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from ledon.db import alias_for
 from ledon.errors import MAX_ERROR_LENGTH
+from ledon.rows import from_row
 
 from . import validation
 from .exceptions import (
@@ -68,26 +69,15 @@ def _rows() -> SagaInstanceQuerySet:
 
 
 def snapshot(row: SagaInstance, *, created: bool = False) -> SagaSnapshot:
-    return SagaSnapshot(
-        instance_id=row.instance_id,
-        name=row.name,
+    return from_row(
+        SagaSnapshot,
+        row,
         status=SagaStatus(row.status),
         data=dict(row.data),
         steps=tuple(row.steps),
         completed_steps=tuple(row.completed_steps),
         compensated_steps=tuple(row.compensated_steps),
         uncompensated_steps=tuple(row.uncompensated_steps),
-        idempotency_key=row.idempotency_key,
-        failed_step=row.failed_step,
-        error=row.error,
-        compensation_error=row.compensation_error,
-        leased_by=row.leased_by,
-        leased_until=row.leased_until,
-        version=row.version,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        finished_at=row.finished_at,
-        takeovers=row.takeovers,
         created=created,
     )
 

@@ -29,6 +29,15 @@ def server_url() -> str:
     return f"postgres://{user}{password}@{host}{port}/postgres"
 
 
+def run_module(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m`` ``args`` from the repository's root; it must succeed."""
+    done = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 @pytest.mark.slow
 @pytest.mark.postgres_only
 def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
@@ -199,15 +208,10 @@ def test_physical_targets_read_ratios_against_the_floor_and_the_curve() -> None:
 @pytest.mark.postgres_only
 def test_the_observability_benchmark_runs_small(tmp_path: Path) -> None:
     out = tmp_path / "observability.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.observability", "--database-url", server_url(),
-         "--rows", "2000", "--scrapes", "3", "--jobs", "10", "--rounds", "1", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_module(
+        "benchmarks.observability", "--database-url", server_url(), "--rows", "2000",
+        "--scrapes", "3", "--jobs", "10", "--rounds", "1", "--out", str(out),
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["rows"] == 2000
     assert figures["scrape"]["scrapes"] == 3
@@ -219,3 +223,20 @@ def test_the_observability_benchmark_runs_small(tmp_path: Path) -> None:
     assert figures["jobs"]["off"]["ratio"] == figures["jobs"]["off"]["cpu_ratio"] == 1.0
     assert set(figures["scrape"]["median_ms_per_source"]) == {"jobs", "outbox", "sagas"}
     assert "metrics and tracing" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_only_burn_down_measures_the_burn_downs_and_the_5ms_handler(tmp_path: Path) -> None:
+    done = run_module(
+        "benchmarks", "--quick", "--only", "burn-down", "--systems", "django-ledon",
+        "--database-url", server_url(), "--out", str(tmp_path),
+    )  # fmt: skip
+    (written,) = tmp_path.glob("burn-down-*.json")
+    figures = json.loads(written.read_text())
+    runs = figures["runs"]["django-ledon"]
+    assert set(runs) == {"c4", "c16", "sleep5"}
+    assert all(len(rates) == 1 and rates[0] > 0 for rates in runs.values())
+    assert figures["sleep5_of_ideal"] == figures["median"]["django-ledon"]["sleep5"] / 800
+    assert set(figures["load_average"]) == {"start", "end"}
+    assert json.loads(done.stdout.strip().splitlines()[-1])["median"] == figures["median"]

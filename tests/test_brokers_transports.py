@@ -3,6 +3,7 @@ report when the broker refuses a message or cannot be reached."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import uuid
 from datetime import UTC, datetime
@@ -148,3 +149,29 @@ def test_kafka_unreachable_is_reported_as_unavailable():
     with pytest.raises(TransportUnavailable):
         transport.publish([envelope()])
     transport.close()
+
+
+def test_each_transports_options_are_read_from_its_options_dataclass():
+    from outbox.transports.kafka import OPTIONS as KAFKA_OPTIONS
+    from outbox.transports.kafka import KafkaOptions
+    from outbox.transports.rabbitmq import OPTIONS as RABBITMQ_OPTIONS
+    from outbox.transports.rabbitmq import RabbitMQOptions
+
+    assert list(KAFKA_OPTIONS) == [f.name for f in dataclasses.fields(KafkaOptions)]
+    assert list(RABBITMQ_OPTIONS) == [f.name for f in dataclasses.fields(RabbitMQOptions)]
+    # Required: no default. A float takes an int, a mapping is a dict, None is no value.
+    assert KAFKA_OPTIONS["bootstrap_servers"] == ((str,), True)
+    assert KAFKA_OPTIONS["delivery_timeout"] == ((int, float), False)
+    assert KAFKA_OPTIONS["producer_config"] == ((dict,), False)
+    assert RABBITMQ_OPTIONS["queue"] == ((str,), False)
+    assert RABBITMQ_OPTIONS["declare"] == ((bool,), False)
+    problems = wire.option_problems(
+        {"delivery_timeout": "soon", "topik": "x"}, wire.option_spec(KafkaOptions)
+    )
+    assert problems == [
+        "unknown option 'topik'",
+        "'bootstrap_servers' is required",
+        "'delivery_timeout' must be int or float, not str",
+    ]
+    checked = KafkaTransport.check_options({"delivery_timeout": "soon"})
+    assert "'delivery_timeout' must be int or float, not str" in checked

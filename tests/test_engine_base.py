@@ -444,3 +444,44 @@ def test_worker_stop_requested_is_the_deprecated_name_of_stopping():
     worker.stop()
     with pytest.warns(DeprecationWarning, match="use Worker.stopping"):
         assert worker.stop_requested is worker.stopping is True
+
+
+def test_a_row_becomes_its_value_field_by_field_with_the_conversions_the_store_gives():
+    from types import SimpleNamespace
+
+    from ledon.rows import from_row
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class Value:
+        name: str
+        steps: tuple[str, ...]
+        created: bool = False
+
+    row = SimpleNamespace(name="order", steps=["reserve", "charge"], unrelated=1)
+    assert from_row(Value, row, steps=tuple(row.steps), created=True) == Value(
+        name="order", steps=("reserve", "charge"), created=True
+    )
+    # A field the row does not hold and the store does not give is a mistake, even one
+    # with a default: it is never filled in silently.
+    with pytest.raises(AttributeError, match="created"):
+        from_row(Value, row, steps=())
+
+
+def test_each_engine_of_the_outbox_tells_its_command_what_it_does():
+    from ledon.engine import EmitsEvents
+    from outbox.consumer import EventConsumer
+    from outbox.dispatcher import Dispatcher
+
+    heard: list[tuple[str, str]] = []
+
+    class Probe(EmitsEvents):
+        on_event = None
+
+    probe = Probe()
+    probe._emit("silent")  # no callback: nothing to tell, nothing raised
+    probe.on_event = lambda event, detail: heard.append((event, detail))
+    probe._emit("batch", "3 sent")
+    probe._emit("idle")
+    assert heard == [("batch", "3 sent"), ("idle", "")]
+    assert issubclass(Dispatcher, EmitsEvents)
+    assert issubclass(EventConsumer, EmitsEvents)

@@ -110,3 +110,19 @@ def test_a_setting_asking_for_a_missing_library_names_the_extra(monkeypatch, blo
         )
     assert tracing.tracer("jobs").enabled is False
     assert "jobs.contrib.metrics" not in sys.modules
+
+
+@pytest.mark.parametrize("label", ["jobs", "outbox", "sagas"])
+def test_each_app_runs_on_its_own_config_with_its_layers_and_checks(label):
+    from django.apps import apps
+
+    from ledon.apps import LedonAppConfig
+    from ledon.observability import OptionalLayers
+
+    config = apps.get_app_config(label)
+    # Django picks the app's own config only while apps.py names one AppConfig class.
+    assert type(config).__module__ == f"{label}.apps"
+    assert isinstance(config, LedonAppConfig)
+    assert isinstance(config.optional_layers, OptionalLayers)
+    assert config.optional_layers.component == label
+    assert f"{label}.checks" in sys.modules

@@ -33,7 +33,7 @@ from ..types import Claim, FinishOutcome, JobSnapshot
 if TYPE_CHECKING:
     from ..handlers import JobContext
 
-__all__ = ["install", "metrics_middleware", "metrics_view", "uninstall"]
+__all__ = ["APP_METRICS", "metrics_middleware", "metrics_view"]
 
 
 def _waited(claim: Claim) -> None:
@@ -121,7 +121,8 @@ def gauges() -> Iterable[Metric]:
     return [queued, running, oldest, workers]
 
 
-_APP = metrics.AppMetrics(
+#: The jobs' counters and gauges, on while JOBS["METRICS"] (or ``--metrics-port``) says.
+APP_METRICS = metrics.AppMetrics(
     "jobs",
     gauges,
     (
@@ -129,6 +130,3 @@ _APP = metrics.AppMetrics(
         (attempt_finished, _count_finished, "jobs.metrics.finished"),
     ),
 )
-#: Count from now on (idempotent) and add the jobs' gauges to every scrape.
-install = _APP.install
-uninstall = _APP.uninstall

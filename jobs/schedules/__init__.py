@@ -9,35 +9,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ledon.lazy import lazy_attributes
+from ledon.lazy import exported, lazy_attributes
 
-if TYPE_CHECKING:
-    from .registry import ScheduleSpec, periodic
-    from .service import list_schedules, pause, resume, run_now
-    from .types import CatchUp, ScheduleOutcome, ScheduleView
+if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
+    from .registry import ScheduleSpec as ScheduleSpec
+    from .registry import periodic as periodic
+    from .service import list_schedules as list_schedules
+    from .service import pause as pause
+    from .service import resume as resume
+    from .service import run_now as run_now
+    from .types import CatchUp as CatchUp
+    from .types import ScheduleOutcome as ScheduleOutcome
+    from .types import ScheduleView as ScheduleView
 
-__all__ = [
-    "CatchUp",
-    "ScheduleOutcome",
-    "ScheduleSpec",
-    "ScheduleView",
-    "list_schedules",
-    "pause",
-    "periodic",
-    "resume",
-    "run_now",
-]
-
-_LAZY = {
-    "periodic": "registry",
-    "ScheduleSpec": "registry",
-    "list_schedules": "service",
-    "pause": "service",
-    "resume": "service",
-    "run_now": "service",
-    "CatchUp": "types",
-    "ScheduleOutcome": "types",
-    "ScheduleView": "types",
-}
+_LAZY = exported(
+    {
+        "registry": ("ScheduleSpec", "periodic"),
+        "service": ("list_schedules", "pause", "resume", "run_now"),
+        "types": ("CatchUp", "ScheduleOutcome", "ScheduleView"),
+    }
+)
+__all__ = sorted(_LAZY)
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

@@ -137,27 +137,34 @@ class ScheduleAdmin(ReadOnlyModelAdmin[Schedule]):
         report_refusals(self, request, refusals, verb)
         return outcomes, refusals
 
+    def _change_state(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Schedule],
+        step: Any,
+        changed: tuple[ScheduleOutcome, str],
+        unchanged: tuple[ScheduleOutcome, str],
+    ) -> None:
+        """Pause or resume each schedule; one message: how many changed, how many
+        already were so (each ``(outcome, words)``)."""
+        outcomes, _ = self._each(request, queryset, step, f"not {changed[1]}")
+        done = outcomes[changed[0]]
+        text = f"{done} {changed[1]}, {outcomes[unchanged[0]]} {unchanged[1]}."
+        self._summary(request, done, text)
+
     @state_action("Pause selected schedules")
     def pause_schedules(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         """No period is enqueued while paused (every worker, from its next pass)."""
-        outcomes, _ = self._each(request, queryset, service.pause, "not paused")
-        self._summary(
-            request,
-            outcomes[ScheduleOutcome.PAUSED],
-            f"{outcomes[ScheduleOutcome.PAUSED]} paused, "
-            f"{outcomes[ScheduleOutcome.ALREADY_PAUSED]} already paused.",
-        )
+        paused = (ScheduleOutcome.PAUSED, "paused")
+        already = (ScheduleOutcome.ALREADY_PAUSED, "already paused")
+        self._change_state(request, queryset, service.pause, paused, already)
 
     @state_action("Resume selected schedules")
     def resume_schedules(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         """From the first period starting now or later; paused periods are not run."""
-        outcomes, _ = self._each(request, queryset, service.resume, "not resumed")
-        self._summary(
-            request,
-            outcomes[ScheduleOutcome.RESUMED],
-            f"{outcomes[ScheduleOutcome.RESUMED]} resumed, "
-            f"{outcomes[ScheduleOutcome.NOT_PAUSED]} were not paused.",
-        )
+        resumed = (ScheduleOutcome.RESUMED, "resumed")
+        not_paused = (ScheduleOutcome.NOT_PAUSED, "were not paused")
+        self._change_state(request, queryset, service.resume, resumed, not_paused)
 
     @state_action("Run selected schedules now")
     def run_schedules_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:

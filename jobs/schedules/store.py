@@ -23,6 +23,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from ledon.db import alias_for
+from ledon.rows import from_row
 
 from .. import validation
 from ..exceptions import InvalidSchedule, InvalidTransition, ScheduleNotFound
@@ -39,24 +40,7 @@ def _now(now: datetime | None) -> datetime:
 
 
 def state_of(row: Schedule) -> ScheduleState:
-    return ScheduleState(
-        name=row.name,
-        cron=row.cron,
-        every_seconds=row.every_seconds,
-        timezone=row.timezone,
-        catch_up=CatchUp(row.catch_up),
-        handler=row.handler,
-        handler_version=row.handler_version,
-        queue=row.queue,
-        next_run_at=row.next_run_at,
-        last_period=row.last_period,
-        last_job_id=row.last_job_id,
-        last_enqueued_at=row.last_enqueued_at,
-        paused=row.paused,
-        paused_at=row.paused_at,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
+    return from_row(ScheduleState, row, catch_up=CatchUp(row.catch_up))
 
 
 def timetable_of(state: ScheduleState) -> CronTimetable | IntervalTimetable:

@@ -30,7 +30,7 @@ snapshots in :mod:`.reads`. The trusted executor reaches these through
 from __future__ import annotations
 
 from .base import current_time
-from .claiming import claim, complete_and_claim
+from .claiming import complete_and_claim
 from .finishing import (
     asynchronous_commit,
     complete_many,
@@ -56,7 +56,6 @@ __all__ = [
     "QueueState",
     "asynchronous_commit",
     "cancel",
-    "claim",
     "complete_and_claim",
     "complete_many",
     "current_time",

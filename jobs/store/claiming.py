@@ -62,8 +62,9 @@ def _claim_rows(
     limits: ClaimLimits = NO_LIMITS,
     commit: bool = False,
 ) -> tuple[dict[str, Finished], list[Claim], bool]:
-    """Claim inside the caller's transaction (see :func:`claim`); on PostgreSQL, first
-    finish ``finishing`` in the same statement (the J8 rule of :func:`sql.finish`).
+    """Claim inside the caller's transaction (see :func:`complete_and_claim`); on
+    PostgreSQL, first finish ``finishing`` in the same statement (the J8 rule of
+    :func:`sql.finish`).
     With ``chosen``, claim those jobs (picked under limits, SQLite) instead of the
     first due. With ``limits`` (PostgreSQL), the claim under limits of
     :func:`jobs.store.limits.claim_locked`, ``commit`` ending its transaction in the
@@ -201,36 +202,6 @@ def _claim_limited_sqlite(
     return claims
 
 
-def claim(
-    worker_id: str,
-    *,
-    limit: int,
-    queues: Sequence[str] | None = None,
-    lease_seconds: float | None = None,
-    identity: tuple[str, str] | None = None,
-    limits: ClaimLimits = NO_LIMITS,
-    now: datetime | None = None,
-) -> list[Claim]:
-    """J6: start up to ``limit`` due jobs in one transaction; each gets a new token.
-
-    Per job it is the same guarded change as ``try_start``: Queued, no cancel
-    requested, due, attempts left -> Running with attempt n+1 and its Running
-    attempt row; both or neither. On PostgreSQL, ``SKIP LOCKED`` lets many workers
-    claim from one queue without waiting for each other.
-    """
-    validation.integer(limit, "limit", 1, 10_000)
-    return complete_and_claim(
-        (),
-        worker_id,
-        limit=limit,
-        queues=queues,
-        lease_seconds=lease_seconds,
-        identity=identity,
-        limits=limits,
-        now=now,
-    )[1]
-
-
 def complete_and_claim(
     completed: Sequence[tuple[Claim, str | None]],
     worker_id: str,
@@ -242,8 +213,15 @@ def complete_and_claim(
     limits: ClaimLimits = NO_LIMITS,
     now: datetime | None = None,
 ) -> tuple[dict[str, FinishOutcome], list[Claim]]:
-    """A worker's round trip: finish ``completed`` as :func:`complete_many` does, then
-    claim up to ``limit`` due jobs as :func:`claim` does — one transaction, one commit.
+    """J6, and a worker's round trip: finish ``completed`` as :func:`complete_many`
+    does, then start up to ``limit`` due jobs — one transaction, one commit; each new
+    claim gets a new token. With nothing to finish it is the claim alone
+    (``try_start``'s with ``identity``).
+
+    Per job the claim is the same guarded change as ``try_start``: Queued, no cancel
+    requested, due, attempts left -> Running with attempt n+1 and its Running
+    attempt row; both or neither. On PostgreSQL, ``SKIP LOCKED`` lets many workers
+    claim from one queue without waiting for each other.
 
     The two parts keep their own guards and outcomes; sharing the commit only means
     that either both take effect or neither does. On PostgreSQL they are one

@@ -188,12 +188,13 @@ class WorkerBase(Engine):
                     FinishOutcome.SNOOZED,
                 ):
                     event = outcome.value
-        logger.info(
-            "job %s %s",
-            claim.job_id,
-            event,
-            extra=attempt_fields(claim, now=self.clock(), outcome=outcome.value, event=event),
-        )
+        if logger.isEnabledFor(logging.INFO):  # its fields are not built for nothing
+            logger.info(
+                "job %s %s",
+                claim.job_id,
+                event,
+                extra=attempt_fields(claim, now=self.clock(), outcome=outcome.value, event=event),
+            )
         finished_attempt(claim, outcome, retry_scheduled=event == "retry-scheduled")
         self._emit(event, claim, detail)
 

@@ -66,7 +66,8 @@ def gauges() -> Iterable[Metric]:
     return [pending, lag, parked]
 
 
-_APP = metrics.AppMetrics(
+#: The outbox's counters and gauges, on while OUTBOX["METRICS"] (or ``--metrics-port``) says.
+APP_METRICS = metrics.AppMetrics(
     "outbox",
     gauges,
     (
@@ -74,6 +75,3 @@ _APP = metrics.AppMetrics(
         (message_consumed, _count_consumed, "outbox.metrics.consumed"),
     ),
 )
-#: Count from now on (idempotent) and add the outbox's gauges to every scrape.
-install = _APP.install
-uninstall = _APP.uninstall

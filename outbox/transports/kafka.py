@@ -41,24 +41,13 @@ from .base import Received, Subscription, Transport
 logger = logging.getLogger(__name__)
 client_logger = logging.getLogger(f"{__name__}.client")
 
-OPTIONS: wire.OptionSpec = {
-    "bootstrap_servers": (str, True),
-    "topic": (str, False),
-    "parked_topic": (str, False),
-    "producer_config": (dict, False),
-    "consumer_config": (dict, False),
-    "delivery_timeout": ((int, float), False),
-    "connect_timeout": ((int, float), False),
-}
-
 #: Producer settings that make delivery reliable; the options cannot change them.
 RELIABLE_PRODUCER = {"enable.idempotence": True, "acks": "all"}
 #: Consumer settings the engine depends on: offsets are committed by hand after commit.
 OWN_CONSUMER_KEYS = ("group.id", "enable.auto.commit", "enable.auto.offset.store")
 
 
-def _kafka() -> Any:
-    return wire.require_client("confluent_kafka", transport="kafka", extra="kafka")
+_kafka = wire.BrokerClient("confluent_kafka", transport="kafka")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +59,10 @@ class KafkaOptions:
     consumer_config: Mapping[str, Any] = field(default_factory=dict)
     delivery_timeout: float = 30.0
     connect_timeout: float = 5.0
+
+
+#: The options ``TRANSPORT_OPTIONS`` may give (docs/brokers.md lists them).
+OPTIONS = wire.option_spec(KafkaOptions)
 
 
 class _ErrorLog:
@@ -128,8 +121,7 @@ class KafkaTransport(Transport):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> list[str]:
-        problems = wire.client_problem("confluent_kafka", transport="kafka", extra="kafka")
-        problems += wire.option_problems(options, OPTIONS)
+        problems = _kafka.problems() + wire.option_problems(options, OPTIONS)
         for key in ("delivery_timeout", "connect_timeout"):
             value = options.get(key, 1)
             if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:

@@ -43,22 +43,7 @@ logger = logging.getLogger(__name__)
 
 EXCHANGE_TYPES = ("topic", "direct", "fanout", "headers")
 
-OPTIONS: wire.OptionSpec = {
-    "url": (str, True),
-    "exchange": (str, False),
-    "exchange_type": (str, False),
-    "declare": (bool, False),
-    "mandatory": (bool, False),
-    "queue": (str, False),
-    "queue_arguments": (dict, False),
-    "parked_queue": (str, False),
-    "prefetch": (int, False),
-    "connect_timeout": ((int, float), False),
-}
-
-
-def _pika() -> Any:
-    return wire.require_client("pika", transport="rabbitmq", extra="rabbitmq")
+_pika = wire.BrokerClient("pika", transport="rabbitmq")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +58,10 @@ class RabbitMQOptions:
     parked_queue: str | None = None
     prefetch: int = 10
     connect_timeout: float = 5.0
+
+
+#: The options ``TRANSPORT_OPTIONS`` may give (docs/brokers.md lists them).
+OPTIONS = wire.option_spec(RabbitMQOptions)
 
 
 def _connect(options: RabbitMQOptions) -> Any:
@@ -129,8 +118,7 @@ class RabbitMQTransport(Transport):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> list[str]:
-        problems = wire.client_problem("pika", transport="rabbitmq", extra="rabbitmq")
-        problems += wire.option_problems(options, OPTIONS)
+        problems = _pika.problems() + wire.option_problems(options, OPTIONS)
         if options.get("exchange_type", "topic") not in EXCHANGE_TYPES:
             problems.append(f"'exchange_type' must be one of {', '.join(EXCHANGE_TYPES)}")
         prefetch = options.get("prefetch", 10)

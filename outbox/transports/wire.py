@@ -20,11 +20,15 @@ A parked copy (see ``consume_events``) keeps all of these and adds
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import typing
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import ModuleType
+from types import ModuleType, UnionType
+from typing import Any
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -68,8 +72,52 @@ def client_problem(module: str, *, transport: str, extra: str) -> list[str]:
     return []
 
 
+@dataclass(frozen=True, slots=True)
+class BrokerClient:
+    """A transport's client library (``module``), imported when called; the extra named
+    like the transport installs it."""
+
+    module: str
+    transport: str
+
+    def __call__(self) -> Any:
+        return require_client(self.module, transport=self.transport, extra=self.transport)
+
+    def problems(self) -> list[str]:
+        """``[message]`` if the library is missing, for ``check_options``."""
+        return client_problem(self.module, transport=self.transport, extra=self.transport)
+
+
 #: An option's accepted types, and whether it must be given.
 OptionSpec = Mapping[str, tuple[type | tuple[type, ...], bool]]
+
+
+def option_spec(options: type) -> OptionSpec:
+    """The options a transport accepts, read from its options dataclass: each field's
+    types (its annotation without None; a float may be given as an int, a mapping as a
+    dict) and whether it must be given (it has no default)."""
+    hints = typing.get_type_hints(options)
+    return {
+        f.name: (
+            _accepted(hints[f.name]),
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(options)
+    }
+
+
+def _accepted(hint: Any) -> tuple[type, ...]:
+    kinds = typing.get_args(hint) if isinstance(hint, UnionType) else (hint,)
+    accepted: list[type] = []
+    for kind in kinds:
+        kind = typing.get_origin(kind) or kind
+        if kind is float:
+            accepted += [int, float]
+        elif kind is Mapping:
+            accepted.append(dict)
+        elif kind is not type(None):
+            accepted.append(kind)
+    return tuple(accepted)
 
 
 def option_problems(options: Mapping[str, object], spec: OptionSpec) -> list[str]:

@@ -37,9 +37,7 @@ def gauges() -> Iterable[Metric]:
     return [family]
 
 
-_APP = metrics.AppMetrics(
+#: The sagas' counters and gauges, on while SAGAS["METRICS"] (or ``--metrics-port``) says.
+APP_METRICS = metrics.AppMetrics(
     "sagas", gauges, ((saga_finished, _count_finished, "sagas.metrics.finished"),)
 )
-#: Count from now on (idempotent) and add the sagas' gauges to every scrape.
-install = _APP.install
-uninstall = _APP.uninstall
