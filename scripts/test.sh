@@ -9,7 +9,7 @@
 #   scripts/test.sh -k worker -x         pytest arguments are passed on to every run
 #
 # With CI=true, a Python, PostgreSQL, PgBouncer or broker that cannot be had is a
-# failure, never a skip. PYTEST_WORKERS (default 2) sets pytest-xdist's processes
+# failure, never a skip. PYTEST_WORKERS (default 4) sets pytest-xdist's processes
 # per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,13 +22,17 @@ PY="$VENV/bin/python"
 # test not marked slow) and every test that starts real processes (marked slow),
 # leaving out the browser test and the benchmark smoke test, which exercise no
 # Django or Python difference the rest misses (docs/compatibility.md): the older
-# legs run it. "compat" is a quick look at one leg, the tests of what differs
-# between Django and Python versions (COMPAT_TESTS): the tasks framework and its
-# backport, the admin, the checks and settings, threads and signals, the worker
-# command; in and out of real processes. The whole check (no --leg) runs "compat"
-# on the older legs, so that it stays near 20 minutes on 2 CPUs ("core" on all
-# three would add about half an hour: docs/compatibility.md); one leg named with
-# --leg runs "core". SCOPE=core or SCOPE=compat chooses for the older legs either way.
+# legs run it, in the whole check too. On a "core" leg the jobs-alone test
+# (tests/test_jobs_alone.py, a pytest of its own with outbox and sagas not
+# installed) runs the part of the jobs core that goes through code which differs
+# between versions (LEDON_JOBS_ALONE=versions: the tasks framework and the worker
+# command); the rest of that core runs the same code on every leg, the import
+# contracts (lint-imports, above, read the source of every branch) say that none of
+# it imports outbox or sagas, and the newest leg runs the whole core alone.
+# "compat" is a quick look at one leg, the tests of what differs between Django and
+# Python versions (COMPAT_TESTS): the tasks framework and its backport, the admin,
+# the checks and settings, threads and signals, the worker command; in and out of
+# real processes. SCOPE=core or SCOPE=compat chooses for the older legs.
 LEGS=(
     "3.13 6.1 all"
     "3.12 5.2 core"
@@ -193,6 +197,29 @@ children_cpu() {
         m = substr(t, 1, index(t, "m") - 1); sub(/^[0-9]+m/, "", t); sub(/s$/, "", t)
         return m * 60 + t } NR == 2 { printf "%d", sec($1) + sec($2) }' "$venv_logs/times")
 }
+# CPU seconds of the PostgreSQL server so far, into $pg_cpu_now: the postmaster's own,
+# its ended backends' (counted into it as they are reaped) and its live children's.
+pg_cpu_now=0
+pg_server_cpu() {
+    pg_cpu_now=0
+    [ -n "$pgdir" ] && [ -e "$pgdir/data/postmaster.pid" ] || return 0
+    pg_cpu_now=$(python3 - "$(head -n 1 "$pgdir/data/postmaster.pid")" <<'PY'
+import os, sys
+postmaster, ticks, total = int(sys.argv[1]), os.sysconf("SC_CLK_TCK"), 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        continue
+    if int(pid) == postmaster:
+        total += sum(int(v) for v in fields[11:15])
+    elif int(fields[1]) == postmaster:
+        total += int(fields[11]) + int(fields[12])
+print(total // ticks)
+PY
+    )
+}
 run_suite() { # leg-name python database-name database-url pytest-args...
     local leg=$1 python=$2 db=$3 url=$4
     shift 4
@@ -201,9 +228,15 @@ run_suite() { # leg-name python database-name database-url pytest-args...
     started=$(date +%s)
     children_cpu
     cpu=$cpu_now
-    DATABASE_URL="$url" "$python" -m pytest -p no:cacheprovider "$@" || code=$?
+    pg_server_cpu
+    local pg_cpu=$pg_cpu_now
+    DATABASE_URL="$url" LEDON_JOBS_ALONE=$jobs_alone "$python" -m pytest -p no:cacheprovider "$@" \
+        || code=$?
     children_cpu
-    run_times="$run_times; $db $(($(date +%s) - started)) s (CPU $((cpu_now - cpu)) s)"
+    pg_server_cpu
+    local server=""
+    [ "$db" = PostgreSQL ] && server=", server $((pg_cpu_now - pg_cpu)) s"
+    run_times="$run_times; $db $(($(date +%s) - started)) s (CPU $((cpu_now - cpu)) s$server)"
     if [ "$code" = 5 ]; then
         echo "error: no tests ran on $db, leg $leg" >&2
         exit 1
@@ -215,9 +248,7 @@ run_suite() { # leg-name python database-name database-url pytest-args...
 for leg in "${LEGS[@]}"; do
     read -r version django scope <<<"$leg"
     selected "$version" "$django" || continue
-    if [ "$scope" != "all" ]; then
-        if [ -n "${SCOPE:-}" ]; then scope=$SCOPE; elif [ -z "$only_leg" ]; then scope=compat; fi
-    fi
+    if [ "$scope" != "all" ] && [ -n "${SCOPE:-}" ]; then scope=$SCOPE; fi
     name="python $version, django $django, $scope"
     if ! scripts/find-python.sh "$version" >/dev/null; then
         if [ "${CI:-}" = "true" ]; then
@@ -250,8 +281,12 @@ for leg in "${LEGS[@]}"; do
     fi
     step "makemigrations --check, leg $version-$django"
     DATABASE_URL="sqlite:///$(mktemp -d)/check.sqlite3" "$python" manage.py makemigrations --check --dry-run
-    args=(-n "${PYTEST_WORKERS:-2}" --dist loadgroup)
-    [ "$scope" = "core" ] && args+=("${CORE_DESELECT[@]}")
+    args=(-n "${PYTEST_WORKERS:-4}" --dist loadgroup)
+    jobs_alone=all
+    if [ "$scope" = "core" ]; then
+        args+=("${CORE_DESELECT[@]}")
+        jobs_alone=versions
+    fi
     [ "$scope" = "compat" ] && args+=("${COMPAT_TESTS[@]}")
     args+=(${pytest_args[@]+"${pytest_args[@]}"})
     run_suite "$version-$django" "$python" SQLite "sqlite:///$(mktemp -d)/ledon.sqlite3" "${args[@]}"

@@ -26,26 +26,29 @@ from ledon.faults import add_fault_hook
 
 
 def install_from_environment(variable: str) -> None:
-    spec = os.environ.get(variable)
-    if not spec:
-        return
-    target, action, *args = spec.split(":")
-    where, _, nth = target.partition("@")
-    point, _, step = where.partition("/")
-    wanted = int(nth or 1)
-    if action not in ("kill", "block", "barrier"):
-        raise ValueError(f"unknown {variable} action {action!r}")
-    hits = 0
+    """Install the hook of ``variable``. It reads the variable when a fault point is
+    reached, not now: a child of the test fork server (``tests/forkserver.py``) sets
+    Django up once for every value of it, so that a test's own fault spec (which
+    names the test's own marker files) costs no set-up of its own."""
+    parsed: dict[str, Any] = {}
     lock = threading.Lock()
 
     def hook(name: str, context: dict[str, Any]) -> None:
-        nonlocal hits
-        if name != point or (step and context.get("step") != step):
+        spec = os.environ.get(variable)
+        if not spec:
             return
         with lock:
-            hits += 1
-            if hits != wanted:
+            if parsed.get("spec") != spec:
+                parsed.clear()
+                parsed.update(_parse(variable, spec), spec=spec, hits=0)
+            if name != parsed["point"] or (
+                parsed["step"] and context.get("step") != parsed["step"]
+            ):
                 return
+            parsed["hits"] += 1
+            if parsed["hits"] != parsed["wanted"]:
+                return
+        action, args = parsed["action"], parsed["args"]
         if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif action == "block":
@@ -59,3 +62,12 @@ def install_from_environment(variable: str) -> None:
                 time.sleep(0.01)
 
     add_fault_hook(hook)
+
+
+def _parse(variable: str, spec: str) -> dict[str, Any]:
+    target, action, *args = spec.split(":")
+    where, _, nth = target.partition("@")
+    point, _, step = where.partition("/")
+    if action not in ("kill", "block", "barrier"):
+        raise ValueError(f"unknown {variable} action {action!r}")
+    return {"point": point, "step": step, "wanted": int(nth or 1), "action": action, "args": args}

@@ -13,7 +13,12 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.color import no_style
 from django.db import connection, connections
+from django.test import TransactionTestCase
+from django.test.signals import setting_changed
 from factories import JobSubmissionFactory
 
 from jobs import execution
@@ -47,6 +52,86 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             from _pytest.nodeid import coerce_node_id  # pytest >= 9.2 only
 
             item._id = coerce_node_id(item.nodeid + suffix)
+
+
+# --------------------------------------------------------------------------- flushing
+
+#: What Django's flush after each transactional test spends most of its time on: the
+#: post_migrate signal it sends, whose receivers (contenttypes' and auth's) write back
+#: the content types and permissions of every model, one statement each, after the
+#: flush emptied their tables. Those rows only ever come from the models, so the flush
+#: below keeps the two tables and skips the signal, as long as they hold exactly the
+#: rows they held after the last full flush; a test that changed either (a permission
+#: made by hand, a content type removed) gets the full flush, signal included.
+_kept_rows: dict[str, Any] = {}
+
+
+def _kept_tables() -> list[str]:
+    from django.apps import apps
+
+    return [
+        apps.get_model(label)._meta.db_table
+        for label in ("contenttypes.ContentType", "auth.Permission")
+        if apps.is_installed(f"django.contrib.{label.split('.')[0]}")
+    ]
+
+
+def _rows(alias: str, tables: list[str]) -> Any:
+    with connections[alias].cursor() as cursor:
+        found = []
+        for table in tables:
+            cursor.execute(f"SELECT * FROM {connections[alias].ops.quote_name(table)} ORDER BY 1")
+            found.append(cursor.fetchall())
+        return found
+
+
+def _flush_keeping_model_rows(self: Any) -> None:
+    if self.available_apps is not None or self.serialized_rollback:
+        _full_fixture_teardown(self)
+        return
+    kept = _kept_tables()
+    for alias in self._databases_names(include_mirrors=False):
+        conn = connections[alias]
+        if _kept_rows.get(alias) is None or _rows(alias, kept) != _kept_rows[alias]:
+            _kept_rows[alias] = None
+            call_command(
+                "flush", verbosity=0, interactive=False, database=alias, reset_sequences=False
+            )
+            _kept_rows[alias] = _rows(alias, kept)
+            continue
+        tables = [
+            t
+            for t in conn.introspection.django_table_names(only_existing=True, include_views=False)
+            if t not in kept
+        ]
+        if conn.vendor == "postgresql":
+            # DELETE, not Django's TRUNCATE: the tables hold a test's few rows, and
+            # TRUNCATE gives each table, index and TOAST table a new file (about a
+            # tenth of a second a flush, against a few milliseconds). Foreign keys are
+            # deferred, so the order does not matter; sequences go on, as with Django's.
+            statements = ["SET CONSTRAINTS ALL DEFERRED"] + [
+                f"DELETE FROM {conn.ops.quote_name(table)}" for table in tables
+            ]
+        else:
+            statements = conn.ops.sql_flush(no_style(), tables, reset_sequences=False)
+        conn.ops.execute_sql_flush(statements)
+
+
+_full_fixture_teardown = TransactionTestCase._fixture_teardown
+TransactionTestCase._fixture_teardown = _flush_keeping_model_rows  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing() -> None:
+    """Passwords hashed with MD5 in this test process, as Django's testing docs advise
+    ("Speeding up the tests"): every ``admin_client`` and staff user of the admin tests
+    hashes one, and the default PBKDF2 spends about 0.75 CPU-seconds on each. Set on the
+    settings themselves, not through ``override_settings``, under which
+    ``settings.SETTINGS_MODULE`` reads None. Child processes (the browser test's
+    server) keep the project's hashers."""
+    hashers = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.PASSWORD_HASHERS = hashers
+    setting_changed.send(sender=None, setting="PASSWORD_HASHERS", value=hashers, enter=True)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

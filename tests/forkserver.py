@@ -10,14 +10,15 @@ module lets a test process start them from a server that has paid part of it onc
   and the libraries every child imports, and nothing of the project, with no settings
   configured (``DJANGO_SETTINGS_MODULE`` unset, so any import that reads a setting
   fails there rather than reading the wrong one);
-- for each environment it is asked to run in (the child's variables, minus
-  ``PYTEST_CURRENT_TEST``) it forks a *zygote*: that process takes the environment,
-  calls ``django.setup()`` (the settings module reads the environment, the apps load
-  and install their fault hooks), imports the URL configuration and the project's
-  management commands, and then waits. A zygote is kept only if that left no thread,
-  no open file or socket and no database connection behind and printed nothing;
-  otherwise (a bad settings module, a hook that opens a log file) the server runs
-  children of that environment itself, and each child sets Django up on its own;
+- for each environment it is asked to run in (the child's variables, minus those
+  nothing reads while Django is set up: ``_UNKEYED``) it forks a *zygote*: that
+  process takes the environment, calls ``django.setup()`` (the settings module reads
+  the environment, the apps load and install their fault hooks), imports the URL
+  configuration and the project's management commands, and then waits. A zygote is
+  kept only if that left no thread, no open file or socket and no database connection
+  behind and printed nothing; otherwise (a bad settings module, a hook that opens a
+  log file) the server runs children of that environment itself, and each child sets
+  Django up on its own;
 - each spawn forks a *child* from the zygote (or the server): it gets the test's
   stdin, stdout and stderr as its file descriptors 0, 1 and 2 and no other, the
   spawn's environment, working directory, ``sys.argv`` and ``sys.path`` (the script's
@@ -127,8 +128,10 @@ _STARTUP_PREFIXES = ("PYTHON", "LC_", "OTEL_", "PROMETHEUS_")
 _STARTUP_NAMES = {"LANG", "LANGUAGE", "TZ"}
 #: Read by the interpreter and applied again in each child.
 _APPLIED = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"}
-#: Changes from one test phase to the next; read by nothing a child sets up.
-_UNKEYED = {"PYTEST_CURRENT_TEST"}
+#: Read by nothing a child sets up: the test phase, and the test project's fault
+#: specs (``testproject.faults`` reads them when a fault point is reached, and a spec
+#: names the test's own marker files).
+_UNKEYED = {"PYTEST_CURRENT_TEST", "JOBS_FAULT", "ORDERS_FAULT", "FULFILMENT_FAULT"}
 #: Left out of the server's own environment (a child sets them as it asks).
 _SERVER_UNSET = {"DJANGO_SETTINGS_MODULE", "DATABASE_URL", *_APPLIED}
 

@@ -10,6 +10,7 @@ never imports a module path read from the database.
 
 from __future__ import annotations
 
+import shutil
 import signal
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -47,8 +48,14 @@ StartWorker = Callable[..., WorkerProcess]
 
 
 @pytest.fixture
-def mail_dir(tmp_path: Path) -> Path:
-    return tmp_path / "mail"
+def mail_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this test's workers write mail: one folder for every test of this test
+    process, emptied before each (its workers end with it), so that the workers'
+    environment is the same from test to test and the fork server keeps the one
+    set-up of Django for it (``tests/forkserver.py``)."""
+    folder = tmp_path_factory.getbasetemp() / "mail"
+    shutil.rmtree(folder, ignore_errors=True)
+    return folder
 
 
 @pytest.fixture
