@@ -32,7 +32,7 @@ from ..types import (
     JobSubmission,
     SubmitResult,
 )
-from . import sql
+from . import sql_submit
 from .base import CHUNK_ROWS, current_time, notify
 from .reads import snapshot
 from .telemetry import observed_submission
@@ -102,8 +102,8 @@ _UNSEEN = ("leased_by", "updated_at", "trace_context")
 
 def _new_row(job: JobSnapshot, trace_context: str | None) -> dict[str, Any]:
     """The values the insert of the new job ``job`` sets, by column
-    (:data:`sql.NEW_JOB_COLUMNS`); ``trace_context`` is the submitter's (SPEC M)."""
-    row = {name: getattr(job, name) for name in sql.NEW_JOB_COLUMNS if name not in _UNSEEN}
+    (:data:`sql_submit.NEW_JOB_COLUMNS`); ``trace_context`` is the submitter's (SPEC M)."""
+    row = {name: getattr(job, name) for name in sql_submit.NEW_JOB_COLUMNS if name not in _UNSEEN}
     row.update(
         status=job.status.value,
         leased_by="",
@@ -139,7 +139,7 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     params = numbered([_adapted(connection, _new_row(job, _trace_context()))])
     if wake:
         params["channel"] = jobs_settings().NOTIFY_CHANNEL
-    if not fetch(connection, sql.insert_jobs(1, notify=wake), params, prepare=True):
+    if not fetch(connection, sql_submit.insert_jobs(1, notify=wake), params, prepare=True):
         return None
     return job
 
@@ -148,7 +148,7 @@ def _json_params(
     items: Sequence[tuple[str, str, JobSubmission]], trace_context: str | None
 ) -> dict[str, Any]:
     """The ``rows``, ``scopes`` and ``trace_context`` parameters of
-    :data:`sql.INSERT_JOBS_JSON`: one JSON array per item (a payload travels as its
+    :data:`sql_submit.INSERT_JOBS_JSON`: one JSON array per item (a payload travels as its
     JSON text), its scope hash given by its 1-based position in ``scopes``."""
     scopes: dict[str, int] = {}
     rows = [
@@ -187,7 +187,7 @@ def _created_result(job_id: str, job: JobSnapshot) -> SubmitResult:
 
 
 def _shared_params(now: datetime) -> dict[str, Any]:
-    """The :data:`sql.NEW_JOB_SHARED` parameters of a bulk insert at ``now``."""
+    """The :data:`sql_submit.NEW_JOB_SHARED` parameters of a bulk insert at ``now``."""
     return {
         "status": JobStatus.QUEUED.value,
         "attempt_count": 0,
@@ -207,7 +207,7 @@ def _insert_new(
 ) -> list[int] | None:
     """PostgreSQL, outside any transaction: insert the (distinct) identities of
     ``items`` that are not stored yet and wake the workers of their due queues, as one
-    statement in autocommit (:data:`sql.INSERT_NEW_JOBS_JSON`). Returns the positions
+    statement in autocommit (:data:`sql_submit.INSERT_NEW_JOBS_JSON`). Returns the positions
     in ``items`` that were not inserted, their identities being stored already; None
     if a concurrent insert of one of the identities won the race — the statement then
     rolled back and wrote nothing (the caller falls back on :func:`_insert_many`)."""
@@ -221,7 +221,7 @@ def _insert_new(
     )
     try:
         with scope:
-            rows = fetch(connection, sql.INSERT_NEW_JOBS_JSON, params, prepare=True)
+            rows = fetch(connection, sql_submit.INSERT_NEW_JOBS_JSON, params, prepare=True)
     except IntegrityError:
         return None
     skipped: list[int] = rows[0]["skipped"]
@@ -242,14 +242,14 @@ def _insert_many(
     trace_context = _trace_context()
     if is_postgres(connection):
         params = _shared_params(now) | _json_params(items, trace_context)
-        inserted_rows = fetch(connection, sql.INSERT_JOBS_JSON, params, prepare=True)
+        inserted_rows = fetch(connection, sql_submit.INSERT_JOBS_JSON, params, prepare=True)
     else:
         for start in range(0, len(items), CHUNK_ROWS):
             chunk = [
                 _adapted(connection, _new_row(_new_snapshot(*item, now), trace_context))
                 for item in items[start : start + CHUNK_ROWS]
             ]
-            inserted_rows += fetch(connection, sql.insert_jobs(len(chunk)), numbered(chunk))
+            inserted_rows += fetch(connection, sql_submit.insert_jobs(len(chunk)), numbered(chunk))
     keys = {(row["scope_hash"], row["job_id"]) for row in inserted_rows}
     inserted = {
         key: _new_snapshot(scope_hash, job_id, sub, now)
