@@ -43,7 +43,7 @@ from ledon.db import (
 from ledon.errors import MAX_ERROR_LENGTH, storable_text
 
 from .conf import outbox_settings
-from .db import adapt_uuid, placeholders, read_json, read_uuid, skip_locked
+from .db import adapt_uuid, id_among_locked, placeholders, read_json, read_uuid
 from .exceptions import (
     InvalidInput,
     InvalidTransition,
@@ -120,10 +120,14 @@ def _claim_sql(connection: BaseDatabaseWrapper) -> str:
     return (
         f"UPDATE {OUTBOX} SET attempts = attempts + 1, leased_by = %s, lease_token = %s,"
         " lease_expires_at = %s, updated_at = %s"
-        f" WHERE id IN (SELECT id FROM {OUTBOX}"
-        " WHERE status = %s AND lease_token IS NULL AND available_at <= %s"
-        f" ORDER BY available_at, id LIMIT %s{skip_locked(connection)})"
-        " RETURNING id, message_id, event_type, key, payload_json, headers, attempts,"
+        " WHERE "
+        + id_among_locked(
+            connection,
+            f"SELECT id FROM {OUTBOX}"
+            " WHERE status = %s AND lease_token IS NULL AND available_at <= %s"
+            " ORDER BY available_at, id LIMIT %s",
+        )
+        + " RETURNING id, message_id, event_type, key, payload_json, headers, attempts,"
         " created_at"
     )
 
@@ -279,10 +283,13 @@ def _recover(
         f"UPDATE {OUTBOX} SET status = CASE WHEN attempts >= %s THEN %s ELSE %s END,"
         " last_error = CASE WHEN attempts >= %s THEN %s ELSE last_error END,"
         " leased_by = '', lease_token = NULL, lease_expires_at = NULL, updated_at = %s"
-        f" WHERE id IN (SELECT id FROM {OUTBOX}"
-        f" WHERE status = %s AND lease_token IS NOT NULL AND {guard}"
-        f" ORDER BY lease_expires_at, id LIMIT %s{skip_locked(connection)})"
-        " RETURNING status"
+        " WHERE "
+        + id_among_locked(
+            connection,
+            f"SELECT id FROM {OUTBOX} WHERE status = %s AND lease_token IS NOT NULL"
+            f" AND {guard} ORDER BY lease_expires_at, id LIMIT %s",
+        )
+        + " RETURNING status"
     )
     params = [
         max_attempts,

@@ -334,3 +334,24 @@ class TestPlans:
             cursor.execute(f"EXPLAIN {store._claim_sql(connection)}", params)
             plan = "\n".join(r[0] for r in cursor.fetchall())
         assert "outbox_msg_due_idx" in plan, plan
+
+
+@pytest.mark.postgres_only
+def test_a_claim_picks_its_rows_once_whatever_the_plan():
+    """O4: one claim takes at most ``limit`` messages. Its pick (``LIMIT … FOR UPDATE
+    SKIP LOCKED``) is an init plan, run once per statement: as an ``IN`` sub-select
+    the planner may run it again for each outer row, each run skipping the rows the
+    update has changed so far and picking ``limit`` more."""
+    stage(25)
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN " + store._claim_sql(connection),
+            ["d1", "t", now, now, MessageStatus.PENDING, now, 10],
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "InitPlan" in plan, plan
+    assert "Semi Join" not in plan, plan
+    batch = claim(limit=10)
+    assert len(batch.messages) == 10
+    assert OutboxMessage.objects.filter(lease_token__isnull=False).count() == 10
