@@ -21,9 +21,9 @@ venv: $(VENV)/.installed
 
 ## Run the whole suite: lint, types, migrations check, tests on SQLite and PostgreSQL,
 ## on every CI leg (a Python and a Django version, scripts/test.sh): the newest leg
-## the whole suite, the older ones the fast and every real-process test (core). One
-## leg: make test LEG=3.12-5.2 (SCOPE=compat: only the tests of what differs between
-## versions, a quick look). Times: docs/compatibility.md.
+## the whole suite, the 5.2 LTS leg the fast and every real-process test (core), the
+## others the tests of what differs between versions (compat; SCOPE=core for all).
+## One leg, with core: make test LEG=3.12-5.2. Times: docs/compatibility.md.
 test: venv
 	SCOPE=$(SCOPE) scripts/test.sh $(if $(LEG),--leg $(LEG))
 
