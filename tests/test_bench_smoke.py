@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -225,15 +226,21 @@ def test_the_observability_benchmark_runs_small(tmp_path: Path) -> None:
     assert "metrics and tracing" in done.stdout
 
 
+def only_part(part: str, out: Path) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """``python -m benchmarks --quick --only part`` of django-ledon; its output and
+    the figures it wrote (one JSON file named after the part)."""
+    done = run_module(
+        "benchmarks", "--quick", "--only", part, "--systems", "django-ledon",
+        "--database-url", server_url(), "--out", str(out),
+    )  # fmt: skip
+    (written,) = out.glob(f"{part}-*.json")
+    return done, json.loads(written.read_text())
+
+
 @pytest.mark.slow
 @pytest.mark.postgres_only
 def test_only_burn_down_measures_the_burn_downs_and_the_5ms_handler(tmp_path: Path) -> None:
-    done = run_module(
-        "benchmarks", "--quick", "--only", "burn-down", "--systems", "django-ledon",
-        "--database-url", server_url(), "--out", str(tmp_path),
-    )  # fmt: skip
-    (written,) = tmp_path.glob("burn-down-*.json")
-    figures = json.loads(written.read_text())
+    done, figures = only_part("burn-down", tmp_path)
     runs = figures["runs"]["django-ledon"]
     assert set(runs) == {"c4", "c16", "sleep5"}
     assert all(len(rates) == 1 and rates[0] > 0 for rates in runs.values())
@@ -245,12 +252,7 @@ def test_only_burn_down_measures_the_burn_downs_and_the_5ms_handler(tmp_path: Pa
 @pytest.mark.slow
 @pytest.mark.postgres_only
 def test_only_bulk_measures_the_bulk_enqueue_alone(tmp_path: Path) -> None:
-    done = run_module(
-        "benchmarks", "--quick", "--only", "bulk", "--systems", "django-ledon",
-        "--database-url", server_url(), "--out", str(tmp_path),
-    )  # fmt: skip
-    [written] = tmp_path.glob("bulk-*.json")
-    bulk = json.loads(written.read_text())
+    done, bulk = only_part("bulk", tmp_path)
     assert bulk["jobs"] == 200
     assert len(bulk["runs"]["django-ledon"]) == 1
     assert bulk["median"]["django-ledon"] > 0
