@@ -505,6 +505,26 @@ def _median_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- claim cost
 
 
+def timed_claims(plan: Plan, into: list[Any]) -> tuple[list[float], list[float]]:
+    """``plan.claim_samples`` claims of 1 due job, then ``plan.claim_batches`` claims
+    of 16, each timed (ms); every claim must get what it asks for. The claims are
+    added to ``into``."""
+    from jobs import execution
+
+    timings: tuple[list[float], list[float]] = ([], [])
+    for limit, count, times in (
+        (1, plan.claim_samples, timings[0]),
+        (16, plan.claim_batches, timings[1]),
+    ):
+        for _ in range(count):
+            start = time.perf_counter()
+            claims = execution.claim_due("claim-cost", limit=limit)
+            times.append((time.perf_counter() - start) * 1000)
+            assert len(claims) == limit, (len(claims), limit)
+            into.extend(claims)
+    return timings
+
+
 def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     """Claim cost of our store with ``finished_rows`` finished jobs in the table
     versus an empty table: single claims, claims of 16, and a burn-down."""
@@ -519,21 +539,8 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
         runner.admin("VACUUM ANALYZE jobs_job")
         runner.admin("VACUUM ANALYZE jobs_jobattempt")
         runner.admin("CHECKPOINT")
-        singles = []
-        claimed = []
-        for _ in range(plan.claim_samples):
-            start = time.perf_counter()
-            claims = execution.claim_due("claim-cost", limit=1)
-            singles.append((time.perf_counter() - start) * 1000)
-            assert len(claims) == 1
-            claimed.extend(claims)
-        batches = []
-        for _ in range(plan.claim_batches):
-            start = time.perf_counter()
-            claims = execution.claim_due("claim-cost", limit=16)
-            batches.append((time.perf_counter() - start) * 1000)
-            assert len(claims) == 16
-            claimed.extend(claims)
+        claimed: list[Any] = []
+        singles, batches = timed_claims(plan, claimed)
         # Finish what was claimed, so that no attempt is left Running (and the
         # history grows by these jobs, as it would).
         for start in range(0, len(claimed), 500):
@@ -596,17 +603,9 @@ def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     taken = plan.claim_samples + plan.claim_batches * 16
 
     def claims(into: list[Any]) -> dict[str, Any]:
-        singles, batches = [], []
         server: dict[str, Any] = {}
         with physical.counting(runner.database_url, runner.statements, server):
-            for _ in range(plan.claim_samples):
-                start = time.perf_counter()
-                into.extend(execution.claim_due("claim-cost", limit=1))
-                singles.append((time.perf_counter() - start) * 1000)
-            for _ in range(plan.claim_batches):
-                start = time.perf_counter()
-                into.extend(execution.claim_due("claim-cost", limit=16))
-                batches.append((time.perf_counter() - start) * 1000)
+            singles, batches = timed_claims(plan, into)
         result = {
             "claim_1_ms": median(singles),
             "claim_16_ms": median(batches),
