@@ -105,8 +105,7 @@ class Settling(WorkerBase):
                 self.stats.claimed += len(claims)
             for new in claims:
                 fault_point("jobs.worker.claimed", job_id=new.job_id, attempt=new.attempt)
-                if self.on_event is not None:
-                    self._emit("claimed", new, f"attempt {new.attempt}/{new.max_attempts}")
+                self._emit("claimed", new, f"attempt {new.attempt}/{new.max_attempts}")
             for new in claims[1:] if keep else claims:
                 self._tasks.put(new)
             for finished, _result in done:
