@@ -6,6 +6,11 @@ start``); otherwise, when the brokers are installed, they are started once for t
 test process in a private directory. A broker that cannot be had skips its tests —
 and fails them when ``CI=true``, so that CI never passes without them.
 
+Under pytest-xdist every test that uses one broker runs on one worker, its kind's
+group (``uses_broker``): a test stops and restarts the shared broker while the
+broker is down, and no other test of that broker may run meanwhile; the two brokers'
+tests run side by side.
+
 Service B is the same project with another database and its own ``DATABASE_URL``;
 its tables are read with plain database connections.
 """
@@ -29,6 +34,15 @@ import pytest
 from procs import ROOT, ManageProcess, manage, wait_until
 
 SCRIPT = ROOT / "scripts" / "brokers.sh"
+
+
+def uses_broker(kind: str) -> pytest.MarkDecorator:
+    """The mark of a test that uses the shared broker ``kind`` (its xdist group)."""
+    return pytest.mark.xdist_group(f"broker-{kind}")
+
+
+#: Parameters "rabbitmq" and "kafka" (of a test or fixture), each in its group.
+EACH_BROKER = [pytest.param(kind, marks=uses_broker(kind)) for kind in ("rabbitmq", "kafka")]
 ENV_NAMES = {"rabbitmq": "RABBITMQ_URL", "kafka": "KAFKA_BOOTSTRAP"}
 IN_CI = os.environ.get("CI") == "true"
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from brokers_support import (
+    EACH_BROKER,
     Broker,
     ManageCommand,
     Processes,
@@ -39,12 +40,8 @@ from outbox.types import MessageStatus
 from testproject.orders.events import InvoiceIssued, OrderPlaced
 from testproject.orders.services import place_order
 
-# One xdist worker runs every broker test: some stop and restart the shared brokers.
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.slow,
-    pytest.mark.xdist_group("brokers"),
-]
+# Each test in its broker's xdist group (EACH_BROKER): one stops and restarts it.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 KAFKA_CONSUMER = {
     # Short sessions make group joins and the take-over after a SIGKILL quick.
@@ -59,7 +56,7 @@ def outbox_on(settings: Any) -> None:
     settings.OUTBOX = {**settings.OUTBOX, "ENABLED": True}
 
 
-@pytest.fixture(params=["rabbitmq", "kafka"])
+@pytest.fixture(params=EACH_BROKER)
 def real_broker(request: pytest.FixtureRequest) -> Broker:
     return broker(request.param)
 

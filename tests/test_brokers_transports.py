@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from brokers_support import broker, read_kafka_topic, unique
+from brokers_support import broker, read_kafka_topic, unique, uses_broker
 
 from outbox.exceptions import TransportUnavailable
 from outbox.transports import wire
@@ -18,8 +18,7 @@ from outbox.transports.kafka import KafkaTransport
 from outbox.transports.rabbitmq import RabbitMQTransport
 from outbox.types import Envelope
 
-# One xdist worker runs every broker test: some stop and restart the shared brokers.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("brokers")]
+pytestmark = [pytest.mark.slow]
 
 
 def envelope(key: str = "O-1", n: int = 0, **headers: str) -> Envelope:
@@ -53,6 +52,7 @@ def rabbitmq() -> Any:
     connection.close()
 
 
+@uses_broker("rabbitmq")
 def test_rabbitmq_publishes_persistent_messages_with_id_type_and_headers(rabbitmq):
     address, channel = rabbitmq
     exchange, queue = unique("ex"), unique("q")
@@ -80,6 +80,7 @@ def test_rabbitmq_publishes_persistent_messages_with_id_type_and_headers(rabbitm
     assert channel.basic_get(queue, auto_ack=True)[0] is not None
 
 
+@uses_broker("rabbitmq")
 def test_rabbitmq_reports_a_message_no_queue_is_bound_for_as_failed(rabbitmq):
     address, _ = rabbitmq
     transport = RabbitMQTransport(url=address, exchange=unique("ex"))
@@ -103,6 +104,7 @@ def test_rabbitmq_unreachable_is_reported_as_unavailable():
 # --------------------------------------------------------------------------- Kafka
 
 
+@uses_broker("kafka")
 def test_kafka_publishes_with_the_outbox_key_so_each_key_keeps_its_order(
     monkeypatch: pytest.MonkeyPatch,
 ):

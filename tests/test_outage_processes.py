@@ -42,6 +42,7 @@ from brokers_support import (
     broker,
     transport_env,
     unique,
+    uses_broker,
 )
 from procs import ROOT, manage, wait_until
 
@@ -202,6 +203,7 @@ class Fleet:
         return late
 
 
+@uses_broker("rabbitmq")  # its consumer and dispatchers use the shared RabbitMQ
 def test_engines_survive_postgres_outages_under_load(cluster, procs, tmp_path):
     env: dict[str, str] = {"OUTBOX_ENABLED": "true"}
     group = unique("billing")

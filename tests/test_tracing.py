@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass
 
 import pytest
+from brokers_support import EACH_BROKER
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 from otel_support import named, one, parent_of
@@ -212,16 +213,20 @@ def broker_transports(kind: str, name: str):
 
     # The topic is created by the first publish, after the consumer subscribed: the
     # consumer looks for it again every second (librdkafka's default is 5 minutes).
-    fresh_topics = {"topic.metadata.refresh.interval.ms": 1000}
+    # Short sessions make the group join quick.
+    consumer_config = {
+        "topic.metadata.refresh.interval.ms": 1000,
+        "session.timeout.ms": 2000,
+        "heartbeat.interval.ms": 200,
+    }
     return (
         KafkaTransport(bootstrap_servers=address, topic=name, delivery_timeout=20),
-        KafkaTransport(bootstrap_servers=address, topic=name, consumer_config=fresh_topics),
+        KafkaTransport(bootstrap_servers=address, topic=name, consumer_config=consumer_config),
     )
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("brokers")
-@pytest.mark.parametrize("kind", ["rabbitmq", "kafka"])
+@pytest.mark.parametrize("kind", EACH_BROKER)
 @pytest.mark.django_db(transaction=True)
 def test_web_view_to_job_to_outbox_to_broker_to_consumer_is_one_trace(
     client, spans, kind, settings
