@@ -309,34 +309,9 @@ for leg in "${LEGS[@]}"; do
     fi
     [ "$scope" = "compat" ] && args+=("${COMPAT_TESTS[@]}")
     args+=(${pytest_args[@]+"${pytest_args[@]}"})
-    sqlite_url="sqlite:///$(mktemp -d)/ledon.sqlite3"
-    if [ -z "$pg_url" ]; then
-        run_suite "$version-$django" "$python" SQLite "$sqlite_url" "${args[@]}"
-    else
-        # The two runs of a leg side by side: each leaves about a sixth of the two
-        # CPUs idle while its real-process tests wait on their children. The SQLite
-        # run's output is shown once it ends; it starts brokers of its own (the
-        # broker tests stop and restart theirs), the PostgreSQL run uses the shared.
-        sqlite_log="$venv_logs/sqlite-$version-$django"
-        (
-            unset RABBITMQ_URL KAFKA_BOOTSTRAP BROKERS_DIR
-            status=0
-            run_suite "$version-$django" "$python" SQLite "$sqlite_url" "${args[@]}"
-            echo "$status$run_times" >"$sqlite_log.result"
-        ) >"$sqlite_log" 2>&1 &
-        sqlite_run=$!
+    run_suite "$version-$django" "$python" SQLite "sqlite:///$(mktemp -d)/ledon.sqlite3" "${args[@]}"
+    if [ -n "$pg_url" ]; then
         run_suite "$version-$django" "$python" PostgreSQL "$pg_url" "${args[@]}"
-        pg_times=$run_times
-        wait "$sqlite_run" || true
-        cat "$sqlite_log"
-        if [ -e "$sqlite_log.result" ]; then
-            IFS=';' read -r sqlite_status sqlite_times <"$sqlite_log.result"
-            [ "$sqlite_status" != 0 ] && status=$sqlite_status
-            run_times=";$sqlite_times$pg_times"
-        else
-            status=1 # the run ended the subshell (no test ran)
-            run_times="; SQLite: no result$pg_times"
-        fi
     fi
     ran=$((ran + 1))
     leg_times+=("$version-$django $scope: $(($(date +%s) - leg_started)) s$run_times")
