@@ -6,10 +6,10 @@ start``); otherwise, when the brokers are installed, they are started once for t
 test process in a private directory. A broker that cannot be had skips its tests —
 and fails them when ``CI=true``, so that CI never passes without them.
 
-Under pytest-xdist every test that uses one broker runs on one worker, its kind's
-group (``uses_broker``): a test stops and restarts the shared broker while the
-broker is down, and no other test of that broker may run meanwhile; the two brokers'
-tests run side by side.
+Under pytest-xdist the tests that use one broker run on one worker, in that broker's
+group (``uses_broker``): one of them stops the shared broker and starts it again, and
+no other test of that broker may run meanwhile. The two brokers' groups run side by
+side.
 
 Service B is the same project with another database and its own ``DATABASE_URL``;
 its tables are read with plain database connections.
