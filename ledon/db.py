@@ -44,6 +44,22 @@ def is_postgres(connection: BaseDatabaseWrapper) -> bool:
     return connection.vendor == "postgresql"
 
 
+def id_among_locked(vendor: str, select: str) -> str:
+    """``id`` is one of those ``select`` picks and locks (``SELECT id … LIMIT n``).
+
+    On PostgreSQL the pick runs once for the whole statement (``= ANY(ARRAY(…))``, an
+    init plan) and its rows are locked, skipping those another claim holds. As
+    ``id IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED)`` the planner may run it again
+    for each row of the outer table (a nested-loop semi-join), each run skipping the
+    rows the update has changed so far, so that one claim takes more than n rows; or
+    plan it as a hash join over the whole table. SQLite locks nothing and runs the
+    sub-select once.
+    """
+    if vendor == "postgresql":
+        return f"id = ANY(ARRAY({select} FOR UPDATE SKIP LOCKED))"
+    return f"id IN ({select})"
+
+
 def adapt_dt(connection: BaseDatabaseWrapper, value: datetime | None) -> Any:
     """A datetime as the backend stores it (SQLite: sortable UTC text)."""
     return None if value is None else connection.ops.adapt_datetimefield_value(value)

@@ -19,26 +19,6 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ledon.db import is_postgres
 
 
-def skip_locked(connection: BaseDatabaseWrapper) -> str:
-    """PostgreSQL: let concurrent claimers pass each other's rows. SQLite has one
-    writer at a time, so the clause is neither needed nor accepted there."""
-    return " FOR UPDATE SKIP LOCKED" if is_postgres(connection) else ""
-
-
-def id_among_locked(connection: BaseDatabaseWrapper, select: str) -> str:
-    """``id`` is one of those ``select`` picks and locks (``SELECT id … LIMIT n``).
-
-    On PostgreSQL the pick runs once for the whole statement (``= ANY(ARRAY(…))``, an
-    init plan). As ``id IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED)`` the planner may
-    run it again for each row of the outer table (a nested-loop semi-join); each run
-    then skips the rows the update has changed so far and picks n more, so that one
-    claim takes more than n rows. SQLite locks nothing and runs the sub-select once.
-    """
-    if is_postgres(connection):
-        return f"id = ANY(ARRAY({select}{skip_locked(connection)}))"
-    return f"id IN ({select})"
-
-
 def adapt_uuid(connection: BaseDatabaseWrapper, value: uuid.UUID) -> Any:
     """A UUID as the backend stores it (SQLite: 32 hex characters)."""
     return value if is_postgres(connection) else value.hex

@@ -36,6 +36,7 @@ from ledon.db import (
     adapt_dt,
     alias_for,
     connection_for,
+    id_among_locked,
     in_caller_atomic_block,
     is_postgres,
     read_dt,
@@ -43,7 +44,7 @@ from ledon.db import (
 from ledon.errors import MAX_ERROR_LENGTH, storable_text
 
 from .conf import outbox_settings
-from .db import adapt_uuid, id_among_locked, placeholders, read_json, read_uuid
+from .db import adapt_uuid, placeholders, read_json, read_uuid
 from .exceptions import (
     InvalidInput,
     InvalidTransition,
@@ -122,7 +123,7 @@ def _claim_sql(connection: BaseDatabaseWrapper) -> str:
         " lease_expires_at = %s, updated_at = %s"
         " WHERE "
         + id_among_locked(
-            connection,
+            connection.vendor,
             f"SELECT id FROM {OUTBOX}"
             " WHERE status = %s AND lease_token IS NULL AND available_at <= %s"
             " ORDER BY available_at, id LIMIT %s",
@@ -285,7 +286,7 @@ def _recover(
         " leased_by = '', lease_token = NULL, lease_expires_at = NULL, updated_at = %s"
         " WHERE "
         + id_among_locked(
-            connection,
+            connection.vendor,
             f"SELECT id FROM {OUTBOX} WHERE status = %s AND lease_token IS NOT NULL"
             f" AND {guard} ORDER BY lease_expires_at, id LIMIT %s",
         )

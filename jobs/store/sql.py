@@ -20,6 +20,8 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
+from ledon.db import id_among_locked
+
 from ..db import in_list, numbered, random_token_sql, union_by_kind, values_of
 from ..models import Job, JobAttempt, Queue
 from ..types import FINISHED_STATUSES, Claim, JobStatus
@@ -122,15 +124,11 @@ def claim(
     if one_job:
         filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
     postgres = vendor == "postgresql"
-    lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
-    # PostgreSQL: the chosen ids as an array, so that the update finds them by primary
-    # key whatever the plan's row estimate (an IN sub-select may be planned as a
-    # hash join over the whole table).
-    chosen_by, close = ("= ANY(ARRAY", ")") if postgres else ("IN", "")
     guard = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
-    which = (
-        f"id {chosen_by} (SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
-        f" ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s{lock}){close}"
+    which = id_among_locked(
+        vendor,
+        f"SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
+        " ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s",
     )
     if chosen:
         ids = "ANY(%(ids)s::bigint[])" if postgres else f"({in_list('id', chosen)})"
