@@ -289,13 +289,16 @@ class Runner:
         seed: Callable[[int], None] | None = None,
         locks: dict[str, Any] | None = None,
         extra_env: dict[str, str] | None = None,
+        variant: str | None = "",
     ) -> float:
         """Jobs/s from the first job's start (the enqueue's commit where the system
         records no start time) to the last job's end; ``extra_env`` goes to the
         workers' environment.
 
-        Also records what the burn-down cost the server per job (statements, WAL; see
-        :meth:`per_job`) and, with ``locks``, the lock waits sampled meanwhile."""
+        Also records what the burn-down cost the server per job (statements, WAL, the
+        CPUs busy meanwhile; see :meth:`per_job`) under the set-up's key, followed by
+        ``/variant`` if one is given (None: not recorded), and, with ``locks``, the
+        lock waits sampled meanwhile."""
         seed = seed or system.seed
         self.fresh(system)
         # Prime the planner's statistics as fresh() does, and measure the seed's own
@@ -312,6 +315,7 @@ class Runner:
             warm_up(system)
             with ExitStack() as stack:
                 stack.enter_context(physical.counting(self.database_url, self.statements, cost))
+                stack.enter_context(physical.cpu_use(cost))
                 if locks is not None:
                     stack.enter_context(physical.sampling_locks(self.database_url, sampled))
                 before = time.time()
@@ -321,7 +325,8 @@ class Runner:
             first = system.first_started_since(before)
         if locks is not None:
             locks.update(sampled)
-        self.per_job(system, config, count, cost, seed_cost)
+        if variant is not None:
+            self.per_job(system, config, count, cost, seed_cost, variant)
         start = first if first is not None else committed
         return count / (end - start)
 
@@ -332,15 +337,19 @@ class Runner:
         count: int,
         cost: dict[str, Any],
         seed_cost: dict[str, Any],
+        variant: str = "",
     ) -> None:
         """Per job of a burn-down: the WAL written (less the seed's, measured alone)
         and, with ``pg_stat_statements``, the statements the system's processes sent
-        (the harness's polls left out; the seed's few included)."""
-        entry = {"wal_bytes": (cost["wal_bytes"] - seed_cost["wal_bytes"]) / count}
+        (the harness's polls left out; the seed's few included); and the CPUs busy
+        meanwhile (of the machine's), under the set-up's key and ``/variant``."""
+        entry: dict[str, Any] = {"wal_bytes": (cost["wal_bytes"] - seed_cost["wal_bytes"]) / count}
         if "statements" in cost:
             entry["statements"] = cost["statements"] / count
             entry["top"] = cost["top"]
-        key = system.worker_config(config).key
+        if "cpus_busy" in cost:
+            entry["cpus_busy"], entry["cpus"] = cost["cpus_busy"], cost["cpus"]
+        key = system.worker_config(config).key + (f"/{variant}" if variant else "")
         self.costs.setdefault(system.name, {}).setdefault(key, []).append(entry)
 
     def latency(self, system: System) -> dict[str, Any]:
@@ -410,7 +419,9 @@ class Runner:
         if seed_sleeping is not None:
             config = WorkerConfig(1, plan.sleep_concurrency)
             tag = f"{system.name}-sleep-{config.key}-run{run + 1}"
-            rate = self.burn_down(system, config, tag, plan.sleep_jobs, seed=seed_sleeping)
+            rate = self.burn_down(
+                system, config, tag, plan.sleep_jobs, seed=seed_sleeping, variant="sleep5"
+            )
             record(system, f"sleep5_{config.key}", rate, plan.sleep_jobs)
         self.asynchronous_commit(system, run, record)
 
@@ -421,20 +432,24 @@ class Runner:
         plan = self.plan
         count = plan.for_system(plan.burn_jobs, system.name)
         seed_sleeping = getattr(system, "seed_sleeping", None)
-        cases: list[tuple[str, WorkerConfig, int, Callable[[int], None] | None]] = [
-            ("c1", WorkerConfig(1, 1), count, None)
+        # (name, set-up, jobs, seed, the per-job costs' variant of the async half)
+        cases: list[tuple[str, WorkerConfig, int, Callable[[int], None] | None, str]] = [
+            ("c1", WorkerConfig(1, 1), count, None, "async")
         ]
         if seed_sleeping is not None:
             config = WorkerConfig(1, plan.sleep_concurrency)
-            cases.append(
-                (f"sleep5_c{plan.sleep_concurrency}", config, plan.sleep_jobs, seed_sleeping)
-            )
+            name = f"sleep5_c{plan.sleep_concurrency}"
+            cases.append((name, config, plan.sleep_jobs, seed_sleeping, "sleep5-async"))
         modes = ["durable", "async"] if run % 2 == 0 else ["async", "durable"]
-        for name, config, jobs, seed in cases:
+        for name, config, jobs, seed, async_variant in cases:
             for mode in modes:
                 env = {"BENCH_JOBS": json.dumps({"ASYNCHRONOUS_COMMIT": mode == "async"})}
                 tag = f"{system.name}-{mode}-{name}-run{run + 1}"
-                rate = self.burn_down(system, config, tag, jobs, seed=seed, extra_env=env)
+                # The durable half measures again what the burn-downs above did.
+                variant = async_variant if mode == "async" else None
+                rate = self.burn_down(
+                    system, config, tag, jobs, seed=seed, extra_env=env, variant=variant
+                )
                 record(system, f"syncmode_{name}_{mode}", rate, jobs)
 
     def run(self) -> dict[str, Any]:
@@ -758,7 +773,9 @@ def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
             limits = FLOW_VARIANTS[name]
             env = {"BENCH_JOBS_QUEUES": json.dumps(limits)} if limits else None
             tag = f"flow-{name}-run{run + 1}"
-            rate = runner.burn_down(ledon, config, tag, plan.flow_burn_jobs, extra_env=env)
+            rate = runner.burn_down(
+                ledon, config, tag, plan.flow_burn_jobs, extra_env=env, variant=f"limits-{name}"
+            )
             raw[name].append(rate)
             runner.log(f"  limits {name:12} {rate:10.1f} jobs/s")
     medians = {name: median(values) for name, values in raw.items()}

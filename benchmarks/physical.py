@@ -12,11 +12,14 @@ the systems cost it per job.
 - :class:`Counters`: statements (``pg_stat_statements``) and WAL bytes
   (``pg_current_wal_lsn``) between two points of a run.
 - :class:`LockSampler`: backends waiting on a lock, sampled from ``pg_stat_activity``
-  and ``pg_locks`` while workers run.
+  and ``pg_locks`` while workers run, with which statement waited for which
+  (``pg_blocking_pids``).
+- :func:`cpu_use`: how many of the machine's CPUs were busy meanwhile (``/proc/stat``).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -262,10 +265,29 @@ def counting(url: str, statements: bool, into: dict[str, Any]) -> Iterator[None]
 # --------------------------------------------------------------------------- lock waits
 
 
+#: What the statements a backend runs are, by how their text starts (the first match
+#: names it): django-ledon's worker's statements, then any other by its first words.
+_STATEMENT_KINDS = (
+    ("WITH done AS", "finish and claim"),
+    ("WITH claimed AS", "claim"),
+    ("UPDATE jobs_job SET lease_expires_at", "lease renewal"),
+)
+
+
+def statement_kind(query: str) -> str:
+    """A short name for the statement ``query`` (see :data:`_STATEMENT_KINDS`)."""
+    text = " ".join(query.split())
+    for start, kind in _STATEMENT_KINDS:
+        if text.startswith(start):
+            return kind
+    return " ".join(text.split(" ")[:3]) or "(none)"
+
+
 class LockSampler(threading.Thread):
     """Sample, every ``interval`` seconds, the backends of the database that wait on a
-    lock (``pg_stat_activity.wait_event_type = 'Lock'``) and the ungranted locks in
-    ``pg_locks``."""
+    lock (``pg_stat_activity.wait_event_type = 'Lock'``), the ungranted locks in
+    ``pg_locks``, and for each waiting backend the statement it runs and the one
+    each backend it waits for runs (``pg_blocking_pids``)."""
 
     def __init__(self, url: str, interval: float = 0.02) -> None:
         super().__init__(name="bench-lock-sampler", daemon=True)
@@ -278,6 +300,7 @@ class LockSampler(threading.Thread):
         self.most_waiting = 0
         self.active_backends = 0
         self.events: dict[str, int] = {}
+        self.waits_for: dict[str, int] = {}
 
     def run(self) -> None:
         with _connect(self.url) as conn:
@@ -289,6 +312,12 @@ class LockSampler(threading.Thread):
                 ungranted = conn.execute(
                     "SELECT count(*) FROM pg_locks WHERE NOT granted"
                 ).fetchone()[0]
+                pairs = conn.execute(
+                    "SELECT a.query, b.query FROM pg_stat_activity a"
+                    " CROSS JOIN LATERAL unnest(pg_blocking_pids(a.pid)) AS blocker(pid)"
+                    " JOIN pg_stat_activity b ON b.pid = blocker.pid"
+                    " WHERE a.wait_event_type = 'Lock' AND a.datname = current_database()"
+                ).fetchall()
                 waiting = 0
                 for state, kind, event in rows:
                     if state == "active":
@@ -298,6 +327,9 @@ class LockSampler(threading.Thread):
                             self.events[key] = self.events.get(key, 0) + 1
                     if kind == "Lock":
                         waiting += 1
+                for waiter, blocker in pairs:
+                    key = f"{statement_kind(waiter)} ← {statement_kind(blocker or '')}"
+                    self.waits_for[key] = self.waits_for.get(key, 0) + 1
                 self.samples += 1
                 self.waiting_backends += waiting
                 self.ungranted_locks += int(ungranted)
@@ -313,6 +345,9 @@ class LockSampler(threading.Thread):
             "mean_ungranted_locks": self.ungranted_locks / n,
             "mean_active": self.active_backends / n,
             "wait_events": dict(sorted(self.events.items(), key=lambda kv: -kv[1])[:8]),
+            # waiter ← blocker: the samples in which a backend running the first waited
+            # for one running the second (a backend may wait for several).
+            "waits_for": dict(sorted(self.waits_for.items(), key=lambda kv: -kv[1])[:5]),
         }
 
 
@@ -326,6 +361,35 @@ def sampling_locks(url: str, into: dict[str, Any]) -> Iterator[None]:
         sampler.finished.set()
         sampler.join(5)
         into.update(sampler.result())
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def busy_cpu_seconds() -> float | None:
+    """The machine's CPU time spent busy since boot, all CPUs together (user, nice,
+    system, interrupts; ``/proc/stat``), or None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def cpu_use(into: dict[str, Any]) -> Iterator[None]:
+    """Put into ``into`` how many CPUs were busy on average (``cpus_busy``, of
+    ``cpus``) while the block ran: every process of the machine counts, the server's
+    and the workers' alike. Nothing is put where :func:`busy_cpu_seconds` is None."""
+    before, start = busy_cpu_seconds(), time.monotonic()
+    yield
+    after, wall = busy_cpu_seconds(), time.monotonic() - start
+    if before is not None and after is not None and wall > 0:
+        into.update(cpus_busy=(after - before) / wall, cpus=os.cpu_count() or 1)
 
 
 def log_stderr(message: str) -> None:

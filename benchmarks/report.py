@@ -308,10 +308,12 @@ def scale_table(document: dict[str, Any]) -> str:
     if not keys:
         return "_Not measured in this run._"
     locks = ours.get("locks_during_scale", {})
+    costs = ours.get("per_job", {})
     lines = [
-        "| Worker processes × concurrency | jobs/s | vs 1 process | backends waiting on a lock"
-        " (mean / most) | ungranted locks (mean) | backends active (mean) | commonest waits |",
-        "|---|---|---|---|---|---|---|",
+        "| Worker processes × concurrency | jobs/s | vs 1 process | CPUs busy"
+        " | backends waiting on a lock (mean / most) | ungranted locks (mean)"
+        " | backends active (mean) | commonest waits | who waited for whom (samples) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     first = ours[keys[0]]["median"]
     for key in keys:
@@ -319,30 +321,69 @@ def scale_table(document: dict[str, Any]) -> str:
         processes, concurrency = setup.split("p-c")
         lock = locks.get(setup, {})
         events = ", ".join(f"{k} {v}" for k, v in list(lock.get("wait_events", {}).items())[:3])
+        waits = ", ".join(f"{k} {v}" for k, v in list(lock.get("waits_for", {}).items())[:2])
         lines.append(
             f"| {processes} × {concurrency} | {_num(ours[key]['median'])}"
-            f" | {ours[key]['median'] / first:.2f} |"
+            f" | {ours[key]['median'] / first:.2f} | {_cpus(costs.get(setup, {}))} |"
             f" {lock.get('mean_waiting_on_lock', 0):.2f}"
             f" / {lock.get('most_waiting_on_lock', 0):.0f}"
             f" | {lock.get('mean_ungranted_locks', 0):.2f} | {lock.get('mean_active', 0):.1f}"
-            f" | {events or '—'} |"
+            f" | {events or '—'} | {waits or '—'} |"
         )
     return "\n".join(lines)
+
+
+#: The burn-downs other than the no-op ones, by the variant their per-job costs carry.
+_VARIANTS = {
+    "sleep5": "5 ms handler",
+    "async": "`ASYNCHRONOUS_COMMIT`",
+    "sleep5-async": "5 ms handler, `ASYNCHRONOUS_COMMIT`",
+}
+
+
+def _setup(key: str) -> str:
+    """A per-job costs' key (``2p-c16``, ``1p-c16/sleep5``) as the tables show it."""
+    config, _, variant = key.partition("/")
+    processes, concurrency = config.split("p-c")
+    setup = f"{processes} × {concurrency if concurrency != '0' else 'defaults'}"
+    if variant.startswith("limits-"):
+        return f"{setup}, limits: {variant[7:]}"
+    return f"{setup}, {_VARIANTS.get(variant, variant)}" if variant else setup
+
+
+def _cpus(cost: dict[str, Any]) -> str:
+    """The CPUs busy during a burn-down, of the machine's."""
+    if "cpus_busy" not in cost:
+        return "—"
+    return f"{cost['cpus_busy']:.2f} of {cost['cpus']:.0f}"
+
+
+def _setup_order(key: str) -> tuple[int, int, str]:
+    config, _, variant = key.partition("/")
+    processes, concurrency = config.split("p-c")
+    return int(processes), int(concurrency), variant
+
+
+def _scale_setups(ours: dict[str, Any]) -> list[tuple[int, int]]:
+    """The scale-out curve's (processes, concurrency), fewest processes first."""
+    setups = [k[6:].split("p-c") for k in ours if k.startswith("scale_")]
+    return sorted((int(p), int(c)) for p, c in setups)
 
 
 def per_job_table(document: dict[str, Any]) -> str:
     systems = document["systems"]
     lines = [
-        "| System | Set-up (processes × concurrency) | Statements per job | WAL bytes per job |",
-        "|---|---|---|---|",
+        "| System | Set-up (processes × concurrency) | Statements per job | WAL bytes per job"
+        " | CPUs busy |",
+        "|---|---|---|---|---|",
     ]
     for name in _systems(document):
-        for key, cost in sorted(systems[name].get("per_job", {}).items()):
-            processes, concurrency = key.split("p-c")
-            setup = f"{processes} × {concurrency if concurrency != '0' else 'defaults'}"
+        costs = systems[name].get("per_job", {})
+        for key in sorted(costs, key=_setup_order):
+            cost = costs[key]
             lines.append(
-                f"| {name} | {setup} | {_num(cost.get('statements'), 2)}"
-                f" | {_num(cost.get('wal_bytes'))} |"
+                f"| {name} | {_setup(key)} | {_num(cost.get('statements'), 2)}"
+                f" | {_num(cost.get('wal_bytes'))} | {_cpus(cost)} |"
             )
     return "\n".join(lines) if len(lines) > 2 else "_Not measured in this run._"
 
@@ -663,8 +704,12 @@ def render(document: dict[str, Any]) -> str:
         "",
         "Burn-downs of django-ledon by more and more worker processes, each at the same"
         " concurrency. Meanwhile the harness samples `pg_stat_activity` (backends whose"
-        " `wait_event_type` is `Lock`, and the commonest wait events of active backends)"
-        " and `pg_locks` (locks not granted) every 20 ms.",
+        " `wait_event_type` is `Lock`, and the commonest wait events of active backends),"
+        " `pg_locks` (locks not granted) and, for each waiting backend,"
+        " `pg_blocking_pids` (which statement waited for which: *waiter ← blocker*,"
+        " counted per sample) every 20 ms. CPUs busy: the machine's busy CPU time"
+        " (`/proc/stat`: the server's and the workers' processes alike) over the"
+        " burn-down's time, of the machine's CPUs.",
         "",
         scale_table(document),
         "",
@@ -674,7 +719,9 @@ def render(document: dict[str, Any]) -> str:
         " (`pg_stat_statements`, top level, `BEGIN`/`COMMIT` included, the harness's own"
         " polls left out; every statement of these drivers is one round trip) and the"
         " WAL written (`pg_current_wal_lsn` before and after, less the WAL of the same"
-        " enqueue measured alone)."
+        " enqueue measured alone), and the machine's CPUs busy meanwhile. Besides the"
+        " no-op burn-downs, django-ledon's 5 ms handler and its `ASYNCHRONOUS_COMMIT`"
+        " runs have rows of their own."
         + (
             ""
             if document.get("statements_measured", True)
@@ -828,6 +875,7 @@ def closing_note(document: dict[str, Any]) -> str:
                 + ": the attempt row (inserted, then finished) and the token, lease and"
                 " history the contract keeps, which pgqueuer does not."
             )
+        text += _settle_bound(mine)
         lines.append(text)
     scale = sorted(
         (int(k[6:].split("p")[0]), v["median"]) for k, v in ours.items() if k.startswith("scale_")
@@ -842,17 +890,41 @@ def closing_note(document: dict[str, Any]) -> str:
         text = (
             "- **Scale-out**: "
             + ", ".join(f"{p} process{'es' if p > 1 else ''} {r:,.0f}" for p, r in scale)
-            + " jobs/s. Every process adds Python that competes with the server for the"
-            " same two CPUs, and the WAL's waits are the commonest of active backends."
+            + " jobs/s."
         )
+        busy = [
+            costs[f"{p}p-c{c}"]
+            for p, c in _scale_setups(ours)
+            if "cpus_busy" in costs.get(f"{p}p-c{c}", {})
+        ]
+        if busy:
+            text += (
+                " The machine's CPUs busy meanwhile (server and workers together): "
+                + ", ".join(f"{cost['cpus_busy']:.2f}" for cost in busy)
+                + f" of {busy[0]['cpus']:.0f}. Once they are all busy, one process more"
+                " brings its own Python and connections to the same CPUs, not capacity:"
+                " the curve can rise only while CPUs are idle."
+            )
         if worst > 0.1:
             events = ", ".join(list(locks[worst_key].get("wait_events", {}))[:3])
             text += (
                 f" Lock waits do appear as processes are added: {worst:.2f} backends"
-                f" waited on a lock on average at {worst_key} ({events}) — waits for"
-                " another transaction's row lock, which the claim's candidate scan never"
-                " does (`SKIP LOCKED`); which statement waits was not sampled in this run."
+                f" waited on a lock on average at {worst_key} ({events})."
             )
+            waits = locks[worst_key].get("waits_for", {})
+            if waits:
+                pair, samples = next(iter(waits.items()))
+                waiter, _, blocker = pair.partition(" ← ")
+                text += (
+                    f" The commonest: a worker's {waiter} statement waiting for another's"
+                    f" {blocker} ({samples} samples). The claim's candidate scan skips"
+                    " locked jobs (`SKIP LOCKED`) and never waits; what waits is the"
+                    " finish of a job that another worker's claim met: a claim whose"
+                    " snapshot still shows the job Queued locks the job's newest version"
+                    " (Running) before it rechecks it and passes over it, and holds that"
+                    " lock to its commit (`FOR UPDATE` in READ COMMITTED). The statement"
+                    " claims before it finishes, which keeps that window short."
+                )
         else:
             text += " No backend waited on a lock for long: claims skip locked rows."
         lines.append(text)
@@ -893,6 +965,7 @@ def closing_note(document: dict[str, Any]) -> str:
                 " hand-off to a thread: the commit between two jobs on a slot, not the"
                 " worker's Python, is what keeps it from the ideal."
             )
+        text += _settle_bound(costs.get(f"1p-c{concurrency}/sleep5", {}))
         durable = _median(ours, f"syncmode_sleep5_c{concurrency}_durable")
         fast = _median(ours, f"syncmode_sleep5_c{concurrency}_async")
         if durable and fast:
@@ -906,6 +979,21 @@ def closing_note(document: dict[str, Any]) -> str:
     if queued:
         lines.append(_deep_queue_text(queued))
     return "\n".join(lines)
+
+
+def _settle_bound(cost: dict[str, Any]) -> str:
+    """What the CPUs busy during a one-process burn-down say (empty if not measured)."""
+    if "cpus_busy" not in cost:
+        return ""
+    text = f" The machine's CPUs were {cost['cpus_busy']:.2f} of {cost['cpus']:.0f} busy meanwhile"
+    if cost["cpus_busy"] < 0.75 * cost["cpus"]:
+        return text + (
+            ": not the CPUs but the settles' latency bounds this rate. One process runs"
+            " one settle at a time (two side by side were measured slower: smaller"
+            " batches, each its own statement and commit), and a settle is a round trip,"
+            " the statement's execution on one server backend and one WAL flush."
+        )
+    return text + "."
 
 
 def _sleep_text(document: dict[str, Any]) -> str:

@@ -6,8 +6,10 @@ Nothing here asserts a speed: performance is read from ``make bench``, never fro
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -81,14 +83,28 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
         assert ours[key]["median"] > 0, key
         assert len(ours[key]["runs"]) == 1
     assert ours["floor"]["jobs"] == 100
-    # Per job of every burn-down: the WAL it wrote (statements need pg_stat_statements).
-    assert set(ours["per_job"]) == {"1p-c1", "1p-c4", "1p-c2", "2p-c2"}
+    # Per job of every burn-down: the WAL it wrote (statements need pg_stat_statements)
+    # and the CPUs busy meanwhile; the 5 ms handler's and the asynchronous commit's
+    # under their own keys, not mixed into the no-op burn-downs of the same set-up.
+    assert set(ours["per_job"]) == {
+        "1p-c1",
+        "1p-c4",
+        "1p-c2",
+        "2p-c2",
+        "1p-c4/sleep5",
+        "1p-c1/async",
+        "1p-c4/sleep5-async",
+    }
     assert all(cost["wal_bytes"] > 0 for cost in ours["per_job"].values())
+    assert all(cost["cpus_busy"] > 0 for cost in ours["per_job"].values())
+    assert {cost["cpus"] for cost in ours["per_job"].values()} == {os.cpu_count()}
     if document["statements_measured"]:
         assert all(cost["statements"] > 0 for cost in ours["per_job"].values())
     locks = ours["locks_during_scale"]["2p-c2"]
     assert locks["samples"] > 0
     assert locks["mean_waiting_on_lock"] >= 0
+    # Who waited for whom: "waiter ← blocker" by statement kind, counted per sample.
+    assert all(" ← " in pair and n > 0 for pair, n in locks["waits_for"].items())
     queued = document["queued_claim_cost"]
     assert (queued["shallow_rows"], queued["deep_rows"]) == (100, 2_000)
     assert queued["deep"]["claim_1_ms"] > 0
@@ -175,6 +191,76 @@ def test_report_renders_ratios_and_target_verdicts() -> None:
     assert verdicts["Bulk submit ≥ 20,000 jobs/s"] is True
     slower = {t: holds for t, _, holds in report.targets(synthetic(1.0))}
     assert slower["Burn-down ≥ 1.5× pgqueuer at equal resources (every set-up)"] is False
+
+
+def database_url() -> str:
+    """The test database itself, as a URL."""
+    return server_url().rsplit("/", 1)[0] + "/" + quote(connection.settings_dict["NAME"])
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_the_lock_sampler_names_who_waits_for_whom() -> None:
+    """A backend blocked on a row another holds is sampled as waiting, with the
+    statements of both: the waiter's and the one it waits for."""
+    import psycopg
+
+    from benchmarks import physical
+
+    url = database_url()
+    with psycopg.connect(url, autocommit=True) as setup:
+        setup.execute("CREATE TABLE bench_probe_lock (id int PRIMARY KEY)")
+        setup.execute("INSERT INTO bench_probe_lock VALUES (1)")
+    try:
+        with psycopg.connect(url) as holder, psycopg.connect(url) as waiter:
+            holder.execute("UPDATE bench_probe_lock SET id = 1 WHERE id = 1")
+            blocked = threading.Thread(
+                target=lambda: waiter.execute("DELETE FROM bench_probe_lock WHERE id = 1")
+            )
+            sampler = physical.LockSampler(url, interval=0.01)
+            sampler.start()
+            blocked.start()
+            with psycopg.connect(url, autocommit=True) as watch:
+                # Until the waiter waits (no guessing how long that takes)...
+                for _ in range(1000):
+                    row = watch.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
+                        " = 'Lock' AND query LIKE 'DELETE FROM bench_probe_lock%%'"
+                    ).fetchone()
+                    if row and row[0]:
+                        break
+                    watch.execute("SELECT pg_sleep(0.005)")
+            # ... and the sampler has taken two samples since.
+            seen = sampler.samples
+            for _ in range(1000):
+                if sampler.samples >= seen + 2:
+                    break
+                sampler.finished.wait(0.005)
+            sampler.finished.set()
+            sampler.join(5)
+            sampled = sampler.result()
+            holder.rollback()
+            blocked.join(10)
+            waiter.rollback()
+    finally:
+        with psycopg.connect(url, autocommit=True) as setup:
+            setup.execute("DROP TABLE bench_probe_lock")
+    assert sampled["most_waiting_on_lock"] >= 1
+    pair, samples = next(iter(sampled["waits_for"].items()))
+    assert pair == "DELETE FROM bench_probe_lock ← UPDATE bench_probe_lock SET"
+    assert samples >= 1
+
+
+def test_statement_kinds_name_the_workers_statements() -> None:
+    from benchmarks import physical
+    from jobs.store import sql
+
+    settle = sql.claim("postgresql", queues=0, one_job=False, finishing=True)
+    assert physical.statement_kind(settle) == "finish and claim"
+    claim = sql.claim("postgresql", queues=0, one_job=False)
+    assert physical.statement_kind(claim) == "claim"
+    assert physical.statement_kind("  SELECT  1\n FROM x") == "SELECT 1 FROM"
+    assert physical.statement_kind("") == "(none)"
 
 
 def test_physical_targets_read_ratios_against_the_floor_and_the_curve() -> None:
