@@ -111,8 +111,9 @@ def claim(
     row (a data-modifying CTE), so a claim is one round trip; on SQLite the attempt
     rows follow as a second statement of the same transaction
     (:func:`insert_attempts`). With ``finishing`` (PostgreSQL only), the statement
-    first finishes a batch of attempts — the J8 rule of :func:`finish`, whose
-    parameters it takes too — and every row it returns has its ``kind``:
+    also finishes a batch of attempts — the J8 rule of :func:`finish`, whose
+    parameters it takes too; it runs after the claim (see :func:`claimed_kinds`) —
+    and every row it returns has its ``kind``:
     ``'finished'`` or ``'orphan'`` (a :class:`FinishedRow`; with an orphan the
     statement changes nothing at all) or ``'claimed'`` (:data:`CLAIMED`). Being
     one statement, it is atomic by itself: the worker runs it in autocommit, one round
@@ -189,7 +190,7 @@ def claimed_kinds(*, finishing: bool) -> list[tuple[str, str, Mapping[str, str]]
 
 def finish_ctes() -> str:
     """PostgreSQL: the J8 rule for a batch as CTEs (see :func:`_finish_ctes`), for a
-    statement that finishes before it claims."""
+    statement that finishes and claims."""
     return _finish_ctes()
 
 
