@@ -343,7 +343,10 @@ class Runner:
         and, with ``pg_stat_statements``, the statements the system's processes sent
         (the harness's polls left out; the seed's few included); and the CPUs busy
         meanwhile (of the machine's), under the set-up's key and ``/variant``."""
-        entry: dict[str, Any] = {"wal_bytes": (cost["wal_bytes"] - seed_cost["wal_bytes"]) / count}
+        entry: dict[str, Any] = {
+            "jobs": count,
+            "wal_bytes": (cost["wal_bytes"] - seed_cost["wal_bytes"]) / count,
+        }
         if "statements" in cost:
             entry["statements"] = cost["statements"] / count
             entry["top"] = cost["top"]

@@ -370,12 +370,45 @@ def _scale_setups(ours: dict[str, Any]) -> list[tuple[int, int]]:
     return sorted((int(p), int(c)) for p, c in setups)
 
 
+def _round_trips(system: str, key: str, cost: dict[str, Any], jobs: int) -> float | None:
+    """Statements per job less those that were no round trip of their own: the
+    server's foreign-key checks, and django-ledon's ``set_config`` pipelined with its
+    statement under ``ASYNCHRONOUS_COMMIT`` (both counted from the commonest
+    statements recorded, where they always are)."""
+    if "statements" not in cost:
+        return None
+    internal = 0.0
+    for row in cost.get("top", []):
+        query = row["query"]
+        foreign_key = query.startswith("SELECT 1 FROM ONLY") and "FOR KEY SHARE" in query
+        pipelined = system == OURS and "async" in key and query.startswith("SELECT set_config(")
+        if foreign_key or pipelined:
+            internal += row["calls"]
+    return float(cost["statements"]) - internal / jobs
+
+
+def _jobs_of(document: dict[str, Any], system: str, key: str, cost: dict[str, Any]) -> int:
+    """The jobs of the burn-downs behind a per-job costs' entry (recorded since the
+    entries carry it; before, the plan's count for that kind of burn-down)."""
+    if "jobs" in cost:
+        return int(cost["jobs"])
+    plan = document["plan"]
+    if "sleep5" in key:
+        return int(plan["sleep_jobs"])
+    if key.split("/")[0].endswith(f"-c{plan.get('scale_concurrency')}"):
+        return int(plan["scale_jobs"])
+    if "limits-" in key:
+        return int(plan["flow_burn_jobs"])
+    burn = plan["burn_jobs"]
+    return int(burn.get(system, burn["default"]))
+
+
 def per_job_table(document: dict[str, Any]) -> str:
     systems = document["systems"]
     lines = [
-        "| System | Set-up (processes × concurrency) | Statements per job | WAL bytes per job"
-        " | CPUs busy |",
-        "|---|---|---|---|---|",
+        "| System | Set-up (processes × concurrency) | Statements per job | Round trips per job"
+        " | WAL bytes per job | CPUs busy |",
+        "|---|---|---|---|---|---|",
     ]
     for name in _systems(document):
         costs = systems[name].get("per_job", {})
@@ -383,6 +416,7 @@ def per_job_table(document: dict[str, Any]) -> str:
             cost = costs[key]
             lines.append(
                 f"| {name} | {_setup(key)} | {_num(cost.get('statements'), 2)}"
+                f" | {_num(_round_trips(name, key, cost, _jobs_of(document, name, key, cost)), 2)}"
                 f" | {_num(cost.get('wal_bytes'))} | {_cpus(cost)} |"
             )
     return "\n".join(lines) if len(lines) > 2 else "_Not measured in this run._"
@@ -717,7 +751,11 @@ def render(document: dict[str, Any]) -> str:
         "",
         "Per job of a burn-down: the statements the system's processes sent"
         " (`pg_stat_statements`, top level, `BEGIN`/`COMMIT` included, the harness's own"
-        " polls left out; every statement of these drivers is one round trip) and the"
+        " polls left out) and the round trips among them — all but the server's own"
+        " foreign-key checks (`SELECT 1 FROM ONLY … FOR KEY SHARE`, which PostgreSQL runs"
+        " inside a statement that inserts a row referring to another) and, for"
+        " django-ledon with `ASYNCHRONOUS_COMMIT`, the `set_config` sent in one pipeline"
+        " with the statement it applies to —; and the"
         " WAL written (`pg_current_wal_lsn` before and after, less the WAL of the same"
         " enqueue measured alone), and the machine's CPUs busy meanwhile. Besides the"
         " no-op burn-downs, django-ledon's 5 ms handler and its `ASYNCHRONOUS_COMMIT`"
@@ -861,19 +899,22 @@ def closing_note(document: dict[str, Any]) -> str:
             f"- **Concurrency {concurrency}**: {a:,.0f} against pgqueuer's {b:,.0f} jobs/s"
             f" ({a / b:.2f}×)."
         )
-        mine, theirs = costs.get(f"1p-c{concurrency}", {}), peer_costs.get("1p-c0", {})
+        key = f"1p-c{concurrency}"
+        mine, theirs = costs.get(key, {}), peer_costs.get("1p-c0", {})
         if mine.get("wal_bytes") and theirs.get("wal_bytes"):
+            trips = _round_trips(OURS, key, mine, _jobs_of(document, OURS, key, mine))
+            peer_trips = _round_trips(
+                "pgqueuer", "1p-c0", theirs, _jobs_of(document, "pgqueuer", "1p-c0", theirs)
+            )
             text += (
                 f" Per job we write {mine['wal_bytes']:,.0f} bytes of WAL to pgqueuer's"
-                f" {theirs['wal_bytes']:,.0f}"
+                f" {theirs['wal_bytes']:,.0f}: the attempt row (inserted, then finished) and"
+                " the token, lease and history the contract keeps, which pgqueuer does not"
                 + (
-                    f" and send {mine['statements']:.2f} statements to its"
-                    f" {theirs['statements']:.2f}"
-                    if "statements" in mine and "statements" in theirs
-                    else ""
+                    f"; and we make {trips:.2f} round trips a job to its {peer_trips:.2f}."
+                    if trips is not None and peer_trips is not None
+                    else "."
                 )
-                + ": the attempt row (inserted, then finished) and the token, lease and"
-                " history the contract keeps, which pgqueuer does not."
             )
         text += _settle_bound(mine)
         lines.append(text)

@@ -349,3 +349,23 @@ def test_only_bulk_measures_the_bulk_enqueue_alone(tmp_path: Path) -> None:
         assert cost["statements"] * bulk["jobs"] == 1
     assert "| django-ledon |" in done.stdout
     assert not (tmp_path / "latest.json").exists()
+
+
+def test_round_trips_leave_out_the_servers_own_checks_and_pipelined_settings() -> None:
+    """A foreign-key check runs inside the statement that inserts, and django-ledon's
+    ``set_config`` under ``ASYNCHRONOUS_COMMIT`` travels in its statement's pipeline:
+    statements, but no round trips of their own."""
+    check = 'SELECT 1 FROM ONLY "public"."jobs_job" x WHERE "id" = $1 FOR KEY SHARE OF x'
+    cost = {
+        "statements": 3.0,
+        "top": [
+            {"query": "SELECT set_config($1, $2, $3)", "calls": 100},
+            {"query": check, "calls": 100},
+            {"query": "WITH done AS (SELECT 1)", "calls": 100},
+        ],
+    }
+    assert report._round_trips("django-ledon", "1p-c1/async", cost, 100) == 1.0
+    # Without the asynchronous commit, or for a peer, set_config is a round trip.
+    assert report._round_trips("django-ledon", "1p-c1", cost, 100) == 2.0
+    assert report._round_trips("pgqueuer", "1p-c1/async", cost, 100) == 2.0
+    assert report._round_trips("pgqueuer", "1p-c0", {"wal_bytes": 1}, 100) is None
