@@ -114,7 +114,9 @@ def test_dashboard_shows_a_known_workload_and_reloads_itself(page, live_server, 
     make_workload(settings)
     requests: list[str] = []
     page.on("request", lambda request: requests.append(request.url))
-    page.goto("/admin/login/?next=/admin/jobs/dashboard/%3Frefresh%3D2")
+    # First with reloading off (?refresh=0), so that no reload replaces the page while
+    # its numbers are read; then with a reload every 2 s.
+    page.goto("/admin/login/?next=/admin/jobs/dashboard/%3Frefresh%3D0")
     page.fill("#id_username", "admin")
     page.fill("#id_password", "password")
     page.click("input[type=submit]")
@@ -143,6 +145,8 @@ def test_dashboard_shows_a_known_workload_and_reloads_itself(page, live_server, 
     assert sagas.locator('[data-fact="needing attention"] strong').inner_text() == "1"
 
     # It reloads by itself (every 2 s here), reading the database again.
+    page.goto("/admin/jobs/dashboard/?refresh=2")
+    page.wait_for_selector("#queues")
     before = page.locator("#dashboard-time").inner_text()
     submit_job("dash", "arrived", JobSubmission.create("demo.report", {}, queue="dash-a"))
     page.wait_for_function(
