@@ -341,11 +341,18 @@ _VARIANTS = {
 }
 
 
-def _setup(key: str) -> str:
-    """A per-job costs' key (``2p-c16``, ``1p-c16/sleep5``) as the tables show it."""
+def _parse_key(key: str) -> tuple[int, int, str]:
+    """A per-job costs' key (``2p-c16``, ``1p-c16/sleep5``): processes, concurrency
+    and variant (empty for a no-op burn-down); also the tables' order of set-ups."""
     config, _, variant = key.partition("/")
     processes, concurrency = config.split("p-c")
-    setup = f"{processes} × {concurrency if concurrency != '0' else 'defaults'}"
+    return int(processes), int(concurrency), variant
+
+
+def _setup(key: str) -> str:
+    """A per-job costs' key as the tables show it."""
+    processes, concurrency, variant = _parse_key(key)
+    setup = f"{processes} × {concurrency or 'defaults'}"
     if variant.startswith("limits-"):
         return f"{setup}, limits: {variant[7:]}"
     return f"{setup}, {_VARIANTS.get(variant, variant)}" if variant else setup
@@ -356,12 +363,6 @@ def _cpus(cost: dict[str, Any]) -> str:
     if "cpus_busy" not in cost:
         return "—"
     return f"{cost['cpus_busy']:.2f} of {cost['cpus']:.0f}"
-
-
-def _setup_order(key: str) -> tuple[int, int, str]:
-    config, _, variant = key.partition("/")
-    processes, concurrency = config.split("p-c")
-    return int(processes), int(concurrency), variant
 
 
 def _scale_setups(ours: dict[str, Any]) -> list[tuple[int, int]]:
@@ -385,6 +386,13 @@ def _round_trips(system: str, key: str, cost: dict[str, Any], jobs: int) -> floa
         if foreign_key or pipelined:
             internal += row["calls"]
     return float(cost["statements"]) - internal / jobs
+
+
+def _round_trips_of(
+    document: dict[str, Any], system: str, key: str, cost: dict[str, Any]
+) -> float | None:
+    """:func:`_round_trips` of a per-job costs' entry of ``document``."""
+    return _round_trips(system, key, cost, _jobs_of(document, system, key, cost))
 
 
 def _jobs_of(document: dict[str, Any], system: str, key: str, cost: dict[str, Any]) -> int:
@@ -412,11 +420,11 @@ def per_job_table(document: dict[str, Any]) -> str:
     ]
     for name in _systems(document):
         costs = systems[name].get("per_job", {})
-        for key in sorted(costs, key=_setup_order):
+        for key in sorted(costs, key=_parse_key):
             cost = costs[key]
             lines.append(
                 f"| {name} | {_setup(key)} | {_num(cost.get('statements'), 2)}"
-                f" | {_num(_round_trips(name, key, cost, _jobs_of(document, name, key, cost)), 2)}"
+                f" | {_num(_round_trips_of(document, name, key, cost), 2)}"
                 f" | {_num(cost.get('wal_bytes'))} | {_cpus(cost)} |"
             )
     return "\n".join(lines) if len(lines) > 2 else "_Not measured in this run._"
@@ -488,9 +496,7 @@ def physical_targets(document: dict[str, Any]) -> list[Target]:
             out.append(
                 _at_least(f"Concurrency {concurrency} ≥ {goal:g}× pgqueuer", a, b, goal, "×")
             )
-    scale = sorted(
-        ((int(k[6:].split("p")[0]), v["median"]) for k, v in ours.items() if k.startswith("scale_"))
-    )
+    scale = [(p, ours[f"scale_{p}p-c{c}"]["median"]) for p, c in _scale_setups(ours)]
     if len(scale) > 1:
         never = all(b >= a for (_, a), (_, b) in itertools.pairwise(scale))
         measured = ", ".join(f"{p}p: {r:,.0f}" for p, r in scale)
@@ -902,10 +908,8 @@ def closing_note(document: dict[str, Any]) -> str:
         key = f"1p-c{concurrency}"
         mine, theirs = costs.get(key, {}), peer_costs.get("1p-c0", {})
         if mine.get("wal_bytes") and theirs.get("wal_bytes"):
-            trips = _round_trips(OURS, key, mine, _jobs_of(document, OURS, key, mine))
-            peer_trips = _round_trips(
-                "pgqueuer", "1p-c0", theirs, _jobs_of(document, "pgqueuer", "1p-c0", theirs)
-            )
+            trips = _round_trips_of(document, OURS, key, mine)
+            peer_trips = _round_trips_of(document, "pgqueuer", "1p-c0", theirs)
             text += (
                 f" Per job we write {mine['wal_bytes']:,.0f} bytes of WAL to pgqueuer's"
                 f" {theirs['wal_bytes']:,.0f}: the attempt row (inserted, then finished) and"
@@ -918,9 +922,8 @@ def closing_note(document: dict[str, Any]) -> str:
             )
         text += _settle_bound(mine)
         lines.append(text)
-    scale = sorted(
-        (int(k[6:].split("p")[0]), v["median"]) for k, v in ours.items() if k.startswith("scale_")
-    )
+    setups = _scale_setups(ours)
+    scale = [(p, ours[f"scale_{p}p-c{c}"]["median"]) for p, c in setups]
     if scale:
         locks = ours.get("locks_during_scale", {})
         worst_key, worst = max(
@@ -934,9 +937,7 @@ def closing_note(document: dict[str, Any]) -> str:
             + " jobs/s."
         )
         busy = [
-            costs[f"{p}p-c{c}"]
-            for p, c in _scale_setups(ours)
-            if "cpus_busy" in costs.get(f"{p}p-c{c}", {})
+            costs[f"{p}p-c{c}"] for p, c in setups if "cpus_busy" in costs.get(f"{p}p-c{c}", {})
         ]
         if busy:
             text += (
