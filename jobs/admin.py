@@ -5,7 +5,7 @@ be added or deleted here. The only state changes are the "Cancel" and "Retry"
 actions, which go through :mod:`jobs.store` exactly like the scoped API does, and are
 offered only to users holding ``jobs.change_job`` (the admin never edits a job, so
 that permission means "may steer jobs"). Staff with only ``jobs.view_job`` see the
-pages and no actions. Queues (J18) are listed with their depth and limits, and
+pages and no actions. Queues are listed with their depth and limits, and
 paused or resumed by actions guarded by ``jobs.change_queue``.
 """
 
@@ -153,7 +153,7 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
 
     @admin.display(description="attempts", ordering="attempt_count")
     def attempts(self, obj: Job) -> str:
-        # J17: snoozed executions have attempt rows but do not count as attempts.
+        # Snoozed executions have attempt rows but do not count as attempts.
         snoozed = f" (+{obj.snooze_count} snoozed)" if obj.snooze_count else ""
         return f"{obj.attempt_count}/{obj.max_attempts}{snoozed}"
 
@@ -261,7 +261,7 @@ class JobAttemptAdmin(GrowingTableMixin, ReadOnlyModelAdmin[JobAttempt]):
 
 @admin.register(Queue)
 class QueueAdmin(ReadOnlyModelAdmin[Queue]):
-    """Queues that were paused or resumed once (J18), with their depth, Running jobs
+    """Queues that were paused or resumed once, with their depth, Running jobs
     and limits; "Pause" and "Resume" go through :mod:`jobs.store` and are offered to
     users holding ``jobs.change_queue``. ``manage.py jobs_queues`` lists every queue
     and pauses any by name."""
@@ -306,7 +306,7 @@ class QueueAdmin(ReadOnlyModelAdmin[Queue]):
         self.message_user(request, f"{changed} queue(s) resumed.", messages.SUCCESS)
 
 
-# SPEC J16: the schedules' admin lives with the schedules; SPEC M: the workers
+# The schedules' admin lives with the schedules; the workers
 # registry and the dashboard with the monitoring.
 from .monitoring import admin as _monitoring_admin  # noqa: E402, F401
 from .schedules import admin as _schedules_admin  # noqa: E402, F401

@@ -1,5 +1,5 @@
 """The scoped, untrusted-caller side: submit, stage, read, list, cancel and retry jobs
-of one scope. Nothing here can reach another scope (J13)."""
+of one scope. Nothing here can reach another scope."""
 
 from __future__ import annotations
 

@@ -21,11 +21,11 @@ class JobsConfig(ledon.apps.LedonAppConfig):
         from .schedules.scheduler import start_scheduler, stop_scheduler
         from .signals import worker_started, worker_stopping
 
-        # J16: every run_jobs worker enqueues its schedules' due periods.
+        # Every run_jobs worker enqueues its schedules' due periods.
         worker_started.connect(start_scheduler, dispatch_uid="jobs.start_scheduler")
         worker_stopping.connect(stop_scheduler, dispatch_uid="jobs.stop_scheduler")
 
-        # SPEC M: every engine of the three apps keeps its row in jobs_workerrecord
+        # Every engine of the three apps keeps its row in jobs_workerrecord
         # (see jobs.monitoring); then the checks and the optional metrics and tracing.
         from ledon import registry
 
@@ -33,7 +33,7 @@ class JobsConfig(ledon.apps.LedonAppConfig):
 
         registry.install(DatabaseRegistry())
         super().ready()
-        # J15: the tasks backend is an adapter above the handler registry; the app
+        # The tasks backend is an adapter above the handler registry; the app
         # wires it in, so that the registry never imports it.
         register_autodiscovery(_autodiscover_tasks)
 

@@ -60,7 +60,7 @@ class JobsSettings:
     #: durable). A crash of the database server can lose the last few hundred
     #: milliseconds of those commits: finished jobs then run again, claims are undone.
     ASYNCHRONOUS_COMMIT: bool = False
-    #: Schedules (SPEC J16): every ``run_jobs`` worker enqueues the periods that are
+    #: Schedules: every ``run_jobs`` worker enqueues the periods that are
     #: due, waking at the next period start; False turns that off in this process.
     SCHEDULER: bool = True
     #: The scope of every period's job.
@@ -72,18 +72,18 @@ class JobsSettings:
     #: A worker re-reads the schedules at least this often, however far the next
     #: period: a resume, or a schedule declared by another deploy, is noticed within it.
     SCHEDULE_REFRESH_SECONDS: float = 30.0
-    #: J19, rolling deploys: a job whose handler (or version) a worker does not know
+    #: Rolling deploys: a job whose handler (or version) a worker does not know
     #: is put back, UNKNOWN_HANDLER_RETRY_DELAY seconds later each time and without
     #: consuming an attempt, until this many seconds have passed since its first such
     #: claim; then it fails naming the handler and version. 0 fails it at once.
     UNKNOWN_HANDLER_RETRY_SECONDS: float = 600.0
     UNKNOWN_HANDLER_RETRY_DELAY: float = 10.0
-    #: SPEC M: dotted paths of middlewares that wrap every handler invocation,
+    #: Dotted paths of middlewares that wrap every handler invocation,
     #: outermost first (see :mod:`jobs.middleware`).
     MIDDLEWARE: Sequence[str] = ()
-    #: SPEC M: Prometheus counters and histograms of jobs (the ``[metrics]`` extra).
+    #: Prometheus counters and histograms of jobs (the ``[metrics]`` extra).
     METRICS: bool = False
-    #: SPEC M: OpenTelemetry spans of submissions and attempts (the ``[otel]`` extra).
+    #: OpenTelemetry spans of submissions and attempts (the ``[otel]`` extra).
     TRACING: bool = False
     #: The workers registry: seconds between two heartbeats of each engine's row; a
     #: row silent for WORKERS_SILENT_AFTER heartbeats is shown as silent, and one
@@ -91,13 +91,13 @@ class JobsSettings:
     WORKERS_HEARTBEAT_SECONDS: float = 10.0
     WORKERS_SILENT_AFTER: int = 3
     WORKERS_RETENTION_SECONDS: float = 86_400.0
-    #: J17: seconds a handler may run before it is signalled to stop, for handlers
+    #: Seconds a handler may run before it is signalled to stop, for handlers
     #: that set no ``timeout``; None: no timeout.
     JOB_TIMEOUT_SECONDS: float | None = None
-    #: J17: seconds a timed-out handler gets to stop before its attempt is failed
+    #: Seconds a timed-out handler gets to stop before its attempt is failed
     #: with ``JobTimedOut`` and its thread abandoned (a fresh one takes its slot).
     TIMEOUT_GRACE_SECONDS: float = 5.0
-    #: J18: limits per queue, enforced by every worker's claim:
+    #: Limits per queue, enforced by every worker's claim:
     #: ``{"emails": {"max_running": 4, "rate": (10, 1)}}`` (keys: ``max_running``,
     #: ``max_running_per_scope``, ``rate``).
     QUEUES: dict[str, Any] = field(default_factory=dict)

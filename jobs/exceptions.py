@@ -117,7 +117,7 @@ class ScheduleNotDeclared(JobsError, LookupError):
 
 
 class JobTimedOut(JobsError):
-    """The attempt ran past its handler's timeout (J17): its handler was signalled to
+    """The attempt ran past its handler's timeout: its handler was signalled to
     stop at the timeout and the attempt failed after the grace period."""
 
 

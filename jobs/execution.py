@@ -1,4 +1,4 @@
-"""The trusted executor side: cross-scope candidates and execution writes (J6–J12).
+"""The trusted executor side: cross-scope candidates and execution writes.
 
 Only workers and operators' tools should import this module. Every write is fenced
 by an attempt token minted at claim time: a late call carrying an old token changes
@@ -66,7 +66,7 @@ def default_worker_id() -> str:
 
 
 def claim_limits() -> ClaimLimits:
-    """J18: the limits every claim of this process keeps — its handlers' and
+    """The limits every claim of this process keeps — its handlers' and
     ``JOBS["QUEUES"]`` (falsy when there are none: claims are then one statement)."""
     return ClaimLimits(handler_limits(), queue_limits())
 
@@ -115,7 +115,7 @@ def claim_due(
     now: datetime | None = None,
 ) -> list[Claim]:
     """Start up to ``limit`` due jobs in one transaction (PostgreSQL: SKIP LOCKED),
-    keeping every limit (J18) and skipping paused queues."""
+    keeping every limit and skipping paused queues."""
     validation.integer(limit, "limit", 1, 10_000)
     _, claims = _claiming(
         (), worker_id, limit=limit, queues=queues, lease_seconds=lease_seconds, now=now
@@ -127,7 +127,7 @@ def _claiming(
     completions: Sequence[tuple[Claim, str | None]], worker_id: str | None, **claim: Any
 ) -> tuple[dict[str, FinishOutcome], list[Claim]]:
     """The store's finish-and-claim as this process runs it: its default worker id,
-    every limit (J18) of :func:`claim_limits` kept; ``claim``: the rest of its
+    every limit of :func:`claim_limits` kept; ``claim``: the rest of its
     keywords."""
     return store.complete_and_claim(
         completions, worker_id or default_worker_id(), limits=claim_limits(), **claim
@@ -207,7 +207,7 @@ def interrupt(
 def put_back_unknown_handler(
     token: str, reason: str, *, now: datetime | None = None
 ) -> FinishOutcome:
-    """J19: this worker does not know the claimed job's handler or version. The job
+    """This worker does not know the claimed job's handler or version. The job
     goes back to Queued for later without consuming an attempt (``PUT_BACK``) until
     ``JOBS["UNKNOWN_HANDLER_RETRY_SECONDS"]`` have passed since its first such claim,
     then ends Failed with ``reason``; Cancelled if its cancel was requested."""
@@ -215,21 +215,21 @@ def put_back_unknown_handler(
 
 
 def snooze(token: str, run_at: datetime, *, now: datetime | None = None) -> FinishOutcome:
-    """J17: the handler raised ``Snooze``: the job is Queued again at ``run_at`` and the
+    """The handler raised ``Snooze``: the job is Queued again at ``run_at`` and the
     execution, recorded Snoozed, does not count against ``max_attempts``
     (``SNOOZED``); Cancelled if its cancel was requested first."""
     return store.snooze(token, run_at, now=now)
 
 
 def pause_queue(name: str, *, now: datetime | None = None) -> bool:
-    """J18: pause queue ``name`` for every worker: no claim takes its jobs until
+    """Pause queue ``name`` for every worker: no claim takes its jobs until
     :func:`resume_queue` (attempts already running go on). Persisted; True if it was
     not paused already."""
     return store.pause(name, now=now)
 
 
 def resume_queue(name: str, *, now: datetime | None = None) -> bool:
-    """J18: resume queue ``name`` (and wake the workers); True if it was paused."""
+    """Resume queue ``name`` (and wake the workers); True if it was paused."""
     return store.resume(name, now=now)
 
 
@@ -240,7 +240,7 @@ def queue_states(names: Sequence[str] | None = None) -> list[QueueState]:
 
 
 def prune_claim_starts(*, now: datetime | None = None) -> int:
-    """J18: delete the recorded starts that no ``rate`` window counts any more."""
+    """Delete the recorded starts that no ``rate`` window counts any more."""
     if not ClaimStart.objects.exists():
         return 0
     limits = claim_limits()
@@ -256,7 +256,7 @@ def recover(
     now: datetime | None = None,
 ) -> FinishOutcome:
     """End an old attempt as Interrupted and, if ``requeue``, no cancel was requested
-    and attempts remain, queue the job again — one transaction (J11)."""
+    and attempts remain, queue the job again — one transaction."""
     return store.recover(token, requeue=requeue, reason=reason, now=now)
 
 
@@ -323,8 +323,8 @@ def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:
 
 def enqueue_due_schedules(now: datetime | None = None) -> list[JobSnapshot]:
     """Enqueue the periods of this process's schedules (``@periodic``) that are due as
-    of ``now`` (default: the current time) and return their jobs, oldest period first
-    (SPEC J16). Each period is one job of scope ``JOBS["SCHEDULE_SCOPE"]`` whose id
+    of ``now`` (default: the current time) and return their jobs, oldest period
+    first. Each period is one job of scope ``JOBS["SCHEDULE_SCOPE"]`` whose id
     names it, so concurrent calls — threads, processes, machines — create exactly one
     job per period. When nothing is due it costs one read and no write. Every
     ``run_jobs`` worker calls it at each period start (``JOBS["SCHEDULER"]``).

@@ -2,7 +2,7 @@
 automatic retry policy.
 
 Handlers are found by their registered name and version only — never by importing a
-path read from stored or user data (J13). The worker imports each installed app's
+path read from stored or user data. The worker imports each installed app's
 ``tasks`` module (``JOBS["AUTODISCOVER_MODULE"]``) so that the decorators run.
 """
 
@@ -38,7 +38,7 @@ Handler = SyncHandler | AsyncHandler
 
 
 class Snooze(Exception):
-    """Raise from a handler to run the job again ``seconds`` from now (J17).
+    """Raise from a handler to run the job again ``seconds`` from now.
 
     Not a failure: the attempt is recorded as Snoozed, the job is Queued again for
     then, and the execution does not count against ``max_attempts`` (``ctx.attempt``
@@ -80,10 +80,10 @@ class HandlerSpec:
     #: Turns the exception that failed an attempt into the stored error text
     #: (default: :func:`format_error`).
     format_error: Callable[[BaseException], str] | None = field(default=None)
-    #: J17: seconds before the handler is signalled to stop (None: never; unset:
+    #: Seconds before the handler is signalled to stop (None: never; unset:
     #: ``JOBS["JOB_TIMEOUT_SECONDS"]``).
     timeout: float | _Unset | None = field(default=_DEFAULT_TIMEOUT)
-    #: J18: limits across every worker, for every version of this handler name.
+    #: Limits across every worker, for every version of this handler name.
     limits: Limits = field(default_factory=Limits)
 
     def retry_policy(self) -> RetryPolicy:
@@ -118,7 +118,7 @@ class HandlerSpec:
                 result = asyncio.run(coro)
             else:
                 future = asyncio.run_coroutine_threadsafe(coro, loop)
-                # J17: a timeout cancels the coroutine on its loop.
+                # A timeout cancels the coroutine on its loop.
                 ctx._on_cancel(future.cancel, CancelReason.TIMEOUT)
                 result = future.result()
         else:
@@ -167,12 +167,12 @@ def job_handler(
     ``format_error`` replaces the worker's text for a failed attempt's error; it
     must return at most 100,000 characters of valid text without NUL.
 
-    ``timeout`` (J17): seconds an attempt may run before its handler is signalled to
+    ``timeout``: seconds an attempt may run before its handler is signalled to
     stop (``ctx.cancel_reason`` is ``CancelReason.TIMEOUT``); after
     ``JOBS["TIMEOUT_GRACE_SECONDS"]`` more the attempt fails with ``JobTimedOut``,
     retried by the retry policy. Default: ``JOBS["JOB_TIMEOUT_SECONDS"]``; None: none.
 
-    ``max_running``, ``max_running_per_scope`` and ``rate=(count, seconds)`` (J18)
+    ``max_running``, ``max_running_per_scope`` and ``rate=(count, seconds)``
     limit this handler name (all its versions) across every worker: Running
     attempts at once, the same per scope, and attempt starts in any window of
     ``seconds``. Jobs over a limit stay Queued; claims take others past them.
@@ -244,7 +244,7 @@ def registered_handlers() -> list[HandlerSpec]:
 
 
 def handler_limits() -> dict[str, Limits]:
-    """J18: the limits of every registered handler name that has any."""
+    """The limits of every registered handler name that has any."""
     return _limits()
 
 

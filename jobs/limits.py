@@ -1,4 +1,4 @@
-"""Flow control (J18): the limits of a handler or a queue, and which of them apply to
+"""Flow control: the limits of a handler or a queue, and which of them apply to
 a claim. Enforced by the claim itself (:mod:`jobs.store.limits`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from .exceptions import InvalidLimits
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
-    """Flow control (J18) for one handler or one queue, across every worker.
+    """Flow control for one handler or one queue, across every worker.
 
     ``max_running``: Running attempts at once; ``max_running_per_scope``: the same
     per scope; ``rate``: ``(count, seconds)``, at most ``count`` attempt starts in any

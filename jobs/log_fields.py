@@ -1,4 +1,4 @@
-"""The structured fields of the jobs engines' log lines (SPEC M): every line about an
+"""The structured fields of the jobs engines' log lines: every line about an
 attempt carries them in ``extra=``, so that a JSON formatter (see
 ``docs/operations.md``) gives each its own key."""
 

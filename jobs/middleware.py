@@ -1,4 +1,4 @@
-"""``JOBS["MIDDLEWARE"]``: callables that wrap every handler invocation (SPEC M), the way
+"""``JOBS["MIDDLEWARE"]``: callables that wrap every handler invocation, the way
 Django's middleware wraps views.
 
 A middleware is a factory: it is called once with ``call_next`` — the next middleware,

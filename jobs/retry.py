@@ -1,4 +1,4 @@
-"""The automatic retry policy of job handlers (J10) and the failure that skips it.
+"""The automatic retry policy of job handlers and the failure that skips it.
 
 Its own module so that :mod:`jobs.context` can name the policy without importing the
 handler registry (which imports the context). Both names are public in
@@ -23,7 +23,8 @@ class PermanentFailure(Exception):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryPolicy:
-    """Exponential backoff with jitter for automatic retries (J10 through the executor).
+    """Exponential backoff with jitter for automatic retries, which the worker makes
+    through ``retry``.
 
     The delay before attempt ``n + 1`` is ``base_delay * factor ** (n - 1)``, capped at
     ``max_delay``, then spread by ``± jitter`` (a ratio). Retries never go beyond the

@@ -1,11 +1,11 @@
 """Signals of the jobs app.
 
 ``jobs_enqueued`` and ``attempt_finished`` say what happened to jobs, for optional
-layers such as the Prometheus metrics (SPEC M, :mod:`jobs.contrib.metrics`).
+layers such as the Prometheus metrics (:mod:`jobs.contrib.metrics`).
 
 ``worker_started`` and ``worker_stopping`` are for apps that run beside the worker in
-every ``run_jobs`` process (``sagas`` recovers unfinished saga instances there, SPEC
-S5); both are sent with ``sender=Worker`` and ``worker=<the Worker>``.
+every ``run_jobs`` process (``sagas`` recovers unfinished saga instances
+there); both are sent with ``sender=Worker`` and ``worker=<the Worker>``.
 
 A receiver that raises is logged and does not stop the worker.
 """
@@ -30,12 +30,12 @@ __all__ = [
     "worker_stopping",
 ]
 
-#: Jobs were created (SPEC M), sent with ``sender=Job``, ``snapshots`` (the new jobs),
+#: Jobs were created, sent with ``sender=Job``, ``snapshots`` (the new jobs),
 #: ``staged`` (True: inside the caller's transaction, which may still roll back —
 #: count them on commit) and ``using`` (the database alias).
 jobs_enqueued = Signal()
 
-#: An attempt ended and its end was recorded (SPEC M), sent by whoever ran it (the
+#: An attempt ended and its end was recorded, sent by whoever ran it (the
 #: worker, :func:`jobs.testing.run_jobs_inline`) with ``sender=Job``, ``claim``,
 #: ``outcome`` (a :class:`~jobs.types.FinishOutcome`) and ``retry_scheduled`` (a
 #: failed attempt whose job was queued again). Use :func:`finished_attempt`.

@@ -1,4 +1,4 @@
-"""Where this Django's tasks framework lives (SPEC E), found without importing it.
+"""Where this Django's tasks framework lives, found without importing it.
 
 Django 6 ships ``django.tasks``; on Django 5.2 the framework is the ``django-tasks``
 backport (``pip install "django-ledon[tasks-backport]"``), when it is installed. The

@@ -63,5 +63,5 @@ def _run(claim: Claim, now: datetime) -> InlineRun:
     end = run_attempt(JobContext(claim), clock=lambda: now)
     outcome = end.write(claim.token, now=now)
     retry_scheduled = end.ending is Ending.FAILED and outcome is FinishOutcome.REQUEUED
-    finished_attempt(claim, outcome, retry_scheduled=retry_scheduled)  # SPEC M
+    finished_attempt(claim, outcome, retry_scheduled=retry_scheduled)  # for metrics
     return InlineRun(claim.job_id, claim.handler, claim.attempt, outcome, end.error)

@@ -13,7 +13,7 @@ from .observability import OptionalLayers
 
 class LedonAppConfig(AppConfig):
     """Registers the app's system checks (``<app>.checks``), sets up its optional
-    metrics and tracing (SPEC M) as ``optional_layers``, then runs its
+    metrics and tracing as ``optional_layers``, then runs its
     :meth:`autodiscover`. The app's dashboard panels, if it has some, are its
     ``<app>.monitoring.dashboard_panels(now)``."""
 

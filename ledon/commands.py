@@ -2,7 +2,7 @@
 stop request (and a line saying what it does), and a database without the app's
 tables is a :class:`~django.core.management.CommandError` — two lines, no traceback;
 the engine's summary line when it stops; ``--metrics-port``, which serves the
-Prometheus metrics while the engine runs (SPEC M); and :class:`EngineCommand`, the
+Prometheus metrics while the engine runs; and :class:`EngineCommand`, the
 base of the four engines' commands (``run_jobs``, ``dispatch_outbox``,
 ``consume_events``, ``recover_sagas``)."""
 

@@ -1,4 +1,4 @@
-"""What an app adds to the admin's dashboard (SPEC M), without importing the app that
+"""What an app adds to the admin's dashboard, without importing the app that
 shows it: each installed app's config may define ``dashboard_panels(now)``, returning
 :class:`Panel` values, and the dashboard (in ``jobs``) lists them after its own."""
 

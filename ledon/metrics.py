@@ -1,4 +1,4 @@
-"""Prometheus metrics of the three apps (SPEC M; the ``[metrics]`` extra).
+"""Prometheus metrics of the three apps (the ``[metrics]`` extra).
 
 Imported only when metrics are on: ``JOBS["METRICS"]`` (or OUTBOX's, SAGAS'), an
 engine's ``--metrics-port``, or a request to :func:`metrics_view`. The metrics live in

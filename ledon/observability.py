@@ -1,4 +1,4 @@
-"""Turning an app's optional metrics and tracing on or off (SPEC M), without importing
+"""Turning an app's optional metrics and tracing on or off, without importing
 prometheus-client or OpenTelemetry before they are asked for.
 
 Each app config keeps one :class:`OptionalLayers` as ``optional_layers``: its ``ready()``

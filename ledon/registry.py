@@ -1,4 +1,4 @@
-"""The workers registry (SPEC M): every running engine — job worker, outbox dispatcher,
+"""The workers registry: every running engine — job worker, outbox dispatcher,
 event consumer, saga runner — keeps a row saying who it is and that it is alive.
 
 This module holds no table: it defines what an engine records (:class:`EngineRecord`)

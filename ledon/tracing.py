@@ -1,4 +1,4 @@
-"""The tracing hooks the apps call, without importing OpenTelemetry (SPEC M).
+"""The tracing hooks the apps call, without importing OpenTelemetry.
 
 Each app asks :func:`tracer` for its component's tracer ("jobs", "outbox", "sagas") and
 opens spans through it. Until :func:`enable` installs the OpenTelemetry tracer for a

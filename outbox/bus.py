@@ -1,4 +1,4 @@
-"""The in-process event bus: subscribe and publish by event type (O3).
+"""The in-process event bus: subscribe and publish by event type.
 
 A subscriber receives events of its type and of every subclass. Subscribers run one
 after the other in the publishing thread; one that raises is logged and the others

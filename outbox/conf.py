@@ -54,9 +54,9 @@ class OutboxSettings:
     #: Module imported from each installed app at start-up, where events are
     #: defined and subscribed (None: import nothing).
     AUTODISCOVER_MODULE: str | None = "events"
-    #: SPEC M: Prometheus counters of deliveries and consumed messages (``[metrics]``).
+    #: Prometheus counters of deliveries and consumed messages (``[metrics]``).
     METRICS: bool = False
-    #: SPEC M: OpenTelemetry spans of publish and consume, the trace context carried in
+    #: OpenTelemetry spans of publish and consume, the trace context carried in
     #: the messages' headers (``[otel]``).
     TRACING: bool = False
 

@@ -1,4 +1,4 @@
-"""The consumer engine behind ``manage.py consume_events`` (O5, O6).
+"""The consumer engine behind ``manage.py consume_events``.
 
 An :class:`EventConsumer` reads a broker through the configured transport's
 :class:`~outbox.transports.base.Subscription` and handles each message in one
@@ -260,7 +260,7 @@ class EventConsumer(EmitsEvents, Engine):
     def process(self, received: Received) -> ConsumeOutcome:
         """Handle, skip or park one message, then acknowledge it (not when the
         consumer stopped first: then the broker delivers it again) — in its consumer
-        span (SPEC M, :mod:`outbox.telemetry`)."""
+        span (:mod:`outbox.telemetry`)."""
         with consuming(self.group, received) as span:
             outcome = self._process(received)
             span.set_attribute("ledon.outbox.outcome", outcome.value)

@@ -1,4 +1,4 @@
-"""The outbox dispatcher engine behind ``manage.py dispatch_outbox`` (O4).
+"""The outbox dispatcher engine behind ``manage.py dispatch_outbox``.
 
 A :class:`Dispatcher` claims a batch of due messages (a lease, attempt n+1), hands
 it to the transport, and records each confirmation: delivered messages become Sent,

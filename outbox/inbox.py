@@ -1,4 +1,4 @@
-"""The inbox (O5): process each message once per consumer.
+"""The inbox: process each message once per consumer.
 
 ::
 

@@ -1,4 +1,4 @@
-"""The outbox's reads for its database gauges and the admin's dashboard (SPEC M): one
+"""The outbox's reads for its database gauges and the admin's dashboard: one
 query over the ``(status, event_type)`` index, however many sent messages are kept."""
 
 from __future__ import annotations

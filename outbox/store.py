@@ -87,7 +87,7 @@ def _notify(connection: BaseDatabaseWrapper) -> None:
 
 
 def stage_message(envelope: Envelope, *, using: str) -> None:
-    """O2: store a Pending message in the caller's open transaction on ``using``.
+    """Store a Pending message in the caller's open transaction on ``using``.
 
     Never commits and never uses a savepoint. On a database error the caller's
     transaction is marked for rollback before the error propagates, so the business
@@ -140,7 +140,7 @@ def claim_batch(
     lease_seconds: float | None = None,
     now: datetime | None = None,
 ) -> Batch | None:
-    """O4: lease up to ``limit`` due messages to one dispatcher; attempt n+1 each.
+    """Lease up to ``limit`` due messages to one dispatcher; attempt n+1 each.
 
     On PostgreSQL, ``SKIP LOCKED`` lets several dispatchers claim at once without
     waiting for or taking each other's messages. None when nothing is due.
@@ -213,7 +213,7 @@ def record_deliveries(
     max_attempts: int | None = None,
     now: datetime | None = None,
 ) -> dict[uuid.UUID, RecordOutcome]:
-    """O4: record a batch's confirmations, one transaction, each fenced by the lease.
+    """Record a batch's confirmations, one transaction, each fenced by the lease.
 
     Delivered -> Sent. Failed -> Pending again from ``retry_at[message_id]``, or
     Parked with the error once ``max_attempts`` attempts are used or the failure is
@@ -430,7 +430,7 @@ def park(message_id: uuid.UUID, reason: str, *, now: datetime | None = None) -> 
 def record_inbox(
     consumer: str, message_id: str, *, using: str, now: datetime | None = None
 ) -> bool:
-    """O5: record that ``consumer`` processes ``message_id``, in the caller's open
+    """Record that ``consumer`` processes ``message_id``, in the caller's open
     transaction; False if it is already recorded (a redelivery).
 
     ``ON CONFLICT DO NOTHING`` waits for a concurrent transaction recording the same

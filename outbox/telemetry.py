@@ -1,4 +1,4 @@
-"""What the outbox tells observers (SPEC M), without importing OpenTelemetry or
+"""What the outbox tells observers, without importing OpenTelemetry or
 prometheus-client: spans through :mod:`ledon.tracing` (``OUTBOX["TRACING"]``) and the
 signals of :mod:`outbox.signals`.
 

@@ -1,4 +1,4 @@
-"""The unit of work (O1, O2): one way to write transactional code.
+"""The unit of work: one way to write transactional code.
 
 ::
 
@@ -106,7 +106,7 @@ def make_envelope(
         event_type=event.event_name,
         payload_json=payload_json,
         key=key,
-        # SPEC M: the current trace context (tracing on), unless the caller gave one.
+        # The current trace context (tracing on), unless the caller gave one.
         headers={**trace_headers(), **header_map},
         created_at=timezone.now(),
     )

@@ -15,7 +15,7 @@ class SagasConfig(ledon.apps.LedonAppConfig):
     def ready(self) -> None:
         super().ready()
         if apps.is_installed("jobs"):
-            # S5: every run_jobs worker also recovers saga instances. Imported only
+            # Every run_jobs worker also recovers saga instances. Imported only
             # with jobs installed; in_worker imports the models, loaded by now.
             from jobs.signals import worker_started, worker_stopping
 

@@ -39,9 +39,9 @@ class SagasSettings:
     #: its current step counts as failed (a step that kills or hangs its process every
     #: time); ``None``: no limit.
     MAX_TAKEOVERS: int | None = 3
-    #: SPEC M: Prometheus counters of finished instances (``[metrics]``).
+    #: Prometheus counters of finished instances (``[metrics]``).
     METRICS: bool = False
-    #: SPEC M: an OpenTelemetry span per step and compensation (``[otel]``).
+    #: An OpenTelemetry span per step and compensation (``[otel]``).
     TRACING: bool = False
 
     @property

@@ -1,4 +1,4 @@
-"""Saga recovery inside ``run_jobs`` (SPEC S5): beside every job worker, a
+"""Saga recovery inside ``run_jobs``: beside every job worker, a
 :class:`~sagas.runner.SagaRunner` resumes unfinished saga instances, exactly as
 ``recover_sagas`` would — unless ``SAGAS["RECOVER_IN_WORKER"]`` is False.
 

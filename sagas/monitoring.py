@@ -1,4 +1,4 @@
-"""The sagas' reads for their database gauges and the admin's dashboard (SPEC M): the
+"""The sagas' reads for their database gauges and the admin's dashboard: the
 instances that are not final, through the ``(status, name)`` index."""
 
 from __future__ import annotations

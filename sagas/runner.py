@@ -1,4 +1,4 @@
-"""The recovery engine behind ``manage.py recover_sagas`` (S5): :class:`SagaRunner`
+"""The recovery engine behind ``manage.py recover_sagas``: :class:`SagaRunner`
 finds unfinished saga instances whose lease is free or expired, claims them and
 drives each to its end with a :class:`~sagas.driver.Driver`.
 

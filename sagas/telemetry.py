@@ -1,4 +1,4 @@
-"""What sagas tell observers (SPEC M), without importing OpenTelemetry or
+"""What sagas tell observers, without importing OpenTelemetry or
 prometheus-client: a span per step and per compensation through :mod:`ledon.tracing`
 (``SAGAS["TRACING"]``), and :data:`saga_finished` when an instance ends."""
 

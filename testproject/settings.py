@@ -39,7 +39,7 @@ INSTALLED_APPS = [
     "testproject.timetable",
 ]
 
-# J18: handlers with limits (every claim of a process that has them is a claim under
+# Handlers with limits (every claim of a process that has them is a claim under
 # limits): the demo and the flow-control process tests turn them on.
 if env.bool("FLOW_TASKS", default=False):
     INSTALLED_APPS.append("testproject.flow")
@@ -126,7 +126,7 @@ JOBS: dict[str, Any] = {
     "WORKERS_HEARTBEAT_SECONDS": env.float("JOBS_WORKERS_HEARTBEAT_SECONDS", default=10),
     "WORKERS_RETENTION_SECONDS": env.float("JOBS_WORKERS_RETENTION_SECONDS", default=86_400),
     "TIMEOUT_GRACE_SECONDS": env.float("JOBS_TIMEOUT_GRACE_SECONDS", default=5.0),
-    # J18: limits per queue, e.g. JOBS_QUEUES='{"emails": {"max_running": 4}}'.
+    # Limits per queue, e.g. JOBS_QUEUES='{"emails": {"max_running": 4}}'.
     "QUEUES": env.json("JOBS_QUEUES", default={}),
 }
 

@@ -6,7 +6,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("shop/", include("testproject.shop.urls")),
 ]
 
-try:  # SPEC M: the Prometheus metrics, with the [metrics] extra installed
+try:  # the Prometheus metrics, with the [metrics] extra installed
     from ledon.metrics import metrics_view
 except ImportError:  # pragma: no cover - a project without the extra
     pass

@@ -1,4 +1,4 @@
-"""The callers of the J16 race test: threads of the test process and spawned processes
+"""The callers of the schedules' race test: threads of the test process and spawned processes
 run the same rounds, released together at each simulated period by one barrier.
 
 Only the standard library is imported at module level: a spawned process imports this

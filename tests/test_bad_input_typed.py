@@ -1,4 +1,4 @@
-"""R: text that one database stores and the other refuses (NUL, lone surrogates,
+"""Bad input: text that one database stores and the other refuses (NUL, lone surrogates,
 control characters) is refused with a typed error before anything is written, on
 both databases alike."""
 

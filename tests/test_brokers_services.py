@@ -1,4 +1,4 @@
-"""O6 with real brokers: two services, each with its own database, talking through
+"""Transports with real brokers: two services, each with its own database, talking through
 RabbitMQ or Kafka.
 
 Service A is this test process and its test database: it commits orders with their

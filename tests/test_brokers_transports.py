@@ -1,4 +1,4 @@
-"""O6: what the RabbitMQ and Kafka transports put on a real broker, and what they
+"""What the RabbitMQ and Kafka transports put on a real broker, and what they
 report when the broker refuses a message or cannot be reached."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The admin's dashboard (SPEC M) in a test client: staff only, the numbers of a known
+"""The admin's dashboard in a test client: staff only, the numbers of a known
 workload, and nothing loaded from elsewhere; the workers' admin list."""
 
 from __future__ import annotations

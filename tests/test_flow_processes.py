@@ -1,4 +1,4 @@
-"""J17 and J18 with real ``run_jobs`` processes: limits kept across three worker
+"""Timeouts and flow control with real ``run_jobs`` processes: limits kept across three worker
 processes claiming at the same instant (and broken when the claim's lock is taken
 out and the claims' commits are held back), per-scope fairness, a rate measured
 from attempt start times, a paused queue skipped by every worker, and a timed-out

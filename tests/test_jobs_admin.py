@@ -131,7 +131,7 @@ def test_a_succeeded_job_shows_it_is_done_not_its_last_progress(admin_client: Cl
     for content in (listed, page):
         assert "10%" not in content
         assert "100%" in content
-    assert "Handler unknown since" in page  # J19's window, shown to operators
+    assert "Handler unknown since" in page  # the unknown-handler window, shown to operators
 
 
 def test_running_job_with_a_cancel_request_says_so(admin_client: Client) -> None:
@@ -383,7 +383,7 @@ def test_attempt_pages_are_read_only(admin_client: Client) -> None:
     assert admin_client.get(delete_url).status_code == 403
 
 
-# --------------------------------------------------------------------------- queues (J18)
+# --------------------------------------------------------------------------- queues
 
 
 def test_queue_admin_lists_depth_and_limits_and_pauses_for_who_may_steer(

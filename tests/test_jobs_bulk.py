@@ -1,5 +1,6 @@
-"""Bulk submit (``submit_jobs``: J2/J3 per item, one transaction per call) and batched
-completion (``complete_many``, ``complete_and_claim``: J8 per token, one commit)."""
+"""Bulk submit (``submit_jobs``: each item compared and created as ``submit_job``
+would, one transaction per call) and batched completion (``complete_many``,
+``complete_and_claim``: each token finished by the finish rules, one commit)."""
 
 from __future__ import annotations
 
@@ -456,7 +457,8 @@ class TestBatchedCompletionInAutocommit:
 
 @pytest.mark.django_db
 class TestBatchedCompletion:
-    """``complete_many`` / ``complete_and_claim``: J8 per token, one commit per batch."""
+    """``complete_many`` / ``complete_and_claim``: each token by the finish rules, one
+    commit a batch."""
 
     def test_completes_each_attempt_with_its_result(self, make_job) -> None:
         claims = [make_job.running(f"job-{n}") for n in range(3)]

@@ -1,4 +1,4 @@
-"""J6 claiming: due candidates, try_start, batch claims, claim races, the claim index."""
+"""Claiming: due candidates, try_start, batch claims, claim races, the claim index."""
 
 from __future__ import annotations
 

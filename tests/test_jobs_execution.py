@@ -1,4 +1,4 @@
-"""J7 progress, J8 finishing, J9 cancel, J10 retry, J11 recovery, J12 execution status."""
+"""The executor's transitions: progress, finishing, cancel, retry, recovery, execution status."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""J18 flow control and J17 snoozing, in process: limits kept by the claim itself under
+"""Flow control and snoozing, in process: limits kept by the claim itself under
 concurrent claims on real connections, no head-of-line blocking, paused queues, and
 the attempt counts of a snoozed job."""
 
@@ -390,7 +390,7 @@ def test_j18_pausing_a_bad_queue_name_is_a_typed_error_and_changes_nothing():
     assert not Queue.objects.exists()
 
 
-# --------------------------------------------------------------------------- snooze (J17)
+# --------------------------------------------------------------------------- snooze
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""J1 identity and scope, J2 submissions, J5 the idempotency boundary."""
+"""Identity and scope, submissions, and the idempotency boundary of a stable job id."""
 
 from __future__ import annotations
 
@@ -296,7 +296,7 @@ class TestJ2Submission:
             JobSubmission.create(**arguments)
 
     def test_payload_text_is_what_json_dumps_writes(self) -> None:
-        # J2 compares the text byte for byte: a stored job's text must not change.
+        # A duplicate is recognised by the text byte for byte: a stored job's text must not change.
         payload = {
             "é€😀": ["ünï", 1.5, 1e300, -0.0, 2**70, True, None, {"": []}],
             "esc": 'a"b\\c\n\u0001',

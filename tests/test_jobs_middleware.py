@@ -1,4 +1,4 @@
-"""JOBS["MIDDLEWARE"] (SPEC M): the chain around every handler invocation — its order,
+"""JOBS["MIDDLEWARE"]: the chain around every handler invocation — its order,
 what exceptions do, sync and async handlers, in the worker and in jobs.testing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``manage.py jobs_queues list|pause|resume NAME`` (J18): each queue's depth, Running
+"""``manage.py jobs_queues list|pause|resume NAME``: each queue's depth, Running
 jobs, pause and limits; pausing and resuming for every worker; bad input refused
 with nothing changed."""
 

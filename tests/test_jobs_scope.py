@@ -1,4 +1,4 @@
-"""J13 the trust boundary of the scoped API, and R: bad input gets a typed error and
+"""The trust boundary of the scoped API, and bad input gets a typed error and
 changes nothing."""
 
 from __future__ import annotations

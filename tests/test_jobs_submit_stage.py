@@ -1,4 +1,4 @@
-"""J3 independent submit (its own transaction) and J4 staged submit (the caller's)."""
+"""Independent submit (its own transaction) and staged submit (the caller's)."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def test_runs_due_jobs_in_the_tests_transaction():
     assert {(r.job_id, r.outcome) for r in runs} == {
         ("a", FinishOutcome.SUCCEEDED),
         ("b", FinishOutcome.SUCCEEDED),
-        ("ghost", FinishOutcome.PUT_BACK),  # J19: perhaps a newer worker knows it
+        ("ghost", FinishOutcome.PUT_BACK),  # perhaps a newer worker knows it
     }
     assert JobScope(SCOPE).get("a").result_ref == "ok 1"
     assert JobScope(SCOPE).get("a").progress == 100

@@ -1,4 +1,4 @@
-"""J17 timeouts, in process: the handler's signal at the deadline, the attempt failed
+"""Timeouts, in process: the handler's signal at the deadline, the attempt failed
 with JobTimedOut after the grace, the slot given to a fresh thread at once, the
 abandoned handler's late result dropped and fenced, async handlers cancelled on their
 loop, and no lease renewal past the timeout."""

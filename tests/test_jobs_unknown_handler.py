@@ -1,4 +1,4 @@
-"""J19: a job whose handler or version this worker does not know (a rolling deploy)
+"""A job whose handler or version this worker does not know (a rolling deploy)
 goes back to Queued, later, without consuming an attempt, until
 ``JOBS["UNKNOWN_HANDLER_RETRY_SECONDS"]`` have passed since its first such claim;
 then it fails naming the handler and version — still without consuming an attempt, so

@@ -1,4 +1,4 @@
-"""Prometheus metrics (SPEC M): the counters and histograms after a known workload,
+"""Prometheus metrics: the counters and histograms after a known workload,
 the gauges read from the database at scrape time, the view a project routes, and
 ``--metrics-port`` on an engine's command — on SQLite and PostgreSQL."""
 

@@ -1,4 +1,4 @@
-"""SPEC M: every query behind the database gauges and the dashboard is answered by an
+"""Every query behind the database gauges and the dashboard is answered by an
 index at 1,000,000 finished rows per table (PostgreSQL's plans; how long a scrape takes
 is measured by ``python -m benchmarks.observability``, never asserted here)."""
 

@@ -1,4 +1,4 @@
-"""SPEC M: metrics and tracing are optional layers. No core module imports
+"""Metrics and tracing are optional layers. No core module imports
 prometheus-client or OpenTelemetry — only the modules that the settings (or
 ``--metrics-port``) load — and the apps start without them."""
 

@@ -1,4 +1,4 @@
-"""O4 in process: the Dispatcher engine — delivery, retries with backoff, parking,
+"""In process: the Dispatcher engine — delivery, retries with backoff, parking,
 lease recovery, retention, wake-ups — on SQLite and PostgreSQL."""
 
 from __future__ import annotations

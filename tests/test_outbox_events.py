@@ -1,4 +1,4 @@
-"""Events (names, registry, JSON form), the in-process bus (O3), settings, checks and
+"""Events (names, registry, JSON form), the in-process bus, settings, checks and
 transport selection."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""O5: the inbox — a redelivery is detected and skipped; the inbox record, business
+"""The inbox — a redelivery is detected and skipped; the inbox record, business
 rows, staged jobs and new outbox messages commit or roll back together."""
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""O4 and R with real ``dispatch_outbox`` processes: SIGKILL mid-batch loses nothing
-(redeliveries are caught by the inbox), several dispatchers never deliver a message
-twice, and the command's options and signals — on SQLite and PostgreSQL.
-
-Crashes happen at named fault points (``ORDERS_FAULT``, see
-testproject/faults.py), so every run crashes at the same place."""
+"""Delivery and crash safety with real ``dispatch_outbox`` processes: SIGKILL mid-batch
+loses nothing (redeliveries are caught by the inbox), several dispatchers never deliver
+a message twice, and the command's options and signals — on SQLite and PostgreSQL.
+Crashes happen at named fault points (``ORDERS_FAULT``, see testproject/faults.py), so
+every run crashes at the same place."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""O4 at the store: every transition of outbox messages is one guarded statement with
+"""At the store: every transition of outbox messages is one guarded statement with
 a typed outcome — claim, record, recover, redeliver, park, retention — and claims by
 concurrent dispatchers never overlap."""
 
@@ -338,7 +338,7 @@ class TestPlans:
 
 @pytest.mark.postgres_only
 def test_a_claim_picks_its_rows_once_whatever_the_plan():
-    """O4: one claim takes at most ``limit`` messages. Its pick (``LIMIT … FOR UPDATE
+    """One claim takes at most ``limit`` messages. Its pick (``LIMIT … FOR UPDATE
     SKIP LOCKED``) is an init plan, run once per statement: as an ``IN`` sub-select
     the planner may run it again for each outer row, each run skipping the rows the
     update has changed so far and picking ``limit`` more."""

@@ -1,4 +1,4 @@
-"""O1/O2: the unit of work — commit, rollback, nesting, domain events after commit,
+"""The unit of work — commit, rollback, nesting, domain events after commit,
 integration events through the outbox or in process — on SQLite and PostgreSQL."""
 
 from __future__ import annotations

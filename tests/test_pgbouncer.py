@@ -1,4 +1,4 @@
-"""SPEC E, behind PgBouncer: the web side and every engine through a PgBouncer in
+"""Behind PgBouncer: the web side and every engine through a PgBouncer in
 transaction pooling mode (Debian's 1.18: no LISTEN, no server-side prepared
 statements), with the settings docs/deployment.md gives — DATABASES["default"] at the
 pooler with DISABLE_SERVER_SIDE_CURSORS, an alias straight to PostgreSQL for LISTEN

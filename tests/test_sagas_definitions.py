@@ -1,4 +1,4 @@
-"""S1 definitions and registry, bad input, settings and checks, the documented example,
+"""Saga definitions and registry, bad input, settings and checks, the documented example,
 and running sagas inside an ordinary (non-transactional) test."""
 
 from __future__ import annotations

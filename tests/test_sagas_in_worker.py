@@ -1,4 +1,4 @@
-"""S5 inside the worker: every ``run_jobs`` worker also resumes unfinished saga
+"""Saga recovery inside the worker: every ``run_jobs`` worker also resumes unfinished saga
 instances (``SAGAS["RECOVER_IN_WORKER"]``), through the worker's signals."""
 
 from __future__ import annotations

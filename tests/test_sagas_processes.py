@@ -1,9 +1,9 @@
-"""S5, S8 and R with real processes: a saga runner killed with SIGKILL between steps,
-inside a step, after a step's mark, or while compensating; ``recover_sagas`` finishes
-the instance, no completed step runs twice, and later steps read what earlier ones
-wrote. Several runners never drive one instance together — on SQLite and PostgreSQL.
-
-Crashes happen at named fault points (``FULFILMENT_FAULT``), never after a sleep."""
+"""Recovery, leases and crash safety with real processes: a saga runner killed with
+SIGKILL between steps, inside a step, after a step's mark, or while compensating;
+``recover_sagas`` finishes the instance, no completed step runs twice, and later steps
+read what earlier ones wrote. Several runners never drive one instance together — on
+SQLite and PostgreSQL. Crashes happen at named fault points (``FULFILMENT_FAULT``),
+never after a sleep."""
 
 from __future__ import annotations
 

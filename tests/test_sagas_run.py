@@ -1,4 +1,4 @@
-"""S1–S4, S6, S7 in one process: steps, data, reverse compensation, needs-attention,
+"""Sagas run in one process: steps, data, reverse compensation, needs-attention,
 idempotency, timeouts, and what commits with a step — on SQLite and PostgreSQL."""
 
 from __future__ import annotations

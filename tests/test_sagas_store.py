@@ -1,6 +1,6 @@
-"""S4, S8 at the store: every transition is one guarded update (version, state, lease
-holder); concurrent claims and saves have exactly one winner — on SQLite and PostgreSQL
-with real concurrent connections."""
+"""Persistence and leases at the store: every transition is one guarded update (version,
+state, lease holder); concurrent claims and saves have exactly one winner — on SQLite
+and PostgreSQL with real concurrent connections."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""J16 for operators: the schedules' admin (next run, last run's job linked with its
+"""Schedules for operators: the schedules' admin (next run, last run's job linked with its
 status, orphaned schedules, the pause / resume / run-now actions guarded by the
 permission) and ``manage.py list_schedules``."""
 

@@ -1,4 +1,4 @@
-"""J16 under contention: eight threads of this process and three other processes call
+"""Schedules under contention: eight threads of this process and three other processes call
 ``enqueue_due_schedules`` at once, for each of 100 simulated periods of two schedules.
 Exactly one job per period results, each created by exactly one caller, and no
 caller sees an error — on SQLite and PostgreSQL."""

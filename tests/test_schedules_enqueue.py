@@ -1,4 +1,4 @@
-"""J16 ``enqueue_due_schedules`` with an injected clock: the first period, catch-up
+"""``enqueue_due_schedules`` with an injected clock: the first period, catch-up
 (latest, all, skip), intervals, DST, the idle cost, a crash between enqueueing and
 recording, pause / resume / run now, orphaned schedules and changed declarations."""
 

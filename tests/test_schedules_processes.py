@@ -1,4 +1,4 @@
-"""J16 with real ``run_jobs`` processes: the scheduler thread sleeps until the next
+"""Schedules with real ``run_jobs`` processes: the scheduler thread sleeps until the next
 period and enqueues it (counted statement by statement: no polling in between), a
 SIGKILL between enqueueing a period and recording it loses and doubles nothing, and
 ``--burst`` runs what is due at its start — on SQLite and PostgreSQL.

@@ -1,4 +1,4 @@
-"""J16 declarations: ``@periodic`` stacked on handlers (both orders) and on django.tasks
+"""Schedule declarations: ``@periodic`` stacked on handlers (both orders) and on django.tasks
 tasks, the function form, and the typed error for every bad declaration."""
 
 from __future__ import annotations

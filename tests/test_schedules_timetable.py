@@ -1,4 +1,4 @@
-"""J16 timetables: cron in a time zone by the SPEC's DST rule (Europe/Paris and
+"""Timetables: cron in a time zone by the DST rule (Europe/Paris and
 America/New_York at both transitions of 2026), aliases, intervals anchored to the
 Unix epoch, and the job id of a period. Pure computation: no database."""
 

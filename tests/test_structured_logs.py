@@ -1,4 +1,4 @@
-"""SPEC M: the engines' log lines carry their fields in ``extra=`` — each attempt's
+"""The engines' log lines carry their fields in ``extra=`` — each attempt's
 worker, job id, scope hash, attempt, token prefix, queue, handler and duration; the
 dispatcher's, the consumer's and the saga runner's own."""
 

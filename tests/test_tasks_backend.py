@@ -1,4 +1,4 @@
-"""J15 in process: the django.tasks backend — configuration and checks, enqueue (staged
+"""In process: the django.tasks backend — configuration and checks, enqueue (staged
 or submitted), the job-to-TaskResult mapping, the task handler, signals and retries.
 
 The worker here is the in-process engine; ``test_tasks_backend_processes.py`` runs the

@@ -1,4 +1,4 @@
-"""J15 with real ``manage.py run_jobs`` processes, on SQLite and PostgreSQL.
+"""The django.tasks backend with real ``manage.py run_jobs`` processes, on SQLite and PostgreSQL.
 
 First the examples of Django's tasks documentation (topics/tasks), run unchanged
 against this backend: the task functions are copied verbatim into

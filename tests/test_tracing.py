@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing (SPEC M), with the SDK's in-memory exporter: a web request,
+"""OpenTelemetry tracing, with the SDK's in-memory exporter: a web request,
 the job it staged, the job's attempts (retries linked), the outbox message the
 attempt added, its publish to RabbitMQ and its consumption — one trace; saga steps and
 compensations; errors on spans; nothing when tracing is off."""
@@ -231,7 +231,7 @@ def broker_transports(kind: str, name: str):
 def test_web_view_to_job_to_outbox_to_broker_to_consumer_is_one_trace(
     client, spans, kind, settings
 ):
-    """The headline (SPEC M): a request stages a job, its attempt adds an integration
+    """The headline: a request stages a job, its attempt adds an integration
     event, a dispatcher publishes it to a real broker, a consumer handles it — every
     span in the request's trace, each the child of the one before, the context carried
     in the job row and in the broker message's headers."""

@@ -1,4 +1,4 @@
-"""J14 in process: the Worker engine, handler registry, JobContext and retry policy."""
+"""In process: the Worker engine, handler registry, JobContext and retry policy."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ class TestWorkerInProcess:
         assert worker.stats.failed == 1
 
     def test_claims_never_exceed_free_capacity(self, handler):
-        """J14: however its settles interleave (main loop and handler threads), the
+        """However its settles interleave (main loop and handler threads), the
         jobs a worker holds Running never outnumber its concurrency."""
         concurrency = 3
         together = threading.Barrier(concurrency, timeout=10)

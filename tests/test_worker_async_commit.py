@@ -159,7 +159,7 @@ def seen_by(monkeypatch: pytest.MonkeyPatch, name: str, log: list[str]) -> None:
 @pytest.mark.parametrize(
     ("limited", "prepared"),
     [(False, True), (True, True), (False, False)],
-    ids=["unlimited", "J18-limits", "unprepared"],
+    ids=["unlimited", "limits", "unprepared"],
 )
 def test_a_worker_with_it_on_finishes_every_job_as_without_it(
     handler, settings, monkeypatch, concurrency, limited, prepared

@@ -1,4 +1,4 @@
-"""J14 with real `run_jobs` processes: crash (SIGKILL), restart, SIGTERM, cancellation,
+"""The worker with real `run_jobs` processes: crash (SIGKILL), restart, SIGTERM, cancellation,
 unknown handlers and retries — on SQLite and PostgreSQL."""
 
 from __future__ import annotations

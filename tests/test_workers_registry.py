@@ -1,4 +1,4 @@
-"""The workers registry (SPEC M): every engine keeps a row while it runs — live,
+"""The workers registry: every engine keeps a row while it runs — live,
 stopped (the row is gone) and SIGKILLed (the row stays and grows silent) — in real
 processes; rows silent past retention are deleted; an engine run inside a
 transaction is not recorded."""

@@ -1,4 +1,4 @@
-"""A backend for Django's tasks framework backed by the job store (SPEC J15).
+"""A backend for Django's tasks framework backed by the job store.
 
 ``TASKS = {"default": {"BACKEND": "jobs.backends.JobsBackend"}}`` makes every
 ``@task`` function enqueue a job that ``manage.py run_jobs`` runs; see

@@ -1,4 +1,4 @@
-"""``JobsBackend``: Django's tasks framework on top of the job store (SPEC J15)."""
+"""``JobsBackend``: Django's tasks framework on top of the job store."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Django's tasks framework, wherever this Django has it (SPEC E).
+"""Django's tasks framework, wherever this Django has it.
 
 Django 6 ships it as ``django.tasks``; for Django 5.2 the same API is the
 ``django-tasks`` backport (``pip install "django-ledon[tasks-backport]"``), a package

@@ -3,7 +3,7 @@
 Every task the backend validates (``Task.__post_init__`` calls ``validate_task`` when
 ``@task`` runs) is recorded here under its module path. A worker runs a task only if
 it finds it here: the module path stored with a job is a key for this lookup and is
-never imported (J13).
+never imported.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prometheus metrics of jobs (SPEC M; ``JOBS["METRICS"]``, the ``[metrics]`` extra).
+"""Prometheus metrics of jobs (``JOBS["METRICS"]``, the ``[metrics]`` extra).
 
 - ``ledon_jobs_enqueued_total{queue,handler}`` — from :data:`jobs.signals.jobs_enqueued`
   (staged jobs when their transaction commits);

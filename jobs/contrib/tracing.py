@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of job attempts (SPEC M; ``JOBS["TRACING"]``, the ``[otel]``
+"""OpenTelemetry spans of job attempts (``JOBS["TRACING"]``, the ``[otel]``
 extra), as the outermost middleware of every handler (:mod:`jobs.middleware`).
 
 Each attempt's span (``jobs.attempt <handler>``, kind consumer) is a child of the span

@@ -1,4 +1,4 @@
-"""Watching the apps run (SPEC M): the workers registry's table and store, the reads
+"""Watching the apps run: the workers registry's table and store, the reads
 behind the database gauges and the admin's dashboard.
 
 **Why the registry's table lives in ``jobs``.** Every engine of the three apps keeps

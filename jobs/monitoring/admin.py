@@ -1,4 +1,4 @@
-"""The workers registry and the dashboard in the Django admin (SPEC M), staff only.
+"""The workers registry and the dashboard in the Django admin, staff only.
 
 - **Workers** (``jobs_workerrecord``): read-only; each row says whether the engine is
   live or silent (no heartbeat for ``WORKERS_SILENT_AFTER`` heartbeats).

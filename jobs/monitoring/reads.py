@@ -1,4 +1,4 @@
-"""The reads behind the jobs' database gauges and the admin's dashboard (SPEC M).
+"""The reads behind the jobs' database gauges and the admin's dashboard.
 
 Each is one query that an index answers however much finished history the table
 holds: the Queued and Running rows are read through the partial indexes that claiming

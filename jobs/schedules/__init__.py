@@ -1,4 +1,4 @@
-"""Periodic jobs (SPEC J16): ``@periodic`` schedules, cron or interval, each period's run
+"""Periodic jobs: ``@periodic`` schedules, cron or interval, each period's run
 one ordinary job in scope ``JOBS["SCHEDULE_SCOPE"]`` whose id names the period.
 
 Imported lazily, like :mod:`jobs`, so that importing the models never imports the

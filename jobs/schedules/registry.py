@@ -1,4 +1,4 @@
-"""``@periodic``: schedules declared in code, next to their handlers (SPEC J16).
+"""``@periodic``: schedules declared in code, next to their handlers.
 
 A schedule names a handler (or a ``django.tasks`` task) and a timetable — a cron
 expression in a time zone, or a fixed interval. Each period's run is an ordinary job

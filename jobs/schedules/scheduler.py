@@ -1,4 +1,4 @@
-"""The scheduler beside every ``run_jobs`` worker (SPEC J16).
+"""The scheduler beside every ``run_jobs`` worker.
 
 A :class:`Scheduler` runs on a thread of its own (its own database connection):
 it brings the stored schedules up to date with the code, enqueues what is due, then

@@ -1,11 +1,11 @@
-"""Enqueueing what is due, and the operators' steering of schedules (SPEC J16).
+"""Enqueueing what is due, and the operators' steering of schedules.
 
 One pass (:func:`enqueue_due`) reads the stored rows of this process's declared
 schedules — one read through the unique index of names; nothing else when nothing is
 due —, creates the jobs of the periods that began, then advances each schedule's
 state with a guarded update that only moves forward. A period's job id names the
 period, so any number of passes racing in threads, processes and machines create
-exactly one job per period: the losers find the winner's job (J2/J3). A crash between
+exactly one job per period: the losers find the winner's job. A crash between
 the two steps loses nothing and doubles nothing: the next pass finds the same due
 periods, and their jobs already exist.
 
@@ -134,7 +134,7 @@ def enqueue_due(now: datetime | None = None) -> EnqueuePass:
 
     Idempotent and safe from many threads and processes at once. When nothing is due
     it is one read and no write. Refuses to run inside ``transaction.atomic`` (the
-    jobs are submitted in short transactions of their own, J3).
+    jobs are submitted in short transactions of their own).
     """
     now = schedule_store._now(now)
     specs = registry.declared()

@@ -2,7 +2,7 @@
 
 Cron expressions are parsed and matched by ``cronsim`` on *local wall-clock* times
 (naive datetimes, where no daylight-saving change exists); each matching local time is
-then turned into an instant of the schedule's zone (``zoneinfo``) by SPEC J16's rule:
+then turned into an instant of the schedule's zone (``zoneinfo``) by this rule:
 
 - a local time that exists once is that instant;
 - a local time skipped by a spring change (02:30 in Europe/Paris on the last Sunday
@@ -162,7 +162,8 @@ class CronTimetable:
     # -------------------------------------------------------------- local -> instant
 
     def _instant(self, local: datetime) -> datetime:
-        """The instant of a local wall-clock time (naive) by SPEC J16's rule."""
+        """The instant of a local wall-clock time (naive) (a skipped time runs at the
+        first instant after the gap, a repeated time once, at its first occurrence)."""
         first = local.replace(tzinfo=self.tz)  # fold=0: the first of a repeated time
         instant = first.astimezone(UTC)
         if instant.astimezone(self.tz).replace(tzinfo=None) == local:

@@ -1,4 +1,4 @@
-"""Values of the schedules (SPEC J16) that cross the store's boundary."""
+"""Values of the schedules that cross the store's boundary."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the outbox (SPEC M; ``OUTBOX["METRICS"]``, ``[metrics]``).
+"""Prometheus metrics of the outbox (``OUTBOX["METRICS"]``, ``[metrics]``).
 
 - ``ledon_outbox_messages_total{event_type,outcome}`` — deliveries recorded by
   dispatchers (:data:`outbox.signals.deliveries_recorded`);

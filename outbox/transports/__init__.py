@@ -1,4 +1,4 @@
-"""Transports: where the dispatcher publishes outbox messages (O6).
+"""Transports: where the dispatcher publishes outbox messages.
 
 ``OUTBOX["TRANSPORT"]`` names a built-in transport or gives the dotted path of a
 :class:`~outbox.transports.base.Transport` subclass; ``OUTBOX["TRANSPORT_OPTIONS"]``

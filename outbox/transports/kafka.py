@@ -1,4 +1,4 @@
-"""Kafka: publish outbox messages to a topic, consume them in a consumer group (O6).
+"""Kafka: publish outbox messages to a topic, consume them in a consumer group.
 
 ::
 

@@ -1,4 +1,4 @@
-"""RabbitMQ: publish outbox messages to an exchange, consume them from a queue (O6).
+"""RabbitMQ: publish outbox messages to an exchange, consume them from a queue.
 
 ::
 

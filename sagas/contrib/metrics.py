@@ -1,4 +1,4 @@
-"""Prometheus metrics of sagas (SPEC M; ``SAGAS["METRICS"]``, ``[metrics]``).
+"""Prometheus metrics of sagas (``SAGAS["METRICS"]``, ``[metrics]``).
 
 - ``ledon_sagas_finished_total{saga,outcome}`` — instances that ended while a runner
   of this process drove them (:data:`sagas.telemetry.saga_finished`);

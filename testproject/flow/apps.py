@@ -4,7 +4,7 @@ from django.apps import AppConfig
 
 
 class FlowConfig(AppConfig):
-    """Handlers with flow-control limits (J18). Installed only when ``FLOW_TASKS`` is
+    """Handlers with flow-control limits. Installed only when ``FLOW_TASKS`` is
     set: a limit makes every claim of the process a claim under limits.
 
     ``FLOW_UNGUARDED=1`` (process tests only) takes the claim's advisory lock out, so

@@ -1,4 +1,4 @@
-"""Handlers with limits across every worker (J18) and a timeout (J17), for the
+"""Handlers with limits across every worker and a timeout, for the
 demo and the process tests; installed when ``FLOW_TASKS`` is set."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``manage.py jobs_queues list|pause|resume NAME``: queues' depth, Running jobs, pause
-and limits; pause and resume a queue for every worker (SPEC J18)."""
+and limits; pause and resume a queue for every worker."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``manage.py list_schedules``: every schedule declared or stored, with its next run and
-its last run's job and status (SPEC J16)."""
+its last run's job and status."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``manage.py flow_demo submit|wait``: the flow-control step of ``make demo`` — a
 handler limited to two Running jobs on every worker, a job that snoozes once, and a
-handler that ignores its timeout (J17, J18)."""
+handler that ignores its timeout."""
 
 from __future__ import annotations
 
