@@ -28,11 +28,11 @@ PY="$VENV/bin/python"
 # (marked slow), on SQLite and on PostgreSQL. It leaves out three tests that start
 # no process and exercise no Django or Python difference the rest misses
 # (docs/compatibility.md): the admin's browser test, the benchmarks' smoke test, and
-# the plan test at a million rows (tests/test_monitoring_cost.py: PostgreSQL's
+# the plan test at a million rows (tests/ledon/test_monitoring_cost.py: PostgreSQL's
 # plans of the monitoring queries, whose SQL is the same on every supported Django;
 # loading its three million rows is a minute of the server's CPU). Its SIGTERM
 # soaks stop each engine fewer times (CORE_SOAK_RUNS). On a "core" leg the jobs-alone test
-# (tests/test_jobs_alone.py, a pytest of its own with outbox and sagas not
+# (tests/jobs/test_jobs_alone.py, a pytest of its own with outbox and sagas not
 # installed) runs the part of the jobs core that goes through code which differs
 # between versions (LEDON_JOBS_ALONE=versions: the tasks framework and the worker
 # command); the rest of that core runs the same code on every leg, the import
@@ -51,24 +51,24 @@ LEGS=(
 CORE_DESELECT=(
     --ignore=tests/test_admin_browser.py
     --ignore=tests/test_bench_smoke.py
-    --ignore=tests/test_monitoring_cost.py
+    --ignore=tests/ledon/test_monitoring_cost.py
 )
-# The SIGTERM soaks of tests/test_engine_processes.py on a "core" leg: 25 runs of
+# The SIGTERM soaks of tests/processes/test_engine_processes.py on a "core" leg: 25 runs of
 # run_jobs (10 of the outbox's and of the sagas' engines), against 100 (and 40) on
 # the newest leg.
 CORE_SOAK_RUNS=25
 COMPAT_TESTS=(
-    tests/test_tasks_backend.py
-    tests/test_tasks_backend_processes.py
-    tests/test_jobs_admin.py
-    tests/test_outbox_admin.py
-    tests/test_sagas_admin.py
-    tests/test_schedules_admin.py
+    tests/jobs/test_tasks_backend.py
+    tests/processes/test_tasks_backend_processes.py
+    tests/jobs/test_jobs_admin.py
+    tests/outbox/test_outbox_admin.py
+    tests/sagas/test_sagas_admin.py
+    tests/jobs/test_schedules_admin.py
     tests/test_settings_checks.py
-    tests/test_pooler_checks.py
-    tests/test_threads.py
-    tests/test_engine_base.py
-    tests/test_run_jobs_command.py
+    tests/ledon/test_pooler_checks.py
+    tests/ledon/test_threads.py
+    tests/ledon/test_engine_base.py
+    tests/jobs/test_run_jobs_command.py
 )
 
 only_leg=""
@@ -169,7 +169,7 @@ export LEDON_WHEEL_CACHE=$wheel_cache
 # tests start what is installed themselves, or are skipped.
 if [ "${CI:-}" = "true" ]; then
     scripts/brokers.sh install
-    # PgBouncer for the pooler tests (tests/test_pgbouncer.py starts its own; with
+    # PgBouncer for the pooler tests (tests/processes/test_pgbouncer.py starts its own; with
     # CI=true its absence fails them).
     scripts/pgbouncer.sh install
 fi

@@ -27,7 +27,7 @@ from ledon.faults import add_fault_hook
 
 def install_from_environment(variable: str) -> None:
     """Install the hook of ``variable``. It reads the variable when a fault point is
-    reached, not now: a child of the test fork server (``tests/forkserver.py``) sets
+    reached, not now: a child of the test fork server (``tests/support/forkserver.py``) sets
     Django up once for every value of it, so that a test's own fault spec (which
     names the test's own marker files) costs no set-up of its own."""
     parsed: dict[str, Any] = {}

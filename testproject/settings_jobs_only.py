@@ -1,5 +1,5 @@
 """The test project with jobs alone: neither ``outbox`` nor ``sagas`` is installed,
-nor the shop apps that use them. ``tests/test_jobs_alone.py`` runs the core of the
+nor the shop apps that use them. ``tests/jobs/test_jobs_alone.py`` runs the core of the
 jobs suite with these settings, proving that jobs works without the other two apps.
 
 Its test database has a name of its own, so that this run never meets the test

@@ -19,12 +19,12 @@ from django.core.management.color import no_style
 from django.db import connection, connections
 from django.test import TransactionTestCase
 from django.test.signals import setting_changed
-from factories import JobSubmissionFactory
 
 from jobs import execution
 from jobs.api import JobScope, submit_job
 from jobs.models import Job, JobAttempt
 from jobs.types import Claim, JobSnapshot, JobStatus
+from tests.support.factories import JobSubmissionFactory
 
 SCOPE = "tenant-42"
 
@@ -149,8 +149,8 @@ def pg_only() -> None:
 @pytest.fixture
 def spans() -> Iterator[Any]:
     """OpenTelemetry's in-memory exporter: the spans the test's code ends (see
-    ``otel_support``)."""
-    from otel_support import collected
+    ``tests.support.otel``)."""
+    from tests.support.otel import collected
 
     yield from collected()
 

@@ -109,7 +109,7 @@ def test_admin_login_list_cancel_and_retry_in_a_browser(page):
 def test_dashboard_shows_a_known_workload_and_reloads_itself(page, live_server, settings):
     """The dashboard's numbers for a known workload, nothing requested from
     another site, and a reload by itself; its screenshot is kept."""
-    from dashboard_support import make_workload
+    from tests.support.dashboard import make_workload
 
     make_workload(settings)
     requests: list[str] = []

@@ -26,7 +26,8 @@ from pathlib import Path
 import django
 import pytest
 from django.db import connection
-from procs import wait_until
+
+from tests.support.procs import wait_until
 
 # One xdist worker runs them all, so that one builds the virtualenv; building it
 # (pip installing Django and psycopg) may take minutes on a busy machine.

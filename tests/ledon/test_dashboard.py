@@ -1,0 +1,93 @@
+"""The admin's dashboard in a test client: staff only, the numbers of a known
+workload, and nothing loaded from elsewhere; the workers' admin list."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from tests.support.dashboard import make_workload
+from tests.support.schedules import schedules  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.django_db
+
+URL = "/admin/jobs/dashboard/"
+
+
+def test_the_dashboard_shows_the_numbers_of_a_known_workload(admin_client, settings):
+    make_workload(settings)
+    page = admin_client.get(URL)
+    assert page.status_code == 200
+    html = page.content.decode()
+    row = re.search(r'<tr data-queue="dash-a">(.*?)</tr>', html, re.S).group(1)
+    assert '<td class="num queued">2</td>' in row
+    assert '<td class="num running">1</td>' in row
+    assert "5 min" in row  # the oldest due job has waited five minutes
+    assert '<td class="num queued">1</td>' in re.search(
+        r'<tr data-queue="dash-b">(.*?)</tr>', html, re.S
+    ).group(1)
+    caption = re.search(
+        r'<figure data-queue="dash-a">\s*<figcaption>(.*?)</figcaption>', html, re.S
+    )
+    assert re.sub(r"<[^>]+>", "", caption.group(1)).startswith("dash-a: 3 succeeded, 1 failed")
+    assert 'class="bar-ok"' in html
+    assert 'class="bar-failed"' in html
+    assert "waiting-long" in re.search(r'<p id="oldest-job">(.*?)</p>', html, re.S).group(1)
+    assert "Workers: 1 live, 1 silent" in html
+    assert re.search(r'<tr class="silent"><td>dispatcher</td><td>dash-silent</td>', html)
+    outbox = re.search(r'data-panel="Outbox">(.*?)</section>', html, re.S).group(1)
+    assert '<div class="fact" data-fact="pending"><strong>2</strong>' in outbox
+    assert '<div class="fact" data-fact="parked"><strong>1</strong>' in outbox
+    sagas = re.search(r'data-panel="Sagas needing attention">(.*?)</section>', html, re.S).group(1)
+    assert '<div class="fact" data-fact="needing attention"><strong>1</strong>' in sagas
+    assert "dash-order" in sagas
+    assert '<meta http-equiv="refresh" content="10">' in html
+
+
+def test_nothing_on_the_page_comes_from_another_site(admin_client, settings):
+    make_workload(settings)
+    html = admin_client.get(URL).content.decode()
+    sources = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert sources
+    # Every address is a path on this site (the admin's own static files included).
+    assert [s for s in sources if re.match(r"(https?:)?//", s)] == []
+
+
+def test_only_staff_who_may_view_jobs_see_it(client):
+    assert client.get(URL).status_code == 302  # to the login page
+    staff = User.objects.create_user("staff", password="pw", is_staff=True)
+    client.force_login(staff)
+    assert client.get(URL).status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_job"))
+    staff = User.objects.get(pk=staff.pk)
+    client.force_login(staff)
+    assert client.get(URL).status_code == 200
+    assert client.get(URL + "?refresh=0").content.count(b'http-equiv="refresh"') == 0
+
+
+def test_the_workers_list_says_live_or_silent(admin_client, settings):
+    make_workload(settings)
+    html = admin_client.get("/admin/jobs/workerrecord/").content.decode()
+    assert "dash-live" in html
+    assert re.search(r"dash-silent.*?silent for 10 min", html, re.S)
+    assert ">live<" in html
+
+
+@pytest.mark.usefixtures("schedules")
+def test_the_dashboard_lists_the_schedules_next_runs(admin_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs import execution, periodic
+    from jobs.schedules.models import Schedule
+
+    periodic(timedelta(hours=1), name="dash-hourly", handler="demo.report")
+    execution.enqueue_due_schedules(now=timezone.now())
+    stored = Schedule.objects.get(name="dash-hourly")
+    html = admin_client.get(URL).content.decode()
+    section = re.search(r'<section id="schedules">(.*?)</section>', html, re.S).group(1)
+    expected = timezone.localtime(stored.next_run_at).strftime("%Y-%m-%d %H:%M:%S")
+    assert f"<td>dash-hourly</td><td>{expected}</td><td>demo.report</td>" in section

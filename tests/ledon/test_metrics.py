@@ -1,0 +1,259 @@
+"""Prometheus metrics: the counters and histograms after a known workload,
+the gauges read from the database at scrape time, the view a project routes, and
+``--metrics-port`` on an engine's command — on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+from prometheus_client import REGISTRY
+
+from jobs import JobSubmission, execution, job_handler, stage_job, submit_job
+from jobs.handlers import RetryPolicy, unregister
+from jobs.worker import Worker
+from outbox import IntegrationEvent, unit_of_work
+from outbox.dispatcher import Dispatcher
+from outbox.testing import RecordingTransport
+from tests.support.procs import WorkerProcess, wait_until
+
+QUEUE = "metrics-q"
+
+
+def value(name: str, labels: dict[str, str] | None = None, **more: str) -> float:
+    """A sample's value now (0 when the series does not exist yet)."""
+    return REGISTRY.get_sample_value(name, {**(labels or {}), **more}) or 0.0
+
+
+@pytest.fixture(autouse=True)
+def metrics_on(settings):
+    settings.JOBS = {**settings.JOBS, "METRICS": True}
+    settings.OUTBOX = {**settings.OUTBOX, "METRICS": True, "ENABLED": True}
+    settings.SAGAS = {**settings.SAGAS, "METRICS": True}
+
+    @job_handler("metrics.ok")
+    def ok(ctx):
+        return "ok"
+
+    @job_handler("metrics.boom", retry=RetryPolicy(base_delay=0, jitter=0))
+    def boom(ctx):
+        raise ValueError("boom")
+
+    yield
+    unregister("metrics.ok", 1)
+    unregister("metrics.boom", 1)
+
+
+def sub(handler: str, **options) -> JobSubmission:
+    return JobSubmission.create(handler, queue=QUEUE, **options)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_counters_and_histograms_after_a_known_workload():
+    enqueued = ("ledon_jobs_enqueued_total", {"queue": QUEUE, "handler": "metrics.ok"})
+    before = {
+        "enqueued": value(*enqueued),
+        "succeeded": value(
+            "ledon_jobs_finished_total", queue=QUEUE, handler="metrics.ok", outcome="succeeded"
+        ),
+        "retried": value(
+            "ledon_jobs_finished_total", queue=QUEUE, handler="metrics.boom", outcome="retried"
+        ),
+        "failed": value(
+            "ledon_jobs_finished_total", queue=QUEUE, handler="metrics.boom", outcome="failed"
+        ),
+        "runs": value("ledon_job_run_seconds_count", queue=QUEUE, handler="metrics.ok"),
+        "waits": value("ledon_job_wait_seconds_count", queue=QUEUE, handler="metrics.boom"),
+    }
+    for n in range(3):
+        submit_job("m", f"ok-{n}", sub("metrics.ok"))
+    submit_job("m", "ok-0", sub("metrics.ok"))  # the same job again: not a new one
+    with transaction.atomic():
+        stage_job("m", "staged", sub("metrics.ok"))
+    with transaction.atomic():  # rolled back: never counted
+        stage_job("m", "rolled-back", sub("metrics.ok"))
+        transaction.set_rollback(True)
+    submit_job("m", "boom", sub("metrics.boom", max_attempts=2))
+    assert value(*enqueued) - before["enqueued"] == 4
+
+    Worker(burst=True, listen=False, queues=[QUEUE]).run()
+
+    def delta(key: str, name: str, **labels: str) -> float:
+        return value(name, **labels) - before[key]
+
+    assert delta("succeeded", "ledon_jobs_finished_total", queue=QUEUE, handler="metrics.ok",
+                 outcome="succeeded") == 4  # fmt: skip
+    assert delta("retried", "ledon_jobs_finished_total", queue=QUEUE, handler="metrics.boom",
+                 outcome="retried") == 1  # fmt: skip
+    assert delta("failed", "ledon_jobs_finished_total", queue=QUEUE, handler="metrics.boom",
+                 outcome="failed") == 1  # fmt: skip
+    assert delta("runs", "ledon_job_run_seconds_count", queue=QUEUE, handler="metrics.ok") == 4
+    assert delta("waits", "ledon_job_wait_seconds_count", queue=QUEUE, handler="metrics.boom") == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gauges_read_the_database_at_scrape_time(make_job):
+    now = timezone.now()
+    for n in range(3):
+        submit_job("g", f"q-{n}", sub("metrics.ok", not_before=now - timedelta(minutes=5)))
+    submit_job("g", "later", sub("metrics.ok", not_before=now + timedelta(hours=1)))
+    submit_job("g", "other", JobSubmission.create("metrics.ok", queue="metrics-other"))
+    [claim] = execution.claim_due("w-gauges", limit=1, queues=["metrics-other"])
+    assert value("ledon_jobs_queued", queue=QUEUE) == 4  # due or not
+    assert value("ledon_jobs_running", queue="metrics-other") == 1
+    assert value("ledon_jobs_queued", queue="metrics-other") == 0
+    age = value("ledon_jobs_oldest_due_age_seconds", queue=QUEUE)
+    assert 5 * 60 <= age < 5 * 60 + 120
+    execution.complete(claim.token)
+    assert value("ledon_jobs_running", queue="metrics-other") == 0  # read again: now
+    assert value("ledon_scrape_duration_seconds") > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outbox_and_saga_metrics_after_a_known_workload():
+    from dataclasses import dataclass
+
+    from sagas import SagaExecutionError, run_saga, saga
+    from sagas.registry import unregister as unregister_saga
+
+    @dataclass(frozen=True)
+    class Measured(IntegrationEvent, name="tests.measured"):
+        n: int
+
+    def outcome(name: str) -> tuple[str, dict[str, str]]:
+        return "ledon_outbox_messages_total", {"event_type": "tests.measured", "outcome": name}
+
+    def number(envelope) -> int:
+        return json.loads(envelope.payload_json)["n"]
+
+    before = {name: value(*outcome(name)) for name in ("sent", "retried", "parked")}
+    with unit_of_work() as uow:
+        for n in range(4):
+            uow.add_integration_event(Measured(n))
+    assert value("ledon_outbox_pending") == 4
+    assert value("ledon_outbox_oldest_pending_age_seconds") >= 0
+    # Message 3 is refused for good: parked; the others are sent.
+    poison = RecordingTransport(fail_with=lambda e: "poison" if number(e) == 3 else None,
+                                permanent=True)  # fmt: skip
+    Dispatcher(transport=poison, burst=True, listen=False).run()
+    # Message 4 is refused for now: a retry is scheduled.
+    with unit_of_work() as uow:
+        uow.add_integration_event(Measured(4))
+    busy = RecordingTransport(fail_with="broker busy")
+    Dispatcher(transport=busy, burst=True, listen=False).run()
+    assert value(*outcome("sent")) - before["sent"] == 3
+    assert value(*outcome("parked")) - before["parked"] == 1
+    assert value(*outcome("retried")) - before["retried"] == 1
+    assert value("ledon_outbox_pending") == 1  # the retried one
+    assert value("ledon_outbox_parked") == 1
+
+    saga("metrics-saga").step("only", lambda ctx: None)
+    saga("metrics-declined").step("reserve", lambda ctx: None, compensate=lambda ctx: None).step(
+        "charge", _declined
+    )
+    try:
+        done = ("ledon_sagas_finished_total", {"saga": "metrics-saga", "outcome": "succeeded"})
+        undone = (
+            "ledon_sagas_finished_total",
+            {"saga": "metrics-declined", "outcome": "compensated"},
+        )
+        before_done, before_undone = value(*done), value(*undone)
+        run_saga("metrics-saga", data={})
+        with pytest.raises(SagaExecutionError):
+            run_saga("metrics-declined", data={})
+        assert value(*done) - before_done == 1
+        assert value(*undone) - before_undone == 1
+    finally:
+        unregister_saga("metrics-saga")
+        unregister_saga("metrics-declined")
+
+
+def _declined(ctx) -> None:
+    raise ValueError("card declined")
+
+
+@pytest.mark.django_db
+def test_the_view_serves_the_text_format(client, settings):
+    settings.ROOT_URLCONF = "tests.support.metrics_urls"
+    submit_job("v", "v-1", sub("metrics.ok"))
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    text = response.content.decode()
+    assert f'ledon_jobs_queued{{queue="{QUEUE}"}} 1.0' in text
+    assert "# TYPE ledon_jobs_finished_total counter" in text
+    assert "# TYPE ledon_job_run_seconds histogram" in text
+
+
+def finished(outcome: str, count: int = 2) -> str:
+    labels = f'handler="demo.flaky",outcome="{outcome}",queue="{QUEUE}"'
+    return f"ledon_jobs_finished_total{{{labels}}} {count:.1f}"
+
+
+def scrape_until(engine, wanted: str, what: str) -> str:
+    """The scrape of ``engine``'s ``--metrics-port`` (the address it prints) once it
+    has ``wanted`` in it."""
+    found = wait_until(
+        lambda: re.search(r"metrics on http://0\.0\.0\.0:(\d+)/metrics", engine.output),
+        60,
+        "the metrics address",
+        engine,
+    )
+    url = f"http://127.0.0.1:{found.group(1)}/metrics"
+
+    def scraped() -> str | None:
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        return text if wanted in text else None
+
+    return wait_until(scraped, 60, what, engine)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_run_jobs_serves_its_metrics_on_the_port_it_prints(tmp_path):
+    for n in range(2):
+        submit_job("p", f"p-{n}", JobSubmission.create("demo.flaky", {"fail_times": 1},
+                                                       queue=QUEUE, max_attempts=2))  # fmt: skip
+    worker = WorkerProcess(tmp_path, "--metrics-port", "0", "--queue", QUEUE)
+    try:
+        text = scrape_until(worker, finished("succeeded"), "two succeeded jobs in the scrape")
+        assert finished("retried") in text
+        assert 'ledon_workers{kind="worker",state="live"} 1.0' in text
+    finally:
+        worker.signal(15)
+        assert worker.wait() == 0
+        worker.close()
+
+
+def test_a_bad_metrics_port_is_a_clear_error():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--metrics-port must be between 0 and 65535"):
+        call_command("run_jobs", "--metrics-port", "70000", "--burst")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "kind"), [("dispatch_outbox", "dispatcher"), ("recover_sagas", "saga runner")]
+)
+@pytest.mark.django_db(transaction=True)
+def test_the_other_engines_serve_their_metrics_too(tmp_path, command, kind):
+    from tests.support.procs import ManageProcess
+
+    engine = ManageProcess(tmp_path, command, "--metrics-port", "0",
+                           env={"JOBS_WORKERS_HEARTBEAT_SECONDS": "0.2"})  # fmt: skip
+    try:
+        live = f'ledon_workers{{kind="{kind}",state="live"}} 1.0'
+        text = scrape_until(engine, live, f"the {kind} live in its own scrape")
+        # Every installed app's metrics are on in that process, whatever the settings.
+        for family in ("ledon_jobs_finished_total", "ledon_outbox_pending", "ledon_sagas"):
+            assert f"# TYPE {family}" in text, family
+    finally:
+        engine.signal(15)
+        assert engine.wait() == 0
+        engine.close()

@@ -1,0 +1,188 @@
+"""The workers registry: every engine keeps a row while it runs — live,
+stopped (the row is gone) and SIGKILLed (the row stays and grows silent) — in real
+processes; rows silent past retention are deleted; an engine run inside a
+transaction is not recorded."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs.models import WorkerRecord
+from jobs.monitoring import reads
+from jobs.monitoring.registry import DatabaseRegistry
+from ledon import registry
+from ledon.registry import EngineRecord, package_version
+from tests.support.procs import ManageProcess, WorkerProcess, wait_until
+
+FAST = {"JOBS_WORKERS_HEARTBEAT_SECONDS": "0.2"}
+
+
+def rows(**filters) -> list[WorkerRecord]:
+    return list(WorkerRecord.objects.filter(**filters).order_by("kind", "engine_id"))
+
+
+def admin_state(client, engine_id: str) -> str | None:
+    """The state column of ``engine_id``'s row in the admin's workers list."""
+    html = client.get("/admin/jobs/workerrecord/").content.decode()
+    row = re.search(rf"<tr>(?:(?!</tr>).)*>{re.escape(engine_id)}<(?:(?!</tr>).)*</tr>", html, re.S)
+    if row is None:
+        return None
+    state = re.search(r'<td class="field-state">([^<]*)</td>', row.group(0))
+    return state.group(1) if state else None
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_live_stopped_and_killed_engines(tmp_path, admin_client, settings):
+    """Real processes: a worker and two dispatchers. The worker's row says who it is
+    and renews its heartbeat; SIGKILL leaves a dispatcher's row, which the admin then
+    shows as silent and a restart with the same id takes over; a clean stop deletes
+    the rows; the worker's heartbeats delete a killed engine's row once it has been
+    silent past the retention."""
+    # The admin's view of the engines' heartbeats (every 0.2 s): silent after 3 s
+    # without one, so that a busy machine's late heartbeat is not taken for silence.
+    settings.JOBS = {**settings.JOBS, "WORKERS_HEARTBEAT_SECONDS": 0.2, "WORKERS_SILENT_AFTER": 15}
+    worker = WorkerProcess(tmp_path, "--worker-id", "reg-w", "--concurrency", "3",
+                           "--queue", "reg-a", "--queue", "reg-b",
+                           env={**FAST, "JOBS_WORKERS_RETENTION_SECONDS": "10"})  # fmt: skip
+    dispatcher = ManageProcess(tmp_path, "dispatch_outbox", "--dispatcher-id", "reg-d", env=FAST)
+    doomed = ManageProcess(tmp_path, "dispatch_outbox", "--dispatcher-id", "reg-k", env=FAST)
+    try:
+        wait_until(lambda: rows(engine_id="reg-w"), 60, "the worker's row", worker)
+        wait_until(lambda: rows(engine_id="reg-d"), 60, "the dispatcher's row", dispatcher)
+        wait_until(lambda: rows(engine_id="reg-k"), 60, "the second dispatcher's row", doomed)
+        [w] = rows(kind="worker", engine_id="reg-w")
+        assert (w.pid, w.host, w.concurrency, w.queues) == (
+            worker.pid,
+            os.uname().nodename,
+            3,
+            ["reg-a", "reg-b"],
+        )
+        assert w.version == package_version()
+        assert w.running == 0
+        # The worker's saga runner is an engine of its own (started beside the worker).
+        wait_until(lambda: rows(kind="saga runner", pid=worker.pid), 60, "the runner's row", worker)
+        first = w.last_heartbeat_at
+        wait_until(
+            lambda: WorkerRecord.objects.get(pk=w.pk).last_heartbeat_at > first,
+            30, "a heartbeat", worker,
+        )  # fmt: skip
+        assert admin_state(admin_client, "reg-w") == "live"
+
+        # SIGKILL: the row stays, and the admin shows it silent once its heartbeats stop.
+        dispatcher.kill()
+        [d] = rows(engine_id="reg-d")
+        assert (d.kind, d.pid) == ("dispatcher", dispatcher.pid)
+        state = wait_until(
+            lambda: (
+                (admin_state(admin_client, "reg-d") or "").startswith("silent for")
+                and admin_state(admin_client, "reg-d")
+            ),
+            30,
+            "the killed dispatcher shown as silent",
+        )
+        assert state.startswith("silent for ")
+        live, silent = reads.workers(timezone.now())
+        assert "reg-d" in [r.engine_id for r in silent]
+        assert "reg-d" not in [r.engine_id for r in live]
+
+        # A restart with the same id takes the row over; a clean stop deletes it.
+        again = ManageProcess(tmp_path, "dispatch_outbox", "--dispatcher-id", "reg-d", env=FAST)
+        try:
+            wait_until(lambda: rows(engine_id="reg-d", pid=again.pid), 60, "the new row", again)
+            assert len(rows(engine_id="reg-d")) == 1
+            assert admin_state(admin_client, "reg-d") == "live"
+        finally:
+            again.signal(signal.SIGTERM)
+            assert again.wait() == 0
+            again.close()
+        assert rows(engine_id="reg-d") == []
+
+        # Another SIGKILL: silent past the worker's retention (10 s), the row is deleted
+        # by the worker's heartbeats (every CLEAN_UP_EVERY of them).
+        doomed.kill()
+        assert rows(engine_id="reg-k")
+        wait_until(lambda: not rows(engine_id="reg-k"), 60, "the old row deleted", worker)
+        assert rows(engine_id="reg-w")  # the live ones stay
+
+        # A clean stop removes the rows of the worker and its saga runner.
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+        assert rows(engine_id="reg-w") == []
+        assert rows(pid=worker.pid) == []
+    finally:
+        worker.close()
+        dispatcher.close()
+        doomed.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_in_a_thread_keeps_its_row_with_its_running_count(settings):
+    import threading
+
+    from jobs import JobSubmission, job_handler, submit_job
+    from jobs.handlers import unregister
+    from jobs.worker import Worker
+
+    settings.JOBS = {**settings.JOBS, "WORKERS_HEARTBEAT_SECONDS": 0.05}
+    release = threading.Event()
+    started = threading.Event()
+
+    @job_handler("reg.hold")
+    def hold(ctx):
+        started.set()
+        release.wait(30)
+        return None
+
+    try:
+        submit_job("reg", "hold-1", JobSubmission.create("reg.hold"))
+        worker = Worker(worker_id="reg-thread", listen=False, burst=True)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        assert started.wait(30)
+        wait_until(lambda: rows(engine_id="reg-thread", running=1), 30, "running 1")
+        release.set()
+        thread.join(30)
+        assert rows(engine_id="reg-thread") == []
+    finally:
+        release.set()
+        unregister("reg.hold", 1)
+
+
+@pytest.mark.django_db
+def test_an_engine_run_inside_a_transaction_is_not_recorded():
+    from outbox.dispatcher import Dispatcher
+    from outbox.testing import RecordingTransport
+
+    Dispatcher(transport=RecordingTransport(), burst=True, listen=False).run()
+    assert rows() == []
+
+
+@pytest.mark.django_db
+def test_rows_silent_past_retention_are_deleted_and_a_late_heartbeat_revives_nothing(settings):
+    settings.JOBS = {**settings.JOBS, "WORKERS_RETENTION_SECONDS": 3600}
+    store = DatabaseRegistry()
+    now = timezone.now()
+    old = EngineRecord(kind="worker", engine_id="old")
+    fresh = EngineRecord(kind="worker", engine_id="fresh")
+    store.register(old, running=0, now=now - timedelta(hours=2))
+    store.register(fresh, running=2, now=now)
+    assert store.clean_up(now=now) == 1
+    assert [r.engine_id for r in rows()] == ["fresh"]
+    # Another run took the id over: the earlier run's heartbeat and removal miss.
+    takeover = EngineRecord(kind="worker", engine_id="fresh")
+    store.register(takeover, running=0, now=now)
+    assert store.heartbeat(fresh, running=5, now=now) is False
+    store.remove(fresh)
+    [row] = rows()
+    assert (row.token, row.running) == (takeover.token, 0)
+
+
+def test_jobs_installs_its_store_into_the_registry():
+    assert isinstance(registry.installed(), DatabaseRegistry)
