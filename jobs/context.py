@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -143,16 +142,6 @@ class JobContext:
     async def await_for_cancel(self, timeout: float | None = None) -> bool:
         """The async form of :meth:`wait_for_cancel` (Django's ``a`` prefix)."""
         return await asyncio.to_thread(self._cancel.wait, timeout)
-
-    async def await_cancel(self, timeout: float | None = None) -> bool:
-        """Deprecated alias of :meth:`await_for_cancel` (the name it first shipped
-        under); it warns and will be removed in a later release."""
-        warnings.warn(
-            "JobContext.await_cancel() is deprecated; use await_for_cancel()",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return await self.await_for_cancel(timeout)
 
     # the worker's side
     def signal_cancel(

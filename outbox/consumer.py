@@ -51,7 +51,6 @@ from ledon.backoff import RetryPace
 from ledon.db import TRANSIENT_ERRORS, alias_for
 from ledon.engine import EmitsEvents, Engine, EngineStats, EventCallback
 from ledon.registry import EngineRecord
-from ledon.renamed import renamed_attribute
 from ledon.signals import send_logged
 
 from .bus import event_bus
@@ -176,8 +175,6 @@ class EventConsumer(EmitsEvents, Engine):
         self.using = self.alias
         self.stats = ConsumerStats()
         self._open = False
-
-    ready = renamed_attribute("EventConsumer.ready", "started")
 
     # ------------------------------------------------------------------ control
 

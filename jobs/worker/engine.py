@@ -14,7 +14,6 @@ from ledon.db import alias_for, is_postgres
 from ledon.engine import FAILED, StopLevel
 from ledon.faults import fault_point
 from ledon.registry import EngineRecord
-from ledon.renamed import renamed_attribute
 
 from .. import execution
 from ..conf import jobs_settings
@@ -94,8 +93,6 @@ class Worker(Shutdown):
                 entries = list(self._running.values())
             for entry in entries:
                 entry.ctx.signal_cancel(CancelReason.SHUTDOWN)
-
-    stop_requested = renamed_attribute("Worker.stop_requested", "stopping")
 
     def registry_record(self) -> EngineRecord:
         return EngineRecord(

@@ -17,13 +17,11 @@ from typing import Any
 import pytest
 from django.db import DataError, OperationalError, connection
 
-from jobs.worker import Worker
 from ledon import db as ledon_db
 from ledon.backoff import Backoff, retry_delay
 from ledon.db import DatabaseNotMigrated, missing_tables
 from ledon.engine import FAILED, Engine, EngineStats, StopLevel
 from ledon.outage import OutageReporter
-from ledon.renamed import renamed_attribute
 
 log = logging.getLogger("tests.engine")
 
@@ -426,24 +424,6 @@ class TestStartUp:
 
         monkeypatch.setattr("ledon.engine.missing_tables", down)
         assert engine.wait_for_database() is False
-
-
-def test_a_renamed_attribute_reads_the_new_one_and_warns_with_both_names():
-    class Machine:
-        stopping = True
-        stop_requested = renamed_attribute("Machine.stop_requested", "stopping")
-
-    with pytest.warns(
-        DeprecationWarning, match=r"^Machine.stop_requested is deprecated; use Machine.stopping$"
-    ):
-        assert Machine().stop_requested is True
-
-
-def test_worker_stop_requested_is_the_deprecated_name_of_stopping():
-    worker = Worker()
-    worker.stop()
-    with pytest.warns(DeprecationWarning, match="use Worker.stopping"):
-        assert worker.stop_requested is worker.stopping is True
 
 
 def test_a_row_becomes_its_value_field_by_field_with_the_conversions_the_store_gives():

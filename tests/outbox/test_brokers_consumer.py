@@ -418,8 +418,6 @@ def test_consume_events_rejects_bad_arguments_clearly(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_consumer_is_started_once_its_subscription_opened_and_ready_is_a_deprecated_alias():
+def test_the_consumer_is_started_once_its_subscription_opened():
     consumer, _ = run(received(number="O-8"))
     assert consumer.started.is_set()
-    with pytest.warns(DeprecationWarning, match="use EventConsumer.started"):
-        assert consumer.ready is consumer.started
