@@ -2,7 +2,7 @@
 
 ::
 
-    with unit_of_work() as uow:            # or @unit_of_work, or execute(fn)
+    with unit_of_work() as uow:            # or @unit_of_work on a function
         order = Order.objects.create(...)
         uow.add_domain_event(OrderCreated(order.pk))
         uow.add_integration_event(OrderPlaced(order.pk))
@@ -211,11 +211,6 @@ class UnitOfWork:
         if isinstance(instance, CollectsEvents):
             self.collect(instance)
 
-    def execute[T](self, fn: Callable[[UnitOfWork], T]) -> T:
-        """Run ``fn(uow)`` in a unit of work on this alias and return its result."""
-        with UnitOfWorkBlock(self.using) as uow:
-            return fn(uow)
-
 
 class UnitOfWorkBlock(ContextDecorator):
     """``with`` block and decorator behind :func:`unit_of_work`. Re-entrant and
@@ -282,11 +277,6 @@ def unit_of_work(
     if callable(func):
         return UnitOfWorkBlock(using)(func)
     return UnitOfWorkBlock(func or using)
-
-
-def execute[T](fn: Callable[[UnitOfWork], T], *, using: str | None = None) -> T:
-    """Run ``fn(uow)`` in a unit of work and return its result."""
-    return UnitOfWork(using).execute(fn)
 
 
 def current_unit_of_work(using: str | None = None) -> UnitOfWork:

@@ -21,7 +21,6 @@ from outbox import (
     current_envelope,
     current_unit_of_work,
     event_bus,
-    execute,
     unit_of_work,
 )
 from outbox.exceptions import InvalidEvent, InvalidInput, NoActiveUnitOfWork, UnitOfWorkRolledBack
@@ -208,7 +207,7 @@ def test_inside_a_callers_atomic_block_events_wait_for_the_outer_commit():
     assert list(Order.objects.values_list("number", flat=True)) == ["A-1"]
 
 
-def test_decorator_execute_and_current_unit_forms():
+def test_decorator_block_and_current_unit_forms():
     @unit_of_work
     def create(number: str, depth: int = 0) -> Order:
         order = make_order(number)
@@ -217,14 +216,11 @@ def test_decorator_execute_and_current_unit_forms():
             create(f"{number}-nested", depth - 1)  # re-entrant: joins this unit
         return order
 
-    def with_uow(uow: UnitOfWork) -> str:
-        make_order("E-1")
-        uow.add_domain_event(Noted("E-1"))
-        return "done"
-
     with capture_events(Noted) as published:
         assert create("D-1", depth=1).number == "D-1"
-        assert execute(with_uow) == "done"
+        with unit_of_work() as uow:
+            make_order("E-1")
+            uow.add_domain_event(Noted("E-1"))
         with pytest.raises(ValueError, match="rolled back"):
             create_failing()
     assert [e.text for e in published] == ["D-1", "D-1-nested", "E-1"]
