@@ -1,7 +1,8 @@
 """django-ledon jobs: durable, idempotent, token-fenced background jobs.
 
-The scoped API (``submit_job``, ``stage_job``, ``JobScope``) and the handler API
-(``job_handler``, ``JobContext``) are imported lazily so that listing ``"jobs"`` in
+The scoped API (``submit_job``, ``stage_job``, ``JobScope``), the handler API
+(``job_handler``, ``JobContext``) and the errors callers handle (``JobsError``, the
+root of every error of the app) are imported lazily so that listing ``"jobs"`` in
 ``INSTALLED_APPS`` never imports models before the app registry is ready.
 """
 
@@ -16,12 +17,14 @@ if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
     from .api import stage_job as stage_job
     from .api import submit_job as submit_job
     from .api import submit_jobs as submit_jobs
+    from .exceptions import JobCancelled as JobCancelled
+    from .exceptions import JobIdentityConflict as JobIdentityConflict
+    from .exceptions import JobsError as JobsError
     from .handlers import JobContext as JobContext
     from .handlers import Snooze as Snooze
     from .handlers import job_handler as job_handler
     from .schedules import periodic as periodic
     from .types import CancelOutcome as CancelOutcome
-    from .types import FinishOutcome as FinishOutcome
     from .types import JobSnapshot as JobSnapshot
     from .types import JobStatus as JobStatus
     from .types import JobSubmission as JobSubmission
@@ -30,11 +33,11 @@ if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
 _LAZY = exported(
     {
         "api": ("JobScope", "stage_job", "submit_job", "submit_jobs"),
+        "exceptions": ("JobCancelled", "JobIdentityConflict", "JobsError"),
         "handlers": ("JobContext", "Snooze", "job_handler"),
         "schedules": ("periodic",),
         "types": (
             "CancelOutcome",
-            "FinishOutcome",
             "JobSnapshot",
             "JobStatus",
             "JobSubmission",

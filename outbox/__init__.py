@@ -18,18 +18,21 @@ if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
     from .events import DomainEvent as DomainEvent
     from .events import Event as Event
     from .events import IntegrationEvent as IntegrationEvent
+    from .exceptions import NoActiveUnitOfWork as NoActiveUnitOfWork
+    from .exceptions import OutboxError as OutboxError
+    from .exceptions import UnitOfWorkRolledBack as UnitOfWorkRolledBack
     from .types import Envelope as Envelope
     from .uow import UnitOfWork as UnitOfWork
     from .uow import current_unit_of_work as current_unit_of_work
-    from .uow import execute as execute
     from .uow import unit_of_work as unit_of_work
 
 _LAZY = exported(
     {
         "bus": ("EventBus", "current_envelope", "event_bus"),
         "events": ("CollectsEvents", "DomainEvent", "Event", "IntegrationEvent"),
+        "exceptions": ("NoActiveUnitOfWork", "OutboxError", "UnitOfWorkRolledBack"),
         "types": ("Envelope",),
-        "uow": ("UnitOfWork", "current_unit_of_work", "execute", "unit_of_work"),
+        "uow": ("UnitOfWork", "current_unit_of_work", "unit_of_work"),
     }
 )
 __all__ = sorted(_LAZY)
