@@ -10,7 +10,7 @@ from ledon.conf import SettingsReader, is_database_alias_or_none, is_number, unk
 
 from . import validation
 from .exceptions import InvalidLimits, JobsConfigurationError
-from .limits import Limits
+from .flow_control import Limits
 from .validation import scope_hash
 
 
@@ -224,7 +224,7 @@ _queue_limits: tuple[JobsSettings, dict[str, Limits]] | None = None
 
 
 def queue_limits() -> dict[str, Limits]:
-    """``JOBS["QUEUES"]`` as :class:`~jobs.limits.Limits` (queues without any left
+    """``JOBS["QUEUES"]`` as :class:`~jobs.flow_control.Limits` (queues without any left
     out); computed again whenever the ``JOBS`` setting is read again."""
     global _queue_limits
     current = jobs_settings()

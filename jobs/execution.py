@@ -20,8 +20,8 @@ from ledon.db import connection_for
 
 from . import store, validation
 from .conf import queue_limits
+from .flow_control import ClaimLimits
 from .handlers import handler_limits
-from .limits import ClaimLimits
 from .models import ClaimStart, Job
 from .schedules import service as schedules
 from .store.limits import prune_claim_starts as _prune_claim_starts

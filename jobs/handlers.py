@@ -26,7 +26,7 @@ from . import validation
 from .conf import jobs_settings
 from .context import JobContext as JobContext  # public here too: jobs.handlers.JobContext
 from .exceptions import InvalidInput, JobsConfigurationError, UnknownHandler
-from .limits import Limits
+from .flow_control import Limits
 from .retry import PermanentFailure as PermanentFailure  # public here too
 from .retry import RetryPolicy as RetryPolicy  # public here too
 from .types import CancelReason

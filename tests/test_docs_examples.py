@@ -160,8 +160,8 @@ def test_workers_flow_control_examples_snooze_limit_and_pause(reader_project, se
 
     from jobs import JobSubmission, submit_job
     from jobs.conf import jobs_settings, queue_limits
+    from jobs.flow_control import Limits
     from jobs.handlers import get_handler
-    from jobs.limits import Limits
     from jobs.models import Queue
     from jobs.types import AttemptStatus
 

@@ -24,7 +24,7 @@ from ledon.faults import fault_point
 from .. import validation
 from ..conf import jobs_settings
 from ..db import fetch, in_list_params, numbered
-from ..limits import NO_LIMITS, ClaimLimits
+from ..flow_control import NO_LIMITS, ClaimLimits
 from ..models import Job
 from ..types import Claim, FinishOutcome
 from . import sql, sql_flow

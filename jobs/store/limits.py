@@ -61,7 +61,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ledon.db import adapt_dt
 
 from ..db import fetch, fetch_results, in_list_params
-from ..limits import ClaimLimits, Limits
+from ..flow_control import ClaimLimits, Limits
 from ..types import Claim
 from . import sql_flow
 

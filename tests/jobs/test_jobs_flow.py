@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from jobs import JobScope, JobStatus, JobSubmission, Snooze, execution, submit_job
 from jobs.exceptions import InvalidInput, InvalidLimits, InvalidSubmission
+from jobs.flow_control import Limits
 from jobs.handlers import RetryPolicy
-from jobs.limits import Limits
 from jobs.models import ClaimStart, Job, JobAttempt, Queue
 from jobs.store import claiming, sql, sql_flow
 from jobs.store import limits as limits_store
