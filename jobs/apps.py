@@ -29,7 +29,7 @@ class JobsConfig(ledon.apps.LedonAppConfig):
         # (see jobs.monitoring); then the checks and the optional metrics and tracing.
         from ledon import registry
 
-        from .monitoring.registry import DatabaseRegistry
+        from .monitoring.worker_registry import DatabaseRegistry
 
         registry.install(DatabaseRegistry())
         super().ready()

@@ -15,7 +15,7 @@ from . import task_handler  # noqa: F401  (registers the job handler that runs t
 from .backend import JobsBackend
 from .compat import InvalidTaskBackend, task_backends
 from .exceptions import InvalidReturnValue, TaskInterrupted, TaskNotRegistered
-from .registry import JobsTask, JobsTaskContext
+from .task_registry import JobsTask, JobsTaskContext
 
 __all__ = [
     "InvalidReturnValue",

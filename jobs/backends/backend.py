@@ -16,7 +16,7 @@ from .. import validation
 from ..exceptions import InvalidInput, InvalidJobId, JobNotFound, TransactionRequiredError
 from ..handlers import RetryPolicy, autodiscover
 from ..types import CancelOutcome, JobSnapshot, JobSubmission
-from . import registry
+from . import task_registry
 from .compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -43,7 +43,7 @@ class JobsBackend(BaseTaskBackend):
     worker in addition to each app's ``tasks`` module).
     """
 
-    task_class = registry.JobsTask
+    task_class = task_registry.JobsTask
 
     supports_defer = True
     supports_async_task = True
@@ -89,7 +89,7 @@ class JobsBackend(BaseTaskBackend):
             raise InvalidTask(
                 f"retry must be a jobs.handlers.RetryPolicy, not {type(retry).__name__}"
             )
-        registry.register(task)
+        task_registry.register(task)
 
     # ------------------------------------------------------------------ enqueue
 
@@ -167,12 +167,12 @@ class JobsBackend(BaseTaskBackend):
     def task_for(self, task_path: str, snapshot: JobSnapshot) -> Task[Any, Any]:
         """The registered task, with the priority, queue, run-after and attempts the
         job was enqueued with. The path is only a registry key, never imported."""
-        task = registry.lookup(task_path)
+        task = task_registry.lookup(task_path)
         if task is None:
             # Import what the worker would import (app task modules, OPTIONS
             # ["MODULES"]): configured module names, never the stored path.
             autodiscover()
-            task = registry.lookup(task_path)
+            task = task_registry.lookup(task_path)
         if task is None:
             raise TaskNotRegistered(
                 f"task {task_path!r} is not registered in this process; define it with "
@@ -185,7 +185,7 @@ class JobsBackend(BaseTaskBackend):
             "run_after": snapshot.initial_not_before,
             "backend": self.alias,
         }
-        if isinstance(task, registry.JobsTask):
+        if isinstance(task, task_registry.JobsTask):
             changes["max_attempts"] = snapshot.max_attempts
         return replace(task, **changes)
 

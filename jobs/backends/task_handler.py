@@ -21,7 +21,6 @@ from ..handlers import JobContext, PermanentFailure, get_handler, job_handler
 from .backend import JobsBackend
 from .compat import TaskResultStatus, normalize_json, task_backends, task_finished, task_started
 from .exceptions import InvalidReturnValue, TaskNotRegistered
-from .registry import JobsTask, JobsTaskContext
 from .results import (
     HANDLER,
     HANDLER_VERSION,
@@ -33,6 +32,7 @@ from .results import (
     update,
 )
 from .signals import send_signal
+from .task_registry import JobsTask, JobsTaskContext
 
 
 def _backend(alias: str) -> JobsBackend:

@@ -27,7 +27,7 @@ from ledon.dashboard import age, panels
 from . import reads
 from .charts import per_minute
 from .models import Dashboard, WorkerRecord
-from .registry import silent_after
+from .worker_registry import silent_after
 
 #: Seconds between two reloads of the dashboard, unless ``?refresh=`` says otherwise.
 REFRESH_SECONDS = 10

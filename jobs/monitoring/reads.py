@@ -21,7 +21,7 @@ from ..models import Job
 from ..schedules.models import Schedule
 from ..types import JobStatus
 from .models import WorkerRecord
-from .registry import silent_after
+from .worker_registry import silent_after
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

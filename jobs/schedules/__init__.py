@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from ledon.lazy import exported, lazy_attributes
 
 if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
-    from .registry import ScheduleSpec as ScheduleSpec
-    from .registry import periodic as periodic
+    from .declarations import ScheduleSpec as ScheduleSpec
+    from .declarations import periodic as periodic
     from .service import list_schedules as list_schedules
     from .service import pause as pause
     from .service import resume as resume
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
 
 _LAZY = exported(
     {
-        "registry": ("ScheduleSpec", "periodic"),
+        "declarations": ("ScheduleSpec", "periodic"),
         "service": ("list_schedules", "pause", "resume", "run_now"),
         "types": ("CatchUp", "ScheduleOutcome", "ScheduleView"),
     }

@@ -20,7 +20,7 @@ from ledon.admin import ReadOnlyModelAdmin, report_refusals, state_action
 from ..exceptions import InvalidSchedule, JobsError
 from ..models import Job
 from ..types import JobStatus
-from . import registry, service
+from . import declarations, service
 from . import store as schedule_store
 from .models import Schedule
 from .types import ScheduleOutcome
@@ -77,9 +77,9 @@ class ScheduleAdmin(ReadOnlyModelAdmin[Schedule]):
     # ------------------------------------------------------------------ columns
 
     def _declared(self) -> dict[str, tuple[str, int, str]]:
-        registry.discover()
+        declarations.discover()
         try:
-            return {spec.name: spec.timetable_key for spec in registry.declared()}
+            return {spec.name: spec.timetable_key for spec in declarations.declared()}
         except InvalidSchedule:
             return {}
 

@@ -31,7 +31,7 @@ from ledon.db import alias_for
 
 from ..conf import jobs_settings
 from ..exceptions import InvalidSchedule, JobsError
-from . import registry, service
+from . import declarations, service
 from .models import Schedule
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ _beside: Beside[Scheduler] = Beside("jobs-scheduler")
 def start_scheduler(sender: Any, worker: Any, **kwargs: Any) -> None:
     """``jobs.signals.worker_started``: enqueue what is due (burst), or start a
     scheduler thread beside ``worker``."""
-    if not jobs_settings().SCHEDULER or not registry.declared():
+    if not jobs_settings().SCHEDULER or not declarations.declared():
         return
     if worker.burst:
         service.sync(now=worker.clock())

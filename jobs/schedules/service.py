@@ -34,10 +34,10 @@ from ..conf import jobs_settings
 from ..exceptions import ScheduleNotDeclared
 from ..models import Job
 from ..types import JobSnapshot, JobStatus
-from . import registry
+from . import declarations
 from . import store as schedule_store
+from .declarations import ScheduleSpec
 from .models import Schedule
-from .registry import ScheduleSpec
 from .types import CatchUp, ScheduleOutcome, ScheduleState, ScheduleView
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def sync(*, now: datetime | None = None) -> list[ScheduleSpec]:
     rows of the others up to date with this process's declarations (a deploy that
     changed a timetable: the workers started last own it). Every ``run_jobs`` worker
     does this at start-up; :func:`enqueue_due` once per process."""
-    specs = registry.declared()
+    specs = declarations.declared()
     when = schedule_store._now(now)
     schedule_store.create_missing(specs, now=when)
     rows = schedule_store.states([spec.name for spec in specs])
@@ -116,7 +116,7 @@ def sync(*, now: datetime | None = None) -> list[ScheduleSpec]:
                 extra={"schedule": spec.name},
             )
     with _memo_lock:
-        _adopted.add((alias_for(Schedule), registry.generation()))
+        _adopted.add((alias_for(Schedule), declarations.generation()))
     return specs
 
 
@@ -137,11 +137,11 @@ def enqueue_due(now: datetime | None = None) -> EnqueuePass:
     jobs are submitted in short transactions of their own).
     """
     now = schedule_store._now(now)
-    specs = registry.declared()
+    specs = declarations.declared()
     if not specs:
         return EnqueuePass([], None)
     with _memo_lock:
-        adopted = (alias_for(Schedule), registry.generation()) in _adopted
+        adopted = (alias_for(Schedule), declarations.generation()) in _adopted
     if not adopted:
         sync(now=now)
     names = [spec.name for spec in specs]
@@ -238,7 +238,7 @@ def enqueue_due_schedules(now: datetime | None = None) -> list[JobSnapshot]:
 
 
 def _declared(name: str) -> ScheduleSpec:
-    spec = registry.get(name)
+    spec = declarations.get(name)
     if spec is None:
         raise ScheduleNotDeclared(
             f"no schedule named {name!r} is declared in this process's code; an orphaned "
@@ -274,8 +274,8 @@ def resume(name: str, *, now: datetime | None = None) -> ScheduleOutcome:
 def list_schedules() -> list[ScheduleView]:
     """Every schedule declared in this process's code or stored, by name, with its
     next run, its last run's job and that job's status."""
-    registry.discover()
-    specs = {spec.name: spec for spec in registry.declared()}
+    declarations.discover()
+    specs = {spec.name: spec for spec in declarations.declared()}
     rows = schedule_store.states()
     last_ids = [row.last_job_id for row in rows.values() if row.last_job_id]
     statuses = dict(

@@ -27,8 +27,8 @@ from ledon.rows import from_row
 
 from .. import validation
 from ..exceptions import InvalidSchedule, InvalidTransition, ScheduleNotFound
+from .declarations import ScheduleSpec
 from .models import Schedule
-from .registry import ScheduleSpec
 from .timetable import CronTimetable, IntervalTimetable, TimetableError
 from .types import CatchUp, ScheduleOutcome, ScheduleState
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from jobs import JobScope, execution, periodic
 from jobs.models import Job
-from jobs.schedules import registry, service
+from jobs.schedules import declarations, service
 from tests.jobs import test_jobs_admin
 from tests.support.schedules import period_jobs, row, schedules  # noqa: F401  (fixture)
 
@@ -39,7 +39,7 @@ def declared(request: pytest.FixtureRequest) -> None:
     execution.enqueue_due_schedules(now=now - timedelta(hours=2))
     # "gone" is stored, then no longer declared before its first run is due (a daily
     # run falls between the two passes when the clock reads 00:00 to 02:00).
-    registry.unregister("gone")
+    declarations.unregister("gone")
     execution.enqueue_due_schedules(now=now)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from jobs import JobScope, JobStatus
 from jobs.conf import jobs_settings
-from jobs.schedules import registry
+from jobs.schedules import declarations
 from jobs.schedules.types import ScheduleOutcome
 from tests.support.schedules import period_jobs, row, schedules  # noqa: F401  (fixture)
 from tests.test_docs_examples import python_blocks, run_page
@@ -23,9 +23,9 @@ def test_the_schedules_page_examples_declare_enqueue_run_and_steer():
     assert len(python_blocks(PAGE)) == 5
     namespace = run_page(PAGE)
 
-    names = [spec.name for spec in registry.declared()]
+    names = [spec.name for spec in declarations.declared()]
     assert names == ["crm-sync", "daily-report", "ledger-close", "weekly-digest"]
-    digest = registry.get("weekly-digest")
+    digest = declarations.get("weekly-digest")
     assert digest is not None
     assert json.loads(digest.submission.payload_json)["args"] == ["monday"]
 

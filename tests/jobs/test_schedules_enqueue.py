@@ -18,7 +18,7 @@ from jobs.exceptions import (
     ScheduleNotDeclared,
     ScheduleNotFound,
 )
-from jobs.schedules import registry, service
+from jobs.schedules import declarations, service
 from jobs.schedules import store as schedule_store
 from jobs.schedules.timetable import CronTimetable
 from jobs.schedules.types import ScheduleOutcome
@@ -291,7 +291,7 @@ def test_a_schedule_removed_from_the_code_is_orphaned_and_never_enqueued():
     hourly("kept")
     hourly("removed")
     enqueue(T0 + timedelta(minutes=10))
-    registry.unregister("removed")
+    declarations.unregister("removed")
     assert enqueue(T0 + 2 * HOUR) == ["kept@2026-12-01T02:00:00Z"]
     views = {view.name: view for view in service.list_schedules()}
     assert views["removed"].state == "orphaned"
@@ -306,7 +306,7 @@ def test_a_changed_timetable_is_adopted_and_restarts_at_its_next_period():
     hourly("report")
     enqueue(T0 + timedelta(minutes=10))
     assert row("report").next_run_at == T0 + HOUR
-    registry.unregister("report")
+    declarations.unregister("report")
     periodic("30 * * * *", name="report", handler="reports.hourly")  # a new deploy
     assert enqueue(T0 + timedelta(minutes=20)) == []
     assert (row("report").cron, row("report").next_run_at) == (
@@ -321,7 +321,7 @@ def test_a_schedule_stored_with_another_versions_timetable_is_left_alone(caplog)
     enqueue(T0 + timedelta(minutes=10))
     # Workers of another version, started later, declare it every five minutes and
     # stored that: they own the schedule now.
-    ours = registry.get("report")
+    ours = declarations.get("report")
     assert ours is not None
     theirs = replace(ours, cron="*/5 * * * *", timetable=CronTimetable.parse("*/5 * * * *"))
     assert schedule_store.adopt(theirs, now=T0 + timedelta(minutes=11))

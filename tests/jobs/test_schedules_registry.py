@@ -12,7 +12,7 @@ import pytest
 from jobs import JobContext, job_handler, periodic
 from jobs.backends.compat import task
 from jobs.exceptions import InvalidSchedule, JobsConfigurationError, JobsError
-from jobs.schedules import registry
+from jobs.schedules import declarations
 from jobs.schedules.types import CatchUp
 from tests.support.schedules import T0, schedules  # noqa: F401  (fixture)
 
@@ -33,7 +33,7 @@ def test_periodic_above_job_handler_declares_the_handler_schedule():
     def daily(ctx: JobContext) -> None:
         return None
 
-    (spec,) = registry.declared()
+    (spec,) = declarations.declared()
     assert spec.name == "daily-report"
     assert (spec.cron, spec.every_seconds, spec.timezone) == ("0 6 * * *", 0, "Europe/Paris")
     assert spec.catch_up is CatchUp.LATEST
@@ -58,7 +58,7 @@ def test_job_handler_above_periodic_is_resolved_once_registered():
     def hourly(ctx: JobContext) -> None:
         return None
 
-    (spec,) = registry.declared()
+    (spec,) = declarations.declared()
     assert spec.submission.handler == "reports.hourly"
     assert spec.cron == "0 * * * *"
 
@@ -69,14 +69,14 @@ def test_periodic_on_a_plain_function_is_an_error_when_schedules_are_read():
         return None
 
     with pytest.raises(InvalidSchedule, match="not a registered @job_handler"):
-        registry.declared()
+        declarations.declared()
 
 
 def test_the_function_form_names_a_handler_registered_elsewhere():
     spec = periodic(
         timedelta(minutes=15), name="crm-sync", handler="crm.sync", version=3, catch_up="all"
     )
-    assert registry.get("crm-sync") == spec
+    assert declarations.get("crm-sync") == spec
     assert (spec.every_seconds, spec.timezone, spec.catch_up) == (900, "UTC", CatchUp.ALL)
     assert (spec.submission.handler, spec.submission.handler_version) == ("crm.sync", 3)
     every = periodic(every=timedelta(hours=1), name="every-hour", handler="x.y")
@@ -109,7 +109,7 @@ def test_periodic_above_task_as_a_decorator():
         send_digest
     )
     assert decorated is send_digest
-    (spec,) = registry.declared()
+    (spec,) = declarations.declared()
     assert json.loads(spec.submission.payload_json)["task"] == send_digest.module_path
     assert spec.submission.queue == "digests"  # periodic's own options win
 
@@ -118,7 +118,7 @@ def test_the_same_declaration_twice_is_one_schedule():
     first = periodic("@daily", name="twice", handler="x.y")
     again = periodic("@daily", name="twice", handler="x.y")
     assert first == again
-    assert [s.name for s in registry.declared()] == ["twice"]
+    assert [s.name for s in declarations.declared()] == ["twice"]
 
 
 def test_a_zoneinfo_object_is_accepted_as_the_zone():
@@ -156,14 +156,14 @@ def test_bad_declarations_raise_invalid_schedule_and_declare_nothing(kwargs, mes
         periodic(cron, **arguments)
     assert isinstance(raised.value, JobsConfigurationError)
     assert isinstance(raised.value, JobsError)
-    assert registry.declared() == []
+    assert declarations.declared() == []
 
 
 def test_a_duplicate_name_is_refused():
     periodic("@daily", name="report", handler="x.y")
     with pytest.raises(InvalidSchedule, match="already declared"):
         periodic("@hourly", name="report", handler="x.y")
-    (spec,) = registry.declared()
+    (spec,) = declarations.declared()
     assert spec.cron == "0 0 * * *"  # the first declaration stands
 
 
@@ -200,4 +200,4 @@ def test_without_the_cron_extra_a_cron_schedule_is_refused_and_an_interval_is_no
     with pytest.raises(InvalidSchedule, match=r"django-ledon\[cron\]"):
         periodic("0 6 * * *", name="needs-cron", handler="reports.needs-cron")
     periodic(every=timedelta(minutes=5), name="no-cron-needed", handler="reports.needs-cron")
-    assert [s.name for s in registry.declared()] == ["no-cron-needed"]
+    assert [s.name for s in declarations.declared()] == ["no-cron-needed"]

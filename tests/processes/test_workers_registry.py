@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from jobs.models import WorkerRecord
 from jobs.monitoring import reads
-from jobs.monitoring.registry import DatabaseRegistry
+from jobs.monitoring.worker_registry import DatabaseRegistry
 from ledon import registry
 from ledon.registry import EngineRecord, package_version
 from tests.support.procs import ManageProcess, WorkerProcess, wait_until

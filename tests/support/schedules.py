@@ -11,7 +11,7 @@ import pytest
 from jobs import handlers
 from jobs.api import JobScope
 from jobs.models import Job
-from jobs.schedules import registry
+from jobs.schedules import declarations
 from jobs.schedules.models import Schedule
 
 #: A Tuesday, 00:00 UTC, in a month without a DST change.
@@ -25,7 +25,7 @@ def schedules() -> Iterator[None]:
     admin and list_schedules do), so that their handlers count as already there."""
     handlers.autodiscover()
     before = {(spec.name, spec.version) for spec in handlers.registered_handlers()}
-    with registry.isolated():
+    with declarations.isolated():
         yield
     for spec in handlers.registered_handlers():
         if (spec.name, spec.version) not in before:
