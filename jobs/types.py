@@ -12,8 +12,7 @@ from typing import Any, Self
 
 from django.db import models
 
-from ledon.outcomes import FencedOutcome
-from ledon.rows import from_row
+from ledon.values import FencedOutcome, from_row
 
 from . import validation
 from .conf import jobs_settings

@@ -1,20 +1,46 @@
 """Internal pieces shared by the ``jobs``, ``outbox`` and ``sagas`` apps.
 
 Not a Django app and not a public API: nothing here imports a model or any of the
-three apps, and names may change between releases. Use the apps' own modules.
+apps, and names may change between releases. Use the apps' own modules.
 
-- :mod:`ledon.backoff` — the back-off every engine uses after a database failure;
-- :mod:`ledon.outage` — says an outage once, sums it up while it lasts, and says when
-  it ends;
-- :mod:`ledon.db` — the alias and vendor switch, datetime adapters, the caller-atomic
-  check, connection reset, the start-up check (unreachable or not migrated);
+The engines:
+
 - :mod:`ledon.engine` — the base of the long-running engines: stopping in escalating
   levels, signals that cannot deadlock, guarded database steps;
 - :mod:`ledon.commands` — running an engine from its management command;
+- :mod:`ledon.beside` — engines that run on a thread beside another (the scheduler);
+- :mod:`ledon.backoff` — the back-off every engine uses after a database failure;
+- :mod:`ledon.outage` — says an outage once, sums it up while it lasts, and says when
+  it ends;
 - :mod:`ledon.pglisten` — the PostgreSQL LISTEN thread that wakes an engine;
-- :mod:`ledon.admin` — the read-only admin base and its guarded actions;
-- :mod:`ledon.faults` — named fault points for crash tests;
-- :mod:`ledon.errors` — the errors' root, whose docstring is its default message;
+- :mod:`ledon.faults` — named fault points for crash tests.
+
+The database and the stores:
+
+- :mod:`ledon.db` — the alias and vendor switch, datetime adapters, the caller-atomic
+  check, connection reset, the start-up check (unreachable or not migrated);
+- :mod:`ledon.values` — a stored row as its frozen value, and the outcome of a
+  fenced write;
+- :mod:`ledon.validation` — the one rule for a text field a caller hands to any app;
+- :mod:`ledon.errors` — the errors' root, whose docstring is its default message.
+
+The apps' set-up:
+
+- :mod:`ledon.apps` — the base of the apps' configs;
 - :mod:`ledon.conf` — reading the apps' settings dicts (unknown keys, 'did you mean');
-- :mod:`ledon.checks` — the system checks every app shares (SQLite's set-up).
+- :mod:`ledon.checks` — the system checks every app shares (SQLite's set-up);
+- :mod:`ledon.lazy` — packages whose public names are imported on first use;
+- :mod:`ledon.signals` — sending the apps' signals so that a failing receiver never
+  stops the sender;
+- :mod:`ledon.admin` — the read-only admin base and its guarded actions;
+- :mod:`ledon.dashboard` — what an app adds to the admin's dashboard.
+
+Watching them run (each optional layer is loaded only when its setting is on):
+
+- :mod:`ledon.observability` — turning an app's metrics and tracing on or off;
+- :mod:`ledon.registry` — the workers registry: one row per running engine;
+- :mod:`ledon.metrics` — Prometheus metrics (the ``[metrics]`` extra);
+- :mod:`ledon.tracing` — the tracing hooks the apps call, :mod:`ledon.spans` their
+  shapes, :mod:`ledon.otel` the OpenTelemetry tracer behind them (the ``[otel]``
+  extra).
 """

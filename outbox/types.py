@@ -12,7 +12,7 @@ from typing import Any, Self
 
 from django.db import models
 
-from ledon.outcomes import FencedOutcome
+from ledon.values import FencedOutcome
 
 
 class MessageStatus(models.TextChoices):

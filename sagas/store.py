@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from ledon.db import alias_for
 from ledon.errors import MAX_ERROR_LENGTH
-from ledon.rows import from_row
+from ledon.values import from_row
 
 from . import validation
 from .exceptions import (

@@ -23,7 +23,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from ledon.db import alias_for
-from ledon.rows import from_row
+from ledon.values import from_row
 
 from .. import validation
 from ..exceptions import InvalidSchedule, InvalidTransition, ScheduleNotFound

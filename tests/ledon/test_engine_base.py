@@ -429,7 +429,7 @@ class TestStartUp:
 def test_a_row_becomes_its_value_field_by_field_with_the_conversions_the_store_gives():
     from types import SimpleNamespace
 
-    from ledon.rows import from_row
+    from ledon.values import from_row
 
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
     class Value:

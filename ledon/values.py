@@ -1,9 +1,10 @@
-"""A stored row as the frozen value that leaves its app's store (or one value made
-from another that has the same fields)."""
+"""What leaves the apps' stores: a stored row as its frozen value (or one value made
+from another that has the same fields), and the outcome of a fenced write."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any
 
 #: The init fields of each class seen, read once.
@@ -25,3 +26,13 @@ def from_row[T](cls: type[T], row: object, /, **converted: Any) -> T:
     AttributeError, never a silent default."""
     values = {name: getattr(row, name) for name in _field_names(cls) if name not in converted}
     return cls(**values, **converted)
+
+
+class FencedOutcome(enum.Enum):
+    """The outcome of a write fenced by a token or a lease (a job attempt's finish, an
+    outbox delivery's record). Its ``STALE`` member is false: the token or the lease
+    was no longer current, and nothing changed. Every other member is true, so that
+    ``if outcome:`` reads "it was written"."""
+
+    def __bool__(self) -> bool:
+        return self.name != "STALE"
