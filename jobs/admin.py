@@ -307,6 +307,6 @@ class QueueAdmin(ReadOnlyModelAdmin[Queue]):
 
 
 # The schedules' admin lives with the schedules; the workers
-# registry and the dashboard with the monitoring.
-from .monitoring import admin as _monitoring_admin  # noqa: E402, F401
+# registry and the dashboard with the rest of jobs.observability.
+from .observability import admin as _observability_admin  # noqa: E402, F401
 from .schedules import admin as _schedules_admin  # noqa: E402, F401

@@ -26,10 +26,10 @@ class JobsConfig(ledon.apps.LedonAppConfig):
         worker_stopping.connect(stop_scheduler, dispatch_uid="jobs.stop_scheduler")
 
         # Every engine of the three apps keeps its row in jobs_workerrecord
-        # (see jobs.monitoring); then the checks and the optional metrics and tracing.
+        # (see jobs.observability); then the checks and the optional metrics and tracing.
         from ledon import registry
 
-        from .monitoring.worker_registry import DatabaseRegistry
+        from .observability.worker_registry import DatabaseRegistry
 
         registry.install(DatabaseRegistry())
         super().ready()

@@ -63,8 +63,8 @@ if TYPE_CHECKING:
 Middleware = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 #: The built-in middlewares ``JOBS["TRACING"]`` and ``JOBS["METRICS"]`` put first.
-TRACING_MIDDLEWARE = "jobs.contrib.tracing.tracing_middleware"
-METRICS_MIDDLEWARE = "jobs.contrib.metrics.metrics_middleware"
+TRACING_MIDDLEWARE = "jobs.observability.tracing.tracing_middleware"
+METRICS_MIDDLEWARE = "jobs.observability.metrics.metrics_middleware"
 
 _chains: dict[tuple[str, int, Callable[..., Any]], Callable[..., Any]] = {}
 _lock = threading.Lock()

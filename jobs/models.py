@@ -205,5 +205,5 @@ class ClaimStart(models.Model):
 
 # SPEC J16: the schedules' table lives with the schedules (``jobs/schedules/``).
 # SPEC M: the workers registry's table lives with the monitoring.
-from .monitoring.models import Dashboard, WorkerRecord  # noqa: E402, F401
+from .observability.models import Dashboard, WorkerRecord  # noqa: E402, F401
 from .schedules.models import Schedule  # noqa: E402, F401

@@ -1,7 +1,7 @@
 """Signals of the jobs app.
 
 ``jobs_enqueued`` and ``attempt_finished`` say what happened to jobs, for optional
-layers such as the Prometheus metrics (:mod:`jobs.contrib.metrics`).
+layers such as the Prometheus metrics (:mod:`jobs.observability.metrics`).
 
 ``worker_started`` and ``worker_stopping`` are for apps that run beside the worker in
 every ``run_jobs`` process (``sagas`` recovers unfinished saga instances

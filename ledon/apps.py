@@ -15,7 +15,7 @@ class LedonAppConfig(AppConfig):
     """Registers the app's system checks (``<app>.checks``), sets up its optional
     metrics and tracing as ``optional_layers``, then runs its
     :meth:`autodiscover`. The app's dashboard panels, if it has some, are its
-    ``<app>.monitoring.dashboard_panels(now)``."""
+    ``<app>.observability.reads.dashboard_panels(now)``."""
 
     default_auto_field = "django.db.models.BigAutoField"
     #: The reader of the app's settings dict (its error is the app's configuration error).
@@ -40,5 +40,7 @@ class LedonAppConfig(AppConfig):
     def dashboard_panels(self, now: Any) -> list[Any]:
         """The admin dashboard's panels of this app (see :mod:`ledon.dashboard`)."""
         # The module imports the models, loaded by now.
-        panels = getattr(import_module(f"{self.name}.monitoring"), "dashboard_panels", None)
+        panels = getattr(
+            import_module(f"{self.name}.observability.reads"), "dashboard_panels", None
+        )
         return list(panels(now)) if panels is not None else []

@@ -5,7 +5,7 @@ engine's ``--metrics-port``, or a request to :func:`metrics_view`. The metrics l
 prometheus-client's default registry, beside the project's own.
 
 - **Counters and histograms** are counted by each process from the apps' signals and
-  the jobs middleware (``<app>.contrib.metrics``): a worker counts the attempts it
+  the jobs middleware (``<app>.observability.metrics``): a worker counts the attempts it
   ran, a web process the jobs it enqueued.
 - **Gauges** are read from the database at scrape time by one collector: each app
   adds its *source* (a function returning metric families), each source one or a few

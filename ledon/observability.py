@@ -66,7 +66,7 @@ class OptionalLayers:
     """One app's optional layers: ``component`` is its name and its setting's, in lower
     case ("jobs": ``JOBS``); ``read_settings`` reads that setting, raising
     ``invalid`` when it is not valid (the app's system check reports it; nothing is
-    turned on); ``<component>.contrib.metrics`` has the app's ``APP_METRICS``. The app
+    turned on); ``<component>.observability.metrics`` has the app's ``APP_METRICS``. The app
     config keeps it as ``optional_layers``, where :func:`ledon.metrics.enable_all`
     finds it."""
 
@@ -80,7 +80,7 @@ class OptionalLayers:
         self.component = component
         self.read_settings = read_settings
         self.invalid = invalid
-        self.metrics_module = f"{component}.contrib.metrics"
+        self.metrics_module = f"{component}.observability.metrics"
         setting_changed.connect(
             self._setting_changed, weak=False, dispatch_uid=f"{component}.optional_layers"
         )

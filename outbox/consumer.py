@@ -66,8 +66,8 @@ from .exceptions import (
 from .faults import fault_point
 from .inbox import consume
 from .models import InboxMessage
+from .observability.hooks import consuming
 from .signals import message_consumed
-from .telemetry import consuming
 from .transports import get_transport
 from .transports.base import Received, Subscription
 from .types import ConsumeOutcome, Envelope
@@ -257,7 +257,7 @@ class EventConsumer(EmitsEvents, Engine):
     def process(self, received: Received) -> ConsumeOutcome:
         """Handle, skip or park one message, then acknowledge it (not when the
         consumer stopped first: then the broker delivers it again) — in its consumer
-        span (:mod:`outbox.telemetry`)."""
+        span (:mod:`outbox.observability.hooks`)."""
         with consuming(self.group, received) as span:
             outcome = self._process(received)
             span.set_attribute("ledon.outbox.outcome", outcome.value)

@@ -45,8 +45,8 @@ from .conf import outbox_settings
 from .exceptions import TransportUnavailable
 from .faults import fault_point
 from .models import OutboxMessage
+from .observability.hooks import publishing
 from .signals import deliveries_recorded
-from .telemetry import publishing
 from .transports import get_transport
 from .transports.base import Transport
 from .types import Batch, DeliveryReport, Envelope, RecordOutcome, RecoveryResult

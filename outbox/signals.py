@@ -1,5 +1,5 @@
 """Signals of the outbox engines, for optional layers such as the Prometheus metrics
-(:mod:`outbox.contrib.metrics`). A receiver that raises is logged and does not
+(:mod:`outbox.observability.metrics`). A receiver that raises is logged and does not
 stop the engine.
 """
 

@@ -49,7 +49,7 @@ from .exceptions import (
     UnitOfWorkRolledBack,
     WrongDatabase,
 )
-from .telemetry import trace_headers
+from .observability.hooks import trace_headers
 from .types import Envelope
 
 if TYPE_CHECKING:

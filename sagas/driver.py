@@ -68,9 +68,9 @@ from .exceptions import (
 )
 from .lease import DatabaseErrorReport, LeaseKeeper
 from .models import SagaInstance
+from .observability.hooks import FINISHING_EVENTS, instance_finished, step_span, trace_context
 from .registry import SagaDefinition, SagaStep
 from .steps import StepOutcome, TimedStep, step_thread_for_caller
-from .telemetry import FINISHING_EVENTS, instance_finished, step_span, trace_context
 from .types import SagaSnapshot, SagaStatus
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from ledon.pglisten import Listener
 from .. import execution
 from ..conf import JobsSettings
 from ..handlers import HandlerSpec, JobContext
-from ..log_fields import attempt_fields
+from ..observability.log_fields import attempt_fields
 from ..signals import finished_attempt
 from ..types import CancelReason, Claim, ExecutionStatus, FinishOutcome
 

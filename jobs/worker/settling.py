@@ -20,7 +20,7 @@ from ledon.faults import fault_point
 from .. import execution
 from ..exceptions import JobsError
 from ..handlers import JobContext
-from ..log_fields import attempt_fields
+from ..observability.log_fields import attempt_fields
 from ..types import Claim
 from .base import Running, WorkerBase
 

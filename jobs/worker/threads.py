@@ -23,7 +23,7 @@ from ledon.pglisten import Listener
 
 from ..attempts import Ending, run_attempt
 from ..handlers import HandlerSpec, JobContext
-from ..log_fields import attempt_fields
+from ..observability.log_fields import attempt_fields
 from ..types import Claim
 from .settling import Settling
 

@@ -16,7 +16,7 @@ from django.test import RequestFactory
 
 from jobs.management.commands.run_jobs import Command as RunJobs
 from jobs.models import Job
-from jobs.monitoring.models import Dashboard
+from jobs.observability.models import Dashboard
 from ledon.admin import ReadOnlyAdminMixin, ReadOnlyModelAdmin
 from ledon.commands import EngineCommand, EngineStart
 from ledon.db import DatabaseNotMigrated

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from benchmarks.observability import live_rows, load_history
-from jobs.monitoring import reads
+from jobs.observability import reads
 from outbox import monitoring as outbox_monitoring
 from sagas import monitoring as sagas_monitoring
 

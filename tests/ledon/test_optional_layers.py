@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = {
     "ledon/metrics.py",
     "ledon/otel.py",
-    "jobs/contrib/metrics.py",
-    "outbox/contrib/metrics.py",
-    "sagas/contrib/metrics.py",
+    "jobs/observability/metrics.py",
+    "outbox/observability/metrics.py",
+    "sagas/observability/metrics.py",
 }
 LIBRARIES = ("prometheus_client", "opentelemetry")
 
@@ -96,7 +96,7 @@ def test_a_setting_asking_for_a_missing_library_names_the_extra(monkeypatch, blo
     from ledon import observability, tracing
 
     monkeypatch.setitem(sys.modules, blocked, None)  # import raises ImportError
-    for module in ("ledon.otel", "ledon.metrics", "jobs.contrib.metrics"):
+    for module in ("ledon.otel", "ledon.metrics", "jobs.observability.metrics"):
         monkeypatch.delitem(sys.modules, module, raising=False)
     tracing.disable("jobs")
     with pytest.raises(
@@ -106,10 +106,10 @@ def test_a_setting_asking_for_a_missing_library_names_the_extra(monkeypatch, blo
             "jobs",
             metrics=key == "METRICS",
             traced=key == "TRACING",
-            metrics_module="jobs.contrib.metrics",
+            metrics_module="jobs.observability.metrics",
         )
     assert tracing.tracer("jobs").enabled is False
-    assert "jobs.contrib.metrics" not in sys.modules
+    assert "jobs.observability.metrics" not in sys.modules
 
 
 @pytest.mark.parametrize("label", ["jobs", "outbox", "sagas"])

@@ -14,8 +14,8 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import WorkerRecord
-from jobs.monitoring import reads
-from jobs.monitoring.worker_registry import DatabaseRegistry
+from jobs.observability import reads
+from jobs.observability.worker_registry import DatabaseRegistry
 from ledon import registry
 from ledon.registry import EngineRecord, package_version
 from tests.support.procs import ManageProcess, WorkerProcess, wait_until

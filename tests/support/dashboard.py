@@ -10,7 +10,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from jobs import JobSubmission, execution, submit_job
-from jobs.monitoring.worker_registry import DatabaseRegistry
+from jobs.observability.worker_registry import DatabaseRegistry
 from ledon.registry import EngineRecord
 from outbox import IntegrationEvent, store, unit_of_work
 

@@ -1,7 +1,7 @@
 """Prometheus metrics of sagas (``SAGAS["METRICS"]``, ``[metrics]``).
 
 - ``ledon_sagas_finished_total{saga,outcome}`` — instances that ended while a runner
-  of this process drove them (:data:`sagas.telemetry.saga_finished`);
+  of this process drove them (:data:`sagas.observability.hooks.saga_finished`);
 - at scrape time, one query over the ``(status, name)`` index:
   ``ledon_sagas{saga,status}`` for the statuses that are not final (running,
   compensating, failed — needing attention). Finished instances are counted by the
@@ -17,9 +17,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ledon import metrics
 
-from ..monitoring import open_instances
-from ..telemetry import saga_finished
 from ..types import SagaSnapshot
+from .hooks import saga_finished
+from .reads import open_instances
 
 
 def _count_finished(sender: Any, *, state: SagaSnapshot, outcome: str, **kwargs: Any) -> None:

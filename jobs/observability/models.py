@@ -1,5 +1,5 @@
 """The workers registry's table (``jobs_workerrecord``) and the dashboard's admin
-entry. Reads only: rows are written by :mod:`jobs.monitoring.worker_registry`."""
+entry. Reads only: rows are written by :mod:`jobs.observability.worker_registry`."""
 
 from __future__ import annotations
 

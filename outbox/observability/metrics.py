@@ -19,9 +19,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ledon import metrics
 
-from ..monitoring import backlog
 from ..signals import deliveries_recorded, message_consumed
 from ..types import ConsumeOutcome, Envelope, RecordOutcome
+from .reads import backlog
 
 _OUTCOMES = {
     RecordOutcome.SENT: "sent",

@@ -11,8 +11,8 @@ from django.urls import reverse
 
 from ledon.dashboard import Cell, Panel, age
 
-from .models import SagaInstance
-from .types import SagaStatus
+from ..models import SagaInstance
+from ..types import SagaStatus
 
 #: The statuses read (an instance stays in them for a while, or for good).
 OPEN_STATUSES = (SagaStatus.RUNNING, SagaStatus.COMPENSATING, SagaStatus.FAILED)

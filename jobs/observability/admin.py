@@ -7,7 +7,7 @@
   schedules, and the other apps' panels (outbox lag, sagas needing attention). It
   reloads itself every ``?refresh=`` seconds (default 10); charts are inline SVG and
   the page loads nothing from elsewhere. Every query is indexed (see
-  :mod:`jobs.monitoring.reads`). Staff who may view jobs (``jobs.view_job``) see it.
+  :mod:`jobs.observability.reads`). Staff who may view jobs (``jobs.view_job``) see it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from django.dispatch import Signal
 from ledon.signals import send_logged
 from ledon.tracing import Carrier, Span, tracer
 
-from .types import SagaSnapshot
+from ..types import SagaSnapshot
 
 #: A saga instance ended while a runner drove it: ``sender=SagaSnapshot``, ``state``
 #: (the instance before its last change) and ``outcome``: ``"succeeded"``,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from .types import Claim
+from ..types import Claim
 
 #: Characters of a token logged: enough to tell attempts apart, not the capability.
 TOKEN_PREFIX = 8

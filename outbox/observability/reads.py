@@ -12,8 +12,8 @@ from django.urls import reverse
 
 from ledon.dashboard import Panel, age
 
-from .models import OutboxMessage
-from .types import MessageStatus
+from ..models import OutboxMessage
+from ..types import MessageStatus
 
 
 def _backlog() -> QuerySet[Any, Any]:

@@ -6,7 +6,7 @@
   :data:`jobs.signals.attempt_finished`;
 - ``ledon_job_wait_seconds{queue,handler}`` (due → start) and
   ``ledon_job_run_seconds{queue,handler}`` — from :func:`metrics_middleware`;
-- at scrape time, from the database (:mod:`jobs.monitoring.reads`):
+- at scrape time, from the database (:mod:`jobs.observability.reads`):
   ``ledon_jobs_queued{queue}``, ``ledon_jobs_running{queue}``,
   ``ledon_jobs_oldest_due_age_seconds{queue}`` and ``ledon_workers{kind,state}``.
 """
@@ -26,9 +26,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from ledon import metrics
 from ledon.metrics import metrics_view
 
-from ..monitoring import reads
 from ..signals import attempt_finished, jobs_enqueued
 from ..types import Claim, FinishOutcome, JobSnapshot
+from . import reads
 
 if TYPE_CHECKING:
     from ..handlers import JobContext

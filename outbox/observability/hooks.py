@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 
 from ledon.tracing import Carrier, Span, tracer
 
-from .exceptions import TransportError
-from .transports.base import Received
-from .types import DeliveryReport, Envelope
+from ..exceptions import TransportError
+from ..transports.base import Received
+from ..types import DeliveryReport, Envelope
 
 
 def trace_headers() -> Carrier:
