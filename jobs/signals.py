@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from django.dispatch import Signal
 
-from ledon.signals import send_logged
+from ledon.errors import send_logged
 
 if TYPE_CHECKING:
     from .types import Claim, FinishOutcome

@@ -22,7 +22,9 @@ The database and the stores:
 - :mod:`ledon.values` — a stored row as its frozen value, and the outcome of a
   fenced write;
 - :mod:`ledon.validation` — the one rule for a text field a caller hands to any app;
-- :mod:`ledon.errors` — the errors' root, whose docstring is its default message.
+- :mod:`ledon.errors` — the errors' root, whose docstring is its default message,
+  the stored error text, and signals sent so that a failing receiver never stops
+  the sender.
 
 The apps' set-up:
 
@@ -30,8 +32,6 @@ The apps' set-up:
 - :mod:`ledon.conf` — reading the apps' settings dicts (unknown keys, 'did you mean');
 - :mod:`ledon.checks` — the system checks every app shares (SQLite's set-up);
 - :mod:`ledon.lazy` — packages whose public names are imported on first use;
-- :mod:`ledon.signals` — sending the apps' signals so that a failing receiver never
-  stops the sender;
 - :mod:`ledon.admin` — the read-only admin base and its guarded actions;
 - :mod:`ledon.dashboard` — what an app adds to the admin's dashboard.
 

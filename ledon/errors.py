@@ -1,9 +1,16 @@
 """Errors: the root of each app's errors (the class docstring is the default
-message), and the one way an exception becomes the error text that is stored."""
+message), the one way an exception becomes the error text that is stored, and
+sending the apps' signals so that a receiver that fails never stops the sender."""
 
 from __future__ import annotations
 
+import logging
 import traceback
+from typing import Any
+
+from django.dispatch import Signal
+
+logger = logging.getLogger(__name__)
 
 #: The longest error text any app stores (an attempt's, a message's, an instance's).
 MAX_ERROR_LENGTH = 100_000
@@ -36,3 +43,19 @@ class DocumentedError(Exception):
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or docstring_message(type(self)))
+
+
+def send_logged(
+    signal: Signal,
+    sender: Any,
+    what: str,
+    *,
+    log: logging.Logger = logger,
+    extra: dict[str, Any] | None = None,
+    **named: Any,
+) -> None:
+    """Send ``signal`` robustly: a receiver that raises is logged to ``log`` (naming
+    ``what``) and the other receivers still run; the sender goes on either way."""
+    for receiver, response in signal.send_robust(sender=sender, **named):
+        if isinstance(response, Exception):
+            log.error("a receiver of %s failed: %r", what, receiver, exc_info=response, extra=extra)

@@ -50,8 +50,8 @@ from django.db import connections
 from ledon.backoff import RetryPace
 from ledon.db import TRANSIENT_ERRORS, alias_for
 from ledon.engine import EmitsEvents, Engine, EngineStats, EventCallback
+from ledon.errors import send_logged
 from ledon.registry import EngineRecord
-from ledon.signals import send_logged
 
 from .bus import event_bus
 from .events import Event, IntegrationEvent, decode, registered_events

@@ -35,10 +35,9 @@ from django.utils import timezone
 from ledon.backoff import RetryPace
 from ledon.db import DATABASE_ERRORS, alias_for, is_postgres
 from ledon.engine import FAILED, EmitsEvents, Engine, EngineStats, EventCallback
-from ledon.errors import format_error
+from ledon.errors import format_error, send_logged
 from ledon.pglisten import Listener
 from ledon.registry import EngineRecord
-from ledon.signals import send_logged
 
 from . import store
 from .conf import outbox_settings

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from django.dispatch import Signal
 
-from ledon.signals import send_logged
+from ledon.errors import send_logged
 from ledon.tracing import Carrier, Span, tracer
 
 from ..types import SagaSnapshot
