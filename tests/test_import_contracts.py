@@ -153,7 +153,13 @@ def test_every_local_import_says_why():
     assert not silent, silent
 
 
-ADMIN_MODULES = ("jobs/admin.py", "jobs/schedules/admin.py", "outbox/admin.py", "sagas/admin.py")
+ADMIN_MODULES = (
+    "jobs/admin.py",
+    "jobs/schedules/admin.py",
+    "jobs/observability/admin.py",
+    "outbox/admin.py",
+    "sagas/admin.py",
+)
 
 #: What writes rows (or opens the door to raw SQL) when an admin calls it itself.
 WRITES = {
