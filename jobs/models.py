@@ -38,7 +38,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         )
 
     def unpaused(self) -> JobQuerySet:
-        """Not in a paused queue (J18: the last of the claim's guards, ``sql.CLAIMABLE``)."""
+        """Not in a paused queue (the last of the claim's guards, ``jobs.store.sql.CLAIMABLE``)."""
         return self.exclude(queue__in=Queue.objects.filter(paused=True).values("name"))
 
     def lease_expired(self, now: datetime) -> JobQuerySet:
@@ -78,20 +78,20 @@ class Job(models.Model):
     updated_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # J19: when a worker first claimed this job without knowing its handler (or
+    # When a worker first claimed this job without knowing its handler (or
     # version); cleared whenever the job is queued again for another reason.
     handler_unknown_since = models.DateTimeField(
-        null=True, blank=True, help_text="J19: first claimed by a worker without its handler."
+        null=True, blank=True, help_text="First claimed by a worker without its handler."
     )
-    # J17: executions that ended Snoozed. They do not count in attempt_count (nor
+    # Executions that ended Snoozed. They do not count in attempt_count (nor
     # against max_attempts); an attempt row's number is attempt_count + snooze_count.
     snooze_count = models.PositiveIntegerField(
         default=0,
         db_default=0,
-        help_text="J17: executions that snoozed (not counted as attempts).",
+        help_text="Executions that snoozed (not counted as attempts).",
     )
 
-    # SPEC M: the submitter's trace context (W3C headers as JSON), so that every
+    # Tracing: the submitter's trace context (W3C headers as JSON), so that every
     # attempt's span is its child; NULL when tracing is off.
     trace_context = models.TextField(  # noqa: DJ001
         null=True, blank=True, help_text="The submitter's trace context (W3C headers, JSON)."
@@ -173,7 +173,7 @@ class JobAttempt(models.Model):
 
 
 class Queue(models.Model):
-    """J18: a queue's persisted state — paused or not. A queue has a row once it has
+    """A queue's persisted state — paused or not. A queue has a row once it has
     been paused (or resumed); limits live in ``JOBS["QUEUES"]``, not here."""
 
     name = models.CharField(max_length=100, unique=True)
@@ -189,7 +189,7 @@ class Queue(models.Model):
 
 
 class ClaimStart(models.Model):
-    """J18: one attempt start of a rate-limited handler or queue (``key``), written
+    """One attempt start of a rate-limited handler or queue (``key``), written
     by the claim that started it; the rate check counts a key's recent rows through
     the (key, started_at) index. Rows older than every window are pruned."""
 
@@ -203,7 +203,7 @@ class ClaimStart(models.Model):
         return f"{self.key} started at {self.started_at}"
 
 
-# SPEC J16: the schedules' table lives with the schedules (``jobs/schedules/``).
-# SPEC M: the workers registry's table lives with the monitoring.
+# The schedules' table lives with the schedules (``jobs/schedules/``).
+# The workers registry's table lives with the observability package.
 from .observability.models import Dashboard, WorkerRecord  # noqa: E402, F401
 from .schedules.models import Schedule  # noqa: E402, F401

@@ -48,7 +48,7 @@ class AttemptStatus(models.TextChoices):
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
     INTERRUPTED = "interrupted", "Interrupted"
-    #: J17: the handler raised ``Snooze``; the job was queued again for later and
+    #: The handler raised ``Snooze``; the job was queued again for later and
     #: this execution did not count against ``max_attempts``.
     SNOOZED = "snoozed", "Snoozed"
 
@@ -81,10 +81,10 @@ class FinishOutcome(FencedOutcome):
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
     REQUEUED = "requeued"
-    #: J19: the handler is unknown to this worker; the job is Queued again for later
+    #: The handler is unknown to this worker; the job is Queued again for later
     #: and the claim did not count as an attempt.
     PUT_BACK = "put-back"
-    #: J17: the handler raised ``Snooze``; the job is Queued again for later and the
+    #: The handler raised ``Snooze``; the job is Queued again for later and the
     #: execution did not count against ``max_attempts``.
     SNOOZED = "snoozed"
     STALE = "stale"
@@ -100,7 +100,7 @@ class CancelReason(enum.Enum):
     #: The attempt ended elsewhere (recovered after a lost lease); whatever the
     #: handler does now changes nothing.
     LOST = "lost"
-    #: J17: the handler ran past its timeout; the attempt fails with ``JobTimedOut``.
+    #: The handler ran past its timeout; the attempt fails with ``JobTimedOut``.
     TIMEOUT = "timeout"
 
 
@@ -236,7 +236,7 @@ def _checked(
 
 
 #: The slot setters of :class:`JobSubmission`'s fields, in their order (each of them
-#: is part of a submission's identity, J2).
+#: is part of a submission's identity).
 _SUBMISSION_SETTERS = tuple(getattr(JobSubmission, name).__set__ for name in IDENTITY_FIELDS)
 
 
@@ -348,7 +348,7 @@ class Claim:
     queue: str
     worker_id: str
     lease_expires_at: datetime
-    #: The submitter's trace context as stored (SPEC M), or None.
+    #: The submitter's trace context as stored (tracing), or None.
     trace_context: str | None = None
     #: When the job was due (its ``next_run_at``): the attempt's wait is measured from it.
     due_at: datetime | None = None

@@ -12,9 +12,10 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from ledon import clock
 from ledon import validation as ledon_validation
 
 from .exceptions import InvalidJobId, InvalidPayload, InvalidScope, InvalidSubmission
@@ -119,11 +120,7 @@ def integer(value: object, what: str, low: int, high: int) -> int:
 
 def aware_utc(value: object, what: str) -> datetime:
     """An aware datetime, converted to UTC (microsecond precision is kept)."""
-    if not isinstance(value, datetime):
-        raise InvalidSubmission(f"{what} must be a datetime, not {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidSubmission(f"{what} must be timezone-aware (UTC is used throughout)")
-    return value.astimezone(UTC)
+    return clock.aware_utc(value, what, error=InvalidSubmission)
 
 
 def optional_aware_utc(value: object, what: str) -> datetime | None:

@@ -20,6 +20,7 @@ typed error. Nothing else in the app writes to these tables.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import uuid
@@ -30,8 +31,8 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Case, F, PositiveIntegerField, QuerySet, Value, When
-from django.utils import timezone
 
+from ledon.clock import current_time
 from ledon.db import (
     adapt_dt,
     alias_for,
@@ -71,8 +72,8 @@ INBOX = InboxMessage._meta.db_table
 PENDING, SENT, PARKED = (s.value for s in MessageStatus)
 
 
-def _now(now: datetime | None) -> datetime:
-    return timezone.now() if now is None else now
+#: The time a transition is recorded at: ``now`` checked, or the current time.
+_now = functools.partial(current_time, error=InvalidInput)
 
 
 def _notify(connection: BaseDatabaseWrapper) -> None:

@@ -26,6 +26,7 @@ so the completion mark commits with the step's work or not at all.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
@@ -34,8 +35,8 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Case, F, PositiveIntegerField, When
-from django.utils import timezone
 
+from ledon.clock import current_time
 from ledon.db import alias_for
 from ledon.errors import MAX_ERROR_LENGTH
 from ledon.values import from_row
@@ -53,8 +54,8 @@ from .types import ACTIVE_STATUSES, SagaSnapshot, SagaStatus
 logger = logging.getLogger(__name__)
 
 
-def _now(now: datetime | None) -> datetime:
-    return timezone.now() if now is None else now
+#: The time a transition is recorded at: ``now`` checked, or the current time.
+_now = functools.partial(current_time, error=InvalidInput)
 
 
 def _alias() -> str:

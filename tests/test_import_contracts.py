@@ -215,19 +215,3 @@ def test_each_lazy_public_name_resolves_from_the_module_it_is_listed_in(package)
         assert getattr(module, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         module.nonexistent  # noqa: B018
-
-
-#: The most lines a library module may have (docs/architecture.md): one sitting's read.
-MAX_MODULE_LINES = 500
-
-
-def test_every_library_module_is_small_enough_to_read_in_one_sitting():
-    sizes = {
-        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
-        for package in PACKAGES
-        for path in (ROOT / package).rglob("*.py")
-        if "migrations" not in path.parts
-    }
-    assert len(sizes) > 50, sizes
-    too_long = {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES}
-    assert not too_long, too_long

@@ -15,18 +15,18 @@ through the job store's ordinary submission (:func:`jobs.store.submit_many`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
-from django.utils import timezone
 
+from ledon.clock import current_time
 from ledon.db import alias_for
 from ledon.values import from_row
 
-from .. import validation
-from ..exceptions import InvalidSchedule, InvalidTransition, ScheduleNotFound
+from ..exceptions import InvalidSchedule, InvalidSubmission, InvalidTransition, ScheduleNotFound
 from .declarations import ScheduleSpec
 from .models import Schedule
 from .timetable import CronTimetable, IntervalTimetable, TimetableError
@@ -35,8 +35,8 @@ from .types import CatchUp, ScheduleOutcome, ScheduleState
 _MICROSECOND = timedelta(microseconds=1)
 
 
-def _now(now: datetime | None) -> datetime:
-    return timezone.now() if now is None else validation.aware_utc(now, "now")
+#: The time a transition is recorded at: ``now`` checked, or the current time.
+_now = functools.partial(current_time, error=InvalidSubmission)
 
 
 def state_of(row: Schedule) -> ScheduleState:

@@ -12,15 +12,15 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     fail ...................... RUNNING -> FAILED | CANCELLED        finishing
                                 (with retry_at: -> QUEUED)           finishing + requeue
     interrupt ................. RUNNING -> INTERRUPTED | CANCELLED   finishing
-    unknown handler (J19) ..... RUNNING -> QUEUED later | FAILED | CANCELLED,
+    unknown handler ........... RUNNING -> QUEUED later | FAILED | CANCELLED,
                                 the claim uncounted                  finishing
-    snooze (J17) .............. RUNNING -> QUEUED later, uncounted   finishing
+    snooze .................... RUNNING -> QUEUED later, uncounted   finishing
     recover ................... RUNNING -> INTERRUPTED (-> QUEUED)   finishing + requeue
     retry ..................... FAILED | CANCELLED | INTERRUPTED -> QUEUED   scoped
     purge_finished ............ finished, older than a cutoff -> (deleted)   retention
-    pause / resume (J18) ...... a queue's claims stop / go on         queues
+    pause / resume ............ a queue's claims stop / go on         queues
 
-Claims under limits (J18) are in :mod:`.limits`.
+Claims under limits are in :mod:`.limits`.
 
 Progress, heartbeats and execution status live in :mod:`.progress`, reads and
 snapshots in :mod:`.reads`. The trusted executor reaches these through

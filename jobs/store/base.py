@@ -6,16 +6,14 @@ from datetime import datetime
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.utils import timezone
 
+from ledon import clock
 from ledon.db import is_postgres
 
 from .. import validation
 from ..conf import jobs_settings
 from ..db import fetch
-from ..exceptions import (
-    InvalidInput,
-)
+from ..exceptions import InvalidInput, InvalidSubmission
 from ..types import (
     JobStatus,
 )
@@ -29,7 +27,7 @@ CHUNK_ROWS = 500
 def current_time(now: datetime | None = None) -> datetime:
     """The time a transition is recorded at: ``now`` (checked to be aware, in UTC) or,
     when None, the current time."""
-    return timezone.now() if now is None else validation.aware_utc(now, "now")
+    return clock.current_time(now, error=InvalidSubmission)
 
 
 def notify(connection: BaseDatabaseWrapper, queue: str) -> None:
@@ -54,13 +52,12 @@ def requeue_fields(run_at: datetime, now: datetime) -> dict[str, Any]:
         "error": "",
         "cancel_requested": False,
         "result_ref": None,
-        "current_token": None,
-        "leased_by": "",
-        "lease_expires_at": None,
+        **sql.LEFT_RUNNING,
         "started_at": None,
         "finished_at": None,
         "updated_at": now,
-        # Queued again for another reason than J19: a new window if that comes up.
+        # Queued again for another reason than an unknown handler: a new window if that
+        # comes up.
         "handler_unknown_since": None,
     }
 

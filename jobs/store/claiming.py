@@ -1,11 +1,11 @@
-"""Claiming: Queued -> Running with a new token and its attempt row (J6), alone or
-after finishing a batch of attempts in the same transaction (J8, see
+"""Claiming: Queued -> Running with a new token and its attempt row, alone or
+after finishing a batch of attempts in the same transaction (see
 :mod:`jobs.store.finishing`).
 
 A claim no limit applies to is one statement (:func:`jobs.store.sql.claim`); a claim
-under limits (J18) locks, then counts, picks and claims in one transaction — on
+under limits locks, then counts, picks and claims in one transaction — on
 PostgreSQL one statement after the locks, all in one round trip (see
-:mod:`jobs.store.limits`). Either skips paused queues (J18) in its guard.
+:mod:`jobs.store.limits`). Either skips paused queues in its guard.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _claim_rows(
     commit: bool = False,
 ) -> tuple[dict[str, Finished], list[Claim], bool]:
     """Claim inside the caller's transaction (see :func:`complete_and_claim`); on
-    PostgreSQL, first finish ``finishing`` in the same statement (the J8 rule of
+    PostgreSQL, first finish ``finishing`` in the same statement (the finishing rule of
     :func:`sql.finish`).
     With ``chosen``, claim those jobs (picked under limits, SQLite) instead of the
     first due. With ``limits`` (PostgreSQL), the claim under limits of
@@ -147,7 +147,7 @@ def _claim_limited_postgres(
     limit: int,
     finishing: Sequence[Finishing],
 ) -> tuple[dict[str, Finished], list[Claim]]:
-    """J18 on PostgreSQL: the claim under limits of :mod:`jobs.store.limits` — locks,
+    """PostgreSQL: the claim under limits of :mod:`jobs.store.limits` — locks,
     then one statement that finishes ``finishing``, counts, picks and claims — in one
     round trip with its transaction's BEGIN and COMMIT (inside the caller's
     transaction, without the COMMIT). Should a limit refuse a candidate while the
@@ -178,7 +178,7 @@ def _claim_limited_sqlite(
     identity: tuple[str, str] | None,
     now: datetime,
 ) -> list[Claim]:
-    """J18 on SQLite, inside the caller's IMMEDIATE transaction: count, pick, claim,
+    """SQLite, inside the caller's IMMEDIATE transaction: count, pick, claim,
     and record the rate starts (see :mod:`jobs.store.limits`)."""
     usage = read_usage(connection, limits, now)
     if usage.room_for(limit):
@@ -213,7 +213,7 @@ def complete_and_claim(
     limits: ClaimLimits = NO_LIMITS,
     now: datetime | None = None,
 ) -> tuple[dict[str, FinishOutcome], list[Claim]]:
-    """J6, and a worker's round trip: finish ``completed`` as :func:`complete_many`
+    """A worker's round trip: finish ``completed`` as :func:`complete_many`
     does, then start up to ``limit`` due jobs — one transaction, one commit; each new
     claim gets a new token. With nothing to finish it is the claim alone
     (``try_start``'s with ``identity``).
@@ -226,7 +226,7 @@ def complete_and_claim(
     The two parts keep their own guards and outcomes; sharing the commit only means
     that either both take effect or neither does. On PostgreSQL they are one
     statement, run in autocommit when the caller has no transaction open — unless
-    ``limits`` apply (J18): then the claim locks, counts and picks first, in the
+    ``limits`` apply: then the claim locks, counts and picks first, in the
     same transaction (:mod:`jobs.store.limits`).
     """
     batch = completions(completed)

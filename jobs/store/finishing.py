@@ -1,13 +1,13 @@
 """Finishing an attempt: Running -> Succeeded, Failed, Interrupted or Cancelled, and
-the re-queue of automatic retries and recovery (J8, J11).
+the re-queue of automatic retries and recovery.
 
 Every finish — :func:`finish` (complete, fail, interrupt, recover), :func:`complete_many`
 and the finishing half of :func:`jobs.store.claiming.complete_and_claim` — goes through
-:func:`finish_batch`, which applies the J8 rule of :mod:`jobs.store.sql` to a batch of
+:func:`finish_batch`, which applies the finishing rule of :mod:`jobs.store.sql` to a batch of
 attempts: a single finish is a batch of one, with its guards and its re-queue.
 
-:func:`put_back_unknown_handler` (J19) ends a claim without an attempt: the worker did
-not know the job's handler. :func:`snooze` (J17) queues the job again for later, the
+:func:`put_back_unknown_handler` ends a claim without an attempt: the worker did
+not know the job's handler. :func:`snooze` queues the job again for later, the
 execution recorded Snoozed and not counted as an attempt.
 """
 
@@ -82,14 +82,14 @@ def completions(pairs: Sequence[tuple[Claim, str | None]]) -> list[Finishing]:
 def finishing_params(
     connection: BaseDatabaseWrapper, batch: Sequence[Finishing], now: datetime
 ) -> dict[str, Any]:
-    """The parameters of the J8 statements for ``batch``, but for their guards'."""
+    """The parameters of the finishing statements for ``batch``, but for their guards'."""
     params = sql.finishing_params(connection.vendor, [item.done_row() for item in batch])
     params["now"] = adapt_dt(connection, now)
     return params
 
 
 def read_finished(rows: Sequence[sql.FinishedRow]) -> dict[str, Finished]:
-    """The finished attempts, by token, among the rows of a PostgreSQL J8 statement.
+    """The finished attempts, by token, among the rows of a PostgreSQL finishing statement.
 
     An ``'orphan'`` row means a job Running under its token has no Running attempt
     row; the statement then changed nothing, and the whole transition fails with
@@ -116,7 +116,7 @@ def finish_batch(
     lease_expired_before: datetime | None = None,
     leased_by: str | None = None,
 ) -> dict[str, Finished]:
-    """J8 for every attempt of ``batch``, in the caller's transaction (or, on
+    """The finishing rule for every attempt of ``batch``, in the caller's transaction (or, on
     PostgreSQL in autocommit, as one statement that is its own transaction).
 
     Returns the attempts that finished, by token; a token missing from the result was
@@ -179,7 +179,7 @@ def finish(
     leased_by: str | None = None,
     now: datetime | None = None,
 ) -> FinishOutcome:
-    """J8/J11: end the current attempt of a Running job, both rows in one transaction.
+    """End the current attempt of a Running job, both rows in one transaction.
 
     The database decides cancel-versus-finish: if a cancel request committed first,
     the job ends Cancelled and any result reference is dropped. With ``requeue_at``,
@@ -228,7 +228,7 @@ def recover(
     leased_by: str | None = None,
     now: datetime | None = None,
 ) -> FinishOutcome:
-    """J11: end an old attempt as Interrupted and, when allowed, re-queue the job —
+    """Recovery: end an old attempt as Interrupted and, when allowed, re-queue the job —
     one transaction, so no crash leaves a job interrupted but not re-queued."""
     now = current_time(now)
     return finish(
@@ -245,7 +245,7 @@ def recover(
 def put_back_unknown_handler(
     token: str, reason: str, *, now: datetime | None = None
 ) -> FinishOutcome:
-    """J19: the worker holding ``token`` does not know the job's handler or version.
+    """The worker holding ``token`` does not know the job's handler or version.
 
     One guarded statement (token current, job Running) undoes the claim — the
     attempt count goes back down and the attempt row is deleted, so the claim never
@@ -292,7 +292,7 @@ def put_back_unknown_handler(
 def complete_many(
     completed: Sequence[tuple[Claim, str | None]], *, now: datetime | None = None
 ) -> dict[str, FinishOutcome]:
-    """J8 ``complete`` for several attempts in one transaction: ``(claim, result_ref)``
+    """``complete`` for several attempts in one transaction: ``(claim, result_ref)``
     pairs in, each token's outcome out.
 
     Every attempt is finished exactly as :func:`finish` would finish it alone — only
@@ -315,11 +315,11 @@ def complete_many(
 
 
 def snooze(token: str, run_at: datetime, *, now: datetime | None = None) -> FinishOutcome:
-    """J17: the handler holding ``token`` raised ``Snooze``: in one transaction the job
+    """The handler holding ``token`` raised ``Snooze``: in one transaction the job
     is Queued again at ``run_at`` — the execution taken back from ``attempt_count``
     (it never counts against ``max_attempts``) and counted in ``snooze_count`` — and
     its attempt row ends Snoozed (``SNOOZED``). A cancel request that committed first
-    ends the job Cancelled instead, as a finish would (J8); a stale token changes
+    ends the job Cancelled instead, as a finish would; a stale token changes
     nothing (``STALE``); a missing attempt row fails the whole transition."""
     token = check_token(token)
     now = current_time(now)
@@ -334,7 +334,7 @@ def snooze(token: str, run_at: datetime, *, now: datetime | None = None) -> Fini
     with transaction.atomic(using=alias_for(Job)):
         rows = fetch(connection, sql_flow.SNOOZE_JOB, params)
         if not rows:
-            # Stale, or a cancel request committed first: J8 decides (Cancelled).
+            # Stale, or a cancel request committed first: the finishing rule decides (Cancelled).
             finished = finish_batch(
                 connection, [Finishing(token, AttemptStatus.SUCCEEDED)], now
             ).get(token)

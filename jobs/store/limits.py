@@ -1,4 +1,4 @@
-"""Claims under limits (J18): ``max_running``, ``max_running_per_scope`` and ``rate``
+"""Claims under limits: ``max_running``, ``max_running_per_scope`` and ``rate``
 per handler name and per queue, exact across every worker and machine.
 
 **PostgreSQL: one round trip.** A claim that a limit may apply to sends, in one
@@ -13,7 +13,7 @@ single statement that took the locks itself would count in a snapshot taken
 before it waited for them, and could over-claim.) Inside the statement:
 
 1. the usage: the Running jobs of the limited handlers and queues, less those the
-   same statement finishes (J8), and per rate key the starts after ``now -
+   same statement finishes, and per rate key the starts after ``now -
    seconds`` (``jobs_claimstart``);
 2. the candidates: up to ``limit`` due jobs in claim order, locked with ``SKIP
    LOCKED``, leaving out the handlers and queues without room and the (name,

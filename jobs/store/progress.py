@@ -1,5 +1,5 @@
-"""Running attempts: progress (J7), heartbeats and lease renewal, execution status
-(J12) and the tokens recovery looks for."""
+"""Running attempts: progress, heartbeats and lease renewal, execution status
+and the tokens recovery looks for."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 def report_progress(
     token: str, value: float, message: str | None = None, *, now: datetime | None = None
 ) -> bool:
-    """J7: record progress for the current attempt of a Running job.
+    """Record progress for the current attempt of a Running job.
 
     Only when the token is current, no cancel is requested and ``value`` is not
     below the stored value; the attempt row changes in the same transaction.
@@ -97,7 +97,8 @@ def heartbeat(
 
 
 def execution_statuses(tokens: Sequence[str]) -> dict[str, ExecutionStatus]:
-    """J12 for many tokens at once; reads the job row's state only, never the payload."""
+    """The execution status of many tokens at once; reads the job row's state only,
+    never the payload."""
     token_list = [check_token(t) for t in tokens]
     states = {t: ExecutionStatus.ENDED for t in token_list}
     if not token_list:

@@ -1,4 +1,4 @@
-"""Queues (J18): pause and resume, persisted in ``jobs_queue``; every claim's guard
+"""Queues: pause and resume, persisted in ``jobs_queue``; every claim's guard
 leaves out the due jobs of a paused queue (:data:`jobs.store.sql.CLAIMABLE`), so every
 worker stops claiming from it with its next claim."""
 

@@ -1,4 +1,4 @@
-"""The transitions a scope's caller and the admin ask for: cancel (J9) and retry (J10)."""
+"""The transitions a scope's caller and the admin ask for: cancel and retry."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .reads import snapshot
 
 
 def cancel(scope_hash: str, job_id: str, *, now: datetime | None = None) -> CancelOutcome:
-    """J9: Queued -> Cancelled at once; Running -> cancel flag; finished -> said so."""
+    """Queued -> Cancelled at once; Running -> cancel flag; finished -> said so."""
     now = current_time(now)
     alias = alias_for(Job)
     jobs = Job.objects.for_scope(scope_hash).filter(job_id=job_id)
@@ -56,7 +56,7 @@ def retry(
     not_before: datetime | None = None,
     now: datetime | None = None,
 ) -> JobSnapshot:
-    """J10: Failed, Cancelled or Interrupted with attempts left -> Queued.
+    """Failed, Cancelled or Interrupted with attempts left -> Queued.
 
     Earlier attempts stay; progress, error, cancel flag, result and token are cleared.
     """

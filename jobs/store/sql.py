@@ -41,13 +41,28 @@ _FINISHED = ", ".join(f"'{status.value}'" for status in FINISHED_STATUSES)
 
 
 #: The guard of every claim: Queued, no cancel requested, due, attempts left — and
-#: not in a paused queue (J18; a paused queue has a row of ``jobs_queue``).
+#: not in a paused queue (a paused queue has a row of ``jobs_queue``).
 CLAIMABLE = (
     f"status = '{QUEUED}'",
     "NOT cancel_requested",
     "next_run_at <= %(now)s",
     "attempt_count < max_attempts",
     f"queue NOT IN (SELECT name FROM {QUEUE} WHERE paused)",
+)
+
+
+#: What a job gives up when it stops Running — finished, recovered, snoozed, put
+#: back or released: its token and its lease. Every statement that leaves Running
+#: sets these, as :data:`LEAVE_RUNNING`; the ORM's updates, as this mapping.
+LEFT_RUNNING: Mapping[str, str | None] = {
+    "current_token": None,
+    "leased_by": "",
+    "lease_expires_at": None,
+}
+#: :data:`LEFT_RUNNING` as assignments of an UPDATE's SET.
+LEAVE_RUNNING = ", ".join(
+    f"{column} = {'NULL' if value is None else repr(value)}"
+    for column, value in LEFT_RUNNING.items()
 )
 
 
@@ -68,7 +83,7 @@ CLAIM_FIELDS = tuple(
 _CLAIM_EXPRESSIONS = {
     "token": "current_token",
     "attempt": "attempt_count",
-    # J17: snoozed executions keep their attempt rows without counting as attempts.
+    # Snoozed executions keep their attempt rows without counting as attempts.
     "number": "attempt_count + snooze_count",
 }
 #: The columns of each job a claim started: its primary key, :data:`CLAIM_FIELDS`, and
@@ -101,7 +116,7 @@ def claim(
 
     Parameters: ``worker_id``, ``lease_expires_at``, ``now``, ``limit``; with
     ``queues``, ``queue_0``… (see :func:`jobs.db.in_list_params`); with ``one_job``,
-    ``scope_hash`` and ``job_id``. With ``chosen`` (a claim under limits, J18, on
+    ``scope_hash`` and ``job_id``. With ``chosen`` (a claim under limits on
     SQLite; PostgreSQL's is :func:`jobs.store.sql_flow.limited_claim`), the jobs were
     chosen by :func:`jobs.store.sql_flow.candidates`: the update takes ``ids``
     (PostgreSQL, an array) or ``id_0``… (SQLite, ``chosen`` of them) instead of
@@ -111,7 +126,7 @@ def claim(
     row (a data-modifying CTE), so a claim is one round trip; on SQLite the attempt
     rows follow as a second statement of the same transaction
     (:func:`insert_attempts`). With ``finishing`` (PostgreSQL only), the statement
-    also finishes a batch of attempts — the J8 rule of :func:`finish`, whose
+    also finishes a batch of attempts — the finishing rule of :func:`finish`, whose
     parameters it takes too; it runs after the claim (see :func:`claimed_kinds`) —
     and every row it returns has its ``kind``:
     ``'finished'`` or ``'orphan'`` (a :class:`FinishedRow`; with an orphan the
@@ -179,8 +194,7 @@ def claimed_kinds(*, finishing: bool) -> list[tuple[str, str, Mapping[str, str]]
     # locks its jobs, the fewer jobs it meets that another claim took meanwhile. Its
     # lock follows each of those to the job's newest version (Running) and holds it
     # to the commit, though the job no longer qualifies — and the finish of that job
-    # by its own worker waits for it. Measured at 8 worker processes at concurrency
-    # 8: backends waiting on a lock halved (0.7 to 0.33 on average).
+    # by its own worker waits for it.
     return [
         claimed,
         ("finished", "finished", _FINISHED_COLUMNS),
@@ -189,7 +203,7 @@ def claimed_kinds(*, finishing: bool) -> list[tuple[str, str, Mapping[str, str]]
 
 
 def finish_ctes() -> str:
-    """PostgreSQL: the J8 rule for a batch as CTEs (see :func:`_finish_ctes`), for a
+    """PostgreSQL: the finishing rule for a batch as CTEs (see :func:`_finish_ctes`), for a
     statement that finishes and claims."""
     return _finish_ctes()
 
@@ -205,9 +219,9 @@ def insert_attempts(rows: int) -> str:
     )
 
 
-# --------------------------------------------------------------------------- finishing (J8)
+# --------------------------------------------------------------------------- finishing
 #
-# The J8 rule, once, for every way an attempt ends — complete, fail, interrupt,
+# The finishing rule, once, for every way an attempt ends — complete, fail, interrupt,
 # recover; one attempt or a batch; alone or before a claim; on both databases. Per
 # attempt of the batch (a ``done`` row: its ``token``, ``outcome`` — the job's status
 # should no cancel be requested —, ``result_ref`` and ``error``):
@@ -253,7 +267,7 @@ def _finished_job_set() -> str:
         f"status = CASE WHEN j.cancel_requested THEN '{CANCELLED}' ELSE done.outcome END,"
         f" result_ref = {_kept_result('j.cancel_requested')},"
         " error = done.error, finished_at = %(now)s, updated_at = %(now)s,"
-        " current_token = NULL, leased_by = '', lease_expires_at = NULL"
+        f" {LEAVE_RUNNING}"
     )
 
 
@@ -309,7 +323,7 @@ _ORPHAN_COLUMNS = {"token": "token"}
 
 
 def _finish_ctes(*, lease_guard: bool = False, owner_guard: bool = False) -> str:
-    """PostgreSQL: the J8 rule for a batch (:func:`finishing_params` and ``now``, and
+    """PostgreSQL: the finishing rule for a batch (:func:`finishing_params` and ``now``, and
     the guards' parameters) as CTEs: ``finished`` jobs, ``finished_attempts``, and the
     ``orphans`` — if there is one, nothing in the statement changes anything. The
     tokens also travel as a plain array, which a plan can look up in the token index
@@ -384,7 +398,7 @@ def finish_jobs_sqlite(rows: int, *, lease_guard: bool = False, owner_guard: boo
 # --------------------------------------------------------------------------- progress
 
 
-#: J7: the job's progress (``progress``, ``message``) at ``now``, only while ``token``
+#: The job's progress (``progress``, ``message``) at ``now``, only while ``token``
 #: is current, the job Running, no cancel requested and ``progress`` not below the
 #: stored value. Returns the job's ``id``.
 REPORT_PROGRESS = (

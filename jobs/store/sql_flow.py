@@ -1,4 +1,4 @@
-"""The raw SQL of snoozes, flow control and put-backs (J17, J18, J19), as named builders in
+"""The raw SQL of snoozes, flow control and put-backs, as named builders in
 the manner of :mod:`jobs.store.sql`: named parameters, named result columns, the
 PostgreSQL and SQLite forms side by side, cached texts.
 
@@ -20,6 +20,7 @@ from .sql import (
     CANCELLED,
     CLAIMABLE,
     JOB,
+    LEAVE_RUNNING,
     QUEUE,
     QUEUED,
     RUNNING,
@@ -32,7 +33,7 @@ from .sql import (
 CLAIM_START = ClaimStart._meta.db_table
 SNOOZED = "snoozed"
 
-# --------------------------------------------------------------------------- limits (J18)
+# --------------------------------------------------------------------------- limits
 
 #: PostgreSQL: take the transaction-scoped advisory lock of every ``keys`` (a bigint
 #: array, sorted: every claimer takes them in the same order, so none deadlocks).
@@ -74,7 +75,7 @@ def _key_row(n: int, shape: KeyShape) -> str:
 def limited_claim(
     *, queues: int, one_job: bool, finishing: bool, keys: tuple[KeyShape, ...]
 ) -> str:
-    """PostgreSQL: a claim under limits (J18) as one statement — usage, choice and
+    """PostgreSQL: a claim under limits as one statement — usage, choice and
     claim — to run after the advisory locks of its keys (:data:`LOCK_KEYS`), so that
     its snapshot, taken when it starts, sees every claim the locks' previous holders
     committed.
@@ -295,7 +296,7 @@ def insert_claim_starts(rows: int) -> str:
 PRUNE_CLAIM_STARTS = f"DELETE FROM {CLAIM_START} WHERE started_at < %(before)s"
 
 
-# --------------------------------------------------------------------------- pause (J18)
+# --------------------------------------------------------------------------- pause
 
 
 #: Pause queue ``name`` at ``now`` — a new row, or a resumed one paused again.
@@ -314,24 +315,24 @@ RESUME_QUEUE = (
 )
 
 
-# --------------------------------------------------------------------------- snooze (J17)
+# --------------------------------------------------------------------------- snooze
 
 
-#: J17: queue the job Running under ``token`` again at ``run_at`` (``now``), unless a
+#: Snooze: queue the job Running under ``token`` again at ``run_at`` (``now``), unless a
 #: cancel request committed first; the execution is taken back from
 #: ``attempt_count`` and counted in ``snooze_count`` instead. Returns the job's
 #: ``id`` and ``queue``.
 SNOOZE_JOB = (
     f"UPDATE {JOB} SET status = '{QUEUED}', next_run_at = %(run_at)s,"
     " attempt_count = attempt_count - 1, snooze_count = snooze_count + 1,"
-    " current_token = NULL, leased_by = '', lease_expires_at = NULL, started_at = NULL,"
+    f" {LEAVE_RUNNING}, started_at = NULL,"
     " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
     " finished_at = NULL, handler_unknown_since = NULL, updated_at = %(now)s"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}' AND NOT cancel_requested"
     " RETURNING id, queue"
 )
 
-#: J17: the snoozed job's (``job``) Running attempt row under ``token`` ends Snoozed
+#: Snooze: the snoozed job's (``job``) Running attempt row under ``token`` ends Snoozed
 #: with ``note``. Returns its ``id``.
 SNOOZE_ATTEMPT = (
     f"UPDATE {ATTEMPT} SET status = '{SNOOZED}', finished_at = %(now)s, error = %(note)s"
@@ -339,14 +340,15 @@ SNOOZE_ATTEMPT = (
 )
 
 
-# --------------------------------------------------------------------------- put back (J19)
+# --------------------------------------------------------------------------- put back
 
 
-#: J19: undo the claim under ``token`` (job Running) — the attempt count goes back
-#: down — and decide: a cancel request that committed first ends the job Cancelled;
-#: once the job's first such claim (``handler_unknown_since``, set by the first) is at
-#: or before ``window_start`` it ends Failed with ``failed``; else it is Queued again at
-#: ``run_at``, with ``waiting`` as its error. Returns the job's new ``status``.
+#: A worker without the job's handler: undo the claim under ``token`` (job Running) —
+#: the attempt count goes back down — and decide: a cancel request that committed first
+#: ends the job Cancelled; once the job's first such claim (``handler_unknown_since``,
+#: set by the first) is at or before ``window_start`` it ends Failed with ``failed``;
+#: else it is Queued again at ``run_at``, with ``waiting`` as its error. Returns the
+#: job's new ``status``.
 _OVER = "COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s"
 PUT_BACK_UNKNOWN_HANDLER = (
     f"UPDATE {JOB} SET"
@@ -358,7 +360,7 @@ PUT_BACK_UNKNOWN_HANDLER = (
     " ELSE %(waiting)s END,"
     " handler_unknown_since = COALESCE(handler_unknown_since, %(now)s),"
     " attempt_count = attempt_count - 1, updated_at = %(now)s,"
-    " current_token = NULL, leased_by = '', lease_expires_at = NULL,"
+    f" {LEAVE_RUNNING},"
     " started_at = NULL, progress = NULL, progress_message = '', result_ref = NULL"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
     " RETURNING status"

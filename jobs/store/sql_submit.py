@@ -1,4 +1,4 @@
-"""The raw SQL of submission (J2, J3), as named builders in the manner of
+"""The raw SQL of submission, as named builders in the manner of
 :mod:`jobs.store.sql`: named parameters, named result columns, cached texts. A single
 submit is :func:`insert_jobs` on both databases; a bulk submission on PostgreSQL is
 one statement of JSON rows (:data:`INSERT_NEW_JOBS_JSON`, with
@@ -8,13 +8,16 @@ one statement of JSON rows (:data:`INSERT_NEW_JOBS_JSON`, with
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 from ..db import values_of
+from ..types import IDENTITY_FIELDS, JobStatus
 from .sql import JOB
 
-#: PostgreSQL: the values of each row of a bulk insert, in this order, with their
-#: types; ``next_run_at`` is the not-before time or, without one, ``created_at``.
-NEW_JOB_ROW = {
+#: A new job's columns that vary from job to job, in the one order every reader takes
+#: them in — its identity, its submission's fields (:data:`jobs.types.IDENTITY_FIELDS`)
+#: and its submitter's trace context —, with their PostgreSQL types.
+NEW_JOB_ROW: Mapping[str, str] = {
     "scope_hash": "varchar",
     "job_id": "varchar",
     "handler": "varchar",
@@ -23,25 +26,50 @@ NEW_JOB_ROW = {
     "queue": "varchar",
     "priority": "smallint",
     "max_attempts": "int",
-    "trace_context": "text",
     "initial_not_before": "timestamptz",
+    "trace_context": "text",
 }
-#: The columns of a new job that vary from job to job.
+assert tuple(NEW_JOB_ROW)[2:-1] == IDENTITY_FIELDS
+#: A new job's fixed values, by column: every job starts Queued, never claimed, with
+#: nothing to report. The columns neither here nor in :data:`NEW_JOB_COLUMNS` start
+#: NULL.
+NEW_JOB_FIXED: Mapping[str, str | int | bool] = {
+    "status": JobStatus.QUEUED.value,
+    "attempt_count": 0,
+    "cancel_requested": False,
+    "progress_message": "",
+    "error": "",
+    "leased_by": "",
+}
+#: The columns of a new job that vary from job to job; ``next_run_at`` is the
+#: not-before time or, without one, ``created_at``.
 NEW_JOB_VARYING = (*NEW_JOB_ROW, "next_run_at")
 #: The columns every job of a bulk insert starts with the same value in.
-NEW_JOB_SHARED = (
-    "status",
-    "attempt_count",
-    "cancel_requested",
-    "progress_message",
-    "error",
-    "leased_by",
-    "created_at",
-    "updated_at",
-)
+NEW_JOB_SHARED = (*NEW_JOB_FIXED, "created_at", "updated_at")
 #: The columns a new job's insert sets, from parameters of the same names (the others
 #: start NULL).
 NEW_JOB_COLUMNS = (*NEW_JOB_VARYING, *NEW_JOB_SHARED)
+
+#: What a bulk insert passes once for the whole batch rather than in each JSON row.
+_PER_BATCH = ("trace_context",)
+#: PostgreSQL: the values of a bulk insert's JSON row — one JSON array per job —, in
+#: this order: :data:`NEW_JOB_ROW` but the per-batch values. ``scope_hash`` travels as
+#: a 1-based position in the ``scopes`` parameter (a scope hash is 64 characters and
+#: a batch has few scopes).
+JSON_ROW = tuple(name for name in NEW_JOB_ROW if name not in _PER_BATCH)
+
+
+def _json_value(name: str) -> str:
+    """How a bulk insert's JSON row ``r.v`` gives the :data:`NEW_JOB_ROW` value ``name``."""
+    if name in _PER_BATCH:
+        return f"%({name})s::{NEW_JOB_ROW[name]}"
+    position = JSON_ROW.index(name)
+    if name == "scope_hash":
+        return f"(%(scopes)s::varchar[])[(r.v->>{position})::int]"
+    return f"(r.v->>{position})::{NEW_JOB_ROW[name]}"
+
+
+_JSON_ROW = {name: _json_value(name) for name in NEW_JOB_ROW}
 
 
 @functools.lru_cache(maxsize=64)
@@ -68,28 +96,8 @@ def insert_jobs(rows: int, *, notify: bool = False) -> str:
     )
 
 
-#: PostgreSQL: how a bulk insert's JSON row ``r.v`` gives each :data:`NEW_JOB_ROW`
-#: value. A row is an array of ``[scope, job_id, handler, handler_version,
-#: payload_json, queue, priority, max_attempts, initial_not_before]``, where
-#: ``scope`` is a 1-based position in the ``scopes`` parameter (a scope hash is 64
-#: characters and a batch has few scopes); ``trace_context`` is one parameter for
-#: the batch.
-_JSON_ROW = {
-    "scope_hash": "(%(scopes)s::varchar[])[(r.v->>0)::int]",
-    "job_id": "(r.v->>1)::varchar",
-    "handler": "(r.v->>2)::varchar",
-    "handler_version": "(r.v->>3)::int",
-    "payload_json": "(r.v->>4)::text",
-    "queue": "(r.v->>5)::varchar",
-    "priority": "(r.v->>6)::smallint",
-    "max_attempts": "(r.v->>7)::int",
-    "trace_context": "%(trace_context)s::text",
-    "initial_not_before": "(r.v->>8)::timestamptz",
-}
-assert tuple(_JSON_ROW) == tuple(NEW_JOB_ROW)
-
 #: PostgreSQL: a bulk insert as few parameters whatever the number of rows: ``rows``,
-#: a JSON array with one array per job (:data:`_JSON_ROW`; the client's C JSON
+#: a JSON array with one array per job (:data:`JSON_ROW`; the client's C JSON
 #: encoder writes it, the server parses it once); ``scopes``, ``trace_context`` and
 #: the :data:`NEW_JOB_SHARED` columns. Returns the ``scope_hash`` and ``job_id`` of
 #: each job actually inserted.
@@ -109,7 +117,7 @@ INSERT_JOBS_JSON = (
 #: insertion (one WAL record and a second probe of the identity index per job). A
 #: concurrent insert of the same identity makes the statement fail with a unique
 #: violation instead; the caller then rolls back and falls back on
-#: :data:`INSERT_JOBS_JSON` (J3). One row back: ``skipped``, the 0-based positions
+#: :data:`INSERT_JOBS_JSON`. One row back: ``skipped``, the 0-based positions
 #: in ``rows`` not inserted (their identities exist; ``count`` is the number of
 #: rows), and ``notified``, the queues of due jobs woken (on ``channel``, once each).
 INSERT_NEW_JOBS_JSON = (

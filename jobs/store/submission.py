@@ -1,9 +1,10 @@
-"""Creation of jobs: ``submit`` and ``submit_many`` in a transaction of their own (J3),
-``stage`` in the caller's (J4); idempotent per (scope, job id) (J2)."""
+"""Creation of jobs: ``submit`` and ``submit_many`` in a transaction of their own,
+``stage`` in the caller's; idempotent per (scope, job id)."""
 
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
@@ -37,14 +38,16 @@ from .base import CHUNK_ROWS, current_time, notify
 from .reads import snapshot
 from .telemetry import observed_submission
 
-#: The fields of a new Queued job's snapshot that every new job has the same value in.
+#: The fields of a new Queued job's snapshot that every new job has the same value in:
+#: the fixed values of its insert, and what it does not have yet.
 _NEW_JOB_CONSTANTS: dict[str, Any] = {
-    "status": JobStatus.QUEUED,
-    "attempt_count": 0,
-    "cancel_requested": False,
+    **{
+        name: value
+        for name, value in sql_submit.NEW_JOB_FIXED.items()
+        if name in JobSnapshot.__dataclass_fields__
+    },
+    "status": JobStatus(str(sql_submit.NEW_JOB_FIXED["status"])),
     "progress": None,
-    "progress_message": "",
-    "error": "",
     "result_ref": None,
     "started_at": None,
     "finished_at": None,
@@ -52,8 +55,8 @@ _NEW_JOB_CONSTANTS: dict[str, Any] = {
     "attempts": (),
 }
 #: Each field's slot setter: :func:`_new_snapshot` fills a snapshot from values that
-#: are validated already, without the frozen dataclass's ``__init__`` (about half the
-#: cost of a bulk item's Python side).
+#: are validated already, without the frozen dataclass's ``__init__``, which would
+#: check them again.
 _SET = {name: getattr(JobSnapshot, name).__set__ for name in JobSnapshot.__dataclass_fields__}
 _SET_CONSTANTS = tuple((_SET[name], value) for name, value in _NEW_JOB_CONSTANTS.items())
 (
@@ -93,23 +96,25 @@ def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetim
     return job
 
 
-#: The encoder of a bulk insert's rows.
-_ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+def _isoformat(value: datetime) -> str:
+    return value.isoformat()
 
-#: The columns of a new job that its snapshot does not show.
-_UNSEEN = ("leased_by", "updated_at", "trace_context")
+
+#: The encoder of a bulk insert's rows; its only datetime, the not-before time, as ISO
+#: 8601 text.
+_ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_isoformat)
+
+#: The varying columns of a new job that its snapshot shows (the others: the trace
+#: context, given apart).
+_SEEN = tuple(name for name in sql_submit.NEW_JOB_VARYING if name != "trace_context")
 
 
 def _new_row(job: JobSnapshot, trace_context: str | None) -> dict[str, Any]:
     """The values the insert of the new job ``job`` sets, by column
-    (:data:`sql_submit.NEW_JOB_COLUMNS`); ``trace_context`` is the submitter's (SPEC M)."""
-    row = {name: getattr(job, name) for name in sql_submit.NEW_JOB_COLUMNS if name not in _UNSEEN}
-    row.update(
-        status=job.status.value,
-        leased_by="",
-        updated_at=job.created_at,
-        trace_context=trace_context,
-    )
+    (:data:`sql_submit.NEW_JOB_COLUMNS`); ``trace_context`` is the submitter's, for
+    tracing."""
+    row = {name: getattr(job, name) for name in _SEEN}
+    row.update(_shared_params(job.created_at), trace_context=trace_context)
     return row
 
 
@@ -144,6 +149,11 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     return job
 
 
+#: A submission's values of a bulk insert's JSON row, in its order
+#: (:data:`sql_submit.JSON_ROW` after the scope and the job id).
+_submission_values = operator.attrgetter(*sql_submit.JSON_ROW[2:])
+
+
 def _json_params(
     items: Sequence[tuple[str, str, JobSubmission]], trace_context: str | None
 ) -> dict[str, Any]:
@@ -155,13 +165,7 @@ def _json_params(
         [
             scopes.get(scope_hash) or scopes.setdefault(scope_hash, len(scopes) + 1),
             job_id,
-            sub.handler,
-            sub.handler_version,
-            sub.payload_json,
-            sub.queue,
-            sub.priority,
-            sub.max_attempts,
-            None if sub.initial_not_before is None else sub.initial_not_before.isoformat(),
+            *_submission_values(sub),
         ]
         for scope_hash, job_id, sub in items
     ]
@@ -188,16 +192,7 @@ def _created_result(job_id: str, job: JobSnapshot) -> SubmitResult:
 
 def _shared_params(now: datetime) -> dict[str, Any]:
     """The :data:`sql_submit.NEW_JOB_SHARED` parameters of a bulk insert at ``now``."""
-    return {
-        "status": JobStatus.QUEUED.value,
-        "attempt_count": 0,
-        "cancel_requested": False,
-        "progress_message": "",
-        "error": "",
-        "leased_by": "",
-        "created_at": now,
-        "updated_at": now,
-    }
+    return {**sql_submit.NEW_JOB_FIXED, "created_at": now, "updated_at": now}
 
 
 def _insert_new(
@@ -303,7 +298,7 @@ def _existing_or_conflict(scope_hash: str, job_id: str, sub: JobSubmission) -> J
 def submit(
     scope_hash: str, job_id: str, sub: JobSubmission, *, now: datetime | None = None
 ) -> JobSnapshot:
-    """J3: create the job in a short transaction of its own (idempotent per identity).
+    """Create the job in a short transaction of its own (idempotent per identity).
 
     The insert, with its wake-up, is a single statement run in autocommit: it is its
     own transaction, committed in one round trip. If the identity exists, the winner
@@ -329,7 +324,7 @@ def submit(
 def submit_many(
     items: Sequence[tuple[str, str, JobSubmission]], *, now: datetime | None = None
 ) -> list[SubmitResult]:
-    """J3 for many jobs: one short transaction of its own, one outcome per item.
+    """Submit many jobs: one short transaction of its own, one outcome per item.
 
     Each item (scope_hash, job_id, submission) behaves as ``submit`` would, in the
     order given: a new identity is created; an identical request returns the stored
@@ -406,7 +401,7 @@ def submit_many(
 def stage(
     scope_hash: str, job_id: str, sub: JobSubmission, *, now: datetime | None = None
 ) -> JobSnapshot:
-    """J4: create the job inside the caller's open transaction, on its connection.
+    """Create the job inside the caller's open transaction, on its connection.
 
     Never commits and never uses a savepoint. On a conflicting request or any
     database error, the caller's transaction is marked for rollback before the error

@@ -1,4 +1,4 @@
-"""What the store tells observers of submissions (SPEC M): a span around each submit or
+"""What the store tells observers of submissions: a span around each submit or
 stage (its context is stored with the new jobs, see :func:`.submission._new_row`),
 and :data:`jobs.signals.jobs_enqueued` for the jobs it created. Also the one write
 tracing makes: the trace context of a failed attempt, for the next attempt's link."""

@@ -1,0 +1,23 @@
+"""The time a transition is recorded at, the same rule in every app's store."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.utils import timezone
+
+
+def aware_utc(value: object, what: str, *, error: type[Exception]) -> datetime:
+    """``value`` as an aware datetime in UTC (microseconds kept), else ``error``
+    saying why: a naive time has no meaning across machines."""
+    if not isinstance(value, datetime):
+        raise error(f"{what} must be a datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise error(f"{what} must be timezone-aware (UTC is used throughout)")
+    return value.astimezone(UTC)
+
+
+def current_time(now: datetime | None, *, error: type[Exception]) -> datetime:
+    """``now`` (checked by :func:`aware_utc`) or, when None, the current time. Stores
+    take ``now`` from their callers so that tests and engines can inject a clock."""
+    return timezone.now() if now is None else aware_utc(now, "now", error=error)

@@ -1,0 +1,17 @@
+SELECT id,
+       handler,
+       queue,
+       scope_hash
+FROM jobs_job
+WHERE status = 'queued'
+  AND NOT cancel_requested
+  AND next_run_at <= %(now)s
+  AND attempt_count < max_attempts
+  AND queue NOT IN
+    (SELECT name
+     FROM jobs_queue
+     WHERE paused)
+ORDER BY priority DESC,
+         next_run_at,
+         id
+LIMIT %(limit)s

@@ -1,0 +1,3 @@
+DELETE
+FROM jobs_jobattempt
+WHERE job_id IN (%(job_0)s)

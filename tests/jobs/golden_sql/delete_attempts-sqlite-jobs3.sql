@@ -1,0 +1,5 @@
+DELETE
+FROM jobs_jobattempt
+WHERE job_id IN (%(job_0)s,
+                 %(job_1)s,
+                 %(job_2)s)

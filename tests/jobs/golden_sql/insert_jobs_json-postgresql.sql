@@ -1,0 +1,22 @@
+INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, status, attempt_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at)
+SELECT (%(scopes)s::varchar[])[(r.v->>0)::int], (r.v->>1)::varchar,
+                                                (r.v->>2)::varchar,
+                                                (r.v->>3)::int,
+                                                (r.v->>4)::text,
+                                                (r.v->>5)::varchar,
+                                                (r.v->>6)::smallint,
+                                                (r.v->>7)::int,
+                                                (r.v->>8)::timestamptz,
+                                                %(trace_context)s::text,
+                                                COALESCE((r.v->>8)::timestamptz, %(created_at)s),
+                                                %(status)s,
+                                                %(attempt_count)s,
+                                                %(cancel_requested)s,
+                                                %(progress_message)s,
+                                                %(error)s,
+                                                %(leased_by)s,
+                                                %(created_at)s,
+                                                %(updated_at)s
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r(v) ON CONFLICT (scope_hash,
+                                                                job_id) DO NOTHING RETURNING scope_hash,
+                                                                                             job_id

@@ -1,0 +1,63 @@
+WITH r AS
+  (SELECT r.ord - 1 AS ord,
+          (%(scopes)s::varchar[])[(r.v->>0)::int] AS scope_hash,
+          (r.v->>1)::varchar AS job_id,
+          (r.v->>2)::varchar AS handler,
+          (r.v->>3)::int AS handler_version,
+          (r.v->>4)::text AS payload_json,
+          (r.v->>5)::varchar AS queue,
+          (r.v->>6)::smallint AS priority,
+          (r.v->>7)::int AS max_attempts,
+          (r.v->>8)::timestamptz AS initial_not_before,
+          %(trace_context)s::text AS trace_context
+   FROM jsonb_array_elements(%(rows)s::jsonb) WITH
+   ORDINALITY AS r(v, ord)),
+     inserted AS
+  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, status, attempt_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at) SELECT scope_hash,
+                                                                                                                                                                                                                                                                                job_id,
+                                                                                                                                                                                                                                                                                handler,
+                                                                                                                                                                                                                                                                                handler_version,
+                                                                                                                                                                                                                                                                                payload_json,
+                                                                                                                                                                                                                                                                                queue,
+                                                                                                                                                                                                                                                                                priority,
+                                                                                                                                                                                                                                                                                max_attempts,
+                                                                                                                                                                                                                                                                                initial_not_before,
+                                                                                                                                                                                                                                                                                trace_context,
+                                                                                                                                                                                                                                                                                COALESCE(initial_not_before, %(created_at)s),
+                                                                                                                                                                                                                                                                                %(status)s,
+                                                                                                                                                                                                                                                                                %(attempt_count)s,
+                                                                                                                                                                                                                                                                                %(cancel_requested)s,
+                                                                                                                                                                                                                                                                                %(progress_message)s,
+                                                                                                                                                                                                                                                                                %(error)s,
+                                                                                                                                                                                                                                                                                %(leased_by)s,
+                                                                                                                                                                                                                                                                                %(created_at)s,
+                                                                                                                                                                                                                                                                                %(updated_at)s
+   FROM r
+   WHERE NOT EXISTS
+       (SELECT
+        FROM jobs_job AS j
+        WHERE j.scope_hash = r.scope_hash
+          AND j.job_id = r.job_id) RETURNING scope_hash,
+                                             job_id,
+                                             queue,
+                                             next_run_at)
+SELECT CASE
+           WHEN
+                  (SELECT count(*)
+                   FROM inserted) = %(count)s THEN '{}'::bigint[]
+           ELSE ARRAY
+                  (SELECT r.ord
+                   FROM r
+                   WHERE NOT EXISTS
+                       (SELECT
+                        FROM inserted AS i
+                        WHERE i.scope_hash = r.scope_hash
+                          AND i.job_id = r.job_id)
+                   ORDER BY r.ord)
+       END AS skipped,
+
+  (SELECT count(pg_notify(%(channel)s, d.queue))
+   FROM
+     (SELECT DISTINCT queue
+      FROM inserted
+      WHERE next_run_at <= %(created_at)s) AS d) AS notified

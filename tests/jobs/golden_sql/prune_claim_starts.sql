@@ -1,0 +1,3 @@
+DELETE
+FROM jobs_claimstart
+WHERE started_at < %(before)s

@@ -1,0 +1,33 @@
+UPDATE jobs_job
+SET status = CASE
+                 WHEN cancel_requested THEN 'cancelled'
+                 WHEN COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s THEN 'failed'
+                 ELSE 'queued'
+             END,
+             finished_at = CASE
+                               WHEN cancel_requested
+                                    OR COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s THEN %(now)s
+                               ELSE NULL
+                           END,
+                           next_run_at = CASE
+                                             WHEN cancel_requested
+                                                  OR COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s THEN next_run_at
+                                             ELSE %(run_at)s
+                                         END,
+                                         error = CASE
+                                                     WHEN cancel_requested THEN ''
+                                                     WHEN COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s THEN %(failed)s
+                                                     ELSE %(waiting)s
+                                                 END,
+                                                 handler_unknown_since = COALESCE(handler_unknown_since, %(now)s),
+                                                 attempt_count = attempt_count - 1,
+                                                 updated_at = %(now)s,
+                                                 current_token = NULL,
+                                                 leased_by = '',
+                                                 lease_expires_at = NULL,
+                                                 started_at = NULL,
+                                                 progress = NULL,
+                                                 progress_message = '',
+                                                 result_ref = NULL
+WHERE current_token = %(token)s
+  AND status = 'running' RETURNING status

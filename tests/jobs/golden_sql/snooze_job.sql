@@ -1,0 +1,20 @@
+UPDATE jobs_job
+SET status = 'queued',
+    next_run_at = %(run_at)s,
+    attempt_count = attempt_count - 1,
+    snooze_count = snooze_count + 1,
+    current_token = NULL,
+    leased_by = '',
+    lease_expires_at = NULL,
+    started_at = NULL,
+    progress = NULL,
+    progress_message = '',
+    error = '',
+    result_ref = NULL,
+    finished_at = NULL,
+    handler_unknown_since = NULL,
+    updated_at = %(now)s
+WHERE current_token = %(token)s
+  AND status = 'running'
+  AND NOT cancel_requested RETURNING id,
+                                     queue

@@ -1,0 +1,13 @@
+SELECT 'running' AS kind,
+       handler,
+       queue,
+       scope_hash,
+       NULL AS key,
+       count(*) AS n
+FROM jobs_job
+WHERE current_token IS NOT NULL
+  AND status = 'running'
+  AND (handler IN (%(lim_handler_0)s))
+GROUP BY handler,
+         queue,
+         scope_hash

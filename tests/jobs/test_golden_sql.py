@@ -1,0 +1,209 @@
+"""Every statement the jobs store's builders render, per variant, kept as readable SQL
+in ``tests/jobs/golden_sql/`` — a change to the store's SQL shows in review as a change
+to these files. Rendering needs no database server: the builders' text depends only on
+the vendor and their arguments.
+
+After an intended change, regenerate the files and review the diff::
+
+    LEDON_UPDATE_GOLDEN=1 python -m pytest tests/jobs/test_golden_sql.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import sqlparse
+
+from jobs.store import sql, sql_flow, sql_submit
+
+GOLDEN = Path(__file__).parent / "golden_sql"
+UPDATE = os.environ.get("LEDON_UPDATE_GOLDEN") == "1"
+VENDORS = ("postgresql", "sqlite")
+
+
+def _variants() -> dict[str, Callable[[], str]]:
+    """Each variant's file name (without ``.sql``) and how to render it."""
+    out: dict[str, Callable[[], str]] = {}
+
+    def add(name: str, render: Callable[[], str]) -> None:
+        assert name not in out, name
+        out[name] = render
+
+    # Claims without limits. On PostgreSQL the claim may also finish a batch; on
+    # SQLite it may take jobs chosen under limits by id.
+    for queues, one_job in itertools.product((0, 2), (False, True)):
+        shape = f"queues{queues}{'-one_job' if one_job else ''}"
+        for finishing in (False, True):
+            add(
+                f"claim-postgresql-{shape}{'-finishing' if finishing else ''}",
+                lambda q=queues, o=one_job, f=finishing: sql.claim(
+                    "postgresql", queues=q, one_job=o, finishing=f
+                ),
+            )
+        for chosen in (0, 2):
+            add(
+                f"claim-sqlite-{shape}{f'-chosen{chosen}' if chosen else ''}",
+                lambda q=queues, o=one_job, c=chosen: sql.claim(
+                    "sqlite", queues=q, one_job=o, chosen=c
+                ),
+            )
+    for rows in (1, 3):
+        add(f"insert_attempts-sqlite-rows{rows}", lambda r=rows: sql.insert_attempts(r))
+
+    # Finishing: one rule, every guard.
+    for lease_guard, owner_guard in itertools.product((False, True), repeat=2):
+        guards = "".join(
+            f"-{name}" for name, on in (("lease", lease_guard), ("owner", owner_guard)) if on
+        )
+        add(
+            f"finish-postgresql{guards}",
+            lambda lg=lease_guard, og=owner_guard: sql.finish(lease_guard=lg, owner_guard=og),
+        )
+        for rows in (1, 3):
+            add(
+                f"finish_attempts_sqlite-rows{rows}{guards}",
+                lambda r=rows, lg=lease_guard, og=owner_guard: sql.finish_attempts_sqlite(
+                    r, lease_guard=lg, owner_guard=og
+                ),
+            )
+            add(
+                f"finish_jobs_sqlite-rows{rows}{guards}",
+                lambda r=rows, lg=lease_guard, og=owner_guard: sql.finish_jobs_sqlite(
+                    r, lease_guard=lg, owner_guard=og
+                ),
+            )
+
+    # Progress, leases, retention, wake-ups.
+    add("report_progress", lambda: sql.REPORT_PROGRESS)
+    for tokens in (1, 3):
+        add(f"renew_leases-tokens{tokens}", lambda t=tokens: sql.renew_leases(t))
+    add("notify-postgresql", lambda: sql.NOTIFY)
+    add("commit-postgresql", lambda: sql_flow.COMMIT)
+    for vendor in VENDORS:
+        add(f"purge_finished-{vendor}", lambda v=vendor: sql.purge_finished(v))
+    for jobs in (1, 3):
+        add(f"delete_attempts-sqlite-jobs{jobs}", lambda j=jobs: sql.delete_attempts(j))
+
+    # Submission.
+    for rows, notify in ((1, False), (1, True), (3, False)):
+        add(
+            f"insert_jobs-rows{rows}{'-notify-postgresql' if notify else ''}",
+            lambda r=rows, n=notify: sql_submit.insert_jobs(r, notify=n),
+        )
+    add("insert_jobs_json-postgresql", lambda: sql_submit.INSERT_JOBS_JSON)
+    add("insert_new_jobs_json-postgresql", lambda: sql_submit.INSERT_NEW_JOBS_JSON)
+
+    # Queues, snoozes, put-backs.
+    add("pause_queue", lambda: sql_flow.PAUSE_QUEUE)
+    add("resume_queue", lambda: sql_flow.RESUME_QUEUE)
+    add("snooze_job", lambda: sql_flow.SNOOZE_JOB)
+    add("snooze_attempt", lambda: sql_flow.SNOOZE_ATTEMPT)
+    add("put_back_unknown_handler", lambda: sql_flow.PUT_BACK_UNKNOWN_HANDLER)
+
+    _limit_variants(add)
+    return out
+
+
+def _limit_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
+    """Claims under limits: each limit alone, all of them, on a handler and a queue."""
+    shapes: dict[str, tuple[sql_flow.KeyShape, ...]] = {
+        "max_running": (("h", True, False, False),),
+        "per_scope": (("q", False, True, False),),
+        "rate": (("h", False, False, True),),
+        "all": (("h", True, True, True), ("q", True, True, True)),
+    }
+    for name, keys in shapes.items():
+        for finishing in (False, True):
+            add(
+                f"limited_claim-postgresql-{name}{'-finishing' if finishing else ''}",
+                lambda k=keys, f=finishing: sql_flow.limited_claim(
+                    queues=0, one_job=False, finishing=f, keys=k
+                ),
+            )
+    add(
+        "limited_claim-postgresql-all-queues2-one_job",
+        lambda: sql_flow.limited_claim(queues=2, one_job=True, finishing=False, keys=shapes["all"]),
+    )
+    add("lock_keys-postgresql", lambda: sql_flow.LOCK_KEYS)
+    add("usage-sqlite-handlers1", lambda: sql_flow.usage(1, 0, 0))
+    add("usage-sqlite-all", lambda: sql_flow.usage(1, 1, 2))
+    add(
+        "candidates-sqlite",
+        lambda: sql_flow.candidates(
+            queues=0,
+            one_job=False,
+            full_handlers=0,
+            full_queues=0,
+            full_handler_scopes=0,
+            full_queue_scopes=0,
+        ),
+    )
+    add(
+        "candidates-sqlite-all",
+        lambda: sql_flow.candidates(
+            queues=2,
+            one_job=True,
+            full_handlers=1,
+            full_queues=1,
+            full_handler_scopes=1,
+            full_queue_scopes=1,
+            seen=2,
+        ),
+    )
+    add("insert_claim_starts-rows2", lambda: sql_flow.insert_claim_starts(2))
+    add("prune_claim_starts", lambda: sql_flow.PRUNE_CLAIM_STARTS)
+
+
+VARIANTS = _variants()
+
+
+def render(statement: str) -> str:
+    """A statement as its golden file holds it: one clause a line."""
+    return sqlparse.format(statement, reindent=True, indent_width=2).strip() + "\n"
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_each_rendered_statement_matches_its_golden_file(name):
+    path = GOLDEN / f"{name}.sql"
+    rendered = render(VARIANTS[name]())
+    if UPDATE:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(rendered)
+    assert path.exists(), f"{path} is missing: run with LEDON_UPDATE_GOLDEN=1 to write it"
+    assert rendered == path.read_text(), (
+        f"the statement differs from {path}: if the change is intended, run "
+        "LEDON_UPDATE_GOLDEN=1 python -m pytest tests/jobs/test_golden_sql.py and review the diff"
+    )
+
+
+def _builders() -> set[str]:
+    """The store's statements: each cached builder and each constant statement, named
+    as a variant's file name starts."""
+    names = set()
+    for module in (sql, sql_flow, sql_submit):
+        for name, value in vars(module).items():
+            statement = isinstance(value, str) and re.match(
+                r"(SELECT|UPDATE|INSERT|DELETE|WITH|COMMIT)\b", value
+            )
+            if not name.startswith("_") and (statement or hasattr(value, "cache_info")):
+                names.add(name.lower())
+    return names
+
+
+def test_every_statement_of_the_store_has_a_golden_variant():
+    covered = {name.split("-")[0] for name in VARIANTS}
+    assert _builders() - covered == set()
+
+
+def test_every_golden_file_is_a_statement_the_store_renders():
+    stale = sorted(path.stem for path in GOLDEN.glob("*.sql") if path.stem not in VARIANTS)
+    if UPDATE:
+        for name in stale:
+            (GOLDEN / f"{name}.sql").unlink()
+        stale = []
+    assert not stale, f"golden files of no variant (LEDON_UPDATE_GOLDEN=1 removes them): {stale}"
