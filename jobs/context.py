@@ -24,7 +24,7 @@ class JobContext:
 
     ``cancel_requested`` becomes true when the job's cancellation is requested
     (``JobScope.cancel``), when the worker is shutting down, and when the attempt
-    runs past its handler's timeout (J17); ``cancel_reason`` says which came first.
+    runs past its handler's timeout; ``cancel_reason`` says which came first.
     The worker keeps it current while the handler runs.
     """
 
@@ -128,7 +128,7 @@ class JobContext:
 
     @property
     def timed_out(self) -> bool:
-        """True once the attempt ran past its handler's timeout (J17)."""
+        """True once the attempt ran past its handler's timeout."""
         return self._timed_out
 
     def raise_if_cancelled(self) -> None:

@@ -210,12 +210,14 @@ class TestWorkerInProcess:
 
         submit_job(SCOPE, "s", JobSubmission.create("w.stubborn", max_attempts=2))
         worker = Worker(listen=False, shutdown_timeout=0, cancel_grace=0.05)
-        original_finish = worker._finish
+        original_finish = worker.finisher.finish
 
         def recording_finish(claim, event, call, detail=""):
-            original_finish(claim, event, lambda: finished.append(call()) or finished[-1], detail)
+            return original_finish(
+                claim, event, lambda: finished.append(call()) or finished[-1], detail
+            )
 
-        worker._finish = recording_finish
+        worker.finisher.finish = recording_finish
         thread = threading.Thread(target=worker.run)
         thread.start()
         assert started.wait(30)
@@ -227,7 +229,7 @@ class TestWorkerInProcess:
         assert snap.attempts[0].status == AttemptStatus.INTERRUPTED
         # The handler now returns; its token has ended, so its result changes nothing.
         release.set()
-        worker._threads[0].join(30)
+        worker.slots.threads[0].join(30)
         assert finished == [FinishOutcome.STALE]
         assert JobScope(SCOPE).get("s").status == JobStatus.QUEUED
 
@@ -279,8 +281,8 @@ def test_j14_postgres_notify_wakes_an_idle_worker(handler, settings):
     thread.start()
     try:
         assert worker.started.wait(30)
-        assert worker._listener is not None
-        assert worker._listener.ready.wait(30)
+        assert worker.slots.listener is not None
+        assert worker.slots.listener.ready.wait(30)
         submit_job(SCOPE, "wake", JobSubmission.create("w.notify"))
         assert ran.wait(10), "the worker was not woken by NOTIFY"
     finally:
