@@ -14,7 +14,8 @@ The one place this policy lives, used by the worker (:mod:`jobs.worker`) and by
   retried by the policy;
 - the handler returned: succeeded with its result reference (the database decides
   Cancelled if a cancel request committed first);
-- either way, if the worker's shutdown stopped it: re-queued, never completed.
+- either way, if the worker's own shutdown signal stopped it: released — the job
+  Queued again and the attempt not counted — never completed.
 
 :func:`run_attempt` decides (it writes nothing) and returns an :class:`AttemptEnd`;
 :meth:`AttemptEnd.write` writes it. The worker sits between the two: it may batch a
@@ -37,7 +38,7 @@ from .middleware import chain_for
 from .types import FinishOutcome
 
 #: The reason stored on an attempt that the worker's shutdown stopped.
-SHUTDOWN_REASON = "worker shut down"
+SHUTDOWN_REASON = "released: the worker shut down"
 
 
 class Ending(enum.Enum):
@@ -47,7 +48,8 @@ class Ending(enum.Enum):
     FAILED = "failed"
     #: This process knows no handler for the job's name and version.
     UNKNOWN_HANDLER = "unknown-handler"
-    #: The worker's shutdown signal stopped the handler (re-queued).
+    #: The worker's shutdown signal stopped the handler (released: Queued again,
+    #: the attempt not counted).
     SHUTDOWN = "shutdown"
     #: The handler raised ``Snooze``.
     SNOOZED = "snoozed"
@@ -58,7 +60,7 @@ _EVENTS = {
     Ending.SUCCEEDED: "succeeded",
     Ending.FAILED: "failed",
     Ending.UNKNOWN_HANDLER: "failed",
-    Ending.SHUTDOWN: "requeued",
+    Ending.SHUTDOWN: "released",
     Ending.SNOOZED: "snoozed",
 }
 
@@ -93,7 +95,7 @@ class AttemptEnd:
         if self.ending is Ending.SNOOZED:
             assert self.retry_at is not None
             return execution.snooze(token, self.retry_at, now=now)
-        return execution.recover(token, requeue=True, reason=SHUTDOWN_REASON, now=now)
+        return execution.release(token, SHUTDOWN_REASON, now=now)
 
 
 def run_attempt(

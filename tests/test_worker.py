@@ -233,17 +233,23 @@ class TestWorkerInProcess:
         assert finished == [FinishOutcome.STALE]
         assert JobScope(SCOPE).get("s").status == JobStatus.QUEUED
 
-    def test_handler_that_returns_because_of_shutdown_is_requeued_not_completed(self, handler):
+    def test_handler_that_returns_because_of_shutdown_is_released_not_completed(self, handler):
+        """With the default single attempt: the shutdown gives the claim back, so the
+        job is Queued again with its attempt unused, never final with its work undone."""
         started = threading.Event()
+        ran: list[int] = []
 
         @handler("w.polite")
         def run(ctx):
+            ran.append(ctx.attempt)
+            if len(ran) > 1:
+                return "done"
             started.set()
             ctx.wait_for_cancel(30)
             assert ctx.shutdown_requested
             return "stopped early"
 
-        submit_job(SCOPE, "polite", JobSubmission.create("w.polite", max_attempts=2))
+        submit_job(SCOPE, "polite", JobSubmission.create("w.polite"))
         worker = Worker(listen=False, shutdown_timeout=0, cancel_grace=10)
         thread = threading.Thread(target=worker.run)
         thread.start()
@@ -253,7 +259,15 @@ class TestWorkerInProcess:
         snap = JobScope(SCOPE).get("polite")
         assert snap.status == JobStatus.QUEUED
         assert snap.result_ref is None
-        assert worker.stats.requeued == 1
+        assert snap.attempt_count == 0
+        assert [a.status for a in snap.attempts] == [AttemptStatus.RELEASED]
+        assert (worker.stats.released, worker.stats.requeued, worker.stats.interrupted) == (1, 0, 0)
+        # The next worker runs it as the job's first attempt again.
+        run_burst()
+        snap = JobScope(SCOPE).get("polite")
+        assert snap.status == JobStatus.SUCCEEDED
+        assert ran == [1, 1]
+        assert [a.number for a in snap.attempts] == [1, 2]
 
 
 @pytest.mark.django_db(transaction=True)

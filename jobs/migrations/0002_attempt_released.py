@@ -10,6 +10,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(
+            model_name='job',
+            name='release_count',
+            field=models.PositiveIntegerField(db_default=0, default=0, help_text="Claims given back unused at a worker's shutdown (not counted as attempts)."),
+        ),
         migrations.AlterField(
             model_name='jobattempt',
             name='status',

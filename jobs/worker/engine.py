@@ -99,6 +99,7 @@ class Worker(Engine):
         self.timeouts = TimeoutWatch(self)
         self.recovery = Recovery(self)
         self.shutdown_sequence = ShutdownSequence(self)
+        self._stopping_sent = False
 
     # ------------------------------------------------------------------ for the parts
 
@@ -189,14 +190,23 @@ class Worker(Engine):
                 "started", None, f"queues={self.queues or 'all'} concurrency={self.concurrency}"
             )
             self._loop_until_stopped()
+            # What runs beside the worker (the scheduler) stops with the claiming,
+            # not after the handlers: nothing is enqueued during a graceful shutdown.
+            self._send_stopping()
             self.shutdown_sequence.run()
         finally:
             self.settler.stop_accepting()
-            send_logged(worker_stopping, Worker, "worker_stopping", log=logger, worker=self)
+            self._send_stopping()
             self.slots.stop()
             connections[self.alias].close()
         self.emit("stopped", None, self.stats.summary())
         return self.stats
+
+    def _send_stopping(self) -> None:
+        """Send ``worker_stopping`` (once)."""
+        if not self._stopping_sent:
+            self._stopping_sent = True
+            send_logged(worker_stopping, Worker, "worker_stopping", log=logger, worker=self)
 
     def _loop_until_stopped(self) -> None:
         s = self.settings

@@ -1,7 +1,12 @@
-"""The shutdown sequence: stop claiming, give the running handlers
-``shutdown_timeout`` seconds, then signal cancellation inside the process, wait
-``cancel_grace`` more seconds, and recover and re-queue whatever still runs. A second
-stop request signals cancellation at once; a third stops waiting.
+"""The shutdown sequence: stop claiming, give back the claims no handler started,
+give the running handlers ``shutdown_timeout`` seconds, then signal cancellation
+inside the process, wait ``cancel_grace`` more seconds, and end whatever still runs.
+
+A handler that returns because of the shutdown signal has its claim released by its
+slot (the job Queued again, the attempt not counted): a routine deploy never uses up
+a job's attempts. A handler still running after the grace is recovered — Interrupted,
+and re-queued while attempts remain — as a stopped worker's would be. A second stop
+request signals cancellation at once; a third stops waiting.
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ from ledon.db import DATABASE_ERRORS
 from ledon.engine import StopLevel
 
 from .. import execution
-from ..signals import finished_attempt
 
 if TYPE_CHECKING:
     from .engine import Worker
 
 logger = logging.getLogger("jobs.worker")
+
+#: The reason stored on an attempt whose handler outlived the shutdown's grace.
+OUTLIVED = "worker shut down before the handler stopped"
 
 
 class ShutdownSequence:
@@ -31,6 +38,7 @@ class ShutdownSequence:
 
     def run(self) -> None:
         worker = self._worker
+        self._give_back_waiting()
         if not worker.busy():
             worker.settler.close()
             return
@@ -40,6 +48,18 @@ class ShutdownSequence:
             worker.escalate(StopLevel.CANCEL)
             self._wait_for_handlers(worker.cancel_grace, until=worker.aborting_event)
         worker.settler.close()
+        self._give_back_waiting()
+        self._end_leftovers()
+
+    def _give_back_waiting(self) -> None:
+        """Release the claims still waiting for a slot: no handler started them."""
+        for claim in self._worker.slots.take_waiting():
+            self._worker.slots.give_back(claim)
+
+    def _end_leftovers(self) -> None:
+        """End what is still held once the waiting is over: a success whose finish
+        failed on the database is completed; a handler still running is recovered."""
+        worker = self._worker
         leftovers = worker.holdings.entries()
         completed = worker.settler.completions()
         for held in leftovers:
@@ -51,13 +71,10 @@ class ShutdownSequence:
                     worker.finisher.record(held.claim, "succeeded", outcome)
                     continue
                 outcome = execution.recover(
-                    token,
-                    requeue=True,
-                    reason="worker shut down before the handler stopped",
-                    now=worker.clock(),
+                    token, requeue=True, reason=OUTLIVED, now=worker.clock()
                 )
             except DATABASE_ERRORS as exc:
-                worker.database_failed("re-queueing attempts at shutdown", exc)
+                worker.database_failed("ending attempts at shutdown", exc)
                 logger.warning(
                     "%d attempt(s) could not be finished or re-queued at shutdown; they are "
                     "recovered when their lease expires",
@@ -65,9 +82,7 @@ class ShutdownSequence:
                     extra={"worker": worker.worker_id},
                 )
                 return
-            worker.stats.count(outcome)
-            finished_attempt(held.claim, outcome, retry_scheduled=False)
-            worker.emit("requeued", held.claim, "handler did not stop in time")
+            worker.finisher.record(held.claim, "requeued", outcome, "handler did not stop in time")
 
     def _wait_for_handlers(self, seconds: float, *, until: threading.Event) -> bool:
         """Wait until no handler runs, renewing leases meanwhile; True if none runs,

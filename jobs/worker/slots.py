@@ -25,6 +25,7 @@ from django.db import connections
 from ledon.faults import fault_point
 from ledon.pglisten import Listener
 
+from .. import execution
 from ..attempts import Ending, run_attempt
 from ..handlers import HandlerSpec, JobContext
 from ..log_fields import attempt_fields
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from .engine import Worker
 
 logger = logging.getLogger("jobs.worker")
+
+#: The reason stored on a claim released before its handler started.
+NEVER_STARTED = "released: never started, the worker shut down"
 
 
 class HandlerEnd(enum.Enum):
@@ -95,6 +99,40 @@ class Slots:
         """Queue new claims for the next free slots."""
         for claim in claims:
             self._tasks.put(claim)
+
+    def take_waiting(self) -> list[Claim]:
+        """Take back the claims no slot has taken yet (at shutdown, to release them)."""
+        taken: list[Claim] = []
+        while True:
+            try:
+                claim = self._tasks.get_nowait()
+            except queue.Empty:
+                return taken
+            if claim is None:
+                self._tasks.put(None)  # a thread's stop: leave it for the threads
+                return taken
+            taken.append(claim)
+
+    def give_back(self, claim: Claim) -> None:
+        """Release a claim whose handler never started (the worker is stopping): the
+        job is Queued again without consuming an attempt; the slot is free."""
+        worker = self._worker
+        try:
+            worker.finisher.finish(
+                claim,
+                "released",
+                lambda: execution.release(claim.token, NEVER_STARTED, now=worker.clock()),
+                "never started: the worker is shutting down",
+            )
+        except Exception:
+            # Its lease is no longer renewed: recovery re-queues it after expiry.
+            logger.exception(
+                "releasing job %s failed; it will be recovered",
+                claim.job_id,
+                extra=attempt_fields(claim),
+            )
+        finally:
+            self.release(claim)
 
     def release(self, claim: Claim) -> None:
         """The attempt of ``claim`` is no longer held: its slot is free."""
@@ -188,6 +226,11 @@ class Slots:
             held = self._holdings.get_locked(claim.token)
             assert held is not None
             held.thread = threading.current_thread()
+        if self._worker.stopping:
+            # Claimed but not started when the worker began to stop: give it back
+            # rather than start work the shutdown would then interrupt.
+            self.give_back(claim)
+            return SlotIdle.WAIT
         end = HandlerEnd.WRITTEN
         try:
             end = self._run_handler(claim, held.ctx)
