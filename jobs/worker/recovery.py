@@ -50,7 +50,9 @@ class Recovery:
             fault_point("jobs.worker.recovered", count=len(recovered))
             worker.stats.recovered += len(recovered)
             worker.emit("recovered", None, f"{len(recovered)} attempt(s) of stopped workers")
-            logger.warning(
+            # The event above is what run_jobs prints; the log line is for log
+            # collectors, at INFO so that the console does not say it twice.
+            logger.info(
                 "recovered %d attempt(s) whose worker stopped",
                 len(recovered),
                 extra={"worker": worker.worker_id},
