@@ -78,11 +78,11 @@ def _patched(timers: _Timers) -> Iterator[None]:
     import psycopg
 
     from jobs import execution
-    from jobs.worker import threads
+    from jobs.worker import slots
 
     patches = [
         (execution, "complete_and_claim"),
-        (threads, "run_attempt"),
+        (slots, "run_attempt"),
         (psycopg.Cursor, "execute"),
     ]
     saved = [(owner, name, getattr(owner, name)) for owner, name in patches]
@@ -328,8 +328,8 @@ def slot_profile(
     of the new claim to a thread. Means in ms per attempt; the WAL syncs of the
     settles from ``pg_stat_wal``."""
     from jobs import execution
-    from jobs.worker import threads
-    from jobs.worker.settling import Settling
+    from jobs.worker import slots
+    from jobs.worker.settler import Settler
 
     returned: dict[str, float] = {}
     started: dict[str, float] = {}
@@ -337,8 +337,8 @@ def slot_profile(
     claimed: dict[str, float] = {}
     lock = threading.Lock()
     complete_and_claim = execution.complete_and_claim
-    run_attempt = threads.run_attempt
-    defer = Settling._defer_completion
+    run_attempt = slots.run_attempt
+    defer = Settler.defer_completion
 
     def timed_settle(done: Any, *args: Any, **kwargs: Any) -> Any:
         begin = time.perf_counter()
@@ -356,10 +356,10 @@ def slot_profile(
             started[ctx.token] = time.perf_counter()
         return run_attempt(ctx, **kwargs)
 
-    def timed_defer(worker: Any, claim: Any, result: Any) -> bool:
+    def timed_defer(settler: Any, claim: Any, result: Any) -> bool:
         with lock:
             returned[claim.token] = time.perf_counter()
-        return defer(worker, claim, result)
+        return defer(settler, claim, result)
 
     ledon.reset()
     ledon.seed_sleeping(jobs)
@@ -367,14 +367,14 @@ def slot_profile(
     admin("CHECKPOINT")
     _reset_server(url, False)
     execution.complete_and_claim = timed_settle
-    threads.run_attempt = timed_attempt
-    Settling._defer_completion = timed_defer  # type: ignore[method-assign]
+    slots.run_attempt = timed_attempt
+    Settler.defer_completion = timed_defer  # type: ignore[method-assign]
     try:
         span, _ = _run_worker(concurrency, profile=False)
     finally:
         execution.complete_and_claim = complete_and_claim
-        threads.run_attempt = run_attempt
-        Settling._defer_completion = defer  # type: ignore[method-assign]
+        slots.run_attempt = run_attempt
+        Settler.defer_completion = defer  # type: ignore[method-assign]
     time.sleep(1.1)  # backends flush their WAL statistics when they end
     wal = _server(url, False)["wal"]
     settles = {b for b in settled.values()}

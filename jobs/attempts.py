@@ -5,16 +5,17 @@ The one place this policy lives, used by the worker (:mod:`jobs.worker`) and by
 :func:`jobs.testing.run_jobs_inline`:
 
 - unknown handler or version: put back for later without consuming an attempt, then
-  failed naming it (J19);
+  failed naming it;
 - the handler raised: failed with the stored error text, and a retry scheduled when
-  the handler's policy and the attempts left allow it (J10 through the executor);
+  the handler's policy and the attempts left allow it;
 - the handler raised ``Snooze(seconds)``: Snoozed, the job queued again for then,
-  the execution not counted (J17);
+  the execution not counted;
 - it ran past its timeout, whatever it did then: failed with ``JobTimedOut``,
-  retried by the policy (J17);
-- the handler returned: succeeded with its result reference (J8 decides Cancelled in
-  the database if a cancel request committed first);
-- either way, if the worker's shutdown stopped it: re-queued, never completed (J14).
+  retried by the policy;
+- the handler returned: succeeded with its result reference (the database decides
+  Cancelled if a cancel request committed first);
+- either way, if the worker's own shutdown signal stopped it: released — the job
+  Queued again and the attempt not counted — never completed.
 
 :func:`run_attempt` decides (it writes nothing) and returns an :class:`AttemptEnd`;
 :meth:`AttemptEnd.write` writes it. The worker sits between the two: it may batch a
@@ -37,7 +38,7 @@ from .middleware import chain_for
 from .types import FinishOutcome
 
 #: The reason stored on an attempt that the worker's shutdown stopped.
-SHUTDOWN_REASON = "worker shut down"
+SHUTDOWN_REASON = "released: the worker shut down"
 
 
 class Ending(enum.Enum):
@@ -45,11 +46,12 @@ class Ending(enum.Enum):
 
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    #: J19: this process knows no handler for the job's name and version.
+    #: This process knows no handler for the job's name and version.
     UNKNOWN_HANDLER = "unknown-handler"
-    #: The worker's shutdown signal stopped the handler (J14: re-queued).
+    #: The worker's shutdown signal stopped the handler (released: Queued again,
+    #: the attempt not counted).
     SHUTDOWN = "shutdown"
-    #: J17: the handler raised ``Snooze``.
+    #: The handler raised ``Snooze``.
     SNOOZED = "snoozed"
 
 
@@ -58,7 +60,7 @@ _EVENTS = {
     Ending.SUCCEEDED: "succeeded",
     Ending.FAILED: "failed",
     Ending.UNKNOWN_HANDLER: "failed",
-    Ending.SHUTDOWN: "requeued",
+    Ending.SHUTDOWN: "released",
     Ending.SNOOZED: "snoozed",
 }
 
@@ -70,7 +72,7 @@ class AttemptEnd:
     ending: Ending
     #: The handler's result reference (a success).
     result: str | None = None
-    #: The stored error text (a failure) or the J19 reason.
+    #: The stored error text (a failure) or why the handler is unknown.
     error: str = ""
     #: When to run again after a failure (None: no automatic retry) or a snooze.
     retry_at: datetime | None = None
@@ -93,7 +95,7 @@ class AttemptEnd:
         if self.ending is Ending.SNOOZED:
             assert self.retry_at is not None
             return execution.snooze(token, self.retry_at, now=now)
-        return execution.recover(token, requeue=True, reason=SHUTDOWN_REASON, now=now)
+        return execution.release(token, SHUTDOWN_REASON, now=now)
 
 
 def run_attempt(
@@ -115,7 +117,7 @@ def run_attempt(
     try:
         spec = get_handler(claim.handler, claim.handler_version)
     except UnknownHandler as exc:
-        # J19: perhaps a newer worker knows it (a rolling deploy): put back.
+        # Perhaps a newer worker knows it (a rolling deploy): put back.
         message = str(exc)
         return AttemptEnd(Ending.UNKNOWN_HANDLER, error=message, detail=message)
     if starting is not None:
@@ -161,7 +163,7 @@ def timed_out_error(spec: HandlerSpec, *, abandoned: bool) -> JobTimedOut:
 def timed_out(
     spec: HandlerSpec, ctx: JobContext, now: datetime, *, abandoned: bool = False
 ) -> AttemptEnd:
-    """J17: the end of an attempt that ran past its timeout — Failed with
+    """The end of an attempt that ran past its timeout — Failed with
     ``JobTimedOut`` (whatever the handler did after the signal), retried by policy."""
     exc = timed_out_error(spec, abandoned=abandoned)
     error, retry_at = spec.failure(ctx, exc, now)

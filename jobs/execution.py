@@ -26,6 +26,7 @@ from .models import ClaimStart, Job
 from .schedules import service as schedules
 from .store.limits import prune_claim_starts as _prune_claim_starts
 from .store.queues import QueueState
+from .store.releasing import release as _release
 from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome, JobSnapshot
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "recover",
     "recover_expired",
     "recover_worker",
+    "release",
     "report_progress",
     "resume_queue",
     "snooze",
@@ -212,6 +214,17 @@ def put_back_unknown_handler(
     ``JOBS["UNKNOWN_HANDLER_RETRY_SECONDS"]`` have passed since its first such claim,
     then ends Failed with ``reason``; Cancelled if its cancel was requested."""
     return store.put_back_unknown_handler(token, reason, now=now)
+
+
+def release(
+    token: str, reason: str = "released by the worker's shutdown", *, now: datetime | None = None
+) -> FinishOutcome:
+    """Give a claim back unused (the worker's graceful shutdown stopped its handler,
+    or it never started): the job is Queued again, its attempt count restored, and
+    the attempt row ends Released with ``reason`` (``RELEASED``). Cancelled if its
+    cancel was requested first; ``STALE`` (nothing changed) if ``token`` is not
+    current."""
+    return _release(token, reason, now=now)
 
 
 def snooze(token: str, run_at: datetime, *, now: datetime | None = None) -> FinishOutcome:

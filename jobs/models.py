@@ -90,6 +90,14 @@ class Job(models.Model):
         db_default=0,
         help_text="Executions that snoozed (not counted as attempts).",
     )
+    # Claims a worker gave back unused at its graceful shutdown (the handler stopped
+    # by the shutdown, or never started). Not counted in attempt_count either; an
+    # attempt row's number counts them too, so each release keeps its row.
+    release_count = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Claims given back unused at a worker's shutdown (not counted as attempts).",
+    )
 
     # Tracing: the submitter's trace context (W3C headers as JSON), so that every
     # attempt's span is its child; NULL when tracing is off.

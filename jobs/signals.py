@@ -60,6 +60,8 @@ def finished_attempt(claim: Claim, outcome: FinishOutcome, *, retry_scheduled: b
 #: A worker has started: its start-up recovery is done, it is about to claim jobs.
 worker_started = Signal()
 
-#: A worker is stopping: its handlers have ended (or were re-queued). Receivers stop
-#: what they started for it; in ``burst`` mode they may first let it finish.
+#: A worker is stopping: it claims nothing more (its running handlers may still be
+#: finishing). Receivers stop what they started for it, so that nothing new is
+#: enqueued or started during the shutdown; in ``burst`` mode (nothing was left) they
+#: may first let it finish.
 worker_stopping = Signal()

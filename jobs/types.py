@@ -51,6 +51,10 @@ class AttemptStatus(models.TextChoices):
     #: The handler raised ``Snooze``; the job was queued again for later and
     #: this execution did not count against ``max_attempts``.
     SNOOZED = "snoozed", "Snoozed"
+    #: The worker gave the claim back unused (its shutdown stopped the handler, or
+    #: the handler never started): the job was queued again and this execution did
+    #: not count against ``max_attempts``.
+    RELEASED = "released", "Released"
 
 
 class ExecutionStatus(enum.Enum):
@@ -87,6 +91,9 @@ class FinishOutcome(FencedOutcome):
     #: The handler raised ``Snooze``; the job is Queued again for later and the
     #: execution did not count against ``max_attempts``.
     SNOOZED = "snoozed"
+    #: The worker gave the claim back unused (graceful shutdown): the job is Queued
+    #: again and the execution did not count against ``max_attempts``.
+    RELEASED = "released"
     STALE = "stale"
 
 

@@ -465,12 +465,15 @@ class _SignalWatcher:
                     self._received(signal.Signals(number))
 
     def _received(self, signum: signal.Signals) -> None:
-        level = self.engine.request_stop()
+        # Announced before the engine hears it, so that the announcement comes
+        # before whatever the engine says about stopping.
+        level = StopLevel(min(self.engine.stop_level + 1, StopLevel.ABORT))
         if self.announce is not None:
             try:
                 self.announce(signum, level)
             except Exception:
                 logger.exception("reporting %s failed", signum.name)
+        self.engine.escalate(level)
         if level is StopLevel.ABORT and not self._aborting:
             self._aborting = True
             threading.Thread(

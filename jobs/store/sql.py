@@ -83,8 +83,9 @@ CLAIM_FIELDS = tuple(
 _CLAIM_EXPRESSIONS = {
     "token": "current_token",
     "attempt": "attempt_count",
-    # Snoozed executions keep their attempt rows without counting as attempts.
-    "number": "attempt_count + snooze_count",
+    # Snoozed executions keep their attempt rows without counting as attempts; so do
+    # claims released at a worker's shutdown.
+    "number": "attempt_count + snooze_count + release_count",
 }
 #: The columns of each job a claim started: its primary key, :data:`CLAIM_FIELDS`, and
 #: what claims are ordered by and attempt rows need (``number``: the attempt row's).

@@ -1,4 +1,4 @@
-"""The executor engine behind ``manage.py run_jobs`` (J14).
+"""The executor engine behind ``manage.py run_jobs``.
 
 A :class:`Worker` claims due jobs only for free capacity, runs their handlers on a
 fixed set of threads (``async def`` handlers on one event loop), renews the leases
@@ -12,16 +12,21 @@ unreachable the worker keeps what it knows (the attempts that ended, their resul
 backs off, says so once per outage (see :mod:`ledon.engine`) and finishes them when
 the database is back.
 
-The worker in parts, each building on the one before:
+The worker is made of parts, each a class owning its state, composed by
+:class:`Worker` (:mod:`~jobs.worker.engine`, the main loop):
 
-- :mod:`~jobs.worker.base` — the attempts it holds, its counts and events, writing
-  one attempt's end, the heartbeat and cancellation watch;
-- :mod:`~jobs.worker.settling` — finishing returned attempts together with the next
-  claim, one commit, capacity reserved so Running never exceeds the concurrency;
-- :mod:`~jobs.worker.threads` — handler threads, the event loop, the LISTEN thread;
-  one attempt is run by :func:`jobs.attempts.run_attempt`;
-- :mod:`~jobs.worker.shutdown` — the graceful shutdown;
-- :mod:`~jobs.worker.engine` — configuration, the main loop, recovery, retention.
+- :class:`~jobs.worker.holdings.Holdings` — the attempts it holds, under its one lock;
+- :class:`~jobs.worker.slots.Slots` — handler threads, the event loop, the LISTEN
+  thread; one attempt is run by :func:`jobs.attempts.run_attempt`;
+- :class:`~jobs.worker.settler.Settler` — finishing returned attempts together with
+  the next claim, one commit, capacity reserved so Running never exceeds the
+  worker's capacity;
+- :class:`~jobs.worker.finishing.Finisher` — one attempt's end written on its own,
+  and the record (counts, log, signal, event) of every end;
+- :class:`~jobs.worker.leases.LeaseKeeper` — heartbeat and cancellation watch;
+- :class:`~jobs.worker.timeouts.TimeoutWatch` — handlers past their timeout;
+- :class:`~jobs.worker.recovery.Recovery` — attempts of stopped workers;
+- :class:`~jobs.worker.shutdown.ShutdownSequence` — the graceful shutdown.
 
 Fault points (:func:`ledon.faults.fault_point`, for crash tests), each right after
 the commit it names or right before the next one:
@@ -40,7 +45,7 @@ the commit it names or right before the next one:
 
 from __future__ import annotations
 
-from .base import EventCallback, WorkerStats
 from .engine import Worker
+from .holdings import EventCallback, WorkerStats
 
 __all__ = ["EventCallback", "Worker", "WorkerStats"]

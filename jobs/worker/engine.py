@@ -1,8 +1,10 @@
-"""The worker's engine: configuration, the main loop, recovery and retention."""
+"""The worker: its configuration, the parts it is made of, and the main loop that
+drives them (heartbeat, cancellation checks, recovery, timeouts, retention, settles)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -11,17 +13,22 @@ from django.db import connections
 from django.utils import timezone
 
 from ledon.db import alias_for, is_postgres
-from ledon.engine import FAILED, StopLevel
-from ledon.faults import fault_point
+from ledon.engine import FAILED, Engine, StopLevel
 from ledon.registry import EngineRecord
 
 from .. import execution
 from ..conf import jobs_settings
 from ..models import Job
 from ..signals import send_logged, worker_started, worker_stopping
-from ..types import CancelReason, FinishOutcome
-from .base import EventCallback, WorkerStats
-from .shutdown import Shutdown
+from ..types import CancelReason, Claim
+from .finishing import Finisher
+from .holdings import EventCallback, Holdings, WorkerStats
+from .leases import LeaseKeeper
+from .recovery import Recovery
+from .settler import NOTHING_SETTLED, Settler
+from .shutdown import ShutdownSequence
+from .slots import Slots
+from .timeouts import TimeoutWatch
 
 logger = logging.getLogger(__name__)
 
@@ -29,19 +36,26 @@ logger = logging.getLogger(__name__)
 _PURGE_BATCH = 1000
 
 
-class Worker(Shutdown):
+class Worker(Engine):
     """Run jobs until stopped (or, with ``burst``, until nothing is due).
 
     ``run()`` blocks; ``stop()`` may be called from any thread (for signals, see
     :meth:`~ledon.engine.Engine.stop_on_signals`) and starts a graceful shutdown:
     claiming stops, running handlers get ``shutdown_timeout`` seconds to finish, then
     their cancellation signal is set, and after ``cancel_grace`` more seconds
-    whatever still runs is recovered and re-queued (J11). A handler that returns
-    because of the shutdown signal is re-queued, not completed. A second stop request
-    signals cancellation at once; a third stops waiting for handlers.
+    whatever still runs is recovered and re-queued. A handler that returns because
+    of the shutdown signal is re-queued, not completed. A second stop request signals
+    cancellation at once; a third stops waiting for handlers.
 
     ``started`` is set once the worker claims (its own leftovers recovered);
     ``stopping`` tells whether a stop was requested.
+
+    The worker is made of parts, each owning its state (see
+    ``docs/architecture.md``): :attr:`holdings` (the attempts it holds),
+    :attr:`slots` (handler threads, event loop, LISTEN), :attr:`settler` (finishes
+    in batches with the next claim), :attr:`finisher` (one attempt's end, and the
+    record of every end), :attr:`leases` (heartbeat and cancellation watch),
+    :attr:`timeouts`, :attr:`recovery` and :attr:`shutdown_sequence`.
     """
 
     kind = "worker"
@@ -75,9 +89,52 @@ class Worker(Shutdown):
         )
         super().__init__(alias=alias_for(Job), log=logger)
         self.listen = is_postgres(connections[self.alias]) if listen is None else listen
-        self._init_state()
-        # Whether this worker id's own leftovers were recovered (J11, at start-up).
-        self._own_recovered = False
+        self.stats = WorkerStats()
+        self.holdings = Holdings()
+        self.finisher = Finisher(self)
+        self.settler = Settler(self)
+        self.slots = Slots(self)
+        self.leases = LeaseKeeper(self)
+        self.timeouts = TimeoutWatch(self)
+        self.recovery = Recovery(self)
+        self.shutdown_sequence = ShutdownSequence(self)
+        self._stopping_sent = False
+
+    # ------------------------------------------------------------------ for the parts
+
+    def wake(self) -> None:
+        """End the main loop's current wait (there may be work)."""
+        self._wake.set()
+
+    def clear_wake(self) -> None:
+        self._wake.clear()
+
+    @property
+    def cancelling_event(self) -> threading.Event:
+        """Set once the stop level reached CANCEL."""
+        return self._cancelling
+
+    @property
+    def aborting_event(self) -> threading.Event:
+        """Set once the stop level reached ABORT."""
+        return self._aborting
+
+    def emit(self, event: str, claim: Claim | None = None, detail: str = "") -> None:
+        """Tell the event callback (``run_jobs`` prints it) about ``event``."""
+        if self.on_event is not None:
+            self.on_event(event, claim, detail)
+
+    def busy(self) -> bool:
+        """Whether an attempt is held (running, waiting to run, or returned and not
+        finished) or a settle is under way."""
+        return self.holdings.count() > 0 or self.settler.under_way()
+
+    @property
+    def running_tokens(self) -> list[str]:
+        return self.holdings.tokens()
+
+    def running_count(self) -> int:
+        return self.holdings.count()
 
     # ------------------------------------------------------------------ control
 
@@ -89,10 +146,8 @@ class Worker(Shutdown):
     def _stop_level_reached(self, level: StopLevel) -> None:
         if level >= StopLevel.CANCEL:
             # On the thread that asked: the main loop may be busy (or backing off).
-            with self._lock:
-                entries = list(self._running.values())
-            for entry in entries:
-                entry.ctx.signal_cancel(CancelReason.SHUTDOWN)
+            for held in self.holdings.entries():
+                held.ctx.signal_cancel(CancelReason.SHUTDOWN)
 
     def registry_record(self) -> EngineRecord:
         return EngineRecord(
@@ -105,7 +160,7 @@ class Worker(Shutdown):
     def report(self, event: str, detail: str = "") -> None:
         """Tell the worker's event callback about ``event`` (for work running beside
         the worker, such as saga recovery); ``run_jobs`` prints it."""
-        self._emit(event, None, detail)
+        self.emit(event, None, detail)
 
     # ------------------------------------------------------------------ main loop
 
@@ -116,31 +171,39 @@ class Worker(Shutdown):
             extra={"worker": self.worker_id, "queues": self.queues},
         )
         if not self.wait_for_database():
-            self._emit("stopped", None, self.stats.summary())
+            self.emit("stopped", None, self.stats.summary())
             return self.stats
-        self._start_threads()
+        self.slots.start()
         try:
             # This worker id's leftovers are recovered before it claims anything, or
             # the recovery would take its own new attempts too.
-            while not self._own_recovered and not self._stopping.is_set():
-                self._recover()
-                if not self._own_recovered:
+            while not self.recovery.own_recovered and not self.stopping:
+                self.recovery.recover()
+                if not self.recovery.own_recovered:
                     self.pause(self.settings.POLL_INTERVAL)
             send_logged(worker_started, Worker, "worker_started", log=logger, worker=self)
             self.started.set()
-            self._emit(
+            self.emit(
                 "started", None, f"queues={self.queues or 'all'} concurrency={self.concurrency}"
             )
             self._loop_until_stopped()
-            self._shutdown()
+            # What runs beside the worker (the scheduler) stops with the claiming,
+            # not after the handlers: nothing is enqueued during a graceful shutdown.
+            self._send_stopping()
+            self.shutdown_sequence.run()
         finally:
-            with self._lock:
-                self._settling = False
-            send_logged(worker_stopping, Worker, "worker_stopping", log=logger, worker=self)
-            self._stop_threads()
+            self.settler.stop_accepting()
+            self._send_stopping()
+            self.slots.stop()
             connections[self.alias].close()
-        self._emit("stopped", None, self.stats.summary())
+        self.emit("stopped", None, self.stats.summary())
         return self.stats
+
+    def _send_stopping(self) -> None:
+        """Send ``worker_stopping`` (once)."""
+        if not self._stopping_sent:
+            self._stopping_sent = True
+            send_logged(worker_stopping, Worker, "worker_stopping", log=logger, worker=self)
 
     def _loop_until_stopped(self) -> None:
         s = self.settings
@@ -149,49 +212,48 @@ class Worker(Shutdown):
         next_cancel_check = now + s.CANCEL_POLL_INTERVAL
         next_recovery = now + s.RECOVERY_INTERVAL
         next_cleanup = now  # retention runs once at start-up, then every interval
-        while not self._stopping.is_set():
+        while not self.stopping:
             self._wake.clear()
             now = time.monotonic()
             if self.outage.active:
                 # When the database comes back, renew the leases before anything else.
                 next_heartbeat = now
             if now >= next_heartbeat:
-                self._heartbeat()
+                self.leases.heartbeat()
                 next_heartbeat = now + s.HEARTBEAT_SECONDS
-            if self._claims_unknown and not self.backing_off:
-                self._recover_lost_claims()
-            if now >= next_cancel_check or self._check_cancel_now.is_set():
-                self._check_cancel_now.clear()
-                self._check_cancel()
+            if self.settler.claims_unknown and not self.backing_off:
+                self.recovery.recover_lost_claims()
+            if self.leases.check_due() or now >= next_cancel_check:
+                self.leases.check_cancel()
                 next_cancel_check = now + s.CANCEL_POLL_INTERVAL
             if now >= next_recovery:
-                self._recover()
+                self.recovery.recover()
                 next_recovery = now + s.RECOVERY_INTERVAL
-            next_timeout = self._enforce_timeouts()
+            next_timeout = self.timeouts.enforce()
             if s.RETENTION_SECONDS is not None and now >= next_cleanup:
                 more = self._clean_up(s.RETENTION_SECONDS)
                 # A long backlog goes one batch per pass, between heartbeats and claims.
                 next_cleanup = now if more else now + s.CLEANUP_INTERVAL
-            # The new claims are already on their way to the handler threads.
-            claims, asked = self._settle(claim=True) if not self.backing_off else ([], 0)
-            idle = not claims and not self._busy() and not self.backing_off
+            # The new claims are already on their way to the slots.
+            settled = NOTHING_SETTLED if self.backing_off else self.settler.settle(claim=True)
+            idle = not settled.claims and not self.busy() and not self.backing_off
             if self.burst and idle and not self._due_held_by_limits():
                 break
-            if claims and len(claims) == asked:
+            if settled.filled:
                 continue  # capacity was filled by a full batch: there may be more to take
             timeout = min(
                 s.POLL_INTERVAL,
                 max(next_heartbeat - now, 0.0),
                 max(next_recovery - now, 0.0),
-                max(next_cancel_check - now, 0.0) if self._running else s.POLL_INTERVAL,
+                max(next_cancel_check - now, 0.0) if self.holdings.count() else s.POLL_INTERVAL,
                 s.POLL_INTERVAL if next_timeout is None else next_timeout,
             )
             self.pause(max(timeout, 0.01))
 
     def _due_held_by_limits(self) -> bool:
         """Burst mode: are there due jobs in this worker's unpaused queues that only
-        limits (J18) keep from its claim? They are due, so a burst waits for them
-        (a slot frees, a rate window moves on); a paused queue's are not waited for."""
+        flow limits keep from its claim? They are due, so a burst waits for them (a
+        slot frees, a rate window moves on); a paused queue's are not waited for."""
         if not execution.claim_limits().for_queues(self.queues):
             return False  # without limits, a claim that took nothing leaves nothing due
         counts = self.guarded(
@@ -201,68 +263,6 @@ class Worker(Shutdown):
         if counts is FAILED:
             return True  # backing off; decided once the database answers
         return any(n for queue, n in counts.items() if not self.queues or queue in self.queues)
-
-    # ------------------------------------------------------------------ recovery
-
-    def _recover_lost_claims(self) -> None:
-        """After a claim failed on the database it may still have committed, its
-        answer lost with the connection: attempts leased by this worker that it does
-        not run. Recover (re-queue) them now instead of when their lease expires."""
-        with self._lock:
-            if self._settles:
-                return  # a settle is under way: next pass
-            self._settles += 1  # and none starts meanwhile
-            # No settle can claim until this one ends: what runs now is all there is.
-            held = set(self._running)
-
-        def recover() -> dict[str, FinishOutcome]:
-            return execution.recover_worker(
-                self.worker_id,
-                keep=held,
-                reason="recovered: claimed as the database failed; never run",
-                now=self.clock(),
-            )
-
-        try:
-            outcomes = self.guarded("recovering claims whose answer was lost", recover)
-        finally:
-            with self._lock:
-                self._settles -= 1
-        if outcomes is FAILED:
-            return
-        self._claims_unknown = False
-        if outcomes:
-            fault_point("jobs.worker.recovered", count=len(outcomes))
-            self.stats.recovered += len(outcomes)
-            self._emit("recovered", None, f"{len(outcomes)} claim(s) lost with the database")
-
-    def _recover(self) -> None:
-        """Recover attempts whose lease expired — and, the first time it succeeds,
-        this worker id's own leftovers of an earlier run (J11)."""
-
-        def recover() -> dict[str, FinishOutcome]:
-            outcomes: dict[str, FinishOutcome] = {}
-            if not self._own_recovered:
-                outcomes.update(execution.recover_worker(self.worker_id, now=self.clock()))
-                self._own_recovered = True
-            outcomes.update(execution.recover_expired(now=self.clock()))
-            # J18: the recorded starts that no rate window counts any more.
-            execution.prune_claim_starts(now=self.clock())
-            return outcomes
-
-        outcomes = self.guarded("recovering expired attempts", recover)
-        if outcomes is FAILED:
-            return
-        recovered = [t for t, o in outcomes.items() if o]
-        if recovered:
-            fault_point("jobs.worker.recovered", count=len(recovered))
-            self.stats.recovered += len(recovered)
-            self._emit("recovered", None, f"{len(recovered)} attempt(s) of stopped workers")
-            logger.warning(
-                "recovered %d attempt(s) whose worker stopped",
-                len(recovered),
-                extra={"worker": self.worker_id},
-            )
 
     # ------------------------------------------------------------------ retention
 
@@ -278,5 +278,5 @@ class Worker(Shutdown):
             return False
         if count:
             self.stats.purged += count
-            self._emit("purged", None, f"{count} finished job(s) past retention")
+            self.emit("purged", None, f"{count} finished job(s) past retention")
         return count == _PURGE_BATCH

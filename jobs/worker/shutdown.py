@@ -1,7 +1,12 @@
-"""The worker's graceful shutdown (J14): stop claiming, give the running handlers
-``shutdown_timeout`` seconds, then signal cancellation inside the process, wait
-``cancel_grace`` more seconds, and recover and re-queue whatever still runs (J11).
-A second stop request signals cancellation at once; a third stops waiting.
+"""The shutdown sequence: stop claiming, give back the claims no handler started,
+give the running handlers ``shutdown_timeout`` seconds, then signal cancellation
+inside the process, wait ``cancel_grace`` more seconds, and end whatever still runs.
+
+A handler that returns because of the shutdown signal has its claim released by its
+slot (the job Queued again, the attempt not counted): a routine deploy never uses up
+a job's attempts. A handler still running after the grace is recovered — Interrupted,
+and re-queued while attempts remain — as a stopped worker's would be. A second stop
+request signals cancellation at once; a third stops waiting.
 """
 
 from __future__ import annotations
@@ -9,76 +14,94 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from ledon.db import DATABASE_ERRORS
 from ledon.engine import StopLevel
 
 from .. import execution
-from ..signals import finished_attempt
-from .timeouts import Timeouts
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from .engine import Worker
+
+logger = logging.getLogger("jobs.worker")
+
+#: The reason stored on an attempt whose handler outlived the shutdown's grace.
+OUTLIVED = "worker shut down before the handler stopped"
 
 
-class Shutdown(Timeouts):
-    def _shutdown(self) -> None:
-        if not self._busy():
-            self._close_settling()
+class ShutdownSequence:
+    """What the worker does between a stop request and the end of ``run()``."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    def run(self) -> None:
+        worker = self._worker
+        self._give_back_waiting()
+        if not worker.busy():
+            worker.settler.close()
             return
-        self._emit("shutdown", None, f"waiting up to {self.shutdown_timeout}s for handlers")
-        if not self._wait_for_handlers(self.shutdown_timeout, until=self._cancelling):
+        worker.emit("shutdown", None, f"waiting up to {worker.shutdown_timeout}s for handlers")
+        if not self._wait_for_handlers(worker.shutdown_timeout, until=worker.cancelling_event):
             # Time is up (or a second stop request came): cancellation, at once.
-            self.escalate(StopLevel.CANCEL)
-            self._wait_for_handlers(self.cancel_grace, until=self._aborting)
-        self._close_settling()
-        with self._lock:
-            leftovers = list(self._running.values())
-            completed = {claim.token: result for claim, result in self._completed}
-        for entry in leftovers:
-            token = entry.claim.token
+            worker.escalate(StopLevel.CANCEL)
+            self._wait_for_handlers(worker.cancel_grace, until=worker.aborting_event)
+        worker.settler.close()
+        self._give_back_waiting()
+        self._end_leftovers()
+
+    def _give_back_waiting(self) -> None:
+        """Release the claims still waiting for a slot: no handler started them."""
+        for claim in self._worker.slots.take_waiting():
+            self._worker.slots.give_back(claim)
+
+    def _end_leftovers(self) -> None:
+        """End what is still held once the waiting is over: a success whose finish
+        failed on the database is completed; a handler still running is recovered."""
+        worker = self._worker
+        leftovers = worker.holdings.entries()
+        completed = worker.settler.completions()
+        for held in leftovers:
+            token = held.claim.token
             try:
                 if token in completed:
                     # Its handler returned, but the database failed when it was finished.
-                    outcome = execution.complete(token, completed[token], now=self.clock())
-                    self._record(entry.claim, "succeeded", outcome)
+                    outcome = execution.complete(token, completed[token], now=worker.clock())
+                    worker.finisher.record(held.claim, "succeeded", outcome)
                     continue
                 outcome = execution.recover(
-                    token,
-                    requeue=True,
-                    reason="worker shut down before the handler stopped",
-                    now=self.clock(),
+                    token, requeue=True, reason=OUTLIVED, now=worker.clock()
                 )
             except DATABASE_ERRORS as exc:
-                self.database_failed("re-queueing attempts at shutdown", exc)
+                worker.database_failed("ending attempts at shutdown", exc)
                 logger.warning(
                     "%d attempt(s) could not be finished or re-queued at shutdown; they are "
                     "recovered when their lease expires",
                     len(leftovers),
-                    extra={"worker": self.worker_id},
+                    extra={"worker": worker.worker_id},
                 )
                 return
-            self.stats.count(outcome)
-            finished_attempt(entry.claim, outcome, retry_scheduled=False)
-            self._emit("requeued", entry.claim, "handler did not stop in time")
+            worker.finisher.record(held.claim, "requeued", outcome, "handler did not stop in time")
 
     def _wait_for_handlers(self, seconds: float, *, until: threading.Event) -> bool:
         """Wait until no handler runs, renewing leases meanwhile; True if none runs,
         False when ``seconds`` passed or ``until`` was set first."""
+        worker = self._worker
         deadline = time.monotonic() + seconds
-        next_heartbeat = time.monotonic() + self.settings.HEARTBEAT_SECONDS
-        while self._busy():
-            if not self.backing_off:
-                self._settle(claim=False)
-            self._enforce_timeouts()
+        next_heartbeat = time.monotonic() + worker.settings.HEARTBEAT_SECONDS
+        while worker.busy():
+            if not worker.backing_off:
+                worker.settler.settle(claim=False)
+            worker.timeouts.enforce()
             now = time.monotonic()
             if now >= deadline or until.is_set():
                 return False
             if now >= next_heartbeat:
-                self._heartbeat()
-                next_heartbeat = now + self.settings.HEARTBEAT_SECONDS
-            self._wake.clear()
-            with self._lock:
-                idle = not self._completed
-            if (idle or self.backing_off) and self._busy():
-                self.pause(min(deadline - now, next_heartbeat - now, 0.5), until=until)
+                worker.leases.heartbeat()
+                next_heartbeat = now + worker.settings.HEARTBEAT_SECONDS
+            worker.clear_wake()
+            idle = not worker.settler.has_completions()
+            if (idle or worker.backing_off) and worker.busy():
+                worker.pause(min(deadline - now, next_heartbeat - now, 0.5), until=until)
         return True

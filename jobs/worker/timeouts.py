@@ -1,6 +1,6 @@
-"""Timeouts (J17): at its handler's timeout an attempt's cancellation signal is set,
-with ``CancelReason.TIMEOUT`` (an ``async def`` handler is cancelled on its loop);
-its lease is no longer renewed. If the handler has not returned
+"""The timeout watch: at its handler's timeout an attempt's cancellation signal is
+set, with ``CancelReason.TIMEOUT`` (an ``async def`` handler is cancelled on its
+loop); its lease is no longer renewed. If the handler has not returned
 ``JOBS["TIMEOUT_GRACE_SECONDS"]`` later, the worker fails the attempt with
 ``JobTimedOut`` (retried by the handler's policy), frees its slot at once and starts
 a fresh thread in its place: the abandoned thread is left to finish, and whatever it
@@ -11,63 +11,73 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from ledon.engine import FAILED
 from ledon.faults import fault_point
 
 from ..attempts import timed_out
 from ..types import CancelReason
-from .base import Running
-from .threads import HandlerThreads
+from .holdings import HeldAttempt
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from .engine import Worker
+
+logger = logging.getLogger("jobs.worker")
 
 
-class Timeouts(HandlerThreads):
-    def _enforce_timeouts(self) -> float | None:
+class TimeoutWatch:
+    """Signals handlers past their timeout and abandons those past its grace."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._holdings = worker.holdings
+
+    def enforce(self) -> float | None:
         """Signal the handlers past their timeout and abandon those past its grace;
         returns the seconds until the next such moment (None: none is pending)."""
         now = time.monotonic()
-        grace = self.settings.TIMEOUT_GRACE_SECONDS
+        grace = self._worker.settings.TIMEOUT_GRACE_SECONDS
         signal, abandon = [], []
         next_at: float | None = None
-        with self._lock:
-            for entry in self._running.values():
-                if entry.deadline is None or entry.returned:
+        with self._holdings.lock:
+            for held in self._holdings.entries_locked():
+                if held.deadline is None or held.returned:
                     continue
-                if not entry.ctx.timed_out:
-                    if now >= entry.deadline:
-                        signal.append(entry)
+                if not held.ctx.timed_out:
+                    if now >= held.deadline:
+                        signal.append(held)
                     else:
-                        next_at = _earliest(next_at, entry.deadline)
+                        next_at = _earliest(next_at, held.deadline)
                         continue
-                if now >= entry.deadline + grace:
-                    entry.abandoned = True  # from here on its thread writes nothing
-                    abandon.append(entry)
+                if now >= held.deadline + grace:
+                    held.abandoned = True  # from here on its thread writes nothing
+                    abandon.append(held)
                 else:
-                    next_at = _earliest(next_at, entry.deadline + grace)
-        for entry in signal:
-            self._emit("timed-out", entry.claim, "signalled to stop (timeout)")
-            entry.ctx.signal_cancel(CancelReason.TIMEOUT)
-        for entry in abandon:
-            self._abandon(entry)
+                    next_at = _earliest(next_at, held.deadline + grace)
+        for held in signal:
+            self._worker.emit("timed-out", held.claim, "signalled to stop (timeout)")
+            held.ctx.signal_cancel(CancelReason.TIMEOUT)
+        for held in abandon:
+            self._abandon(held)
         return None if next_at is None else max(next_at - now, 0.0)
 
-    def _abandon(self, entry: Running) -> None:
+    def _abandon(self, held: HeldAttempt) -> None:
         """Fail the attempt with ``JobTimedOut`` and give its slot to a fresh thread.
         If the database fails, the next pass tries again (the lease, no longer
         renewed, lets another worker recover it meanwhile)."""
-        claim = entry.claim
-        assert entry.spec is not None
-        end = timed_out(entry.spec, entry.ctx, self.clock(), abandoned=True)
-        outcome = self.guarded(
+        worker = self._worker
+        claim = held.claim
+        assert held.spec is not None
+        end = timed_out(held.spec, held.ctx, worker.clock(), abandoned=True)
+        outcome = worker.guarded(
             f"failing timed-out job {claim.job_id}",
-            lambda: end.write(claim.token, now=self.clock()),
+            lambda: end.write(claim.token, now=worker.clock()),
         )
         if outcome is FAILED:
-            with self._lock:
-                entry.abandoned = False
-                entry.returned = False
+            with self._holdings.lock:
+                held.abandoned = False
+                held.returned = False
             return
         fault_point("jobs.worker.finished", job_id=claim.job_id, outcome=outcome.value)
         logger.warning(
@@ -75,12 +85,10 @@ class Timeouts(HandlerThreads):
             claim.job_id,
             extra={"job_id": claim.job_id, "attempt": claim.attempt},
         )
-        with self._lock:
-            if entry.thread is not None and entry.thread in self._threads:
-                self._threads.remove(entry.thread)
-        self._release(claim)
-        self._record(claim, "failed", outcome, end.detail)
-        self._spawn_thread()
+        worker.slots.retire(held.thread)
+        worker.slots.release(claim)
+        worker.finisher.record(claim, "failed", outcome, end.detail)
+        worker.slots.spawn()
 
 
 def _earliest(current: float | None, candidate: float) -> float:

@@ -210,12 +210,14 @@ class TestWorkerInProcess:
 
         submit_job(SCOPE, "s", JobSubmission.create("w.stubborn", max_attempts=2))
         worker = Worker(listen=False, shutdown_timeout=0, cancel_grace=0.05)
-        original_finish = worker._finish
+        original_finish = worker.finisher.finish
 
         def recording_finish(claim, event, call, detail=""):
-            original_finish(claim, event, lambda: finished.append(call()) or finished[-1], detail)
+            return original_finish(
+                claim, event, lambda: finished.append(call()) or finished[-1], detail
+            )
 
-        worker._finish = recording_finish
+        worker.finisher.finish = recording_finish
         thread = threading.Thread(target=worker.run)
         thread.start()
         assert started.wait(30)
@@ -227,21 +229,27 @@ class TestWorkerInProcess:
         assert snap.attempts[0].status == AttemptStatus.INTERRUPTED
         # The handler now returns; its token has ended, so its result changes nothing.
         release.set()
-        worker._threads[0].join(30)
+        worker.slots.threads[0].join(30)
         assert finished == [FinishOutcome.STALE]
         assert JobScope(SCOPE).get("s").status == JobStatus.QUEUED
 
-    def test_handler_that_returns_because_of_shutdown_is_requeued_not_completed(self, handler):
+    def test_handler_that_returns_because_of_shutdown_is_released_not_completed(self, handler):
+        """With the default single attempt: the shutdown gives the claim back, so the
+        job is Queued again with its attempt unused, never final with its work undone."""
         started = threading.Event()
+        ran: list[int] = []
 
         @handler("w.polite")
         def run(ctx):
+            ran.append(ctx.attempt)
+            if len(ran) > 1:
+                return "done"
             started.set()
             ctx.wait_for_cancel(30)
             assert ctx.shutdown_requested
             return "stopped early"
 
-        submit_job(SCOPE, "polite", JobSubmission.create("w.polite", max_attempts=2))
+        submit_job(SCOPE, "polite", JobSubmission.create("w.polite"))
         worker = Worker(listen=False, shutdown_timeout=0, cancel_grace=10)
         thread = threading.Thread(target=worker.run)
         thread.start()
@@ -251,7 +259,15 @@ class TestWorkerInProcess:
         snap = JobScope(SCOPE).get("polite")
         assert snap.status == JobStatus.QUEUED
         assert snap.result_ref is None
-        assert worker.stats.requeued == 1
+        assert snap.attempt_count == 0
+        assert [a.status for a in snap.attempts] == [AttemptStatus.RELEASED]
+        assert (worker.stats.released, worker.stats.requeued, worker.stats.interrupted) == (1, 0, 0)
+        # The next worker runs it as the job's first attempt again.
+        run_burst()
+        snap = JobScope(SCOPE).get("polite")
+        assert snap.status == JobStatus.SUCCEEDED
+        assert ran == [1, 1]
+        assert [a.number for a in snap.attempts] == [1, 2]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -279,8 +295,8 @@ def test_j14_postgres_notify_wakes_an_idle_worker(handler, settings):
     thread.start()
     try:
         assert worker.started.wait(30)
-        assert worker._listener is not None
-        assert worker._listener.ready.wait(30)
+        assert worker.slots.listener is not None
+        assert worker.slots.listener.ready.wait(30)
         submit_job(SCOPE, "wake", JobSubmission.create("w.notify"))
         assert ran.wait(10), "the worker was not woken by NOTIFY"
     finally:

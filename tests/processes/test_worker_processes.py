@@ -186,7 +186,7 @@ def test_j14_second_worker_never_robs_a_running_one(workers, tmp_path: Path):
 
 
 @pytest.mark.parametrize("obey", [True, False], ids=["handler-stops", "handler-ignores-signal"])
-def test_j14_sigterm_requeues_running_job_and_next_worker_finishes_it(workers, tmp_path, obey):
+def test_j14_sigterm_gives_back_running_job_and_next_worker_finishes_it(workers, tmp_path, obey):
     hold, started = tmp_path / "release", tmp_path / "started"
     payload = {"hold_file": str(hold), "started_file": str(started), "obey_cancel": obey}
     submit_job(SCOPE, "long", JobSubmission.create("test.record", payload, max_attempts=3))
@@ -197,7 +197,11 @@ def test_j14_sigterm_requeues_running_job_and_next_worker_finishes_it(workers, t
     assert first.wait() == 0
     job = Job.objects.get(job_id="long")
     assert job.status == JobStatus.QUEUED, first.output
-    assert list(job.attempts.values_list("status", flat=True)) == [AttemptStatus.INTERRUPTED]
+    # A handler that stopped on the shutdown's signal is given back, its attempt
+    # unused; one that outlived the grace is interrupted (and re-queued: attempts left).
+    ended = AttemptStatus.RELEASED if obey else AttemptStatus.INTERRUPTED
+    assert list(job.attempts.values_list("status", flat=True)) == [ended]
+    assert job.attempt_count == (0 if obey else 1)
 
     hold.touch()
     second = workers("--worker-id", "second", "--burst", env=env)
@@ -205,10 +209,10 @@ def test_j14_sigterm_requeues_running_job_and_next_worker_finishes_it(workers, t
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED
     assert list(job.attempts.values_list("number", "status", "worker_id")) == [
-        (1, AttemptStatus.INTERRUPTED, "first"),
+        (1, ended, "first"),
         (2, AttemptStatus.SUCCEEDED, "second"),
     ]
-    assert list(WorkLog.objects.values_list("attempt", flat=True)) == [2]
+    assert list(WorkLog.objects.values_list("attempt", flat=True)) == [1 if obey else 2]
 
 
 def test_j14_cancelling_a_running_job_reaches_the_handler(workers):

@@ -1,0 +1,89 @@
+"""Recovery: re-queue the attempts whose worker stopped (expired leases), this
+worker id's leftovers of an earlier run (at start-up, before it claims), and claims
+that may have committed while the database failed with their answer lost."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ledon.engine import FAILED
+from ledon.faults import fault_point
+
+from .. import execution
+from ..types import FinishOutcome
+
+if TYPE_CHECKING:
+    from .engine import Worker
+
+logger = logging.getLogger("jobs.worker")
+
+
+class Recovery:
+    """Recovers attempts no worker runs any more."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        #: Whether this worker id's own leftovers were recovered (once, at start-up).
+        self.own_recovered = False
+
+    def recover(self) -> None:
+        """Recover attempts whose lease expired — and, the first time it succeeds,
+        this worker id's own leftovers of an earlier run."""
+        worker = self._worker
+
+        def recover() -> dict[str, FinishOutcome]:
+            outcomes: dict[str, FinishOutcome] = {}
+            if not self.own_recovered:
+                outcomes.update(execution.recover_worker(worker.worker_id, now=worker.clock()))
+                self.own_recovered = True
+            outcomes.update(execution.recover_expired(now=worker.clock()))
+            # The recorded starts that no rate window counts any more.
+            execution.prune_claim_starts(now=worker.clock())
+            return outcomes
+
+        outcomes = worker.guarded("recovering expired attempts", recover)
+        if outcomes is FAILED:
+            return
+        recovered = [t for t, o in outcomes.items() if o]
+        if recovered:
+            fault_point("jobs.worker.recovered", count=len(recovered))
+            worker.stats.recovered += len(recovered)
+            worker.emit("recovered", None, f"{len(recovered)} attempt(s) of stopped workers")
+            # The event above is what run_jobs prints; the log line is for log
+            # collectors, at INFO so that the console does not say it twice.
+            logger.info(
+                "recovered %d attempt(s) whose worker stopped",
+                len(recovered),
+                extra={"worker": worker.worker_id},
+            )
+
+    def recover_lost_claims(self) -> None:
+        """After a claim failed on the database it may still have committed, its
+        answer lost with the connection: attempts leased by this worker that it does
+        not hold. Recover (re-queue) them now instead of when their lease expires."""
+        worker = self._worker
+        if not worker.settler.exclusive():
+            return  # a settle is under way: next pass
+        try:
+            # No settle can claim until this one ends: what is held now is all there is.
+            held = set(worker.holdings.tokens())
+
+            def recover() -> dict[str, FinishOutcome]:
+                return execution.recover_worker(
+                    worker.worker_id,
+                    keep=held,
+                    reason="recovered: claimed as the database failed; never run",
+                    now=worker.clock(),
+                )
+
+            outcomes = worker.guarded("recovering claims whose answer was lost", recover)
+        finally:
+            worker.settler.end_exclusive()
+        if outcomes is FAILED:
+            return
+        worker.settler.claims_unknown = False
+        if outcomes:
+            fault_point("jobs.worker.recovered", count=len(outcomes))
+            worker.stats.recovered += len(outcomes)
+            worker.emit("recovered", None, f"{len(outcomes)} claim(s) lost with the database")
