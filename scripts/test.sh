@@ -28,8 +28,8 @@ PY="$VENV/bin/python"
 # (marked slow), on SQLite and on PostgreSQL. It leaves out three tests that start
 # no process and exercise no Django or Python difference the rest misses
 # (docs/compatibility.md): the admin's browser test, the benchmarks' smoke test, and
-# the plan test at a million rows (tests/ledon/test_monitoring_cost.py: PostgreSQL's
-# plans of the monitoring queries, whose SQL is the same on every supported Django;
+# the plan test at a million rows (tests/ledon/test_observability_cost.py: PostgreSQL's
+# plans of the observability queries, whose SQL is the same on every supported Django;
 # loading its three million rows is a minute of the server's CPU). Its SIGTERM
 # soaks stop each engine fewer times (CORE_SOAK_RUNS). On a "core" leg the jobs-alone test
 # (tests/jobs/test_jobs_alone.py, a pytest of its own with outbox and sagas not
@@ -51,7 +51,7 @@ LEGS=(
 CORE_DESELECT=(
     --ignore=tests/test_admin_browser.py
     --ignore=tests/test_bench_smoke.py
-    --ignore=tests/ledon/test_monitoring_cost.py
+    --ignore=tests/ledon/test_observability_cost.py
 )
 # The SIGTERM soaks of tests/processes/test_engine_processes.py on a "core" leg: 25 runs of
 # run_jobs (10 of the outbox's and of the sagas' engines), against 100 (and 40) on

@@ -4,7 +4,7 @@ Each is one query that an index answers however much finished history the table
 holds: the Queued and Running rows are read through the partial indexes that claiming
 and finishing already keep (``jobs_job_due_idx``, ``jobs_job_current_token``), the last
 hour's finished jobs through ``jobs_job_finished_idx``, workers and schedules are small
-tables. :func:`queries` lists them for the EXPLAIN test (``tests/test_monitoring_cost``).
+tables. :func:`queries` lists them for the EXPLAIN test (``tests/ledon/test_observability_cost``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from benchmarks.observability import live_rows, load_history
 from jobs.observability import reads
-from outbox import monitoring as outbox_monitoring
-from sagas import monitoring as sagas_monitoring
+from outbox.observability import reads as outbox_reads
+from sagas.observability import reads as sagas_reads
 
 pytestmark = [
     pytest.mark.postgres_only,
@@ -45,8 +45,8 @@ def test_every_gauge_and_dashboard_query_uses_an_index_at_a_million_rows():
     now = timezone.now()
     queries = [
         *reads.queries(now),
-        *outbox_monitoring.queries(),
-        *sagas_monitoring.queries(),
+        *outbox_reads.queries(),
+        *sagas_reads.queries(),
     ]
     assert sorted(name for name, _ in queries) == sorted(EXPECTED)
     for name, queryset in queries:
@@ -57,4 +57,4 @@ def test_every_gauge_and_dashboard_query_uses_an_index_at_a_million_rows():
     states = {s.queue: s for s in reads.queue_states(now)}
     assert sum(s.queued for s in states.values()) == 180
     assert sum(s.running for s in states.values()) == 20
-    assert outbox_monitoring.backlog().pending == 200
+    assert outbox_reads.backlog().pending == 200
