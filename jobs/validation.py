@@ -113,7 +113,9 @@ def integer(value: object, what: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidSubmission(f"{what} must be an int, not {type(value).__name__}")
     if not low <= value <= high:
-        raise InvalidSubmission(f"{what} must be between {low} and {high}, got {value}")
+        # A huge int cannot even be printed (Python's digit limit): say its size.
+        got = value if value.bit_length() <= 64 else f"an int of {value.bit_length()} bits"
+        raise InvalidSubmission(f"{what} must be between {low} and {high}, got {got}")
     return value
 
 
@@ -123,7 +125,11 @@ def aware_utc(value: object, what: str) -> datetime:
         raise InvalidSubmission(f"{what} must be a datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidSubmission(f"{what} must be timezone-aware (UTC is used throughout)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        # datetime.max at a negative offset is past year 9999 in UTC.
+        raise InvalidSubmission(f"{what} {value.isoformat()} is out of range in UTC") from None
 
 
 def optional_aware_utc(value: object, what: str) -> datetime | None:

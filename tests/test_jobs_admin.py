@@ -266,9 +266,10 @@ def test_retry_action_requeues_and_lists_refusals(admin_client: Client) -> None:
 
     messages = run_action(admin_client, "retry_jobs", "retry-me", "still-running", "exhausted")
 
-    assert messages[0] == "1 re-queued, 2 refused."
-    assert sorted(messages[1:]) == [
-        "Job 'exhausted' has no attempts left (1 of 1 used).",
+    assert messages[0] == (
+        "2 re-queued (1 with one extra attempt granted, having used all of theirs), 1 refused."
+    )
+    assert messages[1:] == [
         "Job 'still-running' is running; only failed, cancelled or interrupted jobs "
         "can be retried.",
     ]
@@ -278,7 +279,10 @@ def test_retry_action_requeues_and_lists_refusals(admin_client: Client) -> None:
     assert requeued.attempt_count == 1
     assert JobAttempt.objects.filter(job=requeued).count() == 1  # earlier attempts stay
     assert job("still-running").status == JobStatus.RUNNING
-    assert job("exhausted").status == JobStatus.FAILED
+    # The operator's retry is the grant of one more attempt to a job that used its own.
+    exhausted = job("exhausted")
+    assert (exhausted.status, exhausted.max_attempts) == (JobStatus.QUEUED, 2)
+    assert job("retry-me").max_attempts == 3
 
 
 def test_retry_action_requeues_a_job_cancelled_while_queued(admin_client: Client) -> None:
