@@ -174,7 +174,8 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
-        """Job ids by substring; scopes exactly, by hash or as the caller names them."""
+        """Job ids by substring; scopes exactly, by hash or as the caller names them
+        (the tenant of that name and the library's reserved scope of that name)."""
         found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
         term = search_term.strip()
         if not term:
@@ -185,6 +186,7 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
                 hashes.add(validation.validate_scope_hash(term.lower()))
         with contextlib.suppress(InvalidInput):
             hashes.add(validation.scope_hash(term))
+            hashes.add(validation.reserved_scope_hash(term))
         return found | queryset.filter(scope_hash__in=hashes), may_have_duplicates
 
     # ------------------------------------------------------------------ actions

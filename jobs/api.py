@@ -80,6 +80,14 @@ class JobScope:
     def __init__(self, scope: str) -> None:
         self.scope_hash = validation.scope_hash(scope)
 
+    @classmethod
+    def _of_hash(cls, scope_hash: str) -> JobScope:
+        """The scope whose hash is ``scope_hash``: for trusted code only
+        (:func:`jobs.execution.reserved_scope`), never for a caller's string."""
+        scope = cls.__new__(cls)
+        scope.scope_hash = validation.validate_scope_hash(scope_hash)
+        return scope
+
     def __repr__(self) -> str:
         return f"<JobScope {self.scope_hash[:12]}…>"
 

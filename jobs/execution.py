@@ -19,6 +19,7 @@ from django.db.models import Count
 from ledon.db import connection_for
 
 from . import store, validation
+from .api import JobScope
 from .conf import queue_limits
 from .handlers import handler_limits
 from .limits import ClaimLimits
@@ -55,6 +56,7 @@ __all__ = [
     "recover_expired",
     "recover_worker",
     "report_progress",
+    "reserved_scope",
     "resume_queue",
     "snooze",
     "try_start",
@@ -313,6 +315,17 @@ def recover_worker(
         for token in store.tokens_leased_by(worker_id)
         if token not in keep
     }
+
+
+def reserved_scope(name: str) -> JobScope:
+    """The reserved scope ``name``: where the library keeps its own jobs (schedules in
+    ``JOBS["SCHEDULE_SCOPE"]``, the ``django.tasks`` backend in its ``OPTIONS["SCOPE"]``).
+
+    It hashes in a namespace of its own, so ``JobScope(name)`` is the tenant ``name``
+    and can never read, cancel or retry these jobs; trusted code (admin, commands,
+    tests) reaches them through this. Raises ``InvalidScope`` for a bad name.
+    """
+    return JobScope._of_hash(validation.reserved_scope_hash(name))
 
 
 def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:

@@ -34,17 +34,33 @@ def _is_strict_utf8(value: str) -> bool:
     return ledon_validation.lone_surrogate(value) is None
 
 
+#: What a reserved scope's name is hashed after. A tenant's scope can never hold a NUL
+#: (it is refused as a control character), so no tenant string hashes the same bytes:
+#: the library's own jobs live in a namespace of their own.
+_RESERVED_NAMESPACE = b"ledon\x00reserved-scope\x00"
+
+
+def _checked_scope(scope: object) -> bytes:
+    # The job id's rule: a NUL or a newline in a key is a bug upstream, never a tenant.
+    scope = ledon_validation.text(scope, "scope", max_length=MAX_SCOPE_LENGTH, error=InvalidScope)
+    return scope.encode("utf-8", "strict")
+
+
 def scope_hash(scope: object) -> str:
-    """SHA-256 (hex) of the scope's strict UTF-8 bytes.
+    """SHA-256 (hex) of a tenant scope's strict UTF-8 bytes.
 
     Case and every code point count: "Owner" and "owner" are different scopes. A
     scope with a lone surrogate is rejected, never replaced, so that distinct bad
     inputs cannot fold onto one scope.
     """
-    # The job id's rule: a NUL or a newline in a key is a bug upstream, never a tenant.
-    scope = ledon_validation.text(scope, "scope", max_length=MAX_SCOPE_LENGTH, error=InvalidScope)
-    data = scope.encode("utf-8", "strict")
-    return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(_checked_scope(scope)).hexdigest()
+
+
+def reserved_scope_hash(name: object) -> str:
+    """SHA-256 (hex) of a reserved scope: the library's own jobs (schedules, the
+    ``django.tasks`` backend, workflows) under ``name``, hashed in a namespace no
+    tenant scope reaches, so ``JobScope(name)`` is the tenant ``name``, never these."""
+    return hashlib.sha256(_RESERVED_NAMESPACE + _checked_scope(name)).hexdigest()
 
 
 def validate_scope_hash(value: object) -> str:

@@ -173,6 +173,12 @@ def test_search_by_job_id_scope_hash_and_scope(admin_client: Client) -> None:
     assert listed(admin_client, q=other_hash[:20]) == set()
 
 
+def test_search_by_a_scope_name_finds_the_reserved_scope_of_that_name(admin_client) -> None:
+    execution.reserved_scope("periodic").submit("nightly@1", JobSubmission.create("x.y"))
+    submit("tenant-job", scope="periodic")
+    assert listed(admin_client, q="periodic") == {"nightly@1", "tenant-job"}
+
+
 # --------------------------------------------------------------------------- job page
 
 

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 from schedules_support import period_jobs, row, schedules  # noqa: F401  (fixture)
 
-from jobs import JobScope, execution, periodic
+from jobs import execution, periodic
 from jobs.models import Job
 from jobs.schedules import registry, service
 
@@ -80,7 +80,7 @@ def test_pause_resume_and_run_now_go_through_the_store(admin_client: Client):
     assert manual.startswith("hourly@manual-")
     assert message == f"1 run started: {manual}."
     assert row("hourly").last_job_id == manual
-    assert JobScope("periodic").get(manual) is not None
+    assert execution.reserved_scope("periodic").get(manual) is not None
 
 
 @pytest.mark.usefixtures("declared")

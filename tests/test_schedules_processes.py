@@ -17,7 +17,7 @@ import test_worker_processes
 from procs import wait_until
 from schedules_support import period_jobs, row, schedules  # noqa: F401  (fixture)
 
-from jobs import JobScope, JobStatus, execution, periodic
+from jobs import JobStatus, execution, periodic
 from jobs.schedules import store as schedule_store
 from jobs.schedules.timetable import job_id_time
 
@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.slow,
 ]
 
-PERIODIC = JobScope("periodic")
+PERIODIC = execution.reserved_scope("periodic")
 
 worker_processes = test_worker_processes.workers  # a fixture: run_jobs processes
 

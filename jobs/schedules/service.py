@@ -65,8 +65,9 @@ class EnqueuePass:
 
 
 def scope_hash() -> str:
-    """The scope hash of every period's job (``JOBS["SCHEDULE_SCOPE"]``)."""
-    return validation.scope_hash(jobs_settings().SCHEDULE_SCOPE)
+    """The scope hash of every period's job: the reserved scope
+    ``JOBS["SCHEDULE_SCOPE"]``, which no tenant's ``JobScope`` reaches."""
+    return validation.reserved_scope_hash(jobs_settings().SCHEDULE_SCOPE)
 
 
 def due_periods(spec: ScheduleSpec, next_run_at: datetime, now: datetime) -> list[datetime]:
