@@ -81,11 +81,11 @@ class JobScope:
         self.scope_hash = validation.scope_hash(scope)
 
     @classmethod
-    def _of_hash(cls, scope_hash: str) -> JobScope:
-        """The scope whose hash is ``scope_hash``: for trusted code only
-        (:func:`jobs.execution.reserved_scope`), never for a caller's string."""
+    def _reserved(cls, name: str) -> JobScope:
+        """The library's reserved scope ``name``: for trusted code only, through
+        :func:`jobs.execution.reserved_scope`; never for a caller's string."""
         scope = cls.__new__(cls)
-        scope.scope_hash = validation.validate_scope_hash(scope_hash)
+        scope.scope_hash = validation.reserved_scope_hash(name)
         return scope
 
     def __repr__(self) -> str:

@@ -46,10 +46,10 @@ class JobsSettings:
     #: pooler, an alias that connects to the same database directly (a pooled alias
     #: cannot LISTEN: workers then only poll, and check ``jobs.W001`` says so).
     LISTEN_DATABASE: str | None = None
-    #: Retention: seconds finished jobs (and their attempts) are kept; None keeps
-    #: them forever. Workers delete older ones every CLEANUP_INTERVAL seconds;
-    #: ``manage.py purge_jobs`` does it on demand.
-    RETENTION_SECONDS: float | None = None
+    #: Retention: seconds finished jobs (and their attempts) are kept, 14 days by
+    #: default; None keeps them forever. Workers delete older ones every
+    #: CLEANUP_INTERVAL seconds; ``manage.py purge_jobs`` does it on demand.
+    RETENTION_SECONDS: float | None = 14 * 86_400.0
     CLEANUP_INTERVAL: float = 300.0
     #: PostgreSQL: run the hot statements (a single submit, the worker's claim and
     #: finish) as server-side prepared statements, planned once per connection. Turn

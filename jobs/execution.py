@@ -325,7 +325,7 @@ def reserved_scope(name: str) -> JobScope:
     and can never read, cancel or retry these jobs; trusted code (admin, commands,
     tests) reaches them through this. Raises ``InvalidScope`` for a bad name.
     """
-    return JobScope._of_hash(validation.reserved_scope_hash(name))
+    return JobScope._reserved(name)
 
 
 def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:

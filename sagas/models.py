@@ -85,6 +85,12 @@ class SagaInstance(models.Model):
                 name="sagas_instance_claimable",
             ),
             models.Index(fields=["status", "name"], name="sagas_instance_status"),
+            # Retention reads finished instances oldest first, never the active ones.
+            models.Index(
+                fields=["finished_at"],
+                condition=Q(status__in=["succeeded", "compensated"]),
+                name="sagas_instance_finished",
+            ),
         ]
 
     def __str__(self) -> str:

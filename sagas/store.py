@@ -19,6 +19,8 @@ lease renewal moves the version on, which fences off any writer that read before
     compensation gave up . COMPENSATING -> FAILED (needs attention)             give_up
     retry compensation ... FAILED -> COMPENSATING (leased to me)                reopen
     stop driving ......... leased to me -> lease released                       release
+    retention ............ SUCCEEDED | COMPENSATED, finished before a cutoff
+                           -> (deleted)                                         purge_finished
 
 ``complete_step`` and ``record_compensation`` run inside the step's own transaction,
 so the completion mark commits with the step's work or not at all.
@@ -38,6 +40,7 @@ from django.utils import timezone
 
 from ledon.db import alias_for
 from ledon.errors import MAX_ERROR_LENGTH
+from ledon.retention import delete_oldest
 from ledon.rows import from_row
 
 from . import validation
@@ -392,3 +395,13 @@ def release(state: SagaSnapshot, owner: str, *, now: datetime | None = None) -> 
         leased_until=None,
         takeovers=F("takeovers"),
     )
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:
+    """Retention: delete up to ``limit`` Succeeded or Compensated instances that
+    finished before ``older_than``, oldest first; returns how many. Running,
+    compensating and failed (needs attention) instances are never touched."""
+    return delete_oldest(_rows().finished(), "finished_at", older_than, limit, error=InvalidInput)

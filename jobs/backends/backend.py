@@ -195,9 +195,11 @@ class JobsBackend(BaseTaskBackend):
     def job_scope(self) -> JobScope:
         """The reserved scope of this backend's task results (``OPTIONS["SCOPE"]``):
         no tenant's ``JobScope`` reaches them."""
-        from ..execution import reserved_scope  # the models: see enqueue()
+        # What execution.reserved_scope returns; that module imports the schedules,
+        # which import this backend's registry.
+        from ..api import JobScope  # the models: see enqueue()
 
-        return reserved_scope(self.scope)
+        return JobScope._reserved(self.scope)
 
     def _snapshot(self, result_id: object) -> JobSnapshot:
         if not isinstance(result_id, str):
