@@ -20,7 +20,7 @@ from ledon.db import connection_for
 
 from . import store, validation
 from .api import JobScope
-from .conf import queue_limits
+from .conf import jobs_settings, queue_limits
 from .handlers import handler_limits
 from .limits import ClaimLimits
 from .models import ClaimStart, Job
@@ -216,11 +216,21 @@ def put_back_unknown_handler(
     return store.put_back_unknown_handler(token, reason, now=now)
 
 
-def snooze(token: str, run_at: datetime, *, now: datetime | None = None) -> FinishOutcome:
+def snooze(
+    token: str,
+    run_at: datetime,
+    *,
+    max_snoozes: int | None = None,
+    now: datetime | None = None,
+) -> FinishOutcome:
     """J17: the handler raised ``Snooze``: the job is Queued again at ``run_at`` and the
     execution, recorded Snoozed, does not count against ``max_attempts``
-    (``SNOOZED``); Cancelled if its cancel was requested first."""
-    return store.snooze(token, run_at, now=now)
+    (``SNOOZED``); Cancelled if its cancel was requested first. A job that snoozed
+    ``max_snoozes`` times already (default ``JOBS["MAX_SNOOZES"]``; the handler's
+    own with ``@job_handler(max_snoozes=…)``) ends Failed naming the bound."""
+    if max_snoozes is None:
+        max_snoozes = jobs_settings().MAX_SNOOZES
+    return store.snooze(token, run_at, max_snoozes=max_snoozes, now=now)
 
 
 def pause_queue(name: str, *, now: datetime | None = None) -> bool:

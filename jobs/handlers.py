@@ -85,6 +85,13 @@ class HandlerSpec:
     timeout: float | _Unset | None = field(default=_DEFAULT_TIMEOUT)
     #: J18: limits across every worker, for every version of this handler name.
     limits: Limits = field(default_factory=Limits)
+    #: J17: snoozes a job may take before its next one fails (None:
+    #: ``JOBS["MAX_SNOOZES"]``).
+    max_snoozes: int | None = field(default=None)
+
+    def snooze_limit(self) -> int:
+        """The snoozes a job of this handler may take (``max_snoozes`` or the setting)."""
+        return jobs_settings().MAX_SNOOZES if self.max_snoozes is None else self.max_snoozes
 
     def retry_policy(self) -> RetryPolicy:
         return self.retry or RetryPolicy.from_settings()
@@ -158,6 +165,7 @@ def job_handler(
     max_running: int | None = None,
     max_running_per_scope: int | None = None,
     rate: tuple[int, float] | None = None,
+    max_snoozes: int | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register a function as the handler of ``name`` at ``version``.
 
@@ -176,6 +184,10 @@ def job_handler(
     limit this handler name (all its versions) across every worker: Running
     attempts at once, the same per scope, and attempt starts in any window of
     ``seconds``. Jobs over a limit stay Queued; claims take others past them.
+
+    ``max_snoozes``: times a job may ``raise Snooze`` over its life; the attempt
+    that asks once more ends Failed naming the bound. Default:
+    ``JOBS["MAX_SNOOZES"]``.
     """
     validation.name(name, "handler")
     validation.integer(version, "version", 1, 2**31 - 1)
@@ -187,6 +199,15 @@ def job_handler(
             )
         timeout = float(timeout)
     limits = Limits(max_running=max_running, max_running_per_scope=max_running_per_scope, rate=rate)
+    if max_snoozes is not None and (
+        isinstance(max_snoozes, bool)
+        or not isinstance(max_snoozes, int)
+        or not 0 <= max_snoozes <= 1_000_000
+    ):
+        raise JobsConfigurationError(
+            f"handler {name!r}: max_snoozes must be None or an int from 0 to 1000000, "
+            f"got {max_snoozes!r}"
+        )
 
     def decorator(func: Handler) -> Handler:
         spec = HandlerSpec(
@@ -198,6 +219,7 @@ def job_handler(
             format_error,
             timeout,
             limits,
+            max_snoozes,
         )
         key = (name, version)
         with _lock:

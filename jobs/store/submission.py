@@ -41,6 +41,7 @@ from .telemetry import observed_submission
 _NEW_JOB_CONSTANTS: dict[str, Any] = {
     "status": JobStatus.QUEUED,
     "attempt_count": 0,
+    "snooze_count": 0,
     "cancel_requested": False,
     "progress": None,
     "progress_message": "",
