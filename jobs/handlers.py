@@ -20,7 +20,7 @@ from typing import Any
 
 from django.utils.module_loading import autodiscover_modules
 
-from ledon.errors import format_error
+from ledon.errors import format_error, storable_text
 
 from . import validation
 from .conf import jobs_settings
@@ -142,7 +142,13 @@ class HandlerSpec:
     ) -> tuple[str, datetime | None]:
         """The error text to store for a failed attempt, and when to retry it (None:
         no automatic retry — no attempts left, cancellation, or the policy says no)."""
-        error = (self.format_error or format_error)(exc)
+        # One rule for every stored error (the exception's type and message stay), in
+        # this attempt's share of the job's total (max_attempts of them may fail).
+        limit = validation.attempt_error_limit(ctx.claim.max_attempts)
+        if self.format_error is None:
+            error = format_error(exc, limit)
+        else:
+            error = storable_text(self.format_error(exc), limit)
         retry_at = None
         # A timeout is retried by the policy; a cancel request or the shutdown is not.
         if ctx.claim.attempts_left > 0 and not ctx.stopped_by_request:
@@ -172,8 +178,10 @@ def job_handler(
     The function takes a :class:`JobContext` and returns an optional result
     reference (a string). ``async def`` functions run on the worker's event loop.
     Registering a different function under a taken (name, version) is an error.
-    ``format_error`` replaces the worker's text for a failed attempt's error; it
-    must return at most 100,000 characters of valid text without NUL.
+    ``format_error`` replaces the worker's text for a failed attempt's error; what it
+    returns is stored as every error is: NUL and lone surrogates escaped, and a text
+    longer than the attempt's share of the job's error budget (100,000 characters
+    for up to 10 attempts, less for more) keeps its start and end, its middle cut.
 
     ``timeout`` (J17): seconds an attempt may run before its handler is signalled to
     stop (``ctx.cancel_reason`` is ``CancelReason.TIMEOUT``); after

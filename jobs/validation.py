@@ -26,6 +26,10 @@ MAX_SCOPE_LENGTH = 4096
 MAX_ATTEMPTS_LIMIT = 1000
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 MAX_TEXT_LENGTH = 100_000
+#: The most error text the attempts of one job keep between them: each failed attempt
+#: stores at most its share (:func:`attempt_error_limit`).
+MAX_JOB_ERROR_TOTAL = 1_000_000
+MIN_ATTEMPT_ERROR_LENGTH = 1_000
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
 
@@ -150,6 +154,14 @@ def aware_utc(value: object, what: str) -> datetime:
 
 def optional_aware_utc(value: object, what: str) -> datetime | None:
     return None if value is None else aware_utc(value, what)
+
+
+def attempt_error_limit(max_attempts: int) -> int:
+    """The longest error one failed attempt of a job with ``max_attempts`` stores: its
+    share of :data:`MAX_JOB_ERROR_TOTAL`, at most :data:`MAX_TEXT_LENGTH`, so that a
+    job that fails a thousand times keeps a bounded total."""
+    share = MAX_JOB_ERROR_TOTAL // max(max_attempts, 1)
+    return max(MIN_ATTEMPT_ERROR_LENGTH, min(MAX_TEXT_LENGTH, share))
 
 
 def text(value: object, what: str, max_length: int = MAX_TEXT_LENGTH) -> str:
