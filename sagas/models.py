@@ -55,6 +55,9 @@ class SagaInstance(models.Model):
         help_text="Completed steps that define no compensation: their effects remain.",
     )
     data = models.JSONField(default=dict)
+    #: SHA-256 of the data the instance was started with (steps change ``data``): a
+    #: request repeating the idempotency key must bring the same.
+    request_digest = models.CharField(max_length=64, blank=True, default="")
     status = models.CharField(max_length=16, choices=SagaStatus.choices, default=SagaStatus.RUNNING)
     failed_step = models.CharField(max_length=100, blank=True, default="")
     error = models.TextField(blank=True, default="")

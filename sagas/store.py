@@ -47,6 +47,7 @@ from . import validation
 from .exceptions import (
     InvalidInput,
     SagaConcurrencyError,
+    SagaIdentityConflict,
     SagaLeaseLost,
     SagaNotFound,
 )
@@ -151,11 +152,14 @@ def create(
     """Record a new RUNNING instance, leased to ``owner`` (or free, for ``owner=""``).
 
     With an ``idempotency_key`` already used for ``name``, nothing is written and the
-    existing instance is returned (``created`` false). Inside a caller's transaction
-    the row commits with it; a failed insert only rolls back its own savepoint.
+    existing instance is returned (``created`` false) — if it was started with the
+    same ``data``; with other data, :class:`~sagas.exceptions.SagaIdentityConflict`.
+    Inside a caller's transaction the row commits with it; a failed insert only rolls
+    back its own savepoint.
     """
     now = _now(now)
     alias = _alias()
+    digest = validation.request_digest(data)
     try:
         with transaction.atomic(using=alias):
             row = SagaInstance.objects.using(alias).create(
@@ -163,6 +167,7 @@ def create(
                 idempotency_key=idempotency_key,
                 steps=list(steps),
                 data=data,
+                request_digest=digest,
                 status=SagaStatus.RUNNING,
                 leased_by=owner,
                 leased_until=now + timedelta(seconds=lease_seconds) if owner else None,
@@ -175,6 +180,14 @@ def create(
         existing = get_by_key(name, idempotency_key)
         if existing is None:
             raise
+        stored = (
+            _rows()
+            .filter(instance_id=existing.instance_id)
+            .values_list("request_digest", flat=True)
+            .first()
+        )
+        if stored and stored != digest:
+            raise SagaIdentityConflict(name, idempotency_key) from None
         return existing
     return snapshot(row, created=True)
 

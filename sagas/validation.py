@@ -4,6 +4,7 @@ touches the database."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -76,6 +77,13 @@ def data(value: object) -> dict[str, Any]:
         raise InvalidSagaData("saga data contains a lone surrogate") from None
     result: dict[str, Any] = json.loads(encoded)
     return result
+
+
+def request_digest(data: dict[str, Any]) -> str:
+    """SHA-256 (hex) of checked saga data as canonical JSON (sorted keys): what an
+    instance was started with, compared when a request repeats its idempotency key."""
+    canonical = json.dumps(data, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def _check_keys(value: object, path: str) -> None:

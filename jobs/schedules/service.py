@@ -241,6 +241,11 @@ def enqueue_due_schedules(now: datetime | None = None) -> list[JobSnapshot]:
 def _declared(name: str) -> ScheduleSpec:
     spec = registry.get(name)
     if spec is None:
+        # A shell or a view has not imported the apps' tasks modules, where schedules
+        # are declared, as a worker and the admin have: import them, once.
+        registry.discover()
+        spec = registry.get(name)
+    if spec is None:
         raise ScheduleNotDeclared(
             f"no schedule named {name!r} is declared in this process's code; an orphaned "
             "schedule cannot run"
