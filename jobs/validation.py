@@ -259,8 +259,16 @@ def _check_shape(value: Any, path: str) -> None:
 
 def serialise_payload(payload: Any, max_bytes: int) -> str:
     """The exact JSON text of ``payload``; it never changes after this call."""
-    _check_shape(payload, "")
-    text_ = _encode(payload)
+    try:
+        _check_shape(payload, "")
+        text_ = _encode(payload)
+    except RecursionError:
+        raise InvalidPayload("payload is nested too deeply to be stored as JSON") from None
+    except ValueError as exc:
+        if isinstance(exc, InvalidPayload):
+            raise
+        # An int too long to print (Python's digit limit), for one.
+        raise InvalidPayload(f"payload cannot be encoded as JSON: {exc}") from None
     try:
         # ASCII text (known to the str at no cost) is one byte a character.
         size = len(text_) if text_.isascii() else len(text_.encode("utf-8"))
@@ -284,6 +292,8 @@ def check_payload_json(value: object, max_bytes: int) -> str:
         raise InvalidPayload(f"payload is larger than {max_bytes} bytes of JSON")
     try:
         json.loads(value, parse_constant=_reject_constant)
+    except RecursionError:
+        raise InvalidPayload("payload_json is nested too deeply to be read back") from None
     except ValueError as exc:
         if isinstance(exc, InvalidPayload):
             raise

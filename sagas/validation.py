@@ -63,10 +63,14 @@ def data(value: object) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise InvalidSagaData(f"saga data must be a dict, not {type(value).__name__}")
-    _check_keys(value, "data")
     try:
+        _check_keys(value, "data")
         encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except RecursionError:
+        raise InvalidSagaData("saga data is nested too deeply to be stored as JSON") from None
     except (TypeError, ValueError) as exc:
+        if isinstance(exc, InvalidSagaData):
+            raise
         raise InvalidSagaData(f"saga data is not JSON: {exc}") from None
     limit = sagas_settings().MAX_DATA_BYTES
     if len(encoded.encode("utf-8", "surrogatepass")) > limit:
