@@ -174,7 +174,8 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
-        """Job ids by substring; scopes exactly, by hash or as the caller names them."""
+        """Job ids by substring; scopes exactly, by hash or as the caller names them
+        (the tenant of that name and the library's reserved scope of that name)."""
         found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
         term = search_term.strip()
         if not term:
@@ -185,6 +186,7 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
                 hashes.add(validation.validate_scope_hash(term.lower()))
         with contextlib.suppress(InvalidInput):
             hashes.add(validation.scope_hash(term))
+            hashes.add(validation.reserved_scope_hash(term))
         return found | queryset.filter(scope_hash__in=hashes), may_have_duplicates
 
     # ------------------------------------------------------------------ actions
@@ -220,19 +222,29 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
 
     @state_action("Retry selected jobs")
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        """Re-queue through the store; jobs whose state forbids it are listed with why."""
-        requeued = 0
+        """Re-queue through the store, granting one extra attempt to a job that used
+        all of its own; jobs whose state forbids it are listed with why."""
+        requeued = granted = 0
         refusals: list[str] = []
-        for scope_hash, job_id in queryset.values_list("scope_hash", "job_id"):
+        rows = queryset.values_list("scope_hash", "job_id", "attempt_count", "max_attempts")
+        for scope_hash, job_id, attempt_count, max_attempts in rows:
+            # The operator asking is the grant; the store's guard still decides.
+            extra = 1 if attempt_count >= max_attempts else 0
             try:
-                store.retry(scope_hash, job_id)
+                store.retry(scope_hash, job_id, extra_attempts=extra)
             except JobNotFound:
                 refusals.append(f"job {job_id!r} no longer exists")
+            except InvalidInput as exc:
+                refusals.append(str(exc))
             except InvalidTransition as exc:
                 refusals.append(str(exc))
             else:
                 requeued += 1
-        report_changes(self, request, requeued, "re-queued", refusals)
+                granted += extra
+        verb = "re-queued"
+        if granted:
+            verb += f" ({granted} with one extra attempt granted, having used all of theirs)"
+        report_changes(self, request, requeued, verb, refusals)
 
 
 @admin.register(JobAttempt)

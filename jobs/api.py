@@ -80,6 +80,14 @@ class JobScope:
     def __init__(self, scope: str) -> None:
         self.scope_hash = validation.scope_hash(scope)
 
+    @classmethod
+    def _reserved(cls, name: str) -> JobScope:
+        """The library's reserved scope ``name``: for trusted code only, through
+        :func:`jobs.execution.reserved_scope`; never for a caller's string."""
+        scope = cls.__new__(cls)
+        scope.scope_hash = validation.reserved_scope_hash(name)
+        return scope
+
     def __repr__(self) -> str:
         return f"<JobScope {self.scope_hash[:12]}…>"
 
@@ -123,12 +131,25 @@ class JobScope:
         """
         return store.cancel(self.scope_hash, validation.existing_job_id(job_id))
 
-    def retry(self, job_id: str, not_before: datetime | None = None) -> JobSnapshot:
+    def retry(
+        self,
+        job_id: str,
+        not_before: datetime | None = None,
+        *,
+        extra_attempts: int = 0,
+    ) -> JobSnapshot:
         """Queue a Failed, Cancelled or Interrupted job again (attempts permitting).
 
-        Raises :class:`~jobs.exceptions.InvalidTransition` from any other state and
+        ``extra_attempts`` raises the job's ``max_attempts`` by that much in the same
+        statement: the operator's way to re-run a job that used all its attempts.
+        Raises :class:`~jobs.exceptions.InvalidTransition` from any other state or
+        with no attempt left, :class:`~jobs.exceptions.InvalidSubmission` for a bad
+        ``extra_attempts`` or ``not_before`` (nothing changes) and
         :class:`~jobs.exceptions.JobNotFound` if this scope has no such job.
         """
         return store.retry(
-            self.scope_hash, validation.existing_job_id(job_id), not_before=not_before
+            self.scope_hash,
+            validation.existing_job_id(job_id),
+            not_before=not_before,
+            extra_attempts=extra_attempts,
         )

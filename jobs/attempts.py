@@ -78,6 +78,8 @@ class AttemptEnd:
     retry_at: datetime | None = None
     #: One line for the worker's events ("ValueError: bad input (retry at …)").
     detail: str = ""
+    #: A snooze: the most snoozes the handler allows (None: ``JOBS["MAX_SNOOZES"]``).
+    max_snoozes: int | None = None
 
     @property
     def event(self) -> str:
@@ -94,7 +96,7 @@ class AttemptEnd:
             return execution.put_back_unknown_handler(token, self.error, now=now)
         if self.ending is Ending.SNOOZED:
             assert self.retry_at is not None
-            return execution.snooze(token, self.retry_at, now=now)
+            return execution.snooze(token, self.retry_at, max_snoozes=self.max_snoozes, now=now)
         return execution.release(token, SHUTDOWN_REASON, now=now)
 
 
@@ -132,7 +134,12 @@ def run_attempt(
         if ctx.timed_out:
             return timed_out(spec, ctx, clock())
         wake_at = clock() + timedelta(seconds=snooze.seconds)
-        return AttemptEnd(Ending.SNOOZED, retry_at=wake_at, detail=f"until {wake_at.isoformat()}")
+        return AttemptEnd(
+            Ending.SNOOZED,
+            retry_at=wake_at,
+            detail=f"until {wake_at.isoformat()}",
+            max_snoozes=spec.snooze_limit(),
+        )
     except Exception as exc:
         if ctx.timed_out:
             return timed_out(spec, ctx, clock())

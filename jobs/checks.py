@@ -97,3 +97,7 @@ def check_jobs_behind_a_pooler(app_configs: Any = None, **kwargs: Any) -> list[c
             )
         )
     return found
+
+
+# jobs.E004 lives beside the schedules it checks; importing it registers it.
+from .schedules import checks as _schedule_checks  # noqa: E402, F401

@@ -46,10 +46,10 @@ class JobsSettings:
     #: pooler, an alias that connects to the same database directly (a pooled alias
     #: cannot LISTEN: workers then only poll, and check ``jobs.W001`` says so).
     LISTEN_DATABASE: str | None = None
-    #: Retention: seconds finished jobs (and their attempts) are kept; None keeps
-    #: them forever. Workers delete older ones every CLEANUP_INTERVAL seconds;
-    #: ``manage.py purge_jobs`` does it on demand.
-    RETENTION_SECONDS: float | None = None
+    #: Retention: seconds finished jobs (and their attempts) are kept, 14 days by
+    #: default; None keeps them forever. Workers delete older ones every
+    #: CLEANUP_INTERVAL seconds; ``manage.py purge_jobs`` does it on demand.
+    RETENTION_SECONDS: float | None = 14 * 86_400.0
     CLEANUP_INTERVAL: float = 300.0
     #: PostgreSQL: run the hot statements (a single submit, the worker's claim and
     #: finish) as server-side prepared statements, planned once per connection. Turn
@@ -97,6 +97,10 @@ class JobsSettings:
     #: Seconds a timed-out handler gets to stop before its attempt is failed
     #: with ``JobTimedOut`` and its thread abandoned (a fresh one takes its slot).
     TIMEOUT_GRACE_SECONDS: float = 5.0
+    #: Times a job may snooze (``raise Snooze``) before the attempt that asks once
+    #: more ends Failed naming the bound; a handler may set its own
+    #: (``@job_handler(max_snoozes=N)``).
+    MAX_SNOOZES: int = 100
     #: Limits per queue, enforced by every worker's claim:
     #: ``{"emails": {"max_running": 4, "rate": (10, 1)}}`` (keys: ``max_running``,
     #: ``max_running_per_scope``, ``rate``).
@@ -136,6 +140,11 @@ def _check(result: JobsSettings) -> None:
         raise JobsConfigurationError(
             "JOBS['HEARTBEAT_SECONDS'] must be shorter than JOBS['LEASE_SECONDS'] "
             "or leases expire between two heartbeats"
+        )
+    snoozes = result.MAX_SNOOZES
+    if isinstance(snoozes, bool) or not isinstance(snoozes, int) or not 0 <= snoozes <= 1_000_000:
+        raise JobsConfigurationError(
+            f"JOBS['MAX_SNOOZES'] must be an int from 0 to 1000000, got {snoozes!r}"
         )
     retention = result.RETENTION_SECONDS
     if retention is not None and (not is_number(retention) or retention <= 0):

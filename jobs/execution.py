@@ -19,7 +19,8 @@ from django.db.models import Count
 from ledon.db import connection_for
 
 from . import store, validation
-from .conf import queue_limits
+from .api import JobScope
+from .conf import jobs_settings, queue_limits
 from .flow_control import ClaimLimits
 from .handlers import handler_limits
 from .models import ClaimStart, Job
@@ -57,6 +58,7 @@ __all__ = [
     "recover_worker",
     "release",
     "report_progress",
+    "reserved_scope",
     "resume_queue",
     "snooze",
     "try_start",
@@ -227,11 +229,21 @@ def release(
     return _release(token, reason, now=now)
 
 
-def snooze(token: str, run_at: datetime, *, now: datetime | None = None) -> FinishOutcome:
+def snooze(
+    token: str,
+    run_at: datetime,
+    *,
+    max_snoozes: int | None = None,
+    now: datetime | None = None,
+) -> FinishOutcome:
     """The handler raised ``Snooze``: the job is Queued again at ``run_at`` and the
     execution, recorded Snoozed, does not count against ``max_attempts``
-    (``SNOOZED``); Cancelled if its cancel was requested first."""
-    return store.snooze(token, run_at, now=now)
+    (``SNOOZED``); Cancelled if its cancel was requested first. A job that snoozed
+    ``max_snoozes`` times already (default ``JOBS["MAX_SNOOZES"]``; the handler's
+    own with ``@job_handler(max_snoozes=…)``) ends Failed naming the bound."""
+    if max_snoozes is None:
+        max_snoozes = jobs_settings().MAX_SNOOZES
+    return store.snooze(token, run_at, max_snoozes=max_snoozes, now=now)
 
 
 def pause_queue(name: str, *, now: datetime | None = None) -> bool:
@@ -326,6 +338,17 @@ def recover_worker(
         for token in store.tokens_leased_by(worker_id)
         if token not in keep
     }
+
+
+def reserved_scope(name: str) -> JobScope:
+    """The reserved scope ``name``: where the library keeps its own jobs (schedules in
+    ``JOBS["SCHEDULE_SCOPE"]``, the ``django.tasks`` backend in its ``OPTIONS["SCOPE"]``).
+
+    It hashes in a namespace of its own, so ``JobScope(name)`` is the tenant ``name``
+    and can never read, cancel or retry these jobs; trusted code (admin, commands,
+    tests) reaches them through this. Raises ``InvalidScope`` for a bad name.
+    """
+    return JobScope._reserved(name)
 
 
 def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.utils.module_loading import autodiscover_modules
 
-from ledon.errors import format_error
+from ledon.errors import format_error, storable_text
 
 from . import validation
 from .conf import jobs_settings
@@ -85,6 +85,13 @@ class HandlerSpec:
     timeout: float | _Unset | None = field(default=_DEFAULT_TIMEOUT)
     #: Limits across every worker, for every version of this handler name.
     limits: Limits = field(default_factory=Limits)
+    #: J17: snoozes a job may take before its next one fails (None:
+    #: ``JOBS["MAX_SNOOZES"]``).
+    max_snoozes: int | None = field(default=None)
+
+    def snooze_limit(self) -> int:
+        """The snoozes a job of this handler may take (``max_snoozes`` or the setting)."""
+        return jobs_settings().MAX_SNOOZES if self.max_snoozes is None else self.max_snoozes
 
     def retry_policy(self) -> RetryPolicy:
         return self.retry or RetryPolicy.from_settings()
@@ -135,7 +142,13 @@ class HandlerSpec:
     ) -> tuple[str, datetime | None]:
         """The error text to store for a failed attempt, and when to retry it (None:
         no automatic retry — no attempts left, cancellation, or the policy says no)."""
-        error = (self.format_error or format_error)(exc)
+        # One rule for every stored error (the exception's type and message stay), in
+        # this attempt's share of the job's total (max_attempts of them may fail).
+        limit = validation.attempt_error_limit(ctx.claim.max_attempts)
+        if self.format_error is None:
+            error = format_error(exc, limit)
+        else:
+            error = storable_text(self.format_error(exc), limit)
         retry_at = None
         # A timeout is retried by the policy; a cancel request or the shutdown is not.
         if ctx.claim.attempts_left > 0 and not ctx.stopped_by_request:
@@ -158,14 +171,17 @@ def job_handler(
     max_running: int | None = None,
     max_running_per_scope: int | None = None,
     rate: tuple[int, float] | None = None,
+    max_snoozes: int | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register a function as the handler of ``name`` at ``version``.
 
     The function takes a :class:`JobContext` and returns an optional result
     reference (a string). ``async def`` functions run on the worker's event loop.
     Registering a different function under a taken (name, version) is an error.
-    ``format_error`` replaces the worker's text for a failed attempt's error; it
-    must return at most 100,000 characters of valid text without NUL.
+    ``format_error`` replaces the worker's text for a failed attempt's error; what it
+    returns is stored as every error is: NUL and lone surrogates escaped, and a text
+    longer than the attempt's share of the job's error budget (100,000 characters
+    for up to 10 attempts, less for more) keeps its start and end, its middle cut.
 
     ``timeout``: seconds an attempt may run before its handler is signalled to
     stop (``ctx.cancel_reason`` is ``CancelReason.TIMEOUT``); after
@@ -176,6 +192,10 @@ def job_handler(
     limit this handler name (all its versions) across every worker: Running
     attempts at once, the same per scope, and attempt starts in any window of
     ``seconds``. Jobs over a limit stay Queued; claims take others past them.
+
+    ``max_snoozes``: times a job may ``raise Snooze`` over its life; the attempt
+    that asks once more ends Failed naming the bound. Default:
+    ``JOBS["MAX_SNOOZES"]``.
     """
     validation.name(name, "handler")
     validation.integer(version, "version", 1, 2**31 - 1)
@@ -187,6 +207,15 @@ def job_handler(
             )
         timeout = float(timeout)
     limits = Limits(max_running=max_running, max_running_per_scope=max_running_per_scope, rate=rate)
+    if max_snoozes is not None and (
+        isinstance(max_snoozes, bool)
+        or not isinstance(max_snoozes, int)
+        or not 0 <= max_snoozes <= 1_000_000
+    ):
+        raise JobsConfigurationError(
+            f"handler {name!r}: max_snoozes must be None or an int from 0 to 1000000, "
+            f"got {max_snoozes!r}"
+        )
 
     def decorator(func: Handler) -> Handler:
         spec = HandlerSpec(
@@ -198,6 +227,7 @@ def job_handler(
             format_error,
             timeout,
             limits,
+            max_snoozes,
         )
         key = (name, version)
         with _lock:

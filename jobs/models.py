@@ -84,7 +84,8 @@ class Job(models.Model):
         null=True, blank=True, help_text="First claimed by a worker without its handler."
     )
     # Executions that ended Snoozed. They do not count in attempt_count (nor
-    # against max_attempts); an attempt row's number is attempt_count + snooze_count.
+    # against max_attempts); an attempt row's number is attempt_count + snooze_count
+    # + release_count.
     snooze_count = models.PositiveIntegerField(
         default=0,
         db_default=0,

@@ -286,6 +286,9 @@ class JobSnapshot:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    #: Executions that ended in ``Snooze`` (never counted in ``attempt_count``);
+    #: bounded by the handler's ``max_snoozes``.
+    snooze_count: int = 0
     created: bool = False
     attempts: tuple[AttemptSnapshot, ...] = field(default=())
 

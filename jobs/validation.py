@@ -27,6 +27,10 @@ MAX_SCOPE_LENGTH = 4096
 MAX_ATTEMPTS_LIMIT = 1000
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 MAX_TEXT_LENGTH = 100_000
+#: The most error text the attempts of one job keep between them: each failed attempt
+#: stores at most its share (:func:`attempt_error_limit`).
+MAX_JOB_ERROR_TOTAL = 1_000_000
+MIN_ATTEMPT_ERROR_LENGTH = 1_000
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
 
@@ -35,17 +39,33 @@ def _is_strict_utf8(value: str) -> bool:
     return ledon_validation.lone_surrogate(value) is None
 
 
+#: What a reserved scope's name is hashed after. A tenant's scope can never hold a NUL
+#: (it is refused as a control character), so no tenant string hashes the same bytes:
+#: the library's own jobs live in a namespace of their own.
+_RESERVED_NAMESPACE = b"ledon\x00reserved-scope\x00"
+
+
+def _checked_scope(scope: object) -> bytes:
+    # The job id's rule: a NUL or a newline in a key is a bug upstream, never a tenant.
+    scope = ledon_validation.text(scope, "scope", max_length=MAX_SCOPE_LENGTH, error=InvalidScope)
+    return scope.encode("utf-8", "strict")
+
+
 def scope_hash(scope: object) -> str:
-    """SHA-256 (hex) of the scope's strict UTF-8 bytes.
+    """SHA-256 (hex) of a tenant scope's strict UTF-8 bytes.
 
     Case and every code point count: "Owner" and "owner" are different scopes. A
     scope with a lone surrogate is rejected, never replaced, so that distinct bad
     inputs cannot fold onto one scope.
     """
-    # The job id's rule: a NUL or a newline in a key is a bug upstream, never a tenant.
-    scope = ledon_validation.text(scope, "scope", max_length=MAX_SCOPE_LENGTH, error=InvalidScope)
-    data = scope.encode("utf-8", "strict")
-    return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(_checked_scope(scope)).hexdigest()
+
+
+def reserved_scope_hash(name: object) -> str:
+    """SHA-256 (hex) of a reserved scope: the library's own jobs (schedules, the
+    ``django.tasks`` backend, workflows) under ``name``, hashed in a namespace no
+    tenant scope reaches, so ``JobScope(name)`` is the tenant ``name``, never these."""
+    return hashlib.sha256(_RESERVED_NAMESPACE + _checked_scope(name)).hexdigest()
 
 
 def validate_scope_hash(value: object) -> str:
@@ -114,7 +134,9 @@ def integer(value: object, what: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidSubmission(f"{what} must be an int, not {type(value).__name__}")
     if not low <= value <= high:
-        raise InvalidSubmission(f"{what} must be between {low} and {high}, got {value}")
+        # A huge int cannot even be printed (Python's digit limit): say its size.
+        got = value if value.bit_length() <= 64 else f"an int of {value.bit_length()} bits"
+        raise InvalidSubmission(f"{what} must be between {low} and {high}, got {got}")
     return value
 
 
@@ -125,6 +147,14 @@ def aware_utc(value: object, what: str) -> datetime:
 
 def optional_aware_utc(value: object, what: str) -> datetime | None:
     return None if value is None else aware_utc(value, what)
+
+
+def attempt_error_limit(max_attempts: int) -> int:
+    """The longest error one failed attempt of a job with ``max_attempts`` stores: its
+    share of :data:`MAX_JOB_ERROR_TOTAL`, at most :data:`MAX_TEXT_LENGTH`, so that a
+    job that fails a thousand times keeps a bounded total."""
+    share = MAX_JOB_ERROR_TOTAL // max(max_attempts, 1)
+    return max(MIN_ATTEMPT_ERROR_LENGTH, min(MAX_TEXT_LENGTH, share))
 
 
 def text(value: object, what: str, max_length: int = MAX_TEXT_LENGTH) -> str:
@@ -222,8 +252,16 @@ def _check_shape(value: Any, path: str) -> None:
 
 def serialise_payload(payload: Any, max_bytes: int) -> str:
     """The exact JSON text of ``payload``; it never changes after this call."""
-    _check_shape(payload, "")
-    text_ = _encode(payload)
+    try:
+        _check_shape(payload, "")
+        text_ = _encode(payload)
+    except RecursionError:
+        raise InvalidPayload("payload is nested too deeply to be stored as JSON") from None
+    except ValueError as exc:
+        if isinstance(exc, InvalidPayload):
+            raise
+        # An int too long to print (Python's digit limit), for one.
+        raise InvalidPayload(f"payload cannot be encoded as JSON: {exc}") from None
     try:
         # ASCII text (known to the str at no cost) is one byte a character.
         size = len(text_) if text_.isascii() else len(text_.encode("utf-8"))
@@ -247,6 +285,8 @@ def check_payload_json(value: object, max_bytes: int) -> str:
         raise InvalidPayload(f"payload is larger than {max_bytes} bytes of JSON")
     try:
         json.loads(value, parse_constant=_reject_constant)
+    except RecursionError:
+        raise InvalidPayload("payload_json is nested too deeply to be read back") from None
     except ValueError as exc:
         if isinstance(exc, InvalidPayload):
             raise

@@ -14,7 +14,11 @@ def aware_utc(value: object, what: str, *, error: type[Exception]) -> datetime:
         raise error(f"{what} must be a datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise error(f"{what} must be timezone-aware (UTC is used throughout)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        # datetime.max at a negative offset is past year 9999 in UTC.
+        raise error(f"{what} {value.isoformat()} is out of range in UTC") from None
 
 
 def current_time(now: datetime | None, *, error: type[Exception]) -> datetime:

@@ -92,13 +92,54 @@ class SettingsReader[S]:
         """Read the setting again on the next call."""
         self._current = None
 
+    def _fails(self, values: dict[str, Any]) -> str | None:
+        """Why ``values`` (known keys only, the others at their defaults) are not a
+        valid setting, or None."""
+        try:
+            self.check_values(self.cls(**values))
+        except self.error as exc:
+            return str(exc)
+        return None
+
+    def problems(self, values: object) -> list[str]:
+        """Every reason ``values`` is not a valid setting, not only the first: the
+        unknown keys, then each bad key's value, then (if every value is good alone)
+        what is wrong with them together."""
+        if not isinstance(values, dict):
+            return [f"the {self.setting} setting must be a dict"]
+        known = {f.name for f in dataclasses.fields(self.cls)}  # type: ignore[arg-type]
+        found = []
+        unknown = sorted(set(values) - known)
+        if unknown:
+            found.append(unknown_keys_message(f"{self.setting} setting(s)", unknown, known))
+        given = {key: value for key, value in values.items() if key in known}
+        alone = {key: self._fails({key: value}) for key, value in given.items()}
+        suspects = {key for key, reason in alone.items() if reason is not None}
+        for key in sorted(suspects):
+            # A value may be bad only beside the others' defaults (a lease shorter than
+            # the default heartbeat): with the given values that are good, it may pass.
+            context = {k: v for k, v in given.items() if k not in suspects or k == key}
+            if self._fails(context) is not None:
+                found.append(str(alone[key]))
+        if not suspects:
+            together = self._fails(given)
+            if together is not None:
+                found.append(together)
+        return found
+
     def check(self, check_id: str) -> list[checks.CheckMessage]:
-        """The system check of the setting: one error ``check_id`` if it is invalid."""
+        """The system check of the setting: one error ``check_id`` per problem, every
+        bad key at once (:meth:`problems`)."""
         self.cache_clear()
         try:
             self()
         except self.error as exc:
-            return [checks.Error(str(exc), hint=settings_hint(self.setting), id=check_id)]
+            values = getattr(settings, self.setting, {}) or {}
+            hint = settings_hint(self.setting)
+            return [
+                checks.Error(message, hint=hint, id=check_id)
+                for message in self.problems(values) or [str(exc)]
+            ]
         return []
 
     def _changed(self, *, setting: str, **kwargs: Any) -> None:

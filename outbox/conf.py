@@ -37,9 +37,13 @@ class OutboxSettings:
     POLL_INTERVAL: float = 1.0
     #: Seconds between two sweeps for batches whose dispatcher stopped.
     RECOVERY_INTERVAL: float = 10.0
-    #: Seconds sent messages are kept (None: forever), and the same for inbox records.
-    RETENTION_SECONDS: float | None = 7 * 24 * 3600.0
-    INBOX_RETENTION_SECONDS: float | None = None
+    #: Retention (None: kept forever): seconds sent messages are kept after they
+    #: were sent (7 days), parked ones after they were parked (30 days: an operator
+    #: may still redeliver them), and inbox records after their message was
+    #: processed (14 days: a redelivery older than that is processed again).
+    RETENTION_SECONDS: float | None = 7 * 86_400.0
+    PARKED_RETENTION_SECONDS: float | None = 30 * 86_400.0
+    INBOX_RETENTION_SECONDS: float | None = 14 * 86_400.0
     #: Seconds between two retention clean-ups.
     CLEANUP_INTERVAL: float = 300.0
     #: PostgreSQL channel used to wake dispatchers when a message is stored.
@@ -84,7 +88,7 @@ def _check(result: OutboxSettings) -> None:
         value = getattr(result, key)
         if not is_number(value) or value <= 0:
             raise fail(key, "a positive number")
-    for key in ("RETENTION_SECONDS", "INBOX_RETENTION_SECONDS"):
+    for key in ("RETENTION_SECONDS", "PARKED_RETENTION_SECONDS", "INBOX_RETENTION_SECONDS"):
         value = getattr(result, key)
         if value is not None and (not is_number(value) or value <= 0):
             raise fail(key, "a positive number or None")

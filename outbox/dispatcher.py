@@ -414,12 +414,14 @@ class Dispatcher(EmitsEvents, Engine):
         return result
 
     def clean_up(self) -> int:
-        """Retention: delete Sent messages (and inbox records) older than configured."""
+        """Retention: delete Sent and Parked messages and inbox records older than
+        configured, a bounded batch per transaction."""
         s = self.settings
         now = self.clock()
         purged = 0
         for seconds, purge in (
             (s.RETENTION_SECONDS, store.purge_sent),
+            (s.PARKED_RETENTION_SECONDS, store.purge_parked),
             (s.INBOX_RETENTION_SECONDS, store.purge_inbox),
         ):
             if seconds is None:

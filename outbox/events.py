@@ -82,6 +82,10 @@ class Event:
             )
         except (TypeError, ValueError) as exc:
             raise InvalidEvent(f"{self.event_name}: the event is not JSON: {exc}") from None
+        except RecursionError:
+            raise InvalidEvent(
+                f"{self.event_name}: the event is nested too deeply to be stored as JSON"
+            ) from None
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:

@@ -13,7 +13,8 @@ typed error. Nothing else in the app writes to these tables.
                            -> PENDING | PARKED (attempts used up)   recover_*
     redeliver (operator) . PENDING | PARKED, no lease -> PENDING now (parked: attempts 0)
     park (operator) ...... PENDING, no lease -> PARKED
-    retention ............ SENT older than the retention -> (deleted)
+    retention ............ SENT | PARKED older than their retention -> (deleted)
+                           inbox records older than theirs -> (deleted)
 
     inbox ................ (consumer, message id) new -> recorded  record_inbox
 """
@@ -30,7 +31,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Case, F, PositiveIntegerField, QuerySet, Value, When
+from django.db.models import Case, F, PositiveIntegerField, Value, When
 
 from ledon.clock import current_time
 from ledon.db import (
@@ -43,6 +44,7 @@ from ledon.db import (
     read_dt,
 )
 from ledon.errors import MAX_ERROR_LENGTH, storable_text
+from ledon.retention import delete_oldest
 
 from .conf import outbox_settings
 from .db import adapt_uuid, placeholders, read_json, read_uuid
@@ -343,7 +345,18 @@ def recover_dispatcher(
 
 def purge_sent(*, older_than: datetime, limit: int = 1000) -> int:
     """Retention: delete up to ``limit`` Sent messages sent before ``older_than``."""
-    return _delete_oldest(OutboxMessage.objects.sent(), "sent_at", older_than, limit)
+    return delete_oldest(
+        OutboxMessage.objects.sent(), "sent_at", older_than, limit, error=InvalidInput
+    )
+
+
+def purge_parked(*, older_than: datetime, limit: int = 1000) -> int:
+    """Retention: delete up to ``limit`` Parked messages parked before ``older_than``
+    (a parked message changes no more until redelivered, so ``updated_at`` is when it
+    was parked). A message redelivered meanwhile is Pending again and stays."""
+    return delete_oldest(
+        OutboxMessage.objects.parked(), "updated_at", older_than, limit, error=InvalidInput
+    )
 
 
 def purge_inbox(*, older_than: datetime, limit: int = 1000) -> int:
@@ -351,23 +364,9 @@ def purge_inbox(*, older_than: datetime, limit: int = 1000) -> int:
 
     A redelivery of a message whose record was purged is processed again.
     """
-    return _delete_oldest(InboxMessage.objects.all(), "processed_at", older_than, limit)
-
-
-def _delete_oldest(
-    rows: QuerySet[Any],
-    field: str,
-    older_than: datetime,
-    limit: int,
-) -> int:
-    """Delete up to ``limit`` of ``rows`` whose ``field`` is before ``older_than``,
-    oldest first, in one transaction: the number deleted."""
-    alias = alias_for(rows.model)
-    rows = rows.using(alias).filter(**{f"{field}__lt": older_than})
-    ids = list(rows.order_by(field).values_list("id", flat=True)[:limit])
-    with transaction.atomic(using=alias):
-        deleted, _ = rows.filter(id__in=ids).delete()
-    return deleted
+    return delete_oldest(
+        InboxMessage.objects.all(), "processed_at", older_than, limit, error=InvalidInput
+    )
 
 
 # --------------------------------------------------------------------------- operators

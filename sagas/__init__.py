@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
     from .exceptions import SagaConcurrencyError as SagaConcurrencyError
     from .exceptions import SagaError as SagaError
     from .exceptions import SagaExecutionError as SagaExecutionError
+    from .exceptions import SagaIdentityConflict as SagaIdentityConflict
     from .registry import SagaDefinition as SagaDefinition
     from .registry import get_saga as get_saga
     from .registry import saga as saga
@@ -29,7 +30,12 @@ _LAZY = exported(
     {
         "api": ("compensate_saga", "get_saga_instance", "resume_saga", "run_saga", "start_saga"),
         "context": ("SagaContext",),
-        "exceptions": ("SagaConcurrencyError", "SagaError", "SagaExecutionError"),
+        "exceptions": (
+            "SagaConcurrencyError",
+            "SagaError",
+            "SagaExecutionError",
+            "SagaIdentityConflict",
+        ),
         "registry": ("SagaDefinition", "get_saga", "saga"),
         "types": ("SagaSnapshot", "SagaStatus"),
     }

@@ -39,6 +39,13 @@ class SagasSettings:
     #: its current step counts as failed (a step that kills or hangs its process every
     #: time); ``None``: no limit.
     MAX_TAKEOVERS: int | None = 3
+    #: Retention: seconds a succeeded or compensated instance is kept after it
+    #: finished, 14 days by default (None: forever). Failed instances need an
+    #: operator and are kept. A repeated ``run_saga`` with the key of a deleted
+    #: instance runs the saga again. Runners delete older ones every
+    #: ``CLEANUP_INTERVAL`` seconds; ``manage.py purge_sagas`` does it on demand.
+    RETENTION_SECONDS: float | None = 14 * 86_400.0
+    CLEANUP_INTERVAL: float = 300.0
     #: Prometheus counters of finished instances (``[metrics]``).
     METRICS: bool = False
     #: An OpenTelemetry span per step and compensation (``[otel]``).
@@ -60,6 +67,7 @@ def _check(result: SagasSettings) -> None:
         "COMPENSATION_RETRY_DELAY",
         "POLL_INTERVAL",
         "MAX_DATA_BYTES",
+        "CLEANUP_INTERVAL",
     ):
         value = getattr(result, key)
         if value is None and key in optional:
@@ -67,6 +75,11 @@ def _check(result: SagasSettings) -> None:
         if not is_number(value) or value < 0 or (value == 0 and key != "COMPENSATION_RETRY_DELAY"):
             allowed = "a positive number" + (" or None" if key in optional else "")
             raise SagasConfigurationError(f"SAGAS[{key!r}] must be {allowed}, got {value!r}")
+    retention = result.RETENTION_SECONDS
+    if retention is not None and (not is_number(retention) or retention <= 0):
+        raise SagasConfigurationError(
+            f"SAGAS['RETENTION_SECONDS'] must be None or a positive number, got {retention!r}"
+        )
     attempts = result.COMPENSATION_ATTEMPTS
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise SagasConfigurationError(

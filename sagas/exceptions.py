@@ -92,6 +92,20 @@ class RecordedStepFailure(SagaError):
     """A step of this saga instance failed in an earlier run; the stored error follows."""
 
 
+class SagaIdentityConflict(SagaError):
+    """An instance of this saga already exists with this idempotency key and other
+    data; send the identical request, or use another key."""
+
+    def __init__(self, name: str, idempotency_key: str) -> None:
+        self.name = name
+        self.idempotency_key = idempotency_key
+        super().__init__(
+            f"saga {name!r} already has an instance with idempotency key "
+            f"{idempotency_key!r} started with other data; repeat the identical request "
+            "or use another key"
+        )
+
+
 class SagaExecutionError(SagaError):
     """A saga step failed; the completed steps were compensated (or, if a compensation
     kept failing, the instance needs attention). The step's exception is the

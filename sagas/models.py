@@ -55,6 +55,9 @@ class SagaInstance(models.Model):
         help_text="Completed steps that define no compensation: their effects remain.",
     )
     data = models.JSONField(default=dict)
+    #: SHA-256 of the data the instance was started with (steps change ``data``): a
+    #: request repeating the idempotency key must bring the same.
+    request_digest = models.CharField(max_length=64, blank=True, default="")
     status = models.CharField(max_length=16, choices=SagaStatus.choices, default=SagaStatus.RUNNING)
     failed_step = models.CharField(max_length=100, blank=True, default="")
     error = models.TextField(blank=True, default="")
@@ -85,6 +88,12 @@ class SagaInstance(models.Model):
                 name="sagas_instance_claimable",
             ),
             models.Index(fields=["status", "name"], name="sagas_instance_status"),
+            # Retention reads finished instances oldest first, never the active ones.
+            models.Index(
+                fields=["finished_at"],
+                condition=Q(status__in=["succeeded", "compensated"]),
+                name="sagas_instance_finished",
+            ),
         ]
 
     def __str__(self) -> str:

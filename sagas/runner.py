@@ -24,7 +24,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connections
 from django.utils import timezone
@@ -44,6 +44,9 @@ from .types import SagaSnapshot, SagaStatus
 
 logger = logging.getLogger(__name__)
 
+#: Instances deleted per retention transaction.
+_PURGE_BATCH = 1000
+
 
 @dataclass(slots=True)
 class RecoveryStats(EngineStats):
@@ -58,6 +61,8 @@ class RecoveryStats(EngineStats):
     claims_lost: int = 0
     #: Instances left untouched because their definition is missing or changed.
     untouched: int = 0
+    #: Finished instances deleted past the retention (``SAGAS["RETENTION_SECONDS"]``).
+    purged: int = 0
 
     #: How an instance this runner drove ended (still active: released).
     counters = {
@@ -72,7 +77,7 @@ class RecoveryStats(EngineStats):
             f"{self.compensated}, needs attention {self.needs_attention}, released "
             f"{self.released}, lost to another runner {self.lost}, errors {self.errors}; "
             f"claims another runner won first {self.claims_lost}; left untouched "
-            f"{self.untouched}"
+            f"{self.untouched}; purged {self.purged}"
         )
 
 
@@ -122,6 +127,8 @@ class SagaRunner(Engine):
         # none, are released once the database is back.
         self._release_pending = False
         self._driver: Driver | None = None
+        # When the next retention clean-up is due (None: at the first loop).
+        self._next_cleanup: datetime | None = None
 
     def _stop_level_reached(self, level: StopLevel) -> None:
         driver = self._driver
@@ -158,6 +165,9 @@ class SagaRunner(Engine):
                 worked: bool | Failed = False
                 if self._release_pending:
                     worked = self.guarded("releasing interrupted instances", self._release_own)
+                if worked is not FAILED and self._cleanup_due():
+                    cleaned = self.guarded("deleting finished instances", self.clean_up)
+                    worked = FAILED if cleaned is FAILED else worked
                 if worked is not FAILED:
                     worked = self.guarded("looking for saga instances to recover", self.recover_one)
                 if worked is FAILED:
@@ -172,6 +182,31 @@ class SagaRunner(Engine):
                 connections[self.alias].close()
         self._emit("stopped", None, self.stats.summary())
         return self.stats
+
+    def _cleanup_due(self) -> bool:
+        if self.settings.RETENTION_SECONDS is None:
+            return False
+        return self._next_cleanup is None or self.clock() >= self._next_cleanup
+
+    def clean_up(self) -> int:
+        """Retention: delete Succeeded and Compensated instances that finished more
+        than ``SAGAS["RETENTION_SECONDS"]`` ago, a bounded batch per transaction;
+        returns how many. The next clean-up is due ``CLEANUP_INTERVAL`` later."""
+        now = self.clock()
+        self._next_cleanup = now + timedelta(seconds=self.settings.CLEANUP_INTERVAL)
+        seconds = self.settings.RETENTION_SECONDS
+        if seconds is None:
+            return 0
+        cutoff = now - timedelta(seconds=seconds)
+        purged = 0
+        while count := store.purge_finished(older_than=cutoff, limit=_PURGE_BATCH):
+            purged += count
+            if count < _PURGE_BATCH or self._stopping.is_set():
+                break
+        if purged:
+            self.stats.purged += purged
+            self._emit("purged", None, f"{purged} finished instance(s) past retention")
+        return purged
 
     def _known_names(self) -> list[str]:
         names = [d.name for d in registered_sagas()]

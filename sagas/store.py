@@ -19,6 +19,8 @@ lease renewal moves the version on, which fences off any writer that read before
     compensation gave up . COMPENSATING -> FAILED (needs attention)             give_up
     retry compensation ... FAILED -> COMPENSATING (leased to me)                reopen
     stop driving ......... leased to me -> lease released                       release
+    retention ............ SUCCEEDED | COMPENSATED, finished before a cutoff
+                           -> (deleted)                                         purge_finished
 
 ``complete_step`` and ``record_compensation`` run inside the step's own transaction,
 so the completion mark commits with the step's work or not at all.
@@ -39,12 +41,14 @@ from django.db.models import Case, F, PositiveIntegerField, When
 from ledon.clock import current_time
 from ledon.db import alias_for
 from ledon.errors import MAX_ERROR_LENGTH
+from ledon.retention import delete_oldest
 from ledon.values import from_row
 
 from . import validation
 from .exceptions import (
     InvalidInput,
     SagaConcurrencyError,
+    SagaIdentityConflict,
     SagaLeaseLost,
     SagaNotFound,
 )
@@ -149,11 +153,14 @@ def create(
     """Record a new RUNNING instance, leased to ``owner`` (or free, for ``owner=""``).
 
     With an ``idempotency_key`` already used for ``name``, nothing is written and the
-    existing instance is returned (``created`` false). Inside a caller's transaction
-    the row commits with it; a failed insert only rolls back its own savepoint.
+    existing instance is returned (``created`` false) — if it was started with the
+    same ``data``; with other data, :class:`~sagas.exceptions.SagaIdentityConflict`.
+    Inside a caller's transaction the row commits with it; a failed insert only rolls
+    back its own savepoint.
     """
     now = _now(now)
     alias = _alias()
+    digest = validation.request_digest(data)
     try:
         with transaction.atomic(using=alias):
             row = SagaInstance.objects.using(alias).create(
@@ -161,6 +168,7 @@ def create(
                 idempotency_key=idempotency_key,
                 steps=list(steps),
                 data=data,
+                request_digest=digest,
                 status=SagaStatus.RUNNING,
                 leased_by=owner,
                 leased_until=now + timedelta(seconds=lease_seconds) if owner else None,
@@ -173,6 +181,14 @@ def create(
         existing = get_by_key(name, idempotency_key)
         if existing is None:
             raise
+        stored = (
+            _rows()
+            .filter(instance_id=existing.instance_id)
+            .values_list("request_digest", flat=True)
+            .first()
+        )
+        if stored and stored != digest:
+            raise SagaIdentityConflict(name, idempotency_key) from None
         return existing
     return snapshot(row, created=True)
 
@@ -393,3 +409,13 @@ def release(state: SagaSnapshot, owner: str, *, now: datetime | None = None) -> 
         leased_until=None,
         takeovers=F("takeovers"),
     )
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:
+    """Retention: delete up to ``limit`` Succeeded or Compensated instances that
+    finished before ``older_than``, oldest first; returns how many. Running,
+    compensating and failed (needs attention) instances are never touched."""
+    return delete_oldest(_rows().finished(), "finished_at", older_than, limit, error=InvalidInput)

@@ -4,6 +4,7 @@ touches the database."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -62,10 +63,14 @@ def data(value: object) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise InvalidSagaData(f"saga data must be a dict, not {type(value).__name__}")
-    _check_keys(value, "data")
     try:
+        _check_keys(value, "data")
         encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except RecursionError:
+        raise InvalidSagaData("saga data is nested too deeply to be stored as JSON") from None
     except (TypeError, ValueError) as exc:
+        if isinstance(exc, InvalidSagaData):
+            raise
         raise InvalidSagaData(f"saga data is not JSON: {exc}") from None
     limit = sagas_settings().MAX_DATA_BYTES
     if len(encoded.encode("utf-8", "surrogatepass")) > limit:
@@ -76,6 +81,13 @@ def data(value: object) -> dict[str, Any]:
         raise InvalidSagaData("saga data contains a lone surrogate") from None
     result: dict[str, Any] = json.loads(encoded)
     return result
+
+
+def request_digest(data: dict[str, Any]) -> str:
+    """SHA-256 (hex) of checked saga data as canonical JSON (sorted keys): what an
+    instance was started with, compared when a request repeats its idempotency key."""
+    canonical = json.dumps(data, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def _check_keys(value: object, path: str) -> None:

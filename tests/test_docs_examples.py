@@ -217,6 +217,8 @@ def test_scopes_example_keeps_tenants_apart():
     assert results[3].conflict is not None
     assert results[3].conflict.fields == ("handler",)
     assert results[0].job().job_id == "reminder-0"
+    # The reserved scope of schedule periods is not the tenant "periodic".
+    assert namespace["periods"].scope_hash != namespace["JobScope"]("periodic").scope_hash
 
 
 def test_testing_page_example_imports_and_defines_its_test():

@@ -51,6 +51,51 @@ def test_a_misspelt_key_gets_a_suggestion_and_a_hint_naming_the_reference(
     assert url.group(1) in _anchors(REFERENCE)
 
 
+@pytest.mark.parametrize(
+    ("setting", "check", "bad", "named"),
+    [
+        (
+            "JOBS",
+            check_jobs_settings,
+            {"LEASE_SECOND": 1, "POLL_INTERVAL": 0, "RETENTION_SECONDS": "7d", "MAX_SNOOZES": -1},
+            ["LEASE_SECOND", "POLL_INTERVAL", "RETENTION_SECONDS", "MAX_SNOOZES"],
+        ),
+        (
+            "OUTBOX",
+            check_outbox_settings,
+            {"ENABLE": 1, "BATCH_SIZE": 0, "PARKED_RETENTION_SECONDS": -1},
+            ["ENABLE", "BATCH_SIZE", "PARKED_RETENTION_SECONDS"],
+        ),
+        (
+            "SAGAS",
+            check_sagas_settings,
+            {"LEASE_SECONDS": -1, "RETENTION_SECONDS": 0, "MAX_TAKEOVERS": "3"},
+            ["LEASE_SECONDS", "RETENTION_SECONDS", "MAX_TAKEOVERS"],
+        ),
+    ],
+)
+def test_every_bad_key_is_reported_at_once(setting, check, bad, named) -> None:
+    with override_settings(**{setting: bad}):
+        errors = check()
+    assert {error.id for error in errors} == {f"{setting.lower()}.E001"}
+    assert len(errors) == len(named)
+    for key in named:
+        assert any(key in error.msg for error in errors), (key, [e.msg for e in errors])
+
+
+def test_values_good_together_are_not_reported_for_the_defaults_beside_them() -> None:
+    # A lease shorter than the default heartbeat, with a heartbeat that fits it.
+    with override_settings(JOBS={"LEASE_SECONDS": 3, "HEARTBEAT_SECONDS": 1}):
+        assert check_jobs_settings() == []
+    with override_settings(JOBS={"LEASE_SECONDS": 3, "HEARTBEAT_SECONDS": 1, "POLL_INTERVAL": 0}):
+        messages = [error.msg for error in check_jobs_settings()]
+    assert len(messages) == 1
+    assert "POLL_INTERVAL" in messages[0]
+    with override_settings(JOBS={"LEASE_SECONDS": 3, "HEARTBEAT_SECONDS": 5}):
+        [error] = check_jobs_settings()
+    assert "HEARTBEAT_SECONDS" in error.msg
+
+
 def test_no_suggestion_for_a_key_like_none_of_them() -> None:
     with override_settings(JOBS={"COMPLETELY_DIFFERENT": 1}):
         [error] = check_jobs_settings()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.core import checks
@@ -30,6 +30,9 @@ from .exceptions import TaskNotRegistered
 from .options import BackendOptions, backend_options, check_options
 from .results import HANDLER, HANDLER_VERSION, TaskPayload, task_result
 from .signals import send_signal
+
+if TYPE_CHECKING:
+    from ..api import JobScope
 
 
 class JobsBackend(BaseTaskBackend):
@@ -99,7 +102,6 @@ class JobsBackend(BaseTaskBackend):
         once the job is committed (never for a rolled-back enqueue)."""
         # Not at the top, here and below: Django may import the backend before the
         # app registry is ready, and these import the models.
-        from ..api import stage_job, submit_job
         from ..models import Job
 
         self.validate_task(task)
@@ -116,11 +118,12 @@ class JobsBackend(BaseTaskBackend):
             max_attempts=getattr(task, "max_attempts", 1),
             not_before=run_after,
         )
+        scope = self.job_scope()
         try:
-            snapshot = stage_job(self.scope, None, submission)
+            snapshot = scope.stage(None, submission)
             staged = True
         except TransactionRequiredError:
-            snapshot = submit_job(self.scope, None, submission)
+            snapshot = scope.submit(None, submission)
             staged = False
         result: TaskResult[Any, Any] = TaskResult(
             task=task,
@@ -189,13 +192,20 @@ class JobsBackend(BaseTaskBackend):
             changes["max_attempts"] = snapshot.max_attempts
         return replace(task, **changes)
 
-    def _snapshot(self, result_id: object) -> JobSnapshot:
+    def job_scope(self) -> JobScope:
+        """The reserved scope of this backend's task results (``OPTIONS["SCOPE"]``):
+        no tenant's ``JobScope`` reaches them."""
+        # What execution.reserved_scope returns; that module imports the schedules,
+        # which import this backend's registry.
         from ..api import JobScope  # the models: see enqueue()
 
+        return JobScope._reserved(self.scope)
+
+    def _snapshot(self, result_id: object) -> JobSnapshot:
         if not isinstance(result_id, str):
             raise TaskResultDoesNotExist(result_id)
         try:
-            snapshot = JobScope(self.scope).get(result_id)
+            snapshot = self.job_scope().get(result_id)
         except InvalidJobId:
             raise TaskResultDoesNotExist(result_id) from None
         if snapshot is None or snapshot.handler != HANDLER:
@@ -208,11 +218,9 @@ class JobsBackend(BaseTaskBackend):
         """Cancel a task: a READY task fails at once as cancelled; a RUNNING one has
         its cancellation requested (it reaches ``context.job`` of a task that takes
         context, and the result is dropped). Says so if the task had finished."""
-        from ..api import JobScope  # the models: see enqueue()
-
         snapshot = self._snapshot(result_id)
         try:
-            return JobScope(self.scope).cancel(snapshot.job_id)
+            return self.job_scope().cancel(snapshot.job_id)
         except JobNotFound:
             raise TaskResultDoesNotExist(result_id) from None
 

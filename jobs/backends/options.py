@@ -35,7 +35,8 @@ E_APP_NOT_INSTALLED = "jobs.E107"
 
 @dataclass(frozen=True, slots=True)
 class BackendOptions:
-    #: Every task result of the backend is a job of this scope (``JobScope(scope)``).
+    #: Every task result of the backend is a job of this reserved scope
+    #: (``execution.reserved_scope(scope)``; no tenant's ``JobScope`` reaches it).
     scope: str
     #: Modules the worker imports so that the ``@task`` functions they define run.
     modules: tuple[str, ...]

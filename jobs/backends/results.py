@@ -16,9 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ledon.errors import docstring_message
+from ledon.errors import MAX_ERROR_LENGTH, docstring_message, format_error
 
-from .. import validation
 from ..exceptions import JobCancelled, JobsError
 from ..types import AttemptSnapshot, AttemptStatus, JobSnapshot, JobStatus
 from .compat import Task, TaskError, TaskResult, TaskResultStatus, normalize_json
@@ -39,7 +38,6 @@ _STATUS = {
 # A class path as ``f"{cls.__module__}.{cls.__qualname__}"`` writes it (``<locals>``
 # included, as for a class defined inside a function).
 _CLASS_PATH = re.compile(r"[A-Za-z_<][\w<>]*(?:\.[A-Za-z_<][\w<>]*)+")
-_TRUNCATED = "\n[... traceback truncated ...]\n"
 
 
 # --------------------------------------------------------------------------- payload
@@ -97,17 +95,6 @@ def _class_path(cls: type[BaseException]) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _storable(text: str) -> str:
-    """Text the store accepts: no NUL, no lone surrogate, bounded (keeping the end,
-    where the exception itself is written)."""
-    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
-    limit = validation.MAX_TEXT_LENGTH
-    if len(text) > limit:
-        head = 2_000
-        text = text[:head] + _TRUNCATED + text[-(limit - head - len(_TRUNCATED)) :]
-    return text
-
-
 def task_error(exc: BaseException) -> TaskError:
     """The ``TaskError`` for an exception raised by a task."""
     return TaskError(
@@ -116,11 +103,14 @@ def task_error(exc: BaseException) -> TaskError:
     )
 
 
-def format_task_error(exc: BaseException) -> str:
-    """The stored error of a failed task attempt: class path, newline, traceback."""
+def format_task_error(exc: BaseException, limit: int = MAX_ERROR_LENGTH) -> str:
+    """The stored error of a failed task attempt: class path, newline, traceback —
+    the traceback bounded by the rule of every stored error
+    (:func:`ledon.errors.format_error`: the exception's type and message stay)."""
     cause = exc.__cause__ if isinstance(exc, TaskRaisedBaseException) else None
-    error = task_error(cause if cause is not None else exc)
-    return _storable(f"{error.exception_class_path}\n{error.traceback}")
+    original = cause if cause is not None else exc
+    path = _class_path(type(original))
+    return f"{path}\n{format_error(original, limit - len(path) - 1)}"
 
 
 def parse_task_error(text: str) -> TaskError | None:

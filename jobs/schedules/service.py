@@ -65,8 +65,9 @@ class EnqueuePass:
 
 
 def scope_hash() -> str:
-    """The scope hash of every period's job (``JOBS["SCHEDULE_SCOPE"]``)."""
-    return validation.scope_hash(jobs_settings().SCHEDULE_SCOPE)
+    """The scope hash of every period's job: the reserved scope
+    ``JOBS["SCHEDULE_SCOPE"]``, which no tenant's ``JobScope`` reaches."""
+    return validation.reserved_scope_hash(jobs_settings().SCHEDULE_SCOPE)
 
 
 def due_periods(spec: ScheduleSpec, next_run_at: datetime, now: datetime) -> list[datetime]:
@@ -239,6 +240,11 @@ def enqueue_due_schedules(now: datetime | None = None) -> list[JobSnapshot]:
 
 def _declared(name: str) -> ScheduleSpec:
     spec = declarations.get(name)
+    if spec is None:
+        # A shell or a view has not imported the apps' tasks modules, where schedules
+        # are declared, as a worker and the admin have: import them, once.
+        declarations.discover()
+        spec = declarations.get(name)
     if spec is None:
         raise ScheduleNotDeclared(
             f"no schedule named {name!r} is declared in this process's code; an orphaned "

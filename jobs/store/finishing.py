@@ -314,30 +314,57 @@ def complete_many(
         return outcomes(batch, finish_batch(connection, batch, now))
 
 
-def snooze(token: str, run_at: datetime, *, now: datetime | None = None) -> FinishOutcome:
+#: The most snoozes a ``max_snoozes`` can allow.
+MAX_SNOOZES_LIMIT = 1_000_000
+
+
+def snooze(
+    token: str,
+    run_at: datetime,
+    *,
+    max_snoozes: int = MAX_SNOOZES_LIMIT,
+    now: datetime | None = None,
+) -> FinishOutcome:
     """The handler holding ``token`` raised ``Snooze``: in one transaction the job
     is Queued again at ``run_at`` — the execution taken back from ``attempt_count``
     (it never counts against ``max_attempts``) and counted in ``snooze_count`` — and
-    its attempt row ends Snoozed (``SNOOZED``). A cancel request that committed first
-    ends the job Cancelled instead, as a finish would; a stale token changes
-    nothing (``STALE``); a missing attempt row fails the whole transition."""
+    its attempt row ends Snoozed (``SNOOZED``). A job that snoozed ``max_snoozes``
+    times already ends Failed instead, its error naming the bound (``FAILED``). A
+    cancel request that committed first ends the job Cancelled instead, as a finish
+    would; a stale token changes nothing (``STALE``); a missing attempt row fails the
+    whole transition."""
     token = check_token(token)
     now = current_time(now)
     run_at = validation.aware_utc(run_at, "run_at")
+    max_snoozes = validation.integer(max_snoozes, "max_snoozes", 0, MAX_SNOOZES_LIMIT)
     connection = connection_for(Job)
     params = {
         "token": token,
         "now": adapt_dt(connection, now),
         "run_at": adapt_dt(connection, run_at),
         "note": f"snoozed until {run_at.isoformat()}",
+        "max_snoozes": max_snoozes,
     }
     with transaction.atomic(using=alias_for(Job)):
         rows = fetch(connection, sql_flow.SNOOZE_JOB, params)
         if not rows:
-            # Stale, or a cancel request committed first: the finishing rule decides (Cancelled).
-            finished = finish_batch(
-                connection, [Finishing(token, AttemptStatus.SUCCEEDED)], now
-            ).get(token)
+            refused = fetch(connection, sql_flow.SNOOZE_REFUSED, {"token": token})
+            if not refused:
+                return FinishOutcome.STALE
+            job = refused[0]
+            # A cancel request committed first: the finishing rule decides (Cancelled).
+            ending = Finishing(token, AttemptStatus.SUCCEEDED)
+            if not job["cancel_requested"]:
+                ending = Finishing(
+                    token,
+                    AttemptStatus.FAILED,
+                    error=(
+                        f"handler {job['handler']!r} snoozed {job['snooze_count']} times, "
+                        f"the most its max_snoozes={max_snoozes} allows; it asked to run "
+                        f"again at {run_at.isoformat()}"
+                    ),
+                )
+            finished = finish_batch(connection, [ending], now).get(token)
             return FinishOutcome.STALE if finished is None else FinishOutcome(finished.status.value)
         job = rows[0]
         if not fetch(connection, sql_flow.SNOOZE_ATTEMPT, {**params, "job": job["id"]}):

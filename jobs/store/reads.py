@@ -67,10 +67,12 @@ def list_jobs(
             if value not in JobStatus.values:
                 raise InvalidInput(f"unknown job status {value!r}")
         qs = qs.filter(status__in=wanted)
+    # A name no job can have (a lone surrogate, not a str) is a typed error here,
+    # never the driver's encoding error.
     if queue is not None:
-        qs = qs.filter(queue=queue)
+        qs = qs.filter(queue=validation.name(queue, "queue", validation.MAX_QUEUE_LENGTH))
     if handler is not None:
-        qs = qs.filter(handler=handler)
+        qs = qs.filter(handler=validation.name(handler, "handler"))
     qs = qs.order_by("created_at", "id")
     if limit is not None:
         validation.integer(limit, "limit", 0, 10**9)

@@ -11,6 +11,7 @@ from ledon.db import alias_for, connection_for
 
 from .. import validation
 from ..exceptions import (
+    InvalidSubmission,
     InvalidTransition,
     JobNotFound,
 )
@@ -54,32 +55,49 @@ def retry(
     job_id: str,
     *,
     not_before: datetime | None = None,
+    extra_attempts: int = 0,
     now: datetime | None = None,
 ) -> JobSnapshot:
     """Failed, Cancelled or Interrupted with attempts left -> Queued.
 
-    Earlier attempts stay; progress, error, cancel flag, result and token are cleared.
+    ``extra_attempts`` raises ``max_attempts`` by that much in the same guarded
+    statement, so an operator can grant more attempts to a job that used them all;
+    ``max_attempts`` stays within its limit. Earlier attempts stay; progress, error,
+    cancel flag, result and token are cleared.
     """
+    extra = validation.integer(extra_attempts, "extra_attempts", 0, validation.MAX_ATTEMPTS_LIMIT)
     now = current_time(now)
     run_at = validation.optional_aware_utc(not_before, "not_before") or now
     alias = alias_for(Job)
     jobs = Job.objects.for_scope(scope_hash).filter(job_id=job_id)
+    granted = F("max_attempts") + extra
+    fields = requeue_fields(run_at, now)
+    if extra:
+        fields["max_attempts"] = granted
     with transaction.atomic(using=alias):
         updated = jobs.filter(
-            status__in=RETRYABLE_STATUSES, attempt_count__lt=F("max_attempts")
-        ).update(**requeue_fields(run_at, now))
+            status__in=RETRYABLE_STATUSES,
+            attempt_count__lt=granted,
+            max_attempts__lte=validation.MAX_ATTEMPTS_LIMIT - extra,
+        ).update(**fields)
         job = jobs.first()
         if job is None:
             raise JobNotFound()
         if not updated:
-            if job.status in RETRYABLE_STATUSES:
+            if job.status not in RETRYABLE_STATUSES:
                 raise InvalidTransition(
-                    f"job {job_id!r} has no attempts left "
-                    f"({job.attempt_count} of {job.max_attempts} used)"
+                    f"job {job_id!r} is {job.status}; only failed, cancelled or "
+                    "interrupted jobs can be retried"
+                )
+            if job.max_attempts + extra > validation.MAX_ATTEMPTS_LIMIT:
+                raise InvalidSubmission(
+                    f"extra_attempts={extra} would raise max_attempts of job {job_id!r} "
+                    f"to {job.max_attempts + extra}, above {validation.MAX_ATTEMPTS_LIMIT}"
                 )
             raise InvalidTransition(
-                f"job {job_id!r} is {job.status}; only failed, cancelled or "
-                "interrupted jobs can be retried"
+                f"job {job_id!r} has no attempts left "
+                f"({job.attempt_count} of {job.max_attempts} used); "
+                "grant more with extra_attempts"
             )
         if run_at <= now:
             notify(connection_for(Job), job.queue)

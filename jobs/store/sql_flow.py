@@ -318,10 +318,10 @@ RESUME_QUEUE = (
 # --------------------------------------------------------------------------- snooze
 
 
-#: Snooze: queue the job Running under ``token`` again at ``run_at`` (``now``), unless a
-#: cancel request committed first; the execution is taken back from
-#: ``attempt_count`` and counted in ``snooze_count`` instead. Returns the job's
-#: ``id`` and ``queue``.
+#: Snooze: queue the job Running under ``token`` again at ``run_at`` (``now``), unless
+#: a cancel request committed first or the job snoozed ``max_snoozes`` times already;
+#: the execution is taken back from ``attempt_count`` and counted in ``snooze_count``
+#: instead. Returns the job's ``id`` and ``queue``.
 SNOOZE_JOB = (
     f"UPDATE {JOB} SET status = '{QUEUED}', next_run_at = %(run_at)s,"
     " attempt_count = attempt_count - 1, snooze_count = snooze_count + 1,"
@@ -329,7 +329,14 @@ SNOOZE_JOB = (
     " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
     " finished_at = NULL, handler_unknown_since = NULL, updated_at = %(now)s"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}' AND NOT cancel_requested"
-    " RETURNING id, queue"
+    " AND snooze_count < %(max_snoozes)s RETURNING id, queue"
+)
+
+#: J17: why a snooze of the job Running under ``token`` did not happen: its cancel
+#: flag and snooze count, with its handler (no row: the token is stale).
+SNOOZE_REFUSED = (
+    f"SELECT cancel_requested, snooze_count, handler FROM {JOB}"
+    f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
 )
 
 #: Snooze: the snoozed job's (``job``) Running attempt row under ``token`` ends Snoozed

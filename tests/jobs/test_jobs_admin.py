@@ -173,6 +173,12 @@ def test_search_by_job_id_scope_hash_and_scope(admin_client: Client) -> None:
     assert listed(admin_client, q=other_hash[:20]) == set()
 
 
+def test_search_by_a_scope_name_finds_the_reserved_scope_of_that_name(admin_client) -> None:
+    execution.reserved_scope("periodic").submit("nightly@1", JobSubmission.create("x.y"))
+    submit("tenant-job", scope="periodic")
+    assert listed(admin_client, q="periodic") == {"nightly@1", "tenant-job"}
+
+
 # --------------------------------------------------------------------------- job page
 
 
@@ -266,9 +272,10 @@ def test_retry_action_requeues_and_lists_refusals(admin_client: Client) -> None:
 
     messages = run_action(admin_client, "retry_jobs", "retry-me", "still-running", "exhausted")
 
-    assert messages[0] == "1 re-queued, 2 refused."
-    assert sorted(messages[1:]) == [
-        "Job 'exhausted' has no attempts left (1 of 1 used).",
+    assert messages[0] == (
+        "2 re-queued (1 with one extra attempt granted, having used all of theirs), 1 refused."
+    )
+    assert messages[1:] == [
         "Job 'still-running' is running; only failed, cancelled or interrupted jobs "
         "can be retried.",
     ]
@@ -278,7 +285,10 @@ def test_retry_action_requeues_and_lists_refusals(admin_client: Client) -> None:
     assert requeued.attempt_count == 1
     assert JobAttempt.objects.filter(job=requeued).count() == 1  # earlier attempts stay
     assert job("still-running").status == JobStatus.RUNNING
-    assert job("exhausted").status == JobStatus.FAILED
+    # The operator's retry is the grant of one more attempt to a job that used its own.
+    exhausted = job("exhausted")
+    assert (exhausted.status, exhausted.max_attempts) == (JobStatus.QUEUED, 2)
+    assert job("retry-me").max_attempts == 3
 
 
 def test_retry_action_requeues_a_job_cancelled_while_queued(admin_client: Client) -> None:

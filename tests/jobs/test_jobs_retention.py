@@ -136,9 +136,23 @@ def test_the_worker_cleans_up_past_the_retention(make_job, settings) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_no_retention_by_default(make_job) -> None:
-    assert jobs_settings().RETENTION_SECONDS is None
+def test_retention_is_on_by_default_for_fourteen_days(make_job) -> None:
+    assert jobs_settings().RETENTION_SECONDS == 14 * 86_400
+    history(make_job)  # finished ten days ago: kept
+    age(make_job, "old-0", 15 * DAY)
+    worker = Worker(burst=True, listen=False)
+    worker.run()
+    assert worker.stats.purged == 1
+    assert "old-0" not in remaining()
+    assert {"old-1", "old-2", "old-3", "recent"} <= remaining()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_none_keeps_finished_jobs_for_ever(make_job, settings) -> None:
+    settings.JOBS = {**settings.JOBS, "RETENTION_SECONDS": None}
     history(make_job)
+    for n in range(4):
+        age(make_job, f"old-{n}", 3650 * DAY)
     worker = Worker(burst=True, listen=False)
     worker.run()
     assert worker.stats.purged == 0
@@ -165,6 +179,14 @@ class TestPurgeJobsCommand:
         call_command("purge_jobs")
         assert "deleted 4" in capsys.readouterr().out
 
+    def test_without_an_argument_uses_the_default_retention(self, make_job, capsys) -> None:
+        history(make_job)
+        age(make_job, "old-2", 15 * DAY)
+        call_command("purge_jobs")
+        assert "deleted 1 finished job(s)" in capsys.readouterr().out
+        assert "old-2" not in remaining()
+        assert len(remaining()) == 6
+
     @pytest.mark.parametrize(
         ("args", "message"),
         [
@@ -173,7 +195,8 @@ class TestPurgeJobsCommand:
             (["--older-than-days", "1", "--batch-size", "0"], "batch-size"),
         ],
     )
-    def test_bad_arguments_change_nothing(self, make_job, args, message) -> None:
+    def test_bad_arguments_change_nothing(self, make_job, settings, args, message) -> None:
+        settings.JOBS = {**settings.JOBS, "RETENTION_SECONDS": None}
         history(make_job)
         with pytest.raises(CommandError, match=message):
             call_command("purge_jobs", *args)

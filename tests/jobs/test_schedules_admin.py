@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs import JobScope, execution, periodic
+from jobs import execution, periodic
 from jobs.models import Job
 from jobs.schedules import declarations, service
 from tests.jobs import test_jobs_admin
@@ -80,7 +80,7 @@ def test_pause_resume_and_run_now_go_through_the_store(admin_client: Client):
     assert manual.startswith("hourly@manual-")
     assert message == f"1 run started: {manual}."
     assert row("hourly").last_job_id == manual
-    assert JobScope("periodic").get(manual) is not None
+    assert execution.reserved_scope("periodic").get(manual) is not None
 
 
 @pytest.mark.usefixtures("declared")

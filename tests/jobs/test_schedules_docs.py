@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from jobs import JobScope, JobStatus
+from jobs import JobStatus, execution
 from jobs.conf import jobs_settings
 from jobs.schedules import declarations
 from jobs.schedules.types import ScheduleOutcome
@@ -39,7 +39,7 @@ def test_the_schedules_page_examples_declare_enqueue_run_and_steer():
         "crm-sync@2026-12-01T05:00:00Z",
         "daily-report@2026-12-01T05:00:00Z",
     }
-    report = JobScope("periodic").get("daily-report@2026-12-01T05:00:00Z")
+    report = execution.reserved_scope("periodic").get("daily-report@2026-12-01T05:00:00Z")
     assert report is not None
     assert report.status == JobStatus.SUCCEEDED
     assert report.result_ref == "reports/2026-12-01T05:00:00Z.pdf"

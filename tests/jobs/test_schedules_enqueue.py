@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from jobs import JobScope, JobStatus, JobSubmission, execution, periodic, submit_job
+from jobs import JobStatus, JobSubmission, execution, periodic
 from jobs.exceptions import (
     AmbientTransactionError,
     ScheduleNotDeclared,
@@ -53,7 +53,7 @@ def test_a_new_schedule_starts_at_its_first_period_after_it_was_first_seen():
     state = row("hourly")
     assert (state.next_run_at, state.last_period) == (T0 + 2 * HOUR, T0 + HOUR)
     assert state.last_job_id == "hourly@2026-12-01T01:00:00Z"
-    job = JobScope("periodic").get("hourly@2026-12-01T01:00:00Z")
+    job = execution.reserved_scope("periodic").get("hourly@2026-12-01T01:00:00Z")
     assert job is not None
     assert (job.handler, job.status, job.initial_not_before, job.next_run_at) == (
         "reports.hourly",
@@ -223,7 +223,9 @@ def test_a_crash_between_enqueue_and_state_update_loses_and_doubles_nothing():
 def test_a_period_whose_job_exists_with_another_request_counts_as_enqueued(caplog):
     hourly()
     enqueue(T0 + timedelta(minutes=10))
-    submit_job("periodic", "hourly@2026-12-01T01:00:00Z", JobSubmission.create("other.handler"))
+    execution.reserved_scope("periodic").submit(
+        "hourly@2026-12-01T01:00:00Z", JobSubmission.create("other.handler")
+    )
     with caplog.at_level(logging.WARNING, logger="jobs.schedules.service"):
         assert enqueue(T0 + HOUR) == []
     assert "already exists in this scope with different" in caplog.text

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from jobs import JobScope, JobStatus, JobSubmission, execution, submit_job
+from jobs import JobScope, JobStatus, JobSubmission, execution
 from jobs.backends import (
     InvalidReturnValue,
     JobsBackend,
@@ -44,7 +44,7 @@ from jobs.backends.compat import (
     task_started,
 )
 from jobs.backends.results import HANDLER, format_task_error, parse_task_error
-from jobs.exceptions import JobCancelled, JobsConfigurationError
+from jobs.exceptions import JobCancelled, JobNotFound, JobsConfigurationError
 from jobs.types import CancelOutcome
 from jobs.worker import Worker
 from testproject.tasks_demo import probes
@@ -67,7 +67,7 @@ def run_burst(**kwargs: Any) -> Worker:
 
 
 def job(result_id: str) -> Any:
-    snap = JobScope(SCOPE).get(result_id)
+    snap = execution.reserved_scope(SCOPE).get(result_id)
     assert snap is not None
     return snap
 
@@ -298,7 +298,7 @@ class TestEnqueue:
             probes.record.enqueue(timezone.now())  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="NaN"):
             probes.record.enqueue(float("nan"))  # type: ignore[arg-type]
-        assert JobScope(SCOPE).list() == []
+        assert execution.reserved_scope(SCOPE).list() == []
 
     def test_inside_atomic_the_signal_waits_for_the_commit(
         self, received, django_capture_on_commit_callbacks
@@ -349,7 +349,7 @@ class TestEnqueueInTransactions:
             business_work()
         with pytest.raises(TaskResultDoesNotExist):
             default_task_backend.get_result(enqueued[0])
-        assert JobScope(SCOPE).list() == []
+        assert execution.reserved_scope(SCOPE).list() == []
         assert received == []
 
     def test_committed_enqueue_exists_and_is_announced_after_commit(self, received) -> None:
@@ -373,9 +373,23 @@ class TestGetResult:
             default_task_backend.get_result(None)  # type: ignore[arg-type]
 
     def test_a_plain_job_of_the_same_scope_is_not_a_task_result(self) -> None:
-        submit_job(SCOPE, "plain", JobSubmission.create("reports.generate", {}))
+        execution.reserved_scope(SCOPE).submit(
+            "plain", JobSubmission.create("reports.generate", {})
+        )
         with pytest.raises(TaskResultDoesNotExist):
             default_task_backend.get_result("plain")
+
+    def test_a_tenant_scope_of_the_same_name_cannot_reach_the_results(self) -> None:
+        result = probes.record.enqueue("x")
+        tenant = JobScope(SCOPE)
+        assert tenant.get(result.id) is None
+        assert tenant.list() == []
+        with pytest.raises(JobNotFound):
+            tenant.cancel(result.id)
+        # The tenant's own job of the same id is another job.
+        tenant.submit(result.id, JobSubmission.create("reports.generate", {}))
+        assert default_task_backend.get_result(result.id).id == result.id
+        assert execution.reserved_scope(SCOPE).get(result.id).handler == HANDLER
 
     def test_another_scope_cannot_see_the_result(self) -> None:
         result = probes.record.enqueue("x")
@@ -407,7 +421,7 @@ class TestGetResult:
         )
         monkeypatch.syspath_prepend(str(tmp_path))
         payload = {"task": "ledon_trap.fn", "backend": "default", "args": [], "kwargs": {}}
-        submit_job(SCOPE, "trap", JobSubmission.create(HANDLER, payload))
+        execution.reserved_scope(SCOPE).submit("trap", JobSubmission.create(HANDLER, payload))
         with pytest.raises(TaskNotRegistered, match=r"'ledon_trap\.fn' is not registered"):
             default_task_backend.get_result("trap")
         assert not marker.exists()
@@ -498,7 +512,9 @@ class TestStoredErrors:
         assert error == TaskError(
             exception_class_path="builtins.ValueError", traceback=error.traceback
         )
-        assert "traceback truncated" in error.traceback
+        # The rule of every stored error: the middle is cut, the type and message stay.
+        assert "characters cut" in error.traceback
+        assert "\nValueError: \\ud800 lone surrogate" in error.traceback
         assert error.traceback.endswith("x\n")
 
 
@@ -669,7 +685,7 @@ class TestRunInProcess:
 
     def test_task_unknown_to_the_worker_fails_clearly(self) -> None:
         payload = {"task": "gone.module.fn", "backend": "default", "args": [], "kwargs": {}}
-        submit_job(SCOPE, "gone", JobSubmission.create(HANDLER, payload))
+        execution.reserved_scope(SCOPE).submit("gone", JobSubmission.create(HANDLER, payload))
         run_burst()
         snap = job("gone")
         assert snap.status == JobStatus.FAILED

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs import JobScope, JobStatus, execution, periodic
+from jobs import JobStatus, execution, periodic
 from jobs.schedules import store as schedule_store
 from jobs.schedules.timetable import job_id_time
 from tests.processes import test_worker_processes
@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.slow,
 ]
 
-PERIODIC = JobScope("periodic")
+PERIODIC = execution.reserved_scope("periodic")
 
 worker_processes = test_worker_processes.workers  # a fixture: run_jobs processes
 

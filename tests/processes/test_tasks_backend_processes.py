@@ -23,7 +23,7 @@ from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import JobScope, JobStatus, JobSubmission, submit_job
+from jobs import JobStatus, JobSubmission, execution
 from jobs.backends import TaskInterrupted
 from jobs.backends.compat import TaskResultDoesNotExist, TaskResultStatus, default_task_backend
 from jobs.backends.results import HANDLER
@@ -87,7 +87,7 @@ def finished(result_id: str) -> bool:
 
 
 def job(result_id: str) -> Any:
-    snap = JobScope(SCOPE).get(result_id)
+    snap = execution.reserved_scope(SCOPE).get(result_id)
     assert snap is not None
     return snap
 
@@ -186,7 +186,10 @@ class TestDjangoDocumentationExamples:
             transaction.on_commit(partial(my_task.enqueue, thing_num=2))
 
         run_burst(workers)
-        results = [default_task_backend.get_result(s.job_id) for s in JobScope(SCOPE).list()]
+        results = [
+            default_task_backend.get_result(s.job_id)
+            for s in execution.reserved_scope(SCOPE).list()
+        ]
         assert [r.kwargs for r in results] == [{"thing_num": 1}, {"thing_num": 2}]
         assert results[0].id == direct.id
         for result in results:
@@ -257,7 +260,7 @@ def test_rolled_back_enqueue_never_runs_and_committed_always_runs(workers) -> No
     for result_id in rolled_back:
         with pytest.raises(TaskResultDoesNotExist):
             default_task_backend.get_result(result_id)
-    assert sorted(s.job_id for s in JobScope(SCOPE).list()) == sorted(committed)
+    assert sorted(s.job_id for s in execution.reserved_scope(SCOPE).list()) == sorted(committed)
     enqueued = TaskEvent.objects.filter(kind="task_enqueued").values_list("result_id", flat=True)
     assert sorted(enqueued) == sorted(committed)
 
@@ -404,7 +407,7 @@ def test_worker_never_imports_a_module_path_read_from_the_database(workers, tmp_
         f"import pathlib\npathlib.Path({str(marker)!r}).touch()\ndef fn(): pass\n"
     )
     payload = {"task": "ledon_trap.fn", "backend": "default", "args": [], "kwargs": {}}
-    submit_job(SCOPE, "trap", JobSubmission.create(HANDLER, payload))
+    execution.reserved_scope(SCOPE).submit("trap", JobSubmission.create(HANDLER, payload))
     run_burst(workers, env={"PYTHONPATH": str(tmp_path)})
 
     snap = job("trap")

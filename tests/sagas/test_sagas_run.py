@@ -14,7 +14,7 @@ from django.db import transaction
 from jobs.models import Job
 from outbox.models import OutboxMessage
 from outbox.testing import fault_at
-from sagas import SagaExecutionError, SagaStatus, run_saga, start_saga
+from sagas import SagaExecutionError, SagaIdentityConflict, SagaStatus, run_saga, start_saga
 from sagas.exceptions import (
     AmbientTransactionError,
     InvalidSagaData,
@@ -230,12 +230,15 @@ def test_s2_data_a_step_leaves_must_stay_json():
 
 def test_s6_the_same_key_returns_the_existing_instance_and_never_runs_twice():
     first = run_saga("fulfilment.order", data=ORDER, idempotency_key="order-7")
-    again = run_saga("fulfilment.order", data={**ORDER, "quantity": 99}, idempotency_key="order-7")
+    # The same data in another key order is the same request.
+    again = run_saga(
+        "fulfilment.order", data=dict(reversed(ORDER.items())), idempotency_key="order-7"
+    )
 
     assert again.instance_id == first.instance_id
     assert not again.created
     assert again.status is SagaStatus.SUCCEEDED
-    assert again.data == first.data  # the stored run's data; the new request's is ignored
+    assert again.data == first.data  # the stored run's data, as its steps left it
     assert runs(first.instance_id) == ["reserve", "charge", "ship"]
     assert Reservation.objects.count() == 1
 
@@ -244,11 +247,23 @@ def test_s6_the_same_key_returns_the_existing_instance_and_never_runs_twice():
     assert other.instance_id != first.instance_id
 
 
+def test_s6_the_same_key_with_other_data_is_a_conflict_that_runs_nothing():
+    first = run_saga("fulfilment.order", data=ORDER, idempotency_key="order-7")
+    with pytest.raises(SagaIdentityConflict, match="order-7") as conflict:
+        run_saga("fulfilment.order", data={**ORDER, "quantity": 99}, idempotency_key="order-7")
+    assert (conflict.value.name, conflict.value.idempotency_key) == ("fulfilment.order", "order-7")
+    with pytest.raises(SagaIdentityConflict):
+        start_saga("fulfilment.order", data={**ORDER, "quantity": 99}, idempotency_key="order-7")
+    assert SagaInstance.objects.count() == 1
+    assert runs(first.instance_id) == ["reserve", "charge", "ship"]
+    assert Reservation.objects.count() == 1
+
+
 def test_s6_repeating_a_failed_run_raises_its_outcome_again_without_running():
     with pytest.raises(SagaExecutionError) as first:
         run_saga("fulfilment.order", data=order(fail_at="charge"), idempotency_key="k")
     with pytest.raises(SagaExecutionError) as again:
-        run_saga("fulfilment.order", data=ORDER, idempotency_key="k")
+        run_saga("fulfilment.order", data=order(fail_at="charge"), idempotency_key="k")
 
     assert again.value.instance_id == first.value.instance_id
     assert again.value.failed_step == "charge"

@@ -57,7 +57,7 @@ def test_s4_create_records_the_plan_and_a_key_is_unique_per_saga():
         lease_seconds=30,
     )
     again = store.create(
-        "fulfilment.order", ["x"], {}, idempotency_key="k", owner="other", lease_seconds=30
+        "fulfilment.order", ["x"], dict(ORDER), idempotency_key="k", owner="other", lease_seconds=30
     )
     assert first.created
     assert not again.created

@@ -8,8 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from jobs import handlers
-from jobs.api import JobScope
+from jobs import execution, handlers
 from jobs.models import Job
 from jobs.schedules import declarations
 from jobs.schedules.models import Schedule
@@ -34,7 +33,7 @@ def schedules() -> Iterator[None]:
 
 def period_jobs(name: str | None = None) -> list[str]:
     """The ids of the period jobs (scope "periodic"), oldest period first."""
-    jobs = Job.objects.for_scope(JobScope("periodic").scope_hash)
+    jobs = Job.objects.for_scope(execution.reserved_scope("periodic").scope_hash)
     if name is not None:
         jobs = jobs.filter(job_id__startswith=f"{name}@")
     return list(jobs.order_by("next_run_at", "job_id").values_list("job_id", flat=True))

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs import JobScope, JobStatus
+from jobs import JobStatus, execution
 
 
 class Command(BaseCommand):
@@ -20,7 +20,7 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=30.0)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        scope = JobScope("periodic")
+        scope = execution.reserved_scope("periodic")
         deadline = time.monotonic() + options["timeout"]
         while True:
             done = [
