@@ -11,7 +11,7 @@ from django.core import checks
 
 from ..exceptions import InvalidSchedule, UnknownHandler
 from ..handlers import autodiscover, get_handler, registered_handlers
-from . import registry
+from . import declarations
 
 
 @checks.register()
@@ -20,7 +20,7 @@ def check_schedule_handlers(app_configs: Any = None, **kwargs: Any) -> list[chec
     registered once the apps' tasks modules are imported, as a worker imports them."""
     autodiscover()
     try:
-        specs = registry.declared()
+        specs = declarations.declared()
     except InvalidSchedule as exc:
         return [checks.Error(str(exc), id="jobs.E004")]
     names = sorted({spec.name for spec in registered_handlers()})
