@@ -9,11 +9,11 @@ import hashlib
 from datetime import timedelta
 
 import pytest
-from schedules_support import T0, schedules  # noqa: F401  (fixture)
 
 from jobs import JobScope, JobStatus, JobSubmission, execution, periodic, submit_job
 from jobs.exceptions import InvalidScope, JobNotFound
 from jobs.models import Job
+from tests.support.schedules import T0, schedules  # noqa: F401  (fixture)
 
 PERIOD_JOB = "hourly@2026-12-01T01:00:00Z"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
-from schedules_support import schedules  # noqa: F401  (fixture)
 
 from jobs import periodic
 from jobs.schedules.checks import check_schedule_handlers
+from tests.support.schedules import schedules  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("schedules")
 

@@ -4,9 +4,9 @@ the apps' tasks modules (a shell, a view), as the admin's Run now does."""
 from __future__ import annotations
 
 import pytest
-from procs import database_url, manage
 
 from jobs import execution
+from tests.support.procs import database_url, manage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import ManageProcess, wait_until
 
 from jobs import JobStatus, JobSubmission, submit_job
 from jobs.models import Job
 from jobs.types import AttemptStatus
+from tests.support.procs import ManageProcess, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
