@@ -307,3 +307,30 @@ def test_pages_are_readable_without_this_repository(page):
         if not skipping_level:
             kept.append(line)
     assert [line for line in kept if REPOSITORY_ONLY.search(line)] == []
+
+
+PUBLISHED = "https://django-ledon.readthedocs.io/en/latest/"
+
+
+def test_the_readme_links_to_published_pages_that_exist():
+    """The README is the package index's page, where a relative link leads nowhere:
+    every link is absolute, and each one into the documentation names a page of
+    docs/."""
+    links = re.findall(r"\]\(([^)]+)\)", (ROOT / "README.md").read_text())
+    assert links
+    assert [link for link in links if not link.startswith("https://")] == []
+    pages = [link.removeprefix(PUBLISHED) for link in links if link.startswith(PUBLISHED)]
+    assert [p for p in pages if not (ROOT / "docs" / p.replace(".html", ".md")).is_file()] == []
+
+
+def test_the_readme_installs_every_extra_a_user_may_want():
+    """Each optional-dependency group meant for users has its install line."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for_developers = {"demo", "test-run", "test", "bench", "docs", "brokers-test"}
+    readme = (ROOT / "README.md").read_text()
+    missing = [e for e in extras if e not in for_developers and f"django-ledon[{e}]" not in readme]
+    assert missing == []
