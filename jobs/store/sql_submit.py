@@ -36,6 +36,7 @@ assert tuple(NEW_JOB_ROW)[2:-1] == IDENTITY_FIELDS
 NEW_JOB_FIXED: Mapping[str, str | int | bool] = {
     "status": JobStatus.QUEUED.value,
     "attempt_count": 0,
+    "snooze_count": 0,
     "cancel_requested": False,
     "progress_message": "",
     "error": "",

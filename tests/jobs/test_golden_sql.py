@@ -102,6 +102,7 @@ def _variants() -> dict[str, Callable[[], str]]:
     add("pause_queue", lambda: sql_flow.PAUSE_QUEUE)
     add("resume_queue", lambda: sql_flow.RESUME_QUEUE)
     add("snooze_job", lambda: sql_flow.SNOOZE_JOB)
+    add("snooze_refused", lambda: sql_flow.SNOOZE_REFUSED)
     add("snooze_attempt", lambda: sql_flow.SNOOZE_ATTEMPT)
     add("put_back_unknown_handler", lambda: sql_flow.PUT_BACK_UNKNOWN_HANDLER)
 

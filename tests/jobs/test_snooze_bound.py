@@ -105,6 +105,6 @@ def test_a_new_job_has_no_snoozes() -> None:
 
 
 def test_the_metrics_count_a_snooze_under_its_own_outcome() -> None:
-    from jobs.contrib.metrics import outcome_label
+    from jobs.observability.metrics import outcome_label
 
     assert outcome_label(FinishOutcome.SNOOZED, retry_scheduled=False) == "snoozed"

@@ -16,5 +16,6 @@ SET status = 'queued',
     updated_at = %(now)s
 WHERE current_token = %(token)s
   AND status = 'running'
-  AND NOT cancel_requested RETURNING id,
-                                     queue
+  AND NOT cancel_requested
+  AND snooze_count < %(max_snoozes)s RETURNING id,
+                                               queue
