@@ -17,7 +17,8 @@ from typing import Any
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
-from ..models import Job
+from ..conf import jobs_settings
+from ..models import Job, Queue
 from ..schedules.models import Schedule
 from ..types import JobStatus
 from .models import WorkerRecord
@@ -158,6 +159,22 @@ def worker_counts(now: datetime) -> dict[tuple[str, str], int]:
         counts[(str(row["kind"]), "live")] = int(row["live"])
         counts[(str(row["kind"]), "silent")] = int(row["silent"])
     return counts
+
+
+#: The kinds of engine every deployment with workers may have, whose
+#: ``ledon_workers`` series read 0 rather than disappear when none runs.
+ENGINE_KINDS = ("worker", "dispatcher", "consumer", "saga runner")
+
+
+def known_queues() -> set[str]:
+    """The queues known without a job in them: ``default``, those ``JOBS["QUEUES"]``
+    limits, those paused or resumed (``jobs_queue``) and those a worker of the
+    registry was started for (two small tables)."""
+    names = {"default", *jobs_settings().QUEUES}
+    names.update(Queue.objects.values_list("name", flat=True))
+    for queues in WorkerRecord.objects.filter(kind="worker").values_list("queues", flat=True):
+        names.update(str(name) for name in queues or ())
+    return names
 
 
 def next_schedules(limit: int = 10) -> list[Schedule]:
