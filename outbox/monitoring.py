@@ -61,6 +61,7 @@ def dashboard_panels(now: datetime) -> list[Panel]:
             ],
             link=reverse("admin:outbox_outboxmessage_changelist"),
             attention=state.parked > 0,
+            model=OutboxMessage,
         )
     ]
 

@@ -64,6 +64,7 @@ def dashboard_panels(now: datetime) -> list[Panel]:
             ],
             link=reverse("admin:sagas_sagainstance_changelist") + "?status__exact=failed",
             attention=counts[SagaStatus.FAILED] > 0,
+            model=SagaInstance,
         )
     ]
 

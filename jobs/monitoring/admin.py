@@ -7,7 +7,11 @@
   schedules, and the other apps' panels (outbox lag, sagas needing attention). It
   reloads itself every ``?refresh=`` seconds (default 10); charts are inline SVG and
   the page loads nothing from elsewhere. Every query is indexed (see
-  :mod:`jobs.monitoring.reads`). Staff who may view jobs (``jobs.view_job``) see it.
+  :mod:`jobs.monitoring.reads`). Staff who may view jobs (``jobs.view_job``) see it,
+  and in it only the panels whose model's own admin page lets them in: the workers
+  (host, pid) with the view permission on workers, the schedules with the one on
+  schedules, the outbox's and the sagas' panels likewise. A hidden panel's queries do
+  not run.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.exceptions import NotRegistered
+from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
+from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -24,6 +31,7 @@ from django.utils import timezone
 from ledon.admin import ModelAdmin, ReadOnlyModelAdmin
 from ledon.dashboard import age, panels
 
+from ..schedules.models import Schedule
 from . import reads
 from .charts import per_minute
 from .models import Dashboard, WorkerRecord
@@ -116,7 +124,13 @@ class DashboardAdmin(ModelAdmin[Dashboard]):
                 }
             )
         oldest = reads.oldest_waiting(now)
-        live, silent = reads.workers(now)
+
+        def may_view(model: type[Model]) -> bool:
+            return self.may_view(request, model)
+
+        show_workers = may_view(WorkerRecord)
+        live, silent = reads.workers(now) if show_workers else ([], [])
+        show_schedules = may_view(Schedule)
         context = {
             **self.admin_site.each_context(request),
             "title": "Dashboard",
@@ -138,13 +152,28 @@ class DashboardAdmin(ModelAdmin[Dashboard]):
             "oldest_link": (
                 reverse("admin:jobs_job_change", args=[oldest.pk]) if oldest is not None else ""
             ),
+            "show_workers": show_workers,
             "live": [(w, age((now - w.last_heartbeat_at).total_seconds())) for w in live],
             "silent": [(w, age((now - w.last_heartbeat_at).total_seconds())) for w in silent],
-            "schedules": reads.next_schedules(),
-            "panels": panels(now),
+            "show_schedules": show_schedules,
+            "schedules": reads.next_schedules() if show_schedules else [],
+            "panels": panels(now, may_view),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/jobs/dashboard.html", context)
+
+    def may_view(self, request: HttpRequest, model: type[Model]) -> bool:
+        """Whether ``model``'s own admin page lets the user in: the dashboard shows a
+        panel about a model's rows only then (a model without an admin page: its view
+        or change permission)."""
+        try:
+            return self.admin_site.get_model_admin(model).has_view_permission(request)
+        except NotRegistered:
+            opts = model._meta
+            return any(
+                request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+                for action in ("view", "change")
+            )
 
 
 def _refresh(value: str | None) -> int:
