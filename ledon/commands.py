@@ -63,6 +63,19 @@ def check_metrics_options(options: Mapping[str, Any]) -> None:
         ) from None
 
 
+def engine_id_option(value: str | None, option: str, default: str) -> str | None:
+    """An engine's ``--<kind>-id``: None when left out (the engine then uses
+    ``default``, named in the message); an empty id, or one with spaces around it, is
+    refused rather than silently replaced by the default."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise CommandError(f"{option} must not be empty (leave it out for the default, {default})")
+    if value != value.strip():
+        raise CommandError(f"{option} must not start or end with spaces, got {value!r}")
+    return value
+
+
 def serve_metrics(port: int, *, out: Any, name: str, address: str = DEFAULT_METRICS_ADDRESS) -> Any:
     """Start the metrics server of ``--metrics-port`` and say where it listens."""
     check_metrics_options({"metrics_port": port, "metrics_address": address})
