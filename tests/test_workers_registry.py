@@ -122,6 +122,40 @@ def test_live_stopped_and_killed_engines(tmp_path, admin_client, settings):
         doomed.close()
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_restarted_with_its_id_takes_over_every_row_of_that_id(tmp_path, admin_client):
+    """kill -9 a worker, restart it with the same --worker-id: both its own row and
+    its saga runner's belong to the new process, and no row of the old run is left
+    to go silent (and fire the silent-worker alert until retention deletes it)."""
+    first = WorkerProcess(tmp_path, "--worker-id", "reg-again", env=FAST)
+    try:
+        wait_until(lambda: len(rows(pid=first.pid)) == 2, 60, "the worker's two rows", first)
+        assert {(r.kind, r.engine_id) for r in rows(pid=first.pid)} == {
+            ("worker", "reg-again"),
+            ("saga runner", "reg-again"),
+        }
+        first.kill()
+        first.wait()
+    finally:
+        first.close()
+    again = WorkerProcess(tmp_path, "--worker-id", "reg-again", env=FAST)
+    try:
+        wait_until(lambda: len(rows(pid=again.pid)) == 2, 60, "the new run's two rows", again)
+        assert rows(pid=first.pid) == []
+        assert {(r.kind, r.engine_id) for r in rows()} == {
+            ("worker", "reg-again"),
+            ("saga runner", "reg-again"),
+        }
+        _live, silent = reads.workers(timezone.now())
+        assert silent == []
+    finally:
+        again.signal(signal.SIGTERM)
+        assert again.wait() == 0
+        again.close()
+    assert rows() == []
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_in_a_thread_keeps_its_row_with_its_running_count(settings):
     import threading
