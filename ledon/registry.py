@@ -16,6 +16,12 @@ without ``jobs`` installed nothing is recorded. :class:`~ledon.engine.Engine` ru
 - when ``run()`` returns, the row is deleted. A process killed with SIGKILL leaves its
   row, whose heartbeat then grows old: the admin shows it as silent.
 
+The heartbeat thread uses a connection of its own, so a heartbeat alone does not prove
+the engine works: every heartbeat also carries the engine's own health (``health``:
+why it is unhealthy, or ""), and an engine whose database steps fail — unreachable, or
+a round trip stuck past its deadline — is shown as *unhealthy*, not live, for as long
+as that lasts.
+
 An engine run inside an open transaction (a test's) is not recorded. A registry write
 that fails is said once per outage and tried again at the next heartbeat; it never
 stops the engine.
@@ -77,12 +83,17 @@ class RegistryStore(Protocol):
         """Seconds between two heartbeats of each engine."""
         ...
 
-    def register(self, record: EngineRecord, *, running: int, now: datetime) -> None:
+    def register(
+        self, record: EngineRecord, *, running: int, now: datetime, unhealthy: str = ""
+    ) -> None:
         """Write the engine's row (replacing one of the same kind and id)."""
         ...
 
-    def heartbeat(self, record: EngineRecord, *, running: int, now: datetime) -> bool:
-        """Renew the row; False if it is gone (deleted, or replaced by another run)."""
+    def heartbeat(
+        self, record: EngineRecord, *, running: int, now: datetime, unhealthy: str = ""
+    ) -> bool:
+        """Renew the row; False if it is gone (deleted, or replaced by another run).
+        ``unhealthy`` is why the engine does not work now ("": it does)."""
         ...
 
     def remove(self, record: EngineRecord) -> None:
@@ -119,6 +130,8 @@ class Registration:
     alias: str
     running: Callable[[], int]
     ready: threading.Event
+    #: Why the engine does not work now ("" when it does), read at every heartbeat.
+    health: Callable[[], str] = lambda: ""
     clock: Callable[[], datetime] = timezone.now
     #: Set while the engine's row is written.
     registered: threading.Event = field(default_factory=threading.Event, init=False)
@@ -158,10 +171,13 @@ class Registration:
     def _beat(self) -> None:
         now = self.clock()
         running = self._running()
+        unhealthy = self._health()
         if self.registered.is_set():
             kept = self._step(
                 "renewing its heartbeat",
-                lambda: self.store.heartbeat(self.record, running=running, now=now),
+                lambda: self.store.heartbeat(
+                    self.record, running=running, now=now, unhealthy=unhealthy
+                ),
             )
             if kept is not False:
                 self._beats += 1
@@ -171,7 +187,7 @@ class Registration:
             self.registered.clear()  # the row is gone: write it again
 
         def register() -> bool:
-            self.store.register(self.record, running=running, now=now)
+            self.store.register(self.record, running=running, now=now, unhealthy=unhealthy)
             return True
 
         if self._step("recording the engine", register):
@@ -184,6 +200,13 @@ class Registration:
         except Exception:  # a count is advisory; never stop the heartbeat for it
             logger.exception("counting the running work of %s failed", self.record.engine_id)
             return 0
+
+    def _health(self) -> str:
+        try:
+            return self.health()
+        except Exception:  # advisory, like the count
+            logger.exception("reading the health of %s failed", self.record.engine_id)
+            return ""
 
     def _step[T](self, what: str, call: Callable[[], T]) -> T | None:
         try:

@@ -341,8 +341,8 @@ def test_gauges_read_zero_instead_of_disappearing():
     assert sample("ledon_jobs_running", queue="default") == 0
     assert sample("ledon_jobs_oldest_due_age_seconds", queue="default") == 0
     for kind in ("worker", "dispatcher", "consumer", "saga runner"):
-        assert sample("ledon_workers", kind=kind, state="live") == 0, kind
-        assert sample("ledon_workers", kind=kind, state="silent") == 0, kind
+        for state in ("live", "unhealthy", "silent"):
+            assert sample("ledon_workers", kind=kind, state=state) == 0, (kind, state)
     # A queue that drained keeps its series, at 0.
     submit_job("z", "z-1", JobSubmission.create("metrics.ok", queue="metrics-drained"))
     assert sample("ledon_jobs_queued", queue="metrics-drained") == 1

@@ -5,12 +5,15 @@ transaction is not recorded."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import OperationalError, connections
 from django.utils import timezone
 from procs import ManageProcess, WorkerProcess, wait_until
 
@@ -18,6 +21,8 @@ from jobs.models import WorkerRecord
 from jobs.monitoring import reads
 from jobs.monitoring.registry import DatabaseRegistry
 from ledon import registry
+from ledon.backoff import Backoff
+from ledon.engine import Engine
 from ledon.registry import EngineRecord, package_version
 
 FAST = {"JOBS_WORKERS_HEARTBEAT_SECONDS": "0.2"}
@@ -220,3 +225,86 @@ def test_rows_silent_past_retention_are_deleted_and_a_late_heartbeat_revives_not
 
 def test_jobs_installs_its_store_into_the_registry():
     assert isinstance(registry.installed(), DatabaseRegistry)
+
+
+class SteppingEngine(Engine):
+    """An engine whose one database step fails while ``failing`` is set; its
+    registry row is kept by the heartbeat thread on a connection of its own."""
+
+    kind = "stepping engine"
+    app_label = "jobs"
+
+    def __init__(self) -> None:
+        super().__init__(
+            alias="default",
+            log=logging.getLogger("tests.stepping"),
+            backoff=Backoff(base=0.001, cap=0.004, jitter=0),
+        )
+        self.failing = threading.Event()
+
+    def registry_record(self) -> EngineRecord:
+        return EngineRecord(kind=self.kind, engine_id="stepping")
+
+    def _step(self) -> bool:
+        if self.failing.is_set():
+            raise OperationalError("server closed the connection unexpectedly")
+        return WorkerRecord.objects.exists()  # a step that reaches the database
+
+    def run(self) -> None:
+        try:
+            if not self.wait_for_database():
+                return
+            while not self._stopping.is_set():
+                self.guarded("the step", self._step)
+                self.pause(0.01)
+        finally:
+            connections.close_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_engine_whose_database_steps_fail_shows_unhealthy_not_live(settings, admin_client):
+    """The heartbeat thread still reaches the database, but the engine does not: the
+    row, the admin, the dashboard and the metric say unhealthy until it works again."""
+    # Heartbeats every 0.05 s, silent only after 10 s without one (a busy machine).
+    settings.JOBS = {
+        **settings.JOBS,
+        "WORKERS_HEARTBEAT_SECONDS": 0.05,
+        "WORKERS_SILENT_AFTER": 200,
+    }
+    engine = SteppingEngine()
+    engine.failing.set()
+    thread = threading.Thread(target=engine.run)
+    thread.start()
+    try:
+        [row] = wait_until(
+            lambda: rows(engine_id="stepping", unhealthy_since__isnull=False),
+            30,
+            "the row saying unhealthy",
+        )
+        assert row.unhealthy_reason.startswith("database steps failing")
+        assert admin_state(admin_client, "stepping").startswith("unhealthy for ")
+        html = admin_client.get("/admin/jobs/dashboard/").content.decode()
+        assert re.search(r'<tr class="unhealthy"><td>stepping engine</td><td>stepping</td>', html)
+        assert "1 unhealthy" in html
+        counts = reads.worker_counts(timezone.now())
+        assert (counts[("stepping engine", "unhealthy")], counts[("stepping engine", "live")]) == (
+            1,
+            0,
+        )
+        # The outage goes on: the row keeps the time it began.
+        since = row.unhealthy_since
+        first_beat = row.last_heartbeat_at
+        wait_until(
+            lambda: rows(engine_id="stepping", last_heartbeat_at__gt=first_beat), 30, "a beat"
+        )
+        assert rows(engine_id="stepping")[0].unhealthy_since == since
+
+        engine.failing.clear()
+        wait_until(
+            lambda: rows(engine_id="stepping", unhealthy_since__isnull=True), 30, "live again"
+        )
+        assert admin_state(admin_client, "stepping") == "live"
+    finally:
+        engine.stop()
+        thread.join(30)
+    assert rows(engine_id="stepping") == []

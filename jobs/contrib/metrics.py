@@ -129,13 +129,13 @@ def gauges() -> Iterable[Metric]:
         oldest.add_metric([state.queue], state.oldest_due_age(now))
     workers = GaugeMetricFamily(
         "ledon_workers",
-        "Engines in the workers registry, by kind and state (live, silent).",
+        "Engines in the workers registry, by kind and state (live, unhealthy, silent).",
         labels=["kind", "state"],
     )
-    counts = {(kind, liveness): 0 for kind in reads.ENGINE_KINDS for liveness in ("live", "silent")}
+    counts = {(kind, state): 0 for kind in reads.ENGINE_KINDS for state in reads.WORKER_STATES}
     counts.update(reads.worker_counts(now))
-    for (kind, liveness), count in sorted(counts.items()):
-        workers.add_metric([kind, liveness], count)
+    for (kind, engine_state), count in sorted(counts.items()):
+        workers.add_metric([kind, engine_state], count)
     return [queued, running, oldest, workers]
 
 

@@ -1,7 +1,8 @@
 """The workers registry and the dashboard in the Django admin (SPEC M), staff only.
 
 - **Workers** (``jobs_workerrecord``): read-only; each row says whether the engine is
-  live or silent (no heartbeat for ``WORKERS_SILENT_AFTER`` heartbeats).
+  live, unhealthy (its heartbeats say its own database steps fail) or silent (no
+  heartbeat for ``WORKERS_SILENT_AFTER`` heartbeats).
 - **Dashboard**: per-queue depth and running jobs, finished and failed jobs per minute
   over the last hour as charts, the oldest waiting job, workers, the next runs of
   schedules, and the other apps' panels (outbox lag, sagas needing attention). It
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
@@ -64,10 +66,7 @@ class WorkerRecordAdmin(ReadOnlyModelAdmin[WorkerRecord]):
 
     @admin.display(description="state")
     def state(self, obj: WorkerRecord) -> str:
-        silent_for = (timezone.now() - obj.last_heartbeat_at).total_seconds()
-        if silent_for <= silent_after().total_seconds():
-            return "live"
-        return f"silent for {age(silent_for)}"
+        return worker_state(obj, timezone.now())
 
     @admin.display(description="queues")
     def queue_list(self, obj: WorkerRecord) -> str:
@@ -129,7 +128,9 @@ class DashboardAdmin(ModelAdmin[Dashboard]):
             return self.may_view(request, model)
 
         show_workers = may_view(WorkerRecord)
-        live, silent = reads.workers(now) if show_workers else ([], [])
+        heard, silent = reads.workers(now) if show_workers else ([], [])
+        live = [w for w in heard if w.unhealthy_since is None]
+        unhealthy = [w for w in heard if w.unhealthy_since is not None]
         show_schedules = may_view(Schedule)
         context = {
             **self.admin_site.each_context(request),
@@ -154,6 +155,7 @@ class DashboardAdmin(ModelAdmin[Dashboard]):
             ),
             "show_workers": show_workers,
             "live": [(w, age((now - w.last_heartbeat_at).total_seconds())) for w in live],
+            "unhealthy": [(w, worker_state(w, now)) for w in unhealthy],
             "silent": [(w, age((now - w.last_heartbeat_at).total_seconds())) for w in silent],
             "show_schedules": show_schedules,
             "schedules": reads.next_schedules() if show_schedules else [],
@@ -174,6 +176,17 @@ class DashboardAdmin(ModelAdmin[Dashboard]):
                 request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
                 for action in ("view", "change")
             )
+
+
+def worker_state(row: WorkerRecord, now: datetime) -> str:
+    """``live``, ``unhealthy for 2 min 5 s: <why>`` or ``silent for 10 min 0 s``."""
+    silent_for = (now - row.last_heartbeat_at).total_seconds()
+    if silent_for > silent_after().total_seconds():
+        return f"silent for {age(silent_for)}"
+    if row.unhealthy_since is not None:
+        since = age((now - row.unhealthy_since).total_seconds())
+        return f"unhealthy for {since}: {row.unhealthy_reason or 'its database steps fail'}"
+    return "live"
 
 
 def _refresh(value: str | None) -> int:

@@ -133,7 +133,8 @@ def oldest_waiting(now: datetime) -> Job | None:
 
 
 def workers(now: datetime) -> tuple[list[WorkerRecord], list[WorkerRecord]]:
-    """The registry's rows: (live, silent), each by kind and id."""
+    """The registry's rows: (heard from, silent), each by kind and id. A row heard
+    from may still say its engine is unhealthy (``unhealthy_since``)."""
     after = silent_after()
     rows = list(WorkerRecord.objects.order_by("kind", "engine_id"))
     cutoff = now - after
@@ -143,21 +144,30 @@ def workers(now: datetime) -> tuple[list[WorkerRecord], list[WorkerRecord]]:
     )
 
 
+#: The states of a registry row: heard from and working, heard from but saying its
+#: database steps fail, not heard from for ``WORKERS_SILENT_AFTER`` heartbeats.
+WORKER_STATES = ("live", "unhealthy", "silent")
+
+
 def worker_counts(now: datetime) -> dict[tuple[str, str], int]:
-    """Registry rows per (kind, "live" or "silent")."""
+    """Registry rows per (kind, state), the state one of :data:`WORKER_STATES`."""
     cutoff = now - silent_after()
+    heard = Q(last_heartbeat_at__gte=cutoff)
     rows = (
         WorkerRecord.objects.values("kind")
         .annotate(
-            live=Count("id", filter=Q(last_heartbeat_at__gte=cutoff)),
+            live=Count("id", filter=heard & Q(unhealthy_since__isnull=True)),
+            unhealthy=Count("id", filter=heard & Q(unhealthy_since__isnull=False)),
             silent=Count("id", filter=Q(last_heartbeat_at__lt=cutoff)),
         )
         .order_by()
     )
     counts: dict[tuple[str, str], int] = {}
     for row in rows:
-        counts[(str(row["kind"]), "live")] = int(row["live"])
-        counts[(str(row["kind"]), "silent")] = int(row["silent"])
+        kind = str(row["kind"])
+        counts[(kind, "live")] = int(row["live"])
+        counts[(kind, "unhealthy")] = int(row["unhealthy"])
+        counts[(kind, "silent")] = int(row["silent"])
     return counts
 
 
