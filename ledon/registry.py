@@ -24,7 +24,11 @@ as that lasts.
 
 An engine run inside an open transaction (a test's) is not recorded. A registry write
 that fails is said once per outage and tried again at the next heartbeat; it never
-stops the engine.
+stops the engine. A write that finds SQLite busy (another connection of the process,
+or another process, holds its write lock: with Django's default SQLite settings a
+worker's own threads do, all the time) is book-keeping that can wait: it is tried
+again for up to :data:`BUSY_WAIT_SECONDS`, then left to the next heartbeat with one
+DEBUG line, never reported as an outage.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
@@ -47,6 +53,31 @@ from .db import DATABASE_ERRORS
 from .outage import OutageReporter
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a registry write waits, in all, for a busy SQLite database before it is
+#: left to the next heartbeat.
+BUSY_WAIT_SECONDS = 2.0
+#: The first pause between two tries at a busy database (doubled each time, to 0.25 s).
+BUSY_FIRST_PAUSE = 0.01
+
+#: SQLite's primary result codes that mean "the lock is held by someone else".
+_SQLITE_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+
+def is_sqlite_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` (a Django database error) is SQLite saying its write lock is
+    held by another connection: ``SQLITE_BUSY`` or ``SQLITE_LOCKED``, extended codes
+    included, read from the driver's error code rather than its message."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        code = getattr(current, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in _SQLITE_BUSY_CODES:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
 
 #: Heartbeats between two clean-ups of rows silent past the retention, by each engine
 #: (five minutes at the default heartbeat of ten seconds).
@@ -209,14 +240,31 @@ class Registration:
             return ""
 
     def _step[T](self, what: str, call: Callable[[], T]) -> T | None:
-        try:
-            result = call()
-        except DATABASE_ERRORS as exc:
-            self.outage.failed(exc, doing=what, retry_in=self.store.heartbeat_seconds)
-            return None
-        finally:
-            # One short write every heartbeat: hold no connection in between.
-            connections[self.alias].close()
-        if self.outage.active:
-            self.outage.recovered()
-        return result
+        pause, waited = BUSY_FIRST_PAUSE, 0.0
+        while True:
+            try:
+                result = call()
+            except DATABASE_ERRORS as exc:
+                if not is_sqlite_busy(exc):
+                    self.outage.failed(exc, doing=what, retry_in=self.store.heartbeat_seconds)
+                    return None
+                if waited >= BUSY_WAIT_SECONDS:
+                    logger.debug(
+                        "workers registry: %s found SQLite busy for %.1f s; the next "
+                        "heartbeat tries again",
+                        what,
+                        waited,
+                        extra={"worker": self.record.engine_id, "doing": what},
+                    )
+                    return None
+                # A bounded, growing pause: the lock's holder commits within moments.
+                time.sleep(pause)
+                waited += pause
+                pause = min(pause * 2, 0.25)
+                continue
+            finally:
+                # One short write every heartbeat: hold no connection in between.
+                connections[self.alias].close()
+            if self.outage.active:
+                self.outage.recovered()
+            return result

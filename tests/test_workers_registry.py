@@ -308,3 +308,99 @@ def test_an_engine_whose_database_steps_fail_shows_unhealthy_not_live(settings, 
         engine.stop()
         thread.join(30)
     assert rows(engine_id="stepping") == []
+
+
+def sqlite_busy_error(tmp_path) -> OperationalError:
+    """The error Django raises when SQLite's write lock is held elsewhere: a real
+    ``SQLITE_BUSY`` from the driver, wrapped as Django wraps it."""
+    import sqlite3
+
+    path = str(tmp_path / "busy.sqlite3")
+    holder = sqlite3.connect(path, isolation_level=None)
+    waiter = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            waiter.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            try:
+                raise OperationalError(*exc.args) from exc
+            except OperationalError as wrapped:
+                return wrapped
+        raise AssertionError("the second writer got the lock")
+    finally:
+        holder.close()
+        waiter.close()
+
+
+class BusyFirst(DatabaseRegistry):
+    """The real store, whose first ``busy`` writes find SQLite busy."""
+
+    def __init__(self, error: OperationalError, busy: int) -> None:
+        self.error, self.busy, self.tries = error, busy, 0
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return 30.0  # one beat within the test: its retries are the busy wait
+
+    def register(self, record, **kwargs) -> None:
+        self.tries += 1
+        if self.tries <= self.busy:
+            raise self.error
+        super().register(record, **kwargs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_busy_sqlite_is_waited_out_quietly_and_an_outage_still_reported(tmp_path, caplog):
+    """Book-keeping that finds SQLite's write lock held (Django's default SQLite
+    settings, a worker's own threads writing) retries briefly and logs nothing at
+    WARNING or above; another database error is still an outage, said once."""
+    busy = sqlite_busy_error(tmp_path)
+    assert registry.is_sqlite_busy(busy)
+    assert not registry.is_sqlite_busy(OperationalError("server closed the connection"))
+    store = BusyFirst(busy, busy=3)
+    record = EngineRecord(kind="worker", engine_id="busy-w")
+    ready = threading.Event()
+    ready.set()
+    with caplog.at_level(logging.DEBUG, logger="ledon.registry"):
+        registration = registry.Registration(
+            store, record, alias="default", running=lambda: 0, ready=ready
+        )
+        registration.start()
+        try:
+            assert registration.registered.wait(30)
+        finally:
+            registration.close()
+    assert store.tries == 4
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert rows(engine_id="busy-w") == []  # removed at close
+
+    # Busy past the wait: left to the next heartbeat, with a DEBUG line only.
+    caplog.clear()
+    store = BusyFirst(busy, busy=10**6)
+    with caplog.at_level(logging.DEBUG, logger="ledon.registry"):
+        registration = registry.Registration(
+            store, record, alias="default", running=lambda: 0, ready=ready
+        )
+        registration.start()
+        wait_until(
+            lambda: any("found SQLite busy" in r.getMessage() for r in caplog.records),
+            30,
+            "the busy wait given up",
+        )
+        registration.close()
+    assert not registration.registered.is_set()
+    assert {r.levelno for r in caplog.records} == {logging.DEBUG}
+
+    # Another error: an outage, said at WARNING (with its traceback the first time).
+    caplog.clear()
+    store = BusyFirst(OperationalError("server closed the connection"), busy=10**6)
+    with caplog.at_level(logging.DEBUG, logger="ledon.registry"):
+        registration = registry.Registration(
+            store, record, alias="default", running=lambda: 0, ready=ready
+        )
+        registration.start()
+        wait_until(lambda: store.tries >= 1 and caplog.records, 30, "the outage said")
+        registration.close()
+    [line] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "workers registry unreachable: recording the engine failed" in line.getMessage()
