@@ -74,6 +74,11 @@ def test_no_hint_when_the_queue_has_work_or_every_queue_is_taken() -> None:
         ("run_jobs", ("--metrics-port", "70000"), "--metrics-port must be between 0 and 65535"),
         ("dispatch_outbox", ("--dispatcher-id", ""), "--dispatcher-id must not be empty"),
         ("recover_sagas", ("--runner-id", "  "), "--runner-id must not be empty"),
+        (
+            "consume_events",
+            ("--group", "g", "--metrics-port", "70000"),
+            "--metrics-port must be between 0 and 65535",
+        ),
     ],
 )
 def test_bad_options_are_refused_before_anything_starts(command, args, message) -> None:
@@ -81,8 +86,9 @@ def test_bad_options_are_refused_before_anything_starts(command, args, message) 
     from django.core.management import CommandError
 
     out, err = io.StringIO(), io.StringIO()
+    burst = () if command == "consume_events" else ("--burst",)
     with pytest.raises(CommandError, match=re.escape(message)):
-        call_command(command, "--burst", *args, stdout=out, stderr=err)
+        call_command(command, *burst, *args, stdout=out, stderr=err)
     assert out.getvalue() == err.getvalue() == ""
 
 
