@@ -220,11 +220,16 @@ def test_run_jobs_serves_its_metrics_on_the_port_it_prints(tmp_path):
     for n in range(2):
         submit_job("p", f"p-{n}", JobSubmission.create("demo.flaky", {"fail_times": 1},
                                                        queue=QUEUE, max_attempts=2))  # fmt: skip
+    # The worker's settings leave JOBS["METRICS"] off: the port alone turns on all.
     worker = WorkerProcess(tmp_path, "--metrics-port", "0", "--queue", QUEUE)
     try:
         text = scrape_until(worker, finished("succeeded"), "two succeeded jobs in the scrape")
         assert finished("retried") in text
         assert 'ledon_workers{kind="worker",state="live"} 1.0' in text
+        labels = f'handler="demo.flaky",queue="{QUEUE}"'
+        # Four attempts (two failed once, then succeeded), each waited for and timed.
+        assert f"ledon_job_run_seconds_count{{{labels}}} 4.0" in text
+        assert f"ledon_job_wait_seconds_count{{{labels}}} 4.0" in text
     finally:
         worker.signal(15)
         assert worker.wait() == 0
