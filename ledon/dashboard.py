@@ -50,7 +50,9 @@ def panels(now: datetime, may_view: Callable[[type[Model]], bool]) -> list[Panel
         hook = getattr(config, "dashboard_panels", None)
         if callable(hook):
             found.extend(
-                panel for panel in hook(now) if panel.model is None or may_view(panel.model)
+                panel
+                for panel in hook(now, may_view)
+                if panel.model is None or may_view(panel.model)
             )
     return found
 

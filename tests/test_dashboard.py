@@ -127,6 +127,15 @@ def test_staff_who_may_only_view_jobs_see_no_other_panel(client, settings):
     assert "dash-live" not in html
     assert "dash-silent" not in html
     assert "dash-order" not in html
+    # The hidden panels' queries do not run at all.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(URL).status_code == 200
+    read = " ".join(query["sql"] for query in queries.captured_queries)
+    for table in ("jobs_workerrecord", "jobs_schedule", "outbox_outboxmessage", "sagas_"):
+        assert table not in read, table
 
 
 @pytest.mark.parametrize("codename", sorted(PANELS))
