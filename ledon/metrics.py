@@ -30,8 +30,6 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from django.apps import apps
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse
@@ -46,6 +44,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
+
+from .conf import metrics_token
 
 logger = logging.getLogger(__name__)
 
@@ -246,17 +246,6 @@ VIEW_PERMISSIONS = {
     "outbox": "outbox.view_outboxmessage",
     "sagas": "sagas.view_sagainstance",
 }
-
-
-def metrics_token() -> str | None:
-    """``settings.LEDON_METRICS_TOKEN``: the bearer token a scraper may send to
-    :func:`metrics_view` (None or empty: no token is accepted)."""
-    token = getattr(settings, "LEDON_METRICS_TOKEN", None)
-    if token is not None and not isinstance(token, str):
-        raise ImproperlyConfigured(
-            f"LEDON_METRICS_TOKEN must be a string or None, got {type(token).__name__}"
-        )
-    return token or None
 
 
 def may_read_metrics(request: HttpRequest) -> bool:
