@@ -190,13 +190,6 @@ class Engine:
         """How much work the engine holds now (jobs running, instances driven…)."""
         return 0
 
-    def health(self) -> str:
-        """Why the engine does not work now, for the workers registry ("": it does):
-        its database steps fail, and it is backing off until they work again."""
-        if not self.outage.active:
-            return ""
-        return f"database steps failing ({self.outage.attempts} failed attempts)"
-
     @contextmanager
     def registered(self) -> Iterator[None]:
         """The engine's row in the workers registry while the block runs (see
@@ -216,7 +209,7 @@ class Engine:
             alias=self.alias,
             running=self.running_count,
             ready=self._database_ready,
-            health=self.health,
+            engine_outage=self.outage,
         )
         self._registration = registration
         registration.start()

@@ -17,10 +17,10 @@ without ``jobs`` installed nothing is recorded. :class:`~ledon.engine.Engine` ru
   row, whose heartbeat then grows old: the admin shows it as silent.
 
 The heartbeat thread uses a connection of its own, so a heartbeat alone does not prove
-the engine works: every heartbeat also carries the engine's own health (``health``:
-why it is unhealthy, or ""), and an engine whose database steps fail — unreachable, or
-a round trip stuck past its deadline — is shown as *unhealthy*, not live, for as long
-as that lasts.
+the engine works: every heartbeat also carries the engine's own health, read from its
+outage reporter (``engine_outage``), and an engine whose database steps fail —
+unreachable, or a round trip stuck past its deadline — is shown as *unhealthy*, not
+live, for as long as that lasts.
 
 An engine run inside an open transaction (a test's) is not recorded. A registry write
 that fails is said once per outage and tried again at the next heartbeat; it never
@@ -161,8 +161,9 @@ class Registration:
     alias: str
     running: Callable[[], int]
     ready: threading.Event
-    #: Why the engine does not work now ("" when it does), read at every heartbeat.
-    health: Callable[[], str] = lambda: ""
+    #: The engine's own outage reporter: while it has an outage under way (the
+    #: engine's database steps fail), every heartbeat says the engine is unhealthy.
+    engine_outage: OutageReporter | None = None
     clock: Callable[[], datetime] = timezone.now
     #: Set while the engine's row is written.
     registered: threading.Event = field(default_factory=threading.Event, init=False)
@@ -233,11 +234,11 @@ class Registration:
             return 0
 
     def _health(self) -> str:
-        try:
-            return self.health()
-        except Exception:  # advisory, like the count
-            logger.exception("reading the health of %s failed", self.record.engine_id)
+        """Why the engine does not work now ("" when it does)."""
+        outage = self.engine_outage
+        if outage is None or not outage.active:
             return ""
+        return f"database steps failing ({outage.attempts} failed attempts)"
 
     def _step[T](self, what: str, call: Callable[[], T]) -> T | None:
         pause, waited = BUSY_FIRST_PAUSE, 0.0
