@@ -50,6 +50,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+from ledon.observability import metrics_enabled
+
 from .conf import jobs_settings
 from .exceptions import JobsConfigurationError
 
@@ -66,18 +68,20 @@ Middleware = Callable[[Callable[..., Any]], Callable[..., Any]]
 TRACING_MIDDLEWARE = "jobs.observability.tracing.tracing_middleware"
 METRICS_MIDDLEWARE = "jobs.observability.metrics.metrics_middleware"
 
-_chains: dict[tuple[str, int, Callable[..., Any]], Callable[..., Any]] = {}
+#: Built chains by handler (name, version, function) and whether the metrics were on.
+_chains: dict[tuple[str, int, Callable[..., Any], bool], Callable[..., Any]] = {}
 _lock = threading.Lock()
 
 
 def configured_paths() -> list[str]:
     """The dotted paths of the chain, outermost first: the built-ins the settings turn
-    on, then ``JOBS["MIDDLEWARE"]``."""
+    on (the metrics' also when ``--metrics-port`` turned the jobs' metrics on), then
+    ``JOBS["MIDDLEWARE"]``."""
     settings = jobs_settings()
     paths = []
     if settings.TRACING:
         paths.append(TRACING_MIDDLEWARE)
-    if settings.METRICS:
+    if settings.METRICS or metrics_enabled("jobs"):
         paths.append(METRICS_MIDDLEWARE)
     paths.extend(path for path in settings.MIDDLEWARE if path not in paths)
     return paths
@@ -146,7 +150,9 @@ def _name(factory: Middleware) -> str:
 def chain_for(spec: HandlerSpec) -> Callable[..., Any]:
     """The callable an attempt of ``spec`` runs: its handler inside the configured
     middleware chain (built once per handler and settings)."""
-    key = (spec.name, spec.version, spec.func)
+    # The metrics can be turned on after a chain was built (``--metrics-port`` starts
+    # its server once the worker exists): a chain built without them is not reused.
+    key = (spec.name, spec.version, spec.func, metrics_enabled("jobs"))
     chain = _chains.get(key)
     if chain is None:
         chain = build(spec.func, is_async=spec.is_async, middlewares=load(configured_paths()))

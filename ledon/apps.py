@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
 from typing import Any, ClassVar
 
 from django.apps import AppConfig
+from django.db.models import Model
 
 from .conf import SettingsReader
 from .observability import OptionalLayers
@@ -37,10 +39,19 @@ class LedonAppConfig(AppConfig):
         """Like the admin's ``admin.py``: import the installed apps' modules that declare
         this app's things (events and their subscribers, sagas), in every process."""
 
-    def dashboard_panels(self, now: Any) -> list[Any]:
-        """The admin dashboard's panels of this app (see :mod:`ledon.dashboard`)."""
+    def dashboard_panels(
+        self, now: Any, may_view: Callable[[type[Model]], bool] | None = None
+    ) -> list[Any]:
+        """The admin dashboard's panels of this app (see :mod:`ledon.dashboard`). When
+        the app's observability reads module names its ``DASHBOARD_MODELS`` and ``may_view``
+        lets the user see none of them, its panels are not built (their queries do
+        not run)."""
         # The module imports the models, loaded by now.
-        panels = getattr(
-            import_module(f"{self.name}.observability.reads"), "dashboard_panels", None
-        )
-        return list(panels(now)) if panels is not None else []
+        module = import_module(f"{self.name}.observability.reads")
+        panels = getattr(module, "dashboard_panels", None)
+        if panels is None:
+            return []
+        models = getattr(module, "DASHBOARD_MODELS", None)
+        if may_view is not None and models is not None and not any(map(may_view, models)):
+            return []
+        return list(panels(now))

@@ -1,7 +1,8 @@
 """System checks every app registers (the check framework runs each function once).
 
 ``ledon.W001``: a file SQLite database without the options that let several
-processes (workers, dispatchers, web requests) write to it.
+processes (workers, dispatchers, web requests) write to it. ``ledon.E001``: a
+``LEDON_METRICS_TOKEN`` that is not a string.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from .conf import metrics_token, settings_reference
 
 #: What removes "database is locked" between processes: writers queue for the lock
 #: at BEGIN instead of failing when they upgrade a read (IMMEDIATE), readers do not
@@ -83,3 +87,20 @@ def sqlite_warnings(databases: Mapping[str, Mapping[str, Any]]) -> list[checks.C
             )
         )
     return messages
+
+
+def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``ledon.E001``: ``LEDON_METRICS_TOKEN`` is a string or None."""
+    try:
+        metrics_token()
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="Read it from the environment: LEDON_METRICS_TOKEN = "
+                "os.environ.get('LEDON_METRICS_TOKEN'). See "
+                + settings_reference("LEDON_METRICS_TOKEN"),
+                id="ledon.E001",
+            )
+        ]
+    return []

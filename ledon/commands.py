@@ -1,10 +1,10 @@
 """What the engines' management commands share: the engine runs with each signal as a
 stop request (and a line saying what it does), and a database without the app's
 tables is a :class:`~django.core.management.CommandError` — two lines, no traceback;
-the engine's summary line when it stops; ``--metrics-port``, which serves the
-Prometheus metrics while the engine runs; and :class:`EngineCommand`, the
-base of the four engines' commands (``run_jobs``, ``dispatch_outbox``,
-``consume_events``, ``recover_sagas``)."""
+the engine's summary line when it stops; ``--metrics-port`` (and
+``--metrics-address``), which serves the Prometheus metrics while the engine runs; and
+:class:`EngineCommand`, the base of the four engines' commands (``run_jobs``,
+``dispatch_outbox``, ``consume_events``, ``recover_sagas``)."""
 
 from __future__ import annotations
 
@@ -16,34 +16,78 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from .db import DatabaseNotMigrated
 from .engine import Engine, EngineStats, StopLevel
 
+#: Where ``--metrics-port`` listens unless ``--metrics-address`` says otherwise: this
+#: machine only (the metrics name queues, handlers and hosts). ``0.0.0.0`` or ``::``
+#: listens on every interface.
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"
+
 
 def add_metrics_port(parser: CommandParser) -> None:
-    """The ``--metrics-port`` option of every engine's command."""
+    """The ``--metrics-port`` and ``--metrics-address`` options of every engine's command."""
     parser.add_argument(
         "--metrics-port",
         type=int,
         default=None,
         metavar="N",
-        help="serve Prometheus metrics at http://<host>:N/metrics while running (0: a free "
+        help="serve Prometheus metrics at http://ADDRESS:N/metrics while running (0: a free "
         "port, printed); needs the [metrics] extra",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default=DEFAULT_METRICS_ADDRESS,
+        metavar="ADDRESS",
+        help="the address --metrics-port listens on (default: %(default)s, this machine "
+        "only; 0.0.0.0 or :: for every interface)",
     )
 
 
-def serve_metrics(port: int, *, out: Any, name: str) -> Any:
-    """Start the metrics server of ``--metrics-port`` and say where it listens."""
+def check_metrics_options(options: Mapping[str, Any]) -> None:
+    """Refuse a bad ``--metrics-port`` or ``--metrics-address`` (or a missing
+    prometheus-client) before the engine is built, with a :class:`CommandError`."""
+    port = options.get("metrics_port")
+    if port is None:
+        return
     if not 0 <= port <= 65535:
-        raise CommandError("--metrics-port must be between 0 and 65535")
+        raise CommandError(f"--metrics-port must be between 0 and 65535, got {port}")
+    address = options.get("metrics_address", DEFAULT_METRICS_ADDRESS)
+    if not address or address != address.strip():
+        raise CommandError(
+            f"--metrics-address must be an address to listen on (such as 127.0.0.1 or "
+            f"0.0.0.0), got {address!r}"
+        )
     try:
-        from . import metrics  # the [metrics] extra, needed only with --metrics-port
+        from . import metrics  # noqa: F401  (the [metrics] extra, needed only here)
     except ImportError as exc:
         raise CommandError(
             f"--metrics-port needs prometheus-client: pip install 'django-ledon[metrics]' ({exc})"
         ) from None
+
+
+def engine_id_option(value: str | None, option: str, default: str) -> str | None:
+    """An engine's ``--<kind>-id``: None when left out (the engine then uses
+    ``default``, named in the message); an empty id, or one with spaces around it, is
+    refused rather than silently replaced by the default."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise CommandError(f"{option} must not be empty (leave it out for the default, {default})")
+    if value != value.strip():
+        raise CommandError(f"{option} must not start or end with spaces, got {value!r}")
+    return value
+
+
+def serve_metrics(port: int, *, out: Any, name: str, address: str = DEFAULT_METRICS_ADDRESS) -> Any:
+    """Start the metrics server of ``--metrics-port`` and say where it listens."""
+    check_metrics_options({"metrics_port": port, "metrics_address": address})
+    from . import metrics  # the [metrics] extra, checked just above
+
     try:
-        server = metrics.serve(port)
+        server = metrics.serve(port, address)
     except OSError as exc:
-        raise CommandError(f"--metrics-port {port}: {exc}") from None
-    out.write(f"{name}: metrics on http://0.0.0.0:{server.server_port}/metrics")
+        raise CommandError(f"--metrics-address {address} --metrics-port {port}: {exc}") from None
+    host = str(server.server_address[0])
+    shown = f"[{host}]" if ":" in host else host
+    out.write(f"{name}: metrics on http://{shown}:{server.server_port}/metrics")
     out.flush()
     return server
 
@@ -57,13 +101,18 @@ def run_engine[S: EngineStats](
     meaning: Mapping[StopLevel, str],
     style: Callable[[str], str],
     metrics_port: int | None = None,
+    metrics_address: str = DEFAULT_METRICS_ADDRESS,
 ) -> S:
     """``run()`` (the engine's) with SIGTERM and SIGINT as stop requests; each is
     announced on ``out`` as ``"<name>: SIGTERM, <meaning of the level reached>"``.
     At the end, ``"<name> stopped: <the stats' summary>"`` on ``out`` (``style``
     applied: the command's ``self.style.SUCCESS``). With ``metrics_port``, the
     metrics are served meanwhile (:func:`serve_metrics`)."""
-    server = None if metrics_port is None else serve_metrics(metrics_port, out=out, name=name)
+    server = (
+        None
+        if metrics_port is None
+        else serve_metrics(metrics_port, out=out, name=name, address=metrics_address)
+    )
 
     def announce(signum: Any, level: StopLevel) -> None:
         out.write(f"{name}: {signum.name}, {meaning[level]}")
@@ -120,6 +169,8 @@ class EngineCommand(BaseCommand):
         raise NotImplementedError
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Every option is checked before the engine is built and its banner printed.
+        check_metrics_options(options)
         engine, run, name = self.start(options)
         try:
             run_engine(
@@ -130,6 +181,7 @@ class EngineCommand(BaseCommand):
                 meaning=self.signal_meaning,
                 style=self.style.SUCCESS,
                 metrics_port=options["metrics_port"],
+                metrics_address=options.get("metrics_address", DEFAULT_METRICS_ADDRESS),
             )
         except self.run_errors as exc:
             raise CommandError(str(exc)) from exc

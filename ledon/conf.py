@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 #: The published documentation; its settings reference is ``settings.html``
@@ -26,6 +27,19 @@ def is_number(value: object) -> bool:
 def is_database_alias_or_none(value: object) -> bool:
     """None, or an alias of ``DATABASES`` (an app's ``LISTEN_DATABASE``)."""
     return value is None or (isinstance(value, str) and value in settings.DATABASES)
+
+
+def metrics_token() -> str | None:
+    """``settings.LEDON_METRICS_TOKEN``: the bearer token a scraper may send to
+    :func:`ledon.metrics.metrics_view` (None or empty: no token is accepted). A value
+    that is not a string is an ``ImproperlyConfigured`` (``ledon.E001`` says so at
+    ``manage.py check``)."""
+    token = getattr(settings, "LEDON_METRICS_TOKEN", None)
+    if token is not None and not isinstance(token, str):
+        raise ImproperlyConfigured(
+            f"LEDON_METRICS_TOKEN must be a string or None, got {type(token).__name__}"
+        )
+    return token or None
 
 
 def settings_reference(setting: str) -> str:

@@ -1,13 +1,19 @@
 """What an app adds to the admin's dashboard, without importing the app that
 shows it: each installed app's config may define ``dashboard_panels(now)``, returning
-:class:`Panel` values, and the dashboard (in ``jobs``) lists them after its own."""
+:class:`Panel` values, and the dashboard (in ``jobs``) lists them after its own.
+
+A panel names the model whose rows it summarises: the dashboard shows it only to a
+user whom that model's own admin page lets in (its view permission), so that the
+dashboard never shows more than the admin would."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.apps import apps
+from django.db.models import Model
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,15 +37,23 @@ class Panel:
     link: str = ""
     #: Whether something here needs a person (the panel is highlighted).
     attention: bool = False
+    #: The model whose rows the panel summarises: only users who may view it in the
+    #: admin see the panel (None: everyone who sees the dashboard).
+    model: type[Model] | None = None
 
 
-def panels(now: datetime) -> list[Panel]:
-    """The panels of every installed app that has some, in INSTALLED_APPS order."""
+def panels(now: datetime, may_view: Callable[[type[Model]], bool]) -> list[Panel]:
+    """The panels of every installed app that has some, in INSTALLED_APPS order, that
+    ``may_view`` lets the user see (it is asked about each panel's model)."""
     found: list[Panel] = []
     for config in apps.get_app_configs():
         hook = getattr(config, "dashboard_panels", None)
         if callable(hook):
-            found.extend(hook(now))
+            found.extend(
+                panel
+                for panel in hook(now, may_view)
+                if panel.model is None or may_view(panel.model)
+            )
     return found
 
 

@@ -209,6 +209,7 @@ class Engine:
             alias=self.alias,
             running=self.running_count,
             ready=self._database_ready,
+            engine_outage=self.outage,
         )
         self._registration = registration
         registration.start()

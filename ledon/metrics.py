@@ -13,18 +13,21 @@ prometheus-client's default registry, beside the project's own.
   left out of that scrape and counted in ``ledon_scrape_errors_total``.
 
 :func:`metrics_view` is the Django view a project routes (it is part of the public
-API, as ``ledon.metrics.metrics_view``); :func:`serve` is ``--metrics-port``.
+API, as ``ledon.metrics.metrics_view``), protected by default; :func:`serve` is
+``--metrics-port`` (with ``--metrics-address``), which answers ``/metrics`` alone.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from django.apps import apps
 from django.db import DatabaseError, connections
@@ -36,10 +39,13 @@ from prometheus_client import (
     Counter,
     Histogram,
     generate_latest,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
+
+from .conf import metrics_token
 
 logger = logging.getLogger(__name__)
 
@@ -193,12 +199,68 @@ def enable_all() -> None:
             layers.enable_metrics()
 
 
-def serve(port: int, address: str = "0.0.0.0") -> WSGIServer:
-    """Serve ``/metrics`` on ``port`` (0: a free one) from a thread of this process;
-    returns the server (``server_port``; ``shutdown()`` stops it)."""
+#: The one path the metrics server answers.
+METRICS_PATH = "/metrics"
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No line on stderr for every scrape."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def metrics_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    """The WSGI application of :func:`serve`: the metrics at ``/metrics``, 404 elsewhere
+    (a scraper pointed at the wrong path should fail, not read metrics from it)."""
+    if environ.get("PATH_INFO") != METRICS_PATH:
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [f"Not found: the metrics are at {METRICS_PATH}\n".encode()]
+    served: Iterable[bytes] = _exposition(environ, start_response)
+    return served
+
+
+_exposition = make_wsgi_app(REGISTRY)
+
+
+def serve(port: int, address: str) -> WSGIServer:
+    """Serve ``/metrics`` on ``address``:``port`` (port 0: a free one) from a thread of
+    this process; returns the server (``server_port``; ``shutdown()`` stops it). An
+    address that cannot be bound is an :class:`OSError`."""
     enable_all()
-    server, _thread = start_http_server(port, addr=address)
+    infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, *_rest, sockaddr = infos[0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    server = make_server(str(sockaddr[0]), port, metrics_app, Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-server", daemon=True).start()
     return server
+
+
+#: The permissions :func:`metrics_view` asks of a signed-in user: to view the rows
+#: whose numbers the metrics show, in every installed app that has metrics.
+VIEW_PERMISSIONS = {
+    "jobs": "jobs.view_job",
+    "outbox": "outbox.view_outboxmessage",
+    "sagas": "sagas.view_sagainstance",
+}
+
+
+def may_read_metrics(request: HttpRequest) -> bool:
+    """Whether ``request`` may read the metrics: it carries ``Authorization: Bearer
+    <LEDON_METRICS_TOKEN>``, or its user is active staff with :data:`VIEW_PERMISSIONS`
+    of every installed app."""
+    token = metrics_token()
+    scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+    if token is not None and scheme.lower() == "bearer" and sent:
+        return hmac.compare_digest(sent.strip().encode(), token.encode())
+    user = request.user if hasattr(request, "user") else None
+    if user is None or not (user.is_active and user.is_staff):
+        return False
+    wanted = [perm for app, perm in VIEW_PERMISSIONS.items() if apps.is_installed(app)]
+    return bool(user.has_perms(wanted))
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
@@ -206,8 +268,18 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
         path("metrics", ledon.metrics.metrics_view)
 
-    Protect it as you would any operational endpoint (it reveals queue names and
-    counts). The first request turns on the metrics of every installed app."""
+    Protected: it answers a request with ``Authorization: Bearer <token>`` where
+    ``settings.LEDON_METRICS_TOKEN`` is that token, or a signed-in, active staff user
+    who may view jobs, outbox messages and saga instances (those installed); anyone
+    else gets 401 (no credentials) or 403. The first answered request turns on the
+    metrics of every installed app."""
+    if not may_read_metrics(request):
+        signed_in = hasattr(request, "user") and request.user.is_authenticated
+        if signed_in or request.headers.get("Authorization"):
+            return HttpResponse("Forbidden\n", status=403, content_type="text/plain")
+        response = HttpResponse("Unauthorized\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     enable_all()
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
 

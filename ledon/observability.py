@@ -29,6 +29,17 @@ class ObservedSettings(Protocol):
     def TRACING(self) -> bool: ...
 
 
+#: The components whose metrics are on in this process: by their setting, or turned
+#: on by :meth:`OptionalLayers.enable_metrics` (``--metrics-port``, the metrics view).
+_metrics_on: set[str] = set()
+
+
+def metrics_enabled(component: str) -> bool:
+    """Whether ``component``'s metrics are on in this process (read by the parts that
+    measure without a signal to count from: the jobs' metrics middleware)."""
+    return component in _metrics_on
+
+
 #: What each setting needs: its library and the extra that installs it.
 NEEDS = {"METRICS": ("prometheus-client", "metrics"), "TRACING": ("opentelemetry-api", "otel")}
 
@@ -58,8 +69,11 @@ def configure(component: str, *, metrics: bool, traced: bool, metrics_module: st
         except ImportError as exc:
             raise _missing(setting, "METRICS", exc) from None
         module.APP_METRICS.install()
-    elif metrics_module in sys.modules:
-        sys.modules[metrics_module].APP_METRICS.uninstall()
+        _metrics_on.add(component)
+    else:
+        _metrics_on.discard(component)
+        if metrics_module in sys.modules:
+            sys.modules[metrics_module].APP_METRICS.uninstall()
 
 
 class OptionalLayers:
@@ -105,6 +119,7 @@ class OptionalLayers:
         except ImportError as exc:
             raise _missing(self.component.upper(), "METRICS", exc) from None
         module.APP_METRICS.install()
+        _metrics_on.add(self.component)
 
     def _setting_changed(self, *, setting: str, **kwargs: Any) -> None:
         if setting == self.component.upper():

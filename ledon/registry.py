@@ -16,9 +16,19 @@ without ``jobs`` installed nothing is recorded. :class:`~ledon.engine.Engine` ru
 - when ``run()`` returns, the row is deleted. A process killed with SIGKILL leaves its
   row, whose heartbeat then grows old: the admin shows it as silent.
 
+The heartbeat thread uses a connection of its own, so a heartbeat alone does not prove
+the engine works: every heartbeat also carries the engine's own health, read from its
+outage reporter (``engine_outage``), and an engine whose database steps fail —
+unreachable, or a round trip stuck past its deadline — is shown as *unhealthy*, not
+live, for as long as that lasts.
+
 An engine run inside an open transaction (a test's) is not recorded. A registry write
 that fails is said once per outage and tried again at the next heartbeat; it never
-stops the engine.
+stops the engine. A write that finds SQLite busy (another connection of the process,
+or another process, holds its write lock: with Django's default SQLite settings a
+worker's own threads do, all the time) is book-keeping that can wait: it is tried
+again for up to :data:`BUSY_WAIT_SECONDS`, then left to the next heartbeat with one
+DEBUG line, never reported as an outage.
 """
 
 from __future__ import annotations
@@ -26,7 +36,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
@@ -41,6 +53,31 @@ from .db import DATABASE_ERRORS
 from .outage import OutageReporter
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a registry write waits, in all, for a busy SQLite database before it is
+#: left to the next heartbeat.
+BUSY_WAIT_SECONDS = 2.0
+#: The first pause between two tries at a busy database (doubled each time, to 0.25 s).
+BUSY_FIRST_PAUSE = 0.01
+
+#: SQLite's primary result codes that mean "the lock is held by someone else".
+_SQLITE_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+
+def is_sqlite_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` (a Django database error) is SQLite saying its write lock is
+    held by another connection: ``SQLITE_BUSY`` or ``SQLITE_LOCKED``, extended codes
+    included, read from the driver's error code rather than its message."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        code = getattr(current, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in _SQLITE_BUSY_CODES:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
 
 #: Heartbeats between two clean-ups of rows silent past the retention, by each engine
 #: (five minutes at the default heartbeat of ten seconds).
@@ -77,12 +114,17 @@ class RegistryStore(Protocol):
         """Seconds between two heartbeats of each engine."""
         ...
 
-    def register(self, record: EngineRecord, *, running: int, now: datetime) -> None:
+    def register(
+        self, record: EngineRecord, *, running: int, now: datetime, unhealthy: str = ""
+    ) -> None:
         """Write the engine's row (replacing one of the same kind and id)."""
         ...
 
-    def heartbeat(self, record: EngineRecord, *, running: int, now: datetime) -> bool:
-        """Renew the row; False if it is gone (deleted, or replaced by another run)."""
+    def heartbeat(
+        self, record: EngineRecord, *, running: int, now: datetime, unhealthy: str = ""
+    ) -> bool:
+        """Renew the row; False if it is gone (deleted, or replaced by another run).
+        ``unhealthy`` is why the engine does not work now ("": it does)."""
         ...
 
     def remove(self, record: EngineRecord) -> None:
@@ -119,6 +161,9 @@ class Registration:
     alias: str
     running: Callable[[], int]
     ready: threading.Event
+    #: The engine's own outage reporter: while it has an outage under way (the
+    #: engine's database steps fail), every heartbeat says the engine is unhealthy.
+    engine_outage: OutageReporter | None = None
     clock: Callable[[], datetime] = timezone.now
     #: Set while the engine's row is written.
     registered: threading.Event = field(default_factory=threading.Event, init=False)
@@ -158,10 +203,13 @@ class Registration:
     def _beat(self) -> None:
         now = self.clock()
         running = self._running()
+        unhealthy = self._health()
         if self.registered.is_set():
             kept = self._step(
                 "renewing its heartbeat",
-                lambda: self.store.heartbeat(self.record, running=running, now=now),
+                lambda: self.store.heartbeat(
+                    self.record, running=running, now=now, unhealthy=unhealthy
+                ),
             )
             if kept is not False:
                 self._beats += 1
@@ -171,7 +219,7 @@ class Registration:
             self.registered.clear()  # the row is gone: write it again
 
         def register() -> bool:
-            self.store.register(self.record, running=running, now=now)
+            self.store.register(self.record, running=running, now=now, unhealthy=unhealthy)
             return True
 
         if self._step("recording the engine", register):
@@ -185,15 +233,39 @@ class Registration:
             logger.exception("counting the running work of %s failed", self.record.engine_id)
             return 0
 
+    def _health(self) -> str:
+        """Why the engine does not work now ("" when it does)."""
+        outage = self.engine_outage
+        if outage is None or not outage.active:
+            return ""
+        return f"database steps failing ({outage.attempts} failed attempts)"
+
     def _step[T](self, what: str, call: Callable[[], T]) -> T | None:
-        try:
-            result = call()
-        except DATABASE_ERRORS as exc:
-            self.outage.failed(exc, doing=what, retry_in=self.store.heartbeat_seconds)
-            return None
-        finally:
-            # One short write every heartbeat: hold no connection in between.
-            connections[self.alias].close()
-        if self.outage.active:
-            self.outage.recovered()
-        return result
+        pause, waited = BUSY_FIRST_PAUSE, 0.0
+        while True:
+            try:
+                result = call()
+            except DATABASE_ERRORS as exc:
+                if not is_sqlite_busy(exc):
+                    self.outage.failed(exc, doing=what, retry_in=self.store.heartbeat_seconds)
+                    return None
+                if waited >= BUSY_WAIT_SECONDS:
+                    logger.debug(
+                        "workers registry: %s found SQLite busy for %.1f s; the next "
+                        "heartbeat tries again",
+                        what,
+                        waited,
+                        extra={"worker": self.record.engine_id, "doing": what},
+                    )
+                    return None
+                # A bounded, growing pause: the lock's holder commits within moments.
+                time.sleep(pause)
+                waited += pause
+                pause = min(pause * 2, 0.25)
+                continue
+            finally:
+                # One short write every heartbeat: hold no connection in between.
+                connections[self.alias].close()
+            if self.outage.active:
+                self.outage.recovered()
+            return result

@@ -1,6 +1,11 @@
 """Saga recovery inside ``run_jobs``: beside every job worker, a
 :class:`~sagas.runner.SagaRunner` resumes unfinished saga instances, exactly as
-``recover_sagas`` would — unless ``SAGAS["RECOVER_IN_WORKER"]`` is False.
+``recover_sagas`` would — unless ``SAGAS["RECOVER_IN_WORKER"]`` is False, or no saga
+is registered in the process (there is nothing it could resume, and nothing to say).
+
+The runner's id is the worker's: a worker restarted with the same ``--worker-id``
+takes over its runner's row in the workers registry as well as its own, instead of
+leaving the old run's row to go silent.
 
 Connected to the worker's signals when both apps are installed (``SagasConfig.ready``);
 ``jobs`` itself knows nothing of sagas. In ``--burst`` mode the worker waits for the
@@ -17,6 +22,7 @@ from ledon.beside import Beside
 from ledon.db import DatabaseNotMigrated
 
 from .conf import sagas_settings
+from .registry import registered_sagas
 from .runner import SagaRunner
 from .types import SagaSnapshot
 
@@ -27,14 +33,16 @@ _beside: Beside[SagaRunner] = Beside("saga-recovery")
 
 def start_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
     """``jobs.signals.worker_started``: start a saga runner beside ``worker``."""
-    if not sagas_settings().RECOVER_IN_WORKER:
+    if not sagas_settings().RECOVER_IN_WORKER or not registered_sagas():
         return
 
     def report(event: str, state: SagaSnapshot | None, detail: str) -> None:
         what = f"{state.name} {state.instance_id}" if state is not None else ""
         worker.report(f"saga {event}", " ".join(p for p in (what, detail) if p))
 
-    runner = SagaRunner(burst=worker.burst, on_event=report, inline=False)
+    runner = SagaRunner(
+        runner_id=worker.worker_id, burst=worker.burst, on_event=report, inline=False
+    )
 
     def run() -> None:
         try:

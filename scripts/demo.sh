@@ -69,7 +69,7 @@ worker=$!
 import re, sys, time, urllib.request
 log, deadline, url = sys.argv[1], time.monotonic() + 60, None
 while time.monotonic() < deadline:  # the worker prints its address once it listens
-    found = re.search(r"metrics on http://0\.0\.0\.0:(\d+)/metrics", open(log).read())
+    found = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", open(log).read())
     if found:
         url = f"http://127.0.0.1:{found.group(1)}/metrics"
         break
@@ -100,7 +100,9 @@ cat <<'TEXT'
   schedules, outbox lag, sagas needing attention; it reloads itself).
 - The workers registry: http://127.0.0.1:8000/admin/jobs/workerrecord/
 - Prometheus metrics: run_jobs / dispatch_outbox / consume_events / recover_sagas
-  --metrics-port N, or route ledon.metrics.metrics_view (this project: /metrics).
+  --metrics-port N (127.0.0.1 unless --metrics-address), or route
+  ledon.metrics.metrics_view (this project: /metrics, for staff who may view or a
+  bearer token from LEDON_METRICS_TOKEN).
 - Tracing: JOBS/OUTBOX/SAGAS = {"TRACING": True} and an OpenTelemetry SDK; see
   docs/operations.md.
 TEXT

@@ -200,6 +200,10 @@ SAGAS: dict[str, Any] = {
     "MAX_TAKEOVERS": env.int("SAGAS_MAX_TAKEOVERS", default=3),
 }
 
+# The bearer token Prometheus sends to /metrics (ledon.metrics.metrics_view); unset,
+# only staff who may view the apps' rows read it.
+LEDON_METRICS_TOKEN = env("LEDON_METRICS_TOKEN", default=None)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

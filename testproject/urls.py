@@ -11,4 +11,5 @@ try:  # the Prometheus metrics, with the [metrics] extra installed
 except ImportError:  # pragma: no cover - a project without the extra
     pass
 else:
+    # Protected by the view itself: staff who may view, or LEDON_METRICS_TOKEN.
     urlpatterns.append(path("metrics", metrics_view))

@@ -236,3 +236,18 @@ def test_the_reference_lists_every_setting_with_the_codes_default(section, setti
         if documented[key] != default or type(documented[key]) is not type(default)
     }
     assert wrong == {}
+
+
+@pytest.mark.parametrize(("value", "errors"), [(None, 0), ("", 0), ("t0ken", 0), (123, 1)])
+def test_the_metrics_token_is_a_string_or_none(settings, value, errors) -> None:
+    from ledon.checks import check_metrics_token
+
+    settings.LEDON_METRICS_TOKEN = value
+    found = check_metrics_token()
+    assert len(found) == errors
+    if errors:
+        [error] = found
+        assert error.id == "ledon.E001"
+        assert error.msg == "LEDON_METRICS_TOKEN must be a string or None, got int"
+        url = re.search(r"https://\S+/settings\.html#([\w-]+)", error.hint)
+        assert url.group(1) in _anchors(REFERENCE)

@@ -9,6 +9,14 @@
 - at scrape time, from the database (:mod:`jobs.observability.reads`):
   ``ledon_jobs_queued{queue}``, ``ledon_jobs_running{queue}``,
   ``ledon_jobs_oldest_due_age_seconds{queue}`` and ``ledon_workers{kind,state}``.
+
+A gauge reads 0, rather than disappearing, for every queue known
+(:func:`jobs.observability.reads.known_queues`, and every queue an earlier scrape of this
+process saw) and every kind of engine, so that an alert on "no worker live" or a
+graph of a queue that drained sees a 0.
+
+The wait and run histograms come from the middleware, which the chain includes
+whenever the jobs' metrics are on: by ``JOBS["METRICS"]`` or by ``--metrics-port``.
 """
 
 from __future__ import annotations
@@ -97,9 +105,16 @@ def _count_finished(
     metrics.JOBS_FINISHED.labels(claim.queue, claim.handler, label).inc()
 
 
+#: Queues an earlier scrape of this process reported: they keep a series, at 0.
+_seen_queues: set[str] = set()
+
+
 def gauges() -> Iterable[Metric]:
     """The jobs' gauges, read now (three indexed queries and the registry's rows)."""
     now = timezone.now()
+    states = {state.queue: state for state in reads.queue_states(now)}
+    _seen_queues.update(states)
+    _seen_queues.update(reads.known_queues())
     queued = GaugeMetricFamily("ledon_jobs_queued", "Queued jobs, per queue.", labels=["queue"])
     running = GaugeMetricFamily("ledon_jobs_running", "Running jobs, per queue.", labels=["queue"])
     oldest = GaugeMetricFamily(
@@ -107,17 +122,20 @@ def gauges() -> Iterable[Metric]:
         "Seconds the longest-waiting due job has waited, per queue.",
         labels=["queue"],
     )
-    for state in reads.queue_states(now):
+    for name in sorted(_seen_queues):
+        state = states.get(name) or reads.QueueState(queue=name)
         queued.add_metric([state.queue], state.queued)
         running.add_metric([state.queue], state.running)
         oldest.add_metric([state.queue], state.oldest_due_age(now))
     workers = GaugeMetricFamily(
         "ledon_workers",
-        "Engines in the workers registry, by kind and state (live, silent).",
+        "Engines in the workers registry, by kind and state (live, unhealthy, silent).",
         labels=["kind", "state"],
     )
-    for (kind, liveness), count in sorted(reads.worker_counts(now).items()):
-        workers.add_metric([kind, liveness], count)
+    counts = {(kind, state): 0 for kind in reads.ENGINE_KINDS for state in reads.WORKER_STATES}
+    counts.update(reads.worker_counts(now))
+    for (kind, engine_state), count in sorted(counts.items()):
+        workers.add_metric([kind, engine_state], count)
     return [queued, running, oldest, workers]
 
 

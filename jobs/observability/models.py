@@ -34,6 +34,10 @@ class WorkerRecord(models.Model):
     running = models.PositiveIntegerField(default=0, help_text="Work held at the last heartbeat.")
     started_at = models.DateTimeField()
     last_heartbeat_at = models.DateTimeField()
+    #: Since when the engine said at its heartbeats that it does not work (its own
+    #: database steps fail), and why; null while it works.
+    unhealthy_since = models.DateTimeField(null=True, blank=True)
+    unhealthy_reason = models.CharField(max_length=300, blank=True, default="")
 
     objects = WorkerRecordQuerySet.as_manager()
 

@@ -17,7 +17,8 @@ from typing import Any
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
-from ..models import Job
+from ..conf import jobs_settings
+from ..models import Job, Queue
 from ..schedules.models import Schedule
 from ..types import JobStatus
 from .models import WorkerRecord
@@ -132,7 +133,8 @@ def oldest_waiting(now: datetime) -> Job | None:
 
 
 def workers(now: datetime) -> tuple[list[WorkerRecord], list[WorkerRecord]]:
-    """The registry's rows: (live, silent), each by kind and id."""
+    """The registry's rows: (heard from, silent), each by kind and id. A row heard
+    from may still say its engine is unhealthy (``unhealthy_since``)."""
     after = silent_after()
     rows = list(WorkerRecord.objects.order_by("kind", "engine_id"))
     cutoff = now - after
@@ -142,22 +144,47 @@ def workers(now: datetime) -> tuple[list[WorkerRecord], list[WorkerRecord]]:
     )
 
 
+#: The states of a registry row: heard from and working, heard from but saying its
+#: database steps fail, not heard from for ``WORKERS_SILENT_AFTER`` heartbeats.
+WORKER_STATES = ("live", "unhealthy", "silent")
+
+
 def worker_counts(now: datetime) -> dict[tuple[str, str], int]:
-    """Registry rows per (kind, "live" or "silent")."""
+    """Registry rows per (kind, state), the state one of :data:`WORKER_STATES`."""
     cutoff = now - silent_after()
+    heard = Q(last_heartbeat_at__gte=cutoff)
     rows = (
         WorkerRecord.objects.values("kind")
         .annotate(
-            live=Count("id", filter=Q(last_heartbeat_at__gte=cutoff)),
+            live=Count("id", filter=heard & Q(unhealthy_since__isnull=True)),
+            unhealthy=Count("id", filter=heard & Q(unhealthy_since__isnull=False)),
             silent=Count("id", filter=Q(last_heartbeat_at__lt=cutoff)),
         )
         .order_by()
     )
     counts: dict[tuple[str, str], int] = {}
     for row in rows:
-        counts[(str(row["kind"]), "live")] = int(row["live"])
-        counts[(str(row["kind"]), "silent")] = int(row["silent"])
+        kind = str(row["kind"])
+        counts[(kind, "live")] = int(row["live"])
+        counts[(kind, "unhealthy")] = int(row["unhealthy"])
+        counts[(kind, "silent")] = int(row["silent"])
     return counts
+
+
+#: The kinds of engine every deployment with workers may have, whose
+#: ``ledon_workers`` series read 0 rather than disappear when none runs.
+ENGINE_KINDS = ("worker", "dispatcher", "consumer", "saga runner")
+
+
+def known_queues() -> set[str]:
+    """The queues known without a job in them: ``default``, those ``JOBS["QUEUES"]``
+    limits, those paused or resumed (``jobs_queue``) and those a worker of the
+    registry was started for (two small tables)."""
+    names = {"default", *jobs_settings().QUEUES}
+    names.update(Queue.objects.values_list("name", flat=True))
+    for queues in WorkerRecord.objects.filter(kind="worker").values_list("queues", flat=True):
+        names.update(str(name) for name in queues or ())
+    return names
 
 
 def next_schedules(limit: int = 10) -> list[Schedule]:

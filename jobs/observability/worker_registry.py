@@ -8,6 +8,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 
 from ledon.db import alias_for
 from ledon.registry import EngineRecord
@@ -24,7 +26,9 @@ class DatabaseRegistry:
     def _alias(self) -> str:
         return alias_for(WorkerRecord)
 
-    def register(self, record: EngineRecord, *, running: int, now: datetime) -> None:
+    def register(
+        self, record: EngineRecord, *, running: int, now: datetime, unhealthy: str = ""
+    ) -> None:
         values = {
             "token": record.token,
             "host": record.host[:255],
@@ -35,6 +39,8 @@ class DatabaseRegistry:
             "running": running,
             "started_at": now,
             "last_heartbeat_at": now,
+            "unhealthy_since": now if unhealthy else None,
+            "unhealthy_reason": unhealthy[:300],
         }
         for _ in range(3):
             try:
@@ -47,12 +53,21 @@ class DatabaseRegistry:
                 continue  # another run of the same id inserted first: replace its row
         raise IntegrityError(f"could not record {record.kind} {record.engine_id}")
 
-    def heartbeat(self, record: EngineRecord, *, running: int, now: datetime) -> bool:
+    def heartbeat(
+        self, record: EngineRecord, *, running: int, now: datetime, unhealthy: str = ""
+    ) -> bool:
+        # An outage that goes on keeps the time it began.
+        since = Coalesce(F("unhealthy_since"), Value(now)) if unhealthy else None
         with transaction.atomic(using=self._alias()):
             return bool(
                 WorkerRecord.objects.filter(
                     kind=record.kind[:50], engine_id=record.engine_id[:300], token=record.token
-                ).update(last_heartbeat_at=now, running=running)
+                ).update(
+                    last_heartbeat_at=now,
+                    running=running,
+                    unhealthy_since=since,
+                    unhealthy_reason=unhealthy[:300],
+                )
             )
 
     def remove(self, record: EngineRecord) -> None:

@@ -49,6 +49,11 @@ def backlog() -> Backlog:
     )
 
 
+#: The models the dashboard's panels summarise: a user who may view none of them in
+#: the admin gets no panel, and its queries do not run.
+DASHBOARD_MODELS = (OutboxMessage,)
+
+
 def dashboard_panels(now: datetime) -> list[Panel]:
     state = backlog()
     return [
@@ -61,6 +66,7 @@ def dashboard_panels(now: datetime) -> list[Panel]:
             ],
             link=reverse("admin:outbox_outboxmessage_changelist"),
             attention=state.parked > 0,
+            model=OutboxMessage,
         )
     ]
 

@@ -34,6 +34,11 @@ def _needing_attention() -> QuerySet[SagaInstance]:
     return SagaInstance.objects.needs_attention().order_by("-updated_at", "-id")
 
 
+#: The models the dashboard's panels summarise: a user who may view none of them in
+#: the admin gets no panel, and its queries do not run.
+DASHBOARD_MODELS = (SagaInstance,)
+
+
 def dashboard_panels(now: datetime) -> list[Panel]:
     counts = {status: 0 for status in OPEN_STATUSES}
     for row in open_instances():
@@ -64,6 +69,7 @@ def dashboard_panels(now: datetime) -> list[Panel]:
             ],
             link=reverse("admin:sagas_sagainstance_changelist") + "?status__exact=failed",
             attention=counts[SagaStatus.FAILED] > 0,
+            model=SagaInstance,
         )
     ]
 

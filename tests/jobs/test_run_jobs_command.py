@@ -51,3 +51,43 @@ def test_no_hint_when_the_queue_has_work_or_every_queue_is_taken() -> None:
     submit_job("s", "d", JobSubmission.create("x.y", queue="default"))
     assert "hint:" not in run_burst("--queue", "emails")
     assert "hint:" not in run_burst()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--concurrency", "100000"),
+            "--concurrency must be between 1 and 1000 (handler threads of one process; "
+            "run more worker processes for more), got 100000",
+        ),
+        (("--concurrency", "0"), "--concurrency must be between 1 and 1000"),
+        (
+            ("--worker-id", ""),
+            "--worker-id must not be empty (leave it out for the default, host:pid)",
+        ),
+        (("--worker-id", " w-1"), "--worker-id must not start or end with spaces"),
+        (("--shutdown-timeout", "nan"), "--shutdown-timeout must be seconds"),
+        (("--shutdown-timeout", "-1"), "--shutdown-timeout must be seconds"),
+        (("--metrics-port", "70000"), "--metrics-port must be between 0 and 65535"),
+    ],
+)
+def test_bad_options_are_refused_before_anything_starts(args, message) -> None:
+    """No banner, no thread, no database: the command stops at its options."""
+    from django.core.management import CommandError
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command("run_jobs", "--burst", *args, stdout=out, stderr=err)
+    assert out.getvalue() == err.getvalue() == ""
+
+
+def test_the_workers_page_states_the_concurrency_limit() -> None:
+    from jobs.management.commands.run_jobs import MAX_CONCURRENCY
+
+    row = next(
+        line
+        for line in (ROOT / "docs" / "workers.md").read_text().splitlines()
+        if line.startswith("| `--concurrency N`")
+    )
+    assert f"at most {MAX_CONCURRENCY:,}" in row

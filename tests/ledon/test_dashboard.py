@@ -91,3 +91,62 @@ def test_the_dashboard_lists_the_schedules_next_runs(admin_client):
     section = re.search(r'<section id="schedules">(.*?)</section>', html, re.S).group(1)
     expected = timezone.localtime(stored.next_run_at).strftime("%Y-%m-%d %H:%M:%S")
     assert f"<td>dash-hourly</td><td>{expected}</td><td>demo.report</td>" in section
+
+
+#: Each panel of the dashboard beside its own model's admin page: a user sees the
+#: panel exactly when that page lets them in.
+PANELS = {
+    "view_workerrecord": ('<section id="workers"', "/admin/jobs/workerrecord/"),
+    "view_schedule": ('<section id="schedules"', "/admin/jobs/schedule/"),
+    "view_outboxmessage": ('data-panel="Outbox"', "/admin/outbox/outboxmessage/"),
+    "view_sagainstance": (
+        'data-panel="Sagas needing attention"',
+        "/admin/sagas/sagainstance/",
+    ),
+}
+
+
+def staff_with(client, *codenames: str) -> User:
+    user, _ = User.objects.get_or_create(username="panel-staff", defaults={"is_staff": True})
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    user = User.objects.get(pk=user.pk)
+    client.force_login(user)
+    return user
+
+
+def test_staff_who_may_only_view_jobs_see_no_other_panel(client, settings):
+    make_workload(settings)
+    staff_with(client, "view_job")
+    page = client.get(URL)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert '<tr data-queue="dash-a">' in html  # the jobs' own numbers
+    for marker, admin_page in PANELS.values():
+        assert marker not in html, marker
+        assert client.get(admin_page).status_code == 403, admin_page
+    # Nothing of the workers' rows leaks elsewhere on the page either.
+    assert "dash-live" not in html
+    assert "dash-silent" not in html
+    assert "dash-order" not in html
+    # The hidden panels' queries do not run at all.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(URL).status_code == 200
+    read = " ".join(query["sql"] for query in queries.captured_queries)
+    for table in ("jobs_workerrecord", "jobs_schedule", "outbox_outboxmessage", "sagas_"):
+        assert table not in read, table
+
+
+@pytest.mark.parametrize("codename", sorted(PANELS))
+def test_each_panel_shows_with_its_models_view_permission(client, settings, codename):
+    make_workload(settings)
+    staff_with(client, "view_job", codename)
+    html = client.get(URL).content.decode()
+    marker, admin_page = PANELS[codename]
+    assert marker in html
+    assert client.get(admin_page).status_code == 200
+    for other, (other_marker, _page) in PANELS.items():
+        if other != codename:
+            assert other_marker not in html, other_marker

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -133,3 +134,30 @@ def test_the_three_apps_read_only_admins_share_one_base_and_refuse_every_edit() 
         assert not model_admin.has_change_permission(request)
         assert not model_admin.has_delete_permission(request)
     assert not isinstance(admin.site._registry[Dashboard], ReadOnlyAdminMixin)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("dispatch_outbox", "--burst", "--dispatcher-id", ""),
+            "--dispatcher-id must not be empty",
+        ),
+        (("recover_sagas", "--burst", "--runner-id", "  "), "--runner-id must not be empty"),
+        (
+            ("consume_events", "--group", "g", "--metrics-port", "70000"),
+            "--metrics-port must be between 0 and 65535",
+        ),
+        (
+            ("dispatch_outbox", "--burst", "--metrics-port", "0", "--metrics-address", ""),
+            "--metrics-address must be an address to listen on",
+        ),
+    ],
+)
+def test_the_other_engines_refuse_bad_options_before_anything_starts(args, message) -> None:
+    from django.core.management import call_command
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command(*args, stdout=out, stderr=err)
+    assert out.getvalue() == err.getvalue() == ""

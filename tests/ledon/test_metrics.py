@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.error
 import urllib.request
 from datetime import timedelta
 
@@ -178,10 +179,10 @@ def _declined(ctx) -> None:
 
 
 @pytest.mark.django_db
-def test_the_view_serves_the_text_format(client, settings):
+def test_the_view_serves_the_text_format(admin_client, settings):
     settings.ROOT_URLCONF = "tests.support.metrics_urls"
     submit_job("v", "v-1", sub("metrics.ok"))
-    response = client.get("/metrics")
+    response = admin_client.get("/metrics")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     text = response.content.decode()
@@ -199,7 +200,7 @@ def scrape_until(engine, wanted: str, what: str) -> str:
     """The scrape of ``engine``'s ``--metrics-port`` (the address it prints) once it
     has ``wanted`` in it."""
     found = wait_until(
-        lambda: re.search(r"metrics on http://0\.0\.0\.0:(\d+)/metrics", engine.output),
+        lambda: re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", engine.output),
         60,
         "the metrics address",
         engine,
@@ -219,22 +220,189 @@ def test_run_jobs_serves_its_metrics_on_the_port_it_prints(tmp_path):
     for n in range(2):
         submit_job("p", f"p-{n}", JobSubmission.create("demo.flaky", {"fail_times": 1},
                                                        queue=QUEUE, max_attempts=2))  # fmt: skip
+    # The worker's settings leave JOBS["METRICS"] off: the port alone turns on all.
     worker = WorkerProcess(tmp_path, "--metrics-port", "0", "--queue", QUEUE)
     try:
         text = scrape_until(worker, finished("succeeded"), "two succeeded jobs in the scrape")
         assert finished("retried") in text
         assert 'ledon_workers{kind="worker",state="live"} 1.0' in text
+        labels = f'handler="demo.flaky",queue="{QUEUE}"'
+        # Four attempts (two failed once, then succeeded), each waited for and timed.
+        assert f"ledon_job_run_seconds_count{{{labels}}} 4.0" in text
+        assert f"ledon_job_wait_seconds_count{{{labels}}} 4.0" in text
     finally:
         worker.signal(15)
         assert worker.wait() == 0
         worker.close()
 
 
-def test_a_bad_metrics_port_is_a_clear_error():
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--metrics-port", "70000"), "--metrics-port must be between 0 and 65535, got 70000"),
+        (("--metrics-port", "-1"), "--metrics-port must be between 0 and 65535"),
+        (("--metrics-port", "0", "--metrics-address", ""), "--metrics-address must be an"),
+    ],
+)
+@pytest.mark.parametrize("command", ["run_jobs", "dispatch_outbox", "recover_sagas"])
+def test_a_bad_metrics_option_is_refused_before_the_engine_starts(command, args, message):
+    import io
+
     from django.core.management import CommandError, call_command
 
-    with pytest.raises(CommandError, match="--metrics-port must be between 0 and 65535"):
-        call_command("run_jobs", "--metrics-port", "70000", "--burst")
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command(command, *args, "--burst", stdout=out)
+    assert out.getvalue() == ""  # refused before the banner
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_metrics_server_listens_on_loopback_and_answers_metrics_only():
+    import io
+
+    from ledon.commands import DEFAULT_METRICS_ADDRESS, serve_metrics
+
+    assert DEFAULT_METRICS_ADDRESS == "127.0.0.1"
+    out = io.StringIO()
+    server = serve_metrics(0, out=out, name="worker t")
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+        port = server.server_port
+        assert out.getvalue() == f"worker t: metrics on http://127.0.0.1:{port}/metrics"
+        status, text = get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200
+        assert "# TYPE ledon_jobs_queued gauge" in text
+        for path in ("/", "/favicon.ico", "/metrics/", "/other"):
+            status, text = get(f"http://127.0.0.1:{port}{path}")
+            assert (status, "ledon_" in text) == (404, False), path
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_metrics_address_option_defaults_to_loopback_and_says_how_to_open_it():
+    from django.core.management import load_command_class
+
+    for command, app in (("run_jobs", "jobs"), ("dispatch_outbox", "outbox")):
+        parser = load_command_class(app, command).create_parser("manage.py", command)
+        assert parser.parse_args([]).metrics_address == "127.0.0.1"
+        assert "0.0.0.0" in parser.format_help()
+
+
+@pytest.fixture
+def settings_metrics_off(settings):
+    """Every app's METRICS setting off, as a project without it; the layers are set
+    back to what the settings say afterwards."""
+    from django.apps import apps
+
+    settings.JOBS = {**settings.JOBS, "METRICS": False}
+    settings.OUTBOX = {**settings.OUTBOX, "METRICS": False}
+    settings.SAGAS = {**settings.SAGAS, "METRICS": False}
+    yield
+    for config in apps.get_app_configs():
+        layers = getattr(config, "optional_layers", None)
+        if layers is not None:
+            layers.configure()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("settings_metrics_off")
+def test_metrics_turned_on_by_the_port_alone_time_every_attempt():
+    """What ``--metrics-port`` does without ``JOBS["METRICS"]``: the wait and run
+    histograms fill, so the documented p95 query has data."""
+    from ledon import metrics
+
+    runs = ("ledon_job_run_seconds_count", {"queue": QUEUE, "handler": "metrics.ok"})
+    waits = ("ledon_job_wait_seconds_count", {"queue": QUEUE, "handler": "metrics.ok"})
+    # A chain built while the metrics were off must not be reused once they are on.
+    submit_job("port", "before", sub("metrics.ok"))
+    Worker(burst=True, listen=False, queues=[QUEUE]).run()
+    before = value(*runs), value(*waits)
+    metrics.enable_all()
+    for n in range(3):
+        submit_job("port", f"p-{n}", sub("metrics.ok"))
+    Worker(burst=True, listen=False, queues=[QUEUE]).run()
+    assert (value(*runs) - before[0], value(*waits) - before[1]) == (3, 3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gauges_read_zero_instead_of_disappearing():
+    from sagas import saga
+    from sagas.registry import unregister as unregister_saga
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, labels)
+
+    # Known queues, and every kind of engine, have series before anything ran.
+    assert sample("ledon_jobs_queued", queue="default") == 0
+    assert sample("ledon_jobs_running", queue="default") == 0
+    assert sample("ledon_jobs_oldest_due_age_seconds", queue="default") == 0
+    for kind in ("worker", "dispatcher", "consumer", "saga runner"):
+        for state in ("live", "unhealthy", "silent"):
+            assert sample("ledon_workers", kind=kind, state=state) == 0, (kind, state)
+    # A queue that drained keeps its series, at 0.
+    submit_job("z", "z-1", JobSubmission.create("metrics.ok", queue="metrics-drained"))
+    assert sample("ledon_jobs_queued", queue="metrics-drained") == 1
+    Worker(burst=True, listen=False, queues=["metrics-drained"]).run()
+    assert sample("ledon_jobs_queued", queue="metrics-drained") == 0
+    assert sample("ledon_jobs_running", queue="metrics-drained") == 0
+    # A registered saga with no instance: each open status reads 0.
+    saga("metrics-idle").step("only", lambda ctx: None)
+    try:
+        for status in ("running", "compensating", "failed"):
+            assert sample("ledon_sagas", saga="metrics-idle", status=status) == 0, status
+    finally:
+        unregister_saga("metrics-idle")
+
+
+@pytest.mark.django_db
+def test_the_view_answers_only_staff_who_may_view_or_the_bearer_token(client, settings):
+    from django.contrib.auth.models import Permission, User
+
+    settings.ROOT_URLCONF = "metrics_urls"
+    settings.LEDON_METRICS_TOKEN = "s3cret-token"
+    anonymous = client.get("/metrics")
+    assert anonymous.status_code == 401
+    assert anonymous["WWW-Authenticate"].startswith("Bearer")
+    assert b"ledon_" not in anonymous.content
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
+    token = client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-token")
+    assert token.status_code == 200
+    assert b"# TYPE ledon_jobs_queued gauge" in token.content
+
+    staff = User.objects.create_user("metrics-staff", password="pw", is_staff=True)
+    client.force_login(staff)
+    assert client.get("/metrics").status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(User.objects.get(pk=staff.pk))
+    assert client.get("/metrics").status_code == 403  # the outbox and sagas' numbers too
+    staff.user_permissions.add(
+        Permission.objects.get(codename="view_outboxmessage"),
+        Permission.objects.get(codename="view_sagainstance"),
+    )
+    client.force_login(User.objects.get(pk=staff.pk))
+    assert client.get("/metrics").status_code == 200
+    # Not staff: refused whatever the permissions.
+    staff.is_staff = False
+    staff.save()
+    client.force_login(User.objects.get(pk=staff.pk))
+    assert client.get("/metrics").status_code == 403
+
+
+def test_the_test_project_routes_the_protected_view(client):
+    from django.urls import resolve
+
+    from ledon.metrics import metrics_view
+
+    assert resolve("/metrics").func is metrics_view
 
 
 @pytest.mark.slow

@@ -5,18 +5,23 @@ transaction is not recorded."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import OperationalError, connections
 from django.utils import timezone
 
 from jobs.models import WorkerRecord
 from jobs.observability import reads
 from jobs.observability.worker_registry import DatabaseRegistry
 from ledon import registry
+from ledon.backoff import Backoff
+from ledon.engine import Engine
 from ledon.registry import EngineRecord, package_version
 from tests.support.procs import ManageProcess, WorkerProcess, wait_until
 
@@ -122,6 +127,40 @@ def test_live_stopped_and_killed_engines(tmp_path, admin_client, settings):
         doomed.close()
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_restarted_with_its_id_takes_over_every_row_of_that_id(tmp_path, admin_client):
+    """kill -9 a worker, restart it with the same --worker-id: both its own row and
+    its saga runner's belong to the new process, and no row of the old run is left
+    to go silent (and fire the silent-worker alert until retention deletes it)."""
+    first = WorkerProcess(tmp_path, "--worker-id", "reg-again", env=FAST)
+    try:
+        wait_until(lambda: len(rows(pid=first.pid)) == 2, 60, "the worker's two rows", first)
+        assert {(r.kind, r.engine_id) for r in rows(pid=first.pid)} == {
+            ("worker", "reg-again"),
+            ("saga runner", "reg-again"),
+        }
+        first.kill()
+        first.wait()
+    finally:
+        first.close()
+    again = WorkerProcess(tmp_path, "--worker-id", "reg-again", env=FAST)
+    try:
+        wait_until(lambda: len(rows(pid=again.pid)) == 2, 60, "the new run's two rows", again)
+        assert rows(pid=first.pid) == []
+        assert {(r.kind, r.engine_id) for r in rows()} == {
+            ("worker", "reg-again"),
+            ("saga runner", "reg-again"),
+        }
+        _live, silent = reads.workers(timezone.now())
+        assert silent == []
+    finally:
+        again.signal(signal.SIGTERM)
+        assert again.wait() == 0
+        again.close()
+    assert rows() == []
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_in_a_thread_keeps_its_row_with_its_running_count(settings):
     import threading
@@ -186,3 +225,182 @@ def test_rows_silent_past_retention_are_deleted_and_a_late_heartbeat_revives_not
 
 def test_jobs_installs_its_store_into_the_registry():
     assert isinstance(registry.installed(), DatabaseRegistry)
+
+
+class SteppingEngine(Engine):
+    """An engine whose one database step fails while ``failing`` is set; its
+    registry row is kept by the heartbeat thread on a connection of its own."""
+
+    kind = "stepping engine"
+    app_label = "jobs"
+
+    def __init__(self) -> None:
+        super().__init__(
+            alias="default",
+            log=logging.getLogger("tests.stepping"),
+            backoff=Backoff(base=0.001, cap=0.004, jitter=0),
+        )
+        self.failing = threading.Event()
+
+    def registry_record(self) -> EngineRecord:
+        return EngineRecord(kind=self.kind, engine_id="stepping")
+
+    def _step(self) -> bool:
+        if self.failing.is_set():
+            raise OperationalError("server closed the connection unexpectedly")
+        return WorkerRecord.objects.exists()  # a step that reaches the database
+
+    def run(self) -> None:
+        try:
+            if not self.wait_for_database():
+                return
+            while not self._stopping.is_set():
+                self.guarded("the step", self._step)
+                self.pause(0.01)
+        finally:
+            connections.close_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_engine_whose_database_steps_fail_shows_unhealthy_not_live(settings, admin_client):
+    """The heartbeat thread still reaches the database, but the engine does not: the
+    row, the admin, the dashboard and the metric say unhealthy until it works again."""
+    # Heartbeats every 0.05 s, silent only after 10 s without one (a busy machine).
+    settings.JOBS = {
+        **settings.JOBS,
+        "WORKERS_HEARTBEAT_SECONDS": 0.05,
+        "WORKERS_SILENT_AFTER": 200,
+    }
+    engine = SteppingEngine()
+    engine.failing.set()
+    thread = threading.Thread(target=engine.run)
+    thread.start()
+    try:
+        [row] = wait_until(
+            lambda: rows(engine_id="stepping", unhealthy_since__isnull=False),
+            30,
+            "the row saying unhealthy",
+        )
+        assert row.unhealthy_reason.startswith("database steps failing")
+        assert admin_state(admin_client, "stepping").startswith("unhealthy for ")
+        html = admin_client.get("/admin/jobs/dashboard/").content.decode()
+        assert re.search(r'<tr class="unhealthy"><td>stepping engine</td><td>stepping</td>', html)
+        assert "1 unhealthy" in html
+        counts = reads.worker_counts(timezone.now())
+        assert (counts[("stepping engine", "unhealthy")], counts[("stepping engine", "live")]) == (
+            1,
+            0,
+        )
+        # The outage goes on: the row keeps the time it began.
+        since = row.unhealthy_since
+        first_beat = row.last_heartbeat_at
+        wait_until(
+            lambda: rows(engine_id="stepping", last_heartbeat_at__gt=first_beat), 30, "a beat"
+        )
+        assert rows(engine_id="stepping")[0].unhealthy_since == since
+
+        engine.failing.clear()
+        wait_until(
+            lambda: rows(engine_id="stepping", unhealthy_since__isnull=True), 30, "live again"
+        )
+        assert admin_state(admin_client, "stepping") == "live"
+    finally:
+        engine.stop()
+        thread.join(30)
+    assert rows(engine_id="stepping") == []
+
+
+def sqlite_busy_error(tmp_path) -> OperationalError:
+    """The error Django raises when SQLite's write lock is held elsewhere: a real
+    ``SQLITE_BUSY`` from the driver, wrapped as Django wraps it."""
+    import sqlite3
+
+    path = str(tmp_path / "busy.sqlite3")
+    holder = sqlite3.connect(path, isolation_level=None)
+    waiter = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            waiter.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            try:
+                raise OperationalError(*exc.args) from exc
+            except OperationalError as wrapped:
+                return wrapped
+        raise AssertionError("the second writer got the lock")
+    finally:
+        holder.close()
+        waiter.close()
+
+
+class BusyFirst(DatabaseRegistry):
+    """The real store, whose first ``busy`` writes find SQLite busy."""
+
+    def __init__(self, error: OperationalError, busy: int) -> None:
+        self.error, self.busy, self.tries = error, busy, 0
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return 30.0  # one beat within the test: its retries are the busy wait
+
+    def register(self, record, **kwargs) -> None:
+        self.tries += 1
+        if self.tries <= self.busy:
+            raise self.error
+        super().register(record, **kwargs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_busy_sqlite_is_waited_out_quietly_and_an_outage_still_reported(tmp_path, caplog):
+    """Book-keeping that finds SQLite's write lock held (Django's default SQLite
+    settings, a worker's own threads writing) retries briefly and logs nothing at
+    WARNING or above; another database error is still an outage, said once."""
+    busy = sqlite_busy_error(tmp_path)
+    assert registry.is_sqlite_busy(busy)
+    assert not registry.is_sqlite_busy(OperationalError("server closed the connection"))
+    store = BusyFirst(busy, busy=3)
+    record = EngineRecord(kind="worker", engine_id="busy-w")
+    ready = threading.Event()
+    ready.set()
+    with caplog.at_level(logging.DEBUG, logger="ledon.registry"):
+        registration = registry.Registration(
+            store, record, alias="default", running=lambda: 0, ready=ready
+        )
+        registration.start()
+        try:
+            assert registration.registered.wait(30)
+        finally:
+            registration.close()
+    assert store.tries == 4
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert rows(engine_id="busy-w") == []  # removed at close
+
+    # Busy past the wait: left to the next heartbeat, with a DEBUG line only.
+    caplog.clear()
+    store = BusyFirst(busy, busy=10**6)
+    with caplog.at_level(logging.DEBUG, logger="ledon.registry"):
+        registration = registry.Registration(
+            store, record, alias="default", running=lambda: 0, ready=ready
+        )
+        registration.start()
+        wait_until(
+            lambda: any("found SQLite busy" in r.getMessage() for r in caplog.records),
+            30,
+            "the busy wait given up",
+        )
+        registration.close()
+    assert not registration.registered.is_set()
+    assert {r.levelno for r in caplog.records} == {logging.DEBUG}
+
+    # Another error: an outage, said at WARNING (with its traceback the first time).
+    caplog.clear()
+    store = BusyFirst(OperationalError("server closed the connection"), busy=10**6)
+    with caplog.at_level(logging.DEBUG, logger="ledon.registry"):
+        registration = registry.Registration(
+            store, record, alias="default", running=lambda: 0, ready=ready
+        )
+        registration.start()
+        wait_until(lambda: store.tries >= 1 and caplog.records, 30, "the outage said")
+        registration.close()
+    [line] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "workers registry unreachable: recording the engine failed" in line.getMessage()

@@ -12,6 +12,7 @@ from jobs.worker import Worker
 from sagas import SagaStatus, start_saga
 from sagas.conf import sagas_settings
 from sagas.exceptions import SagasConfigurationError
+from tests.support.procs import wait_until
 from tests.support.sagas import instance, order, runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -78,3 +79,56 @@ def test_the_setting_must_be_true_or_false(settings, value) -> None:
     settings.SAGAS = {**settings.SAGAS, "RECOVER_IN_WORKER": value}
     with pytest.raises(SagasConfigurationError, match="RECOVER_IN_WORKER"):
         sagas_settings()
+
+
+@pytest.fixture
+def no_saga_registered():
+    """This process with no saga defined (as a project that uses jobs alone)."""
+    from sagas import registry
+
+    with registry._registry_lock:
+        saved = dict(registry._registry)
+        registry._registry.clear()
+    try:
+        yield
+    finally:
+        with registry._registry_lock:
+            registry._registry.update(saved)
+
+
+@pytest.mark.usefixtures("no_saga_registered")
+def test_without_any_saga_defined_the_worker_says_nothing_of_sagas() -> None:
+    import io
+
+    from django.core.management import call_command
+
+    _worker, events = run_worker()
+    assert [event for event, _ in events if event.startswith("saga")] == []
+    out = io.StringIO()
+    call_command("run_jobs", "--burst", stdout=out)
+    assert "saga" not in out.getvalue()
+    assert not any(t.name == "saga-recovery" for t in threading.enumerate())
+
+
+def test_the_runner_beside_a_worker_goes_by_the_workers_id() -> None:
+    from jobs.models import WorkerRecord
+
+    seen: list[tuple[str, str]] = []
+    started = threading.Event()
+
+    def on_started(sender, worker, **kwargs) -> None:
+        started.set()
+
+    worker = Worker(listen=False, worker_id="in-worker-id")
+    worker_started.connect(on_started, dispatch_uid="test.on_started")
+    try:
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        assert started.wait(10)
+        wait_until(lambda: WorkerRecord.objects.count() == 2, 30, "the two rows")
+        seen = list(WorkerRecord.objects.values_list("kind", "engine_id").order_by("kind"))
+    finally:
+        worker.stop()
+        thread.join(10)
+        worker_started.disconnect(dispatch_uid="test.on_started")
+    assert seen == [("saga runner", "in-worker-id"), ("worker", "in-worker-id")]

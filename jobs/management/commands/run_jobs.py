@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -12,8 +13,13 @@ from jobs.exceptions import JobsError
 from jobs.handlers import autodiscover, registered_handlers
 from jobs.types import Claim
 from jobs.worker import Worker
-from ledon.commands import EngineCommand, EngineStart
+from ledon.commands import EngineCommand, EngineStart, engine_id_option
 from ledon.engine import StopLevel
+
+#: The most handler threads one worker process runs: each is an operating-system
+#: thread that may hold a database connection of its own. Past it, run more worker
+#: processes instead.
+MAX_CONCURRENCY = 1000
 
 
 class Command(EngineCommand):
@@ -33,7 +39,8 @@ class Command(EngineCommand):
             type=int,
             default=1,
             metavar="N",
-            help="handler threads; jobs are claimed only for free ones (default: %(default)s)",
+            help="handler threads, at most 1000; jobs are claimed only for free ones "
+            "(default: %(default)s)",
         )
         parser.add_argument(
             "--queue",
@@ -63,15 +70,20 @@ class Command(EngineCommand):
 
     def start(self, options: dict[str, Any]) -> EngineStart:
         concurrency = options["concurrency"]
-        if concurrency < 1:
-            raise CommandError("--concurrency must be at least 1")
-        if options["shutdown_timeout"] < 0:
-            raise CommandError("--shutdown-timeout must not be negative")
+        if not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise CommandError(
+                f"--concurrency must be between 1 and {MAX_CONCURRENCY} (handler threads of "
+                f"one process; run more worker processes for more), got {concurrency}"
+            )
+        timeout = options["shutdown_timeout"]
+        if not math.isfinite(timeout) or timeout < 0:
+            raise CommandError(f"--shutdown-timeout must be seconds, at least 0, got {timeout}")
+        worker_id = engine_id_option(options["worker_id"], "--worker-id", "host:pid")
         try:
             for name in options["queues"]:
                 validation.name(name, "queue", validation.MAX_QUEUE_LENGTH)
-            if options["worker_id"] is not None:
-                validation.text(options["worker_id"], "worker id", validation.MAX_NAME_LENGTH)
+            if worker_id is not None:
+                validation.text(worker_id, "worker id", validation.MAX_NAME_LENGTH)
         except JobsError as exc:
             raise CommandError(str(exc)) from exc
         autodiscover()

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ledon.commands import EngineCommand, EngineStart
+from ledon.commands import EngineCommand, EngineStart, engine_id_option
 from ledon.engine import StopLevel
 from outbox import validation
 from outbox.conf import outbox_settings
@@ -47,6 +47,7 @@ class Command(EngineCommand):
         batch_size = options["batch_size"]
         if batch_size is not None and not 1 <= batch_size <= 10_000:
             raise CommandError("--batch-size must be between 1 and 10000")
+        engine_id_option(options["dispatcher_id"], "--dispatcher-id", "host:pid")
         try:
             if options["dispatcher_id"] is not None:
                 validation.text(

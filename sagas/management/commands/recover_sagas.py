@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ledon.commands import EngineCommand, EngineStart
+from ledon.commands import EngineCommand, EngineStart, engine_id_option
 from ledon.engine import StopLevel
 from sagas import validation
 from sagas.exceptions import SagaError
@@ -50,6 +50,7 @@ class Command(EngineCommand):
     def start(self, options: dict[str, Any]) -> EngineStart:
         known = {d.name for d in registered_sagas()}
         names = options["sagas"]
+        engine_id_option(options["runner_id"], "--runner-id", "host:pid:random")
         try:
             if options["runner_id"] is not None:
                 validation.text(options["runner_id"], "runner id", validation.MAX_OWNER_LENGTH)
