@@ -133,6 +133,8 @@ class Migration(migrations.Migration):
                 ('running', models.PositiveIntegerField(default=0, help_text='Work held at the last heartbeat.')),
                 ('started_at', models.DateTimeField()),
                 ('last_heartbeat_at', models.DateTimeField()),
+                ('unhealthy_since', models.DateTimeField(blank=True, null=True)),
+                ('unhealthy_reason', models.CharField(blank=True, default='', max_length=300)),
             ],
             options={
                 'verbose_name': 'worker',
