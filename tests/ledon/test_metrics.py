@@ -367,7 +367,7 @@ def test_gauges_read_zero_instead_of_disappearing():
 def test_the_view_answers_only_staff_who_may_view_or_the_bearer_token(client, settings):
     from django.contrib.auth.models import Permission, User
 
-    settings.ROOT_URLCONF = "metrics_urls"
+    settings.ROOT_URLCONF = "tests.support.metrics_urls"
     settings.LEDON_METRICS_TOKEN = "s3cret-token"
     anonymous = client.get("/metrics")
     assert anonymous.status_code == 401

@@ -159,7 +159,7 @@ def test_recover_sagas_refuses_bad_arguments():
         call_command("recover_sagas", "--burst", "--saga", "nope")
     with pytest.raises(CommandError, match="saga name"):
         call_command("recover_sagas", "--burst", "--saga", "bad name")
-    with pytest.raises(CommandError, match="runner id"):
+    with pytest.raises(CommandError, match="--runner-id must not be empty"):
         call_command("recover_sagas", "--burst", "--runner-id", "")
 
 
