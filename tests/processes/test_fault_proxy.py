@@ -15,10 +15,13 @@ from support.proxy import FaultProxy, Mode
 class _Echo(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         server: EchoServer = self.server  # type: ignore[assignment]
-        while data := self.request.recv(65536):
-            server.received.append(data)
-            server.got_data.set()
-            self.request.sendall(data)
+        try:
+            while data := self.request.recv(65536):
+                server.received.append(data)
+                server.got_data.set()
+                self.request.sendall(data)
+        except ConnectionResetError:
+            pass  # what a cut does
 
 
 class EchoServer(socketserver.ThreadingTCPServer):

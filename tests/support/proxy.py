@@ -129,6 +129,10 @@ class FaultProxy:
                 self._server.close()
             for link in list(self._links):
                 self._close(link)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(shut(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
