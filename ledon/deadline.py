@@ -53,12 +53,12 @@ logger = logging.getLogger(__name__)
 DEFAULT_DEADLINE = 10.0
 
 #: libpq options every PostgreSQL connection of an engine process gets unless
-#: ``DATABASES[alias]['OPTIONS']`` sets them: a connection attempt gives up after 10 s,
-#: an idle connection is probed after 10 s of silence (then every 5 s, dropped after 3
-#: unanswered probes), and data the server does not acknowledge within 30 s breaks
-#: the connection.
+#: ``DATABASES[alias]['OPTIONS']`` sets them: an idle connection is probed after 10 s
+#: of silence (then every 5 s, dropped after 3 unanswered probes), and data the server
+#: does not acknowledge within 30 s breaks the connection. A connection attempt gives
+#: up after the round-trip deadline (at least 2 s: libpq's minimum), so that a silent
+#: server costs an engine no more to connect to than to talk to.
 CONNECTION_DEFAULTS: Mapping[str, int] = {
-    "connect_timeout": 10,
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 5,
@@ -81,15 +81,17 @@ def configured_deadline() -> float | None:
     return float(value)
 
 
-def apply_connection_defaults(alias: str) -> None:
+def apply_connection_defaults(alias: str, deadline: float | None) -> None:
     """Give ``alias``'s future connections the libpq options of
-    :data:`CONNECTION_DEFAULTS` that its ``OPTIONS`` do not set (PostgreSQL only)."""
+    :data:`CONNECTION_DEFAULTS` (and ``connect_timeout``: ``deadline``, by default
+    :data:`DEFAULT_DEADLINE`) that its ``OPTIONS`` do not set (PostgreSQL only)."""
     connection = connections[alias]
     if connection.vendor != "postgresql":
         return
     options = connection.settings_dict.setdefault("OPTIONS", {})
     for key, value in CONNECTION_DEFAULTS.items():
         options.setdefault(key, value)
+    options.setdefault("connect_timeout", max(2, round(deadline or DEFAULT_DEADLINE)))
 
 
 def connection_params(connection: BaseDatabaseWrapper) -> dict[str, Any]:
@@ -303,8 +305,8 @@ def protect_engine_connections(alias: str) -> None:
     global _watchdog
     if connections[alias].vendor != "postgresql":
         return
-    apply_connection_defaults(alias)
     deadline = configured_deadline()
+    apply_connection_defaults(alias, deadline)
     if deadline is None:
         return
     with _watchdog_lock:

@@ -58,6 +58,7 @@ class WorkerStats(EngineStats):
             f"re-queued {self.requeued}, recovered {self.recovered}, purged {self.purged}"
             + (f", put back (unknown handler) {self.put_back}" if self.put_back else "")
             + (f", snoozed {self.snoozed}" if self.snoozed else "")
+            + (f", stale (fenced off) {self.stale}" if self.stale else "")
         )
 
 
