@@ -149,3 +149,17 @@ def test_url_points_a_database_url_at_the_proxy(proxy):
     assert proxy.url("postgres://postgres@127.0.0.1:5999/ledon") == (
         f"postgres://postgres@127.0.0.1:{proxy.port}/ledon"
     )
+
+
+def test_drop_reply_after_a_write_waits_for_its_commit(proxy, echo):
+    proxy.drop_reply(b"COMMIT", after=b"INSERT INTO inbox")
+    with client(proxy) as sock:
+        sock.sendall(b"COMMIT")  # before the write: forwarded, answered
+        assert recv_exactly(sock, 6) == b"COMMIT"
+        sock.sendall(b"INSERT INTO inbox")
+        assert recv_exactly(sock, 17) == b"INSERT INTO inbox"
+        sock.sendall(b"COMMIT")
+        assert proxy.reply_dropped.wait(5)
+        with pytest.raises(ConnectionResetError):
+            sock.recv(10)
+    assert proxy.stats.patterns_seen == [b"COMMIT"]

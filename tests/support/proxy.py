@@ -41,6 +41,14 @@ class Mode(enum.Enum):
     BLACK_HOLE = "black-hole"
 
 
+@dataclass(frozen=True)
+class _Trigger:
+    """Drop the reply to ``pattern`` (once ``after`` went by on the connection)."""
+
+    pattern: bytes
+    after: bytes | None = None
+
+
 @dataclass(eq=False)
 class _Link:
     """One client connection and its connection to the server."""
@@ -50,6 +58,8 @@ class _Link:
     #: Set once the client sent the armed pattern: the server's next bytes are the
     #: reply to drop.
     cut_on_reply: bool = False
+    #: A trigger whose ``after`` went by: its ``pattern`` is awaited on this link.
+    waiting_for: _Trigger | None = None
     closed: bool = False
 
 
@@ -63,6 +73,7 @@ class ProxyStats:
     dropped_bytes: int = 0
     resets: int = 0
     replies_dropped: int = 0
+    #: The patterns whose replies were (or are about to be) dropped.
     patterns_seen: list[bytes] = field(default_factory=list)
 
 
@@ -177,13 +188,17 @@ class FaultProxy:
 
         return asyncio.run_coroutine_threadsafe(reset_all(), self._loop).result(timeout=10)
 
-    def drop_reply(self, pattern: bytes = b"COMMIT", *, times: int = 1) -> None:
-        """The next ``times`` connections whose client sends ``pattern`` have it
-        forwarded, then are reset before the server's reply reaches the client."""
+    def drop_reply(
+        self, pattern: bytes = b"COMMIT", *, after: bytes | None = None, times: int = 1
+    ) -> None:
+        """The next ``times`` connections whose client sends ``pattern`` — with
+        ``after``, the first ``pattern`` after ``after`` on the same connection (the
+        COMMIT of the transaction that wrote something) — have it forwarded, then are
+        reset before the server's reply reaches the client."""
         self.reply_dropped.clear()
 
         def arm() -> None:
-            self._armed.extend([pattern] * times)
+            self._armed.extend([_Trigger(pattern, after)] * times)
 
         self._call(arm)
 
@@ -254,12 +269,7 @@ class FaultProxy:
                     continue
                 if upstream:
                     self.stats.bytes_up += len(data)
-                    for pattern in self._armed:
-                        if pattern in data:
-                            self._armed.remove(pattern)
-                            self.stats.patterns_seen.append(pattern)
-                            link.cut_on_reply = True
-                            break
+                    self._arm_link(link, data)
                 elif link.cut_on_reply:
                     self.stats.dropped_bytes += len(data)
                     self.stats.replies_dropped += 1
@@ -274,6 +284,29 @@ class FaultProxy:
             pass
         finally:
             self._close(link)
+
+    def _arm_link(self, link: _Link, data: bytes) -> None:
+        """Whether ``data`` from ``link``'s client fires a trigger: then the server's
+        next reply on it is dropped."""
+        if link.waiting_for is not None:
+            start = data.find(link.waiting_for.after or b"")
+            if link.waiting_for.pattern in (data[start:] if start >= 0 else data):
+                self.stats.patterns_seen.append(link.waiting_for.pattern)
+                link.waiting_for = None
+                link.cut_on_reply = True
+            return
+        for trigger in self._armed:
+            if trigger.after is None and trigger.pattern in data:
+                self._armed.remove(trigger)
+                self.stats.patterns_seen.append(trigger.pattern)
+                link.cut_on_reply = True
+                return
+            if trigger.after is not None and trigger.after in data:
+                self._armed.remove(trigger)
+                link.waiting_for = trigger
+                # The COMMIT may be in the same chunk (a pipeline).
+                self._arm_link(link, data)
+                return
 
     def _close(self, link: _Link, *, reset: bool = False) -> None:
         if link.closed:
