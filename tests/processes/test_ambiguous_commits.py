@@ -205,3 +205,39 @@ def test_a_dispatcher_whose_inbox_or_sent_reply_is_lost_delivers_each_order_once
     print(f"\ndeliveries that found their inbox record: {redelivered}")
     assert proxy.stats.replies_dropped == 2
     assert dispatcher.terminate() == 0
+
+
+START_SAGAS = """
+from sagas import start_saga
+for n in range(6):
+    start_saga("fulfilment.order", {"order_id": 9000 + n, "sku": "SKU", "quantity": 1,
+                                    "amount": "9.90"})
+"""
+
+
+def test_a_saga_step_whose_commit_reply_is_lost_is_recorded_once(cluster, proxy, procs):
+    proxy.drop_reply(b"COMMIT", after=b'"completed_steps"')
+    manage(cluster.url, "shell", "-c", START_SAGAS, env=ENV)
+    runner = procs.start(
+        "recover_sagas", "--runner-id", "r-ambiguous",
+        env={**ENV, "SAGAS_LEASE_SECONDS": "3", "SAGAS_POLL_INTERVAL": "0.2"},
+        database_url=proxy.url(cluster.url),
+    )  # fmt: skip
+    runner.wait_until(proxy.reply_dropped.is_set, "the reply to a step's commit to drop")
+    done = (
+        "SELECT count(*) FROM sagas_sagainstance WHERE status = 'succeeded'"
+        " AND data->>'order_id' LIKE '900%'"
+    )
+    wait_until(lambda: count(cluster, done) == 6, 120, "every saga to succeed", runner)
+    # Every step of every instance ran its action once, and nothing was compensated.
+    assert not count(
+        cluster,
+        "SELECT count(*) FROM (SELECT instance_id, step FROM fulfilment_steprun"
+        " WHERE kind = 'action' GROUP BY instance_id, step HAVING count(*) > 1) twice",
+    )
+    assert not count(
+        cluster,
+        "SELECT count(*) FROM sagas_sagainstance WHERE compensated_steps <> '[]'"
+        " AND data->>'order_id' LIKE '900%'",
+    )
+    assert runner.terminate() == 0
