@@ -1,6 +1,7 @@
 """The jobs store against a model: random sequences of every transition, from several
-workers, with current and stale tokens, checked against a plain-Python model of the
-lifecycle after every step (Hypothesis stateful testing), on SQLite and PostgreSQL.
+workers, with current and stale tokens and leases that expire and are recovered,
+checked against a plain-Python model of the lifecycle after every step (Hypothesis
+stateful testing), on SQLite and PostgreSQL.
 
 The short profile runs in the suite (a few seconds); ``LEDON_MODEL_EXAMPLES=500``
 (and ``LEDON_MODEL_STEPS``) runs a long one.
@@ -41,7 +42,7 @@ WORKERS = ["w1", "w2"]
 EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "10"))
 STEPS = int(os.environ.get("LEDON_MODEL_STEPS", "25"))
 
-FINISHED = {"succeeded", "failed", "cancelled", "interrupted"}
+LEASE = 30
 RETRYABLE = {"failed", "cancelled", "interrupted"}
 
 
@@ -55,6 +56,8 @@ class ModelJob:
     #: None: due whenever (submitted or retried "now", before the model's clock).
     run_at: datetime | None = None
     progress: float | None = None
+    leased_by: str = ""
+    lease_until: datetime | None = None
 
     def due(self, now: datetime) -> bool:
         return (
@@ -69,6 +72,11 @@ class ModelJob:
 
     def end(self, status: str) -> None:
         self.status = status
+
+    def start(self, token: str, worker: str, now: datetime) -> None:
+        self.attempts += 1
+        self.status, self.token, self.progress, self.cancel = "running", token, None, False
+        self.leased_by, self.lease_until = worker, now + timedelta(seconds=LEASE)
 
     def requeue(self, run_at: datetime | None) -> None:
         self.status = "queued"
@@ -147,27 +155,27 @@ class JobsStoreModel(RuleBasedStateMachine):
         job = self.jobs.get(job_id)
         if job is None:
             return multiple()  # (try_start of an unknown job id raises: not a transition)
-        claim = execution.try_start(scope_hash(SCOPE), job_id, worker, now=self.now)
+        claim = execution.try_start(
+            scope_hash(SCOPE), job_id, worker, lease_seconds=LEASE, now=self.now
+        )
         if not job.due(self.now):
             assert claim is None
             return multiple()
         assert claim is not None
-        job.attempts += 1
+        job.start(claim.token, worker, self.now)
         assert claim.attempt == job.attempts
-        job.status, job.token, job.progress = "running", claim.token, None
         return multiple(claim.token)
 
     @rule(target=tokens, worker=st.sampled_from(WORKERS), limit=st.integers(1, 3))
     def claim_due(self, worker: str, limit: int) -> MultipleResults[str]:
         due = {job_id for job_id, job in self.jobs.items() if job.due(self.now)}
-        claims = execution.claim_due(worker, limit=limit, now=self.now)
+        claims = execution.claim_due(worker, limit=limit, lease_seconds=LEASE, now=self.now)
         assert len(claims) == min(limit, len(due))
         for claim in claims:
             assert claim.job_id in due
             job = self.jobs[claim.job_id]
-            job.attempts += 1
+            job.start(claim.token, worker, self.now)
             assert claim.attempt == job.attempts
-            job.status, job.token, job.progress = "running", claim.token, None
         return multiple(*(claim.token for claim in claims))
 
     @rule(token=tokens, value=st.sampled_from([10.0, 50.0, 90.0]))
@@ -230,12 +238,36 @@ class JobsStoreModel(RuleBasedStateMachine):
     @rule(token=tokens, worker=st.sampled_from(WORKERS))
     def heartbeat(self, token: str, worker: str) -> None:
         job = self._holder(token)
-        statuses = execution.heartbeat([token], worker, now=self.now)
-        if job is None:
+        statuses = execution.heartbeat([token], worker, lease_seconds=LEASE, now=self.now)
+        if job is None or job.leased_by != worker:
             assert statuses[token].name == "ENDED"
-        elif job.cancel:
-            assert statuses[token].name in ("CANCEL_REQUESTED", "ENDED")
-        # (Whether the lease is renewed depends on which worker holds it.)
+            return
+        assert statuses[token].name == ("CANCEL_REQUESTED" if job.cancel else "ACTIVE")
+        job.lease_until = self.now + timedelta(seconds=LEASE)
+
+    @rule(requeue=st.booleans())
+    def recover_expired(self, requeue: bool) -> None:
+        expired = {
+            job.token: job
+            for job in self.jobs.values()
+            if job.status == "running" and job.lease_until and job.lease_until < self.now
+        }
+        outcomes = execution.recover_expired(requeue=requeue, now=self.now)
+        assert set(outcomes) == set(expired)
+        for token, job in expired.items():
+            self._ended(job, outcomes[token], "interrupted", self.now if requeue else None)
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def recover_worker(self, worker: str) -> None:
+        own = {
+            job.token: job
+            for job in self.jobs.values()
+            if job.status == "running" and job.leased_by == worker
+        }
+        outcomes = execution.recover_worker(worker, now=self.now)
+        assert set(outcomes) == set(own)
+        for token, job in own.items():
+            self._ended(job, outcomes[token], "interrupted", self.now)
 
     # ------------------------------------------------------------------ checks
 
@@ -255,6 +287,8 @@ class JobsStoreModel(RuleBasedStateMachine):
             running = [a for a in row.attempts.all() if a.status == "running"]
             if model.status == "running":
                 assert row.current_token == model.token, where
+                assert row.leased_by == model.leased_by, where
+                assert row.lease_expires_at == model.lease_until, where
                 assert [a.token for a in running] == [model.token], where
                 assert row.progress == model.progress, where
             else:
