@@ -315,3 +315,29 @@ def test_a_paused_worker_is_fenced_off_and_claims_again_when_continued(cluster, 
     )
     assert fenced >= 1
     assert errors == 0, paused.output[-5000:]
+
+
+def test_a_black_holed_engine_stops_at_the_first_sigterm(cluster, procs, tmp_path):
+    manage(cluster.url, "migrate", "-v", "0", env=ENV)
+    with FaultProxy(cluster.port) as proxy:
+        url = proxy.url(cluster.url)
+        engines = [
+            procs.start("run_jobs", "--worker-id", "w-stop", env=ENV, database_url=url),
+            procs.start("dispatch_outbox", env=ENV, database_url=url),
+            procs.start("recover_sagas", env=ENV, database_url=url),
+        ]
+        for proc in engines:
+            proc.wait_for_output("started")
+        proxy.black_hole()
+        for proc in engines:
+            proc.wait_until(lambda p=proc: "database unreachable" in p.output, "the outage", 60)
+        signalled = time.monotonic()
+        for proc in engines:
+            proc.proc.send_signal(signal.SIGTERM)
+        # One SIGTERM: each gives up waiting on the silent connection and exits 0.
+        exited = {}
+        for proc in engines:
+            assert proc.wait(60) == 0, proc.output[-5000:]
+            exited[proc.name] = round(time.monotonic() - signalled, 1)
+            assert "SIGTERM" in proc.output
+        print(f"\nblack-holed engines exited after one SIGTERM within {exited} s")
