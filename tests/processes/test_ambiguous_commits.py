@@ -9,6 +9,12 @@ happened; each write path must converge anyway:
 - the dispatcher's "marked sent" and billing's inbox record: every order is billed
   once (one invoice, one fresh delivery), every message ends Sent.
 
+Workflow checkpoints join this file as one more test of the same shape: drop the
+reply to the COMMIT that follows a checkpoint's write
+(``proxy.drop_reply(b"COMMIT", after=<the checkpoint table's name>)``) under a worker
+running a workflow, and check that the run resumes with every step's output recorded
+once under its (run, step) key.
+
 Statements are not prepared (``JOBS_PREPARED_STATEMENTS=false``) so that each one's
 text crosses the proxy every time, where the proxy recognises it.
 """
