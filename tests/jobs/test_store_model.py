@@ -34,13 +34,17 @@ from jobs.models import Job, JobAttempt
 from jobs.types import CancelOutcome, FinishOutcome
 from jobs.validation import scope_hash
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
 SCOPE = "model"
 JOB_IDS = ["a", "b", "c"]
 WORKERS = ["w1", "w2"]
 EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "10"))
 STEPS = int(os.environ.get("LEDON_MODEL_STEPS", "25"))
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    # A long profile runs for as long as it needs (about 0.05 s a step on PostgreSQL).
+    pytest.mark.timeout(max(120, EXAMPLES * STEPS // 2)),
+]
 
 LEASE = 30
 RETRYABLE = {"failed", "cancelled", "interrupted"}
