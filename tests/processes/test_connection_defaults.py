@@ -18,7 +18,13 @@ from ledon.deadline import (
 def options():
     settings_dict = connections["default"].settings_dict
     saved = dict(settings_dict.get("OPTIONS", {}))
-    yield settings_dict.setdefault("OPTIONS", {})
+    # Without what an engine run earlier in this process may have set.
+    settings_dict["OPTIONS"] = {
+        key: value
+        for key, value in saved.items()
+        if key not in CONNECTION_DEFAULTS and key != "connect_timeout"
+    }
+    yield settings_dict["OPTIONS"]
     settings_dict["OPTIONS"] = saved
 
 

@@ -116,3 +116,14 @@ def test_a_statement_waiting_on_a_lock_is_left_alone():
     holder.close()
     waiter.close()
     dog.close()
+
+
+def test_a_wait_for_notifications_is_no_round_trip(dog):
+    conn = psycopg.connect(**params(), autocommit=True)
+    watch(conn, params(), by=dog)
+    conn.execute("LISTEN deadline_quiet")
+    # Three deadlines without a notification: a quiet channel, not a silent link.
+    assert list(conn.notifies(timeout=3 * DEADLINE)) == []
+    assert dog.broken == 0
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    conn.close()
