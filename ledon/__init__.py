@@ -12,6 +12,8 @@ three apps, and names may change between releases. Use the apps' own modules.
   levels, signals that cannot deadlock, guarded database steps;
 - :mod:`ledon.commands` — running an engine from its management command;
 - :mod:`ledon.pglisten` — the PostgreSQL LISTEN thread that wakes an engine;
+- :mod:`ledon.deadline` — the round-trip watchdog that turns a silent connection into
+  an error, and the libpq options of the engines' connections;
 - :mod:`ledon.admin` — the read-only admin base and its guarded actions;
 - :mod:`ledon.faults` — named fault points for crash tests;
 - :mod:`ledon.errors` — the errors' root, whose docstring is its default message;
