@@ -28,7 +28,13 @@ from django.core import checks
 from django.db import connections
 
 from ledon.backoff import Backoff
-from ledon.deadline import DEFAULT_DEADLINE, configured_deadline, connection_params, watch
+from ledon.deadline import (
+    DEFAULT_DEADLINE,
+    apply_connection_defaults,
+    configured_deadline,
+    connection_params,
+    watch,
+)
 from ledon.outage import OutageReporter
 
 logger = logging.getLogger(__name__)
@@ -103,6 +109,9 @@ class Listener(threading.Thread):
         super().__init__(name=name, daemon=True)
         #: The alias whose connection LISTENs; None: pooled, so the engine only polls.
         self.alias = listen_alias(alias, database)
+        if self.alias is not None:
+            # A LISTEN_DATABASE alias gets the engines' connection options too.
+            apply_connection_defaults(self.alias, configured_deadline())
         self._params = {} if self.alias is None else connection_params(connections[self.alias])
         self._channels = list(channels)
         self._on_notify = on_notify
