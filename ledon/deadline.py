@@ -39,8 +39,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connections
@@ -101,18 +100,14 @@ def connection_params(connection: BaseDatabaseWrapper) -> dict[str, Any]:
     return params
 
 
-@dataclass(eq=False, slots=True)
-class _RoundTrip:
-    """One wait on a connection's reply."""
+class _RoundTrip(NamedTuple):
+    """One wait on a connection's reply (a tuple: one is made per round trip)."""
 
-    connection: Any  # psycopg.Connection
     params: Mapping[str, Any]
     pid: int
     fd: int
     started: float
-    #: When the watchdog last found it alive (or when it began).
-    checked: float
-    thread: str
+    thread: threading.Thread
 
 
 class Watchdog:
@@ -135,16 +130,19 @@ class Watchdog:
         self.probe = probe or probe_backends
         self._lock = threading.Lock()
         self._waiting: dict[int, _RoundTrip] = {}
+        #: When the watchdog last found a late round trip's statement still running.
+        self._alive: dict[int, float] = {}
         self._tokens = itertools.count()
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
         #: Round trips broken so far (for tests and figures).
         self.broken = 0
 
-    def begin(self, conn: Any, params: Mapping[str, Any], pid: int, fd: int) -> int:
-        now = self.clock()
+    def begin(self, params: Mapping[str, Any], pid: int, fd: int) -> int:
+        """A round trip on the connection to backend ``pid`` (socket ``fd``) starts;
+        its token for :meth:`end`. On every round trip: kept to a tuple and a lock."""
         token = next(self._tokens)
-        trip = _RoundTrip(conn, params, pid, fd, now, now, threading.current_thread().name)
+        trip = _RoundTrip(params, pid, fd, self.clock(), threading.current_thread())
         with self._lock:
             self._waiting[token] = trip
             if self._thread is None:
@@ -157,6 +155,8 @@ class Watchdog:
     def end(self, token: int) -> None:
         with self._lock:
             self._waiting.pop(token, None)
+            if self._alive:
+                self._alive.pop(token, None)
 
     def close(self) -> None:
         self._closed.set()
@@ -177,7 +177,7 @@ class Watchdog:
             late = {
                 token: trip
                 for token, trip in self._waiting.items()
-                if now - trip.checked >= self.deadline
+                if now - self._alive.get(token, trip.started) >= self.deadline
             }
         by_server: dict[tuple[tuple[str, str], ...], list[tuple[int, _RoundTrip]]] = {}
         for token, trip in late.items():
@@ -191,7 +191,9 @@ class Watchdog:
             for token, trip in trips:
                 state = None if states is None else states.get(trip.pid)
                 if state is not None and state.startswith("active"):
-                    trip.checked = checked  # a statement still running: ask again later
+                    with self._lock:  # a statement still running: ask again later
+                        if token in self._waiting:
+                            self._alive[token] = checked
                     continue
                 if self._break(token, trip, now, "unreachable" if states is None else state):
                     broken += 1
@@ -213,7 +215,7 @@ class Watchdog:
         logger.warning(
             "a database round trip of thread %s got no reply for %.0f s (server: %s); "
             "breaking its connection",
-            trip.thread,
+            trip.thread.name,
             now - trip.started,
             why or "backend gone",
             extra={"backend_pid": trip.pid, "waited": round(now - trip.started, 1)},
@@ -285,7 +287,7 @@ def watch(conn: Any, params: Mapping[str, Any], *, by: Watchdog | None = None) -
             # A wait bounded by its caller (``notifies(timeout=…)``) is no round trip:
             # it may rightly hear nothing.
             return original(gen, *args, **kwargs)
-        token = dog.begin(conn, params, pid, fd)
+        token = dog.begin(params, pid, fd)
         try:
             return original(gen, *args, **kwargs)
         finally:
