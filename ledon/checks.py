@@ -2,6 +2,7 @@
 
 ``ledon.W001``: a file SQLite database without the options that let several
 processes (workers, dispatchers, web requests) write to it.
+``ledon.E001``: ``LEDON_ROUND_TRIP_DEADLINE`` is neither a positive number nor None.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from .deadline import configured_deadline
 
 #: What removes "database is locked" between processes: writers queue for the lock
 #: at BEGIN instead of failing when they upgrade a read (IMMEDIATE), readers do not
@@ -83,3 +87,19 @@ def sqlite_warnings(databases: Mapping[str, Mapping[str, Any]]) -> list[checks.C
             )
         )
     return messages
+
+
+def check_round_trip_deadline(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``ledon.E001`` if ``LEDON_ROUND_TRIP_DEADLINE`` is not a positive number or None."""
+    try:
+        configured_deadline()
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="Seconds a database round trip of an engine may wait before its "
+                "watchdog asks the server about it (default 10); None turns it off.",
+                id="ledon.E001",
+            )
+        ]
+    return []

@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
@@ -72,8 +73,6 @@ def configured_deadline() -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        from django.core.exceptions import ImproperlyConfigured
-
         raise ImproperlyConfigured(
             f"LEDON_ROUND_TRIP_DEADLINE must be a positive number of seconds or None, not {value!r}"
         )
@@ -229,6 +228,7 @@ def probe_backends(
     """Each of ``pids``' state in ``pg_stat_activity`` on the server ``params`` name,
     asked over a new connection that gives up after ``timeout`` seconds; None if the
     server did not answer in time."""
+    # psycopg is the [postgres] extra: only PostgreSQL set-ups ever probe.
     import psycopg
 
     try:

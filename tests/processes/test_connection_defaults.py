@@ -65,3 +65,14 @@ def test_none_turns_the_watchdog_off(settings):
     assert configured_deadline() is None
     settings.LEDON_ROUND_TRIP_DEADLINE = 3
     assert configured_deadline() == 3.0
+
+
+def test_the_system_check_names_a_bad_deadline(settings):
+    from ledon.checks import check_round_trip_deadline
+
+    settings.LEDON_ROUND_TRIP_DEADLINE = "soon"
+    [error] = check_round_trip_deadline()
+    assert error.id == "ledon.E001"
+    assert "LEDON_ROUND_TRIP_DEADLINE" in error.msg
+    settings.LEDON_ROUND_TRIP_DEADLINE = 5
+    assert check_round_trip_deadline() == []
