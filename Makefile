@@ -9,7 +9,7 @@ PYTHON_VERSION ?=
 DJANGO ?=
 EXTRAS ?= test,docs
 
-.PHONY: test demo docs venv clean bench bench-quick
+.PHONY: test demo docs venv clean bench bench-quick soak
 
 # The packages are installed by uv (from PyPI, into the virtualenv first), which
 # resolves and installs them several times faster than pip; the virtualenv keeps its
@@ -53,6 +53,14 @@ bench: $(VENV)/.bench-installed
 ## The same, tiny and once (under a minute): benchmarks/results/latest.md.
 bench-quick: $(VENV)/.bench-installed
 	$(PY) -m benchmarks --quick
+
+## Soak (not in CI): a fixed arrival rate below capacity for MINUTES (default 30) per
+## system — django-ledon, pgqueuer, Procrastinate — on a throw-away PostgreSQL with
+## durable commits, a transaction held open for a third of it; per-minute throughput,
+## pickup p50/p99, table and index sizes and dead tuples: benchmarks/results/soak-latest.md.
+MINUTES ?= 30
+soak: $(VENV)/.bench-installed
+	$(PY) -m benchmarks.soak --minutes $(MINUTES)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache db.sqlite3*

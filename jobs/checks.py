@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections
 
-from ledon.checks import check_metrics_token, check_sqlite_options
+from ledon.checks import check_metrics_token, check_round_trip_deadline, check_sqlite_options
 from ledon.conf import settings_hint
 from ledon.db import alias_for, is_postgres
 from ledon.pglisten import check_listen_database, is_pooled
@@ -63,6 +63,7 @@ def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks
 # The same function from every app: the check framework runs it once.
 checks.register(check_sqlite_options)
 checks.register(check_metrics_token)
+checks.register(check_round_trip_deadline)
 
 
 @checks.register()

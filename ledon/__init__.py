@@ -13,6 +13,8 @@ The engines:
 - :mod:`ledon.outage` — says an outage once, sums it up while it lasts, and says when
   it ends;
 - :mod:`ledon.pglisten` — the PostgreSQL LISTEN thread that wakes an engine;
+- :mod:`ledon.deadline` — the round-trip watchdog that turns a silent connection into
+  an error, and the libpq options of the engines' connections;
 - :mod:`ledon.faults` — named fault points for crash tests.
 
 The database and the stores:

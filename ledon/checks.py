@@ -2,7 +2,8 @@
 
 ``ledon.W001``: a file SQLite database without the options that let several
 processes (workers, dispatchers, web requests) write to it. ``ledon.E001``: a
-``LEDON_METRICS_TOKEN`` that is not a string.
+``LEDON_METRICS_TOKEN`` that is not a string. ``ledon.E002``: ``LEDON_ROUND_TRIP_DEADLINE``
+is neither a positive number nor None.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import metrics_token, settings_reference
+from .deadline import configured_deadline
 
 #: What removes "database is locked" between processes: writers queue for the lock
 #: at BEGIN instead of failing when they upgrade a read (IMMEDIATE), readers do not
@@ -101,6 +103,22 @@ def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                 "os.environ.get('LEDON_METRICS_TOKEN'). See "
                 + settings_reference("LEDON_METRICS_TOKEN"),
                 id="ledon.E001",
+            )
+        ]
+    return []
+
+
+def check_round_trip_deadline(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``ledon.E002`` if ``LEDON_ROUND_TRIP_DEADLINE`` is not a positive number or None."""
+    try:
+        configured_deadline()
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="Seconds a database round trip of an engine may wait before its "
+                "watchdog asks the server about it (default 10); None turns it off.",
+                id="ledon.E002",
             )
         ]
     return []

@@ -25,6 +25,10 @@ makes the engine's next wait (:meth:`Engine.pause`) the back-off delay, cut shor
 only by a stop. Steps are skipped until that wait is over, so one pass of an engine's
 loop touches a database that is down once.
 
+**Deadlines** (:mod:`ledon.deadline`): while ``run()`` runs, every round trip of the
+process's PostgreSQL connections is watched; one that gets no reply because the
+connection went silent is broken, and fails like a lost connection.
+
 **The workers registry** (:mod:`ledon.registry`): every subclass's ``run()`` is
 wrapped so that, while it runs, the engine keeps its row in the registry (written once
 :meth:`Engine.wait_for_database` succeeded, renewed by a heartbeat thread, deleted when
@@ -62,6 +66,7 @@ from .db import (
     missing_tables,
     reset_connection,
 )
+from .deadline import protect_engine_connections
 from .outage import OutageReporter
 from .registry import EngineRecord, Registration
 from .registry import installed as installed_registry
@@ -174,6 +179,7 @@ class Engine:
 
         @functools.wraps(run)
         def registered_run(self: Engine, *args: Any, **kwargs: Any) -> Any:
+            protect_engine_connections(self.alias)
             with self.registered():
                 return run(self, *args, **kwargs)
 

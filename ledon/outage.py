@@ -71,11 +71,17 @@ class OutageReporter:
         return self._attempts
 
     def failed(
-        self, exc: BaseException, *, doing: str, retry_in: float, unreachable: bool = True
+        self,
+        exc: BaseException,
+        *,
+        doing: str,
+        retry_in: float | None,
+        unreachable: bool = True,
     ) -> None:
         """One failed attempt at ``doing``; the next one comes in ``retry_in`` seconds
-        (at most). ``unreachable`` False words it as "failing" (the database answers,
-        the statement fails)."""
+        (at most; None: the caller does not retry on a schedule of its own).
+        ``unreachable`` False words it as "failing" (the database answers, the
+        statement fails)."""
         now = self.clock()
         key = error_key(exc)
         with self._lock:
@@ -99,10 +105,11 @@ class OutageReporter:
         assert since is not None
         fields = {**self.extra, "outage_attempts": attempts, "doing": doing}
         error = describe(exc)
+        retrying = "" if retry_in is None else f"; retrying in {retry_in:.1f} s"
         if starting or new_here:
             # The first failure at the outage's level; another error during it, a warning.
             message, args = (
-                ("%s %s: %s failed: %s; retrying in %.1f s", (doing, error, retry_in))
+                ("%s %s: %s failed: %s%s", (doing, error, retrying))
                 if starting
                 else ("%s still %s: %s failed with another error: %s", (doing, error))
             )
@@ -116,13 +123,14 @@ class OutageReporter:
                 extra=fields,
             )
         if summary:
+            pace = "" if retry_in is None else f", retrying every {retry_in:.1f} s"
             self.log.warning(
-                "%s %s for %.0f s, %d attempts, retrying every %.1f s; last: %s failed: %s",
+                "%s %s for %.0f s, %d attempts%s; last: %s failed: %s",
                 self.subject,
                 state,
                 now - since,
                 attempts,
-                retry_in,
+                pace,
                 doing,
                 error,
                 extra=fields,

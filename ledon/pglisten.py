@@ -3,7 +3,9 @@
 It holds a dedicated autocommit connection: notifications are sent inside the
 writing transaction and arrive on commit. If the connection breaks, the engine still
 polls meanwhile, and the thread reconnects with the engines' back-off, saying so once
-per outage.
+per outage. A connection that goes silent breaks nothing by itself, so after a quiet
+spell the thread sends a round trip, which the round-trip watchdog
+(:mod:`ledon.deadline`) breaks if no reply comes.
 
 Behind a transaction-pooling PgBouncer a LISTEN cannot work: the pooler hands the
 server connection to other clients after each statement, so notifications reach
@@ -19,12 +21,20 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from django.core import checks
 from django.db import connections
 
 from ledon.backoff import Backoff
+from ledon.deadline import (
+    DEFAULT_DEADLINE,
+    apply_connection_defaults,
+    configured_deadline,
+    connection_params,
+    watch,
+)
 from ledon.outage import OutageReporter
 
 logger = logging.getLogger(__name__)
@@ -99,8 +109,10 @@ class Listener(threading.Thread):
         super().__init__(name=name, daemon=True)
         #: The alias whose connection LISTENs; None: pooled, so the engine only polls.
         self.alias = listen_alias(alias, database)
-        self._params = {} if self.alias is None else connections[self.alias].get_connection_params()
-        self._params.pop("cursor_factory", None)
+        if self.alias is not None:
+            # A LISTEN_DATABASE alias gets the engines' connection options too.
+            apply_connection_defaults(self.alias, configured_deadline())
+        self._params = {} if self.alias is None else connection_params(connections[self.alias])
         self._channels = list(channels)
         self._on_notify = on_notify
         # Not ``_stop``: Thread.join() calls Thread._stop() on Python 3.12.
@@ -109,6 +121,9 @@ class Listener(threading.Thread):
         # The engine reports the database outage itself; this says why wake-ups stop.
         self._outage = OutageReporter(logger, f"{name} connection", level=logging.WARNING)
         self.ready = threading.Event()
+        #: Seconds without a notification after which the thread checks that its
+        #: connection still answers.
+        self.ping_interval = configured_deadline() or DEFAULT_DEADLINE
 
     def stop(self) -> None:
         self._stop_requested.set()
@@ -124,15 +139,24 @@ class Listener(threading.Thread):
         while not self._stop_requested.is_set():
             try:
                 with psycopg.connect(**self._params, autocommit=True) as conn:
+                    watch(conn, self._params)
                     for channel in self._channels:
                         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     self._backoff.reset()
                     self._outage.recovered()
                     self.ready.set()
+                    quiet_since = time.monotonic()
                     while not self._stop_requested.is_set():
                         # Short waits: a stopping engine joins this thread.
                         for notify in conn.notifies(timeout=0.1):
+                            quiet_since = time.monotonic()
                             self._on_notify(notify.channel, notify.payload)
+                        if time.monotonic() - quiet_since >= self.ping_interval:
+                            # A connection that went silent delivers no notification
+                            # and no error either: a round trip finds out (the
+                            # watchdog breaks it if no reply comes).
+                            conn.execute("SELECT 1")
+                            quiet_since = time.monotonic()
             except psycopg.Error as exc:
                 delay = self._backoff.next_delay()
                 self._outage.failed(

@@ -2,9 +2,10 @@
 
 A subscriber receives events of its type and of every subclass. Subscribers run one
 after the other in the publishing thread; one that raises is logged and the others
-still run. While a subscriber runs for a message delivered from the outbox (or an
-integration event published after commit), :func:`current_envelope` gives the
-message's id, for de-duplication with :func:`outbox.inbox.consume`.
+still run — but one that raises because the database is unreachable is logged once
+per outage, not once per event. While a subscriber runs for a message delivered from
+the outbox (or an integration event published after commit), :func:`current_envelope`
+gives the message's id, for de-duplication with :func:`outbox.inbox.consume`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
+
+from ledon.db import TRANSIENT_ERRORS
+from ledon.outage import OutageReporter
 
 from .events import Event
 from .exceptions import InvalidSubscriber
@@ -77,6 +81,7 @@ class EventBus:
     def __init__(self) -> None:
         self._subscribers: dict[type[Event], list[Handler]] = {}
         self._lock = threading.Lock()
+        self._outage = OutageReporter(logger, "database")
 
     @overload
     def subscribe(self, event_type: type[E], handler: None = None) -> Callable[[H], H]: ...
@@ -137,9 +142,19 @@ class EventBus:
             for handler in handlers:
                 try:
                     handler(event)
+                    self._outage.recovered()
                 except Exception as exc:
                     name = handler_name(handler)
                     failures.append(SubscriberFailure(name, exc))
+                    if isinstance(exc, TRANSIENT_ERRORS):
+                        # The database is down: one line per outage, not one per
+                        # event (the outbox delivers the event again later).
+                        self._outage.failed(
+                            exc,
+                            doing=f"subscriber {name} on event {event.event_name}",
+                            retry_in=None,
+                        )
+                        continue
                     logger.exception(
                         "subscriber %s failed on event %s",
                         name,

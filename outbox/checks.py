@@ -8,7 +8,7 @@ from django.core import checks
 from django.db import DatabaseError, connections
 from django.db.migrations.loader import MigrationLoader
 
-from ledon.checks import check_metrics_token, check_sqlite_options
+from ledon.checks import check_metrics_token, check_round_trip_deadline, check_sqlite_options
 from ledon.conf import settings_hint
 from ledon.db import alias_for
 from ledon.pglisten import check_listen_database
@@ -140,3 +140,4 @@ def check_outbox_listen_database(
 # The same function from every app: the check framework runs it once.
 checks.register(check_sqlite_options)
 checks.register(check_metrics_token)
+checks.register(check_round_trip_deadline)

@@ -75,6 +75,7 @@ class DispatcherStats(EngineStats):
             f"claimed {self.claimed} in {self.batches} batch(es), sent {self.sent}, "
             f"retries scheduled {self.retried}, parked {self.parked}, "
             f"recovered {self.recovered}, purged {self.purged}"
+            + (f", stale (fenced off) {self.stale}" if self.stale else "")
         )
 
 

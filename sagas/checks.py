@@ -7,7 +7,7 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 
-from ledon.checks import check_metrics_token, check_sqlite_options
+from ledon.checks import check_metrics_token, check_round_trip_deadline, check_sqlite_options
 
 from .conf import sagas_settings
 
@@ -33,3 +33,4 @@ def check_outbox_installed(app_configs: Any = None, **kwargs: Any) -> list[check
 # The same function from every app: the check framework runs it once.
 checks.register(check_sqlite_options)
 checks.register(check_metrics_token)
+checks.register(check_round_trip_deadline)

@@ -111,6 +111,10 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 
+# Seconds a database round trip may wait before the engines' watchdog asks the server
+# about it (ledon.deadline); the partition tests shorten it.
+LEDON_ROUND_TRIP_DEADLINE = env.float("LEDON_ROUND_TRIP_DEADLINE", default=10.0)
+
 JOBS: dict[str, Any] = {
     "LEASE_SECONDS": env.int("JOBS_LEASE_SECONDS", default=30),
     "HEARTBEAT_SECONDS": env.float("JOBS_HEARTBEAT_SECONDS", default=10),

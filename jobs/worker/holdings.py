@@ -47,6 +47,7 @@ class WorkerStats(EngineStats):
             + (f", interrupted {self.interrupted}" if self.interrupted else "")
             + (f", put back (unknown handler) {self.put_back}" if self.put_back else "")
             + (f", snoozed {self.snoozed}" if self.snoozed else "")
+            + (f", stale (fenced off) {self.stale}" if self.stale else "")
         )
 
 

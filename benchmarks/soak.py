@@ -1,0 +1,313 @@
+"""Soak: a fixed arrival rate, below capacity, for a long time — with a transaction
+held open for a third of it — on PostgreSQL with durable commits; django-ledon,
+pgqueuer and Procrastinate one after the other on the same server.
+
+Each system gets one worker process (``--concurrency`` handlers) and an arrival loop
+that enqueues one no-op job every ``1/--rate`` seconds (open loop: a slow enqueue
+does not slow the arrivals down). Every handler reports its start over UDP on the
+loopback interface (:mod:`benchmarks.probe`), so that the pickup time — from the
+enqueue's commit to the handler's start — is measured the same way for every system.
+From the first third of the run to the second, another connection holds a
+``REPEATABLE READ`` transaction open (with a transaction id): no row version that
+dies meanwhile can be vacuumed, as behind a long report or a forgotten ``BEGIN``.
+
+Per minute: arrivals, jobs started per second, pickup p50/p99, and the system's
+tables — total size, index size, live and dead tuples — measured before the run,
+every minute during it and after it drained. ``python -m benchmarks.soak --minutes
+3`` is a short run; ``make soak`` the full 30 minutes per system (not in CI).
+Results: ``benchmarks/results/soak-latest.json`` and ``soak-latest.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .harness import percentile, workers
+from .server import django_on, scratch_database, server_settings, throwaway_server
+from .systems import OURS, System, WorkerConfig, adapter
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SYSTEMS = [OURS, "pgqueuer", "procrastinate"]
+
+#: Each system's tables, as ``LIKE`` patterns over ``pg_stat_user_tables.relname``.
+TABLES = {
+    OURS: ["jobs\\_job", "jobs\\_jobattempt", "jobs\\_claimstart"],
+    "pgqueuer": ["pgqueuer%"],
+    "procrastinate": ["procrastinate\\_%"],
+}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def table_stats(admin_url: str, patterns: list[str]) -> dict[str, Any]:
+    """Size, index size, live and dead tuples of the tables ``patterns`` match, and
+    their sums."""
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT relname, pg_total_relation_size(relid), pg_indexes_size(relid),"
+            " n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relname LIKE ANY(%s)"
+            " ORDER BY relname",
+            [patterns],
+        ).fetchall()
+    tables = {
+        name: {"bytes": total, "index_bytes": index, "live": live, "dead": dead}
+        for name, total, index, live, dead in rows
+    }
+    return {
+        "tables": tables,
+        "bytes": sum(t["bytes"] for t in tables.values()),
+        "index_bytes": sum(t["index_bytes"] for t in tables.values()),
+        "live": sum(t["live"] for t in tables.values()),
+        "dead": sum(t["dead"] for t in tables.values()),
+    }
+
+
+@dataclass
+class Starts:
+    """The handlers' start reports (marker -> epoch seconds), read by a thread."""
+
+    sock: socket.socket
+    seen: dict[int, float] = field(default_factory=dict)
+    closed: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        self.sock.settimeout(0.5)
+        while not self.closed.is_set():
+            try:
+                data = self.sock.recv(256).decode().split()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.seen.setdefault(int(data[0]), float(data[1]))
+
+
+class HeldTransaction:
+    """A ``REPEATABLE READ`` transaction with a transaction id, open until closed."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url)
+        self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        self.conn.execute("SELECT txid_current()")
+
+    def close(self) -> None:
+        self.conn.rollback()
+        self.conn.close()
+
+
+def soak(
+    system: System, url: str, *, minutes: float, rate: float, concurrency: int, log_dir: Path
+) -> dict[str, Any]:
+    """One system's soak (see the module docstring)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    starts = Starts(sock)
+    listener = threading.Thread(target=starts.run, name="soak-starts", daemon=True)
+    listener.start()
+    patterns = TABLES[system.name]
+    committed: dict[int, float] = {}
+    samples: list[dict[str, Any]] = []
+    duration = minutes * 60
+    hold_from, hold_until = duration / 3, 2 * duration / 3
+    env = {"BENCH_PROBE_PORT": str(sock.getsockname()[1])}
+    config = system.worker_config(WorkerConfig(1, concurrency))
+    try:
+        with workers(system, config, log_dir, f"soak-{system.name}", env):
+            system.enqueue_marked(-1)
+            wait_for(lambda: -1 in starts.seen, 120, "the worker to start")
+            before = table_stats(url, patterns)
+            held: HeldTransaction | None = None
+            start = time.time()
+            next_sample = start + 60
+            marker = 0
+            while True:
+                now = time.time()
+                elapsed = now - start
+                if elapsed >= duration:
+                    break
+                if held is None and hold_from <= elapsed < hold_until:
+                    held = HeldTransaction(url)
+                    log(f"  {system.name}: transaction held open at {elapsed:.0f} s")
+                elif held is not None and elapsed >= hold_until:
+                    held.close()
+                    held = None
+                    log(f"  {system.name}: held transaction closed at {elapsed:.0f} s")
+                if now >= next_sample:
+                    samples.append({"at": round(elapsed), **table_stats(url, patterns)})
+                    next_sample += 60
+                    log(f"  {system.name}: minute {len(samples)}, {marker} enqueued")
+                due = start + marker / rate
+                if now < due:
+                    time.sleep(min(due - now, 0.05))
+                    continue
+                system.enqueue_marked(marker)
+                committed[marker] = time.time()
+                marker += 1
+            if held is not None:
+                held.close()
+            wait_for(lambda: all(m in starts.seen for m in committed), 300, "the backlog")
+            drained = time.time() - start
+            after = table_stats(url, patterns)
+    finally:
+        starts.closed.set()
+        listener.join(timeout=5)
+        sock.close()
+    return {
+        "minutes": minutes,
+        "rate": rate,
+        "concurrency": config.concurrency,
+        "enqueued": len(committed),
+        "held_open_s": [round(hold_from), round(hold_until)],
+        "drained_s": round(drained, 1),
+        "per_minute": per_minute(committed, starts.seen, start, minutes),
+        "tables_before": before,
+        "tables_during": samples,
+        "tables_after": after,
+    }
+
+
+def per_minute(
+    committed: dict[int, float], started: dict[int, float], start: float, minutes: float
+) -> list[dict[str, Any]]:
+    """Arrivals, starts per second and pickup p50/p99 (ms) of each minute of the run,
+    the pickup counted in the minute of the job's arrival."""
+    rows = []
+    for minute in range(int(-(-minutes // 1))):
+        low, high = start + 60 * minute, start + 60 * (minute + 1)
+        arrived = [m for m, t in committed.items() if low <= t < high]
+        pickups = [(started[m] - committed[m]) * 1000 for m in arrived if m in started]
+        begun = sum(1 for m, t in started.items() if m >= 0 and low <= t < high)
+        seconds = min(60.0, minutes * 60 - 60 * minute)  # the last minute may be short
+        rows.append(
+            {
+                "minute": minute + 1,
+                "arrived": len(arrived),
+                "started_per_s": round(begun / seconds, 2),
+                "pickup_p50_ms": round(percentile(pickups, 0.5), 2) if pickups else None,
+                "pickup_p99_ms": round(percentile(pickups, 0.99), 2) if pickups else None,
+            }
+        )
+    return rows
+
+
+def wait_for(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def render(document: dict[str, Any]) -> str:
+    """The results as Markdown: per system, the minutes and the tables."""
+    lines = [
+        "# Soak",
+        "",
+        f"{document['started']}; PostgreSQL {document['server'].get('server_version', '?')},"
+        f" fsync {document['server'].get('fsync', '?')}, synchronous_commit"
+        f" {document['server'].get('synchronous_commit', '?')}; {document['rate']} jobs/s"
+        f" for {document['minutes']} min per system, one worker process at concurrency"
+        f" {document['concurrency']}; a transaction held open from minute"
+        f" {document['minutes'] / 3:g} to {2 * document['minutes'] / 3:g}.",
+        "",
+    ]
+    for name, result in document["systems"].items():
+        lines += [f"## {name}", ""]
+        if "skipped" in result:
+            lines += [f"Skipped: {result['skipped']}", ""]
+            continue
+        lines += [
+            "| minute | arrived | started/s | pickup p50 ms | pickup p99 ms | table MB |"
+            " index MB | dead tuples |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        during = {round(s["at"] / 60): s for s in result["tables_during"]}
+        for row in result["per_minute"]:
+            t = during.get(row["minute"], {})
+            lines.append(
+                f"| {row['minute']} | {row['arrived']} | {row['started_per_s']} |"
+                f" {row['pickup_p50_ms']} | {row['pickup_p99_ms']} |"
+                f" {_mb(t.get('bytes'))} | {_mb(t.get('index_bytes'))} | {t.get('dead', '')} |"
+            )
+        before, after = result["tables_before"], result["tables_after"]
+        lines += [
+            "",
+            f"Tables before: {_mb(before['bytes'])} MB ({_mb(before['index_bytes'])} MB"
+            f" indexes), {before['dead']} dead tuples; after draining"
+            f" ({result['drained_s']} s): {_mb(after['bytes'])} MB"
+            f" ({_mb(after['index_bytes'])} MB indexes), {after['live']} live and"
+            f" {after['dead']} dead tuples.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _mb(value: Any) -> str:
+    return "" if value is None else f"{value / 1e6:.2f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__)
+    parser.add_argument("--minutes", type=float, default=30, help="per system (default 30)")
+    parser.add_argument("--rate", type=float, default=20, help="arrivals per second")
+    parser.add_argument("--concurrency", type=int, default=4, help="handlers per worker")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
+    args = parser.parse_args(argv)
+    log_dir = RESULTS / "soak-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    document: dict[str, Any] = {
+        "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "minutes": args.minutes,
+        "rate": args.rate,
+        "concurrency": args.concurrency,
+        "systems": {},
+    }
+    with ExitStack() as stack:
+        server_url = stack.enter_context(throwaway_server())
+        url = stack.enter_context(scratch_database(server_url, "ledon_soak"))
+        django_on(url, stack)
+        document["server"] = server_settings(url)
+        for name in args.systems.split(","):
+            cls = adapter(name)
+            if not cls.available():
+                document["systems"][name] = {"skipped": "not installed (the bench extra)"}
+                continue
+            system = cls(url)
+            try:
+                system.install()
+                system.reset()
+                log(f"soak {name}: {args.minutes:g} min at {args.rate:g} jobs/s")
+                document["systems"][name] = soak(
+                    system,
+                    url,
+                    minutes=args.minutes,
+                    rate=args.rate,
+                    concurrency=args.concurrency,
+                    log_dir=log_dir,
+                )
+            finally:
+                system.close()
+            (RESULTS / "soak-latest.json").write_text(json.dumps(document, indent=2))
+    report = render(document)
+    (RESULTS / "soak-latest.md").write_text(report + "\n")
+    print(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""Ambiguous commits, with real processes (PostgreSQL): the server commits, the reply
+never reaches the client (``FaultProxy.drop_reply`` resets the connection after
+forwarding the commit). The client sees an error and cannot tell whether its write
+happened; each write path must converge anyway:
+
+- ``submit_job`` retried by its caller returns the same job, and one job exists;
+- a worker's settle (finish-and-claim), heartbeat and progress report: every job ends
+  with exactly one succeeded attempt and one effect;
+- the dispatcher's "marked sent" and billing's inbox record: every order is billed
+  once (one invoice, one fresh delivery), every message ends Sent.
+
+Workflow checkpoints join this file as one more test of the same shape: drop the
+reply to the COMMIT that follows a checkpoint's write
+(``proxy.drop_reply(b"COMMIT", after=<the checkpoint table's name>)``) under a worker
+running a workflow, and check that the run resumes with every step's output recorded
+once under its (run, step) key.
+
+Statements are not prepared (``JOBS_PREPARED_STATEMENTS=false``) so that each one's
+text crosses the proxy every time, where the proxy recognises it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.brokers import ManageCommand, Processes
+from tests.support.cluster import Cluster
+from tests.support.procs import manage, wait_until
+from tests.support.proxy import FaultProxy
+
+pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.timeout(600)]
+
+ENV = {
+    "JOBS_LEASE_SECONDS": "4",
+    "JOBS_HEARTBEAT_SECONDS": "1",
+    "JOBS_RECOVERY_INTERVAL": "1",
+    "JOBS_SCHEDULER": "false",
+    "JOBS_PREPARED_STATEMENTS": "false",
+    "OUTBOX_LEASE_SECONDS": "4",
+    "OUTBOX_RECOVERY_INTERVAL": "1",
+    "OUTBOX_RETRY_BASE_DELAY": "0.2",
+    "OUTBOX_BATCH_SIZE": "5",
+    "SAGAS_RECOVER_IN_WORKER": "false",
+    "LEDON_ROUND_TRIP_DEADLINE": "2",
+    "SHOP_INVOICE_PAGE_SECONDS": "0.4",
+}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    server = Cluster()
+    manage(server.url, "migrate", "-v", "0", env=ENV)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def proxy(cluster: Cluster) -> Iterator[FaultProxy]:
+    with FaultProxy(cluster.port) as started:
+        yield started
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    started = Processes(tmp_path)
+    yield started
+    started.close()
+
+
+def shell(procs: Processes, url: str, code: str) -> ManageCommand:
+    return procs.start("shell", "-c", code, env=ENV, database_url=url)
+
+
+def count(cluster: Cluster, sql: str) -> int:
+    return int(cluster.value(sql))
+
+
+SUBMIT_TWICE = """
+from django.db import DatabaseError, InterfaceError, close_old_connections
+from jobs import JobSubmission
+from jobs.api import submit_job
+
+sub = JobSubmission.create("test.outage", {"seconds": 0})
+try:
+    job = submit_job("ambiguous", "submit-1", sub)
+    print("first: created" if job.created else "first: existing", flush=True)
+except (DatabaseError, InterfaceError) as exc:
+    print("first: error", type(exc).__name__, flush=True)
+    close_old_connections()  # the documented retry: a fresh connection, the same call
+    job = submit_job("ambiguous", "submit-1", sub)
+    print("retry: created" if job.created else "retry: existing", flush=True)
+"""
+
+
+def test_a_submission_whose_reply_is_lost_is_retried_into_the_same_job(cluster, proxy, procs):
+    proxy.drop_reply(b"ON CONFLICT (scope_hash, job_id) DO NOTHING")
+    proc = shell(procs, proxy.url(cluster.url), SUBMIT_TWICE)
+    assert proc.wait(60) == 0, proc.output
+    assert proxy.stats.replies_dropped == 1
+    assert "first: error OperationalError" in proc.output
+    assert "retry: existing" in proc.output  # the lost commit happened
+    assert count(cluster, "SELECT count(*) FROM jobs_job WHERE job_id = 'submit-1'") == 1
+
+
+SEED_JOBS = """
+from jobs import JobSubmission, submit_jobs
+submit_jobs(
+    [("ambiguous", f"settle-{n}", JobSubmission.create("test.outage", {"seconds": 0.05},
+                                                       max_attempts=20))
+     for n in range(40)]
+    + [("ambiguous", f"invoice-{n}", JobSubmission.create("shop.invoice", {"order": f"A-{n}"},
+                                                          max_attempts=20))
+       for n in range(4)]
+)
+"""
+
+#: (what, the pattern whose reply is dropped, the write before it on the connection)
+WORKER_WRITES = [
+    ("heartbeat", b"RETURNING current_token AS token, cancel_requested", None),
+    ("progress report", b"COMMIT", b"progress_message"),
+    ("settle (finish and claim)", b"orphan", None),
+]
+
+
+def test_a_worker_whose_settle_heartbeat_or_progress_reply_is_lost_converges(cluster, proxy, procs):
+    manage(cluster.url, "shell", "-c", SEED_JOBS, env=ENV)
+    worker = procs.start(
+        "run_jobs", "--worker-id", "w-ambiguous", "--concurrency", "4", env=ENV,
+        database_url=proxy.url(cluster.url),
+    )  # fmt: skip
+    dropped = []
+    for what, pattern, after in WORKER_WRITES:
+        proxy.drop_reply(pattern, after=after)
+        worker.wait_until(proxy.reply_dropped.is_set, f"the reply to a {what} to be dropped")
+        dropped.append(what)
+    done = (
+        "SELECT count(*) FROM jobs_job WHERE scope_hash IN (SELECT scope_hash FROM jobs_job"
+        " WHERE job_id = 'settle-0') AND status = 'succeeded'"
+    )
+    wait_until(lambda: count(cluster, done) == 44, 120, "every job to succeed", worker)
+    assert worker.proc.poll() is None, worker.output
+    assert not count(
+        cluster,
+        "SELECT count(*) FROM (SELECT job_id FROM jobs_jobattempt WHERE status = 'succeeded'"
+        " GROUP BY job_id HAVING count(*) > 1) twice",
+    )
+    assert (
+        count(
+            cluster,
+            "SELECT count(*) FROM jobs_job j JOIN shop_worklog w ON w.job_id = j.job_id"
+            " AND w.attempt = j.attempt_count WHERE j.job_id LIKE 'settle-%'",
+        )
+        == 40
+    )
+    assert count(cluster, "SELECT count(*) FROM shop_worklog WHERE job_id LIKE 'settle-%'") >= 40
+    assert worker.terminate() == 0
+    print(f"\nreplies dropped: {dropped}; {worker.output.strip().splitlines()[-1]}")
+
+
+def test_a_dispatcher_whose_inbox_or_sent_reply_is_lost_delivers_each_order_once(
+    cluster, proxy, procs
+):
+    dispatcher = procs.start(
+        "dispatch_outbox", "--dispatcher-id", "d-ambiguous", env=ENV,
+        database_url=proxy.url(cluster.url),
+    )  # fmt: skip
+    dispatcher.wait_for_output("started ")
+    proxy.drop_reply(b"COMMIT", after=b"(consumer, message_id, processed_at)")
+    manage(
+        cluster.url, "shell", "-c",
+        "from decimal import Decimal\n"
+        "from testproject.orders.services import place_order\n"
+        "for n in range(20): place_order(f'AMB-{n:03}', Decimal('5.00'))\n",
+        env=ENV,
+    )  # fmt: skip
+    dispatcher.wait_until(proxy.reply_dropped.is_set, "the reply to an inbox commit to drop")
+    proxy.drop_reply(b"COMMIT", after=b"sent_at = ")
+    manage(
+        cluster.url, "shell", "-c",
+        "from decimal import Decimal\n"
+        "from testproject.orders.services import place_order\n"
+        "for n in range(20, 40): place_order(f'AMB-{n:03}', Decimal('5.00'))\n",
+        env=ENV,
+    )  # fmt: skip
+    dispatcher.wait_until(proxy.reply_dropped.is_set, "the reply to a 'sent' commit to drop")
+    orders = "SELECT count(*) FROM orders_order WHERE number LIKE 'AMB-%'"
+    invoices = "SELECT count(*) FROM orders_invoice WHERE order_number LIKE 'AMB-%'"
+    unsent = (
+        "SELECT count(*) FROM outbox_outboxmessage WHERE event_type = 'orders.placed'"
+        " AND status <> 'sent'"
+    )
+    wait_until(
+        lambda: count(cluster, invoices) == 40 and not count(cluster, unsent),
+        120, "every order billed and every message sent", dispatcher,
+    )  # fmt: skip
+    assert count(cluster, orders) == 40
+    assert count(
+        cluster, "SELECT count(DISTINCT order_number) FROM orders_invoice"
+        " WHERE order_number LIKE 'AMB-%'",
+    ) == 40  # fmt: skip
+    # Each message reached billing fresh once; a second delivery, if any, found the
+    # inbox record and did nothing.
+    assert not count(
+        cluster,
+        "SELECT count(*) FROM (SELECT message_id FROM orders_delivery WHERE fresh"
+        " GROUP BY message_id HAVING count(*) > 1) twice",
+    )
+    redelivered = count(cluster, "SELECT count(*) FROM orders_delivery WHERE NOT fresh")
+    print(f"\ndeliveries that found their inbox record: {redelivered}")
+    assert proxy.stats.replies_dropped == 2
+    assert dispatcher.terminate() == 0
+
+
+START_SAGAS = """
+from sagas import start_saga
+for n in range(6):
+    start_saga("fulfilment.order", {"order_id": 9000 + n, "sku": "SKU", "quantity": 1,
+                                    "amount": "9.90"})
+"""
+
+
+def test_a_saga_step_whose_commit_reply_is_lost_is_recorded_once(cluster, proxy, procs):
+    proxy.drop_reply(b"COMMIT", after=b'"completed_steps"')
+    manage(cluster.url, "shell", "-c", START_SAGAS, env=ENV)
+    runner = procs.start(
+        "recover_sagas", "--runner-id", "r-ambiguous",
+        env={**ENV, "SAGAS_LEASE_SECONDS": "3", "SAGAS_POLL_INTERVAL": "0.2"},
+        database_url=proxy.url(cluster.url),
+    )  # fmt: skip
+    runner.wait_until(proxy.reply_dropped.is_set, "the reply to a step's commit to drop")
+    done = (
+        "SELECT count(*) FROM sagas_sagainstance WHERE status = 'succeeded'"
+        " AND data->>'order_id' LIKE '900%'"
+    )
+    wait_until(lambda: count(cluster, done) == 6, 120, "every saga to succeed", runner)
+    # Every step of every instance ran its action once, and nothing was compensated.
+    assert not count(
+        cluster,
+        "SELECT count(*) FROM (SELECT instance_id, step FROM fulfilment_steprun"
+        " WHERE kind = 'action' GROUP BY instance_id, step HAVING count(*) > 1) twice",
+    )
+    assert not count(
+        cluster,
+        "SELECT count(*) FROM sagas_sagainstance WHERE compensated_steps <> '[]'"
+        " AND data->>'order_id' LIKE '900%'",
+    )
+    assert runner.terminate() == 0
