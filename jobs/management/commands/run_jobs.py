@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
-from jobs import execution, validation
+from jobs import execution, supervisor, validation
 from jobs.exceptions import JobsError
 from jobs.handlers import autodiscover, registered_handlers
 from jobs.types import Claim
@@ -53,6 +53,14 @@ class Command(EngineCommand):
             "--burst", action="store_true", help="exit when nothing is due and nothing runs"
         )
         parser.add_argument(
+            "--processes",
+            type=int,
+            default=None,
+            metavar="N",
+            help="run N worker processes of --concurrency threads each under one "
+            f"supervisor (1 to {supervisor.MAX_PROCESSES}; default: this process alone)",
+        )
+        parser.add_argument(
             "--shutdown-timeout",
             type=float,
             default=20.0,
@@ -61,9 +69,44 @@ class Command(EngineCommand):
             "they are signalled to stop and re-queued (a second signal: at once)",
         )
 
-    def start(self, options: dict[str, Any]) -> EngineStart:
-        concurrency = options["concurrency"]
-        if concurrency < 1:
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["processes"] is None:
+            return super().handle(*args, **options)
+        self.check_options(options)
+        processes = options["processes"]
+        if not 1 <= processes <= supervisor.MAX_PROCESSES:
+            raise CommandError(f"--processes must be between 1 and {supervisor.MAX_PROCESSES}")
+        if options["metrics_port"] is not None and not 0 <= options["metrics_port"] <= 65535:
+            raise CommandError("--metrics-port must be between 0 and 65535")
+        worker_id = options["worker_id"] or execution.default_worker_id()
+        try:  # the children's ids must be valid too
+            validation.text(f"{worker_id}-{processes}", "worker id", validation.MAX_NAME_LENGTH)
+        except JobsError as exc:
+            raise CommandError(str(exc)) from exc
+        unpassed = supervisor.SUPERVISOR_OPTIONS | {"stdout", "stderr"}
+        boss = supervisor.Supervisor(
+            processes=processes,
+            worker_id=worker_id,
+            worker_options={k: v for k, v in options.items() if k not in unpassed},
+            burst=options["burst"],
+            metrics_port=options["metrics_port"],
+            write=self._line,
+        )
+        self.stdout.write(f"supervisor {boss.worker_id}: {processes} worker processes")
+        stats = boss.run()
+        if stats.refused:
+            raise CommandError(f"supervisor {boss.worker_id}: a worker refused to start")
+        line = f"supervisor {boss.worker_id} stopped: {stats.summary()}"
+        self.stdout.write(self.style.SUCCESS(line))
+        return None
+
+    def _line(self, text: str) -> None:
+        self.stdout.write(text)
+        self.stdout.flush()
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Refuse bad options with a clear error before anything starts."""
+        if options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         if options["shutdown_timeout"] < 0:
             raise CommandError("--shutdown-timeout must not be negative")
@@ -74,6 +117,10 @@ class Command(EngineCommand):
                 validation.text(options["worker_id"], "worker id", validation.MAX_NAME_LENGTH)
         except JobsError as exc:
             raise CommandError(str(exc)) from exc
+
+    def start(self, options: dict[str, Any]) -> EngineStart:
+        self.check_options(options)
+        concurrency = options["concurrency"]
         autodiscover()
         verbosity = options["verbosity"]
         worker = Worker(
