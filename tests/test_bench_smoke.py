@@ -204,7 +204,8 @@ def test_report_renders_ratios_and_target_verdicts() -> None:
     markdown = report.render(synthetic(peer_factor=0.5))
     assert "| Burn-down, 1 worker process, concurrency 4 | 2,000 | 1,000 ‡ | 2.0× |" in markdown
     # The 5 ms handler is a ratio against every peer too.
-    assert "| Burn-down, 5 ms handler, 1 process, concurrency 16 | 1,000 | 500 ‡ | 2.0× |" in markdown
+    row = "| Burn-down, 5 ms handler, 1 process, concurrency 16 | 1,000 | 500 ‡ | 2.0× |"
+    assert row in markdown
     verdicts = {t: holds for t, _, holds in report.targets(synthetic(0.5))}
     assert verdicts["Burn-down ≥ 1.5× pgqueuer at equal resources (every set-up)"] is True
     assert verdicts["Bulk submit ≥ 20,000 jobs/s"] is True
