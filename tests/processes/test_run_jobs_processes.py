@@ -106,6 +106,23 @@ def test_sigterm_stops_every_child_gracefully_and_loses_no_job(supervisor, tmp_p
     assert "restarting" not in proc.output
 
 
+def test_a_second_sigterm_cancels_every_childs_handlers_and_requeues_them(supervisor, tmp_path):
+    _held_jobs(tmp_path, 10)  # the gate never opens: only a cancellation ends them
+    proc = supervisor("--processes", "2", "--concurrency", "2", "--shutdown-timeout", "600")
+    _both_children_full(proc)
+    proc.signal(signal.SIGTERM)
+    for worker_id in ("sup-1", "sup-2"):
+        proc.wait_for_output(f"worker {worker_id}: SIGTERM, stopping gracefully", 60)
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(90) == 0, proc.output
+    for worker_id in ("sup-1", "sup-2"):
+        assert f"worker {worker_id}: SIGTERM, cancelling running handlers now" in proc.output
+    # Nothing lost: the four cancelled attempts' jobs are queued again with the rest.
+    assert _statuses() == {JobStatus.QUEUED: 10}
+    assert not JobAttempt.objects.filter(status=AttemptStatus.RUNNING).exists()
+    assert JobAttempt.objects.count() == 4
+
+
 def test_a_child_killed_with_sigkill_is_logged_and_restarted_under_its_id(supervisor, tmp_path):
     gate = _held_jobs(tmp_path, 10)
     proc = supervisor("--processes", "2", "--concurrency", "2")
