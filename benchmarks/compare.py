@@ -175,7 +175,7 @@ def compare(
     log_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         other_root, commit = stack.enter_context(checkout(rev))
-        trees = []
+        trees: list[LedonTree] = []
         for root, name in ((ROOT, "this tree"), (other_root, f"{rev} ({commit[:10]})")):
             url = stack.enter_context(
                 server.scratch_database(server_url, f"ledon_compare_{len(trees)}_{os.getpid()}")

@@ -456,8 +456,8 @@ class Runner:
             config = WorkerConfig(processes, plan.scale_concurrency)
             locks: dict[str, Any] = {}
             tag = f"{system.name}-scale-{config.key}-run{run + 1}"
-            rate = self.burn_down(system, config, tag, plan.scale_jobs, locks=locks)
-            record(system, f"scale_{config.key}", rate, plan.scale_jobs)
+            scaled = self.burn_down(system, config, tag, plan.scale_jobs, locks=locks)
+            record(system, f"scale_{config.key}", scaled, plan.scale_jobs)
             self.locks.setdefault(config.key, []).append(locks)
         self.cpu_bound(system, run, record)
         self.asynchronous_commit(system, run, record)

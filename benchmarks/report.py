@@ -632,13 +632,13 @@ def targets(document: Document) -> list[Target]:
     cost = document.get("claim_cost")
     if cost:
         goal = TARGETS["claim_cost_ratio"]
-        ratios = {"claim of 1": cost["ratio_claim_1"], "claim of 16": cost["ratio_claim_16"]}
+        costs = {"claim of 1": cost["ratio_claim_1"], "claim of 16": cost["ratio_claim_16"]}
         if "burn_down_1p_c16" in cost["empty"]:
             burn = cost["empty"]["burn_down_1p_c16"] / cost["loaded"]["burn_down_1p_c16"]
-            ratios["burn-down"] = burn
-        measured = ", ".join(f"{k}: {v:.2f}" for k, v in ratios.items())
+            costs["burn-down"] = burn
+        measured = ", ".join(f"{k}: {v:.2f}" for k, v in costs.items())
         label = f"Claim cost with {cost['finished_rows']:,} finished rows ≤ {goal:g}× empty"
-        out.append((label, measured, max(ratios.values()) <= goal))
+        out.append((label, measured, max(costs.values()) <= goal))
     flow = document.get("flow_control")
     if flow:
         goal = TARGETS["flow_control_slowdown"]
