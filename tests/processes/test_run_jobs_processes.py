@@ -69,8 +69,16 @@ def _statuses() -> dict[str, int]:
 
 
 def _both_children_full(proc: WorkerProcess) -> None:
+    """Until each child runs two jobs and has its registry row (written by a thread of
+    its own once the database answered, so not necessarily before its first claim)."""
     for worker_id in ("sup-1", "sup-2"):
         wait_until(lambda w=worker_id: _running(w) == 2, 90, f"{worker_id} to run 2 jobs", proc)
+        wait_until(
+            lambda w=worker_id: WorkerRecord.objects.filter(kind="worker", engine_id=w).exists(),
+            90,
+            f"{worker_id}'s registry row",
+            proc,
+        )
 
 
 def test_each_child_runs_jobs_under_its_own_id_and_registry_row(supervisor, tmp_path):
@@ -169,16 +177,17 @@ def test_one_metrics_port_counts_every_child(supervisor):
     url = f"http://127.0.0.1:{found.group(1)}/metrics"
     finished = 'ledon_jobs_finished_total{handler="test.record",outcome="succeeded",queue="m"}'
 
+    live = 'ledon_workers{kind="worker",state="live"} 2.0'
+
     def scraped() -> str | None:
         text = urllib.request.urlopen(url, timeout=10).read().decode()
-        return text if f"{finished} 20.0" in text else None
+        return text if f"{finished} 20.0" in text and live in text else None
 
     wait_until(lambda: _statuses() == {JobStatus.SUCCEEDED: 20}, 90, "every job done", proc)
     text = wait_until(scraped, 60, "20 succeeded jobs in one scrape", proc)
     # Whichever child ran a job, it counted into the one port, beside the database
     # gauges read once (the supervisor is no worker: two live, not three).
     assert set(JobAttempt.objects.values_list("worker_id", flat=True)) <= {"sup-1", "sup-2"}
-    assert 'ledon_workers{kind="worker",state="live"} 2.0' in text
     assert text.count("# TYPE ledon_jobs_queued gauge") == 1
 
 
