@@ -39,10 +39,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
     parser.add_argument(
         "--only",
-        choices=["flow-control", "burn-down", "bulk"],
+        choices=["flow-control", "burn-down", "bulk", "cpu"],
         help="measure only this part and print its figures (flow-control: django-ledon "
         "alone; burn-down: one process at concurrency 4 and 16 and the 5 ms handler; "
-        "bulk: the bulk enqueue of --systems)",
+        "bulk: the bulk enqueue of --systems; cpu: the CPU-bound handler, one process "
+        "against run_jobs --processes)",
     )
     parser.add_argument(
         "--compare",
@@ -133,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.only == "bulk":
             bulk = harness.bulk_alone(systems=args.system_names, **session)
             print(report.bulk_table(bulk))
+            return 0
+        if args.only == "cpu":
+            cpu = harness.cpu_alone(**session)
+            print(report.cpu_table({"systems": {"django-ledon": cpu["median"]}}))
             return 0
         document = harness.run_all(
             systems=args.system_names,

@@ -896,6 +896,27 @@ def flow_control_alone(**session: Any) -> dict[str, Any]:
     return flow
 
 
+def cpu_alone(**session: Any) -> dict[str, Any]:
+    """Only :meth:`Runner.cpu_bound` (``--only cpu``; ``session``: the keywords of
+    :func:`_part_alone`), over the plan's runs: the medians by set-up."""
+    plan: Plan = session["plan"]
+    with _part_alone("cpu", [OURS], **session) as (runner, (ours,), result):
+        raw: dict[str, list[float]] = {}
+
+        def record(system: System, key: str, rate: float, jobs: int) -> None:
+            raw.setdefault(key, []).append(rate)
+            runner.log(f"  {key:12} {rate:10.1f} jobs/s")
+
+        for run in range(plan.runs):
+            runner.cpu_bound(ours, run, record)
+        result.update(
+            jobs=plan.cpu_jobs,
+            runs=raw,
+            median={key: {"median": median(rates)} for key, rates in raw.items()},
+        )
+    return result
+
+
 def burn_down_alone(
     systems: list[str], concurrencies: tuple[int, ...] = (4, 16), **session: Any
 ) -> dict[str, Any]:

@@ -408,6 +408,15 @@ def test_compare_runs_the_burn_downs_of_two_trees(tmp_path: Path) -> None:
     assert "ledon-compare-" not in worktrees.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_only_cpu_measures_one_process_against_the_supervisor(tmp_path: Path) -> None:
+    done, cpu = only_part("cpu", tmp_path)
+    assert set(cpu["median"]) == {"cpu20_1p-c2", "cpu20_2x-c1"}
+    assert all(len(rates) == 1 and rates[0] > 0 for rates in cpu["runs"].values())
+    assert "| `run_jobs --processes 2 --concurrency 1` |" in done.stdout
+
+
 def test_round_trips_leave_out_the_servers_own_checks_and_pipelined_settings() -> None:
     """A foreign-key check runs inside the statement that inserts, and django-ledon's
     ``set_config`` under ``ASYNCHRONOUS_COMMIT`` travels in its statement's pipeline:
