@@ -135,6 +135,34 @@ class Supervisor:
         self._metrics_dir: str | None = None
         self.metrics_server: Any = None
 
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], *, write: Writer) -> Supervisor:
+        """The supervisor of ``run_jobs --processes`` (its parsed ``options``): the
+        supervisor's own options checked, the rest passed on to every child.
+        Raises ``ValueError`` (or a jobs error for a bad id) for a bad option."""
+        # Imported here: this module is also the children's entry point, which must
+        # not touch the apps' modules before ``django.setup()``.
+        from . import execution, validation
+
+        processes = options["processes"]
+        if not 1 <= processes <= MAX_PROCESSES:
+            raise ValueError(f"--processes must be between 1 and {MAX_PROCESSES}")
+        port = options.get("metrics_port")
+        if port is not None and not 0 <= port <= 65535:
+            raise ValueError("--metrics-port must be between 0 and 65535")
+        worker_id = options.get("worker_id") or execution.default_worker_id()
+        # The longest child id must be a valid worker id too.
+        validation.text(f"{worker_id}-{processes}", "worker id", validation.MAX_NAME_LENGTH)
+        unpassed = SUPERVISOR_OPTIONS | {"stdout", "stderr"}
+        return cls(
+            processes=processes,
+            worker_id=worker_id,
+            worker_options={k: v for k, v in options.items() if k not in unpassed},
+            burst=bool(options.get("burst")),
+            metrics_port=port,
+            write=write,
+        )
+
     # ------------------------------------------------------------------ public
 
     def run(self) -> SupervisorStats:

@@ -218,3 +218,11 @@ def test_processes_out_of_bounds_is_refused_before_anything_starts(processes):
     with pytest.raises(CommandError, match="--processes must be between 1 and"):
         call_command("run_jobs", "--processes", processes)
     assert not WorkerRecord.objects.exists()
+
+
+def test_a_worker_id_too_long_for_its_childrens_ids_is_refused():
+    from jobs.validation import MAX_NAME_LENGTH
+
+    longest = "w" * MAX_NAME_LENGTH  # valid alone; "<id>-2" is not
+    with pytest.raises(CommandError, match="worker id"):
+        call_command("run_jobs", "--processes", "2", "--worker-id", longest)

@@ -73,26 +73,11 @@ class Command(EngineCommand):
         if options["processes"] is None:
             return super().handle(*args, **options)
         self.check_options(options)
-        processes = options["processes"]
-        if not 1 <= processes <= supervisor.MAX_PROCESSES:
-            raise CommandError(f"--processes must be between 1 and {supervisor.MAX_PROCESSES}")
-        if options["metrics_port"] is not None and not 0 <= options["metrics_port"] <= 65535:
-            raise CommandError("--metrics-port must be between 0 and 65535")
-        worker_id = options["worker_id"] or execution.default_worker_id()
-        try:  # the children's ids must be valid too
-            validation.text(f"{worker_id}-{processes}", "worker id", validation.MAX_NAME_LENGTH)
-        except JobsError as exc:
+        try:
+            boss = supervisor.Supervisor.from_options(options, write=self._line)
+        except (ValueError, JobsError) as exc:
             raise CommandError(str(exc)) from exc
-        unpassed = supervisor.SUPERVISOR_OPTIONS | {"stdout", "stderr"}
-        boss = supervisor.Supervisor(
-            processes=processes,
-            worker_id=worker_id,
-            worker_options={k: v for k, v in options.items() if k not in unpassed},
-            burst=options["burst"],
-            metrics_port=options["metrics_port"],
-            write=self._line,
-        )
-        self.stdout.write(f"supervisor {boss.worker_id}: {processes} worker processes")
+        self.stdout.write(f"supervisor {boss.worker_id}: {boss.processes} worker processes")
         stats = boss.run()
         if stats.refused:
             raise CommandError(f"supervisor {boss.worker_id}: a worker refused to start")
