@@ -45,7 +45,7 @@ $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 	@touch $@
 
 ## Benchmarks against pgqueuer, Procrastinate and django-tasks-db on a throw-away
-## PostgreSQL with durable commits (about 20 minutes on 2 CPUs): docs/benchmarks.md
+## PostgreSQL with durable commits (about 20 minutes on 2 CPUs): docs/benchmark-results.md
 ## and the raw JSON in benchmarks/results/.
 bench: $(VENV)/.bench-installed
 	$(PY) -m benchmarks

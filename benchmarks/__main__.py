@@ -34,15 +34,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--docs",
         type=Path,
-        help="write the Markdown report here (default: docs/benchmarks.md for a full run)",
+        help="write the tables here (default: docs/benchmark-results.md for a full run)",
     )
     parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
     parser.add_argument(
         "--only",
-        choices=["flow-control", "burn-down", "bulk"],
+        choices=["flow-control", "burn-down", "bulk", "cpu"],
         help="measure only this part and print its figures (flow-control: django-ledon "
         "alone; burn-down: one process at concurrency 4 and 16 and the 5 ms handler; "
-        "bulk: the bulk enqueue of --systems)",
+        "bulk: the bulk enqueue of --systems; cpu: the CPU-bound handler, one process "
+        "against run_jobs --processes)",
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="REV",
+        help="measure only the burn-downs of this tree against the commit REV (a git "
+        "worktree of it), interleaved: jobs/s, workers' CPU and statements per job; with "
+        "--only burn-down, the no-op burn-down at concurrency 4 and 16 alone",
     )
     parser.add_argument(
         "--jobs-factor",
@@ -68,7 +76,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--jobs-factor must be above 0 and at most 10")
     args.system_names = names
     if args.docs is None and not args.quick:
-        args.docs = ROOT / "docs" / "benchmarks.md"
+        args.docs = ROOT / "docs" / "benchmark-results.md"
     return args
 
 
@@ -103,6 +111,18 @@ def main(argv: list[str] | None = None) -> int:
             "log": log,
             "admin": admin,
         }
+        if args.compare:
+            from . import compare
+
+            result = compare.compare(
+                args.compare,
+                server_url=server_url,
+                quick_setups=args.only == "burn-down",
+                **session,
+            )
+            harness.write_part(args.out, "compare", result)
+            print(report.compare_table({"compare": result}))
+            return 0
         if args.only == "flow-control":
             flow = harness.flow_control_alone(**session)
             print(report.flow_table({"flow_control": flow}))
@@ -114,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.only == "bulk":
             bulk = harness.bulk_alone(systems=args.system_names, **session)
             print(report.bulk_table(bulk))
+            return 0
+        if args.only == "cpu":
+            cpu = harness.cpu_alone(**session)
+            print(report.cpu_table({"systems": {"django-ledon": cpu["median"]}}))
             return 0
         document = harness.run_all(
             systems=args.system_names,

@@ -65,9 +65,14 @@ class Plan:
     scale_processes: tuple[int, ...] = (1, 2, 4, 8)
     scale_concurrency: int = 8
     scale_jobs: int = 10_000
-    #: Jobs of the 5 ms handler, run at ``sleep_concurrency``.
+    #: Jobs of the 5 ms handler (at most each system's ``burn_jobs``), run by one
+    #: process at ``sleep_concurrency``.
     sleep_jobs: int = 5_000
     sleep_concurrency: int = 16
+    #: Jobs of the CPU-bound handler (ours), by one process at ``cpu_concurrency`` and
+    #: by ``run_jobs --processes`` with as many processes, one thread each.
+    cpu_jobs: int = 1_000
+    cpu_concurrency: int = 2
     #: Queue depths of the claim cost with queued jobs: shallow, deep.
     queued_rows: tuple[int, int] = (1_000, 1_000_000)
     #: Claims between the cold and the steady phase of the deep-queue claim cost.
@@ -97,6 +102,7 @@ class Plan:
             floor_jobs=n(self.floor_jobs),
             scale_jobs=n(self.scale_jobs),
             sleep_jobs=n(self.sleep_jobs),
+            cpu_jobs=n(self.cpu_jobs),
             profile_jobs=n(self.profile_jobs),
             flow_burn_jobs=n(self.flow_burn_jobs),
         )
@@ -149,6 +155,7 @@ class Plan:
             scale_jobs=100,
             sleep_jobs=64,
             sleep_concurrency=4,
+            cpu_jobs=20,
             queued_rows=(100, 2_000),
             queued_warm=200,
             profile_jobs=100,
@@ -157,6 +164,15 @@ class Plan:
 
     def for_system(self, counts: dict[str, int], system: str) -> int:
         return counts.get(system, counts["default"])
+
+    def sleep_jobs_of(self, system: str) -> int:
+        """Jobs of the 5 ms handler's burn-down of ``system``."""
+        return min(self.sleep_jobs, self.for_system(self.burn_jobs, system))
+
+    def burn_setups(self) -> list[WorkerConfig]:
+        """Every burn-down set-up a system is asked for: the plan's, and the 5 ms
+        handler's."""
+        return list(dict.fromkeys([*self.configs, WorkerConfig(1, self.sleep_concurrency)]))
 
 
 def median(values: list[float]) -> float:
@@ -181,25 +197,32 @@ def workers(
     log_dir: Path,
     tag: str,
     extra_env: dict[str, str] | None = None,
-) -> Iterator[None]:
-    """Run ``config.processes`` worker processes of ``system``; stop them at the end."""
+    supervised: bool = False,
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Run ``config.processes`` worker processes of ``system`` (``supervised``: one
+    ``run_jobs --processes`` of that many, django-ledon only); stop them at the end.
+    Yields the processes started."""
     env = {**system.worker_env(), **(extra_env or {})}
     procs = []
     logs = []
+    if supervised:
+        argv = system.worker_command(config.concurrency, processes=config.processes)  # type: ignore[call-arg]
+    else:
+        argv = system.worker_command(config.concurrency)
     try:
-        for index in range(config.processes):
+        for index in range(1 if supervised else config.processes):
             out = open(log_dir / f"{tag}-{index}.log", "wb")  # noqa: SIM115
             logs.append(out)
             procs.append(
                 subprocess.Popen(
-                    system.worker_command(config.concurrency),
+                    argv,
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
             )
-        yield
+        yield procs
         for proc in procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"{system.name} worker exited early (see {log_dir})")
@@ -260,7 +283,7 @@ class Runner:
         system.reset()
         if prime:
             system.seed(prime)
-            self.admin("ANALYZE")
+            system.analyze(self.admin)
             system.reset()
         # Start every measurement from a clean WAL so a checkpoint never lands inside it.
         self.admin("CHECKPOINT")
@@ -286,36 +309,43 @@ class Runner:
         tag: str,
         count: int,
         *,
-        seed: Callable[[int], None] | None = None,
+        kind: str = "noop",
         locks: dict[str, Any] | None = None,
         extra_env: dict[str, str] | None = None,
         variant: str | None = "",
+        supervised: bool = False,
     ) -> float:
-        """Jobs/s from the first job's start (the enqueue's commit where the system
-        records no start time) to the last job's end; ``extra_env`` goes to the
-        workers' environment.
+        """Jobs/s of ``count`` jobs of the ``kind`` handler from the first job's start
+        (the enqueue's commit where the system records no start time) to the last
+        job's end; ``extra_env`` goes to the workers' environment; ``supervised``: the
+        workers under one ``run_jobs --processes``.
 
         Also records what the burn-down cost the server per job (statements, WAL, the
         CPUs busy meanwhile; see :meth:`per_job`) under the set-up's key, followed by
         ``/variant`` if one is given (None: not recorded), and, with ``locks``, the
         lock waits sampled meanwhile."""
-        seed = seed or system.seed
+
+        def seed(n: int) -> None:
+            system.seed(n, kind)
+
         self.fresh(system)
         # Prime the planner's statistics as fresh() does, and measure the seed's own
         # WAL, which per_job() takes off the burn-down's.
         seed_cost: dict[str, Any] = {}
-        with physical.counting(self.database_url, False, seed_cost):
+        with physical.counting(system.database_url, False, seed_cost):
             seed(count)
-        self.admin("ANALYZE")
+        system.analyze(self.admin)
         system.reset()
         self.admin("CHECKPOINT")
         cost: dict[str, Any] = {}
         sampled: dict[str, Any] = {}
-        with workers(system, config, self.log_dir, tag, extra_env):
+        with workers(system, config, self.log_dir, tag, extra_env, supervised) as procs:
             warm_up(system)
             with ExitStack() as stack:
-                stack.enter_context(physical.counting(self.database_url, self.statements, cost))
+                counting = physical.counting(system.database_url, self.statements, cost)
+                stack.enter_context(counting)
                 stack.enter_context(physical.cpu_use(cost))
+                stack.enter_context(physical.worker_cpu([p.pid for p in procs], cost))
                 if locks is not None:
                     stack.enter_context(physical.sampling_locks(self.database_url, sampled))
                 before = time.time()
@@ -352,8 +382,19 @@ class Runner:
             entry["top"] = cost["top"]
         if "cpus_busy" in cost:
             entry["cpus_busy"], entry["cpus"] = cost["cpus_busy"], cost["cpus"]
+        if "worker_cpu_s" in cost:
+            entry["worker_cpu_ms"] = cost["worker_cpu_s"] * 1000 / count
         key = system.worker_config(config).key + (f"/{variant}" if variant else "")
         self.costs.setdefault(system.name, {}).setdefault(key, []).append(entry)
+
+    def sleep5(self, system: System, run: int, record: Callable[..., None]) -> float:
+        """The 5 ms handler's burn-down by one process at ``sleep_concurrency``."""
+        config = system.worker_config(WorkerConfig(1, self.plan.sleep_concurrency))
+        jobs = self.plan.sleep_jobs_of(system.name)
+        tag = f"{system.name}-sleep5-{config.key}-run{run + 1}"
+        rate = self.burn_down(system, config, tag, jobs, kind="sleep5", variant="sleep5")
+        record(system, f"sleep5_{config.key}", rate, jobs)
+        return rate
 
     def latency(self, system: System) -> dict[str, Any]:
         """Enqueue one job at a time into an idle worker; the handler reports its
@@ -415,18 +456,28 @@ class Runner:
             config = WorkerConfig(processes, plan.scale_concurrency)
             locks: dict[str, Any] = {}
             tag = f"{system.name}-scale-{config.key}-run{run + 1}"
-            rate = self.burn_down(system, config, tag, plan.scale_jobs, locks=locks)
-            record(system, f"scale_{config.key}", rate, plan.scale_jobs)
+            scaled = self.burn_down(system, config, tag, plan.scale_jobs, locks=locks)
+            record(system, f"scale_{config.key}", scaled, plan.scale_jobs)
             self.locks.setdefault(config.key, []).append(locks)
-        seed_sleeping = getattr(system, "seed_sleeping", None)
-        if seed_sleeping is not None:
-            config = WorkerConfig(1, plan.sleep_concurrency)
-            tag = f"{system.name}-sleep-{config.key}-run{run + 1}"
-            rate = self.burn_down(
-                system, config, tag, plan.sleep_jobs, seed=seed_sleeping, variant="sleep5"
-            )
-            record(system, f"sleep5_{config.key}", rate, plan.sleep_jobs)
+        self.cpu_bound(system, run, record)
         self.asynchronous_commit(system, run, record)
+
+    def cpu_bound(self, system: System, run: int, record: Callable[..., None]) -> None:
+        """The CPU-bound handler: one process at ``cpu_concurrency`` threads, and
+        ``run_jobs --processes`` of as many single-threaded workers (their order
+        alternating from run to run). Threads share one interpreter lock; processes
+        do not."""
+        plan = self.plan
+        processes = WorkerConfig(plan.cpu_concurrency, 1)
+        setups = [(WorkerConfig(1, plan.cpu_concurrency), False), (processes, True)]
+        for config, supervised in setups if run % 2 == 0 else setups[::-1]:
+            key = f"{config.processes}x-c1" if supervised else config.key
+            tag = f"{system.name}-cpu20-{key}-run{run + 1}"
+            rate = self.burn_down(
+                system, config, tag, plan.cpu_jobs, kind="cpu20", variant=None,
+                supervised=supervised,
+            )  # fmt: skip
+            record(system, f"cpu20_{key}", rate, plan.cpu_jobs)
 
     def asynchronous_commit(self, system: System, run: int, record: Callable[..., None]) -> None:
         """``JOBS["ASYNCHRONOUS_COMMIT"]`` off and on, one right after the other (their
@@ -434,24 +485,26 @@ class Runner:
         handler at ``sleep_concurrency``."""
         plan = self.plan
         count = plan.for_system(plan.burn_jobs, system.name)
-        seed_sleeping = getattr(system, "seed_sleeping", None)
-        # (name, set-up, jobs, seed, the per-job costs' variant of the async half)
-        cases: list[tuple[str, WorkerConfig, int, Callable[[int], None] | None, str]] = [
-            ("c1", WorkerConfig(1, 1), count, None, "async")
+        # (name, set-up, jobs, handler, the per-job costs' variant of the async half)
+        cases: list[tuple[str, WorkerConfig, int, str, str]] = [
+            ("c1", WorkerConfig(1, 1), count, "noop", "async"),
+            (
+                f"sleep5_c{plan.sleep_concurrency}",
+                WorkerConfig(1, plan.sleep_concurrency),
+                plan.sleep_jobs_of(system.name),
+                "sleep5",
+                "sleep5-async",
+            ),
         ]
-        if seed_sleeping is not None:
-            config = WorkerConfig(1, plan.sleep_concurrency)
-            name = f"sleep5_c{plan.sleep_concurrency}"
-            cases.append((name, config, plan.sleep_jobs, seed_sleeping, "sleep5-async"))
         modes = ["durable", "async"] if run % 2 == 0 else ["async", "durable"]
-        for name, config, jobs, seed, async_variant in cases:
+        for name, config, jobs, kind, async_variant in cases:
             for mode in modes:
                 env = {"BENCH_JOBS": json.dumps({"ASYNCHRONOUS_COMMIT": mode == "async"})}
                 tag = f"{system.name}-{mode}-{name}-run{run + 1}"
                 # The durable half measures again what the burn-downs above did.
                 variant = async_variant if mode == "async" else None
                 rate = self.burn_down(
-                    system, config, tag, jobs, seed=seed, extra_env=env, variant=variant
+                    system, config, tag, jobs, kind=kind, extra_env=env, variant=variant
                 )
                 record(system, f"syncmode_{name}_{mode}", rate, jobs)
 
@@ -483,13 +536,16 @@ class Runner:
                     tag = f"{system.name}-{config.key}-run{run + 1}"
                     rate = self.burn_down(system, config, tag, count)
                     record(system, f"burn_{config.key}", rate, count)
+                self.sleep5(system, run, record)
                 if system.name == OURS:
                     self.ours_physical(system, run, record)
 
         for system in self.systems:
             entry = results[system.name]
             entry["version"] = system.version()
-            entry["burn_configs"] = {c.key: system.worker_config(c).key for c in self.plan.configs}
+            entry["burn_configs"] = {
+                c.key: system.worker_config(c).key for c in self.plan.burn_setups()
+            }
             for key, values in raw[system.name].items():
                 jobs = jobs_of[(system.name, key)]
                 entry[key] = {"jobs": jobs, "runs": values, "median": median(values)}
@@ -819,8 +875,15 @@ def _part_alone(
         for system in chosen:
             system.close()
     result["load_average"] = {"start": load, "end": _load()}
+    write_part(out_dir, name, result)
+
+
+def write_part(out_dir: Path, name: str, result: dict[str, Any]) -> Path:
+    """The figures of one part measured alone, as ``<name>-<time>.json`` in ``out_dir``."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    (out_dir / f"{name}-{stamp}.json").write_text(json.dumps(result, indent=2))
+    path = out_dir / f"{name}-{stamp}.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path
 
 
 def flow_control_alone(**session: Any) -> dict[str, Any]:
@@ -831,6 +894,27 @@ def flow_control_alone(**session: Any) -> dict[str, Any]:
         runner.log("flow control (limits on versus off)")
         flow.update(flow_control(runner, ours))
     return flow
+
+
+def cpu_alone(**session: Any) -> dict[str, Any]:
+    """Only :meth:`Runner.cpu_bound` (``--only cpu``; ``session``: the keywords of
+    :func:`_part_alone`), over the plan's runs: the medians by set-up."""
+    plan: Plan = session["plan"]
+    with _part_alone("cpu", [OURS], **session) as (runner, (ours,), result):
+        raw: dict[str, list[float]] = {}
+
+        def record(system: System, key: str, rate: float, jobs: int) -> None:
+            raw.setdefault(key, []).append(rate)
+            runner.log(f"  {key:12} {rate:10.1f} jobs/s")
+
+        for run in range(plan.runs):
+            runner.cpu_bound(ours, run, record)
+        result.update(
+            jobs=plan.cpu_jobs,
+            runs=raw,
+            median={key: {"median": median(rates)} for key, rates in raw.items()},
+        )
+    return result
 
 
 def burn_down_alone(
@@ -844,7 +928,7 @@ def burn_down_alone(
     with _part_alone("burn-down", systems, **session) as (runner, chosen, result):
         raw: dict[str, dict[str, list[float]]] = {s.name: {} for s in chosen}
 
-        def record(system: System, key: str, rate: float) -> None:
+        def record(system: System, key: str, rate: float, jobs: int = 0) -> None:
             raw[system.name].setdefault(key, []).append(rate)
             runner.log(f"  {system.name:16} {key:8} {rate:10.1f} jobs/s")
 
@@ -857,14 +941,8 @@ def burn_down_alone(
                     config = system.worker_config(WorkerConfig(1, concurrency))
                     tag = f"{system.name}-{config.key}-run{run + 1}"
                     record(system, f"c{concurrency}", runner.burn_down(system, config, tag, count))
-                seed_sleeping = getattr(system, "seed_sleeping", None)
-                if seed_sleeping is not None:
-                    config = WorkerConfig(1, plan.sleep_concurrency)
-                    tag = f"{system.name}-sleep-{config.key}-run{run + 1}"
-                    rate = runner.burn_down(
-                        system, config, tag, plan.sleep_jobs, seed=seed_sleeping
-                    )
-                    record(system, "sleep5", rate)
+                rate = runner.sleep5(system, run, lambda *a, **k: None)
+                record(system, "sleep5", rate)
         medians = {name: {k: median(v) for k, v in runs.items()} for name, runs in raw.items()}
         ours = medians.get(OURS, {})
         result.update(

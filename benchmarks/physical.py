@@ -392,5 +392,47 @@ def cpu_use(into: dict[str, Any]) -> Iterator[None]:
         into.update(cpus_busy=(after - before) / wall, cpus=os.cpu_count() or 1)
 
 
+def _proc_stats() -> dict[int, list[str]]:
+    """Every process's ``/proc/<pid>/stat`` fields after its command name (which may
+    hold spaces): the parent's pid is the 2nd, utime the 12th, stime the 13th."""
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    stats[int(entry)] = stat.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # exited meanwhile
+    return stats
+
+
+def process_cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user and system) of the processes ``pids`` and of their descendants
+    alive now (a supervisor's workers), from ``/proc``; 0 where there is none."""
+    try:
+        stats = _proc_stats()
+    except OSError:
+        return 0.0
+    children: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    total, todo = 0.0, list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += (int(stats[pid][11]) + int(stats[pid][12])) / os.sysconf("SC_CLK_TCK")
+        todo.extend(children.get(pid, []))
+    return total
+
+
+@contextmanager
+def worker_cpu(pids: list[int], into: dict[str, Any]) -> Iterator[None]:
+    """Put into ``into`` the CPU seconds the worker processes ``pids`` (and their
+    descendants) spent while the block ran (``worker_cpu_s``)."""
+    before = process_cpu_seconds(pids)
+    yield
+    into["worker_cpu_s"] = process_cpu_seconds(pids) - before
+
+
 def log_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)

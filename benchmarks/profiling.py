@@ -362,7 +362,7 @@ def slot_profile(
         return defer(settler, claim, result)
 
     ledon.reset()
-    ledon.seed_sleeping(jobs)
+    ledon.seed(jobs, "sleep5")
     admin("ANALYZE")
     admin("CHECKPOINT")
     _reset_server(url, False)

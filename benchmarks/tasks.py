@@ -1,5 +1,6 @@
-"""The handlers the benchmarks run (found by the worker's autodiscovery): a no-op, and
-one that sleeps 5 ms — a handler that waits on something, as real ones do."""
+"""The handlers the benchmarks run (found by the worker's autodiscovery): a no-op, one
+that sleeps 5 ms — a handler that waits on something, as real ones do — and one that
+computes in pure Python for about 20 ms."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 from jobs import JobContext, job_handler
 
-from . import probe
+from . import probe, work
 
 
 @job_handler("bench.noop", version=1)
@@ -15,10 +16,11 @@ def noop(ctx: JobContext) -> None:
     probe.started(ctx.payload["n"])
 
 
-#: The sleep of :func:`sleep_5ms`, in seconds.
-SLEEP_SECONDS = 0.005
-
-
 @job_handler("bench.sleep5", version=1)
 def sleep_5ms(ctx: JobContext) -> None:
-    time.sleep(SLEEP_SECONDS)
+    time.sleep(work.SLEEP_SECONDS)
+
+
+@job_handler("bench.cpu20", version=1)
+def cpu_20ms(ctx: JobContext) -> None:
+    work.compute()

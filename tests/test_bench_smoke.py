@@ -79,6 +79,8 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
         "scale_1p-c2",
         "scale_2p-c2",
         "sleep5_1p-c4",
+        "cpu20_1p-c2",
+        "cpu20_2x-c1",
     ):
         assert ours[key]["median"] > 0, key
         assert len(ours[key]["runs"]) == 1
@@ -98,6 +100,8 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
     assert all(cost["wal_bytes"] > 0 for cost in ours["per_job"].values())
     assert all(cost["cpus_busy"] > 0 for cost in ours["per_job"].values())
     assert {cost["cpus"] for cost in ours["per_job"].values()} == {os.cpu_count()}
+    # The workers' own CPU time per job, read from /proc (every worker process).
+    assert all(cost["worker_cpu_ms"] > 0 for cost in ours["per_job"].values())
     if document["statements_measured"]:
         assert all(cost["statements"] > 0 for cost in ours["per_job"].values())
     locks = ours["locks_during_scale"]["2p-c2"]
@@ -117,7 +121,7 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
     assert set(flow["slowdown"]) == {"max_running", "all_three"}
     assert document["environment"]["postgresql"]["server_version"]
     markdown = docs.read_text()
-    assert "# Benchmarks" in markdown
+    assert markdown.startswith("# Benchmark results")
     assert document["outbox"]["median"] > 0
     assert document["sagas"]["ms_per_step"] > 0
     assert "| Enqueue, bulk API |" in markdown
@@ -128,9 +132,11 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
         "## What each job costs the server",
         "## A realistic handler",
         "## Claim cost with a deep queue",
+        "## A CPU-bound handler: processes against threads",
     ):
         assert section in markdown
     assert "| Concurrency 1 ≥ 0.8 of the floor loop |" in markdown
+    assert "| `run_jobs --processes 2 --concurrency 1` |" in markdown
     assert "## Where one job's time goes" in markdown
     for level in ("c1", "c4"):
         part = document["profile"][level]
@@ -140,6 +146,10 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
         assert part["top"]
     assert "| max_running=64 |" in markdown
     assert "Burn-down with limits ≤ 1.3× slower than without" in markdown
+    # Tables only: every line of the report is a heading, a table row, the legend of
+    # the throughput table's marks, a comment or blank.
+    for line in markdown.splitlines():
+        assert not line or line[0] in "#|<_†", line
 
 
 def synthetic(peer_factor: float) -> dict:
@@ -153,7 +163,8 @@ def synthetic(peer_factor: float) -> dict:
             "version": "1",
             "enqueue_each": measured(1000 * scale),
             "burn_1p-c4": measured(2000 * scale),
-            "burn_configs": {"1p-c4": "1p-c4"},
+            "sleep5_1p-c16": measured(1000 * scale),
+            "burn_configs": {"1p-c4": "1p-c4", "1p-c16": "1p-c16"},
             "latency": {"samples": 2, "p50_ms": 2 / scale, "p99_ms": 4 / scale},
         }
         if bulk:
@@ -161,8 +172,9 @@ def synthetic(peer_factor: float) -> dict:
         return entry
 
     pgqueuer = system(peer_factor)
-    pgqueuer["burn_configs"] = {"1p-c4": "1p-c0"}
+    pgqueuer["burn_configs"] = {"1p-c4": "1p-c0", "1p-c16": "1p-c0"}
     pgqueuer["burn_1p-c0"] = pgqueuer.pop("burn_1p-c4")
+    pgqueuer["sleep5_1p-c0"] = pgqueuer.pop("sleep5_1p-c16")
     return {
         "environment": {
             "date": "2026-01-01T00:00:00+00:00",
@@ -171,7 +183,12 @@ def synthetic(peer_factor: float) -> dict:
             "cpus": 2,
             "postgresql": {"server_version": "15", "fsync": "on"},
         },
-        "plan": {"runs": 1, "bulk_jobs": 100, "configs": [{"processes": 1, "concurrency": 4}]},
+        "plan": {
+            "runs": 1,
+            "bulk_jobs": 100,
+            "sleep_concurrency": 16,
+            "configs": [{"processes": 1, "concurrency": 4}],
+        },
         "systems": {"django-ledon": system(1.0), "pgqueuer": pgqueuer},
         "claim_cost": {
             "finished_rows": 10,
@@ -186,6 +203,9 @@ def synthetic(peer_factor: float) -> dict:
 def test_report_renders_ratios_and_target_verdicts() -> None:
     markdown = report.render(synthetic(peer_factor=0.5))
     assert "| Burn-down, 1 worker process, concurrency 4 | 2,000 | 1,000 ‡ | 2.0× |" in markdown
+    # The 5 ms handler is a ratio against every peer too.
+    row = "| Burn-down, 5 ms handler, 1 process, concurrency 16 | 1,000 | 500 ‡ | 2.0× |"
+    assert row in markdown
     verdicts = {t: holds for t, _, holds in report.targets(synthetic(0.5))}
     assert verdicts["Burn-down ≥ 1.5× pgqueuer at equal resources (every set-up)"] is True
     assert verdicts["Bulk submit ≥ 20,000 jobs/s"] is True
@@ -288,7 +308,20 @@ def test_physical_targets_read_ratios_against_the_floor_and_the_curve() -> None:
     assert verdicts["Concurrency 4 ≥ 1× pgqueuer"][1] is True
     assert verdicts["Scale-out: throughput never falls as processes are added"][1] is False
     assert verdicts["5 ms handler at concurrency 16 ≥ 90% of the ideal"][1] is True
-    assert "## What holds, and what stops the rest" in report.render(document)
+    assert "| Scale-out: throughput never falls as processes are added |" in report.render(document)
+
+
+def test_the_comparison_table_gives_both_trees_and_their_ratio() -> None:
+    figures = {"jobs_per_s": 2000.0, "cpu_ms_per_job": 0.5, "statements": 1.06}
+    other = {"jobs_per_s": 1000.0, "cpu_ms_per_job": 1.0, "statements": None}
+    compare = {
+        "setups": ["1p-c4"],
+        "median": {"this tree": {"1p-c4": figures}, "main (0123456789)": {"1p-c4": other}},
+    }
+    table = report.compare_table({"compare": compare})
+    assert "| 1p-c4 | jobs/s | 2,000 | 1,000 | 2.00 |" in table
+    assert "| 1p-c4 | worker CPU ms per job | 0.500 | 1.000 | 0.50 |" in table
+    assert "| 1p-c4 | statements per job | 1.06 | — | — |" in table
 
 
 @pytest.mark.slow
@@ -349,6 +382,39 @@ def test_only_bulk_measures_the_bulk_enqueue_alone(tmp_path: Path) -> None:
         assert cost["statements"] * bulk["jobs"] == 1
     assert "| django-ledon |" in done.stdout
     assert not (tmp_path / "latest.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_compare_runs_the_burn_downs_of_two_trees(tmp_path: Path) -> None:
+    """``--compare HEAD --only burn-down``: this tree and its own last commit, each on
+    a database of its own, both measured with CPU time; the worktree is gone after."""
+    done = run_module(
+        "benchmarks", "--quick", "--compare", "HEAD", "--only", "burn-down",
+        "--database-url", server_url(), "--out", str(tmp_path),
+    )  # fmt: skip
+    (written,) = tmp_path.glob("compare-*.json")
+    figures = json.loads(written.read_text())
+    assert figures["setups"] == ["1p-c4", "1p-c16"]
+    assert len(figures["median"]) == 2
+    for tree in figures["median"].values():
+        for setup in ("1p-c4", "1p-c16"):
+            assert tree[setup]["jobs_per_s"] > 0
+            assert tree[setup]["cpu_ms_per_job"] > 0
+    assert "| 1p-c16 | jobs/s |" in done.stdout
+    worktrees = subprocess.run(
+        ["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert "ledon-compare-" not in worktrees.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_only_cpu_measures_one_process_against_the_supervisor(tmp_path: Path) -> None:
+    done, cpu = only_part("cpu", tmp_path)
+    assert set(cpu["median"]) == {"cpu20_1p-c2", "cpu20_2x-c1"}
+    assert all(len(rates) == 1 and rates[0] > 0 for rates in cpu["runs"].values())
+    assert "| `run_jobs --processes 2 --concurrency 1` |" in done.stdout
 
 
 def test_round_trips_leave_out_the_servers_own_checks_and_pipelined_settings() -> None:

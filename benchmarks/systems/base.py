@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: The queue every system's no-op jobs go to.
 QUEUE = "default"
+
+#: The handlers a system can run (``System.kinds``): a no-op; one that sleeps 5 ms (an
+#: ``await asyncio.sleep`` in the async peers), as a handler waiting on the network
+#: does; and one that computes in pure Python for about 20 ms (``benchmarks.work``).
+KINDS = ("noop", "sleep5", "cpu20")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,8 @@ class System(ABC):
     package: str | None = None
     #: Whether the system has a bulk-enqueue API.
     has_bulk = True
+    #: The handlers (of :data:`KINDS`) its workers have.
+    kinds: tuple[str, ...] = ("noop", "sleep5")
 
     def __init__(self, database_url: str) -> None:
         self.database_url = database_url
@@ -70,19 +78,25 @@ class System(ABC):
         """Release connections held by the harness process."""
         return None
 
+    def analyze(self, admin: Callable[[str], None]) -> None:
+        """Refresh the planner's statistics of the system's tables (``admin`` runs a
+        statement in the benchmark database)."""
+        admin("ANALYZE")
+
     # ------------------------------------------------------------------ producing
 
     @abstractmethod
     def enqueue_each(self, count: int) -> None:
         """Enqueue ``count`` no-op jobs, one API call (and commit) each."""
 
-    def enqueue_bulk(self, count: int) -> None:
-        """Enqueue ``count`` no-op jobs with the bulk API (one call)."""
+    def enqueue_bulk(self, count: int, kind: str = "noop") -> None:
+        """Enqueue ``count`` jobs of the ``kind`` handler with the bulk API (one call)."""
         raise NotImplementedError
 
-    def seed(self, count: int) -> None:
-        """Enqueue ``count`` jobs so that they all become visible at one commit."""
-        self.enqueue_bulk(count)
+    def seed(self, count: int, kind: str = "noop") -> None:
+        """Enqueue ``count`` jobs of the ``kind`` handler so that they all become
+        visible at one commit."""
+        self.enqueue_bulk(count, kind)
 
     @abstractmethod
     def enqueue_marked(self, marker: int) -> None:

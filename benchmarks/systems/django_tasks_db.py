@@ -42,13 +42,14 @@ class DjangoTasksDb(System):
         for n in range(count):
             noop.enqueue(n)
 
-    def seed(self, count: int) -> None:
+    def seed(self, count: int, kind: str = "noop") -> None:
         # No bulk API: enqueue inside one transaction so that all jobs appear at once.
-        from benchmarks.dtdb_tasks import noop
+        from benchmarks import dtdb_tasks
 
+        task = dtdb_tasks.sleep5 if kind == "sleep5" else dtdb_tasks.noop
         with transaction.atomic():
             for n in range(count):
-                noop.enqueue(n)
+                task.enqueue(n)
 
     def enqueue_marked(self, marker: int) -> None:
         from benchmarks.dtdb_tasks import noop

@@ -11,17 +11,17 @@ from ..physical import HARNESS_MARK
 from .base import QUEUE, ROOT, System, base_env, python_command
 
 SCOPE = "bench"
-HANDLER = "bench.noop"
-#: The handler of :meth:`Ledon.seed_sleeping`.
-SLEEP_HANDLER = "bench.sleep5"
+#: The handler of each kind (``benchmarks.tasks``).
+HANDLERS = {"noop": "bench.noop", "sleep5": "bench.sleep5", "cpu20": "bench.cpu20"}
 
 
-def _submission(n: int, handler: str = HANDLER) -> JobSubmission:
-    return JobSubmission.create(handler, {"n": n}, queue=QUEUE)
+def _submission(n: int, kind: str = "noop") -> JobSubmission:
+    return JobSubmission.create(HANDLERS[kind], {"n": n}, queue=QUEUE)
 
 
 class Ledon(System):
     name = "django-ledon"
+    kinds = ("noop", "sleep5", "cpu20")
 
     def __init__(self, database_url: str) -> None:
         super().__init__(database_url)
@@ -47,23 +47,21 @@ class Ledon(System):
         for n in range(count):
             submit_job(SCOPE, f"{prefix}{n}", _submission(n))
 
-    def enqueue_bulk(self, count: int) -> None:
+    def enqueue_bulk(self, count: int, kind: str = "noop") -> None:
         prefix = self._prefix()
-        results = submit_jobs([(SCOPE, f"{prefix}{n}", _submission(n)) for n in range(count)])
-        assert all(r.created for r in results)
-
-    def seed_sleeping(self, count: int) -> None:
-        """Like :meth:`seed`, of jobs whose handler sleeps 5 ms."""
-        prefix = self._prefix()
-        submit_jobs([(SCOPE, f"{prefix}{n}", _submission(n, SLEEP_HANDLER)) for n in range(count)])
+        jobs = [(SCOPE, f"{prefix}{n}", _submission(n, kind)) for n in range(count)]
+        assert all(r.created for r in submit_jobs(jobs))
 
     def enqueue_marked(self, marker: int) -> None:
         submit_job(SCOPE, f"probe-{marker}", _submission(marker))
 
-    def worker_command(self, concurrency: int) -> list[str]:
+    def worker_command(self, concurrency: int, processes: int | None = None) -> list[str]:
+        """One ``run_jobs``; with ``processes``, a supervisor of that many."""
+        supervised = [] if processes is None else ["--processes", str(processes)]
         return python_command(
-            str(ROOT / "manage.py"), "run_jobs", "--concurrency", str(concurrency), "-v", "0"
-        )
+            str(ROOT / "manage.py"), "run_jobs", "--concurrency", str(concurrency), "-v", "0",
+            *supervised,
+        )  # fmt: skip
 
     def worker_env(self) -> dict[str, str]:
         return base_env(self.database_url)

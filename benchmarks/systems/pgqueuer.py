@@ -15,6 +15,8 @@ from ..physical import HARNESS_MARK
 from .base import System, WorkerConfig, base_env, python_command
 
 ENTRYPOINT = "noop"
+#: The entrypoint of the 5 ms handler.
+SLEEP_ENTRYPOINT = "sleep5"
 
 
 class Pgqueuer(System):
@@ -72,10 +74,11 @@ class Pgqueuer(System):
 
         self._run(each())
 
-    def enqueue_bulk(self, count: int) -> None:
+    def enqueue_bulk(self, count: int, kind: str = "noop") -> None:
+        entrypoint = SLEEP_ENTRYPOINT if kind == "sleep5" else ENTRYPOINT
         self._run(
             self._queries.enqueue(
-                [ENTRYPOINT] * count, [str(n).encode() for n in range(count)], [0] * count
+                [entrypoint] * count, [str(n).encode() for n in range(count)], [0] * count
             )
         )
 
@@ -106,13 +109,17 @@ async def _work(url: str, concurrency: int) -> None:
     from pgqueuer import PgQueuer
     from pgqueuer.models import Job
 
-    from benchmarks import probe
+    from benchmarks import probe, work
 
     pgq = PgQueuer.from_asyncpg_connection(await asyncpg.connect(url))
 
     @pgq.entrypoint(ENTRYPOINT, concurrency_limit=concurrency)
     async def noop(job: Job) -> None:
         probe.started(int(job.payload or b"0"))
+
+    @pgq.entrypoint(SLEEP_ENTRYPOINT, concurrency_limit=concurrency)
+    async def sleep5(job: Job) -> None:
+        await asyncio.sleep(work.SLEEP_SECONDS)
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -14,18 +14,24 @@ from ..physical import HARNESS_MARK
 from .base import QUEUE, System, base_env, python_command
 
 TASK = "noop"
+#: The task of the 5 ms handler.
+SLEEP_TASK = "sleep5"
 
 
 def make_app(url: str) -> Any:
     import procrastinate
 
-    from benchmarks import probe
+    from benchmarks import probe, work
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
 
     @app.task(name=TASK, queue=QUEUE)
     async def noop(n: int = 0) -> None:
         probe.started(n)
+
+    @app.task(name=SLEEP_TASK, queue=QUEUE)
+    async def sleep5(n: int = 0) -> None:
+        await asyncio.sleep(work.SLEEP_SECONDS)
 
     return app
 
@@ -76,8 +82,9 @@ class Procrastinate(System):
         for n in range(count):
             task.defer(n=n)
 
-    def enqueue_bulk(self, count: int) -> None:
-        self._app.tasks[TASK].batch_defer(*[{"n": n} for n in range(count)])
+    def enqueue_bulk(self, count: int, kind: str = "noop") -> None:
+        task = self._app.tasks[SLEEP_TASK if kind == "sleep5" else TASK]
+        task.batch_defer(*[{"n": n} for n in range(count)])
 
     def enqueue_marked(self, marker: int) -> None:
         self._app.tasks[TASK].defer(n=marker)

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
-from jobs import execution, validation
+from jobs import execution, supervisor, validation
 from jobs.exceptions import JobsError
 from jobs.handlers import autodiscover, registered_handlers
 from jobs.types import Claim
@@ -60,6 +60,14 @@ class Command(EngineCommand):
             "--burst", action="store_true", help="exit when nothing is due and nothing runs"
         )
         parser.add_argument(
+            "--processes",
+            type=int,
+            default=None,
+            metavar="N",
+            help="run N worker processes of --concurrency threads each under one "
+            f"supervisor (1 to {supervisor.MAX_PROCESSES}; default: this process alone)",
+        )
+        parser.add_argument(
             "--shutdown-timeout",
             type=float,
             default=20.0,
@@ -68,7 +76,28 @@ class Command(EngineCommand):
             "they are signalled to stop and re-queued (a second signal: at once)",
         )
 
-    def start(self, options: dict[str, Any]) -> EngineStart:
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["processes"] is None:
+            return super().handle(*args, **options)
+        self.check_options(options)
+        try:
+            boss = supervisor.Supervisor.from_options(options, write=self._line)
+        except (ValueError, JobsError) as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"supervisor {boss.worker_id}: {boss.processes} worker processes")
+        stats = boss.run()
+        if stats.refused:
+            raise CommandError(f"supervisor {boss.worker_id}: a worker refused to start")
+        line = f"supervisor {boss.worker_id} stopped: {stats.summary()}"
+        self.stdout.write(self.style.SUCCESS(line))
+        return None
+
+    def _line(self, text: str) -> None:
+        self.stdout.write(text)
+        self.stdout.flush()
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Refuse bad options with a clear error before anything starts."""
         concurrency = options["concurrency"]
         if not 1 <= concurrency <= MAX_CONCURRENCY:
             raise CommandError(
@@ -86,6 +115,10 @@ class Command(EngineCommand):
                 validation.text(worker_id, "worker id", validation.MAX_NAME_LENGTH)
         except JobsError as exc:
             raise CommandError(str(exc)) from exc
+
+    def start(self, options: dict[str, Any]) -> EngineStart:
+        self.check_options(options)
+        concurrency = options["concurrency"]
         autodiscover()
         verbosity = options["verbosity"]
         worker = Worker(

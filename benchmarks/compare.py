@@ -1,0 +1,223 @@
+"""``python -m benchmarks --compare REV``: the burn-downs of this tree and of another
+commit in one run, interleaved, with what each job cost the workers' Python (CPU time)
+and the server (statements).
+
+REV is checked out in a temporary ``git worktree``. Each tree gets a scratch database
+of its own, migrated by its own ``manage.py`` (the schema may differ between them);
+its workers, and the seeds that queue their jobs, run its own code in subprocesses.
+The harness only reads and empties the job tables, over a connection of its own, the
+same way for both trees.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from . import physical, server
+from .harness import Runner, median
+from .physical import HARNESS_MARK
+from .systems import WorkerConfig
+from .systems.base import QUEUE, ROOT, System
+
+#: The set-ups of ``--only burn-down`` with ``--compare``: one process, concurrency 4 and 16.
+QUICK_SETUPS = (WorkerConfig(1, 4), WorkerConfig(1, 16))
+
+#: What a tree runs to queue no-op jobs at one commit (argv: count, id prefix, queue).
+_SEED = textwrap.dedent(
+    """
+    import sys, django
+    django.setup()
+    from jobs import JobSubmission, submit_jobs
+    count, prefix, queue = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    submit_jobs([
+        ("bench", f"{prefix}{n}", JobSubmission.create("bench.noop", {"n": n}, queue=queue))
+        for n in range(count)
+    ])
+    """
+)
+
+
+@contextmanager
+def checkout(rev: str) -> Iterator[tuple[Path, str]]:
+    """REV checked out (detached) in a temporary worktree; yields its path and commit."""
+    commit = _git("rev-parse", "--verify", f"{rev}^{{commit}}").strip()
+    path = Path(tempfile.mkdtemp(prefix="ledon-compare-")) / "tree"
+    _git("worktree", "add", "--detach", str(path), commit)
+    try:
+        yield path, commit
+    finally:
+        _git("worktree", "remove", "--force", str(path))
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"git {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+class LedonTree(System):
+    """django-ledon as the tree at ``root`` has it, on its own database."""
+
+    package = None
+    kinds = ("noop",)
+
+    def __init__(self, database_url: str, root: Path, name: str) -> None:
+        super().__init__(database_url)
+        self.root = root
+        self.name = name
+        self._calls = 0
+        self._conn: Any = None
+
+    def version(self) -> str:
+        return str(self.root)
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "DATABASE_URL": self.database_url,
+            "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
+            "PYTHONPATH": str(self.root),
+        }
+
+    def _python(self, *args: str) -> None:
+        subprocess.run(
+            [sys.executable, *args], cwd=self.root, env=self.env(), check=True,
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def install(self) -> None:
+        import psycopg
+
+        self._python("manage.py", "migrate", "-v", "0")
+        self._conn = psycopg.connect(self.database_url, autocommit=True)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+    def analyze(self, admin: Callable[[str], None]) -> None:
+        self._conn.execute("ANALYZE")
+
+    def reset(self) -> None:
+        # CASCADE: whatever references the jobs in this tree's schema goes too.
+        self._conn.execute("TRUNCATE jobs_job CASCADE")
+
+    def seed(self, count: int, kind: str = "noop") -> None:
+        self._calls += 1
+        self._python("-c", _SEED, str(count), f"c{self._calls}-", QUEUE)
+
+    def enqueue_each(self, count: int) -> None:
+        raise NotImplementedError("the comparison measures burn-downs only")
+
+    def enqueue_marked(self, marker: int) -> None:
+        raise NotImplementedError("the comparison measures burn-downs only")
+
+    def worker_command(self, concurrency: int) -> list[str]:
+        return [
+            sys.executable, str(self.root / "manage.py"), "run_jobs",
+            "--concurrency", str(concurrency), "-v", "0",
+        ]  # fmt: skip
+
+    def worker_env(self) -> dict[str, str]:
+        return self.env()
+
+    def _one(self, sql: str, *params: Any) -> Any:
+        return self._conn.execute(f"{HARNESS_MARK} {sql}", params).fetchone()[0]
+
+    def remaining(self) -> int:
+        return int(
+            self._one(
+                "SELECT (SELECT count(*) FROM jobs_job WHERE status = 'queued'"
+                " AND NOT cancel_requested) + (SELECT count(*) FROM jobs_job"
+                " WHERE status = 'running' AND current_token IS NOT NULL)"
+            )
+        )
+
+    def first_started_since(self, since: float) -> float | None:
+        value = self._one(
+            "SELECT extract(epoch FROM min(started_at)) FROM jobs_jobattempt"
+            " WHERE started_at >= to_timestamp(%s)",
+            since,
+        )
+        return None if value is None else float(value)
+
+    def last_finished_at(self) -> float | None:
+        value = self._one("SELECT extract(epoch FROM max(finished_at)) FROM jobs_job")
+        return None if value is None else float(value)
+
+
+def compare(
+    rev: str,
+    *,
+    server_url: str,
+    quick_setups: bool,
+    plan: Any,
+    out_dir: Path,
+    log: Callable[[str], None],
+    admin: Callable[[str], None],
+    **_session: Any,
+) -> dict[str, Any]:
+    """The burn-downs of ``plan`` (``quick_setups``: :data:`QUICK_SETUPS` only) for this
+    tree and for ``rev``, the trees alternating in each round; medians per set-up of
+    jobs/s, the workers' CPU milliseconds per job and the statements per job."""
+    setups = list(QUICK_SETUPS if quick_setups else plan.configs)
+    count = plan.for_system(plan.burn_jobs, "django-ledon")
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        other_root, commit = stack.enter_context(checkout(rev))
+        trees: list[LedonTree] = []
+        for root, name in ((ROOT, "this tree"), (other_root, f"{rev} ({commit[:10]})")):
+            url = stack.enter_context(
+                server.scratch_database(server_url, f"ledon_compare_{len(trees)}_{os.getpid()}")
+            )
+            tree = LedonTree(url, root, name)
+            log(f"migrating {name}")
+            tree.install()
+            stack.callback(tree.close)
+            trees.append(tree)
+        runner = Runner(plan, list(trees), admin, log_dir, log, trees[0].database_url)
+        runner.statements = all(physical.statements_available(t.database_url) for t in trees)
+        rates: dict[str, dict[str, list[float]]] = {t.name: {} for t in trees}
+        for run in range(plan.runs):
+            log(f"compare run {run + 1} of {plan.runs}")
+            for config in setups:
+                for tree in trees if run % 2 == 0 else trees[::-1]:
+                    tag = f"compare-{'this' if tree.root == ROOT else 'other'}-{config.key}"
+                    rate = runner.burn_down(tree, config, f"{tag}-run{run + 1}", count)
+                    rates[tree.name].setdefault(config.key, []).append(rate)
+                    log(f"  {tree.name:24} {config.key:8} {rate:10.1f} jobs/s")
+    medians: dict[str, dict[str, dict[str, float | None]]] = {}
+    for tree in trees:
+        costs = runner.costs.get(tree.name, {})
+        medians[tree.name] = {
+            key: {
+                "jobs_per_s": median(values),
+                "cpu_ms_per_job": _median_of(costs.get(key, []), "worker_cpu_ms"),
+                "statements": _median_of(costs.get(key, []), "statements"),
+            }
+            for key, values in rates[tree.name].items()
+        }
+    return {
+        "rev": rev,
+        "commit": commit,
+        "jobs": count,
+        "setups": [c.key for c in setups],
+        "runs": rates,
+        "median": medians,
+        "statements_measured": runner.statements,
+    }
+
+
+def _median_of(entries: list[dict[str, Any]], field: str) -> float | None:
+    values = [e[field] for e in entries if field in e]
+    return median(values) if values else None
