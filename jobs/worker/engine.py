@@ -232,7 +232,7 @@ class Worker(Engine):
             if now >= next_recovery:
                 self.recovery.recover()
                 next_recovery = now + s.RECOVERY_INTERVAL
-            next_timeout = self.timeouts.enforce()
+            next_timeout = _earliest(self.timeouts.enforce(), self.slots.hand_back_stale())
             if s.RETENTION_SECONDS is not None and now >= next_cleanup:
                 more = self._clean_up(s.RETENTION_SECONDS)
                 # A long backlog goes one batch per pass, between heartbeats and claims.
@@ -283,3 +283,9 @@ class Worker(Engine):
             self.stats.purged += count
             self.emit("purged", None, f"{count} finished job(s) past retention")
         return count == _PURGE_BATCH
+
+
+def _earliest(*delays: float | None) -> float | None:
+    """The shortest of ``delays`` that are set (None: none is)."""
+    known = [d for d in delays if d is not None]
+    return min(known) if known else None

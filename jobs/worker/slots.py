@@ -38,6 +38,8 @@ logger = logging.getLogger("jobs.worker")
 
 #: The reason stored on a claim released before its handler started.
 NEVER_STARTED = "released: never started, the worker shut down"
+#: The reason stored on a look-ahead claim that waited too long for a slot.
+LOOKED_AHEAD_TOO_LONG = "released: waited too long for a slot of its worker"
 
 
 class HandlerEnd(enum.Enum):
@@ -90,10 +92,50 @@ class Slots:
 
     def claimable_locked(self, *, finishing: int, reserved: int) -> int:
         """How many jobs a settle may claim now, with the worker's lock held: the
-        free slots once ``finishing`` held attempts are finished, less what settles
-        under way ``reserved``."""
+        free slots once ``finishing`` held attempts are finished, plus the
+        look-ahead, less what settles under way ``reserved``.
+
+        The look-ahead (``JOBS["PREFETCH"]`` at most) counts only the slots whose
+        handler has run less than ``JOBS["PREFETCH_MAX_WAIT"]``: those are likely to
+        free soon. A slot held by a long handler gets none, so that no job waits in
+        this worker's memory behind it while another worker could run it.
+        """
         held = self._holdings.count_locked() - finishing
-        return self._worker.concurrency - held - reserved
+        free = self._worker.concurrency - held - reserved
+        settings = self._worker.settings
+        if not settings.PREFETCH:
+            return free
+        young_since = time.monotonic() - settings.PREFETCH_MAX_WAIT
+        young = sum(
+            1
+            for h in self._holdings.entries_locked()
+            if h.started_at is not None and not h.returned and h.started_at >= young_since
+        )
+        return free + min(settings.PREFETCH, young)
+
+    def hand_back_stale(self) -> float | None:
+        """Give back the look-ahead jobs that waited ``JOBS["PREFETCH_MAX_WAIT"]``
+        for a slot (their slots' handlers turned out long): released, so that another
+        worker can run them. Returns the seconds until the next waiting job would be
+        due to go back (None: none waits)."""
+        max_wait = self._worker.settings.PREFETCH_MAX_WAIT
+        if self._tasks.empty():
+            return None
+        now = time.monotonic()
+        waiting = self.take_waiting()
+        stale: list[tuple[Claim, float]] = []
+        keep: list[tuple[Claim, float]] = []
+        with self._holdings.lock:
+            for claim in waiting:
+                held = self._holdings.get_locked(claim.token)
+                claimed_at = held.claimed_at if held is not None else now
+                (stale if now - claimed_at >= max_wait else keep).append((claim, claimed_at))
+        self.hand_over(claim for claim, _ in keep)
+        for claim, _ in stale:
+            self.give_back(claim, LOOKED_AHEAD_TOO_LONG, "waited too long for a slot")
+        if not keep:
+            return None
+        return max(min(at for _, at in keep) + max_wait - now, 0.0)
 
     def hand_over(self, claims: Iterable[Claim]) -> None:
         """Queue new claims for the next free slots."""
@@ -113,16 +155,21 @@ class Slots:
                 return taken
             taken.append(claim)
 
-    def give_back(self, claim: Claim) -> None:
-        """Release a claim whose handler never started (the worker is stopping): the
-        job is Queued again without consuming an attempt; the slot is free."""
+    def give_back(
+        self,
+        claim: Claim,
+        reason: str = NEVER_STARTED,
+        detail: str = "never started: the worker is shutting down",
+    ) -> None:
+        """Release a claim whose handler never started: the job is Queued again
+        without consuming an attempt; its place is free."""
         worker = self._worker
         try:
             worker.finisher.finish(
                 claim,
                 "released",
-                lambda: execution.release(claim.token, NEVER_STARTED, now=worker.clock()),
-                "never started: the worker is shutting down",
+                lambda: execution.release(claim.token, reason, now=worker.clock()),
+                detail,
             )
         except Exception:
             # Its lease is no longer renewed: recovery re-queues it after expiry.
