@@ -44,8 +44,9 @@ class Worker(Engine):
     :meth:`~ledon.engine.Engine.stop_on_signals`) and starts a graceful shutdown:
     claiming stops, running handlers get ``shutdown_timeout`` seconds to finish, then
     their cancellation signal is set, and after ``cancel_grace`` more seconds
-    whatever still runs is recovered and re-queued. A handler that returns because
-    of the shutdown signal is re-queued, not completed. A second stop request signals
+    whatever still runs is recovered (re-queued while attempts remain). A handler
+    that returns because of the shutdown signal, and a claim no handler started, are
+    released: Queued again, the attempt unused. A second stop request signals
     cancellation at once; a third stops waiting for handlers.
 
     ``started`` is set once the worker claims (its own leftovers recovered);
