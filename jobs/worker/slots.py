@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
+from ledon.engine import FAILED
 from ledon.faults import fault_point
 from ledon.pglisten import Listener
 
@@ -118,8 +119,9 @@ class Slots:
         for a slot (their slots' handlers turned out long): released, so that another
         worker can run them. Returns the seconds until the next waiting job would be
         due to go back (None: none waits)."""
-        max_wait = self._worker.settings.PREFETCH_MAX_WAIT
-        if self._tasks.empty():
+        settings = self._worker.settings
+        max_wait = settings.PREFETCH_MAX_WAIT
+        if not settings.PREFETCH or self._tasks.empty():
             return None
         now = time.monotonic()
         waiting = self.take_waiting()
@@ -131,8 +133,11 @@ class Slots:
                 claimed_at = held.claimed_at if held is not None else now
                 (stale if now - claimed_at >= max_wait else keep).append((claim, claimed_at))
         self.hand_over(claim for claim, _ in keep)
-        for claim, _ in stale:
-            self.give_back(claim, LOOKED_AHEAD_TOO_LONG, "waited too long for a slot")
+        for claim, claimed_at in stale:
+            detail = "waited too long for a slot"
+            if not self.give_back(claim, LOOKED_AHEAD_TOO_LONG, detail, on_main_loop=True):
+                self.hand_over([claim])  # the database failed: it waits on, leased
+                keep.append((claim, claimed_at))
         if not keep:
             return None
         return max(min(at for _, at in keep) + max_wait - now, 0.0)
@@ -160,10 +165,31 @@ class Slots:
         claim: Claim,
         reason: str = NEVER_STARTED,
         detail: str = "never started: the worker is shutting down",
-    ) -> None:
+        *,
+        on_main_loop: bool = False,
+    ) -> bool:
         """Release a claim whose handler never started: the job is Queued again
-        without consuming an attempt; its place is free."""
+        without consuming an attempt; its place is free. True if it was written.
+
+        On a slot's thread the write is retried while the database is unreachable.
+        On the main loop (``on_main_loop``) it is one guarded try, so that the loop
+        keeps renewing leases during an outage: if it fails the claim stays held
+        (the caller hands it over again, or recovery takes it after its lease).
+        """
         worker = self._worker
+        if on_main_loop:
+            outcome = worker.guarded(
+                f"releasing job {claim.job_id}",
+                lambda: worker.finisher.committed(
+                    lambda: execution.release(claim.token, reason, now=worker.clock())
+                ),
+            )
+            if outcome is FAILED:
+                return False
+            self.release(claim)
+            fault_point("jobs.worker.finished", job_id=claim.job_id, outcome=outcome.value)
+            worker.finisher.record(claim, "released", outcome, detail)
+            return True
         try:
             worker.finisher.finish(
                 claim,
@@ -180,6 +206,7 @@ class Slots:
             )
         finally:
             self.release(claim)
+        return True
 
     def release(self, claim: Claim) -> None:
         """The attempt of ``claim`` is no longer held: its slot is free."""
