@@ -57,10 +57,10 @@ def _serialise(value: Any) -> str:
 def _will_retry(ctx: JobContext, exc: Exception) -> bool:
     """Whether the worker will queue the task again after ``exc`` (the same test
     the worker applies), so that ``task_finished`` reports READY, not FAILED."""
+    if ctx.stopped_by_shutdown:  # the worker releases the claim: queued, uncounted
+        return True
     if ctx.attempt >= ctx.max_attempts:
         return False
-    if ctx.stopped_by_shutdown:  # the worker re-queues the attempt
-        return True
     if ctx.cancel_requested:
         return False
     policy = ctx.retry_policy or get_handler(HANDLER, HANDLER_VERSION).retry_policy()
@@ -106,12 +106,9 @@ def run_task(ctx: JobContext) -> str:
             raise
         raise raised from exc
     if ctx.stopped_by_shutdown:
-        # The worker stores no result for an attempt its shutdown stopped: it ends
-        # interrupted, and runs again if attempts remain.
-        if ctx.attempt < ctx.max_attempts:
-            update(result, status=TaskResultStatus.READY)
-        else:
-            update(result, status=TaskResultStatus.FAILED, finished_at=timezone.now())
+        # The worker stores no result for an attempt its shutdown stopped: it gives
+        # the claim back (released, its attempt unused), and the task runs again.
+        update(result, status=TaskResultStatus.READY)
     else:
         update(result, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now())
         set_return_value(result, json.loads(text))
