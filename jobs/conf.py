@@ -39,6 +39,13 @@ class JobsSettings:
     SHUTDOWN_GRACE_SECONDS: float = 5.0
     #: Jobs claimed per query at most.
     CLAIM_BATCH_SIZE: int = 16
+    #: Look-ahead: jobs a worker may claim beyond its free slots, for slots whose
+    #: handler will free soon, so that a slot finds its next job waiting when its
+    #: handler returns. 0: none (a slot's next job comes with its finish's commit).
+    PREFETCH: int = 0
+    #: Look-ahead is only taken for slots whose handler has run less than this many
+    #: seconds, and a look-ahead job that waited this long for a slot is given back.
+    PREFETCH_MAX_WAIT: float = 0.5
     #: PostgreSQL channel used to wake workers when a job is queued.
     NOTIFY_CHANNEL: str = "ledon_jobs"
     #: PostgreSQL: the ``DATABASES`` alias whose connection a worker LISTENs on (one
@@ -167,6 +174,16 @@ def _check(result: JobsSettings) -> None:
     for key in ("SCHEDULER", "METRICS", "TRACING", "ASYNCHRONOUS_COMMIT"):
         if not isinstance(getattr(result, key), bool):
             raise JobsConfigurationError(f"JOBS[{key!r}] must be True or False")
+    prefetch = result.PREFETCH
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 0 <= prefetch <= 1000:
+        raise JobsConfigurationError(
+            f"JOBS['PREFETCH'] must be an int from 0 (no look-ahead) to 1000, got {prefetch!r}"
+        )
+    if not is_number(result.PREFETCH_MAX_WAIT) or result.PREFETCH_MAX_WAIT <= 0:
+        raise JobsConfigurationError(
+            "JOBS['PREFETCH_MAX_WAIT'] must be a positive number of seconds, "
+            f"got {result.PREFETCH_MAX_WAIT!r}"
+        )
     if isinstance(result.WORKERS_SILENT_AFTER, bool) or not isinstance(
         result.WORKERS_SILENT_AFTER, int
     ):

@@ -130,6 +130,8 @@ JOBS: dict[str, Any] = {
     "WORKERS_HEARTBEAT_SECONDS": env.float("JOBS_WORKERS_HEARTBEAT_SECONDS", default=10),
     "WORKERS_RETENTION_SECONDS": env.float("JOBS_WORKERS_RETENTION_SECONDS", default=86_400),
     "TIMEOUT_GRACE_SECONDS": env.float("JOBS_TIMEOUT_GRACE_SECONDS", default=5.0),
+    "PREFETCH": env.int("JOBS_PREFETCH", default=0),
+    "PREFETCH_MAX_WAIT": env.float("JOBS_PREFETCH_MAX_WAIT", default=0.5),
     # Limits per queue, e.g. JOBS_QUEUES='{"emails": {"max_running": 4}}'.
     "QUEUES": env.json("JOBS_QUEUES", default={}),
 }

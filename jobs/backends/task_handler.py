@@ -57,7 +57,7 @@ def _serialise(value: Any) -> str:
 def _will_retry(ctx: JobContext, exc: Exception) -> bool:
     """Whether the worker will queue the task again after ``exc`` (the same test
     the worker applies), so that ``task_finished`` reports READY, not FAILED."""
-    if ctx.stopped_by_shutdown:  # the worker gives the job back, its attempt unused
+    if ctx.stopped_by_shutdown:  # the worker releases the claim: queued, uncounted
         return True
     if ctx.attempt >= ctx.max_attempts:
         return False
@@ -107,7 +107,7 @@ def run_task(ctx: JobContext) -> str:
         raise raised from exc
     if ctx.stopped_by_shutdown:
         # The worker stores no result for an attempt its shutdown stopped: it gives
-        # the job back without using up the attempt, to run again.
+        # the claim back (released, its attempt unused), and the task runs again.
         update(result, status=TaskResultStatus.READY)
     else:
         update(result, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now())

@@ -15,6 +15,7 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     unknown handler ........... RUNNING -> QUEUED later | FAILED | CANCELLED,
                                 the claim uncounted                  finishing
     snooze .................... RUNNING -> QUEUED later, uncounted   finishing
+    release ................... RUNNING -> QUEUED, uncounted         releasing
     recover ................... RUNNING -> INTERRUPTED (-> QUEUED)   finishing + requeue
     retry ..................... FAILED | CANCELLED | INTERRUPTED -> QUEUED   scoped
     purge_finished ............ finished, older than a cutoff -> (deleted)   retention

@@ -43,8 +43,9 @@ class Worker(Engine):
     :meth:`~ledon.engine.Engine.stop_on_signals`) and starts a graceful shutdown:
     claiming stops, running handlers get ``shutdown_timeout`` seconds to finish, then
     their cancellation signal is set, and after ``cancel_grace`` more seconds
-    whatever still runs is recovered and re-queued. A handler that returns because
-    of the shutdown signal is re-queued, not completed. A second stop request signals
+    whatever still runs is recovered (re-queued while attempts remain). A handler
+    that returns because of the shutdown signal, and a claim no handler started, are
+    released: Queued again, the attempt unused. A second stop request signals
     cancellation at once; a third stops waiting for handlers.
 
     ``started`` is set once the worker claims (its own leftovers recovered);
@@ -229,7 +230,7 @@ class Worker(Engine):
             if now >= next_recovery:
                 self.recovery.recover()
                 next_recovery = now + s.RECOVERY_INTERVAL
-            next_timeout = self.timeouts.enforce()
+            next_timeout = _earliest(self.timeouts.enforce(), self.slots.hand_back_stale())
             if s.RETENTION_SECONDS is not None and now >= next_cleanup:
                 more = self._clean_up(s.RETENTION_SECONDS)
                 # A long backlog goes one batch per pass, between heartbeats and claims.
@@ -280,3 +281,9 @@ class Worker(Engine):
             self.stats.purged += count
             self.emit("purged", None, f"{count} finished job(s) past retention")
         return count == _PURGE_BATCH
+
+
+def _earliest(*delays: float | None) -> float | None:
+    """The shortest of ``delays`` that are set (None: none is)."""
+    known = [d for d in delays if d is not None]
+    return min(known) if known else None

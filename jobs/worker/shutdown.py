@@ -20,6 +20,7 @@ from ledon.db import DATABASE_ERRORS
 from ledon.engine import StopLevel
 
 from .. import execution
+from .slots import NEVER_STARTED
 
 if TYPE_CHECKING:
     from .engine import Worker
@@ -53,8 +54,10 @@ class ShutdownSequence:
 
     def _give_back_waiting(self) -> None:
         """Release the claims still waiting for a slot: no handler started them."""
-        for claim in self._worker.slots.take_waiting():
-            self._worker.slots.give_back(claim)
+        slots = self._worker.slots
+        for claim in slots.take_waiting():
+            # If the database is down it stays held: recovered with what still runs.
+            slots.give_back(claim, on_main_loop=True)
 
     def _end_leftovers(self) -> None:
         """End what is still held once the waiting is over: a success whose finish
@@ -69,6 +72,11 @@ class ShutdownSequence:
                     # Its handler returned, but the database failed when it was finished.
                     outcome = execution.complete(token, completed[token], now=worker.clock())
                     worker.finisher.record(held.claim, "succeeded", outcome)
+                    continue
+                if held.thread is None:
+                    # No slot ever took it: given back, its attempt unused.
+                    outcome = execution.release(token, NEVER_STARTED, now=worker.clock())
+                    worker.finisher.record(held.claim, "released", outcome, "never started")
                     continue
                 outcome = execution.recover(
                     token, requeue=True, reason=OUTLIVED, now=worker.clock()

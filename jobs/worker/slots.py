@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
+from ledon.engine import FAILED
 from ledon.faults import fault_point
 from ledon.pglisten import Listener
 
@@ -38,6 +39,8 @@ logger = logging.getLogger("jobs.worker")
 
 #: The reason stored on a claim released before its handler started.
 NEVER_STARTED = "released: never started, the worker shut down"
+#: The reason stored on a look-ahead claim that waited too long for a slot.
+LOOKED_AHEAD_TOO_LONG = "released: waited too long for a slot of its worker"
 
 
 class HandlerEnd(enum.Enum):
@@ -90,10 +93,54 @@ class Slots:
 
     def claimable_locked(self, *, finishing: int, reserved: int) -> int:
         """How many jobs a settle may claim now, with the worker's lock held: the
-        free slots once ``finishing`` held attempts are finished, less what settles
-        under way ``reserved``."""
+        free slots once ``finishing`` held attempts are finished, plus the
+        look-ahead, less what settles under way ``reserved``.
+
+        The look-ahead (``JOBS["PREFETCH"]`` at most) counts only the slots whose
+        handler has run less than ``JOBS["PREFETCH_MAX_WAIT"]``: those are likely to
+        free soon. A slot held by a long handler gets none, so that no job waits in
+        this worker's memory behind it while another worker could run it.
+        """
         held = self._holdings.count_locked() - finishing
-        return self._worker.concurrency - held - reserved
+        free = self._worker.concurrency - held - reserved
+        settings = self._worker.settings
+        if not settings.PREFETCH:
+            return free
+        young_since = time.monotonic() - settings.PREFETCH_MAX_WAIT
+        young = sum(
+            1
+            for h in self._holdings.entries_locked()
+            if h.started_at is not None and not h.returned and h.started_at >= young_since
+        )
+        return free + min(settings.PREFETCH, young)
+
+    def hand_back_stale(self) -> float | None:
+        """Give back the look-ahead jobs that waited ``JOBS["PREFETCH_MAX_WAIT"]``
+        for a slot (their slots' handlers turned out long): released, so that another
+        worker can run them. Returns the seconds until the next waiting job would be
+        due to go back (None: none waits)."""
+        settings = self._worker.settings
+        max_wait = settings.PREFETCH_MAX_WAIT
+        if not settings.PREFETCH or self._tasks.empty():
+            return None
+        now = time.monotonic()
+        waiting = self.take_waiting()
+        stale: list[tuple[Claim, float]] = []
+        keep: list[tuple[Claim, float]] = []
+        with self._holdings.lock:
+            for claim in waiting:
+                held = self._holdings.get_locked(claim.token)
+                claimed_at = held.claimed_at if held is not None else now
+                (stale if now - claimed_at >= max_wait else keep).append((claim, claimed_at))
+        self.hand_over(claim for claim, _ in keep)
+        for claim, claimed_at in stale:
+            detail = "waited too long for a slot"
+            if not self.give_back(claim, LOOKED_AHEAD_TOO_LONG, detail, on_main_loop=True):
+                self.hand_over([claim])  # the database failed: it waits on, leased
+                keep.append((claim, claimed_at))
+        if not keep:
+            return None
+        return max(min(at for _, at in keep) + max_wait - now, 0.0)
 
     def hand_over(self, claims: Iterable[Claim]) -> None:
         """Queue new claims for the next free slots."""
@@ -113,16 +160,42 @@ class Slots:
                 return taken
             taken.append(claim)
 
-    def give_back(self, claim: Claim) -> None:
-        """Release a claim whose handler never started (the worker is stopping): the
-        job is Queued again without consuming an attempt; the slot is free."""
+    def give_back(
+        self,
+        claim: Claim,
+        reason: str = NEVER_STARTED,
+        detail: str = "never started: the worker is shutting down",
+        *,
+        on_main_loop: bool = False,
+    ) -> bool:
+        """Release a claim whose handler never started: the job is Queued again
+        without consuming an attempt; its place is free. True if it was written.
+
+        On a slot's thread the write is retried while the database is unreachable.
+        On the main loop (``on_main_loop``) it is one guarded try, so that the loop
+        keeps renewing leases during an outage: if it fails the claim stays held
+        (the caller hands it over again, or recovery takes it after its lease).
+        """
         worker = self._worker
+        if on_main_loop:
+            outcome = worker.guarded(
+                f"releasing job {claim.job_id}",
+                lambda: worker.finisher.committed(
+                    lambda: execution.release(claim.token, reason, now=worker.clock())
+                ),
+            )
+            if outcome is FAILED:
+                return False
+            self.release(claim)
+            fault_point("jobs.worker.finished", job_id=claim.job_id, outcome=outcome.value)
+            worker.finisher.record(claim, "released", outcome, detail)
+            return True
         try:
             worker.finisher.finish(
                 claim,
                 "released",
-                lambda: execution.release(claim.token, NEVER_STARTED, now=worker.clock()),
-                "never started: the worker is shutting down",
+                lambda: execution.release(claim.token, reason, now=worker.clock()),
+                detail,
             )
         except Exception:
             # Its lease is no longer renewed: recovery re-queues it after expiry.
@@ -133,6 +206,7 @@ class Slots:
             )
         finally:
             self.release(claim)
+        return True
 
     def release(self, claim: Claim) -> None:
         """The attempt of ``claim`` is no longer held: its slot is free."""

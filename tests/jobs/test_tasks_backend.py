@@ -663,10 +663,13 @@ class TestRunInProcess:
         assert result.status == TaskResultStatus.SUCCESSFUL
         assert result.errors == []
 
-    @pytest.mark.parametrize("max_attempts", [1, 2])
-    def test_worker_shutdown_gives_a_task_back_without_using_an_attempt(
+    @pytest.mark.parametrize("max_attempts", [2, 1])
+    def test_worker_shutdown_gives_back_a_task_that_takes_context(
         self, received, tmp_path, max_attempts: int
     ) -> None:
+        """A task that stops on the worker's shutdown signal is released: ready
+        again, its attempt unused — even with a single attempt — and no error."""
+        status = TaskResultStatus.READY
         started = tmp_path / "started"
         held = probes.hold.using(max_attempts=max_attempts)
         result = held.enqueue(str(tmp_path / "never-released"), str(started))
@@ -678,10 +681,10 @@ class TestRunInProcess:
         thread.join(30)
         assert not thread.is_alive()
         result.refresh()
-        # Ready again whatever its attempts: a deploy never uses one up.
-        assert result.status == TaskResultStatus.READY
+        assert result.status == status
         assert result.errors == []
-        assert received[-1][:3] == ("finished", result.id, TaskResultStatus.READY)
+        assert job(result.id).attempt_count == 0
+        assert received[-1] == ("finished", result.id, status, 1)
 
     def test_task_unknown_to_the_worker_fails_clearly(self) -> None:
         payload = {"task": "gone.module.fn", "backend": "default", "args": [], "kwargs": {}}

@@ -68,3 +68,74 @@ def test_sigterm_releases_a_running_job_and_the_next_worker_runs_it(spawn, tmp_p
         AttemptStatus.RELEASED,
         AttemptStatus.SUCCEEDED,
     ]
+
+
+# --------------------------------------------------------------------------- look-ahead
+
+FAST_LEASES = {
+    "JOBS_LEASE_SECONDS": "2",
+    "JOBS_HEARTBEAT_SECONDS": "0.3",
+    "JOBS_RECOVERY_INTERVAL": "0.3",
+    "JOBS_POLL_INTERVAL": "0.05",
+}
+#: One look-ahead job for two slots, never given back for waiting while the test runs.
+LOOKAHEAD = {"JOBS_PREFETCH": "1", "JOBS_PREFETCH_MAX_WAIT": "600"}
+
+
+def _held_jobs(tmp_path: Path, n: int, **kwargs: Any) -> tuple[Path, list[Path]]:
+    hold = tmp_path / "hold"
+    started = [tmp_path / f"started-{i}" for i in range(n)]
+    for i in range(n):
+        payload = {"hold_file": str(hold), "started_file": str(started[i]), "obey_cancel": True}
+        submit_job("ahead", f"a{i}", JobSubmission.create("test.record", payload, **kwargs))
+    return hold, started
+
+
+def _running() -> int:
+    return Job.objects.filter(status=JobStatus.RUNNING).count()
+
+
+def test_sigterm_releases_lookahead_jobs_without_using_attempts(spawn, tmp_path):
+    hold, started = _held_jobs(tmp_path, 4)
+    env = {**FAST_LEASES, **LOOKAHEAD}
+    worker = spawn("run_jobs", "--concurrency", "2", "--shutdown-timeout", "0", env=env)
+    wait_until(lambda: sum(p.exists() for p in started) == 2, 60, "both handlers", worker)
+    wait_until(lambda: _running() == 3, 60, "two running and one looked ahead", worker)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.output
+    assert "released 3" in worker.output, worker.output
+    assert not Job.objects.exclude(status=JobStatus.QUEUED).exists()
+    assert set(Job.objects.values_list("attempt_count", flat=True)) == {0}
+
+    hold.touch()
+    after = spawn("run_jobs", "--burst", "--concurrency", "2", env=env)
+    assert after.wait(60) == 0, after.output
+    assert Job.objects.filter(status=JobStatus.SUCCEEDED, attempt_count=1).count() == 4
+
+
+def test_a_killed_worker_s_lookahead_jobs_are_recovered_by_lease(spawn, tmp_path):
+    """kill -9 while it holds two running jobs and one looked ahead: another worker
+    recovers all three when their leases expire, like any Running job, and runs them."""
+    hold, started = _held_jobs(tmp_path, 4, max_attempts=3)
+    env = {**FAST_LEASES, **LOOKAHEAD}
+    first = spawn("run_jobs", "--concurrency", "2", "--worker-id", "first", env=env)
+    wait_until(lambda: sum(p.exists() for p in started) == 2, 60, "both handlers", first)
+    wait_until(lambda: _running() == 3, 60, "two running and one looked ahead", first)
+    held = set(Job.objects.filter(status=JobStatus.RUNNING).values_list("job_id", flat=True))
+    assert set(Job.objects.filter(leased_by="first").values_list("job_id", flat=True)) == held
+    first.kill()
+
+    hold.touch()
+    second = spawn("run_jobs", "--concurrency", "2", "--worker-id", "second", env=env)
+    wait_until(
+        lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 4,
+        60,
+        "every job to succeed",
+        second,
+    )
+    for job in Job.objects.filter(job_id__in=held):
+        statuses = list(job.attempts.order_by("number").values_list("status", "worker_id"))
+        assert statuses == [
+            (AttemptStatus.INTERRUPTED, "first"),
+            (AttemptStatus.SUCCEEDED, "second"),
+        ], statuses
