@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core import checks
 
-from ..exceptions import InvalidSchedule, UnknownHandler
+from ..exceptions import InvalidSchedule, JobsConfigurationError, UnknownHandler
 from ..handlers import autodiscover, get_handler, registered_handlers
 from . import registry
 
@@ -18,7 +18,10 @@ from . import registry
 def check_schedule_handlers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``jobs.E004``: a declared schedule whose handler (name and version) is not
     registered once the apps' tasks modules are imported, as a worker imports them."""
-    autodiscover()
+    try:
+        autodiscover()
+    except JobsConfigurationError:
+        return []  # a bad setting (TASKS, JOBS): its own check reports it
     try:
         specs = registry.declared()
     except InvalidSchedule as exc:
