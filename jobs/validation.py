@@ -17,6 +17,7 @@ from typing import Any
 
 from ledon import clock
 from ledon import validation as ledon_validation
+from ledon.errors import storable_text
 
 from .exceptions import InvalidJobId, InvalidPayload, InvalidScope, InvalidSubmission
 
@@ -155,6 +156,17 @@ def attempt_error_limit(max_attempts: int) -> int:
     job that fails a thousand times keeps a bounded total."""
     share = MAX_JOB_ERROR_TOTAL // max(max_attempts, 1)
     return max(MIN_ATTEMPT_ERROR_LENGTH, min(MAX_TEXT_LENGTH, share))
+
+
+#: The longest error a job row keeps: its last attempt's, shortened.
+MAX_JOB_ERROR_LENGTH = 2_000
+
+
+def job_error_summary(error: str) -> str:
+    """What the job row keeps of its last attempt's ``error``: the whole text if short,
+    else its start and end (where an exception's ``Type: message`` is), the middle
+    cut; the attempt row keeps the whole."""
+    return storable_text(error, MAX_JOB_ERROR_LENGTH)
 
 
 def text(value: object, what: str, max_length: int = MAX_TEXT_LENGTH) -> str:

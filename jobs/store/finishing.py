@@ -59,6 +59,7 @@ class Finishing:
             "outcome": _FINISH_STATUS[self.outcome].value,
             "result_ref": self.result_ref if succeeded else None,
             "error": self.error,
+            "summary": validation.job_error_summary(self.error),
         }
 
 
@@ -211,7 +212,9 @@ def finish(
                 status=finished.status,
                 cancel_requested=False,
                 attempt_count__lt=F("max_attempts"),
-            ).update(**{**requeue_fields(requeue_at, now), "error": error})
+            ).update(
+                **{**requeue_fields(requeue_at, now), "error": validation.job_error_summary(error)}
+            )
             if requeued:
                 if requeue_at <= now:
                     notify(connection, finished.queue)

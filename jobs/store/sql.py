@@ -239,8 +239,10 @@ def insert_attempts(rows: int) -> str:
 # the claim); SQLite, which has none, in two statements of one transaction.
 
 
-#: The values of one finishing attempt, as named in a batch (``done`` rows).
-FINISHING = ("token", "outcome", "result_ref", "error")
+#: The values of one finishing attempt, as named in a batch (``done`` rows): the
+#: attempt keeps its ``error`` whole, the job its ``summary`` (see
+#: :func:`jobs.validation.job_error_summary`), so the text is stored once.
+FINISHING = ("token", "outcome", "result_ref", "error", "summary")
 #: PostgreSQL: the batch as one array parameter per value, so that the statement's
 #: text is the same whatever the batch's size and is prepared once.
 _FINISHING_ARRAYS = {
@@ -248,6 +250,7 @@ _FINISHING_ARRAYS = {
     "outcome": "outcomes",
     "result_ref": "results",
     "error": "errors",
+    "summary": "summaries",
 }
 
 
@@ -267,7 +270,7 @@ def _finished_job_set() -> str:
     return (
         f"status = CASE WHEN j.cancel_requested THEN '{CANCELLED}' ELSE done.outcome END,"
         f" result_ref = {_kept_result('j.cancel_requested')},"
-        " error = done.error, finished_at = %(now)s, updated_at = %(now)s,"
+        " error = done.summary, finished_at = %(now)s, updated_at = %(now)s,"
         f" {LEAVE_RUNNING}"
     )
 

@@ -105,3 +105,32 @@ def test_a_job_with_many_attempts_stores_a_bounded_error_per_attempt(handler) ->
     assert len(attempt.error) <= 2_000
     assert "RuntimeError: BEGIN yyy" in attempt.error
     assert attempt.error.endswith(" FINISH\n")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("retried", [False, True])
+def test_the_job_row_keeps_a_summary_and_the_attempt_the_whole_text(make_job, retried) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs import execution
+
+    claim = make_job.running("j", max_attempts=2)
+    error = format_error(raised(ValueError("START " + "z" * 50_000 + " END")))
+    retry_at = timezone.now() + timedelta(hours=1) if retried else None
+    execution.fail(claim.token, error, retry_at=retry_at)
+    snap = make_job.get("j")
+    [attempt] = snap.attempts
+    assert attempt.error == error  # stored once, whole, on the attempt
+    assert len(snap.error) <= 2_000
+    assert snap.error.startswith("Traceback (most recent call last):")
+    assert snap.error.endswith(" END\n")
+    assert "characters cut" in snap.error
+    # A short error is the same on both rows.
+    if not retried:
+        return
+    again = execution.try_start(make_job.scope_hash, "j", now=retry_at)
+    assert again is not None
+    execution.fail(again.token, "boom")
+    assert make_job.get("j").error == "boom"

@@ -269,6 +269,7 @@ class TestJ6ClaimIndex:
             "outcomes": ["succeeded", "succeeded"],
             "results": [None, "r"],
             "errors": ["", ""],
+            "summaries": ["", ""],
             "now": now,
         }
         for finishing, params in (

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from procs import wait_until
 
 from jobs import JobScope, JobStatus, JobSubmission, submit_job
 from jobs.conf import jobs_settings
@@ -18,6 +17,7 @@ from jobs.exceptions import JobsConfigurationError
 from jobs.models import Job
 from jobs.types import AttemptStatus
 from jobs.worker import Worker
+from tests.support.procs import wait_until
 
 SCOPE = "lookahead"
 

@@ -173,3 +173,22 @@ class TestPurgeOutboxCommand:
         }
         with pytest.raises(CommandError, match="PARKED_RETENTION_SECONDS"):
             call_command("purge_outbox")
+
+
+@pytest.mark.postgres_only
+def test_a_row_another_transaction_holds_is_skipped_not_waited_for() -> None:
+    """Retention never waits on the engines' statements: a parked message an operator
+    is redelivering at that moment (its row locked) is left to the next clean-up."""
+    import psycopg
+    from procs import database_url
+
+    parked = stage(2)
+    deliver_outbox(transport=RecordingTransport(fail_with="down"))
+    for message_id in parked:
+        age(message_id, 40)
+    held = OutboxMessage.objects.get(message_id=parked[0]).pk
+    with psycopg.connect(database_url()) as other:
+        table = OutboxMessage._meta.db_table
+        other.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [held])
+        assert store.purge_parked(older_than=timezone.now() - 30 * DAY) == 1
+    assert left() == {parked[0]}
