@@ -1,8 +1,15 @@
+from __future__ import annotations
+
+from datetime import datetime
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from django.apps import AppConfig
 
 from .conf import workflows_settings
+
+if TYPE_CHECKING:
+    from ledon.dashboard import Panel
 
 
 class WorkflowsConfig(AppConfig):
@@ -17,3 +24,9 @@ class WorkflowsConfig(AppConfig):
         # The jobs that advance runs and purge finished ones are handled in every
         # worker, whatever JOBS["AUTODISCOVER_MODULE"] names.
         import_module("workflows.handlers")
+
+    def dashboard_panels(self, now: datetime) -> list[Panel]:
+        """The admin dashboard's panel of runs (read when the dashboard is shown)."""
+        from .dashboard import dashboard_panels  # the models are loaded only by now
+
+        return dashboard_panels(now)
