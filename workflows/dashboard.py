@@ -34,13 +34,14 @@ def dashboard_panels(now: datetime) -> list[Panel]:
     for row in WorkflowRun.objects.values("status").annotate(count=Count("id")).order_by():
         by_status[RunStatus(row["status"])] += row["count"]
     reasons: Counter[str] = Counter()
-    for row in (
+    for waiting_for, count in (
         WorkflowRun.objects.filter(status=RunStatus.WAITING)
         .values("waiting_for")
         .annotate(count=Count("id"))
+        .values_list("waiting_for", "count")
         .order_by()
     ):
-        reasons[waiting_reason(row["waiting_for"])] += row["count"]
+        reasons[waiting_reason(waiting_for)] += count
     failed = list(
         WorkflowRun.objects.filter(status=RunStatus.FAILED)
         .only("id", "name", "run_id", "failed_step", "finished_at", "updated_at")
