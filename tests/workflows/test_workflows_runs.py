@@ -3,6 +3,9 @@ retries, cancel and resume, and the typed errors of bad input."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import pytest
 from django.db import transaction
 
@@ -24,6 +27,17 @@ pytestmark = pytest.mark.django_db
 SCOPE = "tenant-wf"
 
 
+class Rollback(Exception):
+    pass
+
+
+def rolled_back(write: Callable[[], object]) -> None:
+    """Call ``write`` inside a transaction that then rolls back."""
+    with contextlib.suppress(Rollback), transaction.atomic():
+        write()
+        raise Rollback
+
+
 def effects(run_id: str, kind: str = "step") -> list[str]:
     return list(
         Effect.objects.filter(run_id=run_id, kind=kind).order_by("id").values_list("key", flat=True)
@@ -32,7 +46,9 @@ def effects(run_id: str, kind: str = "step") -> list[str]:
 
 def test_a_linear_run_records_each_step_once_and_returns_its_output():
     snap = start_workflow(SCOPE, "lin-1", "checks.linear", {"start": 5})
-    assert snap.created and snap.status == RunStatus.WAITING and snap.version == 1
+    assert snap.created
+    assert snap.status == RunStatus.WAITING
+    assert snap.version == 1
     done = run_workflow(SCOPE, "lin-1")
     assert done.status == RunStatus.SUCCEEDED
     assert done.output == {"a": 5, "b": 6}
@@ -73,7 +89,9 @@ def test_a_map_fans_out_one_job_per_item_and_returns_results_in_order():
     assert snap.status == RunStatus.SUCCEEDED
     assert snap.output == {"doubled": [6, 2, 4], "total": 12}
     (step, _) = snap.steps
-    assert step.kind == "map" and step.items.total == 3 and step.items.succeeded == 3
+    assert step.kind == "map"
+    assert step.items.total == 3
+    assert step.items.succeeded == 3
     assert sorted(effects("map-1", "activity")) == ["1", "2", "3"]
     # The run advanced three times: start, the fan-in (once), nothing else.
     assert handlers.count("workflows.advance") == 2
@@ -99,7 +117,8 @@ def test_items_that_fail_after_their_retries_fail_the_run_once_all_ended():
     assert snap.failed_step == "boom"
     assert snap.error.startswith("StepFailed: step 'boom' failed: ValueError: 3 of 3 items failed")
     (step,) = snap.steps
-    assert step.status == StepStatus.FAILED and step.items.failed == 3
+    assert step.status == StepStatus.FAILED
+    assert step.items.failed == 3
     assert step.attempts == 2  # retries=1: two tries of each item
 
 
@@ -124,7 +143,8 @@ def test_a_timer_resumes_no_earlier_than_its_time():
     assert snap.status == RunStatus.WAITING
     assert snap.waiting_for.startswith("timer until ")
     nap = snap.step("nap")
-    assert nap.status == StepStatus.WAITING and nap.wake_at is not None
+    assert nap.status == StepStatus.WAITING
+    assert nap.wake_at is not None
     clock.advance(3599)
     assert run_workflows_inline(clock=clock) == []
     clock.advance(1)
@@ -150,7 +170,8 @@ def test_a_signal_wakes_the_waiting_run_with_its_payload():
     start_workflow(SCOPE, "sig-1", "checks.signals", {})
     run_workflows_inline()
     snap = WorkflowScope(SCOPE).get("sig-1")
-    assert snap.status == RunStatus.WAITING and snap.waiting_for == "signal approved"
+    assert snap.status == RunStatus.WAITING
+    assert snap.waiting_for == "signal approved"
     assert send_signal(SCOPE, "sig-1", "approved", {"by": "ops"}) is SignalOutcome.DELIVERED
     assert send_signal(SCOPE, "sig-1", "approved", {"by": "ops"}) is SignalOutcome.ALREADY_SENT
     run_workflows_inline()
@@ -187,13 +208,7 @@ def test_a_signal_wait_times_out_in_the_body():
 def test_a_signal_sent_inside_a_rolled_back_transaction_is_not_delivered():
     start_workflow(SCOPE, "sig-5", "checks.signals", {})
     run_workflows_inline()
-
-    class Boom(Exception):
-        pass
-
-    with pytest.raises(Boom), transaction.atomic():
-        send_signal(SCOPE, "sig-5", "approved", "lost")
-        raise Boom
+    rolled_back(lambda: send_signal(SCOPE, "sig-5", "approved", "lost"))
     run_workflows_inline()
     assert WorkflowScope(SCOPE).get("sig-5").status == RunStatus.WAITING
     with transaction.atomic():
@@ -223,7 +238,8 @@ def test_a_child_run_lives_in_the_parent_scope_and_returns_its_output():
     snap = run_workflow(SCOPE, "par-1")
     assert snap.output == {"child": {"a": 10, "b": 11}}
     child = WorkflowScope(SCOPE).get("par-1/kid")
-    assert child.status == RunStatus.SUCCEEDED and child.parent_run_id == "par-1"
+    assert child.status == RunStatus.SUCCEEDED
+    assert child.parent_run_id == "par-1"
     assert snap.step("kid").child_run_id == "par-1/kid"
 
 
@@ -243,7 +259,8 @@ def test_an_inline_step_is_retried_with_back_off_and_its_failed_tries_roll_back(
     assert snap.status == RunStatus.WAITING
     assert snap.waiting_for.startswith("retry of flaky at ")
     step = snap.step("flaky")
-    assert step.attempts == 1 and step.error == "ConnectionError: try 1 failed"
+    assert step.attempts == 1
+    assert step.error == "ConnectionError: try 1 failed"
     snap = run_workflow(SCOPE, "flaky-1", clock=clock)
     assert snap.output == "ok after 3"
     assert snap.step("flaky").attempts == 3
@@ -272,7 +289,8 @@ def test_an_uncaught_step_failure_fails_the_run_naming_the_step_and_resume_retri
     assert snap.status == RunStatus.FAILED
     WorkflowScope(SCOPE).resume("flaky-3")
     snap = run_workflow(SCOPE, "flaky-3")
-    assert snap.status == RunStatus.SUCCEEDED and snap.output == "ok after 3"
+    assert snap.status == RunStatus.SUCCEEDED
+    assert snap.output == "ok after 3"
 
 
 def test_resume_is_only_for_failed_runs():
@@ -311,13 +329,7 @@ def test_stage_workflow_creates_the_run_only_if_the_transaction_commits():
         stage_workflow(SCOPE, "st-1", "checks.linear")
     with pytest.raises(AmbientTransactionError), transaction.atomic():
         start_workflow(SCOPE, "st-1", "checks.linear")
-
-    class Boom(Exception):
-        pass
-
-    with pytest.raises(Boom), transaction.atomic():
-        stage_workflow(SCOPE, "st-1", "checks.linear")
-        raise Boom
+    rolled_back(lambda: stage_workflow(SCOPE, "st-1", "checks.linear"))
     assert WorkflowScope(SCOPE).get("st-1") is None
     assert run_workflows_inline() == []
     with transaction.atomic():
@@ -330,7 +342,8 @@ def test_the_same_request_returns_the_run_and_another_is_a_conflict():
 
     first = start_workflow(SCOPE, "id-1", "checks.linear", {"start": 1})
     again = start_workflow(SCOPE, "id-1", "checks.linear", {"start": 1})
-    assert first.created and not again.created
+    assert first.created
+    assert not again.created
     for name, value in (("checks.linear", {"start": 2}), ("checks.sleeper", {"start": 1})):
         with pytest.raises(WorkflowIdentityConflict):
             start_workflow(SCOPE, "id-1", name, value)
