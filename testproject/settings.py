@@ -38,6 +38,7 @@ INSTALLED_APPS = [
     "testproject.orders",
     "testproject.fulfilment",
     "testproject.timetable",
+    "testproject.workflow_checks",
 ]
 
 # J18: handlers with limits (every claim of a process that has them is a claim under

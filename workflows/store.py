@@ -202,19 +202,14 @@ def create_run(
 
 def create_child(
     parent: WorkflowRun, key: str, name: str, version: int, input_json: str, now: datetime
-) -> RunSnapshot:
+) -> WorkflowRun:
     """Create the child run ``"{run_id}/{key}"`` in the parent's scope (inside the
-    parent's fenced transaction)."""
-    return _create(
-        parent.scope_hash,
-        f"{parent.run_id}/{key}",
-        name,
-        version,
-        input_json,
-        now,
-        parent=parent,
-        parent_key=key,
+    parent's fenced transaction); the same child again is the existing run."""
+    run_id = f"{parent.run_id}/{key}"
+    _create(
+        parent.scope_hash, run_id, name, version, input_json, now, parent=parent, parent_key=key
     )
+    return WorkflowRun.objects.for_scope(parent.scope_hash).get(run_id=run_id)
 
 
 # -- driving a run -------------------------------------------------------------------
@@ -671,6 +666,13 @@ def snapshot(run: WorkflowRun, *, created: bool = False, with_steps: bool = True
             step_snapshot(step, step.child.run_id if step.child is not None else None)
             for step in rows
         )
+    waiting_for = run.waiting_for
+    if run.status == RunStatus.WAITING:
+        # Items end without waking the run: count them now.
+        for step in steps:
+            if step.items is not None and step.status == StepStatus.RUNNING:
+                ended = step.items.total - step.items.running
+                waiting_for = f"{ended} of {step.items.total} items"
     parent_run_id = None
     if run.parent_id is not None:
         parent_run_id = run.run_id.rsplit("/", 1)[0] if "/" in run.run_id else None
@@ -684,7 +686,7 @@ def snapshot(run: WorkflowRun, *, created: bool = False, with_steps: bool = True
         output=from_json(run.output_json),
         error=run.error,
         failed_step=run.failed_step,
-        waiting_for=run.waiting_for,
+        waiting_for=waiting_for,
         created_at=run.created_at,
         finished_at=run.finished_at,
         cancel_requested=run.cancel_requested,

@@ -1,0 +1,275 @@
+"""The engine's rules: fencing of stale drivers, determinism, versions, cancellation
+of running runs, retention and the typed errors of bad input."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core import checks as django_checks
+from django.utils import timezone
+
+from jobs.models import Job
+from jobs.types import FinishOutcome, JobStatus
+from testproject.workflow_checks import tasks as checks
+from testproject.workflow_checks.models import Effect
+from workflows import (
+    RunStatus,
+    StepStatus,
+    WorkflowContext,
+    WorkflowScope,
+    registry,
+    send_signal,
+    start_workflow,
+    store,
+    validation,
+    workflow,
+)
+from workflows.context import Stop
+from workflows.context import WorkflowContext as Context
+from workflows.exceptions import (
+    InvalidInput,
+    InvalidWorkflow,
+    NonDeterministicWorkflow,
+    UnknownWorkflow,
+    WorkflowError,
+)
+from workflows.models import WorkflowRun, WorkflowStep
+from workflows.testing import TestClock, run_workflow, run_workflows_inline
+
+pytestmark = pytest.mark.django_db
+
+SCOPE = "tenant-rules"
+
+#: What the body of "rules.branch" does at its second checkpoint this time.
+BRANCH = {"second": "step"}
+
+
+@workflow("rules.branch", version=1)
+def branch(wf: WorkflowContext) -> Any:
+    wf.step("first", checks.write_effect, wf.run_id, "first", 1)
+    if BRANCH["second"] == "step":
+        wf.sleep("second", 60)
+    else:
+        wf.step("second", checks.write_effect, wf.run_id, "second", 2)
+    return "done"
+
+
+@workflow("rules.self_cancel", version=1)
+def self_cancel(wf: WorkflowContext) -> Any:
+    def cancel_then_look() -> bool:
+        WorkflowScope(SCOPE).cancel(wf.run_id)
+        return wf.cancel_requested
+
+    seen = wf.step("a", cancel_then_look)
+    wf.step("b", checks.write_effect, wf.run_id, "b", seen)
+    return "unreachable"
+
+
+@workflow("rules.bad_key", version=1)
+def bad_key(wf: WorkflowContext) -> Any:
+    return wf.step(" padded", checks.write_effect, wf.run_id, "x", 1)
+
+
+@workflow("rules.bad_result", version=1)
+def bad_result(wf: WorkflowContext) -> Any:
+    return wf.step("obj", lambda: object())
+
+
+@workflow("rules.plain_map", version=1)
+def plain_map(wf: WorkflowContext) -> Any:
+    return wf.map("plain", lambda item: item, [1])
+
+
+def nothing_written() -> bool:
+    return not WorkflowRun.objects.exists() and not Job.objects.exists()
+
+
+def test_a_stale_driver_records_nothing():
+    snap = start_workflow(SCOPE, "stale-1", "checks.linear", {"start": 3})
+    pk = WorkflowRun.objects.get(run_id=snap.run_id).pk
+    first = store.take(pk)
+    second = store.take(pk)
+    assert first is not None
+    assert second is not None
+    stale = Context(first, timezone.now)
+    with pytest.raises(Stop):
+        stale.step("a", checks.write_effect, "stale-1", "a", 3)
+    # Its step ran but rolled back with its checkpoint: nothing recorded.
+    assert not WorkflowStep.objects.exists()
+    assert not Effect.objects.exists()
+    assert not store.suspend(first, "anything", None, timezone.now())
+    current = Context(second, timezone.now)
+    assert current.step("a", checks.write_effect, "stale-1", "a", 3) == 3
+    assert list(WorkflowStep.objects.values_list("key", flat=True)) == ["a"]
+
+
+def test_a_checkpoint_reached_as_another_kind_fails_the_run_as_non_deterministic():
+    BRANCH["second"] = "step"
+    start_workflow(SCOPE, "nd-1", "rules.branch")
+    run_workflows_inline()
+    assert WorkflowScope(SCOPE).get("nd-1").waiting_for.startswith("timer until")
+    BRANCH["second"] = "other"
+    try:
+        snap = run_workflow(SCOPE, "nd-1")
+    finally:
+        BRANCH["second"] = "step"
+    assert snap.status == RunStatus.FAILED
+    assert snap.failed_step == "second"
+    assert snap.error.startswith(
+        "NonDeterministicWorkflow: checkpoint 'second': recorded as a sleep checkpoint"
+    )
+    # The recorded first step did not run again.
+    assert list(Effect.objects.values_list("key", flat=True)) == ["first"]
+
+
+def test_a_running_inline_step_sees_its_cancellation_and_the_run_ends_at_the_next_checkpoint():
+    start_workflow(SCOPE, "cancel-1", "rules.self_cancel")
+    snap = run_workflow(SCOPE, "cancel-1")
+    assert snap.status == RunStatus.CANCELLED
+    assert snap.step("a").result is True
+    assert snap.step("b") is None
+    assert not Effect.objects.exists()
+
+
+def test_cancelling_a_run_waiting_on_items_cancels_their_jobs():
+    start_workflow(SCOPE, "cancel-2", "checks.fanout", {"items": [1, 2, 3]})
+    run_workflows_inline(max_attempts_run=1)
+    assert WorkflowScope(SCOPE).cancel("cancel-2") == "cancelled"
+    items = Job.objects.filter(handler="checks.double")
+    assert set(items.values_list("status", flat=True)) == {JobStatus.CANCELLED}
+    assert run_workflows_inline() == []
+    snap = WorkflowScope(SCOPE).get("cancel-2")
+    assert snap.status == RunStatus.CANCELLED
+    assert snap.step("double").status == StepStatus.CANCELLED
+    assert not Effect.objects.filter(kind="activity").exists()
+
+
+def test_a_worker_without_the_run_version_leaves_it_waiting_and_check_names_it():
+    # A run of version 2, started by code this worker does not have.
+    store.create_run(
+        validation.scope_hash(SCOPE),
+        "v2-1",
+        "checks.linear",
+        2,
+        "{}",
+        staged=False,
+    )
+    runs = run_workflows_inline()
+    assert [run.outcome for run in runs] == [FinishOutcome.SNOOZED]
+    snap = WorkflowScope(SCOPE).get("v2-1")
+    assert snap.status == RunStatus.WAITING
+    warnings = [m for m in django_checks.run_checks() if m.id == "workflows.W001"]
+    assert [m.obj for m in warnings] == ["checks.linear v2"]
+    assert "'checks.linear' version 2" in warnings[0].msg
+
+    @workflow("checks.linear", version=2)
+    def linear_v2(wf: WorkflowContext) -> Any:
+        return "v2"
+
+    try:
+        snap = run_workflow(SCOPE, "v2-1", clock=TestClock(timezone.now() + timedelta(hours=1)))
+    finally:
+        registry.unregister_workflow("checks.linear", 2)
+    assert snap.status == RunStatus.SUCCEEDED
+    assert snap.output == "v2"
+
+
+def test_version_none_takes_the_highest_registered_version():
+    @workflow("rules.versioned", version=1)
+    def v1(wf: WorkflowContext) -> Any:
+        return 1
+
+    @workflow("rules.versioned", version=3)
+    def v3(wf: WorkflowContext) -> Any:
+        return 3
+
+    try:
+        assert start_workflow(SCOPE, "ver-1", "rules.versioned").version == 3
+        assert start_workflow(SCOPE, "ver-2", "rules.versioned", version=1).version == 1
+        assert run_workflow(SCOPE, "ver-1").output == 3
+        assert run_workflow(SCOPE, "ver-2").output == 1
+        with pytest.raises(UnknownWorkflow):
+            start_workflow(SCOPE, "ver-3", "rules.versioned", version=2)
+    finally:
+        registry.unregister_workflow("rules.versioned", 1)
+        registry.unregister_workflow("rules.versioned", 3)
+
+
+def test_a_second_definition_of_a_name_and_version_is_invalid():
+    with pytest.raises(InvalidWorkflow):
+
+        @workflow("checks.linear", version=1)
+        def other(wf: WorkflowContext) -> Any:
+            return None
+
+    with pytest.raises(InvalidWorkflow):
+        workflow("bad name!", version=1)
+    with pytest.raises(InvalidWorkflow):
+        workflow("rules.x", version=0)
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda: start_workflow(SCOPE, "bad-1", "checks.linear", {"x": object()}), InvalidInput),
+        (lambda: start_workflow(SCOPE, "bad-1", "checks.linear", float("nan")), InvalidInput),
+        (lambda: start_workflow(SCOPE, "", "checks.linear"), InvalidInput),
+        (lambda: start_workflow(SCOPE, " x", "checks.linear"), InvalidInput),
+        (lambda: start_workflow(SCOPE, None, "checks.linear"), InvalidInput),
+        (lambda: start_workflow(None, "bad-1", "checks.linear"), InvalidInput),
+        (lambda: start_workflow(SCOPE, "bad-1", "no.such.workflow"), UnknownWorkflow),
+        (lambda: start_workflow(SCOPE, "bad-1", "checks.linear", version=9), UnknownWorkflow),
+        (lambda: start_workflow(SCOPE, "bad-1", 42), InvalidWorkflow),
+        (lambda: send_signal(SCOPE, "bad-1", "approved", {1, 2}), InvalidInput),
+    ],
+)
+def test_bad_input_is_a_typed_error_and_writes_nothing(call, error):
+    with pytest.raises(error) as raised:
+        call()
+    assert isinstance(raised.value, WorkflowError)
+    assert nothing_written()
+
+
+def test_a_bad_signal_key_or_payload_changes_nothing():
+    start_workflow(SCOPE, "bad-sig", "checks.signals", {})
+    for key, payload in (("", 1), ("a\x00b", 1), ("ok", object())):
+        with pytest.raises(InvalidInput):
+            send_signal(SCOPE, "bad-sig", key, payload)
+    assert not WorkflowRun.objects.get(run_id="bad-sig").signals.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        ("rules.bad_key", "InvalidInput: checkpoint key must not start or end with whitespace"),
+        ("rules.bad_result", "StepFailed: step 'obj' failed: InvalidInput: the result of step"),
+        ("rules.plain_map", "InvalidInput: map 'plain': "),
+    ],
+)
+def test_bad_input_in_a_body_fails_the_run_with_a_clear_error(name, error):
+    start_workflow(SCOPE, "body-1", name)
+    snap = run_workflow(SCOPE, "body-1")
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith(error)
+
+
+def test_nondeterministic_workflow_names_its_key():
+    error = NonDeterministicWorkflow("k", "used twice")
+    assert error.key == "k"
+    assert str(error) == "checkpoint 'k': used twice"
+
+
+def test_retention_deletes_finished_runs_with_their_checkpoints_and_keeps_the_rest():
+    start_workflow(SCOPE, "old-1", "checks.parent", {})
+    start_workflow(SCOPE, "live-1", "checks.signals", {})
+    run_workflow(SCOPE, "old-1")
+    run_workflows_inline()
+    later = timezone.now() + timedelta(seconds=1)
+    assert store.purge_finished(older_than=later) == 1
+    assert WorkflowScope(SCOPE).get("old-1") is None
+    assert WorkflowScope(SCOPE).get("old-1/kid") is None
+    assert WorkflowScope(SCOPE).get("live-1") is not None
+    assert set(WorkflowStep.objects.values_list("run__run_id", flat=True)) == {"live-1"}
+    assert store.purge_finished(older_than=later) == 0
