@@ -41,7 +41,7 @@ from .exceptions import (
     StepFailed,
 )
 from .models import WorkflowStep
-from .types import StepKind, StepStatus
+from .types import RunStatus, StepKind, StepStatus
 
 
 class Suspend(BaseException):
@@ -573,10 +573,10 @@ class WorkflowContext:
         if step.status == StepStatus.FAILED:
             raise StepFailed(checked, step.error_type, step.error)
         child_run = store.child_run(step)
-        if child_run is None or child_run.status not in store.RunStatus.finished():
+        if child_run is None or child_run.status not in RunStatus.finished():
             raise Suspend(f"child {checked}")
         now = self._now()
-        succeeded = child_run.status == store.RunStatus.SUCCEEDED
+        succeeded = child_run.status == RunStatus.SUCCEEDED
         with self._write():
             if succeeded:
                 changed = store.update_step(
@@ -593,7 +593,7 @@ class WorkflowContext:
                     StepStatus.WAITING,
                     status=StepStatus.FAILED,
                     error_type=(error_type if message else "ChildRunFailed")[:200]
-                    if child_run.status == store.RunStatus.FAILED
+                    if child_run.status == RunStatus.FAILED
                     else "ChildRunCancelled",
                     error=storable_text(
                         message.split("\n\n", 1)[0]

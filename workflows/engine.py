@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import DatabaseError
 from django.utils import timezone
 
 from jobs.context import JobContext
@@ -67,6 +68,11 @@ class Advanced(enum.StrEnum):
     NOTHING = "nothing"
 
 
+#: Tries of an activity item beyond its retries that may end without a result (the
+#: worker killed, the try timed out) before the item fails.
+LOST_TRIES = 3
+
+
 class VersionMissing(Exception):
     """This worker has no definition of the run's (name, version): the run waits for a
     worker that has (its advance job is put back, never failed)."""
@@ -97,6 +103,10 @@ def advance(run_pk: int) -> Advanced:
     except StepFailed as exc:
         failed = ctx.nondeterminism or exc
         return _fail(driver, failed, failed.key)
+    except DatabaseError:
+        # An outage, not the body's fault: the advance job fails and is tried again
+        # (the run stays taken by this token until the next advance takes it over).
+        raise
     except Exception as exc:
         failed_step = ctx.nondeterminism.key if ctx.nondeterminism is not None else ""
         return _fail(driver, ctx.nondeterminism or exc, failed_step)
@@ -166,6 +176,17 @@ def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
     item = store.start_item(item_pk, current_time())
     if item is None:
         return  # ended already: a job replayed after its item was recorded
+    if item.attempts > spec.retries + 1 + LOST_TRIES:
+        # Tries that never came back (their worker was killed, or they ran past the
+        # activity's timeout) count too, so an item that kills every worker ends.
+        store.end_item(
+            item,
+            StepStatus.FAILED,
+            current_time(),
+            error_type=item.error_type or "ActivityLost",
+            error=item.error or f"{item.attempts - 1} tries never returned",
+        )
+        return
     call = validation.from_json(item.args_json)
     args: list[Any] = call.get("args", [])
     kwargs: dict[str, Any] = call.get("kwargs", {})

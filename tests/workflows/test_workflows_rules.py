@@ -273,3 +273,106 @@ def test_retention_deletes_finished_runs_with_their_checkpoints_and_keeps_the_re
     assert WorkflowScope(SCOPE).get("live-1") is not None
     assert set(WorkflowStep.objects.values_list("run__run_id", flat=True)) == {"live-1"}
     assert store.purge_finished(older_than=later) == 0
+
+
+@workflow("rules.timeout", version=1)
+def step_timeout(wf: WorkflowContext) -> Any:
+    def until_told_to_stop() -> str:
+        while not wf.cancel_requested:
+            pass
+        return "stopped"
+
+    return wf.step("slow", until_told_to_stop, timeout=0.001, retries=1)
+
+
+def test_an_inline_step_past_its_timeout_sees_cancel_requested_and_its_try_fails():
+    start_workflow(SCOPE, "slow-1", "rules.timeout")
+    snap = run_workflow(SCOPE, "slow-1")
+    assert snap.status == RunStatus.FAILED
+    step = snap.step("slow")
+    assert step.attempts == 2
+    assert step.error.startswith("TimeoutError: step 'slow' ran longer than its timeout")
+    # Its run was never cancelled: only the step's deadline passed.
+    assert not snap.cancel_requested
+
+
+def test_a_database_error_outside_a_step_fails_the_advance_not_the_run(monkeypatch):
+    from django.db import OperationalError
+
+    from workflows.engine import advance
+
+    start_workflow(SCOPE, "db-1", "checks.linear")
+    pk = WorkflowRun.objects.get(run_id="db-1").pk
+    real = store.insert_step
+
+    def outage(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(store, "insert_step", outage)
+    with pytest.raises(OperationalError):
+        advance(pk)
+    assert WorkflowRun.objects.get(pk=pk).status == RunStatus.RUNNING
+    monkeypatch.setattr(store, "insert_step", real)
+    assert advance(pk) == "succeeded"
+    assert list(Effect.objects.values_list("key", flat=True)) == ["a", "b"]
+
+
+def test_an_item_whose_tries_never_return_fails_after_a_bounded_number():
+    from workflows.engine import LOST_TRIES
+    from workflows.models import WorkflowItem
+
+    start_workflow(SCOPE, "lost-1", "checks.activity", {"value": 1})
+    run_workflows_inline(max_attempts_run=1)
+    # Tries killed with their worker: counted, never ended.
+    WorkflowItem.objects.update(
+        attempts=registry.activity_of(checks.double).retries + 1 + LOST_TRIES
+    )
+    snap = run_workflow(SCOPE, "lost-1")
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith("StepFailed: step 'double' failed: ActivityLost:")
+    assert not Effect.objects.exists()
+
+
+def test_purge_workflows_deletes_finished_runs_past_the_cutoff():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    start_workflow(SCOPE, "purge-1", "checks.linear")
+    run_workflow(SCOPE, "purge-1")
+    out = StringIO()
+    call_command("purge_workflows", stdout=out)
+    assert out.getvalue().strip() == "deleted 0 finished runs"
+    call_command("purge_workflows", "--older-than", "-1", stdout=out)
+    assert out.getvalue().strip().endswith("deleted 1 finished runs")
+    assert WorkflowScope(SCOPE).get("purge-1") is None
+
+
+def test_a_signal_sent_by_a_consumer_commits_with_its_inbox_record():
+    import uuid
+
+    from django.db import transaction
+
+    from outbox.inbox import consume
+
+    start_workflow(SCOPE, "inbox-1", "checks.signals", {})
+    run_workflows_inline()
+    message = uuid.uuid4()
+
+    class Crash(Exception):
+        pass
+
+    def handle(payload: str) -> bool:
+        with transaction.atomic(), consume("approvals", message) as fresh:
+            if fresh:
+                send_signal(SCOPE, "inbox-1", "approved", payload)
+                if payload == "crash":
+                    raise Crash
+            return fresh
+
+    with pytest.raises(Crash):
+        handle("crash")
+    assert not WorkflowRun.objects.get(run_id="inbox-1").signals.exists()
+    assert handle("ok") is True
+    assert handle("ok") is False  # the redelivered message: consumed once
+    assert run_workflow(SCOPE, "inbox-1").output == "ok"
