@@ -78,17 +78,26 @@ class VersionMissing(Exception):
     worker that has (its advance job is put back, never failed)."""
 
 
-def advance(run_pk: int) -> Advanced:
-    """Advance run ``run_pk`` as far as it goes now (see the module docstring)."""
+def advance(run_pk: int, job_id: str | None = None) -> Advanced:
+    """Advance run ``run_pk`` as far as it goes now (see the module docstring);
+    ``job_id``: the advance job doing it (see :func:`workflows.store.take`)."""
     row = WorkflowRun.objects.filter(pk=run_pk).values_list("name", "version", "status").first()
     if row is None or row[2] in RunStatus.finished():
         return Advanced.NOTHING
     spec = registry.find_workflow(row[0], row[1])
     if spec is None:
         raise VersionMissing(f"no workflow {row[0]!r} version {row[1]} in this worker")
-    driver = store.take(run_pk, now=current_time())
+    driver = store.take(run_pk, job_id, now=current_time())
     if driver is None:
         return Advanced.NOTHING
+    while True:
+        outcome = _replay(driver, spec)
+        if outcome is not None:
+            return outcome
+
+
+def _replay(driver: store.Driver, spec: registry.WorkflowSpec) -> Advanced | None:
+    """Run the body once from the top; None: replay again (a wake-up came meanwhile)."""
     ctx = WorkflowContext(driver, current_time)
     try:
         output = spec.func(ctx)
@@ -105,7 +114,7 @@ def advance(run_pk: int) -> Advanced:
         return _fail(driver, failed, failed.key)
     except DatabaseError:
         # An outage, not the body's fault: the advance job fails and is tried again
-        # (the run stays taken by this token until the next advance takes it over).
+        # (the run stays with this job, which takes it back when it runs again).
         raise
     except Exception as exc:
         failed_step = ctx.nondeterminism.key if ctx.nondeterminism is not None else ""
@@ -119,9 +128,12 @@ def advance(run_pk: int) -> Advanced:
     return _end(driver, RunStatus.SUCCEEDED, output_json=output_json)
 
 
-def _suspend(driver: store.Driver, wait: Suspend) -> Advanced:
-    if store.suspend(driver, wait.waiting_for, wait.wake_at, current_time()):
+def _suspend(driver: store.Driver, wait: Suspend) -> Advanced | None:
+    suspended = store.suspend(driver, wait.waiting_for, wait.wake_at, current_time())
+    if suspended is store.Suspended.WAITING:
         return Advanced.WAITING
+    if suspended is store.Suspended.WAKE_PENDING:
+        return None
     if store.cancel_requested(driver.run.pk):
         # A cancel came while this advance ran: the run ends Cancelled here.
         return _end(driver, RunStatus.CANCELLED, error="cancelled on request")

@@ -5,9 +5,11 @@ allow it — inside ``transaction.atomic``, and returns a typed outcome or raise
 typed error. Nothing else in the app writes to the workflows tables.
 
     create_run / stage ........ (new) -> WAITING + its first advance job
-    take ...................... WAITING | RUNNING -> RUNNING, new driver token
+    take ...................... WAITING (or RUNNING, its own job again) -> RUNNING,
+                                new driver token; else RUNNING + wake pending
     fenced .................... every checkpoint write: guarded by the driver token
-    suspend ................... RUNNING (token) -> WAITING (what for, until when)
+    suspend ................... RUNNING (token, no wake pending) -> WAITING (what for,
+                                until when); a pending wake: replay again
     finish .................... RUNNING (token) -> SUCCEEDED | FAILED | CANCELLED
     start_item / end_item ..... an item's tries; the last item to end wakes the run
     send_signal ............... (new signal); wakes the run if it may wait for it
@@ -23,6 +25,7 @@ same reason create one job, and a replayed writer finds its job already there.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import uuid
 from collections.abc import Iterator
@@ -32,7 +35,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from jobs import store as job_store
@@ -223,19 +226,37 @@ class Driver:
     token: str
 
 
-def take(run_pk: int, *, now: datetime | None = None) -> Driver | None:
-    """Take the run for one advance: WAITING or RUNNING (its last driver stopped or was
-    killed) -> RUNNING with a new driver token. None if the run has finished."""
+def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None) -> Driver | None:
+    """Take the run for one advance -> RUNNING with a new driver token.
+
+    From WAITING; or from RUNNING when ``job_id`` is the advance job that took it last
+    (that job's worker was killed, or its advance failed on an outage, and the job
+    runs again), or when no job is named (an operator's or a test's direct call).
+    Another job that finds the run RUNNING does not take it over — it would run the
+    current step a second time beside the live driver — but leaves a wake-up for
+    that driver, which then replays once more before it waits. None if the run was
+    not taken.
+    """
     now = now_or(now)
     token = uuid.uuid4().hex
+    takeable = Q(status=RunStatus.WAITING)
+    if job_id is None:
+        takeable |= Q(status=RunStatus.RUNNING)
+    else:
+        takeable |= Q(status=RunStatus.RUNNING, driver_job=job_id)
     with transaction.atomic(using=alias()):
-        taken = WorkflowRun.objects.filter(pk=run_pk, status__in=RunStatus.unfinished()).update(
+        taken = WorkflowRun.objects.filter(takeable, pk=run_pk).update(
             status=RunStatus.RUNNING,
             driver_token=token,
+            driver_job=job_id,
+            wake_pending=False,
             advances=F("advances") + 1,
             updated_at=now,
         )
         if not taken:
+            WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.RUNNING).update(
+                wake_pending=True
+            )
             return None
         run = WorkflowRun.objects.get(pk=run_pk)
     return Driver(run, token)
@@ -327,20 +348,37 @@ def insert_items(step: WorkflowStep, scope_hash: str, activity: Any, args: list[
         job_store.stage(scope_hash, item.job_id, sub)
 
 
-def suspend(driver: Driver, waiting_for: str, wake_at: datetime | None, now: datetime) -> bool:
-    """RUNNING (this driver) -> WAITING: the advance ends without holding a slot."""
+class Suspended(enum.Enum):
+    """How :func:`suspend` went."""
+
+    #: The run is WAITING.
+    WAITING = "waiting"
+    #: A wake-up came while this driver replayed: replay again (the flag is cleared).
+    WAKE_PENDING = "wake_pending"
+    #: This driver no longer holds the run.
+    STALE = "stale"
+
+
+def suspend(driver: Driver, waiting_for: str, wake_at: datetime | None, now: datetime) -> Suspended:
+    """RUNNING (this driver, no wake-up pending) -> WAITING: the advance ends without
+    holding a slot. A wake-up left meanwhile (a signal, the last item, a child's end,
+    another advance job) makes the driver replay instead, so none is lost."""
+    held = WorkflowRun.objects.filter(
+        pk=driver.run.pk, driver_token=driver.token, status=RunStatus.RUNNING
+    )
     with transaction.atomic(using=alias()):
-        return bool(
-            WorkflowRun.objects.filter(
-                pk=driver.run.pk, driver_token=driver.token, status=RunStatus.RUNNING
-            ).update(
-                status=RunStatus.WAITING,
-                driver_token=None,
-                waiting_for=waiting_for[:500],
-                wake_at=wake_at,
-                updated_at=now,
-            )
-        )
+        if held.filter(wake_pending=False).update(
+            status=RunStatus.WAITING,
+            driver_token=None,
+            driver_job=None,
+            waiting_for=waiting_for[:500],
+            wake_at=wake_at,
+            updated_at=now,
+        ):
+            return Suspended.WAITING
+        if held.filter(wake_pending=True).update(wake_pending=False, updated_at=now):
+            return Suspended.WAKE_PENDING
+    return Suspended.STALE
 
 
 def finish(
@@ -360,6 +398,7 @@ def finish(
         ).update(
             status=status,
             driver_token=None,
+            driver_job=None,
             output_json=output_json,
             error=storable_text(error),
             failed_step=failed_step,
@@ -508,8 +547,12 @@ def send_signal(scope_hash: str, run_id: str, key: str, payload_json: str) -> Si
             return SignalOutcome.RUN_FINISHED
         WorkflowSignal.objects.create(run=run, key=key, payload_json=payload_json, created_at=now)
         fault_point("workflows.signal.deliver", run=run.pk, key=key)
-        waits_elsewhere = run.status == RunStatus.WAITING and run.waiting_for != f"signal {key}"
-        if not waits_elsewhere:
+        if run.status == RunStatus.RUNNING:
+            # The driver replays once more before it waits (see suspend).
+            WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+                wake_pending=True
+            )
+        elif run.waiting_for in (f"signal {key}", "start", "resume"):
             wake(run.pk, run.generation, "signal", key, now=now)
     return SignalOutcome.DELIVERED
 

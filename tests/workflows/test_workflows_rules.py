@@ -99,10 +99,45 @@ def test_a_stale_driver_records_nothing():
     # Its step ran but rolled back with its checkpoint: nothing recorded.
     assert not WorkflowStep.objects.exists()
     assert not Effect.objects.exists()
-    assert not store.suspend(first, "anything", None, timezone.now())
+    assert store.suspend(first, "anything", None, timezone.now()) is store.Suspended.STALE
     current = Context(second, timezone.now)
     assert current.step("a", checks.write_effect, "stale-1", "a", 3) == 3
     assert list(WorkflowStep.objects.values_list("key", flat=True)) == ["a"]
+
+
+def test_another_advance_job_never_takes_a_running_run_but_makes_its_driver_replay():
+    snap = start_workflow(SCOPE, "pending-1", "checks.signals", {})
+    pk = WorkflowRun.objects.get(run_id=snap.run_id).pk
+    driver = store.take(pk, "job-1")
+    assert driver is not None
+    assert store.take(pk, "job-2") is None
+    assert WorkflowRun.objects.get(pk=pk).wake_pending
+    now = timezone.now()
+    assert store.suspend(driver, "signal approved", None, now) is store.Suspended.WAKE_PENDING
+    assert store.suspend(driver, "signal approved", None, now) is store.Suspended.WAITING
+    # The job that held it may take it back from RUNNING (its worker died).
+    again = store.take(pk, "job-3")
+    assert again is not None
+    assert store.take(pk, "job-3") is not None
+    assert WorkflowRun.objects.get(pk=pk).driver_job == "job-3"
+
+
+def test_a_signal_sent_while_the_run_is_driven_is_read_before_it_waits(monkeypatch):
+    from workflows import engine
+
+    start_workflow(SCOPE, "pending-2", "checks.signals", {})
+    pk = WorkflowRun.objects.get(run_id="pending-2").pk
+    real = store.suspend
+
+    def signal_then_suspend(*args: Any) -> Any:
+        # The signal commits after the replay looked for it, before the run waits.
+        if not WorkflowRun.objects.get(pk=pk).signals.exists():
+            assert send_signal(SCOPE, "pending-2", "approved", "late") == "delivered"
+        return real(*args)
+
+    monkeypatch.setattr(store, "suspend", signal_then_suspend)
+    assert engine.advance(pk, "job-1") == "succeeded"
+    assert WorkflowScope(SCOPE).get("pending-2").output == "late"
 
 
 def test_a_checkpoint_reached_as_another_kind_fails_the_run_as_non_deterministic():
