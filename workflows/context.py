@@ -31,6 +31,7 @@ from django.db import transaction
 
 from ledon.errors import storable_text
 from ledon.faults import fault_point
+from ledon.tracing import tracer
 
 from . import registry, store, validation
 from .conf import workflows_settings
@@ -232,8 +233,12 @@ class WorkflowContext:
     ) -> Any:
         started = time.monotonic()
         self._deadline = None if timeout is None else started + timeout
+        attributes = {"workflow.step": key, "workflow.try": tries}
         try:
-            with transaction.atomic(using=store.alias()):
+            with (
+                tracer("jobs").span("workflow.step", attributes=attributes),
+                transaction.atomic(using=store.alias()),
+            ):
                 value = fn(*args, **kwargs)
                 result_json = validation.to_json(value, f"the result of step {key!r}")
                 if timeout is not None and time.monotonic() - started > timeout:
@@ -543,7 +548,7 @@ class WorkflowContext:
             return payload
         if step.status == StepStatus.FAILED:
             raise SignalTimeout(checked)
-        raise Suspend(f"signal {checked}", step.wake_at)
+        raise Suspend(store.signal_wait(checked), step.wake_at)
 
     def child(self, key: str, name: str, input: Any = None, *, version: int | None = None) -> Any:
         """Start the child run ``"{run_id}/{key}"`` of workflow ``name`` in this run's

@@ -30,6 +30,7 @@ from jobs.context import JobContext
 from jobs.handlers import Snooze
 from ledon.errors import storable_text
 from ledon.faults import fault_point
+from ledon.tracing import tracer
 
 from . import registry, store, validation
 from .conf import workflows_settings
@@ -90,10 +91,19 @@ def advance(run_pk: int, job_id: str | None = None) -> Advanced:
     driver = store.take(run_pk, job_id, now=current_time())
     if driver is None:
         return Advanced.NOTHING
-    while True:
-        outcome = _replay(driver, spec)
-        if outcome is not None:
-            return outcome
+    attributes = {
+        "workflow.name": spec.name,
+        "workflow.version": spec.version,
+        "workflow.run_id": driver.run.run_id,
+    }
+    # The jobs' tracer: the advance is a child of its job's attempt span, and the jobs
+    # it stages (items, children, wake-ups) carry its context.
+    with tracer("jobs").span("workflow.advance", attributes=attributes) as span:
+        while True:
+            outcome = _replay(driver, spec)
+            if outcome is not None:
+                span.set_attribute("workflow.outcome", outcome.value)
+                return outcome
 
 
 def _replay(driver: store.Driver, spec: registry.WorkflowSpec) -> Advanced | None:

@@ -552,9 +552,16 @@ def send_signal(scope_hash: str, run_id: str, key: str, payload_json: str) -> Si
             WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
                 wake_pending=True
             )
-        elif run.waiting_for in (f"signal {key}", "start", "resume"):
+        elif run.waiting_for == signal_wait(key):
             wake(run.pk, run.generation, "signal", key, now=now)
+        # Waiting for anything else (its first advance, a timer, items…): the run
+        # reads the kept signal when its body reaches the wait.
     return SignalOutcome.DELIVERED
+
+
+def signal_wait(key: str) -> str:
+    """What a run waiting for signal ``key`` says it waits for."""
+    return f"signal {key}"
 
 
 def signal_payload(run: WorkflowRun, key: str) -> tuple[bool, Any]:

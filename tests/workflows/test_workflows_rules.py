@@ -411,3 +411,19 @@ def test_a_signal_sent_by_a_consumer_commits_with_its_inbox_record():
     assert handle("ok") is True
     assert handle("ok") is False  # the redelivered message: consumed once
     assert run_workflow(SCOPE, "inbox-1").output == "ok"
+
+
+def test_each_advance_and_inline_step_is_a_span_under_its_job_attempt(settings, spans):
+    settings.JOBS = {**settings.JOBS, "TRACING": True}
+    start_workflow(SCOPE, "traced-1", "checks.flaky", {"fail_times": 1, "retries": 1})
+    run_workflow(SCOPE, "traced-1")
+    finished = spans.get_finished_spans()
+    advances = [s for s in finished if s.name == "workflow.advance"]
+    steps = [s for s in finished if s.name == "workflow.step"]
+    assert [s.attributes["workflow.outcome"] for s in advances] == ["waiting", "succeeded"]
+    assert [s.attributes["workflow.try"] for s in steps] == [1, 2]
+    assert steps[0].status.status_code.name == "ERROR"
+    by_id = {s.context.span_id: s for s in finished}
+    for step, advance in zip(steps, advances, strict=True):
+        assert step.parent.span_id == advance.context.span_id
+        assert by_id[advance.parent.span_id].name.startswith("job")
