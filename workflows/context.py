@@ -31,7 +31,7 @@ from django.db import transaction
 
 from ledon.errors import storable_text
 from ledon.faults import fault_point
-from ledon.tracing import tracer
+from ledon.tracing import AttributeValue, tracer
 
 from . import registry, store, validation
 from .conf import workflows_settings
@@ -233,7 +233,7 @@ class WorkflowContext:
     ) -> Any:
         started = time.monotonic()
         self._deadline = None if timeout is None else started + timeout
-        attributes = {"workflow.step": key, "workflow.try": tries}
+        attributes: dict[str, AttributeValue] = {"workflow.step": key, "workflow.try": tries}
         try:
             with (
                 tracer("jobs").span("workflow.step", attributes=attributes),

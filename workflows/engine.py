@@ -30,7 +30,7 @@ from jobs.context import JobContext
 from jobs.handlers import Snooze
 from ledon.errors import storable_text
 from ledon.faults import fault_point
-from ledon.tracing import tracer
+from ledon.tracing import AttributeValue, tracer
 
 from . import registry, store, validation
 from .conf import workflows_settings
@@ -91,7 +91,7 @@ def advance(run_pk: int, job_id: str | None = None) -> Advanced:
     driver = store.take(run_pk, job_id, now=current_time())
     if driver is None:
         return Advanced.NOTHING
-    attributes = {
+    attributes: dict[str, AttributeValue] = {
         "workflow.name": spec.name,
         "workflow.version": spec.version,
         "workflow.run_id": driver.run.run_id,
