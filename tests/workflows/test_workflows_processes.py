@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from procs import ManageProcess, WorkerProcess
+from procs import ManageProcess, WorkerProcess, wait_until
 
 from jobs.models import Job
 from testproject.workflow_checks.models import Effect
@@ -155,3 +155,26 @@ def test_sigkill_while_delivering_a_signal_delivers_it_once(workers, tmp_path):
     assert snap.output == {"by": "ops"}
     assert effects("kill-sig") == {"after": 1}
     assert advance_jobs("kill-sig") == ["signal", "start"]
+
+
+def test_a_running_activity_sees_its_run_cancelled_through_its_job_context(workers):
+    start_workflow(SCOPE, "cancel-act", "checks.cancellable")
+    worker = workers()
+    wait_until(
+        lambda: effects("cancel-act", "activity")["started"], 60, "the activity to start", worker
+    )
+    assert WorkflowScope(SCOPE).cancel("cancel-act") == "cancelled"
+    wait_until(
+        lambda: effects("cancel-act", "activity")["saw-cancel"],
+        60,
+        "the activity to see the cancellation",
+        worker,
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+    snap = WorkflowScope(SCOPE).get("cancel-act")
+    assert snap.status == RunStatus.CANCELLED
+    assert snap.step("wait").status == "cancelled"
+    assert list(
+        Job.objects.filter(handler="checks.until_cancelled").values_list("status", flat=True)
+    ) == ["cancelled"]
