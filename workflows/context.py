@@ -6,7 +6,7 @@ raises its recorded error) without running anything; the first one not recorded
 does its work — or records what it waits for — and, if it must wait, ends the
 advance (the run is WAITING) without holding a worker slot.
 
-Every write is fenced by the driver's token (:func:`workflows.store.fenced`): a
+Every write is fenced by the driver's token (:func:`workflows.store.guard`): a
 driver that lost the run records nothing. An inline step's function runs inside the
 transaction that records its checkpoint, so its writes to the default database and
 its checkpoint commit together or not at all.
@@ -641,8 +641,8 @@ def _guard(driver: store.Driver, now: datetime) -> None:
 
 
 class _Fenced:
-    """``with ctx._write():`` — :func:`workflows.store.fenced`, a stale driver turned
-    into :class:`Stop`."""
+    """``with ctx._write():`` — a transaction fenced by :func:`workflows.store.guard`
+    first, a stale driver turned into :class:`Stop`."""
 
     def __init__(self, driver: store.Driver, now: datetime) -> None:
         self._atomic = transaction.atomic(using=store.alias())

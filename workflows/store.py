@@ -7,7 +7,7 @@ typed error. Nothing else in the app writes to the workflows tables.
     create_run / stage ........ (new) -> WAITING + its first advance job
     take ...................... WAITING (or RUNNING, its own job again) -> RUNNING,
                                 new driver token; else RUNNING + wake pending
-    fenced .................... every checkpoint write: guarded by the driver token
+    guard ..................... every checkpoint write: fenced by the driver token
     suspend ................... RUNNING (token, no wake pending) -> WAITING (what for,
                                 until when); a pending wake: replay again
     finish .................... RUNNING (token) -> SUCCEEDED | FAILED | CANCELLED
@@ -28,8 +28,6 @@ from __future__ import annotations
 import enum
 import hashlib
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -43,12 +41,15 @@ from jobs import validation as job_validation
 from jobs.types import JobSubmission
 from ledon.db import alias_for, in_caller_atomic_block
 from ledon.errors import storable_text
+from ledon.faults import fault_point
 
 from .conf import workflows_settings
 from .exceptions import (
+    AmbientTransactionError,
     InvalidTransition,
     RunNotFound,
     SignalConflict,
+    TransactionRequiredError,
     WorkflowIdentityConflict,
 )
 from .models import WorkflowItem, WorkflowRun, WorkflowSignal, WorkflowStep
@@ -179,18 +180,12 @@ def create_run(
 ) -> RunSnapshot:
     """Create a run: in its own transaction (``staged`` False; refuses the caller's
     atomic block) or inside the caller's (``staged`` True; requires one)."""
-    from jobs.exceptions import AmbientTransactionError, TransactionRequiredError
-
     using = alias()
     inside = in_caller_atomic_block(transaction.get_connection(using))
     if staged and not inside:
-        raise TransactionRequiredError(
-            "stage_workflow() must run inside transaction.atomic(); use start_workflow()"
-        )
+        raise TransactionRequiredError()
     if not staged and inside:
-        raise AmbientTransactionError(
-            "start_workflow() commits on its own; inside transaction.atomic() use stage_workflow()"
-        )
+        raise AmbientTransactionError()
     now = timezone.now()
     if staged:
         try:
@@ -273,15 +268,6 @@ def guard(driver: Driver, now: datetime) -> None:
         raise StaleDriver(f"run {driver.run.run_id!r}: another driver holds it")
 
 
-@contextmanager
-def fenced(driver: Driver, now: datetime) -> Iterator[None]:
-    """A transaction whose writes commit only if ``driver`` still holds the run
-    (:class:`StaleDriver` otherwise, everything rolled back)."""
-    with transaction.atomic(using=alias()):
-        guard(driver, now)
-        yield
-
-
 def cancel_requested(run_pk: int) -> bool:
     return bool(WorkflowRun.objects.filter(pk=run_pk, cancel_requested=True).exists())
 
@@ -298,8 +284,8 @@ def insert_step(
     now: datetime,
     **fields: Any,
 ) -> WorkflowStep:
-    """Record a new checkpoint (inside :func:`fenced`). The unique (run, key) makes a
-    second recording of one key impossible whatever races."""
+    """Record a new checkpoint (inside a transaction :func:`guard` fenced). The unique
+    (run, key) makes a second recording of one key impossible whatever races."""
     finished = now if status in (StepStatus.SUCCEEDED, StepStatus.FAILED) else None
     return WorkflowStep.objects.create(
         run=driver.run,
@@ -313,7 +299,7 @@ def insert_step(
 
 
 def update_step(step: WorkflowStep, expected: StepStatus, **fields: Any) -> bool:
-    """Move a checkpoint from ``expected`` (inside :func:`fenced`); False if it was not
+    """Move a checkpoint from ``expected`` (inside a fenced transaction); False if it was not
     there any more."""
     changed = WorkflowStep.objects.filter(pk=step.pk, status=expected).update(**fields)
     if changed:
@@ -323,8 +309,8 @@ def update_step(step: WorkflowStep, expected: StepStatus, **fields: Any) -> bool
 
 
 def insert_items(step: WorkflowStep, scope_hash: str, activity: Any, args: list[str]) -> None:
-    """The items of an activity or map step and one job per item (inside
-    :func:`fenced`), in the run's scope so per-scope limits apply to them."""
+    """The items of an activity or map step and one job per item (inside a fenced
+    transaction), in the run's scope so per-scope limits apply to them."""
     run = step.run
     items = [
         WorkflowItem(
@@ -451,8 +437,6 @@ def end_item(
     """Record an item's end and count it off its step in one transaction; the item that
     brings the count to zero wakes the run (once: the count reaches zero once, and the
     wake's job id is the step's). False if the item had ended already."""
-    from ledon.faults import fault_point
-
     step = item.step
     with transaction.atomic(using=alias()):
         ended = WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
@@ -527,8 +511,6 @@ def send_signal(scope_hash: str, run_id: str, key: str, payload_json: str) -> Si
     that commits). The run row is locked first, so a driver that is about to wait for
     this key either sees the signal or is woken by it.
     """
-    from ledon.faults import fault_point
-
     now = timezone.now()
     with transaction.atomic(using=alias()):
         run = _run_in_scope(scope_hash, run_id)

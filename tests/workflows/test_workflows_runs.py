@@ -323,12 +323,16 @@ def test_using_one_key_twice_fails_the_run_as_non_deterministic():
 
 
 def test_stage_workflow_creates_the_run_only_if_the_transaction_commits():
-    from jobs.exceptions import AmbientTransactionError, TransactionRequiredError
+    from jobs import exceptions as jobs_exceptions
+    from workflows.exceptions import AmbientTransactionError, TransactionRequiredError
 
-    with pytest.raises(TransactionRequiredError):
+    with pytest.raises(TransactionRequiredError) as required:
         stage_workflow(SCOPE, "st-1", "checks.linear")
-    with pytest.raises(AmbientTransactionError), transaction.atomic():
+    with pytest.raises(AmbientTransactionError) as ambient, transaction.atomic():
         start_workflow(SCOPE, "st-1", "checks.linear")
+    # Also the jobs' errors of the same rule, for code that catches those.
+    assert isinstance(required.value, jobs_exceptions.TransactionRequiredError)
+    assert isinstance(ambient.value, jobs_exceptions.AmbientTransactionError)
     rolled_back(lambda: stage_workflow(SCOPE, "st-1", "checks.linear"))
     assert WorkflowScope(SCOPE).get("st-1") is None
     assert run_workflows_inline() == []
