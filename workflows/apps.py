@@ -1,19 +1,26 @@
 from importlib import import_module
+from importlib.util import find_spec
+from typing import Any
 
-from django.apps import AppConfig
+# The module, not the class: Django takes the one AppConfig subclass named in apps.py.
+import ledon.apps
 
 from .conf import workflows_settings
 
 
-class WorkflowsConfig(AppConfig):
+class WorkflowsConfig(ledon.apps.LedonAppConfig):
     name = "workflows"
     verbose_name = "Workflows"
-    default_auto_field = "django.db.models.BigAutoField"
     read_settings = workflows_settings
 
     def ready(self) -> None:
-        # The checks import the models, loaded by now.
-        import_module("workflows.checks")
-        # The jobs that advance runs and purge finished ones are handled in every
-        # worker, whatever JOBS["AUTODISCOVER_MODULE"] names.
+        super().ready()
+        # The jobs that advance runs and run activity items are handled in every
+        # process, whatever JOBS["AUTODISCOVER_MODULE"] names.
         import_module("workflows.handlers")
+
+    def dashboard_panels(self, now: Any) -> list[Any]:
+        # Until the app has its dashboard module, it adds no panel.
+        if find_spec("workflows.monitoring") is None:
+            return []
+        return super().dashboard_panels(now)

@@ -31,9 +31,9 @@ from django.db import transaction
 
 from ledon.errors import storable_text
 from ledon.faults import fault_point
-from ledon.tracing import AttributeValue, tracer
+from ledon.tracing import AttributeValue
 
-from . import registry, store, validation
+from . import registry, store, telemetry, validation
 from .conf import workflows_settings
 from .exceptions import (
     InvalidInput,
@@ -236,7 +236,7 @@ class WorkflowContext:
         attributes: dict[str, AttributeValue] = {"workflow.step": key, "workflow.try": tries}
         try:
             with (
-                tracer("jobs").span("workflow.step", attributes=attributes),
+                telemetry.workflows_tracer().span("workflow.step", attributes=attributes),
                 transaction.atomic(using=store.alias()),
             ):
                 value = fn(*args, **kwargs)
@@ -271,12 +271,17 @@ class WorkflowContext:
             raise
         except Exception as exc:
             self._deadline = None
+            self._step_ended(StepKind.STEP, "failed", started)
             return self._failed_try(key, step, tries, retries, exc)
         finally:
             self._deadline = None
+        self._step_ended(StepKind.STEP, "succeeded", started)
         self._record(step)
         fault_point("workflows.step.after_checkpoint", run=self._run.pk, key=key)
         return validation.from_json(result_json)
+
+    def _step_ended(self, kind: StepKind, outcome: str, started: float) -> None:
+        telemetry.step_ended(self._run.name, kind.value, outcome, time.monotonic() - started)
 
     def _failed_try(
         self, key: str, step: WorkflowStep | None, tries: int, retries: int, exc: Exception

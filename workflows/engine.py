@@ -30,9 +30,9 @@ from jobs.context import JobContext
 from jobs.handlers import Snooze
 from ledon.errors import storable_text
 from ledon.faults import fault_point
-from ledon.tracing import AttributeValue, tracer
+from ledon.tracing import AttributeValue
 
-from . import registry, store, validation
+from . import registry, store, telemetry, validation
 from .conf import workflows_settings
 from .context import Stop, Suspend, WorkflowContext, _activity_context, error_parts, retry_delay
 from .exceptions import InvalidInput, StepFailed
@@ -96,9 +96,9 @@ def advance(run_pk: int, job_id: str | None = None) -> Advanced:
         "workflow.version": spec.version,
         "workflow.run_id": driver.run.run_id,
     }
-    # The jobs' tracer: the advance is a child of its job's attempt span, and the jobs
-    # it stages (items, children, wake-ups) carry its context.
-    with tracer("jobs").span("workflow.advance", attributes=attributes) as span:
+    # The advance is a child of its job's attempt span, and the jobs it stages (items,
+    # children, wake-ups) carry its context.
+    with telemetry.workflows_tracer().span("workflow.advance", attributes=attributes) as span:
         while True:
             outcome = _replay(driver, spec)
             if outcome is not None:
@@ -174,6 +174,7 @@ def _end(
         driver, status, now, output_json=output_json, error=error, failed_step=failed_step
     ):
         return Advanced.NOTHING
+    telemetry.finished(driver.run.name, driver.run.version, status.value)
     _retention(driver.run.pk, now)
     return Advanced(status.value)
 

@@ -43,6 +43,7 @@ from ledon.db import alias_for, in_caller_atomic_block
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 
+from . import telemetry
 from .conf import workflows_settings
 from .exceptions import (
     AmbientTransactionError,
@@ -172,6 +173,7 @@ def _create(
             ) from None
         return snapshot(existing, created=False)
     wake(run.pk, 0, "start", now=now)
+    transaction.on_commit(lambda: telemetry.started(name, version), using=alias())
     return snapshot(run, created=True, with_steps=False)
 
 

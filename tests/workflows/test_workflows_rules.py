@@ -415,6 +415,7 @@ def test_a_signal_sent_by_a_consumer_commits_with_its_inbox_record():
 
 def test_each_advance_and_inline_step_is_a_span_under_its_job_attempt(settings, spans):
     settings.JOBS = {**settings.JOBS, "TRACING": True}
+    settings.WORKFLOWS = {"TRACING": True}
     start_workflow(SCOPE, "traced-1", "checks.flaky", {"fail_times": 1, "retries": 1})
     run_workflow(SCOPE, "traced-1")
     finished = spans.get_finished_spans()
@@ -427,3 +428,39 @@ def test_each_advance_and_inline_step_is_a_span_under_its_job_attempt(settings, 
     for step, advance in zip(steps, advances, strict=True):
         assert step.parent.span_id == advance.context.span_id
         assert by_id[advance.parent.span_id].name.startswith("job")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_count_runs_and_steps_and_gauge_unfinished_runs(settings):
+    """(A transactional test: a run counts as started when its transaction commits.)"""
+    from prometheus_client import REGISTRY
+
+    settings.WORKFLOWS = {"METRICS": True}
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    started = value("ledon_workflow_runs_started_total", workflow="checks.flaky")
+    failed = value("ledon_workflow_runs_finished_total", workflow="checks.flaky", outcome="failed")
+    tries = value(
+        "ledon_workflow_step_seconds_count", workflow="checks.flaky", kind="step", outcome="failed"
+    )
+    start_workflow(SCOPE, "metered-1", "checks.flaky", {"fail_times": 5, "retries": 1})
+    start_workflow(SCOPE, "metered-2", "checks.signals", {})
+    run_workflow(SCOPE, "metered-1")
+    run_workflows_inline()
+    assert value("ledon_workflow_runs_started_total", workflow="checks.flaky") == started + 1
+    assert (
+        value("ledon_workflow_runs_finished_total", workflow="checks.flaky", outcome="failed")
+        == failed + 1
+    )
+    assert (
+        value(
+            "ledon_workflow_step_seconds_count",
+            workflow="checks.flaky",
+            kind="step",
+            outcome="failed",
+        )
+        == tries + 2
+    )
+    assert value("ledon_workflow_runs", workflow="checks.signals", status="waiting") == 1

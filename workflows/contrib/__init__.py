@@ -1,0 +1,1 @@
+"""Optional layers of the workflows app (metrics)."""
