@@ -103,12 +103,21 @@ def test_sigkill_around_an_inline_checkpoint_runs_no_recorded_step_again(workers
     assert effects("kill-step") == {"a": 1, "b": 1}
 
 
-@pytest.mark.parametrize("hit", [1, 20])
-def test_sigkill_in_the_fan_in_resumes_the_run_once(workers, hit):
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "workflows.map.fan_in@1:kill",
+        # One handler thread: the 20th fan-in is the last item's, the one that wakes
+        # the run.
+        "workflows.map.fan_in@20:kill",
+        # An activity's work done, its item not recorded yet.
+        "workflows.item.before_record@7:kill",
+    ],
+)
+def test_sigkill_in_the_fan_in_resumes_the_run_once(workers, fault):
     items = list(range(20))
     start_workflow(SCOPE, "kill-fan", "checks.fanout", {"items": items})
-    # One handler thread: the 20th fan-in is the last item's, the one that wakes the run.
-    kill_then_restart(workers, f"workflows.map.fan_in@{hit}:kill")
+    kill_then_restart(workers, fault)
     snap = WorkflowScope(SCOPE).get("kill-fan")
     assert snap.status == RunStatus.SUCCEEDED, snap.error
     assert snap.output["total"] == sum(2 * n for n in items)

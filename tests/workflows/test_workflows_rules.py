@@ -19,6 +19,7 @@ from workflows import (
     StepStatus,
     WorkflowContext,
     WorkflowScope,
+    activity,
     registry,
     send_signal,
     start_workflow,
@@ -241,6 +242,12 @@ def test_a_second_definition_of_a_name_and_version_is_invalid():
 
     with pytest.raises(InvalidWorkflow):
         workflow("bad name!", version=1)
+    # An activity is a job handler of its name: a job handler's name is taken.
+    with pytest.raises(InvalidWorkflow):
+        activity("workflows.advance")(lambda item: item)
+    with pytest.raises(InvalidWorkflow):
+        activity("checks.double")(lambda item: item)
+    assert registry.activity_of(checks.double) is registry.get_activity("checks.double")
     with pytest.raises(InvalidWorkflow):
         workflow("rules.x", version=0)
 
