@@ -182,7 +182,7 @@ class WorkflowContext:
     def step(
         self,
         key: str,
-        fn: Callable[..., Any],
+        fn: Callable[..., Any] | str,
         *args: Any,
         retries: int = 0,
         timeout: float | None = None,
@@ -196,11 +196,13 @@ class WorkflowContext:
         back-off, ``retries`` times; then :class:`StepFailed` is raised here.
         ``timeout``: a try running longer is rolled back and counts as failed
         (``wf.cancel_requested`` turns true at that time, for the step to stop).
-        An ``@activity`` runs instead as one job on any worker (its own retries,
-        timeout and queue apply) and this returns its result.
+        An ``@activity`` (the function, or its registered name as a string) runs
+        instead as one job on any worker (its own retries, timeout and queue apply)
+        and this returns its result.
         """
-        spec = registry.activity_of(fn)
-        if spec is not None:
+        spec = registry.get_activity(fn) if isinstance(fn, str) else registry.activity_of(fn)
+        if spec is not None or isinstance(fn, str):
+            assert spec is not None  # get_activity raises for an unknown name
             payload = {"args": list(args), "kwargs": kwargs}
             return self._activities(key, StepKind.ACTIVITY, spec, [payload])[0]
         checked, step = self._reach(key, StepKind.STEP)
@@ -321,13 +323,14 @@ class WorkflowContext:
             raise Suspend(f"retry of {key} at {_iso(retry_at)}", retry_at)
         raise StepFailed(key, error_type, message)
 
-    def map(self, key: str, fn: Callable[..., Any], items: Iterable[Any]) -> list[Any]:
-        """Run the activity ``fn`` once per item, each as its own job on any worker (in
-        parallel, under the activity's limits), and return the results in the items'
-        order. The run waits without a slot and resumes once, when the last item
-        ends; if items failed after their retries, :class:`StepFailed` is raised then.
+    def map(self, key: str, fn: Callable[..., Any] | str, items: Iterable[Any]) -> list[Any]:
+        """Run the activity ``fn`` (or the activity of that name) once per item, each
+        as its own job on any worker (in parallel, under the activity's limits), and
+        return the results in the items' order. The run waits without a slot and
+        resumes once, when the last item ends; if items failed after their retries,
+        :class:`StepFailed` is raised then.
         """
-        spec = registry.activity_of(fn)
+        spec = registry.get_activity(fn) if isinstance(fn, str) else registry.activity_of(fn)
         if spec is None:
             raise InvalidInput(
                 f"map {key!r}: {getattr(fn, '__name__', fn)!r} is not an @activity; "

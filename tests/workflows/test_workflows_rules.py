@@ -78,6 +78,12 @@ def bad_result(wf: WorkflowContext) -> Any:
     return wf.step("obj", lambda: object())
 
 
+@workflow("rules.by_name", version=1)
+def by_name(wf: WorkflowContext) -> Any:
+    doubled = wf.map("double", "checks.double", [{"run": wf.run_id, "value": 1}])
+    return wf.map("unknown", wf.input["activity"], doubled) if wf.input else doubled
+
+
 @workflow("rules.plain_map", version=1)
 def plain_map(wf: WorkflowContext) -> Any:
     return wf.map("plain", lambda item: item, [1])
@@ -295,6 +301,16 @@ def test_bad_input_in_a_body_fails_the_run_with_a_clear_error(name, error):
     snap = run_workflow(SCOPE, "body-1")
     assert snap.status == RunStatus.FAILED
     assert snap.error.startswith(error)
+
+
+def test_an_activity_is_also_called_by_its_name_and_an_unknown_name_is_an_error():
+    start_workflow(SCOPE, "name-1", "rules.by_name")
+    assert run_workflow(SCOPE, "name-1").output == [2]
+    start_workflow(SCOPE, "name-2", "rules.by_name", {"activity": "no.such.activity"})
+    snap = run_workflow(SCOPE, "name-2")
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith("UnknownActivity: no activity registered as 'no.such.activity'")
+    assert [step.key for step in snap.steps] == ["double"]
 
 
 def test_nondeterministic_workflow_names_its_key():
