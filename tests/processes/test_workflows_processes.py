@@ -60,12 +60,13 @@ def test_a_map_shared_by_three_workers_resumes_its_run_exactly_once(workers, tmp
     items = list(range(300))
     start_workflow(SCOPE, "fan-1", "checks.fanout", {"items": items})
     run_workflows_inline(max_attempts_run=1)  # the first advance: 300 item jobs
-    # Each worker's first item waits at the barrier until all three have one: every
-    # worker records items, side by side.
+    # Each worker's one handler thread waits at the barrier with its first item until
+    # all three have one: no worker can take every item before the others start, and
+    # all three record items side by side.
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     fault = {"WORKFLOWS_FAULT": f"workflows.item.before_record@1:barrier:{barrier}:3"}
-    procs = [workers("--burst", "--concurrency", "4", env=fault) for _ in range(3)]
+    procs = [workers("--burst", "--concurrency", "1", env=fault) for _ in range(3)]
     for proc in procs:
         assert proc.wait(timeout=300) == 0, proc.output
     snap = WorkflowScope(SCOPE).get("fan-1")
