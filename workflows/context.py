@@ -152,13 +152,17 @@ class WorkflowContext:
                 checked, "used twice in one run; every checkpoint needs a key of its own"
             )
         self._seen.add(checked)
-        if store.cancel_requested(self._run.pk):
-            raise Stop(cancelled=True)
         step = self._steps.get(checked)
         if step is not None and step.kind != kind:
             self._nondeterministic(
                 checked, f"recorded as a {step.kind} checkpoint, reached now as a {kind}"
             )
+        # A recorded checkpoint only returns its value: the cancellation is read at the
+        # first one that has work to do or to wait for (one read per checkpoint that
+        # counts, none per replayed one).
+        finished = step is not None and step.status in (StepStatus.SUCCEEDED, StepStatus.FAILED)
+        if not finished and store.cancel_requested(self._run.pk):
+            raise Stop(cancelled=True)
         return checked, step
 
     def _nondeterministic(self, key: str, detail: str) -> None:
