@@ -18,6 +18,12 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
         # The jobs that advance runs and run activity items are handled in every
         # process, whatever JOBS["AUTODISCOVER_MODULE"] names.
         import_module("workflows.handlers")
+        # An item job that fails for good outside its activity's code ends its item.
+        from jobs.signals import attempt_finished
+
+        from .engine import on_attempt_finished
+
+        attempt_finished.connect(on_attempt_finished, dispatch_uid="workflows.item_job_ended")
 
     def dashboard_panels(self, now: Any) -> list[Any]:
         # Until the app has its dashboard module, it adds no panel.

@@ -28,6 +28,8 @@ from django.utils import timezone
 
 from jobs.context import JobContext
 from jobs.handlers import Snooze
+from jobs.models import Job
+from jobs.types import Claim, FinishOutcome
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 from ledon.tracing import AttributeValue
@@ -230,3 +232,26 @@ def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
         _activity_context.ctx = None
     fault_point("workflows.item.before_record", item=item.pk)
     store.end_item(item, StepStatus.SUCCEEDED, current_time(), result_json=result_json)
+
+
+def on_attempt_finished(
+    sender: Any, *, claim: Claim, outcome: FinishOutcome, retry_scheduled: bool, **kwargs: Any
+) -> None:
+    """``jobs.signals.attempt_finished``: an item job that ended Failed for good (its
+    activity unknown to every worker that claimed it, its attempts spent) ends its
+    item, so that the run is not left waiting for it."""
+    if outcome is not FinishOutcome.FAILED or retry_scheduled:
+        return
+    if not claim.job_id.startswith(store.ITEM_JOB_PREFIX):
+        return
+    payload = claim.payload
+    item_pk = payload.get("item") if isinstance(payload, dict) else None
+    if not isinstance(item_pk, int):
+        return
+    error = (
+        Job.objects.filter(scope_hash=claim.scope_hash, job_id=claim.job_id)
+        .values_list("error", flat=True)
+        .first()
+    )
+    message = (error or "the item's job failed").strip().splitlines()[-1]
+    store.item_job_ended(claim.job_id, item_pk, message, current_time())

@@ -320,7 +320,7 @@ def insert_items(step: WorkflowStep, scope_hash: str, activity: Any, args: list[
             index=index,
             status=StepStatus.RUNNING,
             args_json=args_json,
-            job_id=f"wf-item:{run.pk}.{run.generation}:{_digest(step.key)}:{index}",
+            job_id=f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{_digest(step.key)}:{index}",
         )
         for index, args_json in enumerate(args)
     ]
@@ -464,6 +464,24 @@ def end_item(
             if generation is not None:
                 wake(run.pk, generation, "items", step.key, now=now)
     return True
+
+
+#: The prefix of every item job's id (see :func:`insert_items`).
+ITEM_JOB_PREFIX = "wf-item:"
+
+
+def item_job_ended(job_id: str, item_pk: int, error: str, now: datetime) -> bool:
+    """An item's job ended Failed outside the activity's own code (no worker knew the
+    activity, its attempts were spent on kills or timeouts): record the item Failed
+    so its step can end. False if the item had ended."""
+    item = (
+        WorkflowItem.objects.select_related("step__run")
+        .filter(pk=item_pk, job_id=job_id, status=StepStatus.RUNNING)
+        .first()
+    )
+    if item is None:
+        return False
+    return end_item(item, StepStatus.FAILED, now, error_type="ActivityJobFailed", error=error)
 
 
 def record_item_error(item: WorkflowItem, error_type: str, error: str) -> None:

@@ -487,3 +487,19 @@ def test_metrics_count_runs_and_steps_and_gauge_unfinished_runs(settings):
         == tries + 2
     )
     assert value("ledon_workflow_runs", workflow="checks.signals", status="waiting") == 1
+
+
+def test_an_item_job_no_worker_can_run_fails_its_item_and_the_run_goes_on(settings):
+    from jobs import handlers as job_handlers
+    from workflows.handlers import register_activity_handler
+
+    settings.JOBS = {**settings.JOBS, "UNKNOWN_HANDLER_RETRY_SECONDS": 0}
+    start_workflow(SCOPE, "orphan-1", "checks.activity", {"value": 2})
+    job_handlers.unregister("checks.double", 1)
+    try:
+        snap = run_workflow(SCOPE, "orphan-1")
+    finally:
+        register_activity_handler(registry.get_activity("checks.double"))
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith("StepFailed: step 'double' failed: ActivityJobFailed:")
+    assert "checks.double" in snap.error
