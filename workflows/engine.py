@@ -239,8 +239,12 @@ def on_attempt_finished(
 ) -> None:
     """``jobs.signals.attempt_finished``: an item job that ended Failed for good (its
     activity unknown to every worker that claimed it, its attempts spent) ends its
-    item, so that the run is not left waiting for it."""
+    item, so that the run is not left waiting for it; an advance job that did lets
+    another advance take its run."""
     if outcome is not FinishOutcome.FAILED or retry_scheduled:
+        return
+    if claim.handler == store.ADVANCE_HANDLER:
+        store.release(claim.job_id, current_time())
         return
     if not claim.job_id.startswith(store.ITEM_JOB_PREFIX):
         return

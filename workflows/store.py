@@ -466,6 +466,29 @@ def end_item(
     return True
 
 
+def release(job_id: str, now: datetime) -> bool:
+    """RUNNING (held by advance job ``job_id``, which failed for good) -> WAITING, with
+    a new advance job: no other job may take a Running run, so without this the run
+    would wait for ever. False if that job did not hold any run."""
+    with transaction.atomic(using=alias()):
+        run = WorkflowRun.objects.filter(driver_job=job_id, status=RunStatus.RUNNING).first()
+        if run is None:
+            return False
+        released = WorkflowRun.objects.filter(
+            pk=run.pk, driver_job=job_id, status=RunStatus.RUNNING
+        ).update(
+            status=RunStatus.WAITING,
+            driver_token=None,
+            driver_job=None,
+            wake_pending=False,
+            waiting_for="a new advance (the last one failed)",
+            updated_at=now,
+        )
+        if released:
+            wake(run.pk, run.generation, "released", f"{job_id}@{run.advances}", now=now)
+        return bool(released)
+
+
 #: The prefix of every item job's id (see :func:`insert_items`).
 ITEM_JOB_PREFIX = "wf-item:"
 

@@ -503,3 +503,25 @@ def test_an_item_job_no_worker_can_run_fails_its_item_and_the_run_goes_on(settin
     assert snap.status == RunStatus.FAILED
     assert snap.error.startswith("StepFailed: step 'double' failed: ActivityJobFailed:")
     assert "checks.double" in snap.error
+
+
+def test_a_run_whose_advance_job_fails_for_good_is_taken_by_a_new_one(monkeypatch):
+    from django.db import OperationalError
+
+    from jobs.models import Job
+
+    start_workflow(SCOPE, "released-1", "checks.linear")
+    Job.objects.filter(handler=store.ADVANCE_HANDLER).update(max_attempts=1)
+    real = store.insert_step
+
+    def outage(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(store, "insert_step", outage)
+    (failed,) = run_workflows_inline(max_attempts_run=1)
+    assert failed.outcome == FinishOutcome.FAILED
+    run = WorkflowRun.objects.get(run_id="released-1")
+    assert run.status == RunStatus.WAITING
+    assert run.waiting_for == "a new advance (the last one failed)"
+    monkeypatch.setattr(store, "insert_step", real)
+    assert run_workflow(SCOPE, "released-1").status == RunStatus.SUCCEEDED
