@@ -14,9 +14,12 @@ Modules:
 - ``handlers`` — the job handlers: ``workflows.advance`` and one per activity.
 - ``api`` — ``start_workflow``, ``stage_workflow``, ``send_signal``, ``WorkflowScope``.
 - ``store`` — every state transition, one guarded statement each; reads, retention.
-- ``models`` / ``types`` / ``exceptions`` / ``conf`` / ``checks`` — tables, values,
-  errors, the ``WORKFLOWS`` setting, ``workflows.W001``.
+- ``models`` / ``types`` / ``exceptions`` / ``conf`` / ``checks`` / ``validation`` —
+  tables, values, errors, the ``WORKFLOWS`` setting, ``workflows.W001``, input rules.
+- ``observability`` (``hooks``, ``metrics``, ``reads``) — spans and signals, and the optional
+  Prometheus layer (``WORKFLOWS["TRACING"]``, ``WORKFLOWS["METRICS"]``).
 - ``testing`` — run workflows to completion in your tests, with a movable clock.
+- ``manage.py purge_workflows`` — delete finished runs past the retention.
 
 Public names are imported lazily so that listing ``"workflows"`` in
 ``INSTALLED_APPS`` never imports models before the app registry is ready.

@@ -1,32 +1,26 @@
 from __future__ import annotations
 
-from datetime import datetime
 from importlib import import_module
-from typing import TYPE_CHECKING
 
-from django.apps import AppConfig
+# The module, not the class: Django takes the one AppConfig subclass named in apps.py.
+import ledon.apps
 
 from .conf import workflows_settings
 
-if TYPE_CHECKING:
-    from ledon.dashboard import Panel
 
-
-class WorkflowsConfig(AppConfig):
+class WorkflowsConfig(ledon.apps.LedonAppConfig):
     name = "workflows"
     verbose_name = "Workflows"
-    default_auto_field = "django.db.models.BigAutoField"
     read_settings = workflows_settings
 
     def ready(self) -> None:
-        # The checks import the models, loaded by now.
-        import_module("workflows.checks")
-        # The jobs that advance runs and purge finished ones are handled in every
-        # worker, whatever JOBS["AUTODISCOVER_MODULE"] names.
+        super().ready()
+        # The jobs that advance runs and run activity items are handled in every
+        # process, whatever JOBS["AUTODISCOVER_MODULE"] names.
         import_module("workflows.handlers")
+        # An item job that fails for good outside its activity's code ends its item.
+        from jobs.signals import attempt_finished
 
-    def dashboard_panels(self, now: datetime) -> list[Panel]:
-        """The admin dashboard's panel of runs (read when the dashboard is shown)."""
-        from .dashboard import dashboard_panels  # the models are loaded only by now
+        from .engine import on_attempt_finished
 
-        return dashboard_panels(now)
+        attempt_finished.connect(on_attempt_finished, dispatch_uid="workflows.item_job_ended")

@@ -24,6 +24,10 @@ class WorkflowsSettings:
     ADVANCE_QUEUE: str = "default"
     #: Largest accepted input, output, step argument or result, in bytes of JSON text.
     MAX_VALUE_BYTES: int = 1_000_000
+    #: Prometheus counters of runs and steps, gauges of unfinished runs (``[metrics]``).
+    METRICS: bool = False
+    #: An OpenTelemetry span per advance and per inline step (``[otel]``).
+    TRACING: bool = False
 
 
 def _check(result: WorkflowsSettings) -> None:
@@ -44,6 +48,11 @@ def _check(result: WorkflowsSettings) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise WorkflowsConfigurationError(
                 f"WORKFLOWS[{key!r}] must be a positive integer, got {value!r}"
+            )
+    for key in ("METRICS", "TRACING"):
+        if not isinstance(getattr(result, key), bool):
+            raise WorkflowsConfigurationError(
+                f"WORKFLOWS[{key!r}] must be True or False, got {getattr(result, key)!r}"
             )
     if not isinstance(result.ADVANCE_QUEUE, str) or not result.ADVANCE_QUEUE:
         raise WorkflowsConfigurationError("WORKFLOWS['ADVANCE_QUEUE'] must be a queue name")

@@ -6,7 +6,7 @@ raises its recorded error) without running anything; the first one not recorded
 does its work — or records what it waits for — and, if it must wait, ends the
 advance (the run is WAITING) without holding a worker slot.
 
-Every write is fenced by the driver's token (:func:`workflows.store.fenced`): a
+Every write is fenced by the driver's token (:func:`workflows.store.guard`): a
 driver that lost the run records nothing. An inline step's function runs inside the
 transaction that records its checkpoint, so its writes to the default database and
 its checkpoint commit together or not at all.
@@ -31,6 +31,7 @@ from django.db import transaction
 
 from ledon.errors import storable_text
 from ledon.faults import fault_point
+from ledon.tracing import AttributeValue
 
 from . import registry, store, validation
 from .conf import workflows_settings
@@ -41,6 +42,7 @@ from .exceptions import (
     StepFailed,
 )
 from .models import WorkflowStep
+from .observability import hooks
 from .types import RunStatus, StepKind, StepStatus
 
 
@@ -151,13 +153,17 @@ class WorkflowContext:
                 checked, "used twice in one run; every checkpoint needs a key of its own"
             )
         self._seen.add(checked)
-        if store.cancel_requested(self._run.pk):
-            raise Stop(cancelled=True)
         step = self._steps.get(checked)
         if step is not None and step.kind != kind:
             self._nondeterministic(
                 checked, f"recorded as a {step.kind} checkpoint, reached now as a {kind}"
             )
+        # A recorded checkpoint only returns its value: the cancellation is read at the
+        # first one that has work to do or to wait for (one read per checkpoint that
+        # counts, none per replayed one).
+        finished = step is not None and step.status in (StepStatus.SUCCEEDED, StepStatus.FAILED)
+        if not finished and store.cancel_requested(self._run.pk):
+            raise Stop(cancelled=True)
         return checked, step
 
     def _nondeterministic(self, key: str, detail: str) -> None:
@@ -181,7 +187,7 @@ class WorkflowContext:
     def step(
         self,
         key: str,
-        fn: Callable[..., Any],
+        fn: Callable[..., Any] | str,
         *args: Any,
         retries: int = 0,
         timeout: float | None = None,
@@ -195,11 +201,13 @@ class WorkflowContext:
         back-off, ``retries`` times; then :class:`StepFailed` is raised here.
         ``timeout``: a try running longer is rolled back and counts as failed
         (``wf.cancel_requested`` turns true at that time, for the step to stop).
-        An ``@activity`` runs instead as one job on any worker (its own retries,
-        timeout and queue apply) and this returns its result.
+        An ``@activity`` (the function, or its registered name as a string) runs
+        instead as one job on any worker (its own retries, timeout and queue apply)
+        and this returns its result.
         """
-        spec = registry.activity_of(fn)
-        if spec is not None:
+        spec = registry.get_activity(fn) if isinstance(fn, str) else registry.activity_of(fn)
+        if spec is not None or isinstance(fn, str):
+            assert spec is not None  # get_activity raises for an unknown name
             payload = {"args": list(args), "kwargs": kwargs}
             return self._activities(key, StepKind.ACTIVITY, spec, [payload])[0]
         checked, step = self._reach(key, StepKind.STEP)
@@ -232,8 +240,12 @@ class WorkflowContext:
     ) -> Any:
         started = time.monotonic()
         self._deadline = None if timeout is None else started + timeout
+        attributes: dict[str, AttributeValue] = {"workflow.step": key, "workflow.try": tries}
         try:
-            with transaction.atomic(using=store.alias()):
+            with (
+                hooks.workflows_tracer().span("workflow.step", attributes=attributes),
+                transaction.atomic(using=store.alias()),
+            ):
                 value = fn(*args, **kwargs)
                 result_json = validation.to_json(value, f"the result of step {key!r}")
                 if timeout is not None and time.monotonic() - started > timeout:
@@ -266,12 +278,17 @@ class WorkflowContext:
             raise
         except Exception as exc:
             self._deadline = None
+            self._step_ended(StepKind.STEP, "failed", started)
             return self._failed_try(key, step, tries, retries, exc)
         finally:
             self._deadline = None
+        self._step_ended(StepKind.STEP, "succeeded", started)
         self._record(step)
         fault_point("workflows.step.after_checkpoint", run=self._run.pk, key=key)
         return validation.from_json(result_json)
+
+    def _step_ended(self, kind: StepKind, outcome: str, started: float) -> None:
+        hooks.step_ended(self._run.name, kind.value, outcome, time.monotonic() - started)
 
     def _failed_try(
         self, key: str, step: WorkflowStep | None, tries: int, retries: int, exc: Exception
@@ -311,13 +328,14 @@ class WorkflowContext:
             raise Suspend(f"retry of {key} at {_iso(retry_at)}", retry_at)
         raise StepFailed(key, error_type, message)
 
-    def map(self, key: str, fn: Callable[..., Any], items: Iterable[Any]) -> list[Any]:
-        """Run the activity ``fn`` once per item, each as its own job on any worker (in
-        parallel, under the activity's limits), and return the results in the items'
-        order. The run waits without a slot and resumes once, when the last item
-        ends; if items failed after their retries, :class:`StepFailed` is raised then.
+    def map(self, key: str, fn: Callable[..., Any] | str, items: Iterable[Any]) -> list[Any]:
+        """Run the activity ``fn`` (or the activity of that name) once per item, each
+        as its own job on any worker (in parallel, under the activity's limits), and
+        return the results in the items' order. The run waits without a slot and
+        resumes once, when the last item ends; if items failed after their retries,
+        :class:`StepFailed` is raised then.
         """
-        spec = registry.activity_of(fn)
+        spec = registry.get_activity(fn) if isinstance(fn, str) else registry.activity_of(fn)
         if spec is None:
             raise InvalidInput(
                 f"map {key!r}: {getattr(fn, '__name__', fn)!r} is not an @activity; "
@@ -543,7 +561,7 @@ class WorkflowContext:
             return payload
         if step.status == StepStatus.FAILED:
             raise SignalTimeout(checked)
-        raise Suspend(f"signal {checked}", step.wake_at)
+        raise Suspend(store.signal_wait(checked), step.wake_at)
 
     def child(self, key: str, name: str, input: Any = None, *, version: int | None = None) -> Any:
         """Start the child run ``"{run_id}/{key}"`` of workflow ``name`` in this run's
@@ -636,8 +654,8 @@ def _guard(driver: store.Driver, now: datetime) -> None:
 
 
 class _Fenced:
-    """``with ctx._write():`` — :func:`workflows.store.fenced`, a stale driver turned
-    into :class:`Stop`."""
+    """``with ctx._write():`` — a transaction fenced by :func:`workflows.store.guard`
+    first, a stale driver turned into :class:`Stop`."""
 
     def __init__(self, driver: store.Driver, now: datetime) -> None:
         self._atomic = transaction.atomic(using=store.alias())

@@ -28,14 +28,18 @@ from django.utils import timezone
 
 from jobs.context import JobContext
 from jobs.handlers import Snooze
+from jobs.models import Job
+from jobs.types import Claim, FinishOutcome
 from ledon.errors import storable_text
 from ledon.faults import fault_point
+from ledon.tracing import AttributeValue
 
 from . import registry, store, validation
 from .conf import workflows_settings
 from .context import Stop, Suspend, WorkflowContext, _activity_context, error_parts, retry_delay
 from .exceptions import InvalidInput, StepFailed
 from .models import WorkflowRun
+from .observability import hooks
 from .types import RunStatus, StepStatus
 
 logger = logging.getLogger(__name__)
@@ -78,17 +82,35 @@ class VersionMissing(Exception):
     worker that has (its advance job is put back, never failed)."""
 
 
-def advance(run_pk: int) -> Advanced:
-    """Advance run ``run_pk`` as far as it goes now (see the module docstring)."""
+def advance(run_pk: int, job_id: str | None = None) -> Advanced:
+    """Advance run ``run_pk`` as far as it goes now (see the module docstring);
+    ``job_id``: the advance job doing it (see :func:`workflows.store.take`)."""
     row = WorkflowRun.objects.filter(pk=run_pk).values_list("name", "version", "status").first()
     if row is None or row[2] in RunStatus.finished():
         return Advanced.NOTHING
     spec = registry.find_workflow(row[0], row[1])
     if spec is None:
         raise VersionMissing(f"no workflow {row[0]!r} version {row[1]} in this worker")
-    driver = store.take(run_pk, now=current_time())
+    driver = store.take(run_pk, job_id, now=current_time())
     if driver is None:
         return Advanced.NOTHING
+    attributes: dict[str, AttributeValue] = {
+        "workflow.name": spec.name,
+        "workflow.version": spec.version,
+        "workflow.run_id": driver.run.run_id,
+    }
+    # The advance is a child of its job's attempt span, and the jobs it stages (items,
+    # children, wake-ups) carry its context.
+    with hooks.workflows_tracer().span("workflow.advance", attributes=attributes) as span:
+        while True:
+            outcome = _replay(driver, spec)
+            if outcome is not None:
+                span.set_attribute("workflow.outcome", outcome.value)
+                return outcome
+
+
+def _replay(driver: store.Driver, spec: registry.WorkflowSpec) -> Advanced | None:
+    """Run the body once from the top; None: replay again (a wake-up came meanwhile)."""
     ctx = WorkflowContext(driver, current_time)
     try:
         output = spec.func(ctx)
@@ -105,7 +127,7 @@ def advance(run_pk: int) -> Advanced:
         return _fail(driver, failed, failed.key)
     except DatabaseError:
         # An outage, not the body's fault: the advance job fails and is tried again
-        # (the run stays taken by this token until the next advance takes it over).
+        # (the run stays with this job, which takes it back when it runs again).
         raise
     except Exception as exc:
         failed_step = ctx.nondeterminism.key if ctx.nondeterminism is not None else ""
@@ -119,9 +141,12 @@ def advance(run_pk: int) -> Advanced:
     return _end(driver, RunStatus.SUCCEEDED, output_json=output_json)
 
 
-def _suspend(driver: store.Driver, wait: Suspend) -> Advanced:
-    if store.suspend(driver, wait.waiting_for, wait.wake_at, current_time()):
+def _suspend(driver: store.Driver, wait: Suspend) -> Advanced | None:
+    suspended = store.suspend(driver, wait.waiting_for, wait.wake_at, current_time())
+    if suspended is store.Suspended.WAITING:
         return Advanced.WAITING
+    if suspended is store.Suspended.WAKE_PENDING:
+        return None
     if store.cancel_requested(driver.run.pk):
         # A cancel came while this advance ran: the run ends Cancelled here.
         return _end(driver, RunStatus.CANCELLED, error="cancelled on request")
@@ -152,6 +177,7 @@ def _end(
         driver, status, now, output_json=output_json, error=error, failed_step=failed_step
     ):
         return Advanced.NOTHING
+    hooks.finished(driver.run.name, driver.run.version, status.value)
     _retention(driver.run.pk, now)
     return Advanced(status.value)
 
@@ -207,3 +233,30 @@ def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
         _activity_context.ctx = None
     fault_point("workflows.item.before_record", item=item.pk)
     store.end_item(item, StepStatus.SUCCEEDED, current_time(), result_json=result_json)
+
+
+def on_attempt_finished(
+    sender: Any, *, claim: Claim, outcome: FinishOutcome, retry_scheduled: bool, **kwargs: Any
+) -> None:
+    """``jobs.signals.attempt_finished``: an item job that ended Failed for good (its
+    activity unknown to every worker that claimed it, its attempts spent) ends its
+    item, so that the run is not left waiting for it; an advance job that did lets
+    another advance take its run."""
+    if outcome is not FinishOutcome.FAILED or retry_scheduled:
+        return
+    if claim.handler == store.ADVANCE_HANDLER:
+        store.release(claim.job_id, current_time())
+        return
+    if not claim.job_id.startswith(store.ITEM_JOB_PREFIX):
+        return
+    payload = claim.payload
+    item_pk = payload.get("item") if isinstance(payload, dict) else None
+    if not isinstance(item_pk, int):
+        return
+    error = (
+        Job.objects.filter(scope_hash=claim.scope_hash, job_id=claim.job_id)
+        .values_list("error", flat=True)
+        .first()
+    )
+    message = (error or "the item's job failed").strip().splitlines()[-1]
+    store.item_job_ended(claim.job_id, item_pk, message, current_time())

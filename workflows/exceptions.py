@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
+from jobs import exceptions as jobs_exceptions
 from ledon.errors import DocumentedError
 
 
@@ -32,6 +33,16 @@ class UnknownWorkflow(InvalidWorkflow, LookupError):
 
 class UnknownActivity(InvalidWorkflow, LookupError):
     """No activity is registered under this name."""
+
+
+class AmbientTransactionError(WorkflowError, jobs_exceptions.AmbientTransactionError):
+    """start_workflow() runs in its own transaction and refuses to run inside an open
+    transaction.atomic() block; use stage_workflow() to create the run as part of it."""
+
+
+class TransactionRequiredError(WorkflowError, jobs_exceptions.TransactionRequiredError):
+    """stage_workflow() must be called inside a transaction.atomic() block; use
+    start_workflow() to create a run on its own."""
 
 
 class WorkflowIdentityConflict(WorkflowError):

@@ -20,7 +20,7 @@ def advance_run(ctx: JobContext) -> None:
     from .engine import VersionMissing, advance
 
     try:
-        advance(int(ctx.payload["run"]))
+        advance(int(ctx.payload["run"]), ctx.job_id)
     except VersionMissing:
         # A worker without the run's (name, version) leaves the run waiting for one
         # that has it: the job comes back later, never failed for that.

@@ -36,8 +36,11 @@ class WorkflowRun(models.Model):
 
     ``driver_token`` fences the worker advancing the run: it is replaced by a guarded
     update when a worker takes the run, and every checkpoint write is guarded by it,
-    so a stale driver records nothing. ``generation`` counts resumes; it is part of
-    the ids of the jobs that advance the run, so a resumed run gets fresh jobs.
+    so a stale driver records nothing. A run is taken from WAITING, or from RUNNING
+    only by the advance job that holds it (``driver_job``, running again after its
+    worker died); any other wake-up of a RUNNING run sets ``wake_pending``.
+    ``generation`` counts resumes; it is part of the ids of the jobs that advance the
+    run, so a resumed run gets fresh jobs.
     """
 
     scope_hash = models.CharField(max_length=64)
@@ -53,6 +56,12 @@ class WorkflowRun(models.Model):
     #: When a timer or a retry's back-off wakes the run (the picture's "until when").
     wake_at = models.DateTimeField(null=True, blank=True)
     driver_token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
+    #: The advance job whose driver holds the run (it may take the run over when it
+    #: runs again after its worker died).
+    driver_job = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    #: Something woke the run while a driver held it: that driver replays once more
+    #: instead of waiting.
+    wake_pending = models.BooleanField(default=False)
     generation = models.PositiveIntegerField(default=0)
     advances = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)

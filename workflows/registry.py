@@ -127,10 +127,16 @@ def activity(
                     f"{_qualified(existing.func)} and {_qualified(func)}"
                 )
             _activities[name] = spec
-        # The item jobs' handler; imported here because handlers imports the engine.
+        # The item jobs' handler; imported here: the handlers module imports this one.
         from .handlers import register_activity_handler
 
-        register_activity_handler(spec)
+        try:
+            register_activity_handler(spec)
+        except JobsError as exc:
+            with _lock:
+                if existing is None:
+                    _activities.pop(name, None)
+            raise InvalidWorkflow(f"activity {name!r}: {exc}") from None
         func.__workflow_activity__ = name  # type: ignore[attr-defined]
         return func
 

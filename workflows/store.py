@@ -5,9 +5,11 @@ allow it — inside ``transaction.atomic``, and returns a typed outcome or raise
 typed error. Nothing else in the app writes to the workflows tables.
 
     create_run / stage ........ (new) -> WAITING + its first advance job
-    take ...................... WAITING | RUNNING -> RUNNING, new driver token
-    fenced .................... every checkpoint write: guarded by the driver token
-    suspend ................... RUNNING (token) -> WAITING (what for, until when)
+    take ...................... WAITING (or RUNNING, its own job again) -> RUNNING,
+                                new driver token; else RUNNING + wake pending
+    guard ..................... every checkpoint write: fenced by the driver token
+    suspend ................... RUNNING (token, no wake pending) -> WAITING (what for,
+                                until when); a pending wake: replay again
     finish .................... RUNNING (token) -> SUCCEEDED | FAILED | CANCELLED
     start_item / end_item ..... an item's tries; the last item to end wakes the run
     send_signal ............... (new signal); wakes the run if it may wait for it
@@ -23,16 +25,15 @@ same reason create one job, and a replayed writer finds its job already there.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from jobs import store as job_store
@@ -40,15 +41,19 @@ from jobs import validation as job_validation
 from jobs.types import JobSubmission
 from ledon.db import alias_for, in_caller_atomic_block
 from ledon.errors import storable_text
+from ledon.faults import fault_point
 
 from .conf import workflows_settings
 from .exceptions import (
+    AmbientTransactionError,
     InvalidTransition,
     RunNotFound,
     SignalConflict,
+    TransactionRequiredError,
     WorkflowIdentityConflict,
 )
 from .models import WorkflowItem, WorkflowRun, WorkflowSignal, WorkflowStep
+from .observability import hooks
 from .types import (
     CancelOutcome,
     ItemCounts,
@@ -168,6 +173,7 @@ def _create(
             ) from None
         return snapshot(existing, created=False)
     wake(run.pk, 0, "start", now=now)
+    transaction.on_commit(lambda: hooks.started(name, version), using=alias())
     return snapshot(run, created=True, with_steps=False)
 
 
@@ -176,18 +182,12 @@ def create_run(
 ) -> RunSnapshot:
     """Create a run: in its own transaction (``staged`` False; refuses the caller's
     atomic block) or inside the caller's (``staged`` True; requires one)."""
-    from jobs.exceptions import AmbientTransactionError, TransactionRequiredError
-
     using = alias()
     inside = in_caller_atomic_block(transaction.get_connection(using))
     if staged and not inside:
-        raise TransactionRequiredError(
-            "stage_workflow() must run inside transaction.atomic(); use start_workflow()"
-        )
+        raise TransactionRequiredError()
     if not staged and inside:
-        raise AmbientTransactionError(
-            "start_workflow() commits on its own; inside transaction.atomic() use stage_workflow()"
-        )
+        raise AmbientTransactionError()
     now = timezone.now()
     if staged:
         try:
@@ -223,19 +223,37 @@ class Driver:
     token: str
 
 
-def take(run_pk: int, *, now: datetime | None = None) -> Driver | None:
-    """Take the run for one advance: WAITING or RUNNING (its last driver stopped or was
-    killed) -> RUNNING with a new driver token. None if the run has finished."""
+def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None) -> Driver | None:
+    """Take the run for one advance -> RUNNING with a new driver token.
+
+    From WAITING; or from RUNNING when ``job_id`` is the advance job that took it last
+    (that job's worker was killed, or its advance failed on an outage, and the job
+    runs again), or when no job is named (an operator's or a test's direct call).
+    Another job that finds the run RUNNING does not take it over — it would run the
+    current step a second time beside the live driver — but leaves a wake-up for
+    that driver, which then replays once more before it waits. None if the run was
+    not taken.
+    """
     now = now_or(now)
     token = uuid.uuid4().hex
+    takeable = Q(status=RunStatus.WAITING)
+    if job_id is None:
+        takeable |= Q(status=RunStatus.RUNNING)
+    else:
+        takeable |= Q(status=RunStatus.RUNNING, driver_job=job_id)
     with transaction.atomic(using=alias()):
-        taken = WorkflowRun.objects.filter(pk=run_pk, status__in=RunStatus.unfinished()).update(
+        taken = WorkflowRun.objects.filter(takeable, pk=run_pk).update(
             status=RunStatus.RUNNING,
             driver_token=token,
+            driver_job=job_id,
+            wake_pending=False,
             advances=F("advances") + 1,
             updated_at=now,
         )
         if not taken:
+            WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.RUNNING).update(
+                wake_pending=True
+            )
             return None
         run = WorkflowRun.objects.get(pk=run_pk)
     return Driver(run, token)
@@ -250,15 +268,6 @@ def guard(driver: Driver, now: datetime) -> None:
     ).update(updated_at=now)
     if not held:
         raise StaleDriver(f"run {driver.run.run_id!r}: another driver holds it")
-
-
-@contextmanager
-def fenced(driver: Driver, now: datetime) -> Iterator[None]:
-    """A transaction whose writes commit only if ``driver`` still holds the run
-    (:class:`StaleDriver` otherwise, everything rolled back)."""
-    with transaction.atomic(using=alias()):
-        guard(driver, now)
-        yield
 
 
 def cancel_requested(run_pk: int) -> bool:
@@ -277,8 +286,8 @@ def insert_step(
     now: datetime,
     **fields: Any,
 ) -> WorkflowStep:
-    """Record a new checkpoint (inside :func:`fenced`). The unique (run, key) makes a
-    second recording of one key impossible whatever races."""
+    """Record a new checkpoint (inside a transaction :func:`guard` fenced). The unique
+    (run, key) makes a second recording of one key impossible whatever races."""
     finished = now if status in (StepStatus.SUCCEEDED, StepStatus.FAILED) else None
     return WorkflowStep.objects.create(
         run=driver.run,
@@ -292,7 +301,7 @@ def insert_step(
 
 
 def update_step(step: WorkflowStep, expected: StepStatus, **fields: Any) -> bool:
-    """Move a checkpoint from ``expected`` (inside :func:`fenced`); False if it was not
+    """Move a checkpoint from ``expected`` (inside a fenced transaction); False if it was not
     there any more."""
     changed = WorkflowStep.objects.filter(pk=step.pk, status=expected).update(**fields)
     if changed:
@@ -302,8 +311,8 @@ def update_step(step: WorkflowStep, expected: StepStatus, **fields: Any) -> bool
 
 
 def insert_items(step: WorkflowStep, scope_hash: str, activity: Any, args: list[str]) -> None:
-    """The items of an activity or map step and one job per item (inside
-    :func:`fenced`), in the run's scope so per-scope limits apply to them."""
+    """The items of an activity or map step and one job per item (inside a fenced
+    transaction), in the run's scope so per-scope limits apply to them."""
     run = step.run
     items = [
         WorkflowItem(
@@ -311,7 +320,7 @@ def insert_items(step: WorkflowStep, scope_hash: str, activity: Any, args: list[
             index=index,
             status=StepStatus.RUNNING,
             args_json=args_json,
-            job_id=f"wf-item:{run.pk}.{run.generation}:{_digest(step.key)}:{index}",
+            job_id=f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{_digest(step.key)}:{index}",
         )
         for index, args_json in enumerate(args)
     ]
@@ -327,20 +336,37 @@ def insert_items(step: WorkflowStep, scope_hash: str, activity: Any, args: list[
         job_store.stage(scope_hash, item.job_id, sub)
 
 
-def suspend(driver: Driver, waiting_for: str, wake_at: datetime | None, now: datetime) -> bool:
-    """RUNNING (this driver) -> WAITING: the advance ends without holding a slot."""
+class Suspended(enum.Enum):
+    """How :func:`suspend` went."""
+
+    #: The run is WAITING.
+    WAITING = "waiting"
+    #: A wake-up came while this driver replayed: replay again (the flag is cleared).
+    WAKE_PENDING = "wake_pending"
+    #: This driver no longer holds the run.
+    STALE = "stale"
+
+
+def suspend(driver: Driver, waiting_for: str, wake_at: datetime | None, now: datetime) -> Suspended:
+    """RUNNING (this driver, no wake-up pending) -> WAITING: the advance ends without
+    holding a slot. A wake-up left meanwhile (a signal, the last item, a child's end,
+    another advance job) makes the driver replay instead, so none is lost."""
+    held = WorkflowRun.objects.filter(
+        pk=driver.run.pk, driver_token=driver.token, status=RunStatus.RUNNING
+    )
     with transaction.atomic(using=alias()):
-        return bool(
-            WorkflowRun.objects.filter(
-                pk=driver.run.pk, driver_token=driver.token, status=RunStatus.RUNNING
-            ).update(
-                status=RunStatus.WAITING,
-                driver_token=None,
-                waiting_for=waiting_for[:500],
-                wake_at=wake_at,
-                updated_at=now,
-            )
-        )
+        if held.filter(wake_pending=False).update(
+            status=RunStatus.WAITING,
+            driver_token=None,
+            driver_job=None,
+            waiting_for=waiting_for[:500],
+            wake_at=wake_at,
+            updated_at=now,
+        ):
+            return Suspended.WAITING
+        if held.filter(wake_pending=True).update(wake_pending=False, updated_at=now):
+            return Suspended.WAKE_PENDING
+    return Suspended.STALE
 
 
 def finish(
@@ -360,6 +386,7 @@ def finish(
         ).update(
             status=status,
             driver_token=None,
+            driver_job=None,
             output_json=output_json,
             error=storable_text(error),
             failed_step=failed_step,
@@ -412,8 +439,6 @@ def end_item(
     """Record an item's end and count it off its step in one transaction; the item that
     brings the count to zero wakes the run (once: the count reaches zero once, and the
     wake's job id is the step's). False if the item had ended already."""
-    from ledon.faults import fault_point
-
     step = item.step
     with transaction.atomic(using=alias()):
         ended = WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
@@ -439,6 +464,47 @@ def end_item(
             if generation is not None:
                 wake(run.pk, generation, "items", step.key, now=now)
     return True
+
+
+def release(job_id: str, now: datetime) -> bool:
+    """RUNNING (held by advance job ``job_id``, which failed for good) -> WAITING, with
+    a new advance job: no other job may take a Running run, so without this the run
+    would wait for ever. False if that job did not hold any run."""
+    with transaction.atomic(using=alias()):
+        run = WorkflowRun.objects.filter(driver_job=job_id, status=RunStatus.RUNNING).first()
+        if run is None:
+            return False
+        released = WorkflowRun.objects.filter(
+            pk=run.pk, driver_job=job_id, status=RunStatus.RUNNING
+        ).update(
+            status=RunStatus.WAITING,
+            driver_token=None,
+            driver_job=None,
+            wake_pending=False,
+            waiting_for="a new advance (the last one failed)",
+            updated_at=now,
+        )
+        if released:
+            wake(run.pk, run.generation, "released", f"{job_id}@{run.advances}", now=now)
+        return bool(released)
+
+
+#: The prefix of every item job's id (see :func:`insert_items`).
+ITEM_JOB_PREFIX = "wf-item:"
+
+
+def item_job_ended(job_id: str, item_pk: int, error: str, now: datetime) -> bool:
+    """An item's job ended Failed outside the activity's own code (no worker knew the
+    activity, its attempts were spent on kills or timeouts): record the item Failed
+    so its step can end. False if the item had ended."""
+    item = (
+        WorkflowItem.objects.select_related("step__run")
+        .filter(pk=item_pk, job_id=job_id, status=StepStatus.RUNNING)
+        .first()
+    )
+    if item is None:
+        return False
+    return end_item(item, StepStatus.FAILED, now, error_type="ActivityJobFailed", error=error)
 
 
 def record_item_error(item: WorkflowItem, error_type: str, error: str) -> None:
@@ -488,8 +554,6 @@ def send_signal(scope_hash: str, run_id: str, key: str, payload_json: str) -> Si
     that commits). The run row is locked first, so a driver that is about to wait for
     this key either sees the signal or is woken by it.
     """
-    from ledon.faults import fault_point
-
     now = timezone.now()
     with transaction.atomic(using=alias()):
         run = _run_in_scope(scope_hash, run_id)
@@ -508,10 +572,21 @@ def send_signal(scope_hash: str, run_id: str, key: str, payload_json: str) -> Si
             return SignalOutcome.RUN_FINISHED
         WorkflowSignal.objects.create(run=run, key=key, payload_json=payload_json, created_at=now)
         fault_point("workflows.signal.deliver", run=run.pk, key=key)
-        waits_elsewhere = run.status == RunStatus.WAITING and run.waiting_for != f"signal {key}"
-        if not waits_elsewhere:
+        if run.status == RunStatus.RUNNING:
+            # The driver replays once more before it waits (see suspend).
+            WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+                wake_pending=True
+            )
+        elif run.waiting_for == signal_wait(key):
             wake(run.pk, run.generation, "signal", key, now=now)
+        # Waiting for anything else (its first advance, a timer, items…): the run
+        # reads the kept signal when its body reaches the wait.
     return SignalOutcome.DELIVERED
+
+
+def signal_wait(key: str) -> str:
+    """What a run waiting for signal ``key`` says it waits for."""
+    return f"signal {key}"
 
 
 def signal_payload(run: WorkflowRun, key: str) -> tuple[bool, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from workflows import WorkflowContext, activity, workflow
+from workflows import WorkflowContext, activity, current_activity, workflow
 from workflows.exceptions import SignalTimeout, StepFailed
 
 from .models import Effect
@@ -122,3 +122,49 @@ def clock(wf: WorkflowContext) -> Any:
     first = wf.now("t")
     wf.sleep("nap", 60)
     return {"t": first.isoformat(), "again": wf.now("t2") >= first}
+
+
+@activity("checks.until_cancelled")
+def until_cancelled(run_id: str) -> str:
+    """Runs until its job's cancellation is requested (the run was cancelled)."""
+    _effect(run_id, "started", "activity")
+    job = current_activity()
+    if job.wait_for_cancel(120):
+        _effect(run_id, "saw-cancel", "activity")
+    return "stopped"
+
+
+@workflow("checks.cancellable", version=1)
+def cancellable(wf: WorkflowContext) -> Any:
+    return wf.step("wait", until_cancelled, wf.run_id)
+
+
+@workflow("checks.until", version=1)
+def until(wf: WorkflowContext) -> Any:
+    from datetime import datetime
+
+    wf.sleep_until("alarm", datetime.fromisoformat(wf.input["when"]))
+    return wf.now("woke").isoformat()
+
+
+@workflow("checks.bad_args", version=1)
+def bad_args(wf: WorkflowContext) -> Any:
+    return wf.step("double", double, {"run": wf.run_id, "value": {1, 2}})
+
+
+#: Items of "checks.resumable" that fail, by value (tests change it).
+FAILING: set[int] = set()
+
+
+@activity("checks.picky")
+def picky(value: int) -> int:
+    if value in FAILING:
+        raise LookupError(f"no {value}")
+    return value
+
+
+@workflow("checks.resumable", version=1)
+def resumable(wf: WorkflowContext) -> Any:
+    first = wf.step("first", write_effect, wf.run_id, "first", 1)
+    values = wf.map("pick", picky, [1, 2, 3])
+    return {"first": first, "values": values}

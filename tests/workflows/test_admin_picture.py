@@ -15,8 +15,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from workflows.dashboard import dashboard_panels, waiting_reason
 from workflows.models import WorkflowItem, WorkflowRun, WorkflowStep
+from workflows.observability.reads import dashboard_panels, waiting_reason
 from workflows.picture import duration, layout
 from workflows.types import (
     ItemCounts,

@@ -19,6 +19,7 @@ from workflows import (
     StepStatus,
     WorkflowContext,
     WorkflowScope,
+    activity,
     registry,
     send_signal,
     start_workflow,
@@ -77,6 +78,12 @@ def bad_result(wf: WorkflowContext) -> Any:
     return wf.step("obj", lambda: object())
 
 
+@workflow("rules.by_name", version=1)
+def by_name(wf: WorkflowContext) -> Any:
+    doubled = wf.map("double", "checks.double", [{"run": wf.run_id, "value": 1}])
+    return wf.map("unknown", wf.input["activity"], doubled) if wf.input else doubled
+
+
 @workflow("rules.plain_map", version=1)
 def plain_map(wf: WorkflowContext) -> Any:
     return wf.map("plain", lambda item: item, [1])
@@ -99,10 +106,45 @@ def test_a_stale_driver_records_nothing():
     # Its step ran but rolled back with its checkpoint: nothing recorded.
     assert not WorkflowStep.objects.exists()
     assert not Effect.objects.exists()
-    assert not store.suspend(first, "anything", None, timezone.now())
+    assert store.suspend(first, "anything", None, timezone.now()) is store.Suspended.STALE
     current = Context(second, timezone.now)
     assert current.step("a", checks.write_effect, "stale-1", "a", 3) == 3
     assert list(WorkflowStep.objects.values_list("key", flat=True)) == ["a"]
+
+
+def test_another_advance_job_never_takes_a_running_run_but_makes_its_driver_replay():
+    snap = start_workflow(SCOPE, "pending-1", "checks.signals", {})
+    pk = WorkflowRun.objects.get(run_id=snap.run_id).pk
+    driver = store.take(pk, "job-1")
+    assert driver is not None
+    assert store.take(pk, "job-2") is None
+    assert WorkflowRun.objects.get(pk=pk).wake_pending
+    now = timezone.now()
+    assert store.suspend(driver, "signal approved", None, now) is store.Suspended.WAKE_PENDING
+    assert store.suspend(driver, "signal approved", None, now) is store.Suspended.WAITING
+    # The job that held it may take it back from RUNNING (its worker died).
+    again = store.take(pk, "job-3")
+    assert again is not None
+    assert store.take(pk, "job-3") is not None
+    assert WorkflowRun.objects.get(pk=pk).driver_job == "job-3"
+
+
+def test_a_signal_sent_while_the_run_is_driven_is_read_before_it_waits(monkeypatch):
+    from workflows import engine
+
+    start_workflow(SCOPE, "pending-2", "checks.signals", {})
+    pk = WorkflowRun.objects.get(run_id="pending-2").pk
+    real = store.suspend
+
+    def signal_then_suspend(*args: Any) -> Any:
+        # The signal commits after the replay looked for it, before the run waits.
+        if not WorkflowRun.objects.get(pk=pk).signals.exists():
+            assert send_signal(SCOPE, "pending-2", "approved", "late") == "delivered"
+        return real(*args)
+
+    monkeypatch.setattr(store, "suspend", signal_then_suspend)
+    assert engine.advance(pk, "job-1") == "succeeded"
+    assert WorkflowScope(SCOPE).get("pending-2").output == "late"
 
 
 def test_a_checkpoint_reached_as_another_kind_fails_the_run_as_non_deterministic():
@@ -206,6 +248,12 @@ def test_a_second_definition_of_a_name_and_version_is_invalid():
 
     with pytest.raises(InvalidWorkflow):
         workflow("bad name!", version=1)
+    # An activity is a job handler of its name: a job handler's name is taken.
+    with pytest.raises(InvalidWorkflow):
+        activity("workflows.advance")(lambda item: item)
+    with pytest.raises(InvalidWorkflow):
+        activity("checks.double")(lambda item: item)
+    assert registry.activity_of(checks.double) is registry.get_activity("checks.double")
     with pytest.raises(InvalidWorkflow):
         workflow("rules.x", version=0)
 
@@ -253,6 +301,16 @@ def test_bad_input_in_a_body_fails_the_run_with_a_clear_error(name, error):
     snap = run_workflow(SCOPE, "body-1")
     assert snap.status == RunStatus.FAILED
     assert snap.error.startswith(error)
+
+
+def test_an_activity_is_also_called_by_its_name_and_an_unknown_name_is_an_error():
+    start_workflow(SCOPE, "name-1", "rules.by_name")
+    assert run_workflow(SCOPE, "name-1").output == [2]
+    start_workflow(SCOPE, "name-2", "rules.by_name", {"activity": "no.such.activity"})
+    snap = run_workflow(SCOPE, "name-2")
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith("UnknownActivity: no activity registered as 'no.such.activity'")
+    assert [step.key for step in snap.steps] == ["double"]
 
 
 def test_nondeterministic_workflow_names_its_key():
@@ -376,3 +434,94 @@ def test_a_signal_sent_by_a_consumer_commits_with_its_inbox_record():
     assert handle("ok") is True
     assert handle("ok") is False  # the redelivered message: consumed once
     assert run_workflow(SCOPE, "inbox-1").output == "ok"
+
+
+def test_each_advance_and_inline_step_is_a_span_under_its_job_attempt(settings, spans):
+    settings.JOBS = {**settings.JOBS, "TRACING": True}
+    settings.WORKFLOWS = {"TRACING": True}
+    start_workflow(SCOPE, "traced-1", "checks.flaky", {"fail_times": 1, "retries": 1})
+    run_workflow(SCOPE, "traced-1")
+    finished = spans.get_finished_spans()
+    advances = [s for s in finished if s.name == "workflow.advance"]
+    steps = [s for s in finished if s.name == "workflow.step"]
+    assert [s.attributes["workflow.outcome"] for s in advances] == ["waiting", "succeeded"]
+    assert [s.attributes["workflow.try"] for s in steps] == [1, 2]
+    assert steps[0].status.status_code.name == "ERROR"
+    by_id = {s.context.span_id: s for s in finished}
+    for step, advance in zip(steps, advances, strict=True):
+        assert step.parent.span_id == advance.context.span_id
+        assert by_id[advance.parent.span_id].name.startswith("job")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_count_runs_and_steps_and_gauge_unfinished_runs(settings):
+    """(A transactional test: a run counts as started when its transaction commits.)"""
+    from prometheus_client import REGISTRY
+
+    settings.WORKFLOWS = {"METRICS": True}
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    started = value("ledon_workflow_runs_started_total", workflow="checks.flaky")
+    failed = value("ledon_workflow_runs_finished_total", workflow="checks.flaky", outcome="failed")
+    tries = value(
+        "ledon_workflow_step_seconds_count", workflow="checks.flaky", kind="step", outcome="failed"
+    )
+    start_workflow(SCOPE, "metered-1", "checks.flaky", {"fail_times": 5, "retries": 1})
+    start_workflow(SCOPE, "metered-2", "checks.signals", {})
+    run_workflow(SCOPE, "metered-1")
+    run_workflows_inline()
+    assert value("ledon_workflow_runs_started_total", workflow="checks.flaky") == started + 1
+    assert (
+        value("ledon_workflow_runs_finished_total", workflow="checks.flaky", outcome="failed")
+        == failed + 1
+    )
+    assert (
+        value(
+            "ledon_workflow_step_seconds_count",
+            workflow="checks.flaky",
+            kind="step",
+            outcome="failed",
+        )
+        == tries + 2
+    )
+    assert value("ledon_workflow_runs", workflow="checks.signals", status="waiting") == 1
+
+
+def test_an_item_job_no_worker_can_run_fails_its_item_and_the_run_goes_on(settings):
+    from jobs import handlers as job_handlers
+    from workflows.handlers import register_activity_handler
+
+    settings.JOBS = {**settings.JOBS, "UNKNOWN_HANDLER_RETRY_SECONDS": 0}
+    start_workflow(SCOPE, "orphan-1", "checks.activity", {"value": 2})
+    job_handlers.unregister("checks.double", 1)
+    try:
+        snap = run_workflow(SCOPE, "orphan-1")
+    finally:
+        register_activity_handler(registry.get_activity("checks.double"))
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith("StepFailed: step 'double' failed: ActivityJobFailed:")
+    assert "checks.double" in snap.error
+
+
+def test_a_run_whose_advance_job_fails_for_good_is_taken_by_a_new_one(monkeypatch):
+    from django.db import OperationalError
+
+    from jobs.models import Job
+
+    start_workflow(SCOPE, "released-1", "checks.linear")
+    Job.objects.filter(handler=store.ADVANCE_HANDLER).update(max_attempts=1)
+    real = store.insert_step
+
+    def outage(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(store, "insert_step", outage)
+    (failed,) = run_workflows_inline(max_attempts_run=1)
+    assert failed.outcome == FinishOutcome.FAILED
+    run = WorkflowRun.objects.get(run_id="released-1")
+    assert run.status == RunStatus.WAITING
+    assert run.waiting_for == "a new advance (the last one failed)"
+    monkeypatch.setattr(store, "insert_step", real)
+    assert run_workflow(SCOPE, "released-1").status == RunStatus.SUCCEEDED

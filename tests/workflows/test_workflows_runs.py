@@ -323,12 +323,16 @@ def test_using_one_key_twice_fails_the_run_as_non_deterministic():
 
 
 def test_stage_workflow_creates_the_run_only_if_the_transaction_commits():
-    from jobs.exceptions import AmbientTransactionError, TransactionRequiredError
+    from jobs import exceptions as jobs_exceptions
+    from workflows.exceptions import AmbientTransactionError, TransactionRequiredError
 
-    with pytest.raises(TransactionRequiredError):
+    with pytest.raises(TransactionRequiredError) as required:
         stage_workflow(SCOPE, "st-1", "checks.linear")
-    with pytest.raises(AmbientTransactionError), transaction.atomic():
+    with pytest.raises(AmbientTransactionError) as ambient, transaction.atomic():
         start_workflow(SCOPE, "st-1", "checks.linear")
+    # Also the jobs' errors of the same rule, for code that catches those.
+    assert isinstance(required.value, jobs_exceptions.TransactionRequiredError)
+    assert isinstance(ambient.value, jobs_exceptions.AmbientTransactionError)
     rolled_back(lambda: stage_workflow(SCOPE, "st-1", "checks.linear"))
     assert WorkflowScope(SCOPE).get("st-1") is None
     assert run_workflows_inline() == []
@@ -359,3 +363,59 @@ def test_list_filters_by_status_and_name():
     assert [r.run_id for r in scope.list(status=RunStatus.SUCCEEDED)] == ["ls-1"]
     assert [r.run_id for r in scope.list(name="checks.signals")] == ["ls-2"]
     assert [r.run_id for r in scope.list(limit=1)] == ["ls-1"]
+
+
+def test_sleep_until_resumes_no_earlier_than_the_time_given():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    when = timezone.now() + timedelta(days=2)
+    start_workflow(SCOPE, "until-1", "checks.until", {"when": when.isoformat()})
+    clock = TestClock()
+    run_workflows_inline(clock=clock)
+    assert WorkflowScope(SCOPE).get("until-1").waiting_for == f"timer until {when.isoformat()}"
+    snap = run_workflow(SCOPE, "until-1", clock=clock)
+    assert snap.output == when.isoformat()
+
+
+def test_activity_arguments_that_are_not_json_are_an_error_naming_the_step():
+    start_workflow(SCOPE, "args-1", "checks.bad_args")
+    snap = run_workflow(SCOPE, "args-1")
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith("InvalidInput: the arguments of activity 'double' item 0:")
+    assert snap.steps == ()
+
+
+def test_resume_runs_a_failed_map_again_and_keeps_recorded_steps():
+    checks.FAILING.add(2)
+    try:
+        start_workflow(SCOPE, "res-map", "checks.resumable")
+        snap = run_workflow(SCOPE, "res-map")
+    finally:
+        checks.FAILING.clear()
+    assert snap.status == RunStatus.FAILED
+    assert snap.failed_step == "pick"
+    assert snap.step("pick").items.failed == 1
+    WorkflowScope(SCOPE).resume("res-map")
+    snap = run_workflow(SCOPE, "res-map")
+    assert snap.output == {"first": 1, "values": [1, 2, 3]}
+    assert effects("res-map") == ["first"]
+
+
+def test_cancelling_a_parent_asks_its_running_child_to_stop():
+    from workflows import store
+    from workflows.models import WorkflowRun
+
+    start_workflow(SCOPE, "can-2", "checks.parent", {"child": "checks.signals"})
+    run_workflows_inline()
+    child = WorkflowRun.objects.get(run_id="can-2/kid")
+    driver = store.take(child.pk)  # the child's driver is in the middle of an advance
+    assert driver is not None
+    assert WorkflowScope(SCOPE).cancel("can-2") == "cancelled"
+    assert WorkflowScope(SCOPE).get("can-2/kid").cancel_requested
+    run_workflows_inline()
+    from workflows.engine import advance
+
+    assert advance(child.pk) == "cancelled"
+    assert WorkflowScope(SCOPE).get("can-2/kid").status == RunStatus.CANCELLED

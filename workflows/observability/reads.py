@@ -11,9 +11,11 @@ from django.urls import reverse
 
 from ledon.dashboard import Cell, Panel, age
 
-from .models import WorkflowRun
-from .types import RunStatus
+from ..models import WorkflowRun
+from ..types import RunStatus
 
+#: The models whose view permission shows the panel.
+DASHBOARD_MODELS = (WorkflowRun,)
 #: Failed runs listed on the dashboard at most.
 LISTED = 10
 

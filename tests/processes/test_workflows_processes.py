@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from procs import ManageProcess, WorkerProcess
+from procs import ManageProcess, WorkerProcess, wait_until
 
 from jobs.models import Job
 from testproject.workflow_checks.models import Effect
@@ -60,12 +60,13 @@ def test_a_map_shared_by_three_workers_resumes_its_run_exactly_once(workers, tmp
     items = list(range(300))
     start_workflow(SCOPE, "fan-1", "checks.fanout", {"items": items})
     run_workflows_inline(max_attempts_run=1)  # the first advance: 300 item jobs
-    # Each worker's first item waits at the barrier until all three have one: every
-    # worker records items, side by side.
+    # Each worker's one handler thread waits at the barrier with its first item until
+    # all three have one: no worker can take every item before the others start, and
+    # all three record items side by side.
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     fault = {"WORKFLOWS_FAULT": f"workflows.item.before_record@1:barrier:{barrier}:3"}
-    procs = [workers("--burst", "--concurrency", "4", env=fault) for _ in range(3)]
+    procs = [workers("--burst", "--concurrency", "1", env=fault) for _ in range(3)]
     for proc in procs:
         assert proc.wait(timeout=300) == 0, proc.output
     snap = WorkflowScope(SCOPE).get("fan-1")
@@ -103,12 +104,21 @@ def test_sigkill_around_an_inline_checkpoint_runs_no_recorded_step_again(workers
     assert effects("kill-step") == {"a": 1, "b": 1}
 
 
-@pytest.mark.parametrize("hit", [1, 20])
-def test_sigkill_in_the_fan_in_resumes_the_run_once(workers, hit):
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "workflows.map.fan_in@1:kill",
+        # One handler thread: the 20th fan-in is the last item's, the one that wakes
+        # the run.
+        "workflows.map.fan_in@20:kill",
+        # An activity's work done, its item not recorded yet.
+        "workflows.item.before_record@7:kill",
+    ],
+)
+def test_sigkill_in_the_fan_in_resumes_the_run_once(workers, fault):
     items = list(range(20))
     start_workflow(SCOPE, "kill-fan", "checks.fanout", {"items": items})
-    # One handler thread: the 20th fan-in is the last item's, the one that wakes the run.
-    kill_then_restart(workers, f"workflows.map.fan_in@{hit}:kill")
+    kill_then_restart(workers, fault)
     snap = WorkflowScope(SCOPE).get("kill-fan")
     assert snap.status == RunStatus.SUCCEEDED, snap.error
     assert snap.output["total"] == sum(2 * n for n in items)
@@ -155,3 +165,26 @@ def test_sigkill_while_delivering_a_signal_delivers_it_once(workers, tmp_path):
     assert snap.output == {"by": "ops"}
     assert effects("kill-sig") == {"after": 1}
     assert advance_jobs("kill-sig") == ["signal", "start"]
+
+
+def test_a_running_activity_sees_its_run_cancelled_through_its_job_context(workers):
+    start_workflow(SCOPE, "cancel-act", "checks.cancellable")
+    worker = workers()
+    wait_until(
+        lambda: effects("cancel-act", "activity")["started"], 60, "the activity to start", worker
+    )
+    assert WorkflowScope(SCOPE).cancel("cancel-act") == "cancelled"
+    wait_until(
+        lambda: effects("cancel-act", "activity")["saw-cancel"],
+        60,
+        "the activity to see the cancellation",
+        worker,
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+    snap = WorkflowScope(SCOPE).get("cancel-act")
+    assert snap.status == RunStatus.CANCELLED
+    assert snap.step("wait").status == "cancelled"
+    assert list(
+        Job.objects.filter(handler="checks.until_cancelled").values_list("status", flat=True)
+    ) == ["cancelled"]
