@@ -36,6 +36,17 @@ echo "== the shop's final states"
 "$PY" manage.py shop_demo report
 
 echo
+echo "== the shop's order workflow: reserve stock (inline step), price the lines in parallel"
+echo "   (map), wait for the payment (signal), ship (child workflow)"
+"$PY" manage.py shop_demo basket
+echo "== run_jobs --burst: the run reserves, prices its lines on 4 threads, then waits for 'paid'"
+"$PY" manage.py run_jobs --burst --concurrency 4 --worker-id demo-workflows
+"$PY" manage.py shop_demo pay
+echo "== run_jobs --burst: the signal wakes the run, the child ships the parcel"
+"$PY" manage.py run_jobs --burst --concurrency 4 --worker-id demo-workflows
+"$PY" manage.py shop_demo basket-report
+
+echo
 echo "== schedules: demo-heartbeat every 2 s, enqueued by the worker's scheduler (one job per period)"
 export TIMETABLE=demo
 "$PY" manage.py run_jobs --worker-id demo-scheduler &
@@ -98,6 +109,8 @@ cat <<'TEXT'
 - The dashboard: python manage.py createsuperuser, python manage.py runserver, then
   http://127.0.0.1:8000/admin/jobs/dashboard/ (queues, throughput per minute, workers,
   schedules, outbox lag, sagas needing attention; it reloads itself).
+- A workflow run drawn step by step: http://127.0.0.1:8000/admin/workflows/workflowrun/
+  (the basket's run: reserve, the price map with its items, the payment wait, the child).
 - The workers registry: http://127.0.0.1:8000/admin/jobs/workerrecord/
 - Prometheus metrics: run_jobs / dispatch_outbox / consume_events / recover_sagas
   --metrics-port N (127.0.0.1 unless --metrics-address), or route

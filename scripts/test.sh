@@ -149,7 +149,7 @@ step "ruff"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 step "mypy"
-"$VENV/bin/mypy" ledon jobs outbox sagas testproject
+"$VENV/bin/mypy" ledon jobs outbox sagas workflows testproject
 step "import contracts (pyproject.toml [tool.importlinter])"
 "$VENV/bin/lint-imports" --no-logo --no-cache
 step "docs (warnings are errors)"

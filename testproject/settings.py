@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "jobs",
+    "workflows",
     "outbox",
     "sagas",
     "testproject.shop",
@@ -37,6 +38,7 @@ INSTALLED_APPS = [
     "testproject.orders",
     "testproject.fulfilment",
     "testproject.timetable",
+    "testproject.workflow_checks",
 ]
 
 # Handlers with limits (every claim of a process that has them is a claim under

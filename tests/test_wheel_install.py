@@ -102,7 +102,7 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_ships_migrations_types_license_and_metadata(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    for app in ("jobs", "outbox", "sagas"):
+    for app in ("jobs", "outbox", "sagas", "workflows"):
         assert f"{app}/migrations/0001_initial.py" in names
         assert f"{app}/py.typed" in names
     assert "ledon/__init__.py" in names

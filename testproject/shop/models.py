@@ -94,3 +94,35 @@ class WorkLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} attempt {self.attempt}"
+
+
+class Basket(models.Model):
+    """An order of several lines, fulfilled by the ``shop.basket`` workflow: stock
+    reserved, lines priced in parallel, payment awaited as a signal, shipped by a
+    child workflow."""
+
+    class Status(models.TextChoices):
+        PLACED = "placed", "Placed"
+        PAID = "paid", "Paid"
+        SHIPPED = "shipped", "Shipped"
+
+    number = models.CharField(max_length=50, unique=True)
+    email = models.EmailField()
+    #: ``[{"sku": ..., "quantity": ...}, ...]``
+    lines = models.JSONField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PLACED)
+    total = models.DecimalField(max_digits=10, decimal_places=2, null=True, blank=True)
+    paid_by = models.CharField(max_length=30, blank=True, default="")
+    tracking = models.CharField(max_length=50, blank=True, default="")
+    placed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-placed_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.number
+
+    @property
+    def scope(self) -> str:
+        """The scope of this basket's customer (its workflow run lives there)."""
+        return f"customer:{self.email}"

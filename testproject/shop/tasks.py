@@ -11,6 +11,7 @@ from django.db import transaction
 from jobs import JobContext, job_handler
 from jobs.handlers import RetryPolicy
 
+from . import workflows  # noqa: F401  (registers the order workflow and its activity)
 from .models import Order, WorkLog
 
 #: Retry at once: the demo and the tests should not wait for a backoff.

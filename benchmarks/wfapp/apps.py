@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class WorkflowBenchConfig(AppConfig):
+    name = "benchmarks.wfapp"
+    label = "wfbench"

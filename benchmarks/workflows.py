@@ -1,0 +1,357 @@
+"""``python -m benchmarks.workflows``: the workflow engine against plain jobs on the
+same workers, and against DBOS Transact (the ``dbos`` package) on the same
+PostgreSQL server, in one run.
+
+On a throw-away PostgreSQL with durable commits (or ``--database-url``), each in a
+scratch database of its own:
+
+- **a checkpoint against a job:** the time per inline checkpoint of a linear run of
+  ``steps`` no-op steps, against the time per no-op job burned down by the same
+  worker at concurrency 1;
+- **a map against plain jobs:** a ``map`` of ``items`` no-op activity items, from the
+  run's start to its end, against ``items`` plain no-op jobs on the same worker
+  (one process at concurrency 16);
+- **replay:** the advance after a signal of a run with ``steps`` recorded checkpoints
+  (claim, replay of every checkpoint, the wait's value, the finish);
+- **DBOS Transact:** steps per second of a linear workflow, a fan-out of ``items``
+  steps through a DBOS queue (polled every 50 ms, DBOS's default being 1 s), and
+  from a signal's commit to the step after the wait, for both.
+
+Prints a table of figures and ratios and writes the raw JSON to
+``benchmarks/results/workflows-<time>.json``; ``docs/benchmarks.md`` holds the
+analysis of a run, written by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .server import scratch_database, server_settings, throwaway_server
+from .systems.base import ROOT
+
+SCOPE = "bench"
+
+
+def wait_for(condition: Callable[[], bool], *, timeout: float, poll: float = 0.005) -> None:
+    """Poll ``condition`` until it holds (a benchmark's end is observed, not awaited)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the benchmark did not finish in time")
+        time.sleep(poll)
+
+
+@contextmanager
+def worker(url: str, concurrency: int, log: Path) -> Iterator[None]:
+    """One ``run_jobs`` process with the benchmark's workflows; stopped at the end."""
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "benchmarks.wf_settings"}
+    command = [sys.executable, "-m", "django", "run_jobs", "--concurrency", str(concurrency)]
+    with open(log, "ab") as out:
+        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=out)
+        try:
+            yield
+        finally:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _django(url: str, stack: ExitStack) -> None:
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.wf_settings"
+    import django
+    from django.core.management import call_command
+    from django.db import connections
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    stack.callback(connections.close_all)
+
+
+def _run_status(run_id: str) -> str:
+    from workflows import WorkflowScope
+
+    snapshot = WorkflowScope(SCOPE).get(run_id)
+    return "" if snapshot is None else str(snapshot.status)
+
+
+def _jobs_burn(count: int, tag: str) -> float:
+    """Seconds to run ``count`` no-op jobs queued at once (the queue paused while they
+    are submitted, then resumed)."""
+    from jobs import JobStatus, execution
+    from jobs.api import submit_job
+    from jobs.models import Job
+    from jobs.types import JobSubmission
+
+    execution.pause_queue("default")
+    submission = JobSubmission.create("wfbench.noop_job", {})
+    for index in range(count):
+        submit_job(SCOPE, f"{tag}-{index}", submission)
+    started = time.perf_counter()
+    execution.resume_queue("default")
+    prefix = f"{tag}-"
+    wait_for(
+        lambda: (
+            not Job.objects.filter(job_id__startswith=prefix)
+            .exclude(status=JobStatus.SUCCEEDED)
+            .exists()
+        ),
+        timeout=600,
+        poll=0.01,
+    )
+    return time.perf_counter() - started
+
+
+def _run_to_end(run_id: str, name: str, input: dict[str, Any]) -> float:
+    from workflows import start_workflow
+
+    started = time.perf_counter()
+    start_workflow(SCOPE, run_id, name, input)
+    wait_for(lambda: _run_status(run_id) == "succeeded", timeout=600, poll=0.01)
+    return time.perf_counter() - started
+
+
+def ours(url: str, sizes: dict[str, int], runs: int, logs: Path) -> dict[str, Any]:
+    from django.utils import timezone
+
+    from workflows import WorkflowScope, send_signal, start_workflow
+    from workflows.testing import run_workflows_inline
+
+    result: dict[str, Any] = {"checkpoint": [], "job_c1": [], "map": [], "jobs_c16": []}
+    with worker(url, 1, logs / "ledon-c1.log"):
+        _run_to_end("warm-up-c1", "wfbench.linear", {"steps": 1})  # the worker is up
+        for round_ in range(runs):
+            took = _run_to_end(f"linear-{round_}", "wfbench.linear", {"steps": sizes["steps"]})
+            result["checkpoint"].append(took / sizes["steps"])
+            result["job_c1"].append(_jobs_burn(sizes["steps"], f"c1-{round_}") / sizes["steps"])
+    with worker(url, 16, logs / "ledon-c16.log"):
+        _run_to_end("warm-up-c16", "wfbench.fan_out", {"items": 1})
+        for round_ in range(runs):
+            result["map"].append(
+                _run_to_end(f"map-{round_}", "wfbench.fan_out", {"items": sizes["items"]})
+            )
+            result["jobs_c16"].append(_jobs_burn(sizes["items"], f"c16-{round_}"))
+        latencies = []
+        for index in range(sizes["signals"]):
+            run_id = f"signal-{index}"
+            start_workflow(SCOPE, run_id, "wfbench.signal", {})
+            wait_for(lambda r=run_id: _run_status(r) == "waiting" and _waits(r), timeout=60)
+            sent = timezone.now()
+            send_signal(SCOPE, run_id, "go", {"n": index})
+            wait_for(lambda r=run_id: _run_status(r) == "succeeded", timeout=60)
+            after = WorkflowScope(SCOPE).get(run_id).step("after")  # type: ignore[union-attr]
+            latencies.append((after.started_at - sent).total_seconds())  # type: ignore[union-attr]
+        result["signal_latency"] = latencies
+        start_workflow(SCOPE, "replay", "wfbench.replay", {"steps": sizes["steps"]})
+        wait_for(lambda: _waits("replay"), timeout=600)
+    # The replay, timed in this process with no worker around: the advance that the
+    # signal queues, from its claim to its finish.
+    send_signal(SCOPE, "replay", "go", {})
+    started = time.perf_counter()
+    run_workflows_inline()
+    result["replay"] = time.perf_counter() - started
+    assert _run_status("replay") == "succeeded"
+    return result
+
+
+def _waits(run_id: str) -> bool:
+    from workflows import WorkflowScope
+
+    snapshot = WorkflowScope(SCOPE).get(run_id)
+    return snapshot is not None and snapshot.waiting_for.startswith("signal")
+
+
+# --------------------------------------------------------------------------- DBOS
+
+
+def dbos_part(url: str, sizes: dict[str, int], runs: int) -> dict[str, Any]:
+    """DBOS Transact in this process (its own singleton): the same three shapes."""
+    from dbos import DBOS
+
+    DBOS(config={"name": "ledon-bench", "system_database_url": url, "run_admin_server": False})
+    reached: dict[str, float] = {}
+
+    @DBOS.step()
+    def nothing(n: int) -> int:
+        return n
+
+    @DBOS.workflow()
+    def linear(steps: int) -> int:
+        for index in range(steps):
+            nothing(index)
+        return steps
+
+    @DBOS.workflow()
+    def fan_out(items: int) -> int:
+        queue = DBOS.retrieve_queue("fan")
+        handles = [queue.enqueue(nothing, index) for index in range(items)]
+        return sum(handle.get_result() for handle in handles)
+
+    @DBOS.step()
+    def after(key: str) -> None:
+        reached[key] = time.time()
+
+    @DBOS.workflow()
+    def signalled(key: str) -> None:
+        DBOS.recv("go", timeout_seconds=60)
+        after(key)
+
+    DBOS.launch()
+    DBOS.register_queue("fan", polling_interval_sec=0.05)
+    result: dict[str, Any] = {"checkpoint": [], "map": [], "signal_latency": []}
+    try:
+        for _ in range(runs):
+            started = time.perf_counter()
+            linear(sizes["steps"])
+            result["checkpoint"].append((time.perf_counter() - started) / sizes["steps"])
+            started = time.perf_counter()
+            fan_out(sizes["items"])
+            result["map"].append(time.perf_counter() - started)
+        for index in range(sizes["signals"]):
+            key = f"s{index}"
+            handle = DBOS.start_workflow(signalled, key)
+            # Wait until the workflow is blocked in recv (its status says so).
+            time.sleep(0.2)
+            sent = time.time()
+            DBOS.send(handle.workflow_id, {"n": index}, "go")
+            handle.get_result()
+            result["signal_latency"].append(reached[key] - sent)
+    finally:
+        DBOS.destroy()
+    return result
+
+
+# --------------------------------------------------------------------------- report
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def table(raw: dict[str, Any]) -> str:
+    ledon, dbos = raw["ledon"], raw.get("dbos")
+    checkpoint, job = med(ledon["checkpoint"]), med(ledon["job_c1"])
+    fan, jobs = med(ledon["map"]), med(ledon["jobs_c16"])
+    signal = med(ledon["signal_latency"])
+    rows = [
+        (
+            "inline checkpoint (ms)",
+            f"{checkpoint * 1000:.2f}",
+            "no-op job at c1",
+            f"{job * 1000:.2f}",
+            f"{checkpoint / job:.2f}×",
+            "",
+        ),
+        (
+            f"map of {raw['sizes']['items']} items (s)",
+            f"{fan:.2f}",
+            "as many no-op jobs, c16",
+            f"{jobs:.2f}",
+            f"{fan / jobs:.2f}×",
+            "≤ 1.3×",
+        ),
+        (
+            f"replay of {raw['sizes']['steps']} checkpoints (ms)",
+            f"{ledon['replay'] * 1000:.1f}",
+            "",
+            "",
+            "",
+            "< 50 ms",
+        ),
+    ]
+    if dbos:
+        rows += [
+            (
+                "linear: steps per second",
+                f"{1 / checkpoint:.0f}",
+                "DBOS",
+                f"{1 / med(dbos['checkpoint']):.0f}",
+                f"{med(dbos['checkpoint']) / checkpoint:.2f}×",
+                "> 1.0×",
+            ),
+            (
+                f"fan-out of {raw['sizes']['items']} (s)",
+                f"{fan:.2f}",
+                "DBOS",
+                f"{med(dbos['map']):.2f}",
+                f"{med(dbos['map']) / fan:.2f}×",
+                "> 1.0×",
+            ),
+            (
+                "signal to next step (ms)",
+                f"{signal * 1000:.1f}",
+                "DBOS",
+                f"{med(dbos['signal_latency']) * 1000:.1f}",
+                f"{med(dbos['signal_latency']) / signal:.2f}×",
+                "> 1.0×",
+            ),
+        ]
+    lines = [
+        "| measurement | django-ledon | against | figure | ratio | target |",
+        "| --- | ---: | --- | ---: | ---: | --- |",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.workflows", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--database-url", help="an existing PostgreSQL server to use")
+    parser.add_argument("--no-dbos", action="store_true", help="leave DBOS Transact out")
+    parser.add_argument("--dbos-part", help=argparse.SUPPRESS)  # internal: the child
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+    runs = 1 if args.quick else args.runs
+    sizes = (
+        {"steps": 50, "items": 50, "signals": 3}
+        if args.quick
+        else {"steps": 1000, "items": 1000, "signals": 20}
+    )
+    if args.dbos_part:
+        print(json.dumps(dbos_part(args.dbos_part, sizes, runs)))
+        return
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        server = args.database_url or stack.enter_context(throwaway_server())
+        raw: dict[str, Any] = {
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "sizes": sizes,
+            "runs": runs,
+            "server": server_settings(server),
+        }
+        ledon_url = stack.enter_context(scratch_database(server, "ledon_wf_bench"))
+        _django(ledon_url, stack)
+        raw["ledon"] = ours(ledon_url, sizes, runs, logs)
+        if not args.no_dbos:
+            dbos_url = stack.enter_context(scratch_database(server, "dbos_wf_bench"))
+            child = [sys.executable, "-m", "benchmarks.workflows", "--dbos-part", dbos_url]
+            child += ["--quick"] if args.quick else ["--runs", str(runs)]
+            output = subprocess.run(
+                child, cwd=ROOT, check=True, capture_output=True, text=True
+            ).stdout
+            raw["dbos"] = json.loads(output.strip().splitlines()[-1])
+    path = args.out / f"workflows-{raw['when'].replace(':', '')}.json"
+    path.write_text(json.dumps(raw, indent=2))
+    print(table(raw))
+    print(f"raw results: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Workflows driven by real ``run_jobs`` processes: a fan-in shared by several
+workers resumes its run exactly once, and a worker killed (SIGKILL) at each commit
+boundary of the engine loses nothing and repeats no recorded checkpoint."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from jobs.models import Job
+from testproject.workflow_checks.models import Effect
+from tests.support.procs import ManageProcess, WorkerProcess, wait_until
+from workflows import RunStatus, WorkflowScope, send_signal, start_workflow
+from workflows.models import WorkflowItem, WorkflowRun
+from workflows.store import ADVANCE_HANDLER
+from workflows.testing import run_workflows_inline
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+SCOPE = "tenant-procs"
+#: Leases far longer than the test: only the restarted worker's recovery of its own
+#: attempts can take the killed work back.
+CRASH = {
+    "JOBS_LEASE_SECONDS": "60",
+    "JOBS_HEARTBEAT_SECONDS": "5",
+    "JOBS_POLL_INTERVAL": "0.1",
+    "JOBS_SCHEDULER": "0",
+}
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        proc = WorkerProcess(tmp_path, *args, env={**CRASH, **(env or {})})
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.close()
+
+
+def advance_jobs(run_id: str) -> list[str]:
+    pk = WorkflowRun.objects.get(run_id=run_id).pk
+    jobs = Job.objects.filter(handler=ADVANCE_HANDLER, job_id__startswith=f"wf:{pk}.")
+    return sorted(job_id.split(":")[2] for job_id in jobs.values_list("job_id", flat=True))
+
+
+def effects(run_id: str, kind: str = "step") -> Counter[str]:
+    return Counter(Effect.objects.filter(run_id=run_id, kind=kind).values_list("key", flat=True))
+
+
+def test_a_map_shared_by_three_workers_resumes_its_run_exactly_once(workers, tmp_path):
+    items = list(range(300))
+    start_workflow(SCOPE, "fan-1", "checks.fanout", {"items": items})
+    run_workflows_inline(max_attempts_run=1)  # the first advance: 300 item jobs
+    # Each worker's one handler thread waits at the barrier with its first item until
+    # all three have one: no worker can take every item before the others start, and
+    # all three record items side by side.
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    fault = {"WORKFLOWS_FAULT": f"workflows.item.before_record@1:barrier:{barrier}:3"}
+    procs = [workers("--burst", "--concurrency", "1", env=fault) for _ in range(3)]
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0, proc.output
+    snap = WorkflowScope(SCOPE).get("fan-1")
+    assert snap.status == RunStatus.SUCCEEDED, snap.error
+    assert snap.output["doubled"] == [2 * n for n in items]
+    assert snap.output["total"] == sum(2 * n for n in items)
+    # Started once, woken once by the last item: two advance jobs, one "total".
+    assert advance_jobs("fan-1") == ["items", "start"]
+    assert effects("fan-1") == {"total": 1}
+    assert effects("fan-1", "activity") == {str(n): 1 for n in items}
+    ran_by = set(Effect.objects.filter(kind="activity").values_list("pid", flat=True))
+    assert ran_by == {proc.pid for proc in procs}
+
+
+def kill_then_restart(workers, fault: str, *, burst_victim: bool = True) -> WorkerProcess:
+    args = ["--worker-id", "victim", "--concurrency", "1"]
+    victim = workers(*args, *(["--burst"] if burst_victim else []), env={"WORKFLOWS_FAULT": fault})
+    assert victim.wait(timeout=120) == -signal.SIGKILL, victim.output
+    again = workers(*args, "--burst")
+    assert again.wait(timeout=120) == 0, again.output
+    return again
+
+
+@pytest.mark.parametrize(
+    "point", ["workflows.step.before_checkpoint", "workflows.step.after_checkpoint"]
+)
+def test_sigkill_around_an_inline_checkpoint_runs_no_recorded_step_again(workers, point):
+    start_workflow(SCOPE, "kill-step", "checks.linear", {"start": 4})
+    kill_then_restart(workers, f"{point}@1:kill")
+    snap = WorkflowScope(SCOPE).get("kill-step")
+    assert snap.status == RunStatus.SUCCEEDED, snap.error
+    assert snap.output == {"a": 4, "b": 5}
+    # Killed before the commit, "a" rolled back with its checkpoint; after it, "a" was
+    # recorded: either way its write happened exactly once.
+    assert effects("kill-step") == {"a": 1, "b": 1}
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "workflows.map.fan_in@1:kill",
+        # One handler thread: the 20th fan-in is the last item's, the one that wakes
+        # the run.
+        "workflows.map.fan_in@20:kill",
+        # An activity's work done, its item not recorded yet.
+        "workflows.item.before_record@7:kill",
+    ],
+)
+def test_sigkill_in_the_fan_in_resumes_the_run_once(workers, fault):
+    items = list(range(20))
+    start_workflow(SCOPE, "kill-fan", "checks.fanout", {"items": items})
+    kill_then_restart(workers, fault)
+    snap = WorkflowScope(SCOPE).get("kill-fan")
+    assert snap.status == RunStatus.SUCCEEDED, snap.error
+    assert snap.output["total"] == sum(2 * n for n in items)
+    assert advance_jobs("kill-fan") == ["items", "start"]
+    assert effects("kill-fan") == {"total": 1}
+    assert set(WorkflowItem.objects.values_list("status", flat=True)) == {"succeeded"}
+    # The killed item's activity ran again (activities run at least once); no other.
+    ran = effects("kill-fan", "activity")
+    assert set(ran) == {str(n) for n in items}
+    assert sum(ran.values()) == len(items) + 1
+
+
+def test_sigkill_as_a_timer_fires_fires_it_once(workers):
+    start_workflow(SCOPE, "kill-nap", "checks.sleeper", {"seconds": 1})
+    kill_then_restart(workers, "workflows.timer.wake@1:kill", burst_victim=False)
+    snap = WorkflowScope(SCOPE).get("kill-nap")
+    assert snap.status == RunStatus.SUCCEEDED, snap.error
+    assert effects("kill-nap") == {"before": 1, "after": 1}
+    assert advance_jobs("kill-nap") == ["start", "timer"]
+
+
+def test_sigkill_while_delivering_a_signal_delivers_it_once(workers, tmp_path):
+    start_workflow(SCOPE, "kill-sig", "checks.signals", {})
+    first = workers("--burst")
+    assert first.wait(timeout=120) == 0, first.output
+    code = (
+        "from workflows import send_signal; "
+        f"print(send_signal({SCOPE!r}, 'kill-sig', 'approved', {{'by': 'ops'}}))"
+    )
+    sender = ManageProcess(
+        tmp_path, "shell", "-c", code, env={"WORKFLOWS_FAULT": "workflows.signal.deliver@1:kill"}
+    )
+    try:
+        assert sender.wait(timeout=120) == -signal.SIGKILL, sender.output
+    finally:
+        sender.close()
+    # Killed before its commit: not delivered; sent again, it is delivered once.
+    assert not WorkflowRun.objects.get(run_id="kill-sig").signals.exists()
+    assert send_signal(SCOPE, "kill-sig", "approved", {"by": "ops"}) == "delivered"
+    assert send_signal(SCOPE, "kill-sig", "approved", {"by": "ops"}) == "already_sent"
+    again = workers("--burst")
+    assert again.wait(timeout=120) == 0, again.output
+    snap = WorkflowScope(SCOPE).get("kill-sig")
+    assert snap.output == {"by": "ops"}
+    assert effects("kill-sig") == {"after": 1}
+    assert advance_jobs("kill-sig") == ["signal", "start"]
+
+
+def test_a_running_activity_sees_its_run_cancelled_through_its_job_context(workers):
+    start_workflow(SCOPE, "cancel-act", "checks.cancellable")
+    worker = workers()
+    wait_until(
+        lambda: effects("cancel-act", "activity")["started"], 60, "the activity to start", worker
+    )
+    assert WorkflowScope(SCOPE).cancel("cancel-act") == "cancelled"
+    wait_until(
+        lambda: effects("cancel-act", "activity")["saw-cancel"],
+        60,
+        "the activity to see the cancellation",
+        worker,
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+    snap = WorkflowScope(SCOPE).get("cancel-act")
+    assert snap.status == RunStatus.CANCELLED
+    assert snap.step("wait").status == "cancelled"
+    assert list(
+        Job.objects.filter(handler="checks.until_cancelled").values_list("status", flat=True)
+    ) == ["cancelled"]

@@ -1,0 +1,111 @@
+"""The scoped, caller side: start or stage runs, send signals, read and steer the runs
+of one scope. Nothing here reaches another scope: a run of another scope is
+:class:`~workflows.exceptions.RunNotFound`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import registry, store, validation
+from .types import CancelOutcome, RunSnapshot, RunStatus, SignalOutcome
+
+
+def _request(name: str, version: int | None, input: Any) -> tuple[str, int, str]:
+    spec = registry.get_workflow(name, version)
+    return spec.name, spec.version, validation.to_json(input, "workflow input")
+
+
+def start_workflow(
+    scope: str, run_id: str, name: str, input: Any = None, *, version: int | None = None
+) -> RunSnapshot:
+    """Create run ``run_id`` of workflow ``name`` in ``scope``, in a transaction of its
+    own, and queue its first advance.
+
+    The same name, version and input again returns the existing run
+    (``snapshot.created`` False); anything else is
+    :class:`~workflows.exceptions.WorkflowIdentityConflict`. ``version=None`` takes the
+    highest registered version; the run keeps its version for life. Refuses to run
+    inside ``transaction.atomic`` (use :func:`stage_workflow` there).
+    """
+    scope_hash = validation.scope_hash(scope)
+    checked_id = validation.run_id(run_id)
+    name, version, input_json = _request(name, version, input)
+    return store.create_run(scope_hash, checked_id, name, version, input_json, staged=False)
+
+
+def stage_workflow(
+    scope: str, run_id: str, name: str, input: Any = None, *, version: int | None = None
+) -> RunSnapshot:
+    """:func:`start_workflow` inside the caller's ``transaction.atomic`` block: the run
+    exists if and only if that transaction commits (required)."""
+    scope_hash = validation.scope_hash(scope)
+    checked_id = validation.run_id(run_id)
+    name, version, input_json = _request(name, version, input)
+    return store.create_run(scope_hash, checked_id, name, version, input_json, staged=True)
+
+
+def send_signal(scope: str, run_id: str, key: str, payload: Any = None) -> SignalOutcome:
+    """Send signal ``key`` with a JSON ``payload`` to a run; its
+    ``wf.wait_for_signal(key)`` returns the payload (a signal sent before the wait is
+    reached is kept).
+
+    Works on its own or inside the caller's ``transaction.atomic`` block (then it is
+    delivered only if that commits: a consumed message and its signal commit
+    together). The same key again with the same payload changes nothing
+    (``ALREADY_SENT``); another payload is
+    :class:`~workflows.exceptions.SignalConflict`; a finished run gives
+    ``RUN_FINISHED``; an unknown run :class:`~workflows.exceptions.RunNotFound`.
+    """
+    scope_hash = validation.scope_hash(scope)
+    checked_id = validation.existing_run_id(run_id)
+    checked_key = validation.key(key, "signal key")
+    payload_json = validation.to_json(payload, f"signal {checked_key!r} payload")
+    return store.send_signal(scope_hash, checked_id, checked_key, payload_json)
+
+
+class WorkflowScope:
+    """Read and steer the runs of one scope (tenant, account, user…)."""
+
+    __slots__ = ("scope_hash",)
+
+    def __init__(self, scope: str) -> None:
+        self.scope_hash = validation.scope_hash(scope)
+
+    def __repr__(self) -> str:
+        return f"<WorkflowScope {self.scope_hash[:12]}…>"
+
+    def get(self, run_id: str) -> RunSnapshot | None:
+        """The run with its checkpoints in the order reached, or None."""
+        if not isinstance(run_id, str):
+            return None
+        return store.get(self.scope_hash, run_id)
+
+    def list(
+        self,
+        status: RunStatus | str | None = None,
+        name: str | None = None,
+        limit: int | None = None,
+    ) -> list[RunSnapshot]:
+        """The scope's runs, oldest first, filtered by status and name."""
+        if status is not None:
+            try:
+                status = RunStatus(status)
+            except ValueError:
+                raise validation.InvalidInput(f"unknown run status {status!r}") from None
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
+        ):
+            raise validation.InvalidInput("limit must be None or an int >= 0")
+        return store.list_runs(self.scope_hash, status=status, name=name, limit=limit)
+
+    def cancel(self, run_id: str) -> CancelOutcome:
+        """Cancel a run: a waiting run ends Cancelled at once; a running one sees its
+        cancellation (activities through their ``JobContext``, inline steps through
+        ``wf.cancel_requested``) and ends Cancelled at its next checkpoint. Its
+        unfinished children are cancelled too."""
+        return store.cancel(self.scope_hash, validation.existing_run_id(run_id))
+
+    def resume(self, run_id: str) -> RunSnapshot:
+        """Advance a Failed run again: recorded checkpoints return their values, the
+        failed step runs again with fresh retries."""
+        return store.resume(self.scope_hash, validation.existing_run_id(run_id))

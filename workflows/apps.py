@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from importlib import import_module
+
+# The module, not the class: Django takes the one AppConfig subclass named in apps.py.
+import ledon.apps
+
+from .conf import workflows_settings
+
+
+class WorkflowsConfig(ledon.apps.LedonAppConfig):
+    name = "workflows"
+    verbose_name = "Workflows"
+    read_settings = workflows_settings
+
+    def ready(self) -> None:
+        super().ready()
+        # The jobs that advance runs and run activity items are handled in every
+        # process, whatever JOBS["AUTODISCOVER_MODULE"] names.
+        import_module("workflows.handlers")
+        # An item job that fails for good outside its activity's code ends its item.
+        from jobs.signals import attempt_finished
+
+        from .engine import on_attempt_finished
+
+        attempt_finished.connect(on_attempt_finished, dispatch_uid="workflows.item_job_ended")

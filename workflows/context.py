@@ -1,0 +1,674 @@
+"""``WorkflowContext``: what a workflow body receives, and durable replay.
+
+The body runs from the top at every advance. Each checkpoint method takes an
+explicit key: a checkpoint recorded under that key returns its recorded value (or
+raises its recorded error) without running anything; the first one not recorded
+does its work — or records what it waits for — and, if it must wait, ends the
+advance (the run is WAITING) without holding a worker slot.
+
+Every write is fenced by the driver's token (:func:`workflows.store.guard`): a
+driver that lost the run records nothing. An inline step's function runs inside the
+transaction that records its checkpoint, so its writes to the default database and
+its checkpoint commit together or not at all.
+
+Fault points offered here (``ledon.faults``), for crash tests:
+``workflows.step.before_checkpoint`` (a step's work done, its checkpoint not yet
+committed), ``workflows.step.after_checkpoint``, ``workflows.timer.wake`` (a timer's
+checkpoint about to commit as fired). The store offers ``workflows.map.fan_in`` and
+``workflows.signal.deliver``; the item jobs ``workflows.item.before_record``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from ledon.errors import storable_text
+from ledon.faults import fault_point
+from ledon.tracing import AttributeValue
+
+from . import registry, store, validation
+from .conf import workflows_settings
+from .exceptions import (
+    InvalidInput,
+    NonDeterministicWorkflow,
+    SignalTimeout,
+    StepFailed,
+)
+from .models import WorkflowStep
+from .observability import hooks
+from .types import RunStatus, StepKind, StepStatus
+
+
+class Suspend(BaseException):
+    """The body must wait: the advance ends and the run is WAITING.
+
+    A ``BaseException``, like ``GeneratorExit``: a body's ``except Exception`` must not
+    swallow the end of its advance.
+    """
+
+    def __init__(self, waiting_for: str, wake_at: datetime | None = None) -> None:
+        self.waiting_for = waiting_for
+        self.wake_at = wake_at
+        super().__init__(waiting_for)
+
+
+class Stop(BaseException):
+    """The advance stops at once: ``stale`` (another driver holds the run) or the
+    run's cancellation was requested."""
+
+    def __init__(self, *, cancelled: bool) -> None:
+        self.cancelled = cancelled
+        super().__init__("cancelled" if cancelled else "stale driver")
+
+
+def retry_delay(tries: int) -> float:
+    """Seconds before the next try of a step that failed ``tries`` times."""
+    settings = workflows_settings()
+    return float(min(settings.STEP_RETRY_MAX_DELAY, settings.STEP_RETRY_DELAY * 2 ** (tries - 1)))
+
+
+def error_parts(exc: BaseException) -> tuple[str, str]:
+    """The type name and message of an error, as a step records them."""
+    return type(exc).__name__, storable_text(str(exc))
+
+
+def _iso(when: datetime) -> str:
+    return when.astimezone(UTC).isoformat()
+
+
+_activity_context = threading.local()
+
+
+def current_activity() -> Any:
+    """The ``jobs.JobContext`` of the activity try running in this thread (its
+    ``cancel_requested`` turns true when the run is cancelled), or None."""
+    return getattr(_activity_context, "ctx", None)
+
+
+class WorkflowContext:
+    """What a workflow body receives: its input, its run id, and checkpoints.
+
+    Every checkpoint has an explicit key, unique in the run (validated like a job
+    id). Bodies must be deterministic given their recorded checkpoints: use
+    :meth:`now` for the time and :meth:`idempotency_key` for outside services.
+    """
+
+    def __init__(self, driver: store.Driver, clock: Callable[[], datetime]) -> None:
+        self._driver = driver
+        self._run = driver.run
+        self._clock = clock
+        self._steps: dict[str, WorkflowStep] = store.load_steps(driver.run)
+        self._seen: set[str] = set()
+        self._deadline: float | None = None
+        #: Set when the body contradicted its recorded checkpoints: the run fails
+        #: whatever the body did with the error.
+        self.nondeterminism: NonDeterministicWorkflow | None = None
+        #: The run's input (parsed JSON).
+        self.input: Any = validation.from_json(driver.run.input_json)
+
+    # identity
+    @property
+    def run_id(self) -> str:
+        return self._run.run_id
+
+    @property
+    def scope_hash(self) -> str:
+        return self._run.scope_hash
+
+    @property
+    def name(self) -> str:
+        return self._run.name
+
+    @property
+    def version(self) -> int:
+        return self._run.version
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the run's cancellation is requested (or an inline step runs past
+        its ``timeout``): a long inline step polls it to stop early."""
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            return True
+        return store.cancel_requested(self._run.pk)
+
+    def idempotency_key(self, key: str) -> str:
+        """A stable string for outside services, the same at every replay and try of
+        the step ``key`` of this run (and different for every other run and key)."""
+        key = validation.key(key)
+        text = "\x00".join((self._run.scope_hash, self._run.run_id, key))
+        return "wf-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:40]
+
+    # replay bookkeeping
+    def _reach(self, key: object, kind: StepKind) -> tuple[str, WorkflowStep | None]:
+        checked = validation.key(key)
+        if checked in self._seen:
+            self._nondeterministic(
+                checked, "used twice in one run; every checkpoint needs a key of its own"
+            )
+        self._seen.add(checked)
+        step = self._steps.get(checked)
+        if step is not None and step.kind != kind:
+            self._nondeterministic(
+                checked, f"recorded as a {step.kind} checkpoint, reached now as a {kind}"
+            )
+        # A recorded checkpoint only returns its value: the cancellation is read at the
+        # first one that has work to do or to wait for (one read per checkpoint that
+        # counts, none per replayed one).
+        finished = step is not None and step.status in (StepStatus.SUCCEEDED, StepStatus.FAILED)
+        if not finished and store.cancel_requested(self._run.pk):
+            raise Stop(cancelled=True)
+        return checked, step
+
+    def _nondeterministic(self, key: str, detail: str) -> None:
+        error = NonDeterministicWorkflow(key, detail)
+        if self.nondeterminism is None:
+            self.nondeterminism = error
+        raise error
+
+    def _now(self) -> datetime:
+        return self._clock()
+
+    def _write(self) -> Any:
+        """A fenced transaction for this driver (:class:`Stop` if it is stale)."""
+        return _Fenced(self._driver, self._now())
+
+    def _record(self, step: WorkflowStep) -> WorkflowStep:
+        self._steps[step.key] = step
+        return step
+
+    # checkpoints
+    def step(
+        self,
+        key: str,
+        fn: Callable[..., Any] | str,
+        *args: Any,
+        retries: int = 0,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` once and record its JSON result under ``key``.
+
+        A plain function runs here, in this worker, inside the transaction that
+        records its result (its writes and its checkpoint commit together). A failed
+        try rolls back its writes; the run waits (no slot held) and tries again with
+        back-off, ``retries`` times; then :class:`StepFailed` is raised here.
+        ``timeout``: a try running longer is rolled back and counts as failed
+        (``wf.cancel_requested`` turns true at that time, for the step to stop).
+        An ``@activity`` (the function, or its registered name as a string) runs
+        instead as one job on any worker (its own retries, timeout and queue apply)
+        and this returns its result.
+        """
+        spec = registry.get_activity(fn) if isinstance(fn, str) else registry.activity_of(fn)
+        if spec is not None or isinstance(fn, str):
+            assert spec is not None  # get_activity raises for an unknown name
+            payload = {"args": list(args), "kwargs": kwargs}
+            return self._activities(key, StepKind.ACTIVITY, spec, [payload])[0]
+        checked, step = self._reach(key, StepKind.STEP)
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
+            raise InvalidInput(f"step {checked!r}: retries must be an int in [0, 100]")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+        ):
+            raise InvalidInput(f"step {checked!r}: timeout must be a positive number or None")
+        if step is not None:
+            if step.status == StepStatus.SUCCEEDED:
+                return validation.from_json(step.result_json)
+            if step.status == StepStatus.FAILED:
+                raise StepFailed(checked, step.error_type, step.error)
+            if step.wake_at is not None and self._now() < step.wake_at:
+                raise Suspend(f"retry of {checked} at {_iso(step.wake_at)}", step.wake_at)
+        tries = (step.attempts if step is not None else 0) + 1
+        return self._try_inline(checked, step, tries, fn, args, kwargs, retries, timeout)
+
+    def _try_inline(
+        self,
+        key: str,
+        step: WorkflowStep | None,
+        tries: int,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retries: int,
+        timeout: float | None,
+    ) -> Any:
+        started = time.monotonic()
+        self._deadline = None if timeout is None else started + timeout
+        attributes: dict[str, AttributeValue] = {"workflow.step": key, "workflow.try": tries}
+        try:
+            with (
+                hooks.workflows_tracer().span("workflow.step", attributes=attributes),
+                transaction.atomic(using=store.alias()),
+            ):
+                value = fn(*args, **kwargs)
+                result_json = validation.to_json(value, f"the result of step {key!r}")
+                if timeout is not None and time.monotonic() - started > timeout:
+                    raise TimeoutError(f"step {key!r} ran longer than its timeout of {timeout:g} s")
+                fault_point("workflows.step.before_checkpoint", run=self._run.pk, key=key)
+                now = self._now()
+                # The fence last: the run row stays unlocked while the step works.
+                _guard(self._driver, now)
+                if step is None:
+                    step = store.insert_step(
+                        self._driver,
+                        key,
+                        StepKind.STEP,
+                        StepStatus.SUCCEEDED,
+                        now,
+                        attempts=tries,
+                        result_json=result_json,
+                    )
+                elif not store.update_step(
+                    step,
+                    StepStatus(step.status),
+                    status=StepStatus.SUCCEEDED,
+                    attempts=tries,
+                    result_json=result_json,
+                    wake_at=None,
+                    finished_at=now,
+                ):
+                    raise Stop(cancelled=False)
+        except (Stop, Suspend):
+            raise
+        except Exception as exc:
+            self._deadline = None
+            self._step_ended(StepKind.STEP, "failed", started)
+            return self._failed_try(key, step, tries, retries, exc)
+        finally:
+            self._deadline = None
+        self._step_ended(StepKind.STEP, "succeeded", started)
+        self._record(step)
+        fault_point("workflows.step.after_checkpoint", run=self._run.pk, key=key)
+        return validation.from_json(result_json)
+
+    def _step_ended(self, kind: StepKind, outcome: str, started: float) -> None:
+        hooks.step_ended(self._run.name, kind.value, outcome, time.monotonic() - started)
+
+    def _failed_try(
+        self, key: str, step: WorkflowStep | None, tries: int, retries: int, exc: Exception
+    ) -> Any:
+        error_type, message = error_parts(exc)
+        now = self._now()
+        retry_at = now + timedelta(seconds=retry_delay(tries)) if tries <= retries else None
+        status = StepStatus.WAITING if retry_at is not None else StepStatus.FAILED
+        fields: dict[str, Any] = {
+            "attempts": tries,
+            "error_type": error_type[:200],
+            "error": message,
+            "wake_at": retry_at,
+        }
+        with self._write():
+            if step is None:
+                step = store.insert_step(self._driver, key, StepKind.STEP, status, now, **fields)
+            elif not store.update_step(
+                step,
+                StepStatus(step.status),
+                status=status,
+                finished_at=None if retry_at else now,
+                **fields,
+            ):
+                raise Stop(cancelled=False)
+            if retry_at is not None:
+                store.wake(
+                    self._run.pk,
+                    self._run.generation,
+                    "retry",
+                    f"{key}:{tries}",
+                    not_before=retry_at,
+                    now=now,
+                )
+        self._record(step)
+        if retry_at is not None:
+            raise Suspend(f"retry of {key} at {_iso(retry_at)}", retry_at)
+        raise StepFailed(key, error_type, message)
+
+    def map(self, key: str, fn: Callable[..., Any] | str, items: Iterable[Any]) -> list[Any]:
+        """Run the activity ``fn`` (or the activity of that name) once per item, each
+        as its own job on any worker (in parallel, under the activity's limits), and
+        return the results in the items' order. The run waits without a slot and
+        resumes once, when the last item ends; if items failed after their retries,
+        :class:`StepFailed` is raised then.
+        """
+        spec = registry.get_activity(fn) if isinstance(fn, str) else registry.activity_of(fn)
+        if spec is None:
+            raise InvalidInput(
+                f"map {key!r}: {getattr(fn, '__name__', fn)!r} is not an @activity; "
+                "only activities run as jobs"
+            )
+        if isinstance(items, str | bytes | dict) or not isinstance(items, Iterable):
+            raise InvalidInput(f"map {key!r}: items must be a list of JSON values")
+        payloads = [{"args": [item], "kwargs": {}} for item in items]
+        return self._activities(key, StepKind.MAP, spec, payloads)
+
+    def _activities(
+        self, key: str, kind: StepKind, spec: registry.ActivitySpec, payloads: list[Any]
+    ) -> list[Any]:
+        checked, step = self._reach(key, kind)
+        if step is None:
+            args = [
+                validation.to_json(payload, f"the arguments of {kind} {checked!r} item {index}")
+                for index, payload in enumerate(payloads)
+            ]
+            now = self._now()
+            with self._write():
+                done = not args
+                step = store.insert_step(
+                    self._driver,
+                    checked,
+                    kind,
+                    StepStatus.SUCCEEDED if done else StepStatus.RUNNING,
+                    now,
+                    item_count=len(args),
+                    remaining=len(args),
+                    result_json="[]" if done else None,
+                )
+                if not done:
+                    store.insert_items(step, self._run.scope_hash, spec, args)
+            self._record(step)
+            if done:
+                return []
+            raise Suspend(f"0 of {len(args)} items")
+        if step.status == StepStatus.SUCCEEDED:
+            result = validation.from_json(step.result_json)
+            return result if kind == StepKind.MAP else [result]
+        if step.status == StepStatus.FAILED:
+            raise StepFailed(checked, step.error_type, step.error)
+        step.refresh_from_db(fields=["remaining", "status"])
+        if step.remaining > 0:
+            ended = step.item_count - step.remaining
+            raise Suspend(f"{ended} of {step.item_count} items")
+        return self._fan_in(checked, kind, step)
+
+    def _fan_in(self, key: str, kind: StepKind, step: WorkflowStep) -> list[Any]:
+        items = store.items_of(step)
+        failed = [item for item in items if item.status != StepStatus.SUCCEEDED]
+        now = self._now()
+        with self._write():
+            if failed:
+                first = failed[0]
+                error_type = first.error_type or "Cancelled"
+                message = first.error or f"item {first.index} was {first.status}"
+                if len(items) > 1:
+                    message = (
+                        f"{len(failed)} of {len(items)} items failed; item {first.index}: {message}"
+                    )
+                if not store.update_step(
+                    step,
+                    StepStatus.RUNNING,
+                    status=StepStatus.FAILED,
+                    error_type=error_type[:200],
+                    error=storable_text(message),
+                    attempts=max(item.attempts for item in items),
+                    finished_at=now,
+                ):
+                    raise Stop(cancelled=False)
+            else:
+                results = [validation.from_json(item.result_json) for item in items]
+                value = results if kind == StepKind.MAP else results[0]
+                if not store.update_step(
+                    step,
+                    StepStatus.RUNNING,
+                    status=StepStatus.SUCCEEDED,
+                    result_json=validation.to_json(value, f"the result of {kind} {key!r}"),
+                    attempts=max(item.attempts for item in items),
+                    finished_at=now,
+                ):
+                    raise Stop(cancelled=False)
+        self._record(step)
+        if failed:
+            raise StepFailed(key, step.error_type, step.error)
+        return results
+
+    def sleep(self, key: str, seconds: float) -> None:
+        """Wait ``seconds`` durably: no slot is held, and the run resumes no earlier
+        than the time recorded when the sleep was first reached."""
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not (0 <= seconds <= 10 * 366 * 86_400)
+        ):
+            raise InvalidInput(f"sleep {key!r}: seconds must be a number in [0, 10 years]")
+        self._timer(key, lambda now: now + timedelta(seconds=seconds))
+
+    def sleep_until(self, key: str, when: datetime) -> None:
+        """Wait durably until ``when`` (an aware datetime)."""
+        if not isinstance(when, datetime) or when.tzinfo is None or when.utcoffset() is None:
+            raise InvalidInput(f"sleep_until {key!r}: when must be a timezone-aware datetime")
+        self._timer(key, lambda now: when.astimezone(UTC))
+
+    def _timer(self, key: str, wake_time: Callable[[datetime], datetime]) -> None:
+        checked, step = self._reach(key, StepKind.SLEEP)
+        if step is not None and step.status == StepStatus.SUCCEEDED:
+            return
+        now = self._now()
+        if step is None:
+            wake_at = wake_time(now)
+            with self._write():
+                status = StepStatus.SUCCEEDED if wake_at <= now else StepStatus.WAITING
+                step = store.insert_step(
+                    self._driver, checked, StepKind.SLEEP, status, now, wake_at=wake_at
+                )
+                if status == StepStatus.WAITING:
+                    store.wake(
+                        self._run.pk,
+                        self._run.generation,
+                        "timer",
+                        checked,
+                        not_before=wake_at,
+                        now=now,
+                    )
+            self._record(step)
+            if status == StepStatus.SUCCEEDED:
+                return
+            raise Suspend(f"timer until {_iso(wake_at)}", wake_at)
+        assert step.wake_at is not None
+        if now < step.wake_at:
+            # Woken early (another reason, or a clock behind the job's): wait again.
+            with self._write():
+                store.wake(
+                    self._run.pk,
+                    self._run.generation,
+                    "timer",
+                    f"{checked}@{self._run.advances}",
+                    not_before=step.wake_at,
+                    now=now,
+                )
+            raise Suspend(f"timer until {_iso(step.wake_at)}", step.wake_at)
+        with self._write():
+            fault_point("workflows.timer.wake", run=self._run.pk, key=checked)
+            if not store.update_step(
+                step, StepStatus.WAITING, status=StepStatus.SUCCEEDED, finished_at=now
+            ):
+                raise Stop(cancelled=False)
+        self._record(step)
+
+    def wait_for_signal(self, key: str, timeout: float | None = None) -> Any:
+        """The payload of the signal ``key`` sent to this run (``send_signal``); waits
+        without a slot until it arrives. A signal sent before the wait is reached is
+        kept. After ``timeout`` seconds without it, :class:`SignalTimeout` is raised."""
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+        ):
+            raise InvalidInput(f"wait_for_signal {key!r}: timeout must be a positive number")
+        checked, step = self._reach(key, StepKind.SIGNAL)
+        if step is not None:
+            if step.status == StepStatus.SUCCEEDED:
+                return validation.from_json(step.result_json)
+            if step.status == StepStatus.FAILED:
+                raise SignalTimeout(checked)
+        now = self._now()
+        arrived, payload = store.signal_payload(self._run, checked)
+        with self._write():
+            if arrived:
+                result_json = validation.to_json(payload, f"signal {checked!r}")
+                if step is None:
+                    step = store.insert_step(
+                        self._driver,
+                        checked,
+                        StepKind.SIGNAL,
+                        StepStatus.SUCCEEDED,
+                        now,
+                        result_json=result_json,
+                    )
+                elif not store.update_step(
+                    step,
+                    StepStatus.WAITING,
+                    status=StepStatus.SUCCEEDED,
+                    result_json=result_json,
+                    finished_at=now,
+                ):
+                    raise Stop(cancelled=False)
+            elif step is None:
+                deadline = None if timeout is None else now + timedelta(seconds=timeout)
+                step = store.insert_step(
+                    self._driver,
+                    checked,
+                    StepKind.SIGNAL,
+                    StepStatus.WAITING,
+                    now,
+                    wake_at=deadline,
+                )
+                if deadline is not None:
+                    store.wake(
+                        self._run.pk,
+                        self._run.generation,
+                        "signal-timeout",
+                        checked,
+                        not_before=deadline,
+                        now=now,
+                    )
+            elif (
+                step.wake_at is not None
+                and now >= step.wake_at
+                and not store.update_step(
+                    step,
+                    StepStatus.WAITING,
+                    status=StepStatus.FAILED,
+                    error_type="SignalTimeout",
+                    error=str(SignalTimeout(checked)),
+                    finished_at=now,
+                )
+            ):
+                raise Stop(cancelled=False)
+        self._record(step)
+        if step.status == StepStatus.SUCCEEDED:
+            return payload
+        if step.status == StepStatus.FAILED:
+            raise SignalTimeout(checked)
+        raise Suspend(store.signal_wait(checked), step.wake_at)
+
+    def child(self, key: str, name: str, input: Any = None, *, version: int | None = None) -> Any:
+        """Start the child run ``"{run_id}/{key}"`` of workflow ``name`` in this run's
+        scope, wait for it without a slot and return its output; a child that fails
+        (or is cancelled) raises :class:`StepFailed`."""
+        checked, step = self._reach(key, StepKind.CHILD)
+        if step is None:
+            spec = registry.get_workflow(name, version)
+            input_json = validation.to_json(input, f"the input of child {checked!r}")
+            now = self._now()
+            with self._write():
+                child = store.create_child(
+                    self._run, checked, spec.name, spec.version, input_json, now
+                )
+                step = store.insert_step(
+                    self._driver,
+                    checked,
+                    StepKind.CHILD,
+                    StepStatus.WAITING,
+                    now,
+                    child_id=child.pk,
+                )
+            self._record(step)
+            raise Suspend(f"child {checked}")
+        if step.status == StepStatus.SUCCEEDED:
+            return validation.from_json(step.result_json)
+        if step.status == StepStatus.FAILED:
+            raise StepFailed(checked, step.error_type, step.error)
+        child_run = store.child_run(step)
+        if child_run is None or child_run.status not in RunStatus.finished():
+            raise Suspend(f"child {checked}")
+        now = self._now()
+        succeeded = child_run.status == RunStatus.SUCCEEDED
+        with self._write():
+            if succeeded:
+                changed = store.update_step(
+                    step,
+                    StepStatus.WAITING,
+                    status=StepStatus.SUCCEEDED,
+                    result_json=child_run.output_json,
+                    finished_at=now,
+                )
+            else:
+                error_type, _, message = (child_run.error or "").partition(": ")
+                changed = store.update_step(
+                    step,
+                    StepStatus.WAITING,
+                    status=StepStatus.FAILED,
+                    error_type=(error_type if message else "ChildRunFailed")[:200]
+                    if child_run.status == RunStatus.FAILED
+                    else "ChildRunCancelled",
+                    error=storable_text(
+                        message.split("\n\n", 1)[0]
+                        if message
+                        else f"child run {child_run.run_id!r} ended {child_run.status}"
+                    ),
+                    finished_at=now,
+                )
+            if not changed:
+                raise Stop(cancelled=False)
+        self._record(step)
+        if not succeeded:
+            raise StepFailed(checked, step.error_type, step.error)
+        return validation.from_json(step.result_json)
+
+    def now(self, key: str) -> datetime:
+        """The current time, recorded under ``key``: every replay returns the same."""
+        checked, step = self._reach(key, StepKind.NOW)
+        if step is not None:
+            return datetime.fromisoformat(validation.from_json(step.result_json))
+        now = self._now()
+        with self._write():
+            step = store.insert_step(
+                self._driver,
+                checked,
+                StepKind.NOW,
+                StepStatus.SUCCEEDED,
+                now,
+                result_json=validation.to_json(_iso(now), "now"),
+            )
+        self._record(step)
+        return now.astimezone(UTC)
+
+
+def _guard(driver: store.Driver, now: datetime) -> None:
+    try:
+        store.guard(driver, now)
+    except store.StaleDriver:
+        raise Stop(cancelled=False) from None
+
+
+class _Fenced:
+    """``with ctx._write():`` — a transaction fenced by :func:`workflows.store.guard`
+    first, a stale driver turned into :class:`Stop`."""
+
+    def __init__(self, driver: store.Driver, now: datetime) -> None:
+        self._atomic = transaction.atomic(using=store.alias())
+        self._driver = driver
+        self._now = now
+
+    def __enter__(self) -> None:
+        self._atomic.__enter__()
+        try:
+            _guard(self._driver, self._now)
+        except BaseException as exc:
+            self._atomic.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._atomic.__exit__(*exc_info)

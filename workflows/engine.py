@@ -1,0 +1,262 @@
+"""Advancing a run, and running an activity item: what the workflows' jobs do.
+
+:func:`advance` takes the run (a new driver token), replays its body through a
+:class:`~workflows.context.WorkflowContext` and ends the advance in one of four
+ways: the body waits (the run is WAITING, what for recorded), returns (SUCCEEDED
+with its output), raises (FAILED naming the step whose ``StepFailed`` went uncaught)
+or meets its cancellation (CANCELLED). A driver that lost the run to another records
+nothing and stops.
+
+:func:`run_item` runs one try of an activity item in its job and records its end;
+the last item of a step to end wakes the run.
+
+The clock is :func:`current_time`; :mod:`workflows.testing` moves it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError
+from django.utils import timezone
+
+from jobs.context import JobContext
+from jobs.handlers import Snooze
+from jobs.models import Job
+from jobs.types import Claim, FinishOutcome
+from ledon.errors import storable_text
+from ledon.faults import fault_point
+from ledon.tracing import AttributeValue
+
+from . import registry, store, validation
+from .conf import workflows_settings
+from .context import Stop, Suspend, WorkflowContext, _activity_context, error_parts, retry_delay
+from .exceptions import InvalidInput, StepFailed
+from .models import WorkflowRun
+from .observability import hooks
+from .types import RunStatus, StepStatus
+
+logger = logging.getLogger(__name__)
+
+_clock: Callable[[], datetime] | None = None
+_clock_lock = threading.Lock()
+
+
+def current_time() -> datetime:
+    """The engine's clock: the time every checkpoint is recorded at."""
+    clock = _clock
+    return clock() if clock is not None else timezone.now()
+
+
+def set_clock(clock: Callable[[], datetime] | None) -> None:
+    """Replace the engine's clock (``None``: the real time); for tests."""
+    global _clock
+    with _clock_lock:
+        _clock = clock
+
+
+class Advanced(enum.StrEnum):
+    """How an advance ended."""
+
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    #: Another driver holds the run, or it finished before this advance took it.
+    NOTHING = "nothing"
+
+
+#: Tries of an activity item beyond its retries that may end without a result (the
+#: worker killed, the try timed out) before the item fails.
+LOST_TRIES = 3
+
+
+class VersionMissing(Exception):
+    """This worker has no definition of the run's (name, version): the run waits for a
+    worker that has (its advance job is put back, never failed)."""
+
+
+def advance(run_pk: int, job_id: str | None = None) -> Advanced:
+    """Advance run ``run_pk`` as far as it goes now (see the module docstring);
+    ``job_id``: the advance job doing it (see :func:`workflows.store.take`)."""
+    row = WorkflowRun.objects.filter(pk=run_pk).values_list("name", "version", "status").first()
+    if row is None or row[2] in RunStatus.finished():
+        return Advanced.NOTHING
+    spec = registry.find_workflow(row[0], row[1])
+    if spec is None:
+        raise VersionMissing(f"no workflow {row[0]!r} version {row[1]} in this worker")
+    driver = store.take(run_pk, job_id, now=current_time())
+    if driver is None:
+        return Advanced.NOTHING
+    attributes: dict[str, AttributeValue] = {
+        "workflow.name": spec.name,
+        "workflow.version": spec.version,
+        "workflow.run_id": driver.run.run_id,
+    }
+    # The advance is a child of its job's attempt span, and the jobs it stages (items,
+    # children, wake-ups) carry its context.
+    with hooks.workflows_tracer().span("workflow.advance", attributes=attributes) as span:
+        while True:
+            outcome = _replay(driver, spec)
+            if outcome is not None:
+                span.set_attribute("workflow.outcome", outcome.value)
+                return outcome
+
+
+def _replay(driver: store.Driver, spec: registry.WorkflowSpec) -> Advanced | None:
+    """Run the body once from the top; None: replay again (a wake-up came meanwhile)."""
+    ctx = WorkflowContext(driver, current_time)
+    try:
+        output = spec.func(ctx)
+    except Suspend as wait:
+        if ctx.nondeterminism is not None:
+            return _fail(driver, ctx.nondeterminism, ctx.nondeterminism.key)
+        return _suspend(driver, wait)
+    except Stop as stop:
+        if stop.cancelled:
+            return _end(driver, RunStatus.CANCELLED, error="cancelled on request")
+        return Advanced.NOTHING
+    except StepFailed as exc:
+        failed = ctx.nondeterminism or exc
+        return _fail(driver, failed, failed.key)
+    except DatabaseError:
+        # An outage, not the body's fault: the advance job fails and is tried again
+        # (the run stays with this job, which takes it back when it runs again).
+        raise
+    except Exception as exc:
+        failed_step = ctx.nondeterminism.key if ctx.nondeterminism is not None else ""
+        return _fail(driver, ctx.nondeterminism or exc, failed_step)
+    if ctx.nondeterminism is not None:
+        return _fail(driver, ctx.nondeterminism, ctx.nondeterminism.key)
+    try:
+        output_json = validation.to_json(output, f"the output of workflow {spec.name!r}")
+    except InvalidInput as exc:
+        return _fail(driver, exc, "")
+    return _end(driver, RunStatus.SUCCEEDED, output_json=output_json)
+
+
+def _suspend(driver: store.Driver, wait: Suspend) -> Advanced | None:
+    suspended = store.suspend(driver, wait.waiting_for, wait.wake_at, current_time())
+    if suspended is store.Suspended.WAITING:
+        return Advanced.WAITING
+    if suspended is store.Suspended.WAKE_PENDING:
+        return None
+    if store.cancel_requested(driver.run.pk):
+        # A cancel came while this advance ran: the run ends Cancelled here.
+        return _end(driver, RunStatus.CANCELLED, error="cancelled on request")
+    return Advanced.NOTHING
+
+
+def _fail(driver: store.Driver, exc: BaseException, failed_step: str) -> Advanced:
+    error_type, message = error_parts(exc)
+    detail = "".join(traceback.format_exception(exc))
+    return _end(
+        driver,
+        RunStatus.FAILED,
+        error=storable_text(f"{error_type}: {message}\n\n{detail}"),
+        failed_step=failed_step,
+    )
+
+
+def _end(
+    driver: store.Driver,
+    status: RunStatus,
+    *,
+    output_json: str | None = None,
+    error: str = "",
+    failed_step: str = "",
+) -> Advanced:
+    now = current_time()
+    if not store.finish(
+        driver, status, now, output_json=output_json, error=error, failed_step=failed_step
+    ):
+        return Advanced.NOTHING
+    hooks.finished(driver.run.name, driver.run.version, status.value)
+    _retention(driver.run.pk, now)
+    return Advanced(status.value)
+
+
+def _retention(run_pk: int, now: datetime) -> None:
+    """Retention runs beside the advances: every 64th run to finish purges one bounded
+    batch of runs past ``WORKFLOWS["RETENTION_SECONDS"]``."""
+    keep = workflows_settings().RETENTION_SECONDS
+    if keep is None or run_pk % 64:
+        return
+    store.purge_finished(older_than=now - timedelta(seconds=keep))
+
+
+def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
+    """One try of an activity item (its job's handler): call the activity with the
+    item's arguments and record its result; a failure is tried again with back-off
+    (the job snoozes) until the activity's retries are spent, then recorded."""
+    payload = job.payload
+    item_pk = payload.get("item") if isinstance(payload, dict) else None
+    if not isinstance(item_pk, int):
+        raise InvalidInput(f"activity {spec.name!r}: its job's payload names no item")
+    item = store.start_item(item_pk, current_time())
+    if item is None:
+        return  # ended already: a job replayed after its item was recorded
+    if item.attempts > spec.retries + 1 + LOST_TRIES:
+        # Tries that never came back (their worker was killed, or they ran past the
+        # activity's timeout) count too, so an item that kills every worker ends.
+        store.end_item(
+            item,
+            StepStatus.FAILED,
+            current_time(),
+            error_type=item.error_type or "ActivityLost",
+            error=item.error or f"{item.attempts - 1} tries never returned",
+        )
+        return
+    call = validation.from_json(item.args_json)
+    args: list[Any] = call.get("args", [])
+    kwargs: dict[str, Any] = call.get("kwargs", {})
+    _activity_context.ctx = job
+    try:
+        value = spec.func(*args, **kwargs)
+        result_json = validation.to_json(value, f"the result of activity {spec.name!r}")
+    except Exception as exc:
+        error_type, message = error_parts(exc)
+        if item.attempts <= spec.retries and not job.cancel_requested:
+            store.record_item_error(item, error_type, message)
+            raise Snooze(retry_delay(item.attempts)) from exc
+        store.end_item(
+            item, StepStatus.FAILED, current_time(), error_type=error_type, error=message
+        )
+        return
+    finally:
+        _activity_context.ctx = None
+    fault_point("workflows.item.before_record", item=item.pk)
+    store.end_item(item, StepStatus.SUCCEEDED, current_time(), result_json=result_json)
+
+
+def on_attempt_finished(
+    sender: Any, *, claim: Claim, outcome: FinishOutcome, retry_scheduled: bool, **kwargs: Any
+) -> None:
+    """``jobs.signals.attempt_finished``: an item job that ended Failed for good (its
+    activity unknown to every worker that claimed it, its attempts spent) ends its
+    item, so that the run is not left waiting for it; an advance job that did lets
+    another advance take its run."""
+    if outcome is not FinishOutcome.FAILED or retry_scheduled:
+        return
+    if claim.handler == store.ADVANCE_HANDLER:
+        store.release(claim.job_id, current_time())
+        return
+    if not claim.job_id.startswith(store.ITEM_JOB_PREFIX):
+        return
+    payload = claim.payload
+    item_pk = payload.get("item") if isinstance(payload, dict) else None
+    if not isinstance(item_pk, int):
+        return
+    error = (
+        Job.objects.filter(scope_hash=claim.scope_hash, job_id=claim.job_id)
+        .values_list("error", flat=True)
+        .first()
+    )
+    message = (error or "the item's job failed").strip().splitlines()[-1]
+    store.item_job_ended(claim.job_id, item_pk, message, current_time())

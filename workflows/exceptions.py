@@ -1,0 +1,112 @@
+"""Errors raised by the workflows app.
+
+``WorkflowError`` is the root: catch it to handle any error of this app. Do not raise
+it directly; every situation has its precise subclass. The docstring of each class is
+its default message.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+from jobs import exceptions as jobs_exceptions
+from ledon.errors import DocumentedError
+
+
+class WorkflowError(DocumentedError):
+    """An error of the workflows app."""
+
+
+class InvalidInput(WorkflowError, ValueError):
+    """The input is not valid: a scope, run id, checkpoint key, or a value that is not
+    JSON. Nothing was written."""
+
+
+class InvalidWorkflow(InvalidInput):
+    """The workflow or activity definition is not valid (a second definition of a
+    taken name and version, a bad name or option)."""
+
+
+class UnknownWorkflow(InvalidWorkflow, LookupError):
+    """No workflow is registered under this name (and version)."""
+
+
+class UnknownActivity(InvalidWorkflow, LookupError):
+    """No activity is registered under this name."""
+
+
+class AmbientTransactionError(WorkflowError, jobs_exceptions.AmbientTransactionError):
+    """start_workflow() runs in its own transaction and refuses to run inside an open
+    transaction.atomic() block; use stage_workflow() to create the run as part of it."""
+
+
+class TransactionRequiredError(WorkflowError, jobs_exceptions.TransactionRequiredError):
+    """stage_workflow() must be called inside a transaction.atomic() block; use
+    start_workflow() to create a run on its own."""
+
+
+class WorkflowIdentityConflict(WorkflowError):
+    """A run with this id exists in this scope with another name, version or input."""
+
+
+class RunNotFound(WorkflowError, LookupError):
+    """This scope has no run with this id."""
+
+
+class SignalConflict(WorkflowError):
+    """This signal was already sent to the run with another payload."""
+
+
+class InvalidTransition(WorkflowError):
+    """The run is not in a state that allows this (resume a run that has not failed)."""
+
+
+class StepFailed(WorkflowError):
+    """A step failed after its retries (or its activity items, or its child run).
+
+    Raised in the workflow body, which may catch it; uncaught, the run ends Failed
+    naming the step. ``key`` is the step's key, ``cause_type`` and ``cause_message``
+    the type name and message of the error that failed its last try.
+    """
+
+    def __init__(self, key: str, cause_type: str, cause_message: str) -> None:
+        self.key = key
+        self.cause_type = cause_type
+        self.cause_message = cause_message
+        super().__init__(f"step {key!r} failed: {cause_type}: {cause_message}")
+
+    def __reduce__(self) -> tuple[type[StepFailed], tuple[str, str, str]]:
+        return (type(self), (self.key, self.cause_type, self.cause_message))
+
+
+class SignalTimeout(WorkflowError):
+    """No signal arrived before the wait's timeout (raised in the workflow body)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"no signal {key!r} arrived before the wait timed out")
+
+    def __reduce__(self) -> tuple[type[SignalTimeout], tuple[str]]:
+        return (type(self), (self.key,))
+
+
+class NonDeterministicWorkflow(WorkflowError):
+    """The body reached a checkpoint that contradicts what the run recorded: a key
+    recorded with another kind of checkpoint, or the same key used twice. The run
+    ends Failed."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        self.key = key
+        super().__init__(f"checkpoint {key!r}: {detail}")
+
+    def __reduce__(self) -> tuple[type[NonDeterministicWorkflow], tuple[str, str]]:
+        return (type(self), (self.key, str(self).split(": ", 1)[1]))
+
+
+class WorkflowCancelled(WorkflowError):
+    """The run's cancellation was requested: raised at the body's next checkpoint so
+    that the run ends Cancelled (do not catch it, or re-raise it)."""
+
+
+class WorkflowsConfigurationError(WorkflowError, ImproperlyConfigured):
+    """The ``WORKFLOWS`` setting is not valid."""

@@ -1,0 +1,220 @@
+"""Definitions: ``@workflow`` bodies by (name, version) and ``@activity`` functions
+by name.
+
+Both are found like job handlers: each installed app's tasks module
+(``JOBS["AUTODISCOVER_MODULE"]``) declares them, and the registry imports those
+modules the first time a name is missing. Stored data never names a path to import;
+a run names its (name, version), an item job its activity's name. An activity is
+also a job handler of its own name (version 1), so the jobs' per-handler and
+per-queue limits apply to its items, and it stays callable as a plain function.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from django.utils.module_loading import autodiscover_modules
+
+from jobs import validation as job_validation
+from jobs.conf import jobs_settings
+from jobs.exceptions import JobsError
+
+from .exceptions import InvalidWorkflow, UnknownActivity, UnknownWorkflow
+
+if TYPE_CHECKING:
+    from .context import WorkflowContext
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Body = Callable[["WorkflowContext"], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSpec:
+    name: str
+    version: int
+    func: Body
+
+
+@dataclass(frozen=True, slots=True)
+class ActivitySpec:
+    name: str
+    func: Callable[..., Any]
+    #: Tries after the first before the item fails.
+    retries: int
+    #: Seconds a try may run before it is signalled to stop (None: no limit).
+    timeout: float | None
+    queue: str
+
+
+_workflows: dict[tuple[str, int], WorkflowSpec] = {}
+_activities: dict[str, ActivitySpec] = {}
+_lock = threading.Lock()
+_discovered = False
+
+
+def _checked_name(name: object, what: str) -> str:
+    try:
+        return job_validation.name(name, what)
+    except JobsError as exc:
+        raise InvalidWorkflow(str(exc)) from None
+
+
+def workflow(name: str, *, version: int = 1) -> Callable[[Body], Body]:
+    """Register ``fn(wf: WorkflowContext)`` as the body of workflow ``name`` at
+    ``version``; its JSON return value is the run's output.
+
+    A second, different definition of the same (name, version) is
+    :class:`~workflows.exceptions.InvalidWorkflow`; the same function registered again
+    (its module imported twice) keeps one.
+    """
+    _checked_name(name, "workflow name")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 2**31:
+        raise InvalidWorkflow(f"workflow {name!r}: version must be an int >= 1, got {version!r}")
+
+    def decorator(func: Body) -> Body:
+        if not callable(func):
+            raise InvalidWorkflow(f"workflow {name!r} must decorate a function")
+        with _lock:
+            existing = _workflows.get((name, version))
+            if existing is not None and _qualified(existing.func) != _qualified(func):
+                raise InvalidWorkflow(
+                    f"workflow {name!r} version {version} is defined twice: "
+                    f"{_qualified(existing.func)} and {_qualified(func)}"
+                )
+            _workflows[(name, version)] = WorkflowSpec(name, version, func)
+        return func
+
+    return decorator
+
+
+def activity(
+    name: str,
+    *,
+    retries: int = 0,
+    timeout: float | None = None,
+    queue: str | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Register ``fn`` (JSON arguments in, JSON result out) as activity ``name``.
+
+    ``wf.step(key, fn, ...)`` runs it as one job on any worker and ``wf.map(key, fn,
+    items)`` as one job per item, on ``queue`` (default: ``"default"``), each tried
+    ``1 + retries`` times with back-off; ``timeout`` signals a try to stop (through
+    its job's context) after that many seconds. The function itself is returned
+    unchanged: it stays callable as a plain function.
+    """
+    _checked_name(name, "activity name")
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
+        raise InvalidWorkflow(f"activity {name!r}: retries must be an int in [0, 100]")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
+        raise InvalidWorkflow(f"activity {name!r}: timeout must be a positive number or None")
+    queue_name = _checked_name(queue or "default", "queue")
+
+    def decorator(func: Callable[P, R]) -> Callable[P, R]:
+        spec = ActivitySpec(
+            name, func, retries, None if timeout is None else float(timeout), queue_name
+        )
+        with _lock:
+            existing = _activities.get(name)
+            if existing is not None and _qualified(existing.func) != _qualified(func):
+                raise InvalidWorkflow(
+                    f"activity {name!r} is defined twice: "
+                    f"{_qualified(existing.func)} and {_qualified(func)}"
+                )
+            _activities[name] = spec
+        # The item jobs' handler; imported here: the handlers module imports this one.
+        from .handlers import register_activity_handler
+
+        try:
+            register_activity_handler(spec)
+        except JobsError as exc:
+            with _lock:
+                if existing is None:
+                    _activities.pop(name, None)
+            raise InvalidWorkflow(f"activity {name!r}: {exc}") from None
+        func.__workflow_activity__ = name  # type: ignore[attr-defined]
+        return func
+
+    return decorator
+
+
+def _qualified(func: Callable[..., Any]) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+
+
+def autodiscover() -> None:
+    """Import ``<app>.<JOBS["AUTODISCOVER_MODULE"]>`` of every installed app."""
+    global _discovered
+    autodiscover_modules(jobs_settings().AUTODISCOVER_MODULE)
+    _discovered = True
+
+
+def _discover_once() -> None:
+    if not _discovered:
+        autodiscover()
+
+
+def find_workflow(name: str, version: int) -> WorkflowSpec | None:
+    """The registered (name, version), or None (a worker without that version)."""
+    spec = _workflows.get((name, version))
+    if spec is None and not _discovered:
+        _discover_once()
+        spec = _workflows.get((name, version))
+    return spec
+
+
+def get_workflow(name: object, version: object = None) -> WorkflowSpec:
+    """The registered workflow; ``version=None``: its highest registered version.
+
+    Raises :class:`~workflows.exceptions.UnknownWorkflow`.
+    """
+    checked = _checked_name(name, "workflow name")
+    if version is not None and (
+        isinstance(version, bool) or not isinstance(version, int) or version < 1
+    ):
+        raise InvalidWorkflow(f"version must be None or an int >= 1, got {version!r}")
+    for attempt in range(2):
+        versions = sorted(v for (n, v) in _workflows if n == checked)
+        chosen = versions[-1] if version is None and versions else version
+        if chosen is not None and (checked, chosen) in _workflows:
+            return _workflows[(checked, chosen)]
+        if attempt == 0 and not _discovered:
+            _discover_once()
+            continue
+        known = f" (registered versions: {versions})" if versions else ""
+        what = f"{checked!r}" if version is None else f"{checked!r} version {version}"
+        raise UnknownWorkflow(f"no workflow registered as {what}{known}")
+    raise AssertionError("unreachable")
+
+
+def get_activity(name: str) -> ActivitySpec:
+    """The registered activity, or :class:`~workflows.exceptions.UnknownActivity`."""
+    spec = _activities.get(name)
+    if spec is None and not _discovered:
+        _discover_once()
+        spec = _activities.get(name)
+    if spec is None:
+        raise UnknownActivity(f"no activity registered as {name!r}")
+    return spec
+
+
+def activity_of(func: object) -> ActivitySpec | None:
+    """The activity ``func`` was registered as, or None for a plain function."""
+    name = getattr(func, "__workflow_activity__", None)
+    return _activities.get(name) if isinstance(name, str) else None
+
+
+def registered_workflows() -> list[WorkflowSpec]:
+    _discover_once()
+    return sorted(_workflows.values(), key=lambda s: (s.name, s.version))
+
+
+def unregister_workflow(name: str, version: int) -> None:
+    """Remove a registration (for tests)."""
+    with _lock:
+        _workflows.pop((name, version), None)

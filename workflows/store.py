@@ -1,0 +1,808 @@
+"""Every state transition of runs, checkpoints, items and signals.
+
+Each transition is one guarded statement — it succeeds only from the states that
+allow it — inside ``transaction.atomic``, and returns a typed outcome or raises a
+typed error. Nothing else in the app writes to the workflows tables.
+
+    create_run / stage ........ (new) -> WAITING + its first advance job
+    take ...................... WAITING (or RUNNING, its own job again) -> RUNNING,
+                                new driver token; else RUNNING + wake pending
+    guard ..................... every checkpoint write: fenced by the driver token
+    suspend ................... RUNNING (token, no wake pending) -> WAITING (what for,
+                                until when); a pending wake: replay again
+    finish .................... RUNNING (token) -> SUCCEEDED | FAILED | CANCELLED
+    start_item / end_item ..... an item's tries; the last item to end wakes the run
+    send_signal ............... (new signal); wakes the run if it may wait for it
+    cancel .................... WAITING -> CANCELLED; RUNNING -> cancel requested
+    resume .................... FAILED -> WAITING (failed checkpoints erased)
+    purge_finished ............ finished before a cutoff -> (deleted)
+
+A run is woken by an advance job of the workflows' own handler, staged in the same
+transaction as the change that wakes it. Its job id is deterministic (the run's row
+id, its generation and what woke it), so two writers that race to wake a run for the
+same reason create one job, and a replayed writer finds its job already there.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count, F, Q
+from django.utils import timezone
+
+from jobs import store as job_store
+from jobs import validation as job_validation
+from jobs.types import JobSubmission
+from ledon.db import alias_for, in_caller_atomic_block
+from ledon.errors import storable_text
+from ledon.faults import fault_point
+
+from .conf import workflows_settings
+from .exceptions import (
+    AmbientTransactionError,
+    InvalidTransition,
+    RunNotFound,
+    SignalConflict,
+    TransactionRequiredError,
+    WorkflowIdentityConflict,
+)
+from .models import WorkflowItem, WorkflowRun, WorkflowSignal, WorkflowStep
+from .observability import hooks
+from .types import (
+    CancelOutcome,
+    ItemCounts,
+    RunSnapshot,
+    RunStatus,
+    SignalOutcome,
+    StepKind,
+    StepSnapshot,
+    StepStatus,
+)
+from .validation import from_json
+
+#: The job handler that advances runs (registered by :mod:`workflows.handlers`).
+ADVANCE_HANDLER = "workflows.advance"
+#: Tries of an advance job: only database outages and kills fail one; the body's
+#: own errors are recorded on the run, never raised to the job.
+ADVANCE_MAX_ATTEMPTS = 25
+#: Tries of an item job: an activity's own retries are counted on the item, so the
+#: job's tries only absorb kills and outages.
+ITEM_MAX_ATTEMPTS = 25
+
+
+class StaleDriver(Exception):
+    """This driver's token is no longer the run's: another driver took the run (or it
+    finished, or was cancelled). The write rolled back; the driver stops."""
+
+
+def advance_scope_hash() -> str:
+    """The scope of the jobs that advance runs: one reserved scope for all of them.
+
+    The one place that chooses it; when ``jobs.execution.reserved_scope`` exists this
+    becomes ``reserved_scope("workflows").scope_hash`` (reserved scopes hash in their
+    own namespace, so no tenant can collide with it).
+    """
+    return job_validation.scope_hash("ledon.workflows.advance")
+
+
+def now_or(now: datetime | None) -> datetime:
+    return timezone.now() if now is None else now
+
+
+def alias() -> str:
+    return alias_for(WorkflowRun)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+
+
+# -- waking runs -------------------------------------------------------------------
+
+
+def wake(
+    run_pk: int,
+    generation: int,
+    reason: str,
+    detail: str = "",
+    *,
+    not_before: datetime | None = None,
+    now: datetime | None = None,
+) -> None:
+    """Stage the advance job that wakes run ``run_pk`` for ``reason`` (inside the
+    caller's transaction: it exists if and only if the change that wakes the run
+    commits). The same reason and detail make the same job: exactly one however
+    many writers race."""
+    job_id = f"wf:{run_pk}.{generation}:{reason}"
+    if detail:
+        job_id += f":{_digest(detail)}"
+    sub = JobSubmission.create(
+        ADVANCE_HANDLER,
+        {"run": run_pk},
+        queue=workflows_settings().ADVANCE_QUEUE,
+        max_attempts=ADVANCE_MAX_ATTEMPTS,
+        not_before=not_before,
+    )
+    job_store.stage(advance_scope_hash(), job_id, sub, now=now)
+
+
+# -- creating runs -------------------------------------------------------------------
+
+
+def _create(
+    scope_hash: str,
+    run_id: str,
+    name: str,
+    version: int,
+    input_json: str,
+    now: datetime,
+    parent: WorkflowRun | None = None,
+    parent_key: str = "",
+) -> RunSnapshot:
+    """Insert the run and its first advance job, or return the same request's run.
+    Runs inside the caller's atomic block."""
+    try:
+        with transaction.atomic(using=alias()):
+            run = WorkflowRun.objects.create(
+                scope_hash=scope_hash,
+                run_id=run_id,
+                name=name,
+                version=version,
+                input_json=input_json,
+                status=RunStatus.WAITING,
+                waiting_for="start",
+                parent=parent,
+                parent_key=parent_key,
+                created_at=now,
+                updated_at=now,
+            )
+    except IntegrityError:
+        existing = WorkflowRun.objects.for_scope(scope_hash).filter(run_id=run_id).first()
+        if existing is None:
+            raise
+        if (existing.name, existing.version, existing.input_json) != (name, version, input_json):
+            raise WorkflowIdentityConflict(
+                f"run {run_id!r} exists in this scope as {existing.name!r} version "
+                f"{existing.version} with other input; a run id names one request"
+            ) from None
+        return snapshot(existing, created=False)
+    wake(run.pk, 0, "start", now=now)
+    transaction.on_commit(lambda: hooks.started(name, version), using=alias())
+    return snapshot(run, created=True, with_steps=False)
+
+
+def create_run(
+    scope_hash: str, run_id: str, name: str, version: int, input_json: str, *, staged: bool
+) -> RunSnapshot:
+    """Create a run: in its own transaction (``staged`` False; refuses the caller's
+    atomic block) or inside the caller's (``staged`` True; requires one)."""
+    using = alias()
+    inside = in_caller_atomic_block(transaction.get_connection(using))
+    if staged and not inside:
+        raise TransactionRequiredError()
+    if not staged and inside:
+        raise AmbientTransactionError()
+    now = timezone.now()
+    if staged:
+        try:
+            return _create(scope_hash, run_id, name, version, input_json, now)
+        except WorkflowIdentityConflict:
+            # Like stage_job: the caller's work cannot commit without its run.
+            transaction.set_rollback(True, using=using)
+            raise
+    with transaction.atomic(using=using):
+        return _create(scope_hash, run_id, name, version, input_json, now)
+
+
+def create_child(
+    parent: WorkflowRun, key: str, name: str, version: int, input_json: str, now: datetime
+) -> WorkflowRun:
+    """Create the child run ``"{run_id}/{key}"`` in the parent's scope (inside the
+    parent's fenced transaction); the same child again is the existing run."""
+    run_id = f"{parent.run_id}/{key}"
+    _create(
+        parent.scope_hash, run_id, name, version, input_json, now, parent=parent, parent_key=key
+    )
+    return WorkflowRun.objects.for_scope(parent.scope_hash).get(run_id=run_id)
+
+
+# -- driving a run -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Driver:
+    """A worker's hold on a run for one advance: the run row as taken and its token."""
+
+    run: WorkflowRun
+    token: str
+
+
+def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None) -> Driver | None:
+    """Take the run for one advance -> RUNNING with a new driver token.
+
+    From WAITING; or from RUNNING when ``job_id`` is the advance job that took it last
+    (that job's worker was killed, or its advance failed on an outage, and the job
+    runs again), or when no job is named (an operator's or a test's direct call).
+    Another job that finds the run RUNNING does not take it over — it would run the
+    current step a second time beside the live driver — but leaves a wake-up for
+    that driver, which then replays once more before it waits. None if the run was
+    not taken.
+    """
+    now = now_or(now)
+    token = uuid.uuid4().hex
+    takeable = Q(status=RunStatus.WAITING)
+    if job_id is None:
+        takeable |= Q(status=RunStatus.RUNNING)
+    else:
+        takeable |= Q(status=RunStatus.RUNNING, driver_job=job_id)
+    with transaction.atomic(using=alias()):
+        taken = WorkflowRun.objects.filter(takeable, pk=run_pk).update(
+            status=RunStatus.RUNNING,
+            driver_token=token,
+            driver_job=job_id,
+            wake_pending=False,
+            advances=F("advances") + 1,
+            updated_at=now,
+        )
+        if not taken:
+            WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.RUNNING).update(
+                wake_pending=True
+            )
+            return None
+        run = WorkflowRun.objects.get(pk=run_pk)
+    return Driver(run, token)
+
+
+def guard(driver: Driver, now: datetime) -> None:
+    """The fence: touch the run row only if this driver still holds it. On PostgreSQL
+    the row stays locked until the transaction ends, which orders this transaction
+    with signal senders and cancels."""
+    held = WorkflowRun.objects.filter(
+        pk=driver.run.pk, driver_token=driver.token, status=RunStatus.RUNNING
+    ).update(updated_at=now)
+    if not held:
+        raise StaleDriver(f"run {driver.run.run_id!r}: another driver holds it")
+
+
+def cancel_requested(run_pk: int) -> bool:
+    return bool(WorkflowRun.objects.filter(pk=run_pk, cancel_requested=True).exists())
+
+
+def load_steps(run: WorkflowRun) -> dict[str, WorkflowStep]:
+    return {step.key: step for step in WorkflowStep.objects.filter(run=run).order_by("id")}
+
+
+def insert_step(
+    driver: Driver,
+    key: str,
+    kind: StepKind,
+    status: StepStatus,
+    now: datetime,
+    **fields: Any,
+) -> WorkflowStep:
+    """Record a new checkpoint (inside a transaction :func:`guard` fenced). The unique
+    (run, key) makes a second recording of one key impossible whatever races."""
+    finished = now if status in (StepStatus.SUCCEEDED, StepStatus.FAILED) else None
+    return WorkflowStep.objects.create(
+        run=driver.run,
+        key=key,
+        kind=kind,
+        status=status,
+        started_at=now,
+        finished_at=finished,
+        **fields,
+    )
+
+
+def update_step(step: WorkflowStep, expected: StepStatus, **fields: Any) -> bool:
+    """Move a checkpoint from ``expected`` (inside a fenced transaction); False if it was not
+    there any more."""
+    changed = WorkflowStep.objects.filter(pk=step.pk, status=expected).update(**fields)
+    if changed:
+        for name, value in fields.items():
+            setattr(step, name, value)
+    return bool(changed)
+
+
+def insert_items(step: WorkflowStep, scope_hash: str, activity: Any, args: list[str]) -> None:
+    """The items of an activity or map step and one job per item (inside a fenced
+    transaction), in the run's scope so per-scope limits apply to them."""
+    run = step.run
+    items = [
+        WorkflowItem(
+            step=step,
+            index=index,
+            status=StepStatus.RUNNING,
+            args_json=args_json,
+            job_id=f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{_digest(step.key)}:{index}",
+        )
+        for index, args_json in enumerate(args)
+    ]
+    WorkflowItem.objects.bulk_create(items)
+    created = {item.index: item.pk for item in WorkflowItem.objects.filter(step=step)}
+    for item in items:
+        sub = JobSubmission.create(
+            activity.name,
+            {"item": created[item.index]},
+            queue=activity.queue,
+            max_attempts=ITEM_MAX_ATTEMPTS,
+        )
+        job_store.stage(scope_hash, item.job_id, sub)
+
+
+class Suspended(enum.Enum):
+    """How :func:`suspend` went."""
+
+    #: The run is WAITING.
+    WAITING = "waiting"
+    #: A wake-up came while this driver replayed: replay again (the flag is cleared).
+    WAKE_PENDING = "wake_pending"
+    #: This driver no longer holds the run.
+    STALE = "stale"
+
+
+def suspend(driver: Driver, waiting_for: str, wake_at: datetime | None, now: datetime) -> Suspended:
+    """RUNNING (this driver, no wake-up pending) -> WAITING: the advance ends without
+    holding a slot. A wake-up left meanwhile (a signal, the last item, a child's end,
+    another advance job) makes the driver replay instead, so none is lost."""
+    held = WorkflowRun.objects.filter(
+        pk=driver.run.pk, driver_token=driver.token, status=RunStatus.RUNNING
+    )
+    with transaction.atomic(using=alias()):
+        if held.filter(wake_pending=False).update(
+            status=RunStatus.WAITING,
+            driver_token=None,
+            driver_job=None,
+            waiting_for=waiting_for[:500],
+            wake_at=wake_at,
+            updated_at=now,
+        ):
+            return Suspended.WAITING
+        if held.filter(wake_pending=True).update(wake_pending=False, updated_at=now):
+            return Suspended.WAKE_PENDING
+    return Suspended.STALE
+
+
+def finish(
+    driver: Driver,
+    status: RunStatus,
+    now: datetime,
+    *,
+    output_json: str | None = None,
+    error: str = "",
+    failed_step: str = "",
+) -> bool:
+    """RUNNING (this driver) -> SUCCEEDED, FAILED or CANCELLED; wakes the parent run.
+    False (nothing written) if the driver is stale."""
+    with transaction.atomic(using=alias()):
+        done = WorkflowRun.objects.filter(
+            pk=driver.run.pk, driver_token=driver.token, status=RunStatus.RUNNING
+        ).update(
+            status=status,
+            driver_token=None,
+            driver_job=None,
+            output_json=output_json,
+            error=storable_text(error),
+            failed_step=failed_step,
+            waiting_for="",
+            wake_at=None,
+            finished_at=now,
+            updated_at=now,
+        )
+        if not done:
+            return False
+        if status is RunStatus.CANCELLED:
+            _cancel_dependents(driver.run, now)
+        _wake_parent(driver.run, now)
+    return True
+
+
+def _wake_parent(run: WorkflowRun, now: datetime) -> None:
+    if run.parent_id is None:
+        return
+    generation = (
+        WorkflowRun.objects.filter(pk=run.parent_id).values_list("generation", flat=True).first()
+    )
+    if generation is not None:
+        wake(run.parent_id, generation, "child", run.parent_key, now=now)
+
+
+# -- items -------------------------------------------------------------------------
+
+
+def start_item(item_pk: int, now: datetime) -> WorkflowItem | None:
+    """Count a try of an item that has not ended; None if it ended (a replayed job)."""
+    with transaction.atomic(using=alias()):
+        started = WorkflowItem.objects.filter(pk=item_pk, status=StepStatus.RUNNING).update(
+            attempts=F("attempts") + 1, started_at=now
+        )
+        if not started:
+            return None
+        return WorkflowItem.objects.select_related("step__run").get(pk=item_pk)
+
+
+def end_item(
+    item: WorkflowItem,
+    status: StepStatus,
+    now: datetime,
+    *,
+    result_json: str | None = None,
+    error_type: str = "",
+    error: str = "",
+) -> bool:
+    """Record an item's end and count it off its step in one transaction; the item that
+    brings the count to zero wakes the run (once: the count reaches zero once, and the
+    wake's job id is the step's). False if the item had ended already."""
+    step = item.step
+    with transaction.atomic(using=alias()):
+        ended = WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
+            status=status,
+            result_json=result_json,
+            error_type=error_type,
+            error=storable_text(error),
+            finished_at=now,
+        )
+        if not ended:
+            return False
+        WorkflowStep.objects.filter(pk=step.pk, remaining__gt=0).update(
+            remaining=F("remaining") - 1
+        )
+        # The decrement above holds the step row's lock: this read sees its result.
+        remaining = WorkflowStep.objects.filter(pk=step.pk).values_list("remaining", flat=True)[0]
+        fault_point("workflows.map.fan_in", item=item.pk, remaining=remaining)
+        if remaining == 0:
+            run = step.run
+            generation = (
+                WorkflowRun.objects.filter(pk=run.pk).values_list("generation", flat=True).first()
+            )
+            if generation is not None:
+                wake(run.pk, generation, "items", step.key, now=now)
+    return True
+
+
+def release(job_id: str, now: datetime) -> bool:
+    """RUNNING (held by advance job ``job_id``, which failed for good) -> WAITING, with
+    a new advance job: no other job may take a Running run, so without this the run
+    would wait for ever. False if that job did not hold any run."""
+    with transaction.atomic(using=alias()):
+        run = WorkflowRun.objects.filter(driver_job=job_id, status=RunStatus.RUNNING).first()
+        if run is None:
+            return False
+        released = WorkflowRun.objects.filter(
+            pk=run.pk, driver_job=job_id, status=RunStatus.RUNNING
+        ).update(
+            status=RunStatus.WAITING,
+            driver_token=None,
+            driver_job=None,
+            wake_pending=False,
+            waiting_for="a new advance (the last one failed)",
+            updated_at=now,
+        )
+        if released:
+            wake(run.pk, run.generation, "released", f"{job_id}@{run.advances}", now=now)
+        return bool(released)
+
+
+#: The prefix of every item job's id (see :func:`insert_items`).
+ITEM_JOB_PREFIX = "wf-item:"
+
+
+def item_job_ended(job_id: str, item_pk: int, error: str, now: datetime) -> bool:
+    """An item's job ended Failed outside the activity's own code (no worker knew the
+    activity, its attempts were spent on kills or timeouts): record the item Failed
+    so its step can end. False if the item had ended."""
+    item = (
+        WorkflowItem.objects.select_related("step__run")
+        .filter(pk=item_pk, job_id=job_id, status=StepStatus.RUNNING)
+        .first()
+    )
+    if item is None:
+        return False
+    return end_item(item, StepStatus.FAILED, now, error_type="ActivityJobFailed", error=error)
+
+
+def record_item_error(item: WorkflowItem, error_type: str, error: str) -> None:
+    """Keep a failed try's error on an item that will be tried again."""
+    WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
+        error_type=error_type, error=storable_text(error)
+    )
+
+
+def item_counts(step: WorkflowStep) -> ItemCounts:
+    rows = dict(
+        WorkflowItem.objects.filter(step=step)
+        .values_list("status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return ItemCounts(
+        total=step.item_count,
+        succeeded=rows.get(StepStatus.SUCCEEDED, 0),
+        failed=rows.get(StepStatus.FAILED, 0),
+        running=rows.get(StepStatus.RUNNING, 0),
+        cancelled=rows.get(StepStatus.CANCELLED, 0),
+    )
+
+
+def items_of(step: WorkflowStep) -> list[WorkflowItem]:
+    return list(WorkflowItem.objects.filter(step=step).order_by("index"))
+
+
+# -- signals -----------------------------------------------------------------------
+
+
+def _run_in_scope(scope_hash: str, run_id: str, *, lock: bool = False) -> WorkflowRun:
+    rows = WorkflowRun.objects.for_scope(scope_hash).filter(run_id=run_id)
+    if lock:
+        rows = rows.select_for_update()
+    run = rows.first()
+    if run is None:
+        raise RunNotFound(f"no run {run_id!r} in this scope")
+    return run
+
+
+def send_signal(scope_hash: str, run_id: str, key: str, payload_json: str) -> SignalOutcome:
+    """Record a signal for a run and wake the run unless it waits for something else.
+
+    Works in its own transaction or inside the caller's (then it is delivered only if
+    that commits). The run row is locked first, so a driver that is about to wait for
+    this key either sees the signal or is woken by it.
+    """
+    now = timezone.now()
+    with transaction.atomic(using=alias()):
+        run = _run_in_scope(scope_hash, run_id)
+        # Lock the run row (an unconditional touch): orders this transaction with the
+        # driver's fenced writes.
+        WorkflowRun.objects.filter(pk=run.pk).update(updated_at=F("updated_at"))
+        run.refresh_from_db(fields=["status", "waiting_for", "generation"])
+        existing = WorkflowSignal.objects.filter(run=run, key=key).first()
+        if existing is not None:
+            if existing.payload_json != payload_json:
+                raise SignalConflict(
+                    f"signal {key!r} was already sent to run {run_id!r} with another payload"
+                )
+            return SignalOutcome.ALREADY_SENT
+        if run.status in RunStatus.finished():
+            return SignalOutcome.RUN_FINISHED
+        WorkflowSignal.objects.create(run=run, key=key, payload_json=payload_json, created_at=now)
+        fault_point("workflows.signal.deliver", run=run.pk, key=key)
+        if run.status == RunStatus.RUNNING:
+            # The driver replays once more before it waits (see suspend).
+            WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+                wake_pending=True
+            )
+        elif run.waiting_for == signal_wait(key):
+            wake(run.pk, run.generation, "signal", key, now=now)
+        # Waiting for anything else (its first advance, a timer, items…): the run
+        # reads the kept signal when its body reaches the wait.
+    return SignalOutcome.DELIVERED
+
+
+def signal_wait(key: str) -> str:
+    """What a run waiting for signal ``key`` says it waits for."""
+    return f"signal {key}"
+
+
+def signal_payload(run: WorkflowRun, key: str) -> tuple[bool, Any]:
+    payload = (
+        WorkflowSignal.objects.filter(run=run, key=key)
+        .values_list("payload_json", flat=True)
+        .first()
+    )
+    return (payload is not None, from_json(payload))
+
+
+# -- control -------------------------------------------------------------------------
+
+
+def cancel(scope_hash: str, run_id: str) -> CancelOutcome:
+    """A waiting run ends Cancelled at once; a running one is asked to stop (it ends
+    Cancelled at its next checkpoint). Unfinished children and running activity items
+    are cancelled with it."""
+    now = timezone.now()
+    with transaction.atomic(using=alias()):
+        run = _run_in_scope(scope_hash, run_id)
+        return _cancel(run, now)
+
+
+def _cancel(run: WorkflowRun, now: datetime) -> CancelOutcome:
+    ended = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.WAITING).update(
+        status=RunStatus.CANCELLED,
+        cancel_requested=True,
+        driver_token=None,
+        waiting_for="",
+        wake_at=None,
+        finished_at=now,
+        updated_at=now,
+    )
+    if ended:
+        _cancel_dependents(run, now)
+        _wake_parent(run, now)
+        return CancelOutcome.CANCELLED
+    asked = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+        cancel_requested=True, updated_at=now
+    )
+    if asked:
+        _cancel_dependents(run, now)
+        return CancelOutcome.REQUESTED
+    return CancelOutcome.ALREADY_FINISHED
+
+
+def _cancel_dependents(run: WorkflowRun, now: datetime) -> None:
+    """Cancel the run's unfinished children, its items' jobs, and mark its open
+    checkpoints Cancelled."""
+    for child in WorkflowRun.objects.filter(parent=run, status__in=RunStatus.unfinished()):
+        _cancel(child, now)
+    for item in WorkflowItem.objects.filter(step__run=run, status=StepStatus.RUNNING):
+        job_store.cancel(run.scope_hash, item.job_id, now=now)
+    WorkflowItem.objects.filter(step__run=run, status=StepStatus.RUNNING).update(
+        status=StepStatus.CANCELLED, finished_at=now
+    )
+    WorkflowStep.objects.filter(
+        run=run, status__in=(StepStatus.RUNNING, StepStatus.WAITING)
+    ).update(status=StepStatus.CANCELLED, finished_at=now)
+
+
+def resume(scope_hash: str, run_id: str) -> RunSnapshot:
+    """FAILED -> WAITING: the failed checkpoints are erased (a failed child run is
+    resumed too), so the replay runs them again with fresh retries; recorded
+    checkpoints keep their values."""
+    now = timezone.now()
+    with transaction.atomic(using=alias()):
+        run = _run_in_scope(scope_hash, run_id)
+        _resume(run, now)
+        run.refresh_from_db()
+        return snapshot(run)
+
+
+def _resume(run: WorkflowRun, now: datetime) -> None:
+    resumed = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.FAILED).update(
+        status=RunStatus.WAITING,
+        generation=F("generation") + 1,
+        cancel_requested=False,
+        error="",
+        failed_step="",
+        output_json=None,
+        waiting_for="resume",
+        finished_at=None,
+        updated_at=now,
+    )
+    if not resumed:
+        raise InvalidTransition(f"run {run.run_id!r} is {run.status}: only a Failed run resumes")
+    failed = WorkflowStep.objects.filter(run=run, status=StepStatus.FAILED)
+    for step in failed.filter(kind=StepKind.CHILD).select_related("child"):
+        if step.child is not None and step.child.status == RunStatus.FAILED:
+            _resume(step.child, now)
+            update_step(step, StepStatus.FAILED, status=StepStatus.WAITING, finished_at=None)
+    # A failed try of an inline step, a failed map or activity, a timed-out wait: the
+    # replay records them again. (Non-child failed steps only: a resumed child keeps
+    # its checkpoint, now waiting.)
+    WorkflowStep.objects.filter(run=run, status=StepStatus.FAILED).delete()
+    WorkflowStep.objects.filter(run=run, kind=StepKind.STEP, status=StepStatus.WAITING).delete()
+    generation = WorkflowRun.objects.filter(pk=run.pk).values_list("generation", flat=True)[0]
+    wake(run.pk, generation, "resume", now=now)
+
+
+# -- retention -----------------------------------------------------------------------
+
+
+def purge_finished(*, older_than: datetime, limit: int | None = None) -> int:
+    """Delete up to ``limit`` top-level runs that finished before ``older_than``, with
+    their checkpoints, items, signals and children; returns how many runs."""
+    limit = limit or workflows_settings().RETENTION_BATCH
+    with transaction.atomic(using=alias()):
+        ids = list(
+            WorkflowRun.objects.finished_before(older_than)
+            .filter(parent__isnull=True)
+            .order_by("finished_at")
+            .values_list("pk", flat=True)[:limit]
+        )
+        if not ids:
+            return 0
+        WorkflowRun.objects.filter(pk__in=ids).delete()
+    return len(ids)
+
+
+# -- reads ---------------------------------------------------------------------------
+
+
+def _error_text(error_type: str, error: str) -> str:
+    return f"{error_type}: {error}" if error_type else error
+
+
+def step_snapshot(step: WorkflowStep, child_run_id: str | None = None) -> StepSnapshot:
+    counts = item_counts(step) if step.kind in (StepKind.MAP, StepKind.ACTIVITY) else None
+    return StepSnapshot(
+        key=step.key,
+        kind=StepKind(step.kind),
+        status=StepStatus(step.status),
+        attempts=step.attempts,
+        result=from_json(step.result_json),
+        error=_error_text(step.error_type, step.error),
+        started_at=step.started_at,
+        finished_at=step.finished_at,
+        wake_at=step.wake_at,
+        items=counts,
+        child_run_id=child_run_id,
+    )
+
+
+def snapshot(run: WorkflowRun, *, created: bool = False, with_steps: bool = True) -> RunSnapshot:
+    steps: tuple[StepSnapshot, ...] = ()
+    if with_steps:
+        rows = WorkflowStep.objects.filter(run=run).select_related("child").order_by("id")
+        steps = tuple(
+            step_snapshot(step, step.child.run_id if step.child is not None else None)
+            for step in rows
+        )
+    waiting_for = run.waiting_for
+    if run.status == RunStatus.WAITING:
+        # Items end without waking the run: count them now.
+        for step in steps:
+            if step.items is not None and step.status == StepStatus.RUNNING:
+                ended = step.items.total - step.items.running
+                waiting_for = f"{ended} of {step.items.total} items"
+    parent_run_id = None
+    if run.parent_id is not None:
+        parent_run_id = run.run_id.rsplit("/", 1)[0] if "/" in run.run_id else None
+    return RunSnapshot(
+        scope_hash=run.scope_hash,
+        run_id=run.run_id,
+        name=run.name,
+        version=run.version,
+        status=RunStatus(run.status),
+        input=from_json(run.input_json),
+        output=from_json(run.output_json),
+        error=run.error,
+        failed_step=run.failed_step,
+        waiting_for=waiting_for,
+        created_at=run.created_at,
+        finished_at=run.finished_at,
+        cancel_requested=run.cancel_requested,
+        parent_run_id=parent_run_id,
+        created=created,
+        steps=steps,
+    )
+
+
+def get(scope_hash: str, run_id: str) -> RunSnapshot | None:
+    run = WorkflowRun.objects.for_scope(scope_hash).filter(run_id=run_id).first()
+    return None if run is None else snapshot(run)
+
+
+def list_runs(
+    scope_hash: str,
+    *,
+    status: str | None = None,
+    name: str | None = None,
+    limit: int | None = None,
+) -> list[RunSnapshot]:
+    rows = WorkflowRun.objects.for_scope(scope_hash).order_by("created_at", "id")
+    if status is not None:
+        rows = rows.filter(status=RunStatus(status))
+    if name is not None:
+        rows = rows.filter(name=name)
+    if limit is not None:
+        rows = rows[:limit]
+    return [snapshot(run) for run in rows]
+
+
+def in_flight_versions() -> list[tuple[str, int]]:
+    """Every (name, version) with runs not finished (for the deploy check)."""
+    return list(
+        WorkflowRun.objects.unfinished()
+        .values_list("name", "version")
+        .distinct()
+        .order_by("name", "version")
+    )
+
+
+def child_run(step: WorkflowStep) -> WorkflowRun | None:
+    """The child run a child checkpoint waits for, read fresh."""
+    return WorkflowRun.objects.filter(pk=step.child_id).first() if step.child_id else None

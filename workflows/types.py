@@ -1,0 +1,157 @@
+"""Values that cross the workflows app's boundary: statuses, snapshots, outcomes.
+
+Snapshots are frozen, slotted, keyword-only dataclasses read from the store; they
+never change after they are made and hold parsed JSON values.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    """Where a run stands.
+
+    WAITING: not being advanced (a timer, a signal, activity items, a child run, a
+    retry's back-off, or its first advance); RUNNING: a worker is advancing it;
+    SUCCEEDED, FAILED and CANCELLED are final (but ``resume`` takes a Failed run back
+    to WAITING).
+    """
+
+    RUNNING = "running", "Running"
+    WAITING = "waiting", "Waiting"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+    @classmethod
+    def finished(cls) -> frozenset[RunStatus]:
+        return frozenset({cls.SUCCEEDED, cls.FAILED, cls.CANCELLED})
+
+    @classmethod
+    def unfinished(cls) -> frozenset[RunStatus]:
+        return frozenset({cls.RUNNING, cls.WAITING})
+
+
+class StepStatus(models.TextChoices):
+    """Where a checkpoint stands: the same members as :class:`RunStatus`.
+
+    RUNNING: an inline step's try or activity items are under way; WAITING: a timer,
+    a signal, a child run or a retry's back-off; SUCCEEDED: recorded (its value is
+    returned on every replay); FAILED: retries exhausted (``StepFailed`` on replay);
+    CANCELLED: the run was cancelled while it stood there.
+    """
+
+    RUNNING = "running", "Running"
+    WAITING = "waiting", "Waiting"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class StepKind(models.TextChoices):
+    """What a checkpoint is: the ``WorkflowContext`` method that recorded it."""
+
+    STEP = "step", "Inline step"
+    ACTIVITY = "activity", "Activity"
+    MAP = "map", "Map"
+    SLEEP = "sleep", "Timer"
+    SIGNAL = "signal", "Signal"
+    CHILD = "child", "Child run"
+    NOW = "now", "Clock"
+
+
+class SignalOutcome(enum.StrEnum):
+    """What :func:`workflows.send_signal` did."""
+
+    #: The signal is recorded (and the run woken if it waits for it).
+    DELIVERED = "delivered"
+    #: The same signal with the same payload was recorded before: nothing changed.
+    ALREADY_SENT = "already_sent"
+    #: The run has finished: the signal is not recorded.
+    RUN_FINISHED = "run_finished"
+
+
+class CancelOutcome(enum.StrEnum):
+    """What :meth:`workflows.WorkflowScope.cancel` did."""
+
+    #: A waiting run ended Cancelled at once.
+    CANCELLED = "cancelled"
+    #: A running run was asked to stop: it ends Cancelled at its next checkpoint.
+    REQUESTED = "requested"
+    #: The run had finished already: nothing changed.
+    ALREADY_FINISHED = "already_finished"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemCounts:
+    """A map's items by status (the picture's counts)."""
+
+    total: int
+    succeeded: int = 0
+    failed: int = 0
+    running: int = 0
+    cancelled: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSnapshot:
+    """One checkpoint of a run, as recorded."""
+
+    key: str
+    kind: StepKind
+    status: StepStatus
+    #: Tries of an inline step; tries of its item for an activity; 0 otherwise.
+    attempts: int
+    #: The parsed JSON value the checkpoint returns (None until it succeeded).
+    result: Any
+    #: "Type: message" of the error that failed the last try ("" if none).
+    error: str
+    started_at: datetime
+    finished_at: datetime | None
+    #: A timer's wake time, or when a step's next try is due.
+    wake_at: datetime | None = None
+    #: A map's (or an activity's) item counts; None for the other kinds.
+    items: ItemCounts | None = None
+    #: A child step's run id.
+    child_run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSnapshot:
+    """A run and its checkpoints, in the order the body reached them."""
+
+    scope_hash: str
+    run_id: str
+    name: str
+    version: int
+    status: RunStatus
+    input: Any
+    output: Any
+    #: "Type: message" of the error that failed the run ("" if none).
+    error: str
+    #: The key of the step whose failure failed the run ("" if none).
+    failed_step: str
+    #: What a waiting run waits for: "signal approved", "timer until …",
+    #: "12 of 50 items", "child ship", "retry of reserve at …" ("" otherwise).
+    waiting_for: str
+    created_at: datetime
+    finished_at: datetime | None
+    cancel_requested: bool = False
+    parent_run_id: str | None = None
+    #: Whether this call created the run (False: it existed with the same request).
+    created: bool = False
+    steps: tuple[StepSnapshot, ...] = field(default=())
+
+    @property
+    def finished(self) -> bool:
+        return self.status in RunStatus.finished()
+
+    def step(self, key: str) -> StepSnapshot | None:
+        """The checkpoint recorded under ``key``, if any."""
+        return next((step for step in self.steps if step.key == key), None)
