@@ -21,7 +21,9 @@ doing:
   alive, and is asked about again after another deadline — a slow statement is
   never broken by this;
 - the backend is idle or gone (the statement never arrived, or its reply was lost),
-  or the server cannot be reached in time: the reply will never come. The watchdog
+  or the server cannot be reached in time: the reply will never come. (Behind a
+  transaction pooler the backend cannot be named; there only a server that does not
+  answer counts.) The watchdog
   shuts the connection's socket down; the waiting thread gets an ``OperationalError``
   at once, which its engine handles like any lost connection (one outage line, the
   back-off, a new connection).
@@ -107,6 +109,8 @@ class _RoundTrip(NamedTuple):
     fd: int
     started: float
     thread: threading.Thread
+    #: Through a transaction pooler: ``pid`` is the pooler's, not a server backend's.
+    pooled: bool
 
 
 class Watchdog:
@@ -137,11 +141,11 @@ class Watchdog:
         #: Round trips broken so far (for tests and figures).
         self.broken = 0
 
-    def begin(self, params: Mapping[str, Any], pid: int, fd: int) -> int:
+    def begin(self, params: Mapping[str, Any], pid: int, fd: int, *, pooled: bool = False) -> int:
         """A round trip on the connection to backend ``pid`` (socket ``fd``) starts;
         its token for :meth:`end`. On every round trip: kept to a tuple and a lock."""
         token = next(self._tokens)
-        trip = _RoundTrip(params, pid, fd, self.clock(), threading.current_thread())
+        trip = _RoundTrip(params, pid, fd, self.clock(), threading.current_thread(), pooled)
         with self._lock:
             self._waiting[token] = trip
             if self._thread is None:
@@ -189,7 +193,10 @@ class Watchdog:
             checked = self.clock()
             for token, trip in trips:
                 state = None if states is None else states.get(trip.pid)
-                if state is not None and state.startswith("active"):
+                # Behind a pooler the backend cannot be named: a server that answers
+                # is all the probe can tell, and it is taken as the statement running.
+                alive = states is not None and trip.pooled
+                if alive or (state is not None and state.startswith("active")):
                     with self._lock:  # a statement still running: ask again later
                         if token in self._waiting:
                             self._alive[token] = checked
@@ -271,10 +278,13 @@ def watchdog() -> Watchdog | None:
     return _watchdog
 
 
-def watch(conn: Any, params: Mapping[str, Any], *, by: Watchdog | None = None) -> None:
+def watch(
+    conn: Any, params: Mapping[str, Any], *, by: Watchdog | None = None, pooled: bool = False
+) -> None:
     """Watch every round trip of the psycopg connection ``conn`` (opened with
-    ``params``) from now on, by ``by`` (default: the process's watchdog); nothing if
-    no watchdog runs or it is already watched."""
+    ``params``; ``pooled``: through a transaction pooler) from now on, by ``by``
+    (default: the process's watchdog); nothing if no watchdog runs or it is already
+    watched."""
     dog = by or _watchdog
     if dog is None or getattr(conn, "_ledon_watched", False):
         return
@@ -287,7 +297,7 @@ def watch(conn: Any, params: Mapping[str, Any], *, by: Watchdog | None = None) -
             # A wait bounded by its caller (``notifies(timeout=…)``) is no round trip:
             # it may rightly hear nothing.
             return original(gen, *args, **kwargs)
-        token = dog.begin(params, pid, fd)
+        token = dog.begin(params, pid, fd, pooled=pooled)
         try:
             return original(gen, *args, **kwargs)
         finally:
@@ -301,7 +311,12 @@ def watch(conn: Any, params: Mapping[str, Any], *, by: Watchdog | None = None) -
 
 def _connection_created(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
     if connection.vendor == "postgresql" and connection.connection is not None:
-        watch(connection.connection, connection_params(connection))
+        watch(connection.connection, connection_params(connection), pooled=_pooled(connection))
+
+
+def _pooled(connection: BaseDatabaseWrapper) -> bool:
+    # What Django requires behind a transaction pooler (as ledon.pglisten.is_pooled).
+    return bool(connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"))
 
 
 def protect_engine_connections(alias: str) -> None:
@@ -323,4 +338,4 @@ def protect_engine_connections(alias: str) -> None:
             _watchdog.deadline = deadline
     connection = connections[alias]
     if connection.connection is not None:
-        watch(connection.connection, connection_params(connection))
+        watch(connection.connection, connection_params(connection), pooled=_pooled(connection))

@@ -37,7 +37,7 @@ from jobs.validation import scope_hash
 SCOPE = "model"
 JOB_IDS = ["a", "b", "c"]
 WORKERS = ["w1", "w2"]
-EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "10"))
+EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "6"))
 STEPS = int(os.environ.get("LEDON_MODEL_STEPS", "25"))
 
 pytestmark = [

@@ -8,6 +8,7 @@ deadline.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -127,3 +128,25 @@ def test_a_wait_for_notifications_is_no_round_trip(dog):
     assert dog.broken == 0
     assert conn.execute("SELECT 1").fetchone() == (1,)
     conn.close()
+
+
+def test_behind_a_pooler_only_an_unreachable_server_breaks_a_round_trip():
+    now = [0.0]
+    answers: list[dict[int, str] | None] = [{}]  # the server answers; no such backend
+    dog = Watchdog(DEADLINE, clock=lambda: now[0], probe=lambda *args: answers[0])
+    pooled_a, pooled_b = socket.socketpair()
+    direct_a, direct_b = socket.socketpair()
+    pooled = dog.begin({"host": "pooler"}, 111, pooled_a.fileno(), pooled=True)
+    direct = dog.begin({"host": "server"}, 222, direct_a.fileno())
+    now[0] += 2 * DEADLINE
+    assert dog.check() == 1  # the direct one: its backend is gone
+    assert direct_b.recv(10) == b""  # shut down
+    dog.end(direct)  # (its wait fails and ends)
+    answers[0] = None  # now the server does not answer
+    now[0] += 2 * DEADLINE
+    assert dog.check() == 1
+    assert pooled_b.recv(10) == b""
+    dog.end(pooled)
+    for sock in (pooled_a, pooled_b, direct_a, direct_b):
+        sock.close()
+    dog.close()
