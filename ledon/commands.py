@@ -8,6 +8,7 @@ the engine's summary line when it stops; ``--metrics-port`` (and
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NamedTuple
 
@@ -55,6 +56,10 @@ def check_metrics_options(options: Mapping[str, Any]) -> None:
             f"--metrics-address must be an address to listen on (such as 127.0.0.1 or "
             f"0.0.0.0), got {address!r}"
         )
+    try:
+        socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise CommandError(f"--metrics-address {address!r} is not an address here: {exc}") from None
     try:
         from . import metrics  # noqa: F401  (the [metrics] extra, needed only here)
     except ImportError as exc:

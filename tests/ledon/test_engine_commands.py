@@ -152,6 +152,10 @@ def test_the_three_apps_read_only_admins_share_one_base_and_refuse_every_edit() 
             ("dispatch_outbox", "--burst", "--metrics-port", "0", "--metrics-address", ""),
             "--metrics-address must be an address to listen on",
         ),
+        (
+            ("recover_sagas", "--burst", "--metrics-port", "0", "--metrics-address", "300.1.2.3"),
+            "--metrics-address '300.1.2.3' is not an address here",
+        ),
     ],
 )
 def test_the_other_engines_refuse_bad_options_before_anything_starts(args, message) -> None:
