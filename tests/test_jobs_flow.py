@@ -79,9 +79,11 @@ def _race_for_the_last_slot(handler_name: str) -> list[int]:
         go.set()
         others_done.wait(60)
     elif connection.vendor == "postgresql":
-        # Without the lock, let the others finish before the first commits.
-        others_done.wait(60)
+        # Without the lock, the others count in snapshots taken before the first
+        # commits; each then waits only to add its claim to the limit's counter.
+        wait_until(_waiting_for_locks(2), 30, "two claims waiting to count")
         go.set()
+        others_done.wait(60)
     else:
         # SQLite: the others wait for the first one's write lock.
         go.set()
@@ -92,6 +94,15 @@ def _race_for_the_last_slot(handler_name: str) -> list[int]:
 
 
 _LOCK_IDS = limits_store.lock_ids
+
+
+def _waiting_for_locks(count: int):
+    def check() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted")
+            return cursor.fetchone()[0] >= count
+
+    return check
 
 
 def _waiting_for_advisory_locks(count: int):
@@ -123,7 +134,8 @@ def test_j18_without_the_advisory_lock_two_claims_take_the_last_slot(handler, mo
     than one takes the last slot. This is what the lock prevents (and what the test above
     would catch)."""
     handler("flow.one", max_running=1)(lambda ctx: None)
-    submit(6, "flow.one")
+    # Enough due jobs that each claim's candidates (up to 5, locked) leave others'.
+    submit(16, "flow.one")
     monkeypatch.setattr(limits_store, "lock_ids", lambda limits: [])
     results = _race_for_the_last_slot("flow.one")
     assert sum(results) >= 2, results  # the first one's, and at least one other's
@@ -136,7 +148,8 @@ def test_j18_sqlite_immediate_transactions_serialise_claims_without_a_lock(handl
     """SQLite: no advisory lock exists, and none is needed — the first claim holds the
     database's write lock from BEGIN IMMEDIATE to its commit."""
     handler("flow.one", max_running=1)(lambda ctx: None)
-    submit(6, "flow.one")
+    # Enough due jobs that each claim's candidates (up to 5, locked) leave others'.
+    submit(16, "flow.one")
     monkeypatch.setattr(limits_store, "lock_ids", lambda limits: [])
     results = _race_for_the_last_slot("flow.one")
     assert sum(results) == 1, results

@@ -19,6 +19,7 @@ from .sql import (
     ATTEMPT,
     CANCELLED,
     CLAIMABLE,
+    COUNTER,
     JOB,
     LEAVE_RUNNING,
     QUEUE,
@@ -27,6 +28,8 @@ from .sql import (
     claim_update,
     claimed_ctes,
     claimed_kinds,
+    counted_keys,
+    counter_changes,
     finish_ctes,
 )
 
@@ -50,74 +53,102 @@ KeyShape = tuple[str, bool, bool, bool]
 _ORDER = "priority DESC, next_run_at, id"
 
 
-def _key_row(n: int, shape: KeyShape) -> str:
+def _used(key: str, finishing: bool) -> str:
+    """The Running jobs counted under the counter ``key`` (an SQL text expression), less
+    those the same statement finishes."""
+    used = f"COALESCE((SELECT running FROM {COUNTER} WHERE key = {key}), 0)"
+    if finishing:
+        used += f" - COALESCE((SELECT n FROM freed WHERE freed.key = {key}), 0)"
+    return f"({used})"
+
+
+def _key_row(n: int, shape: KeyShape, finishing: bool) -> str:
     """The ``keys`` row of key ``n`` (see :func:`limited_claim`)."""
     kind, max_running, per_scope, rate = shape
-    column = "handler" if kind == "h" else "queue"
     name = f"%(lim_{n})s"
+    key = f"%(lim_{n}_key)s::text"
     rooms = []
     if max_running:
-        rooms.append(
-            f"%(lim_{n}_max)s::bigint - (SELECT count(*) FROM running WHERE {column} = {name})"
-        )
+        rooms.append(f"%(lim_{n}_max)s::bigint - {_used(key, finishing)}")
     if rate:
         rooms.append(
             f"%(lim_{n}_rate)s::bigint - (SELECT count(*) FROM {CLAIM_START}"
-            f" WHERE key = %(lim_{n}_key)s AND started_at > %(lim_{n}_since)s)"
+            f" WHERE key = {key} AND started_at > %(lim_{n}_since)s)"
         )
     room = f"LEAST({', '.join(rooms)})" if rooms else "NULL::bigint"
     scope = f"%(lim_{n}_scope)s::bigint" if per_scope else "NULL::bigint"
-    key = f"%(lim_{n}_key)s::text" if rate else "NULL::text"
-    return f"('{kind}'::text, {name}::text, {room}, {scope}, {key})"
+    return f"('{kind}'::text, {name}::text, {room}, {scope}, {key}, {'TRUE' if rate else 'FALSE'})"
+
+
+def _counted(keys: tuple[KeyShape, ...]) -> str:
+    """The ``limit_keys`` of a job claimed under ``keys``: a JSON array of the counters
+    it counts in — per limited name, ``max_running``'s and, with the job's scope,
+    ``max_running_per_scope``'s —, or NULL if none."""
+    parts = []
+    for n, (kind, max_running, per_scope, _rate) in enumerate(keys):
+        column = "handler" if kind == "h" else "queue"
+        match = f"WHEN {column} = %(lim_{n})s::text THEN %(lim_{n}_key)s::text"
+        if max_running:
+            parts.append(f"CASE {match} END")
+        if per_scope:
+            parts.append(f"CASE {match} || ':' || scope_hash END")
+    if not parts:
+        return "NULL"
+    return f"NULLIF(array_to_json(array_remove(ARRAY[{', '.join(parts)}], NULL))::text, '[]')"
+
+
+def _scope_used(kind: str, column: str, row: str, finishing: bool) -> str:
+    """The Running jobs of the pair (``row``'s name, ``row``'s scope) counted under the
+    per-scope counter of key ``k_{kind}``."""
+    return _used(f"k_{kind}.key || ':' || {row}.scope_hash", finishing)
 
 
 @functools.lru_cache(maxsize=64)
 def limited_claim(
     *, queues: int, one_job: bool, finishing: bool, keys: tuple[KeyShape, ...]
 ) -> str:
-    """PostgreSQL: a claim under limits as one statement — usage, choice and
-    claim — to run after the advisory locks of its keys (:data:`LOCK_KEYS`), so that
-    its snapshot, taken when it starts, sees every claim the locks' previous holders
-    committed.
+    """PostgreSQL: a claim under limits as one statement — usage, choice, claim and
+    counting — to run after the advisory locks of its keys (:data:`LOCK_KEYS`), so
+    that its snapshot, taken when it starts, sees every claim the locks' previous
+    holders committed.
 
     The parameters of :func:`jobs.store.sql.claim` (with ``finishing``, the batch's
     too), and per limited key ``n`` of ``keys`` (see :data:`KeyShape`): its name
-    ``lim_n``, and as it has them ``lim_n_max``, ``lim_n_scope``, ``lim_n_rate``
-    with ``lim_n_key`` (its ``jobs_claimstart`` key) and ``lim_n_since`` (its
-    window's start).
+    ``lim_n``, its counter and rate key ``lim_n_key``, and as it has them
+    ``lim_n_max``, ``lim_n_scope``, ``lim_n_rate`` with ``lim_n_since`` (its window's
+    start).
 
-    In the statement: ``running`` — the Running jobs of the limited handlers and
-    queues, less those the statement finishes; ``keys`` — per key, its ``room``
-    (the starts ``max_running`` and ``rate`` still allow, the fewer) and its
-    per-scope limit; ``candidates`` — up to ``limit`` due jobs in claim order, locked
-    (``SKIP LOCKED``), leaving out the handlers and queues without room and the
-    (name, scope) pairs at their per-scope limit; ``chosen`` — all of them when
-    every key has room for ``limit`` more starts (``ample``: the limits cannot bind),
-    else those whose rank among the candidates of each of their keys is within its
-    room (``ranked``; a job is refused when as many candidates of one of its keys
-    come before it as that key has room: a claim never takes more than any room,
-    and may take fewer where one key's refusal leaves another's room unused); then
-    the claim's update of the chosen jobs (locked, so their guard still holds) and
-    attempt rows, and a ``jobs_claimstart`` row per start of a rate-limited key.
+    Usage is read from the limit counters (``jobs_limitcounter``), by key: no job is
+    counted. In the statement: ``freed`` — with ``finishing``, the counts the jobs it
+    finishes give back; ``keys`` — per key, its ``room`` (the starts ``max_running``
+    and ``rate`` still allow, the fewer) and its per-scope limit; ``candidates`` — up
+    to ``limit`` due jobs in claim order, locked (``SKIP LOCKED``), leaving out the
+    handlers and queues without room and the (name, scope) pairs at their per-scope
+    limit; ``chosen`` — all of them when every key has room for ``limit`` more starts
+    (``ample``: the limits cannot bind), else those whose rank among the candidates
+    of each of their keys is within its room (``ranked``; a job is refused when as
+    many candidates of one of its keys come before it as that key has room: a claim
+    never takes more than any room, and may take fewer where one key's refusal
+    leaves another's room unused); then the claim's update of the chosen jobs
+    (locked, so their guard still holds; each records its ``limit_keys``) and attempt
+    rows, one change per counter (``counted``: the claimed jobs' counts less the
+    freed ones), and a ``jobs_claimstart`` row per start of a rate-limited key.
 
     Returns the rows of :func:`jobs.store.sql.claim` with ``finishing`` (a ``kind``
     per row), and a row of kind ``'skipped'`` when a limit refused a candidate: a
     claim of the rest may find jobs past it."""
     names = {kind: [n for n, k in enumerate(keys) if k[0] == kind] for kind in ("h", "q")}
-    either = [
-        f"{column} IN ({', '.join(f'%(lim_{n})s' for n in names[kind])})"
-        for kind, column in (("h", "handler"), ("q", "queue"))
-        if names[kind]
-    ]
-    gone = " AND current_token <> ALL(%(tokens)s::text[])" if finishing else ""
     ctes = [
-        f"running AS (SELECT handler, queue, scope_hash FROM {JOB}"
-        f" WHERE current_token IS NOT NULL AND status = '{RUNNING}'{gone}"
-        f" AND ({' OR '.join(either)}))",
         "keys AS (SELECT * FROM (VALUES "
-        + ", ".join(_key_row(n, shape) for n, shape in enumerate(keys))
-        + ") AS k(kind, name, room, scope, key))",
+        + ", ".join(_key_row(n, shape, finishing) for n, shape in enumerate(keys))
+        + ") AS k(kind, name, room, scope, key, rated))",
     ]
+    if finishing:
+        ctes.insert(
+            0,
+            f"freed AS (SELECT key, count(*) AS n FROM ({counted_keys('finished')}) AS f"
+            " GROUP BY key)",
+        )
     filters = list(CLAIMABLE)
     if queues:
         filters.append(f"queue IN ({in_list('queue', queues)})")
@@ -129,6 +160,7 @@ def limited_claim(
     ranks = []
     admits = []
     joins = []
+    scope_ample = []
     for kind, column in kinds:
         shapes = [keys[n] for n in names[kind]]
         if any(s[1] or s[3] for s in shapes):
@@ -138,21 +170,25 @@ def limited_claim(
             ranks.append(f"row_number() OVER (PARTITION BY {column} ORDER BY {_ORDER}) AS n_{kind}")
             admits.append(f"(k_{kind}.room IS NULL OR r.n_{kind} <= k_{kind}.room)")
         if any(s[2] for s in shapes):
-            # scope_hash has a fixed length: scope_hash || name names one pair.
             picks.append(
-                f"scope_hash || {column} NOT IN (SELECT u.scope_hash || u.{column}"
-                f" FROM running AS u JOIN keys AS k ON k.kind = '{kind}' AND k.name = u.{column}"
-                f" WHERE k.scope IS NOT NULL GROUP BY u.scope_hash, u.{column}, k.scope"
-                " HAVING count(*) >= k.scope)"
+                f"NOT EXISTS (SELECT 1 FROM keys AS k_{kind} WHERE k_{kind}.kind = '{kind}'"
+                f" AND k_{kind}.name = {JOB}.{column} AND k_{kind}.scope IS NOT NULL"
+                f" AND {_scope_used(kind, column, JOB, finishing)} >= k_{kind}.scope)"
             )
             ranks.append(
                 f"row_number() OVER (PARTITION BY {column}, scope_hash ORDER BY {_ORDER})"
                 f" AS n_{kind}s"
             )
             admits.append(
-                f"(k_{kind}.scope IS NULL OR r.n_{kind}s + (SELECT count(*) FROM running AS u"
-                f" WHERE u.{column} = r.{column} AND u.scope_hash = r.scope_hash)"
-                f" <= k_{kind}.scope)"
+                f"(k_{kind}.scope IS NULL"
+                f" OR r.n_{kind}s + {_scope_used(kind, column, 'r', finishing)} <= k_{kind}.scope)"
+            )
+            # Room for the whole claim in the busiest pair among the candidates.
+            scope_ample.append(
+                f"NOT EXISTS (SELECT 1 FROM candidates AS r JOIN keys AS k_{kind}"
+                f" ON k_{kind}.kind = '{kind}' AND k_{kind}.name = r.{column}"
+                f" WHERE k_{kind}.scope IS NOT NULL"
+                f" AND k_{kind}.scope < %(limit)s + {_scope_used(kind, column, 'r', finishing)})"
             )
         joins.append(
             f" LEFT JOIN keys AS k_{kind}"
@@ -168,14 +204,8 @@ def limited_claim(
     )
     # Room for the whole claim under every limit: the candidates as they come (the
     # ranking is then never computed).
-    ample = ["(room IS NULL OR room >= %(limit)s)"]
-    if any(shape[2] for shape in keys):
-        ample.append(
-            "(scope IS NULL OR scope >= %(limit)s + COALESCE((SELECT max(n) FROM"
-            " (SELECT count(*) AS n FROM running AS u WHERE (k.kind = 'h' AND u.handler = k.name)"
-            " OR (k.kind = 'q' AND u.queue = k.name) GROUP BY u.scope_hash) AS busiest), 0))"
-        )
-    ctes.append(f"ample AS (SELECT bool_and({' AND '.join(ample)}) AS yes FROM keys AS k)")
+    ample = ["(SELECT bool_and(room IS NULL OR room >= %(limit)s) FROM keys)", *scope_ample]
+    ctes.append(f"ample AS (SELECT {' AND '.join(ample)} AS yes)")
     ctes.append(
         "chosen AS (SELECT id FROM candidates WHERE (SELECT yes FROM ample)"
         " UNION ALL SELECT r.id FROM ranked AS r"
@@ -185,13 +215,23 @@ def limited_claim(
     orphans = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
     # The candidates are locked by this statement: their guard holds still.
     update = claim_update(
-        "postgresql", f"{orphans}id = ANY(ARRAY(SELECT id FROM chosen)) AND status = '{QUEUED}'"
+        "postgresql",
+        f"{orphans}id = ANY(ARRAY(SELECT id FROM chosen)) AND status = '{QUEUED}'",
+        counted=_counted(keys),
     )
     ctes.append(claimed_ctes(update))
+    changes = f"SELECT key, 1 AS n FROM ({counted_keys('claimed')}) AS c"
+    if finishing:
+        changes += " UNION ALL SELECT key, -n FROM freed"
+    ctes.append(
+        "counted AS ("
+        + counter_changes(f"SELECT key, sum(n) AS n FROM ({changes}) AS u GROUP BY key")
+        + ")"
+    )
     if any(shape[3] for shape in keys):
         ctes.append(
             f"starts AS (INSERT INTO {CLAIM_START} (key, started_at)"
-            " SELECT k.key, %(now)s FROM claimed AS c JOIN keys AS k ON k.key IS NOT NULL"
+            " SELECT k.key, %(now)s FROM claimed AS c JOIN keys AS k ON k.rated"
             " AND ((k.kind = 'h' AND k.name = c.handler) OR (k.kind = 'q' AND k.name = c.queue)))"
         )
     if finishing:
@@ -321,7 +361,7 @@ RESUME_QUEUE = (
 #: Snooze: queue the job Running under ``token`` again at ``run_at`` (``now``), unless a
 #: cancel request committed first; the execution is taken back from
 #: ``attempt_count`` and counted in ``snooze_count`` instead. Returns the job's
-#: ``id`` and ``queue``.
+#: ``id``, ``queue`` and ``limit_keys``.
 SNOOZE_JOB = (
     f"UPDATE {JOB} SET status = '{QUEUED}', next_run_at = %(run_at)s,"
     " attempt_count = attempt_count - 1, snooze_count = snooze_count + 1,"
@@ -329,7 +369,7 @@ SNOOZE_JOB = (
     " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
     " finished_at = NULL, handler_unknown_since = NULL, updated_at = %(now)s"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}' AND NOT cancel_requested"
-    " RETURNING id, queue"
+    " RETURNING id, queue, limit_keys"
 )
 
 #: Snooze: the snoozed job's (``job``) Running attempt row under ``token`` ends Snoozed
@@ -363,5 +403,5 @@ PUT_BACK_UNKNOWN_HANDLER = (
     f" {LEAVE_RUNNING},"
     " started_at = NULL, progress = NULL, progress_message = '', result_ref = NULL"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
-    " RETURNING status"
+    " RETURNING status, limit_keys"
 )

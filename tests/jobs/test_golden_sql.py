@@ -130,6 +130,7 @@ def _limit_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
         lambda: sql_flow.limited_claim(queues=2, one_job=True, finishing=False, keys=shapes["all"]),
     )
     add("lock_keys-postgresql", lambda: sql_flow.LOCK_KEYS)
+    add("give_back-postgresql", lambda: sql.GIVE_BACK)
     add("usage-sqlite-handlers1", lambda: sql_flow.usage(1, 0, 0))
     add("usage-sqlite-all", lambda: sql_flow.usage(1, 1, 2))
     add(

@@ -44,6 +44,7 @@ WITH done AS
                                 j.status,
                                 j.queue,
                                 j.cancel_requested,
+                                j.limit_keys,
                                 done.token,
                                 done.outcome,
                                 done.result_ref,
@@ -65,6 +66,19 @@ WITH done AS
    WHERE a.job_id = finished.id
      AND a.token = finished.token
      AND a.status = 'running' RETURNING a.token),
+     given_back AS
+  (INSERT INTO jobs_limitcounter AS c (key, running) SELECT key,
+                                                            n
+   FROM
+     (SELECT key, -count(*) AS n
+      FROM
+        (SELECT k.key
+         FROM finished AS s,
+              jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS u
+      GROUP BY key) AS d
+   WHERE n <> 0
+   ORDER BY key ON CONFLICT (key) DO UPDATE
+   SET running = c.running + excluded.running),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -79,7 +93,8 @@ WITH done AS
        progress_message = '',
        error = '',
        result_ref = NULL,
-       finished_at = NULL
+       finished_at = NULL,
+       limit_keys = NULL
    WHERE NOT EXISTS
        (SELECT 1
         FROM orphans)

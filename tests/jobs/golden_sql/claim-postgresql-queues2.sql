@@ -12,7 +12,8 @@ WITH claimed AS
        progress_message = '',
        error = '',
        result_ref = NULL,
-       finished_at = NULL
+       finished_at = NULL,
+       limit_keys = NULL
    WHERE id = ANY(ARRAY
                     (SELECT id
                      FROM jobs_job

@@ -10,7 +10,8 @@ SET status = 'running',
     progress_message = '',
     error = '',
     result_ref = NULL,
-    finished_at = NULL
+    finished_at = NULL,
+    limit_keys = NULL
 WHERE id IN
     (SELECT id
      FROM jobs_job

@@ -30,4 +30,5 @@ SET status = CASE
                                                  progress_message = '',
                                                  result_ref = NULL
 WHERE current_token = %(token)s
-  AND status = 'running' RETURNING status
+  AND status = 'running' RETURNING status,
+                                   limit_keys

@@ -17,4 +17,5 @@ SET status = 'queued',
 WHERE current_token = %(token)s
   AND status = 'running'
   AND NOT cancel_requested RETURNING id,
-                                     queue
+                                     queue,
+                                     limit_keys
