@@ -219,6 +219,18 @@ class LimitCounter(models.Model):
 
     key = models.CharField(max_length=400, unique=True)
     running = models.BigIntegerField(default=0)
+    # The limit as the last claim that counted here knew it: a claim that would take
+    # the counter past it fails on the constraint below, changing nothing, and is
+    # made again the exact way (see jobs.store.limits).
+    cap = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(cap__isnull=True) | Q(running__lte=F("cap")),
+                name="jobs_limitcounter_within_cap",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.key}: {self.running} running"

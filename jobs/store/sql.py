@@ -72,14 +72,21 @@ LEAVE_RUNNING = ", ".join(
 
 def counter_changes(deltas: str) -> str:
     """PostgreSQL: add to each limit counter the ``n`` of ``deltas`` (a query of
-    ``key`` and ``n``, one row per key), creating the counters it lacks. In key order:
-    every statement that changes counters takes their row locks in one order, so no
-    two of them deadlock."""
+    ``key``, ``n`` and ``cap``, one row per key), creating the counters it lacks. A
+    count added sets the counter's ``cap`` (its limit: a counter past it fails the
+    statement); a count given back keeps it. In key order: every statement that
+    changes counters takes their row locks in one order, so no two of them
+    deadlock."""
     return (
-        f"INSERT INTO {COUNTER} AS c (key, running) SELECT key, n FROM ({deltas}) AS d"
+        f"INSERT INTO {COUNTER} AS c (key, running, cap) SELECT key, n, cap FROM ({deltas}) AS d"
         " WHERE n <> 0 ORDER BY key"
-        " ON CONFLICT (key) DO UPDATE SET running = c.running + excluded.running"
+        " ON CONFLICT (key) DO UPDATE SET running = c.running + excluded.running,"
+        " cap = CASE WHEN excluded.running > 0 THEN excluded.cap ELSE c.cap END"
     )
+
+
+#: The constraint a counter taken past its ``cap`` fails on.
+COUNTER_CAP = "jobs_limitcounter_within_cap"
 
 
 def counted_keys(source: str) -> str:
@@ -93,7 +100,8 @@ def counted_keys(source: str) -> str:
 #: PostgreSQL: give back one count to each counter of ``limit_keys`` (a job's), as a
 #: job leaves Running outside a finishing statement (snooze, put-back).
 GIVE_BACK = counter_changes(
-    "SELECT key, -1 AS n FROM jsonb_array_elements_text(%(limit_keys)s::jsonb) AS k(key)"
+    "SELECT key, -1 AS n, NULL::bigint AS cap"
+    " FROM jsonb_array_elements_text(%(limit_keys)s::jsonb) AS k(key)"
 )
 
 
@@ -165,18 +173,10 @@ def claim(
     one statement, it is atomic by itself: the worker runs it in autocommit, one round
     trip in all.
     """
-    filters = list(CLAIMABLE)
-    if queues:
-        filters.append(f"queue IN ({in_list('queue', queues)})")
-    if one_job:
-        filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
+    filters = claim_filters(queues=queues, one_job=one_job)
     postgres = vendor == "postgresql"
     guard = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
-    which = id_among_locked(
-        vendor,
-        f"SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
-        " ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s",
-    )
+    which = first_due(vendor, filters)
     if chosen:
         ids = "ANY(%(ids)s::bigint[])" if postgres else f"({in_list('id', chosen)})"
         which = f"id {'=' if postgres else 'IN'} {ids} AND {' AND '.join(filters)}"
@@ -188,6 +188,27 @@ def claim(
         return f"WITH {ctes} SELECT {', '.join(CLAIMED)} FROM claimed"
     return f"WITH {_finish_ctes(give_back=True)}, {ctes} " + union_by_kind(
         claimed_kinds(finishing=True)
+    )
+
+
+def claim_filters(*, queues: int, one_job: bool) -> list[str]:
+    """A claim's guard (:data:`CLAIMABLE`), with ``queues`` queues (``queue_0``…) and
+    with ``one_job`` (``scope_hash`` and ``job_id``)."""
+    filters = list(CLAIMABLE)
+    if queues:
+        filters.append(f"queue IN ({in_list('queue', queues)})")
+    if one_job:
+        filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
+    return filters
+
+
+def first_due(vendor: str, filters: Sequence[str]) -> str:
+    """``id`` is among the first ``limit`` jobs ``filters`` admit, in claim order,
+    locked (see :func:`ledon.db.id_among_locked`)."""
+    return id_among_locked(
+        vendor,
+        f"SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
+        " ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s",
     )
 
 
@@ -373,7 +394,8 @@ def _finish_ctes(
         given_back = (
             ", given_back AS ("
             + counter_changes(
-                f"SELECT key, -count(*) AS n FROM ({counted_keys('finished')}) AS u GROUP BY key"
+                f"SELECT key, -count(*) AS n, NULL::bigint AS cap"
+                f" FROM ({counted_keys('finished')}) AS u GROUP BY key"
             )
             + ")"
         )

@@ -25,12 +25,14 @@ from .sql import (
     QUEUE,
     QUEUED,
     RUNNING,
+    claim_filters,
     claim_update,
     claimed_ctes,
     claimed_kinds,
     counted_keys,
     counter_changes,
     finish_ctes,
+    first_due,
 )
 
 CLAIM_START = ClaimStart._meta.db_table
@@ -77,7 +79,63 @@ def _key_row(n: int, shape: KeyShape, finishing: bool) -> str:
         )
     room = f"LEAST({', '.join(rooms)})" if rooms else "NULL::bigint"
     scope = f"%(lim_{n}_scope)s::bigint" if per_scope else "NULL::bigint"
-    return f"('{kind}'::text, {name}::text, {room}, {scope}, {key}, {'TRUE' if rate else 'FALSE'})"
+    cap = f"%(lim_{n}_max)s::bigint" if max_running else "NULL::bigint"
+    rated = "TRUE" if rate else "FALSE"
+    return f"('{kind}'::text, {name}::text, {room}, {scope}, {key}, {rated}, {cap})"
+
+
+def _counter_deltas(finishing: bool) -> str:
+    """Each counter's change by a claim: its claimed jobs' counts less, with
+    ``finishing``, the ``freed`` ones; with its cap, from ``keys`` (``max_running``'s
+    for a name's counter, ``max_running_per_scope``'s for a pair's: a scope hash is 64
+    characters)."""
+    changes = f"SELECT key, 1 AS n FROM ({counted_keys('claimed')}) AS c"
+    if finishing:
+        changes += " UNION ALL SELECT key, -n FROM freed"
+    cap = (
+        "COALESCE((SELECT k.cap FROM keys AS k WHERE k.key = u.key),"
+        " (SELECT k.scope FROM keys AS k WHERE k.key || ':' || right(u.key, 64) = u.key))"
+    )
+    return f"SELECT u.key, sum(u.n) AS n, {cap} AS cap FROM ({changes}) AS u GROUP BY u.key"
+
+
+@functools.lru_cache(maxsize=64)
+def counted_claim(
+    *, queues: int, one_job: bool, finishing: bool, keys: tuple[KeyShape, ...]
+) -> str:
+    """PostgreSQL: a claim under ``max_running`` and ``max_running_per_scope`` limits
+    (no ``rate``) as the plain claim of :func:`jobs.store.sql.claim` makes it — the
+    first due jobs, no lock, no usage read — with each job's ``limit_keys`` recorded
+    and each counter changed once (the claimed less, with ``finishing``, the freed),
+    its cap set to its limit. Should a counter go past its cap, the statement fails
+    on :data:`jobs.store.sql.COUNTER_CAP` and changes nothing: a limit binds, and the
+    claim is made again under locks (:func:`limited_claim`).
+
+    Parameters as for :func:`limited_claim` (no ``lim_n_since``, ``lim_n_rate``).
+    Returns the rows of :func:`jobs.store.sql.claim`."""
+    if any(shape[3] for shape in keys):
+        raise ValueError("a rate needs the starts in its window: limited_claim")
+    rows = ", ".join(
+        f"(%(lim_{n}_key)s::text, "
+        + (f"%(lim_{n}_max)s::bigint" if max_running else "NULL::bigint")
+        + ", "
+        + (f"%(lim_{n}_scope)s::bigint" if per_scope else "NULL::bigint")
+        + ")"
+        for n, (_kind, max_running, per_scope, _rate) in enumerate(keys)
+    )
+    ctes = [f"keys AS (SELECT * FROM (VALUES {rows}) AS k(key, cap, scope))"]
+    if finishing:
+        ctes[:0] = [
+            finish_ctes(),
+            f"freed AS (SELECT key, count(*) AS n FROM ({counted_keys('finished')}) AS f"
+            " GROUP BY key)",
+        ]
+    orphans = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
+    which = first_due("postgresql", claim_filters(queues=queues, one_job=one_job))
+    update = claim_update("postgresql", f"{orphans}{which}", counted=_counted(keys))
+    ctes.append(claimed_ctes(update))
+    ctes.append(f"counted AS ({counter_changes(_counter_deltas(finishing))})")
+    return f"WITH {', '.join(ctes)} " + union_by_kind(claimed_kinds(finishing=finishing))
 
 
 def _counted(keys: tuple[KeyShape, ...]) -> str:
@@ -141,7 +199,7 @@ def limited_claim(
     ctes = [
         "keys AS (SELECT * FROM (VALUES "
         + ", ".join(_key_row(n, shape, finishing) for n, shape in enumerate(keys))
-        + ") AS k(kind, name, room, scope, key, rated))",
+        + ") AS k(kind, name, room, scope, key, rated, cap))",
     ]
     if finishing:
         ctes.insert(
@@ -149,12 +207,7 @@ def limited_claim(
             f"freed AS (SELECT key, count(*) AS n FROM ({counted_keys('finished')}) AS f"
             " GROUP BY key)",
         )
-    filters = list(CLAIMABLE)
-    if queues:
-        filters.append(f"queue IN ({in_list('queue', queues)})")
-    if one_job:
-        filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
-    guard = " AND ".join(filters)
+    guard = " AND ".join(claim_filters(queues=queues, one_job=one_job))
     kinds = [(kind, column) for kind, column in (("h", "handler"), ("q", "queue")) if names[kind]]
     picks = []
     ranks = []
@@ -220,14 +273,7 @@ def limited_claim(
         counted=_counted(keys),
     )
     ctes.append(claimed_ctes(update))
-    changes = f"SELECT key, 1 AS n FROM ({counted_keys('claimed')}) AS c"
-    if finishing:
-        changes += " UNION ALL SELECT key, -n FROM freed"
-    ctes.append(
-        "counted AS ("
-        + counter_changes(f"SELECT key, sum(n) AS n FROM ({changes}) AS u GROUP BY key")
-        + ")"
-    )
+    ctes.append(f"counted AS ({counter_changes(_counter_deltas(finishing))})")
     if any(shape[3] for shape in keys):
         ctes.append(
             f"starts AS (INSERT INTO {CLAIM_START} (key, started_at)"

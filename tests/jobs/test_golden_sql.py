@@ -125,6 +125,16 @@ def _limit_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
                     queues=0, one_job=False, finishing=f, keys=k
                 ),
             )
+    counted = {name: keys for name, keys in shapes.items() if not any(k[3] for k in keys)}
+    counted["max_running-and-per_scope"] = (("h", True, True, False), ("q", True, False, False))
+    for name, keys in counted.items():
+        for finishing in (False, True):
+            add(
+                f"counted_claim-postgresql-{name}{'-finishing' if finishing else ''}",
+                lambda k=keys, f=finishing: sql_flow.counted_claim(
+                    queues=0, one_job=False, finishing=f, keys=k
+                ),
+            )
     add(
         "limited_claim-postgresql-all-queues2-one_job",
         lambda: sql_flow.limited_claim(queues=2, one_job=True, finishing=False, keys=shapes["all"]),

@@ -67,10 +67,12 @@ WITH done AS
      AND a.token = finished.token
      AND a.status = 'running' RETURNING a.token),
      given_back AS
-  (INSERT INTO jobs_limitcounter AS c (key, running) SELECT key,
-                                                            n
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
    FROM
-     (SELECT key, -count(*) AS n
+     (SELECT key, -count(*) AS n,
+                   NULL::bigint AS cap
       FROM
         (SELECT k.key
          FROM finished AS s,
@@ -78,7 +80,11 @@ WITH done AS
       GROUP BY key) AS d
    WHERE n <> 0
    ORDER BY key ON CONFLICT (key) DO UPDATE
-   SET running = c.running + excluded.running),
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',

@@ -13,19 +13,21 @@ WITH keys AS
                             AND started_at > %(lim_0_since)s)),
                  %(lim_0_scope)s::bigint,
                  %(lim_0_key)s::text,
-                 TRUE), ('q'::text,
-                         %(lim_1)s::text,
-                         LEAST(%(lim_1_max)s::bigint - (COALESCE(
-                                                                   (SELECT running
-                                                                    FROM jobs_limitcounter
-                                                                    WHERE key = %(lim_1_key)s::text), 0)), %(lim_1_rate)s::bigint -
-                                 (SELECT count(*)
-                                  FROM jobs_claimstart
-                                  WHERE key = %(lim_1_key)s::text
-                                    AND started_at > %(lim_1_since)s)),
-                         %(lim_1_scope)s::bigint,
-                         %(lim_1_key)s::text,
-                         TRUE)) AS k(kind, name, room, scope, key, rated)),
+                 TRUE,
+                 %(lim_0_max)s::bigint), ('q'::text,
+                                          %(lim_1)s::text,
+                                          LEAST(%(lim_1_max)s::bigint - (COALESCE(
+                                                                                    (SELECT running
+                                                                                     FROM jobs_limitcounter
+                                                                                     WHERE key = %(lim_1_key)s::text), 0)), %(lim_1_rate)s::bigint -
+                                                  (SELECT count(*)
+                                                   FROM jobs_claimstart
+                                                   WHERE key = %(lim_1_key)s::text
+                                                     AND started_at > %(lim_1_since)s)),
+                                          %(lim_1_scope)s::bigint,
+                                          %(lim_1_key)s::text,
+                                          TRUE,
+                                          %(lim_1_max)s::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
      candidates AS
   (SELECT id,
           handler,
@@ -205,11 +207,19 @@ WITH keys AS
                                                                                                                                                                      NULL
    FROM claimed),
      counted AS
-  (INSERT INTO jobs_limitcounter AS c (key, running) SELECT key,
-                                                            n
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
    FROM
-     (SELECT key,
-             sum(n) AS n
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM keys AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM keys AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
       FROM
         (SELECT key,
                 1 AS n
@@ -217,10 +227,14 @@ WITH keys AS
            (SELECT k.key
             FROM claimed AS s,
                  jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c) AS u
-      GROUP BY key) AS d
+      GROUP BY u.key) AS d
    WHERE n <> 0
    ORDER BY key ON CONFLICT (key) DO UPDATE
-   SET running = c.running + excluded.running),
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END),
      starts AS
   (INSERT INTO jobs_claimstart (key, started_at) SELECT k.key,
                                                         %(now)s

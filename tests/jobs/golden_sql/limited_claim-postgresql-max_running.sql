@@ -9,7 +9,8 @@ WITH keys AS
                                                             WHERE key = %(lim_0_key)s::text), 0))),
                  NULL::bigint,
                  %(lim_0_key)s::text,
-                 FALSE)) AS k(kind, name, room, scope, key, rated)),
+                 FALSE,
+                 %(lim_0_max)s::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
      candidates AS
   (SELECT id,
           handler,
@@ -114,11 +115,19 @@ WITH keys AS
                                                                                                                                                                      NULL
    FROM claimed),
      counted AS
-  (INSERT INTO jobs_limitcounter AS c (key, running) SELECT key,
-                                                            n
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
    FROM
-     (SELECT key,
-             sum(n) AS n
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM keys AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM keys AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
       FROM
         (SELECT key,
                 1 AS n
@@ -126,10 +135,14 @@ WITH keys AS
            (SELECT k.key
             FROM claimed AS s,
                  jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c) AS u
-      GROUP BY key) AS d
+      GROUP BY u.key) AS d
    WHERE n <> 0
    ORDER BY key ON CONFLICT (key) DO UPDATE
-   SET running = c.running + excluded.running)
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END)
 SELECT 'claimed' AS kind,
        id,
        scope_hash,

@@ -82,7 +82,8 @@ WITH done AS
                  NULL::bigint,
                  %(lim_0_scope)s::bigint,
                  %(lim_0_key)s::text,
-                 FALSE)) AS k(kind, name, room, scope, key, rated)),
+                 FALSE,
+                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
      candidates AS
   (SELECT id,
           handler,
@@ -217,11 +218,19 @@ WITH done AS
                                                                                                                                                                      NULL
    FROM claimed),
      counted AS
-  (INSERT INTO jobs_limitcounter AS c (key, running) SELECT key,
-                                                            n
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
    FROM
-     (SELECT key,
-             sum(n) AS n
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM keys AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM keys AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
       FROM
         (SELECT key,
                 1 AS n
@@ -231,10 +240,14 @@ WITH done AS
                  jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c
          UNION ALL SELECT key, -n
          FROM freed) AS u
-      GROUP BY key) AS d
+      GROUP BY u.key) AS d
    WHERE n <> 0
    ORDER BY key ON CONFLICT (key) DO UPDATE
-   SET running = c.running + excluded.running)
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END)
 SELECT 'claimed' AS kind,
        id,
        scope_hash,

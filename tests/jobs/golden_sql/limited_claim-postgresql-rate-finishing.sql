@@ -86,7 +86,8 @@ WITH done AS
                             AND started_at > %(lim_0_since)s)),
                  NULL::bigint,
                  %(lim_0_key)s::text,
-                 TRUE)) AS k(kind, name, room, scope, key, rated)),
+                 TRUE,
+                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
      candidates AS
   (SELECT id,
           handler,
@@ -192,11 +193,19 @@ WITH done AS
                                                                                                                                                                      NULL
    FROM claimed),
      counted AS
-  (INSERT INTO jobs_limitcounter AS c (key, running) SELECT key,
-                                                            n
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
    FROM
-     (SELECT key,
-             sum(n) AS n
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM keys AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM keys AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
       FROM
         (SELECT key,
                 1 AS n
@@ -206,10 +215,14 @@ WITH done AS
                  jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c
          UNION ALL SELECT key, -n
          FROM freed) AS u
-      GROUP BY key) AS d
+      GROUP BY u.key) AS d
    WHERE n <> 0
    ORDER BY key ON CONFLICT (key) DO UPDATE
-   SET running = c.running + excluded.running),
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END),
      starts AS
   (INSERT INTO jobs_claimstart (key, started_at) SELECT k.key,
                                                         %(now)s
