@@ -1,7 +1,8 @@
-"""Every statement the jobs store's builders render, per variant, kept as readable SQL
-in ``tests/jobs/golden_sql/`` — a change to the store's SQL shows in review as a change
-to these files. Rendering needs no database server: the builders' text depends only on
-the vendor and their arguments.
+"""Every statement the jobs store's builders render (and those the outbox store
+builds as text), per variant, kept as readable SQL in ``tests/jobs/golden_sql/`` — a
+change to the store's SQL shows in review as a change to these files. Rendering needs
+no database server: the builders' text depends only on the vendor and their
+arguments.
 
 After an intended change, regenerate the files and review the diff::
 
@@ -20,6 +21,7 @@ import pytest
 import sqlparse
 
 from jobs.store import sql, sql_flow, sql_submit
+from outbox import store as outbox_store
 
 GOLDEN = Path(__file__).parent / "golden_sql"
 UPDATE = os.environ.get("LEDON_UPDATE_GOLDEN") == "1"
@@ -106,6 +108,17 @@ def _variants() -> dict[str, Callable[[], str]]:
     add("put_back_unknown_handler", lambda: sql_flow.PUT_BACK_UNKNOWN_HANDLER)
 
     _limit_variants(add)
+
+    # The outbox store's statements built as text (the rest are the ORM's).
+    for vendor in VENDORS:
+        add(f"outbox-claim-{vendor}", lambda v=vendor: outbox_store.claim_sql(v))
+        for name, guard in zip(
+            ("expired", "dispatcher"), outbox_store.RECOVERY_GUARDS, strict=True
+        ):
+            add(
+                f"outbox-recover-{vendor}-{name}",
+                lambda v=vendor, g=guard: outbox_store.recover_sql(v, g),
+            )
     return out
 
 
@@ -207,7 +220,7 @@ def _builders() -> set[str]:
 
 
 def test_every_statement_of_the_store_has_a_golden_variant():
-    covered = {name.split("-")[0] for name in VARIANTS}
+    covered = {name.split("-")[0] for name in VARIANTS if not name.startswith("outbox-")}
     assert _builders() - covered == set()
 
 
