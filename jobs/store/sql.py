@@ -186,9 +186,9 @@ def claim(
     ctes = claimed_ctes(update)
     if not finishing:
         return f"WITH {ctes} SELECT {', '.join(CLAIMED)} FROM claimed"
-    return f"WITH {_finish_ctes(give_back=True)}, {ctes} " + union_by_kind(
-        claimed_kinds(finishing=True)
-    )
+    # The batch is the worker's own claims, made without limits as this one is: none
+    # counts in a limit counter, so none has a count to give back.
+    return f"WITH {_finish_ctes()}, {ctes} " + union_by_kind(claimed_kinds(finishing=True))
 
 
 def claim_filters(*, queues: int, one_job: bool) -> list[str]:
@@ -216,16 +216,18 @@ def claim_update(vendor: str, where: str, counted: str | None = None) -> str:
     """The claim's UPDATE of the jobs ``where`` selects (the guard included),
     returning the :data:`CLAIMED` columns of each (see :func:`claim`). With
     ``counted`` (a claim under limits), each job's ``limit_keys`` is that expression,
-    returned too; else NULL: the execution counts in no counter."""
+    returned too. Without, the claim is the one it always was: ``limit_keys`` is NULL
+    already, since every way back to Queued clears it."""
     return (
         f"UPDATE {JOB} SET status = '{RUNNING}', attempt_count = attempt_count + 1,"
         f" current_token = {random_token_sql(vendor)},"
         " leased_by = %(worker_id)s, lease_expires_at = %(lease_expires_at)s,"
         " started_at = %(now)s, updated_at = %(now)s,"
         " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
-        f" finished_at = NULL, limit_keys = {counted or 'NULL'}"
-        f" WHERE {where}"
-        f" RETURNING {_CLAIM_RETURNING}{', limit_keys' if counted else ''}"
+        " finished_at = NULL"
+        + (f", limit_keys = {counted}" if counted else "")
+        + f" WHERE {where}"
+        + f" RETURNING {_CLAIM_RETURNING}{', limit_keys' if counted else ''}"
     )
 
 

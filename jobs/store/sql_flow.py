@@ -404,6 +404,12 @@ RESUME_QUEUE = (
 # --------------------------------------------------------------------------- snooze
 
 
+#: A job Queued again counts in no limit counter (a claim without limits leaves
+#: ``limit_keys`` as it is); the statement returns the counters it counted in before,
+#: read in the statement's snapshot, to give their counts back.
+_COUNTED_BEFORE = f"(SELECT was.limit_keys FROM {JOB} AS was WHERE was.id = {JOB}.id) AS limit_keys"
+
+
 #: Snooze: queue the job Running under ``token`` again at ``run_at`` (``now``), unless a
 #: cancel request committed first; the execution is taken back from
 #: ``attempt_count`` and counted in ``snooze_count`` instead. Returns the job's
@@ -413,9 +419,9 @@ SNOOZE_JOB = (
     " attempt_count = attempt_count - 1, snooze_count = snooze_count + 1,"
     f" {LEAVE_RUNNING}, started_at = NULL,"
     " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
-    " finished_at = NULL, handler_unknown_since = NULL, updated_at = %(now)s"
+    " finished_at = NULL, handler_unknown_since = NULL, limit_keys = NULL, updated_at = %(now)s"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}' AND NOT cancel_requested"
-    " RETURNING id, queue, limit_keys"
+    f" RETURNING id, queue, {_COUNTED_BEFORE}"
 )
 
 #: Snooze: the snoozed job's (``job``) Running attempt row under ``token`` ends Snoozed
@@ -445,9 +451,9 @@ PUT_BACK_UNKNOWN_HANDLER = (
     f" error = CASE WHEN cancel_requested THEN '' WHEN {_OVER} THEN %(failed)s"
     " ELSE %(waiting)s END,"
     " handler_unknown_since = COALESCE(handler_unknown_since, %(now)s),"
-    " attempt_count = attempt_count - 1, updated_at = %(now)s,"
+    " attempt_count = attempt_count - 1, limit_keys = NULL, updated_at = %(now)s,"
     f" {LEAVE_RUNNING},"
     " started_at = NULL, progress = NULL, progress_message = '', result_ref = NULL"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
-    " RETURNING status, limit_keys"
+    f" RETURNING status, {_COUNTED_BEFORE}"
 )

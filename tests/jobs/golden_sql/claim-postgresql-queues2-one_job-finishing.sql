@@ -66,25 +66,6 @@ WITH done AS
    WHERE a.job_id = finished.id
      AND a.token = finished.token
      AND a.status = 'running' RETURNING a.token),
-     given_back AS
-  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
-                                                                 n,
-                                                                 cap
-   FROM
-     (SELECT key, -count(*) AS n,
-                   NULL::bigint AS cap
-      FROM
-        (SELECT k.key
-         FROM finished AS s,
-              jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS u
-      GROUP BY key) AS d
-   WHERE n <> 0
-   ORDER BY key ON CONFLICT (key) DO UPDATE
-   SET running = c.running + excluded.running,
-       cap = CASE
-                 WHEN excluded.running > 0 THEN excluded.cap
-                 ELSE c.cap
-             END),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -99,8 +80,7 @@ WITH done AS
        progress_message = '',
        error = '',
        result_ref = NULL,
-       finished_at = NULL,
-       limit_keys = NULL
+       finished_at = NULL
    WHERE NOT EXISTS
        (SELECT 1
         FROM orphans)

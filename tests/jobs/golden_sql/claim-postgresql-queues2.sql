@@ -12,8 +12,7 @@ WITH claimed AS
        progress_message = '',
        error = '',
        result_ref = NULL,
-       finished_at = NULL,
-       limit_keys = NULL
+       finished_at = NULL
    WHERE id = ANY(ARRAY
                     (SELECT id
                      FROM jobs_job

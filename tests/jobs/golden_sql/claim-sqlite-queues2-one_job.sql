@@ -10,8 +10,7 @@ SET status = 'running',
     progress_message = '',
     error = '',
     result_ref = NULL,
-    finished_at = NULL,
-    limit_keys = NULL
+    finished_at = NULL
 WHERE id IN
     (SELECT id
      FROM jobs_job
