@@ -106,6 +106,13 @@ class Job(models.Model):
         null=True, blank=True, help_text="The submitter's trace context (W3C headers, JSON)."
     )
 
+    # The limit counters (``jobs_limitcounter`` keys, a JSON array) this job's current
+    # or last execution counts in: set by the claim, read when the job leaves Running
+    # to give the counts back. NULL when no counted limit applied to its claim.
+    limit_keys = models.TextField(  # noqa: DJ001
+        null=True, blank=True, help_text="The limit counters its execution counts in."
+    )
+
     objects = JobQuerySet.as_manager()
 
     class Meta:
@@ -210,6 +217,32 @@ class ClaimStart(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} started at {self.started_at}"
+
+
+class LimitCounter(models.Model):
+    """How many Running jobs count against one limit: ``handler:<name>`` or
+    ``queue:<name>`` (``max_running``), or with ``:<scope hash>`` appended
+    (``max_running_per_scope``). Changed only in the statements that claim under
+    limits (which hold the key's lock) and that leave Running (which give counts
+    back), so that a claim reads a limit's usage by key instead of counting jobs."""
+
+    key = models.CharField(max_length=400, unique=True)
+    running = models.BigIntegerField(default=0)
+    # The limit as the last claim that counted here knew it: a claim that would take
+    # the counter past it fails on the constraint below, changing nothing, and is
+    # made again the exact way (see jobs.store.limits).
+    cap = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(cap__isnull=True) | Q(running__lte=F("cap")),
+                name="jobs_limitcounter_within_cap",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.running} running"
 
 
 # The schedules' table lives with the schedules (``jobs/schedules/``).

@@ -120,13 +120,15 @@ def stage_message(envelope: Envelope, *, using: str) -> None:
 # --------------------------------------------------------------------------- dispatching
 
 
-def _claim_sql(connection: BaseDatabaseWrapper) -> str:
+def claim_sql(vendor: str) -> str:
+    """A dispatcher's claim: lease up to a batch of due pending messages, returning
+    what publishing needs."""
     return (
         f"UPDATE {OUTBOX} SET attempts = attempts + 1, leased_by = %s, lease_token = %s,"
         " lease_expires_at = %s, updated_at = %s"
         " WHERE "
         + id_among_locked(
-            connection.vendor,
+            vendor,
             f"SELECT id FROM {OUTBOX}"
             " WHERE status = %s AND lease_token IS NULL AND available_at <= %s"
             " ORDER BY available_at, id LIMIT %s",
@@ -166,7 +168,7 @@ def claim_batch(
         limit,
     ]
     with transaction.atomic(using=alias), connection.cursor() as cursor:
-        cursor.execute(_claim_sql(connection), params)
+        cursor.execute(claim_sql(connection.vendor), params)
         rows = cursor.fetchall()
     if not rows:
         return None
@@ -275,6 +277,27 @@ def record_deliveries(
     return outcomes
 
 
+#: The guards of a recovery: a lease that expired, and a dispatcher's leases.
+RECOVERY_GUARDS = ("lease_expires_at < %s", "leased_by = %s")
+
+
+def recover_sql(vendor: str, guard: str) -> str:
+    """Release the leased messages ``guard`` (one of :data:`RECOVERY_GUARDS`) selects,
+    or park those whose attempts are used up, returning each one's new status."""
+    return (
+        f"UPDATE {OUTBOX} SET status = CASE WHEN attempts >= %s THEN %s ELSE %s END,"
+        " last_error = CASE WHEN attempts >= %s THEN %s ELSE last_error END,"
+        " leased_by = '', lease_token = NULL, lease_expires_at = NULL, updated_at = %s"
+        " WHERE "
+        + id_among_locked(
+            vendor,
+            f"SELECT id FROM {OUTBOX} WHERE status = %s AND lease_token IS NOT NULL"
+            f" AND {guard} ORDER BY lease_expires_at, id LIMIT %s",
+        )
+        + " RETURNING status"
+    )
+
+
 def _recover(
     guard: str, guard_params: list[Any], reason: str, now: datetime, limit: int
 ) -> RecoveryResult:
@@ -283,18 +306,7 @@ def _recover(
     alias = alias_for(OutboxMessage)
     connection = connection_for(OutboxMessage)
     max_attempts = outbox_settings().MAX_ATTEMPTS
-    sql = (
-        f"UPDATE {OUTBOX} SET status = CASE WHEN attempts >= %s THEN %s ELSE %s END,"
-        " last_error = CASE WHEN attempts >= %s THEN %s ELSE last_error END,"
-        " leased_by = '', lease_token = NULL, lease_expires_at = NULL, updated_at = %s"
-        " WHERE "
-        + id_among_locked(
-            connection.vendor,
-            f"SELECT id FROM {OUTBOX} WHERE status = %s AND lease_token IS NOT NULL"
-            f" AND {guard} ORDER BY lease_expires_at, id LIMIT %s",
-        )
-        + " RETURNING status"
-    )
+    sql = recover_sql(connection.vendor, guard)
     params = [
         max_attempts,
         PARKED,
@@ -319,7 +331,7 @@ def recover_expired(*, now: datetime | None = None, limit: int = 1000) -> Recove
     now = _now(now)
     connection = connection_for(OutboxMessage)
     return _recover(
-        "lease_expires_at < %s",
+        RECOVERY_GUARDS[0],
         [adapt_dt(connection, now)],
         "the dispatcher stopped while delivering this message; attempts used up",
         now,
@@ -335,7 +347,7 @@ def recover_dispatcher(
     with one id."""
     dispatcher_id = text(dispatcher_id, "dispatcher id", MAX_DISPATCHER_ID_LENGTH)
     return _recover(
-        "leased_by = %s",
+        RECOVERY_GUARDS[1],
         [dispatcher_id],
         "the dispatcher stopped while delivering this message; attempts used up",
         _now(now),

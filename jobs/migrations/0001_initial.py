@@ -84,11 +84,24 @@ class Migration(migrations.Migration):
                 ('snooze_count', models.PositiveIntegerField(db_default=0, default=0, help_text='Executions that snoozed (not counted as attempts).')),
                 ('release_count', models.PositiveIntegerField(db_default=0, default=0, help_text="Claims given back unused at a worker's shutdown (not counted as attempts).")),
                 ('trace_context', models.TextField(blank=True, help_text="The submitter's trace context (W3C headers, JSON).", null=True)),
+                ('limit_keys', models.TextField(blank=True, help_text='The limit counters its execution counts in.', null=True)),
             ],
             options={
                 'ordering': ['created_at', 'id'],
                 'indexes': [models.Index(models.OrderBy(models.F('priority'), descending=True), models.F('next_run_at'), models.F('id'), condition=models.Q(('cancel_requested', False), ('status', 'queued')), name='jobs_job_due_idx'), models.Index(models.F('scope_hash'), models.F('created_at'), name='jobs_job_scope_created_idx'), models.Index(models.F('finished_at'), condition=models.Q(('finished_at__isnull', False)), name='jobs_job_finished_idx')],
                 'constraints': [models.UniqueConstraint(fields=('scope_hash', 'job_id'), name='jobs_job_identity'), models.UniqueConstraint(condition=models.Q(('current_token__isnull', False)), fields=('current_token',), name='jobs_job_current_token'), models.CheckConstraint(condition=models.Q(('status__in', ['queued', 'running', 'succeeded', 'failed', 'cancelled', 'interrupted'])), name='jobs_job_status_valid'), models.CheckConstraint(condition=models.Q(('attempt_count__lte', models.F('max_attempts'))), name='jobs_job_attempts_within_max')],
+            },
+        ),
+        migrations.CreateModel(
+            name='LimitCounter',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('key', models.CharField(max_length=400, unique=True)),
+                ('running', models.BigIntegerField(default=0)),
+                ('cap', models.BigIntegerField(blank=True, null=True)),
+            ],
+            options={
+                'constraints': [models.CheckConstraint(condition=models.Q(('cap__isnull', True), ('running__lte', models.F('cap')), _connector='OR'), name='jobs_limitcounter_within_cap')],
             },
         ),
         migrations.CreateModel(

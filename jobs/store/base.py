@@ -53,6 +53,8 @@ def requeue_fields(run_at: datetime, now: datetime) -> dict[str, Any]:
         "cancel_requested": False,
         "result_ref": None,
         **sql.LEFT_RUNNING,
+        # Its last execution's counts were given back when it ended.
+        "limit_keys": None,
         "started_at": None,
         "finished_at": None,
         "updated_at": now,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ledon.db import adapt_dt, alias_for, connection_for, is_postgres, read_dt
@@ -61,6 +61,7 @@ def _claim_rows(
     chosen: Sequence[int] | None = None,
     limits: ClaimLimits = NO_LIMITS,
     commit: bool = False,
+    counted: bool = False,
 ) -> tuple[dict[str, Finished], list[Claim], bool]:
     """Claim inside the caller's transaction (see :func:`complete_and_claim`); on
     PostgreSQL, first finish ``finishing`` in the same statement (the finishing rule of
@@ -68,7 +69,8 @@ def _claim_rows(
     With ``chosen``, claim those jobs (picked under limits, SQLite) instead of the
     first due. With ``limits`` (PostgreSQL), the claim under limits of
     :func:`jobs.store.limits.claim_locked`, ``commit`` ending its transaction in the
-    same round trip; the third value says whether a limit refused a candidate."""
+    same round trip; the third value says whether a limit refused a candidate. With
+    ``counted`` too, the plain claim that counts instead (see :func:`_claim_counted`)."""
     if chosen is not None and not chosen:
         return {}, [], False
     now_db = adapt_dt(connection, now)
@@ -84,7 +86,16 @@ def _claim_rows(
     if finishing:
         params.update(finishing_params(connection, finishing, now))
     skipped = False
-    if limits:
+    if limits and counted:
+        keys, limit_params = claim_keys(connection, limits, now)
+        statement = sql_flow.counted_claim(
+            queues=len(queue_list),
+            one_job=identity is not None,
+            finishing=bool(finishing),
+            keys=keys,
+        )
+        rows = fetch(connection, statement, {**params, **limit_params}, prepare=True)
+    elif limits:
         keys, limit_params = claim_keys(connection, limits, now)
         statement = sql_flow.limited_claim(
             queues=len(queue_list),
@@ -139,6 +150,41 @@ def _claim_rows(
 ClaimRows = functools.partial[tuple[dict[str, Finished], list[Claim], bool]]
 
 
+def _over_cap(error: IntegrityError) -> bool:
+    """Whether ``error`` is a limit counter taken past its cap: a limit binds."""
+    diag = getattr(error.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None) == sql.COUNTER_CAP
+
+
+def _claim_counted(
+    claim_rows: ClaimRows,
+    connection: BaseDatabaseWrapper,
+    alias: str,
+    limits: ClaimLimits,
+    finishing: Sequence[Finishing],
+) -> tuple[dict[str, Finished], list[Claim]] | None:
+    """PostgreSQL: the claim under limits without locks or reads of usage — the plain
+    claim's choice, counted (:func:`jobs.store.sql_flow.counted_claim`), one statement
+    in autocommit (in the caller's transaction, behind a savepoint). None if a limit
+    binds: the statement failed on a counter's cap and changed nothing."""
+    try:
+        if connection.get_autocommit():
+            finished, claims, _ = claim_rows(finishing=finishing, limits=limits, counted=True)
+        else:
+            with transaction.atomic(using=alias):
+                finished, claims, _ = claim_rows(finishing=finishing, limits=limits, counted=True)
+    except IntegrityError as error:
+        if not _over_cap(error):
+            raise
+        return None
+    return finished, claims
+
+
+#: How many times a claim under locks is made again when a counted claim, which takes
+#: no lock, filled a counter between its read and its change.
+_LOCKED_TRIES = 5
+
+
 def _claim_limited_postgres(
     claim_rows: ClaimRows,
     connection: BaseDatabaseWrapper,
@@ -152,15 +198,29 @@ def _claim_limited_postgres(
     round trip with its transaction's BEGIN and COMMIT (inside the caller's
     transaction, without the COMMIT). Should a limit refuse a candidate while the
     claim is short, the claim goes on with the rest, in a transaction of its own,
-    until it is full, no limit refuses one, or a claim takes none."""
+    until it is full, no limit refuses one, or a claim takes none.
+
+    Without a rate, the claim is first made counted (:func:`_claim_counted`): when no
+    limit binds, that is all."""
+    if not any(value.rate for value in (*limits.handlers.values(), *limits.queues.values())):
+        quick = _claim_counted(claim_rows, connection, alias, limits, finishing)
+        if quick is not None:
+            return quick
     finished: dict[str, Finished] = {}
     claims: list[Claim] = []
+    tries = 0
     while len(claims) < limit:
         commit = connection.get_autocommit()
-        with transaction.atomic(using=alias):
-            page_finished, page, skipped = claim_rows(
-                limit=limit - len(claims), finishing=finishing, limits=limits, commit=commit
-            )
+        try:
+            with transaction.atomic(using=alias):
+                page_finished, page, skipped = claim_rows(
+                    limit=limit - len(claims), finishing=finishing, limits=limits, commit=commit
+                )
+        except IntegrityError as error:
+            tries += 1
+            if not _over_cap(error) or tries >= _LOCKED_TRIES:
+                raise
+            continue
         finished = finished or page_finished
         finishing = ()
         claims.extend(page)

@@ -245,6 +245,14 @@ def recover(
     )
 
 
+def give_back(connection: BaseDatabaseWrapper, limit_keys: str | None) -> None:
+    """A job that counted in ``limit_keys`` (its column, as a statement that left
+    Running returned it) gives its counts back, in the caller's transaction. Finishing
+    statements do this themselves; a snooze and a put-back call this."""
+    if limit_keys is not None:
+        fetch(connection, sql.GIVE_BACK, {"limit_keys": limit_keys})
+
+
 def put_back_unknown_handler(
     token: str, reason: str, *, now: datetime | None = None
 ) -> FinishOutcome:
@@ -285,6 +293,7 @@ def put_back_unknown_handler(
         rows = fetch(connection, sql_flow.PUT_BACK_UNKNOWN_HANDLER, params)
         if not rows:
             return FinishOutcome.STALE
+        give_back(connection, rows[0]["limit_keys"])
         deleted, _ = JobAttempt.objects.filter(token=token, status=AttemptStatus.RUNNING).delete()
         if not deleted:
             raise AttemptRowMissing()
@@ -372,6 +381,7 @@ def snooze(
         job = rows[0]
         if not fetch(connection, sql_flow.SNOOZE_ATTEMPT, {**params, "job": job["id"]}):
             raise AttemptRowMissing()
+        give_back(connection, job["limit_keys"])
         if run_at <= now:
             notify(connection, job["queue"])
     return FinishOutcome.SNOOZED

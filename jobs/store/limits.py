@@ -114,6 +114,7 @@ def claim_keys(
                 )
             )
             params[f"lim_{n}"] = name
+            params[f"lim_{n}_key"] = rate_key(_KINDS[kind], name)
             if value.max_running is not None:
                 params[f"lim_{n}_max"] = value.max_running
             if value.max_running_per_scope is not None:
@@ -121,7 +122,6 @@ def claim_keys(
             if value.rate is not None:
                 count, seconds = value.rate
                 params[f"lim_{n}_rate"] = count
-                params[f"lim_{n}_key"] = rate_key(_KINDS[kind], name)
                 params[f"lim_{n}_since"] = adapt_dt(connection, now - timedelta(seconds=seconds))
     return tuple(shapes), params
 

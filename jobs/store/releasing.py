@@ -21,30 +21,9 @@ from ..db import fetch
 from ..exceptions import AttemptRowMissing
 from ..models import Job
 from ..types import AttemptStatus, FinishOutcome
+from . import sql_flow
 from .base import check_token, current_time, notify
-from .finishing import Finishing, finish_batch
-from .sql import ATTEMPT, JOB, QUEUED, RUNNING
-
-RELEASED = AttemptStatus.RELEASED.value
-
-#: The job Running under ``token``, without a cancel request, Queued again as it was
-#: before the claim (its ``next_run_at`` kept: it was due). Returns ``id``, ``queue``.
-RELEASE_JOB = (
-    f"UPDATE {JOB} SET status = '{QUEUED}',"
-    " attempt_count = attempt_count - 1, release_count = release_count + 1,"
-    " current_token = NULL, leased_by = '', lease_expires_at = NULL, started_at = NULL,"
-    " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
-    " finished_at = NULL, updated_at = %(now)s"
-    f" WHERE current_token = %(token)s AND status = '{RUNNING}' AND NOT cancel_requested"
-    " RETURNING id, queue"
-)
-
-#: The released job's (``job``) Running attempt row under ``token`` ends Released
-#: with ``reason``. Returns its ``id``.
-RELEASE_ATTEMPT = (
-    f"UPDATE {ATTEMPT} SET status = '{RELEASED}', finished_at = %(now)s, error = %(reason)s"
-    f" WHERE job_id = %(job)s AND token = %(token)s AND status = '{RUNNING}' RETURNING id"
-)
+from .finishing import Finishing, finish_batch, give_back
 
 
 def release(token: str, reason: str, *, now: datetime | None = None) -> FinishOutcome:
@@ -61,7 +40,7 @@ def release(token: str, reason: str, *, now: datetime | None = None) -> FinishOu
     connection = connection_for(Job)
     params = {"token": token, "now": adapt_dt(connection, now), "reason": reason}
     with transaction.atomic(using=alias_for(Job)):
-        rows = fetch(connection, RELEASE_JOB, params)
+        rows = fetch(connection, sql_flow.RELEASE_JOB, params)
         if not rows:
             # Stale, or a cancel request committed first: the finish rule decides
             # (Cancelled); a stale token finds nothing.
@@ -70,7 +49,8 @@ def release(token: str, reason: str, *, now: datetime | None = None) -> FinishOu
             ).get(token)
             return FinishOutcome.STALE if finished is None else FinishOutcome(finished.status.value)
         job = rows[0]
-        if not fetch(connection, RELEASE_ATTEMPT, {**params, "job": job["id"]}):
+        if not fetch(connection, sql_flow.RELEASE_ATTEMPT, {**params, "job": job["id"]}):
             raise AttemptRowMissing()
+        give_back(connection, job["limit_keys"])
         notify(connection, job["queue"])
     return FinishOutcome.RELEASED

@@ -23,12 +23,13 @@ from typing import Any, TypedDict
 from ledon.db import id_among_locked
 
 from ..db import in_list, numbered, random_token_sql, union_by_kind, values_of
-from ..models import Job, JobAttempt, Queue
+from ..models import Job, JobAttempt, LimitCounter, Queue
 from ..types import FINISHED_STATUSES, Claim, JobStatus
 
 JOB = Job._meta.db_table
 ATTEMPT = JobAttempt._meta.db_table
 QUEUE = Queue._meta.db_table
+COUNTER = LimitCounter._meta.db_table
 
 QUEUED = JobStatus.QUEUED.value
 RUNNING = JobStatus.RUNNING.value
@@ -63,6 +64,44 @@ LEFT_RUNNING: Mapping[str, str | None] = {
 LEAVE_RUNNING = ", ".join(
     f"{column} = {'NULL' if value is None else repr(value)}"
     for column, value in LEFT_RUNNING.items()
+)
+
+
+# --------------------------------------------------------------------------- limit counters
+
+
+def counter_changes(deltas: str) -> str:
+    """PostgreSQL: add to each limit counter the ``n`` of ``deltas`` (a query of
+    ``key``, ``n`` and ``cap``, one row per key), creating the counters it lacks. A
+    count added sets the counter's ``cap`` (its limit: a counter past it fails the
+    statement); a count given back keeps it. In key order: every statement that
+    changes counters takes their row locks in one order, so no two of them
+    deadlock."""
+    return (
+        f"INSERT INTO {COUNTER} AS c (key, running, cap) SELECT key, n, cap FROM ({deltas}) AS d"
+        " WHERE n <> 0 ORDER BY key"
+        " ON CONFLICT (key) DO UPDATE SET running = c.running + excluded.running,"
+        " cap = CASE WHEN excluded.running > 0 THEN excluded.cap ELSE c.cap END"
+    )
+
+
+#: The constraint a counter taken past its ``cap`` fails on.
+COUNTER_CAP = "jobs_limitcounter_within_cap"
+
+
+def counted_keys(source: str) -> str:
+    """PostgreSQL: one ``key`` row per counter each row of ``source`` (a CTE with
+    ``limit_keys``) counts in."""
+    return (
+        f"SELECT k.key FROM {source} AS s, jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)"
+    )
+
+
+#: PostgreSQL: give back one count to each counter of ``limit_keys`` (a job's), as a
+#: job leaves Running outside a finishing statement (snooze, put-back).
+GIVE_BACK = counter_changes(
+    "SELECT key, -1 AS n, NULL::bigint AS cap"
+    " FROM jsonb_array_elements_text(%(limit_keys)s::jsonb) AS k(key)"
 )
 
 
@@ -135,18 +174,10 @@ def claim(
     one statement, it is atomic by itself: the worker runs it in autocommit, one round
     trip in all.
     """
-    filters = list(CLAIMABLE)
-    if queues:
-        filters.append(f"queue IN ({in_list('queue', queues)})")
-    if one_job:
-        filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
+    filters = claim_filters(queues=queues, one_job=one_job)
     postgres = vendor == "postgresql"
     guard = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
-    which = id_among_locked(
-        vendor,
-        f"SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
-        " ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s",
-    )
+    which = first_due(vendor, filters)
     if chosen:
         ids = "ANY(%(ids)s::bigint[])" if postgres else f"({in_list('id', chosen)})"
         which = f"id {'=' if postgres else 'IN'} {ids} AND {' AND '.join(filters)}"
@@ -156,12 +187,38 @@ def claim(
     ctes = claimed_ctes(update)
     if not finishing:
         return f"WITH {ctes} SELECT {', '.join(CLAIMED)} FROM claimed"
+    # The batch is the worker's own claims, made without limits as this one is: none
+    # counts in a limit counter, so none has a count to give back.
     return f"WITH {_finish_ctes()}, {ctes} " + union_by_kind(claimed_kinds(finishing=True))
 
 
-def claim_update(vendor: str, where: str) -> str:
+def claim_filters(*, queues: int, one_job: bool) -> list[str]:
+    """A claim's guard (:data:`CLAIMABLE`), with ``queues`` queues (``queue_0``…) and
+    with ``one_job`` (``scope_hash`` and ``job_id``)."""
+    filters = list(CLAIMABLE)
+    if queues:
+        filters.append(f"queue IN ({in_list('queue', queues)})")
+    if one_job:
+        filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
+    return filters
+
+
+def first_due(vendor: str, filters: Sequence[str]) -> str:
+    """``id`` is among the first ``limit`` jobs ``filters`` admit, in claim order,
+    locked (see :func:`ledon.db.id_among_locked`)."""
+    return id_among_locked(
+        vendor,
+        f"SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
+        " ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s",
+    )
+
+
+def claim_update(vendor: str, where: str, counted: str | None = None) -> str:
     """The claim's UPDATE of the jobs ``where`` selects (the guard included),
-    returning the :data:`CLAIMED` columns of each (see :func:`claim`)."""
+    returning the :data:`CLAIMED` columns of each (see :func:`claim`). With
+    ``counted`` (a claim under limits), each job's ``limit_keys`` is that expression,
+    returned too. Without, the claim is the one it always was: ``limit_keys`` is NULL
+    already, since every way back to Queued clears it."""
     return (
         f"UPDATE {JOB} SET status = '{RUNNING}', attempt_count = attempt_count + 1,"
         f" current_token = {random_token_sql(vendor)},"
@@ -169,8 +226,9 @@ def claim_update(vendor: str, where: str) -> str:
         " started_at = %(now)s, updated_at = %(now)s,"
         " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
         " finished_at = NULL"
-        f" WHERE {where}"
-        f" RETURNING {_CLAIM_RETURNING}"
+        + (f", limit_keys = {counted}" if counted else "")
+        + f" WHERE {where}"
+        + f" RETURNING {_CLAIM_RETURNING}{', limit_keys' if counted else ''}"
     )
 
 
@@ -205,7 +263,8 @@ def claimed_kinds(*, finishing: bool) -> list[tuple[str, str, Mapping[str, str]]
 
 def finish_ctes() -> str:
     """PostgreSQL: the finishing rule for a batch as CTEs (see :func:`_finish_ctes`), for a
-    statement that finishes and claims."""
+    statement that finishes and claims under limits: it gives the finished jobs' counts
+    back itself, in the one change of each counter it makes."""
     return _finish_ctes()
 
 
@@ -326,13 +385,26 @@ _FINISHED_COLUMNS = {
 _ORPHAN_COLUMNS = {"token": "token"}
 
 
-def _finish_ctes(*, lease_guard: bool = False, owner_guard: bool = False) -> str:
+def _finish_ctes(
+    *, lease_guard: bool = False, owner_guard: bool = False, give_back: bool = False
+) -> str:
     """PostgreSQL: the finishing rule for a batch (:func:`finishing_params` and ``now``, and
     the guards' parameters) as CTEs: ``finished`` jobs, ``finished_attempts``, and the
     ``orphans`` — if there is one, nothing in the statement changes anything. The
     tokens also travel as a plain array, which a plan can look up in the token index
-    whatever its row estimate for the unnest."""
+    whatever its row estimate for the unnest. With ``give_back``, the finished jobs'
+    counts go back to their limit counters (``given_back``)."""
     guard = _job_guard(lease_guard=lease_guard, owner_guard=owner_guard)
+    given_back = ""
+    if give_back:
+        given_back = (
+            ", given_back AS ("
+            + counter_changes(
+                f"SELECT key, -count(*) AS n, NULL::bigint AS cap"
+                f" FROM ({counted_keys('finished')}) AS u GROUP BY key"
+            )
+            + ")"
+        )
     arrays = ", ".join(f"%({array})s::text[]" for array in _FINISHING_ARRAYS.values())
     return (
         f"done AS (SELECT * FROM unnest({arrays}) AS d({', '.join(FINISHING)})),"
@@ -345,12 +417,13 @@ def _finish_ctes(*, lease_guard: bool = False, owner_guard: bool = False) -> str
         f" WHERE j.current_token = ANY(%(tokens)s::text[]) AND {guard}"
         f" AND {_RUNNING_ATTEMPT} AND NOT EXISTS (SELECT 1 FROM orphans)"
         # With the batch's values, so that the attempts' update needs no second join.
-        " RETURNING j.id, j.status, j.queue, j.cancel_requested, done.token, done.outcome,"
-        " done.result_ref, done.error),"
+        " RETURNING j.id, j.status, j.queue, j.cancel_requested, j.limit_keys, done.token,"
+        " done.outcome, done.result_ref, done.error),"
         f" finished_attempts AS (UPDATE {ATTEMPT} AS a"
         f" SET {_finished_attempt_set('finished.cancel_requested', 'finished')}"
         " FROM finished WHERE a.job_id = finished.id AND a.token = finished.token"
         f" AND a.status = '{RUNNING}' RETURNING a.token)"
+        f"{given_back}"
     )
 
 
@@ -358,7 +431,7 @@ def _finish_ctes(*, lease_guard: bool = False, owner_guard: bool = False) -> str
 def finish(*, lease_guard: bool = False, owner_guard: bool = False) -> str:
     """PostgreSQL: finish a batch in one statement (see :func:`_finish_ctes`),
     returning a :class:`FinishedRow` per finished attempt and per orphan."""
-    ctes = _finish_ctes(lease_guard=lease_guard, owner_guard=owner_guard)
+    ctes = _finish_ctes(lease_guard=lease_guard, owner_guard=owner_guard, give_back=True)
     return f"WITH {ctes} " + union_by_kind(
         [("finished", "finished", _FINISHED_COLUMNS), ("orphan", "orphans", _ORPHAN_COLUMNS)]
     )

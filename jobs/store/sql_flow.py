@@ -19,15 +19,20 @@ from .sql import (
     ATTEMPT,
     CANCELLED,
     CLAIMABLE,
+    COUNTER,
     JOB,
     LEAVE_RUNNING,
     QUEUE,
     QUEUED,
     RUNNING,
+    claim_filters,
     claim_update,
     claimed_ctes,
     claimed_kinds,
+    counted_keys,
+    counter_changes,
     finish_ctes,
+    first_due,
 )
 
 CLAIM_START = ClaimStart._meta.db_table
@@ -50,85 +55,165 @@ KeyShape = tuple[str, bool, bool, bool]
 _ORDER = "priority DESC, next_run_at, id"
 
 
-def _key_row(n: int, shape: KeyShape) -> str:
+def _used(key: str, finishing: bool) -> str:
+    """The Running jobs counted under the counter ``key`` (an SQL text expression), less
+    those the same statement finishes."""
+    used = f"COALESCE((SELECT running FROM {COUNTER} WHERE key = {key}), 0)"
+    if finishing:
+        used += f" - COALESCE((SELECT n FROM freed WHERE freed.key = {key}), 0)"
+    return f"({used})"
+
+
+def _key_row(n: int, shape: KeyShape, finishing: bool) -> str:
     """The ``keys`` row of key ``n`` (see :func:`limited_claim`)."""
     kind, max_running, per_scope, rate = shape
-    column = "handler" if kind == "h" else "queue"
     name = f"%(lim_{n})s"
+    key = f"%(lim_{n}_key)s::text"
     rooms = []
     if max_running:
-        rooms.append(
-            f"%(lim_{n}_max)s::bigint - (SELECT count(*) FROM running WHERE {column} = {name})"
-        )
+        rooms.append(f"%(lim_{n}_max)s::bigint - {_used(key, finishing)}")
     if rate:
         rooms.append(
             f"%(lim_{n}_rate)s::bigint - (SELECT count(*) FROM {CLAIM_START}"
-            f" WHERE key = %(lim_{n}_key)s AND started_at > %(lim_{n}_since)s)"
+            f" WHERE key = {key} AND started_at > %(lim_{n}_since)s)"
         )
     room = f"LEAST({', '.join(rooms)})" if rooms else "NULL::bigint"
     scope = f"%(lim_{n}_scope)s::bigint" if per_scope else "NULL::bigint"
-    key = f"%(lim_{n}_key)s::text" if rate else "NULL::text"
-    return f"('{kind}'::text, {name}::text, {room}, {scope}, {key})"
+    cap = f"%(lim_{n}_max)s::bigint" if max_running else "NULL::bigint"
+    rated = "TRUE" if rate else "FALSE"
+    return f"('{kind}'::text, {name}::text, {room}, {scope}, {key}, {rated}, {cap})"
+
+
+def _counter_deltas(finishing: bool) -> str:
+    """Each counter's change by a claim: its claimed jobs' counts less, with
+    ``finishing``, the ``freed`` ones; with its cap, from ``keys`` (``max_running``'s
+    for a name's counter, ``max_running_per_scope``'s for a pair's: a scope hash is 64
+    characters)."""
+    changes = f"SELECT key, 1 AS n FROM ({counted_keys('claimed')}) AS c"
+    if finishing:
+        changes += " UNION ALL SELECT key, -n FROM freed"
+    cap = (
+        "COALESCE((SELECT k.cap FROM keys AS k WHERE k.key = u.key),"
+        " (SELECT k.scope FROM keys AS k WHERE k.key || ':' || right(u.key, 64) = u.key))"
+    )
+    return f"SELECT u.key, sum(u.n) AS n, {cap} AS cap FROM ({changes}) AS u GROUP BY u.key"
+
+
+@functools.lru_cache(maxsize=64)
+def counted_claim(
+    *, queues: int, one_job: bool, finishing: bool, keys: tuple[KeyShape, ...]
+) -> str:
+    """PostgreSQL: a claim under ``max_running`` and ``max_running_per_scope`` limits
+    (no ``rate``) as the plain claim of :func:`jobs.store.sql.claim` makes it — the
+    first due jobs, no lock, no usage read — with each job's ``limit_keys`` recorded
+    and each counter changed once (the claimed less, with ``finishing``, the freed),
+    its cap set to its limit. Should a counter go past its cap, the statement fails
+    on :data:`jobs.store.sql.COUNTER_CAP` and changes nothing: a limit binds, and the
+    claim is made again under locks (:func:`limited_claim`).
+
+    Parameters as for :func:`limited_claim` (no ``lim_n_since``, ``lim_n_rate``).
+    Returns the rows of :func:`jobs.store.sql.claim`."""
+    if any(shape[3] for shape in keys):
+        raise ValueError("a rate needs the starts in its window: limited_claim")
+    rows = ", ".join(
+        f"(%(lim_{n}_key)s::text, "
+        + (f"%(lim_{n}_max)s::bigint" if max_running else "NULL::bigint")
+        + ", "
+        + (f"%(lim_{n}_scope)s::bigint" if per_scope else "NULL::bigint")
+        + ")"
+        for n, (_kind, max_running, per_scope, _rate) in enumerate(keys)
+    )
+    ctes = [f"keys AS (SELECT * FROM (VALUES {rows}) AS k(key, cap, scope))"]
+    if finishing:
+        ctes[:0] = [
+            finish_ctes(),
+            f"freed AS (SELECT key, count(*) AS n FROM ({counted_keys('finished')}) AS f"
+            " GROUP BY key)",
+        ]
+    orphans = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
+    which = first_due("postgresql", claim_filters(queues=queues, one_job=one_job))
+    update = claim_update("postgresql", f"{orphans}{which}", counted=_counted(keys))
+    ctes.append(claimed_ctes(update))
+    ctes.append(f"counted AS ({counter_changes(_counter_deltas(finishing))})")
+    return f"WITH {', '.join(ctes)} " + union_by_kind(claimed_kinds(finishing=finishing))
+
+
+def _counted(keys: tuple[KeyShape, ...]) -> str:
+    """The ``limit_keys`` of a job claimed under ``keys``: a JSON array of the counters
+    it counts in — per limited name, ``max_running``'s and, with the job's scope,
+    ``max_running_per_scope``'s —, or NULL if none."""
+    parts = []
+    for n, (kind, max_running, per_scope, _rate) in enumerate(keys):
+        column = "handler" if kind == "h" else "queue"
+        match = f"WHEN {column} = %(lim_{n})s::text THEN %(lim_{n}_key)s::text"
+        if max_running:
+            parts.append(f"CASE {match} END")
+        if per_scope:
+            parts.append(f"CASE {match} || ':' || scope_hash END")
+    if not parts:
+        return "NULL"
+    return f"NULLIF(array_to_json(array_remove(ARRAY[{', '.join(parts)}], NULL))::text, '[]')"
+
+
+def _scope_used(kind: str, column: str, row: str, finishing: bool) -> str:
+    """The Running jobs of the pair (``row``'s name, ``row``'s scope) counted under the
+    per-scope counter of key ``k_{kind}``."""
+    return _used(f"k_{kind}.key || ':' || {row}.scope_hash", finishing)
 
 
 @functools.lru_cache(maxsize=64)
 def limited_claim(
     *, queues: int, one_job: bool, finishing: bool, keys: tuple[KeyShape, ...]
 ) -> str:
-    """PostgreSQL: a claim under limits as one statement — usage, choice and
-    claim — to run after the advisory locks of its keys (:data:`LOCK_KEYS`), so that
-    its snapshot, taken when it starts, sees every claim the locks' previous holders
-    committed.
+    """PostgreSQL: a claim under limits as one statement — usage, choice, claim and
+    counting — to run after the advisory locks of its keys (:data:`LOCK_KEYS`), so
+    that its snapshot, taken when it starts, sees every claim the locks' previous
+    holders committed.
 
     The parameters of :func:`jobs.store.sql.claim` (with ``finishing``, the batch's
     too), and per limited key ``n`` of ``keys`` (see :data:`KeyShape`): its name
-    ``lim_n``, and as it has them ``lim_n_max``, ``lim_n_scope``, ``lim_n_rate``
-    with ``lim_n_key`` (its ``jobs_claimstart`` key) and ``lim_n_since`` (its
-    window's start).
+    ``lim_n``, its counter and rate key ``lim_n_key``, and as it has them
+    ``lim_n_max``, ``lim_n_scope``, ``lim_n_rate`` with ``lim_n_since`` (its window's
+    start).
 
-    In the statement: ``running`` — the Running jobs of the limited handlers and
-    queues, less those the statement finishes; ``keys`` — per key, its ``room``
-    (the starts ``max_running`` and ``rate`` still allow, the fewer) and its
-    per-scope limit; ``candidates`` — up to ``limit`` due jobs in claim order, locked
-    (``SKIP LOCKED``), leaving out the handlers and queues without room and the
-    (name, scope) pairs at their per-scope limit; ``chosen`` — all of them when
-    every key has room for ``limit`` more starts (``ample``: the limits cannot bind),
-    else those whose rank among the candidates of each of their keys is within its
-    room (``ranked``; a job is refused when as many candidates of one of its keys
-    come before it as that key has room: a claim never takes more than any room,
-    and may take fewer where one key's refusal leaves another's room unused); then
-    the claim's update of the chosen jobs (locked, so their guard still holds) and
-    attempt rows, and a ``jobs_claimstart`` row per start of a rate-limited key.
+    Usage is read from the limit counters (``jobs_limitcounter``), by key: no job is
+    counted. In the statement: ``freed`` — with ``finishing``, the counts the jobs it
+    finishes give back; ``keys`` — per key, its ``room`` (the starts ``max_running``
+    and ``rate`` still allow, the fewer) and its per-scope limit; ``candidates`` — up
+    to ``limit`` due jobs in claim order, locked (``SKIP LOCKED``), leaving out the
+    handlers and queues without room and the (name, scope) pairs at their per-scope
+    limit; ``chosen`` — all of them when every key has room for ``limit`` more starts
+    (``ample``: the limits cannot bind), else those whose rank among the candidates
+    of each of their keys is within its room (``ranked``; a job is refused when as
+    many candidates of one of its keys come before it as that key has room: a claim
+    never takes more than any room, and may take fewer where one key's refusal
+    leaves another's room unused); then the claim's update of the chosen jobs
+    (locked, so their guard still holds; each records its ``limit_keys``) and attempt
+    rows, one change per counter (``counted``: the claimed jobs' counts less the
+    freed ones), and a ``jobs_claimstart`` row per start of a rate-limited key.
 
     Returns the rows of :func:`jobs.store.sql.claim` with ``finishing`` (a ``kind``
     per row), and a row of kind ``'skipped'`` when a limit refused a candidate: a
     claim of the rest may find jobs past it."""
     names = {kind: [n for n, k in enumerate(keys) if k[0] == kind] for kind in ("h", "q")}
-    either = [
-        f"{column} IN ({', '.join(f'%(lim_{n})s' for n in names[kind])})"
-        for kind, column in (("h", "handler"), ("q", "queue"))
-        if names[kind]
-    ]
-    gone = " AND current_token <> ALL(%(tokens)s::text[])" if finishing else ""
     ctes = [
-        f"running AS (SELECT handler, queue, scope_hash FROM {JOB}"
-        f" WHERE current_token IS NOT NULL AND status = '{RUNNING}'{gone}"
-        f" AND ({' OR '.join(either)}))",
         "keys AS (SELECT * FROM (VALUES "
-        + ", ".join(_key_row(n, shape) for n, shape in enumerate(keys))
-        + ") AS k(kind, name, room, scope, key))",
+        + ", ".join(_key_row(n, shape, finishing) for n, shape in enumerate(keys))
+        + ") AS k(kind, name, room, scope, key, rated, cap))",
     ]
-    filters = list(CLAIMABLE)
-    if queues:
-        filters.append(f"queue IN ({in_list('queue', queues)})")
-    if one_job:
-        filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
-    guard = " AND ".join(filters)
+    if finishing:
+        ctes.insert(
+            0,
+            f"freed AS (SELECT key, count(*) AS n FROM ({counted_keys('finished')}) AS f"
+            " GROUP BY key)",
+        )
+    guard = " AND ".join(claim_filters(queues=queues, one_job=one_job))
     kinds = [(kind, column) for kind, column in (("h", "handler"), ("q", "queue")) if names[kind]]
     picks = []
     ranks = []
     admits = []
     joins = []
+    scope_ample = []
     for kind, column in kinds:
         shapes = [keys[n] for n in names[kind]]
         if any(s[1] or s[3] for s in shapes):
@@ -138,21 +223,25 @@ def limited_claim(
             ranks.append(f"row_number() OVER (PARTITION BY {column} ORDER BY {_ORDER}) AS n_{kind}")
             admits.append(f"(k_{kind}.room IS NULL OR r.n_{kind} <= k_{kind}.room)")
         if any(s[2] for s in shapes):
-            # scope_hash has a fixed length: scope_hash || name names one pair.
             picks.append(
-                f"scope_hash || {column} NOT IN (SELECT u.scope_hash || u.{column}"
-                f" FROM running AS u JOIN keys AS k ON k.kind = '{kind}' AND k.name = u.{column}"
-                f" WHERE k.scope IS NOT NULL GROUP BY u.scope_hash, u.{column}, k.scope"
-                " HAVING count(*) >= k.scope)"
+                f"NOT EXISTS (SELECT 1 FROM keys AS k_{kind} WHERE k_{kind}.kind = '{kind}'"
+                f" AND k_{kind}.name = {JOB}.{column} AND k_{kind}.scope IS NOT NULL"
+                f" AND {_scope_used(kind, column, JOB, finishing)} >= k_{kind}.scope)"
             )
             ranks.append(
                 f"row_number() OVER (PARTITION BY {column}, scope_hash ORDER BY {_ORDER})"
                 f" AS n_{kind}s"
             )
             admits.append(
-                f"(k_{kind}.scope IS NULL OR r.n_{kind}s + (SELECT count(*) FROM running AS u"
-                f" WHERE u.{column} = r.{column} AND u.scope_hash = r.scope_hash)"
-                f" <= k_{kind}.scope)"
+                f"(k_{kind}.scope IS NULL"
+                f" OR r.n_{kind}s + {_scope_used(kind, column, 'r', finishing)} <= k_{kind}.scope)"
+            )
+            # Room for the whole claim in the busiest pair among the candidates.
+            scope_ample.append(
+                f"NOT EXISTS (SELECT 1 FROM candidates AS r JOIN keys AS k_{kind}"
+                f" ON k_{kind}.kind = '{kind}' AND k_{kind}.name = r.{column}"
+                f" WHERE k_{kind}.scope IS NOT NULL"
+                f" AND k_{kind}.scope < %(limit)s + {_scope_used(kind, column, 'r', finishing)})"
             )
         joins.append(
             f" LEFT JOIN keys AS k_{kind}"
@@ -168,14 +257,8 @@ def limited_claim(
     )
     # Room for the whole claim under every limit: the candidates as they come (the
     # ranking is then never computed).
-    ample = ["(room IS NULL OR room >= %(limit)s)"]
-    if any(shape[2] for shape in keys):
-        ample.append(
-            "(scope IS NULL OR scope >= %(limit)s + COALESCE((SELECT max(n) FROM"
-            " (SELECT count(*) AS n FROM running AS u WHERE (k.kind = 'h' AND u.handler = k.name)"
-            " OR (k.kind = 'q' AND u.queue = k.name) GROUP BY u.scope_hash) AS busiest), 0))"
-        )
-    ctes.append(f"ample AS (SELECT bool_and({' AND '.join(ample)}) AS yes FROM keys AS k)")
+    ample = ["(SELECT bool_and(room IS NULL OR room >= %(limit)s) FROM keys)", *scope_ample]
+    ctes.append(f"ample AS (SELECT {' AND '.join(ample)} AS yes)")
     ctes.append(
         "chosen AS (SELECT id FROM candidates WHERE (SELECT yes FROM ample)"
         " UNION ALL SELECT r.id FROM ranked AS r"
@@ -185,13 +268,16 @@ def limited_claim(
     orphans = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
     # The candidates are locked by this statement: their guard holds still.
     update = claim_update(
-        "postgresql", f"{orphans}id = ANY(ARRAY(SELECT id FROM chosen)) AND status = '{QUEUED}'"
+        "postgresql",
+        f"{orphans}id = ANY(ARRAY(SELECT id FROM chosen)) AND status = '{QUEUED}'",
+        counted=_counted(keys),
     )
     ctes.append(claimed_ctes(update))
+    ctes.append(f"counted AS ({counter_changes(_counter_deltas(finishing))})")
     if any(shape[3] for shape in keys):
         ctes.append(
             f"starts AS (INSERT INTO {CLAIM_START} (key, started_at)"
-            " SELECT k.key, %(now)s FROM claimed AS c JOIN keys AS k ON k.key IS NOT NULL"
+            " SELECT k.key, %(now)s FROM claimed AS c JOIN keys AS k ON k.rated"
             " AND ((k.kind = 'h' AND k.name = c.handler) OR (k.kind = 'q' AND k.name = c.queue)))"
         )
     if finishing:
@@ -318,22 +404,28 @@ RESUME_QUEUE = (
 # --------------------------------------------------------------------------- snooze
 
 
+#: A job Queued again counts in no limit counter (a claim without limits leaves
+#: ``limit_keys`` as it is); the statement returns the counters it counted in before,
+#: read in the statement's snapshot, to give their counts back.
+_COUNTED_BEFORE = f"(SELECT was.limit_keys FROM {JOB} AS was WHERE was.id = {JOB}.id) AS limit_keys"
+
+
 #: Snooze: queue the job Running under ``token`` again at ``run_at`` (``now``), unless
 #: a cancel request committed first or the job snoozed ``max_snoozes`` times already;
 #: the execution is taken back from ``attempt_count`` and counted in ``snooze_count``
-#: instead. Returns the job's ``id`` and ``queue``.
+#: instead. Returns the job's ``id``, ``queue`` and ``limit_keys``.
 SNOOZE_JOB = (
     f"UPDATE {JOB} SET status = '{QUEUED}', next_run_at = %(run_at)s,"
     " attempt_count = attempt_count - 1, snooze_count = snooze_count + 1,"
     f" {LEAVE_RUNNING}, started_at = NULL,"
     " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
-    " finished_at = NULL, handler_unknown_since = NULL, updated_at = %(now)s"
+    " finished_at = NULL, handler_unknown_since = NULL, limit_keys = NULL, updated_at = %(now)s"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}' AND NOT cancel_requested"
-    " AND snooze_count < %(max_snoozes)s RETURNING id, queue"
+    f" AND snooze_count < %(max_snoozes)s RETURNING id, queue, {_COUNTED_BEFORE}"
 )
 
-#: J17: why a snooze of the job Running under ``token`` did not happen: its cancel
-#: flag and snooze count, with its handler (no row: the token is stale).
+#: Why a snooze of the job Running under ``token`` did not happen: its cancel flag and
+#: snooze count, with its handler (no row: the token is stale).
 SNOOZE_REFUSED = (
     f"SELECT cancel_requested, snooze_count, handler FROM {JOB}"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
@@ -343,6 +435,32 @@ SNOOZE_REFUSED = (
 #: with ``note``. Returns its ``id``.
 SNOOZE_ATTEMPT = (
     f"UPDATE {ATTEMPT} SET status = '{SNOOZED}', finished_at = %(now)s, error = %(note)s"
+    f" WHERE job_id = %(job)s AND token = %(token)s AND status = '{RUNNING}' RETURNING id"
+)
+
+
+# --------------------------------------------------------------------------- release
+
+RELEASED = "released"
+
+#: Release: the job Running under ``token``, without a cancel request, Queued again as
+#: it was before the claim (its ``next_run_at`` kept: it was due), the claim taken back
+#: from ``attempt_count`` and counted in ``release_count``. Returns the job's ``id``,
+#: ``queue`` and the ``limit_keys`` it counted in, to give their counts back.
+RELEASE_JOB = (
+    f"UPDATE {JOB} SET status = '{QUEUED}',"
+    " attempt_count = attempt_count - 1, release_count = release_count + 1,"
+    f" {LEAVE_RUNNING}, started_at = NULL,"
+    " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
+    " finished_at = NULL, limit_keys = NULL, updated_at = %(now)s"
+    f" WHERE current_token = %(token)s AND status = '{RUNNING}' AND NOT cancel_requested"
+    f" RETURNING id, queue, {_COUNTED_BEFORE}"
+)
+
+#: Release: the released job's (``job``) Running attempt row under ``token`` ends
+#: Released with ``reason``. Returns its ``id``.
+RELEASE_ATTEMPT = (
+    f"UPDATE {ATTEMPT} SET status = '{RELEASED}', finished_at = %(now)s, error = %(reason)s"
     f" WHERE job_id = %(job)s AND token = %(token)s AND status = '{RUNNING}' RETURNING id"
 )
 
@@ -366,9 +484,9 @@ PUT_BACK_UNKNOWN_HANDLER = (
     f" error = CASE WHEN cancel_requested THEN '' WHEN {_OVER} THEN %(failed)s"
     " ELSE %(waiting)s END,"
     " handler_unknown_since = COALESCE(handler_unknown_since, %(now)s),"
-    " attempt_count = attempt_count - 1, updated_at = %(now)s,"
+    " attempt_count = attempt_count - 1, limit_keys = NULL, updated_at = %(now)s,"
     f" {LEAVE_RUNNING},"
     " started_at = NULL, progress = NULL, progress_message = '', result_ref = NULL"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
-    " RETURNING status"
+    f" RETURNING status, {_COUNTED_BEFORE}"
 )

@@ -41,11 +41,13 @@ def running(handler: str) -> int:
 # --------------------------------------------------------------------------- the last slot
 
 
-def _race_for_the_last_slot(handler_name: str) -> list[int]:
+def _race_for_the_last_slot(handler_name: str, *, others_wait: bool = True) -> list[int]:
     """Three claimers on their own connections. The first claims inside a transaction
     of its own and holds it open, its claim not yet committed, while the two others
     claim (each a claim's own transaction: on PostgreSQL the locks, the claim and the
-    commit in one round trip); then it commits. Returns how many jobs each claimed."""
+    commit in one round trip); then it commits — once both others wait for a lock it
+    holds, or, without ``others_wait``, once both have claimed. Returns how many jobs
+    each claimed."""
     first = threading.Event()
     go = threading.Event()
     others_done = threading.Barrier(3)
@@ -73,13 +75,14 @@ def _race_for_the_last_slot(handler_name: str) -> list[int]:
     for thread in threads:
         thread.start()
     assert first.wait(60)
-    if connection.vendor == "postgresql" and limits_store.lock_ids is _LOCK_IDS:
-        # Both others wait for the first one's advisory lock, not one moment less.
-        wait_until(_waiting_for_advisory_locks(2), 30, "two claims waiting for the lock")
+    if connection.vendor == "postgresql" and others_wait:
+        # Both others wait for a lock the first one holds — the claim's advisory lock,
+        # or the row of a limit counter it changed —, not one moment less.
+        wait_until(_waiting_for_locks(2), 30, "two claims waiting for a lock")
         go.set()
         others_done.wait(60)
     elif connection.vendor == "postgresql":
-        # Without the lock, let the others finish before the first commits.
+        # Nothing to wait for: let the others finish before the first commits.
         others_done.wait(60)
         go.set()
     else:
@@ -91,26 +94,27 @@ def _race_for_the_last_slot(handler_name: str) -> list[int]:
     return results
 
 
-_LOCK_IDS = limits_store.lock_ids
-
-
-def _waiting_for_advisory_locks(count: int):
+def _waiting_for_locks(count: int):
     def check() -> bool:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            )
+            cursor.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted")
             return cursor.fetchone()[0] >= count
 
     return check
 
 
+#: The last slot, as a limit of each kind: ``max_running`` (on PostgreSQL a counter with
+#: its cap) and ``rate`` (the starts in its window).
+LAST_SLOT = {"max_running": {"max_running": 1}, "rate": {"rate": (1, 3600)}}
+
+
 @pytest.mark.django_db(transaction=True)
-def test_j18_concurrent_claims_never_take_the_last_slot_twice(handler):
-    """max_running=1 and three claimers at once: exactly one job Running, whichever
+@pytest.mark.parametrize("limit", sorted(LAST_SLOT))
+def test_j18_concurrent_claims_never_take_the_last_slot_twice(handler, limit):
+    """One slot left and three claimers at once: exactly one job Running, whichever
     order the claims' statements run in."""
-    handler("flow.one", max_running=1)(lambda ctx: None)
-    submit(6, "flow.one")
+    handler("flow.one", **LAST_SLOT[limit])(lambda ctx: None)
+    submit(16, "flow.one")
     results = _race_for_the_last_slot("flow.one")
     assert sum(results) == 1, results
     assert running("flow.one") == 1
@@ -118,16 +122,33 @@ def test_j18_concurrent_claims_never_take_the_last_slot_twice(handler):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres_only
-def test_j18_without_the_advisory_lock_two_claims_take_the_last_slot(handler, monkeypatch):
-    """The same race with the lock taken out: the claims count in parallel and more
-    than one takes the last slot. This is what the lock prevents (and what the test above
-    would catch)."""
-    handler("flow.one", max_running=1)(lambda ctx: None)
-    submit(6, "flow.one")
+def test_j18_without_the_advisory_lock_two_claims_take_the_last_start_of_a_rate(
+    handler, monkeypatch
+):
+    """The race for a rate's last start with the lock taken out: the claims count the
+    window's starts in parallel and more than one takes it. This is what the lock
+    prevents (and what the test above would catch)."""
+    handler("flow.one", rate=(1, 3600))(lambda ctx: None)
+    # Enough due jobs that each claim's candidates (up to 5, locked) leave others'.
+    submit(16, "flow.one")
     monkeypatch.setattr(limits_store, "lock_ids", lambda limits: [])
-    results = _race_for_the_last_slot("flow.one")
+    results = _race_for_the_last_slot("flow.one", others_wait=False)
     assert sum(results) >= 2, results  # the first one's, and at least one other's
     assert running("flow.one") == sum(results)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres_only
+def test_j18_without_the_advisory_lock_a_counters_cap_still_keeps_max_running(handler, monkeypatch):
+    """max_running's last slot with the lock taken out: the others' claims wait on the
+    limit counter the first one changed, and once it commits each goes past the
+    counter's cap, changes nothing and is made again, finding no room."""
+    handler("flow.one", max_running=1)(lambda ctx: None)
+    submit(16, "flow.one")
+    monkeypatch.setattr(limits_store, "lock_ids", lambda limits: [])
+    results = _race_for_the_last_slot("flow.one")
+    assert sum(results) == 1, results
+    assert running("flow.one") == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -136,7 +157,8 @@ def test_j18_sqlite_immediate_transactions_serialise_claims_without_a_lock(handl
     """SQLite: no advisory lock exists, and none is needed — the first claim holds the
     database's write lock from BEGIN IMMEDIATE to its commit."""
     handler("flow.one", max_running=1)(lambda ctx: None)
-    submit(6, "flow.one")
+    # Enough due jobs that each claim's candidates (up to 5, locked) leave others'.
+    submit(16, "flow.one")
     monkeypatch.setattr(limits_store, "lock_ids", lambda limits: [])
     results = _race_for_the_last_slot("flow.one")
     assert sum(results) == 1, results
@@ -331,8 +353,10 @@ def test_j18_without_limits_the_claim_is_one_statement(
 ):
     """No limit configured: the plain claim of :func:`jobs.store.sql.claim`, one
     statement (PostgreSQL; SQLite adds its attempt rows' insert), never the locking
-    path; with a limit, the claim locks, counts and picks first — on PostgreSQL in
-    one round trip too: the locks, the claim and the commit in one pipeline."""
+    path. With ``max_running`` on PostgreSQL, while it does not bind: the counted claim,
+    one statement too, no lock. With a rate, the claim locks, counts and picks first
+    — on PostgreSQL in one round trip too: the locks, the claim and the commit in one
+    pipeline; on SQLite a limited claim always counts under its write lock."""
     handler("flow.free")(lambda ctx: None)
     submit(3, "flow.free")
     statements = _statements(monkeypatch)
@@ -344,8 +368,21 @@ def test_j18_without_limits_the_claim_is_one_statement(
     assert statements == ([plain] if postgres else [plain, sql.insert_attempts(3)])
     assert not any("pg_advisory" in text or "jobs_claimstart" in text for text in statements)
 
-    handler("flow.capped", max_running=1)(lambda ctx: None)
+    handler("flow.capped", max_running=5)(lambda ctx: None)
     submit(2, "flow.capped", prefix="c")
+    statements.clear()
+    if postgres:
+        with django_assert_num_queries(1):
+            assert len(execution.claim_due("w", limit=1)) == 1
+        keys = (("h", True, False, False),)
+        counted = sql_flow.counted_claim(queues=0, one_job=False, finishing=False, keys=keys)
+        assert statements == [counted]
+    else:
+        assert len(execution.claim_due("w", limit=1)) == 1
+        assert statements[0] != plain
+
+    handler("flow.rated", rate=(10, 60))(lambda ctx: None)
+    submit(2, "flow.rated", prefix="r")
     statements.clear()
     with CaptureQueriesContext(connection) as queries:
         assert len(execution.claim_due("w", limit=1)) == 1

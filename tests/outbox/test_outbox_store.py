@@ -331,7 +331,7 @@ class TestPlans:
         now = timezone.now()
         params: list[object] = ["d1", "t", now, now, "pending", now, 10]
         with connection.cursor() as cursor:
-            cursor.execute(f"EXPLAIN {store._claim_sql(connection)}", params)
+            cursor.execute(f"EXPLAIN {store.claim_sql(connection.vendor)}", params)
             plan = "\n".join(r[0] for r in cursor.fetchall())
         assert "outbox_msg_due_idx" in plan, plan
 
@@ -346,7 +346,7 @@ def test_a_claim_picks_its_rows_once_whatever_the_plan():
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
-            "EXPLAIN " + store._claim_sql(connection),
+            "EXPLAIN " + store.claim_sql(connection.vendor),
             ["d1", "t", now, now, MessageStatus.PENDING, now, 10],
         )
         plan = "\n".join(row[0] for row in cursor.fetchall())

@@ -1,6 +1,6 @@
 WITH done AS
   (SELECT *
-   FROM unnest(%(tokens)s::text[], %(outcomes)s::text[], %(results)s::text[], %(errors)s::text[]) AS d(token, outcome, result_ref, error)),
+   FROM unnest(%(tokens)s::text[], %(outcomes)s::text[], %(results)s::text[], %(errors)s::text[], %(summaries)s::text[]) AS d(token, outcome, result_ref, error, summary)),
      orphans AS
   (SELECT done.token
    FROM done
@@ -26,7 +26,7 @@ WITH done AS
                                  WHEN j.cancel_requested THEN NULL
                                  ELSE done.result_ref
                              END,
-                             error = done.error,
+                             error = done.summary,
                              finished_at = %(now)s,
                              updated_at = %(now)s,
                              current_token = NULL,
@@ -48,6 +48,7 @@ WITH done AS
                                 j.status,
                                 j.queue,
                                 j.cancel_requested,
+                                j.limit_keys,
                                 done.token,
                                 done.outcome,
                                 done.result_ref,
@@ -68,7 +69,26 @@ WITH done AS
    FROM finished
    WHERE a.job_id = finished.id
      AND a.token = finished.token
-     AND a.status = 'running' RETURNING a.token)
+     AND a.status = 'running' RETURNING a.token),
+     given_back AS
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
+   FROM
+     (SELECT key, -count(*) AS n,
+                   NULL::bigint AS cap
+      FROM
+        (SELECT k.key
+         FROM finished AS s,
+              jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS u
+      GROUP BY key) AS d
+   WHERE n <> 0
+   ORDER BY key ON CONFLICT (key) DO UPDATE
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END)
 SELECT 'finished' AS kind,
        token,
        id,

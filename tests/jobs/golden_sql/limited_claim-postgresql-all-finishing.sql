@@ -1,6 +1,6 @@
 WITH done AS
   (SELECT *
-   FROM unnest(%(tokens)s::text[], %(outcomes)s::text[], %(results)s::text[], %(errors)s::text[]) AS d(token, outcome, result_ref, error)),
+   FROM unnest(%(tokens)s::text[], %(outcomes)s::text[], %(results)s::text[], %(errors)s::text[], %(summaries)s::text[]) AS d(token, outcome, result_ref, error, summary)),
      orphans AS
   (SELECT done.token
    FROM done
@@ -24,7 +24,7 @@ WITH done AS
                                  WHEN j.cancel_requested THEN NULL
                                  ELSE done.result_ref
                              END,
-                             error = done.error,
+                             error = done.summary,
                              finished_at = %(now)s,
                              updated_at = %(now)s,
                              current_token = NULL,
@@ -44,6 +44,7 @@ WITH done AS
                                 j.status,
                                 j.queue,
                                 j.cancel_requested,
+                                j.limit_keys,
                                 done.token,
                                 done.outcome,
                                 done.result_ref,
@@ -65,42 +66,50 @@ WITH done AS
    WHERE a.job_id = finished.id
      AND a.token = finished.token
      AND a.status = 'running' RETURNING a.token),
-     running AS
-  (SELECT handler,
-          queue,
-          scope_hash
-   FROM jobs_job
-   WHERE current_token IS NOT NULL
-     AND status = 'running'
-     AND current_token <> ALL(%(tokens)s::text[])
-     AND (handler IN (%(lim_0)s)
-          OR queue IN (%(lim_1)s))),
+     freed AS
+  (SELECT key,
+          count(*) AS n
+   FROM
+     (SELECT k.key
+      FROM finished AS s,
+           jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS f
+   GROUP BY key),
      keys AS
   (SELECT *
    FROM (
          VALUES ('h'::text,
                  %(lim_0)s::text,
-                 LEAST(%(lim_0_max)s::bigint -
-                         (SELECT count(*)
-                          FROM running
-                          WHERE handler = %(lim_0)s), %(lim_0_rate)s::bigint -
+                 LEAST(%(lim_0_max)s::bigint - (COALESCE(
+                                                           (SELECT running
+                                                            FROM jobs_limitcounter
+                                                            WHERE key = %(lim_0_key)s::text), 0) - COALESCE(
+                                                                                                              (SELECT n
+                                                                                                               FROM freed
+                                                                                                               WHERE freed.key = %(lim_0_key)s::text), 0)), %(lim_0_rate)s::bigint -
                          (SELECT count(*)
                           FROM jobs_claimstart
-                          WHERE key = %(lim_0_key)s
+                          WHERE key = %(lim_0_key)s::text
                             AND started_at > %(lim_0_since)s)),
                  %(lim_0_scope)s::bigint,
-                 %(lim_0_key)s::text), ('q'::text,
-                                        %(lim_1)s::text,
-                                        LEAST(%(lim_1_max)s::bigint -
-                                                (SELECT count(*)
-                                                 FROM running
-                                                 WHERE queue = %(lim_1)s), %(lim_1_rate)s::bigint -
-                                                (SELECT count(*)
-                                                 FROM jobs_claimstart
-                                                 WHERE key = %(lim_1_key)s
-                                                   AND started_at > %(lim_1_since)s)),
-                                        %(lim_1_scope)s::bigint,
-                                        %(lim_1_key)s::text)) AS k(kind, name, room, scope, key)),
+                 %(lim_0_key)s::text,
+                 TRUE,
+                 %(lim_0_max)s::bigint), ('q'::text,
+                                          %(lim_1)s::text,
+                                          LEAST(%(lim_1_max)s::bigint - (COALESCE(
+                                                                                    (SELECT running
+                                                                                     FROM jobs_limitcounter
+                                                                                     WHERE key = %(lim_1_key)s::text), 0) - COALESCE(
+                                                                                                                                       (SELECT n
+                                                                                                                                        FROM freed
+                                                                                                                                        WHERE freed.key = %(lim_1_key)s::text), 0)), %(lim_1_rate)s::bigint -
+                                                  (SELECT count(*)
+                                                   FROM jobs_claimstart
+                                                   WHERE key = %(lim_1_key)s::text
+                                                     AND started_at > %(lim_1_since)s)),
+                                          %(lim_1_scope)s::bigint,
+                                          %(lim_1_key)s::text,
+                                          TRUE,
+                                          %(lim_1_max)s::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
      candidates AS
   (SELECT id,
           handler,
@@ -122,31 +131,37 @@ WITH done AS
         FROM keys
         WHERE kind = 'h'
           AND room <= 0)
-     AND scope_hash || handler NOT IN
-       (SELECT u.scope_hash || u.handler
-        FROM running AS u
-        JOIN keys AS k ON k.kind = 'h'
-        AND k.name = u.handler
-        WHERE k.scope IS NOT NULL
-        GROUP BY u.scope_hash,
-                 u.handler,
-                 k.scope
-        HAVING count(*) >= k.scope)
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_h
+        WHERE k_h.kind = 'h'
+          AND k_h.name = jobs_job.handler
+          AND k_h.scope IS NOT NULL
+          AND (COALESCE(
+                          (SELECT running
+                           FROM jobs_limitcounter
+                           WHERE key = k_h.key || ':' || jobs_job.scope_hash), 0) - COALESCE(
+                                                                                               (SELECT n
+                                                                                                FROM freed
+                                                                                                WHERE freed.key = k_h.key || ':' || jobs_job.scope_hash), 0)) >= k_h.scope)
      AND queue NOT IN
        (SELECT name
         FROM keys
         WHERE kind = 'q'
           AND room <= 0)
-     AND scope_hash || queue NOT IN
-       (SELECT u.scope_hash || u.queue
-        FROM running AS u
-        JOIN keys AS k ON k.kind = 'q'
-        AND k.name = u.queue
-        WHERE k.scope IS NOT NULL
-        GROUP BY u.scope_hash,
-                 u.queue,
-                 k.scope
-        HAVING count(*) >= k.scope)
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_q
+        WHERE k_q.kind = 'q'
+          AND k_q.name = jobs_job.queue
+          AND k_q.scope IS NOT NULL
+          AND (COALESCE(
+                          (SELECT running
+                           FROM jobs_limitcounter
+                           WHERE key = k_q.key || ':' || jobs_job.scope_hash), 0) - COALESCE(
+                                                                                               (SELECT n
+                                                                                                FROM freed
+                                                                                                WHERE freed.key = k_q.key || ':' || jobs_job.scope_hash), 0)) >= k_q.scope)
    ORDER BY priority DESC,
             next_run_at,
             id
@@ -167,20 +182,36 @@ WITH done AS
                              ORDER BY priority DESC, next_run_at, id) AS n_qs
    FROM candidates),
      ample AS
-  (SELECT bool_and((room IS NULL
-                    OR room >= %(limit)s)
-                   AND (scope IS NULL
-                        OR scope >= %(limit)s + COALESCE(
-                                                           (SELECT max(n)
-                                                            FROM
-                                                              (SELECT count(*) AS n
-                                                               FROM running AS u
-                                                               WHERE (k.kind = 'h'
-                                                                      AND u.handler = k.name)
-                                                                 OR (k.kind = 'q'
-                                                                     AND u.queue = k.name)
-                                                               GROUP BY u.scope_hash) AS busiest), 0))) AS yes
-   FROM keys AS k),
+  (SELECT
+     (SELECT bool_and(room IS NULL
+                      OR room >= %(limit)s)
+      FROM keys)
+   AND NOT EXISTS
+     (SELECT 1
+      FROM candidates AS r
+      JOIN keys AS k_h ON k_h.kind = 'h'
+      AND k_h.name = r.handler
+      WHERE k_h.scope IS NOT NULL
+        AND k_h.scope < %(limit)s + (COALESCE(
+                                                (SELECT running
+                                                 FROM jobs_limitcounter
+                                                 WHERE key = k_h.key || ':' || r.scope_hash), 0) - COALESCE(
+                                                                                                              (SELECT n
+                                                                                                               FROM freed
+                                                                                                               WHERE freed.key = k_h.key || ':' || r.scope_hash), 0)))
+   AND NOT EXISTS
+     (SELECT 1
+      FROM candidates AS r
+      JOIN keys AS k_q ON k_q.kind = 'q'
+      AND k_q.name = r.queue
+      WHERE k_q.scope IS NOT NULL
+        AND k_q.scope < %(limit)s + (COALESCE(
+                                                (SELECT running
+                                                 FROM jobs_limitcounter
+                                                 WHERE key = k_q.key || ':' || r.scope_hash), 0) - COALESCE(
+                                                                                                              (SELECT n
+                                                                                                               FROM freed
+                                                                                                               WHERE freed.key = k_q.key || ':' || r.scope_hash), 0))) AS yes),
      chosen AS
   (SELECT id
    FROM candidates
@@ -199,19 +230,23 @@ WITH done AS
      AND (k_h.room IS NULL
           OR r.n_h <= k_h.room)
      AND (k_h.scope IS NULL
-          OR r.n_hs +
-            (SELECT count(*)
-             FROM running AS u
-             WHERE u.handler = r.handler
-               AND u.scope_hash = r.scope_hash) <= k_h.scope)
+          OR r.n_hs + (COALESCE(
+                                  (SELECT running
+                                   FROM jobs_limitcounter
+                                   WHERE key = k_h.key || ':' || r.scope_hash), 0) - COALESCE(
+                                                                                                (SELECT n
+                                                                                                 FROM freed
+                                                                                                 WHERE freed.key = k_h.key || ':' || r.scope_hash), 0)) <= k_h.scope)
      AND (k_q.room IS NULL
           OR r.n_q <= k_q.room)
      AND (k_q.scope IS NULL
-          OR r.n_qs +
-            (SELECT count(*)
-             FROM running AS u
-             WHERE u.queue = r.queue
-               AND u.scope_hash = r.scope_hash) <= k_q.scope)),
+          OR r.n_qs + (COALESCE(
+                                  (SELECT running
+                                   FROM jobs_limitcounter
+                                   WHERE key = k_q.key || ':' || r.scope_hash), 0) - COALESCE(
+                                                                                                (SELECT n
+                                                                                                 FROM freed
+                                                                                                 WHERE freed.key = k_q.key || ':' || r.scope_hash), 0)) <= k_q.scope)),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -226,7 +261,16 @@ WITH done AS
        progress_message = '',
        error = '',
        result_ref = NULL,
-       finished_at = NULL
+       finished_at = NULL,
+       limit_keys = NULLIF(array_to_json(array_remove(ARRAY[CASE
+                                                                WHEN handler = %(lim_0)s::text THEN %(lim_0_key)s::text
+                                                            END, CASE
+                                                                     WHEN handler = %(lim_0)s::text THEN %(lim_0_key)s::text || ':' || scope_hash
+                                                                 END, CASE
+                                                                          WHEN queue = %(lim_1)s::text THEN %(lim_1_key)s::text
+                                                                      END, CASE
+                                                                               WHEN queue = %(lim_1)s::text THEN %(lim_1_key)s::text || ':' || scope_hash
+                                                                           END], NULL))::text, '[]')
    WHERE NOT EXISTS
        (SELECT 1
         FROM orphans)
@@ -248,7 +292,8 @@ WITH done AS
                                      priority,
                                      next_run_at,
                                      leased_by,
-                                     started_at),
+                                     started_at,
+                                     limit_keys),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -260,11 +305,42 @@ WITH done AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
+     counted AS
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
+   FROM
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM keys AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM keys AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+      FROM
+        (SELECT key,
+                1 AS n
+         FROM
+           (SELECT k.key
+            FROM claimed AS s,
+                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c
+         UNION ALL SELECT key, -n
+         FROM freed) AS u
+      GROUP BY u.key) AS d
+   WHERE n <> 0
+   ORDER BY key ON CONFLICT (key) DO UPDATE
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END),
      starts AS
   (INSERT INTO jobs_claimstart (key, started_at) SELECT k.key,
                                                         %(now)s
    FROM claimed AS c
-   JOIN keys AS k ON k.key IS NOT NULL
+   JOIN keys AS k ON k.rated
    AND ((k.kind = 'h'
          AND k.name = c.handler)
         OR (k.kind = 'q'

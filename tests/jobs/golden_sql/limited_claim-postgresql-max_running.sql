@@ -1,22 +1,16 @@
-WITH running AS
-  (SELECT handler,
-          queue,
-          scope_hash
-   FROM jobs_job
-   WHERE current_token IS NOT NULL
-     AND status = 'running'
-     AND (handler IN (%(lim_0)s))),
-     keys AS
+WITH keys AS
   (SELECT *
    FROM (
          VALUES ('h'::text,
                  %(lim_0)s::text,
-                 LEAST(%(lim_0_max)s::bigint -
-                         (SELECT count(*)
-                          FROM running
-                          WHERE handler = %(lim_0)s)),
+                 LEAST(%(lim_0_max)s::bigint - (COALESCE(
+                                                           (SELECT running
+                                                            FROM jobs_limitcounter
+                                                            WHERE key = %(lim_0_key)s::text), 0))),
                  NULL::bigint,
-                 NULL::text)) AS k(kind, name, room, scope, key)),
+                 %(lim_0_key)s::text,
+                 FALSE,
+                 %(lim_0_max)s::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
      candidates AS
   (SELECT id,
           handler,
@@ -52,9 +46,10 @@ WITH running AS
                              ORDER BY priority DESC, next_run_at, id) AS n_h
    FROM candidates),
      ample AS
-  (SELECT bool_and((room IS NULL
-                    OR room >= %(limit)s)) AS yes
-   FROM keys AS k),
+  (SELECT
+     (SELECT bool_and(room IS NULL
+                      OR room >= %(limit)s)
+      FROM keys) AS yes),
      chosen AS
   (SELECT id
    FROM candidates
@@ -84,7 +79,10 @@ WITH running AS
        progress_message = '',
        error = '',
        result_ref = NULL,
-       finished_at = NULL
+       finished_at = NULL,
+       limit_keys = NULLIF(array_to_json(array_remove(ARRAY[CASE
+                                                                WHEN handler = %(lim_0)s::text THEN %(lim_0_key)s::text
+                                                            END], NULL))::text, '[]')
    WHERE id = ANY(ARRAY
                     (SELECT id
                      FROM chosen))
@@ -103,7 +101,8 @@ WITH running AS
                                      priority,
                                      next_run_at,
                                      leased_by,
-                                     started_at),
+                                     started_at,
+                                     limit_keys),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -114,7 +113,36 @@ WITH running AS
                                                                                                                                                                      NULL,
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
-   FROM claimed)
+   FROM claimed),
+     counted AS
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
+   FROM
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM keys AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM keys AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+      FROM
+        (SELECT key,
+                1 AS n
+         FROM
+           (SELECT k.key
+            FROM claimed AS s,
+                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c) AS u
+      GROUP BY u.key) AS d
+   WHERE n <> 0
+   ORDER BY key ON CONFLICT (key) DO UPDATE
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END)
 SELECT 'claimed' AS kind,
        id,
        scope_hash,

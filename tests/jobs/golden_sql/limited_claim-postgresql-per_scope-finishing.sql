@@ -1,6 +1,6 @@
 WITH done AS
   (SELECT *
-   FROM unnest(%(tokens)s::text[], %(outcomes)s::text[], %(results)s::text[], %(errors)s::text[]) AS d(token, outcome, result_ref, error)),
+   FROM unnest(%(tokens)s::text[], %(outcomes)s::text[], %(results)s::text[], %(errors)s::text[], %(summaries)s::text[]) AS d(token, outcome, result_ref, error, summary)),
      orphans AS
   (SELECT done.token
    FROM done
@@ -24,7 +24,7 @@ WITH done AS
                                  WHEN j.cancel_requested THEN NULL
                                  ELSE done.result_ref
                              END,
-                             error = done.error,
+                             error = done.summary,
                              finished_at = %(now)s,
                              updated_at = %(now)s,
                              current_token = NULL,
@@ -44,6 +44,7 @@ WITH done AS
                                 j.status,
                                 j.queue,
                                 j.cancel_requested,
+                                j.limit_keys,
                                 done.token,
                                 done.outcome,
                                 done.result_ref,
@@ -65,15 +66,14 @@ WITH done AS
    WHERE a.job_id = finished.id
      AND a.token = finished.token
      AND a.status = 'running' RETURNING a.token),
-     running AS
-  (SELECT handler,
-          queue,
-          scope_hash
-   FROM jobs_job
-   WHERE current_token IS NOT NULL
-     AND status = 'running'
-     AND current_token <> ALL(%(tokens)s::text[])
-     AND (queue IN (%(lim_0)s))),
+     freed AS
+  (SELECT key,
+          count(*) AS n
+   FROM
+     (SELECT k.key
+      FROM finished AS s,
+           jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS f
+   GROUP BY key),
      keys AS
   (SELECT *
    FROM (
@@ -81,7 +81,9 @@ WITH done AS
                  %(lim_0)s::text,
                  NULL::bigint,
                  %(lim_0_scope)s::bigint,
-                 NULL::text)) AS k(kind, name, room, scope, key)),
+                 %(lim_0_key)s::text,
+                 FALSE,
+                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
      candidates AS
   (SELECT id,
           handler,
@@ -98,16 +100,19 @@ WITH done AS
        (SELECT name
         FROM jobs_queue
         WHERE paused)
-     AND scope_hash || queue NOT IN
-       (SELECT u.scope_hash || u.queue
-        FROM running AS u
-        JOIN keys AS k ON k.kind = 'q'
-        AND k.name = u.queue
-        WHERE k.scope IS NOT NULL
-        GROUP BY u.scope_hash,
-                 u.queue,
-                 k.scope
-        HAVING count(*) >= k.scope)
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_q
+        WHERE k_q.kind = 'q'
+          AND k_q.name = jobs_job.queue
+          AND k_q.scope IS NOT NULL
+          AND (COALESCE(
+                          (SELECT running
+                           FROM jobs_limitcounter
+                           WHERE key = k_q.key || ':' || jobs_job.scope_hash), 0) - COALESCE(
+                                                                                               (SELECT n
+                                                                                                FROM freed
+                                                                                                WHERE freed.key = k_q.key || ':' || jobs_job.scope_hash), 0)) >= k_q.scope)
    ORDER BY priority DESC,
             next_run_at,
             id
@@ -122,20 +127,23 @@ WITH done AS
                              ORDER BY priority DESC, next_run_at, id) AS n_qs
    FROM candidates),
      ample AS
-  (SELECT bool_and((room IS NULL
-                    OR room >= %(limit)s)
-                   AND (scope IS NULL
-                        OR scope >= %(limit)s + COALESCE(
-                                                           (SELECT max(n)
-                                                            FROM
-                                                              (SELECT count(*) AS n
-                                                               FROM running AS u
-                                                               WHERE (k.kind = 'h'
-                                                                      AND u.handler = k.name)
-                                                                 OR (k.kind = 'q'
-                                                                     AND u.queue = k.name)
-                                                               GROUP BY u.scope_hash) AS busiest), 0))) AS yes
-   FROM keys AS k),
+  (SELECT
+     (SELECT bool_and(room IS NULL
+                      OR room >= %(limit)s)
+      FROM keys)
+   AND NOT EXISTS
+     (SELECT 1
+      FROM candidates AS r
+      JOIN keys AS k_q ON k_q.kind = 'q'
+      AND k_q.name = r.queue
+      WHERE k_q.scope IS NOT NULL
+        AND k_q.scope < %(limit)s + (COALESCE(
+                                                (SELECT running
+                                                 FROM jobs_limitcounter
+                                                 WHERE key = k_q.key || ':' || r.scope_hash), 0) - COALESCE(
+                                                                                                              (SELECT n
+                                                                                                               FROM freed
+                                                                                                               WHERE freed.key = k_q.key || ':' || r.scope_hash), 0))) AS yes),
      chosen AS
   (SELECT id
    FROM candidates
@@ -150,11 +158,13 @@ WITH done AS
        (SELECT yes
         FROM ample)
      AND (k_q.scope IS NULL
-          OR r.n_qs +
-            (SELECT count(*)
-             FROM running AS u
-             WHERE u.queue = r.queue
-               AND u.scope_hash = r.scope_hash) <= k_q.scope)),
+          OR r.n_qs + (COALESCE(
+                                  (SELECT running
+                                   FROM jobs_limitcounter
+                                   WHERE key = k_q.key || ':' || r.scope_hash), 0) - COALESCE(
+                                                                                                (SELECT n
+                                                                                                 FROM freed
+                                                                                                 WHERE freed.key = k_q.key || ':' || r.scope_hash), 0)) <= k_q.scope)),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -169,7 +179,10 @@ WITH done AS
        progress_message = '',
        error = '',
        result_ref = NULL,
-       finished_at = NULL
+       finished_at = NULL,
+       limit_keys = NULLIF(array_to_json(array_remove(ARRAY[CASE
+                                                                WHEN queue = %(lim_0)s::text THEN %(lim_0_key)s::text || ':' || scope_hash
+                                                            END], NULL))::text, '[]')
    WHERE NOT EXISTS
        (SELECT 1
         FROM orphans)
@@ -191,7 +204,8 @@ WITH done AS
                                      priority,
                                      next_run_at,
                                      leased_by,
-                                     started_at),
+                                     started_at,
+                                     limit_keys),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -202,7 +216,38 @@ WITH done AS
                                                                                                                                                                      NULL,
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
-   FROM claimed)
+   FROM claimed),
+     counted AS
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
+   FROM
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM keys AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM keys AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+      FROM
+        (SELECT key,
+                1 AS n
+         FROM
+           (SELECT k.key
+            FROM claimed AS s,
+                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c
+         UNION ALL SELECT key, -n
+         FROM freed) AS u
+      GROUP BY u.key) AS d
+   WHERE n <> 0
+   ORDER BY key ON CONFLICT (key) DO UPDATE
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END)
 SELECT 'claimed' AS kind,
        id,
        scope_hash,

@@ -1,19 +1,13 @@
-WITH running AS
-  (SELECT handler,
-          queue,
-          scope_hash
-   FROM jobs_job
-   WHERE current_token IS NOT NULL
-     AND status = 'running'
-     AND (queue IN (%(lim_0)s))),
-     keys AS
+WITH keys AS
   (SELECT *
    FROM (
          VALUES ('q'::text,
                  %(lim_0)s::text,
                  NULL::bigint,
                  %(lim_0_scope)s::bigint,
-                 NULL::text)) AS k(kind, name, room, scope, key)),
+                 %(lim_0_key)s::text,
+                 FALSE,
+                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
      candidates AS
   (SELECT id,
           handler,
@@ -30,16 +24,16 @@ WITH running AS
        (SELECT name
         FROM jobs_queue
         WHERE paused)
-     AND scope_hash || queue NOT IN
-       (SELECT u.scope_hash || u.queue
-        FROM running AS u
-        JOIN keys AS k ON k.kind = 'q'
-        AND k.name = u.queue
-        WHERE k.scope IS NOT NULL
-        GROUP BY u.scope_hash,
-                 u.queue,
-                 k.scope
-        HAVING count(*) >= k.scope)
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_q
+        WHERE k_q.kind = 'q'
+          AND k_q.name = jobs_job.queue
+          AND k_q.scope IS NOT NULL
+          AND (COALESCE(
+                          (SELECT running
+                           FROM jobs_limitcounter
+                           WHERE key = k_q.key || ':' || jobs_job.scope_hash), 0)) >= k_q.scope)
    ORDER BY priority DESC,
             next_run_at,
             id
@@ -54,20 +48,20 @@ WITH running AS
                              ORDER BY priority DESC, next_run_at, id) AS n_qs
    FROM candidates),
      ample AS
-  (SELECT bool_and((room IS NULL
-                    OR room >= %(limit)s)
-                   AND (scope IS NULL
-                        OR scope >= %(limit)s + COALESCE(
-                                                           (SELECT max(n)
-                                                            FROM
-                                                              (SELECT count(*) AS n
-                                                               FROM running AS u
-                                                               WHERE (k.kind = 'h'
-                                                                      AND u.handler = k.name)
-                                                                 OR (k.kind = 'q'
-                                                                     AND u.queue = k.name)
-                                                               GROUP BY u.scope_hash) AS busiest), 0))) AS yes
-   FROM keys AS k),
+  (SELECT
+     (SELECT bool_and(room IS NULL
+                      OR room >= %(limit)s)
+      FROM keys)
+   AND NOT EXISTS
+     (SELECT 1
+      FROM candidates AS r
+      JOIN keys AS k_q ON k_q.kind = 'q'
+      AND k_q.name = r.queue
+      WHERE k_q.scope IS NOT NULL
+        AND k_q.scope < %(limit)s + (COALESCE(
+                                                (SELECT running
+                                                 FROM jobs_limitcounter
+                                                 WHERE key = k_q.key || ':' || r.scope_hash), 0))) AS yes),
      chosen AS
   (SELECT id
    FROM candidates
@@ -82,11 +76,10 @@ WITH running AS
        (SELECT yes
         FROM ample)
      AND (k_q.scope IS NULL
-          OR r.n_qs +
-            (SELECT count(*)
-             FROM running AS u
-             WHERE u.queue = r.queue
-               AND u.scope_hash = r.scope_hash) <= k_q.scope)),
+          OR r.n_qs + (COALESCE(
+                                  (SELECT running
+                                   FROM jobs_limitcounter
+                                   WHERE key = k_q.key || ':' || r.scope_hash), 0)) <= k_q.scope)),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -101,7 +94,10 @@ WITH running AS
        progress_message = '',
        error = '',
        result_ref = NULL,
-       finished_at = NULL
+       finished_at = NULL,
+       limit_keys = NULLIF(array_to_json(array_remove(ARRAY[CASE
+                                                                WHEN queue = %(lim_0)s::text THEN %(lim_0_key)s::text || ':' || scope_hash
+                                                            END], NULL))::text, '[]')
    WHERE id = ANY(ARRAY
                     (SELECT id
                      FROM chosen))
@@ -120,7 +116,8 @@ WITH running AS
                                      priority,
                                      next_run_at,
                                      leased_by,
-                                     started_at),
+                                     started_at,
+                                     limit_keys),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -131,7 +128,36 @@ WITH running AS
                                                                                                                                                                      NULL,
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
-   FROM claimed)
+   FROM claimed),
+     counted AS
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
+   FROM
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM keys AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM keys AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+      FROM
+        (SELECT key,
+                1 AS n
+         FROM
+           (SELECT k.key
+            FROM claimed AS s,
+                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c) AS u
+      GROUP BY u.key) AS d
+   WHERE n <> 0
+   ORDER BY key ON CONFLICT (key) DO UPDATE
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END)
 SELECT 'claimed' AS kind,
        id,
        scope_hash,

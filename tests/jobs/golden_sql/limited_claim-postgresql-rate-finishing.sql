@@ -1,6 +1,6 @@
 WITH done AS
   (SELECT *
-   FROM unnest(%(tokens)s::text[], %(outcomes)s::text[], %(results)s::text[], %(errors)s::text[]) AS d(token, outcome, result_ref, error)),
+   FROM unnest(%(tokens)s::text[], %(outcomes)s::text[], %(results)s::text[], %(errors)s::text[], %(summaries)s::text[]) AS d(token, outcome, result_ref, error, summary)),
      orphans AS
   (SELECT done.token
    FROM done
@@ -24,7 +24,7 @@ WITH done AS
                                  WHEN j.cancel_requested THEN NULL
                                  ELSE done.result_ref
                              END,
-                             error = done.error,
+                             error = done.summary,
                              finished_at = %(now)s,
                              updated_at = %(now)s,
                              current_token = NULL,
@@ -44,6 +44,7 @@ WITH done AS
                                 j.status,
                                 j.queue,
                                 j.cancel_requested,
+                                j.limit_keys,
                                 done.token,
                                 done.outcome,
                                 done.result_ref,
@@ -65,15 +66,14 @@ WITH done AS
    WHERE a.job_id = finished.id
      AND a.token = finished.token
      AND a.status = 'running' RETURNING a.token),
-     running AS
-  (SELECT handler,
-          queue,
-          scope_hash
-   FROM jobs_job
-   WHERE current_token IS NOT NULL
-     AND status = 'running'
-     AND current_token <> ALL(%(tokens)s::text[])
-     AND (handler IN (%(lim_0)s))),
+     freed AS
+  (SELECT key,
+          count(*) AS n
+   FROM
+     (SELECT k.key
+      FROM finished AS s,
+           jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS f
+   GROUP BY key),
      keys AS
   (SELECT *
    FROM (
@@ -82,10 +82,12 @@ WITH done AS
                  LEAST(%(lim_0_rate)s::bigint -
                          (SELECT count(*)
                           FROM jobs_claimstart
-                          WHERE key = %(lim_0_key)s
+                          WHERE key = %(lim_0_key)s::text
                             AND started_at > %(lim_0_since)s)),
                  NULL::bigint,
-                 %(lim_0_key)s::text)) AS k(kind, name, room, scope, key)),
+                 %(lim_0_key)s::text,
+                 TRUE,
+                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
      candidates AS
   (SELECT id,
           handler,
@@ -121,9 +123,10 @@ WITH done AS
                              ORDER BY priority DESC, next_run_at, id) AS n_h
    FROM candidates),
      ample AS
-  (SELECT bool_and((room IS NULL
-                    OR room >= %(limit)s)) AS yes
-   FROM keys AS k),
+  (SELECT
+     (SELECT bool_and(room IS NULL
+                      OR room >= %(limit)s)
+      FROM keys) AS yes),
      chosen AS
   (SELECT id
    FROM candidates
@@ -153,7 +156,8 @@ WITH done AS
        progress_message = '',
        error = '',
        result_ref = NULL,
-       finished_at = NULL
+       finished_at = NULL,
+       limit_keys = NULL
    WHERE NOT EXISTS
        (SELECT 1
         FROM orphans)
@@ -175,7 +179,8 @@ WITH done AS
                                      priority,
                                      next_run_at,
                                      leased_by,
-                                     started_at),
+                                     started_at,
+                                     limit_keys),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -187,11 +192,42 @@ WITH done AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
+     counted AS
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
+   FROM
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM keys AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM keys AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+      FROM
+        (SELECT key,
+                1 AS n
+         FROM
+           (SELECT k.key
+            FROM claimed AS s,
+                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c
+         UNION ALL SELECT key, -n
+         FROM freed) AS u
+      GROUP BY u.key) AS d
+   WHERE n <> 0
+   ORDER BY key ON CONFLICT (key) DO UPDATE
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END),
      starts AS
   (INSERT INTO jobs_claimstart (key, started_at) SELECT k.key,
                                                         %(now)s
    FROM claimed AS c
-   JOIN keys AS k ON k.key IS NOT NULL
+   JOIN keys AS k ON k.rated
    AND ((k.kind = 'h'
          AND k.name = c.handler)
         OR (k.kind = 'q'

@@ -1,12 +1,4 @@
-WITH running AS
-  (SELECT handler,
-          queue,
-          scope_hash
-   FROM jobs_job
-   WHERE current_token IS NOT NULL
-     AND status = 'running'
-     AND (handler IN (%(lim_0)s))),
-     keys AS
+WITH keys AS
   (SELECT *
    FROM (
          VALUES ('h'::text,
@@ -14,10 +6,12 @@ WITH running AS
                  LEAST(%(lim_0_rate)s::bigint -
                          (SELECT count(*)
                           FROM jobs_claimstart
-                          WHERE key = %(lim_0_key)s
+                          WHERE key = %(lim_0_key)s::text
                             AND started_at > %(lim_0_since)s)),
                  NULL::bigint,
-                 %(lim_0_key)s::text)) AS k(kind, name, room, scope, key)),
+                 %(lim_0_key)s::text,
+                 TRUE,
+                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
      candidates AS
   (SELECT id,
           handler,
@@ -53,9 +47,10 @@ WITH running AS
                              ORDER BY priority DESC, next_run_at, id) AS n_h
    FROM candidates),
      ample AS
-  (SELECT bool_and((room IS NULL
-                    OR room >= %(limit)s)) AS yes
-   FROM keys AS k),
+  (SELECT
+     (SELECT bool_and(room IS NULL
+                      OR room >= %(limit)s)
+      FROM keys) AS yes),
      chosen AS
   (SELECT id
    FROM candidates
@@ -85,7 +80,8 @@ WITH running AS
        progress_message = '',
        error = '',
        result_ref = NULL,
-       finished_at = NULL
+       finished_at = NULL,
+       limit_keys = NULL
    WHERE id = ANY(ARRAY
                     (SELECT id
                      FROM chosen))
@@ -104,7 +100,8 @@ WITH running AS
                                      priority,
                                      next_run_at,
                                      leased_by,
-                                     started_at),
+                                     started_at,
+                                     limit_keys),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -116,11 +113,40 @@ WITH running AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
+     counted AS
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
+   FROM
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM keys AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM keys AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+      FROM
+        (SELECT key,
+                1 AS n
+         FROM
+           (SELECT k.key
+            FROM claimed AS s,
+                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c) AS u
+      GROUP BY u.key) AS d
+   WHERE n <> 0
+   ORDER BY key ON CONFLICT (key) DO UPDATE
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END),
      starts AS
   (INSERT INTO jobs_claimstart (key, started_at) SELECT k.key,
                                                         %(now)s
    FROM claimed AS c
-   JOIN keys AS k ON k.key IS NOT NULL
+   JOIN keys AS k ON k.rated
    AND ((k.kind = 'h'
          AND k.name = c.handler)
         OR (k.kind = 'q'

@@ -21,6 +21,7 @@ SET status = CASE
                                                  END,
                                                  handler_unknown_since = COALESCE(handler_unknown_since, %(now)s),
                                                  attempt_count = attempt_count - 1,
+                                                 limit_keys = NULL,
                                                  updated_at = %(now)s,
                                                  current_token = NULL,
                                                  leased_by = '',
@@ -30,4 +31,8 @@ SET status = CASE
                                                  progress_message = '',
                                                  result_ref = NULL
 WHERE current_token = %(token)s
-  AND status = 'running' RETURNING status
+  AND status = 'running' RETURNING status,
+
+  (SELECT was.limit_keys
+   FROM jobs_job AS was
+   WHERE was.id = jobs_job.id) AS limit_keys

@@ -13,9 +13,14 @@ SET status = 'queued',
     result_ref = NULL,
     finished_at = NULL,
     handler_unknown_since = NULL,
+    limit_keys = NULL,
     updated_at = %(now)s
 WHERE current_token = %(token)s
   AND status = 'running'
   AND NOT cancel_requested
   AND snooze_count < %(max_snoozes)s RETURNING id,
-                                               queue
+                                               queue,
+
+  (SELECT was.limit_keys
+   FROM jobs_job AS was
+   WHERE was.id = jobs_job.id) AS limit_keys

@@ -1,0 +1,23 @@
+UPDATE jobs_job
+SET status = 'queued',
+    attempt_count = attempt_count - 1,
+    release_count = release_count + 1,
+    current_token = NULL,
+    leased_by = '',
+    lease_expires_at = NULL,
+    started_at = NULL,
+    progress = NULL,
+    progress_message = '',
+    error = '',
+    result_ref = NULL,
+    finished_at = NULL,
+    limit_keys = NULL,
+    updated_at = %(now)s
+WHERE current_token = %(token)s
+  AND status = 'running'
+  AND NOT cancel_requested RETURNING id,
+                                     queue,
+
+  (SELECT was.limit_keys
+   FROM jobs_job AS was
+   WHERE was.id = jobs_job.id) AS limit_keys
