@@ -16,14 +16,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from tests.conftest import in_own_connection
 from django.db import connection, transaction
 from django.utils import timezone
-from tests.support.procs import WorkerProcess, wait_until
 
 from jobs import JobScope, JobStatus, JobSubmission, execution, submit_job
 from jobs.models import Job, LimitCounter
 from jobs.types import FinishOutcome
+from tests.conftest import in_own_connection
+from tests.support.procs import WorkerProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,6 +88,25 @@ def test_the_claims_own_finish_nets_its_counts_into_one_change_per_counter(handl
     assert assert_exact() == {"handler:count.one": 1}
     _, [third] = execution.complete_and_claim([(second, None)], "w", limit=3)
     assert execution.complete(third.token, None) is FinishOutcome.SUCCEEDED
+    assert assert_exact() == {}
+
+
+@postgres_only
+def test_a_release_at_shutdown_gives_its_count_back(handler):
+    handler("count.released", max_running=10)(lambda ctx: None)
+    submit(2, "count.released")
+    first, second = execution.claim_due("w", limit=2)
+    assert assert_exact() == {"handler:count.released": 2}
+    assert execution.release(first.token, "stopped by the worker's shutdown") is (
+        FinishOutcome.RELEASED
+    )
+    assert assert_exact() == {"handler:count.released": 1}
+    # A stale token gives nothing back twice.
+    assert execution.release(first.token, "again") is FinishOutcome.STALE
+    assert assert_exact() == {"handler:count.released": 1}
+    assert execution.release(second.token, "stopped by the worker's shutdown") is (
+        FinishOutcome.RELEASED
+    )
     assert assert_exact() == {}
 
 
