@@ -74,6 +74,8 @@ ADVANCE_MAX_ATTEMPTS = 25
 #: Tries of an item job: an activity's own retries are counted on the item, so the
 #: job's tries only absorb kills and outages.
 ITEM_MAX_ATTEMPTS = 25
+#: The reserved scope of the advance jobs (see :func:`advance_scope_hash`).
+ADVANCE_SCOPE = "workflows"
 
 
 class StaleDriver(Exception):
@@ -82,13 +84,13 @@ class StaleDriver(Exception):
 
 
 def advance_scope_hash() -> str:
-    """The scope of the jobs that advance runs: one reserved scope for all of them.
+    """The scope of the jobs that advance runs: the reserved scope "workflows".
 
-    The one place that chooses it; when ``jobs.execution.reserved_scope`` exists this
-    becomes ``reserved_scope("workflows").scope_hash`` (reserved scopes hash in their
-    own namespace, so no tenant can collide with it).
+    The one place that chooses it. A reserved scope hashes in a namespace of its own,
+    so ``JobScope("workflows")`` is a tenant that can never see, cancel or retry these
+    jobs; trusted code reaches them with ``execution.reserved_scope("workflows")``.
     """
-    return job_validation.scope_hash("ledon.workflows.advance")
+    return job_validation.reserved_scope_hash(ADVANCE_SCOPE)
 
 
 def now_or(now: datetime | None) -> datetime:
