@@ -744,8 +744,10 @@ def snapshot(run: WorkflowRun, *, created: bool = False, with_steps: bool = True
             for step in rows
         )
     waiting_for = run.waiting_for
-    if run.status == RunStatus.WAITING:
-        # Items end without waking the run: count them now.
+    if run.status == RunStatus.WAITING and waiting_for.endswith(" items"):
+        # Items end without waking the run: count them now. Only a run that waits for
+        # its items says so; a run waiting for a signal says that, whatever other
+        # checkpoint still has items out.
         for step in steps:
             if step.items is not None and step.status == StepStatus.RUNNING:
                 ended = step.items.total - step.items.running
