@@ -14,8 +14,10 @@ its checkpoint commit together or not at all.
 Fault points offered here (``ledon.faults``), for crash tests:
 ``workflows.step.before_checkpoint`` (a step's work done, its checkpoint not yet
 committed), ``workflows.step.after_checkpoint``, ``workflows.timer.wake`` (a timer's
-checkpoint about to commit as fired). The store offers ``workflows.map.fan_in`` and
-``workflows.signal.deliver``; the item jobs ``workflows.item.before_record``.
+checkpoint about to commit as fired). The store offers ``workflows.map.fan_in`` (an
+item's end about to commit), ``workflows.map.item_ended`` (committed, its run not
+yet woken) and ``workflows.signal.deliver``; the item jobs
+``workflows.item.before_record``.
 """
 
 from __future__ import annotations
@@ -365,7 +367,6 @@ class WorkflowContext:
                     StepStatus.SUCCEEDED if done else StepStatus.RUNNING,
                     now,
                     item_count=len(args),
-                    remaining=len(args),
                     result_json="[]" if done else None,
                 )
                 if not done:
@@ -379,10 +380,9 @@ class WorkflowContext:
             return result if kind == StepKind.MAP else [result]
         if step.status == StepStatus.FAILED:
             raise StepFailed(checked, step.error_type, step.error)
-        step.refresh_from_db(fields=["remaining", "status"])
-        if step.remaining > 0:
-            ended = step.item_count - step.remaining
-            raise Suspend(f"{ended} of {step.item_count} items")
+        left = store.items_left(step)
+        if left > 0:
+            raise Suspend(f"{step.item_count - left} of {step.item_count} items")
         return self._fan_in(checked, kind, step)
 
     def _fan_in(self, key: str, kind: StepKind, step: WorkflowStep) -> list[Any]:

@@ -11,7 +11,8 @@ typed error. Nothing else in the app writes to the workflows tables.
     suspend ................... RUNNING (token, no wake pending) -> WAITING (what for,
                                 until when); a pending wake: replay again
     finish .................... RUNNING (token) -> SUCCEEDED | FAILED | CANCELLED
-    start_item / end_item ..... an item's tries; the last item to end wakes the run
+    start_item / end_item ..... an item's tries and its end (its own row only);
+    fan_in .................... after an item's end: none left running -> wake the run
     send_signal ............... (new signal); wakes the run if it may wait for it
     cancel .................... WAITING -> CANCELLED; RUNNING -> cancel requested
     resume .................... FAILED -> WAITING (failed checkpoints erased)
@@ -419,14 +420,19 @@ def _wake_parent(run: WorkflowRun, now: datetime) -> None:
 
 
 def start_item(item_pk: int, now: datetime) -> WorkflowItem | None:
-    """Count a try of an item that has not ended; None if it ended (a replayed job)."""
+    """Count a try of an item that has not ended; None if it ended (a replayed job:
+    its worker may have been killed after the item's end committed and before the
+    fan-in check, so the check is made again here)."""
     with transaction.atomic(using=alias()):
         started = WorkflowItem.objects.filter(pk=item_pk, status=StepStatus.RUNNING).update(
             attempts=F("attempts") + 1, started_at=now
         )
-        if not started:
-            return None
-        return WorkflowItem.objects.select_related("step__run").get(pk=item_pk)
+        if started:
+            return WorkflowItem.objects.select_related("step").get(pk=item_pk)
+    step = WorkflowStep.objects.filter(items__pk=item_pk).first()
+    if step is not None:
+        fan_in(step, now)
+    return None
 
 
 def end_item(
@@ -438,10 +444,9 @@ def end_item(
     error_type: str = "",
     error: str = "",
 ) -> bool:
-    """Record an item's end and count it off its step in one transaction; the item that
-    brings the count to zero wakes the run (once: the count reaches zero once, and the
-    wake's job id is the step's). False if the item had ended already."""
-    step = item.step
+    """Record an item's end (a guarded update of the item's own row, so items of one
+    map never wait on each other's locks), then :func:`fan_in`. False if the item
+    had ended already (nothing written; the check is made again all the same)."""
     with transaction.atomic(using=alias()):
         ended = WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
             status=status,
@@ -450,22 +455,40 @@ def end_item(
             error=storable_text(error),
             finished_at=now,
         )
-        if not ended:
+        fault_point("workflows.map.fan_in", item=item.pk)
+    if ended:
+        fault_point("workflows.map.item_ended", item=item.pk)
+    fan_in(item.step, now)
+    return bool(ended)
+
+
+def fan_in(step: WorkflowStep, now: datetime) -> bool:
+    """After an item's end has committed: when no item of ``step`` is left running,
+    stage the advance that wakes its run. True if it did (or found it staged).
+
+    Every item makes this check after its own commit, so the last of several items
+    that end at once sees them all ended; several may see it, and the wake's job id
+    (the step's) makes one job of them. An item job replayed after its item ended
+    (its worker killed between that commit and this check) makes it again, so no
+    wake-up is lost.
+    """
+    with transaction.atomic(using=alias()):
+        if WorkflowItem.objects.filter(step_id=step.pk, status=StepStatus.RUNNING).exists():
             return False
-        WorkflowStep.objects.filter(pk=step.pk, remaining__gt=0).update(
-            remaining=F("remaining") - 1
+        run = (
+            WorkflowRun.objects.filter(pk=step.run_id, status__in=RunStatus.unfinished())
+            .values_list("pk", "generation")
+            .first()
         )
-        # The decrement above holds the step row's lock: this read sees its result.
-        remaining = WorkflowStep.objects.filter(pk=step.pk).values_list("remaining", flat=True)[0]
-        fault_point("workflows.map.fan_in", item=item.pk, remaining=remaining)
-        if remaining == 0:
-            run = step.run
-            generation = (
-                WorkflowRun.objects.filter(pk=run.pk).values_list("generation", flat=True).first()
-            )
-            if generation is not None:
-                wake(run.pk, generation, "items", step.key, now=now)
+        if run is None:
+            return False
+        wake(run[0], run[1], "items", step.key, now=now)
     return True
+
+
+def items_left(step: WorkflowStep) -> int:
+    """How many items of ``step`` have not ended."""
+    return WorkflowItem.objects.filter(step_id=step.pk, status=StepStatus.RUNNING).count()
 
 
 def release(job_id: str, now: datetime) -> bool:
@@ -500,11 +523,14 @@ def item_job_ended(job_id: str, item_pk: int, error: str, now: datetime) -> bool
     activity, its attempts were spent on kills or timeouts): record the item Failed
     so its step can end. False if the item had ended."""
     item = (
-        WorkflowItem.objects.select_related("step__run")
+        WorkflowItem.objects.select_related("step")
         .filter(pk=item_pk, job_id=job_id, status=StepStatus.RUNNING)
         .first()
     )
     if item is None:
+        step = WorkflowStep.objects.filter(items__pk=item_pk).first()
+        if step is not None:
+            fan_in(step, now)  # its end may have committed just before a kill
         return False
     return end_item(item, StepStatus.FAILED, now, error_type="ActivityJobFailed", error=error)
 
