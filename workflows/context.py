@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 
 from ledon.errors import storable_text
 from ledon.faults import fault_point
@@ -243,6 +243,7 @@ class WorkflowContext:
         started = time.monotonic()
         self._deadline = None if timeout is None else started + timeout
         attributes: dict[str, AttributeValue] = {"workflow.step": key, "workflow.try": tries}
+        recording = False
         try:
             with (
                 hooks.workflows_tracer().span("workflow.step", attributes=attributes),
@@ -252,6 +253,7 @@ class WorkflowContext:
                 result_json = validation.to_json(value, f"the result of step {key!r}")
                 if timeout is not None and time.monotonic() - started > timeout:
                     raise TimeoutError(f"step {key!r} ran longer than its timeout of {timeout:g} s")
+                recording = True
                 fault_point("workflows.step.before_checkpoint", run=self._run.pk, key=key)
                 now = self._now()
                 # The fence last: the run row stays unlocked while the step works.
@@ -278,7 +280,16 @@ class WorkflowContext:
                     raise Stop(cancelled=False)
         except (Stop, Suspend):
             raise
+        except (OperationalError, InterfaceError):
+            # The connection failed (an outage, or a COMMIT whose reply was lost: it
+            # may have committed): not the step's fault. The advance fails and is
+            # tried again; its replay finds the checkpoint recorded, or runs the try
+            # again if it was not.
+            raise
         except Exception as exc:
+            if recording and isinstance(exc, DatabaseError):
+                raise  # the fence or the checkpoint's own write: the same
+            # The step's own error (its writes rolled back with it): a failed try.
             self._deadline = None
             self._step_ended(StepKind.STEP, "failed", started)
             return self._failed_try(key, step, tries, retries, exc)

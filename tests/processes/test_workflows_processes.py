@@ -1,6 +1,8 @@
 """Workflows driven by real ``run_jobs`` processes: a fan-in shared by several
-workers resumes its run exactly once, and a worker killed (SIGKILL) at each commit
-boundary of the engine loses nothing and repeats no recorded checkpoint."""
+workers resumes its run exactly once, a worker killed (SIGKILL) at each commit
+boundary of the engine loses nothing and repeats no recorded checkpoint, and a
+checkpoint whose commit reply is lost (PostgreSQL, behind the fault proxy) is
+recorded once."""
 
 from __future__ import annotations
 
@@ -8,12 +10,16 @@ import signal
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from jobs.models import Job
 from testproject.workflow_checks.models import Effect
-from tests.support.procs import ManageProcess, WorkerProcess, wait_until
+from tests.support.brokers import Processes
+from tests.support.cluster import Cluster, conninfo
+from tests.support.procs import ManageProcess, WorkerProcess, manage, wait_until
+from tests.support.proxy import FaultProxy
 from workflows import RunStatus, WorkflowScope, send_signal, start_workflow
 from workflows.models import WorkflowItem, WorkflowRun
 from workflows.store import ADVANCE_HANDLER
@@ -194,3 +200,69 @@ def test_a_running_activity_sees_its_run_cancelled_through_its_job_context(worke
     assert list(
         Job.objects.filter(handler="checks.until_cancelled").values_list("status", flat=True)
     ) == ["cancelled"]
+
+
+#: A worker behind the fault proxy: statements not prepared, so that each one's text
+#: crosses the proxy where it is recognised; short leases and recovery.
+AMBIGUOUS = {
+    "JOBS_LEASE_SECONDS": "4",
+    "JOBS_HEARTBEAT_SECONDS": "1",
+    "JOBS_RECOVERY_INTERVAL": "1",
+    "JOBS_SCHEDULER": "false",
+    "JOBS_PREPARED_STATEMENTS": "false",
+    "SAGAS_RECOVER_IN_WORKER": "false",
+    "LEDON_ROUND_TRIP_DEADLINE": "2",
+}
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    server = Cluster()
+    manage(server.url, "migrate", "-v", "0", env=AMBIGUOUS)
+    yield server
+    server.stop()
+
+
+def rows(cluster: Cluster, sql: str) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(conninfo(cluster.url)) as conn:
+        return conn.execute(sql).fetchall()
+
+
+@pytest.mark.postgres_only
+@pytest.mark.timeout(300)
+def test_an_inline_checkpoint_whose_commit_reply_is_lost_is_recorded_once(cluster, tmp_path):
+    """The server commits an inline step's writes with its checkpoint, and the reply
+    never reaches the worker: it cannot tell whether they happened. The advance job
+    is tried again, the replay finds the checkpoint recorded, and the run finishes
+    with each step's writes and checkpoint recorded once."""
+    manage(
+        cluster.url, "shell", "-c",
+        "from workflows import start_workflow\n"
+        f"start_workflow({SCOPE!r}, 'amb-1', 'checks.linear', {{'start': 3}})\n",
+        env=AMBIGUOUS,
+    )  # fmt: skip
+    procs = Processes(tmp_path)
+    with FaultProxy(cluster.port) as proxy:
+        # The COMMIT of the transaction that recorded the first inline checkpoint.
+        proxy.drop_reply(b"COMMIT", after=b'INSERT INTO "workflows_workflowstep"')
+        try:
+            worker = procs.start(
+                "run_jobs", "--worker-id", "w-amb", "--concurrency", "1",
+                env=AMBIGUOUS, database_url=proxy.url(cluster.url),
+            )  # fmt: skip
+            worker.wait_until(proxy.reply_dropped.is_set, "the checkpoint's commit reply to drop")
+            status = "SELECT status FROM workflows_workflowrun WHERE run_id = 'amb-1'"
+            wait_until(lambda: cluster.value(status) == "succeeded", 120, "the run to end", worker)
+            assert worker.terminate() == 0, worker.output
+        finally:
+            procs.close()
+        assert proxy.stats.replies_dropped == 1
+    effects = "SELECT key, count(*) FROM workflow_checks_effect WHERE run_id = 'amb-1' GROUP BY key"
+    assert dict(rows(cluster, effects)) == {"a": 1, "b": 1}
+    steps = (
+        "SELECT s.key, s.status, s.result_json FROM workflows_workflowstep s"
+        " JOIN workflows_workflowrun r ON r.id = s.run_id WHERE r.run_id = 'amb-1' ORDER BY s.id"
+    )
+    assert rows(cluster, steps) == [("a", "succeeded", "3"), ("b", "succeeded", "4")]
