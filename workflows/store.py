@@ -35,6 +35,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Q
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from jobs import store as job_store
@@ -278,7 +279,25 @@ def cancel_requested(run_pk: int) -> bool:
 
 
 def load_steps(run: WorkflowRun) -> dict[str, WorkflowStep]:
-    return {step.key: step for step in WorkflowStep.objects.filter(run=run).order_by("id")}
+    """The run's recorded checkpoints by key, read at the start of every advance.
+
+    A replay reads every checkpoint of the run, thousands for a long one: the rows
+    come as plain tuples and become model instances without ``Model.__init__`` (its
+    per-field work and init signals cost more than the query); they are the same
+    saved rows that ``from_db`` would build.
+    """
+    fields = [field.attname for field in WorkflowStep._meta.concrete_fields]
+    using = alias_for(WorkflowStep)
+    rows = WorkflowStep.objects.using(using).filter(run=run).order_by("id").values_list(*fields)
+    steps: dict[str, WorkflowStep] = {}
+    for row in rows:
+        step = WorkflowStep.__new__(WorkflowStep)
+        step.__dict__.update(zip(fields, row, strict=True))
+        step._state = ModelState()
+        step._state.adding = False
+        step._state.db = using
+        steps[step.key] = step
+    return steps
 
 
 def insert_step(
