@@ -442,12 +442,13 @@ def start_item(item_pk: int, now: datetime) -> WorkflowItem | None:
     """Count a try of an item that has not ended; None if it ended (a replayed job:
     its worker may have been killed after the item's end committed and before the
     fan-in check, so the check is made again here)."""
-    with transaction.atomic(using=alias()):
-        started = WorkflowItem.objects.filter(pk=item_pk, status=StepStatus.RUNNING).update(
-            attempts=F("attempts") + 1, started_at=now
-        )
-        if started:
-            return WorkflowItem.objects.select_related("step").get(pk=item_pk)
+    # One guarded statement, its own transaction: only this item's job writes the row
+    # while it runs, so the read after it sees what it wrote.
+    started = WorkflowItem.objects.filter(pk=item_pk, status=StepStatus.RUNNING).update(
+        attempts=F("attempts") + 1, started_at=now
+    )
+    if started:
+        return WorkflowItem.objects.select_related("step").get(pk=item_pk)
     step = WorkflowStep.objects.filter(items__pk=item_pk).first()
     if step is not None:
         fan_in(step, now)
@@ -466,15 +467,15 @@ def end_item(
     """Record an item's end (a guarded update of the item's own row, so items of one
     map never wait on each other's locks), then :func:`fan_in`. False if the item
     had ended already (nothing written; the check is made again all the same)."""
-    with transaction.atomic(using=alias()):
-        ended = WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
-            status=status,
-            result_json=result_json,
-            error_type=error_type,
-            error=storable_text(error),
-            finished_at=now,
-        )
-        fault_point("workflows.map.fan_in", item=item.pk)
+    fault_point("workflows.map.fan_in", item=item.pk)
+    # One guarded statement, its own transaction (one round trip, one commit).
+    ended = WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
+        status=status,
+        result_json=result_json,
+        error_type=error_type,
+        error=storable_text(error),
+        finished_at=now,
+    )
     if ended:
         fault_point("workflows.map.item_ended", item=item.pk)
     fan_in(item.step, now)
@@ -491,9 +492,9 @@ def fan_in(step: WorkflowStep, now: datetime) -> bool:
     (its worker killed between that commit and this check) makes it again, so no
     wake-up is lost.
     """
+    if WorkflowItem.objects.filter(step_id=step.pk, status=StepStatus.RUNNING).exists():
+        return False  # the common answer, one index probe, no transaction
     with transaction.atomic(using=alias()):
-        if WorkflowItem.objects.filter(step_id=step.pk, status=StepStatus.RUNNING).exists():
-            return False
         run = (
             WorkflowRun.objects.filter(pk=step.run_id, status__in=RunStatus.unfinished())
             .values_list("pk", "generation")
