@@ -744,15 +744,15 @@ def purge_finished(*, older_than: datetime, limit: int | None = None) -> int:
     """Delete up to ``limit`` top-level runs that finished before ``older_than``, with
     their checkpoints, items, signals and children; returns how many runs."""
     limit = limit or workflows_settings().RETENTION_BATCH
+    due = WorkflowRun.objects.finished_before(older_than).filter(parent__isnull=True)
+    # The look outside a transaction: a pass with nothing to delete (the usual one)
+    # takes no write lock (SQLite's IMMEDIATE transactions would).
+    ids = list(due.order_by("finished_at").values_list("pk", flat=True)[:limit])
+    if not ids:
+        return 0
     with transaction.atomic(using=alias()):
-        ids = list(
-            WorkflowRun.objects.finished_before(older_than)
-            .filter(parent__isnull=True)
-            .order_by("finished_at")
-            .values_list("pk", flat=True)[:limit]
-        )
-        if not ids:
-            return 0
+        # Re-checked under the transaction: a run resumed meanwhile is not finished.
+        ids = list(due.filter(pk__in=ids).values_list("pk", flat=True))
         WorkflowRun.objects.filter(pk__in=ids).delete()
     return len(ids)
 
