@@ -266,3 +266,35 @@ def test_an_inline_checkpoint_whose_commit_reply_is_lost_is_recorded_once(cluste
         " JOIN workflows_workflowrun r ON r.id = s.run_id WHERE r.run_id = 'amb-1' ORDER BY s.id"
     )
     assert rows(cluster, steps) == [("a", "succeeded", "3"), ("b", "succeeded", "4")]
+
+
+@pytest.mark.postgres_only
+def test_a_signal_wakes_its_waiting_run_through_notify_not_the_poll(workers):
+    """The advance a signal queues is announced by NOTIFY at its commit: with a poll
+    far longer than the test's bound, only that wake-up can make the run go on."""
+    start_workflow(SCOPE, "notify-1", "checks.signals", {})
+    # An idle worker sleeps until the first of its poll, heartbeat and recovery
+    # intervals, all far past the test's bound here, or until a NOTIFY wakes it.
+    quiet = {
+        "JOBS_POLL_INTERVAL": "600",
+        "JOBS_RECOVERY_INTERVAL": "600",
+        "JOBS_LEASE_SECONDS": "1800",
+        "JOBS_HEARTBEAT_SECONDS": "600",
+    }
+    worker = workers(env=quiet)
+    wait_until(
+        lambda: WorkflowRun.objects.get(run_id="notify-1").waiting_for == "signal approved",
+        60,
+        "the run to wait for its signal",
+        worker,
+    )
+    assert send_signal(SCOPE, "notify-1", "approved", {"by": "ops"}) == "delivered"
+    wait_until(
+        lambda: WorkflowScope(SCOPE).get("notify-1").status == RunStatus.SUCCEEDED,
+        60,
+        "the signalled run to finish",
+        worker,
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+    assert effects("notify-1") == {"after": 1}
