@@ -15,7 +15,7 @@ Fault points offered here (``ledon.faults``), for crash tests:
 ``workflows.step.before_checkpoint`` (a step's work done, its checkpoint not yet
 committed), ``workflows.step.after_checkpoint``, ``workflows.timer.wake`` (a timer's
 checkpoint about to commit as fired). The store offers ``workflows.map.fan_in`` (an
-item's end about to commit), ``workflows.map.item_ended`` (committed, its run not
+item's end about to be written), ``workflows.map.item_ended`` (written, its run not
 yet woken) and ``workflows.signal.deliver``; the item jobs
 ``workflows.item.before_record``.
 """

@@ -113,7 +113,7 @@ def test_sigkill_around_an_inline_checkpoint_runs_no_recorded_step_again(workers
 @pytest.mark.parametrize(
     ("fault", "ran_again"),
     [
-        # An item's end about to commit: it rolls back, and its activity runs again.
+        # An item's end about to be written: not recorded, its activity runs again.
         ("workflows.map.fan_in@1:kill", 1),
         # One handler thread: the 20th item to end is the last, the one that wakes
         # the run.
