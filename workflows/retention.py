@@ -19,6 +19,7 @@ from django.db import DatabaseError, connections
 
 from . import store
 from .conf import workflows_settings
+from .engine import current_time
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +65,6 @@ class RetentionThread(threading.Thread):
         keep = settings.RETENTION_SECONDS
         if keep is None:
             return False
-        from .engine import current_time
-
         try:
             count = store.purge_finished(older_than=current_time() - timedelta(seconds=keep))
         except DatabaseError:
