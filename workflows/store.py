@@ -438,20 +438,52 @@ def _wake_parent(run: WorkflowRun, now: datetime) -> None:
 # -- items -------------------------------------------------------------------------
 
 
+#: What an item's try reads back from the statement that counts it.
+_ITEM_STARTED = (
+    "id",
+    "step_id",
+    "index",
+    "status",
+    "attempts",
+    "args_json",
+    "error_type",
+    "error",
+    "job_id",
+)
+
+
 def start_item(item_pk: int, now: datetime) -> WorkflowItem | None:
     """Count a try of an item that has not ended; None if it ended (a replayed job:
     its worker may have been killed after the item's end committed and before the
-    fan-in check, so the check is made again here)."""
-    # One guarded statement, its own transaction: only this item's job writes the row
-    # while it runs, so the read after it sees what it wrote.
-    started = WorkflowItem.objects.filter(pk=item_pk, status=StepStatus.RUNNING).update(
-        attempts=F("attempts") + 1, started_at=now
+    fan-in check, so the check is made again here).
+
+    One guarded ``UPDATE … RETURNING``, its own transaction: every item of a map
+    pays for it, so it is one round trip (only this item's job writes the row while
+    it runs).
+    """
+    connection = transaction.get_connection(alias())
+    ops = connection.ops
+    table = ops.quote_name(WorkflowItem._meta.db_table)
+    columns = ", ".join(ops.quote_name(name) for name in _ITEM_STARTED)
+    sql = (
+        f"UPDATE {table} SET {ops.quote_name('attempts')} = {ops.quote_name('attempts')} + 1,"
+        f" {ops.quote_name('started_at')} = %s"
+        f" WHERE {ops.quote_name('id')} = %s AND {ops.quote_name('status')} = %s"
+        f" RETURNING {columns}"
     )
-    if started:
-        return WorkflowItem.objects.select_related("step").get(pk=item_pk)
-    step = WorkflowStep.objects.filter(items__pk=item_pk).first()
-    if step is not None:
-        fan_in(step, now)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [ops.adapt_datetimefield_value(now), item_pk, StepStatus.RUNNING])
+        row = cursor.fetchone()
+    if row is not None:
+        item = WorkflowItem.__new__(WorkflowItem)
+        item.__dict__.update(zip(_ITEM_STARTED, row, strict=True))
+        item._state = ModelState()
+        item._state.adding = False
+        item._state.db = alias()
+        return item
+    step_id = WorkflowItem.objects.filter(pk=item_pk).values_list("step_id", flat=True).first()
+    if step_id is not None:
+        fan_in(step_id, now)
     return None
 
 
@@ -478,13 +510,14 @@ def end_item(
     )
     if ended:
         fault_point("workflows.map.item_ended", item=item.pk)
-    fan_in(item.step, now)
+    fan_in(item.step_id, now)
     return bool(ended)
 
 
-def fan_in(step: WorkflowStep, now: datetime) -> bool:
-    """After an item's end has committed: when no item of ``step`` is left running,
-    stage the advance that wakes its run. True if it did (or found it staged).
+def fan_in(step_id: int, now: datetime) -> bool:
+    """After an item's end has committed: when no item of step ``step_id`` is left
+    running, stage the advance that wakes its run. True if it did (or found it
+    staged).
 
     Every item makes this check after its own commit, so the last of several items
     that end at once sees them all ended; several may see it, and the wake's job id
@@ -492,17 +525,20 @@ def fan_in(step: WorkflowStep, now: datetime) -> bool:
     (its worker killed between that commit and this check) makes it again, so no
     wake-up is lost.
     """
-    if WorkflowItem.objects.filter(step_id=step.pk, status=StepStatus.RUNNING).exists():
+    if WorkflowItem.objects.filter(step_id=step_id, status=StepStatus.RUNNING).exists():
         return False  # the common answer, one index probe, no transaction
     with transaction.atomic(using=alias()):
+        step = WorkflowStep.objects.filter(pk=step_id).values_list("run_id", "key").first()
+        if step is None:
+            return False
         run = (
-            WorkflowRun.objects.filter(pk=step.run_id, status__in=RunStatus.unfinished())
+            WorkflowRun.objects.filter(pk=step[0], status__in=RunStatus.unfinished())
             .values_list("pk", "generation")
             .first()
         )
         if run is None:
             return False
-        wake(run[0], run[1], "items", step.key, now=now)
+        wake(run[0], run[1], "items", step[1], now=now)
     return True
 
 
@@ -542,15 +578,11 @@ def item_job_ended(job_id: str, item_pk: int, error: str, now: datetime) -> bool
     """An item's job ended Failed outside the activity's own code (no worker knew the
     activity, its attempts were spent on kills or timeouts): record the item Failed
     so its step can end. False if the item had ended."""
-    item = (
-        WorkflowItem.objects.select_related("step")
-        .filter(pk=item_pk, job_id=job_id, status=StepStatus.RUNNING)
-        .first()
-    )
+    item = WorkflowItem.objects.filter(pk=item_pk, job_id=job_id, status=StepStatus.RUNNING).first()
     if item is None:
-        step = WorkflowStep.objects.filter(items__pk=item_pk).first()
-        if step is not None:
-            fan_in(step, now)  # its end may have committed just before a kill
+        step_id = WorkflowItem.objects.filter(pk=item_pk).values_list("step_id", flat=True).first()
+        if step_id is not None:
+            fan_in(step_id, now)  # its end may have committed just before a kill
         return False
     return end_item(item, StepStatus.FAILED, now, error_type="ActivityJobFailed", error=error)
 
