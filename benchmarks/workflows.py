@@ -314,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--database-url", help="an existing PostgreSQL server to use")
     parser.add_argument("--no-dbos", action="store_true", help="leave DBOS Transact out")
+    parser.add_argument("--items", type=int, help="items of the map (default: 50 quick, 1000)")
+    parser.add_argument("--steps", type=int, help="checkpoints of the linear and replay runs")
     parser.add_argument("--dbos-part", help=argparse.SUPPRESS)  # internal: the child
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
@@ -323,6 +325,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick
         else {"steps": 1000, "items": 1000, "signals": 20}
     )
+    if args.items:
+        sizes["items"] = args.items
+    if args.steps:
+        sizes["steps"] = args.steps
     if args.dbos_part:
         print(json.dumps(dbos_part(args.dbos_part, sizes, runs)))
         return
@@ -343,6 +349,7 @@ def main(argv: list[str] | None = None) -> None:
             dbos_url = stack.enter_context(scratch_database(server, "dbos_wf_bench"))
             child = [sys.executable, "-m", "benchmarks.workflows", "--dbos-part", dbos_url]
             child += ["--quick"] if args.quick else ["--runs", str(runs)]
+            child += ["--items", str(sizes["items"]), "--steps", str(sizes["steps"])]
             output = subprocess.run(
                 child, cwd=ROOT, check=True, capture_output=True, text=True
             ).stdout

@@ -155,3 +155,45 @@ def test_dashboard_shows_a_known_workload_and_reloads_itself(page, live_server, 
     )
     assert page.locator("#dashboard-time").inner_text() != before
     assert [url for url in requests if not url.startswith(live_server.url)] == []
+
+
+def test_a_workflow_run_page_draws_the_run_in_a_browser(page):
+    """The shop's basket run, waiting for its payment, then finished: the run page
+    draws each checkpoint as a box in order, the map with its items' bar."""
+    from decimal import Decimal
+
+    from testproject.shop.models import Product
+    from testproject.shop.services import pay_basket, place_basket
+    from workflows.models import WorkflowRun
+    from workflows.testing import run_workflows_inline
+
+    Product.objects.create(sku="MUG-1", name="Mug", price=Decimal("12.50"), stock=10)
+    Product.objects.create(sku="TEE-1", name="Tee", price=Decimal("25.00"), stock=5)
+    basket = place_basket(
+        email="cy@example.com",
+        lines=[{"sku": "MUG-1", "quantity": 2}, {"sku": "TEE-1", "quantity": 1}],
+    )
+    run_workflows_inline()
+    run = WorkflowRun.objects.get(run_id=basket.number)
+
+    page.goto(f"/admin/login/?next=/admin/workflows/workflowrun/{run.pk}/change/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "password")
+    page.click("input[type=submit]")
+    page.wait_for_selector("svg .wf-node")
+    keys = page.eval_on_selector_all("svg .wf-node", "nodes => nodes.map(n => n.dataset.key)")
+    assert keys == ["reserve", "price", "total", "paid"]
+    assert page.locator("svg .wf-waiting").count() == 1
+    # The run's picture, not the admin's own icons (the theme toggle's come first).
+    assert "waiting: signal paid" in page.text_content("svg.wf-picture")
+    _shot(page, "workflow-run-waiting")
+
+    pay_basket(basket.number, card="4242")
+    run_workflows_inline()
+    page.reload()
+    page.wait_for_selector("svg .wf-node[data-key=ship]")
+    assert page.locator("svg .wf-succeeded").count() == 5
+    # The child's box links to the child run's own page.
+    page.click("svg .wf-node[data-key=ship] a")
+    page.wait_for_selector("svg .wf-node[data-key=label]")
+    _shot(page, "workflow-run-finished-child")

@@ -19,7 +19,8 @@ Modules:
 - ``observability`` (``hooks``, ``metrics``, ``reads``) — spans and signals, and the optional
   Prometheus layer (``WORKFLOWS["TRACING"]``, ``WORKFLOWS["METRICS"]``).
 - ``testing`` — run workflows to completion in your tests, with a movable clock.
-- ``manage.py purge_workflows`` — delete finished runs past the retention.
+- ``retention`` — every ``run_jobs`` worker deletes finished runs past the retention;
+  ``manage.py purge_workflows`` does it on demand.
 
 Public names are imported lazily so that listing ``"workflows"`` in
 ``INSTALLED_APPS`` never imports models before the app registry is ready.

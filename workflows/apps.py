@@ -24,3 +24,10 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
         from .engine import on_attempt_finished
 
         attempt_finished.connect(on_attempt_finished, dispatch_uid="workflows.item_job_ended")
+        # Every worker deletes finished runs past their retention on a time basis.
+        from jobs.signals import worker_started, worker_stopping
+
+        from .retention import on_worker_started, on_worker_stopping
+
+        worker_started.connect(on_worker_started, dispatch_uid="workflows.retention")
+        worker_stopping.connect(on_worker_stopping, dispatch_uid="workflows.retention")

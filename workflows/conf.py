@@ -12,8 +12,10 @@ from .exceptions import WorkflowsConfigurationError
 @dataclass(frozen=True, slots=True)
 class WorkflowsSettings:
     #: Seconds a finished run (with its checkpoints, items and signals) is kept before
-    #: the hourly retention job deletes it; ``None`` keeps finished runs for ever.
+    #: every worker's retention deletes it; ``None`` keeps finished runs for ever.
     RETENTION_SECONDS: float | None = 30 * 86_400
+    #: Seconds between two retention passes in each ``run_jobs`` worker.
+    CLEANUP_INTERVAL: float = 300.0
     #: Runs deleted per statement batch by retention (bounded work per transaction).
     RETENTION_BATCH: int = 500
     #: Seconds before the second try of a failed step; doubled for each further try.
@@ -36,6 +38,11 @@ def _check(result: WorkflowsSettings) -> None:
     if retention is not None and (not is_number(retention) or retention <= 0):
         raise WorkflowsConfigurationError(
             f"WORKFLOWS['RETENTION_SECONDS'] must be a positive number or None, got {retention!r}"
+        )
+    if not is_number(result.CLEANUP_INTERVAL) or result.CLEANUP_INTERVAL <= 0:
+        raise WorkflowsConfigurationError(
+            "WORKFLOWS['CLEANUP_INTERVAL'] must be a positive number of seconds, "
+            f"got {result.CLEANUP_INTERVAL!r}"
         )
     for key in ("STEP_RETRY_DELAY", "STEP_RETRY_MAX_DELAY"):
         value = getattr(result, key)

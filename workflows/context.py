@@ -14,8 +14,10 @@ its checkpoint commit together or not at all.
 Fault points offered here (``ledon.faults``), for crash tests:
 ``workflows.step.before_checkpoint`` (a step's work done, its checkpoint not yet
 committed), ``workflows.step.after_checkpoint``, ``workflows.timer.wake`` (a timer's
-checkpoint about to commit as fired). The store offers ``workflows.map.fan_in`` and
-``workflows.signal.deliver``; the item jobs ``workflows.item.before_record``.
+checkpoint about to commit as fired). The store offers ``workflows.map.fan_in`` (an
+item's end about to be written), ``workflows.map.item_ended`` (written, its run not
+yet woken) and ``workflows.signal.deliver``; the item jobs
+``workflows.item.before_record``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 
 from ledon.errors import storable_text
 from ledon.faults import fault_point
@@ -241,6 +243,7 @@ class WorkflowContext:
         started = time.monotonic()
         self._deadline = None if timeout is None else started + timeout
         attributes: dict[str, AttributeValue] = {"workflow.step": key, "workflow.try": tries}
+        recording = False
         try:
             with (
                 hooks.workflows_tracer().span("workflow.step", attributes=attributes),
@@ -250,6 +253,7 @@ class WorkflowContext:
                 result_json = validation.to_json(value, f"the result of step {key!r}")
                 if timeout is not None and time.monotonic() - started > timeout:
                     raise TimeoutError(f"step {key!r} ran longer than its timeout of {timeout:g} s")
+                recording = True
                 fault_point("workflows.step.before_checkpoint", run=self._run.pk, key=key)
                 now = self._now()
                 # The fence last: the run row stays unlocked while the step works.
@@ -276,7 +280,16 @@ class WorkflowContext:
                     raise Stop(cancelled=False)
         except (Stop, Suspend):
             raise
+        except (OperationalError, InterfaceError):
+            # The connection failed (an outage, or a COMMIT whose reply was lost: it
+            # may have committed): not the step's fault. The advance fails and is
+            # tried again; its replay finds the checkpoint recorded, or runs the try
+            # again if it was not.
+            raise
         except Exception as exc:
+            if recording and isinstance(exc, DatabaseError):
+                raise  # the fence or the checkpoint's own write: the same
+            # The step's own error (its writes rolled back with it): a failed try.
             self._deadline = None
             self._step_ended(StepKind.STEP, "failed", started)
             return self._failed_try(key, step, tries, retries, exc)
@@ -365,7 +378,6 @@ class WorkflowContext:
                     StepStatus.SUCCEEDED if done else StepStatus.RUNNING,
                     now,
                     item_count=len(args),
-                    remaining=len(args),
                     result_json="[]" if done else None,
                 )
                 if not done:
@@ -379,10 +391,9 @@ class WorkflowContext:
             return result if kind == StepKind.MAP else [result]
         if step.status == StepStatus.FAILED:
             raise StepFailed(checked, step.error_type, step.error)
-        step.refresh_from_db(fields=["remaining", "status"])
-        if step.remaining > 0:
-            ended = step.item_count - step.remaining
-            raise Suspend(f"{ended} of {step.item_count} items")
+        left = store.items_left(step)
+        if left > 0:
+            raise Suspend(f"{step.item_count - left} of {step.item_count} items")
         return self._fan_in(checked, kind, step)
 
     def _fan_in(self, key: str, kind: StepKind, step: WorkflowStep) -> list[Any]:

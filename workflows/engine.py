@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError
 from django.utils import timezone
 
 from jobs.context import JobContext
@@ -125,7 +125,7 @@ def _replay(driver: store.Driver, spec: registry.WorkflowSpec) -> Advanced | Non
     except StepFailed as exc:
         failed = ctx.nondeterminism or exc
         return _fail(driver, failed, failed.key)
-    except DatabaseError:
+    except (DatabaseError, InterfaceError):
         # An outage, not the body's fault: the advance job fails and is tried again
         # (the run stays with this job, which takes it back when it runs again).
         raise

@@ -104,9 +104,9 @@ class WorkflowStep(models.Model):
     error = models.TextField(blank=True, default="")
     #: A timer's wake time, a signal wait's deadline, or a step's next try.
     wake_at = models.DateTimeField(null=True, blank=True)
-    #: A map's (or activity's) item count and how many have not ended yet.
+    #: A map's (or activity's) item count. Items end on their own rows only (no
+    #: shared counter to contend on); the items left are counted from them.
     item_count = models.PositiveIntegerField(default=0)
-    remaining = models.PositiveIntegerField(default=0)
     child = models.ForeignKey(
         WorkflowRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -142,6 +142,15 @@ class WorkflowItem(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["step", "index"], name="workflows_item_identity"),
+        ]
+        indexes = [
+            # Every item's end asks whether any item of its step is still running:
+            # one short index probe, however large the map.
+            models.Index(
+                fields=["step"],
+                condition=models.Q(status=StepStatus.RUNNING),
+                name="workflows_item_running",
+            ),
         ]
         verbose_name = "workflow map item"
 

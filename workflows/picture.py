@@ -199,8 +199,9 @@ def layout(
         start = (step.started_at - begin).total_seconds()
         stop = ((step.finished_at or now) - begin).total_seconds()
         x = BOX_X + 12 + line_width * min(max(start / span, 0.0), 1.0)
-        width = max(line_width * max(stop - start, 0.0) / span, 2.0)
-        width = min(width, BOX_X + 12 + line_width - x) or 2.0
+        # At least a visible mark: a 2 px sliver with rounded ends read as a stray comma.
+        width = min(max(line_width * max(stop - start, 0.0) / span, 6.0), line_width)
+        x = min(x, BOX_X + 12 + line_width - width)  # a late mark stays on the line
         nodes.append(
             Node(
                 y=y,

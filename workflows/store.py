@@ -11,7 +11,8 @@ typed error. Nothing else in the app writes to the workflows tables.
     suspend ................... RUNNING (token, no wake pending) -> WAITING (what for,
                                 until when); a pending wake: replay again
     finish .................... RUNNING (token) -> SUCCEEDED | FAILED | CANCELLED
-    start_item / end_item ..... an item's tries; the last item to end wakes the run
+    start_item / end_item ..... an item's tries and its end (its own row only);
+    fan_in .................... after an item's end: none left running -> wake the run
     send_signal ............... (new signal); wakes the run if it may wait for it
     cancel .................... WAITING -> CANCELLED; RUNNING -> cancel requested
     resume .................... FAILED -> WAITING (failed checkpoints erased)
@@ -34,6 +35,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Q
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from jobs import store as job_store
@@ -74,6 +76,8 @@ ADVANCE_MAX_ATTEMPTS = 25
 #: Tries of an item job: an activity's own retries are counted on the item, so the
 #: job's tries only absorb kills and outages.
 ITEM_MAX_ATTEMPTS = 25
+#: The reserved scope of the advance jobs (see :func:`advance_scope_hash`).
+ADVANCE_SCOPE = "workflows"
 
 
 class StaleDriver(Exception):
@@ -82,13 +86,13 @@ class StaleDriver(Exception):
 
 
 def advance_scope_hash() -> str:
-    """The scope of the jobs that advance runs: one reserved scope for all of them.
+    """The scope of the jobs that advance runs: the reserved scope "workflows".
 
-    The one place that chooses it; when ``jobs.execution.reserved_scope`` exists this
-    becomes ``reserved_scope("workflows").scope_hash`` (reserved scopes hash in their
-    own namespace, so no tenant can collide with it).
+    The one place that chooses it. A reserved scope hashes in a namespace of its own,
+    so ``JobScope("workflows")`` is a tenant that can never see, cancel or retry these
+    jobs; trusted code reaches them with ``execution.reserved_scope("workflows")``.
     """
-    return job_validation.scope_hash("ledon.workflows.advance")
+    return job_validation.reserved_scope_hash(ADVANCE_SCOPE)
 
 
 def now_or(now: datetime | None) -> datetime:
@@ -275,7 +279,25 @@ def cancel_requested(run_pk: int) -> bool:
 
 
 def load_steps(run: WorkflowRun) -> dict[str, WorkflowStep]:
-    return {step.key: step for step in WorkflowStep.objects.filter(run=run).order_by("id")}
+    """The run's recorded checkpoints by key, read at the start of every advance.
+
+    A replay reads every checkpoint of the run, thousands for a long one: the rows
+    come as plain tuples and become model instances without ``Model.__init__`` (its
+    per-field work and init signals cost more than the query); they are the same
+    saved rows that ``from_db`` would build.
+    """
+    fields = [field.attname for field in WorkflowStep._meta.concrete_fields]
+    using = alias_for(WorkflowStep)
+    rows = WorkflowStep.objects.using(using).filter(run=run).order_by("id").values_list(*fields)
+    steps: dict[str, WorkflowStep] = {}
+    for row in rows:
+        step = WorkflowStep.__new__(WorkflowStep)
+        step.__dict__.update(zip(fields, row, strict=True))
+        step._state = ModelState()
+        step._state.adding = False
+        step._state.db = using
+        steps[step.key] = step
+    return steps
 
 
 def insert_step(
@@ -416,15 +438,53 @@ def _wake_parent(run: WorkflowRun, now: datetime) -> None:
 # -- items -------------------------------------------------------------------------
 
 
+#: What an item's try reads back from the statement that counts it.
+_ITEM_STARTED = (
+    "id",
+    "step_id",
+    "index",
+    "status",
+    "attempts",
+    "args_json",
+    "error_type",
+    "error",
+    "job_id",
+)
+
+
 def start_item(item_pk: int, now: datetime) -> WorkflowItem | None:
-    """Count a try of an item that has not ended; None if it ended (a replayed job)."""
-    with transaction.atomic(using=alias()):
-        started = WorkflowItem.objects.filter(pk=item_pk, status=StepStatus.RUNNING).update(
-            attempts=F("attempts") + 1, started_at=now
-        )
-        if not started:
-            return None
-        return WorkflowItem.objects.select_related("step__run").get(pk=item_pk)
+    """Count a try of an item that has not ended; None if it ended (a replayed job:
+    its worker may have been killed after the item's end committed and before the
+    fan-in check, so the check is made again here).
+
+    One guarded ``UPDATE … RETURNING``, its own transaction: every item of a map
+    pays for it, so it is one round trip (only this item's job writes the row while
+    it runs).
+    """
+    connection = transaction.get_connection(alias())
+    ops = connection.ops
+    table = ops.quote_name(WorkflowItem._meta.db_table)
+    columns = ", ".join(ops.quote_name(name) for name in _ITEM_STARTED)
+    sql = (
+        f"UPDATE {table} SET {ops.quote_name('attempts')} = {ops.quote_name('attempts')} + 1,"
+        f" {ops.quote_name('started_at')} = %s"
+        f" WHERE {ops.quote_name('id')} = %s AND {ops.quote_name('status')} = %s"
+        f" RETURNING {columns}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [ops.adapt_datetimefield_value(now), item_pk, StepStatus.RUNNING])
+        row = cursor.fetchone()
+    if row is not None:
+        item = WorkflowItem.__new__(WorkflowItem)
+        item.__dict__.update(zip(_ITEM_STARTED, row, strict=True))
+        item._state = ModelState()
+        item._state.adding = False
+        item._state.db = alias()
+        return item
+    step_id = WorkflowItem.objects.filter(pk=item_pk).values_list("step_id", flat=True).first()
+    if step_id is not None:
+        fan_in(step_id, now)
+    return None
 
 
 def end_item(
@@ -436,34 +496,55 @@ def end_item(
     error_type: str = "",
     error: str = "",
 ) -> bool:
-    """Record an item's end and count it off its step in one transaction; the item that
-    brings the count to zero wakes the run (once: the count reaches zero once, and the
-    wake's job id is the step's). False if the item had ended already."""
-    step = item.step
+    """Record an item's end (a guarded update of the item's own row, so items of one
+    map never wait on each other's locks), then :func:`fan_in`. False if the item
+    had ended already (nothing written; the check is made again all the same)."""
+    fault_point("workflows.map.fan_in", item=item.pk)
+    # One guarded statement, its own transaction (one round trip, one commit).
+    ended = WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
+        status=status,
+        result_json=result_json,
+        error_type=error_type,
+        error=storable_text(error),
+        finished_at=now,
+    )
+    if ended:
+        fault_point("workflows.map.item_ended", item=item.pk)
+    fan_in(item.step_id, now)
+    return bool(ended)
+
+
+def fan_in(step_id: int, now: datetime) -> bool:
+    """After an item's end has committed: when no item of step ``step_id`` is left
+    running, stage the advance that wakes its run. True if it did (or found it
+    staged).
+
+    Every item makes this check after its own commit, so the last of several items
+    that end at once sees them all ended; several may see it, and the wake's job id
+    (the step's) makes one job of them. An item job replayed after its item ended
+    (its worker killed between that commit and this check) makes it again, so no
+    wake-up is lost.
+    """
+    if WorkflowItem.objects.filter(step_id=step_id, status=StepStatus.RUNNING).exists():
+        return False  # the common answer, one index probe, no transaction
     with transaction.atomic(using=alias()):
-        ended = WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
-            status=status,
-            result_json=result_json,
-            error_type=error_type,
-            error=storable_text(error),
-            finished_at=now,
-        )
-        if not ended:
+        step = WorkflowStep.objects.filter(pk=step_id).values_list("run_id", "key").first()
+        if step is None:
             return False
-        WorkflowStep.objects.filter(pk=step.pk, remaining__gt=0).update(
-            remaining=F("remaining") - 1
+        run = (
+            WorkflowRun.objects.filter(pk=step[0], status__in=RunStatus.unfinished())
+            .values_list("pk", "generation")
+            .first()
         )
-        # The decrement above holds the step row's lock: this read sees its result.
-        remaining = WorkflowStep.objects.filter(pk=step.pk).values_list("remaining", flat=True)[0]
-        fault_point("workflows.map.fan_in", item=item.pk, remaining=remaining)
-        if remaining == 0:
-            run = step.run
-            generation = (
-                WorkflowRun.objects.filter(pk=run.pk).values_list("generation", flat=True).first()
-            )
-            if generation is not None:
-                wake(run.pk, generation, "items", step.key, now=now)
+        if run is None:
+            return False
+        wake(run[0], run[1], "items", step[1], now=now)
     return True
+
+
+def items_left(step: WorkflowStep) -> int:
+    """How many items of ``step`` have not ended."""
+    return WorkflowItem.objects.filter(step_id=step.pk, status=StepStatus.RUNNING).count()
 
 
 def release(job_id: str, now: datetime) -> bool:
@@ -497,12 +578,11 @@ def item_job_ended(job_id: str, item_pk: int, error: str, now: datetime) -> bool
     """An item's job ended Failed outside the activity's own code (no worker knew the
     activity, its attempts were spent on kills or timeouts): record the item Failed
     so its step can end. False if the item had ended."""
-    item = (
-        WorkflowItem.objects.select_related("step__run")
-        .filter(pk=item_pk, job_id=job_id, status=StepStatus.RUNNING)
-        .first()
-    )
+    item = WorkflowItem.objects.filter(pk=item_pk, job_id=job_id, status=StepStatus.RUNNING).first()
     if item is None:
+        step_id = WorkflowItem.objects.filter(pk=item_pk).values_list("step_id", flat=True).first()
+        if step_id is not None:
+            fan_in(step_id, now)  # its end may have committed just before a kill
         return False
     return end_item(item, StepStatus.FAILED, now, error_type="ActivityJobFailed", error=error)
 
@@ -696,15 +776,15 @@ def purge_finished(*, older_than: datetime, limit: int | None = None) -> int:
     """Delete up to ``limit`` top-level runs that finished before ``older_than``, with
     their checkpoints, items, signals and children; returns how many runs."""
     limit = limit or workflows_settings().RETENTION_BATCH
+    due = WorkflowRun.objects.finished_before(older_than).filter(parent__isnull=True)
+    # The look outside a transaction: a pass with nothing to delete (the usual one)
+    # takes no write lock (SQLite's IMMEDIATE transactions would).
+    ids = list(due.order_by("finished_at").values_list("pk", flat=True)[:limit])
+    if not ids:
+        return 0
     with transaction.atomic(using=alias()):
-        ids = list(
-            WorkflowRun.objects.finished_before(older_than)
-            .filter(parent__isnull=True)
-            .order_by("finished_at")
-            .values_list("pk", flat=True)[:limit]
-        )
-        if not ids:
-            return 0
+        # Re-checked under the transaction: a run resumed meanwhile is not finished.
+        ids = list(due.filter(pk__in=ids).values_list("pk", flat=True))
         WorkflowRun.objects.filter(pk__in=ids).delete()
     return len(ids)
 
@@ -742,8 +822,10 @@ def snapshot(run: WorkflowRun, *, created: bool = False, with_steps: bool = True
             for step in rows
         )
     waiting_for = run.waiting_for
-    if run.status == RunStatus.WAITING:
-        # Items end without waking the run: count them now.
+    if run.status == RunStatus.WAITING and waiting_for.endswith(" items"):
+        # Items end without waking the run: count them now. Only a run that waits for
+        # its items says so; a run waiting for a signal says that, whatever other
+        # checkpoint still has items out.
         for step in steps:
             if step.items is not None and step.status == StepStatus.RUNNING:
                 ended = step.items.total - step.items.running

@@ -1,6 +1,8 @@
 """Workflows driven by real ``run_jobs`` processes: a fan-in shared by several
-workers resumes its run exactly once, and a worker killed (SIGKILL) at each commit
-boundary of the engine loses nothing and repeats no recorded checkpoint."""
+workers resumes its run exactly once, a worker killed (SIGKILL) at each commit
+boundary of the engine loses nothing and repeats no recorded checkpoint, and a
+checkpoint whose commit reply is lost (PostgreSQL, behind the fault proxy) is
+recorded once."""
 
 from __future__ import annotations
 
@@ -8,12 +10,16 @@ import signal
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from jobs.models import Job
 from testproject.workflow_checks.models import Effect
-from tests.support.procs import ManageProcess, WorkerProcess, wait_until
+from tests.support.brokers import Processes
+from tests.support.cluster import Cluster, conninfo
+from tests.support.procs import ManageProcess, WorkerProcess, manage, wait_until
+from tests.support.proxy import FaultProxy
 from workflows import RunStatus, WorkflowScope, send_signal, start_workflow
 from workflows.models import WorkflowItem, WorkflowRun
 from workflows.store import ADVANCE_HANDLER
@@ -105,17 +111,22 @@ def test_sigkill_around_an_inline_checkpoint_runs_no_recorded_step_again(workers
 
 
 @pytest.mark.parametrize(
-    "fault",
+    ("fault", "ran_again"),
     [
-        "workflows.map.fan_in@1:kill",
-        # One handler thread: the 20th fan-in is the last item's, the one that wakes
+        # An item's end about to be written: not recorded, its activity runs again.
+        ("workflows.map.fan_in@1:kill", 1),
+        # One handler thread: the 20th item to end is the last, the one that wakes
         # the run.
-        "workflows.map.fan_in@20:kill",
+        ("workflows.map.fan_in@20:kill", 1),
+        # The last item's end committed, the run not yet woken: the item's job, run
+        # again, finds its item ended (no activity runs again) and wakes the run.
+        ("workflows.map.item_ended@20:kill", 0),
+        ("workflows.map.item_ended@1:kill", 0),
         # An activity's work done, its item not recorded yet.
-        "workflows.item.before_record@7:kill",
+        ("workflows.item.before_record@7:kill", 1),
     ],
 )
-def test_sigkill_in_the_fan_in_resumes_the_run_once(workers, fault):
+def test_sigkill_in_the_fan_in_resumes_the_run_once(workers, fault, ran_again):
     items = list(range(20))
     start_workflow(SCOPE, "kill-fan", "checks.fanout", {"items": items})
     kill_then_restart(workers, fault)
@@ -125,10 +136,11 @@ def test_sigkill_in_the_fan_in_resumes_the_run_once(workers, fault):
     assert advance_jobs("kill-fan") == ["items", "start"]
     assert effects("kill-fan") == {"total": 1}
     assert set(WorkflowItem.objects.values_list("status", flat=True)) == {"succeeded"}
-    # The killed item's activity ran again (activities run at least once); no other.
+    # The killed item's activity ran again if its end had not committed (activities
+    # run at least once); no other.
     ran = effects("kill-fan", "activity")
     assert set(ran) == {str(n) for n in items}
-    assert sum(ran.values()) == len(items) + 1
+    assert sum(ran.values()) == len(items) + ran_again
 
 
 def test_sigkill_as_a_timer_fires_fires_it_once(workers):
@@ -188,3 +200,101 @@ def test_a_running_activity_sees_its_run_cancelled_through_its_job_context(worke
     assert list(
         Job.objects.filter(handler="checks.until_cancelled").values_list("status", flat=True)
     ) == ["cancelled"]
+
+
+#: A worker behind the fault proxy: statements not prepared, so that each one's text
+#: crosses the proxy where it is recognised; short leases and recovery.
+AMBIGUOUS = {
+    "JOBS_LEASE_SECONDS": "4",
+    "JOBS_HEARTBEAT_SECONDS": "1",
+    "JOBS_RECOVERY_INTERVAL": "1",
+    "JOBS_SCHEDULER": "false",
+    "JOBS_PREPARED_STATEMENTS": "false",
+    "SAGAS_RECOVER_IN_WORKER": "false",
+    "LEDON_ROUND_TRIP_DEADLINE": "2",
+}
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    server = Cluster()
+    manage(server.url, "migrate", "-v", "0", env=AMBIGUOUS)
+    yield server
+    server.stop()
+
+
+def rows(cluster: Cluster, sql: str) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(conninfo(cluster.url)) as conn:
+        return conn.execute(sql).fetchall()
+
+
+@pytest.mark.postgres_only
+@pytest.mark.timeout(300)
+def test_an_inline_checkpoint_whose_commit_reply_is_lost_is_recorded_once(cluster, tmp_path):
+    """The server commits an inline step's writes with its checkpoint, and the reply
+    never reaches the worker: it cannot tell whether they happened. The advance job
+    is tried again, the replay finds the checkpoint recorded, and the run finishes
+    with each step's writes and checkpoint recorded once."""
+    manage(
+        cluster.url, "shell", "-c",
+        "from workflows import start_workflow\n"
+        f"start_workflow({SCOPE!r}, 'amb-1', 'checks.linear', {{'start': 3}})\n",
+        env=AMBIGUOUS,
+    )  # fmt: skip
+    procs = Processes(tmp_path)
+    with FaultProxy(cluster.port) as proxy:
+        # The COMMIT of the transaction that recorded the first inline checkpoint.
+        proxy.drop_reply(b"COMMIT", after=b'INSERT INTO "workflows_workflowstep"')
+        try:
+            worker = procs.start(
+                "run_jobs", "--worker-id", "w-amb", "--concurrency", "1",
+                env=AMBIGUOUS, database_url=proxy.url(cluster.url),
+            )  # fmt: skip
+            worker.wait_until(proxy.reply_dropped.is_set, "the checkpoint's commit reply to drop")
+            status = "SELECT status FROM workflows_workflowrun WHERE run_id = 'amb-1'"
+            wait_until(lambda: cluster.value(status) == "succeeded", 120, "the run to end", worker)
+            assert worker.terminate() == 0, worker.output
+        finally:
+            procs.close()
+        assert proxy.stats.replies_dropped == 1
+    effects = "SELECT key, count(*) FROM workflow_checks_effect WHERE run_id = 'amb-1' GROUP BY key"
+    assert dict(rows(cluster, effects)) == {"a": 1, "b": 1}
+    steps = (
+        "SELECT s.key, s.status, s.result_json FROM workflows_workflowstep s"
+        " JOIN workflows_workflowrun r ON r.id = s.run_id WHERE r.run_id = 'amb-1' ORDER BY s.id"
+    )
+    assert rows(cluster, steps) == [("a", "succeeded", "3"), ("b", "succeeded", "4")]
+
+
+@pytest.mark.postgres_only
+def test_a_signal_wakes_its_waiting_run_through_notify_not_the_poll(workers):
+    """The advance a signal queues is announced by NOTIFY at its commit: with a poll
+    far longer than the test's bound, only that wake-up can make the run go on."""
+    start_workflow(SCOPE, "notify-1", "checks.signals", {})
+    # An idle worker sleeps until the first of its poll, heartbeat and recovery
+    # intervals, all far past the test's bound here, or until a NOTIFY wakes it.
+    quiet = {
+        "JOBS_POLL_INTERVAL": "600",
+        "JOBS_RECOVERY_INTERVAL": "600",
+        "JOBS_LEASE_SECONDS": "1800",
+        "JOBS_HEARTBEAT_SECONDS": "600",
+    }
+    worker = workers(env=quiet)
+    wait_until(
+        lambda: WorkflowRun.objects.get(run_id="notify-1").waiting_for == "signal approved",
+        60,
+        "the run to wait for its signal",
+        worker,
+    )
+    assert send_signal(SCOPE, "notify-1", "approved", {"by": "ops"}) == "delivered"
+    wait_until(
+        lambda: WorkflowScope(SCOPE).get("notify-1").status == RunStatus.SUCCEEDED,
+        60,
+        "the signalled run to finish",
+        worker,
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+    assert effects("notify-1") == {"after": 1}

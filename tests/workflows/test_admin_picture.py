@@ -76,9 +76,7 @@ def order_run() -> WorkflowRun:
         result_json=json.dumps({"reserved": True}),
         finished_at=run.created_at + timedelta(seconds=9),
     )
-    priced = _step(
-        run, "price", StepKind.MAP, StepStatus.RUNNING, item_count=5, remaining=2, attempts=0
-    )
+    priced = _step(run, "price", StepKind.MAP, StepStatus.RUNNING, item_count=5, attempts=0)
     for index, status in enumerate(["succeeded"] * 3 + ["failed", "running"]):
         WorkflowItem.objects.create(
             step=priced,

@@ -16,7 +16,7 @@ class Command(BaseCommand):
     help = (
         "Delete runs that finished more than WORKFLOWS['RETENTION_SECONDS'] ago (or "
         "--older-than seconds), with their checkpoints, items, signals and children, "
-        "in bounded batches. Workers also do this as runs finish."
+        "in bounded batches. Every run_jobs worker also does this on a time basis."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

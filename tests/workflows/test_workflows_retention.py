@@ -1,0 +1,64 @@
+"""Every ``run_jobs`` worker deletes finished runs past their retention on a time
+basis: at start-up, then every ``WORKFLOWS["CLEANUP_INTERVAL"]``, draining a backlog
+batch after batch, and stops with the worker."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs.signals import worker_started, worker_stopping
+from jobs.worker import Worker
+from workflows import RunStatus, start_workflow
+from workflows.models import WorkflowRun
+from workflows.retention import on_worker_started, on_worker_stopping, thread_of
+from workflows.testing import run_workflow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SCOPE = "tenant-retention"
+
+
+def finished_runs(count: int, *, days_ago: float) -> None:
+    for index in range(count):
+        run_id = f"old-{days_ago}-{index}"
+        start_workflow(SCOPE, run_id, "checks.linear", {"start": index})
+        assert run_workflow(SCOPE, run_id).status == RunStatus.SUCCEEDED
+        WorkflowRun.objects.filter(run_id=run_id).update(
+            finished_at=timezone.now() - timedelta(days=days_ago)
+        )
+
+
+def test_a_worker_deletes_finished_runs_past_retention_and_keeps_the_rest(settings):
+    settings.WORKFLOWS = {"RETENTION_SECONDS": 86_400, "RETENTION_BATCH": 2}
+    finished_runs(5, days_ago=3)  # a backlog of three batches
+    finished_runs(1, days_ago=0.5)  # within retention
+    start_workflow(SCOPE, "unfinished", "checks.signals", {})
+    worker = object()
+    on_worker_started(Worker, worker=worker)
+    thread = thread_of(worker)
+    assert thread is not None
+    assert thread.caught_up.wait(30)
+    on_worker_stopping(Worker, worker=worker)
+    assert not thread.is_alive()
+    assert thread.purged == 5
+    assert thread.passes == 3  # two full batches, then a short one: then it waits
+    assert sorted(WorkflowRun.objects.values_list("run_id", flat=True)) == [
+        "old-0.5-0",
+        "unfinished",
+    ]
+
+
+def test_no_retention_means_no_thread(settings):
+    settings.WORKFLOWS = {"RETENTION_SECONDS": None}
+    worker = object()
+    on_worker_started(Worker, worker=worker)
+    assert thread_of(worker) is None
+    on_worker_stopping(Worker, worker=worker)
+
+
+def test_every_worker_starts_and_stops_it():
+    for signal in (worker_started, worker_stopping):
+        assert "workflows.retention" in {key[0] for key, *_ in signal.receivers}
