@@ -180,6 +180,7 @@ def test_a_row_another_transaction_holds_is_skipped_not_waited_for() -> None:
     """Retention never waits on the engines' statements: a parked message an operator
     is redelivering at that moment (its row locked) is left to the next clean-up."""
     import psycopg
+
     from tests.support.procs import database_url
 
     parked = stage(2)
