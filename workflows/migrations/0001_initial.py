@@ -68,7 +68,6 @@ class Migration(migrations.Migration):
                 ('error', models.TextField(blank=True, default='')),
                 ('wake_at', models.DateTimeField(blank=True, null=True)),
                 ('item_count', models.PositiveIntegerField(default=0)),
-                ('remaining', models.PositiveIntegerField(default=0)),
                 ('started_at', models.DateTimeField()),
                 ('finished_at', models.DateTimeField(blank=True, null=True)),
                 ('child', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='workflows.workflowrun')),
@@ -121,6 +120,10 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='workflowstep',
             constraint=models.UniqueConstraint(fields=('run', 'key'), name='workflows_step_identity'),
+        ),
+        migrations.AddIndex(
+            model_name='workflowitem',
+            index=models.Index(condition=models.Q(('status', 'running')), fields=['step'], name='workflows_item_running'),
         ),
         migrations.AddConstraint(
             model_name='workflowitem',
