@@ -269,9 +269,10 @@ def test_an_inline_checkpoint_whose_commit_reply_is_lost_is_recorded_once(cluste
 
 
 @pytest.mark.postgres_only
-def test_a_signal_wakes_its_waiting_run_through_notify_not_the_poll(workers):
-    """The advance a signal queues is announced by NOTIFY at its commit: with a poll
-    far longer than the test's bound, only that wake-up can make the run go on."""
+def test_a_signal_wakes_its_waiting_run_while_the_workers_poll_is_far_off(workers):
+    """A signal sent to a waiting run makes an idle worker go on with it although the
+    worker's poll, heartbeat and recovery intervals are all far past the test's bound
+    (the advance the signal queues is announced at its commit)."""
     start_workflow(SCOPE, "notify-1", "checks.signals", {})
     # An idle worker sleeps until the first of its poll, heartbeat and recovery
     # intervals, all far past the test's bound here, or until a NOTIFY wakes it.
@@ -280,6 +281,7 @@ def test_a_signal_wakes_its_waiting_run_through_notify_not_the_poll(workers):
         "JOBS_RECOVERY_INTERVAL": "600",
         "JOBS_LEASE_SECONDS": "1800",
         "JOBS_HEARTBEAT_SECONDS": "600",
+        "JOBS_SCHEDULER": "false",
     }
     worker = workers(env=quiet)
     wait_until(
