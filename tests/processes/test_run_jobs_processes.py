@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
-from jobs.monitoring.models import WorkerRecord
+from jobs.observability.models import WorkerRecord
 
 from jobs import JobStatus, JobSubmission, submit_job
 from jobs.models import Job, JobAttempt
