@@ -1,6 +1,6 @@
 WITH done AS
   (SELECT *
-   FROM unnest(%(tokens)s::text[], %(outcomes)s::text[], %(results)s::text[], %(errors)s::text[]) AS d(token, outcome, result_ref, error)),
+   FROM unnest(%(tokens)s::text[], %(outcomes)s::text[], %(results)s::text[], %(errors)s::text[], %(summaries)s::text[]) AS d(token, outcome, result_ref, error, summary)),
      orphans AS
   (SELECT done.token
    FROM done
@@ -24,7 +24,7 @@ WITH done AS
                                  WHEN j.cancel_requested THEN NULL
                                  ELSE done.result_ref
                              END,
-                             error = done.error,
+                             error = done.summary,
                              finished_at = %(now)s,
                              updated_at = %(now)s,
                              current_token = NULL,

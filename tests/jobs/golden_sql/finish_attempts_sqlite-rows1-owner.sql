@@ -1,8 +1,9 @@
-WITH done(token, outcome, result_ref, error) AS (
-                                                 VALUES (%(token_0)s,
-                                                         %(outcome_0)s,
-                                                         %(result_ref_0)s,
-                                                         %(error_0)s))
+WITH done(token, outcome, result_ref, error, summary) AS (
+                                                          VALUES (%(token_0)s,
+                                                                  %(outcome_0)s,
+                                                                  %(result_ref_0)s,
+                                                                  %(error_0)s,
+                                                                  %(summary_0)s))
 UPDATE jobs_jobattempt AS a
 SET status = CASE
                  WHEN j.cancel_requested

@@ -1,8 +1,9 @@
-WITH done(token, outcome, result_ref, error) AS (
-                                                 VALUES (%(token_0)s,
-                                                         %(outcome_0)s,
-                                                         %(result_ref_0)s,
-                                                         %(error_0)s))
+WITH done(token, outcome, result_ref, error, summary) AS (
+                                                          VALUES (%(token_0)s,
+                                                                  %(outcome_0)s,
+                                                                  %(result_ref_0)s,
+                                                                  %(error_0)s,
+                                                                  %(summary_0)s))
 UPDATE jobs_job AS j
 SET status = CASE
                  WHEN j.cancel_requested THEN 'cancelled'
@@ -12,7 +13,7 @@ SET status = CASE
                               WHEN j.cancel_requested THEN NULL
                               ELSE done.result_ref
                           END,
-                          error = done.error,
+                          error = done.summary,
                           finished_at = %(now)s,
                           updated_at = %(now)s,
                           current_token = NULL,

@@ -1,14 +1,17 @@
-WITH done(token, outcome, result_ref, error) AS (
-                                                 VALUES (%(token_0)s,
-                                                         %(outcome_0)s,
-                                                         %(result_ref_0)s,
-                                                         %(error_0)s), (%(token_1)s,
-                                                                        %(outcome_1)s,
-                                                                        %(result_ref_1)s,
-                                                                        %(error_1)s), (%(token_2)s,
-                                                                                       %(outcome_2)s,
-                                                                                       %(result_ref_2)s,
-                                                                                       %(error_2)s))
+WITH done(token, outcome, result_ref, error, summary) AS (
+                                                          VALUES (%(token_0)s,
+                                                                  %(outcome_0)s,
+                                                                  %(result_ref_0)s,
+                                                                  %(error_0)s,
+                                                                  %(summary_0)s), (%(token_1)s,
+                                                                                   %(outcome_1)s,
+                                                                                   %(result_ref_1)s,
+                                                                                   %(error_1)s,
+                                                                                   %(summary_1)s), (%(token_2)s,
+                                                                                                    %(outcome_2)s,
+                                                                                                    %(result_ref_2)s,
+                                                                                                    %(error_2)s,
+                                                                                                    %(summary_2)s))
 UPDATE jobs_job AS j
 SET status = CASE
                  WHEN j.cancel_requested THEN 'cancelled'
@@ -18,7 +21,7 @@ SET status = CASE
                               WHEN j.cancel_requested THEN NULL
                               ELSE done.result_ref
                           END,
-                          error = done.error,
+                          error = done.summary,
                           finished_at = %(now)s,
                           updated_at = %(now)s,
                           current_token = NULL,
