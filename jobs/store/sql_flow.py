@@ -332,7 +332,7 @@ SNOOZE_JOB = (
     " AND snooze_count < %(max_snoozes)s RETURNING id, queue"
 )
 
-#: J17: why a snooze of the job Running under ``token`` did not happen: its cancel
+#: Why a snooze of the job Running under ``token`` did not happen: its cancel
 #: flag and snooze count, with its handler (no row: the token is stale).
 SNOOZE_REFUSED = (
     f"SELECT cancel_requested, snooze_count, handler FROM {JOB}"
