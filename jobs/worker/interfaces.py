@@ -21,9 +21,6 @@ from ..conf import JobsSettings
 from ..types import Claim, FinishOutcome
 from .holdings import Holdings, WorkerStats
 
-#: The reason stored on a claim released before its handler started.
-NEVER_STARTED = "released: never started, the worker shut down"
-
 
 class FinisherInterface(Protocol):
     """What :class:`~jobs.worker.finishing.Finisher` offers the other parts."""
@@ -48,14 +45,7 @@ class SlotsInterface(Protocol):
 
     def take_waiting(self) -> list[Claim]: ...
 
-    def give_back(
-        self,
-        claim: Claim,
-        reason: str = NEVER_STARTED,
-        detail: str = "never started: the worker is shutting down",
-        *,
-        on_main_loop: bool = False,
-    ) -> bool: ...
+    def give_back(self, claim: Claim, *, on_main_loop: bool = False) -> bool: ...
 
     def release(self, claim: Claim) -> None: ...
 
@@ -168,14 +158,7 @@ class WorkerInterface(Protocol):
     # The engine's database steps.
     def guarded[T](self, what: str, call: Callable[[], T]) -> T | Failed: ...
 
-    def retry_database[T](
-        self,
-        what: str,
-        call: Callable[[], T],
-        *,
-        until: threading.Event | None = None,
-        attempts: int = 4,
-    ) -> T: ...
+    def retry_database[T](self, what: str, call: Callable[[], T]) -> T: ...
 
     def database_failed(self, what: str, exc: Exception) -> float: ...
 

@@ -19,7 +19,8 @@ from ledon.db import DATABASE_ERRORS
 from ledon.engine import StopLevel
 
 from .. import execution
-from .interfaces import NEVER_STARTED, WorkerInterface
+from .interfaces import WorkerInterface
+from .slots import NEVER_STARTED
 
 logger = logging.getLogger("jobs.worker")
 

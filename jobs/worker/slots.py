@@ -30,12 +30,12 @@ from ..attempts import Ending, run_attempt
 from ..handlers import HandlerSpec, JobContext
 from ..observability.log_fields import attempt_fields
 from ..types import Claim
-from .interfaces import NEVER_STARTED, WorkerInterface
+from .interfaces import WorkerInterface
 
 logger = logging.getLogger("jobs.worker")
 
 #: The reason stored on a claim released before its handler started.
-
+NEVER_STARTED = "released: never started, the worker shut down"
 #: The reason stored on a look-ahead claim that waited too long for a slot.
 LOOKED_AHEAD_TOO_LONG = "released: waited too long for a slot of its worker"
 
