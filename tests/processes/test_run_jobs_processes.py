@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
-from jobs.observability.models import WorkerRecord
 
 from jobs import JobStatus, JobSubmission, submit_job
 from jobs.models import Job, JobAttempt
+from jobs.observability.models import WorkerRecord
 from jobs.supervisor import MAX_PROCESSES
 from jobs.types import AttemptStatus
 from tests.support.procs import WorkerProcess, wait_until
