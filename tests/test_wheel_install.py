@@ -34,7 +34,16 @@ from tests.support.procs import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel"), pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "jobs", "outbox", "sagas", "ledon")
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "jobs",
+    "outbox",
+    "sagas",
+    "workflows",
+    "ledon",
+)
 
 
 def _run(*args: str | Path, cwd: Path | None = None, timeout: float = 300) -> str:

@@ -178,5 +178,5 @@ def test_the_command_reports_and_rejects_bad_arguments():
     assert all_delivered()
     with pytest.raises(CommandError, match="--batch-size"):
         call_command("dispatch_outbox", "--batch-size", "0")
-    with pytest.raises(CommandError, match="dispatcher id"):
+    with pytest.raises(CommandError, match="--dispatcher-id must not be empty"):
         call_command("dispatch_outbox", "--dispatcher-id", "")
