@@ -98,10 +98,22 @@ def broker(kind: str) -> Broker:
     return found
 
 
-def _find_or_start(kind: str) -> Broker | str:
+def require_client(kind: str) -> None:
+    """Skip (fail in CI) unless the client of broker ``kind`` is installed."""
+    if (missing := _missing_client(kind)) is not None:
+        unavailable(missing)
+
+
+def _missing_client(kind: str) -> str | None:
     if importlib.util.find_spec(CLIENTS[kind]) is None:
-        # The processes under test would refuse to start (a system check error).
         return f"{kind}: its client {CLIENTS[kind]!r} is not installed (the brokers-test extra)"
+    return None
+
+
+def _find_or_start(kind: str) -> Broker | str:
+    if (missing := _missing_client(kind)) is not None:
+        # The processes under test would refuse to start (a system check error).
+        return missing
     address = os.environ.get(ENV_NAMES[kind])
     if address:
         directory = os.environ.get("BROKERS_DIR")
