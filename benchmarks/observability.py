@@ -67,11 +67,11 @@ HISTORY = {
         "INSERT INTO sagas_sagainstance (instance_id, name, idempotency_key, steps,"
         " completed_steps, compensated_steps, uncompensated_steps, data, status, failed_step,"
         " error, compensation_error, leased_by, leased_until, version, takeovers, created_at,"
-        " updated_at, finished_at)"
+        " updated_at, finished_at, request_digest)"
         " SELECT md5('saga' || g)::uuid, 'order-fulfilment', NULL, '[\"a\"]', '[\"a\"]', '[]',"
         " '[]', '{}', CASE WHEN g %% 100 = 0 THEN 'compensated' ELSE 'succeeded' END, '',"
         " '', '', '', NULL, 1, 0, now() - g * interval '2.6 s', now() - g * interval '2.6 s',"
-        " now() - g * interval '2.6 s' FROM generate_series(1, %s) AS g"
+        " now() - g * interval '2.6 s', '' FROM generate_series(1, %s) AS g"
     ),
 }
 
