@@ -78,7 +78,13 @@ def floor_loop(url: str, jobs: int) -> dict[str, Any]:
                 columns = {c.name: n for n, c in enumerate(cursor.description or ())}
             kind, token = columns["kind"], columns["token"]
             done = [
-                {"token": row[token], "outcome": "succeeded", "result_ref": None, "error": ""}
+                {
+                    "token": row[token],
+                    "outcome": "succeeded",
+                    "result_ref": None,
+                    "error": "",
+                    "summary": "",
+                }
                 for row in rows
                 if row[kind] == "claimed"
             ]

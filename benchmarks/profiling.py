@@ -206,7 +206,15 @@ def explain(url: str) -> dict[str, Any]:
         "limit": 1,
         **sql.finishing_params(
             "postgresql",
-            [{"token": claim.token, "outcome": "succeeded", "result_ref": None, "error": ""}],
+            [
+                {
+                    "token": claim.token,
+                    "outcome": "succeeded",
+                    "result_ref": None,
+                    "error": "",
+                    "summary": "",
+                }
+            ],
         ),
     }
     statement = sql.claim("postgresql", queues=0, one_job=False, finishing=True)
