@@ -14,7 +14,7 @@ Measurements (see ``benchmarks/README.md``):
    the scale-out curve (1, 2, 4, 8 processes at concurrency 8, lock waits sampled);
    a 5 ms handler at concurrency 16; and per job, each system's statements and WAL;
 6. flow control: burn-down at concurrency 16 with limits that never bind versus none
-   (ours only, J18).
+   (ours only).
 """
 
 from __future__ import annotations
@@ -807,7 +807,7 @@ def load_finished(rows: int) -> None:
 
 # --------------------------------------------------------------------------- flow control
 
-#: J18: the queue limits of each flow-control burn-down (``JOBS["QUEUES"]`` of the
+#: The queue limits of each flow-control burn-down (``JOBS["QUEUES"]`` of the
 #: workers, through ``BENCH_JOBS_QUEUES``). None binds at concurrency 16 in one
 #: process: they measure what keeping limits costs, not what limiting does.
 FLOW_VARIANTS: dict[str, dict[str, Any] | None] = {

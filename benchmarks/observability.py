@@ -1,4 +1,5 @@
-"""``python -m benchmarks.observability``: what SPEC M's observability costs.
+"""``python -m benchmarks.observability``: what observability (metrics, tracing, the
+workers registry) costs.
 
 On a throw-away PostgreSQL (fsync on), or the server ``--database-url`` names:
 

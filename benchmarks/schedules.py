@@ -1,4 +1,4 @@
-"""``python -m benchmarks.schedules``: what the schedules (J16) cost a worker.
+"""``python -m benchmarks.schedules``: what the schedules cost a worker.
 
 Two measurements with a real ``run_jobs`` process of the test project on a fresh
 database (SQLite file, or the PostgreSQL ``--database-url`` names):

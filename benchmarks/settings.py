@@ -42,7 +42,7 @@ JOBS: dict[str, Any] = {}
 # Variants of the worker's settings (harness: the asynchronous-commit burn-downs).
 if os.environ.get("BENCH_JOBS"):
     JOBS.update(json.loads(os.environ["BENCH_JOBS"]))
-# The flow-control burn-downs (harness.FLOW_VARIANTS): limits per queue (J18).
+# The flow-control burn-downs (harness.FLOW_VARIANTS): limits per queue.
 if os.environ.get("BENCH_JOBS_QUEUES"):
     JOBS["QUEUES"] = json.loads(os.environ["BENCH_JOBS_QUEUES"])
 

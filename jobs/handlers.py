@@ -85,7 +85,7 @@ class HandlerSpec:
     timeout: float | _Unset | None = field(default=_DEFAULT_TIMEOUT)
     #: Limits across every worker, for every version of this handler name.
     limits: Limits = field(default_factory=Limits)
-    #: J17: snoozes a job may take before its next one fails (None:
+    #: How many snoozes a job may take before its next one fails (None:
     #: ``JOBS["MAX_SNOOZES"]``).
     max_snoozes: int | None = field(default=None)
 

@@ -33,18 +33,22 @@ import json
 import logging
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import django
+from django.core.management import CommandError, call_command
 
 from ledon.backoff import Backoff
+
+if TYPE_CHECKING:
+    from .observability.supervisor_metrics import SupervisorMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +136,7 @@ class Supervisor:
         os.set_blocking(self._wake_w, False)
         #: Held open by the supervisor only; a child stops when it reads end-of-file.
         self._life_r, self._life_w = os.pipe()
-        self._metrics_dir: str | None = None
-        self.metrics_server: Any = None
+        self.metrics: SupervisorMetrics | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, write: Writer) -> Supervisor:
@@ -201,15 +204,15 @@ class Supervisor:
 
     def _spawn(self, child: _Child) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        if self._metrics_dir is not None:
-            env["PROMETHEUS_MULTIPROC_DIR"] = self._metrics_dir
+        if self.metrics is not None:
+            env["PROMETHEUS_MULTIPROC_DIR"] = self.metrics.directory
         options = {**self.worker_options, "worker_id": child.worker_id, "skip_checks": True}
         argv = [
             sys.executable,
             "-m",
             "jobs.supervisor",
             str(self._life_r),
-            json.dumps({"options": options, "metrics": self._metrics_dir is not None}),
+            json.dumps({"options": options, "metrics": self.metrics is not None}),
         ]
         child.process = subprocess.Popen(argv, env=env, pass_fds=(self._life_r,), process_group=0)
         child.started_at = self.clock()
@@ -230,7 +233,8 @@ class Supervisor:
             pid = child.process.pid
             child.process = None
             self.stats.exit_codes[child.worker_id] = code
-            self._forget_metrics_of(pid)
+            if self.metrics is not None:
+                self.metrics.forget(pid)
             if self.signals_received or (self.burst and code == 0):
                 child.done = True
                 continue
@@ -316,34 +320,18 @@ class Supervisor:
     def _start_metrics(self) -> None:
         if self.metrics_port is None:
             return
-        from prometheus_client import CollectorRegistry, start_http_server
-        from prometheus_client.multiprocess import MultiProcessCollector
+        # An optional layer (the [metrics] extra): loaded only for --metrics-port.
+        from .observability.supervisor_metrics import SupervisorMetrics
 
-        from ledon import metrics
-
-        self._metrics_dir = tempfile.mkdtemp(prefix="ledon-metrics-")
-        metrics.enable_all()  # the database gauges' sources
-        registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=self._metrics_dir)  # type: ignore[no-untyped-call]
-        registry.register(metrics.DatabaseCollector())
-        self.metrics_server, _thread = start_http_server(self.metrics_port, registry=registry)
+        self.metrics = SupervisorMetrics(self.metrics_port)
         self.write(
             f"supervisor {self.worker_id}: metrics on "
-            f"http://0.0.0.0:{self.metrics_server.server_port}/metrics (every worker's)"
+            f"http://0.0.0.0:{self.metrics.port}/metrics (every worker's)"
         )
 
-    def _forget_metrics_of(self, pid: int) -> None:
-        if self._metrics_dir is not None:
-            from prometheus_client.multiprocess import mark_process_dead
-
-            mark_process_dead(pid, self._metrics_dir)  # type: ignore[no-untyped-call]
-
     def _close(self) -> None:
-        if self.metrics_server is not None:
-            self.metrics_server.shutdown()
-            self.metrics_server.server_close()
-        if self._metrics_dir is not None:
-            shutil.rmtree(self._metrics_dir, ignore_errors=True)
+        if self.metrics is not None:
+            self.metrics.close()
         for fd in (self._wake_r, self._wake_w, self._life_r, self._life_w):
             os.close(fd)
 
@@ -377,15 +365,12 @@ def _stop_when_orphaned(life_fd: int) -> None:
 def child_main(argv: list[str]) -> None:
     """A worker process of the supervisor: ``run_jobs`` with the supervisor's options."""
     life_fd, spec = int(argv[0]), json.loads(argv[1])
-    import django
-
     django.setup()
     if spec["metrics"]:
-        from ledon import metrics
+        # An optional layer (the [metrics] extra), and it reads the apps: after setup.
+        from .observability.supervisor_metrics import enable_in_child
 
-        metrics.enable_all()
-    from django.core.management import CommandError, call_command
-
+        enable_in_child()
     _stop_when_orphaned(life_fd)
     try:
         call_command("run_jobs", **spec["options"])

@@ -11,7 +11,8 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -264,16 +265,13 @@ def _check_shape(value: Any, path: str) -> None:
 
 def serialise_payload(payload: Any, max_bytes: int) -> str:
     """The exact JSON text of ``payload``; it never changes after this call."""
-    try:
+    # A ValueError: an int too long to print (Python's digit limit), for one.
+    with _codec_errors(
+        nested="payload is nested too deeply to be stored as JSON",
+        invalid="payload cannot be encoded as JSON",
+    ):
         _check_shape(payload, "")
         text_ = _encode(payload)
-    except RecursionError:
-        raise InvalidPayload("payload is nested too deeply to be stored as JSON") from None
-    except ValueError as exc:
-        if isinstance(exc, InvalidPayload):
-            raise
-        # An int too long to print (Python's digit limit), for one.
-        raise InvalidPayload(f"payload cannot be encoded as JSON: {exc}") from None
     try:
         # ASCII text (known to the str at no cost) is one byte a character.
         size = len(text_) if text_.isascii() else len(text_.encode("utf-8"))
@@ -295,12 +293,24 @@ def check_payload_json(value: object, max_bytes: int) -> str:
         raise InvalidPayload("payload_json must be valid Unicode without NUL characters")
     if len(value.encode("utf-8")) > max_bytes:
         raise InvalidPayload(f"payload is larger than {max_bytes} bytes of JSON")
-    try:
+    with _codec_errors(
+        nested="payload_json is nested too deeply to be read back",
+        invalid="payload_json is not valid JSON",
+    ):
         json.loads(value, parse_constant=_reject_constant)
-    except RecursionError:
-        raise InvalidPayload("payload_json is nested too deeply to be read back") from None
-    except ValueError as exc:
-        if isinstance(exc, InvalidPayload):
-            raise
-        raise InvalidPayload(f"payload_json is not valid JSON: {exc}") from None
     return value
+
+
+@contextmanager
+def _codec_errors(*, nested: str, invalid: str) -> Iterator[None]:
+    """What the JSON codec refuses, as :class:`InvalidPayload`: ``nested`` for a
+    structure too deep, ``invalid: <why>`` for any other ``ValueError``. An
+    ``InvalidPayload`` raised inside (by this module's own checks) passes as it is."""
+    try:
+        yield
+    except RecursionError:
+        raise InvalidPayload(nested) from None
+    except InvalidPayload:
+        raise
+    except ValueError as exc:
+        raise InvalidPayload(f"{invalid}: {exc}") from None

@@ -9,7 +9,7 @@ is neither a positive number nor None.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -91,34 +91,30 @@ def sqlite_warnings(databases: Mapping[str, Mapping[str, Any]]) -> list[checks.C
     return messages
 
 
+def _setting_error(read: Callable[[], object], *, hint: str, id: str) -> list[checks.CheckMessage]:
+    """The error ``id`` if reading a setting with ``read`` refuses its value."""
+    try:
+        read()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), hint=hint, id=id)]
+    return []
+
+
 def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``ledon.E001``: ``LEDON_METRICS_TOKEN`` is a string or None."""
-    try:
-        metrics_token()
-    except ImproperlyConfigured as exc:
-        return [
-            checks.Error(
-                str(exc),
-                hint="Read it from the environment: LEDON_METRICS_TOKEN = "
-                "os.environ.get('LEDON_METRICS_TOKEN'). See "
-                + settings_reference("LEDON_METRICS_TOKEN"),
-                id="ledon.E001",
-            )
-        ]
-    return []
+    return _setting_error(
+        metrics_token,
+        hint="Read it from the environment: LEDON_METRICS_TOKEN = "
+        "os.environ.get('LEDON_METRICS_TOKEN'). See " + settings_reference("LEDON_METRICS_TOKEN"),
+        id="ledon.E001",
+    )
 
 
 def check_round_trip_deadline(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``ledon.E002`` if ``LEDON_ROUND_TRIP_DEADLINE`` is not a positive number or None."""
-    try:
-        configured_deadline()
-    except ImproperlyConfigured as exc:
-        return [
-            checks.Error(
-                str(exc),
-                hint="Seconds a database round trip of an engine may wait before its "
-                "watchdog asks the server about it (default 10); None turns it off.",
-                id="ledon.E002",
-            )
-        ]
-    return []
+    return _setting_error(
+        configured_deadline,
+        hint="Seconds a database round trip of an engine may wait before its "
+        "watchdog asks the server about it (default 10); None turns it off.",
+        id="ledon.E002",
+    )

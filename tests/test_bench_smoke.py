@@ -341,7 +341,8 @@ def test_the_observability_benchmark_runs_small(tmp_path: Path) -> None:
     for variant in ("off", "metrics", "tracing", "both"):
         assert figures["jobs"][variant]["jobs_per_s"] > 0
     assert figures["jobs"]["off"]["ratio"] == figures["jobs"]["off"]["cpu_ratio"] == 1.0
-    assert set(figures["scrape"]["median_ms_per_source"]) == {"jobs", "outbox", "sagas"}
+    sources = {"jobs", "outbox", "sagas", "workflows"}
+    assert set(figures["scrape"]["median_ms_per_source"]) == sources
     assert "metrics and tracing" in done.stdout
 
 

@@ -424,8 +424,8 @@ SNOOZE_JOB = (
     f" AND snooze_count < %(max_snoozes)s RETURNING id, queue, {_COUNTED_BEFORE}"
 )
 
-#: Why a snooze of the job Running under ``token`` did not happen: its cancel flag and
-#: snooze count, with its handler (no row: the token is stale).
+#: Why a snooze of the job Running under ``token`` did not happen: its cancel
+#: flag and snooze count, with its handler (no row: the token is stale).
 SNOOZE_REFUSED = (
     f"SELECT cancel_requested, snooze_count, handler FROM {JOB}"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}'"

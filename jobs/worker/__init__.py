@@ -13,7 +13,8 @@ backs off, says so once per outage (see :mod:`ledon.engine`) and finishes them w
 the database is back.
 
 The worker is made of parts, each a class owning its state, composed by
-:class:`Worker` (:mod:`~jobs.worker.engine`, the main loop):
+:class:`Worker` (:mod:`~jobs.worker.engine`, the main loop). A part knows the worker
+only through :class:`~jobs.worker.interfaces.WorkerInterface`, never the engine module:
 
 - :class:`~jobs.worker.holdings.Holdings` — the attempts it holds, under its one lock;
 - :class:`~jobs.worker.slots.Slots` — handler threads, the event loop, the LISTEN

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ledon.db import DATABASE_ERRORS
 from ledon.faults import fault_point
@@ -15,9 +14,7 @@ from .. import execution
 from ..observability.log_fields import attempt_fields
 from ..signals import finished_attempt
 from ..types import Claim, FinishOutcome
-
-if TYPE_CHECKING:
-    from .engine import Worker
+from .interfaces import WorkerInterface
 
 logger = logging.getLogger("jobs.worker")
 
@@ -36,7 +33,7 @@ _OWN_EVENT = frozenset(
 class Finisher:
     """Writes and records attempts' ends for ``worker``."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerInterface) -> None:
         self._worker = worker
 
     def committed[T](self, call: Callable[[], T], *, one_statement: bool = False) -> T:

@@ -6,21 +6,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from ledon.engine import FAILED
 
 from .. import execution
 from ..types import CancelReason, ExecutionStatus
-
-if TYPE_CHECKING:
-    from .engine import Worker
+from .interfaces import WorkerInterface
 
 
 class LeaseKeeper:
     """Heartbeat and cancellation watch over the held attempts."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerInterface) -> None:
         self._worker = worker
         self._holdings = worker.holdings
         self._check_now = threading.Event()

@@ -5,16 +5,13 @@ that may have committed while the database failed with their answer lost."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from ledon.engine import FAILED
 from ledon.faults import fault_point
 
 from .. import execution
 from ..types import FinishOutcome
-
-if TYPE_CHECKING:
-    from .engine import Worker
+from .interfaces import WorkerInterface
 
 logger = logging.getLogger("jobs.worker")
 
@@ -22,7 +19,7 @@ logger = logging.getLogger("jobs.worker")
 class Recovery:
     """Recovers attempts no worker runs any more."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerInterface) -> None:
         self._worker = worker
         #: Whether this worker id's own leftovers were recovered (once, at start-up).
         self.own_recovered = False

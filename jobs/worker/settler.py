@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 
@@ -23,9 +22,7 @@ from .. import execution
 from ..exceptions import JobsError
 from ..observability.log_fields import attempt_fields
 from ..types import Claim
-
-if TYPE_CHECKING:
-    from .engine import Worker
+from .interfaces import WorkerInterface
 
 logger = logging.getLogger("jobs.worker")
 
@@ -57,7 +54,7 @@ class Settler:
     the held attempts.
     """
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerInterface) -> None:
         self._worker = worker
         self._holdings = worker.holdings
         self._lock = worker.holdings.lock

@@ -14,16 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from ledon.db import DATABASE_ERRORS
 from ledon.engine import StopLevel
 
 from .. import execution
+from .interfaces import WorkerInterface
 from .slots import NEVER_STARTED
-
-if TYPE_CHECKING:
-    from .engine import Worker
 
 logger = logging.getLogger("jobs.worker")
 
@@ -34,7 +31,7 @@ OUTLIVED = "worker shut down before the handler stopped"
 class ShutdownSequence:
     """What the worker does between a stop request and the end of ``run()``."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerInterface) -> None:
         self._worker = worker
 
     def run(self) -> None:

@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from django.db import connections
 
@@ -31,9 +30,7 @@ from ..attempts import Ending, run_attempt
 from ..handlers import HandlerSpec, JobContext
 from ..observability.log_fields import attempt_fields
 from ..types import Claim
-
-if TYPE_CHECKING:
-    from .engine import Worker
+from .interfaces import WorkerInterface
 
 logger = logging.getLogger("jobs.worker")
 
@@ -78,7 +75,7 @@ class Slots:
     """The handler threads, the claims waiting for them, the event loop and the
     LISTEN thread."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerInterface) -> None:
         self._worker = worker
         self._holdings = worker.holdings
         self._tasks: queue.Queue[Claim | None] = queue.Queue()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from ledon.engine import FAILED
 from ledon.faults import fault_point
@@ -19,9 +18,7 @@ from ledon.faults import fault_point
 from ..attempts import timed_out
 from ..types import CancelReason
 from .holdings import HeldAttempt
-
-if TYPE_CHECKING:
-    from .engine import Worker
+from .interfaces import WorkerInterface
 
 logger = logging.getLogger("jobs.worker")
 
@@ -29,7 +26,7 @@ logger = logging.getLogger("jobs.worker")
 class TimeoutWatch:
     """Signals handlers past their timeout and abandons those past its grace."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerInterface) -> None:
         self._worker = worker
         self._holdings = worker.holdings
 

@@ -17,6 +17,7 @@ OPTIONAL = {
     "ledon/metrics.py",
     "ledon/otel.py",
     "jobs/observability/metrics.py",
+    "jobs/observability/supervisor_metrics.py",
     "outbox/observability/metrics.py",
     "sagas/observability/metrics.py",
 }

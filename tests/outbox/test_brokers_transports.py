@@ -16,7 +16,7 @@ from outbox.transports import wire
 from outbox.transports.kafka import KafkaTransport
 from outbox.transports.rabbitmq import RabbitMQTransport
 from outbox.types import Envelope
-from tests.support.brokers import broker, read_kafka_topic, unique, uses_broker
+from tests.support.brokers import broker, read_kafka_topic, require_client, unique, uses_broker
 
 pytestmark = [pytest.mark.slow]
 
@@ -44,9 +44,9 @@ def closed_port() -> int:
 
 @pytest.fixture
 def rabbitmq() -> Any:
-    import pika
-
     address = broker("rabbitmq").address
+    import pika  # the rabbitmq extra: broker() skipped the test without it
+
     connection = pika.BlockingConnection(pika.URLParameters(address))
     yield address, connection.channel()
     connection.close()
@@ -94,6 +94,7 @@ def test_rabbitmq_reports_a_message_no_queue_is_bound_for_as_failed(rabbitmq):
 
 
 def test_rabbitmq_unreachable_is_reported_as_unavailable():
+    require_client("rabbitmq")
     transport = RabbitMQTransport(url=f"amqp://guest:guest@127.0.0.1:{closed_port()}/")
     with pytest.raises(TransportUnavailable, match="cannot connect to RabbitMQ"):
         transport.check()
@@ -108,9 +109,9 @@ def test_rabbitmq_unreachable_is_reported_as_unavailable():
 def test_kafka_publishes_with_the_outbox_key_so_each_key_keeps_its_order(
     monkeypatch: pytest.MonkeyPatch,
 ):
-    import confluent_kafka
-
     address = broker("kafka").address
+    import confluent_kafka  # the kafka extra: broker() skipped the test without it
+
     configs: list[dict[str, Any]] = []
     real_producer = confluent_kafka.Producer
 
@@ -145,6 +146,7 @@ def test_kafka_publishes_with_the_outbox_key_so_each_key_keeps_its_order(
 
 
 def test_kafka_unreachable_is_reported_as_unavailable():
+    require_client("kafka")
     transport = KafkaTransport(bootstrap_servers=f"127.0.0.1:{closed_port()}", connect_timeout=0.5)
     with pytest.raises(TransportUnavailable, match="Kafka is not reachable"):
         transport.check()

@@ -22,6 +22,7 @@ from outbox.inbox import consume
 from outbox.models import InboxMessage, OutboxMessage
 from outbox.testing import RecordingTransport, deliver_outbox
 from outbox.types import MessageStatus
+from tests.support.procs import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,9 +180,7 @@ class TestPurgeOutboxCommand:
 def test_a_row_another_transaction_holds_is_skipped_not_waited_for() -> None:
     """Retention never waits on the engines' statements: a parked message an operator
     is redelivering at that moment (its row locked) is left to the next clean-up."""
-    import psycopg
-
-    from tests.support.procs import database_url
+    import psycopg  # PostgreSQL only: the driver need not be installed for SQLite
 
     parked = stage(2)
     deliver_outbox(transport=RecordingTransport(fail_with="down"))

@@ -3,7 +3,8 @@
 Brokers come from the environment (``RABBITMQ_URL``, ``KAFKA_BOOTSTRAP`` and
 ``BROKERS_DIR``, as ``scripts/test.sh`` exports them after ``scripts/brokers.sh
 start``); otherwise, when the brokers are installed, they are started once for this
-test process in a private directory. A broker that cannot be had skips its tests —
+test process in a private directory. A broker that cannot be had (not installed, or
+its Python client missing: the ``brokers-test`` extra) skips its tests —
 and fails them when ``CI=true``, so that CI never passes without them.
 
 Under pytest-xdist the tests that use one broker run on one worker, in that broker's
@@ -18,6 +19,7 @@ its tables are read with plain database connections.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import shutil
 import sqlite3
@@ -45,6 +47,8 @@ def uses_broker(kind: str) -> pytest.MarkDecorator:
 #: Parameters "rabbitmq" and "kafka" (of a test or fixture), each in its group.
 EACH_BROKER = [pytest.param(kind, marks=uses_broker(kind)) for kind in ("rabbitmq", "kafka")]
 ENV_NAMES = {"rabbitmq": "RABBITMQ_URL", "kafka": "KAFKA_BOOTSTRAP"}
+#: The client each broker's transport imports (the ``rabbitmq`` and ``kafka`` extras).
+CLIENTS = {"rabbitmq": "pika", "kafka": "confluent_kafka"}
 IN_CI = os.environ.get("CI") == "true"
 
 
@@ -94,7 +98,22 @@ def broker(kind: str) -> Broker:
     return found
 
 
+def require_client(kind: str) -> None:
+    """Skip (fail in CI) unless the client of broker ``kind`` is installed."""
+    if (missing := _missing_client(kind)) is not None:
+        unavailable(missing)
+
+
+def _missing_client(kind: str) -> str | None:
+    if importlib.util.find_spec(CLIENTS[kind]) is None:
+        return f"{kind}: its client {CLIENTS[kind]!r} is not installed (the brokers-test extra)"
+    return None
+
+
 def _find_or_start(kind: str) -> Broker | str:
+    if (missing := _missing_client(kind)) is not None:
+        # The processes under test would refuse to start (a system check error).
+        return missing
     address = os.environ.get(ENV_NAMES[kind])
     if address:
         directory = os.environ.get("BROKERS_DIR")

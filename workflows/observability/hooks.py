@@ -1,5 +1,5 @@
-"""What workflows tell observers (SPEC M), without importing OpenTelemetry or
-prometheus-client: spans through :mod:`ledon.tracing` (``WORKFLOWS["TRACING"]``) and
+"""What workflows tell observers (metrics and tracing), without importing OpenTelemetry
+or prometheus-client: spans through :mod:`ledon.tracing` (``WORKFLOWS["TRACING"]``) and
 signals that the optional metrics layer (:mod:`workflows.observability.metrics`) counts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prometheus metrics of workflows (SPEC M; ``WORKFLOWS["METRICS"]``, ``[metrics]``).
+"""Prometheus metrics of workflows (``WORKFLOWS["METRICS"]``, the ``[metrics]`` extra).
 
 - ``ledon_workflow_runs_started_total{workflow}`` — runs created by this process;
 - ``ledon_workflow_runs_finished_total{workflow,outcome}`` — runs that ended while a
