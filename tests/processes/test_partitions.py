@@ -246,10 +246,18 @@ def test_a_black_holed_worker_and_dispatcher_recover_and_nothing_is_lost(cluster
         for proc in engines:
             assert proc.proc.poll() is None, f"{proc.name} died:\n{proc.output[-5000:]}"
         counts = load.assert_nothing_lost_or_done_twice()
-        # One outage, said once (ERROR) by each cut engine; none by the direct ones.
+        # One outage, said once (ERROR) by each cut engine while the link is cut; none
+        # by the direct ones. After the heal, a connection attempt that began during
+        # the cut may still time out (its connect timeout is the deadline): at most one
+        # such straggler, a short outage said once and over at once.
+        names = ["w-cut", "d-cut", "w-direct", "d-direct"]
         errors = {
-            name: len(ERROR_LINE.findall(proc.output[marks[id(proc)] :]))
-            for name, proc in zip(["w-cut", "d-cut", "w-direct", "d-direct"], engines, strict=True)
+            name: len(ERROR_LINE.findall(proc.output[marks[id(proc)] : heal_marks[id(proc)]]))
+            for name, proc in zip(names, engines, strict=True)
+        }
+        stragglers = {
+            name: len(ERROR_LINE.findall(proc.output[heal_marks[id(proc)] :]))
+            for name, proc in zip(names, engines, strict=True)
         }
         stop_all(procs, *engines)
         fenced = {
@@ -260,12 +268,15 @@ def test_a_black_holed_worker_and_dispatcher_recover_and_nothing_is_lost(cluster
             f"\nblack hole of {3 * LEASE} s (lease {LEASE} s, deadline {DEADLINE} s): "
             f"noticed after {noticed} s; w-cut's {held_before} running job(s) taken over "
             f"after {taken_over} s; after healing: {converged} s, drained {drained} s; "
-            f"fenced-off late finishes {fenced}; ERROR lines {errors}; load {counts}"
+            f"fenced-off late finishes {fenced}; ERROR lines {errors} (after the heal "
+            f"{stragglers}); load {counts}"
         )
         assert errors["w-cut"] <= 1, cut_worker.output[-5000:]
         assert errors["d-cut"] <= 1, cut_dispatcher.output[-5000:]
-        assert errors["w-direct"] == 0
-        assert errors["d-direct"] == 0
+        assert stragglers["w-cut"] <= 1, cut_worker.output[-5000:]
+        assert stragglers["d-cut"] <= 1, cut_dispatcher.output[-5000:]
+        assert errors["w-direct"] == stragglers["w-direct"] == 0
+        assert errors["d-direct"] == stragglers["d-direct"] == 0
 
 
 def test_a_paused_worker_is_fenced_off_and_claims_again_when_continued(cluster, procs, tmp_path):
