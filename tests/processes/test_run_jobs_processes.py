@@ -52,7 +52,8 @@ def _held_jobs(tmp_path: Path, count: int) -> Path:
     """``count`` jobs whose handlers wait until the returned file exists."""
     gate = tmp_path / "gate"
     for n in range(count):
-        payload = {"n": n, "hold_file": str(gate)}
+        started = tmp_path / f"started-{n}"
+        payload = {"n": n, "hold_file": str(gate), "started_file": str(started)}
         submit_job(SCOPE, f"job-{n}", JobSubmission.create("test.record", payload, max_attempts=3))
     return gate
 
@@ -68,9 +69,11 @@ def _statuses() -> dict[str, int]:
     return counts
 
 
-def _both_children_full(proc: WorkerProcess) -> None:
-    """Until each child runs two jobs and has its registry row (written by a thread of
-    its own once the database answered, so not necessarily before its first claim)."""
+def _both_children_full(proc: WorkerProcess, gate: Path) -> None:
+    """Until each child runs two jobs — their handlers started, not only claimed: a
+    claim whose handler has not started is given back at a graceful shutdown — and has
+    its registry row (written by a thread of its own once the database answered, so
+    not necessarily before its first claim)."""
     for worker_id in ("sup-1", "sup-2"):
         wait_until(lambda w=worker_id: _running(w) == 2, 90, f"{worker_id} to run 2 jobs", proc)
         wait_until(
@@ -79,12 +82,14 @@ def _both_children_full(proc: WorkerProcess) -> None:
             f"{worker_id}'s registry row",
             proc,
         )
+    started = gate.parent
+    wait_until(lambda: len(list(started.glob("started-*"))) >= 4, 90, "4 handlers", proc)
 
 
 def test_each_child_runs_jobs_under_its_own_id_and_registry_row(supervisor, tmp_path):
     gate = _held_jobs(tmp_path, 12)
     proc = supervisor("--processes", "2", "--concurrency", "2")
-    _both_children_full(proc)
+    _both_children_full(proc, gate)
     rows = {r.engine_id: r for r in WorkerRecord.objects.filter(kind="worker")}
     assert set(rows) == {"sup-1", "sup-2"}
     assert rows["sup-1"].pid != rows["sup-2"].pid
@@ -102,7 +107,7 @@ def test_each_child_runs_jobs_under_its_own_id_and_registry_row(supervisor, tmp_
 def test_sigterm_stops_every_child_gracefully_and_loses_no_job(supervisor, tmp_path):
     gate = _held_jobs(tmp_path, 10)
     proc = supervisor("--processes", "2", "--concurrency", "2", "--shutdown-timeout", "60")
-    _both_children_full(proc)
+    _both_children_full(proc, gate)
     proc.signal(signal.SIGTERM)
     for worker_id in ("sup-1", "sup-2"):
         proc.wait_for_output(f"worker {worker_id}: SIGTERM, stopping gracefully", 60)
@@ -115,9 +120,9 @@ def test_sigterm_stops_every_child_gracefully_and_loses_no_job(supervisor, tmp_p
 
 
 def test_a_second_sigterm_cancels_every_childs_handlers_and_requeues_them(supervisor, tmp_path):
-    _held_jobs(tmp_path, 10)  # the gate never opens: only a cancellation ends them
+    gate = _held_jobs(tmp_path, 10)  # the gate never opens: only a cancellation ends them
     proc = supervisor("--processes", "2", "--concurrency", "2", "--shutdown-timeout", "600")
-    _both_children_full(proc)
+    _both_children_full(proc, gate)
     proc.signal(signal.SIGTERM)
     for worker_id in ("sup-1", "sup-2"):
         proc.wait_for_output(f"worker {worker_id}: SIGTERM, stopping gracefully", 60)
@@ -134,7 +139,7 @@ def test_a_second_sigterm_cancels_every_childs_handlers_and_requeues_them(superv
 def test_a_child_killed_with_sigkill_is_logged_and_restarted_under_its_id(supervisor, tmp_path):
     gate = _held_jobs(tmp_path, 10)
     proc = supervisor("--processes", "2", "--concurrency", "2")
-    _both_children_full(proc)
+    _both_children_full(proc, gate)
     victim = WorkerRecord.objects.get(kind="worker", engine_id="sup-1").pid
     os.kill(victim, signal.SIGKILL)
     proc.wait_for_output(f"worker sup-1 (pid {victim}) killed by SIGKILL; restarting in", 60)
@@ -194,7 +199,7 @@ def test_one_metrics_port_counts_every_child(supervisor):
 def test_a_killed_supervisor_leaves_no_worker_behind(supervisor, tmp_path):
     gate = _held_jobs(tmp_path, 4)
     proc = supervisor("--processes", "2", "--concurrency", "2", "--shutdown-timeout", "60")
-    _both_children_full(proc)
+    _both_children_full(proc, gate)
     pids = list(WorkerRecord.objects.filter(kind="worker").values_list("pid", flat=True))
     proc.kill()
     gate.touch()
