@@ -49,6 +49,7 @@ $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 ## and the raw JSON in benchmarks/results/.
 bench: $(VENV)/.bench-installed
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks.workflows
 
 ## The same, tiny and once (under a minute): benchmarks/results/latest.md.
 bench-quick: $(VENV)/.bench-installed
