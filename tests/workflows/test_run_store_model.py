@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -24,12 +25,9 @@ from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle,
-    MultipleResults,
     RuleBasedStateMachine,
     initialize,
     invariant,
-    multiple,
     rule,
     run_state_machine_as_test,
 )
@@ -60,6 +58,9 @@ from workflows.models import WorkflowRun, WorkflowSignal, WorkflowStep
 SCOPE = "wf-model"
 NAME = "model.run"
 RUN_IDS = ["r1", "r2"]
+#: Which driver of a run a driver's rule acts as: the last one taken (the current one
+#: while the run is Running) or an earlier, stale one.
+DRIVERS = ["last", "last", "earlier"]
 #: Advance jobs of the model: a take names one of these (or none, as an operator).
 JOBS = ["a", "b", None]
 KEYS = ["k1", "k2", "k3"]
@@ -111,6 +112,8 @@ class ModelRun:
     signals: dict[str, int] = field(default_factory=dict)
     #: Advance jobs staged to wake the run: (generation, reason, detail).
     wakes: set[tuple[int, str, str]] = field(default_factory=set)
+    #: Every driver that took the run, oldest first.
+    drivers: list[store.Driver] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -129,8 +132,6 @@ class ModelRun:
 
 
 class RunStoreModel(RuleBasedStateMachine):
-    drivers = Bundle("drivers")
-
     def __init__(self) -> None:
         super().__init__()
         self.runs: dict[str, ModelRun] = {}
@@ -141,24 +142,39 @@ class RunStoreModel(RuleBasedStateMachine):
         WorkflowRun.objects.all().delete()
         JobAttempt.objects.all().delete()
         Job.objects.all().delete()
+        for run_id in RUN_IDS:
+            snapshot = start_workflow(SCOPE, run_id, NAME, 1)
+            assert snapshot.created
+            assert snapshot.status == RunStatus.WAITING
+            pk = WorkflowRun.objects.get(scope_hash=self.scope_hash, run_id=run_id).pk
+            self.runs[run_id] = ModelRun(pk, 1)
+            self.runs[run_id].wake("start")
+
+    @rule(operation=st.sampled_from(["signal", "cancel", "resume"]))
+    def unknown_run(self, operation: str) -> None:
+        """A run id this scope never started is not found, whatever the operation."""
+        scope = WorkflowScope(SCOPE)
+        call: Callable[[], object] = {
+            "signal": lambda: send_signal(SCOPE, "unknown", "s1", 1),
+            "cancel": lambda: scope.cancel("unknown"),
+            "resume": lambda: scope.resume("unknown"),
+        }[operation]
+        with pytest.raises(RunNotFound):
+            call()
 
     # ------------------------------------------------------------------ callers
 
     @rule(run_id=st.sampled_from(RUN_IDS), value=st.sampled_from([1, 2]))
-    def start(self, run_id: str, value: int) -> None:
-        run = self.runs.get(run_id)
+    def start_again(self, run_id: str, value: int) -> None:
+        """The same request is the same run; other input for its id is a conflict."""
+        run = self.runs[run_id]
         try:
             snapshot = start_workflow(SCOPE, run_id, NAME, value)
         except WorkflowIdentityConflict:
-            assert run is not None
             assert run.input != value
             return
-        assert run is None or run.input == value
-        assert snapshot.created == (run is None)
-        if run is None:
-            pk = WorkflowRun.objects.get(scope_hash=self.scope_hash, run_id=run_id).pk
-            run = self.runs[run_id] = ModelRun(pk, value)
-            run.wake("start")
+        assert run.input == value
+        assert not snapshot.created
         assert snapshot.status == run.status
 
     @rule(
@@ -246,11 +262,9 @@ class RunStoreModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ the engine
 
-    @rule(target=drivers, run_id=st.sampled_from(RUN_IDS), job=st.sampled_from(JOBS))
-    def take(self, run_id: str, job: str | None) -> MultipleResults[store.Driver]:
-        run = self.runs.get(run_id)
-        if run is None:
-            return multiple()
+    @rule(run_id=st.sampled_from(RUN_IDS), job=st.sampled_from(JOBS))
+    def take(self, run_id: str, job: str | None) -> None:
+        run = self.runs[run_id]
         by = job_id(run_id, job)
         driver = store.take(run.pk, by)
         takeable = run.status == RunStatus.WAITING or (
@@ -261,22 +275,26 @@ class RunStoreModel(RuleBasedStateMachine):
             if run.status == RunStatus.RUNNING:
                 # The live driver replays once more before it waits.
                 run.wake_pending = True
-            return multiple()
+            return
         assert driver is not None
         assert driver.token != run.token
         run.status, run.token, run.driver_job = RunStatus.RUNNING, driver.token, by
         run.wake_pending = False
         run.advances += 1
-        return multiple(driver)
+        run.drivers.append(driver)
 
     @rule(
-        driver=drivers,
+        run_id=st.sampled_from(RUN_IDS),
+        which=st.sampled_from(DRIVERS),
         key=st.sampled_from(KEYS),
         checkpoint=st.sampled_from(CHECKPOINTS),
     )
     def record(
-        self, driver: store.Driver, key: str, checkpoint: tuple[StepKind, StepStatus]
+        self, run_id: str, which: str, key: str, checkpoint: tuple[StepKind, StepStatus]
     ) -> None:
+        driver = self._driver(run_id, which)
+        if driver is None:
+            return
         run = self._holder(driver)
         kind, status = checkpoint
         now = timezone.now()
@@ -302,9 +320,14 @@ class RunStoreModel(RuleBasedStateMachine):
         assert key not in run.steps
         run.steps[key] = (kind, status)
 
-    @rule(driver=drivers, key=st.sampled_from(KEYS))
-    def complete_checkpoint(self, driver: store.Driver, key: str) -> None:
+    @rule(
+        run_id=st.sampled_from(RUN_IDS), which=st.sampled_from(DRIVERS), key=st.sampled_from(KEYS)
+    )
+    def complete_checkpoint(self, run_id: str, which: str, key: str) -> None:
         """A waiting checkpoint is recorded Succeeded (a signal arrived, a child ended)."""
+        driver = self._driver(run_id, which)
+        if driver is None:
+            return
         run = self._holder(driver)
         now = timezone.now()
         try:
@@ -328,8 +351,15 @@ class RunStoreModel(RuleBasedStateMachine):
             assert recorded is not None
             run.steps[key] = (recorded[0], StepStatus.SUCCEEDED)
 
-    @rule(driver=drivers, waiting_for=st.sampled_from(WAITS))
-    def suspend(self, driver: store.Driver, waiting_for: str) -> None:
+    @rule(
+        run_id=st.sampled_from(RUN_IDS),
+        which=st.sampled_from(DRIVERS),
+        waiting_for=st.sampled_from(WAITS),
+    )
+    def suspend(self, run_id: str, which: str, waiting_for: str) -> None:
+        driver = self._driver(run_id, which)
+        if driver is None:
+            return
         run = self._holder(driver)
         outcome = store.suspend(driver, waiting_for, None, timezone.now())
         if run is None:
@@ -342,8 +372,15 @@ class RunStoreModel(RuleBasedStateMachine):
             run.status, run.token, run.driver_job = RunStatus.WAITING, None, None
             run.waiting_for = waiting_for
 
-    @rule(driver=drivers, status=st.sampled_from(ENDS))
-    def finish(self, driver: store.Driver, status: RunStatus) -> None:
+    @rule(
+        run_id=st.sampled_from(RUN_IDS),
+        which=st.sampled_from(DRIVERS),
+        status=st.sampled_from(ENDS),
+    )
+    def finish(self, run_id: str, which: str, status: RunStatus) -> None:
+        driver = self._driver(run_id, which)
+        if driver is None:
+            return
         run = self._holder(driver)
         failed_step = "k1" if status == RunStatus.FAILED else ""
         done = store.finish(
@@ -426,6 +463,14 @@ class RunStoreModel(RuleBasedStateMachine):
         assert staged == expected
 
     # ------------------------------------------------------------------ helpers
+
+    def _driver(self, run_id: str, which: str) -> store.Driver | None:
+        """The run's last driver, or its first one (stale once another took the run;
+        the same as the last if only one did)."""
+        drivers = self.runs[run_id].drivers
+        if not drivers:
+            return None
+        return drivers[-1] if which == "last" else drivers[0]
 
     def _holder(self, driver: store.Driver) -> ModelRun | None:
         """The run ``driver`` still holds (None: it is stale)."""
