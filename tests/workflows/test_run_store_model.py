@@ -74,8 +74,8 @@ CHECKPOINTS = [
     (StepKind.SIGNAL, StepStatus.WAITING),
 ]
 ENDS = [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED]
-EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "6"))
-STEPS = int(os.environ.get("LEDON_MODEL_STEPS", "30"))
+EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "10"))
+STEPS = int(os.environ.get("LEDON_MODEL_STEPS", "50"))
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
