@@ -30,7 +30,7 @@ from ledon.admin import GrowingTableMixin, ReadOnlyModelAdmin, report_changes, s
 from . import store
 from .exceptions import WorkflowError
 from .models import WorkflowRun
-from .picture import layout
+from .picture import GEOMETRY, layout
 from .types import RunStatus
 
 
@@ -98,7 +98,9 @@ class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
             store.snapshot(obj), now=timezone.now(), child_link=self._child_link(obj.scope_hash)
         )
         # The template escapes every value it draws.
-        return mark_safe(render_to_string("admin/workflows/picture.html", {"picture": drawn}))
+        return mark_safe(
+            render_to_string("admin/workflows/picture.html", {"picture": drawn, "g": GEOMETRY})
+        )
 
     @admin.display(description="parent run")
     def parent_link(self, obj: WorkflowRun) -> SafeString:

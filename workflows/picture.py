@@ -28,6 +28,20 @@ BOX_HEIGHT = 64
 GAP = 26
 END_RADIUS = 14
 TOP = 16
+#: Where the drawing's fixed lines fall, for the template (derived from the sizes
+#: above, so that the template repeats none of them).
+GEOMETRY = {
+    "centre": BOX_X + BOX_WIDTH // 2,
+    "box_x": BOX_X,
+    "box_width": BOX_WIDTH,
+    "box_height": BOX_HEIGHT,
+    "text_x": BOX_X + 14,
+    "state_x": BOX_X + BOX_WIDTH - 14,
+    "label_x": BOX_X + BOX_WIDTH // 2 + 2 * END_RADIUS - 4,
+    "line_x": BOX_X + 12,
+    "line_width": BOX_WIDTH - 24,
+    "radius": END_RADIUS,
+}
 
 #: Fill and stroke per status (readable in print and for colour-blind readers: the
 #: status is also written in every box).
