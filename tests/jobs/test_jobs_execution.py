@@ -27,7 +27,7 @@ RETRYABLE = [JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED]
 
 
 @pytest.mark.django_db
-class TestJ7Progress:
+class TestProgress:
     def test_progress_of_the_current_attempt_is_recorded(self, make_job) -> None:
         claim = make_job.running("job-1")
         assert execution.report_progress(claim.token, 40, "halfway") is True
@@ -101,7 +101,7 @@ class TestJ7Progress:
 
 
 @pytest.mark.django_db
-class TestJ8Finishing:
+class TestFinishing:
     def test_complete_writes_job_and_attempt(self, make_job) -> None:
         claim = make_job.running("job-1")
         execution.report_progress(claim.token, 70)
@@ -267,7 +267,7 @@ class TestJ8Finishing:
 
 
 @pytest.mark.django_db(transaction=True)
-class TestJ8CancelCompleteRace:
+class TestCancelCompleteRace:
     def test_the_database_decides_cancel_versus_complete(self, make_job, scope, concurrently):
         seen = set()
         for round_ in range(20):
@@ -312,7 +312,7 @@ class TestJ8CancelCompleteRace:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres_only
-class TestJ8FinishWaitsForCancel:
+class TestFinishWaitsForCancel:
     def test_complete_blocked_by_an_open_cancel_sees_it(
         self, make_job, background, blocked_on_lock
     ) -> None:
@@ -339,7 +339,7 @@ class TestJ8FinishWaitsForCancel:
 
 
 @pytest.mark.django_db
-class TestJ9Cancel:
+class TestCancel:
     def test_queued_job_is_cancelled_at_once(self, make_job, scope) -> None:
         make_job.queued("job-1")
         assert scope.cancel("job-1") is CancelOutcome.CANCELLED
@@ -372,7 +372,7 @@ class TestJ9Cancel:
 
 
 @pytest.mark.django_db
-class TestJ10Retry:
+class TestRetry:
     @pytest.mark.parametrize("status", RETRYABLE)
     def test_retry_requeues_and_clears(self, make_job, scope, status: JobStatus) -> None:
         claim = make_job.running("job-1", max_attempts=2)
@@ -471,7 +471,7 @@ class TestJ10Retry:
 
 
 @pytest.mark.django_db
-class TestJ11Recovery:
+class TestRecovery:
     def test_recover_interrupts_and_requeues(self, make_job) -> None:
         claim = make_job.running("job-1", max_attempts=2)
         execution.report_progress(claim.token, 50)
@@ -623,7 +623,7 @@ class TestJ11Recovery:
 
 
 @pytest.mark.django_db
-class TestJ12ExecutionStatus:
+class TestExecutionStatus:
     def test_active_then_cancel_requested_then_ended(self, make_job, scope) -> None:
         claim = make_job.running("job-1")
         assert execution.get_execution_status(claim.token) is ExecutionStatus.ACTIVE

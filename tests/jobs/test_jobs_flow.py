@@ -110,7 +110,7 @@ LAST_SLOT = {"max_running": {"max_running": 1}, "rate": {"rate": (1, 3600)}}
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("limit", sorted(LAST_SLOT))
-def test_j18_concurrent_claims_never_take_the_last_slot_twice(handler, limit):
+def test_concurrent_claims_never_take_the_last_slot_twice(handler, limit):
     """One slot left and three claimers at once: exactly one job Running, whichever
     order the claims' statements run in."""
     handler("flow.one", **LAST_SLOT[limit])(lambda ctx: None)
@@ -122,7 +122,7 @@ def test_j18_concurrent_claims_never_take_the_last_slot_twice(handler, limit):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres_only
-def test_j18_without_the_advisory_lock_two_claims_take_the_last_start_of_a_rate(
+def test_without_the_advisory_lock_two_claims_take_the_last_start_of_a_rate(
     handler, monkeypatch
 ):
     """The race for a rate's last start with the lock taken out: the claims count the
@@ -139,7 +139,7 @@ def test_j18_without_the_advisory_lock_two_claims_take_the_last_start_of_a_rate(
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres_only
-def test_j18_without_the_advisory_lock_a_counters_cap_still_keeps_max_running(handler, monkeypatch):
+def test_without_the_advisory_lock_a_counters_cap_still_keeps_max_running(handler, monkeypatch):
     """max_running's last slot with the lock taken out: the others' claims wait on the
     limit counter the first one changed, and once it commits each goes past the
     counter's cap, changes nothing and is made again, finding no room."""
@@ -153,7 +153,7 @@ def test_j18_without_the_advisory_lock_a_counters_cap_still_keeps_max_running(ha
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif("connection.vendor == 'postgresql'")
-def test_j18_sqlite_immediate_transactions_serialise_claims_without_a_lock(handler, monkeypatch):
+def test_sqlite_immediate_transactions_serialise_claims_without_a_lock(handler, monkeypatch):
     """SQLite: no advisory lock exists, and none is needed — the first claim holds the
     database's write lock from BEGIN IMMEDIATE to its commit."""
     handler("flow.one", max_running=1)(lambda ctx: None)
@@ -168,7 +168,7 @@ def test_j18_sqlite_immediate_transactions_serialise_claims_without_a_lock(handl
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_jobs_over_a_limit_stay_queued_and_others_are_claimed_past_them(handler):
+def test_jobs_over_a_limit_stay_queued_and_others_are_claimed_past_them(handler):
     handler("flow.capped", max_running=2)(lambda ctx: None)
     handler("flow.free")(lambda ctx: None)
     submit(6, "flow.capped", prefix="capped-", priority=5)  # first in claim order
@@ -185,7 +185,7 @@ def test_j18_jobs_over_a_limit_stay_queued_and_others_are_claimed_past_them(hand
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_queue_limits_from_settings(handler, settings):
+def test_queue_limits_from_settings(handler, settings):
     settings.JOBS = {"QUEUES": {"emails": {"max_running": 1, "max_running_per_scope": 1}}}
     handler("flow.mail")(lambda ctx: None)
     submit(3, "flow.mail", prefix="mail-", queue="emails")
@@ -195,7 +195,7 @@ def test_j18_queue_limits_from_settings(handler, settings):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_max_running_per_scope_keeps_one_per_scope_and_every_scope_moves(handler, settings):
+def test_max_running_per_scope_keeps_one_per_scope_and_every_scope_moves(handler, settings):
     """Five scopes, max_running_per_scope=1, a worker of 5 threads: at most one
     Running job per scope at any moment — seen by the handlers and by a sampler on
     its own connection — and the scopes run side by side."""
@@ -242,7 +242,7 @@ def test_j18_max_running_per_scope_keeps_one_per_scope_and_every_scope_moves(han
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_rate_keeps_at_most_count_starts_in_any_window(handler, settings):
+def test_rate_keeps_at_most_count_starts_in_any_window(handler, settings):
     """rate=(20, 1): the attempts' start times, as stored, never put 21 starts inside
     one second — measured over every window, however the claims fell."""
     settings.JOBS = {"POLL_INTERVAL": 0.02, "CANCEL_POLL_INTERVAL": 60}
@@ -268,7 +268,7 @@ def test_j18_rate_keeps_at_most_count_starts_in_any_window(handler, settings):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_a_rate_window_counts_starts_a_claimer_with_a_later_clock_made(handler):
+def test_a_rate_window_counts_starts_a_claimer_with_a_later_clock_made(handler):
     """Claimers' clocks differ: a start recorded 'in the future' of another claimer
     still counts against that claimer's window."""
     handler("flow.rated", rate=(1, 60))(lambda ctx: None)
@@ -280,7 +280,7 @@ def test_j18_a_rate_window_counts_starts_a_claimer_with_a_later_clock_made(handl
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_old_starts_are_pruned_only_past_every_window(handler):
+def test_old_starts_are_pruned_only_past_every_window(handler):
     handler("flow.rated", rate=(5, 10))(lambda ctx: None)
     submit(2, "flow.rated")
     now = timezone.now()
@@ -290,7 +290,7 @@ def test_j18_old_starts_are_pruned_only_past_every_window(handler):
     assert not ClaimStart.objects.exists()
 
 
-def test_j18_bad_limits_are_typed_errors_at_registration(handler):
+def test_bad_limits_are_typed_errors_at_registration(handler):
     for kwargs in (
         {"max_running": 0},
         {"max_running_per_scope": "2"},
@@ -304,14 +304,14 @@ def test_j18_bad_limits_are_typed_errors_at_registration(handler):
     assert Limits(rate=[3, 2]).rate == (3, 2.0)
 
 
-def test_j18_two_versions_of_a_name_must_declare_the_same_limits(handler):
+def test_two_versions_of_a_name_must_declare_the_same_limits(handler):
     handler("flow.versions", max_running=2)(lambda ctx: None)
     with pytest.raises(Exception, match="limits apply to every version"):
         handler("flow.versions", version=2, max_running=3)(lambda ctx: None)
     handler("flow.versions", version=3, max_running=2)(lambda ctx: None)
 
 
-def test_j18_bad_queue_limits_in_settings_are_configuration_errors(settings):
+def test_bad_queue_limits_in_settings_are_configuration_errors(settings):
     from jobs.conf import jobs_settings
     from jobs.exceptions import JobsConfigurationError
 
@@ -348,7 +348,7 @@ def _statements(monkeypatch) -> list[str]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_without_limits_the_claim_is_one_statement(
+def test_without_limits_the_claim_is_one_statement(
     handler, django_assert_num_queries, monkeypatch
 ):
     """No limit configured: the plain claim of :func:`jobs.store.sql.claim`, one
@@ -401,7 +401,7 @@ def test_j18_without_limits_the_claim_is_one_statement(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_a_paused_queue_is_skipped_by_every_claim_until_resumed(handler):
+def test_a_paused_queue_is_skipped_by_every_claim_until_resumed(handler):
     handler("flow.mail")(lambda ctx: None)
     submit(2, "flow.mail", prefix="mail-", queue="emails")
     submit(2, "flow.mail", prefix="other-")
@@ -419,7 +419,7 @@ def test_j18_a_paused_queue_is_skipped_by_every_claim_until_resumed(handler):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_pausing_a_bad_queue_name_is_a_typed_error_and_changes_nothing():
+def test_pausing_a_bad_queue_name_is_a_typed_error_and_changes_nothing():
     with pytest.raises(InvalidSubmission):
         execution.pause_queue("no spaces")
     with pytest.raises(InvalidSubmission):
@@ -431,7 +431,7 @@ def test_j18_pausing_a_bad_queue_name_is_a_typed_error_and_changes_nothing():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j17_snooze_requeues_for_later_without_counting_an_attempt(handler):
+def test_snooze_requeues_for_later_without_counting_an_attempt(handler):
     seen: list[tuple[int, int]] = []
 
     @handler("flow.snoozy")
@@ -465,7 +465,7 @@ def test_j17_snooze_requeues_for_later_without_counting_an_attempt(handler):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j17_a_cancel_requested_first_ends_a_snoozing_job_cancelled(make_job):
+def test_a_cancel_requested_first_ends_a_snoozing_job_cancelled(make_job):
     claim = make_job.running("c")
     assert make_job.scope
     JobScope(make_job.scope).cancel("c")
@@ -476,7 +476,7 @@ def test_j17_a_cancel_requested_first_ends_a_snoozing_job_cancelled(make_job):
     assert execution.snooze(claim.token, timezone.now()) is FinishOutcome.STALE
 
 
-def test_j17_snooze_takes_a_number_of_seconds():
+def test_snooze_takes_a_number_of_seconds():
     for bad in (-1, "5", True, 10**9):
         with pytest.raises(InvalidInput):
             Snooze(bad)
@@ -484,7 +484,7 @@ def test_j17_snooze_takes_a_number_of_seconds():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j17_snoozes_never_use_up_max_attempts_but_failures_do(handler):
+def test_snoozes_never_use_up_max_attempts_but_failures_do(handler):
     """max_attempts=2: a failure, a snooze, a failure — the job ends Failed after its
     two attempts, the snooze between them not counted; a third execution never runs."""
     seen: list[int] = []
@@ -520,7 +520,7 @@ def test_j17_snoozes_never_use_up_max_attempts_but_failures_do(handler):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j17_a_worker_snoozes_a_job_counts_it_and_runs_it_again(handler):
+def test_a_worker_snoozes_a_job_counts_it_and_runs_it_again(handler):
     runs: list[int] = []
 
     @handler("flow.nap")
@@ -547,7 +547,7 @@ def test_j17_a_worker_snoozes_a_job_counts_it_and_runs_it_again(handler):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_a_finish_in_the_claims_round_trip_frees_its_slot_and_a_stale_one_does_not(handler):
+def test_a_finish_in_the_claims_round_trip_frees_its_slot_and_a_stale_one_does_not(handler):
     """max_running=1. Finishing the Running attempt and claiming in one round trip
     takes the next job at once; a stale finish (its job recovered and Running again
     under another token) frees nothing, so nothing more is claimed."""
@@ -567,7 +567,7 @@ def test_j18_a_finish_in_the_claims_round_trip_frees_its_slot_and_a_stale_one_do
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_a_claim_with_room_under_every_limit_claims_plainly_and_one_without_picks(handler):
+def test_a_claim_with_room_under_every_limit_claims_plainly_and_one_without_picks(handler):
     """max_running=5, claims of 3: the first has room for 3 more under the limit
     (the plain choice); the second has not, picks, and takes only the 2 left."""
     handler("flow.five", max_running=5)(lambda ctx: None)
@@ -579,7 +579,7 @@ def test_j18_a_claim_with_room_under_every_limit_claims_plainly_and_one_without_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_a_burst_waits_for_due_jobs_a_rate_holds_back_and_then_exits(handler):
+def test_a_burst_waits_for_due_jobs_a_rate_holds_back_and_then_exits(handler):
     starts: list[int] = []
 
     @handler("flow.burst.rated", rate=(3, 1))
@@ -604,7 +604,7 @@ def test_j18_a_burst_waits_for_due_jobs_a_rate_holds_back_and_then_exits(handler
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j18_a_burst_does_not_wait_for_a_paused_queue_under_limits(handler):
+def test_a_burst_does_not_wait_for_a_paused_queue_under_limits(handler):
     @handler("flow.burst.paused", rate=(3, 1))
     def rated(ctx):
         return "ok"

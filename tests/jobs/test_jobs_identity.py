@@ -36,7 +36,7 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-class TestJ1ScopeHash:
+class TestScopeHash:
     @pytest.mark.parametrize("scope", ["tenant-42", "Owner", "owner", "mañana-😀", " padded "])
     def test_scope_hash_is_sha256_of_utf8(self, scope: str) -> None:
         snap = submit_job(scope, "job-1", JobSubmissionFactory())
@@ -84,7 +84,7 @@ class TestJ1ScopeHash:
         assert Job.objects.count() == 0
 
 
-class TestJ1JobId:
+class TestJobId:
     @pytest.mark.parametrize(
         "job_id",
         [
@@ -156,7 +156,7 @@ class TestJ1JobId:
         assert Job.objects.count() == 3
 
 
-class TestJ1UniqueConstraints:
+class TestUniqueConstraints:
     def test_job_identity_is_unique_in_the_database(self, make_job) -> None:
         make_job.queued("job-1")
         row = make_job.row("job-1")
@@ -183,7 +183,7 @@ class TestJ1UniqueConstraints:
             attempt.save(force_insert=True)
 
 
-class TestJ2Submission:
+class TestSubmission:
     def test_submission_is_immutable(self) -> None:
         sub = JobSubmissionFactory()
         with pytest.raises(dataclasses.FrozenInstanceError):
@@ -464,7 +464,7 @@ class TestJ2Submission:
         assert len(store.get_due(limit=100, now=T0 + timedelta(microseconds=1))) == 3
 
 
-class TestJ5IdempotencyBoundary:
+class TestIdempotencyBoundary:
     def test_same_job_id_in_two_scopes_makes_two_jobs(self) -> None:
         a = submit_job("tenant-a", "invoice-17", JobSubmissionFactory())
         b = submit_job("tenant-b", "invoice-17", JobSubmissionFactory())

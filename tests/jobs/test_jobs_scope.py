@@ -31,7 +31,7 @@ T0 = datetime(2024, 3, 1, 12, 0, 0, tzinfo=UTC)
 
 
 @pytest.mark.django_db
-class TestJ13TrustBoundary:
+class TestTrustBoundary:
     @pytest.mark.parametrize("status", [JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.FAILED])
     def test_another_scope_cannot_reach_a_job(self, make_job, unchanged, status) -> None:
         if status is JobStatus.QUEUED:

@@ -42,7 +42,7 @@ def transaction_control(queries: CaptureQueriesContext) -> list[str]:
 
 
 @pytest.mark.django_db
-class TestJ3IndependentSubmit:
+class TestIndependentSubmit:
     def test_refuses_inside_atomic_and_writes_nothing(self, scope) -> None:
         with transaction.atomic():
             with pytest.raises(AmbientTransactionError, match="stage_job"):
@@ -88,7 +88,7 @@ def _fields(snap: JobSnapshot) -> dict[str, Any]:
 
 
 @pytest.mark.django_db(transaction=True)
-class TestJ3IndependentSubmitCommits:
+class TestIndependentSubmitCommits:
     def test_refuses_inside_a_real_transaction(self) -> None:
         with transaction.atomic(), pytest.raises(AmbientTransactionError):
             submit_job(SCOPE, "job-1", JobSubmissionFactory())
@@ -123,7 +123,7 @@ class TestJ3IndependentSubmitCommits:
 
 
 @pytest.mark.django_db
-class TestJ4StagedSubmit:
+class TestStagedSubmit:
     def test_requires_atomic_and_writes_nothing(self, scope) -> None:
         with pytest.raises(TransactionRequiredError, match="submit_job"):
             stage_job(SCOPE, "job-1", JobSubmissionFactory())
@@ -166,7 +166,7 @@ class TestJ4StagedSubmit:
 
 
 @pytest.mark.django_db(transaction=True)
-class TestJ4StagedSubmitCommits:
+class TestStagedSubmitCommits:
     def test_requires_a_real_transaction(self) -> None:
         with pytest.raises(TransactionRequiredError):
             stage_job(SCOPE, "job-1", JobSubmissionFactory())

@@ -74,7 +74,7 @@ def status(job_id: str) -> JobStatus:
     return snap.status
 
 
-def test_j17_a_handler_that_ignores_its_timeout_fails_and_its_slot_runs_the_next_job(
+def test_a_handler_that_ignores_its_timeout_fails_and_its_slot_runs_the_next_job(
     handler, fast, start
 ):
     release = threading.Event()
@@ -117,7 +117,7 @@ def test_j17_a_handler_that_ignores_its_timeout_fails_and_its_slot_runs_the_next
     assert running.worker.stats.failed == 1
 
 
-def test_j17_a_handler_that_stops_at_its_timeout_reads_why_and_is_retried_by_policy(
+def test_a_handler_that_stops_at_its_timeout_reads_why_and_is_retried_by_policy(
     handler, fast, start
 ):
     reasons: list[CancelReason | None] = []
@@ -140,7 +140,7 @@ def test_j17_a_handler_that_stops_at_its_timeout_reads_why_and_is_retried_by_pol
     assert snap.result_ref == "second time"
 
 
-def test_j17_an_async_handler_is_cancelled_on_its_loop_at_the_timeout(handler, settings, start):
+def test_an_async_handler_is_cancelled_on_its_loop_at_the_timeout(handler, settings, start):
     settings.JOBS = {"POLL_INTERVAL": 0.05, "TIMEOUT_GRACE_SECONDS": 60}
     cancelled = threading.Event()
 
@@ -160,7 +160,7 @@ def test_j17_an_async_handler_is_cancelled_on_its_loop_at_the_timeout(handler, s
     assert "JobTimedOut" in JobScope(SCOPE).get("sleepy").error
 
 
-def test_j17_the_heartbeat_stops_renewing_a_timed_out_attempts_lease(
+def test_the_heartbeat_stops_renewing_a_timed_out_attempts_lease(
     handler, settings, start, monkeypatch
 ):
     settings.JOBS = {
@@ -201,7 +201,7 @@ def test_j17_the_heartbeat_stops_renewing_a_timed_out_attempts_lease(
     release.set()
 
 
-def test_j17_timeout_defaults_to_the_setting_and_none_means_none(handler, settings):
+def test_timeout_defaults_to_the_setting_and_none_means_none(handler, settings):
     settings.JOBS = {"JOB_TIMEOUT_SECONDS": 30}
     handler("t.default")(lambda ctx: None)
     handler("t.none", timeout=None)(lambda ctx: None)

@@ -271,7 +271,7 @@ class TestWorkerInProcess:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j14_postgres_notify_wakes_an_idle_worker(handler, settings):
+def test_postgres_notify_wakes_an_idle_worker(handler, settings):
     """With polling effectively off (60 s), only the NOTIFY sent by the submitting
     transaction can make the idle worker pick the job up within the bound."""
     from django.db import connection
@@ -306,7 +306,7 @@ def test_j14_postgres_notify_wakes_an_idle_worker(handler, settings):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_j14_an_idle_worker_waits_between_claims_instead_of_spinning(settings, monkeypatch):
+def test_an_idle_worker_waits_between_claims_instead_of_spinning(settings, monkeypatch):
     """Nothing is due: every pass of the main loop claims once and then waits for its
     poll interval. A settle that claimed fewer jobs than it asked for must not wake
     the loop (it used to, so an idle worker ran claim statements back to back)."""

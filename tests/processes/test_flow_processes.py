@@ -82,7 +82,7 @@ def succeeded(handler: str) -> int:
     return Job.objects.filter(handler=handler, status=JobStatus.SUCCEEDED).count()
 
 
-def test_j18_max_running_holds_across_three_worker_processes(workers, tmp_path):
+def test_max_running_holds_across_three_worker_processes(workers, tmp_path):
     """300 jobs of a handler with max_running=2, three processes of 8 threads whose
     first claims start together: the sampler never sees more than 2 Running. (Whoever
     holds the slots keeps them as it finishes and claims in one transaction; the
@@ -155,7 +155,7 @@ def lock_waits() -> tuple[int, int, int]:
 
 @pytest.mark.postgres_only
 @pytest.mark.parametrize("guarded", [True, False], ids=["locked", "without-the-lock"])
-def test_j18_claims_whose_commits_are_held_back_keep_the_limit_with_or_without_the_lock(
+def test_claims_whose_commits_are_held_back_keep_the_limit_with_or_without_the_lock(
     workers, guarded
 ):
     """Three workers of 8 threads, max_running=2, every claim's commit held back.
@@ -187,7 +187,7 @@ def test_j18_claims_whose_commits_are_held_back_keep_the_limit_with_or_without_t
     assert succeeded("flow.limited") == 24
 
 
-def test_j18_max_running_per_scope_keeps_one_per_scope_and_no_scope_starves(workers, tmp_path):
+def test_max_running_per_scope_keeps_one_per_scope_and_no_scope_starves(workers, tmp_path):
     """Five scopes, the first one's 30 jobs queued ahead of the four others' 4 each:
     never more than one Running per scope, and the four small scopes finish while
     the first one's jobs still go one at a time (nothing waits behind its head)."""
@@ -220,7 +220,7 @@ def test_j18_max_running_per_scope_keeps_one_per_scope_and_no_scope_starves(work
     assert sampler.most_scopes >= 2  # scopes ran side by side
 
 
-def test_j18_a_rate_holds_in_every_window_of_attempt_start_times(workers, tmp_path):
+def test_a_rate_holds_in_every_window_of_attempt_start_times(workers, tmp_path):
     """rate=(20, 1) and 70 jobs over three processes: sorted by start time, any 21
     consecutive starts span at least one second — no window of 1 s holds more than
     20 — and some 20 fall within one (the rate was reached, not just undercut)."""
@@ -238,7 +238,7 @@ def test_j18_a_rate_holds_in_every_window_of_attempt_start_times(workers, tmp_pa
     assert any(starts[i + 19] - starts[i] < second for i in range(len(starts) - 19))
 
 
-def test_j18_a_paused_queue_is_skipped_by_every_worker_until_resumed(workers):
+def test_a_paused_queue_is_skipped_by_every_worker_until_resumed(workers):
     """Queue "emails" paused with ten jobs queued; two workers run the default
     queue's jobs and claim on and on, and nothing of "emails" starts until resumed."""
     assert execution.pause_queue("emails")
@@ -265,7 +265,7 @@ def test_j18_a_paused_queue_is_skipped_by_every_worker_until_resumed(workers):
     _stop(*procs)
 
 
-def test_j17_a_timed_out_handler_fails_and_its_slot_runs_the_next_job(workers, tmp_path):
+def test_a_timed_out_handler_fails_and_its_slot_runs_the_next_job(workers, tmp_path):
     """One slot; a handler that ignores its timeout (0.5 s) and waits on. After the
     grace the attempt fails with JobTimedOut and the next job runs in a fresh thread
     while the abandoned handler still waits; its late progress and return change

@@ -64,7 +64,7 @@ def pids(instance_id, kind: str = "action") -> dict[str, int]:
     return dict(rows.values_list("step", "pid"))
 
 
-def test_s5_sigkill_between_steps_and_recovery_finishes_without_rerunning(spawn, tmp_path):
+def test_sigkill_between_steps_and_recovery_finishes_without_rerunning(spawn, tmp_path):
     journal = tmp_path / "journal"
     run_until_killed(spawn, order(journal=str(journal)), "sagas.step.committed/reserve@1:kill")
     row = instance()
@@ -113,7 +113,7 @@ def test_a_step_that_kills_every_runner_is_failed_after_max_takeovers(spawn, tmp
     assert "step-kept-dying" in runner.output
 
 
-def test_s5_run_jobs_resumes_a_killed_saga_too_unless_told_not_to(spawn, tmp_path):
+def test_run_jobs_resumes_a_killed_saga_too_unless_told_not_to(spawn, tmp_path):
     """Recovery "inside the worker": after SIGKILL between two steps, a ``run_jobs``
     burst resumes the instance (and waits for it); with ``RECOVER_IN_WORKER`` off, a
     worker leaves it alone for ``recover_sagas``."""
@@ -145,7 +145,7 @@ def test_s5_run_jobs_resumes_a_killed_saga_too_unless_told_not_to(spawn, tmp_pat
     ["fulfilment.charge.inside@1:kill", "sagas.step.marked/charge@1:kill"],
     ids=["inside-the-step", "after-the-mark-before-commit"],
 )
-def test_s5_sigkill_inside_a_step_rolls_it_back_and_recovery_runs_it_once_more(
+def test_sigkill_inside_a_step_rolls_it_back_and_recovery_runs_it_once_more(
     spawn, tmp_path, fault
 ):
     journal = tmp_path / "journal"
@@ -166,7 +166,7 @@ def test_s5_sigkill_inside_a_step_rolls_it_back_and_recovery_runs_it_once_more(
     assert Payment.objects.get().reservation_id == row.data["reservation_id"]
 
 
-def test_s5_sigkill_while_compensating_and_recovery_finishes_the_compensation(spawn, tmp_path):
+def test_sigkill_while_compensating_and_recovery_finishes_the_compensation(spawn, tmp_path):
     journal = tmp_path / "journal"
     data = order(journal=str(journal), fail_at="ship")
     run_until_killed(spawn, data, "sagas.compensation.committed/charge@1:kill")
@@ -186,7 +186,7 @@ def test_s5_sigkill_while_compensating_and_recovery_finishes_the_compensation(sp
     assert Reservation.objects.get().released
 
 
-def test_s8_a_runner_renews_its_lease_and_a_second_runner_never_takes_over(spawn, tmp_path):
+def test_a_runner_renews_its_lease_and_a_second_runner_never_takes_over(spawn, tmp_path):
     hold = {"step": "charge", "file": str(tmp_path / "go"), "started_file": str(tmp_path / "in")}
     state = start_saga("fulfilment.order", data=order(hold=hold))
     leases = {"SAGAS_LEASE_SECONDS": "2", "SAGAS_HEARTBEAT_SECONDS": "0.2"}
@@ -234,7 +234,7 @@ def test_sigterm_stops_a_runner_after_its_current_step_and_frees_the_instance(sp
     assert runs(state.instance_id) == ["reserve", "charge", "ship"]
 
 
-def test_s8_two_recovery_processes_racing_drive_each_instance_from_one_node(spawn, tmp_path):
+def test_two_recovery_processes_racing_drive_each_instance_from_one_node(spawn, tmp_path):
     """30 instances, two runners released together (a barrier at start-up): every
     instance is claimed by exactly one of them and each step commits once, by the
     runner that claimed it."""
@@ -263,7 +263,7 @@ def test_s8_two_recovery_processes_racing_drive_each_instance_from_one_node(spaw
     assert {p for i in ids for p in pids(i).values()} <= {r.pid for r in runners}
 
 
-def test_s5_an_instance_whose_saga_is_not_registered_is_reported_and_left_untouched(spawn):
+def test_an_instance_whose_saga_is_not_registered_is_reported_and_left_untouched(spawn):
     state = store.create(
         "retired-saga",
         ["one", "two"],

@@ -47,7 +47,7 @@ def _unfinished() -> int:
     return Job.objects.exclude(status__in=[JobStatus.SUCCEEDED, JobStatus.FAILED]).count()
 
 
-def test_j14_sigkill_mid_run_loses_nothing_and_restart_recovers_own_attempts(workers, tmp_path):
+def test_sigkill_mid_run_loses_nothing_and_restart_recovers_own_attempts(workers, tmp_path):
     """500 jobs, 2 workers; one is killed with SIGKILL while its handlers run, then
     restarted with the same worker id. The lease (60 s) is far longer than the wait,
     so only the restart's recovery of its own attempts can finish the killed work."""
@@ -107,7 +107,7 @@ def _restart_runs_it_once_more(workers, job: Job) -> None:
     ]
 
 
-def test_j14_crash_after_the_handler_committed_its_effect_runs_again_once(workers):
+def test_crash_after_the_handler_committed_its_effect_runs_again_once(workers):
     """Fault point ``jobs.worker.handler_returned``: the handler has committed its side
     effect, and the process dies with SIGKILL before the attempt is completed. The
     restarted worker re-runs the job (at-least-once); the successful attempt's effect
@@ -118,7 +118,7 @@ def test_j14_crash_after_the_handler_committed_its_effect_runs_again_once(worker
     assert list(WorkLog.objects.values_list("attempt", flat=True)) == [1, 2]
 
 
-def test_j14_crash_right_after_a_claim_committed_runs_the_job_once_after_restart(workers):
+def test_crash_right_after_a_claim_committed_runs_the_job_once_after_restart(workers):
     """Fault point ``jobs.worker.claimed``: the claim committed (attempt 1 Running),
     the handler never started. The restart recovers the attempt and runs the job:
     one effect, from attempt 2."""
@@ -128,7 +128,7 @@ def test_j14_crash_right_after_a_claim_committed_runs_the_job_once_after_restart
     assert list(WorkLog.objects.values_list("attempt", flat=True)) == [2]
 
 
-def test_j14_crash_right_after_a_settle_committed_keeps_what_it_finished(workers):
+def test_crash_right_after_a_settle_committed_keeps_what_it_finished(workers):
     """Fault point ``jobs.worker.settled``: a settle finished returned attempts and
     claimed new ones in one commit, then the process died. What it finished stays
     Succeeded and never runs again; what it claimed is recovered and run by the
@@ -158,7 +158,7 @@ def test_j14_crash_right_after_a_settle_committed_keeps_what_it_finished(workers
     assert interrupted == running
 
 
-def test_j14_second_worker_never_robs_a_running_one(workers, tmp_path: Path):
+def test_second_worker_never_robs_a_running_one(workers, tmp_path: Path):
     hold, started = tmp_path / "release", tmp_path / "started"
     payload = {"hold_file": str(hold), "started_file": str(started)}
     submit_job(SCOPE, "long", JobSubmission.create("test.record", payload, max_attempts=3))
@@ -186,7 +186,7 @@ def test_j14_second_worker_never_robs_a_running_one(workers, tmp_path: Path):
 
 
 @pytest.mark.parametrize("obey", [True, False], ids=["handler-stops", "handler-ignores-signal"])
-def test_j14_sigterm_gives_back_running_job_and_next_worker_finishes_it(workers, tmp_path, obey):
+def test_sigterm_gives_back_running_job_and_next_worker_finishes_it(workers, tmp_path, obey):
     hold, started = tmp_path / "release", tmp_path / "started"
     payload = {"hold_file": str(hold), "started_file": str(started), "obey_cancel": obey}
     submit_job(SCOPE, "long", JobSubmission.create("test.record", payload, max_attempts=3))
@@ -215,7 +215,7 @@ def test_j14_sigterm_gives_back_running_job_and_next_worker_finishes_it(workers,
     assert list(WorkLog.objects.values_list("attempt", flat=True)) == [1 if obey else 2]
 
 
-def test_j14_cancelling_a_running_job_reaches_the_handler(workers):
+def test_cancelling_a_running_job_reaches_the_handler(workers):
     submit_job(SCOPE, "export", JobSubmission.create("demo.export", {"table": "orders"}))
     worker = workers("--worker-id", "w", env=FAST_LEASES)
 
@@ -238,7 +238,7 @@ def test_j14_cancelling_a_running_job_reaches_the_handler(workers):
     assert job.attempts.get().status == AttemptStatus.CANCELLED
 
 
-def test_j19_unknown_handler_is_put_back_then_failed_and_the_worker_goes_on(workers):
+def test_unknown_handler_is_put_back_then_failed_and_the_worker_goes_on(workers):
     """An old worker puts back a job it has no handler for, without consuming an
     attempt, and runs the others; once the window has passed, a worker fails it
     naming handler and version, and keeps running until SIGTERM."""
@@ -271,7 +271,7 @@ def test_j19_unknown_handler_is_put_back_then_failed_and_the_worker_goes_on(work
     assert "Traceback" not in closing.output
 
 
-def test_j14_fails_twice_then_succeeds_on_attempt_three(workers):
+def test_fails_twice_then_succeeds_on_attempt_three(workers):
     sub = JobSubmission.create("demo.flaky", {"fail_times": 2}, max_attempts=3)
     submit_job(SCOPE, "flaky", sub)
     worker = workers("--burst", env=FAST_LEASES)

@@ -39,7 +39,7 @@ def noop(ctx) -> None:
 # --------------------------------------------------------------------------- definitions
 
 
-def test_s1_definitions_are_registered_by_name_at_start_up():
+def test_definitions_are_registered_by_name_at_start_up():
     names = {d.name for d in registered_sagas()}
     assert {"fulfilment.order", "fulfilment.order-with-notice", "fulfilment.timed-order"} <= names
     definition = get_saga("fulfilment.order")
@@ -51,7 +51,7 @@ def test_s1_definitions_are_registered_by_name_at_start_up():
     assert get_saga("fulfilment.timed-order").get_step("charge").timeout == 1.0
 
 
-def test_s1_the_builder_chains_and_validates():
+def test_the_builder_chains_and_validates():
     with temporary_saga("built") as built:
         assert built.step("a", noop).step("b", noop, compensate=noop, timeout=2) is built
         assert built.step_names == ("a", "b")
@@ -74,7 +74,7 @@ def test_s1_the_builder_chains_and_validates():
         assert built.step_names == ("a", "b")
 
 
-def test_s1_defining_a_name_again_replaces_it_and_warns_across_modules(caplog):
+def test_defining_a_name_again_replaces_it_and_warns_across_modules(caplog):
     try:
         first = saga("defined-twice")
         with caplog.at_level(logging.WARNING, logger="sagas"):

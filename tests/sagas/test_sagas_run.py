@@ -40,7 +40,7 @@ def quick_retries(settings):
 # --------------------------------------------------------------------------- happy path
 
 
-def test_s1_happy_path_runs_every_step_once_in_order_and_persists_data():
+def test_happy_path_runs_every_step_once_in_order_and_persists_data():
     result = run_saga("fulfilment.order", data=ORDER, idempotency_key="order-7")
 
     assert result.status is SagaStatus.SUCCEEDED
@@ -74,7 +74,7 @@ def test_s1_happy_path_runs_every_step_once_in_order_and_persists_data():
     assert row.idempotency_key == "order-7"
 
 
-def test_s2_a_step_stages_a_job_and_emits_an_integration_event_committed_with_it():
+def test_a_step_stages_a_job_and_emits_an_integration_event_committed_with_it():
     result = run_saga("fulfilment.order", data=ORDER)
 
     shipment = Shipment.objects.get()
@@ -90,7 +90,7 @@ def test_s2_a_step_stages_a_job_and_emits_an_integration_event_committed_with_it
 @pytest.mark.parametrize(
     "point", ["fulfilment.ship.inside", "sagas.step.marked"], ids=["in-step", "after-mark"]
 )
-def test_s2_a_step_failing_after_staging_commits_neither_job_nor_event_nor_mark(point):
+def test_a_step_failing_after_staging_commits_neither_job_nor_event_nor_mark(point):
     """The failure comes after the rows, the job, the event and (for "after-mark") the
     completion mark were written in the step's transaction: all of them roll back."""
     with (
@@ -118,7 +118,7 @@ def test_s2_a_step_failing_after_staging_commits_neither_job_nor_event_nor_mark(
     ("fail_at", "completed"),
     [("reserve", []), ("charge", ["reserve"]), ("ship", ["reserve", "charge"])],
 )
-def test_s3_failure_at_each_step_compensates_completed_steps_in_reverse(fail_at, completed):
+def test_failure_at_each_step_compensates_completed_steps_in_reverse(fail_at, completed):
     with pytest.raises(SagaExecutionError) as caught:
         run_saga("fulfilment.order", data=order(fail_at=fail_at), idempotency_key="k")
 
@@ -146,7 +146,7 @@ def test_s3_failure_at_each_step_compensates_completed_steps_in_reverse(fail_at,
     assert Shipment.objects.count() == 0
 
 
-def test_s3_a_step_without_compensation_logs_a_warning_and_compensation_continues(caplog):
+def test_a_step_without_compensation_logs_a_warning_and_compensation_continues(caplog):
     with caplog.at_level(logging.WARNING, logger="sagas"), pytest.raises(SagaExecutionError):
         run_saga("fulfilment.order-with-notice", data=order(fail_at="charge"))
 
@@ -163,7 +163,7 @@ def test_s3_a_step_without_compensation_logs_a_warning_and_compensation_continue
     assert warnings[0].step == "notify"
 
 
-def test_s3_a_compensation_that_keeps_failing_leaves_the_instance_needing_attention(settings):
+def test_a_compensation_that_keeps_failing_leaves_the_instance_needing_attention(settings):
     settings.SAGAS = {**settings.SAGAS, "COMPENSATION_ATTEMPTS": 2}
     data = order(fail_at="ship", fail_compensation={"reserve": 2})
     with pytest.raises(SagaExecutionError) as caught:
@@ -196,7 +196,7 @@ def test_s3_a_compensation_that_keeps_failing_leaves_the_instance_needing_attent
     assert runs(row.instance_id, "compensation") == ["charge", "reserve"]
 
 
-def test_s3_a_compensation_failing_once_is_tried_again(caplog):
+def test_a_compensation_failing_once_is_tried_again(caplog):
     data = order(fail_at="ship", fail_compensation={"charge": 1})
     with (
         caplog.at_level(logging.WARNING, logger="sagas"),
@@ -208,7 +208,7 @@ def test_s3_a_compensation_failing_once_is_tried_again(caplog):
     assert any("try 1 of 3" in r.getMessage() for r in caplog.records)
 
 
-def test_s2_data_a_step_leaves_must_stay_json():
+def test_data_a_step_leaves_must_stay_json():
     def spoil(ctx):
         ctx.data["when"] = object()
 
@@ -228,7 +228,7 @@ def test_s2_data_a_step_leaves_must_stay_json():
 # --------------------------------------------------------------------------- idempotency
 
 
-def test_s6_the_same_key_returns_the_existing_instance_and_never_runs_twice():
+def test_the_same_key_returns_the_existing_instance_and_never_runs_twice():
     first = run_saga("fulfilment.order", data=ORDER, idempotency_key="order-7")
     # The same data in another key order is the same request.
     again = run_saga(
@@ -247,7 +247,7 @@ def test_s6_the_same_key_returns_the_existing_instance_and_never_runs_twice():
     assert other.instance_id != first.instance_id
 
 
-def test_s6_the_same_key_with_other_data_is_a_conflict_that_runs_nothing():
+def test_the_same_key_with_other_data_is_a_conflict_that_runs_nothing():
     first = run_saga("fulfilment.order", data=ORDER, idempotency_key="order-7")
     with pytest.raises(SagaIdentityConflict, match="order-7") as conflict:
         run_saga("fulfilment.order", data={**ORDER, "quantity": 99}, idempotency_key="order-7")
@@ -259,7 +259,7 @@ def test_s6_the_same_key_with_other_data_is_a_conflict_that_runs_nothing():
     assert Reservation.objects.count() == 1
 
 
-def test_s6_repeating_a_failed_run_raises_its_outcome_again_without_running():
+def test_repeating_a_failed_run_raises_its_outcome_again_without_running():
     with pytest.raises(SagaExecutionError) as first:
         run_saga("fulfilment.order", data=order(fail_at="charge"), idempotency_key="k")
     with pytest.raises(SagaExecutionError) as again:
@@ -273,7 +273,7 @@ def test_s6_repeating_a_failed_run_raises_its_outcome_again_without_running():
     assert runs(first.value.instance_id, "compensation") == ["reserve"]
 
 
-def test_s6_concurrent_requests_with_one_key_run_the_business_once(concurrently, tmp_path):
+def test_concurrent_requests_with_one_key_run_the_business_once(concurrently, tmp_path):
     data = order(journal=str(tmp_path / "journal"))
     outcomes = concurrently(
         *[lambda: run_saga("fulfilment.order", data=data, idempotency_key="once")] * 4
@@ -325,7 +325,7 @@ def test_start_saga_records_an_instance_that_recovery_drives():
 # --------------------------------------------------------------------------- timeouts
 
 
-def test_s7_a_step_ignoring_its_cancellation_is_failed_and_its_late_completion_fenced(
+def test_a_step_ignoring_its_cancellation_is_failed_and_its_late_completion_fenced(
     settings, tmp_path: Path
 ):
     """charge has its own 1 s timeout (``fulfilment.timed-order``) and ignores its cancellation.
@@ -367,7 +367,7 @@ def test_s7_a_step_ignoring_its_cancellation_is_failed_and_its_late_completion_f
     )
 
 
-def test_s7_global_timeout_cancels_a_cooperative_step(settings, tmp_path: Path):
+def test_global_timeout_cancels_a_cooperative_step(settings, tmp_path: Path):
     settings.SAGAS = {**settings.SAGAS, "STEP_TIMEOUT": 0.3, "CANCEL_GRACE_SECONDS": 5}
     hold = {"step": "charge", "file": str(tmp_path / "never"), "obey_cancel": True}
 
@@ -381,7 +381,7 @@ def test_s7_global_timeout_cancels_a_cooperative_step(settings, tmp_path: Path):
     assert Payment.objects.count() == 0
 
 
-def test_s2_step_context_carries_identity_and_its_own_unit_of_work():
+def test_step_context_carries_identity_and_its_own_unit_of_work():
     seen = {}
 
     def look(ctx):

@@ -47,7 +47,7 @@ def started_instance(name: str = "fulfilment.order", **data):
     return start_saga(name, data=order(**data))
 
 
-def test_s4_create_records_the_plan_and_a_key_is_unique_per_saga():
+def test_create_records_the_plan_and_a_key_is_unique_per_saga():
     first = store.create(
         "fulfilment.order",
         ["reserve", "charge", "ship"],
@@ -72,7 +72,7 @@ def test_s4_create_records_the_plan_and_a_key_is_unique_per_saga():
     assert a.leased_until is None
 
 
-def test_s8_exactly_one_of_several_concurrent_claims_wins(concurrently):
+def test_exactly_one_of_several_concurrent_claims_wins(concurrently):
     state = started_instance()
     outcomes = concurrently(
         *[(lambda n=n: store.claim(state, f"runner-{n}", lease_seconds=30)) for n in range(4)]
@@ -85,7 +85,7 @@ def test_s8_exactly_one_of_several_concurrent_claims_wins(concurrently):
     assert row.version == state.version + 1
 
 
-def test_s8_a_live_lease_cannot_be_claimed_and_an_expired_one_can():
+def test_a_live_lease_cannot_be_claimed_and_an_expired_one_can():
     state = started_instance()
     mine = store.claim(state, "first", lease_seconds=30)
     assert mine is not None
@@ -98,7 +98,7 @@ def test_s8_a_live_lease_cannot_be_claimed_and_an_expired_one_can():
     assert taken.leased_by == "second"
 
 
-def test_s8_renewal_extends_the_lease_without_moving_the_version():
+def test_renewal_extends_the_lease_without_moving_the_version():
     mine = store.claim(started_instance(), "me", lease_seconds=30)
     assert mine is not None
     assert mine.leased_until is not None
@@ -109,7 +109,7 @@ def test_s8_renewal_extends_the_lease_without_moving_the_version():
     assert not store.renew(mine.instance_id, "someone-else", lease_seconds=600)
 
 
-def test_s8_a_transition_from_a_stale_version_or_by_another_holder_changes_nothing():
+def test_a_transition_from_a_stale_version_or_by_another_holder_changes_nothing():
     mine = store.claim(started_instance(), "me", lease_seconds=30)
     assert mine is not None
     version = store.complete_step(mine, "me", "reserve", {"reservation_id": 1})
@@ -132,7 +132,7 @@ def test_s8_a_transition_from_a_stale_version_or_by_another_holder_changes_nothi
     )
 
 
-def test_s4_the_whole_lifecycle_through_the_store():
+def test_the_whole_lifecycle_through_the_store():
     state = store.claim(started_instance(), "me", lease_seconds=30)
     assert state is not None
     store.complete_step(state, "me", "reserve", {"r": 1})
@@ -161,7 +161,7 @@ def test_s4_the_whole_lifecycle_through_the_store():
     assert final.finished_at is not None
 
 
-def test_s8_a_stale_write_raises_the_concurrency_error():
+def test_a_stale_write_raises_the_concurrency_error():
     state = started_instance()  # both writers read this snapshot
     first = store.complete_step(state, "", "reserve", {"writer": 0})
     assert first == state.version + 1
@@ -176,7 +176,7 @@ def test_s8_a_stale_write_raises_the_concurrency_error():
     )
 
 
-def test_s8_of_two_concurrent_writers_the_later_fails(concurrently):
+def test_of_two_concurrent_writers_the_later_fails(concurrently):
     state = started_instance()
 
     def write(n: int):
@@ -192,7 +192,7 @@ def test_s8_of_two_concurrent_writers_the_later_fails(concurrently):
     assert (row.data, row.version) == ({"writer": winner}, state.version + 1)
 
 
-def test_s8_a_takeover_mid_step_fences_the_old_runners_completion(tmp_path: Path, background):
+def test_a_takeover_mid_step_fences_the_old_runners_completion(tmp_path: Path, background):
     """Runner A's step is running when runner B takes the instance over (A's lease
     looked expired to B). A's step then writes its payment and tries to mark itself
     completed: the version moved on, so A's whole step transaction rolls back, A stops
@@ -221,7 +221,7 @@ def test_s8_a_takeover_mid_step_fences_the_old_runners_completion(tmp_path: Path
 # --------------------------------------------------------------------------- recovery rules
 
 
-def test_s5_missing_definition_is_reported_and_the_instance_left_untouched():
+def test_missing_definition_is_reported_and_the_instance_left_untouched():
     with temporary_saga("retired") as retired:
         retired.step("only", lambda ctx: None)
         state = start_saga("retired", data={"n": 1})
@@ -237,7 +237,7 @@ def test_s5_missing_definition_is_reported_and_the_instance_left_untouched():
         resume_saga(state.instance_id)
 
 
-def test_s5_a_definition_without_a_stored_step_leaves_the_instance_untouched():
+def test_a_definition_without_a_stored_step_leaves_the_instance_untouched():
     with temporary_saga("shrinking") as shrinking:
         shrinking.step("one", lambda ctx: None).step("two", lambda ctx: None)
         state = start_saga("shrinking")
@@ -248,7 +248,7 @@ def test_s5_a_definition_without_a_stored_step_leaves_the_instance_untouched():
     assert instance(state.instance_id).version == state.version
 
 
-def test_s5_recovery_resumes_from_the_stored_steps_and_never_reruns_completed_ones(tmp_path):
+def test_recovery_resumes_from_the_stored_steps_and_never_reruns_completed_ones(tmp_path):
     """A runner that crashed after reserve: its lease expires; recovery runs charge and
     ship, reading the reservation from the stored data."""
     data = order(journal=str(tmp_path / "journal"))
