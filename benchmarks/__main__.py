@@ -41,7 +41,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--only",
         choices=["flow-control", "burn-down", "bulk", "cpu"],
         help="measure only this part and print its figures (flow-control: django-ledon "
-        "alone; burn-down: one process at concurrency 4 and 16 and the 5 ms handler; "
+        "alone; burn-down: the no-op handler at 1x4, 1x16 and 2x16, the 5 ms handler "
+        "at 16 (with and without look-ahead) and 64; "
         "bulk: the bulk enqueue of --systems; cpu: the CPU-bound handler, one process "
         "against run_jobs --processes)",
     )

@@ -387,12 +387,26 @@ class Runner:
         key = system.worker_config(config).key + (f"/{variant}" if variant else "")
         self.costs.setdefault(system.name, {}).setdefault(key, []).append(entry)
 
-    def sleep5(self, system: System, run: int, record: Callable[..., None]) -> float:
-        """The 5 ms handler's burn-down by one process at ``sleep_concurrency``."""
-        config = system.worker_config(WorkerConfig(1, self.plan.sleep_concurrency))
+    def sleep5(
+        self,
+        system: System,
+        run: int,
+        record: Callable[..., None],
+        concurrency: int | None = None,
+        jobs_settings: dict[str, Any] | None = None,
+    ) -> float:
+        """The 5 ms handler's burn-down by one process at ``concurrency`` (the plan's
+        ``sleep_concurrency`` by default), with ``jobs_settings`` added to our
+        workers' ``JOBS``."""
+        setup = WorkerConfig(1, concurrency or self.plan.sleep_concurrency)
+        config = system.worker_config(setup)
         jobs = self.plan.sleep_jobs_of(system.name)
-        tag = f"{system.name}-sleep5-{config.key}-run{run + 1}"
-        rate = self.burn_down(system, config, tag, jobs, kind="sleep5", variant="sleep5")
+        variant = "sleep5" + "".join(f"-{k.lower()}{v}" for k, v in (jobs_settings or {}).items())
+        tag = f"{system.name}-{variant}-{config.key}-run{run + 1}"
+        env = {"BENCH_JOBS": json.dumps(jobs_settings)} if jobs_settings else None
+        rate = self.burn_down(
+            system, config, tag, jobs, kind="sleep5", variant=variant, extra_env=env
+        )
         record(system, f"sleep5_{config.key}", rate, jobs)
         return rate
 
@@ -917,13 +931,22 @@ def cpu_alone(**session: Any) -> dict[str, Any]:
     return result
 
 
-def burn_down_alone(
-    systems: list[str], concurrencies: tuple[int, ...] = (4, 16), **session: Any
-) -> dict[str, Any]:
-    """Only the one-process burn-downs at ``concurrencies`` of ``systems`` and ours
-    with the 5 ms handler (``--only burn-down``; ``session``: the keywords of
-    :func:`_part_alone`), the systems interleaved round by round: medians, ours over
-    each other system's, the 5 ms handler's share of the ideal rate."""
+#: The no-op burn-downs of ``--only burn-down``: (worker processes, concurrency).
+ALONE_BURNS = ((1, 4), (1, 16), (2, 16))
+#: Its 5 ms handler's: (concurrency, our ``JOBS`` settings added), one process.
+ALONE_SLEEPS: tuple[tuple[int, dict[str, Any]], ...] = (
+    (16, {}),
+    (16, {"PREFETCH": 16}),
+    (64, {}),
+)
+
+
+def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
+    """Only the no-op burn-downs of :data:`ALONE_BURNS` and the 5 ms handler's of
+    :data:`ALONE_SLEEPS` (the settings only for ours) of ``systems`` (``--only
+    burn-down``; ``session``: the keywords of :func:`_part_alone`), the systems
+    interleaved round by round: medians, ours over each other system's, the 5 ms
+    handler's share of the ideal rate at each concurrency."""
     plan: Plan = session["plan"]
     with _part_alone("burn-down", systems, **session) as (runner, chosen, result):
         raw: dict[str, dict[str, list[float]]] = {s.name: {} for s in chosen}
@@ -937,12 +960,17 @@ def burn_down_alone(
             order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
             for system in order:
                 count = plan.for_system(plan.burn_jobs, system.name)
-                for concurrency in concurrencies:
-                    config = system.worker_config(WorkerConfig(1, concurrency))
+                for processes, concurrency in ALONE_BURNS:
+                    config = system.worker_config(WorkerConfig(processes, concurrency))
                     tag = f"{system.name}-{config.key}-run{run + 1}"
-                    record(system, f"c{concurrency}", runner.burn_down(system, config, tag, count))
-                rate = runner.sleep5(system, run, lambda *a, **k: None)
-                record(system, "sleep5", rate)
+                    key = f"{processes}x{concurrency}"
+                    record(system, key, runner.burn_down(system, config, tag, count))
+                for concurrency, extra in ALONE_SLEEPS:
+                    if extra and system.name != OURS:
+                        continue
+                    rate = runner.sleep5(system, run, lambda *a, **k: None, concurrency, extra)
+                    key = f"sleep5-c{concurrency}" + "".join(f"-{k.lower()}" for k in extra)
+                    record(system, key, rate)
         medians = {name: {k: median(v) for k, v in runs.items()} for name, runs in raw.items()}
         ours = medians.get(OURS, {})
         result.update(
@@ -953,9 +981,11 @@ def burn_down_alone(
                 for name, values in medians.items()
                 if name != OURS
             },
-            sleep5_of_ideal=(
-                ours["sleep5"] / (plan.sleep_concurrency * 200.0) if "sleep5" in ours else None
-            ),
+            sleep5_of_ideal={
+                key: rate / (int(key.split("-")[1][1:]) * 200.0)
+                for key, rate in ours.items()
+                if key.startswith("sleep5-")
+            },
         )
     return result
 
