@@ -93,13 +93,16 @@ class Slots:
         free slots once ``finishing`` held attempts are finished, plus the
         look-ahead, less what settles under way ``reserved``.
 
-        The look-ahead (``JOBS["PREFETCH"]`` at most) counts only the slots whose
-        handler has run less than ``JOBS["PREFETCH_MAX_WAIT"]``: those are likely to
-        free soon. A slot held by a long handler gets none, so that no job waits in
-        this worker's memory behind it while another worker could run it.
+        The look-ahead (``JOBS["PREFETCH"]`` in all, at most) is shared among the
+        slots likely to take a job soon — free ones, and those whose handler has run
+        less than ``JOBS["PREFETCH_MAX_WAIT"]``: each stands for ``PREFETCH ÷
+        concurrency`` jobs of it, rounded up. A slot held by a long handler stands
+        for none, so that no job waits in this worker's memory behind it while
+        another worker could run it. Jobs already waiting for a slot count as held.
         """
         held = self._holdings.count_locked() - finishing
-        free = self._worker.concurrency - held - reserved
+        concurrency = self._worker.concurrency
+        free = concurrency - held - reserved
         settings = self._worker.settings
         if not settings.PREFETCH:
             return free
@@ -109,7 +112,9 @@ class Slots:
             for h in self._holdings.entries_locked()
             if h.started_at is not None and not h.returned and h.started_at >= young_since
         )
-        return free + min(settings.PREFETCH, young)
+        ready = max(free, 0) + young
+        share = -(-settings.PREFETCH // concurrency)
+        return free + min(settings.PREFETCH, ready * share)
 
     def hand_back_stale(self) -> float | None:
         """Give back the look-ahead jobs that waited ``JOBS["PREFETCH_MAX_WAIT"]``

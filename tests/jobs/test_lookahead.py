@@ -125,6 +125,32 @@ def test_lookahead_counts_for_flow_limits(settings, holding):
         assert worker.running_count() == 1
 
 
+def test_lookahead_is_shared_by_the_slots_and_bounded_by_prefetch(settings, holding):
+    """Free and young slots share the look-ahead (each ``PREFETCH / concurrency``,
+    rounded up), so that a worker with few slots claims as many jobs a statement as
+    its look-ahead allows — never more than ``PREFETCH`` waiting in all."""
+    _release, started = holding
+    settings.JOBS = {**QUICK, "PREFETCH": 3, "PREFETCH_MAX_WAIT": 60}
+    submit(8)
+    worker = Worker(concurrency=2, listen=False, shutdown_timeout=0)
+    passes = threading.Semaphore(0)
+    original = worker.pause
+
+    def pause(timeout, **kwargs):
+        passes.release()
+        return original(timeout, **kwargs)
+
+    worker.pause = pause  # type: ignore[method-assign]
+    with worker_running(worker):
+        wait_until(lambda: len(started) == 2, 30, "both handlers to start")
+        for _ in range(10):  # ten more passes of the main loop, each claiming
+            assert passes.acquire(timeout=30)
+        # Two handlers running, three jobs waiting for them: PREFETCH, not one per slot.
+        assert len(running()) == 5
+        assert worker.running_count() == 5
+        assert Job.objects.filter(status=JobStatus.QUEUED).count() == 3
+
+
 def test_no_lookahead_behind_a_long_handler(settings, holding):
     """A handler that has run longer than PREFETCH_MAX_WAIT gets no look-ahead: the
     other jobs stay Queued for other workers (any taken while it was young are given
