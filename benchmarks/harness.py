@@ -931,8 +931,15 @@ def cpu_alone(**session: Any) -> dict[str, Any]:
     return result
 
 
-#: The no-op burn-downs of ``--only burn-down``: (worker processes, concurrency).
-ALONE_BURNS = ((1, 4), (1, 16), (2, 16))
+#: The no-op burn-downs of ``--only burn-down``: (worker processes, concurrency, our
+#: ``JOBS`` settings added — those set-ups only for ours).
+ALONE_BURNS: tuple[tuple[int, int, dict[str, Any]], ...] = (
+    (1, 4, {}),
+    (1, 4, {"PREFETCH": 16}),
+    (1, 16, {}),
+    (1, 16, {"PREFETCH": 16}),
+    (2, 16, {}),
+)
 #: Its 5 ms handler's: (concurrency, our ``JOBS`` settings added), one process.
 ALONE_SLEEPS: tuple[tuple[int, dict[str, Any]], ...] = (
     (16, {}),
@@ -960,11 +967,15 @@ def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
             order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
             for system in order:
                 count = plan.for_system(plan.burn_jobs, system.name)
-                for processes, concurrency in ALONE_BURNS:
+                for processes, concurrency, extra in ALONE_BURNS:
+                    if extra and system.name != OURS:
+                        continue
                     config = system.worker_config(WorkerConfig(processes, concurrency))
-                    tag = f"{system.name}-{config.key}-run{run + 1}"
-                    key = f"{processes}x{concurrency}"
-                    record(system, key, runner.burn_down(system, config, tag, count))
+                    key = f"{processes}x{concurrency}" + "".join(f"-{k.lower()}" for k in extra)
+                    tag = f"{system.name}-{key}-run{run + 1}"
+                    env = {"BENCH_JOBS": json.dumps(extra)} if extra else None
+                    rate = runner.burn_down(system, config, tag, count, extra_env=env, variant=None)
+                    record(system, key, rate)
                 for concurrency, extra in ALONE_SLEEPS:
                     if extra and system.name != OURS:
                         continue

@@ -38,6 +38,9 @@ logger = logging.getLogger("jobs.worker")
 NEVER_STARTED = "released: never started, the worker shut down"
 #: The reason stored on a look-ahead claim that waited too long for a slot.
 LOOKED_AHEAD_TOO_LONG = "released: waited too long for a slot of its worker"
+#: How much each returning handler's run time moves the typical run time (a moving
+#: average): one long handler among quick ones is felt at once.
+RUN_TIME_WEIGHT = 0.2
 
 
 class HandlerEnd(enum.Enum):
@@ -85,6 +88,9 @@ class Slots:
         self._loop_thread: threading.Thread | None = None
         #: The LISTEN thread (PostgreSQL, ``listen``), once started.
         self.listener: Listener | None = None
+        #: A moving average of the handlers' run times (seconds), under the
+        #: holdings' lock; None until a handler returned.
+        self.typical_run_time: float | None = None
 
     # ------------------------------------------------------------------ capacity
 
@@ -96,9 +102,12 @@ class Slots:
         The look-ahead (``JOBS["PREFETCH"]`` in all, at most) is shared among the
         slots likely to take a job soon — free ones, and those whose handler has run
         less than ``JOBS["PREFETCH_MAX_WAIT"]``: each stands for ``PREFETCH ÷
-        concurrency`` jobs of it, rounded up. A slot held by a long handler stands
-        for none, so that no job waits in this worker's memory behind it while
-        another worker could run it. Jobs already waiting for a slot count as held.
+        concurrency`` jobs of it, rounded up, and no more than the handlers' typical
+        run time lets start within ``PREFETCH_MAX_WAIT``. A slot held by a long
+        handler stands for none, and handlers that typically run longer than
+        ``PREFETCH_MAX_WAIT`` get no look-ahead at all, so that no job waits in this
+        worker's memory behind them while another worker could run it (nor is
+        claimed only to be given back). Jobs already waiting for a slot count as held.
         """
         held = self._holdings.count_locked() - finishing
         concurrency = self._worker.concurrency
@@ -112,8 +121,11 @@ class Slots:
             for h in self._holdings.entries_locked()
             if h.started_at is not None and not h.returned and h.started_at >= young_since
         )
-        ready = max(free, 0) + young
         share = -(-settings.PREFETCH // concurrency)
+        typical = self.typical_run_time
+        if typical is not None and typical > 0:
+            share = min(share, int(settings.PREFETCH_MAX_WAIT / typical))
+        ready = max(free, 0) + young
         return free + min(settings.PREFETCH, ready * share)
 
     def hand_back_stale(self) -> float | None:
@@ -344,6 +356,12 @@ class Slots:
         if timeout is not None:
             self._worker.wake()  # the main loop's next wait ends at the deadline
 
+    def _note_run_time_locked(self, seconds: float) -> None:
+        typical = self.typical_run_time
+        self.typical_run_time = (
+            seconds if typical is None else typical + RUN_TIME_WEIGHT * (seconds - typical)
+        )
+
     def _run_handler(self, claim: Claim, ctx: JobContext) -> HandlerEnd:
         """Run the attempt's handler and write (or defer) its end."""
         worker = self._worker
@@ -358,6 +376,8 @@ class Slots:
             if held is None or held.abandoned:
                 return HandlerEnd.ABANDONED
             held.returned = True
+            if held.started_at is not None:
+                self._note_run_time_locked(time.monotonic() - held.started_at)
         fault_point(
             "jobs.worker.handler_returned",
             job_id=claim.job_id,

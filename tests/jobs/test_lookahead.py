@@ -14,7 +14,7 @@ import pytest
 from jobs import JobScope, JobStatus, JobSubmission, submit_job
 from jobs.conf import jobs_settings
 from jobs.exceptions import JobsConfigurationError
-from jobs.models import Job
+from jobs.models import Job, JobAttempt
 from jobs.types import AttemptStatus
 from jobs.worker import Worker
 from tests.support.procs import wait_until
@@ -149,6 +149,26 @@ def test_lookahead_is_shared_by_the_slots_and_bounded_by_prefetch(settings, hold
         assert len(running()) == 5
         assert worker.running_count() == 5
         assert Job.objects.filter(status=JobStatus.QUEUED).count() == 3
+
+
+def test_handlers_typically_longer_than_the_wait_get_no_lookahead(settings, handler):
+    """Once handlers are known to run longer than ``PREFETCH_MAX_WAIT``, a free slot
+    gets no look-ahead either: jobs are not claimed only to be given back. Only the
+    claims made before any handler returned (its run time unknown) are released."""
+    settings.JOBS = {**QUICK, "PREFETCH": 3, "PREFETCH_MAX_WAIT": 0.05}
+
+    @handler("ahead.slow")
+    def run(ctx):
+        ctx.wait_for_cancel(0.1)  # its work: a tenth of a second, twice the wait
+
+    submit(8, "ahead.slow")
+    worker = Worker(concurrency=1, burst=True, listen=False)
+    worker.run()
+    assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 8
+    first_end = JobAttempt.objects.filter(status=AttemptStatus.SUCCEEDED).earliest("finished_at")
+    released = JobAttempt.objects.filter(status=AttemptStatus.RELEASED)
+    assert worker.stats.released == released.count() <= 3
+    assert not released.filter(started_at__gt=first_end.finished_at).exists()
 
 
 def test_no_lookahead_behind_a_long_handler(settings, holding):
