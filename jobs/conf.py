@@ -41,8 +41,9 @@ class JobsSettings:
     CLAIM_BATCH_SIZE: int = 16
     #: Look-ahead: jobs a worker may claim beyond its free slots, for slots whose
     #: handler will free soon, so that a slot finds its next job waiting when its
-    #: handler returns. 0: none (a slot's next job comes with its finish's commit).
-    PREFETCH: int = 0
+    #: handler returns; taken only while handlers are quick (see the worker's slots).
+    #: 0: none (a slot's next job comes with its finish's commit).
+    PREFETCH: int = 16
     #: Look-ahead is only taken for slots whose handler has run less than this many
     #: seconds, and a look-ahead job that waited this long for a slot is given back.
     PREFETCH_MAX_WAIT: float = 0.5
