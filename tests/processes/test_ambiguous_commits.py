@@ -7,13 +7,15 @@ happened; each write path must converge anyway:
 - a worker's settle (finish-and-claim), heartbeat and progress report: every job ends
   with exactly one succeeded attempt and one effect;
 - the dispatcher's "marked sent" and billing's inbox record: every order is billed
-  once (one invoice, one fresh delivery), every message ends Sent.
-
-Workflow checkpoints join this file as one more test of the same shape: drop the
-reply to the COMMIT that follows a checkpoint's write
-(``proxy.drop_reply(b"COMMIT", after=<the checkpoint table's name>)``) under a worker
-running a workflow, and check that the run resumes with every step's output recorded
-once under its (run, step) key.
+  once (one invoice, one fresh delivery), every message ends Sent;
+- a saga step: recorded once, nothing compensated;
+- a workflow checkpoint (the transaction that records an inline step with its writes,
+  a map's or an activity's with its items, or the fan-in that ends one): the advance
+  fails, its job runs again, and its replay finds the checkpoint recorded. Every run
+  succeeds, every checkpoint exists once under its (run, step) key, every inline
+  step's writes happened once, every activity item's job has one succeeded attempt;
+- ``send_signal`` retried by its caller: the retry says ``already_sent``, and the run
+  reads one signal and goes on once.
 
 Statements are not prepared (``JOBS_PREPARED_STATEMENTS=false``) so that each one's
 text crosses the proxy every time, where the proxy recognises it.
@@ -21,6 +23,7 @@ text crosses the proxy every time, where the proxy recognises it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -248,3 +251,192 @@ def test_a_saga_step_whose_commit_reply_is_lost_is_recorded_once(cluster, proxy,
         " AND data->>'order_id' LIKE '900%'",
     )
     assert runner.terminate() == 0
+
+
+#: Runs of three test workflows: two inline steps ("checks.linear"); a map of three
+#: activity items then an inline step ("checks.fanout"); one activity step
+#: ("checks.activity"). Every inline step and every activity try writes an effect row.
+START_RUNS = """
+from workflows import start_workflow
+for n in range(6):
+    start_workflow("ambiguous", f"wfamb-linear-{n}", "checks.linear", {"start": n})
+    start_workflow("ambiguous", f"wfamb-fanout-{n}", "checks.fanout", {"items": [1, 2, 3]})
+    start_workflow("ambiguous", f"wfamb-activity-{n}", "checks.activity", {"value": n})
+"""
+
+#: The checkpoints each run records: (key, kind).
+CHECKPOINTS = {
+    "linear": {("a", "step"), ("b", "step")},
+    "fanout": {("double", "map"), ("total", "step")},
+    "activity": {("double", "activity")},
+}
+
+#: The COMMITs whose replies are dropped: the transactions that record a checkpoint
+#: (an inline step's with its writes, a map's or an activity's with its items and
+#: their jobs) and those that end one (a map's or an activity's fan-in).
+CHECKPOINT_WRITES = [
+    (b'INSERT INTO "workflows_workflowstep"', 4),
+    (b'UPDATE "workflows_workflowstep"', 2),
+]
+
+OURS = "r.run_id LIKE 'wfamb-%'"
+
+
+def test_a_workflow_checkpoint_whose_commit_reply_is_lost_is_recorded_once(cluster, proxy, procs):
+    manage(cluster.url, "shell", "-c", START_RUNS, env=ENV)
+    for after, times in CHECKPOINT_WRITES:
+        proxy.drop_reply(b"COMMIT", after=after, times=times)
+    dropped = sum(times for _, times in CHECKPOINT_WRITES)
+    worker = procs.start(
+        "run_jobs", "--worker-id", "w-wf-ambiguous", "--concurrency", "2", env=ENV,
+        database_url=proxy.url(cluster.url),
+    )  # fmt: skip
+    worker.wait_until(
+        lambda: proxy.stats.replies_dropped == dropped, "every armed checkpoint reply to drop"
+    )
+    runs = f"SELECT count(*) FROM workflows_workflowrun r WHERE {OURS}"
+    succeeded = f"{runs} AND r.status = 'succeeded'"
+    # No advance or item job of these runs is left to run (none queued for a retry,
+    # none running): nothing is stuck behind a run that looks finished.
+    unfinished_jobs = (
+        "SELECT count(*) FROM jobs_job j WHERE j.status NOT IN ('succeeded', 'failed', 'cancelled')"
+        " AND (j.job_id LIKE 'wf:%' OR j.job_id LIKE 'wf-item:%')"
+    )
+    wait_until(
+        lambda: count(cluster, succeeded) == 18 and not count(cluster, unfinished_jobs),
+        180, "every run to succeed and its jobs to end", worker,
+    )  # fmt: skip
+    assert worker.proc.poll() is None, worker.output
+    assert count(cluster, runs) == 18
+    assert not count(
+        cluster,
+        f"SELECT count(*) FROM workflows_workflowrun r WHERE {OURS} AND (r.driver_token IS NOT NULL"
+        " OR r.wake_pending OR r.cancel_requested)",
+    )
+    outputs = dict(
+        cluster.rows(f"SELECT r.run_id, r.output_json FROM workflows_workflowrun r WHERE {OURS}")
+    )
+    for n in range(6):
+        assert json.loads(outputs[f"wfamb-linear-{n}"]) == {"a": n, "b": n + 1}
+        assert json.loads(outputs[f"wfamb-fanout-{n}"]) == {"doubled": [2, 4, 6], "total": 12}
+        assert json.loads(outputs[f"wfamb-activity-{n}"]) == 2 * n
+
+    # Every checkpoint exists once under its (run, step) key, succeeded.
+    steps = cluster.rows(
+        "SELECT r.run_id, s.key, s.kind, s.status, count(*) OVER (PARTITION BY s.run_id, s.key)"
+        " FROM workflows_workflowstep s JOIN workflows_workflowrun r ON r.id = s.run_id"
+        f" WHERE {OURS}"
+    )
+    recorded: dict[str, set[tuple[str, str]]] = {}
+    for run_id, key, kind, status, copies in steps:
+        assert (status, copies) == ("succeeded", 1), (run_id, key, status, copies)
+        recorded.setdefault(run_id, set()).add((key, kind))
+    assert recorded == {
+        f"wfamb-{name}-{n}": keys for name, keys in CHECKPOINTS.items() for n in range(6)
+    }
+
+    # Inline steps: their writes commit with their checkpoint, so each happened
+    # exactly once although the worker could not tell whether the commit had.
+    inline = dict(
+        ((run_id, key), copies)
+        for run_id, key, copies in cluster.rows(
+            "SELECT run_id, key, count(*) FROM workflow_checks_effect"
+            " WHERE kind = 'step' AND run_id LIKE 'wfamb-%' GROUP BY run_id, key"
+        )
+    )
+    assert inline == {
+        **{(f"wfamb-linear-{n}", key): 1 for n in range(6) for key in ("a", "b")},
+        **{(f"wfamb-fanout-{n}", "total"): 1 for n in range(6)},
+    }
+
+    # Activities run as jobs: every item ended succeeded, its job with one succeeded
+    # attempt. (An activity's own effect is at least once by contract; each try is
+    # counted on its item, and every try wrote one effect row.)
+    items = (
+        "FROM workflows_workflowitem i JOIN workflows_workflowstep s ON s.id = i.step_id"
+        f" JOIN workflows_workflowrun r ON r.id = s.run_id WHERE {OURS}"
+    )
+    assert cluster.rows(f"SELECT i.status, count(*) {items} GROUP BY i.status") == [
+        ("succeeded", 6 * 3 + 6)
+    ]
+    assert not count(
+        cluster,
+        "SELECT count(*) FROM jobs_job j WHERE j.job_id LIKE 'wf-item:%' AND (SELECT count(*)"
+        " FROM jobs_jobattempt a WHERE a.job_id = j.id AND a.status = 'succeeded') <> 1",
+    )
+    activity_effects = count(
+        cluster, "SELECT count(*) FROM workflow_checks_effect WHERE kind = 'activity'"
+        " AND run_id LIKE 'wfamb-%'",
+    )  # fmt: skip
+    assert activity_effects == count(cluster, f"SELECT sum(i.attempts) {items}")
+
+    # Each lost reply failed the advance that wrote it, whose job ran again.
+    failed_advances = count(
+        cluster,
+        "SELECT count(*) FROM jobs_jobattempt a JOIN jobs_job j ON j.id = a.job_id"
+        " WHERE j.handler = 'workflows.advance' AND a.status <> 'succeeded'",
+    )
+    assert failed_advances >= dropped
+    assert proxy.stats.replies_dropped == dropped
+    assert worker.terminate() == 0
+    print(
+        f"\ncheckpoint replies dropped: {dropped}; advance attempts failed and tried again:"
+        f" {failed_advances}; activity tries: {activity_effects} for 24 items"
+    )
+
+
+SIGNAL_TWICE = """
+from django.db import DatabaseError, InterfaceError, close_old_connections
+from workflows import send_signal
+
+try:
+    print("first:", send_signal("ambiguous", "wfamb-signal", "approved", {"by": "ops"}), flush=True)
+except (DatabaseError, InterfaceError) as exc:
+    print("first: error", type(exc).__name__, flush=True)
+    close_old_connections()  # the documented retry: a fresh connection, the same call
+    print("retry:", send_signal("ambiguous", "wfamb-signal", "approved", {"by": "ops"}), flush=True)
+"""
+
+
+def test_a_signal_whose_commit_reply_is_lost_is_sent_again_and_recorded_once(cluster, proxy, procs):
+    manage(
+        cluster.url, "shell", "-c",
+        "from workflows import start_workflow\n"
+        "start_workflow('ambiguous', 'wfamb-signal', 'checks.signals', {})\n",
+        env=ENV,
+    )  # fmt: skip
+    worker = procs.start(
+        "run_jobs", "--worker-id", "w-wf-signal", "--concurrency", "1", env=ENV,
+        database_url=cluster.url,
+    )  # fmt: skip
+    run = "FROM workflows_workflowrun WHERE run_id = 'wfamb-signal'"
+    worker.wait_until(
+        lambda: cluster.value(f"SELECT waiting_for {run}") == "signal approved",
+        "the run to wait for its signal",
+    )
+    proxy.drop_reply(b"COMMIT", after=b'INSERT INTO "workflows_workflowsignal"')
+    sender = shell(procs, proxy.url(cluster.url), SIGNAL_TWICE)
+    assert sender.wait(60) == 0, sender.output
+    assert proxy.stats.replies_dropped == 1
+    assert "first: error OperationalError" in sender.output
+    # The lost commit happened: the retry finds the same signal, and changes nothing.
+    assert "retry: already_sent" in sender.output
+    worker.wait_until(
+        lambda: cluster.value(f"SELECT status {run}") == "succeeded", "the signalled run to end"
+    )
+    assert json.loads(cluster.value(f"SELECT output_json {run}")) == {"by": "ops"}
+    assert count(
+        cluster, "SELECT count(*) FROM workflows_workflowsignal s JOIN workflows_workflowrun r"
+        " ON r.id = s.run_id WHERE r.run_id = 'wfamb-signal'",
+    ) == 1  # fmt: skip
+    # Woken once by its signal (one advance job for it), its next step run once.
+    wakes = cluster.rows(
+        "SELECT split_part(job_id, ':', 3) FROM jobs_job WHERE job_id LIKE"
+        f" 'wf:' || (SELECT id {run}) || '.%' ORDER BY 1"
+    )
+    assert wakes == [("signal",), ("start",)]
+    assert (
+        count(cluster, "SELECT count(*) FROM workflow_checks_effect WHERE run_id = 'wfamb-signal'")
+        == 1
+    )
+    assert worker.terminate() == 0
