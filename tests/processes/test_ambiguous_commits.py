@@ -10,10 +10,12 @@ happened; each write path must converge anyway:
   once (one invoice, one fresh delivery), every message ends Sent;
 - a saga step: recorded once, nothing compensated;
 - a workflow checkpoint (the transaction that records an inline step with its writes,
-  a map's or an activity's with its items, or the fan-in that ends one): the advance
-  fails, its job runs again, and its replay finds the checkpoint recorded. Every run
-  succeeds, every checkpoint exists once under its (run, step) key, every inline
-  step's writes happened once, every activity item's job has one succeeded attempt;
+  a map's or an activity's with its items, a timer, a child with its run, or the one
+  that ends a map, an activity, a timer or a child): the advance fails, its job runs
+  again, and its replay finds the checkpoint recorded. Every run succeeds, every
+  checkpoint exists once under its (run, step) key, every inline step's writes
+  happened once, every activity item's job has one succeeded attempt, every parent
+  has one child;
 - ``send_signal`` retried by its caller: the retry says ``already_sent``, and the run
   reads one signal and goes on once.
 
@@ -253,40 +255,34 @@ def test_a_saga_step_whose_commit_reply_is_lost_is_recorded_once(cluster, proxy,
     assert runner.terminate() == 0
 
 
-#: Runs of three test workflows: two inline steps ("checks.linear"); a map of three
-#: activity items then an inline step ("checks.fanout"); one activity step
-#: ("checks.activity"). Every inline step and every activity try writes an effect row.
-START_RUNS = """
-from workflows import start_workflow
-for n in range(6):
-    start_workflow("ambiguous", f"wfamb-linear-{n}", "checks.linear", {"start": n})
-    start_workflow("ambiguous", f"wfamb-fanout-{n}", "checks.fanout", {"items": [1, 2, 3]})
-    start_workflow("ambiguous", f"wfamb-activity-{n}", "checks.activity", {"value": n})
-"""
-
-#: The checkpoints each run records: (key, kind).
-CHECKPOINTS = {
-    "linear": {("a", "step"), ("b", "step")},
-    "fanout": {("double", "map"), ("total", "step")},
-    "activity": {("double", "activity")},
-}
-
-#: The COMMITs whose replies are dropped: the transactions that record a checkpoint
-#: (an inline step's with its writes, a map's or an activity's with its items and
-#: their jobs) and those that end one (a map's or an activity's fan-in).
-CHECKPOINT_WRITES = [
-    (b'INSERT INTO "workflows_workflowstep"', 4),
-    (b'UPDATE "workflows_workflowstep"', 2),
-]
-
-OURS = "r.run_id LIKE 'wfamb-%'"
+#: The COMMITs whose replies are dropped: those of the transactions that record a
+#: checkpoint (an inline step's with its writes, a map's or an activity's with its
+#: items and their jobs, a timer's, a child's with the child run) and of those that
+#: end one (a map's or an activity's fan-in, a timer that fires, a child that ended).
+RECORD = b'INSERT INTO "workflows_workflowstep"'
+END = b'UPDATE "workflows_workflowstep"'
+#: A child run is created in its parent's checkpoint transaction.
+CHILD = b'INSERT INTO "workflows_workflowrun"'
 
 
-def test_a_workflow_checkpoint_whose_commit_reply_is_lost_is_recorded_once(cluster, proxy, procs):
-    manage(cluster.url, "shell", "-c", START_RUNS, env=ENV)
-    for after, times in CHECKPOINT_WRITES:
+def run_through_lost_replies(
+    cluster: Cluster,
+    proxy: FaultProxy,
+    procs: Processes,
+    start: str,
+    drops: list[tuple[bytes, int]],
+    checkpoints: dict[str, set[tuple[str, str]]],
+) -> int:
+    """Start the runs (``start``), arm ``drops`` ((what goes before the COMMIT, how
+    many times)), and let a worker behind the proxy drive every run to its end; then
+    check what any checkpoint's lost reply must leave: every run of ``checkpoints``
+    (run id -> its (key, kind) pairs) succeeded and none held or stuck, every
+    checkpoint recorded once, every inline step's writes made once. Returns how many
+    advance attempts failed (and were tried again)."""
+    manage(cluster.url, "shell", "-c", start, env=ENV)
+    for after, times in drops:
         proxy.drop_reply(b"COMMIT", after=after, times=times)
-    dropped = sum(times for _, times in CHECKPOINT_WRITES)
+    dropped = sum(times for _, times in drops)
     worker = procs.start(
         "run_jobs", "--worker-id", "w-wf-ambiguous", "--concurrency", "2", env=ENV,
         database_url=proxy.url(cluster.url),
@@ -294,67 +290,107 @@ def test_a_workflow_checkpoint_whose_commit_reply_is_lost_is_recorded_once(clust
     worker.wait_until(
         lambda: proxy.stats.replies_dropped == dropped, "every armed checkpoint reply to drop"
     )
-    runs = f"SELECT count(*) FROM workflows_workflowrun r WHERE {OURS}"
-    succeeded = f"{runs} AND r.status = 'succeeded'"
+    ours = "r.run_id = ANY(%s)"
+    run_ids = [sorted(checkpoints)]
+    succeeded = (
+        f"SELECT count(*) FROM workflows_workflowrun r WHERE {ours} AND r.status = 'succeeded'"
+    )
     # No advance or item job of these runs is left to run (none queued for a retry,
     # none running): nothing is stuck behind a run that looks finished.
     unfinished_jobs = (
-        "SELECT count(*) FROM jobs_job j WHERE j.status NOT IN ('succeeded', 'failed', 'cancelled')"
-        " AND (j.job_id LIKE 'wf:%' OR j.job_id LIKE 'wf-item:%')"
+        "SELECT count(*) FROM jobs_job j JOIN workflows_workflowrun r"
+        " ON j.job_id LIKE 'wf:' || r.id || '.%%' OR j.job_id LIKE 'wf-item:' || r.id || '.%%'"
+        f" WHERE {ours} AND j.status NOT IN ('succeeded', 'failed', 'cancelled')"
     )
     wait_until(
-        lambda: count(cluster, succeeded) == 18 and not count(cluster, unfinished_jobs),
+        lambda: cluster.value(succeeded, run_ids) == len(checkpoints)
+        and not cluster.value(unfinished_jobs, run_ids),
         180, "every run to succeed and its jobs to end", worker,
     )  # fmt: skip
     assert worker.proc.poll() is None, worker.output
-    assert count(cluster, runs) == 18
-    assert not count(
-        cluster,
-        f"SELECT count(*) FROM workflows_workflowrun r WHERE {OURS} AND (r.driver_token IS NOT NULL"
-        " OR r.wake_pending OR r.cancel_requested)",
+    assert not cluster.value(
+        f"SELECT count(*) FROM workflows_workflowrun r WHERE {ours} AND (r.driver_token"
+        " IS NOT NULL OR r.wake_pending OR r.cancel_requested)",
+        run_ids,
     )
-    outputs = dict(
-        cluster.rows(f"SELECT r.run_id, r.output_json FROM workflows_workflowrun r WHERE {OURS}")
-    )
-    for n in range(6):
-        assert json.loads(outputs[f"wfamb-linear-{n}"]) == {"a": n, "b": n + 1}
-        assert json.loads(outputs[f"wfamb-fanout-{n}"]) == {"doubled": [2, 4, 6], "total": 12}
-        assert json.loads(outputs[f"wfamb-activity-{n}"]) == 2 * n
 
     # Every checkpoint exists once under its (run, step) key, succeeded.
     steps = cluster.rows(
         "SELECT r.run_id, s.key, s.kind, s.status, count(*) OVER (PARTITION BY s.run_id, s.key)"
         " FROM workflows_workflowstep s JOIN workflows_workflowrun r ON r.id = s.run_id"
-        f" WHERE {OURS}"
+        f" WHERE {ours}",
+        run_ids,
     )
     recorded: dict[str, set[tuple[str, str]]] = {}
     for run_id, key, kind, status, copies in steps:
         assert (status, copies) == ("succeeded", 1), (run_id, key, status, copies)
         recorded.setdefault(run_id, set()).add((key, kind))
-    assert recorded == {
-        f"wfamb-{name}-{n}": keys for name, keys in CHECKPOINTS.items() for n in range(6)
+    assert recorded == checkpoints
+
+    # Inline steps (kind "step"): their writes commit with their checkpoint, so each
+    # happened exactly once although the worker could not tell whether the commit had.
+    # (Each of these steps writes one effect row under its own key.)
+    inline = cluster.rows(
+        "SELECT run_id, key, count(*) FROM workflow_checks_effect"
+        " WHERE kind = 'step' AND run_id = ANY(%s) GROUP BY run_id, key",
+        run_ids,
+    )
+    assert {(run_id, key): copies for run_id, key, copies in inline} == {
+        (run_id, key): 1
+        for run_id, keys in checkpoints.items()
+        for key, kind in keys
+        if kind == "step"
     }
 
-    # Inline steps: their writes commit with their checkpoint, so each happened
-    # exactly once although the worker could not tell whether the commit had.
-    inline = dict(
-        ((run_id, key), copies)
-        for run_id, key, copies in cluster.rows(
-            "SELECT run_id, key, count(*) FROM workflow_checks_effect"
-            " WHERE kind = 'step' AND run_id LIKE 'wfamb-%' GROUP BY run_id, key"
+    # Each lost reply failed the advance that wrote it, whose job ran again.
+    failed_advances = int(
+        cluster.value(
+            "SELECT count(*) FROM jobs_jobattempt a JOIN jobs_job j ON j.id = a.job_id"
+            " JOIN workflows_workflowrun r ON j.job_id LIKE 'wf:' || r.id || '.%%'"
+            f" WHERE {ours} AND a.status <> 'succeeded'",
+            run_ids,
         )
     )
-    assert inline == {
-        **{(f"wfamb-linear-{n}", key): 1 for n in range(6) for key in ("a", "b")},
-        **{(f"wfamb-fanout-{n}", "total"): 1 for n in range(6)},
-    }
+    assert proxy.stats.replies_dropped == dropped
+    assert worker.terminate() == 0
+    return failed_advances
 
+
+START_STEPS = """
+from workflows import start_workflow
+for n in range(6):
+    start_workflow("ambiguous", f"wfamb-linear-{n}", "checks.linear", {"start": n})
+    start_workflow("ambiguous", f"wfamb-fanout-{n}", "checks.fanout", {"items": [1, 2, 3]})
+    start_workflow("ambiguous", f"wfamb-activity-{n}", "checks.activity", {"value": n})
+"""
+
+
+def test_a_step_checkpoint_whose_commit_reply_is_lost_is_recorded_once(cluster, proxy, procs):
+    """Inline steps ("checks.linear": two), a map of three activity items then an
+    inline step ("checks.fanout"), one activity step ("checks.activity")."""
+    checkpoints = {
+        **{f"wfamb-linear-{n}": {("a", "step"), ("b", "step")} for n in range(6)},
+        **{f"wfamb-fanout-{n}": {("double", "map"), ("total", "step")} for n in range(6)},
+        **{f"wfamb-activity-{n}": {("double", "activity")} for n in range(6)},
+    }
+    drops = [(RECORD, 4), (END, 2)]
+    failed = run_through_lost_replies(cluster, proxy, procs, START_STEPS, drops, checkpoints)
+    outputs = dict(
+        cluster.rows(
+            "SELECT run_id, output_json FROM workflows_workflowrun WHERE run_id = ANY(%s)",
+            [sorted(checkpoints)],
+        )
+    )
+    for n in range(6):
+        assert json.loads(outputs[f"wfamb-linear-{n}"]) == {"a": n, "b": n + 1}
+        assert json.loads(outputs[f"wfamb-fanout-{n}"]) == {"doubled": [2, 4, 6], "total": 12}
+        assert json.loads(outputs[f"wfamb-activity-{n}"]) == 2 * n
     # Activities run as jobs: every item ended succeeded, its job with one succeeded
-    # attempt. (An activity's own effect is at least once by contract; each try is
+    # attempt. (An activity's own effect is at least once by contract: each try is
     # counted on its item, and every try wrote one effect row.)
     items = (
         "FROM workflows_workflowitem i JOIN workflows_workflowstep s ON s.id = i.step_id"
-        f" JOIN workflows_workflowrun r ON r.id = s.run_id WHERE {OURS}"
+        " JOIN workflows_workflowrun r ON r.id = s.run_id WHERE r.run_id LIKE 'wfamb-%'"
     )
     assert cluster.rows(f"SELECT i.status, count(*) {items} GROUP BY i.status") == [
         ("succeeded", 6 * 3 + 6)
@@ -364,25 +400,55 @@ def test_a_workflow_checkpoint_whose_commit_reply_is_lost_is_recorded_once(clust
         "SELECT count(*) FROM jobs_job j WHERE j.job_id LIKE 'wf-item:%' AND (SELECT count(*)"
         " FROM jobs_jobattempt a WHERE a.job_id = j.id AND a.status = 'succeeded') <> 1",
     )
-    activity_effects = count(
+    activity_tries = count(
         cluster, "SELECT count(*) FROM workflow_checks_effect WHERE kind = 'activity'"
         " AND run_id LIKE 'wfamb-%'",
     )  # fmt: skip
-    assert activity_effects == count(cluster, f"SELECT sum(i.attempts) {items}")
-
-    # Each lost reply failed the advance that wrote it, whose job ran again.
-    failed_advances = count(
-        cluster,
-        "SELECT count(*) FROM jobs_jobattempt a JOIN jobs_job j ON j.id = a.job_id"
-        " WHERE j.handler = 'workflows.advance' AND a.status <> 'succeeded'",
-    )
-    assert failed_advances >= dropped
-    assert proxy.stats.replies_dropped == dropped
-    assert worker.terminate() == 0
+    assert activity_tries == count(cluster, f"SELECT sum(i.attempts) {items}")
+    assert failed >= 6
     print(
-        f"\ncheckpoint replies dropped: {dropped}; advance attempts failed and tried again:"
-        f" {failed_advances}; activity tries: {activity_effects} for 24 items"
+        f"\nstep checkpoint replies dropped: 6; advance attempts failed and tried again:"
+        f" {failed}; activity tries: {activity_tries} for 24 items"
     )
+
+
+START_WAITS = """
+from workflows import start_workflow
+for n in range(4):
+    start_workflow("ambiguous", f"wfwait-timer-{n}", "checks.sleeper", {"seconds": 1})
+    start_workflow("ambiguous", f"wfwait-parent-{n}", "checks.parent", {})
+"""
+
+
+def test_a_timer_or_child_checkpoint_whose_commit_reply_is_lost_is_recorded_once(
+    cluster, proxy, procs
+):
+    """A timer between two inline steps ("checks.sleeper"), a child run of two inline
+    steps ("checks.parent")."""
+    checkpoints = {
+        **{
+            f"wfwait-timer-{n}": {("before", "step"), ("nap", "sleep"), ("after", "step")}
+            for n in range(4)
+        },
+        **{f"wfwait-parent-{n}": {("kid", "child")} for n in range(4)},
+        **{f"wfwait-parent-{n}/kid": {("a", "step"), ("b", "step")} for n in range(4)},
+    }
+    drops = [(CHILD, 2), (END, 3), (RECORD, 2)]
+    failed = run_through_lost_replies(cluster, proxy, procs, START_WAITS, drops, checkpoints)
+    outputs = dict(
+        cluster.rows(
+            "SELECT run_id, output_json FROM workflows_workflowrun WHERE run_id LIKE 'wfwait-%'"
+        )
+    )
+    for n in range(4):
+        assert json.loads(outputs[f"wfwait-timer-{n}"]) == "woke"
+        assert json.loads(outputs[f"wfwait-parent-{n}"]) == {"child": {"a": 10, "b": 11}}
+    # One child per parent, although a parent's checkpoint that created its child
+    # may have lost its reply.
+    assert count(cluster, "SELECT count(*) FROM workflows_workflowrun WHERE parent_id IS NOT NULL"
+                 " AND run_id LIKE 'wfwait-%'") == 4  # fmt: skip
+    assert failed >= 7
+    print(f"\ntimer and child checkpoint replies dropped: 7; advance attempts failed: {failed}")
 
 
 SIGNAL_TWICE = """
