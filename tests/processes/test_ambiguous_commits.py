@@ -16,6 +16,7 @@ happened; each write path must converge anyway:
   checkpoint exists once under its (run, step) key, every inline step's writes
   happened once, every activity item's job has one succeeded attempt, every parent
   has one child;
+- ``start_workflow`` retried by its caller returns the same run, with one first advance;
 - ``send_signal`` retried by its caller: the retry says ``already_sent``, and the run
   reads one signal and goes on once.
 
@@ -449,6 +450,36 @@ def test_a_timer_or_child_checkpoint_whose_commit_reply_is_lost_is_recorded_once
                  " AND run_id LIKE 'wfwait-%'") == 4  # fmt: skip
     assert failed >= 7
     print(f"\ntimer and child checkpoint replies dropped: 7; advance attempts failed: {failed}")
+
+
+START_TWICE = """
+from django.db import DatabaseError, InterfaceError, close_old_connections
+from workflows import start_workflow
+
+try:
+    run = start_workflow("ambiguous", "wfstart-1", "checks.linear", {"start": 1})
+    print("first: created" if run.created else "first: existing", flush=True)
+except (DatabaseError, InterfaceError) as exc:
+    print("first: error", type(exc).__name__, flush=True)
+    close_old_connections()  # the documented retry: a fresh connection, the same call
+    run = start_workflow("ambiguous", "wfstart-1", "checks.linear", {"start": 1})
+    print("retry: created" if run.created else "retry: existing", flush=True)
+"""
+
+
+def test_a_workflow_start_whose_reply_is_lost_is_retried_into_the_same_run(cluster, proxy, procs):
+    proxy.drop_reply(b"COMMIT", after=b'INSERT INTO "workflows_workflowrun"')
+    proc = shell(procs, proxy.url(cluster.url), START_TWICE)
+    assert proc.wait(60) == 0, proc.output
+    assert proxy.stats.replies_dropped == 1
+    assert "first: error OperationalError" in proc.output
+    assert "retry: existing" in proc.output  # the lost commit happened
+    run = "SELECT id FROM workflows_workflowrun WHERE run_id = 'wfstart-1'"
+    assert cluster.rows(run) == [(cluster.value(run),)]
+    # Its first advance was staged with it, once.
+    assert count(
+        cluster, f"SELECT count(*) FROM jobs_job WHERE job_id = 'wf:' || ({run}) || '.0:start'"
+    ) == 1  # fmt: skip
 
 
 SIGNAL_TWICE = """
