@@ -18,7 +18,10 @@ happened; each write path must converge anyway:
   has one child;
 - ``start_workflow`` retried by its caller returns the same run, with one first advance;
 - ``send_signal`` retried by its caller: the retry says ``already_sent``, and the run
-  reads one signal and goes on once.
+  reads one signal and goes on once;
+- a run's cancel or resume retried by its caller: the cancel answers
+  ``already_finished``, the resume ``InvalidTransition`` (the run no longer Failed),
+  and the run was cancelled, or resumed, once.
 
 Statements are not prepared (``JOBS_PREPARED_STATEMENTS=false``) so that each one's
 text crosses the proxy every time, where the proxy recognises it.
@@ -479,6 +482,64 @@ def test_a_workflow_start_whose_reply_is_lost_is_retried_into_the_same_run(clust
     # Its first advance was staged with it, once.
     assert count(
         cluster, f"SELECT count(*) FROM jobs_job WHERE job_id = 'wf:' || ({run}) || '.0:start'"
+    ) == 1  # fmt: skip
+
+
+#: Cancel or resume a run (filled in with ``.format(what=…, run_id=…)``).
+STEER_TWICE = """
+from django.db import DatabaseError, InterfaceError, close_old_connections
+from workflows import WorkflowScope
+from workflows.exceptions import InvalidTransition
+
+what, run_id = {what!r}, {run_id!r}
+runs = WorkflowScope("ambiguous")
+call = runs.cancel if what == "cancel" else runs.resume
+try:
+    call(run_id)
+    print("first: done", flush=True)
+except (DatabaseError, InterfaceError) as exc:
+    print("first: error", type(exc).__name__, flush=True)
+    close_old_connections()  # the documented retry: a fresh connection, the same call
+    try:
+        outcome = call(run_id)
+        print("retry:", getattr(outcome, "value", "resumed"), flush=True)
+    except InvalidTransition:
+        print("retry: InvalidTransition;", runs.get(run_id).status, flush=True)
+"""
+
+
+def test_a_cancel_or_resume_whose_reply_is_lost_is_read_back(cluster, proxy, procs):
+    manage(
+        cluster.url, "shell", "-c",
+        "from workflows import start_workflow\n"
+        "from workflows.testing import run_workflow\n"
+        "start_workflow('ambiguous', 'wfcancel-1', 'checks.signals', {})\n"
+        "start_workflow('ambiguous', 'wfresume-1', 'checks.flaky', {'fail_times': 1,"
+        " 'retries': 0})\n"
+        "assert run_workflow('ambiguous', 'wfresume-1').status == 'failed'\n",
+        env=ENV,
+    )  # fmt: skip
+    url = proxy.url(cluster.url)
+    for what, run_id in [("cancel", "wfcancel-1"), ("resume", "wfresume-1")]:
+        proxy.drop_reply(b"COMMIT", after=b'UPDATE "workflows_workflowrun"')
+        proc = shell(procs, url, STEER_TWICE.format(what=what, run_id=run_id))
+        assert proc.wait(60) == 0, proc.output
+        assert "first: error OperationalError" in proc.output, proc.output
+    assert proxy.stats.replies_dropped == 2
+    cancel_out, resume_out = (proc.output for proc in procs.started)
+    # The lost cancel had ended the run: the retry finds it finished, changes nothing.
+    assert "retry: already_finished" in cancel_out
+    assert cluster.value(
+        "SELECT status FROM workflows_workflowrun WHERE run_id = 'wfcancel-1'"
+    ) == ("cancelled")
+    # The lost resume had happened: the retry is refused (the run is no longer Failed),
+    # and the run was resumed once: one new generation, one advance for it.
+    assert "retry: InvalidTransition; waiting" in resume_out
+    run = "FROM workflows_workflowrun WHERE run_id = 'wfresume-1'"
+    assert cluster.rows(f"SELECT status, generation {run}") == [("waiting", 1)]
+    assert count(
+        cluster, f"SELECT count(*) FROM jobs_job WHERE job_id LIKE 'wf:' || (SELECT id {run})"
+        " || '.1:%'",
     ) == 1  # fmt: skip
 
 
