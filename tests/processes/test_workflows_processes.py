@@ -10,14 +10,13 @@ import signal
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from jobs.models import Job
 from testproject.workflow_checks.models import Effect
 from tests.support.brokers import Processes
-from tests.support.cluster import Cluster, conninfo
+from tests.support.cluster import Cluster
 from tests.support.procs import ManageProcess, WorkerProcess, manage, wait_until
 from tests.support.proxy import FaultProxy
 from workflows import RunStatus, WorkflowScope, send_signal, start_workflow
@@ -223,13 +222,6 @@ def cluster() -> Iterator[Cluster]:
     server.stop()
 
 
-def rows(cluster: Cluster, sql: str) -> list[tuple[Any, ...]]:
-    import psycopg
-
-    with psycopg.connect(conninfo(cluster.url)) as conn:
-        return conn.execute(sql).fetchall()
-
-
 @pytest.mark.postgres_only
 @pytest.mark.timeout(300)
 def test_an_inline_checkpoint_whose_commit_reply_is_lost_is_recorded_once(cluster, tmp_path):
@@ -260,12 +252,12 @@ def test_an_inline_checkpoint_whose_commit_reply_is_lost_is_recorded_once(cluste
             procs.close()
         assert proxy.stats.replies_dropped == 1
     effects = "SELECT key, count(*) FROM workflow_checks_effect WHERE run_id = 'amb-1' GROUP BY key"
-    assert dict(rows(cluster, effects)) == {"a": 1, "b": 1}
+    assert dict(cluster.rows(effects)) == {"a": 1, "b": 1}
     steps = (
         "SELECT s.key, s.status, s.result_json FROM workflows_workflowstep s"
         " JOIN workflows_workflowrun r ON r.id = s.run_id WHERE r.run_id = 'amb-1' ORDER BY s.id"
     )
-    assert rows(cluster, steps) == [("a", "succeeded", "3"), ("b", "succeeded", "4")]
+    assert cluster.rows(steps) == [("a", "succeeded", "3"), ("b", "succeeded", "4")]
 
 
 @pytest.mark.postgres_only

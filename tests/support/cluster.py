@@ -58,3 +58,10 @@ class Cluster:
             row = conn.execute(query, params).fetchone()
         assert row is not None
         return row[0]
+
+    def rows(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """Every row of ``query``."""
+        import psycopg
+
+        with psycopg.connect(conninfo(self.url)) as conn:
+            return conn.execute(query, params).fetchall()

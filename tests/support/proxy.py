@@ -101,7 +101,7 @@ class FaultProxy:
         self.reply_dropped = threading.Event()
         self._mode = Mode.FORWARD
         self._links: set[_Link] = set()
-        self._armed: list[bytes] = []
+        self._armed: list[_Trigger] = []
         self._loop = asyncio.new_event_loop()
         self._flowing: asyncio.Event | None = None
         self._server: asyncio.Server | None = None
