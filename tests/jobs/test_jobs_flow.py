@@ -122,9 +122,7 @@ def test_concurrent_claims_never_take_the_last_slot_twice(handler, limit):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres_only
-def test_without_the_advisory_lock_two_claims_take_the_last_start_of_a_rate(
-    handler, monkeypatch
-):
+def test_without_the_advisory_lock_two_claims_take_the_last_start_of_a_rate(handler, monkeypatch):
     """The race for a rate's last start with the lock taken out: the claims count the
     window's starts in parallel and more than one takes it. This is what the lock
     prevents (and what the test above would catch)."""
@@ -348,9 +346,7 @@ def _statements(monkeypatch) -> list[str]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_without_limits_the_claim_is_one_statement(
-    handler, django_assert_num_queries, monkeypatch
-):
+def test_without_limits_the_claim_is_one_statement(handler, django_assert_num_queries, monkeypatch):
     """No limit configured: the plain claim of :func:`jobs.store.sql.claim`, one
     statement (PostgreSQL; SQLite adds its attempt rows' insert), never the locking
     path. With ``max_running`` on PostgreSQL, while it does not bind: the counted claim,

@@ -145,9 +145,7 @@ def test_run_jobs_resumes_a_killed_saga_too_unless_told_not_to(spawn, tmp_path):
     ["fulfilment.charge.inside@1:kill", "sagas.step.marked/charge@1:kill"],
     ids=["inside-the-step", "after-the-mark-before-commit"],
 )
-def test_sigkill_inside_a_step_rolls_it_back_and_recovery_runs_it_once_more(
-    spawn, tmp_path, fault
-):
+def test_sigkill_inside_a_step_rolls_it_back_and_recovery_runs_it_once_more(spawn, tmp_path, fault):
     journal = tmp_path / "journal"
     run_until_killed(spawn, order(journal=str(journal)), fault)
     row = instance()
