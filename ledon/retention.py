@@ -7,8 +7,9 @@ them, ``--dry-run`` only counting."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
@@ -23,7 +24,8 @@ DEFAULT_BATCH = 1000
 MAX_BATCH = 100_000
 
 
-class Purge(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Purge:
     """One table that grows: ``what`` it holds (``"finished job(s)"``), the app's
     ``settings`` reader and the ``key`` of its retention there (``"RETENTION_SECONDS"``),
     ``delete(older_than=, limit=)`` deleting one bounded batch and returning how many,
