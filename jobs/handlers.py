@@ -232,8 +232,7 @@ def job_handler(
         )
         key = (name, version)
         with _lock:
-            existing = _registry.get(key)
-            conflict = other_definition(existing.func if existing is not None else None, func)
+            conflict = other_definition(_registry.get(key), func)
             if conflict is not None:
                 raise JobsConfigurationError(
                     f"handler {name!r} version {version} is already registered by {conflict}"

@@ -5,7 +5,7 @@ registered again."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 
 def qualified_name(func: Callable[..., Any]) -> str:
@@ -13,11 +13,18 @@ def qualified_name(func: Callable[..., Any]) -> str:
     return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
 
 
-def other_definition(registered: Callable[..., Any] | None, func: Callable[..., Any]) -> str | None:
-    """The qualified name of ``registered`` if it is another function than ``func``: a
-    conflict. None if nothing is registered, or if it is ``func`` itself — the same
-    definition registered again (its module imported twice, or reloaded), which is
-    no conflict."""
-    if registered is None or qualified_name(registered) == qualified_name(func):
+class Registered(Protocol):
+    """What a registry holds under a name: a spec of the function it registered."""
+
+    @property
+    def func(self) -> Callable[..., Any]: ...
+
+
+def other_definition(registered: Registered | None, func: Callable[..., Any]) -> str | None:
+    """The qualified name of the function ``registered`` holds if it is another one than
+    ``func``: a conflict. None if nothing is registered, or if it is ``func`` itself —
+    the same definition registered again (its module imported twice, or reloaded),
+    which is no conflict."""
+    if registered is None or qualified_name(registered.func) == qualified_name(func):
         return None
-    return qualified_name(registered)
+    return qualified_name(registered.func)

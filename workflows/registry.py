@@ -80,8 +80,7 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Body], Body]:
         if not callable(func):
             raise InvalidWorkflow(f"workflow {name!r} must decorate a function")
         with _lock:
-            existing = _workflows.get((name, version))
-            other = other_definition(existing.func if existing is not None else None, func)
+            other = other_definition(_workflows.get((name, version)), func)
             if other is not None:
                 raise InvalidWorkflow(
                     f"workflow {name!r} version {version} is defined twice: "
@@ -123,7 +122,7 @@ def activity(
         )
         with _lock:
             existing = _activities.get(name)
-            other = other_definition(existing.func if existing is not None else None, func)
+            other = other_definition(existing, func)
             if other is not None:
                 raise InvalidWorkflow(
                     f"activity {name!r} is defined twice: {other} and {qualified_name(func)}"

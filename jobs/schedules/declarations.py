@@ -374,10 +374,7 @@ def _register(spec: ScheduleSpec) -> ScheduleSpec:
 
 def _defer(name: str, pending: _Pending) -> None:
     with _lock:
-        known = _pending.get(name)
-        if name in _specs or (
-            known is not None and other_definition(known.func, pending.func) is not None
-        ):
+        if name in _specs or other_definition(_pending.get(name), pending.func) is not None:
             raise InvalidSchedule(
                 f"schedule {name!r} is already declared; schedule names must be unique"
             )
