@@ -1,6 +1,6 @@
-"""What the three apps' settings share: the reader of a settings dict, where their
-reference lives, and the message for keys that do not exist (with the key that was
-probably meant)."""
+"""What the apps' settings share: the reader of a settings dict, the checks of values
+every app makes alike (:class:`ValueChecks`), where their reference lives, and the
+message for keys that do not exist (with the key that was probably meant)."""
 
 from __future__ import annotations
 
