@@ -12,7 +12,6 @@ paused or resumed by actions guarded by ``jobs.change_queue``.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections import Counter
 from typing import Any
 
@@ -28,6 +27,7 @@ from ledon.admin import (
     ReadOnlyAdminMixin,
     ReadOnlyModelAdmin,
     TabularInline,
+    indented_json,
     report_changes,
     report_refusals,
     state_action,
@@ -163,10 +163,8 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
 
     @admin.display(description="payload")
     def payload_pretty(self, obj: Job) -> SafeString:
-        try:
-            text = json.dumps(json.loads(obj.payload_json), indent=2, ensure_ascii=False)
-        except ValueError:
-            text = obj.payload_json  # shown as stored rather than hidden
+        # In the order it was submitted: the payload is kept byte-exact.
+        text = indented_json(obj.payload_json, sort_keys=False)
         return format_html('<pre class="jobs-payload">{}</pre>', text)
 
     # ------------------------------------------------------------------ search

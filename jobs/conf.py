@@ -6,7 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledon.conf import SettingsReader, is_database_alias_or_none, is_number, unknown_keys_message
+from ledon.conf import (
+    SettingsReader,
+    ValueChecks,
+    is_database_alias_or_none,
+    is_number,
+    unknown_keys_message,
+)
 
 from . import validation
 from .exceptions import InvalidLimits, JobsConfigurationError
@@ -115,6 +121,9 @@ class JobsSettings:
     QUEUES: dict[str, Any] = field(default_factory=dict)
 
 
+_values = ValueChecks("JOBS", JobsConfigurationError)
+
+
 def _check(result: JobsSettings) -> None:
     """Raise :class:`~jobs.exceptions.JobsConfigurationError` for a bad value."""
     middleware = result.MIDDLEWARE
@@ -124,7 +133,8 @@ def _check(result: JobsSettings) -> None:
         raise JobsConfigurationError(
             f"JOBS['MIDDLEWARE'] must be a list of dotted paths, got {middleware!r}"
         )
-    positive = (
+    _values.positive(
+        result,
         "LEASE_SECONDS",
         "HEARTBEAT_SECONDS",
         "POLL_INTERVAL",
@@ -140,10 +150,6 @@ def _check(result: JobsSettings) -> None:
         "WORKERS_SILENT_AFTER",
         "WORKERS_RETENTION_SECONDS",
     )
-    for key in positive:
-        value = getattr(result, key)
-        if not is_number(value) or value <= 0:
-            raise JobsConfigurationError(f"JOBS[{key!r}] must be a positive number, got {value!r}")
     if result.HEARTBEAT_SECONDS >= result.LEASE_SECONDS:
         raise JobsConfigurationError(
             "JOBS['HEARTBEAT_SECONDS'] must be shorter than JOBS['LEASE_SECONDS'] "
@@ -154,27 +160,21 @@ def _check(result: JobsSettings) -> None:
         raise JobsConfigurationError(
             f"JOBS['MAX_SNOOZES'] must be an int from 0 to 1000000, got {snoozes!r}"
         )
-    retention = result.RETENTION_SECONDS
-    if retention is not None and (not is_number(retention) or retention <= 0):
-        raise JobsConfigurationError(
-            f"JOBS['RETENTION_SECONDS'] must be None or a positive number, got {retention!r}"
-        )
-    for key in ("UNKNOWN_HANDLER_RETRY_SECONDS", "UNKNOWN_HANDLER_RETRY_DELAY"):
-        value = getattr(result, key)
-        if not is_number(value) or value < 0:
-            raise JobsConfigurationError(
-                f"JOBS[{key!r}] must be a number of seconds >= 0, got {value!r}"
-            )
+    _values.positive_or_none(result, "RETENTION_SECONDS", "JOB_TIMEOUT_SECONDS")
+    _values.not_negative(
+        result,
+        "UNKNOWN_HANDLER_RETRY_SECONDS",
+        "UNKNOWN_HANDLER_RETRY_DELAY",
+        "TIMEOUT_GRACE_SECONDS",
+    )
     if not is_database_alias_or_none(result.LISTEN_DATABASE):
         raise JobsConfigurationError(
             "JOBS['LISTEN_DATABASE'] must be None or an alias of DATABASES, "
             f"got {result.LISTEN_DATABASE!r}"
         )
-    if not isinstance(result.PREPARED_STATEMENTS, bool):
-        raise JobsConfigurationError("JOBS['PREPARED_STATEMENTS'] must be True or False")
-    for key in ("SCHEDULER", "METRICS", "TRACING", "ASYNCHRONOUS_COMMIT"):
-        if not isinstance(getattr(result, key), bool):
-            raise JobsConfigurationError(f"JOBS[{key!r}] must be True or False")
+    _values.flags(
+        result, "PREPARED_STATEMENTS", "SCHEDULER", "METRICS", "TRACING", "ASYNCHRONOUS_COMMIT"
+    )
     prefetch = result.PREFETCH
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 0 <= prefetch <= 1000:
         raise JobsConfigurationError(
@@ -185,30 +185,13 @@ def _check(result: JobsSettings) -> None:
             "JOBS['PREFETCH_MAX_WAIT'] must be a positive number of seconds, "
             f"got {result.PREFETCH_MAX_WAIT!r}"
         )
-    if isinstance(result.WORKERS_SILENT_AFTER, bool) or not isinstance(
-        result.WORKERS_SILENT_AFTER, int
-    ):
-        raise JobsConfigurationError("JOBS['WORKERS_SILENT_AFTER'] must be a positive int")
-    if isinstance(result.SCHEDULE_MAX_CATCH_UP, bool) or not isinstance(
-        result.SCHEDULE_MAX_CATCH_UP, int
-    ):
-        raise JobsConfigurationError("JOBS['SCHEDULE_MAX_CATCH_UP'] must be a positive int")
+    _values.positive_ints(result, "WORKERS_SILENT_AFTER", "SCHEDULE_MAX_CATCH_UP")
     try:
         scope_hash(result.SCHEDULE_SCOPE)
     except ValueError as exc:
         raise JobsConfigurationError(
             f"JOBS['SCHEDULE_SCOPE'] is not a valid scope: {exc}"
         ) from None
-    timeout = result.JOB_TIMEOUT_SECONDS
-    if timeout is not None and (not is_number(timeout) or timeout <= 0):
-        raise JobsConfigurationError(
-            f"JOBS['JOB_TIMEOUT_SECONDS'] must be None or a positive number, got {timeout!r}"
-        )
-    grace = result.TIMEOUT_GRACE_SECONDS
-    if not is_number(grace) or grace < 0:
-        raise JobsConfigurationError(
-            f"JOBS['TIMEOUT_GRACE_SECONDS'] must be a number of seconds >= 0, got {grace!r}"
-        )
     _check_queues(result.QUEUES)
     if not isinstance(result.AUTODISCOVER_MODULE, str) or not result.AUTODISCOVER_MODULE:
         raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")

@@ -21,6 +21,7 @@ from typing import Any
 from django.utils.module_loading import autodiscover_modules
 
 from ledon.errors import format_error, storable_text
+from ledon.naming import other_definition
 
 from . import validation
 from .conf import jobs_settings
@@ -231,11 +232,10 @@ def job_handler(
         )
         key = (name, version)
         with _lock:
-            existing = _registry.get(key)
-            if existing is not None and _qualified(existing.func) != _qualified(func):
+            conflict = other_definition(_registry.get(key), func)
+            if conflict is not None:
                 raise JobsConfigurationError(
-                    f"handler {name!r} version {version} is already registered "
-                    f"by {_qualified(existing.func)}"
+                    f"handler {name!r} version {version} is already registered by {conflict}"
                 )
             for other in _registry.values():
                 if other.name == name and other.version != version and other.limits != limits:
@@ -250,10 +250,6 @@ def job_handler(
         return func
 
     return decorator
-
-
-def _qualified(func: Callable[..., Any]) -> str:
-    return f"{func.__module__}.{func.__qualname__}"
 
 
 def get_handler(name: str, version: int) -> HandlerSpec:

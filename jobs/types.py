@@ -12,6 +12,7 @@ from typing import Any, Self
 
 from django.db import models
 
+from ledon.values import CancelOutcome as CancelOutcome
 from ledon.values import FencedOutcome, from_row
 
 from . import validation
@@ -63,14 +64,6 @@ class ExecutionStatus(enum.Enum):
     ACTIVE = "active"
     CANCEL_REQUESTED = "cancel_requested"
     ENDED = "ended"
-
-
-class CancelOutcome(enum.Enum):
-    """What ``JobScope.cancel`` did."""
-
-    CANCELLED = "cancelled"  # the job was Queued and is now Cancelled
-    REQUESTED = "requested"  # the job is Running; its handler is asked to stop
-    ALREADY_FINISHED = "already_finished"  # nothing to do: the job had already finished
 
 
 class FinishOutcome(FencedOutcome):

@@ -13,6 +13,7 @@ base of every read-only admin.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,6 +26,16 @@ _Action = TypeVar("_Action", bound=Callable[..., Any])
 
 #: Outcomes listed one by one after an action; the rest are counted.
 MAX_LISTED = 10
+
+
+def indented_json(value: Any, *, sort_keys: bool = True) -> str:
+    """``value`` (JSON text, or a value already parsed) indented for reading on an admin
+    page; text that is not JSON is shown as it is stored rather than hidden."""
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+        return json.dumps(parsed, indent=2, ensure_ascii=False, sort_keys=sort_keys)
+    except ValueError:
+        return str(value)
 
 
 #: The permission of every state-changing action (see ``has_steer_permission``).

@@ -1,6 +1,6 @@
-"""What the three apps' settings share: the reader of a settings dict, where their
-reference lives, and the message for keys that do not exist (with the key that was
-probably meant)."""
+"""What the apps' settings share: the reader of a settings dict, the checks of values
+every app makes alike (:class:`ValueChecks`), where their reference lives, and the
+message for keys that do not exist (with the key that was probably meant)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,62 @@ def unknown_keys_message(what: str, unknown: Iterable[str], known: Iterable[str]
         close = difflib.get_close_matches(key, choices, n=1, cutoff=0.7)
         parts.append(f"{key} (did you mean {close[0]!r}?)" if close else key)
     return f"unknown {what}: {', '.join(parts)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueChecks:
+    """The checks of one app's settings values that every app makes alike. Each raises
+    ``error`` (the app's ``ImproperlyConfigured``) for the first bad key, with the
+    message every setting uses: ``OUTBOX['BATCH_SIZE'] must be a positive integer, got
+    0``."""
+
+    setting: str
+    error: Callable[[str], Exception]
+
+    def fail(self, result: object, key: str, expected: str) -> Exception:
+        """The error for ``key`` of ``result``, which must be ``expected``."""
+        return self.error(
+            f"{self.setting}[{key!r}] must be {expected}, got {getattr(result, key)!r}"
+        )
+
+    def _each(
+        self, result: object, keys: Iterable[str], good: Callable[[Any], bool], expected: str
+    ) -> None:
+        for key in keys:
+            if not good(getattr(result, key)):
+                raise self.fail(result, key, expected)
+
+    def flags(self, result: object, *keys: str) -> None:
+        """Each of ``keys`` is True or False."""
+        self._each(result, keys, lambda value: isinstance(value, bool), "True or False")
+
+    def positive(self, result: object, *keys: str) -> None:
+        """Each of ``keys`` is a number above 0."""
+        self._each(result, keys, lambda value: is_number(value) and value > 0, "a positive number")
+
+    def positive_or_none(self, result: object, *keys: str) -> None:
+        """Each of ``keys`` is None or a number above 0 (a retention: None keeps for ever)."""
+        self._each(
+            result,
+            keys,
+            lambda value: value is None or (is_number(value) and value > 0),
+            "a positive number or None",
+        )
+
+    def not_negative(self, result: object, *keys: str) -> None:
+        """Each of ``keys`` is a number of seconds, 0 or more (a delay)."""
+        self._each(
+            result, keys, lambda value: is_number(value) and value >= 0, "a number of seconds >= 0"
+        )
+
+    def positive_ints(self, result: object, *keys: str) -> None:
+        """Each of ``keys`` is an int above 0 (a bool is not)."""
+        self._each(
+            result,
+            keys,
+            lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0,
+            "a positive integer",
+        )
 
 
 @dataclasses.dataclass(eq=False)

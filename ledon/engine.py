@@ -53,6 +53,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from django.apps import apps
@@ -118,6 +119,21 @@ class EngineStats:
     def summary(self) -> str:
         """The counters in one line."""
         raise NotImplementedError
+
+
+@dataclass(slots=True)
+class ClaimStats(EngineStats):
+    """The counters of an engine that claims rows under a lease and finishes them (the
+    job worker, the outbox dispatcher): what it ``claimed``, the retries it scheduled
+    (``retried``), the rows it ``recovered`` from expired leases, the rows its
+    retention ``purged``, and the finishes refused because its lease was no longer
+    current (``stale``: it was fenced off)."""
+
+    claimed: int = 0
+    retried: int = 0
+    recovered: int = 0
+    purged: int = 0
+    stale: int = 0
 
 
 #: What an engine tells its management command of what it does: (event, detail).

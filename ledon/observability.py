@@ -7,6 +7,16 @@ calls :meth:`~OptionalLayers.configure`, which reads the app's ``METRICS`` and
 :meth:`~OptionalLayers.enable_metrics` turns the metrics on whatever the settings say
 (``--metrics-port``, the metrics view). A setting that asks for a library that is not
 installed is an :class:`~django.core.exceptions.ImproperlyConfigured` naming the extra.
+
+An app's ``observability`` package (outbox, sagas, workflows) is laid out the same way:
+
+- ``hooks`` — what the app tells observers, without importing OpenTelemetry or
+  prometheus-client: spans through :mod:`ledon.tracing` and the app's signals;
+- ``reads`` — the reads behind the database gauges and the admin's dashboard;
+- ``metrics`` — Prometheus metrics, an optional layer (``[metrics]``:
+  prometheus-client). No core module imports it: the app's :class:`OptionalLayers`
+  does, when the app's ``METRICS`` setting asks for it (at start-up, and again when
+  the setting changes).
 """
 
 from __future__ import annotations

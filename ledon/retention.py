@@ -1,20 +1,22 @@
 """Retention on demand: what ``purge_jobs``, ``purge_outbox`` and ``purge_sagas``
 share. Each app names its growing tables (:class:`Purge`: what they hold, the setting
-of their retention, a bounded delete and a count); the command deletes every one past
+of their retention, a bounded delete and the rows it deletes); the command deletes every one past
 its retention in batches, ``--older-than-days`` overriding the settings for all of
 them, ``--dry-run`` only counting."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from .conf import SettingsReader
 from .db import alias_for
 
 #: Rows deleted per transaction unless ``--batch-size`` says otherwise.
@@ -22,18 +24,34 @@ DEFAULT_BATCH = 1000
 MAX_BATCH = 100_000
 
 
-class Purge(NamedTuple):
-    """One table that grows: ``what`` it holds (``"finished job(s)"``), the
-    ``setting`` that names its retention (``"JOBS['RETENTION_SECONDS']"``), that
-    setting's value (``seconds()``, None: kept for ever), ``delete(older_than=,
-    limit=)`` deleting one bounded batch and returning how many, and ``count(cutoff)``
-    saying how many a purge would delete."""
+@dataclass(frozen=True, slots=True)
+class Purge:
+    """One table that grows: ``what`` it holds (``"finished job(s)"``), the app's
+    ``settings`` reader and the ``key`` of its retention there (``"RETENTION_SECONDS"``),
+    ``delete(older_than=, limit=)`` deleting one bounded batch and returning how many,
+    and the ``rows`` (a callable returning the guarded QuerySet) whose ``field`` the
+    cutoff applies to: what ``delete`` deletes, counted by ``--dry-run``."""
 
     what: str
-    setting: str
-    seconds: Callable[[], float | None]
+    settings: SettingsReader[Any]
+    key: str
     delete: Callable[..., int]
-    count: Callable[[datetime], int]
+    rows: Callable[[], QuerySet[Any]]
+    field: str
+
+    @property
+    def setting(self) -> str:
+        """The setting that names the retention: ``"JOBS['RETENTION_SECONDS']"``."""
+        return f"{self.settings.setting}[{self.key!r}]"
+
+    def seconds(self) -> float | None:
+        """The retention in seconds (None: kept for ever)."""
+        seconds: float | None = getattr(self.settings(), self.key)
+        return seconds
+
+    def count(self, cutoff: datetime) -> int:
+        """How many rows a purge up to ``cutoff`` would delete."""
+        return self.rows().filter(**{f"{self.field}__lt": cutoff}).count()
 
 
 def delete_oldest(

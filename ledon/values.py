@@ -1,5 +1,6 @@
 """What leaves the apps' stores: a stored row as its frozen value (or one value made
-from another that has the same fields), and the outcome of a fenced write."""
+from another that has the same fields), the outcome of a fenced write, and the outcome
+of a scoped cancel."""
 
 from __future__ import annotations
 
@@ -36,3 +37,17 @@ class FencedOutcome(enum.Enum):
 
     def __bool__(self) -> bool:
         return self.name != "STALE"
+
+
+class CancelOutcome(enum.StrEnum):
+    """What a scoped cancel did: :meth:`jobs.JobScope.cancel` (or the tasks backend's
+    cancel) for a job, :meth:`workflows.WorkflowScope.cancel` for a run. Both apps
+    export it."""
+
+    #: It was not running (a Queued job, a Waiting run) and is now Cancelled.
+    CANCELLED = "cancelled"
+    #: It is running and was asked to stop: a job's handler sees
+    #: ``cancel_requested``; a run ends Cancelled at its next checkpoint.
+    REQUESTED = "requested"
+    #: It had finished already: nothing changed.
+    ALREADY_FINISHED = "already_finished"

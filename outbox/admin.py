@@ -8,7 +8,6 @@ so that permission means "may steer delivery"). The inbox is read-only.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +17,13 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ledon.admin import GrowingTableMixin, ReadOnlyModelAdmin, report_changes, state_action
+from ledon.admin import (
+    GrowingTableMixin,
+    ReadOnlyModelAdmin,
+    indented_json,
+    report_changes,
+    state_action,
+)
 
 from . import store
 from .exceptions import InvalidTransition, MessageNotFound
@@ -26,12 +31,7 @@ from .models import InboxMessage, OutboxMessage
 
 
 def _pretty_json(value: Any) -> SafeString:
-    try:
-        parsed = json.loads(value) if isinstance(value, str) else value
-        text = json.dumps(parsed, indent=2, ensure_ascii=False, sort_keys=True)
-    except ValueError:
-        text = str(value)
-    return format_html('<pre style="white-space: pre-wrap">{}</pre>', text)
+    return format_html('<pre style="white-space: pre-wrap">{}</pre>', indented_json(value))
 
 
 @admin.register(OutboxMessage)

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledon.conf import SettingsReader, is_database_alias_or_none, is_number
+from ledon.conf import SettingsReader, ValueChecks, is_database_alias_or_none, is_number
 
 from .exceptions import OutboxConfigurationError
 
@@ -65,36 +65,28 @@ class OutboxSettings:
     TRACING: bool = False
 
 
+_values = ValueChecks("OUTBOX", OutboxConfigurationError)
+
+
 def _check(result: OutboxSettings) -> None:
     """Raise :class:`~outbox.exceptions.OutboxConfigurationError` for a bad value."""
 
-    def fail(key: str, expected: str) -> OutboxConfigurationError:
-        return OutboxConfigurationError(
-            f"OUTBOX[{key!r}] must be {expected}, got {getattr(result, key)!r}"
-        )
+    def fail(key: str, expected: str) -> Exception:
+        return _values.fail(result, key, expected)
 
-    for key in ("ENABLED", "METRICS", "TRACING"):
-        if not isinstance(getattr(result, key), bool):
-            raise fail(key, "True or False")
+    _values.flags(result, "ENABLED", "METRICS", "TRACING")
     if not isinstance(result.TRANSPORT, str) or not result.TRANSPORT:
         raise fail("TRANSPORT", "a transport name or dotted path")
     if not isinstance(result.TRANSPORT_OPTIONS, dict):
         raise fail("TRANSPORT_OPTIONS", "a dict")
-    for key in ("BATCH_SIZE", "MAX_ATTEMPTS", "MAX_PAYLOAD_BYTES"):
-        value = getattr(result, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise fail(key, "a positive integer")
-    for key in ("LEASE_SECONDS", "POLL_INTERVAL", "RECOVERY_INTERVAL", "CLEANUP_INTERVAL"):
-        value = getattr(result, key)
-        if not is_number(value) or value <= 0:
-            raise fail(key, "a positive number")
-    for key in ("RETENTION_SECONDS", "PARKED_RETENTION_SECONDS", "INBOX_RETENTION_SECONDS"):
-        value = getattr(result, key)
-        if value is not None and (not is_number(value) or value <= 0):
-            raise fail(key, "a positive number or None")
-    for key in ("RETRY_BASE_DELAY", "RETRY_MAX_DELAY"):
-        if not is_number(getattr(result, key)) or getattr(result, key) < 0:
-            raise fail(key, "a number >= 0")
+    _values.positive_ints(result, "BATCH_SIZE", "MAX_ATTEMPTS", "MAX_PAYLOAD_BYTES")
+    _values.positive(
+        result, "LEASE_SECONDS", "POLL_INTERVAL", "RECOVERY_INTERVAL", "CLEANUP_INTERVAL"
+    )
+    _values.positive_or_none(
+        result, "RETENTION_SECONDS", "PARKED_RETENTION_SECONDS", "INBOX_RETENTION_SECONDS"
+    )
+    _values.not_negative(result, "RETRY_BASE_DELAY", "RETRY_MAX_DELAY")
     if not is_number(result.RETRY_BACKOFF_FACTOR) or result.RETRY_BACKOFF_FACTOR < 1:
         raise fail("RETRY_BACKOFF_FACTOR", "a number >= 1")
     if not is_number(result.RETRY_JITTER) or not 0 <= result.RETRY_JITTER < 1:

@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from ledon.backoff import RetryPace
 from ledon.db import DATABASE_ERRORS, alias_for, is_postgres
-from ledon.engine import FAILED, EmitsEvents, Engine, EngineStats, EventCallback
+from ledon.engine import FAILED, ClaimStats, EmitsEvents, Engine, EventCallback
 from ledon.errors import format_error, send_logged
 from ledon.pglisten import Listener
 from ledon.registry import EngineRecord
@@ -58,15 +58,13 @@ def default_dispatcher_id() -> str:
 
 
 @dataclass(slots=True)
-class DispatcherStats(EngineStats):
+class DispatcherStats(ClaimStats):
+    """What one ``run()`` of the dispatcher did, printed as the last line of
+    ``dispatch_outbox``."""
+
     batches: int = 0
-    claimed: int = 0
     sent: int = 0
-    retried: int = 0
     parked: int = 0
-    stale: int = 0
-    recovered: int = 0
-    purged: int = 0
 
     counters = {RecordOutcome.RETRY_SCHEDULED: "retried"}
 

@@ -11,7 +11,6 @@ and no actions.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,13 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ledon.admin import MAX_LISTED, GrowingTableMixin, ReadOnlyModelAdmin, state_action
+from ledon.admin import (
+    MAX_LISTED,
+    GrowingTableMixin,
+    ReadOnlyModelAdmin,
+    indented_json,
+    state_action,
+)
 
 from .api import compensate_saga, resume_saga
 from .exceptions import SagaError, UnknownSaga
@@ -108,8 +113,7 @@ class SagaInstanceAdmin(GrowingTableMixin, ReadOnlyModelAdmin[SagaInstance]):
 
     @admin.display(description="data")
     def data_pretty(self, obj: SagaInstance) -> SafeString:
-        text = json.dumps(obj.data, indent=2, ensure_ascii=False, sort_keys=True)
-        return format_html('<pre class="sagas-data">{}</pre>', text)
+        return format_html('<pre class="sagas-data">{}</pre>', indented_json(obj.data))
 
     # ------------------------------------------------------------------ actions
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledon.conf import SettingsReader, is_number
+from ledon.conf import SettingsReader, ValueChecks
 
 from .exceptions import SagasConfigurationError
 
@@ -56,30 +56,21 @@ class SagasSettings:
         return self.HEARTBEAT_SECONDS or self.LEASE_SECONDS / 3
 
 
+_values = ValueChecks("SAGAS", SagasConfigurationError)
+
+
 def _check(result: SagasSettings) -> None:
     """Raise :class:`~sagas.exceptions.SagasConfigurationError` for a bad value."""
-    optional = {"HEARTBEAT_SECONDS", "STEP_TIMEOUT"}
-    for key in (
+    _values.positive(
+        result,
         "LEASE_SECONDS",
-        "HEARTBEAT_SECONDS",
-        "STEP_TIMEOUT",
         "CANCEL_GRACE_SECONDS",
-        "COMPENSATION_RETRY_DELAY",
         "POLL_INTERVAL",
         "MAX_DATA_BYTES",
         "CLEANUP_INTERVAL",
-    ):
-        value = getattr(result, key)
-        if value is None and key in optional:
-            continue
-        if not is_number(value) or value < 0 or (value == 0 and key != "COMPENSATION_RETRY_DELAY"):
-            allowed = "a positive number" + (" or None" if key in optional else "")
-            raise SagasConfigurationError(f"SAGAS[{key!r}] must be {allowed}, got {value!r}")
-    retention = result.RETENTION_SECONDS
-    if retention is not None and (not is_number(retention) or retention <= 0):
-        raise SagasConfigurationError(
-            f"SAGAS['RETENTION_SECONDS'] must be None or a positive number, got {retention!r}"
-        )
+    )
+    _values.positive_or_none(result, "HEARTBEAT_SECONDS", "STEP_TIMEOUT", "RETENTION_SECONDS")
+    _values.not_negative(result, "COMPENSATION_RETRY_DELAY")
     attempts = result.COMPENSATION_ATTEMPTS
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise SagasConfigurationError(
@@ -92,11 +83,7 @@ def _check(result: SagasSettings) -> None:
         raise SagasConfigurationError(
             f"SAGAS['MAX_TAKEOVERS'] must be None or an integer of at least 1, got {takeovers!r}"
         )
-    for key in ("RECOVER_IN_WORKER", "METRICS", "TRACING"):
-        if not isinstance(getattr(result, key), bool):
-            raise SagasConfigurationError(
-                f"SAGAS[{key!r}] must be True or False, got {getattr(result, key)!r}"
-            )
+    _values.flags(result, "RECOVER_IN_WORKER", "METRICS", "TRACING")
     if result.heartbeat_seconds >= result.LEASE_SECONDS:
         raise SagasConfigurationError(
             "SAGAS['HEARTBEAT_SECONDS'] must be shorter than SAGAS['LEASE_SECONDS'] "

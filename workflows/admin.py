@@ -25,7 +25,13 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from ledon.admin import GrowingTableMixin, ReadOnlyModelAdmin, report_changes, state_action
+from ledon.admin import (
+    GrowingTableMixin,
+    ReadOnlyModelAdmin,
+    indented_json,
+    report_changes,
+    state_action,
+)
 
 from . import store
 from .exceptions import WorkflowError
@@ -38,11 +44,7 @@ def pretty_json(text: str | None) -> SafeString:
     """JSON text indented in a ``<pre>`` (escaped), or a dash when there is none."""
     if text is None or text == "":
         return format_html("{}", "-")
-    try:
-        shown = json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
-    except ValueError:
-        shown = text
-    return format_html('<pre class="workflows-json">{}</pre>', shown)
+    return format_html('<pre class="workflows-json">{}</pre>', indented_json(text))
 
 
 @admin.register(WorkflowRun)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledon.conf import SettingsReader, is_number
+from ledon.conf import SettingsReader, ValueChecks
 
 from .exceptions import WorkflowsConfigurationError
 
@@ -32,35 +32,16 @@ class WorkflowsSettings:
     TRACING: bool = False
 
 
+_values = ValueChecks("WORKFLOWS", WorkflowsConfigurationError)
+
+
 def _check(result: WorkflowsSettings) -> None:
     """Raise :class:`~workflows.exceptions.WorkflowsConfigurationError` for a bad value."""
-    retention = result.RETENTION_SECONDS
-    if retention is not None and (not is_number(retention) or retention <= 0):
-        raise WorkflowsConfigurationError(
-            f"WORKFLOWS['RETENTION_SECONDS'] must be a positive number or None, got {retention!r}"
-        )
-    if not is_number(result.CLEANUP_INTERVAL) or result.CLEANUP_INTERVAL <= 0:
-        raise WorkflowsConfigurationError(
-            "WORKFLOWS['CLEANUP_INTERVAL'] must be a positive number of seconds, "
-            f"got {result.CLEANUP_INTERVAL!r}"
-        )
-    for key in ("STEP_RETRY_DELAY", "STEP_RETRY_MAX_DELAY"):
-        value = getattr(result, key)
-        if not is_number(value) or value < 0:
-            raise WorkflowsConfigurationError(
-                f"WORKFLOWS[{key!r}] must be a number of seconds >= 0, got {value!r}"
-            )
-    for key in ("RETENTION_BATCH", "MAX_VALUE_BYTES"):
-        value = getattr(result, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise WorkflowsConfigurationError(
-                f"WORKFLOWS[{key!r}] must be a positive integer, got {value!r}"
-            )
-    for key in ("METRICS", "TRACING"):
-        if not isinstance(getattr(result, key), bool):
-            raise WorkflowsConfigurationError(
-                f"WORKFLOWS[{key!r}] must be True or False, got {getattr(result, key)!r}"
-            )
+    _values.positive_or_none(result, "RETENTION_SECONDS")
+    _values.positive(result, "CLEANUP_INTERVAL")
+    _values.not_negative(result, "STEP_RETRY_DELAY", "STEP_RETRY_MAX_DELAY")
+    _values.positive_ints(result, "RETENTION_BATCH", "MAX_VALUE_BYTES")
+    _values.flags(result, "METRICS", "TRACING")
     if not isinstance(result.ADVANCE_QUEUE, str) or not result.ADVANCE_QUEUE:
         raise WorkflowsConfigurationError("WORKFLOWS['ADVANCE_QUEUE'] must be a queue name")
 

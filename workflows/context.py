@@ -185,6 +185,34 @@ class WorkflowContext:
         self._steps[step.key] = step
         return step
 
+    def _move(self, step: WorkflowStep, expected: StepStatus, **fields: Any) -> None:
+        """Move ``step`` from ``expected`` (inside a fenced transaction). :class:`Stop`
+        if it is not there any more: another driver moved it, this one is stale."""
+        if not store.update_step(step, expected, **fields):
+            raise Stop(cancelled=False)
+
+    def _wake_at(self, when: datetime, reason: str, detail: str, now: datetime) -> None:
+        """Stage the advance job that wakes this run at ``when`` (inside a fenced
+        transaction; see :func:`store.wake`)."""
+        store.wake(self._run.pk, self._run.generation, reason, detail, not_before=when, now=now)
+
+    def _settle(
+        self,
+        key: str,
+        step: WorkflowStep | None,
+        kind: StepKind,
+        status: StepStatus,
+        now: datetime,
+        **fields: Any,
+    ) -> WorkflowStep:
+        """Record ``key``'s checkpoint as ``status`` (inside a fenced transaction): a
+        new one, or ``step`` moved on from where it stands (see :meth:`_move`)."""
+        if step is None:
+            return store.insert_step(self._driver, key, kind, status, now, **fields)
+        finished = now if status in (StepStatus.SUCCEEDED, StepStatus.FAILED) else None
+        self._move(step, StepStatus(step.status), status=status, finished_at=finished, **fields)
+        return step
+
     # checkpoints
     def step(
         self,
@@ -258,26 +286,16 @@ class WorkflowContext:
                 now = self._now()
                 # The fence last: the run row stays unlocked while the step works.
                 _guard(self._driver, now)
-                if step is None:
-                    step = store.insert_step(
-                        self._driver,
-                        key,
-                        StepKind.STEP,
-                        StepStatus.SUCCEEDED,
-                        now,
-                        attempts=tries,
-                        result_json=result_json,
-                    )
-                elif not store.update_step(
+                step = self._settle(
+                    key,
                     step,
-                    StepStatus(step.status),
-                    status=StepStatus.SUCCEEDED,
+                    StepKind.STEP,
+                    StepStatus.SUCCEEDED,
+                    now,
                     attempts=tries,
                     result_json=result_json,
                     wake_at=None,
-                    finished_at=now,
-                ):
-                    raise Stop(cancelled=False)
+                )
         except (Stop, Suspend):
             raise
         except (OperationalError, InterfaceError):
@@ -317,25 +335,9 @@ class WorkflowContext:
             "wake_at": retry_at,
         }
         with self._write():
-            if step is None:
-                step = store.insert_step(self._driver, key, StepKind.STEP, status, now, **fields)
-            elif not store.update_step(
-                step,
-                StepStatus(step.status),
-                status=status,
-                finished_at=None if retry_at else now,
-                **fields,
-            ):
-                raise Stop(cancelled=False)
+            step = self._settle(key, step, StepKind.STEP, status, now, **fields)
             if retry_at is not None:
-                store.wake(
-                    self._run.pk,
-                    self._run.generation,
-                    "retry",
-                    f"{key}:{tries}",
-                    not_before=retry_at,
-                    now=now,
-                )
+                self._wake_at(retry_at, "retry", f"{key}:{tries}", now)
         self._record(step)
         if retry_at is not None:
             raise Suspend(f"retry of {key} at {_iso(retry_at)}", retry_at)
@@ -409,7 +411,7 @@ class WorkflowContext:
                     message = (
                         f"{len(failed)} of {len(items)} items failed; item {first.index}: {message}"
                     )
-                if not store.update_step(
+                self._move(
                     step,
                     StepStatus.RUNNING,
                     status=StepStatus.FAILED,
@@ -417,20 +419,18 @@ class WorkflowContext:
                     error=storable_text(message),
                     attempts=max(item.attempts for item in items),
                     finished_at=now,
-                ):
-                    raise Stop(cancelled=False)
+                )
             else:
                 results = [validation.from_json(item.result_json) for item in items]
                 value = results if kind == StepKind.MAP else results[0]
-                if not store.update_step(
+                self._move(
                     step,
                     StepStatus.RUNNING,
                     status=StepStatus.SUCCEEDED,
                     result_json=validation.to_json(value, f"the result of {kind} {key!r}"),
                     attempts=max(item.attempts for item in items),
                     finished_at=now,
-                ):
-                    raise Stop(cancelled=False)
+                )
         self._record(step)
         if failed:
             raise StepFailed(key, step.error_type, step.error)
@@ -466,14 +466,7 @@ class WorkflowContext:
                     self._driver, checked, StepKind.SLEEP, status, now, wake_at=wake_at
                 )
                 if status == StepStatus.WAITING:
-                    store.wake(
-                        self._run.pk,
-                        self._run.generation,
-                        "timer",
-                        checked,
-                        not_before=wake_at,
-                        now=now,
-                    )
+                    self._wake_at(wake_at, "timer", checked, now)
             self._record(step)
             if status == StepStatus.SUCCEEDED:
                 return
@@ -482,21 +475,11 @@ class WorkflowContext:
         if now < step.wake_at:
             # Woken early (another reason, or a clock behind the job's): wait again.
             with self._write():
-                store.wake(
-                    self._run.pk,
-                    self._run.generation,
-                    "timer",
-                    f"{checked}@{self._run.advances}",
-                    not_before=step.wake_at,
-                    now=now,
-                )
+                self._wake_at(step.wake_at, "timer", f"{checked}@{self._run.advances}", now)
             raise Suspend(f"timer until {_iso(step.wake_at)}", step.wake_at)
         with self._write():
             fault_point("workflows.timer.wake", run=self._run.pk, key=checked)
-            if not store.update_step(
-                step, StepStatus.WAITING, status=StepStatus.SUCCEEDED, finished_at=now
-            ):
-                raise Stop(cancelled=False)
+            self._move(step, StepStatus.WAITING, status=StepStatus.SUCCEEDED, finished_at=now)
         self._record(step)
 
     def wait_for_signal(self, key: str, timeout: float | None = None) -> Any:
@@ -527,14 +510,14 @@ class WorkflowContext:
                         now,
                         result_json=result_json,
                     )
-                elif not store.update_step(
-                    step,
-                    StepStatus.WAITING,
-                    status=StepStatus.SUCCEEDED,
-                    result_json=result_json,
-                    finished_at=now,
-                ):
-                    raise Stop(cancelled=False)
+                else:
+                    self._move(
+                        step,
+                        StepStatus.WAITING,
+                        status=StepStatus.SUCCEEDED,
+                        result_json=result_json,
+                        finished_at=now,
+                    )
             elif step is None:
                 deadline = None if timeout is None else now + timedelta(seconds=timeout)
                 step = store.insert_step(
@@ -546,18 +529,9 @@ class WorkflowContext:
                     wake_at=deadline,
                 )
                 if deadline is not None:
-                    store.wake(
-                        self._run.pk,
-                        self._run.generation,
-                        "signal-timeout",
-                        checked,
-                        not_before=deadline,
-                        now=now,
-                    )
-            elif (
-                step.wake_at is not None
-                and now >= step.wake_at
-                and not store.update_step(
+                    self._wake_at(deadline, "signal-timeout", checked, now)
+            elif step.wake_at is not None and now >= step.wake_at:
+                self._move(
                     step,
                     StepStatus.WAITING,
                     status=StepStatus.FAILED,
@@ -565,8 +539,6 @@ class WorkflowContext:
                     error=str(SignalTimeout(checked)),
                     finished_at=now,
                 )
-            ):
-                raise Stop(cancelled=False)
         self._record(step)
         if step.status == StepStatus.SUCCEEDED:
             return payload
@@ -608,7 +580,7 @@ class WorkflowContext:
         succeeded = child_run.status == RunStatus.SUCCEEDED
         with self._write():
             if succeeded:
-                changed = store.update_step(
+                self._move(
                     step,
                     StepStatus.WAITING,
                     status=StepStatus.SUCCEEDED,
@@ -617,7 +589,7 @@ class WorkflowContext:
                 )
             else:
                 error_type, _, message = (child_run.error or "").partition(": ")
-                changed = store.update_step(
+                self._move(
                     step,
                     StepStatus.WAITING,
                     status=StepStatus.FAILED,
@@ -631,8 +603,6 @@ class WorkflowContext:
                     ),
                     finished_at=now,
                 )
-            if not changed:
-                raise Stop(cancelled=False)
         self._record(step)
         if not succeeded:
             raise StepFailed(checked, step.error_type, step.error)

@@ -21,6 +21,7 @@ from django.utils.module_loading import autodiscover_modules
 from jobs import validation as job_validation
 from jobs.conf import jobs_settings
 from jobs.exceptions import JobsError
+from ledon.naming import other_definition, qualified_name
 
 from .exceptions import InvalidWorkflow, UnknownActivity, UnknownWorkflow
 
@@ -79,11 +80,11 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Body], Body]:
         if not callable(func):
             raise InvalidWorkflow(f"workflow {name!r} must decorate a function")
         with _lock:
-            existing = _workflows.get((name, version))
-            if existing is not None and _qualified(existing.func) != _qualified(func):
+            other = other_definition(_workflows.get((name, version)), func)
+            if other is not None:
                 raise InvalidWorkflow(
                     f"workflow {name!r} version {version} is defined twice: "
-                    f"{_qualified(existing.func)} and {_qualified(func)}"
+                    f"{other} and {qualified_name(func)}"
                 )
             _workflows[(name, version)] = WorkflowSpec(name, version, func)
         return func
@@ -121,10 +122,10 @@ def activity(
         )
         with _lock:
             existing = _activities.get(name)
-            if existing is not None and _qualified(existing.func) != _qualified(func):
+            other = other_definition(existing, func)
+            if other is not None:
                 raise InvalidWorkflow(
-                    f"activity {name!r} is defined twice: "
-                    f"{_qualified(existing.func)} and {_qualified(func)}"
+                    f"activity {name!r} is defined twice: {other} and {qualified_name(func)}"
                 )
             _activities[name] = spec
         # The item jobs' handler; imported here: the handlers module imports this one.
@@ -141,10 +142,6 @@ def activity(
         return func
 
     return decorator
-
-
-def _qualified(func: Callable[..., Any]) -> str:
-    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
 
 
 def autodiscover() -> None:

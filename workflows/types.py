@@ -13,6 +13,8 @@ from typing import Any
 
 from django.db import models
 
+from ledon.values import CancelOutcome as CancelOutcome
+
 
 class RunStatus(models.TextChoices):
     """Where a run stands.
@@ -75,17 +77,6 @@ class SignalOutcome(enum.StrEnum):
     ALREADY_SENT = "already_sent"
     #: The run has finished: the signal is not recorded.
     RUN_FINISHED = "run_finished"
-
-
-class CancelOutcome(enum.StrEnum):
-    """What :meth:`workflows.WorkflowScope.cancel` did."""
-
-    #: A waiting run ended Cancelled at once.
-    CANCELLED = "cancelled"
-    #: A running run was asked to stop: it ends Cancelled at its next checkpoint.
-    REQUESTED = "requested"
-    #: The run had finished already: nothing changed.
-    ALREADY_FINISHED = "already_finished"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,6 +21,8 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict, TypeVar, Unpack, overload
 from zoneinfo import ZoneInfo
 
+from ledon.naming import other_definition, qualified_name
+
 from .. import tasks_framework, validation
 from ..exceptions import InvalidInput, InvalidSchedule
 from ..handlers import autodiscover, registered_handlers
@@ -372,19 +374,12 @@ def _register(spec: ScheduleSpec) -> ScheduleSpec:
 
 def _defer(name: str, pending: _Pending) -> None:
     with _lock:
-        known = _pending.get(name)
-        if name in _specs or (
-            known is not None and _qualified(known.func) != _qualified(pending.func)
-        ):
+        if name in _specs or other_definition(_pending.get(name), pending.func) is not None:
             raise InvalidSchedule(
                 f"schedule {name!r} is already declared; schedule names must be unique"
             )
         _pending[name] = pending
         _changed()
-
-
-def _qualified(func: Callable[..., Any]) -> str:
-    return f"{func.__module__}.{func.__qualname__}"
 
 
 def declared() -> list[ScheduleSpec]:
@@ -401,7 +396,7 @@ def declared() -> list[ScheduleSpec]:
             )
             if spec is None:
                 raise InvalidSchedule(
-                    f"schedule {name!r}: {_qualified(pending.func)} is not a registered "
+                    f"schedule {name!r}: {qualified_name(pending.func)} is not a registered "
                     "@job_handler (for a django.tasks task, put @periodic above @task)"
                 )
             del _pending[name]

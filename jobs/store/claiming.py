@@ -86,25 +86,21 @@ def _claim_rows(
     if finishing:
         params.update(finishing_params(connection, finishing, now))
     skipped = False
-    if limits and counted:
+    if limits:
         keys, limit_params = claim_keys(connection, limits, now)
-        statement = sql_flow.counted_claim(
+        params.update(limit_params)
+        build = sql_flow.counted_claim if counted else sql_flow.limited_claim
+        statement = build(
             queues=len(queue_list),
             one_job=identity is not None,
             finishing=bool(finishing),
             keys=keys,
         )
-        rows = fetch(connection, statement, {**params, **limit_params}, prepare=True)
-    elif limits:
-        keys, limit_params = claim_keys(connection, limits, now)
-        statement = sql_flow.limited_claim(
-            queues=len(queue_list),
-            one_job=identity is not None,
-            finishing=bool(finishing),
-            keys=keys,
-        )
-        rows = claim_locked(connection, statement, {**params, **limit_params}, commit=commit)
-        skipped = any(row["kind"] == "skipped" for row in rows)
+        if counted:
+            rows = fetch(connection, statement, params, prepare=True)
+        else:
+            rows = claim_locked(connection, statement, params, commit=commit)
+            skipped = any(row["kind"] == "skipped" for row in rows)
     else:
         by_ids = 0
         if chosen is not None:

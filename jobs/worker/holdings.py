@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ledon.engine import EngineStats
+from ledon.engine import ClaimStats
 
 from ..handlers import HandlerSpec, JobContext
 from ..types import Claim, FinishOutcome
@@ -19,19 +19,14 @@ EventCallback = Callable[[str, Claim | None, str], None]
 
 
 @dataclass(slots=True)
-class WorkerStats(EngineStats):
+class WorkerStats(ClaimStats):
     """What one ``run()`` of the worker did, printed as the last line of ``run_jobs``."""
 
-    claimed: int = 0
     succeeded: int = 0
     failed: int = 0
-    retried: int = 0
     cancelled: int = 0
     requeued: int = 0
     interrupted: int = 0
-    stale: int = 0
-    recovered: int = 0
-    purged: int = 0
     put_back: int = 0
     snoozed: int = 0
     released: int = 0

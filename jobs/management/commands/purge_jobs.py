@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 
 from jobs import execution
 from jobs.conf import jobs_settings
 from jobs.models import Job
 from ledon.retention import Purge, PurgeCommand
-
-
-def _count(cutoff: datetime) -> int:
-    return Job.objects.finished().filter(finished_at__lt=cutoff).count()
 
 
 class Command(PurgeCommand):
@@ -26,9 +21,10 @@ class Command(PurgeCommand):
         return [
             Purge(
                 "finished job(s)",
-                "JOBS['RETENTION_SECONDS']",
-                lambda: jobs_settings().RETENTION_SECONDS,
+                jobs_settings,
+                "RETENTION_SECONDS",
                 execution.purge_finished,
-                _count,
+                Job.objects.finished,
+                "finished_at",
             )
         ]

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 
 from ledon.retention import Purge, PurgeCommand
 from sagas import store
 from sagas.conf import sagas_settings
 from sagas.models import SagaInstance
-
-
-def _count(cutoff: datetime) -> int:
-    return SagaInstance.objects.finished().filter(finished_at__lt=cutoff).count()
 
 
 class Command(PurgeCommand):
@@ -26,9 +21,10 @@ class Command(PurgeCommand):
         return [
             Purge(
                 "finished saga instance(s)",
-                "SAGAS['RETENTION_SECONDS']",
-                lambda: sagas_settings().RETENTION_SECONDS,
+                sagas_settings,
+                "RETENTION_SECONDS",
                 store.purge_finished,
-                _count,
+                SagaInstance.objects.finished,
+                "finished_at",
             )
         ]

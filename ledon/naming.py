@@ -1,0 +1,30 @@
+"""How the apps' registries (job handlers, schedules, workflows, activities) name the
+functions they hold, and tell a second definition under one name from the same one
+registered again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+def qualified_name(func: Callable[..., Any]) -> str:
+    """``module.qualname`` of ``func`` (what it is, where a callable has no such name)."""
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+
+
+class Registered(Protocol):
+    """What a registry holds under a name: a spec of the function it registered."""
+
+    @property
+    def func(self) -> Callable[..., Any]: ...
+
+
+def other_definition(registered: Registered | None, func: Callable[..., Any]) -> str | None:
+    """The qualified name of the function ``registered`` holds if it is another one than
+    ``func``: a conflict. None if nothing is registered, or if it is ``func`` itself —
+    the same definition registered again (its module imported twice, or reloaded),
+    which is no conflict."""
+    if registered is None or qualified_name(registered.func) == qualified_name(func):
+        return None
+    return qualified_name(registered.func)
