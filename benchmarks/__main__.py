@@ -42,7 +42,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         choices=["flow-control", "burn-down", "bulk", "cpu"],
         help="measure only this part and print its figures (flow-control: django-ledon "
         "alone; burn-down: the no-op handler at 1x4, 1x16 and 2x16, the 5 ms handler "
-        "at 16 (with and without look-ahead) and 64; "
+        "at 16 (with and without look-ahead) and 64, some with settings of ours changed; "
         "bulk: the bulk enqueue of --systems; cpu: the CPU-bound handler, one process "
         "against run_jobs --processes)",
     )

@@ -401,7 +401,7 @@ class Runner:
         setup = WorkerConfig(1, concurrency or self.plan.sleep_concurrency)
         config = system.worker_config(setup)
         jobs = self.plan.sleep_jobs_of(system.name)
-        variant = "sleep5" + "".join(f"-{k.lower()}{v}" for k, v in (jobs_settings or {}).items())
+        variant = "sleep5" + _variant(jobs_settings or {})
         tag = f"{system.name}-{variant}-{config.key}-run{run + 1}"
         env = {"BENCH_JOBS": json.dumps(jobs_settings)} if jobs_settings else None
         rate = self.burn_down(
@@ -935,17 +935,23 @@ def cpu_alone(**session: Any) -> dict[str, Any]:
 #: ``JOBS`` settings added — those set-ups only for ours).
 ALONE_BURNS: tuple[tuple[int, int, dict[str, Any]], ...] = (
     (1, 4, {}),
-    (1, 4, {"PREFETCH": 16}),
+    (1, 4, {"PREFETCH": 0}),
     (1, 16, {}),
-    (1, 16, {"PREFETCH": 16}),
+    (1, 16, {"PREFETCH": 0}),
+    (1, 16, {"CLAIM_BATCH_SIZE": 32}),
     (2, 16, {}),
 )
 #: Its 5 ms handler's: (concurrency, our ``JOBS`` settings added), one process.
 ALONE_SLEEPS: tuple[tuple[int, dict[str, Any]], ...] = (
     (16, {}),
-    (16, {"PREFETCH": 16}),
+    (16, {"PREFETCH": 0}),
     (64, {}),
 )
+
+
+def _variant(settings: dict[str, Any]) -> str:
+    """A set-up's name suffix for our added ``JOBS`` settings: ``-prefetch0``."""
+    return "".join(f"-{k.lower()}{v}" for k, v in settings.items())
 
 
 def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
@@ -971,7 +977,7 @@ def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
                     if extra and system.name != OURS:
                         continue
                     config = system.worker_config(WorkerConfig(processes, concurrency))
-                    key = f"{processes}x{concurrency}" + "".join(f"-{k.lower()}" for k in extra)
+                    key = f"{processes}x{concurrency}{_variant(extra)}"
                     tag = f"{system.name}-{key}-run{run + 1}"
                     env = {"BENCH_JOBS": json.dumps(extra)} if extra else None
                     rate = runner.burn_down(system, config, tag, count, extra_env=env, variant=None)
@@ -980,7 +986,7 @@ def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
                     if extra and system.name != OURS:
                         continue
                     rate = runner.sleep5(system, run, lambda *a, **k: None, concurrency, extra)
-                    key = f"sleep5-c{concurrency}" + "".join(f"-{k.lower()}" for k in extra)
+                    key = f"sleep5-c{concurrency}{_variant(extra)}"
                     record(system, key, rate)
         medians = {name: {k: median(v) for k, v in runs.items()} for name, runs in raw.items()}
         ours = medians.get(OURS, {})
