@@ -15,7 +15,8 @@ Per minute: arrivals, jobs started per second, pickup p50/p99, and the system's
 tables — total size, index size, live and dead tuples — measured before the run,
 every minute during it and after it drained. ``python -m benchmarks.soak --minutes
 3`` is a short run; ``make soak`` the full 30 minutes per system (not in CI).
-Results: ``benchmarks/results/soak-latest.json`` and ``soak-latest.md``.
+Results: ``benchmarks/results/soak-latest.json``, ``soak-latest.md`` and a plot,
+``soak-latest.svg`` (``python -m benchmarks.soak --render`` redraws both from the JSON).
 """
 
 from __future__ import annotations
@@ -258,6 +259,88 @@ def render(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Line colours of the plot, one per system in the order they ran.
+COLOURS = ["#1f6feb", "#d97706", "#7c3aed", "#059669"]
+
+
+def _tag(name: str, text: str = "", **attrs: Any) -> str:
+    """One SVG element (``stroke_width`` is written ``stroke-width``)."""
+    written = " ".join(
+        f'{k.replace("_", "-")}="{v:.1f}"'
+        if isinstance(v, float)
+        else f'{k.replace("_", "-")}="{v}"'
+        for k, v in attrs.items()
+    )
+    return f"<{name} {written}>{text}</{name}>" if text else f"<{name} {written}/>"
+
+
+def plot(document: dict[str, Any]) -> str:
+    """The results as an SVG picture: per minute, each system's pickup p99 and its
+    tables' dead tuples, the minutes with the transaction held open shaded."""
+    runs = {n: r for n, r in document["systems"].items() if "per_minute" in r}
+    minutes = int(document["minutes"])
+    panels = [
+        (
+            "pickup p99 (ms)",
+            {n: [m["pickup_p99_ms"] for m in r["per_minute"]] for n, r in runs.items()},
+        ),
+        (
+            "dead tuples (thousands)",
+            {n: [t["dead"] / 1000 for t in r["tables_during"]][:minutes] for n, r in runs.items()},
+        ),
+    ]
+    width, height, left, top, gap = 720, 220, 60, 30, 60
+    total = top + len(panels) * (height + gap) + 20
+    legend = left + width + 20
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{legend + 160}" height="{total}"'
+        ' font-family="sans-serif" font-size="12">',
+        _tag("rect", width="100%", height="100%", fill="white"),
+    ]
+
+    def x(minute: float) -> float:
+        return left + (minute - 0.5) / minutes * width
+
+    held = (x(minutes / 3 + 0.5), x(2 * minutes / 3 + 0.5))
+    for index, (title, series) in enumerate(panels):
+        y0 = top + index * (height + gap)
+        bottom = y0 + height
+        values = [v for line in series.values() for v in line if v is not None]
+        high = max(values, default=0) * 1.1 or 1.0
+        out += [
+            _tag("rect", x=held[0], y=y0, width=held[1] - held[0], height=height, fill="#f3f4f6"),
+            _tag("text", title, x=left, y=y0 - 8, font_weight="bold"),
+            _tag("line", x1=left, y1=bottom, x2=left + width, y2=bottom, stroke="#555"),
+            _tag("line", x1=left, y1=y0, x2=left, y2=bottom, stroke="#555"),
+        ]
+        for tick in range(1, 5):
+            y = bottom - height * tick / 4
+            out += [
+                _tag("text", f"{high * tick / 4:.0f}", x=left - 6, y=y + 4, text_anchor="end"),
+                _tag("line", x1=left, y1=y, x2=left + width, y2=y, stroke="#e5e7eb"),
+            ]
+        for minute in range(5, minutes + 1, 5):
+            out.append(_tag("text", str(minute), x=x(minute), y=bottom + 16, text_anchor="middle"))
+        for colour, line in zip(COLOURS, series.values(), strict=False):
+            points = " ".join(
+                f"{x(minute):.1f},{bottom - height * v / high:.1f}"
+                for minute, v in enumerate(line, 1)
+                if v is not None
+            )
+            out.append(_tag("polyline", points=points, fill="none", stroke=colour, stroke_width=2))
+    for row, (colour, name) in enumerate([*zip(COLOURS, runs, strict=False), ("#f3f4f6", "")]):
+        y = top + 10 + row * 18
+        out += [
+            _tag("rect", x=legend, y=y - 9, width=12, height=12, fill=colour, stroke="#999"),
+            _tag("text", name or "transaction held", x=legend + 18, y=y + 1),
+        ]
+    out += [
+        _tag("text", "minute of the run", x=left + width / 2, y=total - 8, text_anchor="middle"),
+        "</svg>",
+    ]
+    return "\n".join(out) + "\n"
+
+
 def _mb(value: Any) -> str:
     return "" if value is None else f"{value / 1e6:.2f}"
 
@@ -268,7 +351,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=20, help="arrivals per second")
     parser.add_argument("--concurrency", type=int, default=4, help="handlers per worker")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="only redraw soak-latest.md and soak-latest.svg from soak-latest.json",
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        write_reports(json.loads((RESULTS / "soak-latest.json").read_text()))
+        return
     log_dir = RESULTS / "soak-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     document: dict[str, Any] = {
@@ -304,8 +395,13 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 system.close()
             (RESULTS / "soak-latest.json").write_text(json.dumps(document, indent=2))
+    write_reports(document)
+
+
+def write_reports(document: dict[str, Any]) -> None:
     report = render(document)
     (RESULTS / "soak-latest.md").write_text(report + "\n")
+    (RESULTS / "soak-latest.svg").write_text(plot(document))
     print(report)
 
 
