@@ -58,6 +58,8 @@ pytestmark = [
 ]
 
 LEASE = 30
+#: How a token rule chooses its token (see ``JobsStoreModel._pick``): 0, the bundle's.
+PICK = st.integers(0, 3)
 RETRYABLE = {"failed", "cancelled", "interrupted"}
 
 
@@ -229,8 +231,9 @@ class JobsStoreModel(RuleBasedStateMachine):
             assert claim.attempt == job.attempts
         return multiple(*(claim.token for claim in claims))
 
-    @rule(token=tokens, value=st.sampled_from([10.0, 50.0, 90.0]))
-    def report_progress(self, token: str, value: float) -> None:
+    @rule(token=tokens, pick=PICK, value=st.sampled_from([10.0, 50.0, 90.0]))
+    def report_progress(self, token: str, pick: int, value: float) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         recorded = execution.report_progress(token, value, now=self.now)
         expected = (
@@ -241,8 +244,9 @@ class JobsStoreModel(RuleBasedStateMachine):
             assert job is not None
             job.progress = value
 
-    @rule(token=tokens)
-    def complete(self, token: str) -> None:
+    @rule(token=tokens, pick=PICK)
+    def complete(self, token: str, pick: int) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         outcome = execution.complete(token, now=self.now)
         if job is None:
@@ -252,27 +256,31 @@ class JobsStoreModel(RuleBasedStateMachine):
         assert outcome.value == expected
         job.end(expected, expected)
 
-    @rule(token=tokens, retry=st.booleans())
-    def fail(self, token: str, retry: bool) -> None:
+    @rule(token=tokens, pick=PICK, retry=st.booleans())
+    def fail(self, token: str, pick: int, retry: bool) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         retry_at = self.now + timedelta(seconds=30) if retry else None
         outcome = execution.fail(token, "boom", retry_at=retry_at, now=self.now)
         self._ended(job, outcome, "failed", retry_at)
 
-    @rule(token=tokens)
-    def interrupt(self, token: str) -> None:
+    @rule(token=tokens, pick=PICK)
+    def interrupt(self, token: str, pick: int) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         outcome = execution.interrupt(token, now=self.now)
         self._ended(job, outcome, "interrupted", None)
 
-    @rule(token=tokens, requeue=st.booleans())
-    def recover(self, token: str, requeue: bool) -> None:
+    @rule(token=tokens, pick=PICK, requeue=st.booleans())
+    def recover(self, token: str, pick: int, requeue: bool) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         outcome = execution.recover(token, requeue=requeue, now=self.now)
         self._ended(job, outcome, "interrupted", self.now if requeue else None)
 
-    @rule(token=tokens, max_snoozes=st.sampled_from([None, 0, 1, 2]))
-    def snooze(self, token: str, max_snoozes: int | None) -> None:
+    @rule(token=tokens, pick=PICK, max_snoozes=st.sampled_from([None, 0, 1, 2]))
+    def snooze(self, token: str, pick: int, max_snoozes: int | None) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         run_at = self.now + timedelta(seconds=30)
         outcome = execution.snooze(token, run_at, max_snoozes=max_snoozes, now=self.now)
@@ -292,8 +300,9 @@ class JobsStoreModel(RuleBasedStateMachine):
             job.snoozes += 1
             job.requeue(run_at)
 
-    @rule(token=tokens)
-    def release(self, token: str) -> None:
+    @rule(token=tokens, pick=PICK)
+    def release(self, token: str, pick: int) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         outcome = execution.release(token, "released: model", now=self.now)
         if job is None:
@@ -309,8 +318,9 @@ class JobsStoreModel(RuleBasedStateMachine):
             job.releases += 1
             job.requeue(job.run_at)  # its next_run_at kept: it was due
 
-    @rule(token=tokens)
-    def put_back_unknown_handler(self, token: str) -> None:
+    @rule(token=tokens, pick=PICK)
+    def put_back_unknown_handler(self, token: str, pick: int) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         outcome = execution.put_back_unknown_handler(token, "unknown: model", now=self.now)
         if job is None:
@@ -335,8 +345,9 @@ class JobsStoreModel(RuleBasedStateMachine):
             job.status = "queued"
             job.run_at = self.now + timedelta(seconds=delay)
 
-    @rule(token=tokens, worker=st.sampled_from(WORKERS))
-    def heartbeat(self, token: str, worker: str) -> None:
+    @rule(token=tokens, pick=PICK, worker=st.sampled_from(WORKERS))
+    def heartbeat(self, token: str, pick: int, worker: str) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         statuses = execution.heartbeat([token], worker, lease_seconds=LEASE, now=self.now)
         if job is None or job.leased_by != worker:
@@ -350,7 +361,7 @@ class JobsStoreModel(RuleBasedStateMachine):
         expired = {
             job.token: job
             for job in self.jobs.values()
-            if job.status == "running" and job.lease_until and job.lease_until < self.now
+            if job.token and job.lease_until and job.lease_until < self.now
         }
         outcomes = execution.recover_expired(requeue=requeue, now=self.now)
         assert set(outcomes) == set(expired)
@@ -360,9 +371,7 @@ class JobsStoreModel(RuleBasedStateMachine):
     @rule(worker=st.sampled_from(WORKERS))
     def recover_worker(self, worker: str) -> None:
         own = {
-            job.token: job
-            for job in self.jobs.values()
-            if job.status == "running" and job.leased_by == worker
+            job.token: job for job in self.jobs.values() if job.token and job.leased_by == worker
         }
         outcomes = execution.recover_worker(worker, now=self.now)
         assert set(outcomes) == set(own)
@@ -404,6 +413,15 @@ class JobsStoreModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ helpers
 
+    def _pick(self, token: str, pick: int) -> str:
+        """The token a rule uses: the one drawn from the bundle (``pick`` 0: most of
+        them are stale after a few steps), or the current token of a Running job."""
+        # By job id: tokens are random, and a replayed example must pick the same job.
+        current = [job.token for _, job in sorted(self.jobs.items()) if job.token]
+        if pick and current:
+            return current[(pick - 1) % len(current)]
+        return token
+
     def _holder(self, token: str) -> ModelJob | None:
         """The job whose current, Running attempt ``token`` is (None: stale)."""
         for job in self.jobs.values():
@@ -436,7 +454,7 @@ class JobsStoreModel(RuleBasedStateMachine):
         assert outcome.value == status
 
 
-def test_the_jobs_store_follows_its_model():
+def test_the_jobs_store_follows_its_model() -> None:
     run_state_machine_as_test(
         JobsStoreModel,
         settings=settings(
