@@ -13,8 +13,9 @@ status, attempt, snooze and release counts, ``max_attempts``, cancel flag, token
 lease, ``next_run_at``, unknown-handler window and its attempt rows (number, token,
 status) are compared with the model.
 
-The short profile runs in the suite (under a second a database); ``LEDON_MODEL_EXAMPLES=300``
-(and ``LEDON_MODEL_STEPS``) runs a long one.
+The short profile runs in the suite (under a second a database);
+``LEDON_MODEL_EXAMPLES=300`` runs a long one, and ``LEDON_MODEL_STEPS=100`` with it
+sequences long enough to reach, now and then, the end of an unknown handler's window.
 """
 
 from __future__ import annotations
