@@ -445,14 +445,15 @@ RELEASED = "released"
 
 #: Release: the job Running under ``token``, without a cancel request, Queued again as
 #: it was before the claim (its ``next_run_at`` kept: it was due), the claim taken back
-#: from ``attempt_count`` and counted in ``release_count``. Returns the job's ``id``,
+#: from ``attempt_count`` and counted in ``release_count``; like every re-queue but a
+#: put-back it starts a new unknown-handler window. Returns the job's ``id``,
 #: ``queue`` and the ``limit_keys`` it counted in, to give their counts back.
 RELEASE_JOB = (
     f"UPDATE {JOB} SET status = '{QUEUED}',"
     " attempt_count = attempt_count - 1, release_count = release_count + 1,"
     f" {LEAVE_RUNNING}, started_at = NULL,"
     " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
-    " finished_at = NULL, limit_keys = NULL, updated_at = %(now)s"
+    " finished_at = NULL, handler_unknown_since = NULL, limit_keys = NULL, updated_at = %(now)s"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}' AND NOT cancel_requested"
     f" RETURNING id, queue, {_COUNTED_BEFORE}"
 )

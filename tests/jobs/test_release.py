@@ -4,10 +4,14 @@ Released — fenced by the attempt's token."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from jobs import JobScope, JobStatus, JobSubmission, execution, submit_job
 from jobs.exceptions import InvalidInput
+from jobs.models import Job
 from jobs.testing import run_jobs_inline
 from jobs.types import AttemptStatus, FinishOutcome
 
@@ -109,3 +113,28 @@ def test_releases_never_use_up_attempts(handler):
     assert [a.status for a in snap.attempts] == [AttemptStatus.RELEASED] * 3 + [
         AttemptStatus.SUCCEEDED
     ]
+
+
+def test_a_release_starts_a_new_unknown_handler_window():
+    """Like any re-queue but a put-back, a release clears the unknown-handler window:
+    a worker that knew the handler ran it, so a later unknown claim starts afresh."""
+    claim = claim_one()
+    t0 = timezone.now()
+    assert execution.put_back_unknown_handler(claim.token, "unknown", now=t0) is (
+        FinishOutcome.PUT_BACK
+    )
+    assert Job.objects.get(job_id="r").handler_unknown_since == t0
+    [known] = execution.claim_due("w-2", limit=1, now=t0 + timedelta(seconds=11))
+    assert execution.release(known.token, now=t0 + timedelta(seconds=12)) is (
+        FinishOutcome.RELEASED
+    )
+    assert Job.objects.get(job_id="r").handler_unknown_since is None
+    # Long past the first window: an unknown claim is put back again, not failed.
+    later = t0 + timedelta(hours=1)
+    [again] = execution.claim_due("w-1", limit=1, now=later)
+    assert execution.put_back_unknown_handler(again.token, "unknown", now=later) is (
+        FinishOutcome.PUT_BACK
+    )
+    snap = JobScope(SCOPE).get("r")
+    assert (snap.status, snap.attempt_count) == (JobStatus.QUEUED, 0)
+    assert Job.objects.get(job_id="r").handler_unknown_since == later

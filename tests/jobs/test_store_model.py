@@ -3,14 +3,25 @@ workers, with current and stale tokens and leases that expire and are recovered,
 checked against a plain-Python model of the lifecycle after every step (Hypothesis
 stateful testing), on SQLite and PostgreSQL.
 
-The short profile runs in the suite (a few seconds); ``LEDON_MODEL_EXAMPLES=500``
-(and ``LEDON_MODEL_STEPS``) runs a long one.
+The transitions driven: submit (new and duplicate), cancel, retry (with and without
+extra attempts granted), try_start, claim_due, report_progress, complete, fail (with
+and without a retry), interrupt, recover, snooze (up to its ``max_snoozes`` bound),
+release (a worker's graceful shutdown), the put-back of a claim whose handler the
+worker does not know (within and past its window), heartbeat, lease expiry and
+recovery of expired leases and of a restarted worker. After every step each job's
+status, attempt, snooze and release counts, ``max_attempts``, cancel flag, token,
+lease, ``next_run_at``, unknown-handler window and its attempt rows (number, token,
+status) are compared with the model.
+
+The short profile runs in the suite (under a second a database);
+``LEDON_MODEL_EXAMPLES=300`` runs a long one, and ``LEDON_MODEL_STEPS=100`` with it
+sequences long enough to reach, now and then, the end of an unknown handler's window.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -29,6 +40,7 @@ from hypothesis.stateful import (
 
 from jobs import JobSubmission, execution
 from jobs.api import JobScope, submit_job
+from jobs.conf import jobs_settings
 from jobs.exceptions import InvalidTransition
 from jobs.models import Job, JobAttempt
 from jobs.types import CancelOutcome, FinishOutcome
@@ -37,8 +49,8 @@ from jobs.validation import scope_hash
 SCOPE = "model"
 JOB_IDS = ["a", "b", "c"]
 WORKERS = ["w1", "w2"]
-EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "6"))
-STEPS = int(os.environ.get("LEDON_MODEL_STEPS", "25"))
+EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "5"))
+STEPS = int(os.environ.get("LEDON_MODEL_STEPS", "20"))
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -47,14 +59,27 @@ pytestmark = [
 ]
 
 LEASE = 30
+#: How a token rule chooses its token (see ``JobsStoreModel._pick``): 0, the bundle's.
+PICK = st.integers(0, 3)
 RETRYABLE = {"failed", "cancelled", "interrupted"}
+
+
+@dataclass
+class ModelAttempt:
+    number: int
+    token: str
+    status: str = "running"
 
 
 @dataclass
 class ModelJob:
     max_attempts: int
+    #: What the caller submitted: a duplicate submission repeats it.
+    submitted_attempts: int = 0
     status: str = "queued"
     attempts: int = 0
+    snoozes: int = 0
+    releases: int = 0
     token: str | None = None
     cancel: bool = False
     #: None: due whenever (submitted or retried "now", before the model's clock).
@@ -62,6 +87,9 @@ class ModelJob:
     progress: float | None = None
     leased_by: str = ""
     lease_until: datetime | None = None
+    #: The first put-back of the unknown-handler window under way.
+    unknown_since: datetime | None = None
+    rows: list[ModelAttempt] = field(default_factory=list)
 
     def due(self, now: datetime) -> bool:
         return (
@@ -74,20 +102,31 @@ class ModelJob:
     def holds(self, token: str) -> bool:
         return self.status == "running" and self.token == token
 
-    def end(self, status: str) -> None:
+    def end(self, status: str, attempt: str) -> None:
+        """The running attempt ends ``attempt``, the job ``status``."""
         self.status = status
+        self.close(attempt)
+
+    def close(self, attempt: str) -> None:
+        [running] = [row for row in self.rows if row.status == "running"]
+        running.status = attempt
+        self.token, self.leased_by, self.lease_until = None, "", None
 
     def start(self, token: str, worker: str, now: datetime) -> None:
         self.attempts += 1
         self.status, self.token, self.progress, self.cancel = "running", token, None, False
         self.leased_by, self.lease_until = worker, now + timedelta(seconds=LEASE)
+        number = self.attempts + self.snoozes + self.releases
+        self.rows.append(ModelAttempt(number, token))
 
     def requeue(self, run_at: datetime | None) -> None:
+        """Queued again for another reason than an unknown handler (a new window)."""
         self.status = "queued"
         self.run_at = run_at
         self.token = None
         self.cancel = False
         self.progress = None
+        self.unknown_since = None
 
 
 class JobsStoreModel(RuleBasedStateMachine):
@@ -99,10 +138,14 @@ class JobsStoreModel(RuleBasedStateMachine):
         # Far ahead of the wall clock: a job submitted or retried "now" is due.
         self.now = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
 
-    @initialize()
-    def empty_store(self) -> None:
+    @initialize(max_attempts=st.lists(st.integers(1, 3), min_size=2, max_size=2))
+    def empty_store(self, max_attempts: list[int]) -> None:
         JobAttempt.objects.all().delete()
         Job.objects.all().delete()
+        # Two jobs from the start, so that the steps reach the executor's transitions
+        # early; the third is left for the submit rule to create.
+        for job_id, attempts in zip(JOB_IDS, max_attempts, strict=False):
+            self.submit(job_id, attempts)
 
     # ------------------------------------------------------------------ time
 
@@ -115,13 +158,18 @@ class JobsStoreModel(RuleBasedStateMachine):
     @rule(job_id=st.sampled_from(JOB_IDS), max_attempts=st.integers(1, 3))
     def submit(self, job_id: str, max_attempts: int) -> None:
         existing = self.jobs.get(job_id)
-        attempts = existing.max_attempts if existing else max_attempts
+        if existing is not None and existing.max_attempts != existing.submitted_attempts:
+            # An operator's grant raised max_attempts, which is part of the request's
+            # identity: the caller's original request now differs (see "What retry
+            # clears" in the lifecycle docs). Not driven here.
+            return
+        attempts = existing.submitted_attempts if existing else max_attempts
         snapshot = submit_job(
             SCOPE, job_id, JobSubmission.create("test.record", {}, max_attempts=attempts)
         )
         assert snapshot.created == (existing is None)
         if existing is None:
-            self.jobs[job_id] = ModelJob(max_attempts)
+            self.jobs[job_id] = ModelJob(max_attempts, submitted_attempts=max_attempts)
 
     @rule(job_id=st.sampled_from(JOB_IDS))
     def cancel(self, job_id: str) -> None:
@@ -131,25 +179,27 @@ class JobsStoreModel(RuleBasedStateMachine):
         outcome = JobScope(SCOPE).cancel(job_id)
         if job.status == "queued":
             assert outcome is CancelOutcome.CANCELLED
-            job.end("cancelled")
+            job.status = "cancelled"
         elif job.status == "running":
             assert outcome is CancelOutcome.REQUESTED
             job.cancel = True
         else:
             assert outcome is CancelOutcome.ALREADY_FINISHED
 
-    @rule(job_id=st.sampled_from(JOB_IDS))
-    def retry(self, job_id: str) -> None:
+    @rule(job_id=st.sampled_from(JOB_IDS), extra=st.sampled_from([0, 0, 1, 2]))
+    def retry(self, job_id: str, extra: int) -> None:
         job = self.jobs.get(job_id)
         if job is None:
             return
-        allowed = job.status in RETRYABLE and job.attempts < job.max_attempts
+        allowed = job.status in RETRYABLE and job.attempts < job.max_attempts + extra
         try:
-            JobScope(SCOPE).retry(job_id)
+            snapshot = JobScope(SCOPE).retry(job_id, extra_attempts=extra)
         except InvalidTransition:
             assert not allowed
             return
         assert allowed
+        job.max_attempts += extra
+        assert snapshot.max_attempts == job.max_attempts
         job.requeue(None)
 
     # ------------------------------------------------------------------ executor
@@ -182,8 +232,9 @@ class JobsStoreModel(RuleBasedStateMachine):
             assert claim.attempt == job.attempts
         return multiple(*(claim.token for claim in claims))
 
-    @rule(token=tokens, value=st.sampled_from([10.0, 50.0, 90.0]))
-    def report_progress(self, token: str, value: float) -> None:
+    @rule(token=tokens, pick=PICK, value=st.sampled_from([10.0, 50.0, 90.0]))
+    def report_progress(self, token: str, pick: int, value: float) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         recorded = execution.report_progress(token, value, now=self.now)
         expected = (
@@ -194,8 +245,9 @@ class JobsStoreModel(RuleBasedStateMachine):
             assert job is not None
             job.progress = value
 
-    @rule(token=tokens)
-    def complete(self, token: str) -> None:
+    @rule(token=tokens, pick=PICK)
+    def complete(self, token: str, pick: int) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         outcome = execution.complete(token, now=self.now)
         if job is None:
@@ -203,44 +255,100 @@ class JobsStoreModel(RuleBasedStateMachine):
             return
         expected = "cancelled" if job.cancel else "succeeded"
         assert outcome.value == expected
-        job.end(expected)
+        job.end(expected, expected)
 
-    @rule(token=tokens, retry=st.booleans())
-    def fail(self, token: str, retry: bool) -> None:
+    @rule(token=tokens, pick=PICK, retry=st.booleans())
+    def fail(self, token: str, pick: int, retry: bool) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         retry_at = self.now + timedelta(seconds=30) if retry else None
         outcome = execution.fail(token, "boom", retry_at=retry_at, now=self.now)
         self._ended(job, outcome, "failed", retry_at)
 
-    @rule(token=tokens)
-    def interrupt(self, token: str) -> None:
+    @rule(token=tokens, pick=PICK)
+    def interrupt(self, token: str, pick: int) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         outcome = execution.interrupt(token, now=self.now)
         self._ended(job, outcome, "interrupted", None)
 
-    @rule(token=tokens, requeue=st.booleans())
-    def recover(self, token: str, requeue: bool) -> None:
+    @rule(token=tokens, pick=PICK, requeue=st.booleans())
+    def recover(self, token: str, pick: int, requeue: bool) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         outcome = execution.recover(token, requeue=requeue, now=self.now)
         self._ended(job, outcome, "interrupted", self.now if requeue else None)
 
-    @rule(token=tokens)
-    def snooze(self, token: str) -> None:
+    @rule(token=tokens, pick=PICK, max_snoozes=st.sampled_from([None, 0, 1, 2]))
+    def snooze(self, token: str, pick: int, max_snoozes: int | None) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         run_at = self.now + timedelta(seconds=30)
-        outcome = execution.snooze(token, run_at, now=self.now)
+        outcome = execution.snooze(token, run_at, max_snoozes=max_snoozes, now=self.now)
         if job is None:
             assert outcome is FinishOutcome.STALE
         elif job.cancel:
             assert outcome is FinishOutcome.CANCELLED
-            job.end("cancelled")
+            job.end("cancelled", "cancelled")
+        elif max_snoozes is not None and job.snoozes >= max_snoozes:
+            # Past its bound the execution counts: it ends Failed, naming the bound.
+            assert outcome is FinishOutcome.FAILED
+            job.end("failed", "failed")
         else:
             assert outcome is FinishOutcome.SNOOZED
+            job.close("snoozed")
             job.attempts -= 1
+            job.snoozes += 1
             job.requeue(run_at)
 
-    @rule(token=tokens, worker=st.sampled_from(WORKERS))
-    def heartbeat(self, token: str, worker: str) -> None:
+    @rule(token=tokens, pick=PICK)
+    def release(self, token: str, pick: int) -> None:
+        token = self._pick(token, pick)
+        job = self._holder(token)
+        outcome = execution.release(token, "released: model", now=self.now)
+        if job is None:
+            assert outcome is FinishOutcome.STALE
+        elif job.cancel:
+            # The job is what was asked; the attempt row ends as a stopped one would.
+            assert outcome is FinishOutcome.CANCELLED
+            job.end("cancelled", "interrupted")
+        else:
+            assert outcome is FinishOutcome.RELEASED
+            job.close("released")
+            job.attempts -= 1
+            job.releases += 1
+            job.requeue(job.run_at)  # its next_run_at kept: it was due
+
+    @rule(token=tokens, pick=PICK)
+    def put_back_unknown_handler(self, token: str, pick: int) -> None:
+        token = self._pick(token, pick)
+        job = self._holder(token)
+        outcome = execution.put_back_unknown_handler(token, "unknown: model", now=self.now)
+        if job is None:
+            assert outcome is FinishOutcome.STALE
+            return
+        # The claim is undone: no attempt consumed, its attempt row deleted.
+        job.rows = [row for row in job.rows if row.token != token]
+        job.attempts -= 1
+        job.token, job.leased_by, job.lease_until, job.progress = None, "", None, None
+        since = job.unknown_since or self.now
+        job.unknown_since = since
+        window = jobs_settings().UNKNOWN_HANDLER_RETRY_SECONDS
+        delay = min(jobs_settings().UNKNOWN_HANDLER_RETRY_DELAY, window)
+        if job.cancel:
+            assert outcome is FinishOutcome.CANCELLED
+            job.status = "cancelled"
+        elif since <= self.now - timedelta(seconds=window):
+            assert outcome is FinishOutcome.FAILED
+            job.status = "failed"
+        else:
+            assert outcome is FinishOutcome.PUT_BACK
+            job.status = "queued"
+            job.run_at = self.now + timedelta(seconds=delay)
+
+    @rule(token=tokens, pick=PICK, worker=st.sampled_from(WORKERS))
+    def heartbeat(self, token: str, pick: int, worker: str) -> None:
+        token = self._pick(token, pick)
         job = self._holder(token)
         statuses = execution.heartbeat([token], worker, lease_seconds=LEASE, now=self.now)
         if job is None or job.leased_by != worker:
@@ -254,7 +362,7 @@ class JobsStoreModel(RuleBasedStateMachine):
         expired = {
             job.token: job
             for job in self.jobs.values()
-            if job.status == "running" and job.lease_until and job.lease_until < self.now
+            if job.token and job.lease_until and job.lease_until < self.now
         }
         outcomes = execution.recover_expired(requeue=requeue, now=self.now)
         assert set(outcomes) == set(expired)
@@ -264,9 +372,7 @@ class JobsStoreModel(RuleBasedStateMachine):
     @rule(worker=st.sampled_from(WORKERS))
     def recover_worker(self, worker: str) -> None:
         own = {
-            job.token: job
-            for job in self.jobs.values()
-            if job.status == "running" and job.leased_by == worker
+            job.token: job for job in self.jobs.values() if job.token and job.leased_by == worker
         }
         outcomes = execution.recover_worker(worker, now=self.now)
         assert set(outcomes) == set(own)
@@ -287,20 +393,35 @@ class JobsStoreModel(RuleBasedStateMachine):
             where = f"job {job_id}: {model}"
             assert row.status == model.status, where
             assert row.attempt_count == model.attempts, where
+            assert row.max_attempts == model.max_attempts, where
+            assert (row.snooze_count, row.release_count) == (model.snoozes, model.releases), where
             assert row.cancel_requested == model.cancel, where
-            running = [a for a in row.attempts.all() if a.status == "running"]
+            assert row.current_token == model.token, where
+            assert (row.leased_by, row.lease_expires_at) == (model.leased_by, model.lease_until), (
+                where
+            )
+            assert row.handler_unknown_since == model.unknown_since, where
             if model.status == "running":
-                assert row.current_token == model.token, where
-                assert row.leased_by == model.leased_by, where
-                assert row.lease_expires_at == model.lease_until, where
-                assert [a.token for a in running] == [model.token], where
                 assert row.progress == model.progress, where
-            else:
-                assert not running, where
-            counted = [a for a in row.attempts.all() if a.status != "snoozed"]
-            assert len(counted) == row.attempt_count, where
+            if model.status == "queued" and model.run_at is not None:
+                assert row.next_run_at == model.run_at, where
+            attempts = sorted(row.attempts.all(), key=lambda a: a.number)
+            assert [(a.number, a.token, a.status) for a in attempts] == [
+                (a.number, a.token, a.status) for a in model.rows
+            ], where
+            uncounted = {"snoozed", "released"}
+            assert len([a for a in attempts if a.status not in uncounted]) == row.attempt_count
 
     # ------------------------------------------------------------------ helpers
+
+    def _pick(self, token: str, pick: int) -> str:
+        """The token a rule uses: the one drawn from the bundle (``pick`` 0: most of
+        them are stale after a few steps), or the current token of a Running job."""
+        # By job id: tokens are random, and a replayed example must pick the same job.
+        current = [job.token for _, job in sorted(self.jobs.items()) if job.token]
+        if pick and current:
+            return current[(pick - 1) % len(current)]
+        return token
 
     def _holder(self, token: str) -> ModelJob | None:
         """The job whose current, Running attempt ``token`` is (None: stale)."""
@@ -316,22 +437,25 @@ class JobsStoreModel(RuleBasedStateMachine):
         status: str,
         requeue_at: datetime | None,
     ) -> None:
+        """A finish: ``status`` for the job and its attempt unless a cancel request
+        came first (an interrupted attempt stays interrupted), re-queued at
+        ``requeue_at`` while attempts are left."""
         if job is None:
             assert outcome is FinishOutcome.STALE
             return
         if job.cancel:
             assert outcome is FinishOutcome.CANCELLED
-            job.end("cancelled")
+            job.end("cancelled", "interrupted" if status == "interrupted" else "cancelled")
             return
+        job.end(status, status)
         if requeue_at is not None and job.attempts < job.max_attempts:
             assert outcome is FinishOutcome.REQUEUED
             job.requeue(requeue_at)
             return
         assert outcome.value == status
-        job.end(status)
 
 
-def test_the_jobs_store_follows_its_model():
+def test_the_jobs_store_follows_its_model() -> None:
     run_state_machine_as_test(
         JobsStoreModel,
         settings=settings(

@@ -11,6 +11,7 @@ SET status = 'queued',
     error = '',
     result_ref = NULL,
     finished_at = NULL,
+    handler_unknown_since = NULL,
     limit_keys = NULL,
     updated_at = %(now)s
 WHERE current_token = %(token)s
