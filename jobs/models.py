@@ -99,6 +99,14 @@ class Job(models.Model):
         db_default=0,
         help_text="Claims given back unused at a worker's shutdown (not counted as attempts).",
     )
+    # Attempts an operator's retry granted (extra_attempts) on top of the submitted
+    # max_attempts: the request this job was created from asked for max_attempts
+    # less these, so a repeat of it is still the same request.
+    granted_attempts = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Attempts granted by retries beyond the max_attempts submitted.",
+    )
 
     # Tracing: the submitter's trace context (W3C headers as JSON), so that every
     # attempt's span is its child; NULL when tracing is off.

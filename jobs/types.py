@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import json
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Self
 
@@ -282,6 +282,8 @@ class JobSnapshot:
     #: Executions that ended in ``Snooze`` (never counted in ``attempt_count``);
     #: bounded by the handler's ``max_snoozes``.
     snooze_count: int = 0
+    #: Attempts granted by retries (``extra_attempts``), included in ``max_attempts``.
+    granted_attempts: int = 0
     created: bool = False
     attempts: tuple[AttemptSnapshot, ...] = field(default=())
 
@@ -294,8 +296,12 @@ class JobSnapshot:
         return max(self.max_attempts - self.attempt_count, 0)
 
     def submission(self) -> JobSubmission:
-        """The submission this job was created from (its fields are the snapshot's)."""
-        return from_row(JobSubmission, self)
+        """The submission this job was created from: the snapshot's fields, with
+        ``max_attempts`` as submitted (the attempts retries granted taken off)."""
+        submitted = from_row(JobSubmission, self)
+        if self.granted_attempts:
+            return replace(submitted, max_attempts=self.max_attempts - self.granted_attempts)
+        return submitted
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

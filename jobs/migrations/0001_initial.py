@@ -83,6 +83,7 @@ class Migration(migrations.Migration):
                 ('handler_unknown_since', models.DateTimeField(blank=True, help_text='First claimed by a worker without its handler.', null=True)),
                 ('snooze_count', models.PositiveIntegerField(db_default=0, default=0, help_text='Executions that snoozed (not counted as attempts).')),
                 ('release_count', models.PositiveIntegerField(db_default=0, default=0, help_text="Claims given back unused at a worker's shutdown (not counted as attempts).")),
+                ('granted_attempts', models.PositiveIntegerField(db_default=0, default=0, help_text='Attempts granted by retries beyond the max_attempts submitted.')),
                 ('trace_context', models.TextField(blank=True, help_text="The submitter's trace context (W3C headers, JSON).", null=True)),
                 ('limit_keys', models.TextField(blank=True, help_text='The limit counters its execution counts in.', null=True)),
             ],

@@ -74,6 +74,7 @@ def retry(
     fields = requeue_fields(run_at, now)
     if extra:
         fields["max_attempts"] = granted
+        fields["granted_attempts"] = F("granted_attempts") + extra
     with transaction.atomic(using=alias):
         updated = jobs.filter(
             status__in=RETRYABLE_STATUSES,

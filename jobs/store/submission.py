@@ -47,6 +47,7 @@ _NEW_JOB_CONSTANTS: dict[str, Any] = {
         if name in JobSnapshot.__dataclass_fields__
     },
     "status": JobStatus(str(sql_submit.NEW_JOB_FIXED["status"])),
+    "granted_attempts": 0,  # the column's database default
     "progress": None,
     "result_ref": None,
     "started_at": None,

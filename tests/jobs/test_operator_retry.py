@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from jobs import execution
-from jobs.exceptions import InvalidSubmission, InvalidTransition
+from jobs import JobSubmission, execution
+from jobs.exceptions import InvalidSubmission, InvalidTransition, JobIdentityConflict
 from jobs.types import JobStatus
 
 RETRYABLE = [JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED]
@@ -42,6 +42,27 @@ def test_a_grant_raises_max_attempts_even_with_attempts_left(make_job, scope) ->
     make_job.finished(JobStatus.FAILED, "job-1", max_attempts=3)
     scope.retry("job-1", extra_attempts=1)
     assert make_job.row("job-1").max_attempts == 4
+
+
+def test_after_a_grant_the_original_request_is_still_the_same_job(scope) -> None:
+    """A grant raises ``max_attempts`` but not the request's identity: the caller's
+    repeat of its submission returns the job, in one call and in a batch; a request
+    for the raised count is a different one."""
+    submission = JobSubmission.create("test.record", {"n": 1}, max_attempts=1)
+    scope.submit("job-1", submission)
+    claim = execution.try_start(scope.scope_hash, "job-1")
+    assert claim is not None
+    execution.fail(claim.token, "boom")
+    scope.retry("job-1", extra_attempts=2)
+
+    again = scope.submit("job-1", submission)
+    assert (again.created, again.max_attempts, again.granted_attempts) == (False, 3, 2)
+    assert again.status == JobStatus.QUEUED
+    [result] = scope.submit_many([("job-1", submission)])
+    assert result.job().created is False
+    with pytest.raises(JobIdentityConflict) as conflict:
+        scope.submit("job-1", JobSubmission.create("test.record", {"n": 1}, max_attempts=3))
+    assert conflict.value.fields == ("max_attempts",)
 
 
 @pytest.mark.parametrize("status", [JobStatus.SUCCEEDED, JobStatus.RUNNING, JobStatus.QUEUED])

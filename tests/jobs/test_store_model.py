@@ -158,11 +158,7 @@ class JobsStoreModel(RuleBasedStateMachine):
     @rule(job_id=st.sampled_from(JOB_IDS), max_attempts=st.integers(1, 3))
     def submit(self, job_id: str, max_attempts: int) -> None:
         existing = self.jobs.get(job_id)
-        if existing is not None and existing.max_attempts != existing.submitted_attempts:
-            # An operator's grant raised max_attempts, which is part of the request's
-            # identity: the caller's original request now differs (see "What retry
-            # clears" in the lifecycle docs). Not driven here.
-            return
+        # A repeat is the original request, whatever attempts retries granted since.
         attempts = existing.submitted_attempts if existing else max_attempts
         snapshot = submit_job(
             SCOPE, job_id, JobSubmission.create("test.record", {}, max_attempts=attempts)
