@@ -39,12 +39,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
     parser.add_argument(
         "--only",
-        choices=["flow-control", "burn-down", "bulk", "cpu"],
+        choices=["flow-control", "burn-down", "bulk", "cpu", "targets"],
         help="measure only this part and print its figures (flow-control: django-ledon "
         "alone; burn-down: the no-op handler at 1x4, 1x16 and 2x16, the 5 ms handler "
         "at 16 (with and without look-ahead) and 64, some with settings of ours changed; "
         "bulk: the bulk enqueue of --systems; cpu: the CPU-bound handler, one process "
-        "against run_jobs --processes)",
+        "against run_jobs --processes; targets: all the worker's targets in one run, "
+        "with their verdicts)",
     )
     parser.add_argument(
         "--compare",
@@ -135,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.only == "bulk":
             bulk = harness.bulk_alone(systems=args.system_names, **session)
             print(report.bulk_table(bulk))
+            return 0
+        if args.only == "targets":
+            from . import targets
+
+            found = targets.measure(args.system_names, **session)
+            print(targets.table(found))
             return 0
         if args.only == "cpu":
             cpu = harness.cpu_alone(**session)
