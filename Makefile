@@ -9,7 +9,7 @@ PYTHON_VERSION ?=
 DJANGO ?=
 EXTRAS ?= test,docs
 
-.PHONY: test demo docs venv clean bench bench-quick soak
+.PHONY: test demo docs venv clean bench bench-quick bench-targets soak
 
 # The packages are installed by uv (from PyPI, into the virtualenv first), which
 # resolves and installs them several times faster than pip; the virtualenv keeps its
@@ -54,6 +54,11 @@ bench: $(VENV)/.bench-installed
 ## The same, tiny and once (under a minute): benchmarks/results/latest.md.
 bench-quick: $(VENV)/.bench-installed
 	$(PY) -m benchmarks --quick
+
+## The worker's targets in one run, with their verdicts (about 15 minutes on 2 CPUs):
+## the ratios docs/benchmarks.md quotes, and the raw JSON in benchmarks/results/.
+bench-targets: $(VENV)/.bench-installed
+	$(PY) -m benchmarks --only targets
 
 ## Soak (not in CI): a fixed arrival rate below capacity for MINUTES (default 30) per
 ## system — django-ledon, pgqueuer, Procrastinate — on a throw-away PostgreSQL with
