@@ -1,4 +1,4 @@
-"""Internal pieces shared by the ``jobs``, ``outbox`` and ``sagas`` apps.
+"""Internal pieces shared by the ``jobs``, ``outbox``, ``sagas`` and ``workflows`` apps.
 
 Not a Django app and not a public API: nothing here imports a model or any of the
 apps, and names may change between releases. Use the apps' own modules.
@@ -21,8 +21,11 @@ The database and the stores:
 
 - :mod:`ledon.db` — the alias and vendor switch, datetime adapters, the caller-atomic
   check, connection reset, the start-up check (unreachable or not migrated);
-- :mod:`ledon.values` — a stored row as its frozen value, and the outcome of a
-  fenced write;
+- :mod:`ledon.values` — a stored row as its frozen value, the outcome of a fenced
+  write, and the outcome of a scoped cancel;
+- :mod:`ledon.clock` — the time a transition is recorded at, one rule for every store;
+- :mod:`ledon.retention` — what the purge commands share: each app's growing tables
+  deleted past their retention, in batches;
 - :mod:`ledon.validation` — the one rule for a text field a caller hands to any app;
 - :mod:`ledon.errors` — the errors' root, whose docstring is its default message,
   the stored error text, and signals sent so that a failing receiver never stops
@@ -31,7 +34,9 @@ The database and the stores:
 The apps' set-up:
 
 - :mod:`ledon.apps` — the base of the apps' configs;
-- :mod:`ledon.conf` — reading the apps' settings dicts (unknown keys, 'did you mean');
+- :mod:`ledon.conf` — reading the apps' settings dicts (unknown keys, 'did you mean')
+  and the checks of their values;
+- :mod:`ledon.naming` — how the registries name the functions they hold;
 - :mod:`ledon.checks` — the system checks every app shares (SQLite's set-up);
 - :mod:`ledon.lazy` — packages whose public names are imported on first use;
 - :mod:`ledon.admin` — the read-only admin base and its guarded actions;
