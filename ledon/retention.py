@@ -1,8 +1,8 @@
-"""Retention on demand: what ``purge_jobs``, ``purge_outbox`` and ``purge_sagas``
-share. Each app names its growing tables (:class:`Purge`: what they hold, the setting
-of their retention, a bounded delete and the rows it deletes); the command deletes every one past
-its retention in batches, ``--older-than-days`` overriding the settings for all of
-them, ``--dry-run`` only counting."""
+"""Retention on demand: what ``purge_jobs``, ``purge_outbox``, ``purge_sagas`` and
+``purge_workflows`` share. Each app names its growing tables (:class:`Purge`: what they
+hold, the setting of their retention, a bounded delete and the rows it deletes); the
+command deletes every one past its retention in batches, ``--older-than-days``
+overriding the settings for all of them, ``--dry-run`` only counting."""
 
 from __future__ import annotations
 

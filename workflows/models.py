@@ -27,8 +27,11 @@ class RunQuerySet(models.QuerySet["WorkflowRun"]):
     def unfinished(self) -> RunQuerySet:
         return self.filter(status__in=RunStatus.unfinished())
 
+    def finished(self) -> RunQuerySet:
+        return self.filter(status__in=RunStatus.finished())
+
     def finished_before(self, when: datetime) -> RunQuerySet:
-        return self.filter(status__in=RunStatus.finished(), finished_at__lt=when)
+        return self.finished().filter(finished_at__lt=when)
 
 
 class WorkflowRun(models.Model):

@@ -392,18 +392,33 @@ def test_an_item_whose_tries_never_return_fails_after_a_bounded_number():
 
 
 def test_purge_workflows_deletes_finished_runs_past_the_cutoff():
+    from datetime import timedelta
     from io import StringIO
 
     from django.core.management import call_command
+    from django.db.models import F
+
+    from workflows.models import WorkflowRun
 
     start_workflow(SCOPE, "purge-1", "checks.linear")
     run_workflow(SCOPE, "purge-1")
+    start_workflow(SCOPE, "purge-2", "checks.linear")
+    run_workflow(SCOPE, "purge-2")
+    WorkflowRun.objects.filter(run_id="purge-1").update(
+        finished_at=F("finished_at") - timedelta(days=2)
+    )
     out = StringIO()
-    call_command("purge_workflows", stdout=out)
-    assert out.getvalue().strip() == "deleted 0 finished runs"
-    call_command("purge_workflows", "--older-than", "-1", stdout=out)
-    assert out.getvalue().strip().endswith("deleted 1 finished runs")
+    call_command("purge_workflows", stdout=out)  # the retention: 30 days
+    assert out.getvalue().startswith("deleted 0 finished run(s) before ")
+    out = StringIO()
+    call_command("purge_workflows", "--older-than-days", "1", "--dry-run", stdout=out)
+    assert out.getvalue().startswith("1 finished run(s) before ")
+    assert WorkflowScope(SCOPE).get("purge-1") is not None
+    out = StringIO()
+    call_command("purge_workflows", "--older-than-days", "1", stdout=out)
+    assert out.getvalue().startswith("deleted 1 finished run(s) before ")
     assert WorkflowScope(SCOPE).get("purge-1") is None
+    assert WorkflowScope(SCOPE).get("purge-2") is not None
 
 
 def test_a_signal_sent_by_a_consumer_commits_with_its_inbox_record():
