@@ -362,9 +362,21 @@ def only_part(part: str, out: Path) -> tuple[subprocess.CompletedProcess[str], A
 def test_only_burn_down_measures_the_burn_downs_and_the_5ms_handler(tmp_path: Path) -> None:
     done, figures = only_part("burn-down", tmp_path)
     runs = figures["runs"]["django-ledon"]
-    assert set(runs) == {"c4", "c16", "sleep5"}
+    assert set(runs) == {
+        "1x4",
+        "1x4-prefetch0",
+        "1x16",
+        "1x16-prefetch0",
+        "1x16-claim_batch_size32",
+        "2x16",
+        "sleep5-c16",
+        "sleep5-c16-prefetch0",
+        "sleep5-c64",
+    }
     assert all(len(rates) == 1 and rates[0] > 0 for rates in runs.values())
-    assert figures["sleep5_of_ideal"] == figures["median"]["django-ledon"]["sleep5"] / 800
+    medians = figures["median"]["django-ledon"]
+    assert figures["sleep5_of_ideal"]["sleep5-c16"] == medians["sleep5-c16"] / 3200
+    assert figures["sleep5_of_ideal"]["sleep5-c64"] == medians["sleep5-c64"] / 12800
     assert set(figures["load_average"]) == {"start", "end"}
     assert json.loads(done.stdout.strip().splitlines()[-1])["median"] == figures["median"]
 
@@ -436,3 +448,24 @@ def test_round_trips_leave_out_the_servers_own_checks_and_pipelined_settings() -
     assert report._round_trips("django-ledon", "1p-c1", cost, 100) == 2.0
     assert report._round_trips("pgqueuer", "1p-c1/async", cost, 100) == 2.0
     assert report._round_trips("pgqueuer", "1p-c0", {"wal_bytes": 1}, 100) is None
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_only_targets_reads_every_target_of_ours_from_one_run(tmp_path: Path) -> None:
+    done, figures = only_part("targets", tmp_path)
+    rows = {row["what"]: row for row in figures["rows"]}
+    # Without a peer in the run, the rows against pgqueuer are left out.
+    assert set(rows) == {
+        "5 ms handler, concurrency 16: share of the ideal 3,200/s",
+        "Claims with every limit set (none binding): ms per job against none",
+        "CPU-bound handler, --processes 2 against one process of two threads",
+    }
+    share = rows["5 ms handler, concurrency 16: share of the ideal 3,200/s"]
+    assert share["ratio"] == figures["burn"]["median"]["django-ledon"]["sleep5-c16"] / 3200
+    assert share["holds"] == (share["ratio"] >= 0.85)
+    flow = figures["flow"]["median"]
+    limits = rows["Claims with every limit set (none binding): ms per job against none"]
+    assert limits["ratio"] == pytest.approx(flow["off"] / flow["all_three"])
+    assert figures["idle"]["latency"]["django-ledon"]["p50_ms"] > 0
+    assert "| target | django-ledon | against | ratio | goal | verdict |" in done.stdout
