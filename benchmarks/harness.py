@@ -938,7 +938,7 @@ ALONE_BURNS: tuple[tuple[int, int, dict[str, Any]], ...] = (
     (1, 4, {"PREFETCH": 0}),
     (1, 16, {}),
     (1, 16, {"PREFETCH": 0}),
-    (1, 16, {"CLAIM_BATCH_SIZE": 32}),
+    (1, 16, {"CLAIM_BATCH_SIZE": 16}),
     (2, 16, {}),
 )
 #: Its 5 ms handler's: (concurrency, our ``JOBS`` settings added), one process.

@@ -44,7 +44,7 @@ class JobsSettings:
     #: Seconds handlers get, after their shutdown signal, before they are re-queued.
     SHUTDOWN_GRACE_SECONDS: float = 5.0
     #: Jobs claimed per query at most.
-    CLAIM_BATCH_SIZE: int = 16
+    CLAIM_BATCH_SIZE: int = 64
     #: Look-ahead: jobs a worker may claim beyond its free slots, for slots whose
     #: handler will free soon, so that a slot finds its next job waiting when its
     #: handler returns; taken only while handlers are quick (see the worker's slots).

@@ -367,7 +367,7 @@ def test_only_burn_down_measures_the_burn_downs_and_the_5ms_handler(tmp_path: Pa
         "1x4-prefetch0",
         "1x16",
         "1x16-prefetch0",
-        "1x16-claim_batch_size32",
+        "1x16-claim_batch_size16",
         "2x16",
         "sleep5-c16",
         "sleep5-c16-prefetch0",
