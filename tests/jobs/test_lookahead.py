@@ -39,6 +39,20 @@ def running() -> list[Job]:
     return list(Job.objects.filter(status=JobStatus.RUNNING))
 
 
+def counted_passes(worker: Worker) -> threading.Semaphore:
+    """A semaphore released at every pass of ``worker``'s main loop (each pass
+    settles and claims), for a test to wait for a number of passes."""
+    passes = threading.Semaphore(0)
+    original = worker.pause
+
+    def pause(timeout, **kwargs):
+        passes.release()
+        return original(timeout, **kwargs)
+
+    worker.pause = pause  # type: ignore[method-assign]
+    return passes
+
+
 @contextmanager
 def worker_running(worker: Worker) -> Iterator[threading.Thread]:
     thread = threading.Thread(target=worker.run)
@@ -109,14 +123,7 @@ def test_lookahead_counts_for_flow_limits(settings, holding):
     submit(6, queue="limited")
     # Without the limit this worker would hold two: one running, one looked ahead.
     worker = Worker(concurrency=1, listen=False, shutdown_timeout=0)
-    passes = threading.Semaphore(0)
-    original = worker.pause
-
-    def pause(timeout, **kwargs):
-        passes.release()
-        return original(timeout, **kwargs)
-
-    worker.pause = pause  # type: ignore[method-assign]
+    passes = counted_passes(worker)
     with worker_running(worker):
         wait_until(lambda: len(started) == 1, 30, "the first handler to start")
         for _ in range(10):  # ten more passes of the main loop, each claiming
@@ -133,14 +140,7 @@ def test_lookahead_is_shared_by_the_slots_and_bounded_by_prefetch(settings, hold
     settings.JOBS = {**QUICK, "PREFETCH": 3, "PREFETCH_MAX_WAIT": 60}
     submit(8)
     worker = Worker(concurrency=2, listen=False, shutdown_timeout=0)
-    passes = threading.Semaphore(0)
-    original = worker.pause
-
-    def pause(timeout, **kwargs):
-        passes.release()
-        return original(timeout, **kwargs)
-
-    worker.pause = pause  # type: ignore[method-assign]
+    passes = counted_passes(worker)
     with worker_running(worker):
         wait_until(lambda: len(started) == 2, 30, "both handlers to start")
         for _ in range(10):  # ten more passes of the main loop, each claiming
@@ -181,14 +181,7 @@ def test_no_lookahead_behind_a_long_handler(settings, holding):
     settings.JOBS = {**QUICK, "PREFETCH": 3, "PREFETCH_MAX_WAIT": 0.05}
     submit(4)
     worker = Worker(concurrency=1, listen=False, shutdown_timeout=0)
-    passes = threading.Semaphore(0)
-    original = worker.pause
-
-    def pause(timeout, **kwargs):
-        passes.release()
-        return original(timeout, **kwargs)
-
-    worker.pause = pause  # type: ignore[method-assign]
+    passes = counted_passes(worker)
     with worker_running(worker):
         wait_until(lambda: len(running()) == 1, 30, "only the long handler's job Running")
         for _ in range(20):
