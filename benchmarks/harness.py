@@ -862,7 +862,7 @@ def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
 
 
 @contextmanager
-def _part_alone(
+def part_alone(
     name: str,
     systems: list[str],
     *,
@@ -902,9 +902,9 @@ def write_part(out_dir: Path, name: str, result: dict[str, Any]) -> Path:
 
 def flow_control_alone(**session: Any) -> dict[str, Any]:
     """Only :func:`flow_control` (``--only flow-control``; ``session``: the keywords
-    of :func:`_part_alone`), its results and the load average at its start and end
+    of :func:`part_alone`), its results and the load average at its start and end
     written as JSON into the session's ``out_dir``."""
-    with _part_alone("flow-control", [OURS], **session) as (runner, (ours,), flow):
+    with part_alone("flow-control", [OURS], **session) as (runner, (ours,), flow):
         runner.log("flow control (limits on versus off)")
         flow.update(flow_control(runner, ours))
     return flow
@@ -912,9 +912,9 @@ def flow_control_alone(**session: Any) -> dict[str, Any]:
 
 def cpu_alone(**session: Any) -> dict[str, Any]:
     """Only :meth:`Runner.cpu_bound` (``--only cpu``; ``session``: the keywords of
-    :func:`_part_alone`), over the plan's runs: the medians by set-up."""
+    :func:`part_alone`), over the plan's runs: the medians by set-up."""
     plan: Plan = session["plan"]
-    with _part_alone("cpu", [OURS], **session) as (runner, (ours,), result):
+    with part_alone("cpu", [OURS], **session) as (runner, (ours,), result):
         raw: dict[str, list[float]] = {}
 
         def record(system: System, key: str, rate: float, jobs: int) -> None:
@@ -957,11 +957,11 @@ def _variant(settings: dict[str, Any]) -> str:
 def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
     """Only the no-op burn-downs of :data:`ALONE_BURNS` and the 5 ms handler's of
     :data:`ALONE_SLEEPS` (the settings only for ours) of ``systems`` (``--only
-    burn-down``; ``session``: the keywords of :func:`_part_alone`), the systems
+    burn-down``; ``session``: the keywords of :func:`part_alone`), the systems
     interleaved round by round: medians, ours over each other system's, the 5 ms
     handler's share of the ideal rate at each concurrency."""
     plan: Plan = session["plan"]
-    with _part_alone("burn-down", systems, **session) as (runner, chosen, result):
+    with part_alone("burn-down", systems, **session) as (runner, chosen, result):
         raw: dict[str, dict[str, list[float]]] = {s.name: {} for s in chosen}
 
         def record(system: System, key: str, rate: float, jobs: int = 0) -> None:
@@ -1009,13 +1009,13 @@ def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
 
 def bulk_alone(systems: list[str], **session: Any) -> dict[str, Any]:
     """Only the bulk enqueue (``--only bulk``; ``session``: the keywords of
-    :func:`_part_alone`) of each of ``systems`` with a bulk API, in interleaved rounds
+    :func:`part_alone`) of each of ``systems`` with a bulk API, in interleaved rounds
     (the order rotates): jobs/s, and per job the WAL written and, with
     ``pg_stat_statements``, the statements sent and the server's time executing them
     (µs; the rest of a job's time is the client's, the round trip and the commit)."""
     plan: Plan = session["plan"]
     with_bulk = [name for name in systems if adapter(name).has_bulk]
-    with _part_alone("bulk", with_bulk, **session) as (runner, chosen, result):
+    with part_alone("bulk", with_bulk, **session) as (runner, chosen, result):
         count = plan.bulk_jobs
         rates: dict[str, list[float]] = {s.name: [] for s in chosen}
         costs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}

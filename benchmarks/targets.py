@@ -26,7 +26,7 @@ def measure(systems: list[str], **session: Any) -> dict[str, Any]:
     burn = harness.burn_down_alone(systems, **session)
     flow = harness.flow_control_alone(**session)
     cpu = harness.cpu_alone(**session)
-    with harness._part_alone("pickup-enqueue", systems, **session) as (runner, chosen, idle):
+    with harness.part_alone("pickup-enqueue", systems, **session) as (runner, chosen, idle):
         for system in chosen:
             runner.log(f"{system.name}: idle pickup latency, one-by-one enqueue")
             idle.setdefault("latency", {})[system.name] = runner.latency(system)

@@ -90,7 +90,7 @@ class Slots:
         self.listener: Listener | None = None
         #: A moving average of the handlers' run times (seconds), under the
         #: holdings' lock; None until a handler returned.
-        self.typical_run_time: float | None = None
+        self._typical_run_time: float | None = None
 
     # ------------------------------------------------------------------ capacity
 
@@ -122,7 +122,7 @@ class Slots:
             if h.started_at is not None and not h.returned and h.started_at >= young_since
         )
         share = -(-settings.PREFETCH // concurrency)
-        typical = self.typical_run_time
+        typical = self._typical_run_time
         if typical is not None and typical > 0:
             share = min(share, int(settings.PREFETCH_MAX_WAIT / typical))
         ready = max(free, 0) + young
@@ -357,8 +357,8 @@ class Slots:
             self._worker.wake()  # the main loop's next wait ends at the deadline
 
     def _note_run_time_locked(self, seconds: float) -> None:
-        typical = self.typical_run_time
-        self.typical_run_time = (
+        typical = self._typical_run_time
+        self._typical_run_time = (
             seconds if typical is None else typical + RUN_TIME_WEIGHT * (seconds - typical)
         )
 
