@@ -318,19 +318,22 @@ class Engine:
         another step failed since the last back-off."""
         if self._backing_off.is_set():
             return FAILED
+        began = self.outage.clock()
         try:
             result = call()
         except DATABASE_ERRORS as exc:
-            self.database_failed(what, exc)
+            self.database_failed(what, exc, began=began)
             return FAILED
         if not self._backing_off.is_set():  # nothing inside the step failed either
             self.database_ok()
         return result
 
-    def database_failed(self, what: str, exc: Exception) -> float:
+    def database_failed(self, what: str, exc: Exception, *, began: float | None = None) -> float:
         """Record a failed database step: reset this thread's connection if broken,
         report, and make the next :meth:`pause` back off. Returns the back-off delay
-        (for a caller that retries on its own thread)."""
+        (for a caller that retries on its own thread). ``began``: when the step began
+        (``self.outage.clock()``), so that a step begun during an outage that fails
+        just after it is not reported as a new one."""
         reset_connection(self.alias)
         delay = self.backoff.next_delay()
         self._delay = delay
@@ -340,6 +343,7 @@ class Engine:
             doing=what,
             retry_in=self.backoff.ceiling,
             unreachable=isinstance(exc, TRANSIENT_ERRORS),
+            began=began,
         )
         return delay
 
@@ -369,11 +373,12 @@ class Engine:
         stop = until or self._aborting
         failures = 0
         while True:
+            began = self.outage.clock()
             try:
                 result = call()
             except DATABASE_ERRORS as exc:
                 failures += 1
-                delay = self.database_failed(what, exc)
+                delay = self.database_failed(what, exc, began=began)
                 exhausted = not isinstance(exc, TRANSIENT_ERRORS) and failures >= attempts
                 if exhausted or stop.wait(delay):
                     raise
@@ -401,10 +406,13 @@ class Engine:
         :attr:`app_label`."""
         tables = self._tables()
         while not self._stopping.is_set():
+            began = self.outage.clock()
             try:
                 missing = missing_tables(self.alias, tables)
             except DATABASE_ERRORS as exc:
-                delay = self.database_failed(f"connecting to database {self.alias!r}", exc)
+                delay = self.database_failed(
+                    f"connecting to database {self.alias!r}", exc, began=began
+                )
                 self._stopping.wait(delay)
                 self._backing_off.clear()
                 continue

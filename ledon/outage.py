@@ -9,7 +9,12 @@ else. An :class:`OutageReporter` turns a run of failures into a few lines:
 - another kind of error while the outage lasts: one WARNING line (traceback likewise);
 - every ``summary_interval`` seconds: ``database unreachable for 12 s, 37 attempts,
   retrying every 2.0 s``;
-- the first success: ``database reachable again after 14 s (41 failed attempts)``.
+- the first success: ``database reachable again after 14 s (41 failed attempts)``;
+- a failure, after that, of an attempt that began before it (``began``): one WARNING
+  line, and no new outage. An engine has several connections: one whose connection
+  attempt or statement began while the database was unreachable can fail a few
+  seconds after another found it again (its connect timeout or the round-trip
+  deadline still running); that is the end of the old outage, not a new one.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ class OutageReporter:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._since: float | None = None
+        #: When the last outage ended (an attempt begun before then that fails is a
+        #: straggler of it).
+        self._ended_at: float | None = None
         self._attempts = 0
         self._last_summary = 0.0
         self._state = "unreachable"
@@ -77,14 +85,26 @@ class OutageReporter:
         doing: str,
         retry_in: float | None,
         unreachable: bool = True,
+        began: float | None = None,
     ) -> None:
         """One failed attempt at ``doing``; the next one comes in ``retry_in`` seconds
         (at most; None: the caller does not retry on a schedule of its own).
         ``unreachable`` False words it as "failing" (the database answers, the
-        statement fails)."""
+        statement fails). ``began``: when the attempt began (on :attr:`clock`), if
+        the caller knows — an attempt begun before the last outage ended does not
+        start a new one."""
         now = self.clock()
         key = error_key(exc)
         with self._lock:
+            ended_at = self._ended_at
+            if (
+                self._since is None
+                and began is not None
+                and ended_at is not None
+                and began < ended_at
+            ):
+                self._straggler(exc, doing=doing, ended_ago=now - ended_at)
+                return
             self._attempts += 1
             starting = self._since is None
             if starting:
@@ -136,6 +156,17 @@ class OutageReporter:
                 extra=fields,
             )
 
+    def _straggler(self, exc: BaseException, *, doing: str, ended_ago: float) -> None:
+        self.log.warning(
+            "%s reachable again %.1f s ago, but %s, begun before, failed: %s "
+            "(the end of the outage, not a new one)",
+            self.subject,
+            ended_ago,
+            doing,
+            describe(exc),
+            extra={**self.extra, "doing": doing},
+        )
+
     def recovered(self) -> None:
         """An attempt succeeded: ends the outage, if one was under way."""
         if self._since is None:  # the common case, without taking the lock
@@ -144,6 +175,8 @@ class OutageReporter:
         with self._lock:
             since, attempts, state = self._since, self._attempts, self._state
             self._since = None
+            if since is not None:
+                self._ended_at = now
         if since is None:
             return
         self.log.warning(

@@ -300,12 +300,13 @@ class EventConsumer(EmitsEvents, Engine):
     ) -> ConsumeOutcome:
         failures = 0
         while True:
+            began = self.outage.clock()
             try:
                 fresh = self._handle_once(envelope, event)
             except TRANSIENT_ERRORS as exc:
                 self.stats.retries += 1
                 delay = self.database_failed(
-                    f"handling {envelope.event_type} {envelope.message_id}", exc
+                    f"handling {envelope.event_type} {envelope.message_id}", exc, began=began
                 )
                 if not self._wait(delay):
                     return ConsumeOutcome.ABANDONED

@@ -128,10 +128,13 @@ class _BatchLeaseKeeper(threading.Thread):
 
     def _renew(self, batch: Batch) -> None:
         dispatcher = self.dispatcher
+        began = dispatcher.outage.clock()
         try:
             kept = store.renew_batch(batch.token, now=dispatcher.clock())
         except DATABASE_ERRORS as exc:
-            dispatcher.database_failed("renewing the lease of a batch being published", exc)
+            dispatcher.database_failed(
+                "renewing the lease of a batch being published", exc, began=began
+            )
             return
         finally:
             connections.close_all()

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Protocol
 
 from ledon.engine import Failed, StopLevel
+from ledon.outage import OutageReporter
 
 from ..conf import JobsSettings
 from ..types import Claim, FinishOutcome
@@ -160,7 +161,12 @@ class WorkerInterface(Protocol):
 
     def retry_database[T](self, what: str, call: Callable[[], T]) -> T: ...
 
-    def database_failed(self, what: str, exc: Exception) -> float: ...
+    @property
+    def outage(self) -> OutageReporter: ...
+
+    def database_failed(
+        self, what: str, exc: Exception, *, began: float | None = None
+    ) -> float: ...
 
     def database_ok(self) -> None: ...
 

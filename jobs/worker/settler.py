@@ -129,6 +129,7 @@ class Settler:
             self._under_way += 1
         claims: list[Claim] = []
         failed = False
+        began = worker.outage.clock()
         try:
             try:
                 outcomes, claims = worker.finisher.committed(
@@ -148,7 +149,7 @@ class Settler:
                 with self._lock:
                     self._completed[:0] = done
                     self.claims_unknown = self.claims_unknown or limit > 0
-                worker.database_failed("finishing and claiming jobs", exc)
+                worker.database_failed("finishing and claiming jobs", exc, began=began)
                 return SettleResult((), limit)
             except (DatabaseError, JobsError):
                 logger.exception(

@@ -210,6 +210,29 @@ class TestOutageReporter:
         ]
         assert "another error: OperationalError: server closed the connection" in lines[1][1]
 
+    def test_an_attempt_begun_during_an_outage_that_fails_after_it_is_no_new_outage(
+        self, reporter, clock, caplog
+    ):
+        caplog.set_level(logging.INFO, logger="tests.engine")
+        reporter.failed(boom(), doing="claiming jobs", retry_in=2.0)
+        began = clock.now + 3  # a slot starts to connect while the outage lasts
+        clock.now += 10
+        reporter.recovered()  # another thread got through
+        clock.now += 1.5  # the slot's connect timeout runs out
+        reporter.failed(boom(), doing="finishing a job", retry_in=2.0, began=began)
+        assert not reporter.active
+        # An attempt begun after the end fails: that is a new outage.
+        began = clock.now
+        clock.now += 1
+        reporter.failed(boom(), doing="claiming jobs", retry_in=2.0, began=began)
+        assert reporter.active
+        lines = self.lines(caplog)
+        assert [level for level, _, _ in lines] == ["ERROR", "WARNING", "WARNING", "ERROR"]
+        assert lines[2][1] == (
+            "database reachable again 1.5 s ago, but finishing a job, begun before, failed: "
+            "OperationalError: connection refused (the end of the outage, not a new one)"
+        )
+
     def test_a_failing_statement_is_worded_as_failing_not_unreachable(self, reporter, caplog):
         caplog.set_level(logging.INFO, logger="tests.engine")
         reporter.failed(DataError("value too long"), doing="x", retry_in=1, unreachable=False)
