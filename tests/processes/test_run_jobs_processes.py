@@ -20,7 +20,7 @@ from jobs.models import Job, JobAttempt
 from jobs.observability.models import WorkerRecord
 from jobs.supervisor import MAX_PROCESSES
 from jobs.types import AttemptStatus
-from tests.support.procs import WorkerProcess, wait_until
+from tests.support.procs import ManageProcess, WorkerProcess, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -231,3 +231,19 @@ def test_a_worker_id_too_long_for_its_childrens_ids_is_refused():
     longest = "w" * MAX_NAME_LENGTH  # valid alone; "<id>-2" is not
     with pytest.raises(CommandError, match="worker id"):
         call_command("run_jobs", "--processes", "2", "--worker-id", longest)
+
+
+def test_children_that_refuse_to_start_are_not_restarted(tmp_path):
+    """A database without the tables: each child says so and exits; the supervisor
+    does not restart them in a loop, and fails with status 1."""
+    empty = f"sqlite:///{tmp_path / 'not-migrated.sqlite3'}"
+    argv = ("--processes", "2", "--worker-id", "sup")
+    proc = ManageProcess(tmp_path, "run_jobs", *argv, database=empty)
+    try:
+        assert proc.wait(90) == 1, proc.output
+        assert proc.output.count("Run 'python manage.py migrate'") == 2
+        assert "a worker refused to start" in proc.output
+        assert "; restarting in" not in proc.output
+        assert proc.output.count("refused to start; not restarting it") == 2
+    finally:
+        proc.close()
