@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from contextlib import ExitStack
 
-    from . import harness, report, server
+    from . import harness, physical, report, server
 
     if args.render is not None:
         document = json.loads(args.render.read_text())
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.summary_table(document))
         return 0
 
-    log = harness.main_log
+    log = physical.log
     with ExitStack() as stack:
         if args.database_url:
             server_url = args.database_url

@@ -1,20 +1,6 @@
-"""The benchmark run: every system on the same server, one after the other, with
-no-op handlers; each measurement repeated and reported as the median.
-
-Measurements (see ``benchmarks/README.md``):
-
-1. enqueue, one call (and commit) per job, and in bulk where a system has a bulk API;
-2. burn-down of queued jobs by one worker process at several concurrencies and by
-   two worker processes;
-3. idle pickup latency: from the enqueue's commit to the handler's start;
-4. claim cost with a table of finished jobs versus an empty one, and with a deep
-   queue versus a shallow one (ours only);
-5. the physical limits of the same server (ours only): the floor loop of our
-   finish-and-claim statement and the one-row commit rate (:mod:`benchmarks.physical`);
-   the scale-out curve (1, 2, 4, 8 processes at concurrency 8, lock waits sampled);
-   a 5 ms handler at concurrency 16; and per job, each system's statements and WAL;
-6. flow control: burn-down at concurrency 16 with limits that never bind versus none
-   (ours only).
+"""The benchmark run: every system on the same server, one after the other; each
+measurement repeated and reported as the median. What each measurement is and how it
+is taken: ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -26,11 +12,10 @@ import signal
 import socket
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, replace
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +24,13 @@ from . import physical
 from .systems import OURS, System, WorkerConfig, adapter
 
 Log = Callable[[str], None]
+
+#: The fields of :class:`Plan` that count jobs (``--jobs-factor`` scales them).
+_JOB_COUNTS = {
+    "each_jobs", "bulk_jobs", "burn_jobs", "latency_samples", "claim_burn_jobs",
+    "outbox_messages", "saga_instances", "floor_jobs", "scale_jobs", "sleep_jobs",
+    "cpu_jobs", "profile_jobs", "flow_burn_jobs",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -88,23 +80,15 @@ class Plan:
             return self
 
         def n(count: int) -> int:
-            return max(int(count * factor), 10)
+            return max(int(count * factor), 10) if count else 0
 
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name in _JOB_COUNTS}
         return replace(
             self,
-            each_jobs={k: n(v) for k, v in self.each_jobs.items()},
-            bulk_jobs=n(self.bulk_jobs),
-            burn_jobs={k: n(v) for k, v in self.burn_jobs.items()},
-            latency_samples=n(self.latency_samples),
-            claim_burn_jobs=n(self.claim_burn_jobs) if self.claim_burn_jobs else 0,
-            outbox_messages=n(self.outbox_messages),
-            saga_instances=n(self.saga_instances),
-            floor_jobs=n(self.floor_jobs),
-            scale_jobs=n(self.scale_jobs),
-            sleep_jobs=n(self.sleep_jobs),
-            cpu_jobs=n(self.cpu_jobs),
-            profile_jobs=n(self.profile_jobs),
-            flow_burn_jobs=n(self.flow_burn_jobs),
+            **{
+                name: {k: n(v) for k, v in value.items()} if isinstance(value, dict) else n(value)
+                for name, value in counts.items()
+            },
         )
 
     @classmethod
@@ -191,6 +175,37 @@ def percentile(values: list[float], q: float) -> float:
 
 
 @contextmanager
+def processes(
+    argv: list[str], env: dict[str, str], logs: list[Path], cwd: Path | None = None
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """One process of ``argv`` per log file in ``logs`` (its output appended there),
+    each in a session of its own; at the end SIGTERM, then SIGKILL to the session of
+    any still running 30 s later."""
+    procs: list[subprocess.Popen[bytes]] = []
+    with ExitStack() as files:
+        try:
+            for log in logs:
+                out = files.enter_context(open(log, "ab"))
+                popen = subprocess.Popen(
+                    argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )  # fmt: skip
+                procs.append(popen)
+            yield procs
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            for proc in procs:
+                try:
+                    proc.wait(max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+@contextmanager
 def workers(
     system: System,
     config: WorkerConfig,
@@ -202,49 +217,60 @@ def workers(
     """Run ``config.processes`` worker processes of ``system`` (``supervised``: one
     ``run_jobs --processes`` of that many, django-ledon only); stop them at the end.
     Yields the processes started."""
-    env = {**system.worker_env(), **(extra_env or {})}
-    procs = []
-    logs = []
     if supervised:
         argv = system.worker_command(config.concurrency, processes=config.processes)  # type: ignore[call-arg]
     else:
         argv = system.worker_command(config.concurrency)
-    try:
-        for index in range(1 if supervised else config.processes):
-            out = open(log_dir / f"{tag}-{index}.log", "wb")  # noqa: SIM115
-            logs.append(out)
-            procs.append(
-                subprocess.Popen(
-                    argv,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+    logs = [log_dir / f"{tag}-{n}.log" for n in range(1 if supervised else config.processes)]
+    with processes(argv, {**system.worker_env(), **(extra_env or {})}, logs) as procs:
         yield procs
-        for proc in procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{system.name} worker exited early (see {log_dir})")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        for proc in procs:
-            try:
-                proc.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for out in logs:
-            out.close()
+        if any(proc.poll() is not None for proc in procs):
+            raise RuntimeError(f"{system.name} worker exited early (see {log_dir})")
 
 
 def warm_up(system: System) -> None:
     """Wait until the workers run jobs: one job in, one job done."""
     system.seed(1)
     system.wait_until_done(timeout=60, poll=0.02)
+
+
+def burn(
+    system: System,
+    running: AbstractContextManager[list[subprocess.Popen[bytes]]],
+    count: int,
+    kind: str = "noop",
+    measure: Callable[[list[subprocess.Popen[bytes]]], AbstractContextManager[Any]] = (
+        lambda procs: nullcontext()
+    ),
+) -> float:
+    """Jobs/s of ``count`` jobs of the ``kind`` handler queued at one commit into the
+    workers ``running`` starts, once they have run a warm-up job: from the first job's
+    start (the commit where the system records no start time) to the last job's end.
+    ``measure(processes)`` is entered around the seed and the wait."""
+    with running as procs:
+        warm_up(system)
+        with measure(procs):
+            before = time.time()
+            system.seed(count, kind)
+            committed = time.time()
+            end = system.wait_until_done(timeout=max(120.0, count / 10))
+        first = system.first_started_since(before)
+    return count / (end - (first if first is not None else committed))
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, poll: float) -> None:
+    """Poll ``condition`` every ``poll`` seconds until it holds (an end is observed,
+    not awaited); TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
+
+
+def rotated(items: list[Any], run: int) -> list[Any]:
+    """``items`` starting at the run's turn, so that no item always goes first or last."""
+    return items[run % len(items) :] + items[: run % len(items)]
 
 
 # --------------------------------------------------------------------------- measurements
@@ -325,40 +351,34 @@ class Runner:
         ``/variant`` if one is given (None: not recorded), and, with ``locks``, the
         lock waits sampled meanwhile."""
 
-        def seed(n: int) -> None:
-            system.seed(n, kind)
-
         self.fresh(system)
         # Prime the planner's statistics as fresh() does, and measure the seed's own
         # WAL, which per_job() takes off the burn-down's.
         seed_cost: dict[str, Any] = {}
         with physical.counting(system.database_url, False, seed_cost):
-            seed(count)
+            system.seed(count, kind)
         system.analyze(self.admin)
         system.reset()
         self.admin("CHECKPOINT")
         cost: dict[str, Any] = {}
         sampled: dict[str, Any] = {}
-        with workers(system, config, self.log_dir, tag, extra_env, supervised) as procs:
-            warm_up(system)
-            with ExitStack() as stack:
-                counting = physical.counting(system.database_url, self.statements, cost)
-                stack.enter_context(counting)
-                stack.enter_context(physical.cpu_use(cost))
-                stack.enter_context(physical.worker_cpu([p.pid for p in procs], cost))
-                if locks is not None:
-                    stack.enter_context(physical.sampling_locks(self.database_url, sampled))
-                before = time.time()
-                seed(count)
-                committed = time.time()
-                end = system.wait_until_done(timeout=max(120.0, count / 10))
-            first = system.first_started_since(before)
+
+        def measure(procs: list[subprocess.Popen[bytes]]) -> ExitStack:
+            stack = ExitStack()
+            stack.enter_context(physical.counting(system.database_url, self.statements, cost))
+            stack.enter_context(physical.cpu_use(cost))
+            stack.enter_context(physical.worker_cpu([p.pid for p in procs], cost))
+            if locks is not None:
+                stack.enter_context(physical.sampling_locks(self.database_url, sampled))
+            return stack
+
+        running = workers(system, config, self.log_dir, tag, extra_env, supervised)
+        rate = burn(system, running, count, kind, measure)
         if locks is not None:
             locks.update(sampled)
         if variant is not None:
             self.per_job(system, config, count, cost, seed_cost, variant)
-        start = first if first is not None else committed
-        return count / (end - start)
+        return rate
 
     def per_job(
         self,
@@ -536,11 +556,7 @@ class Runner:
 
         for run in range(self.plan.runs):
             self.log(f"run {run + 1} of {self.plan.runs}")
-            # Rotate the order so that no system always goes first or last.
-            order = (
-                self.systems[run % len(self.systems) :] + self.systems[: run % len(self.systems)]
-            )
-            for system in order:
+            for system in rotated(self.systems, run):
                 each = self.plan.for_system(self.plan.each_jobs, system.name)
                 record(system, "enqueue_each", self.enqueue_each(system), each)
                 if system.has_bulk:
@@ -648,7 +664,11 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
         }
         if plan.claim_burn_jobs:
             # Burn-down on top of the same table (the previous claims stay Running).
-            result["burn_down_1p_c16"] = _burn_on_top(runner, ledon, plan.claim_burn_jobs)
+            result["burn_down_1p_c16"] = burn(
+                ledon,
+                workers(ledon, WorkerConfig(1, 16), runner.log_dir, "claim-cost-burn"),
+                plan.claim_burn_jobs,
+            )
         runner.log(f"  claim cost {label}: {result}")
         return result
 
@@ -752,18 +772,6 @@ def load_queued(rows: int) -> None:
         )
 
 
-def _burn_on_top(runner: Runner, ledon: System, count: int) -> float:
-    config = WorkerConfig(1, 16)
-    with workers(ledon, config, runner.log_dir, "claim-cost-burn"):
-        warm_up(ledon)
-        before = time.time()
-        ledon.seed(count)
-        committed = time.time()
-        end = ledon.wait_until_done(timeout=max(120.0, count / 10))
-        first = ledon.first_started_since(before)
-    return count / (end - (first if first is not None else committed))
-
-
 def _plan_summary(plan_json: Any) -> dict[str, Any]:
     node = plan_json[0]["Plan"]
     scans = []
@@ -842,7 +850,7 @@ def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
     names = list(FLOW_VARIANTS)
     raw: dict[str, list[float]] = {name: [] for name in names}
     for run in range(plan.runs):
-        for name in names[run % len(names) :] + names[: run % len(names)]:
+        for name in rotated(names, run):
             limits = FLOW_VARIANTS[name]
             env = {"BENCH_JOBS_QUEUES": json.dumps(limits)} if limits else None
             tag = f"flow-{name}-run{run + 1}"
@@ -970,8 +978,7 @@ def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
 
         for run in range(plan.runs):
             runner.log(f"run {run + 1} of {plan.runs}")
-            order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
-            for system in order:
+            for system in rotated(chosen, run):
                 count = plan.for_system(plan.burn_jobs, system.name)
                 for processes, concurrency, extra in ALONE_BURNS:
                     if extra and system.name != OURS:
@@ -1021,8 +1028,7 @@ def bulk_alone(systems: list[str], **session: Any) -> dict[str, Any]:
         costs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
         for run in range(plan.runs):
             runner.log(f"bulk run {run + 1} of {plan.runs}")
-            order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
-            for system in order:
+            for system in rotated(chosen, run):
                 cost: dict[str, Any] = {}
                 runner.fresh(system)  # its TRUNCATE and CHECKPOINT are not the system's
                 with physical.counting(runner.database_url, runner.statements, cost):
@@ -1166,7 +1172,3 @@ def run_all(
             system.close()
     log(f"raw results: {path}")
     return document
-
-
-def main_log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)

@@ -440,5 +440,6 @@ def worker_cpu(pids: list[int], into: dict[str, Any]) -> Iterator[None]:
     into["worker_cpu_s"] = process_cpu_seconds(pids) - before
 
 
-def log_stderr(message: str) -> None:
+def log(message: str) -> None:
+    """A line of the run's progress, on standard error."""
     print(message, file=sys.stderr, flush=True)

@@ -246,7 +246,7 @@ def profile(
     admin: Callable[[str], None],
     jobs: int = JOBS,
     concurrencies: tuple[int, ...] = (1, 4),
-    log: Callable[[str], None] = physical.log_stderr,
+    log: Callable[[str], None] = physical.log,
 ) -> dict[str, Any]:
     """The breakdown of one job at each of ``concurrencies`` (see the module's
     docstring), with the cProfile top and the statement's plan."""
@@ -326,7 +326,7 @@ def slot_profile(
     admin: Callable[[str], None],
     jobs: int,
     concurrency: int = 16,
-    log: Callable[[str], None] = physical.log_stderr,
+    log: Callable[[str], None] = physical.log,
 ) -> dict[str, Any]:
     """Where a handler thread's time goes with a handler that sleeps 5 ms: a burst
     worker in this process at ``concurrency`` over ``jobs`` such jobs, each attempt

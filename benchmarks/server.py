@@ -69,11 +69,13 @@ def scratch_database(server_url: str, name: str) -> Iterator[str]:
         admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def django_on(url: str, stack: ExitStack) -> Callable[[str], None]:
-    """Point Django (the benchmark settings) at ``url``, migrate, close its
+def django_on(
+    url: str, stack: ExitStack, settings: str = "benchmarks.settings"
+) -> Callable[[str], None]:
+    """Point Django (the ``settings`` module) at ``url``, migrate, close its
     connections when ``stack`` closes; returns an ``admin(sql)`` runner."""
     os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = settings
     import django
     from django.core.management import call_command
     from django.db import connections

@@ -31,55 +31,24 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .server import scratch_database, server_settings, throwaway_server
+from .harness import processes, wait_for
+from .server import django_on, scratch_database, server_settings, throwaway_server
 from .systems.base import ROOT
 
 SCOPE = "bench"
+SETTINGS = "benchmarks.wf_settings"
 
 
-def wait_for(condition: Callable[[], bool], *, timeout: float, poll: float = 0.005) -> None:
-    """Poll ``condition`` until it holds (a benchmark's end is observed, not awaited)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the benchmark did not finish in time")
-        time.sleep(poll)
-
-
-@contextmanager
-def worker(url: str, concurrency: int, log: Path) -> Iterator[None]:
+def worker(url: str, concurrency: int, log: Path) -> AbstractContextManager[Any]:
     """One ``run_jobs`` process with the benchmark's workflows; stopped at the end."""
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "benchmarks.wf_settings"}
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": SETTINGS}
     command = [sys.executable, "-m", "django", "run_jobs", "--concurrency", str(concurrency)]
-    with open(log, "ab") as out:
-        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=out)
-        try:
-            yield
-        finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _django(url: str, stack: ExitStack) -> None:
-    os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.wf_settings"
-    import django
-    from django.core.management import call_command
-    from django.db import connections
-
-    django.setup()
-    call_command("migrate", verbosity=0)
-    stack.callback(connections.close_all)
+    return processes(command, env, [log], cwd=ROOT)
 
 
 def _run_status(run_id: str) -> str:
@@ -104,15 +73,8 @@ def _jobs_burn(count: int, tag: str) -> float:
     started = time.perf_counter()
     execution.resume_queue("default")
     prefix = f"{tag}-"
-    wait_for(
-        lambda: (
-            not Job.objects.filter(job_id__startswith=prefix)
-            .exclude(status=JobStatus.SUCCEEDED)
-            .exists()
-        ),
-        timeout=600,
-        poll=0.01,
-    )
+    unfinished = Job.objects.filter(job_id__startswith=prefix).exclude(status=JobStatus.SUCCEEDED)
+    wait_for(lambda: not unfinished.exists(), 600, "the jobs", poll=0.01)
     return time.perf_counter() - started
 
 
@@ -121,7 +83,7 @@ def _run_to_end(run_id: str, name: str, input: dict[str, Any]) -> float:
 
     started = time.perf_counter()
     start_workflow(SCOPE, run_id, name, input)
-    wait_for(lambda: _run_status(run_id) == "succeeded", timeout=600, poll=0.01)
+    wait_for(lambda: _run_status(run_id) == "succeeded", 600, "the run", poll=0.01)
     return time.perf_counter() - started
 
 
@@ -149,15 +111,16 @@ def ours(url: str, sizes: dict[str, int], runs: int, logs: Path) -> dict[str, An
         for index in range(sizes["signals"]):
             run_id = f"signal-{index}"
             start_workflow(SCOPE, run_id, "wfbench.signal", {})
-            wait_for(lambda r=run_id: _run_status(r) == "waiting" and _waits(r), timeout=60)
+            ready = lambda r=run_id: _run_status(r) == "waiting" and _waits(r)  # noqa: E731
+            wait_for(ready, 60, "the wait", poll=0.005)
             sent = timezone.now()
             send_signal(SCOPE, run_id, "go", {"n": index})
-            wait_for(lambda r=run_id: _run_status(r) == "succeeded", timeout=60)
+            wait_for(lambda r=run_id: _run_status(r) == "succeeded", 60, "the run", poll=0.005)
             after = WorkflowScope(SCOPE).get(run_id).step("after")  # type: ignore[union-attr]
             latencies.append((after.started_at - sent).total_seconds())  # type: ignore[union-attr]
         result["signal_latency"] = latencies
         start_workflow(SCOPE, "replay", "wfbench.replay", {"steps": sizes["steps"]})
-        wait_for(lambda: _waits("replay"), timeout=600)
+        wait_for(lambda: _waits("replay"), 600, "the replay's wait", poll=0.005)
     # The replay, timed in this process with no worker around: the advance that the
     # signal queues, from its claim to its finish.
     send_signal(SCOPE, "replay", "go", {})
@@ -343,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
             "server": server_settings(server),
         }
         ledon_url = stack.enter_context(scratch_database(server, "ledon_wf_bench"))
-        _django(ledon_url, stack)
+        django_on(ledon_url, stack, SETTINGS)
         raw["ledon"] = ours(ledon_url, sizes, runs, logs)
         if not args.no_dbos:
             dbos_url = stack.enter_context(scratch_database(server, "dbos_wf_bench"))
