@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             server_url = stack.enter_context(server.throwaway_server())
         url = stack.enter_context(server.scratch_database(server_url, f"ledon_bench_{os.getpid()}"))
         admin = server.django_on(url, stack)
-        plan = harness.Plan.quick() if args.quick else harness.Plan.full(args.runs)
+        plan = harness.Plan.quick() if args.quick else harness.Plan(runs=args.runs)
         plan = plan.scaled(args.jobs_factor)
         session: dict[str, Any] = {
             "plan": plan,

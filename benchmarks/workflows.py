@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .harness import processes, wait_for
+from .harness import run_processes, wait_for
 from .server import django_on, scratch_database, server_settings, throwaway_server
 from .systems.base import ROOT
 
@@ -48,7 +48,7 @@ def worker(url: str, concurrency: int, log: Path) -> AbstractContextManager[Any]
     """One ``run_jobs`` process with the benchmark's workflows; stopped at the end."""
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": SETTINGS}
     command = [sys.executable, "-m", "django", "run_jobs", "--concurrency", str(concurrency)]
-    return processes(command, env, [log], cwd=ROOT)
+    return run_processes(command, env, [log], cwd=ROOT)
 
 
 def _run_status(run_id: str) -> str:
