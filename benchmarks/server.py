@@ -12,7 +12,7 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from urllib.parse import urlsplit, urlunsplit
 
 from .systems.base import ROOT
@@ -45,6 +45,11 @@ def throwaway_server() -> Iterator[str]:
         yield url
     finally:
         subprocess.run([script, "stop", directory], check=False, capture_output=True)
+
+
+def server(url: str | None) -> AbstractContextManager[str]:
+    """The server ``url`` names, or without one a throw-away server for the block."""
+    return nullcontext(url) if url else throwaway_server()
 
 
 def with_database(url: str, name: str) -> str:
