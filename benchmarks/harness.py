@@ -540,9 +540,9 @@ class Runner:
                 jobs = record.jobs[(system.name, key)]
                 entry[key] = {"jobs": jobs, "runs": values, "median": median(values)}
             costs = self.costs.get(system.name, {})
-            entry["per_job"] = {key: _median_fields(runs) for key, runs in costs.items()}
+            entry["per_job"] = {key: median_fields(runs) for key, runs in costs.items()}
         if OURS in results:
-            locks = {key: _median_fields(runs) for key, runs in self.locks.items()}
+            locks = {key: median_fields(runs) for key, runs in self.locks.items()}
             results[OURS]["locks_during_scale"] = locks
             results[OURS]["commits_measured_with"] = self.commit_tool
         for system in self.systems:
@@ -552,7 +552,7 @@ class Runner:
         return results
 
 
-def _median_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def median_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of each numeric field over runs; other fields as in the last run."""
     merged: dict[str, Any] = {}
     for name in runs[-1]:
@@ -969,7 +969,7 @@ def bulk_alone(systems: list[str], **session: Any) -> dict[str, Any]:
             jobs=count,
             runs={name: keys["bulk"] for name, keys in runner.record.raw.items()},
             median={name: keys["bulk"] for name, keys in runner.record.medians().items()},
-            per_job={name: _median_fields(entries) for name, entries in costs.items()},
+            per_job={name: median_fields(entries) for name, entries in costs.items()},
         )
     return result
 
