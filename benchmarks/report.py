@@ -66,6 +66,12 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _columns(rows: Sequence[dict[str, Any]]) -> str:
+    """A Markdown table of ``rows`` given as {heading: cell}, every row with the same
+    headings; :data:`NOT_MEASURED` without rows."""
+    return _table(list(rows[0]) if rows else [], [list(row.values()) for row in rows])
+
+
 def _systems(document: Document) -> list[str]:
     names = list(document["systems"])
     return [n for n in [OURS, *PEERS] if n in names]
@@ -277,26 +283,23 @@ def scale_table(document: Document) -> str:
         lock = locks.get(key, {})
         events = ", ".join(f"{k} {v}" for k, v in list(lock.get("wait_events", {}).items())[:3])
         waits = ", ".join(f"{k} {v}" for k, v in list(lock.get("waits_for", {}).items())[:2])
-        rows.append(
-            [
-                f"{processes} × {concurrency}",
-                _num(rate),
-                f"{rate / first:.2f}",
-                _cpus(costs.get(key, {})),
-                f"{lock.get('mean_waiting_on_lock', 0):.2f}"
-                f" / {lock.get('most_waiting_on_lock', 0):.0f}",
-                f"{lock.get('mean_ungranted_locks', 0):.2f}",
-                f"{lock.get('mean_active', 0):.1f}",
-                events or "—",
-                waits or "—",
-            ]
+        waiting = (
+            f"{lock.get('mean_waiting_on_lock', 0):.2f} / {lock.get('most_waiting_on_lock', 0):.0f}"
         )
-    head = [
-        "Worker processes × concurrency", "jobs/s", "vs 1 process", "CPUs busy",
-        "backends waiting on a lock (mean / most)", "ungranted locks (mean)",
-        "backends active (mean)", "commonest waits", "who waited for whom (samples)",
-    ]  # fmt: skip
-    return _table(head, rows)
+        rows.append(
+            {
+                "Worker processes × concurrency": f"{processes} × {concurrency}",
+                "jobs/s": _num(rate),
+                "vs 1 process": f"{rate / first:.2f}",
+                "CPUs busy": _cpus(costs.get(key, {})),
+                "backends waiting on a lock (mean / most)": waiting,
+                "ungranted locks (mean)": f"{lock.get('mean_ungranted_locks', 0):.2f}",
+                "backends active (mean)": f"{lock.get('mean_active', 0):.1f}",
+                "commonest waits": events or "—",
+                "who waited for whom (samples)": waits or "—",
+            }
+        )
+    return _columns(rows)
 
 
 def per_job_table(document: Document) -> str:
@@ -307,21 +310,17 @@ def per_job_table(document: Document) -> str:
             cost = costs[key]
             trips = _round_trips(name, key, cost, int(cost.get("jobs", 1)))
             rows.append(
-                [
-                    name,
-                    _setup(key),
-                    _num(cost.get("statements"), 2),
-                    _num(trips, 2),
-                    _num(cost.get("wal_bytes")),
-                    _num(cost.get("worker_cpu_ms"), 3),
-                    _cpus(cost),
-                ]
+                {
+                    "System": name,
+                    "Set-up (processes × concurrency)": _setup(key),
+                    "Statements per job": _num(cost.get("statements"), 2),
+                    "Round trips per job": _num(trips, 2),
+                    "WAL bytes per job": _num(cost.get("wal_bytes")),
+                    "Worker CPU ms per job": _num(cost.get("worker_cpu_ms"), 3),
+                    "CPUs busy": _cpus(cost),
+                }
             )
-    head = [
-        "System", "Set-up (processes × concurrency)", "Statements per job",
-        "Round trips per job", "WAL bytes per job", "Worker CPU ms per job", "CPUs busy",
-    ]  # fmt: skip
-    return _table(head, rows)
+    return _columns(rows)
 
 
 #: The parts of one job's time in the profile: (key, label).
@@ -424,12 +423,15 @@ def syncmode_table(document: Document) -> str:
             if name == "c1"
             else f"1 worker process, concurrency {name.rsplit('_c', 1)[1]}, 5 ms handler"
         )
-        rows.append([label, _num(durable), _num(fast), _ratio(fast, durable)])
-    head = [
-        "Burn-down (jobs/s, median)", "durable commits (default)", "`ASYNCHRONOUS_COMMIT`",
-        "async ÷ durable",
-    ]  # fmt: skip
-    return _table(head, rows)
+        rows.append(
+            {
+                "Burn-down (jobs/s, median)": label,
+                "durable commits (default)": _num(durable),
+                "`ASYNCHRONOUS_COMMIT`": _num(fast),
+                "async ÷ durable": _ratio(fast, durable),
+            }
+        )
+    return _columns(rows)
 
 
 def queued_table(document: Document) -> str:
@@ -500,23 +502,19 @@ def bulk_table(bulk: dict[str, Any]) -> str:
         cost = bulk["per_job"].get(name, {})
         statements = cost.get("statements")
         rows.append(
-            [
-                name,
-                _num(rate),
-                f"{ours / rate:.2f}×" if ours and rate else "—",
-                _num(1e6 / rate if rate else None, 1),
-                _num(cost.get("server_us"), 1),
-                _num(cost.get("wal_bytes")),
-                "—" if statements is None else f"{statements:.4f}",
-            ]
+            {
+                "System": name,
+                "Jobs/s": _num(rate),
+                "django-ledon ÷ system": f"{ours / rate:.2f}×" if ours and rate else "—",
+                "µs/job": _num(1e6 / rate if rate else None, 1),
+                "server µs/job": _num(cost.get("server_us"), 1),
+                "WAL bytes/job": _num(cost.get("wal_bytes")),
+                "Statements/job": "—" if statements is None else f"{statements:.4f}",
+            }
         )
     rounds = len(next(iter(bulk["runs"].values())))
-    head = [
-        "System", "Jobs/s", "django-ledon ÷ system", "µs/job", "server µs/job",
-        "WAL bytes/job", "Statements/job",
-    ]  # fmt: skip
     title = f"Bulk enqueue of {bulk['jobs']:,} jobs, medians of {rounds} interleaved rounds"
-    return f"{title}\n\n{_table(head, rows)}"
+    return f"{title}\n\n{_columns(rows)}"
 
 
 def compare_table(document: Document) -> str:
