@@ -184,16 +184,20 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str, poll: flo
 
 @contextmanager
 def run_processes(
-    argv: list[str], env: dict[str, str], logs: list[Path], cwd: Path | None = None
+    argv: list[str],
+    env: dict[str, str],
+    logs: list[Path],
+    cwd: Path | None = None,
+    append: bool = False,
 ) -> Iterator[Processes]:
-    """One process of ``argv`` per log file in ``logs`` (its output appended there),
-    each in a session of its own; at the end SIGTERM, then SIGKILL to the session of
-    any still running 30 s later."""
+    """One process of ``argv`` per log file in ``logs`` (its output written there, or
+    with ``append`` added), each in a session of its own; at the end SIGTERM, then
+    SIGKILL to the session of any still running 30 s later."""
     procs: Processes = []
     with ExitStack() as files:
         try:
             for log in logs:
-                out = files.enter_context(open(log, "ab"))
+                out = files.enter_context(open(log, "ab" if append else "wb"))
                 popen = subprocess.Popen(
                     argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True,

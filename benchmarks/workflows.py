@@ -48,7 +48,7 @@ def worker(url: str, concurrency: int, log: Path) -> AbstractContextManager[Any]
     """One ``run_jobs`` process with the benchmark's workflows; stopped at the end."""
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": SETTINGS}
     command = [sys.executable, "-m", "django", "run_jobs", "--concurrency", str(concurrency)]
-    return run_processes(command, env, [log], cwd=ROOT)
+    return run_processes(command, env, [log], cwd=ROOT, append=True)
 
 
 def _run_status(run_id: str) -> str:
