@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from contextlib import ExitStack
 
-    from . import harness, report, server
+    from . import harness, physical, report, server
 
     if args.render is not None:
         document = json.loads(args.render.read_text())
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.summary_table(document))
         return 0
 
-    log = harness.main_log
+    log = physical.log
     with ExitStack() as stack:
         if args.database_url:
             server_url = args.database_url
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             server_url = stack.enter_context(server.throwaway_server())
         url = stack.enter_context(server.scratch_database(server_url, f"ledon_bench_{os.getpid()}"))
         admin = server.django_on(url, stack)
-        plan = harness.Plan.quick() if args.quick else harness.Plan.full(args.runs)
+        plan = harness.Plan.quick() if args.quick else harness.Plan(runs=args.runs)
         plan = plan.scaled(args.jobs_factor)
         session: dict[str, Any] = {
             "plan": plan,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import physical, server
-from .harness import Runner, median
+from .harness import Runner, median, median_fields
 from .physical import HARNESS_MARK
 from .systems import WorkerConfig
 from .systems.base import QUEUE, ROOT, System
@@ -199,14 +199,14 @@ def compare(
     medians: dict[str, dict[str, dict[str, float | None]]] = {}
     for tree in trees:
         costs = runner.costs.get(tree.name, {})
-        medians[tree.name] = {
-            key: {
+        medians[tree.name] = {}
+        for key, values in rates[tree.name].items():
+            cost = median_fields(costs[key])
+            medians[tree.name][key] = {
                 "jobs_per_s": median(values),
-                "cpu_ms_per_job": _median_of(costs.get(key, []), "worker_cpu_ms"),
-                "statements": _median_of(costs.get(key, []), "statements"),
+                "cpu_ms_per_job": cost.get("worker_cpu_ms"),
+                "statements": cost.get("statements"),
             }
-            for key, values in rates[tree.name].items()
-        }
     return {
         "rev": rev,
         "commit": commit,
@@ -216,8 +216,3 @@ def compare(
         "median": medians,
         "statements_measured": runner.statements,
     }
-
-
-def _median_of(entries: list[dict[str, Any]], field: str) -> float | None:
-    values = [e[field] for e in entries if field in e]
-    return median(values) if values else None

@@ -1,20 +1,6 @@
-"""The benchmark run: every system on the same server, one after the other, with
-no-op handlers; each measurement repeated and reported as the median.
-
-Measurements (see ``benchmarks/README.md``):
-
-1. enqueue, one call (and commit) per job, and in bulk where a system has a bulk API;
-2. burn-down of queued jobs by one worker process at several concurrencies and by
-   two worker processes;
-3. idle pickup latency: from the enqueue's commit to the handler's start;
-4. claim cost with a table of finished jobs versus an empty one, and with a deep
-   queue versus a shallow one (ours only);
-5. the physical limits of the same server (ours only): the floor loop of our
-   finish-and-claim statement and the one-row commit rate (:mod:`benchmarks.physical`);
-   the scale-out curve (1, 2, 4, 8 processes at concurrency 8, lock waits sampled);
-   a 5 ms handler at concurrency 16; and per job, each system's statements and WAL;
-6. flow control: burn-down at concurrency 16 with limits that never bind versus none
-   (ours only).
+"""The benchmark run: every system on the same server, one after the other; each
+measurement repeated and reported as the median. What each measurement is and how it
+is taken: ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -26,11 +12,10 @@ import signal
 import socket
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, replace
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,25 +24,52 @@ from . import physical
 from .systems import OURS, System, WorkerConfig, adapter
 
 Log = Callable[[str], None]
+Processes = list[subprocess.Popen[bytes]]
+
+#: The fields of :class:`Plan` that count jobs (``--jobs-factor`` scales them).
+_JOB_COUNTS = (
+    "each_jobs", "bulk_jobs", "burn_jobs", "latency_samples", "claim_burn_jobs",
+    "outbox_messages", "saga_instances", "floor_jobs", "scale_jobs", "sleep_jobs",
+    "cpu_jobs", "profile_jobs", "flow_burn_jobs",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Plan:
-    """How much of everything one run measures."""
+    """How much of everything one run measures: ``Plan()`` is the full run."""
 
-    runs: int
-    each_jobs: dict[str, int]
-    bulk_jobs: int
-    burn_jobs: dict[str, int]
-    configs: tuple[WorkerConfig, ...]
-    latency_samples: int
-    finished_rows: int
-    claim_samples: int
-    claim_batches: int
-    claim_burn_jobs: int
-    outbox_messages: int
-    saga_instances: int
-    flow_burn_jobs: int
+    runs: int = 3
+    #: Jobs by system (``default``: every other): the slow systems get fewer, so that
+    #: the whole run stays short; jobs/s are rates, comparable across counts.
+    each_jobs: dict[str, int] = field(
+        default_factory=lambda: {
+            "default": 10_000,
+            "procrastinate": 5_000,
+            "django-tasks-db": 5_000,
+        }
+    )
+    bulk_jobs: int = 10_000
+    burn_jobs: dict[str, int] = field(
+        default_factory=lambda: {
+            "default": 10_000,
+            "procrastinate": 2_000,
+            "django-tasks-db": 1_000,
+        }
+    )
+    configs: tuple[WorkerConfig, ...] = (
+        WorkerConfig(1, 1),
+        WorkerConfig(1, 4),
+        WorkerConfig(1, 16),
+        WorkerConfig(2, 16),
+    )
+    latency_samples: int = 200
+    finished_rows: int = 1_000_000
+    claim_samples: int = 500
+    claim_batches: int = 100
+    claim_burn_jobs: int = 10_000
+    outbox_messages: int = 10_000
+    saga_instances: int = 200
+    flow_burn_jobs: int = 10_000
     floor_jobs: int = 5_000
     commit_seconds: float = 5.0
     commit_clients: tuple[int, ...] = (1, 4)
@@ -80,60 +92,9 @@ class Plan:
     #: Jobs of each run of :mod:`benchmarks.profiling`.
     profile_jobs: int = 3_000
 
-    def scaled(self, factor: float) -> Plan:
-        """The same plan with ``factor`` times the jobs of every measurement that
-        counts jobs (rates do not depend on the count, only their precision does);
-        the table sizes of the claim costs stay."""
-        if factor == 1:
-            return self
-
-        def n(count: int) -> int:
-            return max(int(count * factor), 10)
-
-        return replace(
-            self,
-            each_jobs={k: n(v) for k, v in self.each_jobs.items()},
-            bulk_jobs=n(self.bulk_jobs),
-            burn_jobs={k: n(v) for k, v in self.burn_jobs.items()},
-            latency_samples=n(self.latency_samples),
-            claim_burn_jobs=n(self.claim_burn_jobs) if self.claim_burn_jobs else 0,
-            outbox_messages=n(self.outbox_messages),
-            saga_instances=n(self.saga_instances),
-            floor_jobs=n(self.floor_jobs),
-            scale_jobs=n(self.scale_jobs),
-            sleep_jobs=n(self.sleep_jobs),
-            cpu_jobs=n(self.cpu_jobs),
-            profile_jobs=n(self.profile_jobs),
-            flow_burn_jobs=n(self.flow_burn_jobs),
-        )
-
-    @classmethod
-    def full(cls, runs: int = 3) -> Plan:
-        return cls(
-            runs=runs,
-            each_jobs={"default": 10_000, "procrastinate": 5_000, "django-tasks-db": 5_000},
-            bulk_jobs=10_000,
-            # The slow systems burn fewer jobs so that the whole run stays short;
-            # jobs/s are rates, comparable across counts.
-            burn_jobs={"default": 10_000, "procrastinate": 2_000, "django-tasks-db": 1_000},
-            configs=(
-                WorkerConfig(1, 1),
-                WorkerConfig(1, 4),
-                WorkerConfig(1, 16),
-                WorkerConfig(2, 16),
-            ),
-            latency_samples=200,
-            finished_rows=1_000_000,
-            claim_samples=500,
-            claim_batches=100,
-            claim_burn_jobs=10_000,
-            outbox_messages=10_000,
-            saga_instances=200,
-            flow_burn_jobs=10_000,
-        )
-
     @classmethod
     def quick(cls) -> Plan:
+        """A smoke run: one run of tiny counts."""
         return cls(
             runs=1,
             each_jobs={"default": 100},
@@ -147,9 +108,9 @@ class Plan:
             claim_burn_jobs=0,
             outbox_messages=100,
             saga_instances=5,
+            flow_burn_jobs=1_000,
             floor_jobs=100,
             commit_seconds=1.0,
-            commit_clients=(1, 4),
             scale_processes=(1, 2),
             scale_concurrency=2,
             scale_jobs=100,
@@ -159,7 +120,25 @@ class Plan:
             queued_rows=(100, 2_000),
             queued_warm=200,
             profile_jobs=100,
-            flow_burn_jobs=1_000,
+        )
+
+    def scaled(self, factor: float) -> Plan:
+        """The same plan with ``factor`` times the jobs of every measurement that
+        counts jobs (rates do not depend on the count, only their precision does);
+        the table sizes of the claim costs stay."""
+        if factor == 1:
+            return self
+
+        def n(count: int) -> int:
+            return max(int(count * factor), 10) if count else 0
+
+        counts = {name: getattr(self, name) for name in _JOB_COUNTS}
+        return replace(
+            self,
+            **{
+                name: {k: n(v) for k, v in value.items()} if isinstance(value, dict) else n(value)
+                for name, value in counts.items()
+            },
         )
 
     def for_system(self, counts: dict[str, int], system: str) -> int:
@@ -170,8 +149,7 @@ class Plan:
         return min(self.sleep_jobs, self.for_system(self.burn_jobs, system))
 
     def burn_setups(self) -> list[WorkerConfig]:
-        """Every burn-down set-up a system is asked for: the plan's, and the 5 ms
-        handler's."""
+        """Every burn-down set-up a system is asked for: the plan's and the 5 ms one's."""
         return list(dict.fromkeys([*self.configs, WorkerConfig(1, self.sleep_concurrency)]))
 
 
@@ -183,11 +161,60 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
         return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def rotated(items: list[Any], run: int) -> list[Any]:
+    """``items`` starting at the run's turn, so that no item always goes first or last."""
+    return items[run % len(items) :] + items[: run % len(items)]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, poll: float) -> None:
+    """Poll ``condition`` every ``poll`` seconds until it holds (an end is observed,
+    not awaited); TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
 
 
 # --------------------------------------------------------------------------- workers
+
+
+@contextmanager
+def run_processes(
+    argv: list[str],
+    env: dict[str, str],
+    logs: list[Path],
+    cwd: Path | None = None,
+    append: bool = False,
+) -> Iterator[Processes]:
+    """One process of ``argv`` per log file in ``logs`` (its output written there, or
+    with ``append`` added), each in a session of its own; at the end SIGTERM, then
+    SIGKILL to the session of any still running 30 s later."""
+    procs: Processes = []
+    with ExitStack() as files:
+        try:
+            for log in logs:
+                out = files.enter_context(open(log, "ab" if append else "wb"))
+                popen = subprocess.Popen(
+                    argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )  # fmt: skip
+                procs.append(popen)
+            yield procs
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            for proc in procs:
+                try:
+                    proc.wait(max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
 
 
 @contextmanager
@@ -198,56 +225,68 @@ def workers(
     tag: str,
     extra_env: dict[str, str] | None = None,
     supervised: bool = False,
-) -> Iterator[list[subprocess.Popen[bytes]]]:
+) -> Iterator[Processes]:
     """Run ``config.processes`` worker processes of ``system`` (``supervised``: one
-    ``run_jobs --processes`` of that many, django-ledon only); stop them at the end.
-    Yields the processes started."""
-    env = {**system.worker_env(), **(extra_env or {})}
-    procs = []
-    logs = []
+    ``run_jobs --processes`` of that many, django-ledon only); stop them at the end."""
     if supervised:
         argv = system.worker_command(config.concurrency, processes=config.processes)  # type: ignore[call-arg]
     else:
         argv = system.worker_command(config.concurrency)
-    try:
-        for index in range(1 if supervised else config.processes):
-            out = open(log_dir / f"{tag}-{index}.log", "wb")  # noqa: SIM115
-            logs.append(out)
-            procs.append(
-                subprocess.Popen(
-                    argv,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+    logs = [log_dir / f"{tag}-{n}.log" for n in range(1 if supervised else config.processes)]
+    with run_processes(argv, {**system.worker_env(), **(extra_env or {})}, logs) as procs:
         yield procs
-        for proc in procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{system.name} worker exited early (see {log_dir})")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        for proc in procs:
-            try:
-                proc.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for out in logs:
-            out.close()
+        if any(proc.poll() is not None for proc in procs):
+            raise RuntimeError(f"{system.name} worker exited early (see {log_dir})")
 
 
-def warm_up(system: System) -> None:
-    """Wait until the workers run jobs: one job in, one job done."""
-    system.seed(1)
-    system.wait_until_done(timeout=60, poll=0.02)
+def burn(
+    system: System,
+    running: AbstractContextManager[Processes],
+    count: int,
+    kind: str = "noop",
+    measure: Callable[[Processes], AbstractContextManager[Any]] = lambda _: nullcontext(),
+) -> float:
+    """Jobs/s of ``count`` jobs of the ``kind`` handler queued at one commit into the
+    workers ``running`` starts, once they have run a warm-up job: from the first job's
+    start (the commit where the system records no start time) to the last job's end.
+    ``measure(processes)`` is entered around the seed and the wait."""
+    with running as procs:
+        system.seed(1)
+        system.wait_until_done(timeout=60, poll=0.02)
+        with measure(procs):
+            before = time.time()
+            system.seed(count, kind)
+            committed = time.time()
+            end = system.wait_until_done(timeout=max(120.0, count / 10))
+        first = system.first_started_since(before)
+    return count / (end - (first if first is not None else committed))
+
+
+def jobs_env(settings: dict[str, Any] | None) -> dict[str, str] | None:
+    """Our workers' environment adding ``settings`` to their ``JOBS``."""
+    return {"BENCH_JOBS": json.dumps(settings)} if settings else None
 
 
 # --------------------------------------------------------------------------- measurements
+
+
+class Recorder:
+    """Figures by system and key, one a run, logged as they come."""
+
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.raw: dict[str, dict[str, list[float]]] = {}
+        self.jobs: dict[tuple[str, str], int] = {}
+
+    def __call__(
+        self, system: System, key: str, value: float, jobs: int = 0, unit: str = "jobs/s"
+    ) -> None:
+        self.raw.setdefault(system.name, {}).setdefault(key, []).append(value)
+        self.jobs[(system.name, key)] = jobs
+        self.log(f"  {system.name:16} {key:22} {value:10.1f} {unit}")
+
+    def medians(self) -> dict[str, dict[str, float]]:
+        return {name: {k: median(v) for k, v in keys.items()} for name, keys in self.raw.items()}
 
 
 class Runner:
@@ -265,16 +304,14 @@ class Runner:
         self.admin = admin
         self.log_dir = log_dir
         self.log = log
+        self.record = Recorder(log)
         self.database_url = database_url
         self.statements = bool(database_url) and physical.statements_available(database_url)
         #: Per-job costs of each burn-down: system -> set-up key -> one dict a run.
         self.costs: dict[str, dict[str, list[dict[str, Any]]]] = {}
         #: Lock waits sampled during the scale-out curve: set-up key -> one dict a run.
         self.locks: dict[str, list[dict[str, Any]]] = {}
-
-    def configs(self, system: System) -> list[WorkerConfig]:
-        """The set-ups this system runs for the plan's (each once)."""
-        return list(dict.fromkeys(system.worker_config(c) for c in self.plan.configs))
+        self.commit_tool: str | None = None
 
     def fresh(self, system: System, prime: int = 0) -> None:
         """Empty the system's tables; with ``prime``, first let the planner see
@@ -288,18 +325,14 @@ class Runner:
         # Start every measurement from a clean WAL so a checkpoint never lands inside it.
         self.admin("CHECKPOINT")
 
-    def enqueue_each(self, system: System) -> float:
-        count = self.plan.for_system(self.plan.each_jobs, system.name)
+    def enqueue(self, system: System, bulk: bool = False) -> float:
+        """Jobs/s of the one-by-one enqueue, or with ``bulk`` of the bulk one."""
+        count = (
+            self.plan.bulk_jobs if bulk else self.plan.for_system(self.plan.each_jobs, system.name)
+        )
         self.fresh(system)
         start = time.perf_counter()
-        system.enqueue_each(count)
-        return count / (time.perf_counter() - start)
-
-    def enqueue_bulk(self, system: System) -> float:
-        count = self.plan.bulk_jobs
-        self.fresh(system)
-        start = time.perf_counter()
-        system.enqueue_bulk(count)
+        (system.enqueue_bulk if bulk else system.enqueue_each)(count)
         return count / (time.perf_counter() - start)
 
     def burn_down(
@@ -315,135 +348,91 @@ class Runner:
         variant: str | None = "",
         supervised: bool = False,
     ) -> float:
-        """Jobs/s of ``count`` jobs of the ``kind`` handler from the first job's start
-        (the enqueue's commit where the system records no start time) to the last
-        job's end; ``extra_env`` goes to the workers' environment; ``supervised``: the
-        workers under one ``run_jobs --processes``.
+        """Jobs/s of :func:`burn` with the planner primed (see :meth:`fresh`);
+        ``extra_env`` goes to the workers' environment; ``supervised``: the workers
+        under one ``run_jobs --processes``.
 
-        Also records what the burn-down cost the server per job (statements, WAL, the
-        CPUs busy meanwhile; see :meth:`per_job`) under the set-up's key, followed by
-        ``/variant`` if one is given (None: not recorded), and, with ``locks``, the
-        lock waits sampled meanwhile."""
-
-        def seed(n: int) -> None:
-            system.seed(n, kind)
-
+        Also records per job under the set-up's key, followed by ``/variant`` if one is
+        given (None: not recorded), the WAL written (less the seed's, measured alone),
+        the statements the system's processes sent (with ``pg_stat_statements``; the
+        harness's polls left out), the machine's CPUs busy and the workers' own CPU
+        time; and, with ``locks``, the lock waits sampled meanwhile."""
         self.fresh(system)
-        # Prime the planner's statistics as fresh() does, and measure the seed's own
-        # WAL, which per_job() takes off the burn-down's.
-        seed_cost: dict[str, Any] = {}
-        with physical.counting(system.database_url, False, seed_cost):
-            seed(count)
+        seed: dict[str, Any] = {}
+        with physical.counting(system.database_url, False, seed):
+            system.seed(count, kind)
         system.analyze(self.admin)
         system.reset()
         self.admin("CHECKPOINT")
         cost: dict[str, Any] = {}
-        sampled: dict[str, Any] = {}
-        with workers(system, config, self.log_dir, tag, extra_env, supervised) as procs:
-            warm_up(system)
-            with ExitStack() as stack:
-                counting = physical.counting(system.database_url, self.statements, cost)
-                stack.enter_context(counting)
-                stack.enter_context(physical.cpu_use(cost))
-                stack.enter_context(physical.worker_cpu([p.pid for p in procs], cost))
-                if locks is not None:
-                    stack.enter_context(physical.sampling_locks(self.database_url, sampled))
-                before = time.time()
-                seed(count)
-                committed = time.time()
-                end = system.wait_until_done(timeout=max(120.0, count / 10))
-            first = system.first_started_since(before)
-        if locks is not None:
-            locks.update(sampled)
-        if variant is not None:
-            self.per_job(system, config, count, cost, seed_cost, variant)
-        start = first if first is not None else committed
-        return count / (end - start)
 
-    def per_job(
-        self,
-        system: System,
-        config: WorkerConfig,
-        count: int,
-        cost: dict[str, Any],
-        seed_cost: dict[str, Any],
-        variant: str = "",
-    ) -> None:
-        """Per job of a burn-down: the WAL written (less the seed's, measured alone)
-        and, with ``pg_stat_statements``, the statements the system's processes sent
-        (the harness's polls left out; the seed's few included); and the CPUs busy
-        meanwhile (of the machine's), under the set-up's key and ``/variant``."""
+        def measure(procs: Processes) -> ExitStack:
+            stack = ExitStack()
+            stack.enter_context(physical.counting(system.database_url, self.statements, cost))
+            stack.enter_context(physical.cpu_use(cost))
+            stack.enter_context(physical.worker_cpu([p.pid for p in procs], cost))
+            if locks is not None:
+                stack.enter_context(physical.sampling_locks(self.database_url, locks))
+            return stack
+
+        running = workers(system, config, self.log_dir, tag, extra_env, supervised)
+        rate = burn(system, running, count, kind, measure)
+        if variant is None:
+            return rate
         entry: dict[str, Any] = {
             "jobs": count,
-            "wal_bytes": (cost["wal_bytes"] - seed_cost["wal_bytes"]) / count,
+            "wal_bytes": (cost["wal_bytes"] - seed["wal_bytes"]) / count,
         }
         if "statements" in cost:
-            entry["statements"] = cost["statements"] / count
-            entry["top"] = cost["top"]
+            entry.update(statements=cost["statements"] / count, top=cost["top"])
         if "cpus_busy" in cost:
-            entry["cpus_busy"], entry["cpus"] = cost["cpus_busy"], cost["cpus"]
-        if "worker_cpu_s" in cost:
-            entry["worker_cpu_ms"] = cost["worker_cpu_s"] * 1000 / count
+            entry.update(cpus_busy=cost["cpus_busy"], cpus=cost["cpus"])
+        entry["worker_cpu_ms"] = cost["worker_cpu_s"] * 1000 / count
         key = system.worker_config(config).key + (f"/{variant}" if variant else "")
         self.costs.setdefault(system.name, {}).setdefault(key, []).append(entry)
+        return rate
 
     def sleep5(
-        self,
-        system: System,
-        run: int,
-        record: Callable[..., None],
-        concurrency: int | None = None,
-        jobs_settings: dict[str, Any] | None = None,
+        self, system: System, run: int, concurrency: int, jobs_settings: dict[str, Any]
     ) -> float:
-        """The 5 ms handler's burn-down by one process at ``concurrency`` (the plan's
-        ``sleep_concurrency`` by default), with ``jobs_settings`` added to our
-        workers' ``JOBS``."""
-        setup = WorkerConfig(1, concurrency or self.plan.sleep_concurrency)
-        config = system.worker_config(setup)
-        jobs = self.plan.sleep_jobs_of(system.name)
-        variant = "sleep5" + _variant(jobs_settings or {})
+        """The 5 ms handler's burn-down by one process at ``concurrency``, with
+        ``jobs_settings`` added to our workers' ``JOBS``."""
+        config = system.worker_config(WorkerConfig(1, concurrency))
+        variant = "sleep5" + _variant(jobs_settings)
         tag = f"{system.name}-{variant}-{config.key}-run{run + 1}"
-        env = {"BENCH_JOBS": json.dumps(jobs_settings)} if jobs_settings else None
-        rate = self.burn_down(
+        jobs, env = self.plan.sleep_jobs_of(system.name), jobs_env(jobs_settings)
+        return self.burn_down(
             system, config, tag, jobs, kind="sleep5", variant=variant, extra_env=env
         )
-        record(system, f"sleep5_{config.key}", rate, jobs)
-        return rate
 
     def latency(self, system: System) -> dict[str, Any]:
         """Enqueue one job at a time into an idle worker; the handler reports its
         start time over UDP (loopback)."""
-        samples = self.plan.latency_samples
         self.fresh(system)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.settimeout(10.0)
-        port = sock.getsockname()[1]
         values: list[float] = []
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            env = {"BENCH_PROBE_PORT": str(sock.getsockname()[1])}
 
-        def started(marker: int) -> float:
-            while True:
-                data = sock.recv(256).decode().split()
-                if int(data[0]) == marker:
-                    return float(data[1])
+            def started(marker: int) -> float:
+                while True:
+                    data = sock.recv(256).decode().split()
+                    if int(data[0]) == marker:
+                        return float(data[1])
 
-        env = {"BENCH_PROBE_PORT": str(port)}
-        try:
             config = system.worker_config(WorkerConfig(1, 1))
             with workers(system, config, self.log_dir, f"{system.name}-latency", env):
-                system.enqueue_marked(-1)
                 sock.settimeout(60.0)
+                system.enqueue_marked(-1)
                 started(-1)
                 sock.settimeout(10.0)
-                for marker in range(samples):
+                for marker in range(self.plan.latency_samples):
                     time.sleep(0.05)  # let the worker finish and fall idle
                     system.enqueue_marked(marker)
                     committed = time.time()
                     values.append((started(marker) - committed) * 1000)
-        finally:
-            sock.close()
         return {
-            "samples": samples,
+            "samples": len(values),
             "p50_ms": percentile(values, 0.50),
             "p99_ms": percentile(values, 0.99),
             "mean_ms": statistics.fmean(values),
@@ -452,11 +441,12 @@ class Runner:
 
     # ------------------------------------------------------------------ the run
 
-    def ours_physical(self, system: System, run: int, record: Callable[..., None]) -> None:
+    def ours_physical(self, system: System, run: int) -> None:
         """The measurements of django-ledon alone, in each run right after its
         burn-downs: the floor and the commit rates (the limits its concurrency-1
-        rate is read against), the scale-out curve and the 5 ms handler."""
-        plan = self.plan
+        rate is read against), the scale-out curve, the CPU-bound handler and the
+        asynchronous commit."""
+        plan, record = self.plan, self.record
         self.fresh(system, prime=plan.floor_jobs)
         system.seed(plan.floor_jobs)
         floor = physical.floor_loop(self.database_url, plan.floor_jobs)
@@ -473,17 +463,19 @@ class Runner:
             scaled = self.burn_down(system, config, tag, plan.scale_jobs, locks=locks)
             record(system, f"scale_{config.key}", scaled, plan.scale_jobs)
             self.locks.setdefault(config.key, []).append(locks)
-        self.cpu_bound(system, run, record)
-        self.asynchronous_commit(system, run, record)
+        self.cpu_bound(system, run)
+        self.asynchronous_commit(system, run)
 
-    def cpu_bound(self, system: System, run: int, record: Callable[..., None]) -> None:
+    def cpu_bound(self, system: System, run: int) -> None:
         """The CPU-bound handler: one process at ``cpu_concurrency`` threads, and
         ``run_jobs --processes`` of as many single-threaded workers (their order
         alternating from run to run). Threads share one interpreter lock; processes
         do not."""
         plan = self.plan
-        processes = WorkerConfig(plan.cpu_concurrency, 1)
-        setups = [(WorkerConfig(1, plan.cpu_concurrency), False), (processes, True)]
+        setups = [
+            (WorkerConfig(1, plan.cpu_concurrency), False),
+            (WorkerConfig(plan.cpu_concurrency, 1), True),
+        ]
         for config, supervised in setups if run % 2 == 0 else setups[::-1]:
             key = f"{config.processes}x-c1" if supervised else config.key
             tag = f"{system.name}-cpu20-{key}-run{run + 1}"
@@ -491,96 +483,80 @@ class Runner:
                 system, config, tag, plan.cpu_jobs, kind="cpu20", variant=None,
                 supervised=supervised,
             )  # fmt: skip
-            record(system, f"cpu20_{key}", rate, plan.cpu_jobs)
+            self.record(system, f"cpu20_{key}", rate, plan.cpu_jobs)
 
-    def asynchronous_commit(self, system: System, run: int, record: Callable[..., None]) -> None:
+    def asynchronous_commit(self, system: System, run: int) -> None:
         """``JOBS["ASYNCHRONOUS_COMMIT"]`` off and on, one right after the other (their
         order alternating from run to run): the burn-down at concurrency 1 and the 5 ms
-        handler at ``sleep_concurrency``."""
-        plan = self.plan
-        count = plan.for_system(plan.burn_jobs, system.name)
+        handler at ``sleep_concurrency``. The durable half measures again what the
+        burn-downs before did: its per-job costs are not recorded."""
+        plan, sleep = self.plan, self.plan.sleep_concurrency
+        burn_jobs, sleep_jobs = (
+            plan.for_system(plan.burn_jobs, system.name),
+            plan.sleep_jobs_of(system.name),
+        )
         # (name, set-up, jobs, handler, the per-job costs' variant of the async half)
-        cases: list[tuple[str, WorkerConfig, int, str, str]] = [
-            ("c1", WorkerConfig(1, 1), count, "noop", "async"),
-            (
-                f"sleep5_c{plan.sleep_concurrency}",
-                WorkerConfig(1, plan.sleep_concurrency),
-                plan.sleep_jobs_of(system.name),
-                "sleep5",
-                "sleep5-async",
-            ),
+        cases = [
+            ("c1", WorkerConfig(1, 1), burn_jobs, "noop", "async"),
+            (f"sleep5_c{sleep}", WorkerConfig(1, sleep), sleep_jobs, "sleep5", "sleep5-async"),
         ]
         modes = ["durable", "async"] if run % 2 == 0 else ["async", "durable"]
         for name, config, jobs, kind, async_variant in cases:
             for mode in modes:
-                env = {"BENCH_JOBS": json.dumps({"ASYNCHRONOUS_COMMIT": mode == "async"})}
-                tag = f"{system.name}-{mode}-{name}-run{run + 1}"
-                # The durable half measures again what the burn-downs above did.
-                variant = async_variant if mode == "async" else None
                 rate = self.burn_down(
-                    system, config, tag, jobs, kind=kind, extra_env=env, variant=variant
-                )
-                record(system, f"syncmode_{name}_{mode}", rate, jobs)
+                    system, config, f"{system.name}-{mode}-{name}-run{run + 1}", jobs, kind=kind,
+                    extra_env=jobs_env({"ASYNCHRONOUS_COMMIT": mode == "async"}),
+                    variant=async_variant if mode == "async" else None,
+                )  # fmt: skip
+                self.record(system, f"syncmode_{name}_{mode}", rate, jobs)
 
     def run(self) -> dict[str, Any]:
-        results: dict[str, Any] = {s.name: {} for s in self.systems}
-        raw: dict[str, dict[str, list[float]]] = {s.name: {} for s in self.systems}
-        jobs_of: dict[tuple[str, str], int] = {}
-
-        def record(
-            system: System, key: str, value: float, jobs: int, *, unit: str = "jobs/s"
-        ) -> None:
-            raw[system.name].setdefault(key, []).append(value)
-            jobs_of[(system.name, key)] = jobs
-            self.log(f"  {system.name:16} {key:22} {value:10.1f} {unit}")
-
-        for run in range(self.plan.runs):
-            self.log(f"run {run + 1} of {self.plan.runs}")
-            # Rotate the order so that no system always goes first or last.
-            order = (
-                self.systems[run % len(self.systems) :] + self.systems[: run % len(self.systems)]
-            )
-            for system in order:
-                each = self.plan.for_system(self.plan.each_jobs, system.name)
-                record(system, "enqueue_each", self.enqueue_each(system), each)
+        plan, record = self.plan, self.record
+        for run in range(plan.runs):
+            self.log(f"run {run + 1} of {plan.runs}")
+            for system in rotated(self.systems, run):
+                each = plan.for_system(plan.each_jobs, system.name)
+                record(system, "enqueue_each", self.enqueue(system), each)
                 if system.has_bulk:
-                    record(system, "enqueue_bulk", self.enqueue_bulk(system), self.plan.bulk_jobs)
-                count = self.plan.for_system(self.plan.burn_jobs, system.name)
-                for config in self.configs(system):
+                    record(system, "enqueue_bulk", self.enqueue(system, bulk=True), plan.bulk_jobs)
+                count = plan.for_system(plan.burn_jobs, system.name)
+                for config in dict.fromkeys(system.worker_config(c) for c in plan.configs):
                     tag = f"{system.name}-{config.key}-run{run + 1}"
-                    rate = self.burn_down(system, config, tag, count)
-                    record(system, f"burn_{config.key}", rate, count)
-                self.sleep5(system, run, record)
+                    record(
+                        system,
+                        f"burn_{config.key}",
+                        self.burn_down(system, config, tag, count),
+                        count,
+                    )
+                rate = self.sleep5(system, run, plan.sleep_concurrency, {})
+                key = system.worker_config(WorkerConfig(1, plan.sleep_concurrency)).key
+                record(system, f"sleep5_{key}", rate, plan.sleep_jobs_of(system.name))
                 if system.name == OURS:
-                    self.ours_physical(system, run, record)
+                    self.ours_physical(system, run)
 
+        results: dict[str, Any] = {}
         for system in self.systems:
-            entry = results[system.name]
-            entry["version"] = system.version()
-            entry["burn_configs"] = {
-                c.key: system.worker_config(c).key for c in self.plan.burn_setups()
+            entry = results[system.name] = {
+                "version": system.version(),
+                "burn_configs": {c.key: system.worker_config(c).key for c in plan.burn_setups()},
             }
-            for key, values in raw[system.name].items():
-                jobs = jobs_of[(system.name, key)]
+            for key, values in record.raw.get(system.name, {}).items():
+                jobs = record.jobs[(system.name, key)]
                 entry[key] = {"jobs": jobs, "runs": values, "median": median(values)}
-            entry["per_job"] = {
-                key: _median_fields(runs) for key, runs in self.costs.get(system.name, {}).items()
-            }
+            costs = self.costs.get(system.name, {})
+            entry["per_job"] = {key: median_fields(runs) for key, runs in costs.items()}
         if OURS in results:
-            locks = {key: _median_fields(runs) for key, runs in self.locks.items()}
+            locks = {key: median_fields(runs) for key, runs in self.locks.items()}
             results[OURS]["locks_during_scale"] = locks
-            results[OURS]["commits_measured_with"] = getattr(self, "commit_tool", None)
+            results[OURS]["commits_measured_with"] = self.commit_tool
         for system in self.systems:
             self.log(f"latency {system.name}")
-            results[system.name]["latency"] = self.latency(system)
-            self.log(
-                f"  p50 {results[system.name]['latency']['p50_ms']:.2f} ms,"
-                f" p99 {results[system.name]['latency']['p99_ms']:.2f} ms"
-            )
+            latency = results[system.name]["latency"] = self.latency(system)
+            self.log(f"  p50 {latency['p50_ms']:.2f} ms, p99 {latency['p99_ms']:.2f} ms")
         return results
 
 
-def _median_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def median_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of each numeric field over runs; other fields as in the last run."""
     merged: dict[str, Any] = {}
     for name in runs[-1]:
@@ -613,12 +589,18 @@ def timed_claims(plan: Plan, into: list[Any]) -> tuple[list[float], list[float]]
     return timings
 
 
+def _complete(claimed: list[Any]) -> None:
+    """Finish the ``claimed`` jobs, 500 a statement."""
+    from jobs import execution
+
+    for start in range(0, len(claimed), 500):
+        execution.complete_many([(c, None) for c in claimed[start : start + 500]])
+
+
 def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     """Claim cost of our store with ``finished_rows`` finished jobs in the table
     versus an empty table: single claims, claims of 16, and a burn-down."""
     from django.db import connection
-
-    from jobs import execution
 
     plan = runner.plan
 
@@ -631,8 +613,7 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
         singles, batches = timed_claims(plan, claimed)
         # Finish what was claimed, so that no attempt is left Running (and the
         # history grows by these jobs, as it would).
-        for start in range(0, len(claimed), 500):
-            execution.complete_many([(c, None) for c in claimed[start : start + 500]])
+        _complete(claimed)
         with connection.cursor() as cursor:
             cursor.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM jobs_job"
@@ -640,15 +621,19 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
                 " AND attempt_count < max_attempts ORDER BY priority DESC, next_run_at, id"
                 " LIMIT 16 FOR UPDATE SKIP LOCKED"
             )
-            plan_json = cursor.fetchone()[0]
+            plan_json = cursor.fetchone()[0][0]
         result: dict[str, Any] = {
             "claim_1_ms": median(singles),
             "claim_16_ms": median(batches),
-            "candidate_scan": _plan_summary(plan_json),
+            "candidate_scan": {
+                "execution_ms": plan_json.get("Execution Time"),
+                "scans": _scans(plan_json["Plan"]),
+            },
         }
         if plan.claim_burn_jobs:
             # Burn-down on top of the same table (the previous claims stay Running).
-            result["burn_down_1p_c16"] = _burn_on_top(runner, ledon, plan.claim_burn_jobs)
+            running = workers(ledon, WorkerConfig(1, 16), runner.log_dir, "claim-cost-burn")
+            result["burn_down_1p_c16"] = burn(ledon, running, plan.claim_burn_jobs)
         runner.log(f"  claim cost {label}: {result}")
         return result
 
@@ -668,6 +653,21 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     }
 
 
+def _scans(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """The scans of an ``EXPLAIN (FORMAT JSON)`` plan node and its children."""
+    scans = []
+    if "Scan" in node.get("Node Type", ""):
+        scans.append(
+            {
+                "node": node["Node Type"],
+                "index": node.get("Index Name"),
+                "rows": node.get("Actual Rows"),
+                "shared_hit_blocks": node.get("Shared Hit Blocks"),
+            }
+        )
+    return scans + [scan for child in node.get("Plans", []) for scan in _scans(child)]
+
+
 def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     """Claim cost with a shallow and a deep queue of due jobs (``plan.queued_rows``),
     each depth loaded straight into the table (plus the jobs the claims take, so that
@@ -676,12 +676,9 @@ def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     - **cold**: the first claims after a ``CHECKPOINT``. Each claim's update is not
       HOT (status and token are indexed), so it adds an entry to every index; the
       first change of an index page after a checkpoint writes the whole page to the
-      WAL (``full_page_writes``). In a deep queue the identity and scope indexes are
-      thousands of pages and the claimed jobs' entries land on pages not yet touched
-      since the checkpoint, so nearly every claim pays those page images;
+      WAL (``full_page_writes``);
     - **steady**: the same claims after ``plan.queued_warm`` more claims since that
-      checkpoint, as on a server that has been claiming for a while: the pages the
-      claims touch have had their image written in this checkpoint cycle.
+      checkpoint, as on a server that has been claiming for a while.
 
     Each phase gives the client's median time per claim, and from the server the WAL
     bytes and the execution time per claimed job."""
@@ -703,7 +700,7 @@ def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
             result["server_ms_per_job"] = server["execution_ms"] / taken
         return result
 
-    depths: dict[str, Any] = {}
+    depths: list[dict[str, Any]] = []
     for depth in plan.queued_rows:
         ledon.reset()
         runner.log(f"  loading {depth:,} queued jobs")
@@ -716,12 +713,11 @@ def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
             claimed.extend(execution.claim_due("claim-cost", limit=100))
         steady = claims(claimed)
         assert len(claimed) == 2 * taken + plan.queued_warm // 100 * 100, len(claimed)
-        for start in range(0, len(claimed), 500):
-            execution.complete_many([(c, None) for c in claimed[start : start + 500]])
-        depths[str(depth)] = {**cold, "steady": steady}
-        runner.log(f"  claim cost, {depth:,} queued: {depths[str(depth)]}")
+        _complete(claimed)
+        depths.append({**cold, "steady": steady})
+        runner.log(f"  claim cost, {depth:,} queued: {depths[-1]}")
     ledon.reset()
-    shallow, deep = (depths[str(d)] for d in plan.queued_rows)
+    shallow, deep = depths
     return {
         "shallow_rows": plan.queued_rows[0],
         "deep_rows": plan.queued_rows[1],
@@ -731,86 +727,45 @@ def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
         "ratio_claim_1": deep["claim_1_ms"] / shallow["claim_1_ms"],
         "ratio_claim_16": deep["claim_16_ms"] / shallow["claim_16_ms"],
         "steady_ratio_claim_1": deep["steady"]["claim_1_ms"] / shallow["steady"]["claim_1_ms"],
-        "steady_ratio_claim_16": (deep["steady"]["claim_16_ms"] / shallow["steady"]["claim_16_ms"]),
+        "steady_ratio_claim_16": deep["steady"]["claim_16_ms"] / shallow["steady"]["claim_16_ms"],
     }
 
 
-def load_queued(rows: int) -> None:
-    """Bulk-load ``rows`` due Queued jobs straight into the table (a fixture: a
-    backlog), oldest first in claim order."""
+def _load_jobs(rows: int, status: str, prefix: str, attempts: int, ended: str) -> None:
+    """Bulk-load ``rows`` jobs straight into the table (a fixture), in claim order:
+    ``status``, job ids ``prefix1`` on, ``attempts`` each, ``ended``: the SQL of their
+    ``started_at, finished_at``."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
-            f"{_LOAD_JOBS}"
-            " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'), 'queued-' || g,"
-            " 'bench.noop', 1, '{\"n\":0}', 'default', 0, 1, NULL,"
-            " now() - interval '1 day' + g * interval '1 ms', 'queued', 0, NULL, false,"
-            " NULL, '', '', NULL, '', NULL, now() - interval '1 day', now() - interval '1 day',"
-            " NULL, NULL FROM generate_series(1, %s) AS g",
+            "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
+            " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
+            " attempt_count, current_token, cancel_requested, progress, progress_message,"
+            " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
+            " started_at, finished_at)"
+            " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'),"
+            f" '{prefix}' || g, 'bench.noop', 1, '{{\"n\":0}}', 'default', 0, 1, NULL,"
+            f" now() - interval '1 day' + g * interval '1 ms', '{status}', {attempts}, NULL,"
+            " false, NULL, '', '', NULL, '', NULL, now() - interval '1 day',"
+            f" now() - interval '1 day', {ended} FROM generate_series(1, %s) AS g",
             [rows],
         )
 
 
-def _burn_on_top(runner: Runner, ledon: System, count: int) -> float:
-    config = WorkerConfig(1, 16)
-    with workers(ledon, config, runner.log_dir, "claim-cost-burn"):
-        warm_up(ledon)
-        before = time.time()
-        ledon.seed(count)
-        committed = time.time()
-        end = ledon.wait_until_done(timeout=max(120.0, count / 10))
-        first = ledon.first_started_since(before)
-    return count / (end - (first if first is not None else committed))
-
-
-def _plan_summary(plan_json: Any) -> dict[str, Any]:
-    node = plan_json[0]["Plan"]
-    scans = []
-
-    def walk(n: dict[str, Any]) -> None:
-        if "Scan" in n.get("Node Type", ""):
-            scans.append(
-                {
-                    "node": n["Node Type"],
-                    "index": n.get("Index Name"),
-                    "rows": n.get("Actual Rows"),
-                    "shared_hit_blocks": n.get("Shared Hit Blocks"),
-                }
-            )
-        for child in n.get("Plans", []):
-            walk(child)
-
-    walk(node)
-    return {"execution_ms": plan_json[0].get("Execution Time"), "scans": scans}
-
-
-#: The insert of the fixtures' jobs, all columns named, followed by their SELECT.
-_LOAD_JOBS = (
-    "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
-    " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
-    " attempt_count, current_token, cancel_requested, progress, progress_message,"
-    " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
-    " started_at, finished_at)"
-)
+def load_queued(rows: int) -> None:
+    """``rows`` due Queued jobs (a backlog), oldest first."""
+    _load_jobs(rows, "queued", "queued-", 0, "NULL, NULL")
 
 
 def load_finished(rows: int) -> None:
-    """Bulk-load ``rows`` succeeded jobs, each with its attempt, straight into the
-    tables (a fixture: history as a busy system accumulates it)."""
+    """``rows`` succeeded jobs, each with its attempt (history as a busy system
+    accumulates it)."""
     from django.db import connection
 
+    ended = "now() - interval '1 day', now() - interval '1 day' + g * interval '1 ms'"
+    _load_jobs(rows, "succeeded", "old-", 1, ended)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"{_LOAD_JOBS}"
-            " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'), 'old-' || g,"
-            " 'bench.noop', 1, '{\"n\":0}', 'default', 0, 1, NULL,"
-            " now() - interval '1 day' + g * interval '1 ms', 'succeeded', 1, NULL, false,"
-            " NULL, '', '', NULL, '', NULL, now() - interval '1 day', now() - interval '1 day',"
-            " now() - interval '1 day', now() - interval '1 day' + g * interval '1 ms'"
-            " FROM generate_series(1, %s) AS g",
-            [rows],
-        )
         cursor.execute(
             "INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress,"
             " progress_message, error, result_ref, started_at, finished_at)"
@@ -838,27 +793,29 @@ def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
     each of :data:`FLOW_VARIANTS`, order rotated per run; the medians and each
     variant's slowdown (off ÷ on jobs/s)."""
     plan = runner.plan
-    config = WorkerConfig(1, 16)
     names = list(FLOW_VARIANTS)
     raw: dict[str, list[float]] = {name: [] for name in names}
     for run in range(plan.runs):
-        for name in names[run % len(names) :] + names[: run % len(names)]:
+        for name in rotated(names, run):
             limits = FLOW_VARIANTS[name]
             env = {"BENCH_JOBS_QUEUES": json.dumps(limits)} if limits else None
-            tag = f"flow-{name}-run{run + 1}"
             rate = runner.burn_down(
-                ledon, config, tag, plan.flow_burn_jobs, extra_env=env, variant=f"limits-{name}"
-            )
+                ledon, WorkerConfig(1, 16), f"flow-{name}-run{run + 1}", plan.flow_burn_jobs,
+                extra_env=env, variant=f"limits-{name}",
+            )  # fmt: skip
             raw[name].append(rate)
             runner.log(f"  limits {name:12} {rate:10.1f} jobs/s")
     medians = {name: median(values) for name, values in raw.items()}
     return {
         "jobs": plan.flow_burn_jobs,
-        "limits": {name: FLOW_VARIANTS[name] for name in names},
+        "limits": FLOW_VARIANTS,
         "runs": raw,
         "median": medians,
         "slowdown": {name: medians["off"] / medians[name] for name in names if name != "off"},
     }
+
+
+# --------------------------------------------------------------------------- parts alone
 
 
 @contextmanager
@@ -894,16 +851,14 @@ def part_alone(
 
 def write_part(out_dir: Path, name: str, result: dict[str, Any]) -> Path:
     """The figures of one part measured alone, as ``<name>-<time>.json`` in ``out_dir``."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = out_dir / f"{name}-{stamp}.json"
+    path = out_dir / f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(result, indent=2))
     return path
 
 
 def flow_control_alone(**session: Any) -> dict[str, Any]:
     """Only :func:`flow_control` (``--only flow-control``; ``session``: the keywords
-    of :func:`part_alone`), its results and the load average at its start and end
-    written as JSON into the session's ``out_dir``."""
+    of :func:`part_alone`)."""
     with part_alone("flow-control", [OURS], **session) as (runner, (ours,), flow):
         runner.log("flow control (limits on versus off)")
         flow.update(flow_control(runner, ours))
@@ -911,22 +866,16 @@ def flow_control_alone(**session: Any) -> dict[str, Any]:
 
 
 def cpu_alone(**session: Any) -> dict[str, Any]:
-    """Only :meth:`Runner.cpu_bound` (``--only cpu``; ``session``: the keywords of
-    :func:`part_alone`), over the plan's runs: the medians by set-up."""
+    """Only :meth:`Runner.cpu_bound` (``--only cpu``), over the plan's runs: the
+    medians by set-up."""
     plan: Plan = session["plan"]
     with part_alone("cpu", [OURS], **session) as (runner, (ours,), result):
-        raw: dict[str, list[float]] = {}
-
-        def record(system: System, key: str, rate: float, jobs: int) -> None:
-            raw.setdefault(key, []).append(rate)
-            runner.log(f"  {key:12} {rate:10.1f} jobs/s")
-
         for run in range(plan.runs):
-            runner.cpu_bound(ours, run, record)
+            runner.cpu_bound(ours, run)
+        raw = runner.record.raw[OURS]
+        medians = runner.record.medians()[OURS]
         result.update(
-            jobs=plan.cpu_jobs,
-            runs=raw,
-            median={key: {"median": median(rates)} for key, rates in raw.items()},
+            jobs=plan.cpu_jobs, runs=raw, median={k: {"median": m} for k, m in medians.items()}
         )
     return result
 
@@ -942,11 +891,7 @@ ALONE_BURNS: tuple[tuple[int, int, dict[str, Any]], ...] = (
     (2, 16, {}),
 )
 #: Its 5 ms handler's: (concurrency, our ``JOBS`` settings added), one process.
-ALONE_SLEEPS: tuple[tuple[int, dict[str, Any]], ...] = (
-    (16, {}),
-    (16, {"PREFETCH": 0}),
-    (64, {}),
-)
+ALONE_SLEEPS: tuple[tuple[int, dict[str, Any]], ...] = ((16, {}), (16, {"PREFETCH": 0}), (64, {}))
 
 
 def _variant(settings: dict[str, Any]) -> str:
@@ -957,50 +902,41 @@ def _variant(settings: dict[str, Any]) -> str:
 def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
     """Only the no-op burn-downs of :data:`ALONE_BURNS` and the 5 ms handler's of
     :data:`ALONE_SLEEPS` (the settings only for ours) of ``systems`` (``--only
-    burn-down``; ``session``: the keywords of :func:`part_alone`), the systems
-    interleaved round by round: medians, ours over each other system's, the 5 ms
-    handler's share of the ideal rate at each concurrency."""
+    burn-down``), the systems interleaved round by round: medians, ours over each
+    other system's, the 5 ms handler's share of the ideal rate at each concurrency."""
     plan: Plan = session["plan"]
     with part_alone("burn-down", systems, **session) as (runner, chosen, result):
-        raw: dict[str, dict[str, list[float]]] = {s.name: {} for s in chosen}
-
-        def record(system: System, key: str, rate: float, jobs: int = 0) -> None:
-            raw[system.name].setdefault(key, []).append(rate)
-            runner.log(f"  {system.name:16} {key:8} {rate:10.1f} jobs/s")
-
         for run in range(plan.runs):
             runner.log(f"run {run + 1} of {plan.runs}")
-            order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
-            for system in order:
+            for system in rotated(chosen, run):
+                ours = system.name == OURS
                 count = plan.for_system(plan.burn_jobs, system.name)
                 for processes, concurrency, extra in ALONE_BURNS:
-                    if extra and system.name != OURS:
-                        continue
-                    config = system.worker_config(WorkerConfig(processes, concurrency))
-                    key = f"{processes}x{concurrency}{_variant(extra)}"
-                    tag = f"{system.name}-{key}-run{run + 1}"
-                    env = {"BENCH_JOBS": json.dumps(extra)} if extra else None
-                    rate = runner.burn_down(system, config, tag, count, extra_env=env, variant=None)
-                    record(system, key, rate)
+                    if ours or not extra:
+                        config = system.worker_config(WorkerConfig(processes, concurrency))
+                        key = f"{processes}x{concurrency}{_variant(extra)}"
+                        tag = f"{system.name}-{key}-run{run + 1}"
+                        rate = runner.burn_down(
+                            system, config, tag, count, extra_env=jobs_env(extra), variant=None
+                        )
+                        runner.record(system, key, rate)
                 for concurrency, extra in ALONE_SLEEPS:
-                    if extra and system.name != OURS:
-                        continue
-                    rate = runner.sleep5(system, run, lambda *a, **k: None, concurrency, extra)
-                    key = f"sleep5-c{concurrency}{_variant(extra)}"
-                    record(system, key, rate)
-        medians = {name: {k: median(v) for k, v in runs.items()} for name, runs in raw.items()}
-        ours = medians.get(OURS, {})
+                    if ours or not extra:
+                        rate = runner.sleep5(system, run, concurrency, extra)
+                        runner.record(system, f"sleep5-c{concurrency}{_variant(extra)}", rate)
+        medians = runner.record.medians()
+        ours_medians = medians.get(OURS, {})
         result.update(
-            runs=raw,
+            runs=runner.record.raw,
             median=medians,
             ours_over={
-                name: {k: ours[k] / v for k, v in values.items() if k in ours and v}
+                name: {k: ours_medians[k] / v for k, v in values.items() if k in ours_medians and v}
                 for name, values in medians.items()
                 if name != OURS
             },
             sleep5_of_ideal={
                 key: rate / (int(key.split("-")[1][1:]) * 200.0)
-                for key, rate in ours.items()
+                for key, rate in ours_medians.items()
                 if key.startswith("sleep5-")
             },
         )
@@ -1008,59 +944,38 @@ def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
 
 
 def bulk_alone(systems: list[str], **session: Any) -> dict[str, Any]:
-    """Only the bulk enqueue (``--only bulk``; ``session``: the keywords of
-    :func:`part_alone`) of each of ``systems`` with a bulk API, in interleaved rounds
-    (the order rotates): jobs/s, and per job the WAL written and, with
+    """Only the bulk enqueue (``--only bulk``) of each of ``systems`` with a bulk API,
+    in interleaved rounds: jobs/s, and per job the WAL written and, with
     ``pg_stat_statements``, the statements sent and the server's time executing them
     (µs; the rest of a job's time is the client's, the round trip and the commit)."""
     plan: Plan = session["plan"]
     with_bulk = [name for name in systems if adapter(name).has_bulk]
     with part_alone("bulk", with_bulk, **session) as (runner, chosen, result):
         count = plan.bulk_jobs
-        rates: dict[str, list[float]] = {s.name: [] for s in chosen}
         costs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
         for run in range(plan.runs):
             runner.log(f"bulk run {run + 1} of {plan.runs}")
-            order = chosen[run % len(chosen) :] + chosen[: run % len(chosen)]
-            for system in order:
+            for system in rotated(chosen, run):
                 cost: dict[str, Any] = {}
                 runner.fresh(system)  # its TRUNCATE and CHECKPOINT are not the system's
                 with physical.counting(runner.database_url, runner.statements, cost):
                     start = time.perf_counter()
                     system.enqueue_bulk(count)
                     rate = count / (time.perf_counter() - start)
-                rates[system.name].append(rate)
                 entry = {"wal_bytes": cost["wal_bytes"] / count}
                 if "statements" in cost:
                     entry["statements"] = cost["statements"] / count
                     entry["server_us"] = cost["execution_ms"] * 1000 / count
                     entry["top"] = cost["top"]
                 costs[system.name].append(entry)
-                runner.log(
-                    f"  {system.name:16} {rate:10.1f} jobs/s, {entry['wal_bytes']:.0f} WAL B/job"
-                )
+                runner.record(system, "bulk", rate)
         result.update(
             jobs=count,
-            runs=rates,
-            median={name: median(values) for name, values in rates.items()},
-            per_job={name: _median_fields(entries) for name, entries in costs.items()},
+            runs={name: keys["bulk"] for name, keys in runner.record.raw.items()},
+            median={name: keys["bulk"] for name, keys in runner.record.medians().items()},
+            per_job={name: median_fields(entries) for name, entries in costs.items()},
         )
     return result
-
-
-# --------------------------------------------------------------------------- outbox, sagas
-
-
-def outbox_and_sagas(plan: Plan, admin: Callable[[str], None], log: Log) -> dict[str, Any]:
-    from . import extras
-
-    log("outbox dispatch")
-    outbox = extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin)
-    log(f"  {outbox['median']:,.0f} messages/s")
-    log("saga steps")
-    sagas = extras.saga_steps(plan.saga_instances, plan.runs, admin)
-    log(f"  {sagas['ms_per_step']:.2f} ms per step (a one-row commit: {sagas['commit_ms']:.2f} ms)")
-    return {"outbox": outbox, "sagas": sagas}
 
 
 # --------------------------------------------------------------------------- entry
@@ -1069,17 +984,6 @@ def outbox_and_sagas(plan: Plan, admin: Callable[[str], None], log: Log) -> dict
 def _load() -> list[float]:
     """The machine's 1, 5 and 15 minute load averages."""
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def environment(server: dict[str, str]) -> dict[str, Any]:
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average": _load(),
-        "postgresql": server,
-    }
 
 
 def run_all(
@@ -1094,79 +998,74 @@ def run_all(
     claim: bool = True,
 ) -> dict[str, Any]:
     """Measure ``systems`` against ``database_url`` (already migrated); return the
-    results and write them as JSON into ``out_dir``."""
+    results and write them as JSON into ``out_dir`` after every part, so that a
+    failure late in the run keeps the rest."""
+    from . import extras, profiling
+
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     chosen: list[System] = []
     skipped: dict[str, str] = {}
     for name in systems:
-        cls = adapter(name)
-        if not cls.available():
+        if adapter(name).available():
+            chosen.append(adapter(name)(database_url))
+        else:
             skipped[name] = "not installed (pip install -e '.[bench]')"
-            continue
-        chosen.append(cls(database_url))
     for system in chosen:
         system.install()
     runner = Runner(plan, chosen, admin, log_dir, log, database_url)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = out_dir / f"results-{stamp}.json"
+    path = out_dir / f"results-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
+    ours = next((s for s in chosen if s.name == OURS), None)
+    environment = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average": _load(),
+        "postgresql": server,
+    }
+    document: dict[str, Any] = {}
 
-    def save(document: dict[str, Any]) -> None:
-        # Written after every part, so that a failure late in the run keeps the rest.
-        path.write_text(json.dumps(document, indent=2))
-        (out_dir / "latest.json").write_text(json.dumps(document, indent=2))
+    def save(**parts: Any) -> None:
+        document.update(parts)
+        for written in (path, out_dir / "latest.json"):
+            written.write_text(json.dumps(document, indent=2))
 
     try:
-        results = runner.run()
-        ours = next((s for s in chosen if s.name == OURS), None)
-        document: dict[str, Any] = {
-            "environment": environment(server),
-            "plan": {**asdict(plan), "configs": [asdict(c) for c in plan.configs]},
-            "quick": plan.runs == 1 and plan.finished_rows < 1_000_000,
-            "systems": results,
-            "skipped": skipped,
-            "statements_measured": runner.statements,
-        }
-        save(document)
+        systems_results = runner.run()
+        save(
+            environment=environment,
+            plan={**asdict(plan), "configs": [asdict(c) for c in plan.configs]},
+            quick=plan.runs == 1 and plan.finished_rows < 1_000_000,
+            systems=systems_results,
+            skipped=skipped,
+            statements_measured=runner.statements,
+        )
         if claim and ours is not None:
             log("claim cost")
-            document["claim_cost"] = claim_cost(runner, ours)
-            save(document)
+            save(claim_cost=claim_cost(runner, ours))
             log("claim cost with queued jobs")
-            document["queued_claim_cost"] = queued_claim_cost(runner, ours)
-            save(document)
+            save(queued_claim_cost=queued_claim_cost(runner, ours))
         if ours is not None:
             log("flow control (limits on versus off)")
-            document["flow_control"] = flow_control(runner, ours)
-            save(document)
-            document.update(outbox_and_sagas(plan, admin, log))
-            save(document)
-            document["environment"]["load_average_end"] = _load()
+            save(flow_control=flow_control(runner, ours))
+            log("outbox dispatch")
+            outbox = extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin)
+            log(f"  {outbox['median']:,.0f} messages/s")
+            log("saga steps")
+            sagas = extras.saga_steps(plan.saga_instances, plan.runs, admin)
+            log(f"  {sagas['ms_per_step']:.2f} ms per step (a commit: {sagas['commit_ms']:.2f} ms)")
+            save(outbox=outbox, sagas=sagas)
+            environment["load_average_end"] = _load()
             log("profile of one job")
-            from .profiling import profile
-
-            document["profile"] = profile(
-                database_url, ours, admin, jobs=plan.profile_jobs, log=log
-            )
-            save(document)
+            save(profile=profiling.profile(database_url, ours, admin, plan.profile_jobs, log=log))
             log("profile of a 5 ms handler's slot")
-            from .profiling import slot_profile
-
-            document["slot_profile"] = slot_profile(
-                database_url,
-                ours,
-                admin,
-                jobs=plan.sleep_jobs,
-                concurrency=plan.sleep_concurrency,
-                log=log,
+            slot = profiling.slot_profile(
+                database_url, ours, admin, plan.sleep_jobs, plan.sleep_concurrency, log=log
             )
-            save(document)
+            save(slot_profile=slot)
     finally:
         for system in chosen:
             system.close()
     log(f"raw results: {path}")
     return document
-
-
-def main_log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)

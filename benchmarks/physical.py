@@ -1,20 +1,8 @@
 """What the server itself allows, measured in the same run as the systems, and what
-the systems cost it per job.
-
-- :func:`floor_loop`: django-ledon's own finish-and-claim statement — the statement a
-  worker at concurrency 1 runs once per job, built by the store's builders
-  (:func:`jobs.store.sql.claim` with ``finishing``, :func:`jobs.store.sql.finishing_params`)
-  — run back to back from one psycopg connection, prepared, in autocommit, with no
-  worker and no handler around it: each statement finishes the job the previous one
-  claimed and claims the next. Its rate is the most a worker at concurrency 1 could do.
-- :func:`commit_rate`: durable one-row ``UPDATE`` transactions per second, one client
-  and several (each updating its own row), with ``pgbench`` when it is installed.
-- :class:`Counters`: statements (``pg_stat_statements``) and WAL bytes
-  (``pg_current_wal_lsn``) between two points of a run.
-- :class:`LockSampler`: backends waiting on a lock, sampled from ``pg_stat_activity``
-  and ``pg_locks`` while workers run, with which statement waited for which
-  (``pg_blocking_pids``).
-- :func:`cpu_use`: how many of the machine's CPUs were busy meanwhile (``/proc/stat``).
+the systems cost it per job: the floor loop (:func:`floor_loop`), the one-row commit
+rate (:func:`commit_rate`), statements and WAL between two points (:func:`counting`),
+lock waits while workers run (:class:`LockSampler`), and the CPU time of the machine
+and of the workers (:func:`cpu_use`, :func:`worker_cpu`).
 """
 
 from __future__ import annotations
@@ -35,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 #: Statements of the harness itself (progress polls) start with this comment, so that
-#: :class:`Counters` leaves them out of a system's statements.
+#: :func:`counting` leaves them out of a system's statements.
 HARNESS_MARK = "/* bench-harness */"
 
 _COMMIT_TABLE = "bench_commit_rate"
@@ -50,9 +38,17 @@ def _connect(url: str) -> Any:
 # --------------------------------------------------------------------------- the floor
 
 
+def succeeded(token: str) -> dict[str, Any]:
+    """The finish of a successful attempt, as :func:`jobs.store.sql.finishing_params` takes it."""
+    return {"token": token, "outcome": "succeeded", "result_ref": None, "error": "", "summary": ""}
+
+
 def floor_loop(url: str, jobs: int) -> dict[str, Any]:
-    """Finish-and-claim ``jobs`` queued jobs of django-ledon one statement each, back to
-    back (see the module's docstring); jobs/s and ms per statement."""
+    """django-ledon's own finish-and-claim statement — the one a worker at concurrency 1
+    runs once per job, built by the store's builders — run back to back from one
+    connection, prepared, in autocommit, with no worker around it: each statement
+    finishes the job the previous one claimed and claims the next, ``jobs`` in all.
+    Its rate is the most a worker at concurrency 1 could do."""
     from jobs.store import sql
 
     statement = sql.claim("postgresql", queues=0, one_job=False, finishing=True)
@@ -77,17 +73,7 @@ def floor_loop(url: str, jobs: int) -> dict[str, Any]:
             if not columns:
                 columns = {c.name: n for n, c in enumerate(cursor.description or ())}
             kind, token = columns["kind"], columns["token"]
-            done = [
-                {
-                    "token": row[token],
-                    "outcome": "succeeded",
-                    "result_ref": None,
-                    "error": "",
-                    "summary": "",
-                }
-                for row in rows
-                if row[kind] == "claimed"
-            ]
+            done = [succeeded(row[token]) for row in rows if row[kind] == "claimed"]
             if any(row[kind] == "orphan" for row in rows):
                 raise RuntimeError("the floor loop found a job without its attempt row")
             claimed += len(done)
@@ -111,66 +97,36 @@ def pgbench_path() -> str | None:
     return candidates[-1] if candidates else None
 
 
-def prepare_commit_table(url: str, clients: int) -> None:
+def commit_rate(url: str, clients: int, seconds: float) -> dict[str, Any]:
+    """Durable one-row ``UPDATE`` commits per second with ``clients`` clients, each on
+    its own row (``pgbench`` if installed, else psycopg threads)."""
     with _connect(url) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {_COMMIT_TABLE}")
         conn.execute(f"CREATE TABLE {_COMMIT_TABLE} (id int PRIMARY KEY, n bigint NOT NULL)")
         conn.execute(
-            f"INSERT INTO {_COMMIT_TABLE} SELECT g, 0 FROM generate_series(0, %s) AS g",
-            [clients],
+            f"INSERT INTO {_COMMIT_TABLE} SELECT g, 0 FROM generate_series(0, %s) AS g", [clients]
         )
-
-
-def drop_commit_table(url: str) -> None:
-    with _connect(url) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {_COMMIT_TABLE}")
-
-
-def commit_rate(url: str, clients: int, seconds: float) -> dict[str, Any]:
-    """Durable one-row ``UPDATE`` commits per second with ``clients`` clients, each on
-    its own row (``pgbench`` if installed, else psycopg threads)."""
-    prepare_commit_table(url, clients)
+    tool = pgbench_path()
     try:
-        tool = pgbench_path()
-        if tool is not None:
+        if tool is None:
             return {
                 "clients": clients,
-                "tool": "pgbench",
-                "tps": _pgbench(tool, url, clients, seconds),
+                "tool": "psycopg",
+                "tps": _psycopg_commits(url, clients, seconds),
             }
-        return {
-            "clients": clients,
-            "tool": "psycopg",
-            "tps": _psycopg_commits(url, clients, seconds),
-        }
+        return {"clients": clients, "tool": "pgbench", "tps": _pgbench(tool, url, clients, seconds)}
     finally:
-        drop_commit_table(url)
+        with _connect(url) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {_COMMIT_TABLE}")
 
 
 def _pgbench(tool: str, url: str, clients: int, seconds: float) -> float:
     with tempfile.TemporaryDirectory() as directory:
         script = Path(directory) / "update.sql"
         script.write_text(f"UPDATE {_COMMIT_TABLE} SET n = n + 1 WHERE id = :client_id;\n")
-        done = subprocess.run(
-            [
-                tool,
-                "-n",
-                "-M",
-                "prepared",
-                "-f",
-                str(script),
-                "-c",
-                str(clients),
-                "-j",
-                str(clients),
-                "-T",
-                str(max(1, round(seconds))),
-                url,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        argv = [tool, "-n", "-M", "prepared", "-f", str(script), "-c", str(clients)]
+        argv += ["-j", str(clients), "-T", str(max(1, round(seconds))), url]
+        done = subprocess.run(argv, capture_output=True, text=True, check=True)
     match = re.search(r"tps = ([0-9.]+)", done.stdout)
     if match is None:
         raise RuntimeError(f"pgbench printed no tps: {done.stdout[-500:]}")
@@ -218,54 +174,38 @@ def statements_available(url: str) -> bool:
         return True
 
 
-class Counters:
-    """Statements and WAL between :meth:`start` and :meth:`stop` (server-wide WAL;
-    statements of the benchmark database, leaving out the harness's own)."""
-
-    def __init__(self, url: str, statements: bool) -> None:
-        self.url = url
-        self.statements = statements
-        self._lsn: str | None = None
-
-    def start(self) -> None:
-        with _connect(self.url) as conn:
-            if self.statements:
-                conn.execute("SELECT pg_stat_statements_reset()")
-            self._lsn = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
-
-    def stop(self) -> dict[str, Any]:
-        with _connect(self.url) as conn:
-            wal = conn.execute(
-                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", [self._lsn]
-            ).fetchone()[0]
-            result: dict[str, Any] = {"wal_bytes": int(wal)}
-            if self.statements:
-                rows = conn.execute(
-                    "SELECT query, calls, wal_bytes, total_exec_time FROM pg_stat_statements"
-                    " WHERE toplevel"
-                    " AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                    " AND query NOT LIKE %s AND query NOT LIKE '%%pg_stat_statements%%'"
-                    " AND query NOT LIKE '%%pg_current_wal_lsn%%'",
-                    [HARNESS_MARK + "%"],
-                ).fetchall()
-                result["statements"] = int(sum(row[1] for row in rows))
-                result["execution_ms"] = float(sum(row[3] for row in rows))
-                result["top"] = sorted(
-                    (
-                        {"query": q[:160], "calls": int(c), "wal_bytes": int(w)}
-                        for q, c, w, _ in rows
-                    ),
-                    key=lambda r: -r["calls"],
-                )[:8]
-        return result
-
-
 @contextmanager
 def counting(url: str, statements: bool, into: dict[str, Any]) -> Iterator[None]:
-    counters = Counters(url, statements)
-    counters.start()
+    """Put into ``into`` the WAL bytes the server wrote while the block ran
+    (``wal_bytes``) and, with ``statements``, the statements of the database's
+    processes, leaving out the harness's own: how many, their execution time and
+    the commonest (``statements``, ``execution_ms``, ``top``)."""
+    with _connect(url) as conn:
+        if statements:
+            conn.execute("SELECT pg_stat_statements_reset()")
+        lsn = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
     yield
-    into.update(counters.stop())
+    with _connect(url) as conn:
+        wal = conn.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", [lsn]
+        ).fetchone()[0]
+        into["wal_bytes"] = int(wal)
+        if not statements:
+            return
+        rows = conn.execute(
+            "SELECT query, calls, wal_bytes, total_exec_time FROM pg_stat_statements"
+            " WHERE toplevel"
+            " AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND query NOT LIKE %s AND query NOT LIKE '%%pg_stat_statements%%'"
+            " AND query NOT LIKE '%%pg_current_wal_lsn%%'",
+            [HARNESS_MARK + "%"],
+        ).fetchall()
+    top = [{"query": q[:160], "calls": int(c), "wal_bytes": int(w)} for q, c, w, _ in rows]
+    into.update(
+        statements=int(sum(row[1] for row in rows)),
+        execution_ms=float(sum(row[3] for row in rows)),
+        top=sorted(top, key=lambda r: -r["calls"])[:8],
+    )
 
 
 # --------------------------------------------------------------------------- lock waits
@@ -440,5 +380,6 @@ def worker_cpu(pids: list[int], into: dict[str, Any]) -> Iterator[None]:
     into["worker_cpu_s"] = process_cpu_seconds(pids) - before
 
 
-def log_stderr(message: str) -> None:
+def log(message: str) -> None:
+    """A line of the run's progress, on standard error."""
     print(message, file=sys.stderr, flush=True)

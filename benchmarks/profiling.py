@@ -73,26 +73,35 @@ class _Timers:
 
 
 @contextmanager
-def _patched(timers: _Timers) -> Iterator[None]:
-    """Wrap the worker's parts (where the worker looks them up) with ``timers``."""
+def _patched(*patches: tuple[Any, str, Callable[..., Any]]) -> Iterator[None]:
+    """Replace each ``(owner, name, replacement)`` for the block (where the worker
+    looks the name up)."""
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    try:
+        for owner, name, replacement in patches:
+            setattr(owner, name, replacement)
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def _timed(timers: _Timers) -> list[tuple[Any, str, Callable[..., Any]]]:
+    """The worker's parts, each wrapped with ``timers``."""
     import psycopg
 
     from jobs import execution
     from jobs.worker import slots
 
-    patches = [
-        (execution, "complete_and_claim"),
-        (slots, "run_attempt"),
-        (psycopg.Cursor, "execute"),
-    ]
-    saved = [(owner, name, getattr(owner, name)) for owner, name in patches]
-    try:
-        for owner, name, original in saved:
-            setattr(owner, name, timers.wrap(name, original))
-        yield
-    finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
+    parts = [(execution, "complete_and_claim"), (slots, "run_attempt"), (psycopg.Cursor, "execute")]
+    return [(owner, name, timers.wrap(name, getattr(owner, name))) for owner, name in parts]
+
+
+def _queue(ledon: Any, admin: Callable[[str], None], jobs: int, kind: str = "noop") -> None:
+    """An empty table, then ``jobs`` queued jobs of the ``kind`` handler, analysed."""
+    ledon.reset()
+    ledon.seed(jobs, kind)
+    admin("ANALYZE")
 
 
 def _run_worker(concurrency: int, profile: bool) -> tuple[float, pstats.Stats | None]:
@@ -204,18 +213,7 @@ def explain(url: str) -> dict[str, Any]:
         "lease_expires_at": now,
         "now": now,
         "limit": 1,
-        **sql.finishing_params(
-            "postgresql",
-            [
-                {
-                    "token": claim.token,
-                    "outcome": "succeeded",
-                    "result_ref": None,
-                    "error": "",
-                    "summary": "",
-                }
-            ],
-        ),
+        **sql.finishing_params("postgresql", [physical.succeeded(claim.token)]),
     }
     statement = sql.claim("postgresql", queues=0, one_job=False, finishing=True)
     with psycopg.connect(url) as conn:
@@ -246,7 +244,7 @@ def profile(
     admin: Callable[[str], None],
     jobs: int = JOBS,
     concurrencies: tuple[int, ...] = (1, 4),
-    log: Callable[[str], None] = physical.log_stderr,
+    log: Callable[[str], None] = physical.log,
 ) -> dict[str, Any]:
     """The breakdown of one job at each of ``concurrencies`` (see the module's
     docstring), with the cProfile top and the statement's plan."""
@@ -254,13 +252,11 @@ def profile(
     result: dict[str, Any] = {"jobs": jobs, "round_trip_ms": round_trip_ms(url)}
     for concurrency in concurrencies:
         # Timed run.
-        ledon.reset()
-        ledon.seed(jobs)
-        admin("ANALYZE")
+        _queue(ledon, admin, jobs)
         admin("CHECKPOINT")
         _reset_server(url, statements)
         timers = _Timers()
-        with _patched(timers):
+        with _patched(*_timed(timers)):
             span, _ = _run_worker(concurrency, profile=False)
         time.sleep(1.1)  # backends flush their WAL statistics when they end
         server = _server(url, statements)
@@ -301,9 +297,7 @@ def profile(
             **parts,
         }
         # Profiled run.
-        ledon.reset()
-        ledon.seed(jobs)
-        admin("ANALYZE")
+        _queue(ledon, admin, jobs)
         span_profiled, stats = _run_worker(concurrency, profile=True)
         assert stats is not None
         entry["profiled_jobs_per_s"] = jobs / span_profiled
@@ -326,7 +320,7 @@ def slot_profile(
     admin: Callable[[str], None],
     jobs: int,
     concurrency: int = 16,
-    log: Callable[[str], None] = physical.log_stderr,
+    log: Callable[[str], None] = physical.log,
 ) -> dict[str, Any]:
     """Where a handler thread's time goes with a handler that sleeps 5 ms: a burst
     worker in this process at ``concurrency`` over ``jobs`` such jobs, each attempt
@@ -369,20 +363,16 @@ def slot_profile(
             returned[claim.token] = time.perf_counter()
         return defer(settler, claim, result)
 
-    ledon.reset()
-    ledon.seed(jobs, "sleep5")
-    admin("ANALYZE")
+    _queue(ledon, admin, jobs, "sleep5")
     admin("CHECKPOINT")
     _reset_server(url, False)
-    execution.complete_and_claim = timed_settle
-    slots.run_attempt = timed_attempt
-    Settler.defer_completion = timed_defer  # type: ignore[method-assign]
-    try:
+    patches = [
+        (execution, "complete_and_claim", timed_settle),
+        (slots, "run_attempt", timed_attempt),
+        (Settler, "defer_completion", timed_defer),
+    ]
+    with _patched(*patches):
         span, _ = _run_worker(concurrency, profile=False)
-    finally:
-        execution.complete_and_claim = complete_and_claim
-        slots.run_attempt = run_attempt
-        Settler.defer_completion = defer  # type: ignore[method-assign]
     time.sleep(1.1)  # backends flush their WAL statistics when they end
     wal = _server(url, False)["wal"]
     settles = {b for b in settled.values()}
@@ -427,18 +417,16 @@ def main(argv: list[str] | None = None) -> int:
         help="only the slot-turn profile of the 5 ms handler at concurrency 16",
     )
     args = parser.parse_args(argv)
+    from .systems.ledon import Ledon
+
     with ExitStack() as stack:
-        server_url = args.database_url or stack.enter_context(server.throwaway_server())
+        server_url = stack.enter_context(server.server(args.database_url))
         url = stack.enter_context(
             server.scratch_database(server_url, f"ledon_profile_{os.getpid()}")
         )
         admin = server.django_on(url, stack)
-        from .systems.ledon import Ledon
-
-        if args.slot:
-            document = slot_profile(url, Ledon(url), admin, jobs=args.jobs)
-        else:
-            document = profile(url, Ledon(url), admin, jobs=args.jobs)
+        measure = slot_profile if args.slot else profile
+        document = measure(url, Ledon(url), admin, jobs=args.jobs)
     print(json.dumps(document, indent=2))
     return 0
 

@@ -12,7 +12,7 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from urllib.parse import urlsplit, urlunsplit
 
 from .systems.base import ROOT
@@ -47,6 +47,11 @@ def throwaway_server() -> Iterator[str]:
         subprocess.run([script, "stop", directory], check=False, capture_output=True)
 
 
+def server(url: str | None) -> AbstractContextManager[str]:
+    """The server ``url`` names, or without one a throw-away server for the block."""
+    return nullcontext(url) if url else throwaway_server()
+
+
 def with_database(url: str, name: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{name}"))
@@ -69,11 +74,13 @@ def scratch_database(server_url: str, name: str) -> Iterator[str]:
         admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def django_on(url: str, stack: ExitStack) -> Callable[[str], None]:
-    """Point Django (the benchmark settings) at ``url``, migrate, close its
+def django_on(
+    url: str, stack: ExitStack, settings: str = "benchmarks.settings"
+) -> Callable[[str], None]:
+    """Point Django (the ``settings`` module) at ``url``, migrate, close its
     connections when ``stack`` closes; returns an ``admin(sql)`` runner."""
     os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = settings
     import django
     from django.core.management import call_command
     from django.db import connections

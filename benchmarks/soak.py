@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import sys
 import threading
 import time
 from contextlib import ExitStack
@@ -33,7 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .harness import percentile, workers
+from .harness import percentile, wait_for, workers
+from .physical import log
 from .server import django_on, scratch_database, server_settings, throwaway_server
 from .systems import OURS, System, WorkerConfig, adapter
 
@@ -46,10 +46,6 @@ TABLES = {
     "pgqueuer": ["pgqueuer%"],
     "procrastinate": ["procrastinate\\_%"],
 }
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def table_stats(admin_url: str, patterns: list[str]) -> dict[str, Any]:
@@ -131,7 +127,7 @@ def soak(
     try:
         with workers(system, config, log_dir, f"soak-{system.name}", env):
             system.enqueue_marked(-1)
-            wait_for(lambda: -1 in starts.seen, 120, "the worker to start")
+            wait_for(lambda: -1 in starts.seen, 120, "the worker to start", poll=0.1)
             before = table_stats(url, patterns)
             held: HeldTransaction | None = None
             start = time.time()
@@ -162,7 +158,7 @@ def soak(
                 marker += 1
             if held is not None:
                 held.close()
-            wait_for(lambda: all(m in starts.seen for m in committed), 300, "the backlog")
+            wait_for(lambda: all(m in starts.seen for m in committed), 300, "the backlog", poll=0.1)
             drained = time.time() - start
             after = table_stats(url, patterns)
     finally:
@@ -205,14 +201,6 @@ def per_minute(
             }
         )
     return rows
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def render(document: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ def measure(systems: list[str], **session: Any) -> dict[str, Any]:
         for system in chosen:
             runner.log(f"{system.name}: idle pickup latency, one-by-one enqueue")
             idle.setdefault("latency", {})[system.name] = runner.latency(system)
-            rates = [runner.enqueue_each(system) for _ in range(plan.runs)]
+            rates = [runner.enqueue(system) for _ in range(plan.runs)]
             idle.setdefault("enqueue_each", {})[system.name] = median(rates)
     document = {"burn": burn, "flow": flow, "cpu": cpu, "idle": idle}
     document["rows"] = rows(document)

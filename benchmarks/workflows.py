@@ -31,55 +31,24 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .server import scratch_database, server_settings, throwaway_server
+from .harness import run_processes, wait_for
+from .server import django_on, scratch_database, server_settings, throwaway_server
 from .systems.base import ROOT
 
 SCOPE = "bench"
+SETTINGS = "benchmarks.wf_settings"
 
 
-def wait_for(condition: Callable[[], bool], *, timeout: float, poll: float = 0.005) -> None:
-    """Poll ``condition`` until it holds (a benchmark's end is observed, not awaited)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the benchmark did not finish in time")
-        time.sleep(poll)
-
-
-@contextmanager
-def worker(url: str, concurrency: int, log: Path) -> Iterator[None]:
+def worker(url: str, concurrency: int, log: Path) -> AbstractContextManager[Any]:
     """One ``run_jobs`` process with the benchmark's workflows; stopped at the end."""
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "benchmarks.wf_settings"}
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": SETTINGS}
     command = [sys.executable, "-m", "django", "run_jobs", "--concurrency", str(concurrency)]
-    with open(log, "ab") as out:
-        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=out)
-        try:
-            yield
-        finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _django(url: str, stack: ExitStack) -> None:
-    os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.wf_settings"
-    import django
-    from django.core.management import call_command
-    from django.db import connections
-
-    django.setup()
-    call_command("migrate", verbosity=0)
-    stack.callback(connections.close_all)
+    return run_processes(command, env, [log], cwd=ROOT, append=True)
 
 
 def _run_status(run_id: str) -> str:
@@ -104,15 +73,8 @@ def _jobs_burn(count: int, tag: str) -> float:
     started = time.perf_counter()
     execution.resume_queue("default")
     prefix = f"{tag}-"
-    wait_for(
-        lambda: (
-            not Job.objects.filter(job_id__startswith=prefix)
-            .exclude(status=JobStatus.SUCCEEDED)
-            .exists()
-        ),
-        timeout=600,
-        poll=0.01,
-    )
+    unfinished = Job.objects.filter(job_id__startswith=prefix).exclude(status=JobStatus.SUCCEEDED)
+    wait_for(lambda: not unfinished.exists(), 600, "the jobs", poll=0.01)
     return time.perf_counter() - started
 
 
@@ -121,7 +83,7 @@ def _run_to_end(run_id: str, name: str, input: dict[str, Any]) -> float:
 
     started = time.perf_counter()
     start_workflow(SCOPE, run_id, name, input)
-    wait_for(lambda: _run_status(run_id) == "succeeded", timeout=600, poll=0.01)
+    wait_for(lambda: _run_status(run_id) == "succeeded", 600, "the run", poll=0.01)
     return time.perf_counter() - started
 
 
@@ -149,15 +111,16 @@ def ours(url: str, sizes: dict[str, int], runs: int, logs: Path) -> dict[str, An
         for index in range(sizes["signals"]):
             run_id = f"signal-{index}"
             start_workflow(SCOPE, run_id, "wfbench.signal", {})
-            wait_for(lambda r=run_id: _run_status(r) == "waiting" and _waits(r), timeout=60)
+            ready = lambda r=run_id: _run_status(r) == "waiting" and _waits(r)  # noqa: E731
+            wait_for(ready, 60, "the wait", poll=0.005)
             sent = timezone.now()
             send_signal(SCOPE, run_id, "go", {"n": index})
-            wait_for(lambda r=run_id: _run_status(r) == "succeeded", timeout=60)
+            wait_for(lambda r=run_id: _run_status(r) == "succeeded", 60, "the run", poll=0.005)
             after = WorkflowScope(SCOPE).get(run_id).step("after")  # type: ignore[union-attr]
             latencies.append((after.started_at - sent).total_seconds())  # type: ignore[union-attr]
         result["signal_latency"] = latencies
         start_workflow(SCOPE, "replay", "wfbench.replay", {"steps": sizes["steps"]})
-        wait_for(lambda: _waits("replay"), timeout=600)
+        wait_for(lambda: _waits("replay"), 600, "the replay's wait", poll=0.005)
     # The replay, timed in this process with no worker around: the advance that the
     # signal queues, from its claim to its finish.
     send_signal(SCOPE, "replay", "go", {})
@@ -243,68 +206,69 @@ def med(values: list[float]) -> float:
 
 
 def table(raw: dict[str, Any]) -> str:
+    """The figures and their ratios as Markdown."""
     ledon, dbos = raw["ledon"], raw.get("dbos")
+    items, steps = raw["sizes"]["items"], raw["sizes"]["steps"]
     checkpoint, job = med(ledon["checkpoint"]), med(ledon["job_c1"])
-    fan, jobs = med(ledon["map"]), med(ledon["jobs_c16"])
-    signal = med(ledon["signal_latency"])
-    rows = [
-        (
-            "inline checkpoint (ms)",
-            f"{checkpoint * 1000:.2f}",
-            "no-op job at c1",
-            f"{job * 1000:.2f}",
-            f"{checkpoint / job:.2f}×",
-            "",
-        ),
-        (
-            f"map of {raw['sizes']['items']} items (s)",
-            f"{fan:.2f}",
-            "as many no-op jobs, c16",
-            f"{jobs:.2f}",
-            f"{fan / jobs:.2f}×",
-            "≤ 1.3×",
-        ),
-        (
-            f"replay of {raw['sizes']['steps']} checkpoints (ms)",
-            f"{ledon['replay'] * 1000:.1f}",
-            "",
-            "",
-            "",
-            "< 50 ms",
-        ),
-    ]
-    if dbos:
-        rows += [
-            (
-                "linear: steps per second",
-                f"{1 / checkpoint:.0f}",
-                "DBOS",
-                f"{1 / med(dbos['checkpoint']):.0f}",
-                f"{med(dbos['checkpoint']) / checkpoint:.2f}×",
-                "> 1.0×",
-            ),
-            (
-                f"fan-out of {raw['sizes']['items']} (s)",
-                f"{fan:.2f}",
-                "DBOS",
-                f"{med(dbos['map']):.2f}",
-                f"{med(dbos['map']) / fan:.2f}×",
-                "> 1.0×",
-            ),
-            (
-                "signal to next step (ms)",
-                f"{signal * 1000:.1f}",
-                "DBOS",
-                f"{med(dbos['signal_latency']) * 1000:.1f}",
-                f"{med(dbos['signal_latency']) / signal:.2f}×",
-                "> 1.0×",
-            ),
-        ]
+    fan, jobs, signal = med(ledon["map"]), med(ledon["jobs_c16"]), med(ledon["signal_latency"])
     lines = [
         "| measurement | django-ledon | against | figure | ratio | target |",
         "| --- | ---: | --- | ---: | ---: | --- |",
     ]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+
+    def row(
+        what: str, ours: str, against: str, figure: str, ratio: float | None, goal: str
+    ) -> None:
+        cells = [what, ours, against, figure, "" if ratio is None else f"{ratio:.2f}×", goal]
+        lines.append("| " + " | ".join(cells) + " |")
+
+    row(
+        "inline checkpoint (ms)",
+        f"{checkpoint * 1000:.2f}",
+        "no-op job at c1",
+        f"{job * 1000:.2f}",
+        checkpoint / job,
+        "",
+    )
+    row(
+        f"map of {items} items (s)",
+        f"{fan:.2f}",
+        "as many no-op jobs, c16",
+        f"{jobs:.2f}",
+        fan / jobs,
+        "≤ 1.3×",
+    )
+    row(
+        f"replay of {steps} checkpoints (ms)",
+        f"{ledon['replay'] * 1000:.1f}",
+        "",
+        "",
+        None,
+        "< 50 ms",
+    )
+    if dbos:
+        theirs = med(dbos["checkpoint"])
+        row(
+            "linear: steps per second",
+            f"{1 / checkpoint:.0f}",
+            "DBOS",
+            f"{1 / theirs:.0f}",
+            theirs / checkpoint,
+            "> 1.0×",
+        )
+        theirs = med(dbos["map"])
+        row(
+            f"fan-out of {items} (s)", f"{fan:.2f}", "DBOS", f"{theirs:.2f}", theirs / fan, "> 1.0×"
+        )
+        theirs = med(dbos["signal_latency"])
+        row(
+            "signal to next step (ms)",
+            f"{signal * 1000:.1f}",
+            "DBOS",
+            f"{theirs * 1000:.1f}",
+            theirs / signal,
+            "> 1.0×",
+        )
     return "\n".join(lines)
 
 
@@ -343,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
             "server": server_settings(server),
         }
         ledon_url = stack.enter_context(scratch_database(server, "ledon_wf_bench"))
-        _django(ledon_url, stack)
+        django_on(ledon_url, stack, SETTINGS)
         raw["ledon"] = ours(ledon_url, sizes, runs, logs)
         if not args.no_dbos:
             dbos_url = stack.enter_context(scratch_database(server, "dbos_wf_bench"))
