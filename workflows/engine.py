@@ -260,3 +260,11 @@ def on_attempt_finished(
     )
     message = (error or "the item's job failed").strip().splitlines()[-1]
     store.item_job_ended(claim.job_id, item_pk, message, current_time())
+
+
+def on_queued_job_cancelled(sender: Any, *, scope_hash: str, job_id: str, **kwargs: Any) -> None:
+    """``jobs.signals.queued_job_cancelled``: an item job cancelled before any attempt
+    ran it ends its item Cancelled, so that its run is not left waiting for it (the
+    step then fails like one whose item failed)."""
+    if job_id.startswith(store.ITEM_JOB_PREFIX):
+        store.item_job_cancelled(scope_hash, job_id, current_time())

@@ -587,6 +587,26 @@ def item_job_ended(job_id: str, item_pk: int, error: str, now: datetime) -> bool
     return end_item(item, StepStatus.FAILED, now, error_type="ActivityJobFailed", error=error)
 
 
+def item_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> bool:
+    """An item's job was cancelled while Queued (its scope's caller or the admin
+    cancelled it; no attempt will run it): record the item Cancelled so its step can
+    end. False if ``job_id`` names no running item of that scope."""
+    run_pk = job_id.removeprefix(ITEM_JOB_PREFIX).split(".", 1)[0]
+    if not job_id.startswith(ITEM_JOB_PREFIX) or not run_pk.isdigit():
+        return False
+    item = WorkflowItem.objects.filter(
+        step__run_id=int(run_pk),
+        step__run__scope_hash=scope_hash,
+        job_id=job_id,
+        status=StepStatus.RUNNING,
+    ).first()
+    if item is None:
+        return False
+    return end_item(
+        item, StepStatus.CANCELLED, now, error_type="Cancelled", error="its job was cancelled"
+    )
+
+
 def record_item_error(item: WorkflowItem, error_type: str, error: str) -> None:
     """Keep a failed try's error on an item that will be tried again."""
     WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
