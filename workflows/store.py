@@ -170,10 +170,20 @@ def _create(
         existing = WorkflowRun.objects.for_scope(scope_hash).filter(run_id=run_id).first()
         if existing is None:
             raise
-        if (existing.name, existing.version, existing.input_json) != (name, version, input_json):
+        differing = [
+            field
+            for field, stored, asked in (
+                ("name", existing.name, name),
+                ("version", existing.version, version),
+                ("input", existing.input_json, input_json),
+            )
+            if stored != asked
+        ]
+        if differing:
             raise WorkflowIdentityConflict(
                 f"run {run_id!r} exists in this scope as {existing.name!r} version "
-                f"{existing.version} with other input; a run id names one request"
+                f"{existing.version} with another {', '.join(differing)}; a run id names "
+                "one request"
             ) from None
         return snapshot(existing, created=False)
     wake(run.pk, 0, "start", now=now)
