@@ -241,7 +241,13 @@ def on_attempt_finished(
     """``jobs.signals.attempt_finished``: an item job that ended Failed for good (its
     activity unknown to every worker that claimed it, its attempts spent) ends its
     item, so that the run is not left waiting for it; an advance job that did lets
-    another advance take its run."""
+    another advance take its run. An item job that ended Cancelled without its
+    handler recording the item (cancelled while it waited in a worker's look-ahead)
+    ends its item Cancelled."""
+    if outcome is FinishOutcome.CANCELLED:
+        if claim.job_id.startswith(store.ITEM_JOB_PREFIX):
+            store.item_job_cancelled(claim.scope_hash, claim.job_id, current_time())
+        return
     if outcome is not FinishOutcome.FAILED or retry_scheduled:
         return
     if claim.handler == store.ADVANCE_HANDLER:

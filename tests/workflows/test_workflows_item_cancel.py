@@ -1,6 +1,7 @@
 """An activity item's job lives in its run's scope, so the scope's caller (or the
-admin) can cancel it while it is Queued: its item then ends Cancelled and the step
-fails like one whose item failed, instead of its run waiting for it for ever."""
+admin) can cancel it before its handler runs (Queued, or in a worker's look-ahead):
+its item then ends Cancelled and the step fails like one whose item failed, instead
+of its run waiting for it for ever."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from jobs import JobScope
+from jobs import JobScope, execution
+from jobs.signals import finished_attempt
 from jobs.testing import run_jobs_inline
-from jobs.types import CancelOutcome, JobStatus
+from jobs.types import CancelOutcome, FinishOutcome, JobStatus
 from workflows import (
     RunStatus,
     StepStatus,
@@ -75,3 +77,24 @@ def test_cancelling_another_job_of_the_scope_touches_no_item() -> None:
     assert snap.status == RunStatus.SUCCEEDED
     assert snap.output == [3, 6, 9]
     assert scope.get("fan-2").step("triple").items.succeeded == 3
+
+
+def test_an_item_job_cancelled_before_its_handler_ran_ends_its_item() -> None:
+    # A worker holds the job in its look-ahead (claimed, its handler not started);
+    # the scope's caller cancels it, and the worker gives it back: Cancelled.
+    start_workflow(SCOPE, "fan-3", "itemcancel.fanout")
+    run_jobs_inline(queues=["default"])
+    job = JobScope(SCOPE).list(handler="itemcancel.triple")[2]
+    claim = execution.try_start(job.scope_hash, job.job_id, worker_id="look-ahead")
+    assert claim is not None
+    assert JobScope(SCOPE).cancel(job.job_id) == CancelOutcome.REQUESTED
+    outcome = execution.release(claim.token)
+    assert outcome == FinishOutcome.CANCELLED
+    finished_attempt(claim, outcome, retry_scheduled=False)  # as the worker does
+
+    snap = run_workflow(SCOPE, "fan-3", clock=TestClock())
+    assert snap.output == {
+        "key": "triple",
+        "type": "Cancelled",
+        "message": "1 of 3 items failed; item 2: its job was cancelled",
+    }
