@@ -218,12 +218,21 @@ def create_child(
     parent: WorkflowRun, key: str, name: str, version: int, input_json: str, now: datetime
 ) -> WorkflowRun:
     """Create the child run ``"{run_id}/{key}"`` in the parent's scope (inside the
-    parent's fenced transaction); the same child again is the existing run."""
+    parent's fenced transaction); the same child again is the existing run.
+
+    A run of that id that is not this parent's child (a caller started it) is
+    :class:`WorkflowIdentityConflict`: it would never wake the parent when it ends."""
     run_id = f"{parent.run_id}/{key}"
     _create(
         parent.scope_hash, run_id, name, version, input_json, now, parent=parent, parent_key=key
     )
-    return WorkflowRun.objects.for_scope(parent.scope_hash).get(run_id=run_id)
+    child = WorkflowRun.objects.for_scope(parent.scope_hash).get(run_id=run_id)
+    if child.parent_id != parent.pk:
+        raise WorkflowIdentityConflict(
+            f"run {run_id!r} exists in this scope and is not the child {key!r} of run "
+            f"{parent.run_id!r}; a child's run id is the parent's, '/', and its key"
+        )
+    return child
 
 
 # -- driving a run -------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """A run id names one request: asking again with another workflow, version or input
-is WorkflowIdentityConflict naming what differs, and writes nothing."""
+is WorkflowIdentityConflict naming what differs, and writes nothing; a run the caller
+started under a child's id is not that child."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ from typing import Any
 
 import pytest
 
-from workflows import WorkflowContext, WorkflowScope, registry, start_workflow, workflow
+from workflows import (
+    RunStatus,
+    WorkflowContext,
+    WorkflowScope,
+    registry,
+    start_workflow,
+    workflow,
+)
 from workflows.exceptions import WorkflowIdentityConflict
 from workflows.models import WorkflowRun
+from workflows.testing import TestClock, run_workflow
 
 pytestmark = pytest.mark.django_db
 
@@ -40,3 +49,18 @@ def test_the_conflict_names_what_differs() -> None:
     assert WorkflowRun.objects.count() == runs
     snap = WorkflowScope(SCOPE).get("same-id")
     assert (snap.name, snap.version, snap.input) == ("checks.linear", 1, {"start": 1})
+
+
+def test_a_callers_run_with_a_childs_id_is_not_taken_as_the_child() -> None:
+    # The caller started "p/kid" itself, with the very request the parent makes: had
+    # the parent taken it as its child, nothing would ever wake the parent.
+    start_workflow(SCOPE, "p/kid", "checks.linear", {"start": 10})
+    start_workflow(SCOPE, "p", "checks.parent", {})
+    snap = run_workflow(SCOPE, "p", clock=TestClock())
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith(
+        "WorkflowIdentityConflict: run 'p/kid' exists in this scope and is not the child "
+        "'kid' of run 'p'"
+    )
+    assert snap.steps == ()  # nothing recorded for the child checkpoint
+    assert WorkflowScope(SCOPE).get("p/kid").parent_run_id is None
