@@ -1,7 +1,9 @@
 """Signals of the jobs app.
 
-``jobs_enqueued`` and ``attempt_finished`` say what happened to jobs, for optional
-layers such as the Prometheus metrics (:mod:`jobs.observability.metrics`).
+``jobs_enqueued``, ``attempt_finished`` and ``queued_job_cancelled`` say what happened
+to jobs, for optional layers such as the Prometheus metrics
+(:mod:`jobs.observability.metrics`) and for apps built on jobs (``workflows`` ends an
+activity item whose job was cancelled).
 
 ``worker_started`` and ``worker_stopping`` are for apps that run beside the worker in
 every ``run_jobs`` process (``sagas`` recovers unfinished saga instances
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from django.db import transaction
 from django.dispatch import Signal
 
 from ledon.errors import send_logged
@@ -23,8 +26,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "attempt_finished",
+    "cancelled_queued_job",
     "finished_attempt",
     "jobs_enqueued",
+    "queued_job_cancelled",
     "send_logged",
     "worker_started",
     "worker_stopping",
@@ -55,6 +60,31 @@ def finished_attempt(claim: Claim, outcome: FinishOutcome, *, retry_scheduled: b
             outcome=outcome,
             retry_scheduled=retry_scheduled,
         )
+
+
+#: A Queued job was cancelled at once (no attempt ran it, so ``attempt_finished``
+#: never comes), sent once that commits with ``sender=Job``, ``scope_hash`` and
+#: ``job_id``. Use :func:`cancelled_queued_job`.
+queued_job_cancelled = Signal()
+
+
+def cancelled_queued_job(scope_hash: str, job_id: str, using: str) -> None:
+    """Send :data:`queued_job_cancelled` when the caller's transaction on ``using``
+    commits (receivers' errors are logged, never raised)."""
+    if not queued_job_cancelled.receivers:
+        return
+    from .models import Job  # the sender; signals is imported before the models
+
+    transaction.on_commit(
+        lambda: send_logged(
+            queued_job_cancelled,
+            Job,
+            "queued_job_cancelled",
+            scope_hash=scope_hash,
+            job_id=job_id,
+        ),
+        using=using,
+    )
 
 
 #: A worker has started: its start-up recovery is done, it is about to claim jobs.

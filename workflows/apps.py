@@ -24,6 +24,14 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
         from .engine import on_attempt_finished
 
         attempt_finished.connect(on_attempt_finished, dispatch_uid="workflows.item_job_ended")
+        # So does one cancelled while Queued (no attempt ends for it).
+        from jobs.signals import queued_job_cancelled
+
+        from .engine import on_queued_job_cancelled
+
+        queued_job_cancelled.connect(
+            on_queued_job_cancelled, dispatch_uid="workflows.item_job_cancelled"
+        )
         # Every worker deletes finished runs past their retention on a time basis.
         from jobs.signals import worker_started, worker_stopping
 

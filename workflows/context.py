@@ -238,6 +238,13 @@ class WorkflowContext:
         spec = registry.get_activity(fn) if isinstance(fn, str) else registry.activity_of(fn)
         if spec is not None or isinstance(fn, str):
             assert spec is not None  # get_activity raises for an unknown name
+            if retries != 0 or timeout is not None:
+                # An activity's job runs with the activity's own options: these
+                # would be dropped without a word.
+                raise InvalidInput(
+                    f"step {key!r}: {spec.name!r} is an @activity, whose retries and "
+                    "timeout are set on @activity(...), not on wf.step()"
+                )
             payload = {"args": list(args), "kwargs": kwargs}
             return self._activities(key, StepKind.ACTIVITY, spec, [payload])[0]
         checked, step = self._reach(key, StepKind.STEP)

@@ -241,7 +241,13 @@ def on_attempt_finished(
     """``jobs.signals.attempt_finished``: an item job that ended Failed for good (its
     activity unknown to every worker that claimed it, its attempts spent) ends its
     item, so that the run is not left waiting for it; an advance job that did lets
-    another advance take its run."""
+    another advance take its run. An item job that ended Cancelled without its
+    handler recording the item (cancelled while it waited in a worker's look-ahead)
+    ends its item Cancelled."""
+    if outcome is FinishOutcome.CANCELLED:
+        if claim.job_id.startswith(store.ITEM_JOB_PREFIX):
+            store.item_job_cancelled(claim.scope_hash, claim.job_id, current_time())
+        return
     if outcome is not FinishOutcome.FAILED or retry_scheduled:
         return
     if claim.handler == store.ADVANCE_HANDLER:
@@ -260,3 +266,11 @@ def on_attempt_finished(
     )
     message = (error or "the item's job failed").strip().splitlines()[-1]
     store.item_job_ended(claim.job_id, item_pk, message, current_time())
+
+
+def on_queued_job_cancelled(sender: Any, *, scope_hash: str, job_id: str, **kwargs: Any) -> None:
+    """``jobs.signals.queued_job_cancelled``: an item job cancelled before any attempt
+    ran it ends its item Cancelled, so that its run is not left waiting for it (the
+    step then fails like one whose item failed)."""
+    if job_id.startswith(store.ITEM_JOB_PREFIX):
+        store.item_job_cancelled(scope_hash, job_id, current_time())

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from jobs.conf import jobs_settings
 from jobs.handlers import JobContext, Snooze, job_handler
+from jobs.store.finishing import MAX_SNOOZES_LIMIT
 
 from .registry import ActivitySpec
 from .store import ADVANCE_HANDLER
 
 
-@job_handler(ADVANCE_HANDLER, version=1, timeout=None)
+# Snoozes are how these jobs wait, not a handler asking for time over and over: the
+# advance snoozes while no worker has the run's version (a deploy must never fail
+# the run for that), an item snoozes between its activity's own retries (which bound
+# them). JOBS["MAX_SNOOZES"] must cut neither, so both take the highest bound.
+@job_handler(ADVANCE_HANDLER, version=1, timeout=None, max_snoozes=MAX_SNOOZES_LIMIT)
 def advance_run(ctx: JobContext) -> None:
     """Advance the run named by the job's payload (see :mod:`workflows.engine`)."""
     from .engine import VersionMissing, advance
@@ -37,4 +42,6 @@ def register_activity_handler(spec: ActivitySpec) -> None:
         run_item(spec, ctx)
 
     run_activity_item.__qualname__ = f"activity[{spec.name}]"
-    job_handler(spec.name, version=1, timeout=spec.timeout)(run_activity_item)
+    job_handler(spec.name, version=1, timeout=spec.timeout, max_snoozes=MAX_SNOOZES_LIMIT)(
+        run_activity_item
+    )

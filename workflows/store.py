@@ -170,10 +170,20 @@ def _create(
         existing = WorkflowRun.objects.for_scope(scope_hash).filter(run_id=run_id).first()
         if existing is None:
             raise
-        if (existing.name, existing.version, existing.input_json) != (name, version, input_json):
+        differing = [
+            field
+            for field, stored, asked in (
+                ("name", existing.name, name),
+                ("version", existing.version, version),
+                ("input", existing.input_json, input_json),
+            )
+            if stored != asked
+        ]
+        if differing:
             raise WorkflowIdentityConflict(
                 f"run {run_id!r} exists in this scope as {existing.name!r} version "
-                f"{existing.version} with other input; a run id names one request"
+                f"{existing.version} with another {', '.join(differing)}; a run id names "
+                "one request"
             ) from None
         return snapshot(existing, created=False)
     wake(run.pk, 0, "start", now=now)
@@ -208,12 +218,21 @@ def create_child(
     parent: WorkflowRun, key: str, name: str, version: int, input_json: str, now: datetime
 ) -> WorkflowRun:
     """Create the child run ``"{run_id}/{key}"`` in the parent's scope (inside the
-    parent's fenced transaction); the same child again is the existing run."""
+    parent's fenced transaction); the same child again is the existing run.
+
+    A run of that id that is not this parent's child (a caller started it) is
+    :class:`WorkflowIdentityConflict`: it would never wake the parent when it ends."""
     run_id = f"{parent.run_id}/{key}"
     _create(
         parent.scope_hash, run_id, name, version, input_json, now, parent=parent, parent_key=key
     )
-    return WorkflowRun.objects.for_scope(parent.scope_hash).get(run_id=run_id)
+    child = WorkflowRun.objects.for_scope(parent.scope_hash).get(run_id=run_id)
+    if child.parent_id != parent.pk:
+        raise WorkflowIdentityConflict(
+            f"run {run_id!r} exists in this scope and is not the child {key!r} of run "
+            f"{parent.run_id!r}; a child's run id is the parent's, '/', and its key"
+        )
+    return child
 
 
 # -- driving a run -------------------------------------------------------------------
@@ -585,6 +604,27 @@ def item_job_ended(job_id: str, item_pk: int, error: str, now: datetime) -> bool
             fan_in(step_id, now)  # its end may have committed just before a kill
         return False
     return end_item(item, StepStatus.FAILED, now, error_type="ActivityJobFailed", error=error)
+
+
+def item_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> bool:
+    """An item's job was cancelled before its handler recorded the item (its scope's
+    caller or the admin cancelled it while Queued, or while it waited in a worker's
+    look-ahead): record the item Cancelled so its step can end. False if ``job_id``
+    names no running item of that scope."""
+    run_pk = job_id.removeprefix(ITEM_JOB_PREFIX).split(".", 1)[0]
+    if not job_id.startswith(ITEM_JOB_PREFIX) or not run_pk.isdigit():
+        return False
+    item = WorkflowItem.objects.filter(
+        step__run_id=int(run_pk),
+        step__run__scope_hash=scope_hash,
+        job_id=job_id,
+        status=StepStatus.RUNNING,
+    ).first()
+    if item is None:
+        return False
+    return end_item(
+        item, StepStatus.CANCELLED, now, error_type="Cancelled", error="its job was cancelled"
+    )
 
 
 def record_item_error(item: WorkflowItem, error_type: str, error: str) -> None:

@@ -16,6 +16,7 @@ from ..exceptions import (
     JobNotFound,
 )
 from ..models import Job
+from ..signals import cancelled_queued_job
 from ..types import (
     RETRYABLE_STATUSES,
     CancelOutcome,
@@ -38,6 +39,7 @@ def cancel(scope_hash: str, job_id: str, *, now: datetime | None = None) -> Canc
             if jobs.filter(status=JobStatus.QUEUED).update(
                 status=JobStatus.CANCELLED, finished_at=now, updated_at=now
             ):
+                cancelled_queued_job(scope_hash, job_id, alias)
                 return CancelOutcome.CANCELLED
             if jobs.filter(status=JobStatus.RUNNING).update(cancel_requested=True, updated_at=now):
                 notify_cancel(connection_for(Job))

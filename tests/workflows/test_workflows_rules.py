@@ -89,6 +89,11 @@ def plain_map(wf: WorkflowContext) -> Any:
     return wf.map("plain", lambda item: item, [1])
 
 
+@workflow("rules.activity_options", version=1)
+def activity_options(wf: WorkflowContext) -> Any:
+    return wf.step("double", checks.double, {"run": wf.run_id, "value": 1}, retries=5)
+
+
 def nothing_written() -> bool:
     return not WorkflowRun.objects.exists() and not Job.objects.exists()
 
@@ -294,6 +299,10 @@ def test_a_bad_signal_key_or_payload_changes_nothing():
         ("rules.bad_key", "InvalidInput: checkpoint key must not start or end with whitespace"),
         ("rules.bad_result", "StepFailed: step 'obj' failed: InvalidInput: the result of step"),
         ("rules.plain_map", "InvalidInput: map 'plain': "),
+        (
+            "rules.activity_options",
+            "InvalidInput: step 'double': 'checks.double' is an @activity, whose retries",
+        ),
     ],
 )
 def test_bad_input_in_a_body_fails_the_run_with_a_clear_error(name, error):

@@ -1,0 +1,66 @@
+"""A run id names one request: asking again with another workflow, version or input
+is WorkflowIdentityConflict naming what differs, and writes nothing; a run the caller
+started under a child's id is not that child."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from workflows import (
+    RunStatus,
+    WorkflowContext,
+    WorkflowScope,
+    registry,
+    start_workflow,
+    workflow,
+)
+from workflows.exceptions import WorkflowIdentityConflict
+from workflows.models import WorkflowRun
+from workflows.testing import TestClock, run_workflow
+
+pytestmark = pytest.mark.django_db
+
+SCOPE = "tenant-identity"
+
+
+def test_the_conflict_names_what_differs() -> None:
+    start_workflow(SCOPE, "same-id", "checks.linear", {"start": 1}, version=1)
+
+    @workflow("checks.linear", version=2)
+    def linear_v2(wf: WorkflowContext) -> Any:
+        return "v2"
+
+    runs = WorkflowRun.objects.count()
+    try:
+        cases = [
+            ("checks.fanout", {"start": 1}, 1, "another name;"),
+            ("checks.linear", {"start": 1}, 2, "another version;"),
+            ("checks.linear", {"start": 2}, 1, "another input;"),
+            ("checks.linear", {"start": 2}, 2, "another version, input;"),
+        ]
+        for name, input, version, said in cases:
+            with pytest.raises(WorkflowIdentityConflict) as caught:
+                start_workflow(SCOPE, "same-id", name, input, version=version)
+            assert said in str(caught.value)
+    finally:
+        registry.unregister_workflow("checks.linear", 2)
+    assert WorkflowRun.objects.count() == runs
+    snap = WorkflowScope(SCOPE).get("same-id")
+    assert (snap.name, snap.version, snap.input) == ("checks.linear", 1, {"start": 1})
+
+
+def test_a_callers_run_with_a_childs_id_is_not_taken_as_the_child() -> None:
+    # The caller started "p/kid" itself, with the very request the parent makes: had
+    # the parent taken it as its child, nothing would ever wake the parent.
+    start_workflow(SCOPE, "p/kid", "checks.linear", {"start": 10})
+    start_workflow(SCOPE, "p", "checks.parent", {})
+    snap = run_workflow(SCOPE, "p", clock=TestClock())
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith(
+        "WorkflowIdentityConflict: run 'p/kid' exists in this scope and is not the child "
+        "'kid' of run 'p'"
+    )
+    assert snap.steps == ()  # nothing recorded for the child checkpoint
+    assert WorkflowScope(SCOPE).get("p/kid").parent_run_id is None
