@@ -96,15 +96,11 @@ class OutageReporter:
         now = self.clock()
         key = error_key(exc)
         with self._lock:
-            ended_at = self._ended_at
-            if (
-                self._since is None
-                and began is not None
-                and ended_at is not None
-                and began < ended_at
-            ):
-                self._straggler(exc, doing=doing, ended_ago=now - ended_at)
-                return
+            active, ended_at = self._since is not None, self._ended_at
+        if not active and began is not None and ended_at is not None and began < ended_at:
+            self._straggler(exc, doing=doing, ended_ago=now - ended_at)
+            return
+        with self._lock:
             self._attempts += 1
             starting = self._since is None
             if starting:
