@@ -245,8 +245,7 @@ def on_attempt_finished(
     handler recording the item (cancelled while it waited in a worker's look-ahead)
     ends its item Cancelled."""
     if outcome is FinishOutcome.CANCELLED:
-        if claim.job_id.startswith(store.ITEM_JOB_PREFIX):
-            store.item_job_cancelled(claim.scope_hash, claim.job_id, current_time())
+        store.item_job_cancelled(claim.scope_hash, claim.job_id, current_time())
         return
     if outcome is not FinishOutcome.FAILED or retry_scheduled:
         return
@@ -272,5 +271,4 @@ def on_queued_job_cancelled(sender: Any, *, scope_hash: str, job_id: str, **kwar
     """``jobs.signals.queued_job_cancelled``: an item job cancelled before any attempt
     ran it ends its item Cancelled, so that its run is not left waiting for it (the
     step then fails like one whose item failed)."""
-    if job_id.startswith(store.ITEM_JOB_PREFIX):
-        store.item_job_cancelled(scope_hash, job_id, current_time())
+    store.item_job_cancelled(scope_hash, job_id, current_time())

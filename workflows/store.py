@@ -610,9 +610,11 @@ def item_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> bool:
     """An item's job was cancelled before its handler recorded the item (its scope's
     caller or the admin cancelled it while Queued, or while it waited in a worker's
     look-ahead): record the item Cancelled so its step can end. False if ``job_id``
-    names no running item of that scope."""
+    names no running item of that scope (any other job: no query)."""
+    if not job_id.startswith(ITEM_JOB_PREFIX):
+        return False
     run_pk = job_id.removeprefix(ITEM_JOB_PREFIX).split(".", 1)[0]
-    if not job_id.startswith(ITEM_JOB_PREFIX) or not run_pk.isdigit():
+    if not run_pk.isdigit():
         return False
     item = WorkflowItem.objects.filter(
         step__run_id=int(run_pk),
