@@ -4,17 +4,13 @@ started under a child's id is not that child."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
+from tests.support.workflows import linear_version_2
 from workflows import (
     RunStatus,
-    WorkflowContext,
     WorkflowScope,
-    registry,
     start_workflow,
-    workflow,
 )
 from workflows.exceptions import WorkflowIdentityConflict
 from workflows.models import WorkflowRun
@@ -27,13 +23,8 @@ SCOPE = "tenant-identity"
 
 def test_the_conflict_names_what_differs() -> None:
     start_workflow(SCOPE, "same-id", "checks.linear", {"start": 1}, version=1)
-
-    @workflow("checks.linear", version=2)
-    def linear_v2(wf: WorkflowContext) -> Any:
-        return "v2"
-
     runs = WorkflowRun.objects.count()
-    try:
+    with linear_version_2():
         cases = [
             ("checks.fanout", {"start": 1}, 1, "another name;"),
             ("checks.linear", {"start": 1}, 2, "another version;"),
@@ -44,8 +35,6 @@ def test_the_conflict_names_what_differs() -> None:
             with pytest.raises(WorkflowIdentityConflict) as caught:
                 start_workflow(SCOPE, "same-id", name, input, version=version)
             assert said in str(caught.value)
-    finally:
-        registry.unregister_workflow("checks.linear", 2)
     assert WorkflowRun.objects.count() == runs
     snap = WorkflowScope(SCOPE).get("same-id")
     assert (snap.name, snap.version, snap.input) == ("checks.linear", 1, {"start": 1})

@@ -14,6 +14,7 @@ from jobs.models import Job
 from jobs.types import FinishOutcome, JobStatus
 from testproject.workflow_checks import tasks as checks
 from testproject.workflow_checks.models import Effect
+from tests.support.workflows import linear_version_2
 from workflows import (
     RunStatus,
     StepStatus,
@@ -210,15 +211,8 @@ def test_a_worker_without_the_run_version_leaves_it_waiting_and_check_names_it()
     warnings = [m for m in django_checks.run_checks() if m.id == "workflows.W001"]
     assert [m.obj for m in warnings] == ["checks.linear v2"]
     assert "'checks.linear' version 2" in warnings[0].msg
-
-    @workflow("checks.linear", version=2)
-    def linear_v2(wf: WorkflowContext) -> Any:
-        return "v2"
-
-    try:
+    with linear_version_2():
         snap = run_workflow(SCOPE, "v2-1", clock=TestClock(timezone.now() + timedelta(hours=1)))
-    finally:
-        registry.unregister_workflow("checks.linear", 2)
     assert snap.status == RunStatus.SUCCEEDED
     assert snap.output == "v2"
 

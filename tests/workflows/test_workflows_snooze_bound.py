@@ -11,16 +11,14 @@ import pytest
 from django.utils import timezone
 
 from jobs.types import FinishOutcome
+from tests.support.workflows import linear_version_2
 from workflows import (
     RunStatus,
     StepStatus,
-    WorkflowContext,
     WorkflowScope,
-    registry,
     start_workflow,
     store,
     validation,
-    workflow,
 )
 from workflows.testing import TestClock, run_workflow, run_workflows_inline
 
@@ -44,15 +42,8 @@ def test_a_run_waits_for_its_version_past_the_snooze_bound() -> None:
         assert [run.outcome for run in runs] == [FinishOutcome.SNOOZED]
         clock.advance(3600)
     assert WorkflowScope(SCOPE).get("v2-wait").status == RunStatus.WAITING
-
-    @workflow("checks.linear", version=2)
-    def linear_v2(wf: WorkflowContext) -> Any:
-        return "v2"
-
-    try:
+    with linear_version_2():
         snap = run_workflow(SCOPE, "v2-wait", clock=TestClock(timezone.now() + timedelta(days=1)))
-    finally:
-        registry.unregister_workflow("checks.linear", 2)
     assert snap.status == RunStatus.SUCCEEDED
     assert snap.output == "v2"
 
