@@ -20,7 +20,7 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError
@@ -35,7 +35,6 @@ from ledon.faults import fault_point
 from ledon.tracing import AttributeValue
 
 from . import registry, store, validation
-from .conf import workflows_settings
 from .context import Stop, Suspend, WorkflowContext, _activity_context, error_parts, retry_delay
 from .exceptions import InvalidInput, StepFailed
 from .models import WorkflowRun
@@ -178,17 +177,7 @@ def _end(
     ):
         return Advanced.NOTHING
     hooks.finished(driver.run.name, driver.run.version, status.value)
-    _retention(driver.run.pk, now)
     return Advanced(status.value)
-
-
-def _retention(run_pk: int, now: datetime) -> None:
-    """Retention runs beside the advances: every 64th run to finish purges one bounded
-    batch of runs past ``WORKFLOWS["RETENTION_SECONDS"]``."""
-    keep = workflows_settings().RETENTION_SECONDS
-    if keep is None or run_pk % 64:
-        return
-    store.purge_finished(older_than=now - timedelta(seconds=keep))
 
 
 def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
