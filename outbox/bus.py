@@ -3,9 +3,11 @@
 A subscriber receives events of its type and of every subclass. Subscribers run one
 after the other in the publishing thread; one that raises is logged and the others
 still run — but one that raises because the database is unreachable is logged once
-per outage, not once per event. While a subscriber runs for a message delivered from
-the outbox (or an integration event published after commit), :func:`current_envelope`
-gives the message's id, for de-duplication with :func:`outbox.inbox.consume`.
+per outage, not once per event, and as a warning: the engine that published (the
+dispatcher, the consumer) reports the outage itself. While a subscriber runs for a
+message delivered from the outbox (or an integration event published after commit),
+:func:`current_envelope` gives the message's id, for de-duplication with
+:func:`outbox.inbox.consume`.
 """
 
 from __future__ import annotations
@@ -81,7 +83,10 @@ class EventBus:
     def __init__(self) -> None:
         self._subscribers: dict[type[Event], list[Handler]] = {}
         self._lock = threading.Lock()
-        self._outage = OutageReporter(logger, "database")
+        # A WARNING: the engine whose step this is (the dispatcher, the consumer)
+        # reports the outage itself, at ERROR, once; a second ERROR line for the
+        # same outage would only double the alarm.
+        self._outage = OutageReporter(logger, "database", level=logging.WARNING)
 
     @overload
     def subscribe(self, event_type: type[E], handler: None = None) -> Callable[[H], H]: ...

@@ -27,9 +27,11 @@ from jobs.worker import Worker
 from ledon.backoff import Backoff
 from outbox import IntegrationEvent, unit_of_work
 from outbox import store as outbox_store
+from outbox.bus import event_bus
 from outbox.dispatcher import Dispatcher
 from outbox.models import OutboxMessage
 from outbox.testing import RecordingTransport
+from outbox.transports.in_process import InProcessTransport
 from outbox.types import MessageStatus
 from sagas import SagaStatus, start_saga
 from sagas import store as sagas_store
@@ -180,6 +182,41 @@ def test_a_dispatcher_records_a_published_batch_once_the_database_is_back(
     assert set(OutboxMessage.objects.values_list("attempts", flat=True)) == {1}
     assert stats.sent == 5
     assert len(error_lines(caplog)) == 1
+
+
+def test_a_subscriber_and_the_dispatcher_failing_in_one_outage_are_one_error_line(
+    settings, monkeypatch, caplog
+):
+    """The database goes while an in-process subscriber runs: the subscriber fails,
+    then recording the batch fails. The dispatcher reports the outage once; the bus
+    says the subscriber's failure as a warning, not as a second outage."""
+    settings.OUTBOX = {**settings.OUTBOX, "ENABLED": True}
+    caplog.set_level(logging.INFO, logger="outbox")
+    with unit_of_work() as uow:
+        for n in range(3):
+            uow.add_integration_event(Pinged(n), key=f"k{n}")
+    outage = Outage(waits=3)
+    monkeypatch.setattr(
+        outbox_store, "record_deliveries", outage.fail_while_down(outbox_store.record_deliveries)
+    )
+
+    def bill(event: Pinged) -> None:
+        if outage.down:
+            raise OperationalError("server closed the connection unexpectedly")
+
+    event_bus.subscribe(Pinged, bill)
+    try:
+        dispatcher = Dispatcher(transport=InProcessTransport(), burst=True, listen=False)
+        dispatcher.backoff = outage
+        dispatcher.dispatch_batch()
+    finally:
+        event_bus.unsubscribe(Pinged, bill)
+    assert outage.timeline.count("failed") == 3  # recording failed while down
+    assert set(OutboxMessage.objects.values_list("status", flat=True)) == {MessageStatus.PENDING}
+    assert set(OutboxMessage.objects.values_list("attempts", flat=True)) == {1}
+    assert len(error_lines(caplog)) == 1, error_lines(caplog)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("subscriber" in line for line in warnings), warnings
 
 
 def test_a_saga_runner_releases_the_instance_an_outage_interrupted(monkeypatch, caplog):
