@@ -24,13 +24,18 @@ def start_workflow(
     The same name, version and input again returns the existing run
     (``snapshot.created`` False); anything else is
     :class:`~workflows.exceptions.WorkflowIdentityConflict`. ``version=None`` takes the
-    highest registered version; the run keeps its version for life. Refuses to run
-    inside ``transaction.atomic`` (use :func:`stage_workflow` there).
+    highest registered version for a new run, and matches an existing run of any
+    version (a retry after a deploy that added a version returns the run it
+    started); the run keeps its version for life. Refuses to run inside
+    ``transaction.atomic`` (use :func:`stage_workflow` there).
     """
     scope_hash = validation.scope_hash(scope)
     checked_id = validation.run_id(run_id)
+    any_version = version is None
     name, version, input_json = _request(name, version, input)
-    return store.create_run(scope_hash, checked_id, name, version, input_json, staged=False)
+    return store.create_run(
+        scope_hash, checked_id, name, version, input_json, staged=False, any_version=any_version
+    )
 
 
 def stage_workflow(
@@ -40,8 +45,11 @@ def stage_workflow(
     exists if and only if that transaction commits (required)."""
     scope_hash = validation.scope_hash(scope)
     checked_id = validation.run_id(run_id)
+    any_version = version is None
     name, version, input_json = _request(name, version, input)
-    return store.create_run(scope_hash, checked_id, name, version, input_json, staged=True)
+    return store.create_run(
+        scope_hash, checked_id, name, version, input_json, staged=True, any_version=any_version
+    )
 
 
 def send_signal(scope: str, run_id: str, key: str, payload: Any = None) -> SignalOutcome:

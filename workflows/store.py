@@ -148,9 +148,13 @@ def _create(
     now: datetime,
     parent: WorkflowRun | None = None,
     parent_key: str = "",
+    *,
+    any_version: bool = False,
 ) -> RunSnapshot:
     """Insert the run and its first advance job, or return the same request's run.
-    Runs inside the caller's atomic block."""
+    ``any_version``: the caller named no version, so a run of any version of ``name``
+    is the same request (a retry after a deploy that added a version finds the run
+    it started). Runs inside the caller's atomic block."""
     try:
         with transaction.atomic(using=alias()):
             run = WorkflowRun.objects.create(
@@ -174,7 +178,7 @@ def _create(
             field
             for field, stored, asked in (
                 ("name", existing.name, name),
-                ("version", existing.version, version),
+                ("version", existing.version, existing.version if any_version else version),
                 ("input", existing.input_json, input_json),
             )
             if stored != asked
@@ -192,10 +196,18 @@ def _create(
 
 
 def create_run(
-    scope_hash: str, run_id: str, name: str, version: int, input_json: str, *, staged: bool
+    scope_hash: str,
+    run_id: str,
+    name: str,
+    version: int,
+    input_json: str,
+    *,
+    staged: bool,
+    any_version: bool = False,
 ) -> RunSnapshot:
     """Create a run: in its own transaction (``staged`` False; refuses the caller's
-    atomic block) or inside the caller's (``staged`` True; requires one)."""
+    atomic block) or inside the caller's (``staged`` True; requires one).
+    ``any_version``: see :func:`_create`."""
     using = alias()
     inside = in_caller_atomic_block(transaction.get_connection(using))
     if staged and not inside:
@@ -205,13 +217,15 @@ def create_run(
     now = timezone.now()
     if staged:
         try:
-            return _create(scope_hash, run_id, name, version, input_json, now)
+            return _create(
+                scope_hash, run_id, name, version, input_json, now, any_version=any_version
+            )
         except WorkflowIdentityConflict:
             # Like stage_job: the caller's work cannot commit without its run.
             transaction.set_rollback(True, using=using)
             raise
     with transaction.atomic(using=using):
-        return _create(scope_hash, run_id, name, version, input_json, now)
+        return _create(scope_hash, run_id, name, version, input_json, now, any_version=any_version)
 
 
 def create_child(

@@ -1,15 +1,18 @@
 """A run id names one request: asking again with another workflow, version or input
-is WorkflowIdentityConflict naming what differs, and writes nothing; a run the caller
-started under a child's id is not that child."""
+is WorkflowIdentityConflict naming what differs, and writes nothing; asking again
+without a version after a deploy added one finds the run; a run the caller started
+under a child's id is not that child."""
 
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 
 from tests.support.workflows import linear_version_2
 from workflows import (
     RunStatus,
     WorkflowScope,
+    stage_workflow,
     start_workflow,
 )
 from workflows.exceptions import WorkflowIdentityConflict
@@ -38,6 +41,26 @@ def test_the_conflict_names_what_differs() -> None:
     assert WorkflowRun.objects.count() == runs
     snap = WorkflowScope(SCOPE).get("same-id")
     assert (snap.name, snap.version, snap.input) == ("checks.linear", 1, {"start": 1})
+
+
+def test_a_retry_without_a_version_after_a_deploy_finds_the_run_it_started() -> None:
+    first = start_workflow(SCOPE, "retried", "checks.linear", {"start": 1})
+    assert first.version == 1
+    runs = WorkflowRun.objects.count()
+    with linear_version_2():
+        again = start_workflow(SCOPE, "retried", "checks.linear", {"start": 1})
+        with transaction.atomic():
+            staged = stage_workflow(SCOPE, "retried", "checks.linear", {"start": 1})
+        # Naming the new version is still another request.
+        with pytest.raises(WorkflowIdentityConflict, match="another version;"):
+            start_workflow(SCOPE, "retried", "checks.linear", {"start": 1}, version=2)
+        with pytest.raises(WorkflowIdentityConflict, match="another input;"):
+            start_workflow(SCOPE, "retried", "checks.linear", {"start": 2})
+        # A new run id takes the new version.
+        fresh = start_workflow(SCOPE, "after-deploy", "checks.linear", {"start": 1})
+    assert (again.created, again.version, staged.created, staged.version) == (False, 1, False, 1)
+    assert fresh.version == 2
+    assert WorkflowRun.objects.count() == runs + 1
 
 
 def test_a_callers_run_with_a_childs_id_is_not_taken_as_the_child() -> None:
