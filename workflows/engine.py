@@ -33,6 +33,7 @@ from jobs.types import Claim, FinishOutcome
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 from ledon.tracing import AttributeValue
+from ledon.values import CancelOutcome
 
 from . import registry, store, validation
 from .context import Stop, Suspend, WorkflowContext, _activity_context, error_parts, retry_delay
@@ -232,9 +233,9 @@ def on_attempt_finished(
     item, so that the run is not left waiting for it; an advance job that did lets
     another advance take its run. An item job that ended Cancelled without its
     handler recording the item (cancelled while it waited in a worker's look-ahead)
-    ends its item Cancelled."""
+    ends its item Cancelled; a cancelled advance job cancels its run."""
     if outcome is FinishOutcome.CANCELLED:
-        store.item_job_cancelled(claim.scope_hash, claim.job_id, current_time())
+        on_queued_job_cancelled(sender, scope_hash=claim.scope_hash, job_id=claim.job_id)
         return
     if outcome is not FinishOutcome.FAILED or retry_scheduled:
         return
@@ -259,5 +260,17 @@ def on_attempt_finished(
 def on_queued_job_cancelled(sender: Any, *, scope_hash: str, job_id: str, **kwargs: Any) -> None:
     """``jobs.signals.queued_job_cancelled``: an item job cancelled before any attempt
     ran it ends its item Cancelled, so that its run is not left waiting for it (the
-    step then fails like one whose item failed)."""
-    store.item_job_cancelled(scope_hash, job_id, current_time())
+    step then fails like one whose item failed). A run's advance job cancelled (in the
+    jobs admin) cancels the run: nothing else would ever advance it."""
+    now = current_time()
+    if store.item_job_cancelled(scope_hash, job_id, now):
+        return
+    outcome = store.advance_job_cancelled(scope_hash, job_id, now)
+    if outcome is not None and outcome is not CancelOutcome.ALREADY_FINISHED:
+        logger.warning(
+            "workflow run cancelled (%s): its advance job %s was cancelled; cancel a run "
+            "with WorkflowScope.cancel or on its admin page, not through its jobs",
+            outcome.value,
+            job_id,
+            extra={"job_id": job_id},
+        )

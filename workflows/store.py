@@ -603,6 +603,27 @@ def release(job_id: str, now: datetime) -> bool:
         return bool(released)
 
 
+def advance_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> CancelOutcome | None:
+    """An advance job of a run was cancelled (an operator cancelled it in the jobs
+    admin, queued or running): the run is cancelled with it, since nothing else would
+    ever advance it. A run that its cancelled job held is let go first, so that it
+    ends Cancelled at once. None if ``job_id`` is no advance job of a run (any other
+    job: no query)."""
+    if scope_hash != advance_scope_hash() or not job_id.startswith("wf:"):
+        return None
+    run_pk = job_id.removeprefix("wf:").split(".", 1)[0]
+    if not run_pk.isdigit():
+        return None
+    with transaction.atomic(using=alias()):
+        run = WorkflowRun.objects.filter(pk=int(run_pk)).first()
+        if run is None:
+            return None
+        WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING, driver_job=job_id).update(
+            status=RunStatus.WAITING, driver_token=None, driver_job=None, updated_at=now
+        )
+        return _cancel(run, now)
+
+
 #: The prefix of every item job's id (see :func:`insert_items`).
 ITEM_JOB_PREFIX = "wf-item:"
 
