@@ -22,6 +22,7 @@ yet woken) and ``workflows.signal.deliver``; the item jobs
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import time
@@ -94,6 +95,25 @@ def current_activity() -> Any:
     return getattr(_activity_context, "ctx", None)
 
 
+def _checkpoint[**P, R](method: Callable[P, R]) -> Callable[P, R]:
+    """A checkpoint method: an error it raises (bad arguments, a result that is not
+    JSON, a child's identity conflict) is remembered with the checkpoint's key, so
+    that a run it fails names that checkpoint as its failed step."""
+
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:
+            ctx: WorkflowContext = args[0]  # type: ignore[assignment]
+            key = args[1] if len(args) > 1 else kwargs.get("key")
+            if ctx._raised is None or ctx._raised[0] is not exc:
+                ctx._raised = (exc, key if isinstance(key, str) else "")
+            raise
+
+    return call
+
+
 class WorkflowContext:
     """What a workflow body receives: its input, its run id, and checkpoints.
 
@@ -112,6 +132,9 @@ class WorkflowContext:
         #: Set when the body contradicted its recorded checkpoints: the run fails
         #: whatever the body did with the error.
         self.nondeterminism: NonDeterministicWorkflow | None = None
+        #: The last error a checkpoint raised, with its key (see
+        #: :meth:`checkpoint_of`).
+        self._raised: tuple[BaseException, str] | None = None
         #: The run's input (parsed JSON).
         self.input: Any = validation.from_json(driver.run.input_json)
 
@@ -146,6 +169,13 @@ class WorkflowContext:
         key = validation.key(key)
         text = "\x00".join((self._run.scope_hash, self._run.run_id, key))
         return "wf-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:40]
+
+    def checkpoint_of(self, exc: BaseException) -> str:
+        """The key of the checkpoint that raised ``exc`` ("" if the body raised it
+        itself, or caught a checkpoint's error and raised another)."""
+        if self._raised is not None and self._raised[0] is exc:
+            return self._raised[1]
+        return ""
 
     # replay bookkeeping
     def _reach(self, key: object, kind: StepKind) -> tuple[str, WorkflowStep | None]:
@@ -214,6 +244,7 @@ class WorkflowContext:
         return step
 
     # checkpoints
+    @_checkpoint
     def step(
         self,
         key: str,
@@ -350,6 +381,7 @@ class WorkflowContext:
             raise Suspend(f"retry of {key} at {_iso(retry_at)}", retry_at)
         raise StepFailed(key, error_type, message)
 
+    @_checkpoint
     def map(self, key: str, fn: Callable[..., Any] | str, items: Iterable[Any]) -> list[Any]:
         """Run the activity ``fn`` (or the activity of that name) once per item, each
         as its own job on any worker (in parallel, under the activity's limits), and
@@ -443,6 +475,7 @@ class WorkflowContext:
             raise StepFailed(key, step.error_type, step.error)
         return results
 
+    @_checkpoint
     def sleep(self, key: str, seconds: float) -> None:
         """Wait ``seconds`` durably: no slot is held, and the run resumes no earlier
         than the time recorded when the sleep was first reached."""
@@ -454,6 +487,7 @@ class WorkflowContext:
             raise InvalidInput(f"sleep {key!r}: seconds must be a number in [0, 10 years]")
         self._timer(key, lambda now: now + timedelta(seconds=seconds))
 
+    @_checkpoint
     def sleep_until(self, key: str, when: datetime) -> None:
         """Wait durably until ``when`` (an aware datetime)."""
         if not isinstance(when, datetime) or when.tzinfo is None or when.utcoffset() is None:
@@ -489,6 +523,7 @@ class WorkflowContext:
             self._move(step, StepStatus.WAITING, status=StepStatus.SUCCEEDED, finished_at=now)
         self._record(step)
 
+    @_checkpoint
     def wait_for_signal(self, key: str, timeout: float | None = None) -> Any:
         """The payload of the signal ``key`` sent to this run (``send_signal``); waits
         without a slot until it arrives. A signal sent before the wait is reached is
@@ -553,6 +588,7 @@ class WorkflowContext:
             raise SignalTimeout(checked)
         raise Suspend(store.signal_wait(checked), step.wake_at)
 
+    @_checkpoint
     def child(self, key: str, name: str, input: Any = None, *, version: int | None = None) -> Any:
         """Start the child run ``"{run_id}/{key}"`` of workflow ``name`` in this run's
         scope, wait for it without a slot and return its output; a child that fails
@@ -615,6 +651,7 @@ class WorkflowContext:
             raise StepFailed(checked, step.error_type, step.error)
         return validation.from_json(step.result_json)
 
+    @_checkpoint
     def now(self, key: str) -> datetime:
         """The current time, recorded under ``key``: every replay returns the same."""
         checked, step = self._reach(key, StepKind.NOW)

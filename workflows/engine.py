@@ -130,7 +130,9 @@ def _replay(driver: store.Driver, spec: registry.WorkflowSpec) -> Advanced | Non
         # (the run stays with this job, which takes it back when it runs again).
         raise
     except Exception as exc:
-        failed_step = ctx.nondeterminism.key if ctx.nondeterminism is not None else ""
+        failed_step = (
+            ctx.nondeterminism.key if ctx.nondeterminism is not None else ctx.checkpoint_of(exc)
+        )
         return _fail(driver, ctx.nondeterminism or exc, failed_step)
     if ctx.nondeterminism is not None:
         return _fail(driver, ctx.nondeterminism, ctx.nondeterminism.key)

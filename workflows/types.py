@@ -126,7 +126,9 @@ class RunSnapshot:
     output: Any
     #: "Type: message" of the error that failed the run ("" if none).
     error: str
-    #: The key of the step whose failure failed the run ("" if none).
+    #: The key of the checkpoint that failed the run: a step whose retries ran out,
+    #: or a checkpoint that raised (bad arguments, a child run it could not start);
+    #: "" if the body raised an error of its own, or the run did not fail.
     failed_step: str
     #: What a waiting run waits for: "signal approved", "timer until …",
     #: "12 of 50 items", "child ship", "retry of reserve at …" ("" otherwise).

@@ -74,5 +74,6 @@ def test_a_callers_run_with_a_childs_id_is_not_taken_as_the_child() -> None:
         "WorkflowIdentityConflict: run 'p/kid' exists in this scope and is not the child "
         "'kid' of run 'p'"
     )
+    assert snap.failed_step == "kid"
     assert snap.steps == ()  # nothing recorded for the child checkpoint
     assert WorkflowScope(SCOPE).get("p/kid").parent_run_id is None
