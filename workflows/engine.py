@@ -203,6 +203,7 @@ def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
             current_time(),
             error_type=item.error_type or "ActivityLost",
             error=item.error or f"{item.attempts - 1} tries never returned",
+            token=job.token,
         )
         return
     call = validation.from_json(item.args_json)
@@ -218,13 +219,20 @@ def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
             store.record_item_error(item, error_type, message)
             raise Snooze(retry_delay(item.attempts)) from exc
         store.end_item(
-            item, StepStatus.FAILED, current_time(), error_type=error_type, error=message
+            item,
+            StepStatus.FAILED,
+            current_time(),
+            error_type=error_type,
+            error=message,
+            token=job.token,
         )
         return
     finally:
         _activity_context.ctx = None
     fault_point("workflows.item.before_record", item=item.pk)
-    store.end_item(item, StepStatus.SUCCEEDED, current_time(), result_json=result_json)
+    store.end_item(
+        item, StepStatus.SUCCEEDED, current_time(), result_json=result_json, token=job.token
+    )
 
 
 def on_attempt_finished(

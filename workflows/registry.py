@@ -104,8 +104,10 @@ def activity(
     ``wf.step(key, fn, ...)`` runs it as one job on any worker and ``wf.map(key, fn,
     items)`` as one job per item, on ``queue`` (default: ``"default"``), each tried
     ``1 + retries`` times with back-off; ``timeout`` signals a try to stop (through
-    its job's context) after that many seconds. The function itself is returned
-    unchanged: it stays callable as a plain function.
+    its job's context) after that many seconds. A try records its item only while
+    its job's attempt is current: one that returns after its attempt ended (past its
+    timeout, or its lease recovered by another worker) records nothing. The function
+    itself is returned unchanged: it stays callable as a plain function.
     """
     _checked_name(name, "activity name")
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:

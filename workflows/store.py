@@ -34,13 +34,14 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, Exists, F, Q
 from django.db.models.base import ModelState
 from django.utils import timezone
 
 from jobs import store as job_store
 from jobs import validation as job_validation
-from jobs.types import JobSubmission
+from jobs.models import Job
+from jobs.types import JobStatus, JobSubmission
 from ledon.db import alias_for, in_caller_atomic_block
 from ledon.errors import storable_text
 from ledon.faults import fault_point
@@ -528,13 +529,24 @@ def end_item(
     result_json: str | None = None,
     error_type: str = "",
     error: str = "",
+    token: str | None = None,
 ) -> bool:
     """Record an item's end (a guarded update of the item's own row, so items of one
     map never wait on each other's locks), then :func:`fan_in`. False if the item
-    had ended already (nothing written; the check is made again all the same)."""
+    had ended already (nothing written; the check is made again all the same).
+
+    ``token``: the item job's attempt that ran this try. Its end is written only
+    while that attempt is still the job's current one: a try that ran past its
+    timeout, or whose lease another worker recovered, is fenced off like any late
+    finish, and the try that took over records the item."""
     fault_point("workflows.map.fan_in", item=item.pk)
+    still_running = WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING)
+    if token is not None:
+        still_running = still_running.filter(
+            Exists(Job.objects.filter(current_token=token, status=JobStatus.RUNNING))
+        )
     # One guarded statement, its own transaction (one round trip, one commit).
-    ended = WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
+    ended = still_running.update(
         status=status,
         result_json=result_json,
         error_type=error_type,
