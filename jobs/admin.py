@@ -27,6 +27,7 @@ from ledon.admin import (
     ReadOnlyAdminMixin,
     ReadOnlyModelAdmin,
     TabularInline,
+    fieldset_fields,
     indented_json,
     report_changes,
     report_refusals,
@@ -136,9 +137,7 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
         ),
         ("Lease", {"fields": ("leased_by", "lease_expires_at"), "classes": ("collapse",)}),
     )
-    readonly_fields = tuple(
-        name for _, options in fieldsets for name in options["fields"] if isinstance(name, str)
-    )
+    readonly_fields = fieldset_fields(fieldsets)
 
     # ------------------------------------------------------------------ columns
 

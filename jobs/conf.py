@@ -155,11 +155,7 @@ def _check(result: JobsSettings) -> None:
             "JOBS['HEARTBEAT_SECONDS'] must be shorter than JOBS['LEASE_SECONDS'] "
             "or leases expire between two heartbeats"
         )
-    snoozes = result.MAX_SNOOZES
-    if isinstance(snoozes, bool) or not isinstance(snoozes, int) or not 0 <= snoozes <= 1_000_000:
-        raise JobsConfigurationError(
-            f"JOBS['MAX_SNOOZES'] must be an int from 0 to 1000000, got {snoozes!r}"
-        )
+    _values.int_from(result, "MAX_SNOOZES", 0, 1_000_000, expected="an int from 0 to 1000000")
     _values.positive_or_none(result, "RETENTION_SECONDS", "JOB_TIMEOUT_SECONDS")
     _values.not_negative(
         result,
@@ -175,11 +171,7 @@ def _check(result: JobsSettings) -> None:
     _values.flags(
         result, "PREPARED_STATEMENTS", "SCHEDULER", "METRICS", "TRACING", "ASYNCHRONOUS_COMMIT"
     )
-    prefetch = result.PREFETCH
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 0 <= prefetch <= 1000:
-        raise JobsConfigurationError(
-            f"JOBS['PREFETCH'] must be an int from 0 (no look-ahead) to 1000, got {prefetch!r}"
-        )
+    _values.int_from(result, "PREFETCH", 0, 1000, expected="an int from 0 (no look-ahead) to 1000")
     if not is_number(result.PREFETCH_MAX_WAIT) or result.PREFETCH_MAX_WAIT <= 0:
         raise JobsConfigurationError(
             "JOBS['PREFETCH_MAX_WAIT'] must be a positive number of seconds, "

@@ -14,7 +14,7 @@ base of every read-only admin.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib import admin, messages
@@ -36,6 +36,14 @@ def indented_json(value: Any, *, sort_keys: bool = True) -> str:
         return json.dumps(parsed, indent=2, ensure_ascii=False, sort_keys=sort_keys)
     except ValueError:
         return str(value)
+
+
+def fieldset_fields(fieldsets: Sequence[tuple[Any, Mapping[str, Any]]]) -> tuple[str, ...]:
+    """The names of the fields ``fieldsets`` show, in order: the ``readonly_fields`` of
+    an inspection page, where every field shown is read-only."""
+    return tuple(
+        name for _, options in fieldsets for name in options["fields"] if isinstance(name, str)
+    )
 
 
 #: The permission of every state-changing action (see ``has_steer_permission``).

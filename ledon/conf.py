@@ -110,6 +110,29 @@ class ValueChecks:
             result, keys, lambda value: is_number(value) and value >= 0, "a number of seconds >= 0"
         )
 
+    def int_from(
+        self,
+        result: object,
+        key: str,
+        low: int,
+        high: int | None = None,
+        *,
+        expected: str,
+        none_ok: bool = False,
+    ) -> None:
+        """``key`` is an int (a bool is not) from ``low`` to ``high`` (None: no upper
+        bound), or None where ``none_ok``; else the error says it must be ``expected``."""
+        value = getattr(result, key)
+        if value is None and none_ok:
+            return
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < low
+            or (high is not None and value > high)
+        ):
+            raise self.fail(result, key, expected)
+
     def positive_ints(self, result: object, *keys: str) -> None:
         """Each of ``keys`` is an int above 0 (a bool is not)."""
         self._each(

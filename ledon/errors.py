@@ -79,7 +79,13 @@ def docstring_message(cls: type) -> str:
 
 
 class DocumentedError(Exception):
-    """An error whose default message is its class docstring, on one line."""
+    """The base of each app's root error (``JobsError``, ``OutboxError``, ``SagaError``,
+    ``WorkflowError``): an error whose default message is its class docstring, on one
+    line.
+
+    Catch an app's root to handle any error of that app. Never raise the root itself:
+    every situation has its precise subclass, whose docstring says what happened.
+    """
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or docstring_message(type(self)))

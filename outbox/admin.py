@@ -20,6 +20,7 @@ from django.utils.safestring import SafeString
 from ledon.admin import (
     GrowingTableMixin,
     ReadOnlyModelAdmin,
+    fieldset_fields,
     indented_json,
     report_changes,
     state_action,
@@ -59,9 +60,7 @@ class OutboxMessageAdmin(GrowingTableMixin, ReadOnlyModelAdmin[OutboxMessage]):
         ("Lease", {"fields": ("leased_by", "lease_expires_at"), "classes": ("collapse",)}),
     )
     # The lease token is deliberately not shown: it is the batch's write capability.
-    readonly_fields = tuple(
-        name for _, options in fieldsets for name in options["fields"] if isinstance(name, str)
-    )
+    readonly_fields = fieldset_fields(fieldsets)
 
     @admin.display(description="payload")
     def payload_pretty(self, obj: OutboxMessage) -> SafeString:

@@ -25,6 +25,7 @@ from ledon.admin import (
     MAX_LISTED,
     GrowingTableMixin,
     ReadOnlyModelAdmin,
+    fieldset_fields,
     indented_json,
     state_action,
 )
@@ -76,9 +77,7 @@ class SagaInstanceAdmin(GrowingTableMixin, ReadOnlyModelAdmin[SagaInstance]):
         ("Lease", {"fields": ("leased_by", "leased_until", "takeovers")}),
         ("Times", {"fields": ("created_at", "updated_at", "finished_at")}),
     )
-    readonly_fields = tuple(
-        name for _, options in fieldsets for name in options["fields"] if isinstance(name, str)
-    )
+    readonly_fields = fieldset_fields(fieldsets)
 
     # ------------------------------------------------------------------ columns
 

@@ -71,18 +71,10 @@ def _check(result: SagasSettings) -> None:
     )
     _values.positive_or_none(result, "HEARTBEAT_SECONDS", "STEP_TIMEOUT", "RETENTION_SECONDS")
     _values.not_negative(result, "COMPENSATION_RETRY_DELAY")
-    attempts = result.COMPENSATION_ATTEMPTS
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise SagasConfigurationError(
-            f"SAGAS['COMPENSATION_ATTEMPTS'] must be an integer of at least 1, got {attempts!r}"
-        )
-    takeovers = result.MAX_TAKEOVERS
-    if takeovers is not None and (
-        isinstance(takeovers, bool) or not isinstance(takeovers, int) or takeovers < 1
-    ):
-        raise SagasConfigurationError(
-            f"SAGAS['MAX_TAKEOVERS'] must be None or an integer of at least 1, got {takeovers!r}"
-        )
+    _values.int_from(result, "COMPENSATION_ATTEMPTS", 1, expected="an integer of at least 1")
+    _values.int_from(
+        result, "MAX_TAKEOVERS", 1, expected="None or an integer of at least 1", none_ok=True
+    )
     _values.flags(result, "RECOVER_IN_WORKER", "METRICS", "TRACING")
     if result.heartbeat_seconds >= result.LEASE_SECONDS:
         raise SagasConfigurationError(

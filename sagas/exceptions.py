@@ -1,9 +1,5 @@
-"""Errors raised by the sagas app.
-
-``SagaError`` is the root: catch it to handle any error of this app. Do not raise it
-directly; every situation has its precise subclass. The docstring of each class is
-its default message.
-"""
+"""Errors raised by the sagas app. ``SagaError`` is their root; how to catch and raise
+them is said once for every app, at :class:`ledon.errors.DocumentedError`."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from django.utils.safestring import SafeString, mark_safe
 from ledon.admin import (
     GrowingTableMixin,
     ReadOnlyModelAdmin,
+    fieldset_fields,
     indented_json,
     report_changes,
     state_action,
@@ -76,9 +77,7 @@ class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
         ),
         ("Identity", {"fields": ("scope_hash", "generation", "cancel_requested")}),
     )
-    readonly_fields = tuple(
-        name for _, options in fieldsets for name in options["fields"] if isinstance(name, str)
-    )
+    readonly_fields = fieldset_fields(fieldsets)
 
     # ------------------------------------------------------------------ the page
 

@@ -34,7 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Exists, F, Q
+from django.db.models import Count, Exists, F, Q, QuerySet
 from django.db.models.base import ModelState
 from django.utils import timezone
 
@@ -260,6 +260,13 @@ class Driver:
     run: WorkflowRun
     token: str
 
+    def held(self) -> QuerySet[WorkflowRun]:
+        """The run's row while this driver still holds it (RUNNING under its token),
+        else nothing: the fence of every write a driver makes to its run."""
+        return WorkflowRun.objects.filter(
+            pk=self.run.pk, driver_token=self.token, status=RunStatus.RUNNING
+        )
+
 
 def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None) -> Driver | None:
     """Take the run for one advance -> RUNNING with a new driver token.
@@ -301,9 +308,7 @@ def guard(driver: Driver, now: datetime) -> None:
     """The fence: touch the run row only if this driver still holds it. On PostgreSQL
     the row stays locked until the transaction ends, which orders this transaction
     with signal senders and cancels."""
-    held = WorkflowRun.objects.filter(
-        pk=driver.run.pk, driver_token=driver.token, status=RunStatus.RUNNING
-    ).update(updated_at=now)
+    held = driver.held().update(updated_at=now)
     if not held:
         raise StaleDriver(f"run {driver.run.run_id!r}: another driver holds it")
 
@@ -407,9 +412,7 @@ def suspend(driver: Driver, waiting_for: str, wake_at: datetime | None, now: dat
     """RUNNING (this driver, no wake-up pending) -> WAITING: the advance ends without
     holding a slot. A wake-up left meanwhile (a signal, the last item, a child's end,
     another advance job) makes the driver replay instead, so none is lost."""
-    held = WorkflowRun.objects.filter(
-        pk=driver.run.pk, driver_token=driver.token, status=RunStatus.RUNNING
-    )
+    held = driver.held()
     with transaction.atomic(using=alias()):
         if held.filter(wake_pending=False).update(
             status=RunStatus.WAITING,
@@ -437,9 +440,7 @@ def finish(
     """RUNNING (this driver) -> SUCCEEDED, FAILED or CANCELLED; wakes the parent run.
     False (nothing written) if the driver is stale."""
     with transaction.atomic(using=alias()):
-        done = WorkflowRun.objects.filter(
-            pk=driver.run.pk, driver_token=driver.token, status=RunStatus.RUNNING
-        ).update(
+        done = driver.held().update(
             status=status,
             driver_token=None,
             driver_job=None,

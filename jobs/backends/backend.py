@@ -23,7 +23,6 @@ from .compat import (
     Task,
     TaskResult,
     TaskResultDoesNotExist,
-    TaskResultStatus,
     task_enqueued,
 )
 from .exceptions import TaskNotRegistered
@@ -125,20 +124,7 @@ class JobsBackend(BaseTaskBackend):
         except TransactionRequiredError:
             snapshot = scope.submit(None, submission)
             staged = False
-        result: TaskResult[Any, Any] = TaskResult(
-            task=task,
-            id=snapshot.job_id,
-            status=TaskResultStatus.READY,
-            enqueued_at=snapshot.created_at,
-            started_at=None,
-            last_attempted_at=None,
-            finished_at=None,
-            args=payload.args,
-            kwargs=payload.kwargs,
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
-        )
+        result = task_result(task, snapshot, payload, self.alias)
 
         def announce() -> None:
             send_signal(task_enqueued, type(self), result)
@@ -165,7 +151,8 @@ class JobsBackend(BaseTaskBackend):
         payload = TaskPayload.parse(snapshot.payload)
         if payload is None:
             raise TaskResultDoesNotExist(snapshot.job_id)
-        return task_result(self.task_for(payload.task_path, snapshot), snapshot, self.alias)
+        task = self.task_for(payload.task_path, snapshot)
+        return task_result(task, snapshot, payload, self.alias)
 
     def task_for(self, task_path: str, snapshot: JobSnapshot) -> Task[Any, Any]:
         """The registered task, with the priority, queue, run-after and attempts the

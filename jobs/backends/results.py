@@ -168,11 +168,11 @@ def task_errors(snapshot: JobSnapshot) -> list[TaskError]:
 # --------------------------------------------------------------------------- results
 
 
-def task_result(task: Task[..., Any], snapshot: JobSnapshot, alias: str) -> TaskResult[..., Any]:
-    """The ``TaskResult`` of a stored task (``snapshot`` read with its attempts)."""
-    payload = TaskPayload.parse(snapshot.payload)
-    if payload is None:
-        raise ValueError(f"job {snapshot.job_id!r} is not a stored task")
+def task_result(
+    task: Task[..., Any], snapshot: JobSnapshot, payload: TaskPayload, alias: str
+) -> TaskResult[..., Any]:
+    """The ``TaskResult`` of a stored task: ``snapshot`` read with its attempts (a job
+    just enqueued has none: the task is ready), ``payload`` its parsed payload."""
     status = _STATUS[snapshot.status]
     attempts = snapshot.attempts
     result: TaskResult[..., Any] = TaskResult(
