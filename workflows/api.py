@@ -10,9 +10,23 @@ from . import registry, store, validation
 from .types import CancelOutcome, RunSnapshot, RunStatus, SignalOutcome
 
 
-def _request(name: str, version: int | None, input: Any) -> tuple[str, int, str]:
+def _create(
+    scope: str, run_id: str, name: str, input: Any, version: int | None, *, staged: bool
+) -> RunSnapshot:
+    """Check a start request and create its run (see :func:`start_workflow`)."""
+    scope_hash = validation.scope_hash(scope)
+    checked_id = validation.run_id(run_id)
     spec = registry.get_workflow(name, version)
-    return spec.name, spec.version, validation.to_json(input, "workflow input")
+    input_json = validation.to_json(input, "workflow input")
+    return store.create_run(
+        scope_hash,
+        checked_id,
+        spec.name,
+        spec.version,
+        input_json,
+        staged=staged,
+        any_version=version is None,
+    )
 
 
 def start_workflow(
@@ -29,13 +43,7 @@ def start_workflow(
     started); the run keeps its version for life. Refuses to run inside
     ``transaction.atomic`` (use :func:`stage_workflow` there).
     """
-    scope_hash = validation.scope_hash(scope)
-    checked_id = validation.run_id(run_id)
-    any_version = version is None
-    name, version, input_json = _request(name, version, input)
-    return store.create_run(
-        scope_hash, checked_id, name, version, input_json, staged=False, any_version=any_version
-    )
+    return _create(scope, run_id, name, input, version, staged=False)
 
 
 def stage_workflow(
@@ -43,13 +51,7 @@ def stage_workflow(
 ) -> RunSnapshot:
     """:func:`start_workflow` inside the caller's ``transaction.atomic`` block: the run
     exists if and only if that transaction commits (required)."""
-    scope_hash = validation.scope_hash(scope)
-    checked_id = validation.run_id(run_id)
-    any_version = version is None
-    name, version, input_json = _request(name, version, input)
-    return store.create_run(
-        scope_hash, checked_id, name, version, input_json, staged=True, any_version=any_version
-    )
+    return _create(scope, run_id, name, input, version, staged=True)
 
 
 def send_signal(scope: str, run_id: str, key: str, payload: Any = None) -> SignalOutcome:
