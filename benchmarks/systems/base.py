@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+from ..physical import HARNESS_MARK
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +49,12 @@ class System(ABC):
     has_bulk = True
     #: The handlers (of :data:`KINDS`) its workers have.
     kinds: tuple[str, ...] = ("noop", "sleep5")
+    #: The harness's progress queries, each of one value: the jobs not finished yet;
+    #: the epoch seconds of the first start at or after ``%s`` and of the last end,
+    #: where the system records them (None: it does not).
+    remaining_sql: str
+    first_started_sql: str | None = None
+    last_finished_sql: str | None = None
 
     def __init__(self, database_url: str) -> None:
         self.database_url = database_url
@@ -109,19 +119,30 @@ class System(ABC):
         """argv of one worker process that runs until SIGTERM."""
 
     def worker_env(self) -> dict[str, str]:
-        return {}
+        return base_env(self.database_url)
 
-    @abstractmethod
+    def scalar(self, sql: str, *params: Any) -> Any:
+        """The one value ``sql`` selects, on the harness's own connection (Django's
+        by default); ``%s`` stands for each of ``params``."""
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()[0]
+
+    def _epoch(self, sql: str | None, *params: Any) -> float | None:
+        value = None if sql is None else self.scalar(f"{HARNESS_MARK} {sql}", *params)
+        return None if value is None else float(value)
+
     def remaining(self) -> int:
         """Jobs not finished yet (queued or running)."""
+        return int(self.scalar(f"{HARNESS_MARK} {self.remaining_sql}"))
 
     def first_started_since(self, since: float) -> float | None:
         """Epoch seconds of the first job start at or after ``since``, if recorded."""
-        return None
+        return self._epoch(self.first_started_sql, since)
 
     def last_finished_at(self) -> float | None:
         """Epoch seconds of the last job's end as the system recorded it, if it does."""
-        return None
+        return self._epoch(self.last_finished_sql)
 
     def wait_until_done(self, timeout: float, poll: float = 0.05) -> float:
         """Poll until no job is left; the epoch time of the end (the system's own
@@ -135,10 +156,6 @@ class System(ABC):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name}: jobs left after {timeout:.0f} s")
             time.sleep(poll)
-
-
-def python_command(*args: str) -> list[str]:
-    return [sys.executable, *args]
 
 
 def base_env(database_url: str) -> dict[str, str]:

@@ -11,8 +11,7 @@ import signal
 import sys
 from typing import Any
 
-from ..physical import HARNESS_MARK
-from .base import System, WorkerConfig, base_env, python_command
+from .base import System, WorkerConfig
 
 ENTRYPOINT = "noop"
 #: The entrypoint of the 5 ms handler.
@@ -86,22 +85,15 @@ class Pgqueuer(System):
         self._run(self._queries.enqueue(ENTRYPOINT, str(marker).encode()))
 
     def worker_command(self, concurrency: int) -> list[str]:
-        return python_command("-m", __name__, self.database_url, str(concurrency))
+        return [sys.executable, "-m", __name__, self.database_url, str(concurrency)]
 
-    def worker_env(self) -> dict[str, str]:
-        return base_env(self.database_url)
+    def scalar(self, sql: str, *params: Any) -> Any:
+        return self._run(self._conn.fetchval(sql, *params))
 
-    def remaining(self) -> int:
-        return int(self._run(self._conn.fetchval(f"{HARNESS_MARK} SELECT count(*) FROM pgqueuer")))
-
-    def last_finished_at(self) -> float | None:
-        value = self._run(
-            self._conn.fetchval(
-                f"{HARNESS_MARK} SELECT extract(epoch FROM max(created)) FROM pgqueuer_log"
-                " WHERE status = 'successful'"
-            )
-        )
-        return None if value is None else float(value)
+    remaining_sql = "SELECT count(*) FROM pgqueuer"
+    last_finished_sql = (
+        "SELECT extract(epoch FROM max(created)) FROM pgqueuer_log WHERE status = 'successful'"
+    )
 
 
 async def _work(url: str, concurrency: int) -> None:

@@ -10,8 +10,7 @@ import asyncio
 import sys
 from typing import Any
 
-from ..physical import HARNESS_MARK
-from .base import QUEUE, System, base_env, python_command
+from .base import QUEUE, System
 
 TASK = "noop"
 #: The task of the 5 ms handler.
@@ -90,32 +89,19 @@ class Procrastinate(System):
         self._app.tasks[TASK].defer(n=marker)
 
     def worker_command(self, concurrency: int) -> list[str]:
-        return python_command("-m", __name__, self.database_url, str(concurrency))
+        return [sys.executable, "-m", __name__, self.database_url, str(concurrency)]
 
-    def worker_env(self) -> dict[str, str]:
-        return base_env(self.database_url)
+    def scalar(self, sql: str, *params: Any) -> Any:
+        return self._conn.execute(sql, params).fetchone()[0]
 
-    def remaining(self) -> int:
-        row = self._conn.execute(
-            f"{HARNESS_MARK} SELECT count(*) FROM procrastinate_jobs"
-            " WHERE status IN ('todo', 'doing')"
-        ).fetchone()
-        return int(row[0])
-
-    def first_started_since(self, since: float) -> float | None:
-        row = self._conn.execute(
-            f"{HARNESS_MARK} SELECT extract(epoch FROM min(at)) FROM procrastinate_events"
-            " WHERE type = 'started' AND at >= to_timestamp(%s)",
-            [since],
-        ).fetchone()
-        return None if row[0] is None else float(row[0])
-
-    def last_finished_at(self) -> float | None:
-        row = self._conn.execute(
-            f"{HARNESS_MARK} SELECT extract(epoch FROM max(at)) FROM procrastinate_events"
-            " WHERE type = 'succeeded'"
-        ).fetchone()
-        return None if row[0] is None else float(row[0])
+    remaining_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+    first_started_sql = (
+        "SELECT extract(epoch FROM min(at)) FROM procrastinate_events"
+        " WHERE type = 'started' AND at >= to_timestamp(%s)"
+    )
+    last_finished_sql = (
+        "SELECT extract(epoch FROM max(at)) FROM procrastinate_events WHERE type = 'succeeded'"
+    )
 
 
 async def _work(url: str, concurrency: int) -> None:
