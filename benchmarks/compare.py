@@ -150,8 +150,7 @@ def compare(
             log(f"compare run {run + 1} of {plan.runs}")
             for config in setups:
                 for tree in trees if run % 2 == 0 else trees[::-1]:
-                    tag = f"compare-{'this' if tree.root == ROOT else 'other'}-{config.key}"
-                    rate = runner.burn_down(tree, config, f"{tag}-run{run + 1}", count)
+                    rate = runner.burn_down(tree, config, count)
                     rates[tree.name].setdefault(config.key, []).append(rate)
                     log(f"  {tree.name:24} {config.key:8} {rate:10.1f} jobs/s")
     medians: dict[str, dict[str, dict[str, float | None]]] = {}

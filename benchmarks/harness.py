@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -57,11 +59,8 @@ class Plan:
         }
     )
     configs: tuple[WorkerConfig, ...] = (
-        WorkerConfig(1, 1),
-        WorkerConfig(1, 4),
-        WorkerConfig(1, 16),
-        WorkerConfig(2, 16),
-    )
+        WorkerConfig(1, 1), WorkerConfig(1, 4), WorkerConfig(1, 16), WorkerConfig(2, 16),
+    )  # fmt: skip
     latency_samples: int = 200
     finished_rows: int = 1_000_000
     claim_samples: int = 500
@@ -96,50 +95,29 @@ class Plan:
     def quick(cls) -> Plan:
         """A smoke run: one run of tiny counts."""
         return cls(
-            runs=1,
-            each_jobs={"default": 100},
-            bulk_jobs=200,
-            burn_jobs={"default": 200},
-            configs=(WorkerConfig(1, 1), WorkerConfig(1, 4)),
-            latency_samples=5,
-            finished_rows=2_000,
-            claim_samples=20,
-            claim_batches=5,
-            claim_burn_jobs=0,
-            outbox_messages=100,
-            saga_instances=5,
-            flow_burn_jobs=1_000,
-            floor_jobs=100,
-            commit_seconds=1.0,
-            scale_processes=(1, 2),
-            scale_concurrency=2,
-            scale_jobs=100,
-            sleep_jobs=64,
-            sleep_concurrency=4,
-            cpu_jobs=20,
-            queued_rows=(100, 2_000),
-            queued_warm=200,
-            profile_jobs=100,
-        )
+            runs=1, each_jobs={"default": 100}, bulk_jobs=200, burn_jobs={"default": 200},
+            configs=(WorkerConfig(1, 1), WorkerConfig(1, 4)), latency_samples=5,
+            finished_rows=2_000, claim_samples=20, claim_batches=5, claim_burn_jobs=0,
+            outbox_messages=100, saga_instances=5, flow_burn_jobs=1_000, floor_jobs=100,
+            commit_seconds=1.0, scale_processes=(1, 2), scale_concurrency=2, scale_jobs=100,
+            sleep_jobs=64, sleep_concurrency=4, cpu_jobs=20, queued_rows=(100, 2_000),
+            queued_warm=200, profile_jobs=100,
+        )  # fmt: skip
 
     def scaled(self, factor: float) -> Plan:
         """The same plan with ``factor`` times the jobs of every measurement that
         counts jobs (rates do not depend on the count, only their precision does);
         the table sizes of the claim costs stay."""
-        if factor == 1:
-            return self
 
         def n(count: int) -> int:
             return max(int(count * factor), 10) if count else 0
 
-        counts = {name: getattr(self, name) for name in _JOB_COUNTS}
-        return replace(
-            self,
-            **{
-                name: {k: n(v) for k, v in value.items()} if isinstance(value, dict) else n(value)
-                for name, value in counts.items()
-            },
-        )
+        def scale(value: Any) -> Any:
+            return {k: n(v) for k, v in value.items()} if isinstance(value, dict) else n(value)
+
+        if factor == 1:
+            return self
+        return replace(self, **{name: scale(getattr(self, name)) for name in _JOB_COUNTS})
 
     def for_system(self, counts: dict[str, int], system: str) -> int:
         return counts.get(system, counts["default"])
@@ -164,6 +142,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def median_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each numeric field over runs; other fields as in the last run."""
+    merged: dict[str, Any] = {}
+    for name in runs[-1]:
+        values = [r[name] for r in runs if isinstance(r.get(name), int | float)]
+        merged[name] = median(values) if values else runs[-1][name]
+    merged["runs"] = len(runs)
+    return merged
+
+
 def rotated(items: list[Any], run: int) -> list[Any]:
     """``items`` starting at the run's turn, so that no item always goes first or last."""
     return items[run % len(items) :] + items[: run % len(items)]
@@ -179,25 +167,30 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str, poll: flo
         time.sleep(poll)
 
 
+def _load() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
 # --------------------------------------------------------------------------- workers
 
 
 @contextmanager
 def run_processes(
-    argv: list[str],
-    env: dict[str, str],
-    logs: list[Path],
-    cwd: Path | None = None,
-    append: bool = False,
+    argv: list[str], env: dict[str, str], logs: list[Path], cwd: Path | None = None
 ) -> Iterator[Processes]:
-    """One process of ``argv`` per log file in ``logs`` (its output written there, or
-    with ``append`` added), each in a session of its own; at the end SIGTERM, then
-    SIGKILL to the session of any still running 30 s later."""
+    """One process of ``argv`` per log file in ``logs`` (its output added there), each
+    in a session of its own; at the end SIGTERM, then SIGKILL to the session of any
+    still running 30 s later."""
     procs: Processes = []
     with ExitStack() as files:
         try:
             for log in logs:
-                out = files.enter_context(open(log, "ab" if append else "wb"))
+                out = files.enter_context(open(log, "ab"))
                 popen = subprocess.Popen(
                     argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -232,6 +225,7 @@ def workers(
         argv = system.worker_command(config.concurrency, processes=config.processes)  # type: ignore[call-arg]
     else:
         argv = system.worker_command(config.concurrency)
+    tag = re.sub(r"[^\w.-]+", "-", tag)
     logs = [log_dir / f"{tag}-{n}.log" for n in range(1 if supervised else config.processes)]
     with run_processes(argv, {**system.worker_env(), **(extra_env or {})}, logs) as procs:
         yield procs
@@ -262,9 +256,43 @@ def burn(
     return count / (end - (first if first is not None else committed))
 
 
-def jobs_env(settings: dict[str, Any] | None) -> dict[str, str] | None:
-    """Our workers' environment adding ``settings`` to their ``JOBS``."""
-    return {"BENCH_JOBS": json.dumps(settings)} if settings else None
+class Starts:
+    """The handlers' start reports (:mod:`benchmarks.probe`), marker -> epoch seconds,
+    received over UDP on the loopback interface by a thread while the block runs;
+    ``env`` tells the workers where to send them."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.5)
+        self.env = {"BENCH_PROBE_PORT": str(self.sock.getsockname()[1])}
+        self.seen: dict[int, float] = {}
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._receive, name="bench-starts", daemon=True)
+
+    def __enter__(self) -> Starts:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.closed.set()
+        self.thread.join(5)
+        self.sock.close()
+
+    def _receive(self) -> None:
+        while not self.closed.is_set():
+            try:
+                marker, at = self.sock.recv(256).decode().split()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.seen.setdefault(int(marker), float(at))
+
+    def wait(self, marker: int, timeout: float) -> float:
+        """The start of the job ``marker``, once reported."""
+        wait_for(lambda: marker in self.seen, timeout, f"job {marker} to start", poll=0.001)
+        return self.seen[marker]
 
 
 # --------------------------------------------------------------------------- measurements
@@ -280,13 +308,19 @@ class Recorder:
 
     def __call__(
         self, system: System, key: str, value: float, jobs: int = 0, unit: str = "jobs/s"
-    ) -> None:
+    ) -> float:
         self.raw.setdefault(system.name, {}).setdefault(key, []).append(value)
         self.jobs[(system.name, key)] = jobs
         self.log(f"  {system.name:16} {key:22} {value:10.1f} {unit}")
+        return value
 
     def medians(self) -> dict[str, dict[str, float]]:
         return {name: {k: median(v) for k, v in keys.items()} for name, keys in self.raw.items()}
+
+
+def _variant(settings: dict[str, Any]) -> str:
+    """A set-up's name suffix for our added ``JOBS`` settings: ``-prefetch0``."""
+    return "".join(f"-{k.lower()}{v}" for k, v in settings.items() if k != "QUEUES")
 
 
 class Runner:
@@ -299,11 +333,8 @@ class Runner:
         log: Log,
         database_url: str = "",
     ) -> None:
-        self.plan = plan
-        self.systems = systems
-        self.admin = admin
+        self.plan, self.systems, self.admin, self.log = plan, systems, admin, log
         self.log_dir = log_dir
-        self.log = log
         self.record = Recorder(log)
         self.database_url = database_url
         self.statements = bool(database_url) and physical.statements_available(database_url)
@@ -312,6 +343,7 @@ class Runner:
         #: Lock waits sampled during the scale-out curve: set-up key -> one dict a run.
         self.locks: dict[str, list[dict[str, Any]]] = {}
         self.commit_tool: str | None = None
+        self.burns = 0
 
     def fresh(self, system: System, prime: int = 0) -> None:
         """Empty the system's tables; with ``prime``, first let the planner see
@@ -327,9 +359,8 @@ class Runner:
 
     def enqueue(self, system: System, bulk: bool = False) -> float:
         """Jobs/s of the one-by-one enqueue, or with ``bulk`` of the bulk one."""
-        count = (
-            self.plan.bulk_jobs if bulk else self.plan.for_system(self.plan.each_jobs, system.name)
-        )
+        plan = self.plan
+        count = plan.bulk_jobs if bulk else plan.for_system(plan.each_jobs, system.name)
         self.fresh(system)
         start = time.perf_counter()
         (system.enqueue_bulk if bulk else system.enqueue_each)(count)
@@ -339,17 +370,16 @@ class Runner:
         self,
         system: System,
         config: WorkerConfig,
-        tag: str,
         count: int,
         *,
         kind: str = "noop",
+        settings: dict[str, Any] | None = None,
         locks: dict[str, Any] | None = None,
-        extra_env: dict[str, str] | None = None,
         variant: str | None = "",
         supervised: bool = False,
     ) -> float:
         """Jobs/s of :func:`burn` with the planner primed (see :meth:`fresh`);
-        ``extra_env`` goes to the workers' environment; ``supervised``: the workers
+        ``settings`` are added to our workers' ``JOBS``; ``supervised``: the workers
         under one ``run_jobs --processes``.
 
         Also records per job under the set-up's key, followed by ``/variant`` if one is
@@ -375,7 +405,10 @@ class Runner:
                 stack.enter_context(physical.sampling_locks(self.database_url, locks))
             return stack
 
-        running = workers(system, config, self.log_dir, tag, extra_env, supervised)
+        self.burns += 1
+        tag = f"{self.burns:03d}-{system.name}-{kind}{_variant(settings or {})}-{config.key}"
+        env = {"BENCH_JOBS": json.dumps(settings)} if settings else None
+        running = workers(system, config, self.log_dir, tag, env, supervised)
         rate = burn(system, running, count, kind, measure)
         if variant is None:
             return rate
@@ -392,17 +425,13 @@ class Runner:
         self.costs.setdefault(system.name, {}).setdefault(key, []).append(entry)
         return rate
 
-    def sleep5(
-        self, system: System, run: int, concurrency: int, jobs_settings: dict[str, Any]
-    ) -> float:
+    def sleep5(self, system: System, concurrency: int, settings: dict[str, Any]) -> float:
         """The 5 ms handler's burn-down by one process at ``concurrency``, with
-        ``jobs_settings`` added to our workers' ``JOBS``."""
+        ``settings`` added to our workers' ``JOBS``."""
         config = system.worker_config(WorkerConfig(1, concurrency))
-        variant = "sleep5" + _variant(jobs_settings)
-        tag = f"{system.name}-{variant}-{config.key}-run{run + 1}"
-        jobs, env = self.plan.sleep_jobs_of(system.name), jobs_env(jobs_settings)
+        jobs, variant = self.plan.sleep_jobs_of(system.name), "sleep5" + _variant(settings)
         return self.burn_down(
-            system, config, tag, jobs, kind="sleep5", variant=variant, extra_env=env
+            system, config, jobs, kind="sleep5", settings=settings, variant=variant
         )
 
     def latency(self, system: System) -> dict[str, Any]:
@@ -410,27 +439,16 @@ class Runner:
         start time over UDP (loopback)."""
         self.fresh(system)
         values: list[float] = []
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            env = {"BENCH_PROBE_PORT": str(sock.getsockname()[1])}
-
-            def started(marker: int) -> float:
-                while True:
-                    data = sock.recv(256).decode().split()
-                    if int(data[0]) == marker:
-                        return float(data[1])
-
-            config = system.worker_config(WorkerConfig(1, 1))
-            with workers(system, config, self.log_dir, f"{system.name}-latency", env):
-                sock.settimeout(60.0)
-                system.enqueue_marked(-1)
-                started(-1)
-                sock.settimeout(10.0)
-                for marker in range(self.plan.latency_samples):
-                    time.sleep(0.05)  # let the worker finish and fall idle
-                    system.enqueue_marked(marker)
-                    committed = time.time()
-                    values.append((started(marker) - committed) * 1000)
+        config = system.worker_config(WorkerConfig(1, 1))
+        tag = f"{system.name}-latency"
+        with Starts() as starts, workers(system, config, self.log_dir, tag, starts.env):
+            system.enqueue_marked(-1)
+            starts.wait(-1, 60)
+            for marker in range(self.plan.latency_samples):
+                time.sleep(0.05)  # let the worker finish and fall idle
+                system.enqueue_marked(marker)
+                committed = time.time()
+                values.append((starts.wait(marker, 10) - committed) * 1000)
         return {
             "samples": len(values),
             "p50_ms": percentile(values, 0.50),
@@ -459,8 +477,7 @@ class Runner:
         for processes in plan.scale_processes:
             config = WorkerConfig(processes, plan.scale_concurrency)
             locks: dict[str, Any] = {}
-            tag = f"{system.name}-scale-{config.key}-run{run + 1}"
-            scaled = self.burn_down(system, config, tag, plan.scale_jobs, locks=locks)
+            scaled = self.burn_down(system, config, plan.scale_jobs, locks=locks)
             record(system, f"scale_{config.key}", scaled, plan.scale_jobs)
             self.locks.setdefault(config.key, []).append(locks)
         self.cpu_bound(system, run)
@@ -478,11 +495,9 @@ class Runner:
         ]
         for config, supervised in setups if run % 2 == 0 else setups[::-1]:
             key = f"{config.processes}x-c1" if supervised else config.key
-            tag = f"{system.name}-cpu20-{key}-run{run + 1}"
             rate = self.burn_down(
-                system, config, tag, plan.cpu_jobs, kind="cpu20", variant=None,
-                supervised=supervised,
-            )  # fmt: skip
+                system, config, plan.cpu_jobs, kind="cpu20", variant=None, supervised=supervised
+            )
             self.record(system, f"cpu20_{key}", rate, plan.cpu_jobs)
 
     def asynchronous_commit(self, system: System, run: int) -> None:
@@ -491,21 +506,19 @@ class Runner:
         handler at ``sleep_concurrency``. The durable half measures again what the
         burn-downs before did: its per-job costs are not recorded."""
         plan, sleep = self.plan, self.plan.sleep_concurrency
-        burn_jobs, sleep_jobs = (
-            plan.for_system(plan.burn_jobs, system.name),
-            plan.sleep_jobs_of(system.name),
-        )
         # (name, set-up, jobs, handler, the per-job costs' variant of the async half)
         cases = [
-            ("c1", WorkerConfig(1, 1), burn_jobs, "noop", "async"),
-            (f"sleep5_c{sleep}", WorkerConfig(1, sleep), sleep_jobs, "sleep5", "sleep5-async"),
-        ]
+            ("c1", WorkerConfig(1, 1), plan.for_system(plan.burn_jobs, system.name), "noop",
+             "async"),
+            (f"sleep5_c{sleep}", WorkerConfig(1, sleep), plan.sleep_jobs_of(system.name),
+             "sleep5", "sleep5-async"),
+        ]  # fmt: skip
         modes = ["durable", "async"] if run % 2 == 0 else ["async", "durable"]
         for name, config, jobs, kind, async_variant in cases:
             for mode in modes:
                 rate = self.burn_down(
-                    system, config, f"{system.name}-{mode}-{name}-run{run + 1}", jobs, kind=kind,
-                    extra_env=jobs_env({"ASYNCHRONOUS_COMMIT": mode == "async"}),
+                    system, config, jobs, kind=kind,
+                    settings={"ASYNCHRONOUS_COMMIT": mode == "async"},
                     variant=async_variant if mode == "async" else None,
                 )  # fmt: skip
                 self.record(system, f"syncmode_{name}_{mode}", rate, jobs)
@@ -521,14 +534,9 @@ class Runner:
                     record(system, "enqueue_bulk", self.enqueue(system, bulk=True), plan.bulk_jobs)
                 count = plan.for_system(plan.burn_jobs, system.name)
                 for config in dict.fromkeys(system.worker_config(c) for c in plan.configs):
-                    tag = f"{system.name}-{config.key}-run{run + 1}"
-                    record(
-                        system,
-                        f"burn_{config.key}",
-                        self.burn_down(system, config, tag, count),
-                        count,
-                    )
-                rate = self.sleep5(system, run, plan.sleep_concurrency, {})
+                    rate = self.burn_down(system, config, count)
+                    record(system, f"burn_{config.key}", rate, count)
+                rate = self.sleep5(system, plan.sleep_concurrency, {})
                 key = system.worker_config(WorkerConfig(1, plan.sleep_concurrency)).key
                 record(system, f"sleep5_{key}", rate, plan.sleep_jobs_of(system.name))
                 if system.name == OURS:
@@ -556,16 +564,6 @@ class Runner:
         return results
 
 
-def median_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median of each numeric field over runs; other fields as in the last run."""
-    merged: dict[str, Any] = {}
-    for name in runs[-1]:
-        values = [r[name] for r in runs if isinstance(r.get(name), int | float)]
-        merged[name] = median(values) if values else runs[-1][name]
-    merged["runs"] = len(runs)
-    return merged
-
-
 # --------------------------------------------------------------------------- claim cost
 
 
@@ -576,10 +574,8 @@ def timed_claims(plan: Plan, into: list[Any]) -> tuple[list[float], list[float]]
     from jobs import execution
 
     timings: tuple[list[float], list[float]] = ([], [])
-    for limit, count, times in (
-        (1, plan.claim_samples, timings[0]),
-        (16, plan.claim_batches, timings[1]),
-    ):
+    counts = (plan.claim_samples, plan.claim_batches)
+    for limit, count, times in zip((1, 16), counts, timings, strict=True):
         for _ in range(count):
             start = time.perf_counter()
             claims = execution.claim_due("claim-cost", limit=limit)
@@ -597,6 +593,13 @@ def _complete(claimed: list[Any]) -> None:
         execution.complete_many([(c, None) for c in claimed[start : start + 500]])
 
 
+def _ratios(low: dict[str, Any], high: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """``high`` over ``low`` of the claims of 1 and of 16 (``ratio_claim_1``, ...)."""
+    return {
+        f"{prefix}ratio_claim_{n}": high[f"claim_{n}_ms"] / low[f"claim_{n}_ms"] for n in (1, 16)
+    }
+
+
 def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     """Claim cost of our store with ``finished_rows`` finished jobs in the table
     versus an empty table: single claims, claims of 16, and a burn-down."""
@@ -606,9 +609,8 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
 
     def measure(label: str) -> dict[str, Any]:
         ledon.seed(plan.claim_samples + plan.claim_batches * 16)
-        runner.admin("VACUUM ANALYZE jobs_job")
-        runner.admin("VACUUM ANALYZE jobs_jobattempt")
-        runner.admin("CHECKPOINT")
+        for sql in ("VACUUM ANALYZE jobs_job", "VACUUM ANALYZE jobs_jobattempt", "CHECKPOINT"):
+            runner.admin(sql)
         claimed: list[Any] = []
         singles, batches = timed_claims(plan, claimed)
         # Finish what was claimed, so that no attempt is left Running (and the
@@ -648,8 +650,7 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
         "finished_rows": plan.finished_rows,
         "empty": empty,
         "loaded": loaded,
-        "ratio_claim_1": loaded["claim_1_ms"] / empty["claim_1_ms"],
-        "ratio_claim_16": loaded["claim_16_ms"] / empty["claim_16_ms"],
+        **_ratios(empty, loaded),
     }
 
 
@@ -724,10 +725,8 @@ def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
         "warm_claims": plan.queued_warm,
         "shallow": shallow,
         "deep": deep,
-        "ratio_claim_1": deep["claim_1_ms"] / shallow["claim_1_ms"],
-        "ratio_claim_16": deep["claim_16_ms"] / shallow["claim_16_ms"],
-        "steady_ratio_claim_1": deep["steady"]["claim_1_ms"] / shallow["steady"]["claim_1_ms"],
-        "steady_ratio_claim_16": deep["steady"]["claim_16_ms"] / shallow["steady"]["claim_16_ms"],
+        **_ratios(shallow, deep),
+        **_ratios(shallow["steady"], deep["steady"], "steady_"),
     }
 
 
@@ -774,11 +773,11 @@ def load_finished(rows: int) -> None:
         )
 
 
-# --------------------------------------------------------------------------- flow control
+# --------------------------------------------------------------------------- parts alone
 
 #: The queue limits of each flow-control burn-down (``JOBS["QUEUES"]`` of the
-#: workers, through ``BENCH_JOBS_QUEUES``). None binds at concurrency 16 in one
-#: process: they measure what keeping limits costs, not what limiting does.
+#: workers). None binds at concurrency 16 in one process: they measure what keeping
+#: limits costs, not what limiting does.
 FLOW_VARIANTS: dict[str, dict[str, Any] | None] = {
     "off": None,
     "max_running": {"default": {"max_running": 64}},
@@ -788,20 +787,18 @@ FLOW_VARIANTS: dict[str, dict[str, Any] | None] = {
 }
 
 
-def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
+def flow_control(runner: Runner, chosen: list[System]) -> dict[str, Any]:
     """Burn-down of ``flow_burn_jobs`` by one worker process at concurrency 16 with
     each of :data:`FLOW_VARIANTS`, order rotated per run; the medians and each
     variant's slowdown (off ÷ on jobs/s)."""
-    plan = runner.plan
-    names = list(FLOW_VARIANTS)
-    raw: dict[str, list[float]] = {name: [] for name in names}
+    (ledon,), plan = chosen, runner.plan
+    raw: dict[str, list[float]] = {name: [] for name in FLOW_VARIANTS}
     for run in range(plan.runs):
-        for name in rotated(names, run):
+        for name in rotated(list(FLOW_VARIANTS), run):
             limits = FLOW_VARIANTS[name]
-            env = {"BENCH_JOBS_QUEUES": json.dumps(limits)} if limits else None
             rate = runner.burn_down(
-                ledon, WorkerConfig(1, 16), f"flow-{name}-run{run + 1}", plan.flow_burn_jobs,
-                extra_env=env, variant=f"limits-{name}",
+                ledon, WorkerConfig(1, 16), plan.flow_burn_jobs,
+                settings={"QUEUES": limits} if limits else None, variant=f"limits-{name}",
             )  # fmt: skip
             raw[name].append(rate)
             runner.log(f"  limits {name:12} {rate:10.1f} jobs/s")
@@ -811,16 +808,142 @@ def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
         "limits": FLOW_VARIANTS,
         "runs": raw,
         "median": medians,
-        "slowdown": {name: medians["off"] / medians[name] for name in names if name != "off"},
+        "slowdown": {name: medians["off"] / medians[name] for name in raw if name != "off"},
     }
 
 
-# --------------------------------------------------------------------------- parts alone
+def cpu_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """:meth:`Runner.cpu_bound` over the plan's runs: the medians by set-up."""
+    (ours,) = chosen
+    for run in range(runner.plan.runs):
+        runner.cpu_bound(ours, run)
+    medians = runner.record.medians()[OURS]
+    return {
+        "jobs": runner.plan.cpu_jobs,
+        "runs": runner.record.raw[OURS],
+        "median": {k: {"median": m} for k, m in medians.items()},
+    }
 
 
-@contextmanager
-def part_alone(
-    name: str,
+#: The burn-downs of ``--only burn-down``: (handler, worker processes, concurrency, our
+#: ``JOBS`` settings added — those set-ups only for ours).
+ALONE_BURNS: tuple[tuple[str, int, int, dict[str, Any]], ...] = (
+    ("noop", 1, 4, {}),
+    ("noop", 1, 4, {"PREFETCH": 0}),
+    ("noop", 1, 16, {}),
+    ("noop", 1, 16, {"PREFETCH": 0}),
+    ("noop", 1, 16, {"CLAIM_BATCH_SIZE": 16}),
+    ("noop", 2, 16, {}),
+    ("sleep5", 1, 16, {}),
+    ("sleep5", 1, 16, {"PREFETCH": 0}),
+    ("sleep5", 1, 64, {}),
+)
+
+
+def burn_down_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """The burn-downs of :data:`ALONE_BURNS`, the systems interleaved round by round:
+    medians, ours over each other system's, the 5 ms handler's share of the ideal
+    rate at each concurrency."""
+    plan = runner.plan
+    for run in range(plan.runs):
+        runner.log(f"run {run + 1} of {plan.runs}")
+        for system in rotated(chosen, run):
+            count = plan.for_system(plan.burn_jobs, system.name)
+            for kind, processes, concurrency, extra in ALONE_BURNS:
+                if extra and system.name != OURS:
+                    continue
+                if kind == "sleep5":
+                    rate = runner.sleep5(system, concurrency, extra)
+                    key = f"sleep5-c{concurrency}{_variant(extra)}"
+                else:
+                    config = system.worker_config(WorkerConfig(processes, concurrency))
+                    rate = runner.burn_down(system, config, count, settings=extra, variant=None)
+                    key = f"{processes}x{concurrency}{_variant(extra)}"
+                runner.record(system, key, rate)
+    medians = runner.record.medians()
+    ours = medians.get(OURS, {})
+    return {
+        "runs": runner.record.raw,
+        "median": medians,
+        "ours_over": {
+            name: {k: ours[k] / v for k, v in values.items() if k in ours and v}
+            for name, values in medians.items()
+            if name != OURS
+        },
+        "sleep5_of_ideal": {
+            key: rate / (int(key.split("-")[1][1:]) * 200.0)
+            for key, rate in ours.items()
+            if key.startswith("sleep5-")
+        },
+    }
+
+
+def bulk_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """The bulk enqueue of each system with a bulk API, in interleaved rounds: jobs/s,
+    and per job the WAL written and, with ``pg_stat_statements``, the statements sent
+    and the server's time executing them (µs; the rest of a job's time is the
+    client's, the round trip and the commit)."""
+    plan, count = runner.plan, runner.plan.bulk_jobs
+    costs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
+    for run in range(plan.runs):
+        runner.log(f"bulk run {run + 1} of {plan.runs}")
+        for system in rotated(chosen, run):
+            cost: dict[str, Any] = {}
+            runner.fresh(system)  # its TRUNCATE and CHECKPOINT are not the system's
+            with physical.counting(runner.database_url, runner.statements, cost):
+                start = time.perf_counter()
+                system.enqueue_bulk(count)
+                rate = count / (time.perf_counter() - start)
+            entry = {"wal_bytes": cost["wal_bytes"] / count}
+            if "statements" in cost:
+                entry["statements"] = cost["statements"] / count
+                entry["server_us"] = cost["execution_ms"] * 1000 / count
+                entry["top"] = cost["top"]
+            costs[system.name].append(entry)
+            runner.record(system, "bulk", rate)
+    return {
+        "jobs": count,
+        "runs": {name: keys["bulk"] for name, keys in runner.record.raw.items()},
+        "median": {name: keys["bulk"] for name, keys in runner.record.medians().items()},
+        "per_job": {name: median_fields(entries) for name, entries in costs.items()},
+    }
+
+
+def pickup_and_enqueue(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """Every system's idle pickup latency and one-by-one enqueue (median of the runs)."""
+    result: dict[str, Any] = {"latency": {}, "enqueue_each": {}}
+    for system in chosen:
+        runner.log(f"{system.name}: idle pickup latency, one-by-one enqueue")
+        result["latency"][system.name] = runner.latency(system)
+        rates = [runner.enqueue(system) for _ in range(runner.plan.runs)]
+        result["enqueue_each"][system.name] = median(rates)
+    return result
+
+
+Part = Callable[[Runner, list[System]], dict[str, Any]]
+
+#: The parts ``--only`` measures alone: name -> (the measurement, the systems it takes
+#: of those asked for). ``targets`` is four of them, with the verdicts.
+PARTS: dict[str, tuple[Part, Callable[[list[str]], list[str]]]] = {
+    "flow-control": (flow_control, lambda names: [OURS]),
+    "burn-down": (burn_down_alone, lambda names: names),
+    "bulk": (bulk_alone, lambda names: [n for n in names if adapter(n).has_bulk]),
+    "cpu": (cpu_alone, lambda names: [OURS]),
+    "pickup-enqueue": (pickup_and_enqueue, lambda names: names),
+}
+#: The parts of ``targets``, by the key of its document.
+TARGET_PARTS = {"burn": "burn-down", "flow": "flow-control", "cpu": "cpu", "idle": "pickup-enqueue"}
+
+
+def write_part(out_dir: Path, name: str, result: dict[str, Any]) -> Path:
+    """The figures of one part measured alone, as ``<name>-<time>.json`` in ``out_dir``."""
+    path = out_dir / f"{name}-{_stamp()}.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path
+
+
+def alone(
+    part: str,
     systems: list[str],
     *,
     plan: Plan,
@@ -828,162 +951,37 @@ def part_alone(
     out_dir: Path,
     log: Log,
     admin: Callable[[str], None],
-) -> Iterator[tuple[Runner, list[System], dict[str, Any]]]:
-    """One part of the run measured alone (``--only``): the ``systems`` installed and a
-    runner over them; the part fills the dict yielded, which is then written, with the
-    load average at the part's start and end, as JSON named after ``name`` into
-    ``out_dir``."""
+) -> dict[str, Any]:
+    """Only ``part`` of :data:`PARTS` (``--only``), or ``targets``: the systems it
+    takes installed and a runner over them; its figures, with the load average at
+    its start and end, written as JSON named after the part into ``out_dir``."""
+    session = {"plan": plan, "database_url": database_url, "out_dir": out_dir, "log": log}
+    if part == "targets":
+        from .report import worker_targets
+
+        result = {key: alone(name, systems, admin=admin, **session)  # type: ignore[arg-type]
+                  for key, name in TARGET_PARTS.items()}  # fmt: skip
+        result["rows"] = worker_targets(result)
+        write_part(out_dir, part, result)
+        return result
+    measure, take = PARTS[part]
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    chosen = [adapter(system)(database_url) for system in systems]
+    chosen = [adapter(name)(database_url) for name in take(systems)]
     for system in chosen:
         system.install()
-    result: dict[str, Any] = {}
     load = _load()
     try:
-        yield Runner(plan, chosen, admin, log_dir, log, database_url), chosen, result
+        result = measure(Runner(plan, chosen, admin, log_dir, log, database_url), chosen)
     finally:
         for system in chosen:
             system.close()
     result["load_average"] = {"start": load, "end": _load()}
-    write_part(out_dir, name, result)
-
-
-def write_part(out_dir: Path, name: str, result: dict[str, Any]) -> Path:
-    """The figures of one part measured alone, as ``<name>-<time>.json`` in ``out_dir``."""
-    path = out_dir / f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(result, indent=2))
-    return path
-
-
-def flow_control_alone(**session: Any) -> dict[str, Any]:
-    """Only :func:`flow_control` (``--only flow-control``; ``session``: the keywords
-    of :func:`part_alone`)."""
-    with part_alone("flow-control", [OURS], **session) as (runner, (ours,), flow):
-        runner.log("flow control (limits on versus off)")
-        flow.update(flow_control(runner, ours))
-    return flow
-
-
-def cpu_alone(**session: Any) -> dict[str, Any]:
-    """Only :meth:`Runner.cpu_bound` (``--only cpu``), over the plan's runs: the
-    medians by set-up."""
-    plan: Plan = session["plan"]
-    with part_alone("cpu", [OURS], **session) as (runner, (ours,), result):
-        for run in range(plan.runs):
-            runner.cpu_bound(ours, run)
-        raw = runner.record.raw[OURS]
-        medians = runner.record.medians()[OURS]
-        result.update(
-            jobs=plan.cpu_jobs, runs=raw, median={k: {"median": m} for k, m in medians.items()}
-        )
-    return result
-
-
-#: The no-op burn-downs of ``--only burn-down``: (worker processes, concurrency, our
-#: ``JOBS`` settings added — those set-ups only for ours).
-ALONE_BURNS: tuple[tuple[int, int, dict[str, Any]], ...] = (
-    (1, 4, {}),
-    (1, 4, {"PREFETCH": 0}),
-    (1, 16, {}),
-    (1, 16, {"PREFETCH": 0}),
-    (1, 16, {"CLAIM_BATCH_SIZE": 16}),
-    (2, 16, {}),
-)
-#: Its 5 ms handler's: (concurrency, our ``JOBS`` settings added), one process.
-ALONE_SLEEPS: tuple[tuple[int, dict[str, Any]], ...] = ((16, {}), (16, {"PREFETCH": 0}), (64, {}))
-
-
-def _variant(settings: dict[str, Any]) -> str:
-    """A set-up's name suffix for our added ``JOBS`` settings: ``-prefetch0``."""
-    return "".join(f"-{k.lower()}{v}" for k, v in settings.items())
-
-
-def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
-    """Only the no-op burn-downs of :data:`ALONE_BURNS` and the 5 ms handler's of
-    :data:`ALONE_SLEEPS` (the settings only for ours) of ``systems`` (``--only
-    burn-down``), the systems interleaved round by round: medians, ours over each
-    other system's, the 5 ms handler's share of the ideal rate at each concurrency."""
-    plan: Plan = session["plan"]
-    with part_alone("burn-down", systems, **session) as (runner, chosen, result):
-        for run in range(plan.runs):
-            runner.log(f"run {run + 1} of {plan.runs}")
-            for system in rotated(chosen, run):
-                ours = system.name == OURS
-                count = plan.for_system(plan.burn_jobs, system.name)
-                for processes, concurrency, extra in ALONE_BURNS:
-                    if ours or not extra:
-                        config = system.worker_config(WorkerConfig(processes, concurrency))
-                        key = f"{processes}x{concurrency}{_variant(extra)}"
-                        tag = f"{system.name}-{key}-run{run + 1}"
-                        rate = runner.burn_down(
-                            system, config, tag, count, extra_env=jobs_env(extra), variant=None
-                        )
-                        runner.record(system, key, rate)
-                for concurrency, extra in ALONE_SLEEPS:
-                    if ours or not extra:
-                        rate = runner.sleep5(system, run, concurrency, extra)
-                        runner.record(system, f"sleep5-c{concurrency}{_variant(extra)}", rate)
-        medians = runner.record.medians()
-        ours_medians = medians.get(OURS, {})
-        result.update(
-            runs=runner.record.raw,
-            median=medians,
-            ours_over={
-                name: {k: ours_medians[k] / v for k, v in values.items() if k in ours_medians and v}
-                for name, values in medians.items()
-                if name != OURS
-            },
-            sleep5_of_ideal={
-                key: rate / (int(key.split("-")[1][1:]) * 200.0)
-                for key, rate in ours_medians.items()
-                if key.startswith("sleep5-")
-            },
-        )
-    return result
-
-
-def bulk_alone(systems: list[str], **session: Any) -> dict[str, Any]:
-    """Only the bulk enqueue (``--only bulk``) of each of ``systems`` with a bulk API,
-    in interleaved rounds: jobs/s, and per job the WAL written and, with
-    ``pg_stat_statements``, the statements sent and the server's time executing them
-    (µs; the rest of a job's time is the client's, the round trip and the commit)."""
-    plan: Plan = session["plan"]
-    with_bulk = [name for name in systems if adapter(name).has_bulk]
-    with part_alone("bulk", with_bulk, **session) as (runner, chosen, result):
-        count = plan.bulk_jobs
-        costs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
-        for run in range(plan.runs):
-            runner.log(f"bulk run {run + 1} of {plan.runs}")
-            for system in rotated(chosen, run):
-                cost: dict[str, Any] = {}
-                runner.fresh(system)  # its TRUNCATE and CHECKPOINT are not the system's
-                with physical.counting(runner.database_url, runner.statements, cost):
-                    start = time.perf_counter()
-                    system.enqueue_bulk(count)
-                    rate = count / (time.perf_counter() - start)
-                entry = {"wal_bytes": cost["wal_bytes"] / count}
-                if "statements" in cost:
-                    entry["statements"] = cost["statements"] / count
-                    entry["server_us"] = cost["execution_ms"] * 1000 / count
-                    entry["top"] = cost["top"]
-                costs[system.name].append(entry)
-                runner.record(system, "bulk", rate)
-        result.update(
-            jobs=count,
-            runs={name: keys["bulk"] for name, keys in runner.record.raw.items()},
-            median={name: keys["bulk"] for name, keys in runner.record.medians().items()},
-            per_job={name: median_fields(entries) for name, entries in costs.items()},
-        )
+    write_part(out_dir, part, result)
     return result
 
 
 # --------------------------------------------------------------------------- entry
-
-
-def _load() -> list[float]:
-    """The machine's 1, 5 and 15 minute load averages."""
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def run_all(
@@ -1004,17 +1002,16 @@ def run_all(
 
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    chosen: list[System] = []
-    skipped: dict[str, str] = {}
-    for name in systems:
-        if adapter(name).available():
-            chosen.append(adapter(name)(database_url))
-        else:
-            skipped[name] = "not installed (pip install -e '.[bench]')"
+    chosen = [adapter(name)(database_url) for name in systems if adapter(name).available()]
+    skipped = {
+        name: "not installed (pip install -e '.[bench]')"
+        for name in systems
+        if not adapter(name).available()
+    }
     for system in chosen:
         system.install()
     runner = Runner(plan, chosen, admin, log_dir, log, database_url)
-    path = out_dir / f"results-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
+    path = out_dir / f"results-{_stamp()}.json"
     ours = next((s for s in chosen if s.name == OURS), None)
     environment = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -1032,12 +1029,11 @@ def run_all(
             written.write_text(json.dumps(document, indent=2))
 
     try:
-        systems_results = runner.run()
         save(
+            systems=runner.run(),
             environment=environment,
             plan={**asdict(plan), "configs": [asdict(c) for c in plan.configs]},
             quick=plan.runs == 1 and plan.finished_rows < 1_000_000,
-            systems=systems_results,
             skipped=skipped,
             statements_measured=runner.statements,
         )
@@ -1048,7 +1044,7 @@ def run_all(
             save(queued_claim_cost=queued_claim_cost(runner, ours))
         if ours is not None:
             log("flow control (limits on versus off)")
-            save(flow_control=flow_control(runner, ours))
+            save(flow_control=flow_control(runner, [ours]))
             log("outbox dispatch")
             outbox = extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin)
             log(f"  {outbox['median']:,.0f} messages/s")

@@ -5,6 +5,7 @@ the figures mean is written by hand in ``docs/benchmarks.md``."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,7 +58,7 @@ def _ratio(ours: float | None, peer: float | None) -> str:
     return f"{ours / peer:.1f}×"
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table; :data:`NOT_MEASURED` without rows."""
     if not rows:
         return NOT_MEASURED
@@ -66,10 +67,10 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _columns(rows: Sequence[dict[str, Any]]) -> str:
+def columns(rows: Sequence[dict[str, Any]]) -> str:
     """A Markdown table of ``rows`` given as {heading: cell}, every row with the same
     headings; :data:`NOT_MEASURED` without rows."""
-    return _table(list(rows[0]) if rows else [], [list(row.values()) for row in rows])
+    return table(list(rows[0]) if rows else [], [list(row.values()) for row in rows])
 
 
 def _systems(document: Document) -> list[str]:
@@ -194,7 +195,7 @@ def throughput_table(document: Document) -> str:
         if any(value for value, _ in cells.values()):
             row(f"Burn-down, 5 ms handler, 1 process, concurrency {concurrency}", cells)
     head = ["Measurement (jobs/s, median)", *names, *[f"{OURS} ÷ {p}" for p in peers]]
-    return _table(head, rows)
+    return table(head, rows)
 
 
 def cpu_table(document: Document) -> str:
@@ -212,9 +213,7 @@ def cpu_table(document: Document) -> str:
         else:
             label = f"one worker process, `--concurrency {setup.split('p-c')[1]}`"
         rows.append([label, _num(ours[key]["median"]), _ratio(ours[key]["median"], single)])
-    return _table(
-        ["Set-up (same handler threads in all)", "jobs/s (median)", "÷ one process"], rows
-    )
+    return table(["Set-up (same handler threads in all)", "jobs/s (median)", "÷ one process"], rows)
 
 
 def latency_table(document: Document) -> str:
@@ -225,7 +224,7 @@ def latency_table(document: Document) -> str:
         if lat:
             ratio = "—" if n == OURS else _ratio(lat["p50_ms"], ours.get("p50_ms"))
             rows.append([n, lat["samples"], _num(lat["p50_ms"], 2), _num(lat["p99_ms"], 2), ratio])
-    return _table(["System", "Samples", "p50 (ms)", "p99 (ms)", "p50 ratio to ours"], rows)
+    return table(["System", "Samples", "p50 (ms)", "p99 (ms)", "p50 ratio to ours"], rows)
 
 
 def claim_table(document: Document) -> str:
@@ -244,7 +243,7 @@ def claim_table(document: Document) -> str:
             ratio = a / b if higher_is_better else b / a
             rows.append([label, _num(a, digits), _num(b, digits), f"{ratio:.2f}"])
     loaded_head = f"{cost['finished_rows']:,} finished jobs"
-    return _table(["Measurement", "Empty table", loaded_head, "Cost ratio"], rows)
+    return table(["Measurement", "Empty table", loaded_head, "Cost ratio"], rows)
 
 
 def floor_table(document: Document) -> str:
@@ -268,7 +267,7 @@ def floor_table(document: Document) -> str:
         rows.append([label, _num(tps), f"{1000 / tps * clients:.2f}"])
     if c1:
         rows.append(["Our worker, 1 process, concurrency 1", _num(c1), f"{1000 / c1:.2f}"])
-    return _table(["Measurement", "per second", "ms each"], rows)
+    return table(["Measurement", "per second", "ms each"], rows)
 
 
 def scale_table(document: Document) -> str:
@@ -299,7 +298,7 @@ def scale_table(document: Document) -> str:
                 "who waited for whom (samples)": waits or "—",
             }
         )
-    return _columns(rows)
+    return columns(rows)
 
 
 def per_job_table(document: Document) -> str:
@@ -320,7 +319,7 @@ def per_job_table(document: Document) -> str:
                     "CPUs busy": _cpus(cost),
                 }
             )
-    return _columns(rows)
+    return columns(rows)
 
 
 #: The parts of one job's time in the profile: (key, label).
@@ -370,8 +369,8 @@ def profile_section(document: Document) -> str:
     ]
     functions = "Costliest functions at concurrency 1 (cProfile, own time)"
     if not top:
-        return _table(head, rows)
-    return _table(head, rows) + "\n\n" + _table([functions, "calls per job", "own µs per job"], top)
+        return table(head, rows)
+    return table(head, rows) + "\n\n" + table([functions, "calls per job", "own µs per job"], top)
 
 
 def sleep_table(document: Document) -> str:
@@ -407,7 +406,7 @@ def sleep_table(document: Document) -> str:
                 f"{slot['jobs_per_settle']:.1f}; {slot['wal_sync_ms']:.2f}",
             ],
         ]
-    return _table(["Measurement", "Value"], rows)
+    return table(["Measurement", "Value"], rows)
 
 
 def syncmode_table(document: Document) -> str:
@@ -431,7 +430,7 @@ def syncmode_table(document: Document) -> str:
                 "async ÷ durable": _ratio(fast, durable),
             }
         )
-    return _columns(rows)
+    return columns(rows)
 
 
 def queued_table(document: Document) -> str:
@@ -458,7 +457,7 @@ def queued_table(document: Document) -> str:
         "Measurement", f"{cost['shallow_rows']:,} queued", f"{cost['deep_rows']:,} queued",
         "Cost ratio",
     ]  # fmt: skip
-    return _table(head, rows)
+    return table(head, rows)
 
 
 def flow_table(document: Document) -> str:
@@ -471,7 +470,7 @@ def flow_table(document: Document) -> str:
         label = ", ".join(f"{k}={v}" for k, v in limits["default"].items()) if limits else "none"
         slowdown = "—" if name == "off" else f"{flow['slowdown'][name]:.2f}×"
         rows.append([label, _num(rate), slowdown])
-    return _table(["Limits", "Burn-down (jobs/s)", "Slowdown"], rows)
+    return table(["Limits", "Burn-down (jobs/s)", "Slowdown"], rows)
 
 
 def extras_section(document: Document) -> str:
@@ -490,7 +489,7 @@ def extras_section(document: Document) -> str:
         ],
         ["For scale: one durable transaction writing one row", f"{sagas['commit_ms']:.2f} ms"],
     ]
-    return _table(["Measurement", "Median"], rows)
+    return table(["Measurement", "Median"], rows)
 
 
 def bulk_table(bulk: dict[str, Any]) -> str:
@@ -514,7 +513,7 @@ def bulk_table(bulk: dict[str, Any]) -> str:
         )
     rounds = len(next(iter(bulk["runs"].values())))
     title = f"Bulk enqueue of {bulk['jobs']:,} jobs, medians of {rounds} interleaved rounds"
-    return f"{title}\n\n{_columns(rows)}"
+    return f"{title}\n\n{columns(rows)}"
 
 
 def compare_table(document: Document) -> str:
@@ -536,7 +535,7 @@ def compare_table(document: Document) -> str:
             ratio = f"{values[0] / values[1]:.2f}" if values[0] and values[1] else "—"
             rows.append([setup, label, *(_num(v, digits) for v in values), ratio])
     head = ["Burn-down", "Figure", *(f"`{n}`" for n in names), f"{names[0]} ÷ {names[1]}"]
-    return _table(head, rows)
+    return table(head, rows)
 
 
 # --------------------------------------------------------------------------- targets
@@ -655,12 +654,82 @@ def targets(document: Document) -> list[Target]:
     return [target for target in out if target is not None]
 
 
+def worker_targets(document: Document) -> list[dict[str, Any]]:
+    """The worker's targets of ``--only targets`` (its parts' figures: ``burn``,
+    ``flow``, ``cpu``, ``idle``): what, ours, against (pgqueuer unless said), ratio,
+    goal and whether it holds; a row is left out unless both figures are measured."""
+    burn, flow, cpu = document["burn"]["median"], document["flow"]["median"], document["cpu"]
+    ours, peer = burn.get(OURS, {}), burn.get("pgqueuer", {})
+    threads = [v["median"] for k, v in cpu["median"].items() if "x-c1" not in k]
+    processes = [v["median"] for k, v in cpu["median"].items() if "x-c1" in k]
+    latency, enqueue = document["idle"]["latency"], document["idle"]["enqueue_each"]
+    best_peer = min((v["p50_ms"] for k, v in latency.items() if k != OURS), default=None)
+    # (what, ours, against, goal, at most): a claim's cost is the inverse of the
+    # burn-down's rate, the seconds a job takes with every limit set over those without.
+    wanted: list[tuple[str, float | None, float | None, float, bool]] = [
+        ("5 ms handler, concurrency 16: share of the ideal 3,200/s", ours.get("sleep5-c16"),
+         3200, 0.85, False),
+        ("5 ms handler, concurrency 64", ours.get("sleep5-c64"), peer.get("sleep5-c64"), 1.0,
+         False),
+        ("No-op, 1 process, concurrency 4", ours.get("1x4"), peer.get("1x4"), 1.0, False),
+        ("No-op, 1 process, concurrency 16", ours.get("1x16"), peer.get("1x16"), 1.5, False),
+        ("No-op, 2 processes x 16", ours.get("2x16"), peer.get("2x16"), 1.2, False),
+        ("Claims with every limit set (none binding): ms per job against none",
+         1000 / flow["all_three"], 1000 / flow["off"], 1.1, True),
+        ("CPU-bound handler, --processes 2 against one process of two threads",
+         processes[0] if processes else None, threads[0] if threads else None, 1.7, False),
+        ("Idle pickup p50 (ms), against the best peer's",
+         latency.get(OURS, {}).get("p50_ms"), best_peer, 1.0, True),
+        ("Enqueue one by one", enqueue.get(OURS), enqueue.get("pgqueuer"), 1.0, False),
+    ]  # fmt: skip
+    return [
+        {
+            "what": what,
+            "ours": value,
+            "against": against,
+            "ratio": value / against,
+            "goal": f"{'≤' if at_most else '≥'} {goal:g}",
+            "holds": value / against <= goal if at_most else value / against >= goal,
+        }
+        for what, value, against, goal, at_most in wanted
+        if value and against
+    ]
+
+
+def worker_targets_table(document: Document) -> str:
+    """The worker's targets, then our burn-down set-ups beside the defaults."""
+    rows = [
+        [r["what"], _num(r["ours"], 2), _num(r["against"], 2), f"{r['ratio']:.2f}", r["goal"],
+         "holds" if r["holds"] else "misses"]
+        for r in document["rows"]
+    ]  # fmt: skip
+    extra = sorted(document["burn"]["median"].get(OURS, {}).items())
+    return "\n\n".join(
+        [
+            table(["target", "django-ledon", "against", "ratio", "goal", "verdict"], rows),
+            table(["our set-up", "jobs/s (median)"], [[f"`{k}`", _num(v)] for k, v in extra]),
+        ]
+    )
+
+
+#: What ``--only`` prints of each part's figures.
+ONLY: dict[str, Callable[[dict[str, Any]], str]] = {
+    "flow-control": lambda part: flow_table({"flow_control": part}),
+    "burn-down": lambda part: json.dumps(
+        {key: part[key] for key in ("median", "ours_over", "sleep5_of_ideal")}
+    ),
+    "bulk": lambda part: bulk_table(part),
+    "cpu": lambda part: cpu_table({"systems": {OURS: part["median"]}}),
+    "targets": worker_targets_table,
+}
+
+
 def targets_table(document: Document) -> str:
     rows = [
         [target, measured, "n/a" if holds is None else ("yes" if holds else "**no**")]
         for target, measured, holds in [*physical_targets(document), *targets(document)]
     ]
-    return _table(["Target", "Measured", "Holds"], rows)
+    return table(["Target", "Measured", "Holds"], rows)
 
 
 # --------------------------------------------------------------------------- the page
@@ -730,7 +799,7 @@ def header(document: Document) -> str:
         rows.append(["Not measured", ", ".join(f"{k} ({v})" for k, v in skipped.items())])
     if not document.get("statements_measured", True):
         rows.append(["Statements per job", "not measured (no `pg_stat_statements`)"])
-    return _table(["Run", ""], rows)
+    return table(["Run", ""], rows)
 
 
 def render(document: Document) -> str:
@@ -743,9 +812,9 @@ def render(document: Document) -> str:
         "",
         header(document),
     ]
-    for title, table in SECTIONS:
-        parts += ["", f"## {title}", "", table(document)]
-        if table is throughput_table:
+    for title, section in SECTIONS:
+        parts += ["", f"## {title}", "", section(document)]
+        if section is throughput_table:
             parts += ["", LEGEND]
     return "\n".join(parts).rstrip() + "\n"
 
@@ -753,4 +822,4 @@ def render(document: Document) -> str:
 def summary_table(document: Document) -> str:
     """What a run prints at its end."""
     tables = (throughput_table, latency_table, claim_table, flow_table, targets_table)
-    return "\n\n".join(table(document) for table in tables)
+    return "\n\n".join(section(document) for section in tables)
