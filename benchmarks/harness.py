@@ -412,15 +412,8 @@ class Runner:
         rate = burn(system, running, count, kind, measure)
         if variant is None:
             return rate
-        entry: dict[str, Any] = {
-            "jobs": count,
-            "wal_bytes": (cost["wal_bytes"] - seed["wal_bytes"]) / count,
-        }
-        if "statements" in cost:
-            entry.update(statements=cost["statements"] / count, top=cost["top"])
-        if "cpus_busy" in cost:
-            entry.update(cpus_busy=cost["cpus_busy"], cpus=cost["cpus"])
-        entry["worker_cpu_ms"] = cost["worker_cpu_s"] * 1000 / count
+        cost["wal_bytes"] -= seed["wal_bytes"]
+        entry = {"jobs": count, **physical.per_job(cost, count)}
         key = system.worker_config(config).key + (f"/{variant}" if variant else "")
         self.costs.setdefault(system.name, {}).setdefault(key, []).append(entry)
         return rate
@@ -894,12 +887,7 @@ def bulk_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
                 start = time.perf_counter()
                 system.enqueue_bulk(count)
                 rate = count / (time.perf_counter() - start)
-            entry = {"wal_bytes": cost["wal_bytes"] / count}
-            if "statements" in cost:
-                entry["statements"] = cost["statements"] / count
-                entry["server_us"] = cost["execution_ms"] * 1000 / count
-                entry["top"] = cost["top"]
-            costs[system.name].append(entry)
+            costs[system.name].append(physical.per_job(cost, count))
             runner.record(system, "bulk", rate)
     return {
         "jobs": count,
@@ -955,12 +943,16 @@ def alone(
     """Only ``part`` of :data:`PARTS` (``--only``), or ``targets``: the systems it
     takes installed and a runner over them; its figures, with the load average at
     its start and end, written as JSON named after the part into ``out_dir``."""
-    session = {"plan": plan, "database_url": database_url, "out_dir": out_dir, "log": log}
     if part == "targets":
         from .report import worker_targets
 
-        result = {key: alone(name, systems, admin=admin, **session)  # type: ignore[arg-type]
-                  for key, name in TARGET_PARTS.items()}  # fmt: skip
+        session: dict[str, Any] = {
+            "plan": plan, "database_url": database_url, "out_dir": out_dir, "log": log,
+            "admin": admin,
+        }  # fmt: skip
+        result: dict[str, Any] = {
+            key: alone(name, systems, **session) for key, name in TARGET_PARTS.items()
+        }
         result["rows"] = worker_targets(result)
         write_part(out_dir, part, result)
         return result

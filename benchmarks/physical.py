@@ -89,72 +89,32 @@ def floor_loop(url: str, jobs: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- commits
 
 
-def pgbench_path() -> str | None:
-    found = shutil.which("pgbench")
-    if found:
-        return found
-    candidates = sorted(glob("/usr/lib/postgresql/*/bin/pgbench"))
-    return candidates[-1] if candidates else None
-
-
 def commit_rate(url: str, clients: int, seconds: float) -> dict[str, Any]:
     """Durable one-row ``UPDATE`` commits per second with ``clients`` clients, each on
-    its own row (``pgbench`` if installed, else psycopg threads)."""
+    its own row, by ``pgbench`` (it comes with the server's binaries)."""
+    tool = shutil.which("pgbench") or max(glob("/usr/lib/postgresql/*/bin/pgbench"), default="")
+    if not tool:
+        raise RuntimeError("pgbench not found (on PATH or in /usr/lib/postgresql/*/bin)")
     with _connect(url) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {_COMMIT_TABLE}")
         conn.execute(f"CREATE TABLE {_COMMIT_TABLE} (id int PRIMARY KEY, n bigint NOT NULL)")
         conn.execute(
             f"INSERT INTO {_COMMIT_TABLE} SELECT g, 0 FROM generate_series(0, %s) AS g", [clients]
         )
-    tool = pgbench_path()
     try:
-        if tool is None:
-            return {
-                "clients": clients,
-                "tool": "psycopg",
-                "tps": _psycopg_commits(url, clients, seconds),
-            }
-        return {"clients": clients, "tool": "pgbench", "tps": _pgbench(tool, url, clients, seconds)}
+        with tempfile.TemporaryDirectory() as directory:
+            script = Path(directory) / "update.sql"
+            script.write_text(f"UPDATE {_COMMIT_TABLE} SET n = n + 1 WHERE id = :client_id;\n")
+            argv = [tool, "-n", "-M", "prepared", "-f", str(script), "-c", str(clients)]
+            argv += ["-j", str(clients), "-T", str(max(1, round(seconds))), url]
+            done = subprocess.run(argv, capture_output=True, text=True, check=True)
     finally:
         with _connect(url) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {_COMMIT_TABLE}")
-
-
-def _pgbench(tool: str, url: str, clients: int, seconds: float) -> float:
-    with tempfile.TemporaryDirectory() as directory:
-        script = Path(directory) / "update.sql"
-        script.write_text(f"UPDATE {_COMMIT_TABLE} SET n = n + 1 WHERE id = :client_id;\n")
-        argv = [tool, "-n", "-M", "prepared", "-f", str(script), "-c", str(clients)]
-        argv += ["-j", str(clients), "-T", str(max(1, round(seconds))), url]
-        done = subprocess.run(argv, capture_output=True, text=True, check=True)
     match = re.search(r"tps = ([0-9.]+)", done.stdout)
     if match is None:
         raise RuntimeError(f"pgbench printed no tps: {done.stdout[-500:]}")
-    return float(match.group(1))
-
-
-def _psycopg_commits(url: str, clients: int, seconds: float) -> float:
-    counts = [0] * clients
-    barrier = threading.Barrier(clients + 1)
-    deadline: list[float] = []
-
-    def client(index: int) -> None:
-        with _connect(url) as conn:
-            conn.prepare_threshold = 0
-            barrier.wait()
-            while time.perf_counter() < deadline[0]:
-                conn.execute(f"UPDATE {_COMMIT_TABLE} SET n = n + 1 WHERE id = %s", [index])
-                counts[index] += 1
-
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
-    for thread in threads:
-        thread.start()
-    deadline.append(time.perf_counter() + seconds)
-    start = time.perf_counter()
-    barrier.wait()
-    for thread in threads:
-        thread.join()
-    return sum(counts) / (time.perf_counter() - start)
+    return {"clients": clients, "tool": "pgbench", "tps": float(match.group(1))}
 
 
 # --------------------------------------------------------------------------- counters
@@ -206,6 +166,22 @@ def counting(url: str, statements: bool, into: dict[str, Any]) -> Iterator[None]
         execution_ms=float(sum(row[3] for row in rows)),
         top=sorted(top, key=lambda r: -r["calls"])[:8],
     )
+
+
+def per_job(cost: dict[str, Any], jobs: int) -> dict[str, Any]:
+    """What :func:`counting`, :func:`cpu_use` and :func:`worker_cpu` put into ``cost``,
+    per job where it is a total: WAL bytes, statements, the server's µs executing them
+    (with the commonest statements), the CPUs busy, the workers' CPU ms."""
+    entry: dict[str, Any] = {"wal_bytes": cost["wal_bytes"] / jobs}
+    if "statements" in cost:
+        entry["statements"] = cost["statements"] / jobs
+        entry["server_us"] = cost["execution_ms"] * 1000 / jobs
+        entry["top"] = cost["top"]
+    if "cpus_busy" in cost:
+        entry.update(cpus_busy=cost["cpus_busy"], cpus=cost["cpus"])
+    if "worker_cpu_s" in cost:
+        entry["worker_cpu_ms"] = cost["worker_cpu_s"] * 1000 / jobs
+    return entry
 
 
 # --------------------------------------------------------------------------- lock waits

@@ -35,9 +35,10 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
+from unittest import mock
 
 from . import physical
 
@@ -72,18 +73,13 @@ class _Timers:
         return timed
 
 
-@contextmanager
-def _patched(*patches: tuple[Any, str, Callable[..., Any]]) -> Iterator[None]:
+def _patched(*patches: tuple[Any, str, Callable[..., Any]]) -> ExitStack:
     """Replace each ``(owner, name, replacement)`` for the block (where the worker
     looks the name up)."""
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    try:
-        for owner, name, replacement in patches:
-            setattr(owner, name, replacement)
-        yield
-    finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
+    stack = ExitStack()
+    for owner, name, replacement in patches:
+        stack.enter_context(mock.patch.object(owner, name, replacement))
+    return stack
 
 
 def _timed(timers: _Timers) -> list[tuple[Any, str, Callable[..., Any]]]:
@@ -403,13 +399,12 @@ def slot_profile(
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    import os
-    from contextlib import ExitStack
 
     from . import server
+    from .systems.ledon import Ledon
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profiling", description=__doc__)
-    parser.add_argument("--database-url", help="use this server instead of a throw-away one")
+    parser.add_argument("--database-url", help=server.DATABASE_URL_HELP)
     parser.add_argument("--jobs", type=int, default=JOBS)
     parser.add_argument(
         "--slot",
@@ -417,13 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         help="only the slot-turn profile of the 5 ms handler at concurrency 16",
     )
     args = parser.parse_args(argv)
-    from .systems.ledon import Ledon
-
     with ExitStack() as stack:
-        server_url = stack.enter_context(server.server(args.database_url))
-        url = stack.enter_context(
-            server.scratch_database(server_url, f"ledon_profile_{os.getpid()}")
-        )
+        _, url = stack.enter_context(server.database(args.database_url, "ledon_profile"))
         admin = server.django_on(url, stack)
         measure = slot_profile if args.slot else profile
         document = measure(url, Ledon(url), admin, jobs=args.jobs)

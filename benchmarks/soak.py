@@ -231,7 +231,7 @@ def plot(document: dict[str, Any]) -> str:
     """The results as an SVG picture: per minute, each system's pickup p99 and its
     tables' dead tuples, the minutes with the transaction held open shaded."""
     runs = {n: r for n, r in document["systems"].items() if "per_minute" in r}
-    minutes = max(1, math.ceil(document["minutes"]))
+    minutes = max(1, math.ceil(float(document["minutes"])))
     panels = [
         (
             "pickup p99 (ms)",
