@@ -227,23 +227,35 @@ def latency_table(document: Document) -> str:
     return table(["System", "Samples", "p50 (ms)", "p99 (ms)", "p50 ratio to ours"], rows)
 
 
+#: The rows of the claim-cost tables: (label, key, digits).
+_CLAIMS = (
+    ("One claim of 1 job (ms, median)", "claim_1_ms", 2),
+    ("One claim of 16 jobs (ms, median)", "claim_16_ms", 2),
+    ("Server execution per claimed job (ms)", "server_ms_per_job", 3),
+    ("WAL per claimed job (bytes)", "wal_bytes_per_job", 0),
+    ("Burn-down, 1 process, concurrency 16 (jobs/s)", "burn_down_1p_c16", 0),
+)
+
+
+def _cost_rows(low: dict[str, Any], high: dict[str, Any], suffix: str = "") -> list[list[str]]:
+    """A row of each of :data:`_CLAIMS` measured in both: the figure in ``low`` and in
+    ``high``, and the cost ratio (high's over low's; of a rate, low's over high's)."""
+    rows = []
+    for label, key, digits in _CLAIMS:
+        if key in low and key in high:
+            a, b = (high[key], low[key]) if "burn_down" in key else (low[key], high[key])
+            ratio = f"{b / a:.2f}" if a else "—"
+            rows.append([label + suffix, _num(low[key], digits), _num(high[key], digits), ratio])
+    return rows
+
+
 def claim_table(document: Document) -> str:
     cost = document.get("claim_cost")
     if not cost:
         return NOT_MEASURED
-    empty, loaded = cost["empty"], cost["loaded"]
-    rows = []
-    for label, key, digits, higher_is_better in (
-        ("One claim of 1 job (ms, median)", "claim_1_ms", 2, False),
-        ("One claim of 16 jobs (ms, median)", "claim_16_ms", 2, False),
-        ("Burn-down, 1 process, concurrency 16 (jobs/s)", "burn_down_1p_c16", 0, True),
-    ):
-        if key in empty:
-            a, b = empty[key], loaded[key]
-            ratio = a / b if higher_is_better else b / a
-            rows.append([label, _num(a, digits), _num(b, digits), f"{ratio:.2f}"])
-    loaded_head = f"{cost['finished_rows']:,} finished jobs"
-    return table(["Measurement", "Empty table", loaded_head, "Cost ratio"], rows)
+    loaded = f"{cost['finished_rows']:,} finished jobs"
+    rows = _cost_rows(cost["empty"], cost["loaded"])
+    return table(["Measurement", "Empty table", loaded, "Cost ratio"], rows)
 
 
 def floor_table(document: Document) -> str:
@@ -437,27 +449,12 @@ def queued_table(document: Document) -> str:
     cost = document.get("queued_claim_cost")
     if not cost:
         return NOT_MEASURED
-    phases = [("right after a checkpoint", cost["shallow"], cost["deep"])]
+    rows = _cost_rows(cost["shallow"], cost["deep"], ", right after a checkpoint")
     if "steady" in cost["deep"]:
-        warm = f"after {cost['warm_claims']:,} claims since the checkpoint"
-        phases.append((warm, cost["shallow"]["steady"], cost["deep"]["steady"]))
-    rows = []
-    for phase, shallow, deep in phases:
-        for label, key, digits in (
-            ("One claim of 1 job (ms, median)", "claim_1_ms", 2),
-            ("One claim of 16 jobs (ms, median)", "claim_16_ms", 2),
-            ("Server execution per claimed job (ms)", "server_ms_per_job", 3),
-            ("WAL per claimed job (bytes)", "wal_bytes_per_job", 0),
-        ):
-            if key in shallow and key in deep:
-                ratio = deep[key] / shallow[key] if shallow[key] else float("nan")
-                row = [_num(shallow[key], digits), _num(deep[key], digits), f"{ratio:.2f}"]
-                rows.append([f"{label}, {phase}", *row])
-    head = [
-        "Measurement", f"{cost['shallow_rows']:,} queued", f"{cost['deep_rows']:,} queued",
-        "Cost ratio",
-    ]  # fmt: skip
-    return table(head, rows)
+        warm = f", after {cost['warm_claims']:,} claims since the checkpoint"
+        rows += _cost_rows(cost["shallow"]["steady"], cost["deep"]["steady"], warm)
+    shallow, deep = f"{cost['shallow_rows']:,} queued", f"{cost['deep_rows']:,} queued"
+    return table(["Measurement", shallow, deep, "Cost ratio"], rows)
 
 
 def flow_table(document: Document) -> str:
