@@ -59,8 +59,11 @@ class Plan:
         }
     )
     configs: tuple[WorkerConfig, ...] = (
-        WorkerConfig(1, 1), WorkerConfig(1, 4), WorkerConfig(1, 16), WorkerConfig(2, 16),
-    )  # fmt: skip
+        WorkerConfig(1, 1),
+        WorkerConfig(1, 4),
+        WorkerConfig(1, 16),
+        WorkerConfig(2, 16),
+    )
     latency_samples: int = 200
     finished_rows: int = 1_000_000
     claim_samples: int = 500
@@ -95,14 +98,31 @@ class Plan:
     def quick(cls) -> Plan:
         """A smoke run: one run of tiny counts."""
         return cls(
-            runs=1, each_jobs={"default": 100}, bulk_jobs=200, burn_jobs={"default": 200},
-            configs=(WorkerConfig(1, 1), WorkerConfig(1, 4)), latency_samples=5,
-            finished_rows=2_000, claim_samples=20, claim_batches=5, claim_burn_jobs=0,
-            outbox_messages=100, saga_instances=5, flow_burn_jobs=1_000, floor_jobs=100,
-            commit_seconds=1.0, scale_processes=(1, 2), scale_concurrency=2, scale_jobs=100,
-            sleep_jobs=64, sleep_concurrency=4, cpu_jobs=20, queued_rows=(100, 2_000),
-            queued_warm=200, profile_jobs=100,
-        )  # fmt: skip
+            runs=1,
+            each_jobs={"default": 100},
+            bulk_jobs=200,
+            burn_jobs={"default": 200},
+            configs=(WorkerConfig(1, 1), WorkerConfig(1, 4)),
+            latency_samples=5,
+            finished_rows=2_000,
+            claim_samples=20,
+            claim_batches=5,
+            claim_burn_jobs=0,
+            outbox_messages=100,
+            saga_instances=5,
+            flow_burn_jobs=1_000,
+            floor_jobs=100,
+            commit_seconds=1.0,
+            scale_processes=(1, 2),
+            scale_concurrency=2,
+            scale_jobs=100,
+            sleep_jobs=64,
+            sleep_concurrency=4,
+            cpu_jobs=20,
+            queued_rows=(100, 2_000),
+            queued_warm=200,
+            profile_jobs=100,
+        )
 
     def scaled(self, factor: float) -> Plan:
         """The same plan with ``factor`` times the jobs of every measurement that
@@ -399,8 +419,7 @@ class Runner:
         def measure(procs: Processes) -> ExitStack:
             stack = ExitStack()
             stack.enter_context(physical.counting(system.database_url, self.statements, cost))
-            stack.enter_context(physical.cpu_use(cost))
-            stack.enter_context(physical.worker_cpu([p.pid for p in procs], cost))
+            stack.enter_context(physical.cpu_use([p.pid for p in procs], cost))
             if locks is not None:
                 stack.enter_context(physical.sampling_locks(self.database_url, locks))
             return stack
@@ -500,12 +519,14 @@ class Runner:
         burn-downs before did: its per-job costs are not recorded."""
         plan, sleep = self.plan, self.plan.sleep_concurrency
         # (name, set-up, jobs, handler, the per-job costs' variant of the async half)
+        burn_jobs, sleep_jobs = (
+            plan.for_system(plan.burn_jobs, system.name),
+            plan.sleep_jobs_of(system.name),
+        )
         cases = [
-            ("c1", WorkerConfig(1, 1), plan.for_system(plan.burn_jobs, system.name), "noop",
-             "async"),
-            (f"sleep5_c{sleep}", WorkerConfig(1, sleep), plan.sleep_jobs_of(system.name),
-             "sleep5", "sleep5-async"),
-        ]  # fmt: skip
+            ("c1", WorkerConfig(1, 1), burn_jobs, "noop", "async"),
+            (f"sleep5_c{sleep}", WorkerConfig(1, sleep), sleep_jobs, "sleep5", "sleep5-async"),
+        ]
         modes = ["durable", "async"] if run % 2 == 0 else ["async", "durable"]
         for name, config, jobs, kind, async_variant in cases:
             for mode in modes:
@@ -560,22 +581,30 @@ class Runner:
 # --------------------------------------------------------------------------- claim cost
 
 
-def timed_claims(plan: Plan, into: list[Any]) -> tuple[list[float], list[float]]:
+def _claims(runner: Runner, into: list[Any]) -> dict[str, Any]:
     """``plan.claim_samples`` claims of 1 due job, then ``plan.claim_batches`` claims
-    of 16, each timed (ms); every claim must get what it asks for. The claims are
-    added to ``into``."""
+    of 16, each timed; every claim must get what it asks for and is added to ``into``.
+    The client's median ms per claim of each size and, from the server, the WAL bytes
+    and (with ``pg_stat_statements``) the execution ms per claimed job."""
     from jobs import execution
 
-    timings: tuple[list[float], list[float]] = ([], [])
-    counts = (plan.claim_samples, plan.claim_batches)
-    for limit, count, times in zip((1, 16), counts, timings, strict=True):
-        for _ in range(count):
-            start = time.perf_counter()
-            claims = execution.claim_due("claim-cost", limit=limit)
-            times.append((time.perf_counter() - start) * 1000)
-            assert len(claims) == limit, (len(claims), limit)
-            into.extend(claims)
-    return timings
+    plan = runner.plan
+    times: dict[int, list[float]] = {1: [], 16: []}
+    server: dict[str, Any] = {}
+    with physical.counting(runner.database_url, runner.statements, server):
+        for limit, count in ((1, plan.claim_samples), (16, plan.claim_batches)):
+            for _ in range(count):
+                start = time.perf_counter()
+                claims = execution.claim_due("claim-cost", limit=limit)
+                times[limit].append((time.perf_counter() - start) * 1000)
+                assert len(claims) == limit, (len(claims), limit)
+                into.extend(claims)
+    taken = plan.claim_samples + plan.claim_batches * 16
+    result = {f"claim_{n}_ms": median(values) for n, values in times.items()}
+    result["wal_bytes_per_job"] = server["wal_bytes"] / taken
+    if "execution_ms" in server:
+        result["server_ms_per_job"] = server["execution_ms"] / taken
+    return result
 
 
 def _complete(claimed: list[Any]) -> None:
@@ -593,11 +622,34 @@ def _ratios(low: dict[str, Any], high: dict[str, Any], prefix: str = "") -> dict
     }
 
 
+def _candidate_scan() -> dict[str, Any]:
+    """How the server finds the next 16 due jobs: ``EXPLAIN ANALYZE`` of the claim's
+    candidate query, its execution time and its scans."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM jobs_job"
+            " WHERE status = 'queued' AND NOT cancel_requested AND next_run_at <= now()"
+            " AND attempt_count < max_attempts ORDER BY priority DESC, next_run_at, id"
+            " LIMIT 16 FOR UPDATE SKIP LOCKED"
+        )
+        plan = cursor.fetchone()[0][0]
+
+    def scans(node: dict[str, Any]) -> list[dict[str, Any]]:
+        found = []
+        if "Scan" in node.get("Node Type", ""):
+            names = ("Node Type", "Index Name", "Actual Rows", "Shared Hit Blocks")
+            keys = ("node", "index", "rows", "shared_hit_blocks")
+            found.append({key: node.get(name) for key, name in zip(keys, names, strict=True)})
+        return found + [scan for child in node.get("Plans", []) for scan in scans(child)]
+
+    return {"execution_ms": plan.get("Execution Time"), "scans": scans(plan["Plan"])}
+
+
 def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     """Claim cost of our store with ``finished_rows`` finished jobs in the table
     versus an empty table: single claims, claims of 16, and a burn-down."""
-    from django.db import connection
-
     plan = runner.plan
 
     def measure(label: str) -> dict[str, Any]:
@@ -605,26 +657,11 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
         for sql in ("VACUUM ANALYZE jobs_job", "VACUUM ANALYZE jobs_jobattempt", "CHECKPOINT"):
             runner.admin(sql)
         claimed: list[Any] = []
-        singles, batches = timed_claims(plan, claimed)
+        result = _claims(runner, claimed)
         # Finish what was claimed, so that no attempt is left Running (and the
         # history grows by these jobs, as it would).
         _complete(claimed)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM jobs_job"
-                " WHERE status = 'queued' AND NOT cancel_requested AND next_run_at <= now()"
-                " AND attempt_count < max_attempts ORDER BY priority DESC, next_run_at, id"
-                " LIMIT 16 FOR UPDATE SKIP LOCKED"
-            )
-            plan_json = cursor.fetchone()[0][0]
-        result: dict[str, Any] = {
-            "claim_1_ms": median(singles),
-            "claim_16_ms": median(batches),
-            "candidate_scan": {
-                "execution_ms": plan_json.get("Execution Time"),
-                "scans": _scans(plan_json["Plan"]),
-            },
-        }
+        result["candidate_scan"] = _candidate_scan()
         if plan.claim_burn_jobs:
             # Burn-down on top of the same table (the previous claims stay Running).
             running = workers(ledon, WorkerConfig(1, 16), runner.log_dir, "claim-cost-burn")
@@ -636,7 +673,7 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     empty = measure("empty table")
     ledon.reset()
     runner.log(f"  loading {plan.finished_rows:,} finished jobs")
-    load_finished(plan.finished_rows)
+    load_jobs(plan.finished_rows, "succeeded")
     loaded = measure(f"{plan.finished_rows:,} finished jobs")
     ledon.reset()
     return {
@@ -645,21 +682,6 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
         "loaded": loaded,
         **_ratios(empty, loaded),
     }
-
-
-def _scans(node: dict[str, Any]) -> list[dict[str, Any]]:
-    """The scans of an ``EXPLAIN (FORMAT JSON)`` plan node and its children."""
-    scans = []
-    if "Scan" in node.get("Node Type", ""):
-        scans.append(
-            {
-                "node": node["Node Type"],
-                "index": node.get("Index Name"),
-                "rows": node.get("Actual Rows"),
-                "shared_hit_blocks": node.get("Shared Hit Blocks"),
-            }
-        )
-    return scans + [scan for child in node.get("Plans", []) for scan in _scans(child)]
 
 
 def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
@@ -680,32 +702,18 @@ def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
 
     plan = runner.plan
     taken = plan.claim_samples + plan.claim_batches * 16
-
-    def claims(into: list[Any]) -> dict[str, Any]:
-        server: dict[str, Any] = {}
-        with physical.counting(runner.database_url, runner.statements, server):
-            singles, batches = timed_claims(plan, into)
-        result = {
-            "claim_1_ms": median(singles),
-            "claim_16_ms": median(batches),
-            "wal_bytes_per_job": server["wal_bytes"] / taken,
-        }
-        if "execution_ms" in server:
-            result["server_ms_per_job"] = server["execution_ms"] / taken
-        return result
-
     depths: list[dict[str, Any]] = []
     for depth in plan.queued_rows:
         ledon.reset()
         runner.log(f"  loading {depth:,} queued jobs")
-        load_queued(depth + 2 * taken + plan.queued_warm)
+        load_jobs(depth + 2 * taken + plan.queued_warm, "queued")
         runner.admin("VACUUM ANALYZE jobs_job")
         runner.admin("CHECKPOINT")
         claimed: list[Any] = []
-        cold = claims(claimed)
+        cold = _claims(runner, claimed)
         for _ in range(plan.queued_warm // 100):
             claimed.extend(execution.claim_due("claim-cost", limit=100))
-        steady = claims(claimed)
+        steady = _claims(runner, claimed)
         assert len(claimed) == 2 * taken + plan.queued_warm // 100 * 100, len(claimed)
         _complete(claimed)
         depths.append({**cold, "steady": steady})
@@ -723,12 +731,15 @@ def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     }
 
 
-def _load_jobs(rows: int, status: str, prefix: str, attempts: int, ended: str) -> None:
+def load_jobs(rows: int, status: str) -> None:
     """Bulk-load ``rows`` jobs straight into the table (a fixture), in claim order:
-    ``status``, job ids ``prefix1`` on, ``attempts`` each, ``ended``: the SQL of their
-    ``started_at, finished_at``."""
+    ``queued`` ones due (a backlog), or ``succeeded`` ones, each with its attempt (the
+    history a busy system accumulates)."""
     from django.db import connection
 
+    ended = "NULL, NULL"
+    if status == "succeeded":
+        ended = "now() - interval '1 day', now() - interval '1 day' + g * interval '1 ms'"
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
@@ -737,33 +748,20 @@ def _load_jobs(rows: int, status: str, prefix: str, attempts: int, ended: str) -
             " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
             " started_at, finished_at)"
             " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'),"
-            f" '{prefix}' || g, 'bench.noop', 1, '{{\"n\":0}}', 'default', 0, 1, NULL,"
-            f" now() - interval '1 day' + g * interval '1 ms', '{status}', {attempts}, NULL,"
-            " false, NULL, '', '', NULL, '', NULL, now() - interval '1 day',"
-            f" now() - interval '1 day', {ended} FROM generate_series(1, %s) AS g",
+            f" '{status}-' || g, 'bench.noop', 1, '{{\"n\":0}}', 'default', 0, 1, NULL,"
+            f" now() - interval '1 day' + g * interval '1 ms', '{status}',"
+            f" {int(status == 'succeeded')}, NULL, false, NULL, '', '', NULL, '', NULL,"
+            f" now() - interval '1 day', now() - interval '1 day', {ended}"
+            " FROM generate_series(1, %s) AS g",
             [rows],
         )
-
-
-def load_queued(rows: int) -> None:
-    """``rows`` due Queued jobs (a backlog), oldest first."""
-    _load_jobs(rows, "queued", "queued-", 0, "NULL, NULL")
-
-
-def load_finished(rows: int) -> None:
-    """``rows`` succeeded jobs, each with its attempt (history as a busy system
-    accumulates it)."""
-    from django.db import connection
-
-    ended = "now() - interval '1 day', now() - interval '1 day' + g * interval '1 ms'"
-    _load_jobs(rows, "succeeded", "old-", 1, ended)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress,"
-            " progress_message, error, result_ref, started_at, finished_at)"
-            " SELECT id, 1, md5(id::text), 'succeeded', 'history', NULL, '', '', NULL,"
-            " started_at, finished_at FROM jobs_job WHERE status = 'succeeded'"
-        )
+        if status == "succeeded":
+            cursor.execute(
+                "INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id,"
+                " progress, progress_message, error, result_ref, started_at, finished_at)"
+                " SELECT id, 1, md5(id::text), 'succeeded', 'history', NULL, '', '', NULL,"
+                " started_at, finished_at FROM jobs_job WHERE status = 'succeeded'"
+            )
 
 
 # --------------------------------------------------------------------------- parts alone
@@ -930,46 +928,46 @@ def write_part(out_dir: Path, name: str, result: dict[str, Any]) -> Path:
     return path
 
 
-def alone(
-    part: str,
-    systems: list[str],
+@contextmanager
+def _runner(
+    names: list[str],
     *,
     plan: Plan,
     database_url: str,
     out_dir: Path,
     log: Log,
     admin: Callable[[str], None],
-) -> dict[str, Any]:
-    """Only ``part`` of :data:`PARTS` (``--only``), or ``targets``: the systems it
-    takes installed and a runner over them; its figures, with the load average at
-    its start and end, written as JSON named after the part into ``out_dir``."""
-    if part == "targets":
-        from .report import worker_targets
-
-        session: dict[str, Any] = {
-            "plan": plan, "database_url": database_url, "out_dir": out_dir, "log": log,
-            "admin": admin,
-        }  # fmt: skip
-        result: dict[str, Any] = {
-            key: alone(name, systems, **session) for key, name in TARGET_PARTS.items()
-        }
-        result["rows"] = worker_targets(result)
-        write_part(out_dir, part, result)
-        return result
-    measure, take = PARTS[part]
+) -> Iterator[Runner]:
+    """A runner over the systems ``names``, installed; their connections closed at the
+    end. Worker logs go to ``out_dir/logs``."""
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    chosen = [adapter(name)(database_url) for name in take(systems)]
-    for system in chosen:
-        system.install()
-    load = _load()
+    chosen = [adapter(name)(database_url) for name in names]
     try:
-        result = measure(Runner(plan, chosen, admin, log_dir, log, database_url), chosen)
+        for system in chosen:
+            system.install()
+        yield Runner(plan, chosen, admin, log_dir, log, database_url)
     finally:
         for system in chosen:
             system.close()
-    result["load_average"] = {"start": load, "end": _load()}
-    write_part(out_dir, part, result)
+
+
+def alone(part: str, systems: list[str], **session: Any) -> dict[str, Any]:
+    """Only ``part`` of :data:`PARTS` (``--only``), or ``targets``: its figures, with
+    the load average at its start and end, written as JSON named after the part into
+    the session's ``out_dir``."""
+    if part == "targets":
+        from .report import worker_targets
+
+        result = {key: alone(name, systems, **session) for key, name in TARGET_PARTS.items()}
+        result["rows"] = worker_targets(result)
+    else:
+        measure, take = PARTS[part]
+        load = _load()
+        with _runner(take(systems), **session) as runner:
+            result = measure(runner, runner.systems)
+        result["load_average"] = {"start": load, "end": _load()}
+    write_part(session["out_dir"], part, result)
     return result
 
 
@@ -977,34 +975,20 @@ def alone(
 
 
 def run_all(
-    *,
-    plan: Plan,
-    database_url: str,
-    systems: list[str],
-    out_dir: Path,
-    log: Log,
-    admin: Callable[[str], None],
-    server: dict[str, str],
-    claim: bool = True,
+    systems: list[str], server: dict[str, str], claim: bool = True, **session: Any
 ) -> dict[str, Any]:
-    """Measure ``systems`` against ``database_url`` (already migrated); return the
-    results and write them as JSON into ``out_dir`` after every part, so that a
-    failure late in the run keeps the rest."""
+    """Measure the installed of ``systems`` against the session's database (already
+    migrated); return the results and write them as JSON into ``out_dir`` after every
+    part, so that a failure late in the run keeps the rest."""
     from . import extras, profiling
 
-    log_dir = out_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    chosen = [adapter(name)(database_url) for name in systems if adapter(name).available()]
+    plan, log, admin, out_dir = (session[k] for k in ("plan", "log", "admin", "out_dir"))
+    url = session["database_url"]
+    installed = [name for name in systems if adapter(name).available()]
     skipped = {
-        name: "not installed (pip install -e '.[bench]')"
-        for name in systems
-        if not adapter(name).available()
+        n: "not installed (pip install -e '.[bench]')" for n in systems if n not in installed
     }
-    for system in chosen:
-        system.install()
-    runner = Runner(plan, chosen, admin, log_dir, log, database_url)
     path = out_dir / f"results-{_stamp()}.json"
-    ours = next((s for s in chosen if s.name == OURS), None)
     environment = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
@@ -1020,7 +1004,7 @@ def run_all(
         for written in (path, out_dir / "latest.json"):
             written.write_text(json.dumps(document, indent=2))
 
-    try:
+    with _runner(installed, **session) as runner:
         save(
             systems=runner.run(),
             environment=environment,
@@ -1029,31 +1013,27 @@ def run_all(
             skipped=skipped,
             statements_measured=runner.statements,
         )
-        if claim and ours is not None:
-            log("claim cost")
-            save(claim_cost=claim_cost(runner, ours))
-            log("claim cost with queued jobs")
-            save(queued_claim_cost=queued_claim_cost(runner, ours))
+        ours = next((s for s in runner.systems if s.name == OURS), None)
         if ours is not None:
+            if claim:
+                log("claim cost")
+                save(claim_cost=claim_cost(runner, ours))
+                log("claim cost with queued jobs")
+                save(queued_claim_cost=queued_claim_cost(runner, ours))
             log("flow control (limits on versus off)")
             save(flow_control=flow_control(runner, [ours]))
-            log("outbox dispatch")
-            outbox = extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin)
-            log(f"  {outbox['median']:,.0f} messages/s")
-            log("saga steps")
-            sagas = extras.saga_steps(plan.saga_instances, plan.runs, admin)
-            log(f"  {sagas['ms_per_step']:.2f} ms per step (a commit: {sagas['commit_ms']:.2f} ms)")
-            save(outbox=outbox, sagas=sagas)
+            log("outbox dispatch, saga steps")
+            save(
+                outbox=extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin),
+                sagas=extras.saga_steps(plan.saga_instances, plan.runs, admin),
+            )
             environment["load_average_end"] = _load()
             log("profile of one job")
-            save(profile=profiling.profile(database_url, ours, admin, plan.profile_jobs, log=log))
+            save(profile=profiling.profile(url, ours, admin, plan.profile_jobs, log=log))
             log("profile of a 5 ms handler's slot")
             slot = profiling.slot_profile(
-                database_url, ours, admin, plan.sleep_jobs, plan.sleep_concurrency, log=log
+                url, ours, admin, plan.sleep_jobs, plan.sleep_concurrency, log=log
             )
             save(slot_profile=slot)
-    finally:
-        for system in chosen:
-            system.close()
     log(f"raw results: {path}")
     return document
