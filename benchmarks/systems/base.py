@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -45,6 +47,8 @@ class System(ABC):
     name: str
     #: The PyPI distribution (None for ours).
     package: str | None = None
+    #: The modules it needs (the ``bench`` extra installs them).
+    requires: tuple[str, ...] = ()
     #: Whether the system has a bulk-enqueue API.
     has_bulk = True
     #: The handlers (of :data:`KINDS`) its workers have.
@@ -61,7 +65,8 @@ class System(ABC):
 
     @classmethod
     def available(cls) -> bool:
-        return True
+        """Whether the modules it needs (:attr:`requires`) are installed."""
+        return all(importlib.util.find_spec(module) for module in cls.requires)
 
     def worker_config(self, wanted: WorkerConfig) -> WorkerConfig:
         """The set-up this system runs for ``wanted`` (some cannot cap concurrency)."""
@@ -120,6 +125,11 @@ class System(ABC):
 
     def worker_env(self) -> dict[str, str]:
         return base_env(self.database_url)
+
+    def module_worker(self, concurrency: int) -> list[str]:
+        """argv of a worker that is the system's adapter module run as a script
+        (``python -m MODULE URL CONCURRENCY``)."""
+        return [sys.executable, "-m", type(self).__module__, self.database_url, str(concurrency)]
 
     def scalar(self, sql: str, *params: Any) -> Any:
         """The one value ``sql`` selects, on the harness's own connection (Django's

@@ -16,17 +16,12 @@ TABLE = "django_tasks_database_dbtaskresult"
 class DjangoTasksDb(System):
     name = "django-tasks-db"
     package = "django-tasks-db"
+    requires = ("django_tasks_db",)
     has_bulk = False
 
     def worker_config(self, wanted: WorkerConfig) -> WorkerConfig:
         # One task at a time per process: concurrency comes from processes only.
         return WorkerConfig(wanted.processes, 1)
-
-    @classmethod
-    def available(cls) -> bool:
-        from django.conf import settings
-
-        return bool(getattr(settings, "HAS_DJANGO_TASKS_DB", False))
 
     def install(self) -> None:
         """The table comes with ``migrate`` (run by the harness)."""

@@ -12,10 +12,6 @@ from typing import Any
 
 from .base import QUEUE, System
 
-TASK = "noop"
-#: The task of the 5 ms handler.
-SLEEP_TASK = "sleep5"
-
 
 def make_app(url: str) -> Any:
     import procrastinate
@@ -24,11 +20,11 @@ def make_app(url: str) -> Any:
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
 
-    @app.task(name=TASK, queue=QUEUE)
+    @app.task(name="noop", queue=QUEUE)
     async def noop(n: int = 0) -> None:
         probe.started(n)
 
-    @app.task(name=SLEEP_TASK, queue=QUEUE)
+    @app.task(name="sleep5", queue=QUEUE)
     async def sleep5(n: int = 0) -> None:
         await asyncio.sleep(work.SLEEP_SECONDS)
 
@@ -39,13 +35,7 @@ class Procrastinate(System):
     name = "procrastinate"
     package = "procrastinate"
 
-    @classmethod
-    def available(cls) -> bool:
-        try:
-            import procrastinate  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    requires = ("procrastinate",)
 
     def __init__(self, database_url: str) -> None:
         super().__init__(database_url)
@@ -77,19 +67,17 @@ class Procrastinate(System):
         )
 
     def enqueue_each(self, count: int) -> None:
-        task = self._app.tasks[TASK]
+        task = self._app.tasks["noop"]
         for n in range(count):
             task.defer(n=n)
 
     def enqueue_bulk(self, count: int, kind: str = "noop") -> None:
-        task = self._app.tasks[SLEEP_TASK if kind == "sleep5" else TASK]
-        task.batch_defer(*[{"n": n} for n in range(count)])
+        self._app.tasks[kind].batch_defer(*[{"n": n} for n in range(count)])
 
     def enqueue_marked(self, marker: int) -> None:
-        self._app.tasks[TASK].defer(n=marker)
+        self._app.tasks["noop"].defer(n=marker)
 
-    def worker_command(self, concurrency: int) -> list[str]:
-        return [sys.executable, "-m", __name__, self.database_url, str(concurrency)]
+    worker_command = System.module_worker
 
     def scalar(self, sql: str, *params: Any) -> Any:
         return self._conn.execute(sql, params).fetchone()[0]
