@@ -556,35 +556,34 @@ def _highest(label: str, ratios: dict[str, float], goal: str, unit: str = "") ->
     return (label.format(goal=TARGETS[goal]), measured, max(ratios.values()) <= TARGETS[goal])
 
 
-def physical_targets(document: Document) -> list[Target]:
-    """The targets read against the server's limits and pgqueuer."""
-    ours, pgq = _ours(document), document["systems"].get("pgqueuer", {})
-    c1, floor, one = _burn(ours, 1, 1)[0], _median(ours, "floor"), _median(ours, "commit_1")
+def targets(document: Document) -> list[Target]:
+    """The targets of a full run: against the server's limits, against the peers and
+    in absolute terms (each left out unless what it reads was measured)."""
+    systems, ours = document["systems"], _ours(document)
+    pgq = systems.get("pgqueuer", {})
+    c1 = _burn(ours, 1, 1)[0]
     out = [
-        _at_least("Concurrency 1 ≥ {goal:g} of the floor loop", c1, floor, "floor_fraction_c1"),
-        _at_least(
-            "Concurrency 1 ≥ {goal:g} of the one-row commit rate", c1, one, "commit_fraction_c1"
-        ),
-    ]
-    for c in (4, 16):
-        a, b = _burn(ours, 1, c)[0], _burn(pgq, 1, c)[0]
-        out.append(
-            _at_least(f"Concurrency {c} ≥ {{goal:g}}× pgqueuer", a, b, f"c{c}_pgqueuer", "×")
-        )
+        _at_least("Concurrency 1 ≥ {goal:g} of the floor loop", c1, _median(ours, "floor"),
+                  "floor_fraction_c1"),
+        _at_least("Concurrency 1 ≥ {goal:g} of the one-row commit rate", c1,
+                  _median(ours, "commit_1"), "commit_fraction_c1"),
+        *(_at_least(f"Concurrency {c} ≥ {{goal:g}}× pgqueuer", _burn(ours, 1, c)[0],
+                    _burn(pgq, 1, c)[0], f"c{c}_pgqueuer", "×") for c in (4, 16)),
+    ]  # fmt: skip
     scale = [(p, ours[f"scale_{p}p-c{c}"]["median"]) for p, c in _scale_setups(ours)]
     if len(scale) > 1:
         never = all(b >= a for (_, a), (_, b) in itertools.pairwise(scale))
         measured = ", ".join(f"{p}p: {r:,.0f}" for p, r in scale)
         out.append(("Scale-out: throughput never falls as processes are added", measured, never))
-    bulk, peer = _median(ours, "enqueue_bulk"), _median(pgq, "enqueue_bulk")
+    bulk = _median(ours, "enqueue_bulk")
     out.append(
-        _at_least("Bulk submit ≥ {goal:g}× pgqueuer's bulk", bulk, peer, "bulk_pgqueuer", "×")
-    )
+        _at_least("Bulk submit ≥ {goal:g}× pgqueuer's bulk", bulk, _median(pgq, "enqueue_bulk"),
+                  "bulk_pgqueuer", "×")
+    )  # fmt: skip
     sleep = sleep_line(document)
     if sleep:
-        rate, ideal, concurrency = sleep
-        label = f"5 ms handler at concurrency {concurrency} ≥ {{goal:.0%}} of the ideal"
-        out.append(_at_least(label, rate, ideal, "sleep5_ideal"))
+        label = f"5 ms handler at concurrency {sleep[2]} ≥ {{goal:.0%}} of the ideal"
+        out.append(_at_least(label, sleep[0], sleep[1], "sleep5_ideal"))
     queued = document.get("queued_claim_cost")
     if queued:
         # The steady phase where measured: the cold one adds the page images a
@@ -592,18 +591,10 @@ def physical_targets(document: Document) -> list[Target]:
         phase = "steady_" if "steady_ratio_claim_1" in queued else ""
         one_job, batch = queued[f"{phase}ratio_claim_1"], queued[f"{phase}ratio_claim_16"]
         measured = f"{phase.rstrip('_') or 'cold'}: claim of 1 {one_job:.2f}, of 16 {batch:.2f}"
-        label = (
-            f"Claim cost with {queued['deep_rows']:,} queued ≤ {TARGETS['queued_cost_ratio']:g}×"
-        )
+        goal = TARGETS["queued_cost_ratio"]
+        label = f"Claim cost with {queued['deep_rows']:,} queued ≤ {goal:g}×"
         label += f" {queued['shallow_rows']:,} queued"
-        out.append((label, measured, max(one_job, batch) <= TARGETS["queued_cost_ratio"]))
-    return [target for target in out if target is not None]
-
-
-def targets(document: Document) -> list[Target]:
-    """The targets against the peers and in absolute terms."""
-    systems, ours = document["systems"], _ours(document)
-    out: list[Target | None] = []
+        out.append((label, measured, max(one_job, batch) <= goal))
     for peer in ("pgqueuer", "procrastinate"):
         goal = TARGETS[f"burn_{peer}"]
         label = f"Burn-down ≥ {goal:g}× {peer} at equal resources (every set-up)"
@@ -612,8 +603,10 @@ def targets(document: Document) -> list[Target]:
             continue
         ratios = []
         for processes, concurrency in _burn_keys(document):
-            a, _ = _burn(ours, processes, concurrency)
-            b, _ = _burn(systems[peer], processes, concurrency)
+            a, b = (
+                _burn(ours, processes, concurrency)[0],
+                _burn(systems[peer], processes, concurrency)[0],
+            )
             if a and b:
                 ratios.append((f"{processes}p×{concurrency}", a / b))
         text = ", ".join(f"{k}: {r:.1f}×" for k, r in ratios)
@@ -623,16 +616,10 @@ def targets(document: Document) -> list[Target]:
         goal = TARGETS["latency_p50_ms"]
         label = f"Idle pickup latency p50 ≤ {goal:g} ms"
         out.append((label, f"{lat['p50_ms']:.2f} ms", lat["p50_ms"] <= goal))
-    each, peer_each = (
-        _median(ours, "enqueue_each"),
-        _median(systems.get("pgqueuer", {}), "enqueue_each"),
-    )
     out.append(
-        _at_least(
-            "Single enqueue ≥ {goal:g}× pgqueuer", each, peer_each, "enqueue_each_pgqueuer", "×"
-        )
-    )
-    bulk = _median(ours, "enqueue_bulk")
+        _at_least("Single enqueue ≥ {goal:g}× pgqueuer", _median(ours, "enqueue_each"),
+                  _median(pgq, "enqueue_each"), "enqueue_each_pgqueuer", "×")
+    )  # fmt: skip
     if bulk:
         goal = TARGETS["bulk_jobs_per_s"]
         out.append((f"Bulk submit ≥ {goal:,.0f} jobs/s", f"{bulk:,.0f} jobs/s", bulk >= goal))
@@ -696,10 +683,16 @@ def worker_targets(document: Document) -> list[dict[str, Any]]:
 def worker_targets_table(document: Document) -> str:
     """The worker's targets, then our burn-down set-ups beside the defaults."""
     rows = [
-        [r["what"], _num(r["ours"], 2), _num(r["against"], 2), f"{r['ratio']:.2f}", r["goal"],
-         "holds" if r["holds"] else "misses"]
+        [
+            r["what"],
+            _num(r["ours"], 2),
+            _num(r["against"], 2),
+            f"{r['ratio']:.2f}",
+            r["goal"],
+            "holds" if r["holds"] else "misses",
+        ]
         for r in document["rows"]
-    ]  # fmt: skip
+    ]
     extra = sorted(document["burn"]["median"].get(OURS, {}).items())
     return "\n\n".join(
         [
@@ -724,7 +717,7 @@ ONLY: dict[str, Callable[[dict[str, Any]], str]] = {
 def targets_table(document: Document) -> str:
     rows = [
         [target, measured, "n/a" if holds is None else ("yes" if holds else "**no**")]
-        for target, measured, holds in [*physical_targets(document), *targets(document)]
+        for target, measured, holds in targets(document)
     ]
     return table(["Target", "Measured", "Holds"], rows)
 
