@@ -36,13 +36,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
     parser.add_argument(
         "--only",
-        choices=["flow-control", "burn-down", "bulk", "cpu", "targets"],
+        choices=["flow-control", "burn-down", "bulk", "cpu", "profile", "targets"],
         help="measure only this part and print its figures (flow-control: django-ledon "
         "alone; burn-down: the no-op handler at 1x4, 1x16 and 2x16, the 5 ms handler "
         "at 16 (with and without look-ahead) and 64, some with settings of ours changed; "
         "bulk: the bulk enqueue of --systems; cpu: the CPU-bound handler, one process "
-        "against run_jobs --processes; targets: all the worker's targets in one run, "
-        "with their verdicts)",
+        "against run_jobs --processes; profile: where one job's time goes, in a worker "
+        "in this process; targets: all the worker's targets in one run, with their "
+        "verdicts)",
     )
     parser.add_argument(
         "--compare",

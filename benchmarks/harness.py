@@ -362,20 +362,24 @@ class Runner:
         self.costs: dict[str, dict[str, list[dict[str, Any]]]] = {}
         #: Lock waits sampled during the scale-out curve: set-up key -> one dict a run.
         self.locks: dict[str, list[dict[str, Any]]] = {}
-        self.commit_tool: str | None = None
         self.burns = 0
 
-    def fresh(self, system: System, prime: int = 0) -> None:
+    def fresh(self, system: System, prime: int = 0, kind: str = "noop") -> dict[str, Any]:
         """Empty the system's tables; with ``prime``, first let the planner see
-        ``prime`` queued jobs (ANALYZE), so that every system's claim queries are
-        planned for a full queue, as a long-running server's statistics would allow."""
+        ``prime`` queued jobs of the ``kind`` handler (ANALYZE), so that every system's
+        claim queries are planned for a full queue, as a long-running server's
+        statistics would allow. Returns the WAL those jobs' enqueue wrote."""
+        seed: dict[str, Any] = {"wal_bytes": 0}
         system.reset()
         if prime:
-            system.seed(prime)
+            self.admin("CHECKPOINT")
+            with physical.counting(system.database_url, False, seed):
+                system.seed(prime, kind)
             system.analyze(self.admin)
             system.reset()
         # Start every measurement from a clean WAL so a checkpoint never lands inside it.
         self.admin("CHECKPOINT")
+        return seed
 
     def enqueue(self, system: System, bulk: bool = False) -> float:
         """Jobs/s of the one-by-one enqueue, or with ``bulk`` of the bulk one."""
@@ -407,13 +411,7 @@ class Runner:
         the statements the system's processes sent (with ``pg_stat_statements``; the
         harness's polls left out), the machine's CPUs busy and the workers' own CPU
         time; and, with ``locks``, the lock waits sampled meanwhile."""
-        self.fresh(system)
-        seed: dict[str, Any] = {}
-        with physical.counting(system.database_url, False, seed):
-            system.seed(count, kind)
-        system.analyze(self.admin)
-        system.reset()
-        self.admin("CHECKPOINT")
+        seed = self.fresh(system, count, kind)
         cost: dict[str, Any] = {}
 
         def measure(procs: Processes) -> ExitStack:
@@ -485,7 +483,6 @@ class Runner:
             self.admin("CHECKPOINT")
             rate = physical.commit_rate(self.database_url, clients, plan.commit_seconds)
             record(system, f"commit_{clients}", rate["tps"], 0, unit="commits/s")
-            self.commit_tool = rate["tool"]
         for processes in plan.scale_processes:
             config = WorkerConfig(processes, plan.scale_concurrency)
             locks: dict[str, Any] = {}
@@ -570,7 +567,6 @@ class Runner:
         if OURS in results:
             locks = {key: median_fields(runs) for key, runs in self.locks.items()}
             results[OURS]["locks_during_scale"] = locks
-            results[OURS]["commits_measured_with"] = self.commit_tool
         for system in self.systems:
             self.log(f"latency {system.name}")
             latency = results[system.name]["latency"] = self.latency(system)
@@ -906,6 +902,21 @@ def pickup_and_enqueue(runner: Runner, chosen: list[System]) -> dict[str, Any]:
     return result
 
 
+def profile_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """Where one job's time goes and where a 5 ms handler's slot's time goes
+    (:mod:`benchmarks.profiling`)."""
+    from . import profiling
+
+    (ours,), plan, log = chosen, runner.plan, runner.log
+    log("profile of one job")
+    profile = profiling.profile(runner.database_url, ours, runner.admin, plan.profile_jobs, log=log)
+    log("profile of a 5 ms handler's slot")
+    slot = profiling.slot_profile(
+        runner.database_url, ours, runner.admin, plan.sleep_jobs, plan.sleep_concurrency, log=log
+    )
+    return {"profile": profile, "slot_profile": slot}
+
+
 Part = Callable[[Runner, list[System]], dict[str, Any]]
 
 #: The parts ``--only`` measures alone: name -> (the measurement, the systems it takes
@@ -916,6 +927,7 @@ PARTS: dict[str, tuple[Part, Callable[[list[str]], list[str]]]] = {
     "bulk": (bulk_alone, lambda names: [n for n in names if adapter(n).has_bulk]),
     "cpu": (cpu_alone, lambda names: [OURS]),
     "pickup-enqueue": (pickup_and_enqueue, lambda names: names),
+    "profile": (profile_alone, lambda names: [OURS]),
 }
 #: The parts of ``targets``, by the key of its document.
 TARGET_PARTS = {"burn": "burn-down", "flow": "flow-control", "cpu": "cpu", "idle": "pickup-enqueue"}
@@ -980,10 +992,9 @@ def run_all(
     """Measure the installed of ``systems`` against the session's database (already
     migrated); return the results and write them as JSON into ``out_dir`` after every
     part, so that a failure late in the run keeps the rest."""
-    from . import extras, profiling
+    from . import extras
 
     plan, log, admin, out_dir = (session[k] for k in ("plan", "log", "admin", "out_dir"))
-    url = session["database_url"]
     installed = [name for name in systems if adapter(name).available()]
     skipped = {
         n: "not installed (pip install -e '.[bench]')" for n in systems if n not in installed
@@ -1028,12 +1039,6 @@ def run_all(
                 sagas=extras.saga_steps(plan.saga_instances, plan.runs, admin),
             )
             environment["load_average_end"] = _load()
-            log("profile of one job")
-            save(profile=profiling.profile(url, ours, admin, plan.profile_jobs, log=log))
-            log("profile of a 5 ms handler's slot")
-            slot = profiling.slot_profile(
-                url, ours, admin, plan.sleep_jobs, plan.sleep_concurrency, log=log
-            )
-            save(slot_profile=slot)
+            save(**profile_alone(runner, [ours]))
     log(f"raw results: {path}")
     return document

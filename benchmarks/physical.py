@@ -115,7 +115,7 @@ def commit_rate(url: str, clients: int, seconds: float) -> dict[str, Any]:
     match = re.search(r"tps = ([0-9.]+)", done.stdout)
     if match is None:
         raise RuntimeError(f"pgbench printed no tps: {done.stdout[-500:]}")
-    return {"clients": clients, "tool": "pgbench", "tps": float(match.group(1))}
+    return {"clients": clients, "tps": float(match.group(1))}
 
 
 # --------------------------------------------------------------------------- counters

@@ -263,7 +263,6 @@ def floor_table(document: Document) -> str:
     floor, c1 = _median(ours, "floor"), _burn(ours, 1, 1)[0]
     if floor is None:
         return NOT_MEASURED
-    tool = ours.get("commits_measured_with") or "pgbench"
     rows: list[list[Any]] = [
         [
             "Floor: our finish-and-claim statement back to back, one connection"
@@ -275,7 +274,7 @@ def floor_table(document: Document) -> str:
     for key in sorted((k for k in ours if k.startswith("commit_")), key=lambda k: int(k[7:])):
         clients, tps = int(key[7:]), ours[key]["median"]
         noun = "client" if clients == 1 else "clients"
-        label = f"One-row `UPDATE` commits, {clients} {noun} ({tool})"
+        label = f"One-row `UPDATE` commits, {clients} {noun} (pgbench)"
         rows.append([label, _num(tps), f"{1000 / tps * clients:.2f}"])
     if c1:
         rows.append(["Our worker, 1 process, concurrency 1", _num(c1), f"{1000 / c1:.2f}"])
@@ -710,6 +709,7 @@ ONLY: dict[str, Callable[[dict[str, Any]], str]] = {
     ),
     "bulk": lambda part: bulk_table(part),
     "cpu": lambda part: cpu_table({"systems": {OURS: part["median"]}}),
+    "profile": profile_section,
     "targets": worker_targets_table,
 }
 

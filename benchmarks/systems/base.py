@@ -21,11 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The queue every system's no-op jobs go to.
 QUEUE = "default"
 
-#: The handlers a system can run (``System.kinds``): a no-op; one that sleeps 5 ms (an
-#: ``await asyncio.sleep`` in the async peers), as a handler waiting on the network
-#: does; and one that computes in pure Python for about 20 ms (``benchmarks.work``).
-KINDS = ("noop", "sleep5", "cpu20")
-
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -51,8 +46,6 @@ class System(ABC):
     requires: tuple[str, ...] = ()
     #: Whether the system has a bulk-enqueue API.
     has_bulk = True
-    #: The handlers (of :data:`KINDS`) its workers have.
-    kinds: tuple[str, ...] = ("noop", "sleep5")
     #: The harness's progress queries, each of one value: the jobs not finished yet;
     #: the epoch seconds of the first start at or after ``%s`` and of the last end,
     #: where the system records them (None: it does not).
@@ -110,7 +103,10 @@ class System(ABC):
 
     def seed(self, count: int, kind: str = "noop") -> None:
         """Enqueue ``count`` jobs of the ``kind`` handler so that they all become
-        visible at one commit."""
+        visible at one commit. The kinds: ``noop``; ``sleep5``, which sleeps 5 ms (an
+        ``await asyncio.sleep`` in the async peers), as a handler waiting on the network
+        does; and, django-ledon only, ``cpu20``, about 20 ms of pure Python
+        (``benchmarks.work``)."""
         self.enqueue_bulk(count, kind)
 
     @abstractmethod

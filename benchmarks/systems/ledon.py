@@ -21,7 +21,6 @@ def _submission(n: int, kind: str = "noop") -> JobSubmission:
 
 class Ledon(System):
     name = "django-ledon"
-    kinds = ("noop", "sleep5", "cpu20")
 
     def __init__(self, database_url: str) -> None:
         super().__init__(database_url)
