@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import physical, server
-from .harness import Runner, median, median_fields
+from .harness import Runner, median_fields
 from .systems import WorkerConfig
 from .systems.base import QUEUE, ROOT
 from .systems.ledon import Ledon
@@ -145,31 +145,28 @@ def compare(
             trees.append(tree)
         runner = Runner(plan, list(trees), admin, log_dir, log, trees[0].database_url)
         runner.statements = all(physical.statements_available(t.database_url) for t in trees)
-        rates: dict[str, dict[str, list[float]]] = {t.name: {} for t in trees}
         for run in range(plan.runs):
             log(f"compare run {run + 1} of {plan.runs}")
             for config in setups:
                 for tree in trees if run % 2 == 0 else trees[::-1]:
-                    rate = runner.burn_down(tree, config, count)
-                    rates[tree.name].setdefault(config.key, []).append(rate)
-                    log(f"  {tree.name:24} {config.key:8} {rate:10.1f} jobs/s")
+                    runner.record(tree, config.key, runner.burn_down(tree, config, count))
     medians: dict[str, dict[str, dict[str, float | None]]] = {}
-    for tree in trees:
-        costs = runner.costs.get(tree.name, {})
-        medians[tree.name] = {}
-        for key, values in rates[tree.name].items():
-            cost = median_fields(costs[key])
-            medians[tree.name][key] = {
-                "jobs_per_s": median(values),
-                "cpu_ms_per_job": cost.get("worker_cpu_ms"),
-                "statements": cost.get("statements"),
+    for name, rates in runner.record.medians().items():
+        costs = {key: median_fields(runs) for key, runs in runner.costs[name].items()}
+        medians[name] = {
+            key: {
+                "jobs_per_s": rate,
+                "cpu_ms_per_job": costs[key].get("worker_cpu_ms"),
+                "statements": costs[key].get("statements"),
             }
+            for key, rate in rates.items()
+        }
     return {
         "rev": rev,
         "commit": commit,
         "jobs": count,
         "setups": [c.key for c in setups],
-        "runs": rates,
+        "runs": runner.record.raw,
         "median": medians,
         "statements_measured": runner.statements,
     }

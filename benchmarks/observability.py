@@ -158,8 +158,14 @@ class _DropSpans:
         return True
 
 
-#: The per-job variants: metrics and tracing off, one of them, both.
-VARIANTS = ("off", "metrics", "tracing", "both")
+#: The per-job variants (metrics and tracing off, one of them, both), as the table
+#: names them.
+VARIANTS = {
+    "off": "metrics and tracing off",
+    "metrics": "metrics only",
+    "tracing": "tracing only",
+    "both": "metrics and tracing",
+}
 
 
 def job_rounds(jobs: int, rounds: int) -> dict[str, Any]:
@@ -207,41 +213,25 @@ def job_rounds(jobs: int, rounds: int) -> dict[str, Any]:
 
     for variant in VARIANTS:  # warm every path up
         run(variant, -1)
-    walls: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    cpus: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    for n in range(rounds):
+    times: dict[str, list[tuple[float, float]]] = {variant: [] for variant in VARIANTS}
+    for n in range(rounds):  # the variants in turn in every round
         for variant in VARIANTS:
-            wall, cpu = run(variant, n)
-            walls[variant].append(wall)
-            cpus[variant].append(cpu)
+            times[variant].append(run(variant, n))
     provider.shutdown()
-    wall_median = {variant: statistics.median(found) for variant, found in walls.items()}
-    cpu_median = {variant: statistics.median(found) for variant, found in cpus.items()}
-    plain_wall, plain_cpu = wall_median["off"], cpu_median["off"]
-    return {
-        "jobs": jobs,
-        "rounds": rounds,
-        **{
-            variant: {
-                "jobs_per_s": round(jobs / wall_median[variant], 1),
-                "overhead_us_per_job": round((wall_median[variant] - plain_wall) / jobs * 1e6, 1),
-                "ratio": round(wall_median[variant] / plain_wall, 3),
-                "cpu_us_per_job": round(cpu_median[variant] / jobs * 1e6, 1),
-                "cpu_overhead_us_per_job": round((cpu_median[variant] - plain_cpu) / jobs * 1e6, 1),
-                "cpu_ratio": round(cpu_median[variant] / plain_cpu, 3),
-            }
-            for variant in VARIANTS
-        },
-    }
-
-
-#: How the table names each variant.
-VARIANT_NAMES = {
-    "off": "metrics and tracing off",
-    "metrics": "metrics only",
-    "tracing": "tracing only",
-    "both": "metrics and tracing",
-}
+    # The medians of the rounds: wall-clock and CPU seconds of each variant.
+    wall = {v: statistics.median(w for w, _ in found) for v, found in times.items()}
+    cpu = {v: statistics.median(c for _, c in found) for v, found in times.items()}
+    result: dict[str, Any] = {"jobs": jobs, "rounds": rounds}
+    for v in VARIANTS:
+        result[v] = {
+            "jobs_per_s": round(jobs / wall[v], 1),
+            "overhead_us_per_job": round((wall[v] - wall["off"]) / jobs * 1e6, 1),
+            "ratio": round(wall[v] / wall["off"], 3),
+            "cpu_us_per_job": round(cpu[v] / jobs * 1e6, 1),
+            "cpu_overhead_us_per_job": round((cpu[v] - cpu["off"]) / jobs * 1e6, 1),
+            "cpu_ratio": round(cpu[v] / cpu["off"], 3),
+        }
+    return result
 
 
 def render(result: dict[str, Any]) -> str:
@@ -254,8 +244,8 @@ def render(result: dict[str, Any]) -> str:
         ["each source, ms (median)", sources],
     ]
     variants = [
-        {"variant": VARIANT_NAMES[v], **{k.replace("_", " "): n for k, n in jobs[v].items()}}
-        for v in VARIANTS
+        {"variant": name, **{k.replace("_", " "): n for k, n in jobs[v].items()}}
+        for v, name in VARIANTS.items()
     ]
     return table(["scrape", ""], scrapes) + "\n\n" + columns(variants)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .harness import run_processes
+from .harness import percentile, run_processes
 from .report import columns
 from .server import DATABASE_URL_HELP, database
 from .systems.base import ROOT
@@ -41,10 +40,11 @@ START_UP_SECONDS = 5.0
 def manage(database_url: str, *args: str, env: dict[str, str] | None = None) -> str:
     """The output of ``manage.py args`` of the test project on ``database_url``; it
     must succeed."""
+    env = {**os.environ, "DATABASE_URL": database_url, **(env or {})}
+    argv = [sys.executable, "manage.py", *args]
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, check=True, capture_output=True,
-        text=True, env={**os.environ, "DATABASE_URL": database_url, **(env or {})},
-    ).stdout  # fmt: skip
+        argv, cwd=ROOT, env=env, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def run_worker(database_url: str, seconds: float, env: dict[str, str], folder: Path) -> None:
@@ -93,8 +93,8 @@ def enqueue_delay(database_url: str, periods: int, folder: Path) -> dict[str, An
             datetime.fromisoformat(later) - datetime.fromisoformat(earlier)
         ).total_seconds() * 1000
 
-    created = sorted(ms(c, p) for _id, p, c, _s in rows)
-    started = sorted(ms(s, p) for _id, p, _c, s in rows if s)
+    created = [ms(c, p) for _id, p, c, _s in rows]
+    started = [ms(s, p) for _id, p, _c, s in rows if s]
     return {
         "periods": len(rows),
         "enqueue_ms": percentiles(created),
@@ -105,10 +105,8 @@ def enqueue_delay(database_url: str, periods: int, folder: Path) -> dict[str, An
 def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
-    cuts = (
-        statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values * 99
-    )
-    return {"p50": round(cuts[49], 2), "p99": round(cuts[98], 2), "max": round(values[-1], 2)}
+    cuts = {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99), "max": max(values)}
+    return {name: round(value, 2) for name, value in cuts.items()}
 
 
 def measure(url: str, vendor: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:

@@ -53,10 +53,15 @@ def worker(url: str, concurrency: int, log: Path) -> AbstractContextManager[Any]
 
 
 def _run_status(run_id: str) -> str:
+    """The run's status; ``waiting`` only once it waits for a signal."""
     from workflows import WorkflowScope
 
     snapshot = WorkflowScope(SCOPE).get(run_id)
-    return "" if snapshot is None else str(snapshot.status)
+    if snapshot is None or (
+        snapshot.status == "waiting" and not snapshot.waiting_for.startswith("signal")
+    ):
+        return ""
+    return str(snapshot.status)
 
 
 def _jobs_burn(count: int, tag: str) -> float:
@@ -112,8 +117,7 @@ def ours(url: str, sizes: dict[str, int], runs: int, logs: Path) -> dict[str, An
         for index in range(sizes["signals"]):
             run_id = f"signal-{index}"
             start_workflow(SCOPE, run_id, "wfbench.signal", {})
-            ready = lambda r=run_id: _run_status(r) == "waiting" and _waits(r)  # noqa: E731
-            wait_for(ready, 60, "the wait", poll=0.005)
+            wait_for(lambda r=run_id: _run_status(r) == "waiting", 60, "the wait", poll=0.005)
             sent = timezone.now()
             send_signal(SCOPE, run_id, "go", {"n": index})
             wait_for(lambda r=run_id: _run_status(r) == "succeeded", 60, "the run", poll=0.005)
@@ -121,7 +125,7 @@ def ours(url: str, sizes: dict[str, int], runs: int, logs: Path) -> dict[str, An
             latencies.append((after.started_at - sent).total_seconds())  # type: ignore[union-attr]
         result["signal_latency"] = latencies
         start_workflow(SCOPE, "replay", "wfbench.replay", {"steps": sizes["steps"]})
-        wait_for(lambda: _waits("replay"), 600, "the replay's wait", poll=0.005)
+        wait_for(lambda: _run_status("replay") == "waiting", 600, "the wait", poll=0.005)
     # The replay, timed in this process with no worker around: the advance that the
     # signal queues, from its claim to its finish.
     send_signal(SCOPE, "replay", "go", {})
@@ -130,13 +134,6 @@ def ours(url: str, sizes: dict[str, int], runs: int, logs: Path) -> dict[str, An
     result["replay"] = time.perf_counter() - started
     assert _run_status("replay") == "succeeded"
     return result
-
-
-def _waits(run_id: str) -> bool:
-    from workflows import WorkflowScope
-
-    snapshot = WorkflowScope(SCOPE).get(run_id)
-    return snapshot is not None and snapshot.waiting_for.startswith("signal")
 
 
 # --------------------------------------------------------------------------- DBOS
@@ -226,20 +223,12 @@ def table(raw: dict[str, Any]) -> str:
              dbos["signal_latency"] / signal, "> 1.0×"),
         ]  # fmt: skip
     head = ["measurement", "django-ledon", "against", "figure", "ratio", "target"]
-    return report.table(
-        head,
-        [
-            [
-                what,
-                f"{value:,.2f}",
-                against,
-                "" if figure is None else f"{figure:,.2f}",
-                "" if ratio is None else f"{ratio:.2f}×",
-                goal,
-            ]
-            for what, value, against, figure, ratio, goal in rows
-        ],
-    )
+    cells = [
+        [what, f"{value:,.2f}", against, "" if figure is None else f"{figure:,.2f}",
+         "" if ratio is None else f"{ratio:.2f}×", goal]
+        for what, value, against, figure, ratio, goal in rows
+    ]  # fmt: skip
+    return report.table(head, cells)
 
 
 def main(argv: list[str] | None = None) -> None:
