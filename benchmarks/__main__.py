@@ -33,7 +33,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help="write the tables here (default: docs/benchmark-results.md for a full run)",
     )
-    parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
     parser.add_argument(
         "--only",
         choices=["flow-control", "burn-down", "bulk", "cpu", "profile", "targets"],
@@ -125,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         document = harness.run_all(
             systems=args.system_names,
             server=server.server_settings(url),
-            claim=not args.no_claim_cost,
             **session,
         )
     markdown = report.render(document)

@@ -986,9 +986,7 @@ def alone(part: str, systems: list[str], **session: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- entry
 
 
-def run_all(
-    systems: list[str], server: dict[str, str], claim: bool = True, **session: Any
-) -> dict[str, Any]:
+def run_all(systems: list[str], server: dict[str, str], **session: Any) -> dict[str, Any]:
     """Measure the installed of ``systems`` against the session's database (already
     migrated); return the results and write them as JSON into ``out_dir`` after every
     part, so that a failure late in the run keeps the rest."""
@@ -1026,11 +1024,10 @@ def run_all(
         )
         ours = next((s for s in runner.systems if s.name == OURS), None)
         if ours is not None:
-            if claim:
-                log("claim cost")
-                save(claim_cost=claim_cost(runner, ours))
-                log("claim cost with queued jobs")
-                save(queued_claim_cost=queued_claim_cost(runner, ours))
+            log("claim cost")
+            save(claim_cost=claim_cost(runner, ours))
+            log("claim cost with queued jobs")
+            save(queued_claim_cost=queued_claim_cost(runner, ours))
             log("flow control (limits on versus off)")
             save(flow_control=flow_control(runner, [ours]))
             log("outbox dispatch, saga steps")
