@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .server import DATABASE_URL_HELP
 from .systems import ADAPTERS
 from .systems.base import ROOT
 
@@ -23,11 +24,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(ADAPTERS),
         help=f"comma-separated subset of: {', '.join(ADAPTERS)} (default: all installed)",
     )
-    parser.add_argument(
-        "--database-url",
-        help="use this PostgreSQL server (a scratch database is created and dropped) "
-        "instead of starting a throw-away one with fsync on",
-    )
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks" / "results", help="raw JSON directory"
     )
@@ -36,16 +33,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help="write the tables here (default: docs/benchmark-results.md for a full run)",
     )
-    parser.add_argument("--no-claim-cost", action="store_true", help="skip the claim-cost part")
     parser.add_argument(
         "--only",
-        choices=["flow-control", "burn-down", "bulk", "cpu", "targets"],
+        choices=["flow-control", "burn-down", "bulk", "cpu", "profile", "targets"],
         help="measure only this part and print its figures (flow-control: django-ledon "
         "alone; burn-down: the no-op handler at 1x4, 1x16 and 2x16, the 5 ms handler "
         "at 16 (with and without look-ahead) and 64, some with settings of ours changed; "
         "bulk: the bulk enqueue of --systems; cpu: the CPU-bound handler, one process "
-        "against run_jobs --processes; targets: all the worker's targets in one run, "
-        "with their verdicts)",
+        "against run_jobs --processes; profile: where one job's time goes, in a worker "
+        "in this process; targets: all the worker's targets in one run, with their "
+        "verdicts)",
     )
     parser.add_argument(
         "--compare",
@@ -97,12 +94,8 @@ def main(argv: list[str] | None = None) -> int:
 
     log = physical.log
     with ExitStack() as stack:
-        if args.database_url:
-            server_url = args.database_url
-        else:
-            log("starting a throw-away PostgreSQL (fsync on, synchronous_commit on)")
-            server_url = stack.enter_context(server.throwaway_server())
-        url = stack.enter_context(server.scratch_database(server_url, f"ledon_bench_{os.getpid()}"))
+        name = f"ledon_bench_{os.getpid()}"
+        server_url, url = stack.enter_context(server.database(args.database_url, name))
         admin = server.django_on(url, stack)
         plan = harness.Plan.quick() if args.quick else harness.Plan(runs=args.runs)
         plan = plan.scaled(args.jobs_factor)
@@ -125,32 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             harness.write_part(args.out, "compare", result)
             print(report.compare_table({"compare": result}))
             return 0
-        if args.only == "flow-control":
-            flow = harness.flow_control_alone(**session)
-            print(report.flow_table({"flow_control": flow}))
-            return 0
-        if args.only == "burn-down":
-            burn = harness.burn_down_alone(args.system_names, **session)
-            print(json.dumps({k: burn[k] for k in ("median", "ours_over", "sleep5_of_ideal")}))
-            return 0
-        if args.only == "bulk":
-            bulk = harness.bulk_alone(systems=args.system_names, **session)
-            print(report.bulk_table(bulk))
-            return 0
-        if args.only == "targets":
-            from . import targets
-
-            found = targets.measure(args.system_names, **session)
-            print(targets.table(found))
-            return 0
-        if args.only == "cpu":
-            cpu = harness.cpu_alone(**session)
-            print(report.cpu_table({"systems": {"django-ledon": cpu["median"]}}))
+        if args.only:
+            print(report.ONLY[args.only](harness.alone(args.only, args.system_names, **session)))
             return 0
         document = harness.run_all(
             systems=args.system_names,
             server=server.server_settings(url),
-            claim=not args.no_claim_cost,
             **session,
         )
     markdown = report.render(document)

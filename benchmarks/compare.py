@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from . import physical, server
-from .harness import Runner, median, median_fields
-from .physical import HARNESS_MARK
+from .harness import Runner, median_fields
 from .systems import WorkerConfig
-from .systems.base import QUEUE, ROOT, System
+from .systems.base import QUEUE, ROOT
+from .systems.ledon import Ledon
 
 #: The set-ups of ``--only burn-down`` with ``--compare``: one process, concurrency 4 and 16.
 QUICK_SETUPS = (WorkerConfig(1, 4), WorkerConfig(1, 16))
@@ -64,33 +64,24 @@ def _git(*args: str) -> str:
     return done.stdout
 
 
-class LedonTree(System):
-    """django-ledon as the tree at ``root`` has it, on its own database."""
-
-    package = None
-    kinds = ("noop",)
+class LedonTree(Ledon):
+    """django-ledon as the tree at ``root`` has it, on its own database: its seeds and
+    workers run its own code; the harness reads its tables over a connection of its own."""
 
     def __init__(self, database_url: str, root: Path, name: str) -> None:
         super().__init__(database_url)
-        self.root = root
-        self.name = name
-        self._calls = 0
+        self.root, self.name = root, name
         self._conn: Any = None
 
     def version(self) -> str:
         return str(self.root)
 
-    def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "DATABASE_URL": self.database_url,
-            "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
-            "PYTHONPATH": str(self.root),
-        }
+    def worker_env(self) -> dict[str, str]:
+        return {**super().worker_env(), "PYTHONPATH": str(self.root)}
 
     def _python(self, *args: str) -> None:
         subprocess.run(
-            [sys.executable, *args], cwd=self.root, env=self.env(), check=True,
+            [sys.executable, *args], cwd=self.root, env=self.worker_env(), check=True,
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
 
@@ -104,6 +95,9 @@ class LedonTree(System):
         if self._conn is not None:
             self._conn.close()
 
+    def scalar(self, sql: str, *params: Any) -> Any:
+        return self._conn.execute(sql, params).fetchone()[0]
+
     def analyze(self, admin: Callable[[str], None]) -> None:
         self._conn.execute("ANALYZE")
 
@@ -112,47 +106,11 @@ class LedonTree(System):
         self._conn.execute("TRUNCATE jobs_job CASCADE")
 
     def seed(self, count: int, kind: str = "noop") -> None:
-        self._calls += 1
-        self._python("-c", _SEED, str(count), f"c{self._calls}-", QUEUE)
+        self._python("-c", _SEED, str(count), self._prefix(), QUEUE)
 
-    def enqueue_each(self, count: int) -> None:
-        raise NotImplementedError("the comparison measures burn-downs only")
-
-    def enqueue_marked(self, marker: int) -> None:
-        raise NotImplementedError("the comparison measures burn-downs only")
-
-    def worker_command(self, concurrency: int) -> list[str]:
-        return [
-            sys.executable, str(self.root / "manage.py"), "run_jobs",
-            "--concurrency", str(concurrency), "-v", "0",
-        ]  # fmt: skip
-
-    def worker_env(self) -> dict[str, str]:
-        return self.env()
-
-    def _one(self, sql: str, *params: Any) -> Any:
-        return self._conn.execute(f"{HARNESS_MARK} {sql}", params).fetchone()[0]
-
-    def remaining(self) -> int:
-        return int(
-            self._one(
-                "SELECT (SELECT count(*) FROM jobs_job WHERE status = 'queued'"
-                " AND NOT cancel_requested) + (SELECT count(*) FROM jobs_job"
-                " WHERE status = 'running' AND current_token IS NOT NULL)"
-            )
-        )
-
-    def first_started_since(self, since: float) -> float | None:
-        value = self._one(
-            "SELECT extract(epoch FROM min(started_at)) FROM jobs_jobattempt"
-            " WHERE started_at >= to_timestamp(%s)",
-            since,
-        )
-        return None if value is None else float(value)
-
-    def last_finished_at(self) -> float | None:
-        value = self._one("SELECT extract(epoch FROM max(finished_at)) FROM jobs_job")
-        return None if value is None else float(value)
+    def worker_command(self, concurrency: int, processes: int | None = None) -> list[str]:
+        argv = super().worker_command(concurrency, processes)
+        return [argv[0], str(self.root / "manage.py"), *argv[2:]]
 
 
 def compare(
@@ -187,32 +145,28 @@ def compare(
             trees.append(tree)
         runner = Runner(plan, list(trees), admin, log_dir, log, trees[0].database_url)
         runner.statements = all(physical.statements_available(t.database_url) for t in trees)
-        rates: dict[str, dict[str, list[float]]] = {t.name: {} for t in trees}
         for run in range(plan.runs):
             log(f"compare run {run + 1} of {plan.runs}")
             for config in setups:
                 for tree in trees if run % 2 == 0 else trees[::-1]:
-                    tag = f"compare-{'this' if tree.root == ROOT else 'other'}-{config.key}"
-                    rate = runner.burn_down(tree, config, f"{tag}-run{run + 1}", count)
-                    rates[tree.name].setdefault(config.key, []).append(rate)
-                    log(f"  {tree.name:24} {config.key:8} {rate:10.1f} jobs/s")
+                    runner.record(tree, config.key, runner.burn_down(tree, config, count))
     medians: dict[str, dict[str, dict[str, float | None]]] = {}
-    for tree in trees:
-        costs = runner.costs.get(tree.name, {})
-        medians[tree.name] = {}
-        for key, values in rates[tree.name].items():
-            cost = median_fields(costs[key])
-            medians[tree.name][key] = {
-                "jobs_per_s": median(values),
-                "cpu_ms_per_job": cost.get("worker_cpu_ms"),
-                "statements": cost.get("statements"),
+    for name, rates in runner.record.medians().items():
+        costs = {key: median_fields(runs) for key, runs in runner.costs[name].items()}
+        medians[name] = {
+            key: {
+                "jobs_per_s": rate,
+                "cpu_ms_per_job": costs[key].get("worker_cpu_ms"),
+                "statements": costs[key].get("statements"),
             }
+            for key, rate in rates.items()
+        }
     return {
         "rev": rev,
         "commit": commit,
         "jobs": count,
         "setups": [c.key for c in setups],
-        "runs": rates,
+        "runs": runner.record.raw,
         "median": medians,
         "statements_measured": runner.statements,
     }

@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -126,20 +128,16 @@ class Plan:
         """The same plan with ``factor`` times the jobs of every measurement that
         counts jobs (rates do not depend on the count, only their precision does);
         the table sizes of the claim costs stay."""
-        if factor == 1:
-            return self
 
         def n(count: int) -> int:
             return max(int(count * factor), 10) if count else 0
 
-        counts = {name: getattr(self, name) for name in _JOB_COUNTS}
-        return replace(
-            self,
-            **{
-                name: {k: n(v) for k, v in value.items()} if isinstance(value, dict) else n(value)
-                for name, value in counts.items()
-            },
-        )
+        def scale(value: Any) -> Any:
+            return {k: n(v) for k, v in value.items()} if isinstance(value, dict) else n(value)
+
+        if factor == 1:
+            return self
+        return replace(self, **{name: scale(getattr(self, name)) for name in _JOB_COUNTS})
 
     def for_system(self, counts: dict[str, int], system: str) -> int:
         return counts.get(system, counts["default"])
@@ -164,6 +162,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def median_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each numeric field over runs; other fields as in the last run."""
+    merged: dict[str, Any] = {}
+    for name in runs[-1]:
+        values = [r[name] for r in runs if isinstance(r.get(name), int | float)]
+        merged[name] = median(values) if values else runs[-1][name]
+    merged["runs"] = len(runs)
+    return merged
+
+
 def rotated(items: list[Any], run: int) -> list[Any]:
     """``items`` starting at the run's turn, so that no item always goes first or last."""
     return items[run % len(items) :] + items[: run % len(items)]
@@ -179,25 +187,30 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str, poll: flo
         time.sleep(poll)
 
 
+def _load() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
 # --------------------------------------------------------------------------- workers
 
 
 @contextmanager
 def run_processes(
-    argv: list[str],
-    env: dict[str, str],
-    logs: list[Path],
-    cwd: Path | None = None,
-    append: bool = False,
+    argv: list[str], env: dict[str, str], logs: list[Path], cwd: Path | None = None
 ) -> Iterator[Processes]:
-    """One process of ``argv`` per log file in ``logs`` (its output written there, or
-    with ``append`` added), each in a session of its own; at the end SIGTERM, then
-    SIGKILL to the session of any still running 30 s later."""
+    """One process of ``argv`` per log file in ``logs`` (its output added there), each
+    in a session of its own; at the end SIGTERM, then SIGKILL to the session of any
+    still running 30 s later."""
     procs: Processes = []
     with ExitStack() as files:
         try:
             for log in logs:
-                out = files.enter_context(open(log, "ab" if append else "wb"))
+                out = files.enter_context(open(log, "ab"))
                 popen = subprocess.Popen(
                     argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -232,6 +245,7 @@ def workers(
         argv = system.worker_command(config.concurrency, processes=config.processes)  # type: ignore[call-arg]
     else:
         argv = system.worker_command(config.concurrency)
+    tag = re.sub(r"[^\w.-]+", "-", tag)
     logs = [log_dir / f"{tag}-{n}.log" for n in range(1 if supervised else config.processes)]
     with run_processes(argv, {**system.worker_env(), **(extra_env or {})}, logs) as procs:
         yield procs
@@ -262,9 +276,43 @@ def burn(
     return count / (end - (first if first is not None else committed))
 
 
-def jobs_env(settings: dict[str, Any] | None) -> dict[str, str] | None:
-    """Our workers' environment adding ``settings`` to their ``JOBS``."""
-    return {"BENCH_JOBS": json.dumps(settings)} if settings else None
+class Starts:
+    """The handlers' start reports (:mod:`benchmarks.probe`), marker -> epoch seconds,
+    received over UDP on the loopback interface by a thread while the block runs;
+    ``env`` tells the workers where to send them."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.5)
+        self.env = {"BENCH_PROBE_PORT": str(self.sock.getsockname()[1])}
+        self.seen: dict[int, float] = {}
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._receive, name="bench-starts", daemon=True)
+
+    def __enter__(self) -> Starts:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.closed.set()
+        self.thread.join(5)
+        self.sock.close()
+
+    def _receive(self) -> None:
+        while not self.closed.is_set():
+            try:
+                marker, at = self.sock.recv(256).decode().split()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.seen.setdefault(int(marker), float(at))
+
+    def wait(self, marker: int, timeout: float) -> float:
+        """The start of the job ``marker``, once reported."""
+        wait_for(lambda: marker in self.seen, timeout, f"job {marker} to start", poll=0.001)
+        return self.seen[marker]
 
 
 # --------------------------------------------------------------------------- measurements
@@ -280,13 +328,19 @@ class Recorder:
 
     def __call__(
         self, system: System, key: str, value: float, jobs: int = 0, unit: str = "jobs/s"
-    ) -> None:
+    ) -> float:
         self.raw.setdefault(system.name, {}).setdefault(key, []).append(value)
         self.jobs[(system.name, key)] = jobs
         self.log(f"  {system.name:16} {key:22} {value:10.1f} {unit}")
+        return value
 
     def medians(self) -> dict[str, dict[str, float]]:
         return {name: {k: median(v) for k, v in keys.items()} for name, keys in self.raw.items()}
+
+
+def _variant(settings: dict[str, Any]) -> str:
+    """A set-up's name suffix for our added ``JOBS`` settings: ``-prefetch0``."""
+    return "".join(f"-{k.lower()}{v}" for k, v in settings.items() if k != "QUEUES")
 
 
 class Runner:
@@ -299,11 +353,8 @@ class Runner:
         log: Log,
         database_url: str = "",
     ) -> None:
-        self.plan = plan
-        self.systems = systems
-        self.admin = admin
+        self.plan, self.systems, self.admin, self.log = plan, systems, admin, log
         self.log_dir = log_dir
-        self.log = log
         self.record = Recorder(log)
         self.database_url = database_url
         self.statements = bool(database_url) and physical.statements_available(database_url)
@@ -311,25 +362,29 @@ class Runner:
         self.costs: dict[str, dict[str, list[dict[str, Any]]]] = {}
         #: Lock waits sampled during the scale-out curve: set-up key -> one dict a run.
         self.locks: dict[str, list[dict[str, Any]]] = {}
-        self.commit_tool: str | None = None
+        self.burns = 0
 
-    def fresh(self, system: System, prime: int = 0) -> None:
+    def fresh(self, system: System, prime: int = 0, kind: str = "noop") -> dict[str, Any]:
         """Empty the system's tables; with ``prime``, first let the planner see
-        ``prime`` queued jobs (ANALYZE), so that every system's claim queries are
-        planned for a full queue, as a long-running server's statistics would allow."""
+        ``prime`` queued jobs of the ``kind`` handler (ANALYZE), so that every system's
+        claim queries are planned for a full queue, as a long-running server's
+        statistics would allow. Returns the WAL those jobs' enqueue wrote."""
+        seed: dict[str, Any] = {"wal_bytes": 0}
         system.reset()
         if prime:
-            system.seed(prime)
+            self.admin("CHECKPOINT")
+            with physical.counting(system.database_url, False, seed):
+                system.seed(prime, kind)
             system.analyze(self.admin)
             system.reset()
         # Start every measurement from a clean WAL so a checkpoint never lands inside it.
         self.admin("CHECKPOINT")
+        return seed
 
     def enqueue(self, system: System, bulk: bool = False) -> float:
         """Jobs/s of the one-by-one enqueue, or with ``bulk`` of the bulk one."""
-        count = (
-            self.plan.bulk_jobs if bulk else self.plan.for_system(self.plan.each_jobs, system.name)
-        )
+        plan = self.plan
+        count = plan.bulk_jobs if bulk else plan.for_system(plan.each_jobs, system.name)
         self.fresh(system)
         start = time.perf_counter()
         (system.enqueue_bulk if bulk else system.enqueue_each)(count)
@@ -339,17 +394,16 @@ class Runner:
         self,
         system: System,
         config: WorkerConfig,
-        tag: str,
         count: int,
         *,
         kind: str = "noop",
+        settings: dict[str, Any] | None = None,
         locks: dict[str, Any] | None = None,
-        extra_env: dict[str, str] | None = None,
         variant: str | None = "",
         supervised: bool = False,
     ) -> float:
         """Jobs/s of :func:`burn` with the planner primed (see :meth:`fresh`);
-        ``extra_env`` goes to the workers' environment; ``supervised``: the workers
+        ``settings`` are added to our workers' ``JOBS``; ``supervised``: the workers
         under one ``run_jobs --processes``.
 
         Also records per job under the set-up's key, followed by ``/variant`` if one is
@@ -357,52 +411,37 @@ class Runner:
         the statements the system's processes sent (with ``pg_stat_statements``; the
         harness's polls left out), the machine's CPUs busy and the workers' own CPU
         time; and, with ``locks``, the lock waits sampled meanwhile."""
-        self.fresh(system)
-        seed: dict[str, Any] = {}
-        with physical.counting(system.database_url, False, seed):
-            system.seed(count, kind)
-        system.analyze(self.admin)
-        system.reset()
-        self.admin("CHECKPOINT")
+        seed = self.fresh(system, count, kind)
         cost: dict[str, Any] = {}
 
         def measure(procs: Processes) -> ExitStack:
             stack = ExitStack()
             stack.enter_context(physical.counting(system.database_url, self.statements, cost))
-            stack.enter_context(physical.cpu_use(cost))
-            stack.enter_context(physical.worker_cpu([p.pid for p in procs], cost))
+            stack.enter_context(physical.cpu_use([p.pid for p in procs], cost))
             if locks is not None:
                 stack.enter_context(physical.sampling_locks(self.database_url, locks))
             return stack
 
-        running = workers(system, config, self.log_dir, tag, extra_env, supervised)
+        self.burns += 1
+        tag = f"{self.burns:03d}-{system.name}-{kind}{_variant(settings or {})}-{config.key}"
+        env = {"BENCH_JOBS": json.dumps(settings)} if settings else None
+        running = workers(system, config, self.log_dir, tag, env, supervised)
         rate = burn(system, running, count, kind, measure)
         if variant is None:
             return rate
-        entry: dict[str, Any] = {
-            "jobs": count,
-            "wal_bytes": (cost["wal_bytes"] - seed["wal_bytes"]) / count,
-        }
-        if "statements" in cost:
-            entry.update(statements=cost["statements"] / count, top=cost["top"])
-        if "cpus_busy" in cost:
-            entry.update(cpus_busy=cost["cpus_busy"], cpus=cost["cpus"])
-        entry["worker_cpu_ms"] = cost["worker_cpu_s"] * 1000 / count
+        cost["wal_bytes"] -= seed["wal_bytes"]
+        entry = {"jobs": count, **physical.per_job(cost, count)}
         key = system.worker_config(config).key + (f"/{variant}" if variant else "")
         self.costs.setdefault(system.name, {}).setdefault(key, []).append(entry)
         return rate
 
-    def sleep5(
-        self, system: System, run: int, concurrency: int, jobs_settings: dict[str, Any]
-    ) -> float:
+    def sleep5(self, system: System, concurrency: int, settings: dict[str, Any]) -> float:
         """The 5 ms handler's burn-down by one process at ``concurrency``, with
-        ``jobs_settings`` added to our workers' ``JOBS``."""
+        ``settings`` added to our workers' ``JOBS``."""
         config = system.worker_config(WorkerConfig(1, concurrency))
-        variant = "sleep5" + _variant(jobs_settings)
-        tag = f"{system.name}-{variant}-{config.key}-run{run + 1}"
-        jobs, env = self.plan.sleep_jobs_of(system.name), jobs_env(jobs_settings)
+        jobs, variant = self.plan.sleep_jobs_of(system.name), "sleep5" + _variant(settings)
         return self.burn_down(
-            system, config, tag, jobs, kind="sleep5", variant=variant, extra_env=env
+            system, config, jobs, kind="sleep5", settings=settings, variant=variant
         )
 
     def latency(self, system: System) -> dict[str, Any]:
@@ -410,27 +449,16 @@ class Runner:
         start time over UDP (loopback)."""
         self.fresh(system)
         values: list[float] = []
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            env = {"BENCH_PROBE_PORT": str(sock.getsockname()[1])}
-
-            def started(marker: int) -> float:
-                while True:
-                    data = sock.recv(256).decode().split()
-                    if int(data[0]) == marker:
-                        return float(data[1])
-
-            config = system.worker_config(WorkerConfig(1, 1))
-            with workers(system, config, self.log_dir, f"{system.name}-latency", env):
-                sock.settimeout(60.0)
-                system.enqueue_marked(-1)
-                started(-1)
-                sock.settimeout(10.0)
-                for marker in range(self.plan.latency_samples):
-                    time.sleep(0.05)  # let the worker finish and fall idle
-                    system.enqueue_marked(marker)
-                    committed = time.time()
-                    values.append((started(marker) - committed) * 1000)
+        config = system.worker_config(WorkerConfig(1, 1))
+        tag = f"{system.name}-latency"
+        with Starts() as starts, workers(system, config, self.log_dir, tag, starts.env):
+            system.enqueue_marked(-1)
+            starts.wait(-1, 60)
+            for marker in range(self.plan.latency_samples):
+                time.sleep(0.05)  # let the worker finish and fall idle
+                system.enqueue_marked(marker)
+                committed = time.time()
+                values.append((starts.wait(marker, 10) - committed) * 1000)
         return {
             "samples": len(values),
             "p50_ms": percentile(values, 0.50),
@@ -455,12 +483,10 @@ class Runner:
             self.admin("CHECKPOINT")
             rate = physical.commit_rate(self.database_url, clients, plan.commit_seconds)
             record(system, f"commit_{clients}", rate["tps"], 0, unit="commits/s")
-            self.commit_tool = rate["tool"]
         for processes in plan.scale_processes:
             config = WorkerConfig(processes, plan.scale_concurrency)
             locks: dict[str, Any] = {}
-            tag = f"{system.name}-scale-{config.key}-run{run + 1}"
-            scaled = self.burn_down(system, config, tag, plan.scale_jobs, locks=locks)
+            scaled = self.burn_down(system, config, plan.scale_jobs, locks=locks)
             record(system, f"scale_{config.key}", scaled, plan.scale_jobs)
             self.locks.setdefault(config.key, []).append(locks)
         self.cpu_bound(system, run)
@@ -478,11 +504,9 @@ class Runner:
         ]
         for config, supervised in setups if run % 2 == 0 else setups[::-1]:
             key = f"{config.processes}x-c1" if supervised else config.key
-            tag = f"{system.name}-cpu20-{key}-run{run + 1}"
             rate = self.burn_down(
-                system, config, tag, plan.cpu_jobs, kind="cpu20", variant=None,
-                supervised=supervised,
-            )  # fmt: skip
+                system, config, plan.cpu_jobs, kind="cpu20", variant=None, supervised=supervised
+            )
             self.record(system, f"cpu20_{key}", rate, plan.cpu_jobs)
 
     def asynchronous_commit(self, system: System, run: int) -> None:
@@ -491,11 +515,11 @@ class Runner:
         handler at ``sleep_concurrency``. The durable half measures again what the
         burn-downs before did: its per-job costs are not recorded."""
         plan, sleep = self.plan, self.plan.sleep_concurrency
+        # (name, set-up, jobs, handler, the per-job costs' variant of the async half)
         burn_jobs, sleep_jobs = (
             plan.for_system(plan.burn_jobs, system.name),
             plan.sleep_jobs_of(system.name),
         )
-        # (name, set-up, jobs, handler, the per-job costs' variant of the async half)
         cases = [
             ("c1", WorkerConfig(1, 1), burn_jobs, "noop", "async"),
             (f"sleep5_c{sleep}", WorkerConfig(1, sleep), sleep_jobs, "sleep5", "sleep5-async"),
@@ -504,8 +528,8 @@ class Runner:
         for name, config, jobs, kind, async_variant in cases:
             for mode in modes:
                 rate = self.burn_down(
-                    system, config, f"{system.name}-{mode}-{name}-run{run + 1}", jobs, kind=kind,
-                    extra_env=jobs_env({"ASYNCHRONOUS_COMMIT": mode == "async"}),
+                    system, config, jobs, kind=kind,
+                    settings={"ASYNCHRONOUS_COMMIT": mode == "async"},
                     variant=async_variant if mode == "async" else None,
                 )  # fmt: skip
                 self.record(system, f"syncmode_{name}_{mode}", rate, jobs)
@@ -521,14 +545,9 @@ class Runner:
                     record(system, "enqueue_bulk", self.enqueue(system, bulk=True), plan.bulk_jobs)
                 count = plan.for_system(plan.burn_jobs, system.name)
                 for config in dict.fromkeys(system.worker_config(c) for c in plan.configs):
-                    tag = f"{system.name}-{config.key}-run{run + 1}"
-                    record(
-                        system,
-                        f"burn_{config.key}",
-                        self.burn_down(system, config, tag, count),
-                        count,
-                    )
-                rate = self.sleep5(system, run, plan.sleep_concurrency, {})
+                    rate = self.burn_down(system, config, count)
+                    record(system, f"burn_{config.key}", rate, count)
+                rate = self.sleep5(system, plan.sleep_concurrency, {})
                 key = system.worker_config(WorkerConfig(1, plan.sleep_concurrency)).key
                 record(system, f"sleep5_{key}", rate, plan.sleep_jobs_of(system.name))
                 if system.name == OURS:
@@ -548,7 +567,6 @@ class Runner:
         if OURS in results:
             locks = {key: median_fields(runs) for key, runs in self.locks.items()}
             results[OURS]["locks_during_scale"] = locks
-            results[OURS]["commits_measured_with"] = self.commit_tool
         for system in self.systems:
             self.log(f"latency {system.name}")
             latency = results[system.name]["latency"] = self.latency(system)
@@ -556,37 +574,33 @@ class Runner:
         return results
 
 
-def median_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median of each numeric field over runs; other fields as in the last run."""
-    merged: dict[str, Any] = {}
-    for name in runs[-1]:
-        values = [r[name] for r in runs if isinstance(r.get(name), int | float)]
-        merged[name] = median(values) if values else runs[-1][name]
-    merged["runs"] = len(runs)
-    return merged
-
-
 # --------------------------------------------------------------------------- claim cost
 
 
-def timed_claims(plan: Plan, into: list[Any]) -> tuple[list[float], list[float]]:
+def _claims(runner: Runner, into: list[Any]) -> dict[str, Any]:
     """``plan.claim_samples`` claims of 1 due job, then ``plan.claim_batches`` claims
-    of 16, each timed (ms); every claim must get what it asks for. The claims are
-    added to ``into``."""
+    of 16, each timed; every claim must get what it asks for and is added to ``into``.
+    The client's median ms per claim of each size and, from the server, the WAL bytes
+    and (with ``pg_stat_statements``) the execution ms per claimed job."""
     from jobs import execution
 
-    timings: tuple[list[float], list[float]] = ([], [])
-    for limit, count, times in (
-        (1, plan.claim_samples, timings[0]),
-        (16, plan.claim_batches, timings[1]),
-    ):
-        for _ in range(count):
-            start = time.perf_counter()
-            claims = execution.claim_due("claim-cost", limit=limit)
-            times.append((time.perf_counter() - start) * 1000)
-            assert len(claims) == limit, (len(claims), limit)
-            into.extend(claims)
-    return timings
+    plan = runner.plan
+    times: dict[int, list[float]] = {1: [], 16: []}
+    server: dict[str, Any] = {}
+    with physical.counting(runner.database_url, runner.statements, server):
+        for limit, count in ((1, plan.claim_samples), (16, plan.claim_batches)):
+            for _ in range(count):
+                start = time.perf_counter()
+                claims = execution.claim_due("claim-cost", limit=limit)
+                times[limit].append((time.perf_counter() - start) * 1000)
+                assert len(claims) == limit, (len(claims), limit)
+                into.extend(claims)
+    taken = plan.claim_samples + plan.claim_batches * 16
+    result = {f"claim_{n}_ms": median(values) for n, values in times.items()}
+    result["wal_bytes_per_job"] = server["wal_bytes"] / taken
+    if "execution_ms" in server:
+        result["server_ms_per_job"] = server["execution_ms"] / taken
+    return result
 
 
 def _complete(claimed: list[Any]) -> None:
@@ -597,39 +611,53 @@ def _complete(claimed: list[Any]) -> None:
         execution.complete_many([(c, None) for c in claimed[start : start + 500]])
 
 
+def _ratios(low: dict[str, Any], high: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """``high`` over ``low`` of the claims of 1 and of 16 (``ratio_claim_1``, ...)."""
+    return {
+        f"{prefix}ratio_claim_{n}": high[f"claim_{n}_ms"] / low[f"claim_{n}_ms"] for n in (1, 16)
+    }
+
+
+def _candidate_scan() -> dict[str, Any]:
+    """How the server finds the next 16 due jobs: ``EXPLAIN ANALYZE`` of the claim's
+    candidate query, its execution time and its scans."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM jobs_job"
+            " WHERE status = 'queued' AND NOT cancel_requested AND next_run_at <= now()"
+            " AND attempt_count < max_attempts ORDER BY priority DESC, next_run_at, id"
+            " LIMIT 16 FOR UPDATE SKIP LOCKED"
+        )
+        plan = cursor.fetchone()[0][0]
+
+    def scans(node: dict[str, Any]) -> list[dict[str, Any]]:
+        found = []
+        if "Scan" in node.get("Node Type", ""):
+            names = ("Node Type", "Index Name", "Actual Rows", "Shared Hit Blocks")
+            keys = ("node", "index", "rows", "shared_hit_blocks")
+            found.append({key: node.get(name) for key, name in zip(keys, names, strict=True)})
+        return found + [scan for child in node.get("Plans", []) for scan in scans(child)]
+
+    return {"execution_ms": plan.get("Execution Time"), "scans": scans(plan["Plan"])}
+
+
 def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     """Claim cost of our store with ``finished_rows`` finished jobs in the table
     versus an empty table: single claims, claims of 16, and a burn-down."""
-    from django.db import connection
-
     plan = runner.plan
 
     def measure(label: str) -> dict[str, Any]:
         ledon.seed(plan.claim_samples + plan.claim_batches * 16)
-        runner.admin("VACUUM ANALYZE jobs_job")
-        runner.admin("VACUUM ANALYZE jobs_jobattempt")
-        runner.admin("CHECKPOINT")
+        for sql in ("VACUUM ANALYZE jobs_job", "VACUUM ANALYZE jobs_jobattempt", "CHECKPOINT"):
+            runner.admin(sql)
         claimed: list[Any] = []
-        singles, batches = timed_claims(plan, claimed)
+        result = _claims(runner, claimed)
         # Finish what was claimed, so that no attempt is left Running (and the
         # history grows by these jobs, as it would).
         _complete(claimed)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM jobs_job"
-                " WHERE status = 'queued' AND NOT cancel_requested AND next_run_at <= now()"
-                " AND attempt_count < max_attempts ORDER BY priority DESC, next_run_at, id"
-                " LIMIT 16 FOR UPDATE SKIP LOCKED"
-            )
-            plan_json = cursor.fetchone()[0][0]
-        result: dict[str, Any] = {
-            "claim_1_ms": median(singles),
-            "claim_16_ms": median(batches),
-            "candidate_scan": {
-                "execution_ms": plan_json.get("Execution Time"),
-                "scans": _scans(plan_json["Plan"]),
-            },
-        }
+        result["candidate_scan"] = _candidate_scan()
         if plan.claim_burn_jobs:
             # Burn-down on top of the same table (the previous claims stay Running).
             running = workers(ledon, WorkerConfig(1, 16), runner.log_dir, "claim-cost-burn")
@@ -641,31 +669,15 @@ def claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     empty = measure("empty table")
     ledon.reset()
     runner.log(f"  loading {plan.finished_rows:,} finished jobs")
-    load_finished(plan.finished_rows)
+    load_jobs(plan.finished_rows, "succeeded")
     loaded = measure(f"{plan.finished_rows:,} finished jobs")
     ledon.reset()
     return {
         "finished_rows": plan.finished_rows,
         "empty": empty,
         "loaded": loaded,
-        "ratio_claim_1": loaded["claim_1_ms"] / empty["claim_1_ms"],
-        "ratio_claim_16": loaded["claim_16_ms"] / empty["claim_16_ms"],
+        **_ratios(empty, loaded),
     }
-
-
-def _scans(node: dict[str, Any]) -> list[dict[str, Any]]:
-    """The scans of an ``EXPLAIN (FORMAT JSON)`` plan node and its children."""
-    scans = []
-    if "Scan" in node.get("Node Type", ""):
-        scans.append(
-            {
-                "node": node["Node Type"],
-                "index": node.get("Index Name"),
-                "rows": node.get("Actual Rows"),
-                "shared_hit_blocks": node.get("Shared Hit Blocks"),
-            }
-        )
-    return scans + [scan for child in node.get("Plans", []) for scan in _scans(child)]
 
 
 def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
@@ -686,32 +698,18 @@ def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
 
     plan = runner.plan
     taken = plan.claim_samples + plan.claim_batches * 16
-
-    def claims(into: list[Any]) -> dict[str, Any]:
-        server: dict[str, Any] = {}
-        with physical.counting(runner.database_url, runner.statements, server):
-            singles, batches = timed_claims(plan, into)
-        result = {
-            "claim_1_ms": median(singles),
-            "claim_16_ms": median(batches),
-            "wal_bytes_per_job": server["wal_bytes"] / taken,
-        }
-        if "execution_ms" in server:
-            result["server_ms_per_job"] = server["execution_ms"] / taken
-        return result
-
     depths: list[dict[str, Any]] = []
     for depth in plan.queued_rows:
         ledon.reset()
         runner.log(f"  loading {depth:,} queued jobs")
-        load_queued(depth + 2 * taken + plan.queued_warm)
+        load_jobs(depth + 2 * taken + plan.queued_warm, "queued")
         runner.admin("VACUUM ANALYZE jobs_job")
         runner.admin("CHECKPOINT")
         claimed: list[Any] = []
-        cold = claims(claimed)
+        cold = _claims(runner, claimed)
         for _ in range(plan.queued_warm // 100):
             claimed.extend(execution.claim_due("claim-cost", limit=100))
-        steady = claims(claimed)
+        steady = _claims(runner, claimed)
         assert len(claimed) == 2 * taken + plan.queued_warm // 100 * 100, len(claimed)
         _complete(claimed)
         depths.append({**cold, "steady": steady})
@@ -724,19 +722,20 @@ def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
         "warm_claims": plan.queued_warm,
         "shallow": shallow,
         "deep": deep,
-        "ratio_claim_1": deep["claim_1_ms"] / shallow["claim_1_ms"],
-        "ratio_claim_16": deep["claim_16_ms"] / shallow["claim_16_ms"],
-        "steady_ratio_claim_1": deep["steady"]["claim_1_ms"] / shallow["steady"]["claim_1_ms"],
-        "steady_ratio_claim_16": deep["steady"]["claim_16_ms"] / shallow["steady"]["claim_16_ms"],
+        **_ratios(shallow, deep),
+        **_ratios(shallow["steady"], deep["steady"], "steady_"),
     }
 
 
-def _load_jobs(rows: int, status: str, prefix: str, attempts: int, ended: str) -> None:
+def load_jobs(rows: int, status: str) -> None:
     """Bulk-load ``rows`` jobs straight into the table (a fixture), in claim order:
-    ``status``, job ids ``prefix1`` on, ``attempts`` each, ``ended``: the SQL of their
-    ``started_at, finished_at``."""
+    ``queued`` ones due (a backlog), or ``succeeded`` ones, each with its attempt (the
+    history a busy system accumulates)."""
     from django.db import connection
 
+    ended = "NULL, NULL"
+    if status == "succeeded":
+        ended = "now() - interval '1 day', now() - interval '1 day' + g * interval '1 ms'"
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
@@ -745,40 +744,27 @@ def _load_jobs(rows: int, status: str, prefix: str, attempts: int, ended: str) -
             " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
             " started_at, finished_at)"
             " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'),"
-            f" '{prefix}' || g, 'bench.noop', 1, '{{\"n\":0}}', 'default', 0, 1, NULL,"
-            f" now() - interval '1 day' + g * interval '1 ms', '{status}', {attempts}, NULL,"
-            " false, NULL, '', '', NULL, '', NULL, now() - interval '1 day',"
-            f" now() - interval '1 day', {ended} FROM generate_series(1, %s) AS g",
+            f" '{status}-' || g, 'bench.noop', 1, '{{\"n\":0}}', 'default', 0, 1, NULL,"
+            f" now() - interval '1 day' + g * interval '1 ms', '{status}',"
+            f" {int(status == 'succeeded')}, NULL, false, NULL, '', '', NULL, '', NULL,"
+            f" now() - interval '1 day', now() - interval '1 day', {ended}"
+            " FROM generate_series(1, %s) AS g",
             [rows],
         )
+        if status == "succeeded":
+            cursor.execute(
+                "INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id,"
+                " progress, progress_message, error, result_ref, started_at, finished_at)"
+                " SELECT id, 1, md5(id::text), 'succeeded', 'history', NULL, '', '', NULL,"
+                " started_at, finished_at FROM jobs_job WHERE status = 'succeeded'"
+            )
 
 
-def load_queued(rows: int) -> None:
-    """``rows`` due Queued jobs (a backlog), oldest first."""
-    _load_jobs(rows, "queued", "queued-", 0, "NULL, NULL")
-
-
-def load_finished(rows: int) -> None:
-    """``rows`` succeeded jobs, each with its attempt (history as a busy system
-    accumulates it)."""
-    from django.db import connection
-
-    ended = "now() - interval '1 day', now() - interval '1 day' + g * interval '1 ms'"
-    _load_jobs(rows, "succeeded", "old-", 1, ended)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress,"
-            " progress_message, error, result_ref, started_at, finished_at)"
-            " SELECT id, 1, md5(id::text), 'succeeded', 'history', NULL, '', '', NULL,"
-            " started_at, finished_at FROM jobs_job WHERE status = 'succeeded'"
-        )
-
-
-# --------------------------------------------------------------------------- flow control
+# --------------------------------------------------------------------------- parts alone
 
 #: The queue limits of each flow-control burn-down (``JOBS["QUEUES"]`` of the
-#: workers, through ``BENCH_JOBS_QUEUES``). None binds at concurrency 16 in one
-#: process: they measure what keeping limits costs, not what limiting does.
+#: workers). None binds at concurrency 16 in one process: they measure what keeping
+#: limits costs, not what limiting does.
 FLOW_VARIANTS: dict[str, dict[str, Any] | None] = {
     "off": None,
     "max_running": {"default": {"max_running": 64}},
@@ -788,20 +774,18 @@ FLOW_VARIANTS: dict[str, dict[str, Any] | None] = {
 }
 
 
-def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
+def flow_control(runner: Runner, chosen: list[System]) -> dict[str, Any]:
     """Burn-down of ``flow_burn_jobs`` by one worker process at concurrency 16 with
     each of :data:`FLOW_VARIANTS`, order rotated per run; the medians and each
     variant's slowdown (off ÷ on jobs/s)."""
-    plan = runner.plan
-    names = list(FLOW_VARIANTS)
-    raw: dict[str, list[float]] = {name: [] for name in names}
+    (ledon,), plan = chosen, runner.plan
+    raw: dict[str, list[float]] = {name: [] for name in FLOW_VARIANTS}
     for run in range(plan.runs):
-        for name in rotated(names, run):
+        for name in rotated(list(FLOW_VARIANTS), run):
             limits = FLOW_VARIANTS[name]
-            env = {"BENCH_JOBS_QUEUES": json.dumps(limits)} if limits else None
             rate = runner.burn_down(
-                ledon, WorkerConfig(1, 16), f"flow-{name}-run{run + 1}", plan.flow_burn_jobs,
-                extra_env=env, variant=f"limits-{name}",
+                ledon, WorkerConfig(1, 16), plan.flow_burn_jobs,
+                settings={"QUEUES": limits} if limits else None, variant=f"limits-{name}",
             )  # fmt: skip
             raw[name].append(rate)
             runner.log(f"  limits {name:12} {rate:10.1f} jobs/s")
@@ -811,211 +795,209 @@ def flow_control(runner: Runner, ledon: System) -> dict[str, Any]:
         "limits": FLOW_VARIANTS,
         "runs": raw,
         "median": medians,
-        "slowdown": {name: medians["off"] / medians[name] for name in names if name != "off"},
+        "slowdown": {name: medians["off"] / medians[name] for name in raw if name != "off"},
     }
 
 
-# --------------------------------------------------------------------------- parts alone
+def cpu_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """:meth:`Runner.cpu_bound` over the plan's runs: the medians by set-up."""
+    (ours,) = chosen
+    for run in range(runner.plan.runs):
+        runner.cpu_bound(ours, run)
+    medians = runner.record.medians()[OURS]
+    return {
+        "jobs": runner.plan.cpu_jobs,
+        "runs": runner.record.raw[OURS],
+        "median": {k: {"median": m} for k, m in medians.items()},
+    }
+
+
+#: The burn-downs of ``--only burn-down``: (handler, worker processes, concurrency, our
+#: ``JOBS`` settings added — those set-ups only for ours).
+ALONE_BURNS: tuple[tuple[str, int, int, dict[str, Any]], ...] = (
+    ("noop", 1, 4, {}),
+    ("noop", 1, 4, {"PREFETCH": 0}),
+    ("noop", 1, 16, {}),
+    ("noop", 1, 16, {"PREFETCH": 0}),
+    ("noop", 1, 16, {"CLAIM_BATCH_SIZE": 16}),
+    ("noop", 2, 16, {}),
+    ("sleep5", 1, 16, {}),
+    ("sleep5", 1, 16, {"PREFETCH": 0}),
+    ("sleep5", 1, 64, {}),
+)
+
+
+def burn_down_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """The burn-downs of :data:`ALONE_BURNS`, the systems interleaved round by round:
+    medians, ours over each other system's, the 5 ms handler's share of the ideal
+    rate at each concurrency."""
+    plan = runner.plan
+    for run in range(plan.runs):
+        runner.log(f"run {run + 1} of {plan.runs}")
+        for system in rotated(chosen, run):
+            count = plan.for_system(plan.burn_jobs, system.name)
+            for kind, processes, concurrency, extra in ALONE_BURNS:
+                if extra and system.name != OURS:
+                    continue
+                if kind == "sleep5":
+                    rate = runner.sleep5(system, concurrency, extra)
+                    key = f"sleep5-c{concurrency}{_variant(extra)}"
+                else:
+                    config = system.worker_config(WorkerConfig(processes, concurrency))
+                    rate = runner.burn_down(system, config, count, settings=extra, variant=None)
+                    key = f"{processes}x{concurrency}{_variant(extra)}"
+                runner.record(system, key, rate)
+    medians = runner.record.medians()
+    ours = medians.get(OURS, {})
+    return {
+        "runs": runner.record.raw,
+        "median": medians,
+        "ours_over": {
+            name: {k: ours[k] / v for k, v in values.items() if k in ours and v}
+            for name, values in medians.items()
+            if name != OURS
+        },
+        "sleep5_of_ideal": {
+            key: rate / (int(key.split("-")[1][1:]) * 200.0)
+            for key, rate in ours.items()
+            if key.startswith("sleep5-")
+        },
+    }
+
+
+def bulk_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """The bulk enqueue of each system with a bulk API, in interleaved rounds: jobs/s,
+    and per job the WAL written and, with ``pg_stat_statements``, the statements sent
+    and the server's time executing them (µs; the rest of a job's time is the
+    client's, the round trip and the commit)."""
+    plan, count = runner.plan, runner.plan.bulk_jobs
+    costs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
+    for run in range(plan.runs):
+        runner.log(f"bulk run {run + 1} of {plan.runs}")
+        for system in rotated(chosen, run):
+            cost: dict[str, Any] = {}
+            runner.fresh(system)  # its TRUNCATE and CHECKPOINT are not the system's
+            with physical.counting(runner.database_url, runner.statements, cost):
+                start = time.perf_counter()
+                system.enqueue_bulk(count)
+                rate = count / (time.perf_counter() - start)
+            costs[system.name].append(physical.per_job(cost, count))
+            runner.record(system, "bulk", rate)
+    return {
+        "jobs": count,
+        "runs": {name: keys["bulk"] for name, keys in runner.record.raw.items()},
+        "median": {name: keys["bulk"] for name, keys in runner.record.medians().items()},
+        "per_job": {name: median_fields(entries) for name, entries in costs.items()},
+    }
+
+
+def pickup_and_enqueue(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """Every system's idle pickup latency and one-by-one enqueue (median of the runs)."""
+    result: dict[str, Any] = {"latency": {}, "enqueue_each": {}}
+    for system in chosen:
+        runner.log(f"{system.name}: idle pickup latency, one-by-one enqueue")
+        result["latency"][system.name] = runner.latency(system)
+        rates = [runner.enqueue(system) for _ in range(runner.plan.runs)]
+        result["enqueue_each"][system.name] = median(rates)
+    return result
+
+
+def profile_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """Where one job's time goes and where a 5 ms handler's slot's time goes
+    (:mod:`benchmarks.profiling`)."""
+    from . import profiling
+
+    (ours,), plan, log = chosen, runner.plan, runner.log
+    log("profile of one job")
+    profile = profiling.profile(runner.database_url, ours, runner.admin, plan.profile_jobs, log=log)
+    log("profile of a 5 ms handler's slot")
+    slot = profiling.slot_profile(
+        runner.database_url, ours, runner.admin, plan.sleep_jobs, plan.sleep_concurrency, log=log
+    )
+    return {"profile": profile, "slot_profile": slot}
+
+
+Part = Callable[[Runner, list[System]], dict[str, Any]]
+
+#: The parts ``--only`` measures alone: name -> (the measurement, the systems it takes
+#: of those asked for). ``targets`` is four of them, with the verdicts.
+PARTS: dict[str, tuple[Part, Callable[[list[str]], list[str]]]] = {
+    "flow-control": (flow_control, lambda names: [OURS]),
+    "burn-down": (burn_down_alone, lambda names: names),
+    "bulk": (bulk_alone, lambda names: [n for n in names if adapter(n).has_bulk]),
+    "cpu": (cpu_alone, lambda names: [OURS]),
+    "pickup-enqueue": (pickup_and_enqueue, lambda names: names),
+    "profile": (profile_alone, lambda names: [OURS]),
+}
+#: The parts of ``targets``, by the key of its document.
+TARGET_PARTS = {"burn": "burn-down", "flow": "flow-control", "cpu": "cpu", "idle": "pickup-enqueue"}
+
+
+def write_part(out_dir: Path, name: str, result: dict[str, Any]) -> Path:
+    """The figures of one part measured alone, as ``<name>-<time>.json`` in ``out_dir``."""
+    path = out_dir / f"{name}-{_stamp()}.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path
 
 
 @contextmanager
-def part_alone(
-    name: str,
-    systems: list[str],
+def _runner(
+    names: list[str],
     *,
     plan: Plan,
     database_url: str,
     out_dir: Path,
     log: Log,
     admin: Callable[[str], None],
-) -> Iterator[tuple[Runner, list[System], dict[str, Any]]]:
-    """One part of the run measured alone (``--only``): the ``systems`` installed and a
-    runner over them; the part fills the dict yielded, which is then written, with the
-    load average at the part's start and end, as JSON named after ``name`` into
-    ``out_dir``."""
+) -> Iterator[Runner]:
+    """A runner over the systems ``names``, installed; their connections closed at the
+    end. Worker logs go to ``out_dir/logs``."""
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    chosen = [adapter(system)(database_url) for system in systems]
-    for system in chosen:
-        system.install()
-    result: dict[str, Any] = {}
-    load = _load()
+    chosen = [adapter(name)(database_url) for name in names]
     try:
-        yield Runner(plan, chosen, admin, log_dir, log, database_url), chosen, result
+        for system in chosen:
+            system.install()
+        yield Runner(plan, chosen, admin, log_dir, log, database_url)
     finally:
         for system in chosen:
             system.close()
-    result["load_average"] = {"start": load, "end": _load()}
-    write_part(out_dir, name, result)
 
 
-def write_part(out_dir: Path, name: str, result: dict[str, Any]) -> Path:
-    """The figures of one part measured alone, as ``<name>-<time>.json`` in ``out_dir``."""
-    path = out_dir / f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(result, indent=2))
-    return path
+def alone(part: str, systems: list[str], **session: Any) -> dict[str, Any]:
+    """Only ``part`` of :data:`PARTS` (``--only``), or ``targets``: its figures, with
+    the load average at its start and end, written as JSON named after the part into
+    the session's ``out_dir``."""
+    if part == "targets":
+        from .report import worker_targets
 
-
-def flow_control_alone(**session: Any) -> dict[str, Any]:
-    """Only :func:`flow_control` (``--only flow-control``; ``session``: the keywords
-    of :func:`part_alone`)."""
-    with part_alone("flow-control", [OURS], **session) as (runner, (ours,), flow):
-        runner.log("flow control (limits on versus off)")
-        flow.update(flow_control(runner, ours))
-    return flow
-
-
-def cpu_alone(**session: Any) -> dict[str, Any]:
-    """Only :meth:`Runner.cpu_bound` (``--only cpu``), over the plan's runs: the
-    medians by set-up."""
-    plan: Plan = session["plan"]
-    with part_alone("cpu", [OURS], **session) as (runner, (ours,), result):
-        for run in range(plan.runs):
-            runner.cpu_bound(ours, run)
-        raw = runner.record.raw[OURS]
-        medians = runner.record.medians()[OURS]
-        result.update(
-            jobs=plan.cpu_jobs, runs=raw, median={k: {"median": m} for k, m in medians.items()}
-        )
-    return result
-
-
-#: The no-op burn-downs of ``--only burn-down``: (worker processes, concurrency, our
-#: ``JOBS`` settings added — those set-ups only for ours).
-ALONE_BURNS: tuple[tuple[int, int, dict[str, Any]], ...] = (
-    (1, 4, {}),
-    (1, 4, {"PREFETCH": 0}),
-    (1, 16, {}),
-    (1, 16, {"PREFETCH": 0}),
-    (1, 16, {"CLAIM_BATCH_SIZE": 16}),
-    (2, 16, {}),
-)
-#: Its 5 ms handler's: (concurrency, our ``JOBS`` settings added), one process.
-ALONE_SLEEPS: tuple[tuple[int, dict[str, Any]], ...] = ((16, {}), (16, {"PREFETCH": 0}), (64, {}))
-
-
-def _variant(settings: dict[str, Any]) -> str:
-    """A set-up's name suffix for our added ``JOBS`` settings: ``-prefetch0``."""
-    return "".join(f"-{k.lower()}{v}" for k, v in settings.items())
-
-
-def burn_down_alone(systems: list[str], **session: Any) -> dict[str, Any]:
-    """Only the no-op burn-downs of :data:`ALONE_BURNS` and the 5 ms handler's of
-    :data:`ALONE_SLEEPS` (the settings only for ours) of ``systems`` (``--only
-    burn-down``), the systems interleaved round by round: medians, ours over each
-    other system's, the 5 ms handler's share of the ideal rate at each concurrency."""
-    plan: Plan = session["plan"]
-    with part_alone("burn-down", systems, **session) as (runner, chosen, result):
-        for run in range(plan.runs):
-            runner.log(f"run {run + 1} of {plan.runs}")
-            for system in rotated(chosen, run):
-                ours = system.name == OURS
-                count = plan.for_system(plan.burn_jobs, system.name)
-                for processes, concurrency, extra in ALONE_BURNS:
-                    if ours or not extra:
-                        config = system.worker_config(WorkerConfig(processes, concurrency))
-                        key = f"{processes}x{concurrency}{_variant(extra)}"
-                        tag = f"{system.name}-{key}-run{run + 1}"
-                        rate = runner.burn_down(
-                            system, config, tag, count, extra_env=jobs_env(extra), variant=None
-                        )
-                        runner.record(system, key, rate)
-                for concurrency, extra in ALONE_SLEEPS:
-                    if ours or not extra:
-                        rate = runner.sleep5(system, run, concurrency, extra)
-                        runner.record(system, f"sleep5-c{concurrency}{_variant(extra)}", rate)
-        medians = runner.record.medians()
-        ours_medians = medians.get(OURS, {})
-        result.update(
-            runs=runner.record.raw,
-            median=medians,
-            ours_over={
-                name: {k: ours_medians[k] / v for k, v in values.items() if k in ours_medians and v}
-                for name, values in medians.items()
-                if name != OURS
-            },
-            sleep5_of_ideal={
-                key: rate / (int(key.split("-")[1][1:]) * 200.0)
-                for key, rate in ours_medians.items()
-                if key.startswith("sleep5-")
-            },
-        )
-    return result
-
-
-def bulk_alone(systems: list[str], **session: Any) -> dict[str, Any]:
-    """Only the bulk enqueue (``--only bulk``) of each of ``systems`` with a bulk API,
-    in interleaved rounds: jobs/s, and per job the WAL written and, with
-    ``pg_stat_statements``, the statements sent and the server's time executing them
-    (µs; the rest of a job's time is the client's, the round trip and the commit)."""
-    plan: Plan = session["plan"]
-    with_bulk = [name for name in systems if adapter(name).has_bulk]
-    with part_alone("bulk", with_bulk, **session) as (runner, chosen, result):
-        count = plan.bulk_jobs
-        costs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
-        for run in range(plan.runs):
-            runner.log(f"bulk run {run + 1} of {plan.runs}")
-            for system in rotated(chosen, run):
-                cost: dict[str, Any] = {}
-                runner.fresh(system)  # its TRUNCATE and CHECKPOINT are not the system's
-                with physical.counting(runner.database_url, runner.statements, cost):
-                    start = time.perf_counter()
-                    system.enqueue_bulk(count)
-                    rate = count / (time.perf_counter() - start)
-                entry = {"wal_bytes": cost["wal_bytes"] / count}
-                if "statements" in cost:
-                    entry["statements"] = cost["statements"] / count
-                    entry["server_us"] = cost["execution_ms"] * 1000 / count
-                    entry["top"] = cost["top"]
-                costs[system.name].append(entry)
-                runner.record(system, "bulk", rate)
-        result.update(
-            jobs=count,
-            runs={name: keys["bulk"] for name, keys in runner.record.raw.items()},
-            median={name: keys["bulk"] for name, keys in runner.record.medians().items()},
-            per_job={name: median_fields(entries) for name, entries in costs.items()},
-        )
+        result = {key: alone(name, systems, **session) for key, name in TARGET_PARTS.items()}
+        result["rows"] = worker_targets(result)
+    else:
+        measure, take = PARTS[part]
+        load = _load()
+        with _runner(take(systems), **session) as runner:
+            result = measure(runner, runner.systems)
+        result["load_average"] = {"start": load, "end": _load()}
+    write_part(session["out_dir"], part, result)
     return result
 
 
 # --------------------------------------------------------------------------- entry
 
 
-def _load() -> list[float]:
-    """The machine's 1, 5 and 15 minute load averages."""
-    return [round(x, 2) for x in os.getloadavg()]
+def run_all(systems: list[str], server: dict[str, str], **session: Any) -> dict[str, Any]:
+    """Measure the installed of ``systems`` against the session's database (already
+    migrated); return the results and write them as JSON into ``out_dir`` after every
+    part, so that a failure late in the run keeps the rest."""
+    from . import extras
 
-
-def run_all(
-    *,
-    plan: Plan,
-    database_url: str,
-    systems: list[str],
-    out_dir: Path,
-    log: Log,
-    admin: Callable[[str], None],
-    server: dict[str, str],
-    claim: bool = True,
-) -> dict[str, Any]:
-    """Measure ``systems`` against ``database_url`` (already migrated); return the
-    results and write them as JSON into ``out_dir`` after every part, so that a
-    failure late in the run keeps the rest."""
-    from . import extras, profiling
-
-    log_dir = out_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    chosen: list[System] = []
-    skipped: dict[str, str] = {}
-    for name in systems:
-        if adapter(name).available():
-            chosen.append(adapter(name)(database_url))
-        else:
-            skipped[name] = "not installed (pip install -e '.[bench]')"
-    for system in chosen:
-        system.install()
-    runner = Runner(plan, chosen, admin, log_dir, log, database_url)
-    path = out_dir / f"results-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
-    ours = next((s for s in chosen if s.name == OURS), None)
+    plan, log, admin, out_dir = (session[k] for k in ("plan", "log", "admin", "out_dir"))
+    installed = [name for name in systems if adapter(name).available()]
+    skipped = {
+        n: "not installed (pip install -e '.[bench]')" for n in systems if n not in installed
+    }
+    path = out_dir / f"results-{_stamp()}.json"
     environment = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
@@ -1031,41 +1013,29 @@ def run_all(
         for written in (path, out_dir / "latest.json"):
             written.write_text(json.dumps(document, indent=2))
 
-    try:
-        systems_results = runner.run()
+    with _runner(installed, **session) as runner:
         save(
+            systems=runner.run(),
             environment=environment,
             plan={**asdict(plan), "configs": [asdict(c) for c in plan.configs]},
             quick=plan.runs == 1 and plan.finished_rows < 1_000_000,
-            systems=systems_results,
             skipped=skipped,
             statements_measured=runner.statements,
         )
-        if claim and ours is not None:
+        ours = next((s for s in runner.systems if s.name == OURS), None)
+        if ours is not None:
             log("claim cost")
             save(claim_cost=claim_cost(runner, ours))
             log("claim cost with queued jobs")
             save(queued_claim_cost=queued_claim_cost(runner, ours))
-        if ours is not None:
             log("flow control (limits on versus off)")
-            save(flow_control=flow_control(runner, ours))
-            log("outbox dispatch")
-            outbox = extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin)
-            log(f"  {outbox['median']:,.0f} messages/s")
-            log("saga steps")
-            sagas = extras.saga_steps(plan.saga_instances, plan.runs, admin)
-            log(f"  {sagas['ms_per_step']:.2f} ms per step (a commit: {sagas['commit_ms']:.2f} ms)")
-            save(outbox=outbox, sagas=sagas)
-            environment["load_average_end"] = _load()
-            log("profile of one job")
-            save(profile=profiling.profile(database_url, ours, admin, plan.profile_jobs, log=log))
-            log("profile of a 5 ms handler's slot")
-            slot = profiling.slot_profile(
-                database_url, ours, admin, plan.sleep_jobs, plan.sleep_concurrency, log=log
+            save(flow_control=flow_control(runner, [ours]))
+            log("outbox dispatch, saga steps")
+            save(
+                outbox=extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin),
+                sagas=extras.saga_steps(plan.saga_instances, plan.runs, admin),
             )
-            save(slot_profile=slot)
-    finally:
-        for system in chosen:
-            system.close()
+            environment["load_average_end"] = _load()
+            save(**profile_alone(runner, [ours]))
     log(f"raw results: {path}")
     return document

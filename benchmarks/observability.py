@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from .report import columns, table
+from .server import DATABASE_URL_HELP, database, django_on
+from .systems.base import ROOT
 
 #: The statements that load history; %s is the row count. Spread over 30 days, so
 #: that the last hour holds a realistic slice of it.
@@ -158,8 +158,14 @@ class _DropSpans:
         return True
 
 
-#: The per-job variants: metrics and tracing off, one of them, both.
-VARIANTS = ("off", "metrics", "tracing", "both")
+#: The per-job variants (metrics and tracing off, one of them, both), as the table
+#: names them.
+VARIANTS = {
+    "off": "metrics and tracing off",
+    "metrics": "metrics only",
+    "tracing": "tracing only",
+    "both": "metrics and tracing",
+}
 
 
 def job_rounds(jobs: int, rounds: int) -> dict[str, Any]:
@@ -207,59 +213,46 @@ def job_rounds(jobs: int, rounds: int) -> dict[str, Any]:
 
     for variant in VARIANTS:  # warm every path up
         run(variant, -1)
-    walls: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    cpus: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    for n in range(rounds):
+    times: dict[str, list[tuple[float, float]]] = {variant: [] for variant in VARIANTS}
+    for n in range(rounds):  # the variants in turn in every round
         for variant in VARIANTS:
-            wall, cpu = run(variant, n)
-            walls[variant].append(wall)
-            cpus[variant].append(cpu)
+            times[variant].append(run(variant, n))
     provider.shutdown()
-    wall_median = {variant: statistics.median(found) for variant, found in walls.items()}
-    cpu_median = {variant: statistics.median(found) for variant, found in cpus.items()}
-    plain_wall, plain_cpu = wall_median["off"], cpu_median["off"]
-    return {
-        "jobs": jobs,
-        "rounds": rounds,
-        **{
-            variant: {
-                "jobs_per_s": round(jobs / wall_median[variant], 1),
-                "overhead_us_per_job": round((wall_median[variant] - plain_wall) / jobs * 1e6, 1),
-                "ratio": round(wall_median[variant] / plain_wall, 3),
-                "cpu_us_per_job": round(cpu_median[variant] / jobs * 1e6, 1),
-                "cpu_overhead_us_per_job": round((cpu_median[variant] - plain_cpu) / jobs * 1e6, 1),
-                "cpu_ratio": round(cpu_median[variant] / plain_cpu, 3),
-            }
-            for variant in VARIANTS
-        },
-    }
+    # The medians of the rounds: wall-clock and CPU seconds of each variant.
+    wall = {v: statistics.median(w for w, _ in found) for v, found in times.items()}
+    cpu = {v: statistics.median(c for _, c in found) for v, found in times.items()}
+    result: dict[str, Any] = {"jobs": jobs, "rounds": rounds}
+    for v in VARIANTS:
+        result[v] = {
+            "jobs_per_s": round(jobs / wall[v], 1),
+            "overhead_us_per_job": round((wall[v] - wall["off"]) / jobs * 1e6, 1),
+            "ratio": round(wall[v] / wall["off"], 3),
+            "cpu_us_per_job": round(cpu[v] / jobs * 1e6, 1),
+            "cpu_overhead_us_per_job": round((cpu[v] - cpu["off"]) / jobs * 1e6, 1),
+            "cpu_ratio": round(cpu[v] / cpu["off"], 3),
+        }
+    return result
 
 
-def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    overhead = job_rounds(args.jobs, args.rounds)
-    started = time.perf_counter()
-    load_history(args.rows)
-    live_rows()
-    loaded = time.perf_counter() - started
-    scrape = scrape_times(args.scrapes)
-    return {"rows": args.rows, "load_seconds": round(loaded, 1), "scrape": scrape,
-            "jobs": overhead}  # fmt: skip
+def render(result: dict[str, Any]) -> str:
+    """The scrape and the per-job overhead as Markdown tables."""
+    scrape, jobs = result["scrape"], result["jobs"]
+    sources = ", ".join(f"{k} {v}" for k, v in scrape["median_ms_per_source"].items())
+    scrapes = [
+        ["rows of history per table", f"{result['rows']:,}"],
+        ["every database gauge, ms (median / p95)", f"{scrape['median_ms']} / {scrape['p95_ms']}"],
+        ["each source, ms (median)", sources],
+    ]
+    variants = [
+        {"variant": name, **{k.replace("_", " "): n for k, n in jobs[v].items()}}
+        for v, name in VARIANTS.items()
+    ]
+    return table(["scrape", ""], scrapes) + "\n\n" + columns(variants)
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .server import scratch_database, throwaway_server
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks.observability", description=__doc__)
-    parser.add_argument("--database-url", help="an existing PostgreSQL server to use")
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--scrapes", type=int, default=50)
     parser.add_argument("--jobs", type=int, default=2000)
@@ -268,29 +261,26 @@ def main(argv: list[str] | None = None) -> None:
         "--out", type=Path, default=ROOT / "benchmarks" / "results" / "observability.json"
     )
     args = parser.parse_args(argv)
-    server = throwaway_server() if args.database_url is None else nullcontext(args.database_url)
-    with server as server_url, scratch_database(server_url, "ledon_bench_observability") as url:
-        result = measure(url, args)
-    report = {"when": datetime.now(UTC).isoformat(timespec="seconds"), **result}
-    out = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    jobs, scrape = result["jobs"], result["scrape"]
-    print("| measure | value |")
-    print("|---|---|")
-    print(f"| rows of history per table | {result['rows']:,} |")
-    print(f"| scrape of every database gauge, ms (median / p95) | "
-          f"{scrape['median_ms']} / {scrape['p95_ms']} |")  # fmt: skip
-    print(f"| scrape, ms per source (median) | {scrape['median_ms_per_source']} |")
-    names = {"off": "both off", "metrics": "metrics only", "tracing": "tracing only",
-             "both": "metrics and tracing"}  # fmt: skip
-    for variant in VARIANTS:
-        found = jobs[variant]
-        wall = f"{found['jobs_per_s']}, {found['overhead_us_per_job']}, {found['ratio']}"
-        cpu = f"{found['cpu_us_per_job']}, {found['cpu_overhead_us_per_job']}, {found['cpu_ratio']}"
-        print(f"| {names[variant]}: jobs/s, wall µs per job more, ratio | {wall} |")
-        print(f"| {names[variant]}: CPU µs per job, more, ratio | {cpu} |")
-    print(f"raw figures: {out}")
+    with ExitStack() as stack:
+        _, url = stack.enter_context(database(args.database_url, "ledon_bench_observability"))
+        django_on(url, stack, "testproject.settings")
+        overhead = job_rounds(args.jobs, args.rounds)
+        started = time.perf_counter()
+        load_history(args.rows)
+        live_rows()
+        loaded = time.perf_counter() - started
+        scrape = scrape_times(args.scrapes)
+    result = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "rows": args.rows,
+        "load_seconds": round(loaded, 1),
+        "scrape": scrape,
+        "jobs": overhead,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(render(result))
+    print(f"raw figures: {args.out}")
 
 
 if __name__ == "__main__":

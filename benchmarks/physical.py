@@ -2,7 +2,7 @@
 the systems cost it per job: the floor loop (:func:`floor_loop`), the one-row commit
 rate (:func:`commit_rate`), statements and WAL between two points (:func:`counting`),
 lock waits while workers run (:class:`LockSampler`), and the CPU time of the machine
-and of the workers (:func:`cpu_use`, :func:`worker_cpu`).
+and of the workers (:func:`cpu_use`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -89,72 +90,32 @@ def floor_loop(url: str, jobs: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- commits
 
 
-def pgbench_path() -> str | None:
-    found = shutil.which("pgbench")
-    if found:
-        return found
-    candidates = sorted(glob("/usr/lib/postgresql/*/bin/pgbench"))
-    return candidates[-1] if candidates else None
-
-
 def commit_rate(url: str, clients: int, seconds: float) -> dict[str, Any]:
     """Durable one-row ``UPDATE`` commits per second with ``clients`` clients, each on
-    its own row (``pgbench`` if installed, else psycopg threads)."""
+    its own row, by ``pgbench`` (it comes with the server's binaries)."""
+    tool = shutil.which("pgbench") or max(glob("/usr/lib/postgresql/*/bin/pgbench"), default="")
+    if not tool:
+        raise RuntimeError("pgbench not found (on PATH or in /usr/lib/postgresql/*/bin)")
     with _connect(url) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {_COMMIT_TABLE}")
         conn.execute(f"CREATE TABLE {_COMMIT_TABLE} (id int PRIMARY KEY, n bigint NOT NULL)")
         conn.execute(
             f"INSERT INTO {_COMMIT_TABLE} SELECT g, 0 FROM generate_series(0, %s) AS g", [clients]
         )
-    tool = pgbench_path()
     try:
-        if tool is None:
-            return {
-                "clients": clients,
-                "tool": "psycopg",
-                "tps": _psycopg_commits(url, clients, seconds),
-            }
-        return {"clients": clients, "tool": "pgbench", "tps": _pgbench(tool, url, clients, seconds)}
+        with tempfile.TemporaryDirectory() as directory:
+            script = Path(directory) / "update.sql"
+            script.write_text(f"UPDATE {_COMMIT_TABLE} SET n = n + 1 WHERE id = :client_id;\n")
+            argv = [tool, "-n", "-M", "prepared", "-f", str(script), "-c", str(clients)]
+            argv += ["-j", str(clients), "-T", str(max(1, round(seconds))), url]
+            done = subprocess.run(argv, capture_output=True, text=True, check=True)
     finally:
         with _connect(url) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {_COMMIT_TABLE}")
-
-
-def _pgbench(tool: str, url: str, clients: int, seconds: float) -> float:
-    with tempfile.TemporaryDirectory() as directory:
-        script = Path(directory) / "update.sql"
-        script.write_text(f"UPDATE {_COMMIT_TABLE} SET n = n + 1 WHERE id = :client_id;\n")
-        argv = [tool, "-n", "-M", "prepared", "-f", str(script), "-c", str(clients)]
-        argv += ["-j", str(clients), "-T", str(max(1, round(seconds))), url]
-        done = subprocess.run(argv, capture_output=True, text=True, check=True)
     match = re.search(r"tps = ([0-9.]+)", done.stdout)
     if match is None:
         raise RuntimeError(f"pgbench printed no tps: {done.stdout[-500:]}")
-    return float(match.group(1))
-
-
-def _psycopg_commits(url: str, clients: int, seconds: float) -> float:
-    counts = [0] * clients
-    barrier = threading.Barrier(clients + 1)
-    deadline: list[float] = []
-
-    def client(index: int) -> None:
-        with _connect(url) as conn:
-            conn.prepare_threshold = 0
-            barrier.wait()
-            while time.perf_counter() < deadline[0]:
-                conn.execute(f"UPDATE {_COMMIT_TABLE} SET n = n + 1 WHERE id = %s", [index])
-                counts[index] += 1
-
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
-    for thread in threads:
-        thread.start()
-    deadline.append(time.perf_counter() + seconds)
-    start = time.perf_counter()
-    barrier.wait()
-    for thread in threads:
-        thread.join()
-    return sum(counts) / (time.perf_counter() - start)
+    return {"clients": clients, "tps": float(match.group(1))}
 
 
 # --------------------------------------------------------------------------- counters
@@ -208,6 +169,22 @@ def counting(url: str, statements: bool, into: dict[str, Any]) -> Iterator[None]
     )
 
 
+def per_job(cost: dict[str, Any], jobs: int) -> dict[str, Any]:
+    """What :func:`counting` and :func:`cpu_use` put into ``cost``, per job where it
+    is a total: WAL bytes, statements, the server's µs executing them (with the
+    commonest statements), the CPUs busy, the workers' CPU ms."""
+    entry: dict[str, Any] = {"wal_bytes": cost["wal_bytes"] / jobs}
+    if "statements" in cost:
+        entry["statements"] = cost["statements"] / jobs
+        entry["server_us"] = cost["execution_ms"] * 1000 / jobs
+        entry["top"] = cost["top"]
+    if "cpus_busy" in cost:
+        entry.update(cpus_busy=cost["cpus_busy"], cpus=cost["cpus"])
+    if "worker_cpu_s" in cost:
+        entry["worker_cpu_ms"] = cost["worker_cpu_s"] * 1000 / jobs
+    return entry
+
+
 # --------------------------------------------------------------------------- lock waits
 
 
@@ -241,12 +218,11 @@ class LockSampler(threading.Thread):
         self.interval = interval
         self.finished = threading.Event()
         self.samples = 0
-        self.waiting_backends = 0
-        self.ungranted_locks = 0
+        #: Sums over the samples: waiting backends, ungranted locks, active backends.
+        self.sums: Counter[str] = Counter()
         self.most_waiting = 0
-        self.active_backends = 0
-        self.events: dict[str, int] = {}
-        self.waits_for: dict[str, int] = {}
+        self.events: Counter[str] = Counter()
+        self.waits_for: Counter[str] = Counter()
 
     def run(self) -> None:
         with _connect(self.url) as conn:
@@ -264,21 +240,15 @@ class LockSampler(threading.Thread):
                     " JOIN pg_stat_activity b ON b.pid = blocker.pid"
                     " WHERE a.wait_event_type = 'Lock' AND a.datname = current_database()"
                 ).fetchall()
-                waiting = 0
-                for state, kind, event in rows:
-                    if state == "active":
-                        self.active_backends += 1
-                        if kind:
-                            key = f"{kind}:{event}"
-                            self.events[key] = self.events.get(key, 0) + 1
-                    if kind == "Lock":
-                        waiting += 1
-                for waiter, blocker in pairs:
-                    key = f"{statement_kind(waiter)} ← {statement_kind(blocker or '')}"
-                    self.waits_for[key] = self.waits_for.get(key, 0) + 1
+                active = [(kind, event) for state, kind, event in rows if state == "active"]
+                waiting = sum(1 for _, kind, _ in rows if kind == "Lock")
+                self.events.update(f"{kind}:{event}" for kind, event in active if kind)
+                self.waits_for.update(
+                    f"{statement_kind(waiter)} ← {statement_kind(blocker or '')}"
+                    for waiter, blocker in pairs
+                )
+                self.sums.update(waiting=waiting, ungranted=int(ungranted), active=len(active))
                 self.samples += 1
-                self.waiting_backends += waiting
-                self.ungranted_locks += int(ungranted)
                 self.most_waiting = max(self.most_waiting, waiting)
                 self.finished.wait(self.interval)
 
@@ -286,14 +256,14 @@ class LockSampler(threading.Thread):
         n = max(self.samples, 1)
         return {
             "samples": self.samples,
-            "mean_waiting_on_lock": self.waiting_backends / n,
+            "mean_waiting_on_lock": self.sums["waiting"] / n,
             "most_waiting_on_lock": self.most_waiting,
-            "mean_ungranted_locks": self.ungranted_locks / n,
-            "mean_active": self.active_backends / n,
-            "wait_events": dict(sorted(self.events.items(), key=lambda kv: -kv[1])[:8]),
+            "mean_ungranted_locks": self.sums["ungranted"] / n,
+            "mean_active": self.sums["active"] / n,
+            "wait_events": dict(self.events.most_common(8)),
             # waiter ← blocker: the samples in which a backend running the first waited
             # for one running the second (a backend may wait for several).
-            "waits_for": dict(sorted(self.waits_for.items(), key=lambda kv: -kv[1])[:5]),
+            "waits_for": dict(self.waits_for.most_common(5)),
         }
 
 
@@ -326,39 +296,18 @@ def busy_cpu_seconds() -> float | None:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-@contextmanager
-def cpu_use(into: dict[str, Any]) -> Iterator[None]:
-    """Put into ``into`` how many CPUs were busy on average (``cpus_busy``, of
-    ``cpus``) while the block ran: every process of the machine counts, the server's
-    and the workers' alike. Nothing is put where :func:`busy_cpu_seconds` is None."""
-    before, start = busy_cpu_seconds(), time.monotonic()
-    yield
-    after, wall = busy_cpu_seconds(), time.monotonic() - start
-    if before is not None and after is not None and wall > 0:
-        into.update(cpus_busy=(after - before) / wall, cpus=os.cpu_count() or 1)
-
-
-def _proc_stats() -> dict[int, list[str]]:
-    """Every process's ``/proc/<pid>/stat`` fields after its command name (which may
-    hold spaces): the parent's pid is the 2nd, utime the 12th, stime the 13th."""
-    stats: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    stats[int(entry)] = stat.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue  # exited meanwhile
-    return stats
-
-
 def process_cpu_seconds(pids: list[int]) -> float:
     """CPU time (user and system) of the processes ``pids`` and of their descendants
-    alive now (a supervisor's workers), from ``/proc``; 0 where there is none."""
-    try:
-        stats = _proc_stats()
-    except OSError:
-        return 0.0
+    alive now (a supervisor's workers), from ``/proc/<pid>/stat`` (after the command
+    name, which may hold spaces: the parent's pid is the 2nd field, utime the 12th,
+    stime the 13th); 0 where there is none."""
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                stats[int(entry)] = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError, ValueError):
+            continue  # not a process, or exited meanwhile
     children: dict[int, list[int]] = {}
     for pid, fields in stats.items():
         children.setdefault(int(fields[1]), []).append(pid)
@@ -372,12 +321,18 @@ def process_cpu_seconds(pids: list[int]) -> float:
 
 
 @contextmanager
-def worker_cpu(pids: list[int], into: dict[str, Any]) -> Iterator[None]:
-    """Put into ``into`` the CPU seconds the worker processes ``pids`` (and their
-    descendants) spent while the block ran (``worker_cpu_s``)."""
-    before = process_cpu_seconds(pids)
+def cpu_use(pids: list[int], into: dict[str, Any]) -> Iterator[None]:
+    """Put into ``into`` how many CPUs were busy on average (``cpus_busy``, of
+    ``cpus``) while the block ran — every process of the machine counts, the server's
+    and the workers' alike; nothing where :func:`busy_cpu_seconds` is None — and the
+    CPU seconds the worker processes ``pids`` and their descendants spent
+    (``worker_cpu_s``)."""
+    before, start, workers = busy_cpu_seconds(), time.monotonic(), process_cpu_seconds(pids)
     yield
-    into["worker_cpu_s"] = process_cpu_seconds(pids) - before
+    into["worker_cpu_s"] = process_cpu_seconds(pids) - workers
+    after, wall = busy_cpu_seconds(), time.monotonic() - start
+    if before is not None and after is not None and wall > 0:
+        into.update(cpus_busy=(after - before) / wall, cpus=os.cpu_count() or 1)
 
 
 def log(message: str) -> None:

@@ -2,9 +2,9 @@
 1 and 4, timed part by part, profiled, and the server's side read from
 ``pg_stat_statements``, ``pg_stat_wal`` and ``EXPLAIN (ANALYZE, BUFFERS, WAL)``.
 
-``make bench`` runs it after the other measurements (the ``profile`` part of the
-results); ``python -m benchmarks.profiling`` runs it alone on a throw-away server (or
-``--database-url``) and prints the breakdown.
+``make bench`` runs it after the other measurements (the ``profile`` and
+``slot_profile`` parts of the results); ``python -m benchmarks --only profile`` runs it
+alone and prints the breakdown.
 
 The breakdown of one job (ms, per job; at concurrency above 1 the parts run on several
 threads at once, so they add up to more than the wall time per job):
@@ -29,20 +29,16 @@ the most.
 from __future__ import annotations
 
 import cProfile
-import json
 import pstats
 import statistics
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
+from unittest import mock
 
 from . import physical
-
-#: Jobs per profiled run.
-JOBS = 3_000
 
 
 class _Timers:
@@ -72,29 +68,13 @@ class _Timers:
         return timed
 
 
-@contextmanager
-def _patched(*patches: tuple[Any, str, Callable[..., Any]]) -> Iterator[None]:
+def _patched(*patches: tuple[Any, str, Callable[..., Any]]) -> ExitStack:
     """Replace each ``(owner, name, replacement)`` for the block (where the worker
     looks the name up)."""
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    try:
-        for owner, name, replacement in patches:
-            setattr(owner, name, replacement)
-        yield
-    finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
-
-
-def _timed(timers: _Timers) -> list[tuple[Any, str, Callable[..., Any]]]:
-    """The worker's parts, each wrapped with ``timers``."""
-    import psycopg
-
-    from jobs import execution
-    from jobs.worker import slots
-
-    parts = [(execution, "complete_and_claim"), (slots, "run_attempt"), (psycopg.Cursor, "execute")]
-    return [(owner, name, timers.wrap(name, getattr(owner, name))) for owner, name in parts]
+    stack = ExitStack()
+    for owner, name, replacement in patches:
+        stack.enter_context(mock.patch.object(owner, name, replacement))
+    return stack
 
 
 def _queue(ledon: Any, admin: Callable[[str], None], jobs: int, kind: str = "noop") -> None:
@@ -242,12 +222,17 @@ def profile(
     url: str,
     ledon: Any,
     admin: Callable[[str], None],
-    jobs: int = JOBS,
+    jobs: int,
     concurrencies: tuple[int, ...] = (1, 4),
     log: Callable[[str], None] = physical.log,
 ) -> dict[str, Any]:
     """The breakdown of one job at each of ``concurrencies`` (see the module's
     docstring), with the cProfile top and the statement's plan."""
+    from psycopg import Cursor
+
+    from jobs import execution
+    from jobs.worker import slots
+
     statements = physical.statements_available(url)
     result: dict[str, Any] = {"jobs": jobs, "round_trip_ms": round_trip_ms(url)}
     for concurrency in concurrencies:
@@ -256,7 +241,8 @@ def profile(
         admin("CHECKPOINT")
         _reset_server(url, statements)
         timers = _Timers()
-        with _patched(*_timed(timers)):
+        parts = [(execution, "complete_and_claim"), (slots, "run_attempt"), (Cursor, "execute")]
+        with _patched(*((o, n, timers.wrap(n, getattr(o, n))) for o, n in parts)):
             span, _ = _run_worker(concurrency, profile=False)
         time.sleep(1.1)  # backends flush their WAL statistics when they end
         server = _server(url, statements)
@@ -399,37 +385,3 @@ def slot_profile(
     ledon.reset()
     log("  slot profile: " + ", ".join(f"{k} {v:.3f}" for k, v in result.items()))
     return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import os
-    from contextlib import ExitStack
-
-    from . import server
-
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.profiling", description=__doc__)
-    parser.add_argument("--database-url", help="use this server instead of a throw-away one")
-    parser.add_argument("--jobs", type=int, default=JOBS)
-    parser.add_argument(
-        "--slot",
-        action="store_true",
-        help="only the slot-turn profile of the 5 ms handler at concurrency 16",
-    )
-    args = parser.parse_args(argv)
-    from .systems.ledon import Ledon
-
-    with ExitStack() as stack:
-        server_url = stack.enter_context(server.server(args.database_url))
-        url = stack.enter_context(
-            server.scratch_database(server_url, f"ledon_profile_{os.getpid()}")
-        )
-        admin = server.django_on(url, stack)
-        measure = slot_profile if args.slot else profile
-        document = measure(url, Ledon(url), admin, jobs=args.jobs)
-    print(json.dumps(document, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,6 +5,7 @@ the figures mean is written by hand in ``docs/benchmarks.md``."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,7 +58,7 @@ def _ratio(ours: float | None, peer: float | None) -> str:
     return f"{ours / peer:.1f}×"
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table; :data:`NOT_MEASURED` without rows."""
     if not rows:
         return NOT_MEASURED
@@ -66,10 +67,10 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _columns(rows: Sequence[dict[str, Any]]) -> str:
+def columns(rows: Sequence[dict[str, Any]]) -> str:
     """A Markdown table of ``rows`` given as {heading: cell}, every row with the same
     headings; :data:`NOT_MEASURED` without rows."""
-    return _table(list(rows[0]) if rows else [], [list(row.values()) for row in rows])
+    return table(list(rows[0]) if rows else [], [list(row.values()) for row in rows])
 
 
 def _systems(document: Document) -> list[str]:
@@ -194,7 +195,7 @@ def throughput_table(document: Document) -> str:
         if any(value for value, _ in cells.values()):
             row(f"Burn-down, 5 ms handler, 1 process, concurrency {concurrency}", cells)
     head = ["Measurement (jobs/s, median)", *names, *[f"{OURS} ÷ {p}" for p in peers]]
-    return _table(head, rows)
+    return table(head, rows)
 
 
 def cpu_table(document: Document) -> str:
@@ -212,9 +213,7 @@ def cpu_table(document: Document) -> str:
         else:
             label = f"one worker process, `--concurrency {setup.split('p-c')[1]}`"
         rows.append([label, _num(ours[key]["median"]), _ratio(ours[key]["median"], single)])
-    return _table(
-        ["Set-up (same handler threads in all)", "jobs/s (median)", "÷ one process"], rows
-    )
+    return table(["Set-up (same handler threads in all)", "jobs/s (median)", "÷ one process"], rows)
 
 
 def latency_table(document: Document) -> str:
@@ -225,26 +224,38 @@ def latency_table(document: Document) -> str:
         if lat:
             ratio = "—" if n == OURS else _ratio(lat["p50_ms"], ours.get("p50_ms"))
             rows.append([n, lat["samples"], _num(lat["p50_ms"], 2), _num(lat["p99_ms"], 2), ratio])
-    return _table(["System", "Samples", "p50 (ms)", "p99 (ms)", "p50 ratio to ours"], rows)
+    return table(["System", "Samples", "p50 (ms)", "p99 (ms)", "p50 ratio to ours"], rows)
+
+
+#: The rows of the claim-cost tables: (label, key, digits).
+_CLAIMS = (
+    ("One claim of 1 job (ms, median)", "claim_1_ms", 2),
+    ("One claim of 16 jobs (ms, median)", "claim_16_ms", 2),
+    ("Server execution per claimed job (ms)", "server_ms_per_job", 3),
+    ("WAL per claimed job (bytes)", "wal_bytes_per_job", 0),
+    ("Burn-down, 1 process, concurrency 16 (jobs/s)", "burn_down_1p_c16", 0),
+)
+
+
+def _cost_rows(low: dict[str, Any], high: dict[str, Any], suffix: str = "") -> list[list[str]]:
+    """A row of each of :data:`_CLAIMS` measured in both: the figure in ``low`` and in
+    ``high``, and the cost ratio (high's over low's; of a rate, low's over high's)."""
+    rows = []
+    for label, key, digits in _CLAIMS:
+        if key in low and key in high:
+            a, b = (high[key], low[key]) if "burn_down" in key else (low[key], high[key])
+            ratio = f"{b / a:.2f}" if a else "—"
+            rows.append([label + suffix, _num(low[key], digits), _num(high[key], digits), ratio])
+    return rows
 
 
 def claim_table(document: Document) -> str:
     cost = document.get("claim_cost")
     if not cost:
         return NOT_MEASURED
-    empty, loaded = cost["empty"], cost["loaded"]
-    rows = []
-    for label, key, digits, higher_is_better in (
-        ("One claim of 1 job (ms, median)", "claim_1_ms", 2, False),
-        ("One claim of 16 jobs (ms, median)", "claim_16_ms", 2, False),
-        ("Burn-down, 1 process, concurrency 16 (jobs/s)", "burn_down_1p_c16", 0, True),
-    ):
-        if key in empty:
-            a, b = empty[key], loaded[key]
-            ratio = a / b if higher_is_better else b / a
-            rows.append([label, _num(a, digits), _num(b, digits), f"{ratio:.2f}"])
-    loaded_head = f"{cost['finished_rows']:,} finished jobs"
-    return _table(["Measurement", "Empty table", loaded_head, "Cost ratio"], rows)
+    loaded = f"{cost['finished_rows']:,} finished jobs"
+    rows = _cost_rows(cost["empty"], cost["loaded"])
+    return table(["Measurement", "Empty table", loaded, "Cost ratio"], rows)
 
 
 def floor_table(document: Document) -> str:
@@ -252,7 +263,6 @@ def floor_table(document: Document) -> str:
     floor, c1 = _median(ours, "floor"), _burn(ours, 1, 1)[0]
     if floor is None:
         return NOT_MEASURED
-    tool = ours.get("commits_measured_with") or "pgbench"
     rows: list[list[Any]] = [
         [
             "Floor: our finish-and-claim statement back to back, one connection"
@@ -264,11 +274,11 @@ def floor_table(document: Document) -> str:
     for key in sorted((k for k in ours if k.startswith("commit_")), key=lambda k: int(k[7:])):
         clients, tps = int(key[7:]), ours[key]["median"]
         noun = "client" if clients == 1 else "clients"
-        label = f"One-row `UPDATE` commits, {clients} {noun} ({tool})"
+        label = f"One-row `UPDATE` commits, {clients} {noun} (pgbench)"
         rows.append([label, _num(tps), f"{1000 / tps * clients:.2f}"])
     if c1:
         rows.append(["Our worker, 1 process, concurrency 1", _num(c1), f"{1000 / c1:.2f}"])
-    return _table(["Measurement", "per second", "ms each"], rows)
+    return table(["Measurement", "per second", "ms each"], rows)
 
 
 def scale_table(document: Document) -> str:
@@ -299,7 +309,7 @@ def scale_table(document: Document) -> str:
                 "who waited for whom (samples)": waits or "—",
             }
         )
-    return _columns(rows)
+    return columns(rows)
 
 
 def per_job_table(document: Document) -> str:
@@ -320,7 +330,7 @@ def per_job_table(document: Document) -> str:
                     "CPUs busy": _cpus(cost),
                 }
             )
-    return _columns(rows)
+    return columns(rows)
 
 
 #: The parts of one job's time in the profile: (key, label).
@@ -370,8 +380,8 @@ def profile_section(document: Document) -> str:
     ]
     functions = "Costliest functions at concurrency 1 (cProfile, own time)"
     if not top:
-        return _table(head, rows)
-    return _table(head, rows) + "\n\n" + _table([functions, "calls per job", "own µs per job"], top)
+        return table(head, rows)
+    return table(head, rows) + "\n\n" + table([functions, "calls per job", "own µs per job"], top)
 
 
 def sleep_table(document: Document) -> str:
@@ -407,7 +417,7 @@ def sleep_table(document: Document) -> str:
                 f"{slot['jobs_per_settle']:.1f}; {slot['wal_sync_ms']:.2f}",
             ],
         ]
-    return _table(["Measurement", "Value"], rows)
+    return table(["Measurement", "Value"], rows)
 
 
 def syncmode_table(document: Document) -> str:
@@ -431,34 +441,19 @@ def syncmode_table(document: Document) -> str:
                 "async ÷ durable": _ratio(fast, durable),
             }
         )
-    return _columns(rows)
+    return columns(rows)
 
 
 def queued_table(document: Document) -> str:
     cost = document.get("queued_claim_cost")
     if not cost:
         return NOT_MEASURED
-    phases = [("right after a checkpoint", cost["shallow"], cost["deep"])]
+    rows = _cost_rows(cost["shallow"], cost["deep"], ", right after a checkpoint")
     if "steady" in cost["deep"]:
-        warm = f"after {cost['warm_claims']:,} claims since the checkpoint"
-        phases.append((warm, cost["shallow"]["steady"], cost["deep"]["steady"]))
-    rows = []
-    for phase, shallow, deep in phases:
-        for label, key, digits in (
-            ("One claim of 1 job (ms, median)", "claim_1_ms", 2),
-            ("One claim of 16 jobs (ms, median)", "claim_16_ms", 2),
-            ("Server execution per claimed job (ms)", "server_ms_per_job", 3),
-            ("WAL per claimed job (bytes)", "wal_bytes_per_job", 0),
-        ):
-            if key in shallow and key in deep:
-                ratio = deep[key] / shallow[key] if shallow[key] else float("nan")
-                row = [_num(shallow[key], digits), _num(deep[key], digits), f"{ratio:.2f}"]
-                rows.append([f"{label}, {phase}", *row])
-    head = [
-        "Measurement", f"{cost['shallow_rows']:,} queued", f"{cost['deep_rows']:,} queued",
-        "Cost ratio",
-    ]  # fmt: skip
-    return _table(head, rows)
+        warm = f", after {cost['warm_claims']:,} claims since the checkpoint"
+        rows += _cost_rows(cost["shallow"]["steady"], cost["deep"]["steady"], warm)
+    shallow, deep = f"{cost['shallow_rows']:,} queued", f"{cost['deep_rows']:,} queued"
+    return table(["Measurement", shallow, deep, "Cost ratio"], rows)
 
 
 def flow_table(document: Document) -> str:
@@ -471,7 +466,7 @@ def flow_table(document: Document) -> str:
         label = ", ".join(f"{k}={v}" for k, v in limits["default"].items()) if limits else "none"
         slowdown = "—" if name == "off" else f"{flow['slowdown'][name]:.2f}×"
         rows.append([label, _num(rate), slowdown])
-    return _table(["Limits", "Burn-down (jobs/s)", "Slowdown"], rows)
+    return table(["Limits", "Burn-down (jobs/s)", "Slowdown"], rows)
 
 
 def extras_section(document: Document) -> str:
@@ -490,7 +485,7 @@ def extras_section(document: Document) -> str:
         ],
         ["For scale: one durable transaction writing one row", f"{sagas['commit_ms']:.2f} ms"],
     ]
-    return _table(["Measurement", "Median"], rows)
+    return table(["Measurement", "Median"], rows)
 
 
 def bulk_table(bulk: dict[str, Any]) -> str:
@@ -514,7 +509,7 @@ def bulk_table(bulk: dict[str, Any]) -> str:
         )
     rounds = len(next(iter(bulk["runs"].values())))
     title = f"Bulk enqueue of {bulk['jobs']:,} jobs, medians of {rounds} interleaved rounds"
-    return f"{title}\n\n{_columns(rows)}"
+    return f"{title}\n\n{columns(rows)}"
 
 
 def compare_table(document: Document) -> str:
@@ -536,7 +531,7 @@ def compare_table(document: Document) -> str:
             ratio = f"{values[0] / values[1]:.2f}" if values[0] and values[1] else "—"
             rows.append([setup, label, *(_num(v, digits) for v in values), ratio])
     head = ["Burn-down", "Figure", *(f"`{n}`" for n in names), f"{names[0]} ÷ {names[1]}"]
-    return _table(head, rows)
+    return table(head, rows)
 
 
 # --------------------------------------------------------------------------- targets
@@ -560,35 +555,34 @@ def _highest(label: str, ratios: dict[str, float], goal: str, unit: str = "") ->
     return (label.format(goal=TARGETS[goal]), measured, max(ratios.values()) <= TARGETS[goal])
 
 
-def physical_targets(document: Document) -> list[Target]:
-    """The targets read against the server's limits and pgqueuer."""
-    ours, pgq = _ours(document), document["systems"].get("pgqueuer", {})
-    c1, floor, one = _burn(ours, 1, 1)[0], _median(ours, "floor"), _median(ours, "commit_1")
+def targets(document: Document) -> list[Target]:
+    """The targets of a full run: against the server's limits, against the peers and
+    in absolute terms (each left out unless what it reads was measured)."""
+    systems, ours = document["systems"], _ours(document)
+    pgq = systems.get("pgqueuer", {})
+    c1 = _burn(ours, 1, 1)[0]
     out = [
-        _at_least("Concurrency 1 ≥ {goal:g} of the floor loop", c1, floor, "floor_fraction_c1"),
-        _at_least(
-            "Concurrency 1 ≥ {goal:g} of the one-row commit rate", c1, one, "commit_fraction_c1"
-        ),
-    ]
-    for c in (4, 16):
-        a, b = _burn(ours, 1, c)[0], _burn(pgq, 1, c)[0]
-        out.append(
-            _at_least(f"Concurrency {c} ≥ {{goal:g}}× pgqueuer", a, b, f"c{c}_pgqueuer", "×")
-        )
+        _at_least("Concurrency 1 ≥ {goal:g} of the floor loop", c1, _median(ours, "floor"),
+                  "floor_fraction_c1"),
+        _at_least("Concurrency 1 ≥ {goal:g} of the one-row commit rate", c1,
+                  _median(ours, "commit_1"), "commit_fraction_c1"),
+        *(_at_least(f"Concurrency {c} ≥ {{goal:g}}× pgqueuer", _burn(ours, 1, c)[0],
+                    _burn(pgq, 1, c)[0], f"c{c}_pgqueuer", "×") for c in (4, 16)),
+    ]  # fmt: skip
     scale = [(p, ours[f"scale_{p}p-c{c}"]["median"]) for p, c in _scale_setups(ours)]
     if len(scale) > 1:
         never = all(b >= a for (_, a), (_, b) in itertools.pairwise(scale))
         measured = ", ".join(f"{p}p: {r:,.0f}" for p, r in scale)
         out.append(("Scale-out: throughput never falls as processes are added", measured, never))
-    bulk, peer = _median(ours, "enqueue_bulk"), _median(pgq, "enqueue_bulk")
+    bulk = _median(ours, "enqueue_bulk")
     out.append(
-        _at_least("Bulk submit ≥ {goal:g}× pgqueuer's bulk", bulk, peer, "bulk_pgqueuer", "×")
-    )
+        _at_least("Bulk submit ≥ {goal:g}× pgqueuer's bulk", bulk, _median(pgq, "enqueue_bulk"),
+                  "bulk_pgqueuer", "×")
+    )  # fmt: skip
     sleep = sleep_line(document)
     if sleep:
-        rate, ideal, concurrency = sleep
-        label = f"5 ms handler at concurrency {concurrency} ≥ {{goal:.0%}} of the ideal"
-        out.append(_at_least(label, rate, ideal, "sleep5_ideal"))
+        label = f"5 ms handler at concurrency {sleep[2]} ≥ {{goal:.0%}} of the ideal"
+        out.append(_at_least(label, sleep[0], sleep[1], "sleep5_ideal"))
     queued = document.get("queued_claim_cost")
     if queued:
         # The steady phase where measured: the cold one adds the page images a
@@ -596,18 +590,10 @@ def physical_targets(document: Document) -> list[Target]:
         phase = "steady_" if "steady_ratio_claim_1" in queued else ""
         one_job, batch = queued[f"{phase}ratio_claim_1"], queued[f"{phase}ratio_claim_16"]
         measured = f"{phase.rstrip('_') or 'cold'}: claim of 1 {one_job:.2f}, of 16 {batch:.2f}"
-        label = (
-            f"Claim cost with {queued['deep_rows']:,} queued ≤ {TARGETS['queued_cost_ratio']:g}×"
-        )
+        goal = TARGETS["queued_cost_ratio"]
+        label = f"Claim cost with {queued['deep_rows']:,} queued ≤ {goal:g}×"
         label += f" {queued['shallow_rows']:,} queued"
-        out.append((label, measured, max(one_job, batch) <= TARGETS["queued_cost_ratio"]))
-    return [target for target in out if target is not None]
-
-
-def targets(document: Document) -> list[Target]:
-    """The targets against the peers and in absolute terms."""
-    systems, ours = document["systems"], _ours(document)
-    out: list[Target | None] = []
+        out.append((label, measured, max(one_job, batch) <= goal))
     for peer in ("pgqueuer", "procrastinate"):
         goal = TARGETS[f"burn_{peer}"]
         label = f"Burn-down ≥ {goal:g}× {peer} at equal resources (every set-up)"
@@ -616,8 +602,10 @@ def targets(document: Document) -> list[Target]:
             continue
         ratios = []
         for processes, concurrency in _burn_keys(document):
-            a, _ = _burn(ours, processes, concurrency)
-            b, _ = _burn(systems[peer], processes, concurrency)
+            a, b = (
+                _burn(ours, processes, concurrency)[0],
+                _burn(systems[peer], processes, concurrency)[0],
+            )
             if a and b:
                 ratios.append((f"{processes}p×{concurrency}", a / b))
         text = ", ".join(f"{k}: {r:.1f}×" for k, r in ratios)
@@ -627,16 +615,10 @@ def targets(document: Document) -> list[Target]:
         goal = TARGETS["latency_p50_ms"]
         label = f"Idle pickup latency p50 ≤ {goal:g} ms"
         out.append((label, f"{lat['p50_ms']:.2f} ms", lat["p50_ms"] <= goal))
-    each, peer_each = (
-        _median(ours, "enqueue_each"),
-        _median(systems.get("pgqueuer", {}), "enqueue_each"),
-    )
     out.append(
-        _at_least(
-            "Single enqueue ≥ {goal:g}× pgqueuer", each, peer_each, "enqueue_each_pgqueuer", "×"
-        )
-    )
-    bulk = _median(ours, "enqueue_bulk")
+        _at_least("Single enqueue ≥ {goal:g}× pgqueuer", _median(ours, "enqueue_each"),
+                  _median(pgq, "enqueue_each"), "enqueue_each_pgqueuer", "×")
+    )  # fmt: skip
     if bulk:
         goal = TARGETS["bulk_jobs_per_s"]
         out.append((f"Bulk submit ≥ {goal:,.0f} jobs/s", f"{bulk:,.0f} jobs/s", bulk >= goal))
@@ -655,12 +637,89 @@ def targets(document: Document) -> list[Target]:
     return [target for target in out if target is not None]
 
 
+def worker_targets(document: Document) -> list[dict[str, Any]]:
+    """The worker's targets of ``--only targets`` (its parts' figures: ``burn``,
+    ``flow``, ``cpu``, ``idle``): what, ours, against (pgqueuer unless said), ratio,
+    goal and whether it holds; a row is left out unless both figures are measured."""
+    burn, flow, cpu = document["burn"]["median"], document["flow"]["median"], document["cpu"]
+    ours, peer = burn.get(OURS, {}), burn.get("pgqueuer", {})
+    threads = [v["median"] for k, v in cpu["median"].items() if "x-c1" not in k]
+    processes = [v["median"] for k, v in cpu["median"].items() if "x-c1" in k]
+    latency, enqueue = document["idle"]["latency"], document["idle"]["enqueue_each"]
+    best_peer = min((v["p50_ms"] for k, v in latency.items() if k != OURS), default=None)
+    # (what, ours, against, goal, at most): a claim's cost is the inverse of the
+    # burn-down's rate, the seconds a job takes with every limit set over those without.
+    wanted: list[tuple[str, float | None, float | None, float, bool]] = [
+        ("5 ms handler, concurrency 16: share of the ideal 3,200/s", ours.get("sleep5-c16"),
+         3200, 0.85, False),
+        ("5 ms handler, concurrency 64", ours.get("sleep5-c64"), peer.get("sleep5-c64"), 1.0,
+         False),
+        ("No-op, 1 process, concurrency 4", ours.get("1x4"), peer.get("1x4"), 1.0, False),
+        ("No-op, 1 process, concurrency 16", ours.get("1x16"), peer.get("1x16"), 1.5, False),
+        ("No-op, 2 processes x 16", ours.get("2x16"), peer.get("2x16"), 1.2, False),
+        ("Claims with every limit set (none binding): ms per job against none",
+         1000 / flow["all_three"], 1000 / flow["off"], 1.1, True),
+        ("CPU-bound handler, --processes 2 against one process of two threads",
+         processes[0] if processes else None, threads[0] if threads else None, 1.7, False),
+        ("Idle pickup p50 (ms), against the best peer's",
+         latency.get(OURS, {}).get("p50_ms"), best_peer, 1.0, True),
+        ("Enqueue one by one", enqueue.get(OURS), enqueue.get("pgqueuer"), 1.0, False),
+    ]  # fmt: skip
+    return [
+        {
+            "what": what,
+            "ours": value,
+            "against": against,
+            "ratio": value / against,
+            "goal": f"{'≤' if at_most else '≥'} {goal:g}",
+            "holds": value / against <= goal if at_most else value / against >= goal,
+        }
+        for what, value, against, goal, at_most in wanted
+        if value and against
+    ]
+
+
+def worker_targets_table(document: Document) -> str:
+    """The worker's targets, then our burn-down set-ups beside the defaults."""
+    rows = [
+        [
+            r["what"],
+            _num(r["ours"], 2),
+            _num(r["against"], 2),
+            f"{r['ratio']:.2f}",
+            r["goal"],
+            "holds" if r["holds"] else "misses",
+        ]
+        for r in document["rows"]
+    ]
+    extra = sorted(document["burn"]["median"].get(OURS, {}).items())
+    return "\n\n".join(
+        [
+            table(["target", "django-ledon", "against", "ratio", "goal", "verdict"], rows),
+            table(["our set-up", "jobs/s (median)"], [[f"`{k}`", _num(v)] for k, v in extra]),
+        ]
+    )
+
+
+#: What ``--only`` prints of each part's figures.
+ONLY: dict[str, Callable[[dict[str, Any]], str]] = {
+    "flow-control": lambda part: flow_table({"flow_control": part}),
+    "burn-down": lambda part: json.dumps(
+        {key: part[key] for key in ("median", "ours_over", "sleep5_of_ideal")}
+    ),
+    "bulk": lambda part: bulk_table(part),
+    "cpu": lambda part: cpu_table({"systems": {OURS: part["median"]}}),
+    "profile": profile_section,
+    "targets": worker_targets_table,
+}
+
+
 def targets_table(document: Document) -> str:
     rows = [
         [target, measured, "n/a" if holds is None else ("yes" if holds else "**no**")]
-        for target, measured, holds in [*physical_targets(document), *targets(document)]
+        for target, measured, holds in targets(document)
     ]
-    return _table(["Target", "Measured", "Holds"], rows)
+    return table(["Target", "Measured", "Holds"], rows)
 
 
 # --------------------------------------------------------------------------- the page
@@ -730,7 +789,7 @@ def header(document: Document) -> str:
         rows.append(["Not measured", ", ".join(f"{k} ({v})" for k, v in skipped.items())])
     if not document.get("statements_measured", True):
         rows.append(["Statements per job", "not measured (no `pg_stat_statements`)"])
-    return _table(["Run", ""], rows)
+    return table(["Run", ""], rows)
 
 
 def render(document: Document) -> str:
@@ -743,9 +802,9 @@ def render(document: Document) -> str:
         "",
         header(document),
     ]
-    for title, table in SECTIONS:
-        parts += ["", f"## {title}", "", table(document)]
-        if table is throughput_table:
+    for title, section in SECTIONS:
+        parts += ["", f"## {title}", "", section(document)]
+        if section is throughput_table:
             parts += ["", LEGEND]
     return "\n".join(parts).rstrip() + "\n"
 
@@ -753,4 +812,4 @@ def render(document: Document) -> str:
 def summary_table(document: Document) -> str:
     """What a run prints at its end."""
     tables = (throughput_table, latency_table, claim_table, flow_table, targets_table)
-    return "\n\n".join(table(document) for table in tables)
+    return "\n\n".join(section(document) for section in tables)

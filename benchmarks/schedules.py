@@ -20,55 +20,45 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from .harness import percentile, run_processes
+from .report import columns
+from .server import DATABASE_URL_HELP, database
+from .systems.base import ROOT
+
 START_UP_SECONDS = 5.0
 
 
-def manage(
-    database_url: str, *args: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": database_url, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+def manage(database_url: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """The output of ``manage.py args`` of the test project on ``database_url``; it
+    must succeed."""
+    env = {**os.environ, "DATABASE_URL": database_url, **(env or {})}
+    argv = [sys.executable, "manage.py", *args]
+    return subprocess.run(
+        argv, cwd=ROOT, env=env, check=True, capture_output=True, text=True
+    ).stdout
 
 
-def run_worker(database_url: str, seconds: float, env: dict[str, str]) -> str:
-    worker = manage(database_url, "run_jobs", "--worker-id", "bench", env=env)
-    time.sleep(seconds)  # a measurement window, not an ordering
-    worker.send_signal(signal.SIGTERM)
-    try:
-        output, _ = worker.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        # What was measured is in the statement log and the database already.
-        worker.kill()
-        output, _ = worker.communicate(timeout=30)
-        output += b"\n(did not stop on SIGTERM within 30 s; killed)\n"
-    return output.decode()
+def run_worker(database_url: str, seconds: float, env: dict[str, str], folder: Path) -> None:
+    """A ``run_jobs`` process for ``seconds`` (a measurement window), then stopped."""
+    env = {**os.environ, "DATABASE_URL": database_url, **env}
+    argv = [sys.executable, "manage.py", "run_jobs", "--worker-id", "bench"]
+    with run_processes(argv, env, [folder / "worker.log"], cwd=ROOT):
+        time.sleep(seconds)
 
 
 def idle_cost(database_url: str, seconds: float, folder: Path) -> dict[str, Any]:
     log = folder / "idle.log"
-    run_worker(
-        database_url,
-        seconds + START_UP_SECONDS,
-        {"TIMETABLE": "fifty", "STATEMENT_LOG": str(log), "JOBS_PREPARED_STATEMENTS": "false"},
-    )
+    env = {"TIMETABLE": "fifty", "STATEMENT_LOG": str(log), "JOBS_PREPARED_STATEMENTS": "false"}
+    run_worker(database_url, seconds + START_UP_SECONDS, env, folder)
     lines = [line.split("\t") for line in log.read_text().splitlines()]
     first = float(lines[0][0])
     window = [
@@ -85,8 +75,9 @@ def idle_cost(database_url: str, seconds: float, folder: Path) -> dict[str, Any]
     }
 
 
-def enqueue_delay(database_url: str, periods: int) -> dict[str, Any]:
-    run_worker(database_url, periods + 2, {"TIMETABLE": "tick,fifty", "TIMETABLE_EVERY": "1"})
+def enqueue_delay(database_url: str, periods: int, folder: Path) -> dict[str, Any]:
+    env = {"TIMETABLE": "tick,fifty", "TIMETABLE_EVERY": "1"}
+    run_worker(database_url, periods + 2, env, folder)
     code = (
         "import json\n"
         "from jobs import JobScope\n"
@@ -95,17 +86,15 @@ def enqueue_delay(database_url: str, periods: int) -> dict[str, Any]:
         "        if j.job_id.startswith('tick@')]\n"
         "print(json.dumps(rows))\n"
     )
-    reader = manage(database_url, "shell", "-c", code)
-    output, _ = reader.communicate(timeout=60)
-    rows = json.loads(output.decode().strip().splitlines()[-1])
+    rows = json.loads(manage(database_url, "shell", "-c", code).strip().splitlines()[-1])
 
     def ms(later: str, earlier: str) -> float:
         return (
             datetime.fromisoformat(later) - datetime.fromisoformat(earlier)
         ).total_seconds() * 1000
 
-    created = sorted(ms(c, p) for _id, p, c, _s in rows)
-    started = sorted(ms(s, p) for _id, p, _c, s in rows if s)
+    created = [ms(c, p) for _id, p, c, _s in rows]
+    started = [ms(s, p) for _id, p, _c, s in rows if s]
     return {
         "periods": len(rows),
         "enqueue_ms": percentiles(created),
@@ -116,41 +105,43 @@ def enqueue_delay(database_url: str, periods: int) -> dict[str, Any]:
 def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
-    cuts = (
-        statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values * 99
-    )
-    return {"p50": round(cuts[49], 2), "p99": round(cuts[98], 2), "max": round(values[-1], 2)}
+    cuts = {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99), "max": max(values)}
+    return {name: round(value, 2) for name, value in cuts.items()}
 
 
 def measure(url: str, vendor: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    if manage(url, "migrate", "--verbosity", "0").wait() != 0:
-        raise SystemExit(f"migrate failed on {vendor}")
+    manage(url, "migrate", "--verbosity", "0")
     return {
         "database": vendor,
         "idle": idle_cost(url, args.idle_seconds, folder),
-        "delay": enqueue_delay(url, args.periods),
+        "delay": enqueue_delay(url, args.periods, folder),
     }
 
 
-def row(result: dict[str, Any]) -> str:
-    idle, delay = result["idle"], result["delay"]
-    enqueued, started = delay["enqueue_ms"], delay["start_ms"]
-    return (
-        f"| {result['database']} | {idle['scheduler_per_minute']} | "
-        f"{idle['worker_total_per_minute']} | {enqueued.get('p50')} / {enqueued.get('p99')} | "
-        f"{started.get('p50')} / {started.get('p99')} | {delay['periods']} |"
+def render(results: list[dict[str, Any]]) -> str:
+    """One row per database, as Markdown."""
+
+    def p50_p99(ms: dict[str, float]) -> str:
+        return f"{ms.get('p50')} / {ms.get('p99')}"
+
+    return columns(
+        [
+            {
+                "database": r["database"],
+                "scheduler statements/min (idle, 50 schedules)": r["idle"]["scheduler_per_minute"],
+                "whole worker statements/min": r["idle"]["worker_total_per_minute"],
+                "enqueue after period start, ms p50 / p99": p50_p99(r["delay"]["enqueue_ms"]),
+                "start after period start, ms p50 / p99": p50_p99(r["delay"]["start_ms"]),
+                "periods": r["delay"]["periods"],
+            }
+            for r in results
+        ]
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .server import scratch_database, throwaway_server
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks.schedules", description=__doc__)
-    parser.add_argument(
-        "--database-url",
-        help="an existing PostgreSQL server (a scratch database is created and dropped) "
-        "instead of a throw-away one with fsync on",
-    )
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--periods", type=int, default=120)
     args = parser.parse_args(argv)
@@ -158,21 +149,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="ledon-bench-schedules-") as tmp:
         folder = Path(tmp)
         results.append(measure(f"sqlite:///{folder / 'bench.sqlite3'}", "sqlite", args, folder))
-        server = throwaway_server() if args.database_url is None else nullcontext(args.database_url)
-        with server as server_url, scratch_database(server_url, "ledon_bench_schedules") as url:
+        with database(args.database_url, "ledon_bench_schedules") as (_, url):
             results.append(measure(url, "postgresql", args, folder))
     report = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "results": results}
     out = ROOT / "benchmarks" / "results" / "schedules.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(
-        "| database | scheduler statements/min (idle, 50 schedules) | whole worker statements/min "
-        "| enqueue after period start, ms p50 / p99 | start after period start, ms p50 / p99 "
-        "| periods |"
-    )
-    print("|---|---|---|---|---|---|")
-    for result in results:
-        print(row(result))
+    print(render(results))
     print(f"raw figures: {out.relative_to(ROOT)}")
 
 

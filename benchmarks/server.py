@@ -52,6 +52,21 @@ def server(url: str | None) -> AbstractContextManager[str]:
     return nullcontext(url) if url else throwaway_server()
 
 
+@contextmanager
+def database(url: str | None, name: str) -> Iterator[tuple[str, str]]:
+    """A scratch database ``name`` on the server ``url`` names, or without one on a
+    throw-away server, for the block: the server's URL and the database's."""
+    with server(url) as server_url, scratch_database(server_url, name) as database_url:
+        yield server_url, database_url
+
+
+#: The help of every entry point's ``--database-url``.
+DATABASE_URL_HELP = (
+    "use this PostgreSQL server (a scratch database is created and dropped) instead of "
+    "starting a throw-away one with fsync on"
+)
+
+
 def with_database(url: str, name: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{name}"))

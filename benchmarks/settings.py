@@ -39,12 +39,10 @@ _db["CONN_MAX_AGE"] = None
 DATABASES = {"default": _db}
 
 JOBS: dict[str, Any] = {}
-# Variants of the worker's settings (harness: the asynchronous-commit burn-downs).
+# Variants of the worker's settings (the harness: look-ahead, asynchronous commit, queue
+# limits).
 if os.environ.get("BENCH_JOBS"):
     JOBS.update(json.loads(os.environ["BENCH_JOBS"]))
-# The flow-control burn-downs (harness.FLOW_VARIANTS): limits per queue.
-if os.environ.get("BENCH_JOBS_QUEUES"):
-    JOBS["QUEUES"] = json.loads(os.environ["BENCH_JOBS_QUEUES"])
 
 OUTBOX: dict[str, Any] = {"ENABLED": True, "TRANSPORT": "in-process"}
 

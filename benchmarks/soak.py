@@ -23,22 +23,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import threading
+import math
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .harness import percentile, wait_for, workers
+from .harness import Starts, percentile, wait_for, workers
 from .physical import log
-from .server import django_on, scratch_database, server_settings, throwaway_server
+from .report import columns, table
+from .server import database, django_on, server_settings
 from .systems import OURS, System, WorkerConfig, adapter
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SYSTEMS = [OURS, "pgqueuer", "procrastinate"]
+SERVER_KEYS = ("server_version", "fsync", "synchronous_commit")
 
 #: Each system's tables, as ``LIKE`` patterns over ``pg_stat_user_tables.relname``.
 TABLES = {
@@ -73,98 +73,63 @@ def table_stats(admin_url: str, patterns: list[str]) -> dict[str, Any]:
     }
 
 
-@dataclass
-class Starts:
-    """The handlers' start reports (marker -> epoch seconds), read by a thread."""
+def held_transaction(url: str) -> Any:
+    """A ``REPEATABLE READ`` transaction with a transaction id, open until its
+    connection is closed (which rolls it back)."""
+    import psycopg
 
-    sock: socket.socket
-    seen: dict[int, float] = field(default_factory=dict)
-    closed: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        self.sock.settimeout(0.5)
-        while not self.closed.is_set():
-            try:
-                data = self.sock.recv(256).decode().split()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.seen.setdefault(int(data[0]), float(data[1]))
-
-
-class HeldTransaction:
-    """A ``REPEATABLE READ`` transaction with a transaction id, open until closed."""
-
-    def __init__(self, url: str) -> None:
-        import psycopg
-
-        self.conn = psycopg.connect(url)
-        self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        self.conn.execute("SELECT txid_current()")
-
-    def close(self) -> None:
-        self.conn.rollback()
-        self.conn.close()
+    conn = psycopg.connect(url)
+    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    conn.execute("SELECT txid_current()")
+    return conn
 
 
 def soak(
     system: System, url: str, *, minutes: float, rate: float, concurrency: int, log_dir: Path
 ) -> dict[str, Any]:
     """One system's soak (see the module docstring)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    starts = Starts(sock)
-    listener = threading.Thread(target=starts.run, name="soak-starts", daemon=True)
-    listener.start()
     patterns = TABLES[system.name]
     committed: dict[int, float] = {}
     samples: list[dict[str, Any]] = []
     duration = minutes * 60
     hold_from, hold_until = duration / 3, 2 * duration / 3
-    env = {"BENCH_PROBE_PORT": str(sock.getsockname()[1])}
     config = system.worker_config(WorkerConfig(1, concurrency))
-    try:
-        with workers(system, config, log_dir, f"soak-{system.name}", env):
-            system.enqueue_marked(-1)
-            wait_for(lambda: -1 in starts.seen, 120, "the worker to start", poll=0.1)
-            before = table_stats(url, patterns)
-            held: HeldTransaction | None = None
-            start = time.time()
-            next_sample = start + 60
-            marker = 0
-            while True:
-                now = time.time()
-                elapsed = now - start
-                if elapsed >= duration:
-                    break
-                if held is None and hold_from <= elapsed < hold_until:
-                    held = HeldTransaction(url)
-                    log(f"  {system.name}: transaction held open at {elapsed:.0f} s")
-                elif held is not None and elapsed >= hold_until:
-                    held.close()
-                    held = None
-                    log(f"  {system.name}: held transaction closed at {elapsed:.0f} s")
-                if now >= next_sample:
-                    samples.append({"at": round(elapsed), **table_stats(url, patterns)})
-                    next_sample += 60
-                    log(f"  {system.name}: minute {len(samples)}, {marker} enqueued")
-                due = start + marker / rate
-                if now < due:
-                    time.sleep(min(due - now, 0.05))
-                    continue
-                system.enqueue_marked(marker)
-                committed[marker] = time.time()
-                marker += 1
-            if held is not None:
+    with Starts() as starts, workers(system, config, log_dir, f"soak-{system.name}", starts.env):
+        system.enqueue_marked(-1)
+        starts.wait(-1, 120)
+        before = table_stats(url, patterns)
+        held: Any = None
+        start = time.time()
+        next_sample = start + 60
+        marker = 0
+        while True:
+            now = time.time()
+            elapsed = now - start
+            if elapsed >= duration:
+                break
+            if held is None and hold_from <= elapsed < hold_until:
+                held = held_transaction(url)
+                log(f"  {system.name}: transaction held open at {elapsed:.0f} s")
+            elif held is not None and elapsed >= hold_until:
                 held.close()
-            wait_for(lambda: all(m in starts.seen for m in committed), 300, "the backlog", poll=0.1)
-            drained = time.time() - start
-            after = table_stats(url, patterns)
-    finally:
-        starts.closed.set()
-        listener.join(timeout=5)
-        sock.close()
+                held = None
+                log(f"  {system.name}: held transaction closed at {elapsed:.0f} s")
+            if now >= next_sample:
+                samples.append({"at": round(elapsed), **table_stats(url, patterns)})
+                next_sample += 60
+                log(f"  {system.name}: minute {len(samples)}, {marker} enqueued")
+            due = start + marker / rate
+            if now < due:
+                time.sleep(min(due - now, 0.05))
+                continue
+            system.enqueue_marked(marker)
+            committed[marker] = time.time()
+            marker += 1
+        if held is not None:
+            held.close()
+        wait_for(lambda: all(m in starts.seen for m in committed), 300, "the backlog", poll=0.1)
+        drained = time.time() - start
+        after = table_stats(url, patterns)
     return {
         "minutes": minutes,
         "rate": rate,
@@ -204,46 +169,46 @@ def per_minute(
 
 
 def render(document: dict[str, Any]) -> str:
-    """The results as Markdown: per system, the minutes and the tables."""
+    """The results as Markdown: the run, then per system a table of its minutes and
+    one of its tables' sizes before and after."""
+    server, minutes = document["server"], document["minutes"]
     lines = [
         "# Soak",
         "",
-        f"{document['started']}; PostgreSQL {document['server'].get('server_version', '?')},"
-        f" fsync {document['server'].get('fsync', '?')}, synchronous_commit"
-        f" {document['server'].get('synchronous_commit', '?')}; {document['rate']} jobs/s"
-        f" for {document['minutes']} min per system, one worker process at concurrency"
-        f" {document['concurrency']}; a transaction held open from minute"
-        f" {document['minutes'] / 3:g} to {2 * document['minutes'] / 3:g}.",
-        "",
+        table(
+            ["Run", ""],
+            [
+                ["Started", document["started"]],
+                ["PostgreSQL", ", ".join(f"{k} {server.get(k, '?')}" for k in SERVER_KEYS)],
+                ["Arrivals", f"{document['rate']} jobs/s for {minutes} min"],
+                ["Worker", f"one process at concurrency {document['concurrency']}"],
+                ["Transaction held open", f"minute {minutes / 3:g} to {2 * minutes / 3:g}"],
+            ],
+        ),
     ]
     for name, result in document["systems"].items():
-        lines += [f"## {name}", ""]
+        lines += ["", f"## {name}", ""]
         if "skipped" in result:
-            lines += [f"Skipped: {result['skipped']}", ""]
+            lines.append(f"Skipped: {result['skipped']}")
             continue
-        lines += [
-            "| minute | arrived | started/s | pickup p50 ms | pickup p99 ms | table MB |"
-            " index MB | dead tuples |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
         during = {round(s["at"] / 60): s for s in result["tables_during"]}
-        for row in result["per_minute"]:
-            t = during.get(row["minute"], {})
-            lines.append(
-                f"| {row['minute']} | {row['arrived']} | {row['started_per_s']} |"
-                f" {row['pickup_p50_ms']} | {row['pickup_p99_ms']} |"
-                f" {_mb(t.get('bytes'))} | {_mb(t.get('index_bytes'))} | {t.get('dead', '')} |"
-            )
-        before, after = result["tables_before"], result["tables_after"]
-        lines += [
-            "",
-            f"Tables before: {_mb(before['bytes'])} MB ({_mb(before['index_bytes'])} MB"
-            f" indexes), {before['dead']} dead tuples; after draining"
-            f" ({result['drained_s']} s): {_mb(after['bytes'])} MB"
-            f" ({_mb(after['index_bytes'])} MB indexes), {after['live']} live and"
-            f" {after['dead']} dead tuples.",
-            "",
+        rows = [
+            {
+                **{k.replace("_", " "): v for k, v in row.items()},
+                "table MB": _mb(during.get(row["minute"], {}).get("bytes")),
+                "index MB": _mb(during.get(row["minute"], {}).get("index_bytes")),
+                "dead tuples": during.get(row["minute"], {}).get("dead", ""),
+            }
+            for row in result["per_minute"]
         ]
+        ends = [
+            ("before", result["tables_before"]),
+            (f"after draining ({result['drained_s']} s)", result["tables_after"]),
+        ]
+        sizes = [
+            [when, _mb(t["bytes"]), _mb(t["index_bytes"]), t["live"], t["dead"]] for when, t in ends
+        ]
+        lines += [columns(rows), "", table(["Tables", "MB", "index MB", "live", "dead"], sizes)]
     return "\n".join(lines)
 
 
@@ -266,7 +231,7 @@ def plot(document: dict[str, Any]) -> str:
     """The results as an SVG picture: per minute, each system's pickup p99 and its
     tables' dead tuples, the minutes with the transaction held open shaded."""
     runs = {n: r for n, r in document["systems"].items() if "per_minute" in r}
-    minutes = int(document["minutes"])
+    minutes = max(1, math.ceil(float(document["minutes"])))
     panels = [
         (
             "pickup p99 (ms)",
@@ -358,8 +323,7 @@ def main(argv: list[str] | None = None) -> None:
         "systems": {},
     }
     with ExitStack() as stack:
-        server_url = stack.enter_context(throwaway_server())
-        url = stack.enter_context(scratch_database(server_url, "ledon_soak"))
+        _, url = stack.enter_context(database(None, "ledon_soak"))
         django_on(url, stack)
         document["server"] = server_settings(url)
         for name in args.systems.split(","):

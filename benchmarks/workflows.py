@@ -36,8 +36,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import report
 from .harness import run_processes, wait_for
-from .server import django_on, scratch_database, server_settings, throwaway_server
+from .server import DATABASE_URL_HELP, django_on, scratch_database, server, server_settings
 from .systems.base import ROOT
 
 SCOPE = "bench"
@@ -48,14 +49,19 @@ def worker(url: str, concurrency: int, log: Path) -> AbstractContextManager[Any]
     """One ``run_jobs`` process with the benchmark's workflows; stopped at the end."""
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": SETTINGS}
     command = [sys.executable, "-m", "django", "run_jobs", "--concurrency", str(concurrency)]
-    return run_processes(command, env, [log], cwd=ROOT, append=True)
+    return run_processes(command, env, [log], cwd=ROOT)
 
 
 def _run_status(run_id: str) -> str:
+    """The run's status; ``waiting`` only once it waits for a signal."""
     from workflows import WorkflowScope
 
     snapshot = WorkflowScope(SCOPE).get(run_id)
-    return "" if snapshot is None else str(snapshot.status)
+    if snapshot is None or (
+        snapshot.status == "waiting" and not snapshot.waiting_for.startswith("signal")
+    ):
+        return ""
+    return str(snapshot.status)
 
 
 def _jobs_burn(count: int, tag: str) -> float:
@@ -111,8 +117,7 @@ def ours(url: str, sizes: dict[str, int], runs: int, logs: Path) -> dict[str, An
         for index in range(sizes["signals"]):
             run_id = f"signal-{index}"
             start_workflow(SCOPE, run_id, "wfbench.signal", {})
-            ready = lambda r=run_id: _run_status(r) == "waiting" and _waits(r)  # noqa: E731
-            wait_for(ready, 60, "the wait", poll=0.005)
+            wait_for(lambda r=run_id: _run_status(r) == "waiting", 60, "the wait", poll=0.005)
             sent = timezone.now()
             send_signal(SCOPE, run_id, "go", {"n": index})
             wait_for(lambda r=run_id: _run_status(r) == "succeeded", 60, "the run", poll=0.005)
@@ -120,7 +125,7 @@ def ours(url: str, sizes: dict[str, int], runs: int, logs: Path) -> dict[str, An
             latencies.append((after.started_at - sent).total_seconds())  # type: ignore[union-attr]
         result["signal_latency"] = latencies
         start_workflow(SCOPE, "replay", "wfbench.replay", {"steps": sizes["steps"]})
-        wait_for(lambda: _waits("replay"), 600, "the replay's wait", poll=0.005)
+        wait_for(lambda: _run_status("replay") == "waiting", 600, "the wait", poll=0.005)
     # The replay, timed in this process with no worker around: the advance that the
     # signal queues, from its claim to its finish.
     send_signal(SCOPE, "replay", "go", {})
@@ -129,13 +134,6 @@ def ours(url: str, sizes: dict[str, int], runs: int, logs: Path) -> dict[str, An
     result["replay"] = time.perf_counter() - started
     assert _run_status("replay") == "succeeded"
     return result
-
-
-def _waits(run_id: str) -> bool:
-    from workflows import WorkflowScope
-
-    snapshot = WorkflowScope(SCOPE).get(run_id)
-    return snapshot is not None and snapshot.waiting_for.startswith("signal")
 
 
 # --------------------------------------------------------------------------- DBOS
@@ -201,82 +199,43 @@ def dbos_part(url: str, sizes: dict[str, int], runs: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- report
 
 
-def med(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def table(raw: dict[str, Any]) -> str:
-    """The figures and their ratios as Markdown."""
-    ledon, dbos = raw["ledon"], raw.get("dbos")
+    """The figures (medians of the rounds) and their ratios as Markdown."""
     items, steps = raw["sizes"]["items"], raw["sizes"]["steps"]
-    checkpoint, job = med(ledon["checkpoint"]), med(ledon["job_c1"])
-    fan, jobs, signal = med(ledon["map"]), med(ledon["jobs_c16"]), med(ledon["signal_latency"])
-    lines = [
-        "| measurement | django-ledon | against | figure | ratio | target |",
-        "| --- | ---: | --- | ---: | ---: | --- |",
-    ]
-
-    def row(
-        what: str, ours: str, against: str, figure: str, ratio: float | None, goal: str
-    ) -> None:
-        cells = [what, ours, against, figure, "" if ratio is None else f"{ratio:.2f}×", goal]
-        lines.append("| " + " | ".join(cells) + " |")
-
-    row(
-        "inline checkpoint (ms)",
-        f"{checkpoint * 1000:.2f}",
-        "no-op job at c1",
-        f"{job * 1000:.2f}",
-        checkpoint / job,
-        "",
-    )
-    row(
-        f"map of {items} items (s)",
-        f"{fan:.2f}",
-        "as many no-op jobs, c16",
-        f"{jobs:.2f}",
-        fan / jobs,
-        "≤ 1.3×",
-    )
-    row(
-        f"replay of {steps} checkpoints (ms)",
-        f"{ledon['replay'] * 1000:.1f}",
-        "",
-        "",
-        None,
-        "< 50 ms",
-    )
+    ours = {k: statistics.median(v) for k, v in raw["ledon"].items() if isinstance(v, list)}
+    dbos = {k: statistics.median(v) for k, v in (raw.get("dbos") or {}).items()}
+    checkpoint, fan, signal = ours["checkpoint"], ours["map"], ours["signal_latency"]
+    # (measurement, ours, against, its figure, the ratio, the target)
+    rows: list[tuple[str, float, str, float | None, float | None, str]] = [
+        ("inline checkpoint (ms)", checkpoint * 1000, "no-op job at c1", ours["job_c1"] * 1000,
+         checkpoint / ours["job_c1"], ""),
+        (f"map of {items} items (s)", fan, "as many no-op jobs, c16", ours["jobs_c16"],
+         fan / ours["jobs_c16"], "≤ 1.3×"),
+        (f"replay of {steps} checkpoints (ms)", raw["ledon"]["replay"] * 1000, "", None, None,
+         "< 50 ms"),
+    ]  # fmt: skip
     if dbos:
-        theirs = med(dbos["checkpoint"])
-        row(
-            "linear: steps per second",
-            f"{1 / checkpoint:.0f}",
-            "DBOS",
-            f"{1 / theirs:.0f}",
-            theirs / checkpoint,
-            "> 1.0×",
-        )
-        theirs = med(dbos["map"])
-        row(
-            f"fan-out of {items} (s)", f"{fan:.2f}", "DBOS", f"{theirs:.2f}", theirs / fan, "> 1.0×"
-        )
-        theirs = med(dbos["signal_latency"])
-        row(
-            "signal to next step (ms)",
-            f"{signal * 1000:.1f}",
-            "DBOS",
-            f"{theirs * 1000:.1f}",
-            theirs / signal,
-            "> 1.0×",
-        )
-    return "\n".join(lines)
+        rows += [
+            ("linear: steps per second", 1 / checkpoint, "DBOS", 1 / dbos["checkpoint"],
+             dbos["checkpoint"] / checkpoint, "> 1.0×"),
+            (f"fan-out of {items} (s)", fan, "DBOS", dbos["map"], dbos["map"] / fan, "> 1.0×"),
+            ("signal to next step (ms)", signal * 1000, "DBOS", dbos["signal_latency"] * 1000,
+             dbos["signal_latency"] / signal, "> 1.0×"),
+        ]  # fmt: skip
+    head = ["measurement", "django-ledon", "against", "figure", "ratio", "target"]
+    cells = [
+        [what, f"{value:,.2f}", against, "" if figure is None else f"{figure:,.2f}",
+         "" if ratio is None else f"{ratio:.2f}×", goal]
+        for what, value, against, figure, ratio, goal in rows
+    ]  # fmt: skip
+    return report.table(head, cells)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.workflows", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one round")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--database-url", help="an existing PostgreSQL server to use")
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--no-dbos", action="store_true", help="leave DBOS Transact out")
     parser.add_argument("--items", type=int, help="items of the map (default: 50 quick, 1000)")
     parser.add_argument("--steps", type=int, help="checkpoints of the linear and replay runs")
@@ -284,33 +243,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     runs = 1 if args.quick else args.runs
-    sizes = (
-        {"steps": 50, "items": 50, "signals": 3}
-        if args.quick
-        else {"steps": 1000, "items": 1000, "signals": 20}
-    )
-    if args.items:
-        sizes["items"] = args.items
-    if args.steps:
-        sizes["steps"] = args.steps
+    full = 50 if args.quick else 1000
+    sizes = {
+        "steps": args.steps or full,
+        "items": args.items or full,
+        "signals": 3 if args.quick else 20,
+    }
     if args.dbos_part:
         print(json.dumps(dbos_part(args.dbos_part, sizes, runs)))
         return
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        server = args.database_url or stack.enter_context(throwaway_server())
+        server_url = stack.enter_context(server(args.database_url))
         raw: dict[str, Any] = {
             "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "sizes": sizes,
             "runs": runs,
-            "server": server_settings(server),
+            "server": server_settings(server_url),
         }
-        ledon_url = stack.enter_context(scratch_database(server, "ledon_wf_bench"))
+        ledon_url = stack.enter_context(scratch_database(server_url, "ledon_wf_bench"))
         django_on(ledon_url, stack, SETTINGS)
         raw["ledon"] = ours(ledon_url, sizes, runs, logs)
         if not args.no_dbos:
-            dbos_url = stack.enter_context(scratch_database(server, "dbos_wf_bench"))
+            dbos_url = stack.enter_context(scratch_database(server_url, "dbos_wf_bench"))
             child = [sys.executable, "-m", "benchmarks.workflows", "--dbos-part", dbos_url]
             child += ["--quick"] if args.quick else ["--runs", str(runs)]
             child += ["--items", str(sizes["items"]), "--steps", str(sizes["steps"])]

@@ -302,7 +302,7 @@ def test_physical_targets_read_ratios_against_the_floor_and_the_curve() -> None:
         }
     )
     document["plan"]["configs"].append({"processes": 1, "concurrency": 1})
-    verdicts = {t: (m, h) for t, m, h in report.physical_targets(document)}
+    verdicts = {t: (m, h) for t, m, h in report.targets(document)}
     assert verdicts["Concurrency 1 ≥ 0.8 of the floor loop"] == ("900 ÷ 1,000 = 0.90", True)
     assert verdicts["Concurrency 1 ≥ 0.5 of the one-row commit rate"][1] is False
     assert verdicts["Concurrency 4 ≥ 1× pgqueuer"][1] is True

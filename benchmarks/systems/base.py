@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -9,16 +10,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+from ..physical import HARNESS_MARK
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The queue every system's no-op jobs go to.
 QUEUE = "default"
-
-#: The handlers a system can run (``System.kinds``): a no-op; one that sleeps 5 ms (an
-#: ``await asyncio.sleep`` in the async peers), as a handler waiting on the network
-#: does; and one that computes in pure Python for about 20 ms (``benchmarks.work``).
-KINDS = ("noop", "sleep5", "cpu20")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,17 +42,24 @@ class System(ABC):
     name: str
     #: The PyPI distribution (None for ours).
     package: str | None = None
+    #: The modules it needs (the ``bench`` extra installs them).
+    requires: tuple[str, ...] = ()
     #: Whether the system has a bulk-enqueue API.
     has_bulk = True
-    #: The handlers (of :data:`KINDS`) its workers have.
-    kinds: tuple[str, ...] = ("noop", "sleep5")
+    #: The harness's progress queries, each of one value: the jobs not finished yet;
+    #: the epoch seconds of the first start at or after ``%s`` and of the last end,
+    #: where the system records them (None: it does not).
+    remaining_sql: str
+    first_started_sql: str | None = None
+    last_finished_sql: str | None = None
 
     def __init__(self, database_url: str) -> None:
         self.database_url = database_url
 
     @classmethod
     def available(cls) -> bool:
-        return True
+        """Whether the modules it needs (:attr:`requires`) are installed."""
+        return all(importlib.util.find_spec(module) for module in cls.requires)
 
     def worker_config(self, wanted: WorkerConfig) -> WorkerConfig:
         """The set-up this system runs for ``wanted`` (some cannot cap concurrency)."""
@@ -95,7 +103,10 @@ class System(ABC):
 
     def seed(self, count: int, kind: str = "noop") -> None:
         """Enqueue ``count`` jobs of the ``kind`` handler so that they all become
-        visible at one commit."""
+        visible at one commit. The kinds: ``noop``; ``sleep5``, which sleeps 5 ms (an
+        ``await asyncio.sleep`` in the async peers), as a handler waiting on the network
+        does; and, django-ledon only, ``cpu20``, about 20 ms of pure Python
+        (``benchmarks.work``)."""
         self.enqueue_bulk(count, kind)
 
     @abstractmethod
@@ -109,19 +120,35 @@ class System(ABC):
         """argv of one worker process that runs until SIGTERM."""
 
     def worker_env(self) -> dict[str, str]:
-        return {}
+        return base_env(self.database_url)
 
-    @abstractmethod
+    def module_worker(self, concurrency: int) -> list[str]:
+        """argv of a worker that is the system's adapter module run as a script
+        (``python -m MODULE URL CONCURRENCY``)."""
+        return [sys.executable, "-m", type(self).__module__, self.database_url, str(concurrency)]
+
+    def scalar(self, sql: str, *params: Any) -> Any:
+        """The one value ``sql`` selects, on the harness's own connection (Django's
+        by default); ``%s`` stands for each of ``params``."""
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()[0]
+
+    def _epoch(self, sql: str | None, *params: Any) -> float | None:
+        value = None if sql is None else self.scalar(f"{HARNESS_MARK} {sql}", *params)
+        return None if value is None else float(value)
+
     def remaining(self) -> int:
         """Jobs not finished yet (queued or running)."""
+        return int(self.scalar(f"{HARNESS_MARK} {self.remaining_sql}"))
 
     def first_started_since(self, since: float) -> float | None:
         """Epoch seconds of the first job start at or after ``since``, if recorded."""
-        return None
+        return self._epoch(self.first_started_sql, since)
 
     def last_finished_at(self) -> float | None:
         """Epoch seconds of the last job's end as the system recorded it, if it does."""
-        return None
+        return self._epoch(self.last_finished_sql)
 
     def wait_until_done(self, timeout: float, poll: float = 0.05) -> float:
         """Poll until no job is left; the epoch time of the end (the system's own
@@ -135,10 +162,6 @@ class System(ABC):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name}: jobs left after {timeout:.0f} s")
             time.sleep(poll)
-
-
-def python_command(*args: str) -> list[str]:
-    return [sys.executable, *args]
 
 
 def base_env(database_url: str) -> dict[str, str]:

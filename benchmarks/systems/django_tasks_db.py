@@ -3,38 +3,32 @@
 
 from __future__ import annotations
 
+import sys
+
 from django.db import connection, transaction
 
-from ..physical import HARNESS_MARK
-from .base import ROOT, System, WorkerConfig, base_env, python_command
+from .base import ROOT, System, WorkerConfig
+
+#: Its one table (``DBTaskResult``, of the app labelled ``django_tasks_database``).
+TABLE = "django_tasks_database_dbtaskresult"
 
 
 class DjangoTasksDb(System):
     name = "django-tasks-db"
     package = "django-tasks-db"
+    requires = ("django_tasks_db",)
     has_bulk = False
 
     def worker_config(self, wanted: WorkerConfig) -> WorkerConfig:
         # One task at a time per process: concurrency comes from processes only.
         return WorkerConfig(wanted.processes, 1)
 
-    @classmethod
-    def available(cls) -> bool:
-        from django.conf import settings
-
-        return bool(getattr(settings, "HAS_DJANGO_TASKS_DB", False))
-
-    def _table(self) -> str:
-        from django_tasks_db.models import DBTaskResult
-
-        return DBTaskResult._meta.db_table
-
     def install(self) -> None:
         """The table comes with ``migrate`` (run by the harness)."""
 
     def reset(self) -> None:
         with connection.cursor() as cursor:
-            cursor.execute(f"TRUNCATE {self._table()}")
+            cursor.execute(f"TRUNCATE {TABLE}")
 
     def enqueue_each(self, count: int) -> None:
         from benchmarks.dtdb_tasks import noop
@@ -57,31 +51,11 @@ class DjangoTasksDb(System):
         noop.enqueue(marker)
 
     def worker_command(self, concurrency: int) -> list[str]:
-        return python_command(str(ROOT / "manage.py"), "db_worker", "--no-startup-delay")
+        return [sys.executable, str(ROOT / "manage.py"), "db_worker", "--no-startup-delay"]
 
-    def worker_env(self) -> dict[str, str]:
-        return base_env(self.database_url)
-
-    def remaining(self) -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"{HARNESS_MARK} SELECT count(*) FROM {self._table()}"
-                " WHERE status IN ('READY', 'RUNNING')"
-            )
-            return int(cursor.fetchone()[0])
-
-    def first_started_since(self, since: float) -> float | None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"{HARNESS_MARK} SELECT min(started_at) FROM {self._table()}"
-                " WHERE started_at >= to_timestamp(%s)",
-                [since],
-            )
-            value = cursor.fetchone()[0]
-        return None if value is None else value.timestamp()
-
-    def last_finished_at(self) -> float | None:
-        with connection.cursor() as cursor:
-            cursor.execute(f"{HARNESS_MARK} SELECT max(finished_at) FROM {self._table()}")
-            value = cursor.fetchone()[0]
-        return None if value is None else value.timestamp()
+    remaining_sql = f"SELECT count(*) FROM {TABLE} WHERE status IN ('READY', 'RUNNING')"
+    first_started_sql = (
+        f"SELECT extract(epoch FROM min(started_at)) FROM {TABLE}"
+        " WHERE started_at >= to_timestamp(%s)"
+    )
+    last_finished_sql = f"SELECT extract(epoch FROM max(finished_at)) FROM {TABLE}"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 from django.db import connection
 
 from jobs import JobSubmission, submit_job, submit_jobs
-from jobs.models import ClaimStart, Job, JobAttempt
 
-from ..physical import HARNESS_MARK
-from .base import QUEUE, ROOT, System, base_env, python_command
+from .base import QUEUE, ROOT, System
 
 SCOPE = "bench"
 #: The handler of each kind (``benchmarks.tasks``).
@@ -21,7 +21,6 @@ def _submission(n: int, kind: str = "noop") -> JobSubmission:
 
 class Ledon(System):
     name = "django-ledon"
-    kinds = ("noop", "sleep5", "cpu20")
 
     def __init__(self, database_url: str) -> None:
         super().__init__(database_url)
@@ -37,10 +36,7 @@ class Ledon(System):
 
     def reset(self) -> None:
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"TRUNCATE {JobAttempt._meta.db_table}, {Job._meta.db_table},"
-                f" {ClaimStart._meta.db_table}"
-            )
+            cursor.execute("TRUNCATE jobs_jobattempt, jobs_job, jobs_claimstart")
 
     def enqueue_each(self, count: int) -> None:
         prefix = self._prefix()
@@ -58,40 +54,21 @@ class Ledon(System):
     def worker_command(self, concurrency: int, processes: int | None = None) -> list[str]:
         """One ``run_jobs``; with ``processes``, a supervisor of that many."""
         supervised = [] if processes is None else ["--processes", str(processes)]
-        return python_command(
-            str(ROOT / "manage.py"), "run_jobs", "--concurrency", str(concurrency), "-v", "0",
-            *supervised,
-        )  # fmt: skip
+        return [
+            sys.executable, str(ROOT / "manage.py"), "run_jobs", "--concurrency",
+            str(concurrency), "-v", "0", *supervised,
+        ]  # fmt: skip
 
-    def worker_env(self) -> dict[str, str]:
-        return base_env(self.database_url)
-
-    def remaining(self) -> int:
-        # Polled every 50 ms during a burn-down: each count reads only the partial
-        # index of its state (due jobs, running jobs), never the finished history —
-        # the harness must not load the server it measures.
-        table = Job._meta.db_table
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"{HARNESS_MARK} SELECT (SELECT count(*) FROM {table} WHERE status = 'queued'"
-                " AND NOT cancel_requested)"
-                f" + (SELECT count(*) FROM {table} WHERE status = 'running'"
-                " AND current_token IS NOT NULL)"
-            )
-            return int(cursor.fetchone()[0])
-
-    def first_started_since(self, since: float) -> float | None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"{HARNESS_MARK} SELECT min(started_at) FROM {JobAttempt._meta.db_table}"
-                " WHERE started_at >= to_timestamp(%s)",
-                [since],
-            )
-            value = cursor.fetchone()[0]
-        return None if value is None else value.timestamp()
-
-    def last_finished_at(self) -> float | None:
-        with connection.cursor() as cursor:
-            cursor.execute(f"{HARNESS_MARK} SELECT max(finished_at) FROM {Job._meta.db_table}")
-            value = cursor.fetchone()[0]
-        return None if value is None else value.timestamp()
+    # Polled every 50 ms during a burn-down: each count reads only the partial index of
+    # its state (due jobs, running jobs), never the finished history — the harness must
+    # not load the server it measures.
+    remaining_sql = (
+        "SELECT (SELECT count(*) FROM jobs_job WHERE status = 'queued' AND NOT"
+        " cancel_requested) + (SELECT count(*) FROM jobs_job WHERE status = 'running'"
+        " AND current_token IS NOT NULL)"
+    )
+    first_started_sql = (
+        "SELECT extract(epoch FROM min(started_at)) FROM jobs_jobattempt"
+        " WHERE started_at >= to_timestamp(%s)"
+    )
+    last_finished_sql = "SELECT extract(epoch FROM max(finished_at)) FROM jobs_job"

@@ -11,26 +11,14 @@ import signal
 import sys
 from typing import Any
 
-from ..physical import HARNESS_MARK
-from .base import System, WorkerConfig, base_env, python_command
-
-ENTRYPOINT = "noop"
-#: The entrypoint of the 5 ms handler.
-SLEEP_ENTRYPOINT = "sleep5"
+from .base import System, WorkerConfig
 
 
 class Pgqueuer(System):
     name = "pgqueuer"
     package = "pgqueuer"
 
-    @classmethod
-    def available(cls) -> bool:
-        try:
-            import asyncpg  # noqa: F401
-            import pgqueuer  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    requires = ("asyncpg", "pgqueuer")
 
     def worker_config(self, wanted: WorkerConfig) -> WorkerConfig:
         # pgqueuer has no cheap per-process cap: with an entrypoint concurrency_limit
@@ -70,38 +58,26 @@ class Pgqueuer(System):
     def enqueue_each(self, count: int) -> None:
         async def each() -> None:
             for n in range(count):
-                await self._queries.enqueue(ENTRYPOINT, str(n).encode())
+                await self._queries.enqueue("noop", str(n).encode())
 
         self._run(each())
 
     def enqueue_bulk(self, count: int, kind: str = "noop") -> None:
-        entrypoint = SLEEP_ENTRYPOINT if kind == "sleep5" else ENTRYPOINT
-        self._run(
-            self._queries.enqueue(
-                [entrypoint] * count, [str(n).encode() for n in range(count)], [0] * count
-            )
-        )
+        payloads = [str(n).encode() for n in range(count)]
+        self._run(self._queries.enqueue([kind] * count, payloads, [0] * count))
 
     def enqueue_marked(self, marker: int) -> None:
-        self._run(self._queries.enqueue(ENTRYPOINT, str(marker).encode()))
+        self._run(self._queries.enqueue("noop", str(marker).encode()))
 
-    def worker_command(self, concurrency: int) -> list[str]:
-        return python_command("-m", __name__, self.database_url, str(concurrency))
+    worker_command = System.module_worker
 
-    def worker_env(self) -> dict[str, str]:
-        return base_env(self.database_url)
+    def scalar(self, sql: str, *params: Any) -> Any:
+        return self._run(self._conn.fetchval(sql, *params))
 
-    def remaining(self) -> int:
-        return int(self._run(self._conn.fetchval(f"{HARNESS_MARK} SELECT count(*) FROM pgqueuer")))
-
-    def last_finished_at(self) -> float | None:
-        value = self._run(
-            self._conn.fetchval(
-                f"{HARNESS_MARK} SELECT extract(epoch FROM max(created)) FROM pgqueuer_log"
-                " WHERE status = 'successful'"
-            )
-        )
-        return None if value is None else float(value)
+    remaining_sql = "SELECT count(*) FROM pgqueuer"
+    last_finished_sql = (
+        "SELECT extract(epoch FROM max(created)) FROM pgqueuer_log WHERE status = 'successful'"
+    )
 
 
 async def _work(url: str, concurrency: int) -> None:
@@ -113,11 +89,11 @@ async def _work(url: str, concurrency: int) -> None:
 
     pgq = PgQueuer.from_asyncpg_connection(await asyncpg.connect(url))
 
-    @pgq.entrypoint(ENTRYPOINT, concurrency_limit=concurrency)
+    @pgq.entrypoint("noop", concurrency_limit=concurrency)
     async def noop(job: Job) -> None:
         probe.started(int(job.payload or b"0"))
 
-    @pgq.entrypoint(SLEEP_ENTRYPOINT, concurrency_limit=concurrency)
+    @pgq.entrypoint("sleep5", concurrency_limit=concurrency)
     async def sleep5(job: Job) -> None:
         await asyncio.sleep(work.SLEEP_SECONDS)
 

@@ -10,12 +10,7 @@ import asyncio
 import sys
 from typing import Any
 
-from ..physical import HARNESS_MARK
-from .base import QUEUE, System, base_env, python_command
-
-TASK = "noop"
-#: The task of the 5 ms handler.
-SLEEP_TASK = "sleep5"
+from .base import QUEUE, System
 
 
 def make_app(url: str) -> Any:
@@ -25,11 +20,11 @@ def make_app(url: str) -> Any:
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
 
-    @app.task(name=TASK, queue=QUEUE)
+    @app.task(name="noop", queue=QUEUE)
     async def noop(n: int = 0) -> None:
         probe.started(n)
 
-    @app.task(name=SLEEP_TASK, queue=QUEUE)
+    @app.task(name="sleep5", queue=QUEUE)
     async def sleep5(n: int = 0) -> None:
         await asyncio.sleep(work.SLEEP_SECONDS)
 
@@ -40,13 +35,7 @@ class Procrastinate(System):
     name = "procrastinate"
     package = "procrastinate"
 
-    @classmethod
-    def available(cls) -> bool:
-        try:
-            import procrastinate  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    requires = ("procrastinate",)
 
     def __init__(self, database_url: str) -> None:
         super().__init__(database_url)
@@ -78,44 +67,29 @@ class Procrastinate(System):
         )
 
     def enqueue_each(self, count: int) -> None:
-        task = self._app.tasks[TASK]
+        task = self._app.tasks["noop"]
         for n in range(count):
             task.defer(n=n)
 
     def enqueue_bulk(self, count: int, kind: str = "noop") -> None:
-        task = self._app.tasks[SLEEP_TASK if kind == "sleep5" else TASK]
-        task.batch_defer(*[{"n": n} for n in range(count)])
+        self._app.tasks[kind].batch_defer(*[{"n": n} for n in range(count)])
 
     def enqueue_marked(self, marker: int) -> None:
-        self._app.tasks[TASK].defer(n=marker)
+        self._app.tasks["noop"].defer(n=marker)
 
-    def worker_command(self, concurrency: int) -> list[str]:
-        return python_command("-m", __name__, self.database_url, str(concurrency))
+    worker_command = System.module_worker
 
-    def worker_env(self) -> dict[str, str]:
-        return base_env(self.database_url)
+    def scalar(self, sql: str, *params: Any) -> Any:
+        return self._conn.execute(sql, params).fetchone()[0]
 
-    def remaining(self) -> int:
-        row = self._conn.execute(
-            f"{HARNESS_MARK} SELECT count(*) FROM procrastinate_jobs"
-            " WHERE status IN ('todo', 'doing')"
-        ).fetchone()
-        return int(row[0])
-
-    def first_started_since(self, since: float) -> float | None:
-        row = self._conn.execute(
-            f"{HARNESS_MARK} SELECT extract(epoch FROM min(at)) FROM procrastinate_events"
-            " WHERE type = 'started' AND at >= to_timestamp(%s)",
-            [since],
-        ).fetchone()
-        return None if row[0] is None else float(row[0])
-
-    def last_finished_at(self) -> float | None:
-        row = self._conn.execute(
-            f"{HARNESS_MARK} SELECT extract(epoch FROM max(at)) FROM procrastinate_events"
-            " WHERE type = 'succeeded'"
-        ).fetchone()
-        return None if row[0] is None else float(row[0])
+    remaining_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+    first_started_sql = (
+        "SELECT extract(epoch FROM min(at)) FROM procrastinate_events"
+        " WHERE type = 'started' AND at >= to_timestamp(%s)"
+    )
+    last_finished_sql = (
+        "SELECT extract(epoch FROM max(at)) FROM procrastinate_events WHERE type = 'succeeded'"
+    )
 
 
 async def _work(url: str, concurrency: int) -> None:
