@@ -100,8 +100,12 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
     assert all(cost["wal_bytes"] > 0 for cost in ours["per_job"].values())
     assert all(cost["cpus_busy"] > 0 for cost in ours["per_job"].values())
     assert {cost["cpus"] for cost in ours["per_job"].values()} == {os.cpu_count()}
-    # The workers' own CPU time per job, read from /proc (every worker process).
-    assert all(cost["worker_cpu_ms"] > 0 for cost in ours["per_job"].values())
+    # The workers' own CPU time per job, read from /proc (every worker process). The
+    # kernel counts it in ticks of 10 ms: a tiny burn-down can read 0, never less,
+    # and the run as a whole is always counted.
+    worker_cpu = [cost["worker_cpu_ms"] for cost in ours["per_job"].values()]
+    assert all(ms >= 0 for ms in worker_cpu), worker_cpu
+    assert sum(worker_cpu) > 0, worker_cpu
     if document["statements_measured"]:
         assert all(cost["statements"] > 0 for cost in ours["per_job"].values())
     locks = ours["locks_during_scale"]["2p-c2"]
