@@ -157,21 +157,28 @@ def test_a_worker_backs_off_while_finishing_fails_and_finishes_each_attempt_once
     assert any("reachable again" in r.getMessage() for r in caplog.records)
 
 
+def outbox_outage(settings, monkeypatch, caplog, *, messages: int, waits: int) -> Outage:
+    """``messages`` integration events in the outbox, and recording a published batch
+    failing until the dispatcher has backed off ``waits`` times."""
+    settings.OUTBOX = {**settings.OUTBOX, "ENABLED": True}
+    caplog.set_level(logging.INFO, logger="outbox")
+    with unit_of_work() as uow:
+        for n in range(messages):
+            uow.add_integration_event(Pinged(n), key=f"k{n}")
+    outage = Outage(waits=waits)
+    monkeypatch.setattr(
+        outbox_store, "record_deliveries", outage.fail_while_down(outbox_store.record_deliveries)
+    )
+    return outage
+
+
 def test_a_dispatcher_records_a_published_batch_once_the_database_is_back(
     settings, monkeypatch, caplog
 ):
     """The batch was published; recording it fails while the database is down. The
     dispatcher retries the record with the back-off instead of leaving the batch to
     its lease, so nothing is published twice."""
-    settings.OUTBOX = {**settings.OUTBOX, "ENABLED": True}
-    caplog.set_level(logging.INFO, logger="outbox")
-    with unit_of_work() as uow:
-        for n in range(5):
-            uow.add_integration_event(Pinged(n), key=f"k{n}")
-    outage = Outage(waits=4)
-    monkeypatch.setattr(
-        outbox_store, "record_deliveries", outage.fail_while_down(outbox_store.record_deliveries)
-    )
+    outage = outbox_outage(settings, monkeypatch, caplog, messages=5, waits=4)
     transport = RecordingTransport()
     dispatcher = Dispatcher(transport=transport, burst=True, listen=False)
     dispatcher.backoff = outage
@@ -190,15 +197,7 @@ def test_a_subscriber_and_the_dispatcher_failing_in_one_outage_are_one_error_lin
     """The database goes while an in-process subscriber runs: the subscriber fails,
     then recording the batch fails. The dispatcher reports the outage once; the bus
     says the subscriber's failure as a warning, not as a second outage."""
-    settings.OUTBOX = {**settings.OUTBOX, "ENABLED": True}
-    caplog.set_level(logging.INFO, logger="outbox")
-    with unit_of_work() as uow:
-        for n in range(3):
-            uow.add_integration_event(Pinged(n), key=f"k{n}")
-    outage = Outage(waits=3)
-    monkeypatch.setattr(
-        outbox_store, "record_deliveries", outage.fail_while_down(outbox_store.record_deliveries)
-    )
+    outage = outbox_outage(settings, monkeypatch, caplog, messages=3, waits=3)
 
     def bill(event: Pinged) -> None:
         if outage.down:
