@@ -618,10 +618,11 @@ def release(job_id: str, now: datetime) -> bool:
 
 def advance_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> CancelOutcome | None:
     """An advance job of a run was cancelled (an operator cancelled it in the jobs
-    admin, queued or running): the run is cancelled with it, since nothing else would
-    ever advance it. A run that its cancelled job held is let go first, so that it
-    ends Cancelled at once. None if ``job_id`` is no advance job of a run (any other
-    job: no query)."""
+    admin, queued or before its handler ran). A run that the job held is let go
+    (Waiting). If no other advance job of the run is queued or running, nothing would
+    ever advance it again: the run is cancelled with its job. None if ``job_id`` is no
+    advance job of a run (any other job: no query), or if the run has another
+    advance job and goes on."""
     if scope_hash != advance_scope_hash() or not job_id.startswith("wf:"):
         return None
     run_pk = job_id.removeprefix("wf:").split(".", 1)[0]
@@ -634,6 +635,17 @@ def advance_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> Cancel
         WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING, driver_job=job_id).update(
             status=RunStatus.WAITING, driver_token=None, driver_job=None, updated_at=now
         )
+        others = (
+            Job.objects.filter(
+                scope_hash=scope_hash,
+                job_id__startswith=f"wf:{run.pk}.",
+                status__in=(JobStatus.QUEUED, JobStatus.RUNNING),
+            )
+            .exclude(job_id=job_id)
+            .exists()
+        )
+        if others:
+            return None
         return _cancel(run, now)
 
 

@@ -1,12 +1,14 @@
 """A run's advance jobs live in the reserved scope "workflows", where an operator can
-still cancel one in the jobs admin. Nothing else would ever advance that run, so the
-run is cancelled with its job, at once, instead of waiting for ever."""
+still cancel one in the jobs admin. When it was the run's last advance job, nothing
+else would ever advance the run, so the run is cancelled with it, at once, instead
+of waiting for ever; a run with another advance job goes on."""
 
 from __future__ import annotations
 
 import logging
 
 import pytest
+from django.db import transaction
 
 from jobs import execution
 from jobs.models import Job
@@ -74,3 +76,16 @@ def test_cancelling_a_finished_runs_old_job_or_another_job_changes_no_run() -> N
     # A job of a tenant's scope with a look-alike id is no advance job.
     assert store.advance_job_cancelled("0" * 64, job.job_id, job.created_at) is None
     assert WorkflowScope(SCOPE).get("done").status == RunStatus.SUCCEEDED
+
+
+def test_a_run_with_another_advance_job_goes_on_when_one_is_cancelled() -> None:
+    start_workflow(SCOPE, "two-wakes", "checks.linear", {"start": 1})
+    first = advance_job("two-wakes")
+    with transaction.atomic():
+        store.wake(run_pk("two-wakes"), 0, "extra")  # a second wake-up, queued too
+
+    assert execution.reserved_scope("workflows").cancel(first.job_id) == CancelOutcome.CANCELLED
+
+    assert WorkflowScope(SCOPE).get("two-wakes").status == RunStatus.WAITING
+    run_jobs_inline(queues=["default"])
+    assert WorkflowScope(SCOPE).get("two-wakes").status == RunStatus.SUCCEEDED
