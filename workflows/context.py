@@ -96,9 +96,9 @@ def current_activity() -> Any:
 
 
 def _checkpoint[**P, R](method: Callable[P, R]) -> Callable[P, R]:
-    """A checkpoint method: an error it raises (bad arguments, a result that is not
-    JSON, a child's identity conflict) is remembered with the checkpoint's key, so
-    that a run it fails names that checkpoint as its failed step."""
+    """A checkpoint method: an error it raises (bad arguments, a child's identity
+    conflict) is remembered with the checkpoint's key, so that a run it fails names
+    that checkpoint as its failed step."""
 
     @functools.wraps(method)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
