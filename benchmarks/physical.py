@@ -138,17 +138,18 @@ def statements_available(url: str) -> bool:
 @contextmanager
 def counting(url: str, statements: bool, into: dict[str, Any]) -> Iterator[None]:
     """Put into ``into`` the WAL bytes the server wrote while the block ran
-    (``wal_bytes``) and, with ``statements``, the statements of the database's
+    (``wal_bytes``: its insert position, which counts WAL that an asynchronous
+    commit has not yet written out) and, with ``statements``, the statements of the database's
     processes, leaving out the harness's own: how many, their execution time and
     the commonest (``statements``, ``execution_ms``, ``top``)."""
     with _connect(url) as conn:
         if statements:
             conn.execute("SELECT pg_stat_statements_reset()")
-        lsn = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        lsn = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
     yield
     with _connect(url) as conn:
         wal = conn.execute(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", [lsn]
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)", [lsn]
         ).fetchone()[0]
         into["wal_bytes"] = int(wal)
         if not statements:
@@ -158,7 +159,7 @@ def counting(url: str, statements: bool, into: dict[str, Any]) -> Iterator[None]
             " WHERE toplevel"
             " AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
             " AND query NOT LIKE %s AND query NOT LIKE '%%pg_stat_statements%%'"
-            " AND query NOT LIKE '%%pg_current_wal_lsn%%'",
+            " AND query NOT LIKE '%%pg_current_wal_insert_lsn%%'",
             [HARNESS_MARK + "%"],
         ).fetchall()
     top = [{"query": q[:160], "calls": int(c), "wal_bytes": int(w)} for q, c, w, _ in rows]
