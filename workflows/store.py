@@ -111,6 +111,15 @@ def _digest(text: str) -> str:
 # -- waking runs -------------------------------------------------------------------
 
 
+#: The prefix of every advance job's id: ``wf:{run}.{generation}:{reason}``.
+ADVANCE_JOB_PREFIX = "wf:"
+
+
+def advance_job_prefix(run_pk: int) -> str:
+    """The start of the id of every advance job of run ``run_pk`` (see :func:`wake`)."""
+    return f"{ADVANCE_JOB_PREFIX}{run_pk}."
+
+
 def wake(
     run_pk: int,
     generation: int,
@@ -124,7 +133,7 @@ def wake(
     caller's transaction: it exists if and only if the change that wakes the run
     commits). The same reason and detail make the same job: exactly one however
     many writers race."""
-    job_id = f"wf:{run_pk}.{generation}:{reason}"
+    job_id = f"{advance_job_prefix(run_pk)}{generation}:{reason}"
     if detail:
         job_id += f":{_digest(detail)}"
     sub = JobSubmission.create(
@@ -623,9 +632,9 @@ def advance_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> Cancel
     ever advance it again: the run is cancelled with its job. None if ``job_id`` is no
     advance job of a run (any other job: no query), or if the run has another
     advance job and goes on."""
-    if scope_hash != advance_scope_hash() or not job_id.startswith("wf:"):
+    if scope_hash != advance_scope_hash() or not job_id.startswith(ADVANCE_JOB_PREFIX):
         return None
-    run_pk = job_id.removeprefix("wf:").split(".", 1)[0]
+    run_pk = job_id.removeprefix(ADVANCE_JOB_PREFIX).split(".", 1)[0]
     if not run_pk.isdigit():
         return None
     with transaction.atomic(using=alias()):
@@ -638,7 +647,7 @@ def advance_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> Cancel
         others = (
             Job.objects.filter(
                 scope_hash=scope_hash,
-                job_id__startswith=f"wf:{run.pk}.",
+                job_id__startswith=advance_job_prefix(run.pk),
                 status__in=(JobStatus.QUEUED, JobStatus.RUNNING),
             )
             .exclude(job_id=job_id)
