@@ -68,7 +68,10 @@ class LeaseKeeper:
             held = {t: self._holdings.get_locked(t) for t in states}
         for token, state in states.items():
             entry = held[token]
-            if entry is None or entry.ctx.cancel_requested:
+            if entry is None or entry.ctx.cancel_requested or entry.returned:
+                # A returned handler has nothing to stop; its end, waiting for a
+                # settle, is fenced by its token (it may be a settle whose commit
+                # happened with the answer lost: the job then ended as it returned).
                 continue
             if state is ExecutionStatus.CANCEL_REQUESTED:
                 self._worker.emit("cancel-requested", entry.claim)
