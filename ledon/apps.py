@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from importlib import import_module
 from typing import Any, ClassVar
 
@@ -15,8 +16,8 @@ from .observability import OptionalLayers
 
 class LedonAppConfig(AppConfig):
     """Registers the app's system checks (``<app>.checks``), sets up its optional
-    metrics and tracing as ``optional_layers``, then runs its
-    :meth:`autodiscover`. The app's dashboard panels, if it has some, are its
+    metrics and tracing as ``optional_layers``, then runs its :meth:`autodiscover`
+    and its :meth:`wire_up`. The app's dashboard panels, if it has some, are its
     ``<app>.observability.reads.dashboard_panels(now)``."""
 
     default_auto_field = "django.db.models.BigAutoField"
@@ -30,14 +31,18 @@ class LedonAppConfig(AppConfig):
             self.name, read_settings=self.read_settings, invalid=self.read_settings.error
         )
         self.optional_layers.configure()
-        try:
+        # A bad setting is left to the system checks to report.
+        with suppress(self.read_settings.error):
             self.autodiscover()
-        except self.read_settings.error:
-            return  # the system checks report the bad setting
+        self.wire_up()
 
     def autodiscover(self) -> None:
         """Like the admin's ``admin.py``: import the installed apps' modules that declare
         this app's things (events and their subscribers, sagas), in every process."""
+
+    def wire_up(self) -> None:
+        """Hook the app into the other apps, last in :meth:`ready` and whatever its
+        settings say: its receivers of their signals, its handlers of their jobs."""
 
     def dashboard_panels(
         self, now: Any, may_view: Callable[[type[Model]], bool] | None = None

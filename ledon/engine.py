@@ -110,6 +110,9 @@ class EngineStats:
 
     #: The counter each outcome adds one to, where it is not named after its value.
     counters: ClassVar[Mapping[enum.Enum, str]] = {}
+    #: The ``(label, counter)`` parts that end the summary line, each shown only when
+    #: its count is not zero.
+    if_any: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def count(self, outcome: enum.Enum) -> None:
         """One more of ``outcome``."""
@@ -117,7 +120,14 @@ class EngineStats:
         setattr(self, name, getattr(self, name) + 1)
 
     def summary(self) -> str:
-        """The counters in one line."""
+        """The counters in one line: :meth:`counted`, then ``, <label> <count>`` for
+        each part of :attr:`if_any` whose count is not zero."""
+        return self.counted() + "".join(
+            f", {label} {getattr(self, name)}" for label, name in self.if_any if getattr(self, name)
+        )
+
+    def counted(self) -> str:
+        """The summary line but for its :attr:`if_any` parts."""
         raise NotImplementedError
 
 
@@ -134,6 +144,8 @@ class ClaimStats(EngineStats):
     recovered: int = 0
     purged: int = 0
     stale: int = 0
+
+    if_any: ClassVar[tuple[tuple[str, str], ...]] = (("stale (fenced off)", "stale"),)
 
 
 #: What an engine tells its management command of what it does: (event, detail).

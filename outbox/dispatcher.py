@@ -68,12 +68,11 @@ class DispatcherStats(ClaimStats):
 
     counters = {RecordOutcome.RETRY_SCHEDULED: "retried"}
 
-    def summary(self) -> str:
+    def counted(self) -> str:
         return (
             f"claimed {self.claimed} in {self.batches} batch(es), sent {self.sent}, "
             f"retries scheduled {self.retried}, parked {self.parked}, "
             f"recovered {self.recovered}, purged {self.purged}"
-            + (f", stale (fenced off) {self.stale}" if self.stale else "")
         )
 
 

@@ -12,8 +12,7 @@ class SagasConfig(ledon.apps.LedonAppConfig):
     verbose_name = "Sagas"
     read_settings = sagas_settings
 
-    def ready(self) -> None:
-        super().ready()
+    def wire_up(self) -> None:
         if apps.is_installed("jobs"):
             # Every run_jobs worker also recovers saga instances. Imported only
             # with jobs installed; in_worker imports the models, loaded by now.

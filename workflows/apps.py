@@ -13,8 +13,7 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
     verbose_name = "Workflows"
     read_settings = workflows_settings
 
-    def ready(self) -> None:
-        super().ready()
+    def wire_up(self) -> None:
         # The jobs that advance runs and run activity items are handled in every
         # process, whatever JOBS["AUTODISCOVER_MODULE"] names.
         import_module("workflows.handlers")

@@ -32,17 +32,19 @@ class WorkerStats(ClaimStats):
     released: int = 0
 
     counters = {FinishOutcome.PUT_BACK: "put_back"}
+    if_any = (
+        ("released", "released"),
+        ("interrupted", "interrupted"),
+        ("put back (unknown handler)", "put_back"),
+        ("snoozed", "snoozed"),
+        *ClaimStats.if_any,
+    )
 
-    def summary(self) -> str:
+    def counted(self) -> str:
         return (
             f"claimed {self.claimed}, succeeded {self.succeeded}, failed {self.failed}, "
             f"retries scheduled {self.retried}, cancelled {self.cancelled}, "
             f"re-queued {self.requeued}, recovered {self.recovered}, purged {self.purged}"
-            + (f", released {self.released}" if self.released else "")
-            + (f", interrupted {self.interrupted}" if self.interrupted else "")
-            + (f", put back (unknown handler) {self.put_back}" if self.put_back else "")
-            + (f", snoozed {self.snoozed}" if self.snoozed else "")
-            + (f", stale (fenced off) {self.stale}" if self.stale else "")
         )
 
 
