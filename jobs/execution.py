@@ -189,11 +189,7 @@ def complete_and_claim(
 
 
 def fail(
-    token: str,
-    error: str,
-    *,
-    retry_at: datetime | None = None,
-    now: datetime | None = None,
+    token: str, error: str, *, retry_at: datetime | None = None, now: datetime | None = None
 ) -> FinishOutcome:
     """Finish the attempt as Failed with ``error``. With ``retry_at`` and attempts left,
     the job is queued again for that time in the same transaction (``REQUEUED``)."""
