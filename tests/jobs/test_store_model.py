@@ -8,14 +8,16 @@ extra attempts granted), try_start, claim_due, report_progress, complete, fail (
 and without a retry), interrupt, recover, snooze (up to its ``max_snoozes`` bound),
 release (a worker's graceful shutdown), the put-back of a claim whose handler the
 worker does not know (within and past its window), heartbeat, lease expiry and
-recovery of expired leases and of a restarted worker. After every step each job's
+recovery of expired leases and of a restarted worker (also a recovery acting on a
+token it picked before a heartbeat or another worker's claim). After every step each job's
 status, attempt, snooze and release counts, ``max_attempts``, cancel flag, token,
 lease, ``next_run_at``, unknown-handler window and its attempt rows (number, token,
 status) are compared with the model.
 
-The short profile runs in the suite (under a second a database);
-``LEDON_MODEL_EXAMPLES=300`` runs a long one, and ``LEDON_MODEL_STEPS=100`` with it
-sequences long enough to reach, now and then, the end of an unknown handler's window.
+The suite runs a short profile: 60 sequences on SQLite and 30 on PostgreSQL, a
+few seconds each. ``LEDON_MODEL_EXAMPLES=300`` runs a long one, and
+``LEDON_MODEL_STEPS=100`` with it sequences long enough to reach, now and then, the
+end of an unknown handler's window.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -38,7 +41,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from jobs import JobSubmission, execution
+from jobs import JobSubmission, execution, store
 from jobs.api import JobScope, submit_job
 from jobs.conf import jobs_settings
 from jobs.exceptions import InvalidTransition
@@ -49,13 +52,15 @@ from jobs.validation import scope_hash
 SCOPE = "model"
 JOB_IDS = ["a", "b", "c"]
 WORKERS = ["w1", "w2"]
-EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "5"))
+#: The short profile's sequences per database vendor, unless the environment says.
+SHORT = {"sqlite": 60, "postgresql": 30}
+EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "0")) or None
 STEPS = int(os.environ.get("LEDON_MODEL_STEPS", "20"))
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    # A long profile runs for as long as it needs (about 0.05 s a step on PostgreSQL).
-    pytest.mark.timeout(max(120, EXAMPLES * STEPS // 2)),
+    # A long profile runs for as long as it needs (a few milliseconds a step).
+    pytest.mark.timeout(max(120, (EXAMPLES or 0) * STEPS // 2)),
 ]
 
 LEASE = 30
@@ -167,8 +172,12 @@ class JobsStoreModel(RuleBasedStateMachine):
         if existing is None:
             self.jobs[job_id] = ModelJob(max_attempts, submitted_attempts=max_attempts)
 
-    @rule(job_id=st.sampled_from(JOB_IDS))
-    def cancel(self, job_id: str) -> None:
+    @rule(job_id=st.sampled_from(JOB_IDS), pick=PICK)
+    def cancel(self, job_id: str, pick: int) -> None:
+        # ``pick`` as for a token (see ``_pick``): most cancels reach a Running job.
+        running = [job_id for job_id, job in sorted(self.jobs.items()) if job.token]
+        if pick and running:
+            job_id = running[(pick - 1) % len(running)]
         job = self.jobs.get(job_id)
         if job is None:
             return
@@ -228,18 +237,26 @@ class JobsStoreModel(RuleBasedStateMachine):
             assert claim.attempt == job.attempts
         return multiple(*(claim.token for claim in claims))
 
-    @rule(token=tokens, pick=PICK, value=st.sampled_from([10.0, 50.0, 90.0]))
-    def report_progress(self, token: str, pick: int, value: float) -> None:
+    @rule(
+        token=tokens,
+        pick=PICK,
+        values=st.lists(st.sampled_from([10.0, 50.0, 90.0]), min_size=1, max_size=3),
+    )
+    def report_progress(self, token: str, pick: int, values: list[float]) -> None:
+        """A handler's reports, one after the other (a lower one is refused)."""
         token = self._pick(token, pick)
         job = self._holder(token)
-        recorded = execution.report_progress(token, value, now=self.now)
-        expected = (
-            job is not None and not job.cancel and (job.progress is None or job.progress <= value)
-        )
-        assert recorded == expected
-        if expected:
-            assert job is not None
-            job.progress = value
+        for value in values:
+            recorded = execution.report_progress(token, value, now=self.now)
+            expected = (
+                job is not None
+                and not job.cancel
+                and (job.progress is None or job.progress <= value)
+            )
+            assert recorded == expected
+            if expected:
+                assert job is not None
+                job.progress = value
 
     @rule(token=tokens, pick=PICK)
     def complete(self, token: str, pick: int) -> None:
@@ -375,6 +392,32 @@ class JobsStoreModel(RuleBasedStateMachine):
         for token, job in own.items():
             self._ended(job, outcomes[token], "interrupted", self.now)
 
+    @rule(
+        token=tokens,
+        pick=PICK,
+        worker=st.sampled_from(WORKERS),
+        by_owner=st.booleans(),
+        requeue=st.booleans(),
+    )
+    def recover_from_an_old_selection(
+        self, token: str, pick: int, worker: str, by_owner: bool, requeue: bool
+    ) -> None:
+        """A recovery that picked its token earlier: since then the lease may have
+        been renewed, or the job claimed by another worker. The recovery's own guard
+        decides again: the lease expired before now, or the job still leased by the
+        restarted worker."""
+        token = self._pick(token, pick)
+        job = self._holder(token)
+        if by_owner:
+            outcome = store.recover(token, requeue=requeue, leased_by=worker, now=self.now)
+            allowed = job is not None and job.leased_by == worker
+        else:
+            outcome = store.recover(
+                token, requeue=requeue, lease_expired_before=self.now, now=self.now
+            )
+            allowed = job is not None and job.lease_until is not None and job.lease_until < self.now
+        self._ended(job if allowed else None, outcome, "interrupted", self.now if requeue else None)
+
     # ------------------------------------------------------------------ checks
 
     @invariant()
@@ -455,7 +498,7 @@ def test_the_jobs_store_follows_its_model() -> None:
     run_state_machine_as_test(
         JobsStoreModel,
         settings=settings(
-            max_examples=EXAMPLES,
+            max_examples=EXAMPLES or SHORT[connection.vendor],
             stateful_step_count=STEPS,
             deadline=None,
             suppress_health_check=list(HealthCheck),
