@@ -9,8 +9,8 @@ and without a retry), interrupt, recover, snooze (up to its ``max_snoozes`` boun
 release (a worker's graceful shutdown), the put-back of a claim whose handler the
 worker does not know (within and past its window), heartbeat, lease expiry and
 recovery of expired leases and of a restarted worker (also a recovery acting on a
-token it picked before a heartbeat or another worker's claim). After every step each job's
-status, attempt, snooze and release counts, ``max_attempts``, cancel flag, token,
+token it picked before a heartbeat or another worker's claim). After every step each
+job's status, attempt, snooze and release counts, ``max_attempts``, cancel flag, token,
 lease, ``next_run_at``, unknown-handler window and its attempt rows (number, token,
 status) are compared with the model.
 
@@ -54,13 +54,14 @@ JOB_IDS = ["a", "b", "c"]
 WORKERS = ["w1", "w2"]
 #: The short profile's sequences per database vendor, unless the environment says.
 SHORT = {"sqlite": 60, "postgresql": 30}
-EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "0")) or None
+#: 0: the short profile.
+EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "0"))
 STEPS = int(os.environ.get("LEDON_MODEL_STEPS", "20"))
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     # A long profile runs for as long as it needs (a few milliseconds a step).
-    pytest.mark.timeout(max(120, (EXAMPLES or 0) * STEPS // 2)),
+    pytest.mark.timeout(max(120, EXAMPLES * STEPS // 2)),
 ]
 
 LEASE = 30
@@ -103,6 +104,9 @@ class ModelJob:
             and (self.run_at is None or self.run_at <= now)
             and self.attempts < self.max_attempts
         )
+
+    def lease_expired(self, now: datetime) -> bool:
+        return self.lease_until is not None and self.lease_until < now
 
     def holds(self, token: str) -> bool:
         return self.status == "running" and self.token == token
@@ -174,10 +178,10 @@ class JobsStoreModel(RuleBasedStateMachine):
 
     @rule(job_id=st.sampled_from(JOB_IDS), pick=PICK)
     def cancel(self, job_id: str, pick: int) -> None:
-        # ``pick`` as for a token (see ``_pick``): most cancels reach a Running job.
-        running = [job_id for job_id, job in sorted(self.jobs.items()) if job.token]
-        if pick and running:
-            job_id = running[(pick - 1) % len(running)]
+        # ``pick`` as for a token (see ``_running``): most cancels reach a Running job.
+        running = self._running(pick)
+        if running is not None:
+            job_id = running[0]
         job = self.jobs.get(job_id)
         if job is None:
             return
@@ -375,7 +379,7 @@ class JobsStoreModel(RuleBasedStateMachine):
         expired = {
             job.token: job
             for job in self.jobs.values()
-            if job.token and job.lease_until and job.lease_until < self.now
+            if job.token and job.lease_expired(self.now)
         }
         outcomes = execution.recover_expired(requeue=requeue, now=self.now)
         assert set(outcomes) == set(expired)
@@ -415,7 +419,7 @@ class JobsStoreModel(RuleBasedStateMachine):
             outcome = store.recover(
                 token, requeue=requeue, lease_expired_before=self.now, now=self.now
             )
-            allowed = job is not None and job.lease_until is not None and job.lease_until < self.now
+            allowed = job is not None and job.lease_expired(self.now)
         self._ended(job if allowed else None, outcome, "interrupted", self.now if requeue else None)
 
     # ------------------------------------------------------------------ checks
@@ -456,11 +460,19 @@ class JobsStoreModel(RuleBasedStateMachine):
     def _pick(self, token: str, pick: int) -> str:
         """The token a rule uses: the one drawn from the bundle (``pick`` 0: most of
         them are stale after a few steps), or the current token of a Running job."""
+        running = self._running(pick)
+        if running is None or running[1].token is None:
+            return token
+        return running[1].token
+
+    def _running(self, pick: int) -> tuple[str, ModelJob] | None:
+        """The Running job (its id and model) that ``pick`` 1 and up chooses; None for
+        ``pick`` 0 or when no job runs."""
         # By job id: tokens are random, and a replayed example must pick the same job.
-        current = [job.token for _, job in sorted(self.jobs.items()) if job.token]
-        if pick and current:
-            return current[(pick - 1) % len(current)]
-        return token
+        running = [(job_id, job) for job_id, job in sorted(self.jobs.items()) if job.token]
+        if not pick or not running:
+            return None
+        return running[(pick - 1) % len(running)]
 
     def _holder(self, token: str) -> ModelJob | None:
         """The job whose current, Running attempt ``token`` is (None: stale)."""
