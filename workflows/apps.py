@@ -14,6 +14,11 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
     read_settings = workflows_settings
 
     def wire_up(self) -> None:
+        # The jobs' workers run the workflows' handlers: a worker refuses to start,
+        # naming migrate, while the workflows' tables are missing.
+        from ledon.engine import runs_inside
+
+        runs_inside("jobs", self.label)
         # The jobs that advance runs and run activity items are handled in every
         # process, whatever JOBS["AUTODISCOVER_MODULE"] names.
         import_module("workflows.handlers")

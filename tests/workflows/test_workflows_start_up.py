@@ -5,19 +5,29 @@ tables refuses to start, naming ``migrate``."""
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
 import pytest
+from django.apps import apps
 from django.core import checks
+from django.core.management import CommandError, call_command
+from django.db import connection
 from django.test import override_settings
 
+from jobs import JobScope, JobStatus, JobSubmission, submit_job
+from jobs.worker import Worker
+from ledon.db import DatabaseNotMigrated
 from tests.support.procs import ManageProcess, settings_module
-from workflows import registry, start_workflow
+from workflows import registry, retention, start_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCOPE = "tenant-start-up"
+WORKFLOWS_TABLES = ", ".join(
+    m._meta.db_table for m in apps.get_app_config("workflows").get_models()
+)
 
 
 def test_a_misspelt_jobs_key_is_jobs_e001_while_runs_are_in_flight(monkeypatch) -> None:
@@ -57,3 +67,39 @@ def test_every_command_reports_a_misspelt_jobs_key_without_a_traceback(
         process.close()
     assert "(jobs.E001) unknown JOBS setting(s): LEASE_SECOND" in process.output
     assert "Traceback" not in process.output
+
+
+@pytest.fixture
+def workflows_unmigrated(monkeypatch) -> None:
+    """The database as before ``migrate workflows``: the jobs' tables are there, the
+    workflows' are not (hidden from the introspection every start-up reads)."""
+    introspection = type(connection.introspection)
+    real = introspection.table_names
+    monkeypatch.setattr(
+        introspection,
+        "table_names",
+        lambda self, *a, **k: [t for t in real(self, *a, **k) if not t.startswith("workflows_")],
+    )
+
+
+def test_a_worker_refuses_to_start_without_the_workflows_tables(workflows_unmigrated) -> None:
+    """Every advance and activity job would fail there: the worker says so at once,
+    as it does for the jobs' own tables, and takes nothing."""
+    submit_job(SCOPE, "waiting", JobSubmission.create("demo.report", {"month": "2026-11"}))
+    worker = Worker(burst=True, listen=False)
+    with pytest.raises(DatabaseNotMigrated) as refused:
+        worker.run()
+    assert str(refused.value).splitlines() == [
+        f"database 'default' lacks the tables of the 'workflows' app ({WORKFLOWS_TABLES}): "
+        "its migrations have not been applied.",
+        "Run 'python manage.py migrate', then start the worker again.",
+    ]
+    assert JobScope(SCOPE).get("waiting").status == JobStatus.QUEUED
+    assert retention.thread_of(worker) is None
+
+
+def test_run_jobs_ends_with_the_message_alone_and_a_failure_status(workflows_unmigrated) -> None:
+    """``manage.py`` prints a CommandError's message, no traceback, and exits 1."""
+    said = r"the 'workflows' app .*\nRun 'python manage.py migrate'"
+    with pytest.raises(CommandError, match=said):
+        call_command("run_jobs", "--burst", stdout=io.StringIO())
