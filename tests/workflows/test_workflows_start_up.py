@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from workflows import registry, retention, start_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+ROOT = Path(__file__).resolve().parents[2]
 SCOPE = "tenant-start-up"
 WORKFLOWS_TABLES = ", ".join(
     m._meta.db_table for m in apps.get_app_config("workflows").get_models()
@@ -103,3 +106,38 @@ def test_run_jobs_ends_with_the_message_alone_and_a_failure_status(workflows_unm
     said = r"the 'workflows' app .*\nRun 'python manage.py migrate'"
     with pytest.raises(CommandError, match=said):
         call_command("run_jobs", "--burst", stdout=io.StringIO())
+
+
+@pytest.mark.slow
+def test_the_workflows_api_without_the_app_installed_names_the_fix(tmp_path: Path) -> None:
+    """Django's own error names neither the app nor the fix."""
+    (tmp_path / "without_workflows.py").write_text(
+        "SECRET_KEY = 'x'\n"
+        "USE_TZ = True\n"
+        "INSTALLED_APPS = ['django.contrib.contenttypes', 'django.contrib.auth', 'jobs']\n"
+        "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3', 'NAME': ':memory:'}}\n"
+    )
+    script = (
+        "import django\n"
+        "django.setup()\n"
+        "from workflows import workflow  # declaring needs no table\n"
+        "from workflows import start_workflow\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "without_workflows",
+            "PYTHONPATH": str(tmp_path),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "ledon.lazy.AppNotInstalled: workflows.start_workflow needs the 'workflows' app, "
+        "which is not in INSTALLED_APPS: add 'workflows' to INSTALLED_APPS and run "
+        "'python manage.py migrate'"
+    )
