@@ -12,6 +12,7 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
     name = "workflows"
     verbose_name = "Workflows"
     read_settings = workflows_settings
+    metrics_permission = "workflows.view_workflowrun"
 
     def wire_up(self) -> None:
         # The jobs' workers run the workflows' handlers: a worker refuses to start,
