@@ -261,45 +261,62 @@ def test_waiting_reasons(text, reason):
     assert waiting_reason(text) == reason
 
 
+def _snapshot(status: RunStatus, steps: tuple[StepSnapshot, ...], **fields: Any) -> RunSnapshot:
+    values: dict[str, Any] = {
+        "scope_hash": SCOPE_HASH,
+        "run_id": "r",
+        "name": "n",
+        "version": 1,
+        "status": status,
+        "input": None,
+        "output": None,
+        "error": "",
+        "failed_step": "",
+        "waiting_for": "",
+        "created_at": T0,
+        "finished_at": None,
+        "steps": steps,
+    }
+    values.update(fields)
+    return RunSnapshot(**values)
+
+
+def _step_snapshot(
+    key: str,
+    status: StepStatus = StepStatus.SUCCEEDED,
+    *,
+    kind: StepKind = StepKind.STEP,
+    start: float = 0,
+    end: float | None = 1,
+    **fields: Any,
+) -> StepSnapshot:
+    """A checkpoint's snapshot that ran from ``start`` to ``end`` seconds (None: it has
+    not ended) after ``T0``."""
+    values: dict[str, Any] = {
+        "attempts": 1,
+        "result": None,
+        "error": "",
+        "started_at": T0 + timedelta(seconds=start),
+        "finished_at": None if end is None else T0 + timedelta(seconds=end),
+    }
+    values.update(fields)
+    return StepSnapshot(key=key, kind=kind, status=status, **values)
+
+
 def test_layout_places_each_checkpoint_on_the_runs_time_line():
     steps = (
-        StepSnapshot(
-            key="a",
-            kind=StepKind.STEP,
-            status=StepStatus.SUCCEEDED,
-            attempts=1,
-            result=1,
-            error="",
-            started_at=T0,
-            finished_at=T0 + timedelta(seconds=10),
-        ),
-        StepSnapshot(
-            key="b",
+        _step_snapshot("a", end=10, result=1),
+        _step_snapshot(
+            "b",
+            StepStatus.RUNNING,
             kind=StepKind.MAP,
-            status=StepStatus.RUNNING,
+            start=10,
+            end=None,
             attempts=0,
-            result=None,
-            error="",
-            started_at=T0 + timedelta(seconds=10),
-            finished_at=None,
             items=ItemCounts(total=4, succeeded=1, failed=1, running=1),
         ),
     )
-    run = RunSnapshot(
-        scope_hash=SCOPE_HASH,
-        run_id="r",
-        name="n",
-        version=1,
-        status=RunStatus.WAITING,
-        input=None,
-        output=None,
-        error="",
-        failed_step="",
-        waiting_for="3 of 4 items",
-        created_at=T0,
-        finished_at=None,
-        steps=steps,
-    )
+    run = _snapshot(RunStatus.WAITING, steps, waiting_for="3 of 4 items")
     picture = layout(run, now=T0 + timedelta(seconds=20))
     first, second = picture.nodes
     assert first.y < second.y < picture.end_y < picture.height
@@ -332,26 +349,6 @@ def test_durations_read_as_a_person_would_say_them(seconds, text):
     assert duration(seconds) == text
 
 
-def _snapshot(status: RunStatus, steps: tuple[StepSnapshot, ...], **fields: Any) -> RunSnapshot:
-    values: dict[str, Any] = {
-        "scope_hash": SCOPE_HASH,
-        "run_id": "r",
-        "name": "n",
-        "version": 1,
-        "status": status,
-        "input": None,
-        "output": None,
-        "error": "",
-        "failed_step": "",
-        "waiting_for": "",
-        "created_at": T0,
-        "finished_at": None,
-        "steps": steps,
-    }
-    values.update(fields)
-    return RunSnapshot(**values)
-
-
 LONG_KEY = "charge-the-customers-card-for-the-whole-basket-including-shipping"
 
 
@@ -367,15 +364,8 @@ LONG_KEY = "charge-the-customers-card-for-the-whole-basket-including-shipping"
 )
 def test_the_end_label_is_drawn_whole_within_the_picture(status, fields):
     """A long failed step or wait ran past the drawing's right edge and was cut."""
-    step = StepSnapshot(
-        key=LONG_KEY,
-        kind=StepKind.STEP,
-        status=StepStatus.FAILED,
-        attempts=3,
-        result=None,
-        error="RuntimeError: card declined",
-        started_at=T0,
-        finished_at=T0 + timedelta(seconds=70),
+    step = _step_snapshot(
+        LONG_KEY, StepStatus.FAILED, end=70, attempts=3, error="RuntimeError: card declined"
     )
     picture = layout(_snapshot(status, (step,), **fields), now=T0 + timedelta(hours=2))
     assert len(picture.end_lines) > 1
@@ -412,16 +402,7 @@ def test_a_legend_says_what_the_time_line_and_the_items_bar_mean(order_run, admi
 
 
 def test_a_run_without_a_map_has_no_items_legend():
-    step = StepSnapshot(
-        key="a",
-        kind=StepKind.STEP,
-        status=StepStatus.SUCCEEDED,
-        attempts=1,
-        result=1,
-        error="",
-        started_at=T0,
-        finished_at=T0 + timedelta(seconds=1),
-    )
+    step = _step_snapshot("a", result=1)
     finished = T0 + timedelta(seconds=2)
     picture = layout(_snapshot(RunStatus.SUCCEEDED, (step,), finished_at=finished), now=finished)
     assert picture.legend.items == []
