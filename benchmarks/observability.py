@@ -116,10 +116,10 @@ def live_rows(queued: int = 200) -> None:
 
 
 def scrape_times(scrapes: int) -> dict[str, Any]:
-    from ledon import metrics
+    from ledon import prometheus
 
-    metrics.enable_all()
-    collector = metrics.DatabaseCollector()
+    prometheus.enable_all()
+    collector = prometheus.DatabaseCollector()
     times = []
     for _ in range(scrapes):
         started = time.perf_counter()
@@ -127,7 +127,7 @@ def scrape_times(scrapes: int) -> dict[str, Any]:
         times.append((time.perf_counter() - started) * 1000)
     names = sorted({f.name for f in families})
     per_source: dict[str, float] = {}
-    for name, source in sorted(metrics.sources().items()):
+    for name, source in sorted(prometheus.sources().items()):
         each = []
         for _ in range(scrapes):
             started = time.perf_counter()

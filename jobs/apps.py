@@ -9,6 +9,7 @@ class JobsConfig(ledon.apps.LedonAppConfig):
     name = "jobs"
     verbose_name = "Jobs"
     read_settings = jobs_settings
+    metrics_permission = "jobs.view_job"
 
     def ready(self) -> None:
         # Django registers its TASKS checks (jobs.E101-E107 among them) only once its

@@ -21,7 +21,7 @@ from typing import Any
 from django.utils.module_loading import autodiscover_modules
 
 from ledon.errors import format_error, storable_text
-from ledon.naming import other_definition
+from ledon.naming import did_you_mean, other_definition
 
 from . import validation
 from .conf import jobs_settings
@@ -257,7 +257,11 @@ def get_handler(name: str, version: int) -> HandlerSpec:
     spec = _registry.get((name, version))
     if spec is None:
         versions = sorted(v for (n, v) in _registry if n == name)
-        known = f" (registered versions: {versions})" if versions else ""
+        known = (
+            f" (registered versions: {versions})"
+            if versions
+            else did_you_mean(name, {n for n, _v in list(_registry)})
+        )
         raise UnknownHandler(
             f"no handler registered for {name!r} version {version}{known}; "
             "is its app's tasks module imported by the worker?"

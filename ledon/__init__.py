@@ -46,7 +46,9 @@ Watching them run (each optional layer is loaded only when its setting is on):
 
 - :mod:`ledon.observability` — turning an app's metrics and tracing on or off;
 - :mod:`ledon.registry` — the workers registry: one row per running engine;
-- :mod:`ledon.metrics` — Prometheus metrics (the ``[metrics]`` extra);
+- :mod:`ledon.metrics` — the metrics view a project routes, importable without the
+  ``[metrics]`` extra; :mod:`ledon.prometheus` — the Prometheus metrics themselves
+  (the ``[metrics]`` extra);
 - :mod:`ledon.tracing` — the tracing hooks the apps call, :mod:`ledon.spans` their
   shapes, :mod:`ledon.otel` the OpenTelemetry tracer behind them (the ``[otel]``
   extra).

@@ -23,6 +23,9 @@ class LedonAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     #: The reader of the app's settings dict (its error is the app's configuration error).
     read_settings: ClassVar[SettingsReader[Any]]
+    #: The permission to view the rows whose numbers the app's metrics show: the
+    #: metrics view answers only users who have it (:func:`ledon.metrics.view_permissions`).
+    metrics_permission: ClassVar[str]
 
     def ready(self) -> None:
         # The checks import the models, loaded by now.

@@ -61,7 +61,7 @@ def check_metrics_options(options: Mapping[str, Any]) -> None:
     except (OSError, UnicodeError) as exc:
         raise CommandError(f"--metrics-address {address!r} is not an address here: {exc}") from None
     try:
-        from . import metrics  # noqa: F401  (the [metrics] extra, needed only here)
+        from . import prometheus  # noqa: F401  (the [metrics] extra, needed only here)
     except ImportError as exc:
         raise CommandError(
             f"--metrics-port needs prometheus-client: pip install 'django-ledon[metrics]' ({exc})"
@@ -84,10 +84,10 @@ def engine_id_option(value: str | None, option: str, default: str) -> str | None
 def serve_metrics(port: int, *, out: Any, name: str, address: str = DEFAULT_METRICS_ADDRESS) -> Any:
     """Start the metrics server of ``--metrics-port`` and say where it listens."""
     check_metrics_options({"metrics_port": port, "metrics_address": address})
-    from . import metrics  # the [metrics] extra, checked just above
+    from . import prometheus  # the [metrics] extra, checked just above
 
     try:
-        server = metrics.serve(port, address)
+        server = prometheus.serve(port, address)
     except OSError as exc:
         raise CommandError(f"--metrics-address {address} --metrics-port {port}: {exc}") from None
     host = str(server.server_address[0])

@@ -5,7 +5,6 @@ message for keys that do not exist (with the key that was probably meant)."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -13,6 +12,8 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
+
+from .naming import did_you_mean
 
 #: The published documentation; its settings reference is ``settings.html``
 #: (``docs/settings.md`` in the source).
@@ -57,10 +58,7 @@ def unknown_keys_message(what: str, unknown: Iterable[str], known: Iterable[str]
     ``what="JOBS setting(s)"``: each unknown key with the known key it is closest to,
     if one is close enough to be a misspelling."""
     choices = sorted(known)
-    parts = []
-    for key in sorted(unknown):
-        close = difflib.get_close_matches(key, choices, n=1, cutoff=0.7)
-        parts.append(f"{key} (did you mean {close[0]!r}?)" if close else key)
+    parts = [f"{key}{did_you_mean(key, choices)}" for key in sorted(unknown)]
     return f"unknown {what}: {', '.join(parts)}"
 
 

@@ -4,7 +4,10 @@ shows it: each installed app's config may define ``dashboard_panels(now)``, retu
 
 A panel names the model whose rows it summarises: the dashboard shows it only to a
 user whom that model's own admin page lets in (its view permission), so that the
-dashboard never shows more than the admin would."""
+dashboard never shows more than the admin would.
+
+A page of the apps' own in the admin draws its :func:`breadcrumbs` in the markup the
+running Django's admin styles."""
 
 from __future__ import annotations
 
@@ -12,8 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import django
 from django.apps import apps
 from django.db.models import Model
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+#: Django 6.1's admin draws its breadcrumbs as an ordered list and styles only
+#: ``ol.breadcrumbs``; before, a ``div.breadcrumbs`` with ``›`` between the links.
+BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +77,19 @@ def age(seconds: float) -> str:
     if whole < 86_400:
         return f"{whole // 3600} h {whole % 3600 // 60} min"
     return f"{whole // 86_400} d {whole % 86_400 // 3600} h"
+
+
+def breadcrumbs(*trail: tuple[str, str]) -> SafeString:
+    """The breadcrumbs of an admin page of the apps' own, as the running Django's
+    admin draws its own (:data:`BREADCRUMBS_AS_LIST`): ``trail`` is ``(text, link)``
+    pairs from the admin's home, the last one the current page (its link unused)."""
+    *above, (here, _link) = trail
+    if BREADCRUMBS_AS_LIST:
+        # One item a line, as Django's own: the space between them is the space
+        # after each "›" its style sheet adds.
+        links = format_html_join("\n", '<li><a href="{}">{}</a></li>', ((u, t) for t, u in above))
+        return format_html(
+            '<ol class="breadcrumbs">\n{}\n<li aria-current="page">{}</li>\n</ol>', links, here
+        )
+    links = format_html_join("", '<a href="{}">{}</a> &rsaquo; ', ((u, t) for t, u in above))
+    return format_html('<div class="breadcrumbs">{}{}</div>', links, here)

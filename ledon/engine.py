@@ -415,12 +415,13 @@ class Engine:
         """At start-up: wait until the database answers, backing off and reporting
         meanwhile; False if a stop came first. Raises
         :class:`~ledon.db.DatabaseNotMigrated` when it answers without the tables of
-        :attr:`app_label`."""
-        tables = self._tables()
+        :attr:`app_label`, or of an app whose code runs in this engine
+        (:func:`runs_inside`)."""
+        tables = {label: _tables_of(label) for label in _needed_apps(self.app_label)}
         while not self._stopping.is_set():
             began = self.outage.clock()
             try:
-                missing = missing_tables(self.alias, tables)
+                missing = missing_tables(self.alias, [t for ts in tables.values() for t in ts])
             except DATABASE_ERRORS as exc:
                 delay = self.database_failed(
                     f"connecting to database {self.alias!r}", exc, began=began
@@ -429,20 +430,43 @@ class Engine:
                 self._backing_off.clear()
                 continue
             self.database_ok()
-            if missing:
-                raise DatabaseNotMigrated(self.alias, self.app_label, missing, self.kind)
+            for label, own in tables.items():
+                lacking = [table for table in own if table in missing]
+                if lacking:
+                    raise DatabaseNotMigrated(self.alias, label, lacking, self.kind)
             self._database_ready.set()
             return True
         return False
 
-    def _tables(self) -> list[str]:
-        if not self.app_label:
-            return []
-        return [
-            model._meta.db_table
-            for model in apps.get_app_config(self.app_label).get_models()
-            if model._meta.managed and not model._meta.proxy
-        ]
+
+#: The apps whose code runs inside the engines of another app, by that app's label:
+#: the workflows' job handlers run in the jobs' workers.
+_guests: dict[str, list[str]] = {}
+
+
+def runs_inside(host: str, guest: str) -> None:
+    """Say that app ``guest``'s code runs inside the engines of app ``host`` (its
+    handlers in their loop): such an engine refuses to start, as for its own tables,
+    while the database lacks ``guest``'s tables — every piece of its work that
+    touches them would fail. Called from the guest's ``ready()``; idempotent."""
+    guests = _guests.setdefault(host, [])
+    if guest not in guests:
+        guests.append(guest)
+
+
+def _needed_apps(app_label: str) -> list[str]:
+    """``app_label`` (none if empty), then the installed apps that run inside it."""
+    if not app_label:
+        return []
+    return [app_label, *(g for g in _guests.get(app_label, ()) if apps.is_installed(g))]
+
+
+def _tables_of(app_label: str) -> list[str]:
+    return [
+        model._meta.db_table
+        for model in apps.get_app_config(app_label).get_models()
+        if model._meta.managed and not model._meta.proxy
+    ]
 
 
 def _ignore(signum: int, frame: object) -> None:

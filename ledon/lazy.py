@@ -21,6 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import import_module
 from typing import Any
 
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
+
 
 def exported(modules: Mapping[str, Sequence[str]]) -> dict[str, str]:
     """Each public name mapped to its submodule, from ``modules``: each submodule
@@ -36,6 +39,25 @@ def lazy_attributes(package: str, names: Mapping[str, str]) -> Callable[[str], A
         module = names.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(import_module(f".{module}", package), name)
+        try:
+            loaded = import_module(f".{module}", package)
+        except RuntimeError:
+            # Django refuses a model of an app that is not installed, in words that
+            # name neither the app nor the fix.
+            if apps.apps_ready and not apps.is_installed(package):
+                raise AppNotInstalled(package, name) from None
+            raise
+        return getattr(loaded, name)
 
     return __getattr__
+
+
+class AppNotInstalled(ImproperlyConfigured):
+    """A public name of an app was used while the app is not in ``INSTALLED_APPS``."""
+
+    def __init__(self, package: str, name: str) -> None:
+        self.package = package
+        super().__init__(
+            f"{package}.{name} needs the {package!r} app, which is not in INSTALLED_APPS: "
+            f"add {package!r} to INSTALLED_APPS and run 'python manage.py migrate'"
+        )

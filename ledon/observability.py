@@ -64,7 +64,7 @@ def _missing(setting: str, key: str, exc: ImportError) -> ImproperlyConfigured:
 
 def configure(component: str, *, metrics: bool, traced: bool, metrics_module: str) -> None:
     """Make ``component``'s tracing and metrics (``metrics_module``'s ``APP_METRICS``,
-    a :class:`ledon.metrics.AppMetrics`) what the settings say."""
+    a :class:`ledon.prometheus.AppMetrics`) what the settings say."""
     setting = component.upper()
     if traced:
         try:
@@ -91,7 +91,7 @@ class OptionalLayers:
     case ("jobs": ``JOBS``); ``read_settings`` reads that setting, raising
     ``invalid`` when it is not valid (the app's system check reports it; nothing is
     turned on); ``<component>.observability.metrics`` has the app's ``APP_METRICS``. The app
-    config keeps it as ``optional_layers``, where :func:`ledon.metrics.enable_all`
+    config keeps it as ``optional_layers``, where :func:`ledon.prometheus.enable_all`
     finds it."""
 
     def __init__(

@@ -54,3 +54,23 @@ def text(
             f"{what} contains a lone surrogate at position {position}; it is not valid Unicode"
         )
     return value
+
+
+def non_string_key(value: object, path: str = "") -> tuple[str, object] | None:
+    """The first dict key in ``value`` (dicts, lists and tuples, nested) that is not a
+    ``str``, as ``(path, key)`` — the path of the dict holding it, ``["lines"][0]``
+    — or None. ``json.dumps`` turns an int, float, bool or None key into a string
+    without a word: what is read back would not be what was written."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return path, key
+            found = non_string_key(item, f"{path}[{key!r}]")
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = non_string_key(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None

@@ -10,6 +10,7 @@ class OutboxConfig(ledon.apps.LedonAppConfig):
     name = "outbox"
     verbose_name = "Outbox and inbox"
     read_settings = outbox_settings
+    metrics_permission = "outbox.view_outboxmessage"
 
     def autodiscover(self) -> None:
         # Each app's events module defines its events and subscribes its handlers, in

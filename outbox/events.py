@@ -30,6 +30,8 @@ from typing import Any, ClassVar, Self
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.dateparse import parse_date, parse_datetime, parse_duration, parse_time
 
+from ledon.validation import non_string_key
+
 from .exceptions import EventNameConflict, InvalidEvent, UnknownEventType
 
 MAX_NAME_LENGTH = 200
@@ -73,13 +75,24 @@ class Event:
     def to_json(self) -> str:
         """The event's JSON text; raises :class:`InvalidEvent` if a field is not JSON."""
         try:
+            payload = self.to_payload()
+            # json.dumps would write an int key 1 as "1": refused, as a job's payload is.
+            bad_key = non_string_key(payload)
+            if bad_key is not None:
+                path, key = bad_key
+                raise InvalidEvent(
+                    f"{self.event_name}: event{path} has a key that is not a str: "
+                    f"{key!r} ({type(key).__name__}); JSON keys are strings: use str keys"
+                )
             text = json.dumps(
-                self.to_payload(),
+                payload,
                 cls=_Encoder,
                 ensure_ascii=False,
                 allow_nan=False,
                 separators=(",", ":"),
             )
+        except InvalidEvent:
+            raise
         except (TypeError, ValueError) as exc:
             raise InvalidEvent(f"{self.event_name}: the event is not JSON: {exc}") from None
         except RecursionError:

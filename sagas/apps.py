@@ -11,6 +11,7 @@ class SagasConfig(ledon.apps.LedonAppConfig):
     name = "sagas"
     verbose_name = "Sagas"
     read_settings = sagas_settings
+    metrics_permission = "sagas.view_sagainstance"
 
     def wire_up(self) -> None:
         if apps.is_installed("jobs"):

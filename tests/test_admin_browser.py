@@ -197,3 +197,63 @@ def test_a_workflow_run_page_draws_the_run_in_a_browser(page):
     page.click("svg .wf-node[data-key=ship] a")
     page.wait_for_selector("svg .wf-node[data-key=label]")
     _shot(page, "workflow-run-finished-child")
+
+
+def test_a_failed_runs_picture_keeps_its_labels_inside_in_a_browser(page):
+    """Measured by the browser: a long failed step's end label stays inside the
+    drawing (it was cut at its right edge), the box's key does not run into its
+    state, and the legend says what the bars mean."""
+    from workflows import start_workflow, workflow
+    from workflows.models import WorkflowRun
+    from workflows.registry import unregister_workflow
+    from workflows.testing import run_workflow
+
+    key = "charge-the-customers-card-for-the-whole-basket-including-shipping"
+
+    def declined() -> None:
+        raise RuntimeError("card declined")
+
+    @workflow("browser.long_key", version=1)
+    def long_key(wf):
+        wf.step(key, declined)
+
+    try:
+        start_workflow(SCOPE, "long-key", "browser.long_key")
+        assert run_workflow(SCOPE, "long-key").status == "failed"
+    finally:
+        unregister_workflow("browser.long_key", 1)
+    run = WorkflowRun.objects.get(run_id="long-key")
+
+    page.goto(f"/admin/login/?next=/admin/workflows/workflowrun/{run.pk}/change/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "password")
+    page.click("input[type=submit]")
+    page.wait_for_selector("svg .wf-node")
+    _shot(page, "workflow-run-long-key")
+    boxes = page.eval_on_selector(
+        "svg.wf-picture",
+        """svg => {
+            const box = el => {
+                const b = el.getBBox();
+                return [b.x, b.y, b.x + b.width, b.y + b.height];
+            };
+            const node = svg.querySelector('.wf-node');
+            const texts = node.querySelectorAll('text');
+            return {
+                width: svg.viewBox.baseVal.width,
+                height: svg.viewBox.baseVal.height,
+                end: box(svg.querySelector('.wf-end-label')),
+                legend: box(svg.querySelector('.wf-legend')),
+                key: box(texts[0]),
+                state: box(texts[1]),
+            };
+        }""",
+    )
+    assert boxes["end"][2] <= boxes["width"], boxes
+    assert boxes["legend"][2] <= boxes["width"], boxes
+    assert boxes["legend"][3] <= boxes["height"], boxes
+    assert boxes["end"][3] < boxes["legend"][1], boxes
+    assert boxes["key"][2] < boxes["state"][0], boxes
+    # Wrapped at spaces, whole: every character of the label is drawn.
+    assert f"failedat'{key}'" in page.text_content("svg .wf-end-label").replace(" ", "")
+    assert "when each checkpoint ran" in page.text_content("svg .wf-legend")

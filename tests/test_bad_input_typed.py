@@ -5,6 +5,7 @@ both databases alike."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from outbox import IntegrationEvent, unit_of_work
 from outbox.exceptions import InvalidEvent
 from outbox.exceptions import InvalidInput as OutboxInvalidInput
 from outbox.models import OutboxMessage
+from outbox.testing import capture_events
 from sagas import run_saga, start_saga
 from sagas.exceptions import InvalidInput as SagaInvalidInput
 from sagas.exceptions import InvalidSagaData
@@ -61,6 +63,38 @@ def test_integration_event_with_a_lone_surrogate_is_refused_and_nothing_is_writt
     with pytest.raises(InvalidEvent, match="lone surrogate"), unit_of_work() as uow:
         uow.add_integration_event(Noted(text=text))
     assert not OutboxMessage.objects.exists()
+
+
+@dataclass(frozen=True)
+class Counted(IntegrationEvent, name="test.bad_input.counted"):
+    counts: dict[Any, Any]
+    lines: list[Any]
+
+
+@pytest.mark.parametrize(
+    ("counts", "lines", "where"),
+    [
+        ({1: "a"}, [], r"event\['counts'\] has a key that is not a str: 1 \(int\)"),
+        ({"ok": {None: 1}}, [], r"event\['counts'\]\['ok'\] has .*: None \(NoneType\)"),
+        ({}, [{"sku": "x"}, {2.5: "y"}], r"event\['lines'\]\[1\] has .*: 2.5 \(float\)"),
+        ({True: 1}, [], r"not a str: True \(bool\)"),
+    ],
+)
+@pytest.mark.parametrize("enabled", [True, False])
+def test_an_event_dict_key_that_is_not_a_string_is_refused_and_nothing_is_written(
+    settings, enabled, counts, lines, where
+) -> None:
+    """JSON would read ``{1: "a"}`` back as ``{"1": "a"}``: refused, as a job's payload."""
+    settings.OUTBOX = {**settings.OUTBOX, "ENABLED": enabled}
+    with capture_events(Counted) as published:
+        with pytest.raises(InvalidEvent, match=where), unit_of_work() as uow:
+            uow.add_integration_event(Counted(counts=counts, lines=lines))
+        with unit_of_work() as uow:
+            uow.add_integration_event(Counted(counts={"1": "a"}, lines=[]))
+    assert [m.event_type for m in OutboxMessage.objects.all()] == (
+        ["test.bad_input.counted"] if enabled else []
+    )
+    assert published == ([] if enabled else [Counted(counts={"1": "a"}, lines=[])])
 
 
 @pytest.mark.parametrize("scope", ["tenant\x00", "a\nb", "tab\there", "del\x7f"])

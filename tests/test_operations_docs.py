@@ -87,9 +87,9 @@ def all_metrics_on() -> Iterator[None]:
     say again (off), so that no later test of this process counts."""
     from django.apps import apps
 
-    from ledon import metrics
+    from ledon import prometheus
 
-    metrics.enable_all()
+    prometheus.enable_all()
     yield
     for config in apps.get_app_configs():
         layers = getattr(config, "optional_layers", None)

@@ -12,8 +12,14 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
     name = "workflows"
     verbose_name = "Workflows"
     read_settings = workflows_settings
+    metrics_permission = "workflows.view_workflowrun"
 
     def wire_up(self) -> None:
+        # The jobs' workers run the workflows' handlers: a worker refuses to start,
+        # naming migrate, while the workflows' tables are missing.
+        from ledon.engine import runs_inside
+
+        runs_inside("jobs", self.label)
         # The jobs that advance runs and run activity items are handled in every
         # process, whatever JOBS["AUTODISCOVER_MODULE"] names.
         import_module("workflows.handlers")

@@ -7,6 +7,7 @@ from typing import Any
 from django.core import checks
 from django.db import DatabaseError
 
+from jobs.exceptions import JobsConfigurationError
 from ledon.checks import check_sqlite_options
 
 from .conf import workflows_settings
@@ -29,7 +30,14 @@ def check_versions_in_flight(
         in_flight = store.in_flight_versions()
     except DatabaseError:
         return []  # not migrated yet: nothing can be in flight
-    known = {(spec.name, spec.version) for spec in registry.registered_workflows()}
+    if not in_flight:
+        return []
+    try:
+        # Finding the definitions reads JOBS["AUTODISCOVER_MODULE"]: a bad JOBS
+        # setting is jobs.E001's to report, not a traceback here.
+        known = {(spec.name, spec.version) for spec in registry.registered_workflows()}
+    except JobsConfigurationError:
+        return []
     return [
         checks.Warning(
             f"workflow {name!r} version {version} has runs in flight but no definition "

@@ -4,8 +4,10 @@ reached it, drawn as a chain of boxes in plain SVG (no script, no outside resour
 Each box says what the checkpoint is (kind and key), where it stands (status, tries),
 how long it took, and for a wait what it waits for and until when; a map is one box
 with its items counted by status and drawn as a bar; a child box links to the child
-run's own page. Under each box a thin bar places the checkpoint on the run's own
-time line, so a long wait or a slow step stands out at a glance.
+run's own page. At the foot of each box a thin bar on a grey track places the
+checkpoint on the run's own time line, so a long wait or a slow step stands out at a
+glance. A legend under the end marker says what the two kinds of bar mean, and the end
+label is wrapped to the drawing's width, never cut.
 
 :func:`layout` computes the geometry from a :class:`~workflows.types.RunSnapshot`
 (plain values, tested without a browser); the template
@@ -14,6 +16,7 @@ time line, so a long wait or a slow step stands out at a glance.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +31,20 @@ BOX_HEIGHT = 64
 GAP = 26
 END_RADIUS = 14
 TOP = 16
+#: The end label's lines: at most this many characters each (at 13 px, bold, about
+#: 8 px each: the room right of the end marker), this far apart.
+END_LABEL_CHARS = 40
+LINE_HEIGHT = 17
+#: Rough widths of a character at 13 px, for what must fit on a box's first line: a
+#: bold sans-serif one (the kind, the state) and a monospace one (the key).
+BOLD_CHAR = 7.6
+MONO_CHAR = 7.9
+#: The legend under the end marker: its rows' height and the sample bar's width.
+LEGEND_ROW = 22
+LEGEND_SAMPLE = 48
+#: The legend's caption of the items' colours, and the room it takes.
+ITEMS_CAPTION = "a map's items:"
+ITEMS_CAPTION_WIDTH = 100
 #: Where the drawing's fixed lines fall, for the template (derived from the sizes
 #: above, so that the template repeats none of them).
 GEOMETRY = {
@@ -41,6 +58,9 @@ GEOMETRY = {
     "line_x": BOX_X + 12,
     "line_width": BOX_WIDTH - 24,
     "radius": END_RADIUS,
+    "legend_x": BOX_X,
+    "legend_text_x": BOX_X + LEGEND_SAMPLE + 10,
+    "legend_sample": LEGEND_SAMPLE,
 }
 
 #: Fill and stroke per status (readable in print and for colour-blind readers: the
@@ -81,6 +101,8 @@ class Node:
     y: int
     kind: str
     key: str
+    #: The key as drawn: shortened with "…" when it would run into the state.
+    key_label: str
     status: str
     fill: str
     stroke: str
@@ -96,6 +118,28 @@ class Node:
     when: Segment | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LegendEntry:
+    """A colour of the map's items bar and what it stands for, placed at ``x``."""
+
+    x: float
+    colour: str
+    label: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Legend:
+    """What the bars mean: the time line under every box, and (when the run has a
+    map) the colours of a map's items bar."""
+
+    y: int
+    time_line: str
+    #: The items' colours, in the bar's order (empty: the run has no map).
+    items: list[LegendEntry]
+    items_y: int
+    items_caption: str = ITEMS_CAPTION
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Picture:
     """Everything the template draws."""
@@ -106,9 +150,12 @@ class Picture:
     #: The end marker: the run's status, or what it waits for.
     end_y: int
     end_label: str
+    #: The end label as drawn: wrapped, each line with its baseline.
+    end_lines: list[tuple[int, str]]
     end_fill: str
     end_stroke: str
     start_label: str
+    legend: Legend
     #: A sentence for screen readers and the page's text.
     summary: str
 
@@ -184,6 +231,14 @@ def _detail(step: StepSnapshot, now: datetime) -> str:
     return f"{verb} {took}"
 
 
+def _fitted_key(key: str, kind: str, state: str) -> str:
+    """``key``, or its start and "…" when the whole would run into ``state`` on the
+    box's first line (the whole key is the box's tooltip)."""
+    room = BOX_WIDTH - 28 - 16 - BOLD_CHAR * (len(kind) + len(state) + 2)
+    fits = max(int(room / MONO_CHAR), 8)
+    return key if len(key) <= fits else key[: fits - 1] + "…"
+
+
 def _state(step: StepSnapshot) -> str:
     state = StepStatus(step.status).label.lower()
     if step.attempts > 1:
@@ -216,15 +271,17 @@ def layout(
         # At least a visible mark: a 2 px sliver with rounded ends read as a stray comma.
         width = min(max(line_width * max(stop - start, 0.0) / span, 6.0), line_width)
         x = min(x, BOX_X + 12 + line_width - width)  # a late mark stays on the line
+        kind, state = StepKind(step.kind).label, _state(step)
         nodes.append(
             Node(
                 y=y,
-                kind=StepKind(step.kind).label,
+                kind=kind,
                 key=step.key,
+                key_label=_fitted_key(step.key, kind, state),
                 status=str(step.status),
                 fill=fill,
                 stroke=stroke,
-                state=_state(step),
+                state=state,
                 detail=_detail(step, now),
                 link=child_link(step.child_run_id) if step.child_run_id else "",
                 items=_item_segments(step.items)
@@ -248,14 +305,39 @@ def layout(
         f"Run {run.run_id} of {run.name} v{run.version}: {len(run.steps)} checkpoints, {end_label}."
     )
     end_y = y + END_RADIUS
+    # A long key or wait would run past the drawing's right edge: wrapped, whole.
+    wrapped = textwrap.wrap(end_label, END_LABEL_CHARS, break_on_hyphens=False) or [""]
+    end_lines = [(end_y + 4 + n * LINE_HEIGHT, line) for n, line in enumerate(wrapped)]
+    legend_y = max(end_y + END_RADIUS, end_lines[-1][0]) + GAP
+    legend = _legend(run, legend_y)
     return Picture(
         width=WIDTH,
-        height=end_y + END_RADIUS + TOP,
+        height=(legend.items_y if legend.items else legend.y) + LEGEND_ROW // 2 + TOP,
         nodes=nodes,
         end_y=end_y,
         end_label=end_label,
+        end_lines=end_lines,
         end_fill=end_fill,
         end_stroke=end_stroke,
         start_label=f"started {_when(run.created_at)}",
+        legend=legend,
         summary=summary,
+    )
+
+
+def _legend(run: RunSnapshot, y: int) -> Legend:
+    """The legend's rows from ``y`` down: the time line, then the items' colours if
+    the run has a map."""
+    until = "its end" if run.finished_at is not None else "now"
+    has_map = any(step.kind == StepKind.MAP for step in run.steps)
+    entries: list[LegendEntry] = []
+    x = float(GEOMETRY["legend_text_x"] + ITEMS_CAPTION_WIDTH)
+    for name in ITEM_ORDER if has_map else ():
+        entries.append(LegendEntry(x, ITEM_COLOURS[name], name))
+        x += 12 + 8 * len(name) + 18  # the square, the word, a space
+    return Legend(
+        y=y,
+        time_line=f"when each checkpoint ran, on the run's time line from its start to {until}",
+        items=entries,
+        items_y=y + LEGEND_ROW,
     )

@@ -21,7 +21,7 @@ from django.utils.module_loading import autodiscover_modules
 from jobs import validation as job_validation
 from jobs.conf import jobs_settings
 from jobs.exceptions import JobsError
-from ledon.naming import other_definition, qualified_name
+from ledon.naming import did_you_mean, other_definition, qualified_name
 
 from .exceptions import InvalidWorkflow, UnknownActivity, UnknownWorkflow
 
@@ -185,7 +185,11 @@ def get_workflow(name: object, version: object = None) -> WorkflowSpec:
         if attempt == 0 and not _discovered:
             _discover_once()
             continue
-        known = f" (registered versions: {versions})" if versions else ""
+        known = (
+            f" (registered versions: {versions})"
+            if versions
+            else did_you_mean(checked, {n for n, _v in list(_workflows)})
+        )
         what = f"{checked!r}" if version is None else f"{checked!r} version {version}"
         raise UnknownWorkflow(f"no workflow registered as {what}{known}")
     raise AssertionError("unreachable")
@@ -198,7 +202,8 @@ def get_activity(name: str) -> ActivitySpec:
         _discover_once()
         spec = _activities.get(name)
     if spec is None:
-        raise UnknownActivity(f"no activity registered as {name!r}")
+        meant = did_you_mean(name, list(_activities)) if isinstance(name, str) else ""
+        raise UnknownActivity(f"no activity registered as {name!r}{meant}")
     return spec
 
 

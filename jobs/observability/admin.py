@@ -31,7 +31,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from ledon.admin import ModelAdmin, ReadOnlyModelAdmin
-from ledon.dashboard import age, panels
+from ledon.dashboard import age, breadcrumbs, panels
 
 from ..schedules.models import Schedule
 from . import reads
@@ -136,6 +136,11 @@ class DashboardAdmin(ModelAdmin[Dashboard]):
             **self.admin_site.each_context(request),
             "title": "Dashboard",
             "opts": self.opts,
+            "breadcrumbs": breadcrumbs(
+                ("Home", reverse("admin:index")),
+                ("Jobs", reverse("admin:app_list", kwargs={"app_label": "jobs"})),
+                ("Dashboard", ""),
+            ),
             "now": now,
             "refresh": refresh,
             "queues": [

@@ -31,7 +31,7 @@ from django.utils import timezone
 from django.utils.decorators import sync_and_async_middleware
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ledon import metrics
+from ledon import prometheus
 from ledon.metrics import metrics_view
 
 from ..signals import attempt_finished, jobs_enqueued
@@ -47,11 +47,11 @@ __all__ = ["APP_METRICS", "metrics_middleware", "metrics_view"]
 def _waited(claim: Claim) -> None:
     if claim.due_at is not None:
         waited = (timezone.now() - claim.due_at).total_seconds()
-        metrics.JOB_WAIT.labels(claim.queue, claim.handler).observe(max(waited, 0.0))
+        prometheus.JOB_WAIT.labels(claim.queue, claim.handler).observe(max(waited, 0.0))
 
 
 def _ran(claim: Claim, started: float) -> None:
-    metrics.JOB_RUN.labels(claim.queue, claim.handler).observe(time.perf_counter() - started)
+    prometheus.JOB_RUN.labels(claim.queue, claim.handler).observe(time.perf_counter() - started)
 
 
 @sync_and_async_middleware
@@ -85,7 +85,7 @@ def _count_enqueued(
 ) -> None:
     def count() -> None:
         for snap in snapshots:
-            metrics.JOBS_ENQUEUED.labels(snap.queue, snap.handler).inc()
+            prometheus.JOBS_ENQUEUED.labels(snap.queue, snap.handler).inc()
 
     if staged:
         transaction.on_commit(count, using=using)
@@ -102,7 +102,7 @@ def _count_finished(
     sender: Any, *, claim: Claim, outcome: FinishOutcome, retry_scheduled: bool, **kwargs: Any
 ) -> None:
     label = outcome_label(outcome, retry_scheduled=retry_scheduled)
-    metrics.JOBS_FINISHED.labels(claim.queue, claim.handler, label).inc()
+    prometheus.JOBS_FINISHED.labels(claim.queue, claim.handler, label).inc()
 
 
 #: Queues an earlier scrape of this process reported: they keep a series, at 0.
@@ -140,7 +140,7 @@ def gauges() -> Iterable[Metric]:
 
 
 #: The jobs' counters and gauges, on while JOBS["METRICS"] (or ``--metrics-port``) says.
-APP_METRICS = metrics.AppMetrics(
+APP_METRICS = prometheus.AppMetrics(
     "jobs",
     gauges,
     (

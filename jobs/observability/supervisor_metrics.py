@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from ledon import metrics
+from ledon import prometheus
 
 
 class SupervisorMetrics:
@@ -26,10 +26,10 @@ class SupervisorMetrics:
     def __init__(self, port: int) -> None:
         #: Where the children count: their ``PROMETHEUS_MULTIPROC_DIR``.
         self.directory = tempfile.mkdtemp(prefix="ledon-metrics-")
-        metrics.enable_all()  # the database gauges' sources
+        prometheus.enable_all()  # the database gauges' sources
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=self.directory)  # type: ignore[no-untyped-call]
-        registry.register(metrics.DatabaseCollector())
+        registry.register(prometheus.DatabaseCollector())
         self.server: Any
         self.server, _thread = start_http_server(port, registry=registry)
 
@@ -51,4 +51,4 @@ class SupervisorMetrics:
 
 def enable_in_child() -> None:
     """In a child: count the worker's metrics (into the supervisor's directory)."""
-    metrics.enable_all()
+    prometheus.enable_all()

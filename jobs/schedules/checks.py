@@ -4,10 +4,11 @@ process registers, so that a misspelt ``@periodic(handler=...)`` is found by
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from django.core import checks
+
+from ledon.naming import closest
 
 from ..exceptions import InvalidSchedule, JobsConfigurationError, UnknownHandler
 from ..handlers import autodiscover, get_handler, registered_handlers
@@ -35,8 +36,8 @@ def check_schedule_handlers(app_configs: Any = None, **kwargs: Any) -> list[chec
         try:
             get_handler(handler, version)
         except UnknownHandler as exc:
-            close = difflib.get_close_matches(handler, names, n=1, cutoff=0.7)
-            meant = f" Did you mean {close[0]!r}?" if close and close[0] != handler else ""
+            close = closest(handler, names)
+            meant = f" Did you mean {close!r}?" if close is not None else ""
             errors.append(
                 checks.Error(
                     f"schedule {spec.name!r} runs handler {handler!r} version {version}, "

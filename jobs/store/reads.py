@@ -62,11 +62,7 @@ def list_jobs(
     """Every matching job of one scope, oldest first; ``limit`` caps the count."""
     qs = Job.objects.for_scope(scope_hash)
     if status is not None:
-        wanted = [status] if isinstance(status, str) else list(status)
-        for value in wanted:
-            if value not in JobStatus.values:
-                raise InvalidInput(f"unknown job status {value!r}")
-        qs = qs.filter(status__in=wanted)
+        qs = qs.filter(status__in=_statuses(status))
     # A name no job can have (a lone surrogate, not a str) is a typed error here,
     # never the driver's encoding error.
     if queue is not None:
@@ -78,6 +74,27 @@ def list_jobs(
         validation.integer(limit, "limit", 0, 10**9)
         qs = qs[:limit]
     return [snapshot(job) for job in qs]
+
+
+def _statuses(status: object) -> list[str]:
+    """``status`` of :func:`list_jobs` as a list of statuses: one status (a
+    :class:`JobStatus` or its value), or an iterable of them. Anything else is an
+    :class:`~jobs.exceptions.InvalidInput` naming what was given."""
+    if isinstance(status, str):
+        wanted: list[object] = [status]
+    elif isinstance(status, Iterable) and not isinstance(status, bytes | bytearray | Mapping):
+        wanted = list(status)
+    else:
+        raise InvalidInput(
+            "status must be a job status or an iterable of job statuses, "
+            f"not {type(status).__name__}"
+        )
+    for value in wanted:
+        if not isinstance(value, str):
+            raise InvalidInput(f"a job status is a str, not {type(value).__name__}")
+        if value not in JobStatus.values:
+            raise InvalidInput(f"unknown job status {value!r}")
+    return [str(value) for value in wanted]
 
 
 #: The fields of a :class:`DueJob`, read by these names from the job's columns.

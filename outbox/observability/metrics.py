@@ -17,7 +17,7 @@ from typing import Any
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ledon import metrics
+from ledon import prometheus
 
 from ..signals import deliveries_recorded, message_consumed
 from ..types import ConsumeOutcome, Envelope, RecordOutcome
@@ -40,14 +40,14 @@ def _count_deliveries(
 ) -> None:
     types = {m.message_id: m.event_type for m in messages}
     for message_id, outcome in outcomes.items():
-        metrics.OUTBOX_MESSAGES.labels(types.get(message_id, ""), _OUTCOMES[outcome]).inc()
+        prometheus.OUTBOX_MESSAGES.labels(types.get(message_id, ""), _OUTCOMES[outcome]).inc()
 
 
 def _count_consumed(
     sender: Any, *, consumer: Any, envelope: Envelope | None, outcome: ConsumeOutcome, **kw: Any
 ) -> None:
     event_type = envelope.event_type if envelope is not None else ""
-    metrics.OUTBOX_CONSUMED.labels(consumer.group, event_type, outcome.value).inc()
+    prometheus.OUTBOX_CONSUMED.labels(consumer.group, event_type, outcome.value).inc()
 
 
 def gauges() -> Iterable[Metric]:
@@ -67,7 +67,7 @@ def gauges() -> Iterable[Metric]:
 
 
 #: The outbox's counters and gauges, on while OUTBOX["METRICS"] (or ``--metrics-port``) says.
-APP_METRICS = metrics.AppMetrics(
+APP_METRICS = prometheus.AppMetrics(
     "outbox",
     gauges,
     (

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ledon import metrics
+from ledon import prometheus
 
 from ..registry import registered_sagas
 from ..types import SagaSnapshot
@@ -25,7 +25,7 @@ from .reads import OPEN_STATUSES, open_instances
 
 
 def _count_finished(sender: Any, *, state: SagaSnapshot, outcome: str, **kwargs: Any) -> None:
-    metrics.SAGAS_FINISHED.labels(state.name, outcome).inc()
+    prometheus.SAGAS_FINISHED.labels(state.name, outcome).inc()
 
 
 def gauges() -> Iterable[Metric]:
@@ -48,6 +48,6 @@ _seen_sagas: set[str] = set()
 
 
 #: The sagas' counters and gauges, on while SAGAS["METRICS"] (or ``--metrics-port``) says.
-APP_METRICS = metrics.AppMetrics(
+APP_METRICS = prometheus.AppMetrics(
     "sagas", gauges, ((saga_finished, _count_finished, "sagas.metrics.finished"),)
 )

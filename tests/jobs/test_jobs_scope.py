@@ -109,6 +109,23 @@ class TestTrustBoundary:
         with pytest.raises(InvalidInput):
             scope.list(**filters)
 
+    @pytest.mark.parametrize(
+        ("status", "named"),
+        [
+            (5, "not int"),
+            (object(), "not object"),
+            (b"queued", "not bytes"),
+            ({"queued": 1}, "not dict"),
+            ([JobStatus.QUEUED, 5], "a job status is a str, not int"),
+            ([["queued"]], "a job status is a str, not list"),
+        ],
+    )
+    def test_a_status_of_the_wrong_type_is_a_typed_error(self, make_job, scope, status, named):
+        make_job.queued("queued")
+        with pytest.raises(InvalidInput, match=named):
+            scope.list(status=status)
+        assert [s.job_id for s in scope.list(status={JobStatus.QUEUED})] == ["queued"]
+
 
 def _scope() -> JobScope:
     return JobScope(SCOPE)

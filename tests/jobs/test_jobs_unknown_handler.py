@@ -187,3 +187,17 @@ def test_run_jobs_inline_follows_the_same_rule() -> None:
     (last,) = run_jobs_inline(now=t0 + timedelta(seconds=WINDOW))
     assert last.outcome is FinishOutcome.FAILED
     assert JobScope(SCOPE).get("j").status == JobStatus.FAILED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_misspelt_handler_name_gets_a_suggestion_in_the_jobs_error(known_v1) -> None:
+    """The put-back reason a person reads in the admin names the handler meant."""
+    submit_job(SCOPE, "typo", JobSubmission.create("deploy.nxet", {}))
+    submit_job(SCOPE, "other", JobSubmission.create("nothing.like.it", {}))
+    Worker(burst=True, listen=False).run()
+    typo, other = JobScope(SCOPE).get("typo"), JobScope(SCOPE).get("other")
+    assert typo.status == other.status == JobStatus.QUEUED
+    assert "no handler registered for 'deploy.nxet' version 1 (did you mean 'deploy.next'?)" in (
+        typo.error
+    )
+    assert "did you mean" not in other.error

@@ -150,3 +150,35 @@ def test_each_panel_shows_with_its_models_view_permission(client, settings, code
     for other, (other_marker, _page) in PANELS.items():
         if other != codename:
             assert other_marker not in html, other_marker
+
+
+def test_the_breadcrumbs_are_drawn_as_the_admins_own_pages_draw_them(admin_client):
+    """Django 6.1 styles ``ol.breadcrumbs`` only: a ``div`` drawn as before 6.1 was
+    left unstyled. The dashboard's are the same element as a page of the admin's own."""
+    crumbs = re.compile(r'<(ol|div) class="breadcrumbs">(.*?)</\1>', re.S)
+    own = crumbs.search(admin_client.get("/admin/jobs/job/").content.decode())
+    ours = crumbs.search(admin_client.get(URL).content.decode())
+    assert own is not None
+    assert ours is not None
+    assert ours.group(1) == own.group(1)
+    assert re.findall(r'<a href="([^"]+)">([^<]+)</a>', ours.group(2)) == [
+        ("/admin/", "Home"),
+        ("/admin/jobs/", "Jobs"),
+    ]
+    assert (
+        ours.group(2)
+        .rstrip()
+        .endswith(
+            '<li aria-current="page">Dashboard</li>' if ours.group(1) == "ol" else "Dashboard"
+        )
+    )
+
+
+def test_before_django_6_1_the_breadcrumbs_are_a_div(monkeypatch):
+    from ledon import dashboard
+
+    monkeypatch.setattr(dashboard, "BREADCRUMBS_AS_LIST", False)
+    assert dashboard.breadcrumbs(("Home", "/admin/"), ("J<b>", "/j/"), ("Here", "")) == (
+        '<div class="breadcrumbs"><a href="/admin/">Home</a> &rsaquo; '
+        '<a href="/j/">J&lt;b&gt;</a> &rsaquo; Here</div>'
+    )

@@ -318,7 +318,7 @@ def settings_metrics_off(settings):
 def test_metrics_turned_on_by_the_port_alone_time_every_attempt():
     """What ``--metrics-port`` does without ``JOBS["METRICS"]``: the wait and run
     histograms fill, so the documented p95 query has data."""
-    from ledon import metrics
+    from ledon import prometheus
 
     runs = ("ledon_job_run_seconds_count", {"queue": QUEUE, "handler": "metrics.ok"})
     waits = ("ledon_job_wait_seconds_count", {"queue": QUEUE, "handler": "metrics.ok"})
@@ -326,7 +326,7 @@ def test_metrics_turned_on_by_the_port_alone_time_every_attempt():
     submit_job("port", "before", sub("metrics.ok"))
     Worker(burst=True, listen=False, queues=[QUEUE]).run()
     before = value(*runs), value(*waits)
-    metrics.enable_all()
+    prometheus.enable_all()
     for n in range(3):
         submit_job("port", f"p-{n}", sub("metrics.ok"))
     Worker(burst=True, listen=False, queues=[QUEUE]).run()
@@ -389,12 +389,72 @@ def test_the_view_answers_only_staff_who_may_view_or_the_bearer_token(client, se
         Permission.objects.get(codename="view_sagainstance"),
     )
     client.force_login(User.objects.get(pk=staff.pk))
-    assert client.get("/metrics").status_code == 200
+    # The workflows' numbers too: runs by name and status.
+    refused = client.get("/metrics")
+    assert refused.status_code == 403
+    assert b"ledon_workflow_runs" not in refused.content
+    staff.user_permissions.add(Permission.objects.get(codename="view_workflowrun"))
+    client.force_login(User.objects.get(pk=staff.pk))
+    answered = client.get("/metrics")
+    assert answered.status_code == 200
+    assert b"# TYPE ledon_workflow_runs gauge" in answered.content
     # Not staff: refused whatever the permissions.
     staff.is_staff = False
     staff.save()
     client.force_login(User.objects.get(pk=staff.pk))
     assert client.get("/metrics").status_code == 403
+
+
+@pytest.mark.django_db
+def test_every_app_with_metrics_names_the_permission_that_reads_them():
+    """The view asks each installed app's own permission: an app cannot be left out."""
+    from django.apps import apps
+    from django.contrib.auth.models import Permission
+
+    from ledon.apps import LedonAppConfig
+    from ledon.metrics import view_permissions
+
+    with_metrics = [c for c in apps.get_app_configs() if isinstance(c, LedonAppConfig)]
+    assert sorted(c.label for c in with_metrics) == ["jobs", "outbox", "sagas", "workflows"]
+    assert sorted(view_permissions()) == sorted(c.metrics_permission for c in with_metrics)
+    for permission in view_permissions():
+        app_label, codename = permission.split(".")
+        assert Permission.objects.filter(
+            content_type__app_label=app_label, codename=codename
+        ).exists(), permission
+
+
+@pytest.mark.django_db
+def test_without_the_extra_the_urlconf_loads_and_the_view_names_it(
+    admin_client, client, settings, monkeypatch
+):
+    """As without ``[metrics]``: importing prometheus-client fails. The URLconf that
+    routes the view still loads; the view tells a permitted user what to install and
+    still refuses everyone else."""
+    import importlib
+    import sys
+
+    import ledon
+    import tests.support
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
+    for package, name in (
+        (ledon, "prometheus"),
+        (ledon, "metrics"),
+        (tests.support, "metrics_urls"),
+    ):
+        monkeypatch.delitem(sys.modules, f"{package.__name__}.{name}", raising=False)
+        monkeypatch.delattr(package, name, raising=False)
+    importlib.import_module("tests.support.metrics_urls")
+    settings.ROOT_URLCONF = "tests.support.metrics_urls"
+    answered = admin_client.get("/metrics")
+    assert answered.status_code == 501
+    assert answered.content.decode() == (
+        "The metrics need prometheus-client, which is not installed: "
+        "pip install 'django-ledon[metrics]'\n"
+    )
+    assert client.get("/metrics").status_code == 401
+    assert "ledon.prometheus" not in sys.modules
 
 
 def test_the_test_project_routes_the_protected_view(client):

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 #: The modules allowed to import them (loaded only when metrics or tracing are on).
 OPTIONAL = {
-    "ledon/metrics.py",
+    "ledon/prometheus.py",
     "ledon/otel.py",
     "jobs/observability/metrics.py",
     "jobs/observability/supervisor_metrics.py",
@@ -94,11 +94,16 @@ def test_a_setting_asking_for_a_missing_library_names_the_extra(monkeypatch, blo
     installs it, and nothing is turned on."""
     from django.core.exceptions import ImproperlyConfigured
 
+    import jobs.observability
+    import ledon
     from ledon import observability, tracing
 
     monkeypatch.setitem(sys.modules, blocked, None)  # import raises ImportError
-    for module in ("ledon.otel", "ledon.metrics", "jobs.observability.metrics"):
-        monkeypatch.delitem(sys.modules, module, raising=False)
+    # Each module is imported again, as in a fresh process: ``from ledon import
+    # prometheus`` would find the package's attribute without looking at sys.modules.
+    for package, name in ((ledon, "otel"), (ledon, "prometheus"), (jobs.observability, "metrics")):
+        monkeypatch.delitem(sys.modules, f"{package.__name__}.{name}", raising=False)
+        monkeypatch.delattr(package, name, raising=False)
     tracing.disable("jobs")
     with pytest.raises(
         ImproperlyConfigured, match=rf"JOBS\['{key}'\] needs .*django-ledon\[{extra}\]"

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from workflows.models import WorkflowItem, WorkflowRun, WorkflowStep
 from workflows.observability.reads import dashboard_panels, waiting_reason
-from workflows.picture import duration, layout
+from workflows.picture import BOLD_CHAR, GEOMETRY, MONO_CHAR, duration, layout
 from workflows.types import (
     ItemCounts,
     RunSnapshot,
@@ -261,45 +261,62 @@ def test_waiting_reasons(text, reason):
     assert waiting_reason(text) == reason
 
 
+def _snapshot(status: RunStatus, steps: tuple[StepSnapshot, ...], **fields: Any) -> RunSnapshot:
+    values: dict[str, Any] = {
+        "scope_hash": SCOPE_HASH,
+        "run_id": "r",
+        "name": "n",
+        "version": 1,
+        "status": status,
+        "input": None,
+        "output": None,
+        "error": "",
+        "failed_step": "",
+        "waiting_for": "",
+        "created_at": T0,
+        "finished_at": None,
+        "steps": steps,
+    }
+    values.update(fields)
+    return RunSnapshot(**values)
+
+
+def _step_snapshot(
+    key: str,
+    status: StepStatus = StepStatus.SUCCEEDED,
+    *,
+    kind: StepKind = StepKind.STEP,
+    start: float = 0,
+    end: float | None = 1,
+    **fields: Any,
+) -> StepSnapshot:
+    """A checkpoint's snapshot that ran from ``start`` to ``end`` seconds (None: it has
+    not ended) after ``T0``."""
+    values: dict[str, Any] = {
+        "attempts": 1,
+        "result": None,
+        "error": "",
+        "started_at": T0 + timedelta(seconds=start),
+        "finished_at": None if end is None else T0 + timedelta(seconds=end),
+    }
+    values.update(fields)
+    return StepSnapshot(key=key, kind=kind, status=status, **values)
+
+
 def test_layout_places_each_checkpoint_on_the_runs_time_line():
     steps = (
-        StepSnapshot(
-            key="a",
-            kind=StepKind.STEP,
-            status=StepStatus.SUCCEEDED,
-            attempts=1,
-            result=1,
-            error="",
-            started_at=T0,
-            finished_at=T0 + timedelta(seconds=10),
-        ),
-        StepSnapshot(
-            key="b",
+        _step_snapshot("a", end=10, result=1),
+        _step_snapshot(
+            "b",
+            StepStatus.RUNNING,
             kind=StepKind.MAP,
-            status=StepStatus.RUNNING,
+            start=10,
+            end=None,
             attempts=0,
-            result=None,
-            error="",
-            started_at=T0 + timedelta(seconds=10),
-            finished_at=None,
             items=ItemCounts(total=4, succeeded=1, failed=1, running=1),
         ),
     )
-    run = RunSnapshot(
-        scope_hash=SCOPE_HASH,
-        run_id="r",
-        name="n",
-        version=1,
-        status=RunStatus.WAITING,
-        input=None,
-        output=None,
-        error="",
-        failed_step="",
-        waiting_for="3 of 4 items",
-        created_at=T0,
-        finished_at=None,
-        steps=steps,
-    )
+    run = _snapshot(RunStatus.WAITING, steps, waiting_for="3 of 4 items")
     picture = layout(run, now=T0 + timedelta(seconds=20))
     first, second = picture.nodes
     assert first.y < second.y < picture.end_y < picture.height
@@ -330,3 +347,64 @@ def test_layout_places_each_checkpoint_on_the_runs_time_line():
 )
 def test_durations_read_as_a_person_would_say_them(seconds, text):
     assert duration(seconds) == text
+
+
+LONG_KEY = "charge-the-customers-card-for-the-whole-basket-including-shipping"
+
+
+@pytest.mark.parametrize(
+    ("status", "fields"),
+    [
+        (RunStatus.FAILED, {"failed_step": LONG_KEY, "finished_at": T0 + timedelta(hours=1)}),
+        (
+            RunStatus.WAITING,
+            {"waiting_for": "signal 'payment-confirmed-by-the-bank-of-" + "x" * 90},
+        ),
+    ],
+)
+def test_the_end_label_is_drawn_whole_within_the_picture(status, fields):
+    """A long failed step or wait ran past the drawing's right edge and was cut."""
+    step = _step_snapshot(
+        LONG_KEY, StepStatus.FAILED, end=70, attempts=3, error="RuntimeError: card declined"
+    )
+    picture = layout(_snapshot(status, (step,), **fields), now=T0 + timedelta(hours=2))
+    assert len(picture.end_lines) > 1
+    # Every character is drawn (the wrapping drops only the spaces it breaks at).
+    drawn = "".join(line for _y, line in picture.end_lines)
+    assert drawn.replace(" ", "") == picture.end_label.replace(" ", "")
+    for _y, line in picture.end_lines:
+        assert GEOMETRY["label_x"] + BOLD_CHAR * len(line) <= picture.width
+    baselines = [y for y, _line in picture.end_lines]
+    assert baselines == sorted(baselines)
+    assert baselines[-1] < picture.legend.y < picture.height
+    # The box's key makes room for its state; the whole key is its tooltip.
+    (node,) = picture.nodes
+    assert node.key == LONG_KEY
+    assert node.key_label.endswith("…")
+    assert LONG_KEY.startswith(node.key_label[:-1])
+    first_line = len(node.kind) * BOLD_CHAR + len(node.key_label) * MONO_CHAR
+    assert GEOMETRY["text_x"] + first_line <= GEOMETRY["state_x"] - len(node.state) * BOLD_CHAR
+
+
+def test_a_legend_says_what_the_time_line_and_the_items_bar_mean(order_run, admin_client):
+    html = admin_client.get(
+        reverse("admin:workflows_workflowrun_change", args=[order_run.pk])
+    ).content.decode()
+    legend = html.split('<g class="wf-legend"', 1)[1].split("</g>", 1)[0]
+    assert "when each checkpoint ran, on the run&#x27;s time line from its start to now" in legend
+    assert "a map&#x27;s items:" in legend
+    for name in ("succeeded", "failed", "running", "cancelled", "pending"):
+        assert f">{name}</text>" in legend
+    # The map's box draws both bars: its items' and its place on the time line.
+    price = html.split('data-key="price"', 1)[1].split("</g>", 1)[0]
+    assert 'class="wf-items"' in price
+    assert 'class="wf-when"' in price
+
+
+def test_a_run_without_a_map_has_no_items_legend():
+    step = _step_snapshot("a", result=1)
+    finished = T0 + timedelta(seconds=2)
+    picture = layout(_snapshot(RunStatus.SUCCEEDED, (step,), finished_at=finished), now=finished)
+    assert picture.legend.items == []
+    assert picture.legend.time_line.endswith("from its start to its end")
+    assert picture.end_lines == [(picture.end_y + 4, "succeeded · 2.0 s in all")]

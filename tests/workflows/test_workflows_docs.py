@@ -1,18 +1,24 @@
 """The Python examples of docs/workflows.md, run in order in one namespace as a reader
-would run them, on SQLite and PostgreSQL; then what they promise is checked."""
+would run them, on SQLite and PostgreSQL; then what they promise is checked. The
+"Test your workflows" example is a test module of its own: it runs again alone, in a
+namespace of its own, and its tests are called."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from workflows import RunStatus, WorkflowScope
+from jobs import JobScope
+from workflows import RunStatus, WorkflowContext, WorkflowScope, start_workflow, workflow
 from workflows.registry import unregister_workflow
+from workflows.testing import TestClock, run_workflow
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "workflows.md"
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -21,18 +27,21 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def page_namespace() -> Iterator[dict[str, object]]:
     namespace: dict[str, object] = {"__name__": "docs_workflows_page"}
-    yield namespace
-    for name in ("docs.fulfil", "docs.ship", "docs.charge"):
-        unregister_workflow(name, 1)
+    blocks = BLOCK.findall(PAGE.read_text())
+    assert len(blocks) >= 7
+    try:
+        for block in blocks:
+            exec(compile(block, "docs/workflows.md", "exec"), namespace)
+        yield namespace
+    finally:
+        for name in ("docs.fulfil", "docs.ship", "docs.charge"):
+            unregister_workflow(name, 1)
 
 
 def test_the_workflows_page_runs_as_written(page_namespace):
-    blocks = BLOCK.findall((ROOT / "docs" / "workflows.md").read_text())
-    assert len(blocks) >= 6
-    for block in blocks:
-        exec(compile(block, "docs/workflows.md", "exec"), page_namespace)
     runs = WorkflowScope("tenant-1")
-    fulfilled = runs.get("order-7")
+    # The page sent the payment's signal: the run goes to its end.
+    fulfilled = run_workflow("tenant-1", "order-7", clock=TestClock())
     assert fulfilled.status == RunStatus.SUCCEEDED
     assert [step.key for step in fulfilled.steps] == [
         "reserve",
@@ -46,5 +55,31 @@ def test_the_workflows_page_runs_as_written(page_namespace):
     assert price.items.succeeded == 2
     # The staged run exists: its transaction committed.
     assert runs.get("order-8") is not None
-    assert runs.get("charge-1").step("charge").status == "failed"
-    assert runs.get("charge-1").step("charge").attempts == 2
+
+
+def test_the_testing_example_is_a_test_module_that_stands_alone(page_namespace):
+    (block,) = [b for b in BLOCK.findall(PAGE.read_text()) if "def test_" in b]
+    module: dict[str, Any] = {"__name__": "test_docs_workflows"}
+    exec(compile(block, "docs/workflows.md", "exec"), module)
+    tests = [value for name, value in module.items() if name.startswith("test_")]
+    assert len(tests) == 2
+    for test in tests:
+        test()
+    charge = WorkflowScope("test-tenant").get("charge-1")
+    assert charge.step("charge").status == "failed"
+    assert charge.step("charge").attempts == 2
+
+
+def test_current_activity_is_the_items_job_context(page_namespace):
+    @workflow("docs.export", version=1)
+    def export(wf: WorkflowContext) -> Any:
+        return wf.map("rows", "docs.export_rows", [[{"id": 1}, {"id": 2}]])
+
+    try:
+        start_workflow("tenant-1", "export-1", "docs.export")
+        run = run_workflow("tenant-1", "export-1", clock=TestClock())
+    finally:
+        unregister_workflow("docs.export", 1)
+    assert run.output == [2]
+    (item_job,) = JobScope("tenant-1").list(handler="docs.export_rows")
+    assert (item_job.progress, item_job.progress_message) == (1.0, "2 of 2 rows")

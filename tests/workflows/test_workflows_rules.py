@@ -316,6 +316,22 @@ def test_an_activity_is_also_called_by_its_name_and_an_unknown_name_is_an_error(
     assert [step.key for step in snap.steps] == ["double"]
 
 
+def test_misspelt_workflow_and_activity_names_get_a_suggestion():
+    with pytest.raises(
+        UnknownWorkflow, match=r"'checks.lienar' \(did you mean 'checks.linear'\?\)"
+    ):
+        start_workflow(SCOPE, "typo-1", "checks.lienar")
+    with pytest.raises(UnknownWorkflow) as nothing_close:
+        start_workflow(SCOPE, "typo-1", "unlike.anything")
+    assert "did you mean" not in str(nothing_close.value)
+    start_workflow(SCOPE, "typo-2", "rules.by_name", {"activity": "checks.doubel"})
+    snap = run_workflow(SCOPE, "typo-2")
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith(
+        "UnknownActivity: no activity registered as 'checks.doubel' (did you mean 'checks.double'?)"
+    )
+
+
 def test_nondeterministic_workflow_names_its_key():
     error = NonDeterministicWorkflow("k", "used twice")
     assert error.key == "k"

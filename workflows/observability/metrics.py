@@ -18,7 +18,7 @@ from django.db.models import Count
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ledon import metrics
+from ledon import prometheus
 
 from ..models import WorkflowRun
 from .hooks import run_finished, run_started, step_finished
@@ -33,7 +33,7 @@ STEP_SECONDS = Histogram(
     "ledon_workflow_step_seconds",
     "Seconds an inline step's try took.",
     ["workflow", "kind", "outcome"],
-    buckets=metrics.BUCKETS,
+    buckets=prometheus.BUCKETS,
 )
 
 
@@ -68,7 +68,7 @@ def gauges() -> Iterable[Metric]:
 
 #: The workflows' counters and gauges, on while WORKFLOWS["METRICS"] (or
 #: ``--metrics-port``) says.
-APP_METRICS = metrics.AppMetrics(
+APP_METRICS = prometheus.AppMetrics(
     "workflows",
     gauges,
     (
