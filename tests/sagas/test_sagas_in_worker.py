@@ -140,10 +140,10 @@ def test_a_worker_stopped_on_request_stops_its_runner_too() -> None:
     try:
         thread = threading.Thread(target=worker.run)
         thread.start()
-        assert started.wait(10)
+        assert started.wait(60)
         assert any(t.name == "saga-recovery" for t in threading.enumerate())
         worker.stop()
-        thread.join(10)
+        thread.join(60)
         assert not thread.is_alive()
     finally:
         worker_started.disconnect(dispatch_uid="test.on_started")
@@ -200,11 +200,11 @@ def test_the_runner_beside_a_worker_goes_by_the_workers_id() -> None:
     try:
         thread = threading.Thread(target=worker.run)
         thread.start()
-        assert started.wait(10)
+        assert started.wait(60)
         wait_until(lambda: WorkerRecord.objects.count() == 2, 30, "the two rows")
         seen = list(WorkerRecord.objects.values_list("kind", "engine_id").order_by("kind"))
     finally:
         worker.stop()
-        thread.join(10)
+        thread.join(60)
         worker_started.disconnect(dispatch_uid="test.on_started")
     assert seen == [("saga runner", "in-worker-id"), ("worker", "in-worker-id")]
