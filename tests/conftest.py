@@ -25,12 +25,17 @@ from jobs.api import JobScope, submit_job
 from jobs.models import Job, JobAttempt
 from jobs.types import Claim, JobSnapshot, JobStatus
 from tests.support.factories import JobSubmissionFactory
+from tests.support.procs import give_children_default_sigint
 
 SCOPE = "tenant-42"
 
 
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    give_children_default_sigint()
 
 
 @pytest.hookimpl(trylast=True)

@@ -300,11 +300,14 @@ def test_dispatch_outbox_and_recover_sagas_never_hang_on_sigterm(tmp_path, setti
 
 def test_a_second_sigterm_cancels_running_handlers_at_once(spawn, tmp_path):
     """With a shutdown timeout of ten minutes, only the second signal can end the
-    handler (which waits on its cancellation) within the test's bound."""
+    handler (which waits on its cancellation) within the test's bound. The grace after
+    it is as long: the handler is given back because it stopped on the signal, not
+    because it happened to stop within a few seconds."""
     hold, started = tmp_path / "never", tmp_path / "started"
     payload = {"hold_file": str(hold), "started_file": str(started), "obey_cancel": True}
     submit_job("esc", "long", JobSubmission.create("test.record", payload, max_attempts=3))
-    worker = spawn("run_jobs", "--shutdown-timeout", "600", env=TINY)
+    env = {**TINY, "JOBS_SHUTDOWN_GRACE_SECONDS": "600"}
+    worker = spawn("run_jobs", "--shutdown-timeout", "600", env=env)
     wait_until(started.exists, 60, "the handler to start", worker)
     worker.signal(signal.SIGTERM)
     worker.wait_for_output("SIGTERM, stopping gracefully")
@@ -337,11 +340,14 @@ def test_a_third_sigterm_stops_waiting_for_a_handler_that_ignores_cancellation(s
 def test_a_second_sigterm_cancels_a_saga_step_and_releases_the_instance(spawn, tmp_path, obey):
     """The step holds; the first SIGTERM waits for it (``stopping after the current
     step``). The second cancels it — the instance is released, not compensated; a
-    step deaf to cancellation needs the third, which stops waiting for it."""
+    step deaf to cancellation needs the third, which stops waiting for it. (The grace
+    after the cancellation is ten minutes: only the step, or the third signal, ends
+    the wait — never a busy machine's clock.)"""
     hold, started = tmp_path / "never", tmp_path / "started"
     hold_spec = {"step": "charge", "file": str(hold), "started_file": str(started)}
     state = start_saga("fulfilment.order", order(hold={**hold_spec, "obey_cancel": obey}))
-    runner = spawn("recover_sagas", "-v", "2", env={**TINY, "SAGAS_STEP_TIMEOUT": "600"})
+    env = {**TINY, "SAGAS_STEP_TIMEOUT": "600", "SAGAS_CANCEL_GRACE_SECONDS": "600"}
+    runner = spawn("recover_sagas", "-v", "2", env=env)
     wait_until(started.exists, 60, "the step to start", runner)
     lines = ["stopping after the current step", "cancelling the current step"]
     if not obey:

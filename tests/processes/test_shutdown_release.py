@@ -23,6 +23,9 @@ QUICK = {
     "JOBS_POLL_INTERVAL": "0.05",
     "JOBS_HEARTBEAT_SECONDS": "0.5",
     "JOBS_LEASE_SECONDS": "30",
+    # The handlers stop on the shutdown's signal: they are given back because they
+    # did, however long a busy machine takes them to.
+    "JOBS_SHUTDOWN_GRACE_SECONDS": "600",
 }
 
 
@@ -78,8 +81,13 @@ FAST_LEASES = {
     "JOBS_RECOVERY_INTERVAL": "0.3",
     "JOBS_POLL_INTERVAL": "0.05",
 }
-#: One look-ahead job for two slots, never given back for waiting while the test runs.
-LOOKAHEAD = {"JOBS_PREFETCH": "1", "JOBS_PREFETCH_MAX_WAIT": "600"}
+#: One look-ahead job for two slots, never given back for waiting while the test runs;
+#: handlers that stop on the shutdown's signal, waited for as long as they take.
+LOOKAHEAD = {
+    "JOBS_PREFETCH": "1",
+    "JOBS_PREFETCH_MAX_WAIT": "600",
+    "JOBS_SHUTDOWN_GRACE_SECONDS": "600",
+}
 
 
 def _held_jobs(tmp_path: Path, n: int, **kwargs: Any) -> tuple[Path, list[Path]]:

@@ -373,7 +373,7 @@ def test_cancelling_a_running_task(workers, tmp_path) -> None:
     wait_until(lambda: job(result.id).progress, 30, "progress reported by the task", worker)
 
     assert default_task_backend.cancel(result.id) is CancelOutcome.REQUESTED
-    wait_until(lambda: finished(result.id), 10, "the cancellation to reach the task", worker)
+    wait_until(lambda: finished(result.id), 60, "the cancellation to reach the task", worker)
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[-1].exception_class is JobCancelled

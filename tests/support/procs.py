@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,22 @@ def database_url() -> str:
     password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
     auth = f"{user}{password}@" if user else ""
     return f"postgres://{auth}{s['HOST']}:{s['PORT']}/{s['NAME']}"
+
+
+def give_children_default_sigint() -> None:
+    """Give SIGINT its default action (``KeyboardInterrupt``) back in this test process
+    when the run inherited it ignored, so that every child it starts has it too.
+
+    A shell ignores SIGINT and SIGQUIT in a command it starts in the background
+    without job control (``scripts/test.sh > log &`` in a script, a CI step run that
+    way); an ignored signal stays ignored through fork and exec, and Python keeps it
+    so at start-up. A child that the tests stop as a terminal's Ctrl-C would, and that
+    sets no handler of its own (``runserver``), then never hears the signal. Called
+    by ``pytest_configure``, in the main thread of each test process."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def manage(
