@@ -1,5 +1,5 @@
 """Creation of jobs: ``submit`` and ``submit_many`` in a transaction of their own,
-``stage`` in the caller's; idempotent per (scope, job id)."""
+``stage`` and ``stage_many`` in the caller's; idempotent per (scope, job id)."""
 
 from __future__ import annotations
 
@@ -425,3 +425,58 @@ def stage(
         transaction.set_rollback(True, using=alias)
         raise JobIdentityUnresolved([job_id])
     return existing
+
+
+@observed_submission("stage")
+def stage_many(
+    items: Sequence[tuple[str, str, JobSubmission]], *, now: datetime | None = None
+) -> list[SubmitResult]:
+    """:func:`stage` for many jobs: one bulk insert inside the caller's open
+    transaction (required), one outcome per item, in the order given.
+
+    A new identity is created; an identical request returns the stored job
+    (``created`` False). A different request is :class:`JobIdentityConflict` and any
+    database error propagates; both mark the caller's transaction for rollback
+    first, so the business work cannot commit without its jobs.
+    """
+    alias = alias_for(Job)
+    connection = transaction.get_connection(alias)
+    if not in_caller_atomic_block(connection):
+        raise TransactionRequiredError()
+    now = current_time(now)
+    try:
+        inserted = _insert_many(connection, _distinct(items), now)
+        existing = _existing_many(key for key in _keys(items) if key not in inserted)
+        results = []
+        seen: set[tuple[str, str]] = set()
+        for scope_hash, job_id, sub in items:
+            key = (scope_hash, job_id)
+            if key in inserted and key not in seen:
+                results.append(_created_result(job_id, inserted[key]))
+            else:
+                stored = existing.get(key)
+                if stored is None and key in inserted:  # a repeat of an identity of the batch
+                    stored = replace(inserted[key], created=False)
+                if stored is None:  # deleted between the insert and the read
+                    raise JobIdentityUnresolved([job_id])
+                results.append(_same_request(stored, job_id, sub))
+                results[-1].job()  # a conflicting request is raised
+            seen.add(key)
+    except (JobIdentityConflict, JobIdentityUnresolved, DatabaseError):
+        transaction.set_rollback(True, using=alias)
+        raise
+    return results
+
+
+def _keys(items: Sequence[tuple[str, str, JobSubmission]]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys((scope_hash, job_id) for scope_hash, job_id, _ in items))
+
+
+def _distinct(
+    items: Sequence[tuple[str, str, JobSubmission]],
+) -> list[tuple[str, str, JobSubmission]]:
+    """The first item of each identity (a repeat is compared with what it stored)."""
+    first: dict[tuple[str, str], tuple[str, str, JobSubmission]] = {}
+    for item in items:
+        first.setdefault(item[:2], item)
+    return list(first.values())
