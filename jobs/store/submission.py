@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -408,23 +408,37 @@ def stage(
     database error, the caller's transaction is marked for rollback before the error
     propagates, so the business work cannot commit without its job.
     """
-    alias = alias_for(Job)
-    connection = transaction.get_connection(alias)
-    if not in_caller_atomic_block(connection):
-        raise TransactionRequiredError()
+    alias, _ = _callers_transaction()
     now = current_time(now)
-    try:
+    with _rolled_back_on_error(alias):
         created = _insert(scope_hash, job_id, sub, now)
         if created is not None:
             return created
         existing = _existing_or_conflict(scope_hash, job_id, sub)
-    except (JobIdentityConflict, DatabaseError):
+        if existing is None:
+            raise JobIdentityUnresolved([job_id])
+    return existing
+
+
+def _callers_transaction() -> tuple[str, BaseDatabaseWrapper]:
+    """The alias and connection of the caller's open transaction: a stage requires
+    one (:class:`TransactionRequiredError`)."""
+    alias = alias_for(Job)
+    connection = transaction.get_connection(alias)
+    if not in_caller_atomic_block(connection):
+        raise TransactionRequiredError()
+    return alias, connection
+
+
+@contextmanager
+def _rolled_back_on_error(alias: str) -> Iterator[None]:
+    """A conflicting request or a database error marks the caller's transaction for
+    rollback before it propagates: the business work cannot commit without its job."""
+    try:
+        yield
+    except (JobIdentityConflict, JobIdentityUnresolved, DatabaseError):
         transaction.set_rollback(True, using=alias)
         raise
-    if existing is None:
-        transaction.set_rollback(True, using=alias)
-        raise JobIdentityUnresolved([job_id])
-    return existing
 
 
 @observed_submission("stage")
@@ -439,14 +453,12 @@ def stage_many(
     database error propagates; both mark the caller's transaction for rollback
     first, so the business work cannot commit without its jobs.
     """
-    alias = alias_for(Job)
-    connection = transaction.get_connection(alias)
-    if not in_caller_atomic_block(connection):
-        raise TransactionRequiredError()
+    alias, connection = _callers_transaction()
     now = current_time(now)
-    try:
-        inserted = _insert_many(connection, _distinct(items), now)
-        existing = _existing_many(key for key in _keys(items) if key not in inserted)
+    with _rolled_back_on_error(alias):
+        distinct = _distinct(items)
+        inserted = _insert_many(connection, distinct, now)
+        existing = _existing_many(i[:2] for i in distinct if i[:2] not in inserted)
         results = []
         seen: set[tuple[str, str]] = set()
         for scope_hash, job_id, sub in items:
@@ -462,14 +474,7 @@ def stage_many(
                 results.append(_same_request(stored, job_id, sub))
                 results[-1].job()  # a conflicting request is raised
             seen.add(key)
-    except (JobIdentityConflict, JobIdentityUnresolved, DatabaseError):
-        transaction.set_rollback(True, using=alias)
-        raise
     return results
-
-
-def _keys(items: Sequence[tuple[str, str, JobSubmission]]) -> list[tuple[str, str]]:
-    return list(dict.fromkeys((scope_hash, job_id) for scope_hash, job_id, _ in items))
 
 
 def _distinct(
