@@ -460,6 +460,7 @@ class WorkflowContext:
             queued = store.items_queued(step)
         while queued < len(args):
             batch = args[queued : queued + store.ITEM_BATCH]
+            store.let_writers_in()
             with self._write():
                 store.insert_items(step, self._run.scope_hash, spec, batch, start=queued)
             queued += len(batch)
