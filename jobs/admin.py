@@ -37,6 +37,7 @@ from ledon.admin import (
 from . import store, validation
 from .conf import queue_limits
 from .exceptions import InvalidInput, InvalidTransition, JobNotFound
+from .handlers import library_handlers
 from .models import Job, JobAttempt, Queue
 from .types import AttemptStatus, CancelOutcome, JobStatus
 
@@ -78,6 +79,39 @@ class JobAttemptInline(ReadOnlyAdminMixin, TabularInline[JobAttempt, Job]):
         return _percent(obj.progress, succeeded=obj.status == AttemptStatus.SUCCEEDED)
 
 
+class EngineJobsFilter(admin.SimpleListFilter):
+    """Hides the jobs of the library's own handlers (``@job_handler(library=True)``:
+    the workflow engine's advances) unless asked: they are plumbing, and one run
+    makes several. The jobs that run your code (an activity's items among them)
+    are always listed."""
+
+    title = "engine jobs"
+    parameter_name = "engine"
+    SHOWN = "shown"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
+        return [("", "Hidden"), (self.SHOWN, "Shown")]
+
+    def choices(self, changelist: Any) -> Any:
+        # Two choices and no "All": hidden is the default, with no parameter.
+        for value, label in self.lookup_choices:
+            yield {
+                "selected": (self.value() or "") == value,
+                "query_string": changelist.get_query_string(
+                    {self.parameter_name: value} if value else {}, [self.parameter_name]
+                ),
+                "display": label,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        # A handler chosen in the handler filter is listed whatever it is.
+        if self.value() == self.SHOWN or "handler__exact" in request.GET:
+            return queryset
+        return queryset.exclude(handler__in=sorted(library_handlers()))
+
+
 @admin.register(Job)
 class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
     list_display = (
@@ -91,7 +125,7 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
         "next_run_at",
         "created_at",
     )
-    list_filter = ("status", "queue", "handler", "cancel_requested")
+    list_filter = ("status", "queue", "handler", "cancel_requested", EngineJobsFilter)
     search_fields = ("job_id",)
     search_help_text = (
         "Job id (contains), or a scope: its 64-character hash or the scope string "

@@ -52,6 +52,8 @@ def fetch(
                 with connection.wrap_database_errors, raw.pipeline():
                     raw.execute(_ASYNCHRONOUS_SQL)
                     cursor.execute(sql, params)
+            elif connection.vendor == "sqlite":
+                cursor.execute(*_positional(sql, params))
             else:
                 cursor.execute(sql, params)
             if not cursor.description:
@@ -89,6 +91,18 @@ def fetch(
 #: Sent before a statement in its own transaction: that transaction's commit does not
 #: wait for its WAL flush.
 _ASYNCHRONOUS_SQL = "SELECT set_config('synchronous_commit', 'off', true)"
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def _positional(sql: str, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """``sql`` with its ``%(name)s`` parameters as positional ``%s`` ones, and their
+    values in order. SQLite looks each named parameter up among those the statement
+    named before it, so a statement's parse grows with the square of its named
+    parameters: a bulk insert of 500 jobs (10,000 of them) took half a second to
+    parse, positional ones take none."""
+    return _NAMED.sub("%s", sql), [params[name] for name in _NAMED.findall(sql)]
+
 
 _asynchronous_commits = threading.local()
 

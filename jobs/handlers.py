@@ -89,6 +89,9 @@ class HandlerSpec:
     #: How many snoozes a job may take before its next one fails (None:
     #: ``JOBS["MAX_SNOOZES"]``).
     max_snoozes: int | None = field(default=None)
+    #: The library's own plumbing (the workflow engine's advances): its jobs are
+    #: staged by the library alone, and the jobs admin hides them unless asked.
+    library: bool = field(default=False)
 
     def snooze_limit(self) -> int:
         """The snoozes a job of this handler may take (``max_snoozes`` or the setting)."""
@@ -173,6 +176,7 @@ def job_handler(
     max_running_per_scope: int | None = None,
     rate: tuple[int, float] | None = None,
     max_snoozes: int | None = None,
+    library: bool = False,
 ) -> Callable[[Handler], Handler]:
     """Register a function as the handler of ``name`` at ``version``.
 
@@ -197,6 +201,10 @@ def job_handler(
     ``max_snoozes``: times a job may ``raise Snooze`` over its life; the attempt
     that asks once more ends Failed naming the bound. Default:
     ``JOBS["MAX_SNOOZES"]``.
+
+    ``library``: for the library's own apps, a handler of plumbing whose jobs only
+    the library stages (the workflow engine's advances); the jobs admin lists them
+    only when its "engine jobs" filter shows them.
     """
     validation.name(name, "handler")
     validation.integer(version, "version", 1, 2**31 - 1)
@@ -229,6 +237,7 @@ def job_handler(
             timeout,
             limits,
             max_snoozes,
+            library,
         )
         key = (name, version)
         with _lock:
@@ -271,6 +280,12 @@ def get_handler(name: str, version: int) -> HandlerSpec:
 
 def registered_handlers() -> list[HandlerSpec]:
     return sorted(_registry.values(), key=lambda s: (s.name, s.version))
+
+
+def library_handlers() -> frozenset[str]:
+    """The names of the handlers registered with ``library=True``."""
+    with _lock:
+        return frozenset(spec.name for spec in _registry.values() if spec.library)
 
 
 def handler_limits() -> dict[str, Limits]:

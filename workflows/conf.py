@@ -24,8 +24,11 @@ class WorkflowsSettings:
     STEP_RETRY_MAX_DELAY: float = 300.0
     #: The queue of the jobs that advance runs (activities use their own queue).
     ADVANCE_QUEUE: str = "default"
-    #: Largest accepted input, output, step argument or result, in bytes of JSON text.
+    #: Largest accepted input, output, step argument or result, in bytes of JSON text
+    #: (a map's results count as one list).
     MAX_VALUE_BYTES: int = 1_000_000
+    #: Most items one ``map`` may be given (``TooManyItems`` at the call beyond).
+    MAX_MAP_ITEMS: int = 10_000
     #: Prometheus counters of runs and steps, gauges of unfinished runs (``[metrics]``).
     METRICS: bool = False
     #: An OpenTelemetry span per advance and per inline step (``[otel]``).
@@ -40,7 +43,7 @@ def _check(result: WorkflowsSettings) -> None:
     _values.positive_or_none(result, "RETENTION_SECONDS")
     _values.positive(result, "CLEANUP_INTERVAL")
     _values.not_negative(result, "STEP_RETRY_DELAY", "STEP_RETRY_MAX_DELAY")
-    _values.positive_ints(result, "RETENTION_BATCH", "MAX_VALUE_BYTES")
+    _values.positive_ints(result, "RETENTION_BATCH", "MAX_VALUE_BYTES", "MAX_MAP_ITEMS")
     _values.flags(result, "METRICS", "TRACING")
     if not isinstance(result.ADVANCE_QUEUE, str) or not result.ADVANCE_QUEUE:
         raise WorkflowsConfigurationError("WORKFLOWS['ADVANCE_QUEUE'] must be a queue name")

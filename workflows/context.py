@@ -405,10 +405,8 @@ class WorkflowContext:
     ) -> list[Any]:
         checked, step = self._reach(key, kind)
         if step is None:
-            args = [
-                validation.to_json(payload, f"the arguments of {kind} {checked!r} item {index}")
-                for index, payload in enumerate(payloads)
-            ]
+            store.check_item_count(checked, len(payloads))
+            args = self._item_args(checked, kind, payloads)
             now = self._now()
             with self._write():
                 done = not args
@@ -422,20 +420,50 @@ class WorkflowContext:
                     result_json="[]" if done else None,
                 )
                 if not done:
-                    store.insert_items(step, self._run.scope_hash, spec, args)
+                    store.insert_items(step, self._run.scope_hash, spec, args[: store.ITEM_BATCH])
             self._record(step)
             if done:
                 return []
+            self._queue_items(step, spec, args, queued=min(len(args), store.ITEM_BATCH))
             raise Suspend(f"0 of {len(args)} items")
         if step.status == StepStatus.SUCCEEDED:
             result = validation.from_json(step.result_json)
             return result if kind == StepKind.MAP else [result]
         if step.status == StepStatus.FAILED:
             raise StepFailed(checked, step.error_type, step.error)
+        if step.status == StepStatus.RUNNING and store.items_queued(step) < step.item_count:
+            # The driver that queued the items stopped between two batches.
+            self._queue_items(step, spec, self._item_args(checked, kind, payloads))
         left = store.items_left(step)
         if left > 0:
             raise Suspend(f"{step.item_count - left} of {step.item_count} items")
         return self._fan_in(checked, kind, step)
+
+    @staticmethod
+    def _item_args(key: str, kind: StepKind, payloads: list[Any]) -> list[str]:
+        return [
+            validation.to_json(payload, f"the arguments of {kind} {key!r} item {index}")
+            for index, payload in enumerate(payloads)
+        ]
+
+    def _queue_items(
+        self,
+        step: WorkflowStep,
+        spec: registry.ActivitySpec,
+        args: list[str],
+        queued: int | None = None,
+    ) -> None:
+        """Queue the items (and their jobs) not queued yet (the first ``queued``
+        are; None: ask), :data:`store.ITEM_BATCH` per fenced transaction: a large
+        map never holds the write lock long."""
+        if queued is None:
+            queued = store.items_queued(step)
+        while queued < len(args):
+            batch = args[queued : queued + store.ITEM_BATCH]
+            store.let_writers_in()
+            with self._write():
+                store.insert_items(step, self._run.scope_hash, spec, batch, start=queued)
+            queued += len(batch)
 
     def _fan_in(self, key: str, kind: StepKind, step: WorkflowStep) -> list[Any]:
         items = store.items_of(step)

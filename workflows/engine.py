@@ -19,15 +19,17 @@ import enum
 import logging
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError
+from django.db import DatabaseError, InterfaceError, OperationalError
 from django.utils import timezone
 
+from jobs.attempts import timed_out_error
 from jobs.context import JobContext
-from jobs.handlers import Snooze
+from jobs.handlers import PermanentFailure, Snooze, get_handler
 from jobs.models import Job
 from jobs.types import Claim, FinishOutcome
 from ledon.errors import storable_text
@@ -37,8 +39,8 @@ from ledon.values import CancelOutcome
 
 from . import registry, store, validation
 from .context import Stop, Suspend, WorkflowContext, _activity_context, error_parts, retry_delay
-from .exceptions import InvalidInput, StepFailed
-from .models import WorkflowRun
+from .exceptions import InvalidInput, StepFailed, UntrustedJob
+from .models import WorkflowItem, WorkflowRun
 from .observability import hooks
 from .types import RunStatus, StepStatus
 
@@ -70,11 +72,6 @@ class Advanced(enum.StrEnum):
     CANCELLED = "cancelled"
     #: Another driver holds the run, or it finished before this advance took it.
     NOTHING = "nothing"
-
-
-#: Tries of an activity item beyond its retries that may end without a result (the
-#: worker killed, the try timed out) before the item fails.
-LOST_TRIES = 3
 
 
 class VersionMissing(Exception):
@@ -179,32 +176,57 @@ def _end(
         driver, status, now, output_json=output_json, error=error, failed_step=failed_step
     ):
         return Advanced.NOTHING
+    if status is RunStatus.FAILED:
+        _log_failed(driver.run, error, failed_step)
     hooks.finished(driver.run.name, driver.run.version, status.value)
     return Advanced(status.value)
 
 
+def _log_failed(run: WorkflowRun, error: str, failed_step: str) -> None:
+    """The worker's WARNING for a failed run, its fields in ``extra=`` (as the
+    engines' lines carry theirs) for a JSON formatter: ``workflow``,
+    ``workflow_version``, ``run_id``, ``scope_hash``, ``step``, ``error``."""
+    cause = error.split("\n", 1)[0]
+    logger.warning(
+        "workflow %s run %s failed%s: %s",
+        run.name,
+        run.run_id,
+        f" at step {failed_step!r}" if failed_step else "",
+        cause,
+        extra={
+            "workflow": run.name,
+            "workflow_version": run.version,
+            "run_id": run.run_id,
+            "scope_hash": run.scope_hash,
+            "step": failed_step,
+            "error": cause,
+        },
+    )
+
+
 def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
     """One try of an activity item (its job's handler): call the activity with the
-    item's arguments and record its result; a failure is tried again with back-off
-    (the job snoozes) until the activity's retries are spent, then recorded."""
+    item's arguments and record its result.
+
+    A try that raises is a failed attempt of the job, with its error: the jobs'
+    retry policy (the activity's back-off) tries it again while the activity's
+    retries last, and the item's failure is recorded by the last one. A try that
+    runs past its timeout fails the same way. Only the job the engine staged for the
+    item runs it (:class:`~workflows.exceptions.UntrustedJob` for any other). A
+    database outage while the item is read or recorded is not the activity's
+    failure: the job waits and runs again, no attempt used.
+    """
     payload = job.payload
     item_pk = payload.get("item") if isinstance(payload, dict) else None
-    if not isinstance(item_pk, int):
-        raise InvalidInput(f"activity {spec.name!r}: its job's payload names no item")
-    item = store.start_item(item_pk, current_time())
-    if item is None:
-        return  # ended already: a job replayed after its item was recorded
-    if item.attempts > spec.retries + 1 + LOST_TRIES:
-        # Tries that never came back (their worker was killed, or they ran past the
-        # activity's timeout) count too, so an item that kills every worker ends.
-        store.end_item(
-            item,
-            StepStatus.FAILED,
-            current_time(),
-            error_type=item.error_type or "ActivityLost",
-            error=item.error or f"{item.attempts - 1} tries never returned",
-            token=job.token,
+    if not isinstance(item_pk, int) or isinstance(item_pk, bool):
+        raise UntrustedJob(
+            f"job {job.job_id!r} names no item: it runs nothing (the engine's own "
+            "handlers run only the jobs it staged)"
         )
+    with _outage_waits():
+        item = store.start_item(item_pk, job.scope_hash, job.job_id, current_time())
+    if item.status != StepStatus.RUNNING:
+        _ended_already(item)
         return
     call = validation.from_json(item.args_json)
     args: list[Any] = call.get("args", [])
@@ -213,44 +235,84 @@ def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
     try:
         value = spec.func(*args, **kwargs)
         result_json = validation.to_json(value, f"the result of activity {spec.name!r}")
+        if job.timed_out:
+            # Whatever it returned: its attempt fails with JobTimedOut (the jobs' rule).
+            raise timed_out_error(get_handler(job.handler, job.version), abandoned=False)
+        store.check_results_size(item, result_json)
     except Exception as exc:
-        error_type, message = error_parts(exc)
-        if item.attempts <= spec.retries and not job.cancel_requested:
-            store.record_item_error(item, error_type, message)
-            raise Snooze(retry_delay(item.attempts)) from exc
-        store.end_item(
-            item,
-            StepStatus.FAILED,
-            current_time(),
-            error_type=error_type,
-            error=message,
-            token=job.token,
-        )
-        return
+        _failed_try(item, job, exc)
+        raise
     finally:
         _activity_context.ctx = None
     fault_point("workflows.item.before_record", item=item.pk)
+    with _outage_waits():
+        store.end_item(
+            item, StepStatus.SUCCEEDED, current_time(), result_json=result_json, token=job.token
+        )
+
+
+@contextmanager
+def _outage_waits() -> Iterator[None]:
+    """A lost database connection is not the activity's failure: the job snoozes
+    (no attempt used) and its try runs again once the database is back."""
+    try:
+        yield
+    except (OperationalError, InterfaceError) as exc:
+        raise Snooze(retry_delay(1)) from exc
+
+
+def _ended_already(item: WorkflowItem) -> None:
+    """A job run again after its item ended (an operator retried it, or its worker
+    died after the item was recorded): it ends as its item did, running nothing."""
+    if item.status == StepStatus.SUCCEEDED:
+        return
+    error = item.error or f"item {item.index} was {item.status}"
+    raise PermanentFailure(
+        f"item {item.index} ended {item.status} already ({item.error_type or 'Error'}: "
+        f"{error}); a run tries its failed items again when it is resumed"
+    )
+
+
+def _failed_try(item: WorkflowItem, job: JobContext, exc: Exception) -> None:
+    """Record a failed try on its item: its error while the job will try again, the
+    item's failure when this was the last try (the job's own rule decides:
+    :meth:`jobs.handlers.HandlerSpec.failure`). A try stopped by the worker's
+    shutdown is given back, not failed: nothing is recorded."""
+    if job.stopped_by_shutdown:
+        return
+    error_type, message = error_parts(exc)
+    _, retry_at = get_handler(job.handler, job.version).failure(job, exc, current_time())
+    if retry_at is not None:
+        store.record_item_error(item, error_type, message)
+        return
     store.end_item(
-        item, StepStatus.SUCCEEDED, current_time(), result_json=result_json, token=job.token
+        item,
+        StepStatus.FAILED,
+        current_time(),
+        error_type=error_type,
+        error=message,
+        token=job.token,
     )
 
 
 def on_attempt_finished(
     sender: Any, *, claim: Claim, outcome: FinishOutcome, retry_scheduled: bool, **kwargs: Any
 ) -> None:
-    """``jobs.signals.attempt_finished``: an item job that ended Failed for good (its
-    activity unknown to every worker that claimed it, its attempts spent) ends its
-    item, so that the run is not left waiting for it; an advance job that did lets
-    another advance take its run. An item job that ended Cancelled without its
-    handler recording the item (cancelled while it waited in a worker's look-ahead)
-    ends its item Cancelled; a cancelled advance job cancels its run."""
+    """``jobs.signals.attempt_finished``: an item job that ended for good outside its
+    activity's code (its activity unknown to every worker that claimed it, its last
+    try past its timeout, its worker killed with no attempt left) ends its item, so
+    that the run is not left waiting for it; an advance job that did lets another
+    advance take its run. An item job that ended Cancelled without its handler
+    recording the item (cancelled while it waited in a worker's look-ahead) ends its
+    item Cancelled; a cancelled advance job cancels its run. Only the jobs the engine
+    staged do any of this (their scope and id are checked)."""
     if outcome is FinishOutcome.CANCELLED:
         on_queued_job_cancelled(sender, scope_hash=claim.scope_hash, job_id=claim.job_id)
         return
-    if outcome is not FinishOutcome.FAILED or retry_scheduled:
+    if outcome not in (FinishOutcome.FAILED, FinishOutcome.INTERRUPTED) or retry_scheduled:
         return
     if claim.handler == store.ADVANCE_HANDLER:
-        store.release(claim.job_id, current_time())
+        store.release(claim.scope_hash, claim.job_id, current_time())
         return
     if not claim.job_id.startswith(store.ITEM_JOB_PREFIX):
         return
@@ -263,8 +325,16 @@ def on_attempt_finished(
         .values_list("error", flat=True)
         .first()
     )
-    message = (error or "the item's job failed").strip().splitlines()[-1]
-    store.item_job_ended(claim.job_id, item_pk, message, current_time())
+    message = (error or f"the item's job ended {outcome.value}").strip().splitlines()[-1]
+    error_type = "ActivityLost" if outcome is FinishOutcome.INTERRUPTED else "ActivityJobFailed"
+    store.item_job_ended(
+        claim.scope_hash,
+        claim.job_id,
+        item_pk,
+        current_time(),
+        error_type=error_type,
+        error=message,
+    )
 
 
 def on_queued_job_cancelled(sender: Any, *, scope_hash: str, job_id: str, **kwargs: Any) -> None:

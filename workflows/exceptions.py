@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.core.exceptions import ImproperlyConfigured
 
 from jobs import exceptions as jobs_exceptions
+from jobs.retry import PermanentFailure
 from ledon.errors import DocumentedError
 
 
@@ -55,6 +56,29 @@ class SignalConflict(WorkflowError):
 
 class InvalidTransition(WorkflowError):
     """The run is not in a state that allows this (resume a run that has not failed)."""
+
+
+class TooManyItems(InvalidInput):
+    """A ``map`` was given more items than ``WORKFLOWS["MAX_MAP_ITEMS"]`` allows
+    (raised at the call; nothing was queued)."""
+
+
+class ResultsTooLarge(WorkflowError, PermanentFailure):
+    """An item's result would make its map's results larger than
+    ``WORKFLOWS["MAX_VALUE_BYTES"]`` as one JSON list: the item fails (its try is not
+    retried), and the map fails with it."""
+
+
+class ResumeWouldFail(InvalidTransition):
+    """Resuming this run would fail it again the same way: a checkpoint it would
+    replay stands in a state that cannot succeed (say, its map's results are larger
+    than ``WORKFLOWS["MAX_VALUE_BYTES"]``). Nothing was changed."""
+
+
+class UntrustedJob(WorkflowError, PermanentFailure):
+    """A job of a workflow engine handler that the engine did not stage for the run
+    or item it names (another scope, another job id): it fails, not retried, and no
+    run or item is touched."""
 
 
 class StepFailed(WorkflowError):

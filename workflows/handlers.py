@@ -2,39 +2,57 @@
 activity (named as the activity) that runs its items.
 
 Registered in every process when Django is ready (``WorkflowsConfig.ready``), and for
-each activity when its ``@activity`` runs, so any ``run_jobs`` worker runs them.
+each activity when its ``@activity`` runs, so any ``run_jobs`` worker runs them. Both
+act only on what their job was staged for (its scope and id are checked, see
+:func:`workflows.store.staged_advance` and :func:`workflows.store.start_item`): a
+job of another scope, or with another id, fails with
+:class:`~workflows.exceptions.UntrustedJob` and touches no run or item.
 """
 
 from __future__ import annotations
 
+import random
+
 from jobs.conf import jobs_settings
-from jobs.handlers import JobContext, Snooze, job_handler
+from jobs.handlers import JobContext, RetryPolicy, Snooze, job_handler
 from jobs.store.finishing import MAX_SNOOZES_LIMIT
 
 from .registry import ActivitySpec
-from .store import ADVANCE_HANDLER
+from .store import ADVANCE_HANDLER, staged_advance
 
 
-# Snoozes are how these jobs wait, not a handler asking for time over and over: the
-# advance snoozes while no worker has the run's version (a deploy must never fail
-# the run for that), an item snoozes between its activity's own retries (which bound
-# them). JOBS["MAX_SNOOZES"] must cut neither, so both take the highest bound.
-@job_handler(ADVANCE_HANDLER, version=1, timeout=None, max_snoozes=MAX_SNOOZES_LIMIT)
+# The advance snoozes while no worker has the run's version (a deploy must never
+# fail the run for that), so JOBS["MAX_SNOOZES"] must not cut it: it takes the
+# highest bound. The library=True: the jobs admin hides its jobs unless asked.
+@job_handler(ADVANCE_HANDLER, version=1, timeout=None, max_snoozes=MAX_SNOOZES_LIMIT, library=True)
 def advance_run(ctx: JobContext) -> None:
-    """Advance the run named by the job's payload (see :mod:`workflows.engine`)."""
+    """Advance the run the job was staged for (see :mod:`workflows.engine`)."""
     from .engine import VersionMissing, advance
 
+    run_pk = staged_advance(ctx.scope_hash, ctx.job_id, ctx.payload)
     try:
-        advance(int(ctx.payload["run"]), ctx.job_id)
+        advance(run_pk, ctx.job_id)
     except VersionMissing:
         # A worker without the run's (name, version) leaves the run waiting for one
         # that has it: the job comes back later, never failed for that.
         raise Snooze(jobs_settings().UNKNOWN_HANDLER_RETRY_DELAY) from None
 
 
+class ActivityRetry(RetryPolicy):
+    """The back-off between an activity's tries (its item job's attempts): the
+    steps' own (``WORKFLOWS["STEP_RETRY_DELAY"]``, doubled each try, at most
+    ``WORKFLOWS["STEP_RETRY_MAX_DELAY"]``), read at each retry."""
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        from .context import retry_delay
+
+        return retry_delay(attempt)
+
+
 def register_activity_handler(spec: ActivitySpec) -> None:
     """Register the job handler of activity ``spec`` (its name, version 1, its
-    timeout), which runs one try of one of its items."""
+    timeout and limits), which runs one try of one of its items; its retries are
+    the item jobs' attempts, paced by :class:`ActivityRetry`."""
 
     def run_activity_item(ctx: JobContext) -> None:
         from .engine import run_item
@@ -42,6 +60,15 @@ def register_activity_handler(spec: ActivitySpec) -> None:
         run_item(spec, ctx)
 
     run_activity_item.__qualname__ = f"activity[{spec.name}]"
-    job_handler(spec.name, version=1, timeout=spec.timeout, max_snoozes=MAX_SNOOZES_LIMIT)(
-        run_activity_item
-    )
+    # Snoozes wait out a database outage while the item is read or recorded (no
+    # attempt used): the highest bound, like the advance's.
+    job_handler(
+        spec.name,
+        version=1,
+        timeout=spec.timeout,
+        retry=ActivityRetry(),
+        max_snoozes=MAX_SNOOZES_LIMIT,
+        max_running=spec.max_running,
+        max_running_per_scope=spec.max_running_per_scope,
+        rate=spec.rate,
+    )(run_activity_item)

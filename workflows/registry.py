@@ -5,8 +5,9 @@ Both are found like job handlers: each installed app's tasks module
 (``JOBS["AUTODISCOVER_MODULE"]``) declares them, and the registry imports those
 modules the first time a name is missing. Stored data never names a path to import;
 a run names its (name, version), an item job its activity's name. An activity is
-also a job handler of its own name (version 1), so the jobs' per-handler and
-per-queue limits apply to its items, and it stays callable as a plain function.
+also a job handler of its own name (version 1), so the jobs' per-handler limits
+(given to ``@activity``) and per-queue limits apply to its items, and it stays
+callable as a plain function.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class ActivitySpec:
     #: Seconds a try may run before it is signalled to stop (None: no limit).
     timeout: float | None
     queue: str
+    #: Its item jobs' limits across every worker (see ``@job_handler``).
+    max_running: int | None = None
+    max_running_per_scope: int | None = None
+    rate: tuple[int, float] | None = None
 
 
 _workflows: dict[tuple[str, int], WorkflowSpec] = {}
@@ -98,15 +103,21 @@ def activity(
     retries: int = 0,
     timeout: float | None = None,
     queue: str | None = None,
+    max_running: int | None = None,
+    max_running_per_scope: int | None = None,
+    rate: tuple[int, float] | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Register ``fn`` (JSON arguments in, JSON result out) as activity ``name``.
 
     ``wf.step(key, fn, ...)`` runs it as one job on any worker and ``wf.map(key, fn,
     items)`` as one job per item, on ``queue`` (default: ``"default"``), each tried
-    ``1 + retries`` times with back-off; ``timeout`` signals a try to stop (through
-    its job's context) after that many seconds. A try records its item only while
-    its job's attempt is current: one that returns after its attempt ended (past its
-    timeout, or its lease recovered by another worker) records nothing. The function
+    ``1 + retries`` times with back-off: the job's attempts, so a failed try is a
+    failed attempt with its error. ``timeout`` signals a try to stop (through its
+    job's context) after that many seconds; the try then fails. A try records its
+    item only while its job's attempt is current: one that returns after its attempt
+    ended (past its timeout, or its lease recovered by another worker) records
+    nothing. ``max_running``, ``max_running_per_scope`` and ``rate=(count, seconds)``
+    limit its item jobs across every worker, as ``@job_handler``'s do. The function
     itself is returned unchanged: it stays callable as a plain function.
     """
     _checked_name(name, "activity name")
@@ -120,7 +131,14 @@ def activity(
 
     def decorator(func: Callable[P, R]) -> Callable[P, R]:
         spec = ActivitySpec(
-            name, func, retries, None if timeout is None else float(timeout), queue_name
+            name,
+            func,
+            retries,
+            None if timeout is None else float(timeout),
+            queue_name,
+            max_running,
+            max_running_per_scope,
+            rate,
         )
         with _lock:
             existing = _activities.get(name)

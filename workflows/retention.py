@@ -1,11 +1,21 @@
-"""Retention in every worker: finished runs past ``WORKFLOWS["RETENTION_SECONDS"]``
-are deleted on a time basis, as the jobs' worker deletes finished jobs.
+"""Retention and item upkeep in every worker: finished runs past
+``WORKFLOWS["RETENTION_SECONDS"]`` are deleted on a time basis, as the jobs' worker
+deletes finished jobs, and items whose job ended without recording them are ended.
 
 When a ``run_jobs`` worker starts (``jobs.signals.worker_started``) a thread of its
-own purges one bounded batch at once, then one every ``WORKFLOWS["CLEANUP_INTERVAL"]``
+own makes one bounded pass at once, then one every ``WORKFLOWS["CLEANUP_INTERVAL"]``
 seconds (at once again while full batches come back: a backlog drains batch after
-batch); it stops with the worker (``worker_stopping``). A database error is logged
-and the next try waits for the next interval: retention never spins on an outage.
+batch); it stops with the worker (``worker_stopping``). A pass:
+
+- ends up to a batch of items still Running whose job ended for good without
+  recording them (its worker kept dying until the job ended Interrupted, or was
+  killed between the job's end and the signal that ends the item), so that their
+  runs go on (:func:`workflows.store.end_items_of_ended_jobs`);
+- deletes up to ``WORKFLOWS["RETENTION_BATCH"]`` finished runs past the retention
+  (none when it is ``None``).
+
+A database error is logged and the next try waits for the next interval: neither
+ever spins on an outage.
 """
 
 from __future__ import annotations
@@ -28,7 +38,8 @@ _threads_lock = threading.Lock()
 
 
 class RetentionThread(threading.Thread):
-    """Purges finished runs past their retention until :meth:`halt`."""
+    """Purges finished runs past their retention, and ends the items of ended jobs,
+    until :meth:`halt`."""
 
     def __init__(self) -> None:
         super().__init__(name="workflows-retention", daemon=True)
@@ -36,7 +47,9 @@ class RetentionThread(threading.Thread):
         self._halted = threading.Event()
         #: Runs deleted so far (for logs and tests).
         self.purged = 0
-        #: Batches purged so far.
+        #: Items of ended jobs ended so far.
+        self.items_ended = 0
+        #: Passes made so far.
         self.passes = 0
         #: Set once the backlog is drained and the thread waits for its next interval.
         self.caught_up = threading.Event()
@@ -49,7 +62,8 @@ class RetentionThread(threading.Thread):
     def run(self) -> None:
         try:
             while True:
-                more = self.purge_once()
+                more = self.end_items_once()
+                more = self.purge_once() or more
                 self.passes += 1
                 interval = 0.0 if more else workflows_settings().CLEANUP_INTERVAL
                 if not more:
@@ -76,11 +90,29 @@ class RetentionThread(threading.Thread):
             logger.info("workflows retention: %d finished run(s) deleted", count)
         return count >= settings.RETENTION_BATCH
 
+    def end_items_once(self) -> bool:
+        """End one bounded batch of items whose job ended without recording them;
+        True if it was full (more may be left)."""
+        try:
+            count = store.end_items_of_ended_jobs(current_time(), limit=store.ITEM_BATCH)
+        except DatabaseError:
+            logger.warning(
+                "ending the items of ended jobs failed; tried again later", exc_info=True
+            )
+            connections.close_all()
+            return False
+        if count:
+            self.items_ended += count
+            logger.warning(
+                "workflows: %d item(s) ended whose job had ended without recording them",
+                count,
+                extra={"items": count},
+            )
+        return count >= store.ITEM_BATCH
+
 
 def on_worker_started(sender: Any, *, worker: Any = None, **kwargs: Any) -> None:
     """``jobs.signals.worker_started``: start this worker's retention thread."""
-    if workflows_settings().RETENTION_SECONDS is None:
-        return
     thread = RetentionThread()
     with _threads_lock:
         _threads[id(worker)] = thread

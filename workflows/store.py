@@ -28,20 +28,22 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import secrets
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Exists, F, Q, QuerySet
+from django.db.models import Count, Exists, F, Func, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.base import ModelState
 from django.utils import timezone
 
 from jobs import store as job_store
 from jobs import validation as job_validation
 from jobs.models import Job
-from jobs.types import JobStatus, JobSubmission
+from jobs.types import FINISHED_STATUSES, JobStatus, JobSubmission
 from ledon.db import alias_for, in_caller_atomic_block
 from ledon.errors import storable_text
 from ledon.faults import fault_point
@@ -50,9 +52,13 @@ from .conf import workflows_settings
 from .exceptions import (
     AmbientTransactionError,
     InvalidTransition,
+    ResultsTooLarge,
+    ResumeWouldFail,
     RunNotFound,
     SignalConflict,
+    TooManyItems,
     TransactionRequiredError,
+    UntrustedJob,
     WorkflowIdentityConflict,
 )
 from .models import WorkflowItem, WorkflowRun, WorkflowSignal, WorkflowStep
@@ -74,9 +80,9 @@ ADVANCE_HANDLER = "workflows.advance"
 #: Tries of an advance job: only database outages and kills fail one; the body's
 #: own errors are recorded on the run, never raised to the job.
 ADVANCE_MAX_ATTEMPTS = 25
-#: Tries of an item job: an activity's own retries are counted on the item, so the
-#: job's tries only absorb kills and outages.
-ITEM_MAX_ATTEMPTS = 25
+#: Items (with their jobs) queued per transaction: a large map is queued in
+#: batches, each its own fenced transaction, so that no write lock is held long.
+ITEM_BATCH = 500
 #: The reserved scope of the advance jobs (see :func:`advance_scope_hash`).
 ADVANCE_SCOPE = "workflows"
 
@@ -144,6 +150,35 @@ def wake(
         not_before=not_before,
     )
     job_store.stage(advance_scope_hash(), job_id, sub, now=now)
+
+
+def staged_advance(scope_hash: str, job_id: str, payload: Any) -> int:
+    """The run an advance job may advance: the one :func:`wake` staged it for.
+
+    Its id is predictable (it must be: racing writers make one job of it), so it is
+    no capability; the reserved scope is, which no tenant reaches. A job of another
+    scope, or whose id is not one of its run's advance ids, is :class:`UntrustedJob`:
+    it advances nothing and releases nothing."""
+    run_pk = payload.get("run") if isinstance(payload, dict) else None
+    if (
+        scope_hash != advance_scope_hash()
+        or not isinstance(run_pk, int)
+        or isinstance(run_pk, bool)
+        or not job_id.startswith(advance_job_prefix(run_pk))
+    ):
+        raise UntrustedJob(
+            f"job {job_id!r} is no advance job the workflow engine staged: it advances "
+            "no run (the engine's own handlers run only the jobs it staged)"
+        )
+    return run_pk
+
+
+def drop_wakes(run_pks: list[int], now: datetime) -> int:
+    """Cancel the Queued advance jobs of runs ``run_pks`` (a timer, a signal's
+    timeout, a retry's wake-up), which finished or are purged: one guarded statement,
+    in the caller's transaction, so that no wake-up of a finished run stays Queued."""
+    prefixes = [advance_job_prefix(pk) for pk in run_pks]
+    return job_store.cancel_queued(advance_scope_hash(), prefixes, now=now)
 
 
 # -- creating runs -------------------------------------------------------------------
@@ -380,30 +415,92 @@ def update_step(step: WorkflowStep, expected: StepStatus, **fields: Any) -> bool
     return bool(changed)
 
 
-def insert_items(step: WorkflowStep, scope_hash: str, activity: Any, args: list[str]) -> None:
-    """The items of an activity or map step and one job per item (inside a fenced
-    transaction), in the run's scope so per-scope limits apply to them."""
+def check_item_count(key: str, count: int) -> None:
+    """:class:`TooManyItems` if a map of ``count`` items is over
+    ``WORKFLOWS["MAX_MAP_ITEMS"]`` (before anything is serialised or written)."""
+    bound = workflows_settings().MAX_MAP_ITEMS
+    if count > bound:
+        raise TooManyItems(
+            f"map {key!r}: {count} items, more than WORKFLOWS['MAX_MAP_ITEMS'] ({bound}); "
+            "split them over several maps (or child runs), or raise the bound"
+        )
+
+
+def insert_items(
+    step: WorkflowStep, scope_hash: str, activity: Any, args: list[str], *, start: int = 0
+) -> None:
+    """Items ``start`` … ``start + len(args) - 1`` of an activity or map step and one
+    job per item, each inserted in bulk (inside a fenced transaction; the caller
+    queues at most :data:`ITEM_BATCH` at a time), in the run's scope so per-scope
+    limits apply to them.
+
+    An item's job runs it only if the job is the one staged here (its scope and id,
+    see :func:`start_item`); the id holds a random part, so no one can take it
+    before it is staged. The activity's retries are the job's: ``retries + 1``
+    attempts, the activity's back-off between them (its handler's policy).
+    """
     run = step.run
+    nonce = secrets.token_hex(10)
     items = [
         WorkflowItem(
             step=step,
             index=index,
             status=StepStatus.RUNNING,
             args_json=args_json,
-            job_id=f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{_digest(step.key)}:{index}",
+            job_id=f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{nonce}:{index}",
         )
-        for index, args_json in enumerate(args)
+        for index, args_json in enumerate(args, start)
     ]
     WorkflowItem.objects.bulk_create(items)
-    created = {item.index: item.pk for item in WorkflowItem.objects.filter(step=step)}
-    for item in items:
-        sub = JobSubmission.create(
-            activity.name,
-            {"item": created[item.index]},
-            queue=activity.queue,
-            max_attempts=ITEM_MAX_ATTEMPTS,
+    if any(item.pk is None for item in items):  # a database that returns no ids
+        ids = dict(
+            WorkflowItem.objects.filter(
+                step=step, index__gte=start, index__lt=start + len(items)
+            ).values_list("index", "pk")
         )
-        job_store.stage(scope_hash, item.job_id, sub)
+        for item in items:
+            item.pk = ids[item.index]
+    job_store.stage_many(
+        [
+            (
+                scope_hash,
+                item.job_id,
+                JobSubmission.create(
+                    activity.name,
+                    {"item": item.pk},
+                    queue=activity.queue,
+                    max_attempts=activity.retries + 1,
+                ),
+            )
+            for item in items
+        ]
+    )
+
+
+#: Seconds between two batches of a map's items on SQLite (see :func:`let_writers_in`).
+SQLITE_BATCH_PAUSE = 0.1
+
+
+def let_writers_in() -> None:
+    """Before the next batch of a map's items: on SQLite, whose one write lock has no
+    queue, pause as long as a writer waiting for it takes between two tries (its busy
+    handler retries every 100 ms), so that the driver does not take the lock back
+    before the ``start_workflow`` or the worker waiting for it gets it. PostgreSQL
+    has no such lock: no pause."""
+    if transaction.get_connection(alias()).vendor == "sqlite":
+        time.sleep(SQLITE_BATCH_PAUSE)
+
+
+def items_queued(step: WorkflowStep) -> int:
+    """How many items of ``step`` are queued (inserted) so far: a driver stopped
+    while it queued a large map's batches left fewer than ``item_count``."""
+    last = (
+        WorkflowItem.objects.filter(step_id=step.pk)
+        .order_by("-index")
+        .values_list("index", flat=True)
+        .first()
+    )
+    return 0 if last is None else last + 1
 
 
 class Suspended(enum.Enum):
@@ -465,6 +562,7 @@ def finish(
             return False
         if status is RunStatus.CANCELLED:
             _cancel_dependents(driver.run, now)
+        drop_wakes([driver.run.pk], now)
         _wake_parent(driver.run, now)
     return True
 
@@ -496,27 +594,44 @@ _ITEM_STARTED = (
 )
 
 
-def start_item(item_pk: int, now: datetime) -> WorkflowItem | None:
-    """Count a try of an item that has not ended; None if it ended (a replayed job:
-    its worker may have been killed after the item's end committed and before the
-    fan-in check, so the check is made again here).
+def _staged_items(scope_hash: str, job_id: str) -> QuerySet[WorkflowItem]:
+    """The items job ``job_id`` of scope ``scope_hash`` was staged for: the item
+    names its job, and its run is of that scope."""
+    return WorkflowItem.objects.filter(job_id=job_id, step__run__scope_hash=scope_hash)
 
-    One guarded ``UPDATE … RETURNING``, its own transaction: every item of a map
-    pays for it, so it is one round trip (only this item's job writes the row while
-    it runs).
+
+def start_item(item_pk: int, scope_hash: str, job_id: str, now: datetime) -> WorkflowItem:
+    """Count a try of item ``item_pk`` by its job (``scope_hash``, ``job_id``) and
+    return the item, Running; or, if it ended already, the item as it ended, nothing
+    counted (a job replayed after its item was recorded: its worker may have been
+    killed after the item's end committed and before the fan-in check, so the check
+    is made again here).
+
+    Only the job staged for the item counts a try (the item names its job, and its
+    run is of the job's scope): any other job is :class:`UntrustedJob`, and nothing
+    is written. One guarded ``UPDATE … RETURNING``, its own transaction: every item
+    of a map pays for it, so it is one round trip (only this item's job writes the
+    row while it runs).
     """
     connection = transaction.get_connection(alias())
     ops = connection.ops
-    table = ops.quote_name(WorkflowItem._meta.db_table)
-    columns = ", ".join(ops.quote_name(name) for name in _ITEM_STARTED)
+    q = ops.quote_name
+    item_table = q(WorkflowItem._meta.db_table)
+    step_table = q(WorkflowStep._meta.db_table)
+    run_table = q(WorkflowRun._meta.db_table)
+    columns = ", ".join(q(name) for name in _ITEM_STARTED)
     sql = (
-        f"UPDATE {table} SET {ops.quote_name('attempts')} = {ops.quote_name('attempts')} + 1,"
-        f" {ops.quote_name('started_at')} = %s"
-        f" WHERE {ops.quote_name('id')} = %s AND {ops.quote_name('status')} = %s"
+        f"UPDATE {item_table} SET {q('attempts')} = {q('attempts')} + 1,"
+        f" {q('started_at')} = %s"
+        f" WHERE {q('id')} = %s AND {q('status')} = %s AND {q('job_id')} = %s"
+        f" AND EXISTS (SELECT 1 FROM {step_table} s INNER JOIN {run_table} r"
+        f" ON r.{q('id')} = s.{q('run_id')}"
+        f" WHERE s.{q('id')} = {item_table}.{q('step_id')} AND r.{q('scope_hash')} = %s)"
         f" RETURNING {columns}"
     )
+    params = [ops.adapt_datetimefield_value(now), item_pk, StepStatus.RUNNING, job_id, scope_hash]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [ops.adapt_datetimefield_value(now), item_pk, StepStatus.RUNNING])
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is not None:
         item = WorkflowItem.__new__(WorkflowItem)
@@ -525,10 +640,14 @@ def start_item(item_pk: int, now: datetime) -> WorkflowItem | None:
         item._state.adding = False
         item._state.db = alias()
         return item
-    step_id = WorkflowItem.objects.filter(pk=item_pk).values_list("step_id", flat=True).first()
-    if step_id is not None:
-        fan_in(step_id, now)
-    return None
+    ended = _staged_items(scope_hash, job_id).filter(pk=item_pk).first()
+    if ended is None:
+        raise UntrustedJob(
+            f"job {job_id!r} was not staged for workflow item {item_pk}: it runs nothing "
+            "(the engine's own handlers run only the jobs it staged)"
+        )
+    fan_in(ended.step_id, now)
+    return ended
 
 
 def end_item(
@@ -559,7 +678,7 @@ def end_item(
     ended = still_running.update(
         status=status,
         result_json=result_json,
-        error_type=error_type,
+        error_type=error_type[:200],
         error=storable_text(error),
         finished_at=now,
     )
@@ -570,30 +689,31 @@ def end_item(
 
 
 def fan_in(step_id: int, now: datetime) -> bool:
-    """After an item's end has committed: when no item of step ``step_id`` is left
-    running, stage the advance that wakes its run. True if it did (or found it
-    staged).
+    """After an item's end has committed: when every item of step ``step_id`` is
+    queued and none is left running, stage the advance that wakes its run. True if
+    it did (or found it staged).
 
     Every item makes this check after its own commit, so the last of several items
     that end at once sees them all ended; several may see it, and the wake's job id
     (the step's) makes one job of them. An item job replayed after its item ended
     (its worker killed between that commit and this check) makes it again, so no
-    wake-up is lost.
+    wake-up is lost. While a large map's batches are still being queued, the items
+    of the first ones may all end: the run is not woken for them.
     """
     if WorkflowItem.objects.filter(step_id=step_id, status=StepStatus.RUNNING).exists():
         return False  # the common answer, one index probe, no transaction
     with transaction.atomic(using=alias()):
-        step = WorkflowStep.objects.filter(pk=step_id).values_list("run_id", "key").first()
-        if step is None:
+        step = WorkflowStep.objects.filter(pk=step_id).first()
+        if step is None or items_queued(step) < step.item_count:
             return False
         run = (
-            WorkflowRun.objects.filter(pk=step[0], status__in=RunStatus.unfinished())
+            WorkflowRun.objects.filter(pk=step.run_id, status__in=RunStatus.unfinished())
             .values_list("pk", "generation")
             .first()
         )
         if run is None:
             return False
-        wake(run[0], run[1], "items", step[1], now=now)
+        wake(run[0], run[1], "items", step.key, now=now)
     return True
 
 
@@ -602,10 +722,79 @@ def items_left(step: WorkflowStep) -> int:
     return WorkflowItem.objects.filter(step_id=step.pk, status=StepStatus.RUNNING).count()
 
 
-def release(job_id: str, now: datetime) -> bool:
+class _OctetLength(Func):
+    """Bytes of a text column's UTF-8 (``MAX_VALUE_BYTES`` counts bytes)."""
+
+    function = "OCTET_LENGTH"
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))")
+
+
+def _results_bytes(step_id: int, *, excluding: int | None = None) -> tuple[int, int]:
+    """(items succeeded, bytes of their results' JSON) of step ``step_id``."""
+    rows = WorkflowItem.objects.filter(step_id=step_id, status=StepStatus.SUCCEEDED)
+    if excluding is not None:
+        rows = rows.exclude(pk=excluding)
+    totals = rows.aggregate(count=Count("id"), size=Sum(_OctetLength("result_json")))
+    return totals["count"] or 0, totals["size"] or 0
+
+
+def check_results_size(item: WorkflowItem, result_json: str) -> None:
+    """:class:`ResultsTooLarge` if ``item``'s result would make its map's results,
+    as one JSON list, larger than ``WORKFLOWS["MAX_VALUE_BYTES"]`` (checked as each
+    item ends, not once they all ran: the map fails on the item that does not fit).
+
+    A result within its share of the bound (the bound over the map's item count)
+    always fits: no query. A larger one is added to the results recorded so far,
+    counting every item not ended yet as the shortest result."""
+    bound = workflows_settings().MAX_VALUE_BYTES
+    size = len(result_json.encode("utf-8"))
+    count = (
+        WorkflowStep.objects.filter(pk=item.step_id).values_list("item_count", flat=True).first()
+    )
+    # A list of n results is "[" + n results joined by "," + "]": 1 + sum(size + 1).
+    if count is None or count <= 1 or 1 + (size + 1) * count <= bound:
+        return
+    ended, ended_bytes = _results_bytes(item.step_id, excluding=item.pk)
+    least = 1 + (ended_bytes + ended) + (size + 1) + 2 * (count - ended - 1)
+    if least > bound:
+        raise ResultsTooLarge(
+            f"its result ({size} bytes) makes the results of the map's {count} items "
+            f"at least {least} bytes of JSON, more than "
+            f"WORKFLOWS['MAX_VALUE_BYTES'] ({bound}); return less per item (a reference "
+            "to data stored elsewhere), or map fewer items"
+        )
+
+
+def refuse_hopeless_resume(run: WorkflowRun) -> None:
+    """:class:`ResumeWouldFail` if resuming ``run`` would fail it again the same way:
+    a map whose items all succeeded but whose results are larger than
+    ``WORKFLOWS["MAX_VALUE_BYTES"]`` (recorded before the bound was checked as
+    items end, or under a larger bound) would be replayed to the same failure."""
+    bound = workflows_settings().MAX_VALUE_BYTES
+    running = WorkflowStep.objects.filter(
+        run=run, kind=StepKind.MAP, status=StepStatus.RUNNING
+    ).values_list("pk", "key", "item_count")
+    for step_pk, key, count in running:
+        if WorkflowItem.objects.filter(step_id=step_pk, status=StepStatus.RUNNING).exists():
+            continue
+        succeeded, size = _results_bytes(step_pk)
+        if succeeded == count and 1 + size + count > bound:
+            raise ResumeWouldFail(
+                f"run {run.run_id!r}: the results of map {key!r} are {1 + size + count} "
+                f"bytes of JSON, more than WORKFLOWS['MAX_VALUE_BYTES'] ({bound}); a resume "
+                "would fail the same way: raise the bound first, or cancel the run"
+            )
+
+
+def release(scope_hash: str, job_id: str, now: datetime) -> bool:
     """RUNNING (held by advance job ``job_id``, which failed for good) -> WAITING, with
     a new advance job: no other job may take a Running run, so without this the run
-    would wait for ever. False if that job did not hold any run."""
+    would wait for ever. False if that job did not hold any run, or is no advance job
+    of the reserved scope (a job of any other scope releases nothing)."""
+    if scope_hash != advance_scope_hash():
+        return False
     with transaction.atomic(using=alias()):
         run = WorkflowRun.objects.filter(driver_job=job_id, status=RunStatus.RUNNING).first()
         if run is None:
@@ -662,17 +851,59 @@ def advance_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> Cancel
 ITEM_JOB_PREFIX = "wf-item:"
 
 
-def item_job_ended(job_id: str, item_pk: int, error: str, now: datetime) -> bool:
-    """An item's job ended Failed outside the activity's own code (no worker knew the
-    activity, its attempts were spent on kills or timeouts): record the item Failed
-    so its step can end. False if the item had ended."""
-    item = WorkflowItem.objects.filter(pk=item_pk, job_id=job_id, status=StepStatus.RUNNING).first()
+def item_job_ended(
+    scope_hash: str,
+    job_id: str,
+    item_pk: int,
+    now: datetime,
+    *,
+    error_type: str = "ActivityJobFailed",
+    error: str = "its job failed",
+) -> bool:
+    """An item's job ended for good outside the activity's own code (no worker knew
+    the activity, its last try ran past its timeout, its worker kept dying): record
+    the item Failed so its step can end. Only the job staged for the item (its scope
+    and id) ends it. False if the item had ended, or is not that job's."""
+    staged = _staged_items(scope_hash, job_id).filter(pk=item_pk)
+    item = staged.filter(status=StepStatus.RUNNING).first()
     if item is None:
-        step_id = WorkflowItem.objects.filter(pk=item_pk).values_list("step_id", flat=True).first()
+        step_id = staged.values_list("step_id", flat=True).first()
         if step_id is not None:
             fan_in(step_id, now)  # its end may have committed just before a kill
         return False
-    return end_item(item, StepStatus.FAILED, now, error_type="ActivityJobFailed", error=error)
+    return end_item(item, StepStatus.FAILED, now, error_type=error_type, error=error)
+
+
+def end_items_of_ended_jobs(now: datetime, *, limit: int = ITEM_BATCH) -> int:
+    """End up to ``limit`` items still Running whose job has ended for good without
+    recording them, and return how many: the job ended Interrupted after its
+    worker kept dying, or its worker was killed between the job's end and the
+    signal that ends the item. Their steps end, their runs are woken."""
+    ended_job = Job.objects.filter(
+        scope_hash=OuterRef("step__run__scope_hash"),
+        job_id=OuterRef("job_id"),
+        status__in=FINISHED_STATUSES,
+    )
+    items = (
+        WorkflowItem.objects.filter(status=StepStatus.RUNNING)
+        .annotate(
+            job_status=Subquery(ended_job.values("status")[:1]),
+            job_error=Subquery(ended_job.values("error")[:1]),
+        )
+        .filter(job_status__isnull=False)
+        .order_by("pk")[:limit]
+    )
+    ended = 0
+    for item in items:
+        status = JobStatus(item.job_status)
+        last_line = (item.job_error or "").strip().splitlines()[-1:] or [f"its job {status}"]
+        if status is JobStatus.CANCELLED:
+            outcome, error_type = StepStatus.CANCELLED, "Cancelled"
+        else:
+            outcome, error_type = StepStatus.FAILED, "ActivityJobEnded"
+        text = f"its job ended {status.label} without recording it: {last_line[0]}"
+        ended += end_item(item, outcome, now, error_type=error_type, error=text)
+    return ended
 
 
 def item_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> bool:
@@ -701,7 +932,7 @@ def item_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> bool:
 def record_item_error(item: WorkflowItem, error_type: str, error: str) -> None:
     """Keep a failed try's error on an item that will be tried again."""
     WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
-        error_type=error_type, error=storable_text(error)
+        error_type=error_type[:200], error=storable_text(error)
     )
 
 
@@ -814,6 +1045,7 @@ def _cancel(run: WorkflowRun, now: datetime) -> CancelOutcome:
     )
     if ended:
         _cancel_dependents(run, now)
+        drop_wakes([run.pk], now)
         _wake_parent(run, now)
         return CancelOutcome.CANCELLED
     asked = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
@@ -847,6 +1079,8 @@ def resume(scope_hash: str, run_id: str) -> RunSnapshot:
     now = timezone.now()
     with transaction.atomic(using=alias()):
         run = _run_in_scope(scope_hash, run_id)
+        if run.status == RunStatus.FAILED:
+            refuse_hopeless_resume(run)
         _resume(run, now)
         run.refresh_from_db()
         return snapshot(run)
@@ -896,8 +1130,18 @@ def purge_finished(*, older_than: datetime, limit: int | None = None) -> int:
     with transaction.atomic(using=alias()):
         # Re-checked under the transaction: a run resumed meanwhile is not finished.
         ids = list(due.filter(pk__in=ids).values_list("pk", flat=True))
+        drop_wakes(_with_descendants(ids), timezone.now())
         WorkflowRun.objects.filter(pk__in=ids).delete()
     return len(ids)
+
+
+def _with_descendants(run_pks: list[int]) -> list[int]:
+    """``run_pks`` and the ids of all their child runs, at any depth."""
+    found, level = list(run_pks), list(run_pks)
+    while level:
+        level = list(WorkflowRun.objects.filter(parent__in=level).values_list("pk", flat=True))
+        found += level
+    return found
 
 
 # -- reads ---------------------------------------------------------------------------

@@ -4,8 +4,10 @@
 thread, on its database connection (so it also sees what a ``TestCase``'s open
 transaction wrote), through the same handlers as ``manage.py run_jobs``.
 ``run_workflow()`` drives one run until it finishes or waits for something only the
-test can give (a signal), moving a :class:`TestClock` to each timer's time so sleeps
-and retries' back-off take no real time.
+test can give (a signal, with or without a timeout), moving a :class:`TestClock` to
+each timer's time so sleeps and retries' back-off take no real time. To test a
+signal wait's timeout, move the clock past it (``clock.advance(seconds)``) and call
+``run_workflow()`` again.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from jobs.models import Job
@@ -22,8 +25,8 @@ from jobs.types import JobStatus
 
 from . import engine, store, validation
 from .exceptions import RunNotFound
-from .models import WorkflowRun
-from .types import RunSnapshot, RunStatus
+from .models import WorkflowRun, WorkflowSignal, WorkflowStep
+from .types import RunSnapshot, RunStatus, StepKind, StepStatus
 
 
 class TestClock:
@@ -70,9 +73,10 @@ def run_workflows_inline(
 def run_workflow(
     scope: str, run_id: str, *, clock: TestClock | None = None, max_rounds: int = 1000
 ) -> RunSnapshot:
-    """Drive run ``run_id`` until it finishes or waits for a signal or for nothing
-    due: between rounds the clock jumps to the run's next timer or retry. Returns
-    the run's snapshot."""
+    """Drive run ``run_id`` until it finishes or waits for a signal (it or a child
+    run of it) or for nothing due: between rounds the clock jumps to the run's next
+    timer or retry, never past a signal wait's timeout (move ``clock`` yourself to
+    test one). Returns the run's snapshot."""
     scope_hash = validation.scope_hash(scope)
     clock = clock or TestClock()
     for _ in range(max_rounds):
@@ -80,7 +84,7 @@ def run_workflow(
         row = WorkflowRun.objects.for_scope(scope_hash).filter(run_id=run_id).first()
         if row is None:
             raise RunNotFound(f"no run {run_id!r} in this scope")
-        if row.status in RunStatus.finished():
+        if row.status in RunStatus.finished() or _waits_for_a_signal(row):
             break
         wake_at = _next_wake(row)
         queued = _next_queued_job()
@@ -101,6 +105,27 @@ def _next_queued_job() -> datetime | None:
         .order_by("next_run_at")
         .values_list("next_run_at", flat=True)
         .first()
+    )
+
+
+def _waits_for_a_signal(run: WorkflowRun) -> bool:
+    """Whether the run, or an unfinished descendant, waits at a signal wait that no
+    signal was sent for yet (read from its checkpoints: a signal step still Waiting;
+    a signal sent meanwhile has queued the advance that reads it)."""
+    runs = [run.pk]
+    level = [run.pk]
+    while level:
+        level = list(
+            WorkflowRun.objects.filter(
+                parent__in=level, status__in=RunStatus.unfinished()
+            ).values_list("pk", flat=True)
+        )
+        runs += level
+    sent = WorkflowSignal.objects.filter(run=OuterRef("run"), key=OuterRef("key"))
+    return (
+        WorkflowStep.objects.filter(run__in=runs, kind=StepKind.SIGNAL, status=StepStatus.WAITING)
+        .exclude(Exists(sent))
+        .exists()
     )
 
 

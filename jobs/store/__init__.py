@@ -7,6 +7,7 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     submit / stage ............ (new) -> QUEUED                      submission
     cancel .................... QUEUED -> CANCELLED                  scoped
                                 RUNNING -> RUNNING + cancel flag     scoped
+    cancel_queued ............. QUEUED -> CANCELLED, by id prefix    scoped
     claim / try_start ......... QUEUED -> RUNNING (new token, n+1)   claiming
     complete .................. RUNNING -> SUCCEEDED | CANCELLED     finishing
     fail ...................... RUNNING -> FAILED | CANCELLED        finishing
@@ -50,13 +51,14 @@ from .progress import (
 from .queues import QueueState, pause, queue_states, resume
 from .reads import get, get_due, list_jobs, snapshot
 from .retention import purge_finished
-from .scoped import cancel, retry
-from .submission import stage, submit, submit_many
+from .scoped import cancel, cancel_queued, retry
+from .submission import stage, stage_many, submit, submit_many
 
 __all__ = [
     "QueueState",
     "asynchronous_commit",
     "cancel",
+    "cancel_queued",
     "complete_and_claim",
     "complete_many",
     "current_time",
@@ -78,6 +80,7 @@ __all__ = [
     "snapshot",
     "snooze",
     "stage",
+    "stage_many",
     "submit",
     "submit_many",
     "tokens_leased_by",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import operator
+from collections.abc import Sequence
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from ledon.db import alias_for, connection_for
 
@@ -50,6 +53,34 @@ def cancel(scope_hash: str, job_id: str, *, now: datetime | None = None) -> Canc
             if JobStatus(status).is_finished:
                 return CancelOutcome.ALREADY_FINISHED
     raise InvalidTransition(f"job {job_id!r} kept changing state; cancel again")
+
+
+def cancel_queued(scope_hash: str, prefixes: Sequence[str], *, now: datetime | None = None) -> int:
+    """Queued -> Cancelled for every job of scope ``scope_hash`` whose id starts with
+    one of ``prefixes``: one guarded statement (per 100 prefixes) inside the caller's
+    transaction (or its own); returns how many. For the library's own jobs, dropped
+    with what they were for (the wake-ups of a finished workflow run): no
+    ``queued_job_cancelled`` is sent, their owner ends nothing more. Running and
+    finished jobs are left."""
+    if not prefixes:
+        return 0
+    now = current_time(now)
+    cancelled = 0
+    with transaction.atomic(using=alias_for(Job)):
+        for start in range(0, len(prefixes), _PREFIXES_PER_STATEMENT):
+            chunk = prefixes[start : start + _PREFIXES_PER_STATEMENT]
+            named = functools.reduce(operator.or_, (Q(job_id__startswith=p) for p in chunk))
+            cancelled += (
+                Job.objects.for_scope(scope_hash)
+                .filter(named, status=JobStatus.QUEUED)
+                .update(status=JobStatus.CANCELLED, finished_at=now, updated_at=now)
+            )
+    return cancelled
+
+
+#: Prefixes per statement of :func:`cancel_queued` (SQLite bounds a statement's
+#: expression depth).
+_PREFIXES_PER_STATEMENT = 100
 
 
 def retry(

@@ -1,12 +1,12 @@
 """Creation of jobs: ``submit`` and ``submit_many`` in a transaction of their own,
-``stage`` in the caller's; idempotent per (scope, job id)."""
+``stage`` and ``stage_many`` in the caller's; idempotent per (scope, job id)."""
 
 from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -408,20 +408,80 @@ def stage(
     database error, the caller's transaction is marked for rollback before the error
     propagates, so the business work cannot commit without its job.
     """
-    alias = alias_for(Job)
-    connection = transaction.get_connection(alias)
-    if not in_caller_atomic_block(connection):
-        raise TransactionRequiredError()
+    alias, _ = _callers_transaction()
     now = current_time(now)
-    try:
+    with _rolled_back_on_error(alias):
         created = _insert(scope_hash, job_id, sub, now)
         if created is not None:
             return created
         existing = _existing_or_conflict(scope_hash, job_id, sub)
-    except (JobIdentityConflict, DatabaseError):
+        if existing is None:
+            raise JobIdentityUnresolved([job_id])
+    return existing
+
+
+def _callers_transaction() -> tuple[str, BaseDatabaseWrapper]:
+    """The alias and connection of the caller's open transaction: a stage requires
+    one (:class:`TransactionRequiredError`)."""
+    alias = alias_for(Job)
+    connection = transaction.get_connection(alias)
+    if not in_caller_atomic_block(connection):
+        raise TransactionRequiredError()
+    return alias, connection
+
+
+@contextmanager
+def _rolled_back_on_error(alias: str) -> Iterator[None]:
+    """A conflicting request or a database error marks the caller's transaction for
+    rollback before it propagates: the business work cannot commit without its job."""
+    try:
+        yield
+    except (JobIdentityConflict, JobIdentityUnresolved, DatabaseError):
         transaction.set_rollback(True, using=alias)
         raise
-    if existing is None:
-        transaction.set_rollback(True, using=alias)
-        raise JobIdentityUnresolved([job_id])
-    return existing
+
+
+@observed_submission("stage")
+def stage_many(
+    items: Sequence[tuple[str, str, JobSubmission]], *, now: datetime | None = None
+) -> list[SubmitResult]:
+    """:func:`stage` for many jobs: one bulk insert inside the caller's open
+    transaction (required), one outcome per item, in the order given.
+
+    A new identity is created; an identical request returns the stored job
+    (``created`` False). A different request is :class:`JobIdentityConflict` and any
+    database error propagates; both mark the caller's transaction for rollback
+    first, so the business work cannot commit without its jobs.
+    """
+    alias, connection = _callers_transaction()
+    now = current_time(now)
+    with _rolled_back_on_error(alias):
+        distinct = _distinct(items)
+        inserted = _insert_many(connection, distinct, now)
+        existing = _existing_many(i[:2] for i in distinct if i[:2] not in inserted)
+        results = []
+        seen: set[tuple[str, str]] = set()
+        for scope_hash, job_id, sub in items:
+            key = (scope_hash, job_id)
+            if key in inserted and key not in seen:
+                results.append(_created_result(job_id, inserted[key]))
+            else:
+                stored = existing.get(key)
+                if stored is None and key in inserted:  # a repeat of an identity of the batch
+                    stored = replace(inserted[key], created=False)
+                if stored is None:  # deleted between the insert and the read
+                    raise JobIdentityUnresolved([job_id])
+                results.append(_same_request(stored, job_id, sub))
+                results[-1].job()  # a conflicting request is raised
+            seen.add(key)
+    return results
+
+
+def _distinct(
+    items: Sequence[tuple[str, str, JobSubmission]],
+) -> list[tuple[str, str, JobSubmission]]:
+    """The first item of each identity (a repeat is compared with what it stored)."""
+    first: dict[tuple[str, str], tuple[str, str, JobSubmission]] = {}
+    for item in items:
+        first.setdefault(item[:2], item)
+    return list(first.values())

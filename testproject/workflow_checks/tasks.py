@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 from workflows import WorkflowContext, activity, current_activity, workflow
@@ -132,6 +133,20 @@ def until_cancelled(run_id: str) -> str:
     if job.wait_for_cancel(120):
         _effect(run_id, "saw-cancel", "activity")
     return "stopped"
+
+
+@activity("checks.kills_its_worker")
+def kills_its_worker(run_id: str) -> str:
+    """Kills the worker running it (SIGKILL), every try: an item whose job keeps
+    dying."""
+    _effect(run_id, "dying", "activity")
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+@workflow("checks.dies", version=1)
+def dies(wf: WorkflowContext) -> Any:
+    return wf.step("die", kills_its_worker, wf.run_id)
 
 
 @workflow("checks.cancellable", version=1)

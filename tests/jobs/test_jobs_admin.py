@@ -157,6 +157,25 @@ def test_filters_by_status_queue_handler_and_cancel_flag(admin_client: Client) -
     assert listed(admin_client, cancel_requested__exact="1") == {"r-cancel"}
 
 
+def test_the_jobs_of_library_handlers_are_hidden_unless_shown(admin_client, handler) -> None:
+    handler("lib.plumbing", library=True)(lambda ctx: None)
+    handler("app.work")(lambda ctx: None)
+    submit("plumbing-1", handler="lib.plumbing")
+    failed("plumbing-2", handler="lib.plumbing")
+    submit("work-1", handler="app.work")
+    failed("work-2", handler="app.work")
+
+    assert listed(admin_client) == {"work-1", "work-2"}
+    assert listed(admin_client, status__exact="failed") == {"work-2"}
+    assert listed(admin_client, engine="shown") == {"plumbing-1", "plumbing-2", "work-1", "work-2"}
+    assert listed(admin_client, engine="shown", status__exact="failed") == {"plumbing-2", "work-2"}
+    # A library handler chosen in the handler filter is listed.
+    assert listed(admin_client, handler__exact="lib.plumbing") == {"plumbing-1", "plumbing-2"}
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert "By engine jobs" in page
+    assert "?engine=shown" in page
+
+
 def test_search_by_job_id_scope_hash_and_scope(admin_client: Client) -> None:
     submit("report-2026-11")
     submit("report-2026-12")

@@ -198,3 +198,25 @@ class TestRBadInput:
         with pytest.raises(InvalidPayload):
             JobSubmission(handler="h", payload_json='"' + "é" * 50 + '"')
         assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_queued_cancels_the_queued_jobs_of_one_scope_by_id_prefix(make_job) -> None:
+    for job_id in ("wf:1.0:timer", "wf:1.0:retry", "wf:12.0:timer", "other"):
+        make_job.queued(job_id)
+    make_job.queued("wf:1.0:timer", scope="tenant-else")
+    running = make_job.running("wf:1.0:running")
+    assert store.cancel_queued(make_job.scope_hash, ["wf:1.", "nothing-"]) == 2
+    statuses = dict(
+        Job.objects.filter(scope_hash=make_job.scope_hash).values_list("job_id", "status")
+    )
+    assert statuses == {
+        "wf:1.0:timer": "cancelled",
+        "wf:1.0:retry": "cancelled",
+        "wf:12.0:timer": "queued",
+        "other": "queued",
+        "wf:1.0:running": "running",
+    }
+    assert Job.objects.exclude(scope_hash=make_job.scope_hash).get().status == "queued"
+    assert store.cancel_queued(make_job.scope_hash, []) == 0
+    assert running.job_id == "wf:1.0:running"

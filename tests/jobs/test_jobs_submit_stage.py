@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -281,3 +282,45 @@ class TestStagedSubmitCommits:
             assert second_result.result(30).created is True
             assert users() == {"second"}
             assert Job.objects.get().payload_json == str(second_payload)
+
+
+@pytest.mark.django_db(transaction=True)
+class TestStageMany:
+    """``store.stage_many``: the library's bulk stage (the workflow engine queues a
+    map's item jobs with it), inside the caller's transaction."""
+
+    def items(self, *job_ids: str, **sub: Any) -> list[tuple[str, str, Any]]:
+        scope_hash = JobScope(SCOPE).scope_hash
+        return [(scope_hash, job_id, JobSubmissionFactory(**sub)) for job_id in job_ids]
+
+    def test_requires_the_callers_transaction(self) -> None:
+        with pytest.raises(TransactionRequiredError):
+            submission.stage_many(self.items("a"))
+        assert Job.objects.count() == 0
+
+    def test_creates_the_jobs_in_one_insert_and_only_if_the_caller_commits(self) -> None:
+        with contextlib.suppress(RuntimeError), transaction.atomic():
+            submission.stage_many(self.items("a", "b"))
+            raise RuntimeError("the caller's work failed")
+        assert Job.objects.count() == 0
+        with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+            results = submission.stage_many(self.items("a", "b", "c"))
+        assert [r.created for r in results] == [True, True, True]
+        inserts = [q for q in queries if q["sql"].upper().startswith("INSERT")]
+        assert len(inserts) == 1
+        assert sorted(Job.objects.values_list("job_id", flat=True)) == ["a", "b", "c"]
+
+    def test_the_same_request_again_is_the_stored_job_and_another_is_a_conflict(self) -> None:
+        sub = JobSubmissionFactory()
+        scope_hash = JobScope(SCOPE).scope_hash
+        with transaction.atomic():
+            submission.stage_many([(scope_hash, "a", sub)])
+        with transaction.atomic():
+            again = submission.stage_many([(scope_hash, "a", sub), (scope_hash, "b", sub)])
+        assert [r.created for r in again] == [False, True]
+        with pytest.raises(JobIdentityConflict), transaction.atomic():
+            submission.stage_many(
+                [(scope_hash, "c", sub), (scope_hash, "a", JobSubmissionFactory(priority=9))]
+            )
+        # The conflict rolled the caller's transaction back: "c" was not created.
+        assert sorted(Job.objects.values_list("job_id", flat=True)) == ["a", "b"]

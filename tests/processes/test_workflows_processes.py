@@ -201,6 +201,27 @@ def test_a_running_activity_sees_its_run_cancelled_through_its_job_context(worke
     ) == ["cancelled"]
 
 
+def test_an_item_whose_job_kills_every_worker_ends_and_its_run_fails(workers):
+    """Every try of the activity kills its worker. Recovery gives the job back while
+    the jobs allow it, then ends it Interrupted, which no signal reports: a worker's
+    upkeep pass ends the item, and the run fails instead of waiting for ever."""
+    start_workflow(SCOPE, "dies", "checks.dies")
+    for _ in range(10):
+        worker = workers("--burst", "--worker-id", "victim", "--concurrency", "1")
+        assert worker.wait(timeout=120) in (0, -signal.SIGKILL), worker.output
+        if WorkflowScope(SCOPE).get("dies").finished:
+            break
+    snap = WorkflowScope(SCOPE).get("dies")
+    assert snap.status == RunStatus.FAILED, snap.waiting_for
+    assert snap.failed_step == "die"
+    assert "ActivityJobEnded: its job ended Interrupted without recording it" in snap.error
+    (job,) = Job.objects.filter(handler="checks.kills_its_worker")
+    assert job.status == "interrupted"
+    # Every try was counted on the item, and each killed its worker.
+    (item,) = WorkflowItem.objects.filter(step__run__run_id="dies")
+    assert effects("dies", "activity")["dying"] == item.attempts >= 1
+
+
 #: A worker behind the fault proxy: statements not prepared, so that each one's text
 #: crosses the proxy where it is recognised; short leases and recovery.
 AMBIGUOUS = {

@@ -404,7 +404,7 @@ class RunStoreModel(RuleBasedStateMachine):
         """The advance job ``job`` failed for good: its run waits for a new one."""
         by = job_id(run_id, job)
         assert by is not None
-        released = store.release(by, timezone.now())
+        released = store.release(store.advance_scope_hash(), by, timezone.now())
         run = self.runs.get(run_id)
         expected = run is not None and run.status == RunStatus.RUNNING and run.driver_job == by
         assert released == expected

@@ -8,7 +8,15 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import Job
-from workflows import RunStatus, SignalOutcome, WorkflowScope, send_signal, start_workflow, store
+from workflows import (
+    RunStatus,
+    SignalOutcome,
+    WorkflowScope,
+    send_signal,
+    start_workflow,
+    store,
+    validation,
+)
 from workflows.exceptions import SignalConflict
 from workflows.models import WorkflowItem, WorkflowRun
 from workflows.testing import run_workflow, run_workflows_inline
@@ -65,9 +73,10 @@ def test_two_payloads_for_one_signal_at_once_one_is_delivered_one_conflicts(conc
 def test_items_ending_at_once_wake_their_run_exactly_once(concurrently):
     start_workflow(SCOPE, "fan-race", "checks.fanout", {"items": list(range(6))})
     run_workflows_inline(max_attempts_run=1)  # the first advance: six items
+    scope_hash = validation.scope_hash(SCOPE)
     items = [
-        store.start_item(pk, timezone.now())
-        for pk in WorkflowItem.objects.values_list("pk", flat=True)
+        store.start_item(pk, scope_hash, job_id, timezone.now())
+        for pk, job_id in WorkflowItem.objects.values_list("pk", "job_id")
     ]
     now = timezone.now()
     outcomes = concurrently(

@@ -62,7 +62,7 @@ def test_the_testing_example_is_a_test_module_that_stands_alone(page_namespace):
     module: dict[str, Any] = {"__name__": "test_docs_workflows"}
     exec(compile(block, "docs/workflows.md", "exec"), module)
     tests = [value for name, value in module.items() if name.startswith("test_")]
-    assert len(tests) == 2
+    assert len(tests) == 4
     for test in tests:
         test()
     charge = WorkflowScope("test-tenant").get("charge-1")

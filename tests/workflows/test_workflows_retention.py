@@ -1,6 +1,7 @@
 """Every ``run_jobs`` worker deletes finished runs past their retention on a time
 basis: at start-up, then every ``WORKFLOWS["CLEANUP_INTERVAL"]``, draining a backlog
-batch after batch, and stops with the worker."""
+batch after batch, and stops with the worker; the same passes end the items whose
+job ended without recording them."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from jobs import JobStatus
+from jobs.models import Job
 from jobs.signals import worker_started, worker_stopping
 from jobs.worker import Worker
 from workflows import RunStatus, start_workflow
 from workflows.models import WorkflowRun
 from workflows.retention import on_worker_started, on_worker_stopping, thread_of
-from workflows.testing import run_workflow
+from workflows.testing import run_workflow, run_workflows_inline
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,12 +51,28 @@ def test_a_worker_deletes_finished_runs_past_retention_and_keeps_the_rest(settin
     assert (thread.purged, thread.passes, left) == (5, 3, ["old-0.5-0", "unfinished"])
 
 
-def test_no_retention_means_no_thread(settings):
+def test_no_retention_keeps_finished_runs_and_still_ends_the_items_of_ended_jobs(settings):
     settings.WORKFLOWS = {"RETENTION_SECONDS": None}
+    finished_runs(1, days_ago=400)
+    start_workflow(SCOPE, "orphan", "checks.fanout", {"items": [1]})
+    run_workflows_inline(max_attempts_run=1)  # its item's job is queued
+    # The item's job ended without recording it (its signal lost with its worker).
+    Job.objects.filter(handler="checks.double").update(
+        status=JobStatus.FAILED, error="ValueError: lost"
+    )
     worker = object()
     on_worker_started(Worker, worker=worker)
-    assert thread_of(worker) is None
+    thread = thread_of(worker)
+    assert thread is not None
+    assert thread.caught_up.wait(30)
     on_worker_stopping(Worker, worker=worker)
+    assert (thread.purged, thread.items_ended) == (0, 1)
+    assert WorkflowRun.objects.filter(run_id="old-400-0").exists()
+    snap = run_workflow(SCOPE, "orphan")
+    assert snap.status == RunStatus.FAILED
+    assert "ActivityJobEnded: its job ended Failed without recording it: ValueError: lost" in (
+        snap.error
+    )
 
 
 def test_every_worker_starts_and_stops_it():

@@ -394,22 +394,6 @@ def test_a_database_error_outside_a_step_fails_the_advance_not_the_run(monkeypat
     assert list(Effect.objects.values_list("key", flat=True)) == ["a", "b"]
 
 
-def test_an_item_whose_tries_never_return_fails_after_a_bounded_number():
-    from workflows.engine import LOST_TRIES
-    from workflows.models import WorkflowItem
-
-    start_workflow(SCOPE, "lost-1", "checks.activity", {"value": 1})
-    run_workflows_inline(max_attempts_run=1)
-    # Tries killed with their worker: counted, never ended.
-    WorkflowItem.objects.update(
-        attempts=registry.activity_of(checks.double).retries + 1 + LOST_TRIES
-    )
-    snap = run_workflow(SCOPE, "lost-1")
-    assert snap.status == RunStatus.FAILED
-    assert snap.error.startswith("StepFailed: step 'double' failed: ActivityLost:")
-    assert not Effect.objects.exists()
-
-
 def test_purge_workflows_deletes_finished_runs_past_the_cutoff():
     from datetime import timedelta
     from io import StringIO

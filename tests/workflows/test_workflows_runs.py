@@ -198,11 +198,27 @@ def test_the_same_signal_with_another_payload_is_a_conflict_and_changes_nothing(
     assert run_workflow(SCOPE, "sig-3").output == 1
 
 
-def test_a_signal_wait_times_out_in_the_body():
+def test_a_signal_wait_times_out_in_the_body_once_the_test_moves_the_clock():
     start_workflow(SCOPE, "sig-4", "checks.signals", {"timeout": 600})
-    snap = run_workflow(SCOPE, "sig-4")
+    clock = TestClock()
+    # run_workflow stops at the wait, timeout or not: the test sends the signal, or
+    # moves the clock past the timeout.
+    assert run_workflow(SCOPE, "sig-4", clock=clock).status == RunStatus.WAITING
+    clock.advance(599)
+    assert run_workflow(SCOPE, "sig-4", clock=clock).status == RunStatus.WAITING
+    clock.advance(1)
+    snap = run_workflow(SCOPE, "sig-4", clock=clock)
     assert snap.output == "timed out"
     assert snap.step("approved").status == StepStatus.FAILED
+
+
+def test_run_workflow_stops_at_a_signal_wait_with_a_timeout_so_the_test_can_send_it():
+    start_workflow(SCOPE, "sig-6", "checks.signals", {"timeout": 86_400})
+    clock = TestClock()
+    snap = run_workflow(SCOPE, "sig-6", clock=clock)
+    assert (snap.status, snap.step("approved").status) == (RunStatus.WAITING, "waiting")
+    send_signal(SCOPE, "sig-6", "approved", {"by": "ops"})
+    assert run_workflow(SCOPE, "sig-6", clock=clock).output == {"by": "ops"}
 
 
 def test_a_signal_sent_inside_a_rolled_back_transaction_is_not_delivered():

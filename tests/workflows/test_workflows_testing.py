@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
-from workflows import RunStatus, send_signal, start_workflow
+from workflows import RunStatus, WorkflowContext, send_signal, start_workflow, workflow
 from workflows.exceptions import RunNotFound
 from workflows.testing import TestClock, run_workflow, run_workflows_inline
 
@@ -49,3 +50,42 @@ def test_run_workflows_inline_runs_only_what_is_due_at_the_clock():
 def test_run_workflow_of_an_unknown_run_is_run_not_found():
     with pytest.raises(RunNotFound):
         run_workflow(SCOPE, "nobody")
+
+
+@workflow("testing.approval", version=1)
+def approval(wf: WorkflowContext) -> Any:
+    return wf.wait_for_signal("approved", timeout=86_400)
+
+
+@workflow("testing.parent_of_approval", version=1)
+def parent_of_approval(wf: WorkflowContext) -> Any:
+    return wf.child("kid", "testing.approval")
+
+
+def test_run_workflow_stops_at_a_signal_wait_with_a_timeout():
+    start_workflow(SCOPE, "t-4", "testing.approval")
+    clock = TestClock()
+    start = clock.now
+    waiting = run_workflow(SCOPE, "t-4", clock=clock)
+    assert waiting.status == RunStatus.WAITING
+    assert clock.now == start  # the clock was not moved to the wait's timeout
+    send_signal(SCOPE, "t-4", "approved", "yes")
+    assert run_workflow(SCOPE, "t-4", clock=clock).output == "yes"
+
+
+def test_run_workflow_stops_at_a_child_runs_signal_wait_with_a_timeout():
+    start_workflow(SCOPE, "t-5", "testing.parent_of_approval")
+    clock = TestClock()
+    assert run_workflow(SCOPE, "t-5", clock=clock).status == RunStatus.WAITING
+    send_signal(SCOPE, "t-5/kid", "approved", "kid says yes")
+    assert run_workflow(SCOPE, "t-5", clock=clock).output == "kid says yes"
+
+
+def test_a_test_moves_the_clock_past_a_signal_waits_timeout_to_test_it():
+    start_workflow(SCOPE, "t-6", "testing.approval")
+    clock = TestClock()
+    run_workflow(SCOPE, "t-6", clock=clock)
+    clock.advance(86_400)
+    failed = run_workflow(SCOPE, "t-6", clock=clock)
+    assert failed.status == RunStatus.FAILED
+    assert failed.error.startswith("SignalTimeout: no signal 'approved' arrived")
