@@ -15,14 +15,15 @@ from jobs import JobScope, JobStatus, JobSubmission, submit_job
 from jobs.models import JobAttempt
 from jobs.types import AttemptStatus, JobSnapshot
 from testproject.shop.models import WorkLog
-from tests.processes.test_worker_processes import CRASH_LEASES, FAST_LEASES, workers
+from tests.processes import test_worker_processes
+from tests.processes.test_worker_processes import CRASH_LEASES, FAST_LEASES
 from tests.support.procs import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-__all__ = ["workers"]  # the fixture, shared with the worker's other process tests
-
 SCOPE = "crash-budget"
+
+workers = test_worker_processes.workers  # a fixture: run_jobs processes
 
 
 def _held_job(tmp_path: Path, job_id: str, **payload: object) -> tuple[Path, Path]:
