@@ -16,7 +16,7 @@ from jobs.models import JobAttempt
 from jobs.types import AttemptStatus, JobSnapshot
 from testproject.shop.models import WorkLog
 from tests.processes import test_worker_processes
-from tests.processes.test_worker_processes import CRASH_LEASES, FAST_LEASES
+from tests.processes.test_worker_processes import CRASH_LEASES, SWEPT_LEASES
 from tests.support.procs import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -45,15 +45,15 @@ def test_a_worker_killed_mid_job_leaves_the_job_to_the_next_worker(workers, tmp_
     """SIGKILL while the handler runs; another worker recovers the attempt once its
     lease expired, and the job succeeds there: the crash used no attempt."""
     hold, started = _held_job(tmp_path, "killed")
-    first = workers("--worker-id", "first", env=FAST_LEASES)
-    wait_until(started.exists, 30, "the handler to start", first)
+    first = workers("--worker-id", "first", env=SWEPT_LEASES)
+    wait_until(started.exists, 60, "the handler to start", first)
     first.kill()
     assert first.proc.returncode == -signal.SIGKILL
     hold.touch()
-    second = workers("--worker-id", "second", env=FAST_LEASES)
+    second = workers("--worker-id", "second", env=SWEPT_LEASES)
     wait_until(
         lambda: _job("killed").status == JobStatus.SUCCEEDED,
-        30,
+        60,
         "the job to succeed on the next worker",
         second,
     )
@@ -79,7 +79,7 @@ def test_a_job_that_kills_its_worker_every_time_ends_interrupted_after_three_run
     for run in range(1, 4):
         started.unlink(missing_ok=True)
         worker = workers("--worker-id", "w", env=CRASH_LEASES)
-        wait_until(started.exists, 30, f"run {run} of the handler to start", worker)
+        wait_until(started.exists, 60, f"run {run} of the handler to start", worker)
         worker.kill()
     last = workers("--worker-id", "w", "--burst", env=CRASH_LEASES)
     assert last.wait() == 0, last.output
@@ -100,9 +100,9 @@ def test_a_shutdown_that_outlives_its_grace_requeues_without_using_the_attempt(w
     grace. The worker recovers the attempt as it exits: Queued again with its one
     attempt unused, and the next worker runs it to success."""
     hold, started = _held_job(tmp_path, "stubborn", obey_cancel=False)
-    env = {**FAST_LEASES, "JOBS_SHUTDOWN_GRACE_SECONDS": "0.5"}
+    env = {**SWEPT_LEASES, "JOBS_SHUTDOWN_GRACE_SECONDS": "0.5"}
     first = workers("--worker-id", "first", "--shutdown-timeout", "0.5", env=env)
-    wait_until(started.exists, 30, "the handler to start", first)
+    wait_until(started.exists, 60, "the handler to start", first)
     first.signal(signal.SIGTERM)
     assert first.wait() == 0, first.output
     snap = _job("stubborn")
