@@ -125,7 +125,14 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
         "next_run_at",
         "created_at",
     )
-    list_filter = ("status", "queue", "handler", "cancel_requested", EngineJobsFilter)
+    list_filter = (
+        "status",
+        "keeps_killing_worker",
+        "queue",
+        "handler",
+        "cancel_requested",
+        EngineJobsFilter,
+    )
     search_fields = ("job_id",)
     search_help_text = (
         "Job id (contains), or a scope: its 64-character hash or the scope string "
@@ -147,6 +154,7 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
                     "priority",
                     "status_display",
                     "attempts",
+                    "interruption_count",
                 )
             },
         ),
@@ -182,13 +190,24 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: Job) -> str:
         label = obj.get_status_display()
+        if obj.keeps_killing_worker:
+            return f"{label} ({Job._meta.get_field('keeps_killing_worker').verbose_name})"
         return f"{label} (cancel requested)" if obj.cancel_requested else label
 
     @admin.display(description="attempts", ordering="attempt_count")
     def attempts(self, obj: Job) -> str:
-        # Snoozed executions have attempt rows but do not count as attempts.
-        snoozed = f" (+{obj.snooze_count} snoozed)" if obj.snooze_count else ""
-        return f"{obj.attempt_count}/{obj.max_attempts}{snoozed}"
+        # Snoozed executions and interrupted attempts within the crash budget have
+        # attempt rows but do not count as attempts.
+        uncounted = [
+            f"+{count} {what}"
+            for count, what in (
+                (obj.snooze_count, "snoozed"),
+                (obj.interruption_count, "interrupted"),
+            )
+            if count
+        ]
+        more = f" ({', '.join(uncounted)})" if uncounted else ""
+        return f"{obj.attempt_count}/{obj.max_attempts}{more}"
 
     @admin.display(description="progress", ordering="progress")
     def progress_percent(self, obj: Job) -> str:

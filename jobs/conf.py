@@ -115,6 +115,12 @@ class JobsSettings:
     #: more ends Failed naming the bound; a handler may set its own
     #: (``@job_handler(max_snoozes=N)``).
     MAX_SNOOZES: int = 100
+    #: The crash budget: an attempt recovered because its worker died (its lease
+    #: expired, or the worker restarted) or outlived the shutdown's grace uses none of
+    #: the job's ``max_attempts`` — the job is queued again at once — while the job has
+    #: been interrupted fewer times than this; the interruption that reaches it ends
+    #: the job Interrupted as one that keeps killing its worker.
+    MAX_INTERRUPTIONS: int = 3
     #: Limits per queue, enforced by every worker's claim:
     #: ``{"emails": {"max_running": 4, "rate": (10, 1)}}`` (keys: ``max_running``,
     #: ``max_running_per_scope``, ``rate``).
@@ -156,6 +162,7 @@ def _check(result: JobsSettings) -> None:
             "or leases expire between two heartbeats"
         )
     _values.int_from(result, "MAX_SNOOZES", 0, 1_000_000, expected="an int from 0 to 1000000")
+    _values.int_from(result, "MAX_INTERRUPTIONS", 1, 1000, expected="an int from 1 to 1000")
     _values.positive_or_none(result, "RETENTION_SECONDS", "JOB_TIMEOUT_SECONDS")
     _values.not_negative(
         result,

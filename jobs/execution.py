@@ -276,8 +276,12 @@ def recover(
     reason: str = "recovered: the attempt's worker stopped",
     now: datetime | None = None,
 ) -> FinishOutcome:
-    """End an old attempt as Interrupted and, if ``requeue``, no cancel was requested
-    and attempts remain, queue the job again — one transaction."""
+    """End an old attempt (its worker died, or outlived its shutdown's grace) as
+    Interrupted and, if ``requeue`` and no cancel was requested, queue the job again at
+    once without using an attempt (``REQUEUED``) — one transaction — while its
+    interruptions stay below ``JOBS["MAX_INTERRUPTIONS"]``; the one that reaches it
+    ends the job Interrupted as one that keeps killing its worker
+    (``KEEPS_KILLING_WORKER``). Without ``requeue``: as :func:`interrupt`."""
     return store.recover(token, requeue=requeue, reason=reason, now=now)
 
 
@@ -299,7 +303,8 @@ heartbeat = store.heartbeat
 def recover_expired(
     *, requeue: bool = True, limit: int = 100, now: datetime | None = None
 ) -> dict[str, FinishOutcome]:
-    """Recover every Running attempt whose lease expired (its worker is gone).
+    """Recover every Running attempt whose lease expired (its worker is gone), each
+    as :func:`recover` does (the crash budget).
 
     Each recovery re-checks the expiry in its guard, so an attempt whose worker
     renewed the lease in the meantime is left alone.
@@ -327,7 +332,8 @@ def recover_worker(
 ) -> dict[str, FinishOutcome]:
     """Recover the Running attempts leased by ``worker_id`` — a restarted worker
     taking back its own attempts at once, without waiting for the lease to expire —
-    but for the tokens in ``keep`` (attempts the worker still runs)."""
+    but for the tokens in ``keep`` (attempts the worker still runs), each as
+    :func:`recover` does (the crash budget)."""
     reason = reason or f"recovered: worker {worker_id} restarted"
     return {
         token: store.recover(token, requeue=requeue, reason=reason, leased_by=worker_id, now=now)

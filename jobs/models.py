@@ -85,7 +85,7 @@ class Job(models.Model):
     )
     # Executions that ended Snoozed. They do not count in attempt_count (nor
     # against max_attempts); an attempt row's number is attempt_count + snooze_count
-    # + release_count.
+    # + release_count + interruption_count.
     snooze_count = models.PositiveIntegerField(
         default=0,
         db_default=0,
@@ -98,6 +98,23 @@ class Job(models.Model):
         default=0,
         db_default=0,
         help_text="Claims given back unused at a worker's shutdown (not counted as attempts).",
+    )
+    # Attempts that ended because their worker died or outlived its shutdown's grace
+    # and were recovered (the crash budget). Not counted in attempt_count either; an
+    # attempt row's number counts them too. Never reset: the budget is the job's.
+    interruption_count = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Attempts recovered after their worker died or outlived its shutdown "
+        "(not counted as attempts; JOBS['MAX_INTERRUPTIONS'] bounds them).",
+    )
+    # Set by the recovery that reached JOBS["MAX_INTERRUPTIONS"]: the job ended
+    # Interrupted as one that keeps killing its worker. Cleared by a retry.
+    keeps_killing_worker = models.BooleanField(
+        "keeps killing its worker",
+        default=False,
+        db_default=False,
+        help_text="Ended Interrupted because it keeps killing its worker.",
     )
     # Attempts an operator's retry granted (extra_attempts) on top of the submitted
     # max_attempts: the request this job was created from asked for max_attempts

@@ -1,9 +1,9 @@
 """Signals of the jobs app.
 
-``jobs_enqueued``, ``attempt_finished`` and ``queued_job_cancelled`` say what happened
-to jobs, for optional layers such as the Prometheus metrics
-(:mod:`jobs.observability.metrics`) and for apps built on jobs (``workflows`` ends an
-activity item whose job was cancelled).
+``jobs_enqueued``, ``attempt_finished``, ``queued_job_cancelled`` and
+``job_keeps_killing_worker`` say what happened to jobs, for optional layers such as the
+Prometheus metrics (:mod:`jobs.observability.metrics`) and for apps built on jobs
+(``workflows`` ends an activity item whose job was cancelled).
 
 ``worker_started`` and ``worker_stopping`` are for apps that run beside the worker in
 every ``run_jobs`` process (``sagas`` recovers unfinished saga instances
@@ -28,7 +28,9 @@ __all__ = [
     "attempt_finished",
     "cancelled_queued_job",
     "finished_attempt",
+    "job_keeps_killing_worker",
     "jobs_enqueued",
+    "kept_killing_worker",
     "queued_job_cancelled",
     "send_logged",
     "worker_started",
@@ -84,6 +86,35 @@ def cancelled_queued_job(scope_hash: str, job_id: str, using: str) -> None:
             job_id=job_id,
         ),
         using=using,
+    )
+
+
+#: A job ended Interrupted as one that keeps killing its worker: the recovery of an
+#: attempt whose worker died or outlived its shutdown's grace reached
+#: ``JOBS["MAX_INTERRUPTIONS"]``. Sent once that commits, by the process that
+#: recovered it, with ``sender=Job``, ``scope_hash``, ``job_id``, ``handler``,
+#: ``queue`` and ``interruptions`` (the job's count). Use :func:`kept_killing_worker`.
+job_keeps_killing_worker = Signal()
+
+
+def kept_killing_worker(
+    *, scope_hash: str, job_id: str, handler: str, queue: str, interruptions: int
+) -> None:
+    """Send :data:`job_keeps_killing_worker` (receivers' errors are logged, never
+    raised); the caller sends it once the recovery committed."""
+    if not job_keeps_killing_worker.receivers:
+        return
+    from .models import Job  # the sender; signals is imported before the models
+
+    send_logged(
+        job_keeps_killing_worker,
+        Job,
+        "job_keeps_killing_worker",
+        scope_hash=scope_hash,
+        job_id=job_id,
+        handler=handler,
+        queue=queue,
+        interruptions=interruptions,
     )
 
 

@@ -87,6 +87,10 @@ class FinishOutcome(FencedOutcome):
     #: The worker gave the claim back unused (graceful shutdown): the job is Queued
     #: again and the execution did not count against ``max_attempts``.
     RELEASED = "released"
+    #: Recovery (the attempt's worker died, or outlived its shutdown's grace) reached
+    #: ``JOBS["MAX_INTERRUPTIONS"]``: the job ended Interrupted as one that keeps
+    #: killing its worker, and is not queued again.
+    KEEPS_KILLING_WORKER = "keeps-killing-worker"
     STALE = "stale"
 
 
@@ -284,6 +288,12 @@ class JobSnapshot:
     snooze_count: int = 0
     #: Attempts granted by retries (``extra_attempts``), included in ``max_attempts``.
     granted_attempts: int = 0
+    #: Attempts recovered because their worker died or outlived its shutdown's grace
+    #: (never counted in ``attempt_count``); bounded by ``JOBS["MAX_INTERRUPTIONS"]``.
+    interruption_count: int = 0
+    #: The job ended Interrupted because it reached ``JOBS["MAX_INTERRUPTIONS"]``: it
+    #: keeps killing its worker. A retry clears it.
+    keeps_killing_worker: bool = False
     created: bool = False
     attempts: tuple[AttemptSnapshot, ...] = field(default=())
 

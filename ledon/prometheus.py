@@ -56,8 +56,16 @@ JOBS_ENQUEUED = Counter(
 JOBS_FINISHED = Counter(
     "ledon_jobs_finished",
     "Attempts that ended, by how: succeeded, failed, retried (failed, queued again), "
-    "cancelled, interrupted, requeued (shutdown), put_back (unknown handler), stale.",
+    "cancelled, interrupted, requeued (shutdown), keeps_killing_worker (shutdown, the "
+    "crash budget reached), put_back (unknown handler), snoozed, released, stale.",
     ["queue", "handler", "outcome"],
+)
+JOBS_KEEPS_KILLING_WORKER = Counter(
+    "ledon_jobs_keeps_killing_worker",
+    "Jobs ended Interrupted as ones that keep killing their worker: their attempts were "
+    "recovered (worker died, or outlived its shutdown's grace) JOBS['MAX_INTERRUPTIONS'] "
+    "times. Counted by the process that recovered the last one.",
+    ["queue", "handler"],
 )
 #: The two timings of an attempt, with the same labels and buckets.
 JOB_WAIT, JOB_RUN = (

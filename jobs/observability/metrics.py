@@ -4,6 +4,8 @@
   (staged jobs when their transaction commits);
 - ``ledon_jobs_finished_total{queue,handler,outcome}`` — from
   :data:`jobs.signals.attempt_finished`;
+- ``ledon_jobs_keeps_killing_worker_total{queue,handler}`` — from
+  :data:`jobs.signals.job_keeps_killing_worker` (the crash budget reached);
 - ``ledon_job_wait_seconds{queue,handler}`` (due → start) and
   ``ledon_job_run_seconds{queue,handler}`` — from :func:`metrics_middleware`;
 - at scrape time, from the database (:mod:`jobs.observability.reads`):
@@ -34,7 +36,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from ledon import prometheus
 from ledon.metrics import metrics_view
 
-from ..signals import attempt_finished, jobs_enqueued
+from ..signals import attempt_finished, job_keeps_killing_worker, jobs_enqueued
 from ..types import Claim, FinishOutcome, JobSnapshot
 from . import reads
 
@@ -105,6 +107,10 @@ def _count_finished(
     prometheus.JOBS_FINISHED.labels(claim.queue, claim.handler, label).inc()
 
 
+def _count_kept_killing(sender: Any, *, queue: str, handler: str, **kwargs: Any) -> None:
+    prometheus.JOBS_KEEPS_KILLING_WORKER.labels(queue, handler).inc()
+
+
 #: Queues an earlier scrape of this process reported: they keep a series, at 0.
 _seen_queues: set[str] = set()
 
@@ -146,5 +152,6 @@ APP_METRICS = prometheus.AppMetrics(
     (
         (jobs_enqueued, _count_enqueued, "jobs.metrics.enqueued"),
         (attempt_finished, _count_finished, "jobs.metrics.finished"),
+        (job_keeps_killing_worker, _count_kept_killing, "jobs.metrics.keeps_killing_worker"),
     ),
 )

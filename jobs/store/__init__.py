@@ -17,7 +17,11 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
                                 the claim uncounted                  finishing
     snooze .................... RUNNING -> QUEUED later, uncounted   finishing
     release ................... RUNNING -> QUEUED, uncounted         releasing
-    recover ................... RUNNING -> INTERRUPTED (-> QUEUED)   finishing + requeue
+    recover ................... RUNNING -> QUEUED, uncounted,        recovering
+                                within the crash budget;
+                                -> INTERRUPTED, keeps killing its
+                                worker, at the budget | CANCELLED
+                                (requeue=False: as interrupt)
     retry ..................... FAILED | CANCELLED | INTERRUPTED -> QUEUED   scoped
     purge_finished ............ finished, older than a cutoff -> (deleted)   retention
     pause / resume ............ a queue's claims stop / go on         queues
@@ -38,7 +42,6 @@ from .finishing import (
     complete_many,
     finish,
     put_back_unknown_handler,
-    recover,
     snooze,
 )
 from .progress import (
@@ -50,6 +53,7 @@ from .progress import (
 )
 from .queues import QueueState, pause, queue_states, resume
 from .reads import get, get_due, list_jobs, snapshot
+from .recovering import recover
 from .retention import purge_finished
 from .scoped import cancel, cancel_queued, retry
 from .submission import stage, stage_many, submit, submit_many

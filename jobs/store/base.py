@@ -55,6 +55,8 @@ def requeue_fields(run_at: datetime, now: datetime) -> dict[str, Any]:
         **sql.LEFT_RUNNING,
         # Its last execution's counts were given back when it ended.
         "limit_keys": None,
+        # A retry of a job that kept killing its worker gives it another run.
+        "keeps_killing_worker": False,
         "started_at": None,
         "finished_at": None,
         "updated_at": now,

@@ -1,7 +1,8 @@
 """Finishing an attempt: Running -> Succeeded, Failed, Interrupted or Cancelled, and
-the re-queue of automatic retries and recovery.
+the re-queue of automatic retries.
 
-Every finish — :func:`finish` (complete, fail, interrupt, recover), :func:`complete_many`
+Every finish — :func:`finish` (complete, fail, interrupt, a recovery without
+re-queue), :func:`complete_many`
 and the finishing half of :func:`jobs.store.claiming.complete_and_claim` — goes through
 :func:`finish_batch`, which applies the finishing rule of :mod:`jobs.store.sql` to a batch of
 attempts: a single finish is a batch of one, with its guards and its re-queue.
@@ -184,9 +185,11 @@ def finish(
 
     The database decides cancel-versus-finish: if a cancel request committed first,
     the job ends Cancelled and any result reference is dropped. With ``requeue_at``,
-    a Failed or Interrupted job with attempts left and no cancel request is queued
-    again in the same transaction (automatic retry, recovery). ``lease_expired_before``
-    and ``leased_by`` narrow the guard so recovery never robs a live worker.
+    a Failed job with attempts left and no cancel request is queued again in the same
+    transaction (automatic retry; an interrupted one is recovered instead, under the
+    crash budget: :func:`jobs.store.recovering.recover`). ``lease_expired_before`` and
+    ``leased_by`` narrow the guard so that a recovery without re-queue
+    (:func:`jobs.store.recovering.recover`) never robs a live worker.
     A stale token changes nothing and returns ``FinishOutcome.STALE``.
     """
     token = check_token(token)
@@ -206,7 +209,7 @@ def finish(
         ).get(token)
         if finished is None:
             return FinishOutcome.STALE
-        if requeue_at is not None and finished.status in (JobStatus.FAILED, JobStatus.INTERRUPTED):
+        if requeue_at is not None and finished.status is JobStatus.FAILED:
             requeued = Job.objects.filter(
                 pk=finished.job_pk,
                 status=finished.status,
@@ -220,29 +223,6 @@ def finish(
                     notify(connection, finished.queue)
                 return FinishOutcome.REQUEUED
     return FinishOutcome(finished.status.value)
-
-
-def recover(
-    token: str,
-    *,
-    requeue: bool = True,
-    reason: str = "recovered: the attempt's worker stopped",
-    lease_expired_before: datetime | None = None,
-    leased_by: str | None = None,
-    now: datetime | None = None,
-) -> FinishOutcome:
-    """Recovery: end an old attempt as Interrupted and, when allowed, re-queue the job —
-    one transaction, so no crash leaves a job interrupted but not re-queued."""
-    now = current_time(now)
-    return finish(
-        token,
-        AttemptStatus.INTERRUPTED,
-        error=reason,
-        requeue_at=now if requeue else None,
-        lease_expired_before=lease_expired_before,
-        leased_by=leased_by,
-        now=now,
-    )
 
 
 def give_back(connection: BaseDatabaseWrapper, limit_keys: str | None) -> None:

@@ -123,8 +123,9 @@ _CLAIM_EXPRESSIONS = {
     "token": "current_token",
     "attempt": "attempt_count",
     # Snoozed executions keep their attempt rows without counting as attempts; so do
-    # claims released at a worker's shutdown.
-    "number": "attempt_count + snooze_count + release_count",
+    # claims released at a worker's shutdown and attempts recovered within the crash
+    # budget.
+    "number": "attempt_count + snooze_count + release_count + interruption_count",
 }
 #: The columns of each job a claim started: its primary key, :data:`CLAIM_FIELDS`, and
 #: what claims are ordered by and attempt rows need (``number``: the attempt row's).

@@ -1,6 +1,6 @@
-"""The raw SQL of snoozes, flow control and put-backs, as named builders in
-the manner of :mod:`jobs.store.sql`: named parameters, named result columns, the
-PostgreSQL and SQLite forms side by side, cached texts.
+"""The raw SQL of snoozes, releases, recoveries, flow control and put-backs, as named
+builders in the manner of :mod:`jobs.store.sql`: named parameters, named result
+columns, the PostgreSQL and SQLite forms side by side, cached texts.
 
 None of these runs in a claim that no limit applies to: that claim is the one
 statement of :func:`jobs.store.sql.claim`. A claim under limits is
@@ -20,6 +20,7 @@ from .sql import (
     CANCELLED,
     CLAIMABLE,
     COUNTER,
+    INTERRUPTED,
     JOB,
     LEAVE_RUNNING,
     QUEUE,
@@ -431,12 +432,20 @@ SNOOZE_REFUSED = (
     f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
 )
 
+
+def _end_attempt(status: str, text: str) -> str:
+    """The Running attempt row under ``token`` of the job ``job`` (a snoozed, released
+    or recovered job, changed by the same transaction) ends ``status`` at ``now``, with
+    the parameter ``text`` as its error. Returns its ``id``."""
+    return (
+        f"UPDATE {ATTEMPT} SET status = '{status}', finished_at = %(now)s, error = %({text})s"
+        f" WHERE job_id = %(job)s AND token = %(token)s AND status = '{RUNNING}' RETURNING id"
+    )
+
+
 #: Snooze: the snoozed job's (``job``) Running attempt row under ``token`` ends Snoozed
 #: with ``note``. Returns its ``id``.
-SNOOZE_ATTEMPT = (
-    f"UPDATE {ATTEMPT} SET status = '{SNOOZED}', finished_at = %(now)s, error = %(note)s"
-    f" WHERE job_id = %(job)s AND token = %(token)s AND status = '{RUNNING}' RETURNING id"
-)
+SNOOZE_ATTEMPT = _end_attempt(SNOOZED, "note")
 
 
 # --------------------------------------------------------------------------- release
@@ -460,10 +469,65 @@ RELEASE_JOB = (
 
 #: Release: the released job's (``job``) Running attempt row under ``token`` ends
 #: Released with ``reason``. Returns its ``id``.
-RELEASE_ATTEMPT = (
-    f"UPDATE {ATTEMPT} SET status = '{RELEASED}', finished_at = %(now)s, error = %(reason)s"
-    f" WHERE job_id = %(job)s AND token = %(token)s AND status = '{RUNNING}' RETURNING id"
-)
+RELEASE_ATTEMPT = _end_attempt(RELEASED, "reason")
+
+
+# --------------------------------------------------------------------------- recovery
+#
+# The crash budget. An attempt recovered because its worker died or outlived its
+# shutdown's grace is counted in the job's ``interruption_count`` instead of its
+# ``attempt_count``. While the count, this interruption included, stays below
+# ``max_interruptions`` the job is Queued again at once; the interruption that reaches
+# it ends the job Interrupted as one that keeps killing its worker. A cancel request
+# that committed first ends the job Cancelled, as a finish would (the attempt counted).
+
+#: The recovered job is Queued again.
+_BACK = "NOT cancel_requested AND interruption_count + 1 < %(max_interruptions)s"
+#: The recovery reaches the budget: the job keeps killing its worker.
+_SPENT = "NOT cancel_requested AND interruption_count + 1 >= %(max_interruptions)s"
+
+
+@functools.lru_cache(maxsize=4)
+def recover_job(*, lease_guard: bool = False, owner_guard: bool = False) -> str:
+    """Recovery with re-queue of the job Running under ``token``, as the crash budget
+    says (parameters ``max_interruptions``, ``now``; its error ``summary``, or with the
+    budget reached ``spent``). With ``lease_guard`` only
+    if its lease expired before ``lease_expired_before``; with ``owner_guard`` only
+    if ``leased_by`` holds it (recovery never robs a live worker). Queued again, it is
+    due at once and starts a new unknown-handler window; like every way out of Running
+    it drops its limit counters. Returns the job's ``id``, new ``status``,
+    ``scope_hash``, ``job_id``, ``handler``, ``queue``, ``interruption_count`` and the
+    ``limit_keys`` it counted in, to give their counts back."""
+    guard = f"current_token = %(token)s AND status = '{RUNNING}'"
+    if lease_guard:
+        guard += " AND lease_expires_at < %(lease_expired_before)s"
+    if owner_guard:
+        guard += " AND leased_by = %(leased_by)s"
+    kept = "CASE WHEN cancel_requested THEN {0} ELSE {0} {1} END"
+    return (
+        f"UPDATE {JOB} SET"
+        f" status = CASE WHEN cancel_requested THEN '{CANCELLED}' WHEN {_BACK} THEN '{QUEUED}'"
+        f" ELSE '{INTERRUPTED}' END,"
+        f" attempt_count = {kept.format('attempt_count', '- 1')},"
+        f" interruption_count = {kept.format('interruption_count', '+ 1')},"
+        f" keeps_killing_worker = {_SPENT},"
+        f" next_run_at = CASE WHEN {_BACK} THEN %(now)s ELSE next_run_at END,"
+        f" started_at = CASE WHEN {_BACK} THEN NULL ELSE started_at END,"
+        f" finished_at = CASE WHEN {_BACK} THEN NULL ELSE %(now)s END,"
+        f" progress = CASE WHEN {_BACK} THEN NULL ELSE progress END,"
+        f" progress_message = CASE WHEN {_BACK} THEN '' ELSE progress_message END,"
+        f" handler_unknown_since = CASE WHEN {_BACK} THEN NULL ELSE handler_unknown_since END,"
+        f" error = CASE WHEN {_SPENT} THEN %(spent)s ELSE %(summary)s END,"
+        f" result_ref = NULL, limit_keys = NULL, {LEAVE_RUNNING}, updated_at = %(now)s"
+        f" WHERE {guard}"
+        " RETURNING id, status, scope_hash, job_id, handler, queue, interruption_count,"
+        f" {_COUNTED_BEFORE}"
+    )
+
+
+#: Recovery: the recovered job's (``job``) Running attempt row under ``token`` ends
+#: Interrupted with ``reason``, whatever its job became. Returns its ``id``.
+RECOVER_ATTEMPT = _end_attempt(INTERRUPTED, "reason")
 
 
 # --------------------------------------------------------------------------- put back

@@ -47,7 +47,10 @@ _NEW_JOB_CONSTANTS: dict[str, Any] = {
         if name in JobSnapshot.__dataclass_fields__
     },
     "status": JobStatus(str(sql_submit.NEW_JOB_FIXED["status"])),
-    "granted_attempts": 0,  # the column's database default
+    # The columns' database defaults.
+    "granted_attempts": 0,
+    "interruption_count": 0,
+    "keeps_killing_worker": False,
     "progress": None,
     "result_ref": None,
     "started_at": None,

@@ -26,6 +26,7 @@ _OWN_EVENT = frozenset(
         FinishOutcome.PUT_BACK,
         FinishOutcome.SNOOZED,
         FinishOutcome.RELEASED,
+        FinishOutcome.KEEPS_KILLING_WORKER,
     }
 )
 
@@ -78,8 +79,6 @@ class Finisher:
                 worker.stats.count(outcome)
                 if outcome in _OWN_EVENT:
                     event = outcome.value
-                elif outcome is FinishOutcome.INTERRUPTED and event == "requeued":
-                    event = "interrupted"  # no attempt left: the job did not go back
         if logger.isEnabledFor(logging.INFO):  # its fields are not built for nothing
             logger.info(
                 "job %s %s",

@@ -30,11 +30,17 @@ class WorkerStats(ClaimStats):
     put_back: int = 0
     snoozed: int = 0
     released: int = 0
+    #: Jobs that ended Interrupted because they keep killing their worker.
+    kept_killing: int = 0
 
-    counters = {FinishOutcome.PUT_BACK: "put_back"}
+    counters = {
+        FinishOutcome.PUT_BACK: "put_back",
+        FinishOutcome.KEEPS_KILLING_WORKER: "kept_killing",
+    }
     if_any = (
         ("released", "released"),
         ("interrupted", "interrupted"),
+        ("kept killing their worker", "kept_killing"),
         ("put back (unknown handler)", "put_back"),
         ("snoozed", "snoozed"),
         *ClaimStats.if_any,

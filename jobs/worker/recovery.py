@@ -54,6 +54,7 @@ class Recovery:
                 len(recovered),
                 extra={"worker": worker.worker_id},
             )
+        self._report_kept_killing(outcomes)
 
     def recover_lost_claims(self) -> None:
         """After a claim failed on the database it may still have committed, its
@@ -84,3 +85,18 @@ class Recovery:
             fault_point("jobs.worker.recovered", count=len(outcomes))
             worker.stats.recovered += len(outcomes)
             worker.emit("recovered", None, f"{len(outcomes)} claim(s) lost with the database")
+        self._report_kept_killing(outcomes)
+
+    def _report_kept_killing(self, outcomes: dict[str, FinishOutcome]) -> None:
+        """Count and report the recoveries that reached the crash budget (the store
+        logs each job, naming it, once its recovery committed)."""
+        kept_killing = sum(o is FinishOutcome.KEEPS_KILLING_WORKER for o in outcomes.values())
+        if kept_killing:
+            worker = self._worker
+            worker.stats.kept_killing += kept_killing
+            worker.emit(
+                FinishOutcome.KEEPS_KILLING_WORKER.value,
+                None,
+                f"{kept_killing} job(s) ended Interrupted: interrupted "
+                f"JOBS['MAX_INTERRUPTIONS'] times, they are not queued again",
+            )

@@ -4,9 +4,10 @@ inside the process, wait ``cancel_grace`` more seconds, and end whatever still r
 
 A handler that returns because of the shutdown signal has its claim released by its
 slot (the job Queued again, the attempt not counted): a routine deploy never uses up
-a job's attempts. A handler still running after the grace is recovered — Interrupted,
-and re-queued while attempts remain — as a stopped worker's would be. A second stop
-request signals cancellation at once; a third stops waiting.
+a job's attempts. A handler still running after the grace is recovered as a stopped
+worker's would be: its attempt Interrupted, the job re-queued without using an
+attempt while its interruptions stay below ``JOBS["MAX_INTERRUPTIONS"]`` (the crash
+budget). A second stop request signals cancellation at once; a third stops waiting.
 """
 
 from __future__ import annotations

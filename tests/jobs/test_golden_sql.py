@@ -100,7 +100,7 @@ def _variants() -> dict[str, Callable[[], str]]:
     add("insert_jobs_json-postgresql", lambda: sql_submit.INSERT_JOBS_JSON)
     add("insert_new_jobs_json-postgresql", lambda: sql_submit.INSERT_NEW_JOBS_JSON)
 
-    # Queues, snoozes, put-backs.
+    # Queues, snoozes, releases, put-backs.
     add("pause_queue", lambda: sql_flow.PAUSE_QUEUE)
     add("resume_queue", lambda: sql_flow.RESUME_QUEUE)
     add("snooze_job", lambda: sql_flow.SNOOZE_JOB)
@@ -109,6 +109,19 @@ def _variants() -> dict[str, Callable[[], str]]:
     add("release_job", lambda: sql_flow.RELEASE_JOB)
     add("release_attempt", lambda: sql_flow.RELEASE_ATTEMPT)
     add("put_back_unknown_handler", lambda: sql_flow.PUT_BACK_UNKNOWN_HANDLER)
+
+    # Recovery under the crash budget, with each of its guards.
+    for lease_guard, owner_guard in itertools.product((False, True), repeat=2):
+        guards = "".join(
+            f"-{name}" for name, on in (("lease", lease_guard), ("owner", owner_guard)) if on
+        )
+        add(
+            f"recover_job{guards}",
+            lambda lg=lease_guard, og=owner_guard: sql_flow.recover_job(
+                lease_guard=lg, owner_guard=og
+            ),
+        )
+    add("recover_attempt", lambda: sql_flow.RECOVER_ATTEMPT)
 
     _limit_variants(add)
 

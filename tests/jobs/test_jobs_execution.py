@@ -485,9 +485,12 @@ class TestRecovery:
         assert attempt.error.startswith("recovered")
         assert attempt.finished_at == now
         assert make_job.row("job-1").current_token is None
+        # The crash budget: the interrupted attempt used none of the job's attempts.
+        assert (snap.attempt_count, snap.interruption_count) == (0, 1)
         again = execution.try_start(make_job.scope_hash, "job-1")
         assert again is not None
-        assert again.attempt == 2
+        assert again.attempt == 1
+        assert [a.number for a in make_job.get("job-1").attempts] == [1, 2]
 
     def test_without_requeue_the_job_stays_interrupted(self, make_job) -> None:
         claim = make_job.running("job-1", max_attempts=2)
@@ -506,11 +509,12 @@ class TestRecovery:
         assert snap.attempts[0].status == AttemptStatus.INTERRUPTED
         assert execution.get_due() == []
 
-    def test_no_attempts_left_is_not_requeued(self, make_job) -> None:
+    def test_its_only_attempt_is_not_used_up(self, make_job) -> None:
         claim = make_job.running("job-1", max_attempts=1)
-        assert execution.recover(claim.token) is FinishOutcome.INTERRUPTED
-        assert make_job.get("job-1").status == JobStatus.INTERRUPTED
-        assert execution.get_due() == []
+        assert execution.recover(claim.token) is FinishOutcome.REQUEUED
+        snap = make_job.get("job-1")
+        assert (snap.status, snap.attempt_count) == (JobStatus.QUEUED, 0)
+        assert [due.job_id for due in execution.get_due()] == ["job-1"]
 
     def test_recover_expired_touches_only_expired_leases(self, make_job) -> None:
         make_job.queued("old")
@@ -524,12 +528,12 @@ class TestRecovery:
         assert young is not None
 
         recovered = execution.recover_expired(now=t0 + timedelta(seconds=35))
-        assert recovered == {old.token: FinishOutcome.INTERRUPTED}  # max_attempts=1
-        assert make_job.row("old").status == JobStatus.INTERRUPTED
+        assert recovered == {old.token: FinishOutcome.REQUEUED}
+        assert make_job.row("old").status == JobStatus.QUEUED
         assert make_job.row("young").status == JobStatus.RUNNING
         assert execution.recover_expired(now=t0 + timedelta(seconds=49)) == {}
         assert execution.recover_expired(now=t0 + timedelta(seconds=51)) == {
-            young.token: FinishOutcome.INTERRUPTED
+            young.token: FinishOutcome.REQUEUED
         }
 
     def test_a_lease_renewed_after_listing_is_not_robbed(

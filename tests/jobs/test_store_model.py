@@ -9,8 +9,10 @@ and without a retry), interrupt, recover, snooze (up to its ``max_snoozes`` boun
 release (a worker's graceful shutdown), the put-back of a claim whose handler the
 worker does not know (within and past its window), heartbeat, lease expiry and
 recovery of expired leases and of a restarted worker (also a recovery acting on a
-token it picked before a heartbeat or another worker's claim). After every step each
-job's status, attempt, snooze and release counts, ``max_attempts``, cancel flag, token,
+token it picked before a heartbeat or another worker's claim) under the crash budget
+(``JOBS["MAX_INTERRUPTIONS"]`` drawn from 1 to 3 per sequence, so that sequences reach
+it). After every step each job's status, attempt, snooze, release and interruption
+counts, whether it keeps killing its worker, ``max_attempts``, cancel flag, token,
 lease, ``next_run_at``, unknown-handler window and its attempt rows (number, token,
 status) are compared with the model.
 
@@ -27,7 +29,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
+from django.test import override_settings
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -86,6 +90,10 @@ class ModelJob:
     attempts: int = 0
     snoozes: int = 0
     releases: int = 0
+    #: Attempts recovered within the crash budget (not counted in ``attempts``).
+    interruptions: int = 0
+    #: Ended Interrupted at the crash budget: it keeps killing its worker.
+    kills_its_worker: bool = False
     token: str | None = None
     cancel: bool = False
     #: None: due whenever (submitted or retried "now", before the model's clock).
@@ -125,7 +133,7 @@ class ModelJob:
         self.attempts += 1
         self.status, self.token, self.progress, self.cancel = "running", token, None, False
         self.leased_by, self.lease_until = worker, now + timedelta(seconds=LEASE)
-        number = self.attempts + self.snoozes + self.releases
+        number = self.attempts + self.snoozes + self.releases + self.interruptions
         self.rows.append(ModelAttempt(number, token))
 
     def requeue(self, run_at: datetime | None) -> None:
@@ -134,6 +142,7 @@ class ModelJob:
         self.run_at = run_at
         self.token = None
         self.cancel = False
+        self.kills_its_worker = False
         self.progress = None
         self.unknown_since = None
 
@@ -146,15 +155,29 @@ class JobsStoreModel(RuleBasedStateMachine):
         self.jobs: dict[str, ModelJob] = {}
         # Far ahead of the wall clock: a job submitted or retried "now" is due.
         self.now = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
+        self.max_interruptions = jobs_settings().MAX_INTERRUPTIONS
+        self.budget: override_settings | None = None
 
-    @initialize(max_attempts=st.lists(st.integers(1, 3), min_size=2, max_size=2))
-    def empty_store(self, max_attempts: list[int]) -> None:
+    @initialize(
+        max_attempts=st.lists(st.integers(1, 3), min_size=2, max_size=2),
+        max_interruptions=st.integers(1, 3),
+    )
+    def empty_store(self, max_attempts: list[int], max_interruptions: int) -> None:
+        self.budget = override_settings(
+            JOBS={**getattr(django_settings, "JOBS", {}), "MAX_INTERRUPTIONS": max_interruptions}
+        )
+        self.budget.enable()
+        self.max_interruptions = max_interruptions
         JobAttempt.objects.all().delete()
         Job.objects.all().delete()
         # Two jobs from the start, so that the steps reach the executor's transitions
         # early; the third is left for the submit rule to create.
         for job_id, attempts in zip(JOB_IDS, max_attempts, strict=False):
             self.submit(job_id, attempts)
+
+    def teardown(self) -> None:
+        if self.budget is not None:
+            self.budget.disable()
 
     # ------------------------------------------------------------------ time
 
@@ -294,7 +317,7 @@ class JobsStoreModel(RuleBasedStateMachine):
         token = self._pick(token, pick)
         job = self._holder(token)
         outcome = execution.recover(token, requeue=requeue, now=self.now)
-        self._ended(job, outcome, "interrupted", self.now if requeue else None)
+        self._recovered(job, outcome, requeue)
 
     @rule(token=tokens, pick=PICK, max_snoozes=st.sampled_from([None, 0, 1, 2]))
     def snooze(self, token: str, pick: int, max_snoozes: int | None) -> None:
@@ -384,7 +407,7 @@ class JobsStoreModel(RuleBasedStateMachine):
         outcomes = execution.recover_expired(requeue=requeue, now=self.now)
         assert set(outcomes) == set(expired)
         for token, job in expired.items():
-            self._ended(job, outcomes[token], "interrupted", self.now if requeue else None)
+            self._recovered(job, outcomes[token], requeue)
 
     @rule(worker=st.sampled_from(WORKERS))
     def recover_worker(self, worker: str) -> None:
@@ -394,7 +417,19 @@ class JobsStoreModel(RuleBasedStateMachine):
         outcomes = execution.recover_worker(worker, now=self.now)
         assert set(outcomes) == set(own)
         for token, job in own.items():
-            self._ended(job, outcomes[token], "interrupted", self.now)
+            self._recovered(job, outcomes[token], requeue=True)
+
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 3), by_lease=st.booleans())
+    def worker_dies_mid_job(self, worker: str, limit: int, by_lease: bool) -> None:
+        """A worker claims what is due and dies while its handlers run: another worker
+        recovers the attempts once their leases expired, or the worker's own restart
+        at once — one turn of the crash budget, in one step."""
+        self.claim_due(worker, limit)
+        if by_lease:
+            self.now += timedelta(seconds=LEASE + 1)
+            self.recover_expired(requeue=True)
+        else:
+            self.recover_worker(worker)
 
     @rule(
         token=tokens,
@@ -420,7 +455,7 @@ class JobsStoreModel(RuleBasedStateMachine):
                 token, requeue=requeue, lease_expired_before=self.now, now=self.now
             )
             allowed = job is not None and job.lease_expired(self.now)
-        self._ended(job if allowed else None, outcome, "interrupted", self.now if requeue else None)
+        self._recovered(job if allowed else None, outcome, requeue)
 
     # ------------------------------------------------------------------ checks
 
@@ -438,6 +473,8 @@ class JobsStoreModel(RuleBasedStateMachine):
             assert row.attempt_count == model.attempts, where
             assert row.max_attempts == model.max_attempts, where
             assert (row.snooze_count, row.release_count) == (model.snoozes, model.releases), where
+            assert row.interruption_count == model.interruptions, where
+            assert row.keeps_killing_worker == model.kills_its_worker, where
             assert row.cancel_requested == model.cancel, where
             assert row.current_token == model.token, where
             assert (row.leased_by, row.lease_expires_at) == (model.leased_by, model.lease_until), (
@@ -452,8 +489,10 @@ class JobsStoreModel(RuleBasedStateMachine):
             assert [(a.number, a.token, a.status) for a in attempts] == [
                 (a.number, a.token, a.status) for a in model.rows
             ], where
-            uncounted = {"snoozed", "released"}
-            assert len([a for a in attempts if a.status not in uncounted]) == row.attempt_count
+            # One row per execution: counted, snoozed, released or interrupted within the
+            # crash budget (a put-back deletes its row).
+            executions = row.attempt_count + row.snooze_count + row.release_count
+            assert len(attempts) == executions + row.interruption_count, where
 
     # ------------------------------------------------------------------ helpers
 
@@ -480,6 +519,25 @@ class JobsStoreModel(RuleBasedStateMachine):
             if job.holds(token):
                 return job
         return None
+
+    def _recovered(self, job: ModelJob | None, outcome: FinishOutcome, requeue: bool) -> None:
+        """A recovery: with ``requeue``, the crash budget — the attempt ends Interrupted
+        without counting, and the job is Queued again at once while its interruptions
+        stay below the budget, or ends Interrupted, keeping killing its worker, at it;
+        without, an interrupt. A cancel request that came first ends it Cancelled."""
+        if job is None or job.cancel or not requeue:
+            self._ended(job, outcome, "interrupted", None)
+            return
+        job.close("interrupted")
+        job.attempts -= 1
+        job.interruptions += 1
+        if job.interruptions < self.max_interruptions:
+            assert outcome is FinishOutcome.REQUEUED
+            job.requeue(self.now)
+            return
+        assert outcome is FinishOutcome.KEEPS_KILLING_WORKER
+        job.status = "interrupted"
+        job.kills_its_worker = True
 
     def _ended(
         self,

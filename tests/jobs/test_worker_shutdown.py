@@ -51,9 +51,9 @@ def test_worker_stopping_is_sent_while_handlers_still_run(handler):
     assert JobScope(SCOPE).get("s").status == JobStatus.SUCCEEDED
 
 
-def test_a_handler_that_outlives_the_grace_is_counted_as_interrupted(handler):
-    """One attempt, a handler deaf to its signal: recovered without an attempt left,
-    it is Interrupted — and the summary says so, not "re-queued"."""
+def _outlive_the_grace(handler) -> tuple[Worker, list[str]]:
+    """One job (its one attempt), a handler deaf to the shutdown's signal, and a
+    worker stopped while it runs; the worker and the events it reported."""
     started, release = threading.Event(), threading.Event()
     events: list[str] = []
 
@@ -78,10 +78,29 @@ def test_a_handler_that_outlives_the_grace_is_counted_as_interrupted(handler):
         thread.join(30)
     finally:
         release.set()
+    return worker, events
+
+
+def test_a_handler_that_outlives_the_grace_is_requeued_with_its_attempt_unused(handler):
+    """The crash budget: recovered at the shutdown, the job's one attempt is not used
+    up — it is Queued again, its attempt row Interrupted — and counted as re-queued."""
+    worker, events = _outlive_the_grace(handler)
     snap = JobScope(SCOPE).get("deaf")
-    assert snap.status == JobStatus.INTERRUPTED
+    assert (snap.status, snap.attempt_count, snap.interruption_count) == (JobStatus.QUEUED, 0, 1)
     assert [a.status for a in snap.attempts] == [AttemptStatus.INTERRUPTED]
-    assert (worker.stats.interrupted, worker.stats.requeued, worker.stats.released) == (1, 0, 0)
-    assert "interrupted" in events
+    assert (worker.stats.requeued, worker.stats.interrupted, worker.stats.released) == (1, 0, 0)
+    assert "requeued" in events
+    assert "re-queued 1" in worker.stats.summary()
+
+
+def test_the_interruption_that_reaches_the_budget_is_counted_as_keeping_killing(handler, settings):
+    """With a budget of one interruption, the first one ends the job Interrupted as
+    one that keeps killing its worker — and the event and the summary say so."""
+    settings.JOBS = {**settings.JOBS, "MAX_INTERRUPTIONS": 1}
+    worker, events = _outlive_the_grace(handler)
+    snap = JobScope(SCOPE).get("deaf")
+    assert (snap.status, snap.keeps_killing_worker) == (JobStatus.INTERRUPTED, True)
+    assert (worker.stats.kept_killing, worker.stats.requeued) == (1, 0)
+    assert "keeps-killing-worker" in events
     assert "requeued" not in events
-    assert "interrupted 1" in worker.stats.summary()
+    assert "kept killing their worker 1" in worker.stats.summary()

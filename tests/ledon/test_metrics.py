@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 
 from jobs import JobSubmission, execution, job_handler, stage_job, submit_job
 from jobs.handlers import RetryPolicy, unregister
+from jobs.types import FinishOutcome
 from jobs.worker import Worker
 from outbox import IntegrationEvent, unit_of_work
 from outbox.dispatcher import Dispatcher
@@ -95,6 +96,24 @@ def test_counters_and_histograms_after_a_known_workload():
                  outcome="failed") == 1  # fmt: skip
     assert delta("runs", "ledon_job_run_seconds_count", queue=QUEUE, handler="metrics.ok") == 4
     assert delta("waits", "ledon_job_wait_seconds_count", queue=QUEUE, handler="metrics.boom") == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_that_keeps_killing_its_worker_is_counted(settings):
+    """The recovery that reaches the crash budget counts the job, by queue and
+    handler; one that queues the job again does not."""
+    settings.JOBS = {**settings.JOBS, "MAX_INTERRUPTIONS": 2}
+    killing = ("ledon_jobs_keeps_killing_worker_total", {"queue": QUEUE, "handler": "metrics.ok"})
+    before = value(*killing)
+    submit_job("m", "poison", sub("metrics.ok"))
+    outcomes = []
+    for _ in range(2):
+        [claim] = execution.claim_due("w-killed", limit=1, queues=[QUEUE])
+        outcomes.append(execution.recover(claim.token))
+        if outcomes[-1] is not FinishOutcome.KEEPS_KILLING_WORKER:
+            assert value(*killing) == before
+    assert outcomes == [FinishOutcome.REQUEUED, FinishOutcome.KEEPS_KILLING_WORKER]
+    assert value(*killing) - before == 1
 
 
 @pytest.mark.django_db(transaction=True)

@@ -162,8 +162,9 @@ def test_a_worker_whose_settle_heartbeat_or_progress_reply_is_lost_converges(clu
     assert (
         count(
             cluster,
-            "SELECT count(*) FROM jobs_job j JOIN shop_worklog w ON w.job_id = j.job_id"
-            " AND w.attempt = j.attempt_count WHERE j.job_id LIKE 'settle-%'",
+            "SELECT count(*) FROM jobs_job j JOIN jobs_jobattempt a ON a.job_id = j.id"
+            " AND a.status = 'succeeded' JOIN shop_worklog w ON w.token = a.token"
+            " WHERE j.job_id LIKE 'settle-%'",
         )
         == 40
     )

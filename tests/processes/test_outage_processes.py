@@ -274,8 +274,9 @@ def test_engines_survive_postgres_outages_under_load(cluster, procs, tmp_path):
     # The succeeded attempt's effect exists exactly once for every job.
     assert (
         done(
-            "SELECT count(*) FROM jobs_job j JOIN shop_worklog w ON w.job_id = j.job_id"
-            " AND w.attempt = j.attempt_count WHERE j.handler = 'test.outage'"
+            "SELECT count(*) FROM jobs_job j JOIN jobs_jobattempt a ON a.job_id = j.id"
+            " AND a.status = 'succeeded' JOIN shop_worklog w ON w.token = a.token"
+            " WHERE j.handler = 'test.outage'"
         )
         == JOBS
     )

@@ -142,8 +142,9 @@ class Load:
         # The succeeded attempt's effect exists exactly once for every job.
         assert (
             self.count(
-                "SELECT count(*) FROM jobs_job j JOIN shop_worklog w ON w.job_id = j.job_id"
-                " AND w.attempt = j.attempt_count WHERE j.handler = 'test.outage'"
+                "SELECT count(*) FROM jobs_job j JOIN jobs_jobattempt a ON a.job_id = j.id"
+                " AND a.status = 'succeeded' JOIN shop_worklog w ON w.token = a.token"
+                " WHERE j.handler = 'test.outage'"
             )
             == jobs
         )

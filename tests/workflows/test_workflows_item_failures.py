@@ -188,8 +188,9 @@ def test_an_item_whose_job_keeps_dying_ends_once_its_job_ends_interrupted():
     start_workflow(SCOPE, "dying-1", "itemfail.lookups", ["known"])
     run_workflows_inline(max_attempts_run=1)
     (job,) = item_jobs("itemfail.lookup")
-    # Each try's worker is killed; recovery takes the attempt back. With no attempt
-    # left the job ends Interrupted, and no signal tells the workflow.
+    # Each try's worker is killed; recovery queues the job again under the crash
+    # budget. Once the budget is spent the job ends Interrupted, and no signal tells
+    # the workflow.
     while execution.try_start(job.scope_hash, job.job_id, worker_id="doomed") is not None:
         store.start_item(WorkflowItem.objects.get().pk, job.scope_hash, job.job_id, timezone.now())
         execution.recover_worker("doomed")
@@ -202,7 +203,9 @@ def test_an_item_whose_job_keeps_dying_ends_once_its_job_ends_interrupted():
     assert thread.items_ended == 1
     item = WorkflowItem.objects.get()
     assert (item.status, item.error_type) == ("failed", "ActivityJobEnded")
-    assert item.error.startswith("its job ended Interrupted without recording it: recovered")
+    assert item.error.startswith(
+        "its job ended Interrupted without recording it: keeps killing its worker"
+    )
     snap = run_workflow(SCOPE, "dying-1", clock=TestClock())
     assert snap.status == RunStatus.FAILED
     assert snap.step("lookup").status == StepStatus.FAILED

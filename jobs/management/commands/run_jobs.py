@@ -11,7 +11,7 @@ from django.db import DatabaseError
 from jobs import execution, supervisor, validation
 from jobs.exceptions import JobsError
 from jobs.handlers import autodiscover, registered_handlers
-from jobs.types import Claim
+from jobs.types import Claim, FinishOutcome
 from jobs.worker import Worker
 from ledon.commands import EngineCommand, EngineStart, engine_id_option
 from ledon.engine import StopLevel
@@ -30,7 +30,7 @@ class Command(EngineCommand):
         StopLevel.ABORT: "no more waiting: re-queueing what still runs and exiting",
     }
     quiet_events = frozenset({"claimed"})
-    loud_events = frozenset({"failed", "lost"})
+    loud_events = frozenset({"failed", "lost", FinishOutcome.KEEPS_KILLING_WORKER.value})
     loud_style = "ERROR"
 
     def add_engine_arguments(self, parser: CommandParser) -> None:
