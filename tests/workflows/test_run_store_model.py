@@ -364,6 +364,9 @@ class RunStoreModel(RuleBasedStateMachine):
         outcome = store.suspend(driver, waiting_for, None, timezone.now())
         if run is None:
             assert outcome is store.Suspended.STALE
+        elif run.cancel:
+            # A cancelled run never waits: its driver ends it (see finish).
+            assert outcome is store.Suspended.CANCEL_REQUESTED
         elif run.wake_pending:
             assert outcome is store.Suspended.WAKE_PENDING
             run.wake_pending = False
