@@ -39,6 +39,7 @@ from ledon.tracing import AttributeValue
 
 from . import registry, store, validation
 from .conf import workflows_settings
+from .determinism import RecordedOrder, skipped_detail
 from .exceptions import (
     InvalidInput,
     NonDeterministicWorkflow,
@@ -130,6 +131,7 @@ class WorkflowContext:
         self._run = driver.run
         self._clock = clock
         self._steps: dict[str, WorkflowStep] = store.load_steps(driver.run)
+        self._order = RecordedOrder(self._steps, driver.run.rerun_keys)
         self._seen: set[str] = set()
         self._deadline: float | None = None
         #: Set when the body contradicted its recorded checkpoints: the run fails
@@ -199,12 +201,18 @@ class WorkflowContext:
         finished = step is not None and step.status in (StepStatus.SUCCEEDED, StepStatus.FAILED)
         if not finished and store.cancel_requested(self._run.pk):
             raise Stop(cancelled=True)
+        if step is None:
+            skipped = self._order.skipped_by(checked)
+            if skipped:
+                self._nondeterministic(checked, skipped_detail(skipped), skipped)
+        else:
+            self._order.reached(checked)
         if not finished:
             fault_point("workflows.checkpoint.reached", run=self._run.pk, key=checked, kind=kind)
         return checked, step
 
-    def _nondeterministic(self, key: str, detail: str) -> None:
-        error = NonDeterministicWorkflow(key, detail)
+    def _nondeterministic(self, key: str, detail: str, skipped: tuple[str, ...] = ()) -> None:
+        error = NonDeterministicWorkflow(key, detail, skipped)
         if self.nondeterminism is None:
             self.nondeterminism = error
         raise error

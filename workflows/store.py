@@ -1128,9 +1128,14 @@ def _resume(run: WorkflowRun, now: datetime) -> None:
             update_step(step, StepStatus.FAILED, status=StepStatus.WAITING, finished_at=None)
     # A failed try of an inline step, a failed map or activity, a timed-out wait: the
     # replay records them again. (Non-child failed steps only: a resumed child keeps
-    # its checkpoint, now waiting.)
-    WorkflowStep.objects.filter(run=run, status=StepStatus.FAILED).delete()
-    WorkflowStep.objects.filter(run=run, kind=StepKind.STEP, status=StepStatus.WAITING).delete()
+    # its checkpoint, now waiting.) Their keys are kept, so that the replay records
+    # them again where they stood (see ``WorkflowRun.rerun_keys``).
+    erased = WorkflowStep.objects.filter(run=run).filter(
+        Q(status=StepStatus.FAILED) | Q(kind=StepKind.STEP, status=StepStatus.WAITING)
+    )
+    rerun_keys = list(erased.order_by("id").values_list("key", flat=True))
+    erased.delete()
+    WorkflowRun.objects.filter(pk=run.pk).update(rerun_keys=rerun_keys)
     generation = WorkflowRun.objects.filter(pk=run.pk).values_list("generation", flat=True)[0]
     wake(run.pk, generation, "resume", now=now)
 
