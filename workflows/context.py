@@ -654,7 +654,10 @@ class WorkflowContext:
                     child_id=child.pk,
                 )
             self._record(step)
-            raise Suspend(f"child {checked}")
+            if child.status in RunStatus.unfinished():
+                raise Suspend(f"child {checked}")
+            # The child had ended already (a resumed parent finds the run it started
+            # before): nothing would wake this run for it, so its end is read now.
         if step.status == StepStatus.SUCCEEDED:
             return validation.from_json(step.result_json)
         if step.status == StepStatus.FAILED:

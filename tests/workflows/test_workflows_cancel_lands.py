@@ -265,3 +265,18 @@ def test_a_cancel_while_the_driver_suspends_is_never_lost(while_blocked):
         cancelling = while_blocked.pool.submit(in_own_connection(cancel("both")))
         assert cancelling.result(timeout=30) == CancelOutcome.REQUESTED
     assert while_blocked.result() is store.Suspended.CANCEL_REQUESTED
+
+
+def test_a_resumed_parent_of_a_cancelled_child_fails_again_instead_of_waiting():
+    start_workflow(SCOPE, "orphan", "checks.parent", {"child": "checks.signals"})
+    run_workflows_inline()
+    assert WorkflowScope(SCOPE).cancel("orphan/kid") == CancelOutcome.CANCELLED
+    run_workflows_inline()
+    assert WorkflowScope(SCOPE).get("orphan").status == RunStatus.FAILED
+    WorkflowScope(SCOPE).resume("orphan")
+    run_workflows_inline()
+    # The child it finds again ended long ago: nothing would ever wake it for that.
+    snap = WorkflowScope(SCOPE).get("orphan")
+    assert snap.status == RunStatus.FAILED
+    assert snap.failed_step == "kid"
+    assert snap.error.startswith("StepFailed: step 'kid' failed: ChildRunCancelled")
