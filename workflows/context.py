@@ -11,13 +11,19 @@ driver that lost the run records nothing. An inline step's function runs inside 
 transaction that records its checkpoint, so its writes to the default database and
 its checkpoint commit together or not at all.
 
-Fault points offered here (``ledon.faults``), for crash tests:
+Fault points offered here (``ledon.faults``), for crash and race tests:
+``workflows.checkpoint.reached`` (a checkpoint with work to do reached, its cancel
+check passed, nothing written yet; outside any transaction),
 ``workflows.step.before_checkpoint`` (a step's work done, its checkpoint not yet
 committed), ``workflows.step.after_checkpoint``, ``workflows.timer.wake`` (a timer's
-checkpoint about to commit as fired). The store offers ``workflows.map.fan_in`` (an
-item's end about to be written), ``workflows.map.item_ended`` (written, its run not
-yet woken) and ``workflows.signal.deliver``; the item jobs
-``workflows.item.before_record``.
+checkpoint about to commit as fired). The engine offers ``workflows.advance.suspend``
+(an advance about to wait; outside any transaction). The store offers
+``workflows.map.fan_in`` (an item's end about to be written),
+``workflows.map.item_ended`` (written, its run not yet woken),
+``workflows.signal.deliver``, ``workflows.take.refused`` (an advance job refused a
+Running run, the wake-up it leaves not yet noted) and
+``workflows.cancel.not_waiting`` (a cancel found the run not Waiting, its request not
+yet written); the item jobs ``workflows.item.before_record``.
 """
 
 from __future__ import annotations

@@ -231,40 +231,45 @@ def while_blocked() -> Iterator[WhileBlocked]:
     helper.pool.shutdown()
 
 
-def suspend_later(driver: store.Driver) -> Callable[[], store.Suspended]:
-    return lambda: store.suspend(driver, "signal approved", None, timezone.now())
-
-
 @pytest.mark.postgres_only
-def test_a_wake_up_refused_while_the_driver_suspends_is_never_lost(while_blocked):
-    # A second advance job finds the run Running and is refused; the driver suspends
-    # between that refusal and its note of a wake-up. The note must not fall on a run
-    # already Waiting: the driver has to see it and replay.
-    start_workflow(SCOPE, "take", "checks.signals", {})
-    driver = store.take(pk("take"), "job-a")
-    assert driver is not None
-    suspend = while_blocked.start(suspend_later(driver))
-    with elsewhere_at("workflows.take.refused", suspend, run=pk("take")):
-        taking = while_blocked.pool.submit(in_own_connection(lambda: store.take(pk("take"), "b")))
-        assert taking.result(timeout=30) is None
-    # The suspend ran once the take's transaction ended: it saw the wake-up.
-    assert while_blocked.result() is store.Suspended.WAKE_PENDING
-    assert WorkflowRun.objects.get(run_id="take").status == RunStatus.RUNNING
-
-
-@pytest.mark.postgres_only
-def test_a_cancel_while_the_driver_suspends_is_never_lost(while_blocked):
-    # The cancel finds the run still Running after its first statement, and the driver
-    # suspends before its second: the cancel must not answer "already finished" for a
-    # run that waits on.
+@pytest.mark.parametrize(
+    ("point", "call", "answer", "suspended"),
+    [
+        # A second advance job finds the run Running and is refused; the driver
+        # suspends between that refusal and its note of a wake-up. The note must not
+        # fall on a run already Waiting: the driver has to see it and replay.
+        (
+            "workflows.take.refused",
+            lambda: store.take(pk("both"), "job-b"),
+            None,
+            store.Suspended.WAKE_PENDING,
+        ),
+        # The cancel finds the run still Running after its first statement, and the
+        # driver suspends before its second: the cancel must not answer "already
+        # finished" for a run that waits on, and the driver must end the run.
+        (
+            "workflows.cancel.not_waiting",
+            cancel("both"),
+            CancelOutcome.REQUESTED,
+            store.Suspended.CANCEL_REQUESTED,
+        ),
+    ],
+    ids=["take", "cancel"],
+)
+def test_a_driver_suspending_between_two_statements_loses_nothing(
+    while_blocked, point, call, answer, suspended
+):
     start_workflow(SCOPE, "both", "checks.signals", {})
     driver = store.take(pk("both"), "job-a")
     assert driver is not None
-    suspend = while_blocked.start(suspend_later(driver))
-    with elsewhere_at("workflows.cancel.not_waiting", suspend, run=pk("both")):
-        cancelling = while_blocked.pool.submit(in_own_connection(cancel("both")))
-        assert cancelling.result(timeout=30) == CancelOutcome.REQUESTED
-    assert while_blocked.result() is store.Suspended.CANCEL_REQUESTED
+    suspend = while_blocked.start(
+        lambda: store.suspend(driver, "signal approved", None, timezone.now())
+    )
+    with elsewhere_at(point, suspend, run=pk("both")):
+        assert while_blocked.pool.submit(in_own_connection(call)).result(timeout=30) == answer
+    # The suspend ran once the other transaction ended, and saw what it wrote.
+    assert while_blocked.result() is suspended
+    assert WorkflowRun.objects.get(run_id="both").status == RunStatus.RUNNING
 
 
 def test_a_resumed_parent_of_a_cancelled_child_fails_again_instead_of_waiting():
