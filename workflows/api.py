@@ -85,10 +85,10 @@ class WorkflowScope:
         return f"<WorkflowScope {self.scope_hash[:12]}…>"
 
     def get(self, run_id: str) -> RunSnapshot | None:
-        """The run with its checkpoints in the order reached, or None."""
-        if not isinstance(run_id, str):
-            return None
-        return store.get(self.scope_hash, run_id)
+        """The run with its checkpoints in the order reached, or None if this scope
+        has no such run (a value no run id can be is
+        :class:`~workflows.exceptions.InvalidInput`)."""
+        return store.get(self.scope_hash, validation.existing_run_id(run_id))
 
     def list(
         self,
@@ -96,17 +96,17 @@ class WorkflowScope:
         name: str | None = None,
         limit: int | None = None,
     ) -> list[RunSnapshot]:
-        """The scope's runs, oldest first, filtered by status and name."""
+        """The scope's runs, oldest first, filtered by status and name (each with its
+        checkpoints; a fixed number of queries however many runs)."""
         if status is not None:
             try:
                 status = RunStatus(status)
-            except ValueError:
+            except (ValueError, TypeError):
                 raise validation.InvalidInput(f"unknown run status {status!r}") from None
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
-        ):
-            raise validation.InvalidInput("limit must be None or an int >= 0")
-        return store.list_runs(self.scope_hash, status=status, name=name, limit=limit)
+        if name is not None:
+            name = validation.name(name)
+        checked_limit = validation.limit(limit)
+        return store.list_runs(self.scope_hash, status=status, name=name, limit=checked_limit)
 
     def cancel(self, run_id: str) -> CancelOutcome:
         """Cancel a run: a waiting run ends Cancelled at once; a running one sees its

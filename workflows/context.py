@@ -11,13 +11,19 @@ driver that lost the run records nothing. An inline step's function runs inside 
 transaction that records its checkpoint, so its writes to the default database and
 its checkpoint commit together or not at all.
 
-Fault points offered here (``ledon.faults``), for crash tests:
+Fault points offered here (``ledon.faults``), for crash and race tests:
+``workflows.checkpoint.reached`` (a checkpoint with work to do reached, its cancel
+check passed, nothing written yet; outside any transaction),
 ``workflows.step.before_checkpoint`` (a step's work done, its checkpoint not yet
 committed), ``workflows.step.after_checkpoint``, ``workflows.timer.wake`` (a timer's
-checkpoint about to commit as fired). The store offers ``workflows.map.fan_in`` (an
-item's end about to be written), ``workflows.map.item_ended`` (written, its run not
-yet woken) and ``workflows.signal.deliver``; the item jobs
-``workflows.item.before_record``.
+checkpoint about to commit as fired). The engine offers ``workflows.advance.suspend``
+(an advance about to wait; outside any transaction). The store offers
+``workflows.map.fan_in`` (an item's end about to be written),
+``workflows.map.item_ended`` (written, its run not yet woken),
+``workflows.signal.deliver``, ``workflows.take.refused`` (an advance job refused a
+Running run, the wake-up it leaves not yet noted) and
+``workflows.cancel.not_waiting`` (a cancel found the run not Waiting, its request not
+yet written); the item jobs ``workflows.item.before_record``.
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 
+from ledon.clock import aware_utc
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 from ledon.tracing import AttributeValue
 
 from . import registry, store, validation
 from .conf import workflows_settings
+from .determinism import RecordedOrder, skipped_detail
 from .exceptions import (
     InvalidInput,
     NonDeterministicWorkflow,
@@ -108,7 +116,9 @@ def _checkpoint[**P, R](method: Callable[P, R]) -> Callable[P, R]:
             ctx: WorkflowContext = args[0]  # type: ignore[assignment]
             key = args[1] if len(args) > 1 else kwargs.get("key")
             if ctx._raised is None or ctx._raised[0] is not exc:
-                ctx._raised = (exc, key if isinstance(key, str) else "")
+                # A key that is not valid (too long, a NUL…) is what the error is
+                # about; it names no checkpoint and cannot be stored as one.
+                ctx._raised = (exc, key if isinstance(key, str) and validation.is_key(key) else "")
             raise
 
     return call
@@ -127,6 +137,7 @@ class WorkflowContext:
         self._run = driver.run
         self._clock = clock
         self._steps: dict[str, WorkflowStep] = store.load_steps(driver.run)
+        self._order = RecordedOrder(self._steps, driver.run.rerun_keys)
         self._seen: set[str] = set()
         self._deadline: float | None = None
         #: Set when the body contradicted its recorded checkpoints: the run fails
@@ -196,10 +207,18 @@ class WorkflowContext:
         finished = step is not None and step.status in (StepStatus.SUCCEEDED, StepStatus.FAILED)
         if not finished and store.cancel_requested(self._run.pk):
             raise Stop(cancelled=True)
+        if step is None:
+            skipped = self._order.skipped_by(checked)
+            if skipped:
+                self._nondeterministic(checked, skipped_detail(skipped), skipped)
+        else:
+            self._order.reached(checked)
+        if not finished:
+            fault_point("workflows.checkpoint.reached", run=self._run.pk, key=checked, kind=kind)
         return checked, step
 
-    def _nondeterministic(self, key: str, detail: str) -> None:
-        error = NonDeterministicWorkflow(key, detail)
+    def _nondeterministic(self, key: str, detail: str, skipped: tuple[str, ...] = ()) -> None:
+        error = NonDeterministicWorkflow(key, detail, skipped)
         if self.nondeterminism is None:
             self.nondeterminism = error
         raise error
@@ -217,7 +236,8 @@ class WorkflowContext:
 
     def _move(self, step: WorkflowStep, expected: StepStatus, **fields: Any) -> None:
         """Move ``step`` from ``expected`` (inside a fenced transaction). :class:`Stop`
-        if it is not there any more: another driver moved it, this one is stale."""
+        if it is not there any more: a cancel of the run marked it Cancelled (the
+        advance then ends the run Cancelled), or another driver moved it."""
         if not store.update_step(step, expected, **fields):
             raise Stop(cancelled=False)
 
@@ -281,10 +301,8 @@ class WorkflowContext:
         checked, step = self._reach(key, StepKind.STEP)
         if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
             raise InvalidInput(f"step {checked!r}: retries must be an int in [0, 100]")
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-        ):
-            raise InvalidInput(f"step {checked!r}: timeout must be a positive number or None")
+        if timeout is not None:
+            timeout = validation.seconds(timeout, f"step {checked!r}: timeout")
         if step is not None:
             if step.status == StepStatus.SUCCEEDED:
                 return validation.from_json(step.result_json)
@@ -292,6 +310,10 @@ class WorkflowContext:
                 raise StepFailed(checked, step.error_type, step.error)
             if step.wake_at is not None and self._now() < step.wake_at:
                 raise Suspend(f"retry of {checked} at {_iso(step.wake_at)}", step.wake_at)
+        # Checked before every try, as an activity's are when its job is staged.
+        validation.to_json(
+            {"args": list(args), "kwargs": kwargs}, f"the arguments of step {checked!r}"
+        )
         tries = (step.attempts if step is not None else 0) + 1
         return self._try_inline(checked, step, tries, fn, args, kwargs, retries, timeout)
 
@@ -397,6 +419,10 @@ class WorkflowContext:
             )
         if isinstance(items, str | bytes | dict) or not isinstance(items, Iterable):
             raise InvalidInput(f"map {key!r}: items must be a list of JSON values")
+        if isinstance(items, set | frozenset):
+            # Results come back in the items' order, and a set has none that a replay
+            # would see again.
+            raise InvalidInput(f"map {key!r}: items must be ordered (a list), not a set")
         payloads = [{"args": [item], "kwargs": {}} for item in items]
         return self._activities(key, StepKind.MAP, spec, payloads)
 
@@ -507,20 +533,14 @@ class WorkflowContext:
     def sleep(self, key: str, seconds: float) -> None:
         """Wait ``seconds`` durably: no slot is held, and the run resumes no earlier
         than the time recorded when the sleep was first reached."""
-        if (
-            isinstance(seconds, bool)
-            or not isinstance(seconds, int | float)
-            or not (0 <= seconds <= 10 * 366 * 86_400)
-        ):
-            raise InvalidInput(f"sleep {key!r}: seconds must be a number in [0, 10 years]")
-        self._timer(key, lambda now: now + timedelta(seconds=seconds))
+        wait = validation.seconds(seconds, f"sleep {key!r}: seconds", zero=True)
+        self._timer(key, lambda now: now + timedelta(seconds=wait))
 
     @_checkpoint
     def sleep_until(self, key: str, when: datetime) -> None:
         """Wait durably until ``when`` (an aware datetime)."""
-        if not isinstance(when, datetime) or when.tzinfo is None or when.utcoffset() is None:
-            raise InvalidInput(f"sleep_until {key!r}: when must be a timezone-aware datetime")
-        self._timer(key, lambda now: when.astimezone(UTC))
+        at = aware_utc(when, f"sleep_until {key!r}: when", error=InvalidInput)
+        self._timer(key, lambda now: at)
 
     def _timer(self, key: str, wake_time: Callable[[datetime], datetime]) -> None:
         checked, step = self._reach(key, StepKind.SLEEP)
@@ -556,10 +576,11 @@ class WorkflowContext:
         """The payload of the signal ``key`` sent to this run (``send_signal``); waits
         without a slot until it arrives. A signal sent before the wait is reached is
         kept. After ``timeout`` seconds without it, :class:`SignalTimeout` is raised."""
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-        ):
-            raise InvalidInput(f"wait_for_signal {key!r}: timeout must be a positive number")
+        wait = (
+            None
+            if timeout is None
+            else validation.seconds(timeout, f"wait_for_signal {key!r}: timeout")
+        )
         checked, step = self._reach(key, StepKind.SIGNAL)
         if step is not None:
             if step.status == StepStatus.SUCCEEDED:
@@ -589,7 +610,7 @@ class WorkflowContext:
                         finished_at=now,
                     )
             elif step is None:
-                deadline = None if timeout is None else now + timedelta(seconds=timeout)
+                deadline = None if wait is None else now + timedelta(seconds=wait)
                 step = store.insert_step(
                     self._driver,
                     checked,
@@ -639,7 +660,10 @@ class WorkflowContext:
                     child_id=child.pk,
                 )
             self._record(step)
-            raise Suspend(f"child {checked}")
+            if child.status in RunStatus.unfinished():
+                raise Suspend(f"child {checked}")
+            # The child had ended already (a resumed parent finds the run it started
+            # before): nothing would wake this run for it, so its end is read now.
         if step.status == StepStatus.SUCCEEDED:
             return validation.from_json(step.result_json)
         if step.status == StepStatus.FAILED:

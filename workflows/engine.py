@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError, DataError, InterfaceError, OperationalError
 from django.utils import timezone
 
 from jobs.attempts import timed_out_error
@@ -115,13 +115,15 @@ def _replay(driver: store.Driver, spec: registry.WorkflowSpec) -> Advanced | Non
         if ctx.nondeterminism is not None:
             return _fail(driver, ctx.nondeterminism, ctx.nondeterminism.key)
         return _suspend(driver, wait)
-    except Stop as stop:
-        if stop.cancelled:
-            return _end(driver, RunStatus.CANCELLED, error="cancelled on request")
-        return Advanced.NOTHING
+    except Stop:
+        return _stopped(driver)
     except StepFailed as exc:
         failed = ctx.nondeterminism or exc
         return _fail(driver, failed, failed.key)
+    except DataError as exc:
+        # A value the database refuses (too long, a NUL) is no outage: trying the
+        # advance again would fail the same way for ever. The run fails, naming it.
+        return _fail(driver, ctx.nondeterminism or exc, ctx.checkpoint_of(exc))
     except (DatabaseError, InterfaceError):
         # An outage, not the body's fault: the advance job fails and is tried again
         # (the run stays with this job, which takes it back when it runs again).
@@ -141,18 +143,39 @@ def _replay(driver: store.Driver, spec: registry.WorkflowSpec) -> Advanced | Non
 
 
 def _suspend(driver: store.Driver, wait: Suspend) -> Advanced | None:
+    fault_point("workflows.advance.suspend", run=driver.run.pk)
     suspended = store.suspend(driver, wait.waiting_for, wait.wake_at, current_time())
     if suspended is store.Suspended.WAITING:
         return Advanced.WAITING
     if suspended is store.Suspended.WAKE_PENDING:
         return None
-    if store.cancel_requested(driver.run.pk):
-        # A cancel came while this advance ran: the run ends Cancelled here.
-        return _end(driver, RunStatus.CANCELLED, error="cancelled on request")
+    if suspended is store.Suspended.CANCEL_REQUESTED:
+        # A cancel came while this advance ran: the run ends Cancelled, never waits.
+        return _cancelled(driver)
     return Advanced.NOTHING
 
 
+def _stopped(driver: store.Driver) -> Advanced:
+    """The body stopped without an end of its own: the run's cancel was requested
+    (seen at a checkpoint, or a cancel marked the checkpoint this driver was moving),
+    or another driver holds the run. A driver that still holds the run ends it
+    Cancelled if its cancel was requested; a stale one records nothing."""
+    if store.cancel_requested(driver.run.pk):
+        return _cancelled(driver)
+    return Advanced.NOTHING
+
+
+def _cancelled(driver: store.Driver) -> Advanced:
+    return _end(driver, RunStatus.CANCELLED, error="cancelled on request")
+
+
 def _fail(driver: store.Driver, exc: BaseException, failed_step: str) -> Advanced:
+    if store.cancel_requested(driver.run.pk):
+        # The cancel lands first: whatever failed after it was asked for (a step that
+        # stopped early when it saw it, a bad key) ends the run Cancelled.
+        return _cancelled(driver)
+    if not validation.is_key(failed_step):
+        failed_step = ""  # a key that could not be a checkpoint's names none
     error_type, message = error_parts(exc)
     detail = "".join(traceback.format_exception(exc))
     return _end(

@@ -112,15 +112,20 @@ class SignalTimeout(WorkflowError):
 
 class NonDeterministicWorkflow(WorkflowError):
     """The body reached a checkpoint that contradicts what the run recorded: a key
-    recorded with another kind of checkpoint, or the same key used twice. The run
-    ends Failed."""
+    recorded with another kind of checkpoint, the same key used twice, or a new
+    checkpoint while recorded ones were skipped (``skipped`` names them, in the order
+    recorded). The run ends Failed."""
 
-    def __init__(self, key: str, detail: str) -> None:
+    def __init__(self, key: str, detail: str, skipped: tuple[str, ...] = ()) -> None:
         self.key = key
+        self.detail = detail
+        self.skipped = tuple(skipped)
         super().__init__(f"checkpoint {key!r}: {detail}")
 
-    def __reduce__(self) -> tuple[type[NonDeterministicWorkflow], tuple[str, str]]:
-        return (type(self), (self.key, str(self).split(": ", 1)[1]))
+    def __reduce__(
+        self,
+    ) -> tuple[type[NonDeterministicWorkflow], tuple[str, str, tuple[str, ...]]]:
+        return (type(self), (self.key, self.detail, self.skipped))
 
 
 class WorkflowCancelled(WorkflowError):

@@ -68,6 +68,10 @@ class WorkflowRun(models.Model):
     generation = models.PositiveIntegerField(default=0)
     advances = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
+    #: The keys of the checkpoints the last ``resume`` erased, in the order they were
+    #: recorded: a replay records them again where they stood, so the checkpoints
+    #: recorded after them do not count as skipped when it reaches them.
+    rerun_keys = models.JSONField(default=list, blank=True)
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
     )

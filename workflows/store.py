@@ -73,7 +73,7 @@ from .types import (
     StepSnapshot,
     StepStatus,
 )
-from .validation import from_json
+from .validation import child_run_id, from_json
 
 #: The job handler that advances runs (registered by :mod:`workflows.handlers`).
 ADVANCE_HANDLER = "workflows.advance"
@@ -281,7 +281,7 @@ def create_child(
 
     A run of that id that is not this parent's child (a caller started it) is
     :class:`WorkflowIdentityConflict`: it would never wake the parent when it ends."""
-    run_id = f"{parent.run_id}/{key}"
+    run_id = child_run_id(parent.run_id, key)
     _create(
         parent.scope_hash, run_id, name, version, input_json, now, parent=parent, parent_key=key
     )
@@ -331,6 +331,10 @@ def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None)
     else:
         takeable |= Q(status=RunStatus.RUNNING, driver_job=job_id)
     with transaction.atomic(using=alias()):
+        # The row locked first: a driver that suspends the run meanwhile is ordered
+        # before or after this whole decision, so a wake-up it refuses is never lost
+        # to a run that went Waiting between its two statements.
+        _lock_run(run_pk)
         taken = WorkflowRun.objects.filter(takeable, pk=run_pk).update(
             status=RunStatus.RUNNING,
             driver_token=token,
@@ -340,12 +344,24 @@ def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None)
             updated_at=now,
         )
         if not taken:
+            fault_point("workflows.take.refused", run=run_pk)
             WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.RUNNING).update(
                 wake_pending=True
             )
             return None
         run = WorkflowRun.objects.get(pk=run_pk)
     return Driver(run, token)
+
+
+def _lock_run(run_pk: int) -> str | None:
+    """Lock run ``run_pk``'s row until the transaction ends (PostgreSQL; SQLite's
+    transactions hold the one write lock already) and return its status."""
+    return (
+        WorkflowRun.objects.select_for_update()
+        .filter(pk=run_pk)
+        .values_list("status", flat=True)
+        .first()
+    )
 
 
 def guard(driver: Driver, now: datetime) -> None:
@@ -510,17 +526,22 @@ class Suspended(enum.Enum):
     WAITING = "waiting"
     #: A wake-up came while this driver replayed: replay again (the flag is cleared).
     WAKE_PENDING = "wake_pending"
+    #: The run's cancel was requested while this driver held it: the driver ends it
+    #: Cancelled (:func:`finish`) instead of letting it wait.
+    CANCEL_REQUESTED = "cancel_requested"
     #: This driver no longer holds the run.
     STALE = "stale"
 
 
 def suspend(driver: Driver, waiting_for: str, wake_at: datetime | None, now: datetime) -> Suspended:
-    """RUNNING (this driver, no wake-up pending) -> WAITING: the advance ends without
-    holding a slot. A wake-up left meanwhile (a signal, the last item, a child's end,
-    another advance job) makes the driver replay instead, so none is lost."""
+    """RUNNING (this driver, no wake-up pending, no cancel requested) -> WAITING: the
+    advance ends without holding a slot. A wake-up left meanwhile (a signal, the last
+    item, a child's end, another advance job) makes the driver replay instead, so none
+    is lost; a cancel requested meanwhile makes it end the run, so that no run waits
+    with a cancel nobody will act on."""
     held = driver.held()
     with transaction.atomic(using=alias()):
-        if held.filter(wake_pending=False).update(
+        if held.filter(wake_pending=False, cancel_requested=False).update(
             status=RunStatus.WAITING,
             driver_token=None,
             driver_job=None,
@@ -529,6 +550,8 @@ def suspend(driver: Driver, waiting_for: str, wake_at: datetime | None, now: dat
             updated_at=now,
         ):
             return Suspended.WAITING
+        if held.filter(cancel_requested=True).exists():
+            return Suspended.CANCEL_REQUESTED
         if held.filter(wake_pending=True).update(wake_pending=False, updated_at=now):
             return Suspended.WAKE_PENDING
     return Suspended.STALE
@@ -943,13 +966,7 @@ def item_counts(step: WorkflowStep) -> ItemCounts:
         .annotate(n=Count("id"))
         .order_by()
     )
-    return ItemCounts(
-        total=step.item_count,
-        succeeded=rows.get(StepStatus.SUCCEEDED, 0),
-        failed=rows.get(StepStatus.FAILED, 0),
-        running=rows.get(StepStatus.RUNNING, 0),
-        cancelled=rows.get(StepStatus.CANCELLED, 0),
-    )
+    return _counts(step, rows)
 
 
 def items_of(step: WorkflowStep) -> list[WorkflowItem]:
@@ -1034,6 +1051,9 @@ def cancel(scope_hash: str, run_id: str) -> CancelOutcome:
 
 
 def _cancel(run: WorkflowRun, now: datetime) -> CancelOutcome:
+    # Locked first: a run its driver suspends between the two guarded statements
+    # below would otherwise match neither, and the cancel would be lost.
+    _lock_run(run.pk)
     ended = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.WAITING).update(
         status=RunStatus.CANCELLED,
         cancel_requested=True,
@@ -1048,6 +1068,7 @@ def _cancel(run: WorkflowRun, now: datetime) -> CancelOutcome:
         drop_wakes([run.pk], now)
         _wake_parent(run, now)
         return CancelOutcome.CANCELLED
+    fault_point("workflows.cancel.not_waiting", run=run.pk)
     asked = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
         cancel_requested=True, updated_at=now
     )
@@ -1107,9 +1128,14 @@ def _resume(run: WorkflowRun, now: datetime) -> None:
             update_step(step, StepStatus.FAILED, status=StepStatus.WAITING, finished_at=None)
     # A failed try of an inline step, a failed map or activity, a timed-out wait: the
     # replay records them again. (Non-child failed steps only: a resumed child keeps
-    # its checkpoint, now waiting.)
-    WorkflowStep.objects.filter(run=run, status=StepStatus.FAILED).delete()
-    WorkflowStep.objects.filter(run=run, kind=StepKind.STEP, status=StepStatus.WAITING).delete()
+    # its checkpoint, now waiting.) Their keys are kept, so that the replay records
+    # them again where they stood (see ``WorkflowRun.rerun_keys``).
+    erased = WorkflowStep.objects.filter(run=run).filter(
+        Q(status=StepStatus.FAILED) | Q(kind=StepKind.STEP, status=StepStatus.WAITING)
+    )
+    rerun_keys = list(erased.order_by("id").values_list("key", flat=True))
+    erased.delete()
+    WorkflowRun.objects.filter(pk=run.pk).update(rerun_keys=rerun_keys)
     generation = WorkflowRun.objects.filter(pk=run.pk).values_list("generation", flat=True)[0]
     wake(run.pk, generation, "resume", now=now)
 
@@ -1151,8 +1177,17 @@ def _error_text(error_type: str, error: str) -> str:
     return f"{error_type}: {error}" if error_type else error
 
 
-def step_snapshot(step: WorkflowStep, child_run_id: str | None = None) -> StepSnapshot:
-    counts = item_counts(step) if step.kind in (StepKind.MAP, StepKind.ACTIVITY) else None
+#: The kinds of checkpoint whose items a snapshot counts.
+_WITH_ITEMS = (StepKind.MAP, StepKind.ACTIVITY)
+
+
+def step_snapshot(
+    step: WorkflowStep, child_run_id: str | None = None, counts: ItemCounts | None = None
+) -> StepSnapshot:
+    """``step`` as a snapshot; ``counts``: its items' counts if already read (a map's
+    or an activity's are counted here otherwise)."""
+    if counts is None and step.kind in _WITH_ITEMS:
+        counts = item_counts(step)
     return StepSnapshot(
         key=step.key,
         kind=StepKind(step.kind),
@@ -1168,14 +1203,67 @@ def step_snapshot(step: WorkflowStep, child_run_id: str | None = None) -> StepSn
     )
 
 
-def snapshot(run: WorkflowRun, *, created: bool = False, with_steps: bool = True) -> RunSnapshot:
-    steps: tuple[StepSnapshot, ...] = ()
-    if with_steps:
-        rows = WorkflowStep.objects.filter(run=run).select_related("child").order_by("id")
-        steps = tuple(
-            step_snapshot(step, step.child.run_id if step.child is not None else None)
-            for step in rows
+def _read_batch() -> int:
+    """How many runs one read of their checkpoints names (SQLite bounds the
+    parameters of one statement)."""
+    bound = transaction.get_connection(alias()).features.max_query_params
+    return min(10_000, bound or 10_000)
+
+
+def _steps_by_run(run_pks: list[int]) -> dict[int, tuple[StepSnapshot, ...]]:
+    """The checkpoints of the runs ``run_pks``, each run's in the order reached: two
+    queries however many runs (the checkpoints with their child runs' ids, then their
+    items counted by checkpoint and status), per batch of :func:`_read_batch` runs."""
+    found: dict[int, list[StepSnapshot]] = {pk: [] for pk in run_pks}
+    batch = _read_batch()
+    for start in range(0, len(run_pks), batch):
+        pks = run_pks[start : start + batch]
+        rows = list(
+            WorkflowStep.objects.filter(run_id__in=pks)
+            .select_related("child")
+            .order_by("id")
+            .defer("child__input_json", "child__output_json", "child__error")
         )
+        counted: dict[int, dict[str, int]] = {}
+        with_items = [step.pk for step in rows if step.kind in _WITH_ITEMS]
+        if with_items:
+            for step_id, status, n in (
+                WorkflowItem.objects.filter(step_id__in=with_items)
+                .values_list("step_id", "status")
+                .annotate(n=Count("id"))
+                .order_by()
+            ):
+                counted.setdefault(step_id, {})[status] = n
+        for step in rows:
+            counts = None
+            if step.kind in _WITH_ITEMS:
+                counts = _counts(step, counted.get(step.pk, {}))
+            child_id = step.child.run_id if step.child is not None else None
+            found[step.run_id].append(step_snapshot(step, child_id, counts))
+    return {pk: tuple(steps) for pk, steps in found.items()}
+
+
+def _counts(step: WorkflowStep, by_status: dict[str, int]) -> ItemCounts:
+    return ItemCounts(
+        total=step.item_count,
+        succeeded=by_status.get(StepStatus.SUCCEEDED, 0),
+        failed=by_status.get(StepStatus.FAILED, 0),
+        running=by_status.get(StepStatus.RUNNING, 0),
+        cancelled=by_status.get(StepStatus.CANCELLED, 0),
+    )
+
+
+def snapshot(
+    run: WorkflowRun,
+    *,
+    created: bool = False,
+    with_steps: bool = True,
+    steps: tuple[StepSnapshot, ...] | None = None,
+) -> RunSnapshot:
+    """``run`` as a snapshot, with its checkpoints (read here unless ``steps`` are
+    given, or none with ``with_steps`` False)."""
+    if steps is None:
+        steps = _steps_by_run([run.pk])[run.pk] if with_steps else ()
     waiting_for = run.waiting_for
     if run.status == RunStatus.WAITING and waiting_for.endswith(" items"):
         # Items end without waking the run: count them now. Only a run that waits for
@@ -1185,9 +1273,6 @@ def snapshot(run: WorkflowRun, *, created: bool = False, with_steps: bool = True
             if step.items is not None and step.status == StepStatus.RUNNING:
                 ended = step.items.total - step.items.running
                 waiting_for = f"{ended} of {step.items.total} items"
-    parent_run_id = None
-    if run.parent_id is not None:
-        parent_run_id = run.run_id.rsplit("/", 1)[0] if "/" in run.run_id else None
     return RunSnapshot(
         scope_hash=run.scope_hash,
         run_id=run.run_id,
@@ -1202,14 +1287,21 @@ def snapshot(run: WorkflowRun, *, created: bool = False, with_steps: bool = True
         created_at=run.created_at,
         finished_at=run.finished_at,
         cancel_requested=run.cancel_requested,
-        parent_run_id=parent_run_id,
+        # The parent's own id, read through the row that links them: a child's key
+        # may hold "/", so its run id cannot be split to find its parent.
+        parent_run_id=run.parent.run_id if run.parent is not None else None,
         created=created,
         steps=steps,
     )
 
 
 def get(scope_hash: str, run_id: str) -> RunSnapshot | None:
-    run = WorkflowRun.objects.for_scope(scope_hash).filter(run_id=run_id).first()
+    run = (
+        WorkflowRun.objects.for_scope(scope_hash)
+        .filter(run_id=run_id)
+        .select_related("parent")
+        .first()
+    )
     return None if run is None else snapshot(run)
 
 
@@ -1220,6 +1312,8 @@ def list_runs(
     name: str | None = None,
     limit: int | None = None,
 ) -> list[RunSnapshot]:
+    """The scope's runs, oldest first, with their checkpoints: three queries (the
+    runs with their parents, the checkpoints, the items' counts), not one per run."""
     rows = WorkflowRun.objects.for_scope(scope_hash).order_by("created_at", "id")
     if status is not None:
         rows = rows.filter(status=RunStatus(status))
@@ -1227,7 +1321,9 @@ def list_runs(
         rows = rows.filter(name=name)
     if limit is not None:
         rows = rows[:limit]
-    return [snapshot(run) for run in rows]
+    runs = list(rows.select_related("parent"))
+    steps = _steps_by_run([run.pk for run in runs])
+    return [snapshot(run, steps=steps[run.pk]) for run in runs]
 
 
 def in_flight_versions() -> list[tuple[str, int]]:

@@ -106,7 +106,9 @@ class ModelRun:
     advances: int = 0
     waiting_for: str = "start"
     failed_step: str = ""
-    #: Recorded checkpoints: key -> (kind, status).
+    #: The keys the last resume erased, in the order recorded.
+    rerun: list[str] = field(default_factory=list)
+    #: Recorded checkpoints: key -> (kind, status), in the order recorded.
     steps: dict[str, tuple[StepKind, StepStatus]] = field(default_factory=dict)
     #: Signals sent: key -> payload.
     signals: dict[str, int] = field(default_factory=dict)
@@ -249,13 +251,16 @@ class RunStoreModel(RuleBasedStateMachine):
         run.status, run.cancel, run.failed_step = RunStatus.WAITING, False, ""
         run.generation += 1
         run.waiting_for = "resume"
-        # Failed checkpoints and inline steps waiting for a retry are tried again.
-        run.steps = {
-            key: (kind, status)
+        # Failed checkpoints and inline steps waiting for a retry are tried again,
+        # recorded again where they stood.
+        erased = [
+            key
             for key, (kind, status) in run.steps.items()
-            if status != StepStatus.FAILED
-            and not (kind == StepKind.STEP and status == StepStatus.WAITING)
-        }
+            if status == StepStatus.FAILED
+            or (kind == StepKind.STEP and status == StepStatus.WAITING)
+        ]
+        run.rerun = erased
+        run.steps = {key: step for key, step in run.steps.items() if key not in erased}
         run.wake("resume")
         assert snapshot.status == RunStatus.WAITING
         assert {step.key for step in snapshot.steps} == set(run.steps)
@@ -364,6 +369,9 @@ class RunStoreModel(RuleBasedStateMachine):
         outcome = store.suspend(driver, waiting_for, None, timezone.now())
         if run is None:
             assert outcome is store.Suspended.STALE
+        elif run.cancel:
+            # A cancelled run never waits: its driver ends it (see finish).
+            assert outcome is store.Suspended.CANCEL_REQUESTED
         elif run.wake_pending:
             assert outcome is store.Suspended.WAKE_PENDING
             run.wake_pending = False
@@ -434,6 +442,7 @@ class RunStoreModel(RuleBasedStateMachine):
             assert row.advances == model.advances, where
             assert row.waiting_for == model.waiting_for, where
             assert row.failed_step == model.failed_step, where
+            assert row.rerun_keys == model.rerun, where
             assert (row.finished_at is not None) == model.finished, where
             steps = {
                 step.key: (step.kind, step.status) for step in WorkflowStep.objects.filter(run=row)
