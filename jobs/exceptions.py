@@ -35,6 +35,10 @@ class InvalidSubmission(InvalidInput):
     """A field of the job submission is not valid."""
 
 
+class InvalidWeight(InvalidInput):
+    """A scope's weight must be a number greater than 0 and at most 100."""
+
+
 class JobIdentityConflict(JobsError):
     """A job with this id already exists in this scope with a different request."""
 

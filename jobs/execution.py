@@ -28,6 +28,7 @@ from .schedules import service as schedules
 from .store.limits import prune_claim_starts as _prune_claim_starts
 from .store.queues import QueueState
 from .store.releasing import release as _release
+from .store.shares import ScopeShare
 from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome, JobSnapshot
 
 __all__ = [
@@ -60,6 +61,8 @@ __all__ = [
     "report_progress",
     "reserved_scope",
     "resume_queue",
+    "scope_shares",
+    "set_scope_weight",
     "snooze",
     "try_start",
 ]
@@ -252,6 +255,23 @@ def pause_queue(name: str, *, now: datetime | None = None) -> bool:
 def resume_queue(name: str, *, now: datetime | None = None) -> bool:
     """Resume queue ``name`` (and wake the workers); True if it was paused."""
     return store.resume(name, now=now)
+
+
+def set_scope_weight(scope: str | JobScope, weight: float) -> float:
+    """Give ``scope`` (a scope string, or a :class:`JobScope` such as
+    :func:`reserved_scope`'s) ``weight`` times the default share of every fair queue's
+    starts: a number in (0, 100], 1 by default, persisted. Jobs submitted from now on
+    take their places in line by it; returns the weight the scope had. Raises
+    ``InvalidWeight`` (writing nothing) for a weight out of range, ``InvalidScope``
+    for a bad scope."""
+    scope_hash = scope.scope_hash if isinstance(scope, JobScope) else validation.scope_hash(scope)
+    return store.set_weight(scope_hash, weight)
+
+
+def scope_shares(queue: str | None = None) -> list[ScopeShare]:
+    """Per queue (or only ``queue``) and scope with Queued or Running jobs: its weight
+    and its jobs, most Queued first."""
+    return store.scope_shares(queue)
 
 
 def queue_states(names: Sequence[str] | None = None) -> list[QueueState]:

@@ -138,6 +138,15 @@ class Job(models.Model):
         null=True, blank=True, help_text="The limit counters its execution counts in."
     )
 
+    # The job's place in line, microseconds of virtual time: the claim takes due jobs by
+    # priority, then this. In a fair queue the submit gives it from the scope's lane
+    # (``jobs_lane``); otherwise, and for a job due later, it is ``next_run_at``. Rows
+    # written straight into the table (fixtures, history) default to the front, in id
+    # order.
+    fair_at = models.BigIntegerField(
+        default=0, db_default=0, help_text="Its place in line (virtual time, µs)."
+    )
+
     objects = JobQuerySet.as_manager()
 
     class Meta:
@@ -161,10 +170,19 @@ class Job(models.Model):
             # so finished history never slows claiming down.
             models.Index(
                 F("priority").desc(),
-                "next_run_at",
+                "fair_at",
                 "id",
                 name="jobs_job_due_idx",
                 condition=Q(status="queued", cancel_requested=False),
+            ),
+            # The head of a queue's line at one priority, where a fair queue's newcomer
+            # takes its place (see jobs.store.sql_submit.RESERVE_LANE).
+            models.Index(
+                "queue",
+                "priority",
+                "fair_at",
+                name="jobs_job_head_idx",
+                condition=Q(status="queued"),
             ),
             models.Index("scope_hash", "created_at", name="jobs_job_scope_created_idx"),
             # Finished history by age (retention: purge_jobs). Partial, so that claiming
@@ -268,6 +286,48 @@ class LimitCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.running} running"
+
+
+class Lane(models.Model):
+    """A scope's line in a fair queue: ``tail``, the place (virtual time, µs) its
+    latest job was given; ``step``, how far apart its jobs are (the quantum over the
+    scope's weight); ``taken``, how many places its latest submit took. Written by every
+    submit of due jobs to a fair queue, under the row's lock, so that one scope's racing
+    submits get distinct places."""
+
+    queue = models.CharField(max_length=100)
+    scope_hash = models.CharField(max_length=64)
+    tail = models.BigIntegerField()
+    step = models.BigIntegerField()
+    taken = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "scope_hash"], name="jobs_lane_identity")
+        ]
+
+    def __str__(self) -> str:
+        return f"lane of {self.scope_hash[:12]}… in {self.queue}"
+
+
+class ScopeWeight(models.Model):
+    """A scope's share of the starts in every fair queue, relative to the default
+    weight 1 (a scope without a row). Set by ``execution.set_scope_weight``."""
+
+    scope_hash = models.CharField(max_length=64, unique=True)
+    weight = models.FloatField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["scope_hash"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(weight__gt=0, weight__lte=100), name="jobs_scopeweight_range"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"weight {self.weight:g} for {self.scope_hash[:12]}…"
 
 
 # The schedules' table lives with the schedules (``jobs/schedules/``).

@@ -25,6 +25,7 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     retry ..................... FAILED | CANCELLED | INTERRUPTED -> QUEUED   scoped
     purge_finished ............ finished, older than a cutoff -> (deleted)   retention
     pause / resume ............ a queue's claims stop / go on         queues
+    set_weight ................ a scope's share of fair queues        shares
 
 Claims under limits are in :mod:`.limits`.
 
@@ -56,10 +57,12 @@ from .reads import get, get_due, list_jobs, snapshot
 from .recovering import recover
 from .retention import purge_finished
 from .scoped import cancel, cancel_queued, retry
+from .shares import ScopeShare, scope_shares, set_weight
 from .submission import stage, stage_many, submit, submit_many
 
 __all__ = [
     "QueueState",
+    "ScopeShare",
     "asynchronous_commit",
     "cancel",
     "cancel_queued",
@@ -81,6 +84,8 @@ __all__ = [
     "report_progress",
     "resume",
     "retry",
+    "scope_shares",
+    "set_weight",
     "snapshot",
     "snooze",
     "stage",

@@ -23,13 +23,15 @@ from typing import Any, TypedDict
 from ledon.db import id_among_locked
 
 from ..db import in_list, numbered, random_token_sql, union_by_kind, values_of
-from ..models import Job, JobAttempt, LimitCounter, Queue
+from ..models import Job, JobAttempt, Lane, LimitCounter, Queue, ScopeWeight
 from ..types import FINISHED_STATUSES, Claim, JobStatus
 
 JOB = Job._meta.db_table
 ATTEMPT = JobAttempt._meta.db_table
 QUEUE = Queue._meta.db_table
 COUNTER = LimitCounter._meta.db_table
+LANE = Lane._meta.db_table
+SCOPE_WEIGHT = ScopeWeight._meta.db_table
 
 QUEUED = JobStatus.QUEUED.value
 RUNNING = JobStatus.RUNNING.value
@@ -135,6 +137,7 @@ CLAIMED = (
     "number",
     "priority",
     "next_run_at",
+    "fair_at",
     "leased_by",
     "started_at",
 )
@@ -210,7 +213,7 @@ def first_due(vendor: str, filters: Sequence[str]) -> str:
     return id_among_locked(
         vendor,
         f"SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
-        " ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s",
+        " ORDER BY priority DESC, fair_at, id LIMIT %(limit)s",
     )
 
 

@@ -53,7 +53,7 @@ LOCK_KEYS = "SELECT count(pg_advisory_xact_lock(k)) AS locked FROM unnest(%(keys
 #: ``rate`` it has.
 KeyShape = tuple[str, bool, bool, bool]
 
-_ORDER = "priority DESC, next_run_at, id"
+_ORDER = "priority DESC, fair_at, id"
 
 
 def _used(key: str, finishing: bool) -> str:
@@ -249,7 +249,7 @@ def limited_claim(
             f" ON k_{kind}.kind = '{kind}' AND k_{kind}.name = r.{column}"
         )
     ctes.append(
-        f"candidates AS (SELECT id, handler, queue, scope_hash, priority, next_run_at FROM {JOB}"
+        f"candidates AS (SELECT id, handler, queue, scope_hash, priority, fair_at FROM {JOB}"
         f" WHERE {' AND '.join([guard, *picks])}"
         f" ORDER BY {_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
     )
@@ -411,12 +411,14 @@ RESUME_QUEUE = (
 _COUNTED_BEFORE = f"(SELECT was.limit_keys FROM {JOB} AS was WHERE was.id = {JOB}.id) AS limit_keys"
 
 
-#: Snooze: queue the job Running under ``token`` again at ``run_at`` (``now``), unless
+#: Snooze: queue the job Running under ``token`` again at ``run_at`` (``now``; its place
+#: in line ``run_at_place``, as a job submitted for then), unless
 #: a cancel request committed first or the job snoozed ``max_snoozes`` times already;
 #: the execution is taken back from ``attempt_count`` and counted in ``snooze_count``
 #: instead. Returns the job's ``id``, ``queue`` and ``limit_keys``.
 SNOOZE_JOB = (
     f"UPDATE {JOB} SET status = '{QUEUED}', next_run_at = %(run_at)s,"
+    " fair_at = %(run_at_place)s,"
     " attempt_count = attempt_count - 1, snooze_count = snooze_count + 1,"
     f" {LEAVE_RUNNING}, started_at = NULL,"
     " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
@@ -537,8 +539,8 @@ RECOVER_ATTEMPT = _end_attempt(INTERRUPTED, "reason")
 #: the attempt count goes back down — and decide: a cancel request that committed first
 #: ends the job Cancelled; once the job's first such claim (``handler_unknown_since``,
 #: set by the first) is at or before ``window_start`` it ends Failed with ``failed``;
-#: else it is Queued again at ``run_at``, with ``waiting`` as its error. Returns the
-#: job's new ``status``.
+#: else it is Queued again at ``run_at`` (its place ``run_at_place``), with ``waiting`` as
+#: its error. Returns the job's new ``status``.
 _OVER = "COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s"
 PUT_BACK_UNKNOWN_HANDLER = (
     f"UPDATE {JOB} SET"
@@ -546,6 +548,7 @@ PUT_BACK_UNKNOWN_HANDLER = (
     f" WHEN {_OVER} THEN '{JobStatus.FAILED.value}' ELSE '{QUEUED}' END,"
     f" finished_at = CASE WHEN cancel_requested OR {_OVER} THEN %(now)s ELSE NULL END,"
     f" next_run_at = CASE WHEN cancel_requested OR {_OVER} THEN next_run_at ELSE %(run_at)s END,"
+    f" fair_at = CASE WHEN cancel_requested OR {_OVER} THEN fair_at ELSE %(run_at_place)s END,"
     f" error = CASE WHEN cancel_requested THEN '' WHEN {_OVER} THEN %(failed)s"
     " ELSE %(waiting)s END,"
     " handler_unknown_since = COALESCE(handler_unknown_since, %(now)s),"

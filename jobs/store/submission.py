@@ -17,7 +17,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ledon.db import adapt_dt, alias_for, connection_for, in_caller_atomic_block, is_postgres
 from ledon.tracing import carrier_text, tracer
 
-from ..conf import jobs_settings
+from ..conf import fair_queue, jobs_settings
 from ..db import fetch, numbered
 from ..exceptions import (
     AmbientTransactionError,
@@ -25,6 +25,7 @@ from ..exceptions import (
     JobIdentityUnresolved,
     TransactionRequiredError,
 )
+from ..fair_share import QUANTUM, place
 from ..models import Job
 from ..types import (
     IDENTITY_FIELDS,
@@ -109,17 +110,71 @@ def _isoformat(value: datetime) -> str:
 _ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_isoformat)
 
 #: The varying columns of a new job that its snapshot shows (the others: the trace
-#: context, given apart).
-_SEEN = tuple(name for name in sql_submit.NEW_JOB_VARYING if name != "trace_context")
+#: context and the place in line, given apart).
+_SEEN = tuple(
+    name for name in sql_submit.NEW_JOB_VARYING if name not in ("trace_context", "fair_at")
+)
 
 
-def _new_row(job: JobSnapshot, trace_context: str | None) -> dict[str, Any]:
+def _new_row(job: JobSnapshot, trace_context: str | None, fair_at: int) -> dict[str, Any]:
     """The values the insert of the new job ``job`` sets, by column
     (:data:`sql_submit.NEW_JOB_COLUMNS`); ``trace_context`` is the submitter's, for
-    tracing."""
+    tracing; ``fair_at`` its place in line."""
     row = {name: getattr(job, name) for name in _SEEN}
-    row.update(_shared_params(job.created_at), trace_context=trace_context)
+    row.update(_shared_params(job.created_at), trace_context=trace_context, fair_at=fair_at)
     return row
+
+
+def _lane_params(
+    scope_hash: str, queue: str, priority: int, units: int, now: datetime
+) -> dict[str, Any]:
+    """The parameters of :func:`sql_submit.reserve_lane`."""
+    return {
+        "queue": queue,
+        "scope_hash": scope_hash,
+        "priority": priority,
+        "units": units,
+        "quantum": float(QUANTUM),
+        "now_place": place(now),
+    }
+
+
+def _laned(sub: JobSubmission, now: datetime) -> bool:
+    """Whether a job of ``sub`` submitted at ``now`` takes its place from its scope's
+    lane: due now, in a fair queue."""
+    not_before = sub.initial_not_before
+    return (not_before is None or not_before <= now) and fair_queue(sub.queue)
+
+
+def _due_places(items: Sequence[tuple[str, str, JobSubmission]], now: datetime) -> list[int]:
+    """Each item's due time as a place in line (:func:`jobs.fair_share.place`)."""
+    return [
+        place(now if sub.initial_not_before is None else sub.initial_not_before)
+        for _scope_hash, _job_id, sub in items
+    ]
+
+
+def _places(
+    connection: BaseDatabaseWrapper,
+    items: Sequence[tuple[str, str, JobSubmission]],
+    now: datetime,
+) -> list[int]:
+    """Each item's place in line: for the due jobs of fair queues, places taken from
+    their scopes' lanes — one statement per (queue, scope, priority), the jobs in the
+    order given —; for the others, their due time."""
+    places = _due_places(items, now)
+    groups: dict[tuple[str, str, int], list[int]] = {}
+    for index, (scope_hash, _job_id, sub) in enumerate(items):
+        if _laned(sub, now):
+            groups.setdefault((sub.queue, scope_hash, sub.priority), []).append(index)
+    statement = sql_submit.reserve_lane(connection.vendor)
+    for (queue, scope_hash, priority), indexes in groups.items():
+        params = _lane_params(scope_hash, queue, priority, len(indexes), now)
+        (row,) = fetch(connection, statement, params)
+        first = row["tail"] - (len(indexes) - 1) * row["step"]
+        for offset, index in enumerate(indexes):
+            places[index] = first + offset * row["step"]
+    return places
 
 
 def _trace_context() -> str | None:
@@ -144,13 +199,25 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     """
     connection = connection_for(Job)
     job = _new_snapshot(scope_hash, job_id, sub, now)
-    wake = job.next_run_at <= now and is_postgres(connection)
-    params = numbered([_adapted(connection, _new_row(job, _trace_context()))])
+    postgres = is_postgres(connection)
+    wake = job.next_run_at <= now and postgres
+    laned = _laned(sub, now)
+    row = _new_row(job, _trace_context(), place(job.next_run_at))
+    params = numbered([_adapted(connection, row)])
     if wake:
         params["channel"] = jobs_settings().NOTIFY_CHANNEL
-    if not fetch(connection, sql_submit.insert_jobs(1, notify=wake), params, prepare=True):
-        return None
-    return job
+    if laned:
+        params.update(_lane_params(scope_hash, sub.queue, sub.priority, 1, now), job_id=job_id)
+    if postgres or not laned:
+        statement = sql_submit.insert_jobs(1, notify=wake, lane=laned)
+        return job if fetch(connection, statement, params, prepare=True) else None
+    # SQLite: the lane's place, then the insert, under one write lock.
+    with transaction.atomic(using=connection.alias, savepoint=False):
+        taken = fetch(connection, sql_submit.reserve_lane("sqlite", new_job=True), params)
+        if taken:
+            params["fair_at_0"] = taken[0]["tail"]
+        inserted = fetch(connection, sql_submit.insert_jobs(1), params)
+    return job if inserted else None
 
 
 #: A submission's values of a bulk insert's JSON row, in its order
@@ -159,19 +226,23 @@ _submission_values = operator.attrgetter(*sql_submit.JSON_ROW[2:])
 
 
 def _json_params(
-    items: Sequence[tuple[str, str, JobSubmission]], trace_context: str | None
+    items: Sequence[tuple[str, str, JobSubmission]],
+    trace_context: str | None,
+    places: Sequence[int],
 ) -> dict[str, Any]:
     """The ``rows``, ``scopes`` and ``trace_context`` parameters of
     :data:`sql_submit.INSERT_JOBS_JSON`: one JSON array per item (a payload travels as its
-    JSON text), its scope hash given by its 1-based position in ``scopes``."""
+    JSON text, and its place in line comes last), its scope hash given by its 1-based
+    position in ``scopes``."""
     scopes: dict[str, int] = {}
     rows = [
         [
             scopes.get(scope_hash) or scopes.setdefault(scope_hash, len(scopes) + 1),
             job_id,
             *_submission_values(sub),
+            fair_at,
         ]
-        for scope_hash, job_id, sub in items
+        for (scope_hash, job_id, sub), fair_at in zip(items, places, strict=True)
     ]
     return {
         "rows": _ROWS_ENCODER.encode(rows),
@@ -210,9 +281,6 @@ def _insert_new(
     in ``items`` that were not inserted, their identities being stored already; None
     if a concurrent insert of one of the identities won the race — the statement then
     rolled back and wrote nothing (the caller falls back on :func:`_insert_many`)."""
-    params = _shared_params(now) | _json_params(items, _trace_context())
-    params["channel"] = jobs_settings().NOTIFY_CHANNEL
-    params["count"] = len(items)
     # Only a test case's transaction can be open here (the caller's refuses): its
     # savepoint stands in for autocommit, so that a lost race leaves it usable.
     scope: AbstractContextManager[Any] = (
@@ -220,6 +288,16 @@ def _insert_new(
     )
     try:
         with scope:
+            params = _shared_params(now) | _json_params(
+                items, _trace_context(), _due_places(items, now)
+            )
+            params["channel"] = jobs_settings().NOTIFY_CHANNEL
+            params["count"] = len(items)
+            # The statement takes the places of the fair queues' due jobs from their lanes.
+            params["fair_queues"] = sorted(
+                {sub.queue for _s, _j, sub in items if fair_queue(sub.queue)}
+            )
+            params["quantum"], params["now_place"] = float(QUANTUM), place(now)
             rows = fetch(connection, sql_submit.INSERT_NEW_JOBS_JSON, params, prepare=True)
     except IntegrityError:
         return None
@@ -239,14 +317,18 @@ def _insert_many(
         return {}
     inserted_rows: list[dict[str, Any]] = []
     trace_context = _trace_context()
+    places = _places(connection, items, now)
     if is_postgres(connection):
-        params = _shared_params(now) | _json_params(items, trace_context)
+        params = _shared_params(now) | _json_params(items, trace_context, places)
         inserted_rows = fetch(connection, sql_submit.INSERT_JOBS_JSON, params, prepare=True)
     else:
         for start in range(0, len(items), CHUNK_ROWS):
             chunk = [
-                _adapted(connection, _new_row(_new_snapshot(*item, now), trace_context))
-                for item in items[start : start + CHUNK_ROWS]
+                _adapted(
+                    connection,
+                    _new_row(_new_snapshot(*item, now), trace_context, places[start + offset]),
+                )
+                for offset, item in enumerate(items[start : start + CHUNK_ROWS])
             ]
             inserted_rows += fetch(connection, sql_submit.insert_jobs(len(chunk)), numbered(chunk))
     keys = {(row["scope_hash"], row["job_id"]) for row in inserted_rows}

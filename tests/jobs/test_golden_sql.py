@@ -97,6 +97,20 @@ def _variants() -> dict[str, Callable[[], str]]:
             f"insert_jobs-rows{rows}{'-notify-postgresql' if notify else ''}",
             lambda r=rows, n=notify: sql_submit.insert_jobs(r, notify=n),
         )
+    add(
+        "insert_jobs-rows1-lane-postgresql",
+        lambda: sql_submit.insert_jobs(1, lane=True),
+    )
+    add(
+        "insert_jobs-rows1-notify-lane-postgresql",
+        lambda: sql_submit.insert_jobs(1, notify=True, lane=True),
+    )
+    for vendor in VENDORS:
+        add(f"reserve_lane-{vendor}", lambda v=vendor: sql_submit.reserve_lane(v))
+        add(
+            f"reserve_lane-{vendor}-new_job",
+            lambda v=vendor: sql_submit.reserve_lane(v, new_job=True),
+        )
     add("insert_jobs_json-postgresql", lambda: sql_submit.INSERT_JOBS_JSON)
     add("insert_new_jobs_json-postgresql", lambda: sql_submit.INSERT_NEW_JOBS_JSON)
 

@@ -24,6 +24,6 @@ WHERE status = 'queued'
   AND id NOT IN (%(seen_0)s,
                  %(seen_1)s)
 ORDER BY priority DESC,
-         next_run_at,
+         fair_at,
          id
 LIMIT %(limit)s

@@ -12,6 +12,6 @@ WHERE status = 'queued'
      FROM jobs_queue
      WHERE paused)
 ORDER BY priority DESC,
-         next_run_at,
+         fair_at,
          id
 LIMIT %(limit)s

@@ -36,5 +36,6 @@ WHERE id IN (%(id_0)s,
                                     attempt_count + snooze_count + release_count + interruption_count AS number,
                                     priority,
                                     next_run_at,
+                                    fair_at,
                                     leased_by,
                                     started_at

@@ -23,7 +23,7 @@ WHERE id IN
           FROM jobs_queue
           WHERE paused)
      ORDER BY priority DESC,
-              next_run_at,
+              fair_at,
               id
      LIMIT %(limit)s) RETURNING id,
                                 scope_hash,
@@ -39,5 +39,6 @@ WHERE id IN
                                 attempt_count + snooze_count + release_count + interruption_count AS number,
                                 priority,
                                 next_run_at,
+                                fair_at,
                                 leased_by,
                                 started_at

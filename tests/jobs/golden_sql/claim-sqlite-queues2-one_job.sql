@@ -27,7 +27,7 @@ WHERE id IN
        AND scope_hash = %(scope_hash)s
        AND job_id = %(job_id)s
      ORDER BY priority DESC,
-              next_run_at,
+              fair_at,
               id
      LIMIT %(limit)s) RETURNING id,
                                 scope_hash,
@@ -43,5 +43,6 @@ WHERE id IN
                                 attempt_count + snooze_count + release_count + interruption_count AS number,
                                 priority,
                                 next_run_at,
+                                fair_at,
                                 leased_by,
                                 started_at

@@ -25,7 +25,7 @@ WHERE id IN
        AND queue IN (%(queue_0)s,
                      %(queue_1)s)
      ORDER BY priority DESC,
-              next_run_at,
+              fair_at,
               id
      LIMIT %(limit)s) RETURNING id,
                                 scope_hash,
@@ -41,5 +41,6 @@ WHERE id IN
                                 attempt_count + snooze_count + release_count + interruption_count AS number,
                                 priority,
                                 next_run_at,
+                                fair_at,
                                 leased_by,
                                 started_at

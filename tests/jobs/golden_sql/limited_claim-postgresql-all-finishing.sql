@@ -116,7 +116,7 @@ WITH done AS
           queue,
           scope_hash,
           priority,
-          next_run_at
+          fair_at
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
@@ -163,7 +163,7 @@ WITH done AS
                                                                                                 FROM freed
                                                                                                 WHERE freed.key = k_q.key || ':' || jobs_job.scope_hash), 0)) >= k_q.scope)
    ORDER BY priority DESC,
-            next_run_at,
+            fair_at,
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
@@ -173,13 +173,13 @@ WITH done AS
           queue,
           scope_hash,
           row_number() OVER (PARTITION BY handler
-                             ORDER BY priority DESC, next_run_at, id) AS n_h,
+                             ORDER BY priority DESC, fair_at, id) AS n_h,
           row_number() OVER (PARTITION BY handler, scope_hash
-                             ORDER BY priority DESC, next_run_at, id) AS n_hs,
+                             ORDER BY priority DESC, fair_at, id) AS n_hs,
           row_number() OVER (PARTITION BY queue
-                             ORDER BY priority DESC, next_run_at, id) AS n_q,
+                             ORDER BY priority DESC, fair_at, id) AS n_q,
           row_number() OVER (PARTITION BY queue, scope_hash
-                             ORDER BY priority DESC, next_run_at, id) AS n_qs
+                             ORDER BY priority DESC, fair_at, id) AS n_qs
    FROM candidates),
      ample AS
   (SELECT
@@ -291,6 +291,7 @@ WITH done AS
                                      attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
+                                     fair_at,
                                      leased_by,
                                      started_at,
                                      limit_keys),
@@ -358,6 +359,7 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at,
                               NULL AS status,
@@ -375,6 +377,7 @@ SELECT 'finished',
        NULL,
        NULL,
        queue,
+       NULL,
        NULL,
        NULL,
        NULL,
@@ -405,10 +408,12 @@ SELECT 'orphan',
        NULL,
        NULL,
        NULL,
+       NULL,
        NULL
 FROM orphans
 UNION ALL
 SELECT 'skipped',
+       NULL,
        NULL,
        NULL,
        NULL,

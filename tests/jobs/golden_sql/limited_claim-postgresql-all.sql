@@ -34,7 +34,7 @@ WITH keys AS
           queue,
           scope_hash,
           priority,
-          next_run_at
+          fair_at
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
@@ -75,7 +75,7 @@ WITH keys AS
                            FROM jobs_limitcounter
                            WHERE key = k_q.key || ':' || jobs_job.scope_hash), 0)) >= k_q.scope)
    ORDER BY priority DESC,
-            next_run_at,
+            fair_at,
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
@@ -85,13 +85,13 @@ WITH keys AS
           queue,
           scope_hash,
           row_number() OVER (PARTITION BY handler
-                             ORDER BY priority DESC, next_run_at, id) AS n_h,
+                             ORDER BY priority DESC, fair_at, id) AS n_h,
           row_number() OVER (PARTITION BY handler, scope_hash
-                             ORDER BY priority DESC, next_run_at, id) AS n_hs,
+                             ORDER BY priority DESC, fair_at, id) AS n_hs,
           row_number() OVER (PARTITION BY queue
-                             ORDER BY priority DESC, next_run_at, id) AS n_q,
+                             ORDER BY priority DESC, fair_at, id) AS n_q,
           row_number() OVER (PARTITION BY queue, scope_hash
-                             ORDER BY priority DESC, next_run_at, id) AS n_qs
+                             ORDER BY priority DESC, fair_at, id) AS n_qs
    FROM candidates),
      ample AS
   (SELECT
@@ -188,6 +188,7 @@ WITH keys AS
                                      attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
+                                     fair_at,
                                      leased_by,
                                      started_at,
                                      limit_keys),
@@ -253,11 +254,13 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at
 FROM claimed
 UNION ALL
 SELECT 'skipped',
+       NULL,
        NULL,
        NULL,
        NULL,

@@ -96,7 +96,7 @@ WITH done AS
           queue,
           scope_hash,
           priority,
-          next_run_at
+          fair_at
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
@@ -112,7 +112,7 @@ WITH done AS
         WHERE kind = 'h'
           AND room <= 0)
    ORDER BY priority DESC,
-            next_run_at,
+            fair_at,
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
@@ -122,7 +122,7 @@ WITH done AS
           queue,
           scope_hash,
           row_number() OVER (PARTITION BY handler
-                             ORDER BY priority DESC, next_run_at, id) AS n_h
+                             ORDER BY priority DESC, fair_at, id) AS n_h
    FROM candidates),
      ample AS
   (SELECT
@@ -182,6 +182,7 @@ WITH done AS
                                      attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
+                                     fair_at,
                                      leased_by,
                                      started_at,
                                      limit_keys),
@@ -240,6 +241,7 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at,
                               NULL AS status,
@@ -257,6 +259,7 @@ SELECT 'finished',
        NULL,
        NULL,
        queue,
+       NULL,
        NULL,
        NULL,
        NULL,
@@ -287,10 +290,12 @@ SELECT 'orphan',
        NULL,
        NULL,
        NULL,
+       NULL,
        NULL
 FROM orphans
 UNION ALL
 SELECT 'skipped',
+       NULL,
        NULL,
        NULL,
        NULL,

@@ -17,7 +17,7 @@ WITH keys AS
           queue,
           scope_hash,
           priority,
-          next_run_at
+          fair_at
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
@@ -33,7 +33,7 @@ WITH keys AS
         WHERE kind = 'h'
           AND room <= 0)
    ORDER BY priority DESC,
-            next_run_at,
+            fair_at,
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
@@ -43,7 +43,7 @@ WITH keys AS
           queue,
           scope_hash,
           row_number() OVER (PARTITION BY handler
-                             ORDER BY priority DESC, next_run_at, id) AS n_h
+                             ORDER BY priority DESC, fair_at, id) AS n_h
    FROM candidates),
      ample AS
   (SELECT
@@ -100,6 +100,7 @@ WITH keys AS
                                      attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
+                                     fair_at,
                                      leased_by,
                                      started_at,
                                      limit_keys),
@@ -156,11 +157,13 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at
 FROM claimed
 UNION ALL
 SELECT 'skipped',
+       NULL,
        NULL,
        NULL,
        NULL,

@@ -90,7 +90,7 @@ WITH done AS
           queue,
           scope_hash,
           priority,
-          next_run_at
+          fair_at
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
@@ -114,7 +114,7 @@ WITH done AS
                                                                                                 FROM freed
                                                                                                 WHERE freed.key = k_q.key || ':' || jobs_job.scope_hash), 0)) >= k_q.scope)
    ORDER BY priority DESC,
-            next_run_at,
+            fair_at,
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
@@ -124,7 +124,7 @@ WITH done AS
           queue,
           scope_hash,
           row_number() OVER (PARTITION BY queue, scope_hash
-                             ORDER BY priority DESC, next_run_at, id) AS n_qs
+                             ORDER BY priority DESC, fair_at, id) AS n_qs
    FROM candidates),
      ample AS
   (SELECT
@@ -203,6 +203,7 @@ WITH done AS
                                      attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
+                                     fair_at,
                                      leased_by,
                                      started_at,
                                      limit_keys),
@@ -261,6 +262,7 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at,
                               NULL AS status,
@@ -278,6 +280,7 @@ SELECT 'finished',
        NULL,
        NULL,
        queue,
+       NULL,
        NULL,
        NULL,
        NULL,
@@ -308,10 +311,12 @@ SELECT 'orphan',
        NULL,
        NULL,
        NULL,
+       NULL,
        NULL
 FROM orphans
 UNION ALL
 SELECT 'skipped',
+       NULL,
        NULL,
        NULL,
        NULL,
