@@ -6,15 +6,17 @@ actions, which go through :mod:`jobs.store` exactly like the scoped API does, an
 offered only to users holding ``jobs.change_job`` (the admin never edits a job, so
 that permission means "may steer jobs"). Staff with only ``jobs.view_job`` see the
 pages and no actions. Queues are listed with their depth and limits, and
-paused or resumed by actions guarded by ``jobs.change_queue``.
+paused or resumed by actions guarded by ``jobs.change_queue``. Scope weights are the
+one table edited by hand, through the store, behind ``jobs.change_scopeweight``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -24,6 +26,7 @@ from django.utils.safestring import SafeString
 
 from ledon.admin import (
     GrowingTableMixin,
+    ModelAdmin,
     ReadOnlyAdminMixin,
     ReadOnlyModelAdmin,
     TabularInline,
@@ -36,9 +39,10 @@ from ledon.admin import (
 
 from . import store, validation
 from .conf import queue_limits
-from .exceptions import InvalidInput, InvalidTransition, JobNotFound
+from .exceptions import InvalidInput, InvalidTransition, InvalidWeight, JobNotFound
+from .fair_share import check_weight
 from .handlers import library_handlers
-from .models import Job, JobAttempt, Queue
+from .models import Job, JobAttempt, Lane, Queue, ScopeWeight
 from .types import AttemptStatus, CancelOutcome, JobStatus
 
 
@@ -366,6 +370,101 @@ class QueueAdmin(ReadOnlyModelAdmin[Queue]):
     def resume_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         changed = sum(store.resume(name) for name in queryset.values_list("name", flat=True))
         self.message_user(request, f"{changed} queue(s) resumed.", messages.SUCCESS)
+
+
+if TYPE_CHECKING:
+    _WeightForm = forms.ModelForm[ScopeWeight]
+else:
+    _WeightForm = forms.ModelForm
+
+
+class ScopeWeightForm(_WeightForm):
+    """A scope's weight, by its name when it is added (the table keeps its hash)."""
+
+    scope = forms.CharField(
+        required=False, help_text="The scope's name, as callers pass it (new weights only)."
+    )
+
+    class Meta:
+        model = ScopeWeight
+        fields = ("weight",)
+
+    def clean_weight(self) -> float:
+        try:
+            return check_weight(self.cleaned_data.get("weight"))
+        except InvalidWeight as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_scope(self) -> str:
+        scope = self.cleaned_data.get("scope") or ""
+        if self.instance.pk is None:
+            try:
+                validation.scope_hash(scope)
+            except InvalidInput as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return scope
+
+
+@admin.register(ScopeWeight)
+class ScopeWeightAdmin(ModelAdmin[ScopeWeight]):
+    """Each scope's share of every fair queue's starts (1 without a row). Adding and
+    changing a weight go through :func:`jobs.store.set_weight`, for users holding
+    ``jobs.add_scopeweight`` / ``jobs.change_scopeweight``; a weight is never deleted
+    (set it back to 1)."""
+
+    form = ScopeWeightForm
+    list_display = ("scope_hash", "weight", "queued", "running", "updated_at")
+    search_fields = ("scope_hash",)
+    readonly_fields = ("scope_hash", "queued", "running", "updated_at")
+
+    def get_fields(self, request: HttpRequest, obj: ScopeWeight | None = None) -> tuple[str, ...]:
+        if obj is None:
+            return ("scope", "weight")
+        return ("scope_hash", "weight", "queued", "running", "updated_at")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="queued")
+    def queued(self, obj: ScopeWeight) -> int:
+        return Job.objects.for_scope(obj.scope_hash).queued().count()
+
+    @admin.display(description="running")
+    def running(self, obj: ScopeWeight) -> int:
+        return Job.objects.for_scope(obj.scope_hash).running().count()
+
+    def save_model(self, request: HttpRequest, obj: ScopeWeight, form: Any, change: bool) -> None:
+        # The store is the only writer: the form's values, not the instance, are saved.
+        if not change:
+            obj.scope_hash = validation.scope_hash(form.cleaned_data["scope"])
+        store.set_weight(obj.scope_hash, form.cleaned_data["weight"])
+        saved = ScopeWeight.objects.get(scope_hash=obj.scope_hash)
+        obj.pk, obj.weight, obj.updated_at = saved.pk, saved.weight, saved.updated_at
+
+
+@admin.register(Lane)
+class LaneAdmin(ReadOnlyModelAdmin[Lane]):
+    """Scope shares: each scope's line in each fair queue — its weight, its Queued
+    and Running jobs there, and the place its latest job took. ``manage.py
+    jobs_queues scopes`` shows the same."""
+
+    list_display = ("queue", "scope_hash", "weight", "queued", "running", "tail")
+    list_filter = ("queue",)
+    search_fields = ("scope_hash",)
+    fields = readonly_fields = ("queue", "scope_hash", "weight", "queued", "running", "tail")
+
+    @admin.display(description="weight")
+    def weight(self, obj: Lane) -> float:
+        row = ScopeWeight.objects.filter(scope_hash=obj.scope_hash).first()
+        return 1.0 if row is None else row.weight
+
+    @admin.display(description="queued")
+    def queued(self, obj: Lane) -> int:
+        return Job.objects.for_scope(obj.scope_hash).filter(queue=obj.queue).queued().count()
+
+    @admin.display(description="running")
+    def running(self, obj: Lane) -> int:
+        return Job.objects.for_scope(obj.scope_hash).filter(queue=obj.queue).running().count()
 
 
 # The schedules' admin lives with the schedules; the workers

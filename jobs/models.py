@@ -302,6 +302,8 @@ class Lane(models.Model):
     taken = models.BigIntegerField()
 
     class Meta:
+        verbose_name = "scope share"
+        verbose_name_plural = "scope shares"
         constraints = [
             models.UniqueConstraint(fields=["queue", "scope_hash"], name="jobs_lane_identity")
         ]

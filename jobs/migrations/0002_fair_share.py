@@ -39,6 +39,10 @@ class Migration(migrations.Migration):
                 ('step', models.BigIntegerField()),
                 ('taken', models.BigIntegerField()),
             ],
+            options={
+                'verbose_name': 'scope share',
+                'verbose_name_plural': 'scope shares',
+            },
         ),
         migrations.CreateModel(
             name='ScopeWeight',

@@ -449,3 +449,43 @@ def test_a_snoozed_attempt_shows_in_the_job_page(admin_client: Client) -> None:
     content = page.content.decode()
     assert "Snoozed" in content
     assert "0/3 (+1 snoozed)" in content
+
+
+# --------------------------------------------------------------------------- fair share
+
+
+def test_scope_weights_are_added_and_changed_through_the_store_by_who_may(
+    staff_client: Any,
+) -> None:
+    from jobs.models import ScopeWeight
+
+    viewer = staff_client("view_scopeweight")
+    add = reverse("admin:jobs_scopeweight_add")
+    assert viewer.post(add, {"scope": SCOPE, "weight": "3"}).status_code == 403
+    assert not ScopeWeight.objects.exists()
+
+    editor = staff_client("view_scopeweight", "add_scopeweight", "change_scopeweight")
+    refused = editor.post(add, {"scope": SCOPE, "weight": "250"})
+    assert refused.status_code == 200  # the form again, with its error
+    assert "(0, 100]" in refused.content.decode()
+    assert not ScopeWeight.objects.exists()
+
+    assert editor.post(add, {"scope": SCOPE, "weight": "3"}).status_code == 302
+    row = ScopeWeight.objects.get()
+    assert (row.scope_hash, row.weight) == (JobScope(SCOPE).scope_hash, 3.0)
+    change = reverse("admin:jobs_scopeweight_change", args=[row.pk])
+    assert editor.post(change, {"weight": "0.5"}).status_code == 302
+    assert ScopeWeight.objects.get().weight == 0.5
+    assert viewer.post(change, {"weight": "9"}).status_code == 403
+    assert ScopeWeight.objects.get().weight == 0.5
+
+
+def test_scope_shares_list_each_scope_line_with_its_work(admin_client: Client) -> None:
+    execution.set_scope_weight(SCOPE, 2)
+    submit("share-1")
+    running("share-2")
+    submit("other-1", scope=OTHER_SCOPE)
+    content = admin_client.get(reverse("admin:jobs_lane_changelist")).content.decode()
+    assert JobScope(SCOPE).scope_hash in content
+    assert JobScope(OTHER_SCOPE).scope_hash in content
+    assert "2.0" in content
