@@ -58,3 +58,10 @@ def stubborn(ctx: JobContext) -> str:
     if ctx.payload.get("done"):
         Path(ctx.payload["done"]).write_text(str(accepted))
     return "too late"
+
+
+@job_handler("flow.fair", version=1)
+def fair(ctx: JobContext) -> str:
+    """No limit: for the order in which scopes' jobs start (fair share)."""
+    ctx.wait_for_cancel(float(ctx.payload.get("seconds", 0.002)))
+    return "fair"

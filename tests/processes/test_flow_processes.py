@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from jobs import JobStatus, JobSubmission, execution, submit_job
+from jobs import JobScope, JobStatus, JobSubmission, execution, submit_job, submit_jobs
 from jobs.models import Job, JobAttempt
 from jobs.types import AttemptStatus
 from tests.support.procs import WorkerProcess, wait_until
@@ -218,6 +218,28 @@ def test_max_running_per_scope_keeps_one_per_scope_and_no_scope_starves(workers,
     _stop(*procs)
     assert sampler.most_per_scope == 1
     assert sampler.most_scopes >= 2  # scopes ran side by side
+
+
+def test_two_workers_start_a_small_scope_next_to_a_big_backlog(workers):
+    """Fair share with two real worker processes: one scope's 300 jobs, then a
+    second scope's 5, submitted after them. Sorted by start, the small scope's last
+    job is among the first 30 starts — in submission order it would be the 305th."""
+    submit_jobs(
+        [("tenant-big", f"b{n}", JobSubmission.create("flow.fair", {})) for n in range(300)]
+    )
+    for n in range(5):
+        submit_job("tenant-small", f"s{n}", JobSubmission.create("flow.fair", {}))
+    procs = [workers("--concurrency", "2") for _ in range(2)]
+    wait_until(lambda: succeeded("flow.fair") == 305, 120, "305 jobs", procs[0])
+    _stop(*procs)
+    order = list(
+        JobAttempt.objects.filter(job__handler="flow.fair")
+        .order_by("started_at", "id")
+        .values_list("job__scope_hash", flat=True)
+    )
+    small = JobScope("tenant-small").scope_hash
+    assert len(order) == 305
+    assert max(n for n, scope in enumerate(order) if scope == small) < 30, order[:40]
 
 
 def test_a_rate_holds_in_every_window_of_attempt_start_times(workers, tmp_path):
