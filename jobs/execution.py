@@ -25,6 +25,7 @@ from .flow_control import ClaimLimits
 from .handlers import handler_limits
 from .models import ClaimStart, Job
 from .schedules import service as schedules
+from .signals import jobs_expired
 from .store.limits import prune_claim_starts as _prune_claim_starts
 from .store.queues import QueueState
 from .store.releasing import release as _release
@@ -45,6 +46,7 @@ __all__ = [
     "due_counts_by_queue",
     "enqueue_due_schedules",
     "execution_statuses",
+    "expire_jobs",
     "fail",
     "get_due",
     "get_execution_status",
@@ -255,6 +257,16 @@ def pause_queue(name: str, *, now: datetime | None = None) -> bool:
 def resume_queue(name: str, *, now: datetime | None = None) -> bool:
     """Resume queue ``name`` (and wake the workers); True if it was paused."""
     return store.resume(name, now=now)
+
+
+def expire_jobs(*, limit: int = 1000, now: datetime | None = None) -> int:
+    """End Expired up to ``limit`` Queued jobs whose start deadline passed (no claim
+    takes them meanwhile: the deadline is in the claim's guard); returns how many.
+    Every ``run_jobs`` worker calls it as it recovers expired leases."""
+    expired = store.expire_due(limit=limit, now=now)
+    if expired:
+        jobs_expired.send(sender=None, jobs=expired)
+    return len(expired)
 
 
 def set_scope_weight(scope: str | JobScope, weight: float) -> float:

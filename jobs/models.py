@@ -29,8 +29,10 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(status__in=FINISHED_STATUSES)
 
     def due(self, now: datetime) -> JobQuerySet:
-        """Claimable now: Queued, no cancel requested, due, attempts left."""
+        """Claimable now: Queued, no cancel requested, due, attempts left, its start
+        deadline (if any) not passed."""
         return self.filter(
+            Q(start_by__isnull=True) | Q(start_by__gt=now),
             status=JobStatus.QUEUED,
             cancel_requested=False,
             next_run_at__lte=now,
@@ -147,6 +149,10 @@ class Job(models.Model):
         default=0, db_default=0, help_text="Its place in line (virtual time, µs)."
     )
 
+    # A start deadline: a job not started by then is never claimed, and the expiry
+    # sweep ends it Expired. NULL: none.
+    start_by = models.DateTimeField(null=True, blank=True, help_text="Must start by then.")
+
     objects = JobQuerySet.as_manager()
 
     class Meta:
@@ -185,6 +191,12 @@ class Job(models.Model):
                 condition=Q(status="queued"),
             ),
             models.Index("scope_hash", "created_at", name="jobs_job_scope_created_idx"),
+            # Queued jobs with a start deadline, by deadline: the expiry sweep's.
+            models.Index(
+                "start_by",
+                name="jobs_job_start_by_idx",
+                condition=Q(status="queued", start_by__isnull=False),
+            ),
             # Finished history by age (retention: purge_jobs). Partial, so that claiming
             # a job (finished_at NULL) adds nothing to it.
             models.Index(

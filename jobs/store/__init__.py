@@ -26,6 +26,7 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     purge_finished ............ finished, older than a cutoff -> (deleted)   retention
     pause / resume ............ a queue's claims stop / go on         queues
     set_weight ................ a scope's share of fair queues        shares
+    expire_due ................ QUEUED past its start deadline -> EXPIRED   expiry
 
 Claims under limits are in :mod:`.limits`.
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from .base import current_time
 from .claiming import complete_and_claim
+from .expiry import expire_due
 from .finishing import (
     asynchronous_commit,
     complete_many,
@@ -70,6 +72,7 @@ __all__ = [
     "complete_many",
     "current_time",
     "execution_statuses",
+    "expire_due",
     "expired_tokens",
     "finish",
     "get",

@@ -43,13 +43,15 @@ _FINISHED = ", ".join(f"'{status.value}'" for status in FINISHED_STATUSES)
 # --------------------------------------------------------------------------- wake-ups
 
 
-#: The guard of every claim: Queued, no cancel requested, due, attempts left — and
-#: not in a paused queue (a paused queue has a row of ``jobs_queue``).
+#: The guard of every claim: Queued, no cancel requested, due, attempts left, its start
+#: deadline not passed — and not in a paused queue (a paused queue has a row of
+#: ``jobs_queue``).
 CLAIMABLE = (
     f"status = '{QUEUED}'",
     "NOT cancel_requested",
     "next_run_at <= %(now)s",
     "attempt_count < max_attempts",
+    "(start_by IS NULL OR start_by > %(now)s)",
     f"queue NOT IN (SELECT name FROM {QUEUE} WHERE paused)",
 )
 

@@ -558,3 +558,25 @@ PUT_BACK_UNKNOWN_HANDLER = (
     f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
     f" RETURNING status, {_COUNTED_BEFORE}"
 )
+
+
+# --------------------------------------------------------------------------- expiry
+
+EXPIRED = JobStatus.EXPIRED.value
+
+
+@functools.lru_cache(maxsize=4)
+def expire_jobs(vendor: str) -> str:
+    """End up to ``limit`` Queued jobs whose start deadline is at or before ``now``
+    Expired, the earliest deadlines first, with ``error``; no attempt is used. On
+    PostgreSQL, jobs another transaction holds (a claim, a cancel) are skipped: the
+    next sweep finds them if they are still Queued. Returns each expired job's ``id``,
+    ``queue`` and ``handler``."""
+    lock = " FOR UPDATE SKIP LOCKED" if vendor == "postgresql" else ""
+    due = f"status = '{QUEUED}' AND start_by IS NOT NULL AND start_by <= %(now)s"
+    return (
+        f"UPDATE {JOB} SET status = '{EXPIRED}', finished_at = %(now)s, updated_at = %(now)s,"
+        " error = %(error)s"
+        f" WHERE id IN (SELECT id FROM {JOB} WHERE {due} ORDER BY start_by LIMIT %(limit)s{lock})"
+        f" AND {due} RETURNING id, queue, handler"
+    )

@@ -27,6 +27,7 @@ from ..exceptions import (
 )
 from ..fair_share import QUANTUM, place
 from ..models import Job
+from ..submit_rules import NO_RULES
 from ..types import (
     IDENTITY_FIELDS,
     JobSnapshot,
@@ -54,6 +55,7 @@ _NEW_JOB_CONSTANTS: dict[str, Any] = {
     "keeps_killing_worker": False,
     "progress": None,
     "result_ref": None,
+    "start_by": None,
     "started_at": None,
     "finished_at": None,
     "created": True,
@@ -77,6 +79,7 @@ _SET_CONSTANTS = tuple((_SET[name], value) for name, value in _NEW_JOB_CONSTANTS
     _set_next_run_at,
     _set_created_at,
 ) = (_SET[name] for name in ("scope_hash", "job_id", *IDENTITY_FIELDS, "next_run_at", "created_at"))
+_set_start_by = _SET["start_by"]
 _new_object = object.__new__
 
 
@@ -98,6 +101,8 @@ def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetim
     _set_initial_not_before(job, not_before)
     _set_next_run_at(job, now if not_before is None else not_before)
     _set_created_at(job, now)
+    if sub.rules is not NO_RULES:
+        _set_start_by(job, sub.rules.deadline(now))
     return job
 
 
@@ -112,7 +117,9 @@ _ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), defa
 #: The varying columns of a new job that its snapshot shows (the others: the trace
 #: context and the place in line, given apart).
 _SEEN = tuple(
-    name for name in sql_submit.NEW_JOB_VARYING if name not in ("trace_context", "fair_at")
+    name
+    for name in sql_submit.NEW_JOB_VARYING
+    if name not in ("trace_context", "fair_at", "start_by")
 )
 
 
@@ -121,7 +128,12 @@ def _new_row(job: JobSnapshot, trace_context: str | None, fair_at: int) -> dict[
     (:data:`sql_submit.NEW_JOB_COLUMNS`); ``trace_context`` is the submitter's, for
     tracing; ``fair_at`` its place in line."""
     row = {name: getattr(job, name) for name in _SEEN}
-    row.update(_shared_params(job.created_at), trace_context=trace_context, fair_at=fair_at)
+    row.update(
+        _shared_params(job.created_at),
+        trace_context=trace_context,
+        fair_at=fair_at,
+        start_by=job.start_by,
+    )
     return row
 
 
@@ -225,10 +237,16 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
 _submission_values = operator.attrgetter(*sql_submit.JSON_ROW[2:])
 
 
+def _deadline_text(sub: JobSubmission, now: datetime) -> str | None:
+    deadline = sub.rules.deadline(now)
+    return None if deadline is None else deadline.isoformat()
+
+
 def _json_params(
     items: Sequence[tuple[str, str, JobSubmission]],
     trace_context: str | None,
     places: Sequence[int],
+    now: datetime,
 ) -> dict[str, Any]:
     """The ``rows``, ``scopes`` and ``trace_context`` parameters of
     :data:`sql_submit.INSERT_JOBS_JSON`: one JSON array per item (a payload travels as its
@@ -241,6 +259,7 @@ def _json_params(
             job_id,
             *_submission_values(sub),
             fair_at,
+            None if sub.rules is NO_RULES else _deadline_text(sub, now),
         ]
         for (scope_hash, job_id, sub), fair_at in zip(items, places, strict=True)
     ]
@@ -289,7 +308,7 @@ def _insert_new(
     try:
         with scope:
             params = _shared_params(now) | _json_params(
-                items, _trace_context(), _due_places(items, now)
+                items, _trace_context(), _due_places(items, now), now
             )
             params["channel"] = jobs_settings().NOTIFY_CHANNEL
             params["count"] = len(items)
@@ -319,7 +338,7 @@ def _insert_many(
     trace_context = _trace_context()
     places = _places(connection, items, now)
     if is_postgres(connection):
-        params = _shared_params(now) | _json_params(items, trace_context, places)
+        params = _shared_params(now) | _json_params(items, trace_context, places, now)
         inserted_rows = fetch(connection, sql_submit.INSERT_JOBS_JSON, params, prepare=True)
     else:
         for start in range(0, len(items), CHUNK_ROWS):

@@ -123,6 +123,8 @@ def _variants() -> dict[str, Callable[[], str]]:
     add("release_job", lambda: sql_flow.RELEASE_JOB)
     add("release_attempt", lambda: sql_flow.RELEASE_ATTEMPT)
     add("put_back_unknown_handler", lambda: sql_flow.PUT_BACK_UNKNOWN_HANDLER)
+    for vendor in VENDORS:
+        add(f"expire_jobs-{vendor}", lambda v=vendor: sql_flow.expire_jobs(v))
 
     # Recovery under the crash budget, with each of its guards.
     for lease_guard, owner_guard in itertools.product((False, True), repeat=2):

@@ -3,7 +3,8 @@ workers, with current and stale tokens and leases that expire and are recovered,
 checked against a plain-Python model of the lifecycle after every step (Hypothesis
 stateful testing), on SQLite and PostgreSQL.
 
-The transitions driven: submit (new and duplicate), cancel, retry (with and without
+The transitions driven: submit (new and duplicate, with or without a start deadline),
+the expiry sweep, cancel, retry (with and without
 extra attempts granted), try_start, claim_due, report_progress, complete, fail (with
 and without a retry), interrupt, recover, snooze (up to its ``max_snoozes`` bound),
 release (a worker's graceful shutdown), the put-back of a claim whose handler the
@@ -13,7 +14,7 @@ token it picked before a heartbeat or another worker's claim) under the crash bu
 (``JOBS["MAX_INTERRUPTIONS"]`` drawn from 1 to 3 per sequence, so that sequences reach
 it). After every step each job's status, attempt, snooze, release and interruption
 counts, whether it keeps killing its worker, ``max_attempts``, cancel flag, token,
-lease, ``next_run_at``, unknown-handler window and its attempt rows (number, token,
+lease, ``next_run_at``, start deadline, unknown-handler window and its attempt rows (number, token,
 status) are compared with the model.
 
 The suite runs a short profile: 60 sequences on SQLite and 30 on PostgreSQL, a
@@ -103,6 +104,8 @@ class ModelJob:
     lease_until: datetime | None = None
     #: The first put-back of the unknown-handler window under way.
     unknown_since: datetime | None = None
+    #: Its start deadline: not started by then, it never starts and expires.
+    start_by: datetime | None = None
     rows: list[ModelAttempt] = field(default_factory=list)
 
     def due(self, now: datetime) -> bool:
@@ -111,6 +114,7 @@ class ModelJob:
             and not self.cancel
             and (self.run_at is None or self.run_at <= now)
             and self.attempts < self.max_attempts
+            and (self.start_by is None or self.start_by > now)
         )
 
     def lease_expired(self, now: datetime) -> bool:
@@ -187,17 +191,38 @@ class JobsStoreModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ caller
 
-    @rule(job_id=st.sampled_from(JOB_IDS), max_attempts=st.integers(1, 3))
-    def submit(self, job_id: str, max_attempts: int) -> None:
+    @rule(
+        job_id=st.sampled_from(JOB_IDS),
+        max_attempts=st.integers(1, 3),
+        deadline=st.sampled_from([None, None, 1, 30, 600]),
+    )
+    def submit(self, job_id: str, max_attempts: int, deadline: int | None = None) -> None:
         existing = self.jobs.get(job_id)
-        # A repeat is the original request, whatever attempts retries granted since.
+        # A repeat is the original request, whatever attempts retries granted since;
+        # its deadline is not part of it: the job keeps the one it was created with.
         attempts = existing.submitted_attempts if existing else max_attempts
+        start_by = None if deadline is None else self.now + timedelta(seconds=deadline)
         snapshot = submit_job(
-            SCOPE, job_id, JobSubmission.create("test.record", {}, max_attempts=attempts)
+            SCOPE,
+            job_id,
+            JobSubmission.create("test.record", {}, max_attempts=attempts, start_by=start_by),
         )
         assert snapshot.created == (existing is None)
         if existing is None:
-            self.jobs[job_id] = ModelJob(max_attempts, submitted_attempts=max_attempts)
+            self.jobs[job_id] = ModelJob(
+                max_attempts, submitted_attempts=max_attempts, start_by=start_by
+            )
+
+    @rule()
+    def expire_jobs(self) -> None:
+        late = [
+            job
+            for job in self.jobs.values()
+            if job.status == "queued" and job.start_by is not None and job.start_by <= self.now
+        ]
+        assert execution.expire_jobs(now=self.now) == len(late)
+        for job in late:
+            job.status = "expired"
 
     @rule(job_id=st.sampled_from(JOB_IDS), pick=PICK)
     def cancel(self, job_id: str, pick: int) -> None:
@@ -481,6 +506,7 @@ class JobsStoreModel(RuleBasedStateMachine):
                 where
             )
             assert row.handler_unknown_since == model.unknown_since, where
+            assert row.start_by == model.start_by, where
             if model.status == "running":
                 assert row.progress == model.progress, where
             if model.status == "queued" and model.run_at is not None:

@@ -242,6 +242,24 @@ def test_two_workers_start_a_small_scope_next_to_a_big_backlog(workers):
     assert max(n for n, scope in enumerate(order) if scope == small) < 30, order[:40]
 
 
+def test_a_worker_expires_a_job_not_started_by_its_deadline(workers):
+    """A job due only after its start deadline: the worker never starts it, and its
+    periodic sweep ends it Expired, with no attempt; a job beside it runs."""
+    from django.utils import timezone
+
+    late = JobSubmission.create(
+        "flow.fair", {}, not_before=timezone.now() + timedelta(seconds=1), start_within=0.3
+    )
+    submit_job(SCOPE, "too-late", late)
+    submit_job(SCOPE, "in-time", JobSubmission.create("flow.fair", {}, start_within=60))
+    proc = workers("--concurrency", "2", env={"JOBS_RECOVERY_INTERVAL": "0.1"})
+    expired = Job.objects.filter(job_id="too-late", status=JobStatus.EXPIRED)
+    wait_until(expired.exists, 30, "the late job to expire", proc)
+    wait_until(lambda: succeeded("flow.fair") == 1, 30, "the job in time", proc)
+    _stop(proc)
+    assert not JobAttempt.objects.filter(job__job_id="too-late").exists()
+
+
 def test_a_rate_holds_in_every_window_of_attempt_start_times(workers, tmp_path):
     """rate=(20, 1) and 70 jobs over three processes: sorted by start time, any 21
     consecutive starts span at least one second — no window of 1 s holds more than

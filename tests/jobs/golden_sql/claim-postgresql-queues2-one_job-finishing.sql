@@ -91,6 +91,8 @@ WITH done AS
                        AND NOT cancel_requested
                        AND next_run_at <= %(now)s
                        AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
                        AND queue NOT IN
                          (SELECT name
                           FROM jobs_queue
