@@ -35,6 +35,11 @@ class InvalidSubmission(InvalidInput):
     """A field of the job submission is not valid."""
 
 
+class JobExpired(JobsError):
+    """The job was not started by its start deadline (``start_by`` or ``start_within``):
+    it never ran."""
+
+
 class InvalidWeight(InvalidInput):
     """A scope's weight must be a number greater than 0 and at most 100."""
 

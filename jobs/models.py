@@ -152,6 +152,13 @@ class Job(models.Model):
     # A start deadline: a job not started by then is never claimed, and the expiry
     # sweep ends it Expired. NULL: none.
     start_by = models.DateTimeField(null=True, blank=True, help_text="Must start by then.")
+    # Uniqueness within the scope: while a job holds its key (see the constraints), a
+    # submission with the key returns it. ``unique_while``: "queued", "active" (Queued
+    # or Running), "for" (held in jobs_uniquehold for a time), or "" without a key.
+    unique_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    unique_while = models.CharField(max_length=8, blank=True, default="", db_default="")
+    # A debounced job's latest start: its burst's first submission + debounce_max.
+    debounce_until = models.DateTimeField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 
@@ -169,6 +176,19 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(attempt_count__lte=F("max_attempts")),
                 name="jobs_job_attempts_within_max",
+            ),
+            # One Queued job per (scope, unique key) of the "queued" and "active" modes,
+            # and one Queued or Running of the "active" mode: a racing second insert
+            # waits for the first and yields (ON CONFLICT DO NOTHING).
+            models.UniqueConstraint(
+                fields=["scope_hash", "unique_key"],
+                condition=Q(unique_while__in=["queued", "active"], status="queued"),
+                name="jobs_job_unique_queued",
+            ),
+            models.UniqueConstraint(
+                fields=["scope_hash", "unique_key"],
+                condition=Q(unique_while="active", status__in=["queued", "running"]),
+                name="jobs_job_unique_active",
             ),
         ]
         indexes = [
@@ -322,6 +342,27 @@ class Lane(models.Model):
 
     def __str__(self) -> str:
         return f"lane of {self.scope_hash[:12]}… in {self.queue}"
+
+
+class UniqueHold(models.Model):
+    """A unique key held for a time (``unique_for``): until ``until``, a submission of
+    the scope with ``unique_key`` returns job ``job_id``. Taken over by the first
+    submission after it ends."""
+
+    scope_hash = models.CharField(max_length=64)
+    unique_key = models.CharField(max_length=200)
+    job_id = models.CharField(max_length=200)
+    until = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scope_hash", "unique_key"], name="jobs_uniquehold_identity"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.unique_key} held by {self.job_id} until {self.until}"
 
 
 class ScopeWeight(models.Model):

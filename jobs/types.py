@@ -177,17 +177,42 @@ class JobSubmission:
         priority: int = 0,
         start_by: datetime | None = None,
         start_within: float | None = None,
+        unique_key: str | None = None,
+        unique_while: str | None = None,
+        unique_for: float | None = None,
+        debounce: float | None = None,
+        debounce_max: float | None = None,
     ) -> Self:
         """Validate and serialise a request; raises a :class:`~jobs.exceptions.JobsError`
         subclass for anything invalid.
 
         ``start_by`` (an aware datetime) or ``start_within`` (seconds after the submit):
-        a job not started by then never starts; it ends Expired."""
+        a job not started by then never starts; it ends Expired. ``unique_key`` with
+        ``unique_while`` ("queued", the default, or "active") or ``unique_for``
+        (seconds): while a job of the scope holds the key, submitting another returns
+        that job. ``debounce`` (seconds, with ``unique_key``): the job starts that long
+        after the latest submission of a burst, with its payload, and never later than
+        ``debounce_max`` seconds after the first. See ``docs/flow-control.md``."""
         payload_json = validation.serialise_payload(payload, jobs_settings().MAX_PAYLOAD_BYTES)
         rules = (
             NO_RULES
-            if start_by is None and start_within is None
-            else submit_rules(start_by=start_by, start_within=start_within)
+            if start_by is None
+            and start_within is None
+            and unique_key is None
+            and unique_while is None
+            and unique_for is None
+            and debounce is None
+            and debounce_max is None
+            else submit_rules(
+                start_by=start_by,
+                start_within=start_within,
+                unique_key=unique_key,
+                unique_while=unique_while,
+                unique_for=unique_for,
+                debounce=debounce,
+                debounce_max=debounce_max,
+                not_before=not_before,
+            )
         )
         if cls is JobSubmission:
             # The fields checked as __post_init__ checks them and set through their
@@ -304,6 +329,8 @@ class JobSnapshot:
     finished_at: datetime | None
     #: When the job must have started by, or it ends Expired (None: no deadline).
     start_by: datetime | None = None
+    #: The key it holds within its scope while it is Queued (or Running), or None.
+    unique_key: str | None = None
     #: Executions that ended in ``Snooze`` (never counted in ``attempt_count``);
     #: bounded by the handler's ``max_snoozes``.
     snooze_count: int = 0

@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 from ledon.db import id_among_locked
 
 from ..db import in_list, numbered, random_token_sql, union_by_kind, values_of
-from ..models import Job, JobAttempt, Lane, LimitCounter, Queue, ScopeWeight
+from ..models import Job, JobAttempt, Lane, LimitCounter, Queue, ScopeWeight, UniqueHold
 from ..types import FINISHED_STATUSES, Claim, JobStatus
 
 JOB = Job._meta.db_table
@@ -32,6 +32,7 @@ QUEUE = Queue._meta.db_table
 COUNTER = LimitCounter._meta.db_table
 LANE = Lane._meta.db_table
 SCOPE_WEIGHT = ScopeWeight._meta.db_table
+UNIQUE_HOLD = UniqueHold._meta.db_table
 
 QUEUED = JobStatus.QUEUED.value
 RUNNING = JobStatus.RUNNING.value

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from ..db import values_of
 from ..types import IDENTITY_FIELDS, JobStatus
-from .sql import JOB, LANE, SCOPE_WEIGHT
+from .sql import JOB, LANE, SCOPE_WEIGHT, UNIQUE_HOLD
 
 #: A new job's columns that vary from job to job, in the one order every reader takes
 #: them in — its identity, its submission's fields (:data:`jobs.types.IDENTITY_FIELDS`)
@@ -151,8 +151,14 @@ def reserve_lane(vendor: str, *, new_job: bool = False) -> str:
 # --------------------------------------------------------------------------- inserts
 
 
+#: The columns a single submit with a unique key sets too (``unique_key_0``…).
+UNIQUE_COLUMNS = ("unique_key", "unique_while", "debounce_until")
+
+
 @functools.lru_cache(maxsize=64)
-def insert_jobs(rows: int, *, notify: bool = False, lane: bool = False) -> str:
+def insert_jobs(
+    rows: int, *, notify: bool = False, lane: bool = False, unique: bool = False
+) -> str:
     """``INSERT … ON CONFLICT DO NOTHING`` of ``rows`` new jobs (:func:`jobs.db.numbered`
     parameters of :data:`NEW_JOB_COLUMNS`), returning the ``scope_hash``, ``job_id``,
     ``queue`` and ``fair_at`` of each job actually inserted.
@@ -162,14 +168,18 @@ def insert_jobs(rows: int, *, notify: bool = False, lane: bool = False) -> str:
     delivered when the statement's transaction commits. With ``lane`` (PostgreSQL, one
     due job of a fair queue), it also takes the job's place in line
     (:func:`reserve_lane` with ``new_job``, whose parameters it takes too), in place of
-    ``fair_at_0``.
+    ``fair_at_0``. With ``unique`` (one job with a unique key), it sets the
+    :data:`UNIQUE_COLUMNS` too and yields to any unique constraint, the identity or a
+    key held (``ON CONFLICT DO NOTHING`` with no target).
     """
-    values = values_of(NEW_JOB_COLUMNS, rows)
+    columns = (*NEW_JOB_COLUMNS, *UNIQUE_COLUMNS) if unique else NEW_JOB_COLUMNS
+    values = values_of(columns, rows)
     if lane:
         values = values.replace("%(fair_at_0)s", "COALESCE((SELECT tail FROM lane), %(fair_at_0)s)")
+    conflict = "" if unique else " (scope_hash, job_id)"
     insert = (
-        f"INSERT INTO {JOB} ({', '.join(NEW_JOB_COLUMNS)}) VALUES {values}"
-        " ON CONFLICT (scope_hash, job_id) DO NOTHING"
+        f"INSERT INTO {JOB} ({', '.join(columns)}) VALUES {values}"
+        f" ON CONFLICT{conflict} DO NOTHING"
         " RETURNING scope_hash, job_id, queue, fair_at"
     )
     ctes = [f"lane AS ({reserve_lane('postgresql', new_job=True)})"] if lane else []
@@ -254,3 +264,49 @@ INSERT_NEW_JOBS_JSON = (
     " (SELECT count(pg_notify(%(channel)s, d.queue)) FROM (SELECT DISTINCT queue"
     " FROM inserted WHERE next_run_at <= %(created_at)s) AS d) AS notified"
 )
+
+
+# --------------------------------------------------------------------------- uniqueness
+
+#: A unique key held for a time: take (``scope_hash``, ``unique_key``) for job
+#: ``job_id`` until ``until`` — a new hold, or one that ended at or before ``now``.
+#: Returns the ``job_id`` if it was taken; no row: another job holds the key.
+TAKE_HOLD = (
+    f"INSERT INTO {UNIQUE_HOLD} AS h (scope_hash, unique_key, job_id, until)"
+    " VALUES (%(scope_hash)s, %(unique_key)s, %(job_id)s, %(until)s)"
+    " ON CONFLICT (scope_hash, unique_key) DO UPDATE"
+    " SET job_id = excluded.job_id, until = excluded.until WHERE h.until <= %(now)s"
+    " RETURNING job_id"
+)
+
+
+def _place_of(column: str, vendor: str) -> str:
+    """A stored timestamp ``column`` as a place in line (microseconds since the
+    epoch; see :func:`jobs.fair_share.place`)."""
+    if vendor == "postgresql":
+        return f"(extract(epoch FROM {column}) * 1000000)::bigint"
+    # SQLite keeps ISO text: whole seconds from strftime, the fraction from the text.
+    return (
+        f"(CAST(strftime('%%s', {column}) AS INTEGER) * 1000000"
+        f" + CAST(substr(strftime('%%f', {column}), 4) AS INTEGER) * 1000"
+        f" + CASE WHEN length({column}) >= 26 THEN CAST(substr({column}, 24, 3) AS INTEGER)"
+        " ELSE 0 END)"
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def debounce_job(vendor: str) -> str:
+    """Debounce: the scope's Queued job that holds ``unique_key`` in the "queued" mode,
+    not claimed and without a cancel request, takes ``payload_json`` and is due at
+    ``run_at`` (its place ``run_place``) — or at its ``debounce_until``, if that is
+    sooner. Returns the job's ``job_id``."""
+    sooner = "debounce_until IS NOT NULL AND debounce_until < %(run_at)s"
+    return (
+        f"UPDATE {JOB} SET payload_json = %(payload_json)s,"
+        f" next_run_at = CASE WHEN {sooner} THEN debounce_until ELSE %(run_at)s END,"
+        f" fair_at = CASE WHEN {sooner} THEN {_place_of('debounce_until', vendor)}"
+        " ELSE %(run_place)s END, updated_at = %(now)s"
+        " WHERE scope_hash = %(scope_hash)s AND unique_key = %(unique_key)s"
+        f" AND unique_while = 'queued' AND status = '{JobStatus.QUEUED.value}'"
+        " AND NOT cancel_requested RETURNING job_id"
+    )

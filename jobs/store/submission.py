@@ -8,7 +8,7 @@ import operator
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
@@ -21,6 +21,7 @@ from ..conf import fair_queue, jobs_settings
 from ..db import fetch, numbered
 from ..exceptions import (
     AmbientTransactionError,
+    InvalidSubmission,
     JobIdentityConflict,
     JobIdentityUnresolved,
     TransactionRequiredError,
@@ -39,6 +40,7 @@ from . import sql_submit
 from .base import CHUNK_ROWS, current_time, notify
 from .reads import snapshot
 from .telemetry import observed_submission
+from .uniqueness import insert_unique
 
 #: The fields of a new Queued job's snapshot that every new job has the same value in:
 #: the fixed values of its insert, and what it does not have yet.
@@ -56,6 +58,7 @@ _NEW_JOB_CONSTANTS: dict[str, Any] = {
     "progress": None,
     "result_ref": None,
     "start_by": None,
+    "unique_key": None,
     "started_at": None,
     "finished_at": None,
     "created": True,
@@ -80,6 +83,7 @@ _SET_CONSTANTS = tuple((_SET[name], value) for name, value in _NEW_JOB_CONSTANTS
     _set_created_at,
 ) = (_SET[name] for name in ("scope_hash", "job_id", *IDENTITY_FIELDS, "next_run_at", "created_at"))
 _set_start_by = _SET["start_by"]
+_set_unique_key = _SET["unique_key"]
 _new_object = object.__new__
 
 
@@ -101,8 +105,13 @@ def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetim
     _set_initial_not_before(job, not_before)
     _set_next_run_at(job, now if not_before is None else not_before)
     _set_created_at(job, now)
-    if sub.rules is not NO_RULES:
-        _set_start_by(job, sub.rules.deadline(now))
+    rules = sub.rules
+    if rules is not NO_RULES:
+        _set_start_by(job, rules.deadline(now))
+        _set_unique_key(job, rules.unique_key)
+        if rules.debounce is not None:
+            # Trailing: due once the burst has been quiet for ``debounce`` seconds.
+            _set_next_run_at(job, now + timedelta(seconds=rules.debounce))
     return job
 
 
@@ -207,28 +216,55 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     """Insert a new Queued job in the current transaction; None if the identity exists.
 
     ``ON CONFLICT DO NOTHING`` waits for a concurrent inserter of the same identity
-    and then yields to it, so a race never aborts the surrounding transaction.
+    and then yields to it, so a race never aborts the surrounding transaction. A
+    submission with a unique key may return the job that holds it instead
+    (``created`` False; see :mod:`jobs.store.uniqueness`).
     """
+    if sub.rules.unique_key is not None:
+        return insert_unique(scope_hash, job_id, sub, now, _insert_unique_row)
+    return _insert_row(scope_hash, job_id, sub, now)
+
+
+def _insert_unique_row(
+    scope_hash: str, job_id: str, sub: JobSubmission, now: datetime
+) -> JobSnapshot | None:
+    return _insert_row(scope_hash, job_id, sub, now, unique=True)
+
+
+def _insert_row(
+    scope_hash: str, job_id: str, sub: JobSubmission, now: datetime, *, unique: bool = False
+) -> JobSnapshot | None:
+    """The insert of :func:`_insert`; with ``unique``, with the submission's key,
+    yielding to every unique constraint."""
     connection = connection_for(Job)
     job = _new_snapshot(scope_hash, job_id, sub, now)
     postgres = is_postgres(connection)
     wake = job.next_run_at <= now and postgres
     laned = _laned(sub, now)
     row = _new_row(job, _trace_context(), place(job.next_run_at))
+    if unique:
+        rules = sub.rules
+        row.update(
+            unique_key=rules.unique_key,
+            unique_while=rules.unique_mode,
+            debounce_until=None
+            if rules.debounce_max is None
+            else now + timedelta(seconds=rules.debounce_max),
+        )
     params = numbered([_adapted(connection, row)])
     if wake:
         params["channel"] = jobs_settings().NOTIFY_CHANNEL
     if laned:
         params.update(_lane_params(scope_hash, sub.queue, sub.priority, 1, now), job_id=job_id)
     if postgres or not laned:
-        statement = sql_submit.insert_jobs(1, notify=wake, lane=laned)
+        statement = sql_submit.insert_jobs(1, notify=wake, lane=laned, unique=unique)
         return job if fetch(connection, statement, params, prepare=True) else None
     # SQLite: the lane's place, then the insert, under one write lock.
     with transaction.atomic(using=connection.alias, savepoint=False):
         taken = fetch(connection, sql_submit.reserve_lane("sqlite", new_job=True), params)
         if taken:
             params["fair_at_0"] = taken[0]["tail"]
-        inserted = fetch(connection, sql_submit.insert_jobs(1), params)
+        inserted = fetch(connection, sql_submit.insert_jobs(1, unique=unique), params)
     return job if inserted else None
 
 
@@ -441,6 +477,11 @@ def submit_many(
     connection = transaction.get_connection(alias)
     if in_caller_atomic_block(connection):
         raise AmbientTransactionError()
+    if any(sub.rules.unique_key is not None for _scope, _job_id, sub in items):
+        raise InvalidSubmission(
+            "submit_jobs takes no unique_key (nor debounce): submit such jobs one by one"
+            " with submit_job or stage_job"
+        )
     now = current_time(now)
     first: dict[tuple[str, str], int] = {}
     for index, (scope_hash, job_id, _sub) in enumerate(items):

@@ -3,6 +3,8 @@ order, and do what the page says."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from jobs import JobScope, JobStatus
@@ -16,7 +18,7 @@ PAGE = "docs/flow-control.md"
 
 
 def test_the_flow_control_page_examples_do_what_the_page_says():
-    assert len(python_blocks(PAGE)) == 4
+    assert len(python_blocks(PAGE)) == 6
     namespace = run_page(PAGE)
 
     # Fair share: the small tenant's jobs start next to the head of the line.
@@ -26,6 +28,16 @@ def test_the_flow_control_page_examples_do_what_the_page_says():
     # The settings block is a valid JOBS setting, and the queue it names is not fair.
     settings = jobs_settings.read(namespace["JOBS"])
     assert settings.QUEUES["ledger"]["fair"] is False
+
+    # Unique jobs: the second submission returned the first job.
+    assert namespace["first"].created
+    assert (namespace["again"].job_id, namespace["again"].created) == ("sync-1", False)
+    # Debounce: one job, the latest payload, due 5 s after the last submission.
+    burst = namespace["burst"]
+    assert (burst.job_id, burst.created, burst.payload) == ("reindex-1", False, {"version": 3})
+    first_edit = namespace["first_edit"]
+    assert first_edit.next_run_at == first_edit.created_at + timedelta(seconds=5)
+    assert burst.next_run_at > first_edit.next_run_at
 
     # Start deadlines: both late jobs expired, with no attempt.
     assert namespace["expired"] == 2

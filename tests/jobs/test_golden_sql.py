@@ -111,6 +111,14 @@ def _variants() -> dict[str, Callable[[], str]]:
             f"reserve_lane-{vendor}-new_job",
             lambda v=vendor: sql_submit.reserve_lane(v, new_job=True),
         )
+    add("insert_jobs-rows1-unique", lambda: sql_submit.insert_jobs(1, unique=True))
+    add(
+        "insert_jobs-rows1-notify-lane-unique-postgresql",
+        lambda: sql_submit.insert_jobs(1, notify=True, lane=True, unique=True),
+    )
+    add("take_hold", lambda: sql_submit.TAKE_HOLD)
+    for vendor in VENDORS:
+        add(f"debounce_job-{vendor}", lambda v=vendor: sql_submit.debounce_job(v))
     add("insert_jobs_json-postgresql", lambda: sql_submit.INSERT_JOBS_JSON)
     add("insert_new_jobs_json-postgresql", lambda: sql_submit.INSERT_NEW_JOBS_JSON)
 

@@ -4,7 +4,8 @@ checked against a plain-Python model of the lifecycle after every step (Hypothes
 stateful testing), on SQLite and PostgreSQL.
 
 The transitions driven: submit (new and duplicate, with or without a start deadline),
-the expiry sweep, cancel, retry (with and without
+a debounced submit (a new job, or the Queued job that holds the key replaced, or the
+identity rule), the expiry sweep, cancel, retry (with and without
 extra attempts granted), try_start, claim_due, report_progress, complete, fail (with
 and without a retry), interrupt, recover, snooze (up to its ``max_snoozes`` bound),
 release (a worker's graceful shutdown), the put-back of a claim whose handler the
@@ -25,6 +26,7 @@ end of an unknown handler's window.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -49,7 +51,7 @@ from hypothesis.stateful import (
 from jobs import JobSubmission, execution, store
 from jobs.api import JobScope, submit_job
 from jobs.conf import jobs_settings
-from jobs.exceptions import InvalidTransition
+from jobs.exceptions import InvalidTransition, JobIdentityConflict
 from jobs.models import Job, JobAttempt
 from jobs.types import CancelOutcome, FinishOutcome
 from jobs.validation import scope_hash
@@ -106,6 +108,8 @@ class ModelJob:
     unknown_since: datetime | None = None
     #: Its start deadline: not started by then, it never starts and expires.
     start_by: datetime | None = None
+    #: A debounced job's key and its latest payload (None: not debounced).
+    debounced: dict[str, int] | None = None
     rows: list[ModelAttempt] = field(default_factory=list)
 
     def due(self, now: datetime) -> bool:
@@ -211,6 +215,39 @@ class JobsStoreModel(RuleBasedStateMachine):
         if existing is None:
             self.jobs[job_id] = ModelJob(
                 max_attempts, submitted_attempts=max_attempts, start_by=start_by
+            )
+
+    @rule(job_id=st.sampled_from(["d1", "d2"]), value=st.integers(1, 2))
+    def debounced_submit(self, job_id: str, value: int) -> None:
+        payload = {"v": value}
+        holder = next(
+            (
+                (held_id, job)
+                for held_id, job in sorted(self.jobs.items())
+                if job.debounced is not None and job.status == "queued"
+            ),
+            None,
+        )
+        existing = self.jobs.get(job_id)
+        sub = JobSubmission.create("test.record", payload, unique_key="deb", debounce=30)
+        try:
+            snapshot = store.submit(scope_hash(SCOPE), job_id, sub, now=self.now)
+        except JobIdentityConflict:
+            assert holder is None
+            assert existing is not None
+            assert existing.debounced != payload
+            return
+        if holder is not None:
+            held_id, job = holder
+            assert (snapshot.job_id, snapshot.created) == (held_id, False)
+            job.run_at, job.debounced = self.now + timedelta(seconds=30), payload
+        elif existing is not None:
+            assert (snapshot.job_id, snapshot.created) == (job_id, False)
+            assert existing.debounced == payload
+        else:
+            assert snapshot.created
+            self.jobs[job_id] = ModelJob(
+                1, submitted_attempts=1, run_at=self.now + timedelta(seconds=30), debounced=payload
             )
 
     @rule()
@@ -507,6 +544,8 @@ class JobsStoreModel(RuleBasedStateMachine):
             )
             assert row.handler_unknown_since == model.unknown_since, where
             assert row.start_by == model.start_by, where
+            if model.debounced is not None:
+                assert json.loads(row.payload_json) == model.debounced, where
             if model.status == "running":
                 assert row.progress == model.progress, where
             if model.status == "queued" and model.run_at is not None:
