@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import physical
+from . import fairness, physical
 from .systems import OURS, System, WorkerConfig, adapter
 
 Log = Callable[[str], None]
@@ -928,6 +928,7 @@ PARTS: dict[str, tuple[Part, Callable[[list[str]], list[str]]]] = {
     "cpu": (cpu_alone, lambda names: [OURS]),
     "pickup-enqueue": (pickup_and_enqueue, lambda names: names),
     "profile": (profile_alone, lambda names: [OURS]),
+    "fair-share": (fairness.fair_share, lambda names: [OURS]),
 }
 #: The parts of ``targets``, by the key of its document.
 TARGET_PARTS = {"burn": "burn-down", "flow": "flow-control", "cpu": "cpu", "idle": "pickup-enqueue"}
@@ -1030,6 +1031,8 @@ def run_all(systems: list[str], server: dict[str, str], **session: Any) -> dict[
             save(queued_claim_cost=queued_claim_cost(runner, ours))
             log("flow control (limits on versus off)")
             save(flow_control=flow_control(runner, [ours]))
+            log("fair share, the noisy neighbour and the submit-time rules")
+            save(fair_share=fairness.fair_share(runner, [ours]))
             log("outbox dispatch, saga steps")
             save(
                 outbox=extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin),

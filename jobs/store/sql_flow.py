@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 
+from ledon.db import id_among_locked
+
 from ..db import in_list, union_by_kind, values_of
 from ..models import ClaimStart
 from ..types import JobStatus
@@ -572,11 +574,11 @@ def expire_jobs(vendor: str) -> str:
     PostgreSQL, jobs another transaction holds (a claim, a cancel) are skipped: the
     next sweep finds them if they are still Queued. Returns each expired job's ``id``,
     ``queue`` and ``handler``."""
-    lock = " FOR UPDATE SKIP LOCKED" if vendor == "postgresql" else ""
     due = f"status = '{QUEUED}' AND start_by IS NOT NULL AND start_by <= %(now)s"
+    which = id_among_locked(
+        vendor, f"SELECT id FROM {JOB} WHERE {due} ORDER BY start_by LIMIT %(limit)s"
+    )
     return (
         f"UPDATE {JOB} SET status = '{EXPIRED}', finished_at = %(now)s, updated_at = %(now)s,"
-        " error = %(error)s"
-        f" WHERE id IN (SELECT id FROM {JOB} WHERE {due} ORDER BY start_by LIMIT %(limit)s{lock})"
-        f" AND {due} RETURNING id, queue, handler"
+        f" error = %(error)s WHERE {which} AND {due} RETURNING id, queue, handler"
     )
