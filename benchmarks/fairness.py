@@ -2,10 +2,10 @@
 
 - the burn-down of one scope holding the whole queue, fair share on against
   ``"fair": False`` (one worker process at concurrency 16);
-- the noisy neighbour: one scope's backlog of due no-op jobs, then 99 other scopes
-  with 10 each submitted after it, one worker at concurrency 16: for each small scope,
-  how long after its submission its last job started — fair share on, and in
-  submission order;
+- the noisy neighbour: one scope's backlog of due no-op jobs (one bulk submit), then 99
+  other scopes with 10 each submitted after it (one bulk submit each), one worker at
+  concurrency 16: for each small scope, how long after its submission its last job
+  started — fair share on, and in submission order;
 - the cost of one submit: plain, with a ``unique_key`` and debounced (each call a new
   key: the insert path, which is the one that costs more), one call and one commit each.
 
@@ -105,9 +105,11 @@ def noisy_neighbour(runner: Runner, ours: System, backlog: int, fair: bool) -> d
             start = time.time()
             jobs = [("big", f"big-{n}", _noop(n)) for n in range(backlog)]
             assert all(result.created for result in submit_jobs(jobs))
+            # Each small scope's jobs in one call: 99 quick submits behind the backlog.
             for scope in range(SMALL_SCOPES):
-                for n in range(SMALL_JOBS):
-                    submit_job(f"small-{scope}", f"small-{scope}-{n}", _noop(n))
+                name = f"small-{scope}"
+                small = [(name, f"{name}-{n}", _noop(n)) for n in range(SMALL_JOBS)]
+                assert all(result.created for result in submit_jobs(small))
             end = ours.wait_until_done(timeout=max(300.0, backlog / 50))
     lags = _small_scope_lags()
     total = backlog + SMALL_SCOPES * SMALL_JOBS
