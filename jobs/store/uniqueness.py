@@ -105,10 +105,13 @@ def insert_unique(
     connection = connection_for(Job)
     rules = sub.rules
     for _ in range(3):
-        several = rules.debounce is not None or rules.unique_for is not None
+        # A hold and its job's insert commit together. A debounce needs no transaction
+        # of its own: should another submission insert the key's job between the
+        # update that found none and this insert, the insert yields and the next turn
+        # replaces that job.
         scope: AbstractContextManager[Any] = (
             transaction.atomic(using=connection.alias, savepoint=False)
-            if several
+            if rules.unique_for is not None
             else nullcontext()
         )
         with scope:
