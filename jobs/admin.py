@@ -6,27 +6,28 @@ actions, which go through :mod:`jobs.store` exactly like the scoped API does, an
 offered only to users holding ``jobs.change_job`` (the admin never edits a job, so
 that permission means "may steer jobs"). Staff with only ``jobs.view_job`` see the
 pages and no actions. Queues are listed with their depth and limits, and
-paused or resumed by actions guarded by ``jobs.change_queue``. Scope weights are the
-one table edited by hand, through the store, behind ``jobs.change_scopeweight``.
+paused or resumed by actions guarded by ``jobs.change_queue``. A scope's weight is set
+on a page of its own, through the store, behind ``jobs.change_scopeweight``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ledon.admin import (
     GrowingTableMixin,
-    ModelAdmin,
     ReadOnlyAdminMixin,
     ReadOnlyModelAdmin,
     TabularInline,
@@ -372,22 +373,17 @@ class QueueAdmin(ReadOnlyModelAdmin[Queue]):
         self.message_user(request, f"{changed} queue(s) resumed.", messages.SUCCESS)
 
 
-if TYPE_CHECKING:
-    _WeightForm = forms.ModelForm[ScopeWeight]
-else:
-    _WeightForm = forms.ModelForm
+class ScopeWeightForm(forms.Form):
+    """A scope's weight, by the scope's name as callers pass it."""
 
+    scope = forms.CharField(help_text="The scope's name, as callers pass it.")
+    weight = forms.FloatField(help_text="A number in (0, 100]; 1 is every scope's default.")
 
-class ScopeWeightForm(_WeightForm):
-    """A scope's weight, by its name when it is added (the table keeps its hash)."""
-
-    scope = forms.CharField(
-        required=False, help_text="The scope's name, as callers pass it (new weights only)."
-    )
-
-    class Meta:
-        model = ScopeWeight
-        fields = ("weight",)
+    def clean_scope(self) -> str:
+        try:
+            return validation.scope_hash(self.cleaned_data.get("scope"))
+        except InvalidInput as exc:
+            raise forms.ValidationError(str(exc)) from None
 
     def clean_weight(self) -> float:
         try:
@@ -395,35 +391,18 @@ class ScopeWeightForm(_WeightForm):
         except InvalidWeight as exc:
             raise forms.ValidationError(str(exc)) from None
 
-    def clean_scope(self) -> str:
-        scope = self.cleaned_data.get("scope") or ""
-        if self.instance.pk is None:
-            try:
-                validation.scope_hash(scope)
-            except InvalidInput as exc:
-                raise forms.ValidationError(str(exc)) from None
-        return scope
-
 
 @admin.register(ScopeWeight)
-class ScopeWeightAdmin(ModelAdmin[ScopeWeight]):
-    """Each scope's share of every fair queue's starts (1 without a row). Adding and
-    changing a weight go through :func:`jobs.store.set_weight`, for users holding
-    ``jobs.add_scopeweight`` / ``jobs.change_scopeweight``; a weight is never deleted
-    (set it back to 1)."""
+class ScopeWeightAdmin(ReadOnlyModelAdmin[ScopeWeight]):
+    """Each scope's share of every fair queue's starts (1 without a row), with its
+    Queued and Running jobs. "Set a scope's weight" (a page of its own, for users
+    holding ``jobs.change_scopeweight``) saves through :func:`jobs.store.set_weight`,
+    as ``execution.set_scope_weight`` does; a weight is never deleted (set it to 1)."""
 
-    form = ScopeWeightForm
+    change_list_template = "admin/jobs/scopeweight/change_list.html"
     list_display = ("scope_hash", "weight", "queued", "running", "updated_at")
     search_fields = ("scope_hash",)
-    readonly_fields = ("scope_hash", "queued", "running", "updated_at")
-
-    def get_fields(self, request: HttpRequest, obj: ScopeWeight | None = None) -> tuple[str, ...]:
-        if obj is None:
-            return ("scope", "weight")
-        return ("scope_hash", "weight", "queued", "running", "updated_at")
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    fields = readonly_fields = ("scope_hash", "weight", "queued", "running", "updated_at")
 
     @admin.display(description="queued")
     def queued(self, obj: ScopeWeight) -> int:
@@ -433,13 +412,43 @@ class ScopeWeightAdmin(ModelAdmin[ScopeWeight]):
     def running(self, obj: ScopeWeight) -> int:
         return Job.objects.for_scope(obj.scope_hash).running().count()
 
-    def save_model(self, request: HttpRequest, obj: ScopeWeight, form: Any, change: bool) -> None:
-        # The store is the only writer: the form's values, not the instance, are saved.
-        if not change:
-            obj.scope_hash = validation.scope_hash(form.cleaned_data["scope"])
-        store.set_weight(obj.scope_hash, form.cleaned_data["weight"])
-        saved = ScopeWeight.objects.get(scope_hash=obj.scope_hash)
-        obj.pk, obj.weight, obj.updated_at = saved.pk, saved.weight, saved.updated_at
+    def get_urls(self) -> list[URLPattern]:
+        own = [
+            path(
+                "set/",
+                self.admin_site.admin_view(self.set_weight_view),
+                name="jobs_scopeweight_set",
+            )
+        ]
+        return own + super().get_urls()
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra = {"may_set_weight": self.has_steer_permission(request), **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
+    def set_weight_view(self, request: HttpRequest) -> HttpResponse:
+        """Set a scope's weight (GET: the form; POST: save it through the store)."""
+        if not self.has_steer_permission(request):
+            raise PermissionDenied
+        form = ScopeWeightForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            scope_hash, weight = form.cleaned_data["scope"], form.cleaned_data["weight"]
+            before = store.set_weight(scope_hash, weight)
+            self.message_user(
+                request,
+                f"Weight of {scope_hash[:12]}… set to {weight:g} (it was {before:g}).",
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(reverse("admin:jobs_scopeweight_changelist"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Set a scope's weight",
+            "opts": self.opts,
+            "form": form,
+        }
+        return TemplateResponse(request, "admin/jobs/scopeweight/set_weight.html", context)
 
 
 @admin.register(Lane)

@@ -454,29 +454,36 @@ def test_a_snoozed_attempt_shows_in_the_job_page(admin_client: Client) -> None:
 # --------------------------------------------------------------------------- fair share
 
 
-def test_scope_weights_are_added_and_changed_through_the_store_by_who_may(
-    staff_client: Any,
-) -> None:
+def test_a_scope_weight_is_set_through_the_store_by_who_may(staff_client: Any) -> None:
     from jobs.models import ScopeWeight
 
+    setter = reverse("admin:jobs_scopeweight_set")
     viewer = staff_client("view_scopeweight")
-    add = reverse("admin:jobs_scopeweight_add")
-    assert viewer.post(add, {"scope": SCOPE, "weight": "3"}).status_code == 403
+    assert (
+        "Set a scope"
+        not in viewer.get(reverse("admin:jobs_scopeweight_changelist")).content.decode()
+    )
+    assert viewer.get(setter).status_code == 403
+    assert viewer.post(setter, {"scope": SCOPE, "weight": "3"}).status_code == 403
     assert not ScopeWeight.objects.exists()
 
-    editor = staff_client("view_scopeweight", "add_scopeweight", "change_scopeweight")
-    refused = editor.post(add, {"scope": SCOPE, "weight": "250"})
+    editor = staff_client("view_scopeweight", "change_scopeweight")
+    assert (
+        "Set a scope" in editor.get(reverse("admin:jobs_scopeweight_changelist")).content.decode()
+    )
+    refused = editor.post(setter, {"scope": SCOPE, "weight": "250"})
     assert refused.status_code == 200  # the form again, with its error
     assert "(0, 100]" in refused.content.decode()
     assert not ScopeWeight.objects.exists()
 
-    assert editor.post(add, {"scope": SCOPE, "weight": "3"}).status_code == 302
+    assert editor.post(setter, {"scope": SCOPE, "weight": "3"}).status_code == 302
     row = ScopeWeight.objects.get()
     assert (row.scope_hash, row.weight) == (JobScope(SCOPE).scope_hash, 3.0)
-    change = reverse("admin:jobs_scopeweight_change", args=[row.pk])
-    assert editor.post(change, {"weight": "0.5"}).status_code == 302
+    assert editor.post(setter, {"scope": SCOPE, "weight": "0.5"}).status_code == 302
     assert ScopeWeight.objects.get().weight == 0.5
-    assert viewer.post(change, {"weight": "9"}).status_code == 403
+    # The row's own page is read-only, as every admin page of the apps.
+    change = reverse("admin:jobs_scopeweight_change", args=[row.pk])
+    assert editor.post(change, {"weight": "9"}).status_code == 403
     assert ScopeWeight.objects.get().weight == 0.5
 
 
