@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -23,6 +24,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -117,6 +119,27 @@ class EngineJobsFilter(admin.SimpleListFilter):
         return queryset.exclude(handler__in=sorted(library_handlers()))
 
 
+def waiting_reason(job: Job, now: datetime, *, queue_paused: bool) -> str:
+    """Why the Queued ``job`` has not started at ``now``, rendered from its state: a
+    start deadline passed, its queue paused, not due yet (debounced: until when), or
+    due and in line (its place, under fair share). "-" for a job not Queued."""
+    if job.status != JobStatus.QUEUED:
+        return "-"
+    if job.start_by is not None and job.start_by <= now:
+        return f"its start deadline ({job.start_by:%Y-%m-%d %H:%M:%S} UTC) passed: it never starts"
+    if queue_paused:
+        return f"its queue {job.queue!r} is paused"
+    if job.next_run_at > now:
+        due = f"{job.next_run_at:%Y-%m-%d %H:%M:%S} UTC"
+        if job.unique_while == "queued" and job.debounce_until is not None:
+            bound = f"{job.debounce_until:%Y-%m-%d %H:%M:%S} UTC"
+            return f"debounced: due at {due}, at the latest {bound}"
+        return f"not due until {due}"
+    if job.attempt_count >= job.max_attempts:
+        return "no attempts left"
+    return "due, waiting for its place in line (priority, then place) or a free worker"
+
+
 @admin.register(Job)
 class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
     list_display = (
@@ -182,9 +205,29 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
                 )
             },
         ),
+        (
+            "Who goes next",
+            {
+                "fields": (
+                    "waiting",
+                    "fair_at",
+                    "start_by",
+                    "unique_key",
+                    "unique_while",
+                    "debounce_until",
+                )
+            },
+        ),
         ("Lease", {"fields": ("leased_by", "lease_expires_at"), "classes": ("collapse",)}),
     )
     readonly_fields = fieldset_fields(fieldsets)
+
+    @admin.display(description="why it waits")
+    def waiting(self, obj: Job) -> str:
+        """Why a Queued job has not started, from its columns (see
+        :func:`waiting_reason`)."""
+        paused = Queue.objects.filter(name=obj.queue, paused=True).exists()
+        return waiting_reason(obj, timezone.now(), queue_paused=paused)
 
     # ------------------------------------------------------------------ columns
 

@@ -496,3 +496,33 @@ def test_scope_shares_list_each_scope_line_with_its_work(admin_client: Client) -
     assert JobScope(SCOPE).scope_hash in content
     assert JobScope(OTHER_SCOPE).scope_hash in content
     assert "2.0" in content
+
+
+def test_a_queued_job_page_says_why_it_waits(admin_client: Client) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    soon = timezone.now() + timedelta(hours=1)
+    waiting = {
+        "due": JobSubmission.create("reports.generate", {}),
+        "later": JobSubmission.create("reports.generate", {}, not_before=soon),
+        "debounced": JobSubmission.create(
+            "reports.generate", {}, unique_key="d", debounce=60, debounce_max=600
+        ),
+        "late": JobSubmission.create("reports.generate", {}, start_by=timezone.now()),
+    }
+    for job_id, submission in waiting.items():
+        submit_job(SCOPE, job_id, submission)
+    execution.pause_queue("held")
+    submit_job(SCOPE, "held", JobSubmission.create("reports.generate", {}, queue="held"))
+
+    def reason(job_id: str) -> str:
+        page = admin_client.get(reverse("admin:jobs_job_change", args=[job(job_id).pk]))
+        return page.content.decode()
+
+    assert "waiting for its place in line" in reason("due")
+    assert "not due until" in reason("later")
+    assert "debounced: due at" in reason("debounced")
+    assert "start deadline" in reason("late")
+    assert "is paused" in reason("held")
