@@ -123,8 +123,9 @@ class JobsSettings:
     MAX_INTERRUPTIONS: int = 3
     #: Limits and order per queue, enforced by every worker's claim:
     #: ``{"emails": {"max_running": 4, "rate": (10, 1)}}`` (keys: ``max_running``,
-    #: ``max_running_per_scope``, ``rate``, and ``fair``: True, the default, shares a
-    #: queue's starts across scopes; False keeps submission order).
+    #: ``max_running_per_scope``, ``max_running_per_key``, ``rate``, and ``fair``:
+    #: True, the default, shares a queue's starts across scopes; False keeps
+    #: submission order).
     QUEUES: dict[str, Any] = field(default_factory=dict)
 
 
@@ -197,7 +198,7 @@ def _check(result: JobsSettings) -> None:
         raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")
 
 
-_LIMIT_KEYS = ("max_running", "max_running_per_scope", "rate")
+_LIMIT_KEYS = ("max_running", "max_running_per_scope", "max_running_per_key", "rate")
 #: A queue's keys that are not limits.
 _ORDER_KEYS = ("fair",)
 _QUEUE_KEYS = (*_LIMIT_KEYS, *_ORDER_KEYS)

@@ -157,6 +157,8 @@ class Job(models.Model):
     # or Running), "for" (held in jobs_uniquehold for a time), or "" without a key.
     unique_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     unique_while = models.CharField(max_length=8, blank=True, default="", db_default="")
+    # The key max_running_per_key counts it under, across scopes ("": none).
+    limit_key = models.CharField(max_length=200, blank=True, default="", db_default="")
     # A debounced job's latest start: its burst's first submission + debounce_max.
     debounce_until = models.DateTimeField(null=True, blank=True)
 

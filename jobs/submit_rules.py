@@ -1,5 +1,5 @@
 """The rules of who goes next that a submission carries beside its identity: a start
-deadline, uniqueness and debounce (and, as they come, limit keys). They are checked
+deadline, a limit key, uniqueness and debounce. They are checked
 when the submission is created and applied by the submit statement; they are not part
 of the identity, so submitting the same job again returns it whatever they say."""
 
@@ -27,6 +27,9 @@ class SubmitRules:
     """``start_by`` (an aware datetime, in UTC) or ``start_within`` (seconds after the
     submit): a job not started by then never starts and ends Expired.
 
+    ``limit_key``: the key the handler's and queue's ``max_running_per_key`` count it
+    under, across scopes.
+
     ``unique_key`` (counted within the scope) with ``unique_while`` ("queued" or
     "active") or ``unique_for`` (seconds): while a job of the scope holds the key, a
     submission with it returns that job. ``debounce`` (seconds): the job is due that
@@ -35,6 +38,7 @@ class SubmitRules:
 
     start_by: datetime | None = None
     start_within: float | None = None
+    limit_key: str | None = None
     unique_key: str | None = None
     unique_while: str | None = None
     unique_for: float | None = None
@@ -82,6 +86,7 @@ def submit_rules(
     *,
     start_by: object = None,
     start_within: object = None,
+    limit_key: object = None,
     unique_key: object = None,
     unique_while: object = None,
     unique_for: object = None,
@@ -120,6 +125,7 @@ def submit_rules(
     rules = SubmitRules(
         start_by=validation.optional_aware_utc(start_by, "start_by"),
         start_within=_seconds(start_within, "start_within"),
+        limit_key=None if limit_key is None else validation.key(limit_key, "limit_key"),
         unique_key=key,
         unique_while=unique_while if isinstance(unique_while, str) else None,
         unique_for=_seconds(unique_for, "unique_for"),

@@ -177,6 +177,7 @@ class JobSubmission:
         priority: int = 0,
         start_by: datetime | None = None,
         start_within: float | None = None,
+        limit_key: str | None = None,
         unique_key: str | None = None,
         unique_while: str | None = None,
         unique_for: float | None = None,
@@ -187,7 +188,8 @@ class JobSubmission:
         subclass for anything invalid.
 
         ``start_by`` (an aware datetime) or ``start_within`` (seconds after the submit):
-        a job not started by then never starts; it ends Expired. ``unique_key`` with
+        a job not started by then never starts; it ends Expired. ``limit_key``: the key
+        ``max_running_per_key`` counts it under (checked like a job id). ``unique_key`` with
         ``unique_while`` ("queued", the default, or "active") or ``unique_for``
         (seconds): while a job of the scope holds the key, submitting another returns
         that job. ``debounce`` (seconds, with ``unique_key``): the job starts that long
@@ -198,6 +200,7 @@ class JobSubmission:
             NO_RULES
             if start_by is None
             and start_within is None
+            and limit_key is None
             and unique_key is None
             and unique_while is None
             and unique_for is None
@@ -206,6 +209,7 @@ class JobSubmission:
             else submit_rules(
                 start_by=start_by,
                 start_within=start_within,
+                limit_key=limit_key,
                 unique_key=unique_key,
                 unique_while=unique_while,
                 unique_for=unique_for,
@@ -331,6 +335,8 @@ class JobSnapshot:
     start_by: datetime | None = None
     #: The key it holds within its scope while it is Queued (or Running), or None.
     unique_key: str | None = None
+    #: The key ``max_running_per_key`` counts it under ("" for none).
+    limit_key: str = ""
     #: Executions that ended in ``Snooze`` (never counted in ``attempt_count``);
     #: bounded by the handler's ``max_snoozes``.
     snooze_count: int = 0

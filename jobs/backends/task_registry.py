@@ -19,7 +19,15 @@ from ..handlers import JobContext, RetryPolicy
 from .compat import Task, TaskContext
 
 #: The job store's flow rules a task passes through to its jobs.
-RULES = ("start_within", "unique_key", "unique_while", "unique_for", "debounce", "debounce_max")
+RULES = (
+    "start_within",
+    "limit_key",
+    "unique_key",
+    "unique_while",
+    "unique_for",
+    "debounce",
+    "debounce_max",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +45,8 @@ class JobsTask(Task):  # type: ignore[type-arg]
     retry: RetryPolicy | None = None
     #: Seconds after the enqueue by which it must start, or it ends failed (expired).
     start_within: float | None = None
+    #: The key the job store's ``max_running_per_key`` counts its jobs under.
+    limit_key: str | None = None
     #: The flow rules of the job store (``docs/flow-control.md``), for ``using()``:
     #: one job per key while it is queued (or active, or for a time), a debounce.
     unique_key: str | None = None
@@ -56,7 +66,7 @@ class JobsTask(Task):  # type: ignore[type-arg]
         **rules: Any,
     ) -> JobsTask:
         """Django's ``Task.using``, which also accepts ``max_attempts`` and the job
-        store's flow rules (:data:`RULES`: ``start_within``, ``unique_key``,
+        store's flow rules (:data:`RULES`: ``start_within``, ``limit_key``, ``unique_key``,
         ``unique_while``, ``unique_for``, ``debounce``, ``debounce_max``)."""
         unknown = sorted(set(rules) - set(RULES))
         if unknown:

@@ -76,6 +76,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name='job',
+            name='limit_key',
+            field=models.CharField(blank=True, db_default='', default='', max_length=200),
+        ),
+        migrations.AddField(
+            model_name='job',
             name='debounce_until',
             field=models.DateTimeField(blank=True, null=True),
         ),

@@ -51,9 +51,9 @@ LOCK_KEYS = "SELECT count(pg_advisory_xact_lock(k)) AS locked FROM unnest(%(keys
 
 
 #: One limited key of a claim under limits: its kind (``"h"``, a handler name, or
-#: ``"q"``, a queue) and which of ``max_running``, ``max_running_per_scope`` and
-#: ``rate`` it has.
-KeyShape = tuple[str, bool, bool, bool]
+#: ``"q"``, a queue) and which of ``max_running``, ``max_running_per_scope``,
+#: ``rate`` and ``max_running_per_key`` it has.
+KeyShape = tuple[str, bool, bool, bool, bool]
 
 _ORDER = "priority DESC, fair_at, id"
 
@@ -69,7 +69,7 @@ def _used(key: str, finishing: bool) -> str:
 
 def _key_row(n: int, shape: KeyShape, finishing: bool) -> str:
     """The ``keys`` row of key ``n`` (see :func:`limited_claim`)."""
-    kind, max_running, per_scope, rate = shape
+    kind, max_running, per_scope, rate, per_key = shape
     name = f"%(lim_{n})s"
     key = f"%(lim_{n}_key)s::text"
     rooms = []
@@ -82,9 +82,10 @@ def _key_row(n: int, shape: KeyShape, finishing: bool) -> str:
         )
     room = f"LEAST({', '.join(rooms)})" if rooms else "NULL::bigint"
     scope = f"%(lim_{n}_scope)s::bigint" if per_scope else "NULL::bigint"
+    keyed = f"%(lim_{n}_pkey)s::bigint" if per_key else "NULL::bigint"
     cap = f"%(lim_{n}_max)s::bigint" if max_running else "NULL::bigint"
     rated = "TRUE" if rate else "FALSE"
-    return f"('{kind}'::text, {name}::text, {room}, {scope}, {key}, {rated}, {cap})"
+    return f"('{kind}'::text, {name}::text, {room}, {scope}, {key}, {rated}, {cap}, {keyed})"
 
 
 def _counter_deltas(finishing: bool) -> str:
@@ -95,9 +96,12 @@ def _counter_deltas(finishing: bool) -> str:
     changes = f"SELECT key, 1 AS n FROM ({counted_keys('claimed')}) AS c"
     if finishing:
         changes += " UNION ALL SELECT key, -n FROM freed"
+    # A per-key counter is the name's key, '#' and the limit key: names have no '#'.
     cap = (
         "COALESCE((SELECT k.cap FROM keys AS k WHERE k.key = u.key),"
-        " (SELECT k.scope FROM keys AS k WHERE k.key || ':' || right(u.key, 64) = u.key))"
+        " (SELECT k.scope FROM keys AS k WHERE k.key || ':' || right(u.key, 64) = u.key),"
+        " (SELECT k.keyed FROM keys AS k WHERE strpos(u.key, '#') > 0"
+        " AND k.key = split_part(u.key, '#', 1)))"
     )
     return f"SELECT u.key, sum(u.n) AS n, {cap} AS cap FROM ({changes}) AS u GROUP BY u.key"
 
@@ -123,10 +127,12 @@ def counted_claim(
         + (f"%(lim_{n}_max)s::bigint" if max_running else "NULL::bigint")
         + ", "
         + (f"%(lim_{n}_scope)s::bigint" if per_scope else "NULL::bigint")
+        + ", "
+        + (f"%(lim_{n}_pkey)s::bigint" if per_key else "NULL::bigint")
         + ")"
-        for n, (_kind, max_running, per_scope, _rate) in enumerate(keys)
+        for n, (_kind, max_running, per_scope, _rate, per_key) in enumerate(keys)
     )
-    ctes = [f"keys AS (SELECT * FROM (VALUES {rows}) AS k(key, cap, scope))"]
+    ctes = [f"keys AS (SELECT * FROM (VALUES {rows}) AS k(key, cap, scope, keyed))"]
     if finishing:
         ctes[:0] = [
             finish_ctes(),
@@ -143,16 +149,20 @@ def counted_claim(
 
 def _counted(keys: tuple[KeyShape, ...]) -> str:
     """The ``limit_keys`` of a job claimed under ``keys``: a JSON array of the counters
-    it counts in — per limited name, ``max_running``'s and, with the job's scope,
-    ``max_running_per_scope``'s —, or NULL if none."""
+    it counts in — per limited name, ``max_running``'s, with the job's scope
+    ``max_running_per_scope``'s and, with its limit key, ``max_running_per_key``'s —,
+    or NULL if none."""
     parts = []
-    for n, (kind, max_running, per_scope, _rate) in enumerate(keys):
+    for n, (kind, max_running, per_scope, _rate, per_key) in enumerate(keys):
         column = "handler" if kind == "h" else "queue"
         match = f"WHEN {column} = %(lim_{n})s::text THEN %(lim_{n}_key)s::text"
         if max_running:
             parts.append(f"CASE {match} END")
         if per_scope:
             parts.append(f"CASE {match} || ':' || scope_hash END")
+        if per_key:
+            keyed = f"WHEN {column} = %(lim_{n})s::text AND limit_key <> ''"
+            parts.append(f"CASE {keyed} THEN %(lim_{n}_key)s::text || '#' || limit_key END")
     if not parts:
         return "NULL"
     return f"NULLIF(array_to_json(array_remove(ARRAY[{', '.join(parts)}], NULL))::text, '[]')"
@@ -162,6 +172,12 @@ def _scope_used(kind: str, column: str, row: str, finishing: bool) -> str:
     """The Running jobs of the pair (``row``'s name, ``row``'s scope) counted under the
     per-scope counter of key ``k_{kind}``."""
     return _used(f"k_{kind}.key || ':' || {row}.scope_hash", finishing)
+
+
+def _key_used(kind: str, row: str, finishing: bool) -> str:
+    """The Running jobs of the pair (``row``'s name, ``row``'s limit key) counted under
+    the per-key counter of key ``k_{kind}``."""
+    return _used(f"k_{kind}.key || '#' || {row}.limit_key", finishing)
 
 
 @functools.lru_cache(maxsize=64)
@@ -202,7 +218,7 @@ def limited_claim(
     ctes = [
         "keys AS (SELECT * FROM (VALUES "
         + ", ".join(_key_row(n, shape, finishing) for n, shape in enumerate(keys))
-        + ") AS k(kind, name, room, scope, key, rated, cap))",
+        + ") AS k(kind, name, room, scope, key, rated, cap, keyed))",
     ]
     if finishing:
         ctes.insert(
@@ -246,17 +262,41 @@ def limited_claim(
                 f" WHERE k_{kind}.scope IS NOT NULL"
                 f" AND k_{kind}.scope < %(limit)s + {_scope_used(kind, column, 'r', finishing)})"
             )
+        if any(s[4] for s in shapes):
+            # The same per limit key, for the jobs that have one.
+            picks.append(
+                f"NOT EXISTS (SELECT 1 FROM keys AS k_{kind} WHERE k_{kind}.kind = '{kind}'"
+                f" AND k_{kind}.name = {JOB}.{column} AND k_{kind}.keyed IS NOT NULL"
+                f" AND {JOB}.limit_key <> ''"
+                f" AND {_key_used(kind, JOB, finishing)} >= k_{kind}.keyed)"
+            )
+            ranks.append(
+                f"row_number() OVER (PARTITION BY {column}, limit_key ORDER BY {_ORDER})"
+                f" AS n_{kind}k"
+            )
+            admits.append(
+                f"(k_{kind}.keyed IS NULL OR r.limit_key = ''"
+                f" OR r.n_{kind}k + {_key_used(kind, 'r', finishing)} <= k_{kind}.keyed)"
+            )
+            scope_ample.append(
+                f"NOT EXISTS (SELECT 1 FROM candidates AS r JOIN keys AS k_{kind}"
+                f" ON k_{kind}.kind = '{kind}' AND k_{kind}.name = r.{column}"
+                f" WHERE k_{kind}.keyed IS NOT NULL AND r.limit_key <> ''"
+                f" AND k_{kind}.keyed < %(limit)s + {_key_used(kind, 'r', finishing)})"
+            )
         joins.append(
             f" LEFT JOIN keys AS k_{kind}"
             f" ON k_{kind}.kind = '{kind}' AND k_{kind}.name = r.{column}"
         )
     ctes.append(
-        f"candidates AS (SELECT id, handler, queue, scope_hash, priority, fair_at FROM {JOB}"
+        "candidates AS (SELECT id, handler, queue, scope_hash, limit_key, priority, fair_at"
+        f" FROM {JOB}"
         f" WHERE {' AND '.join([guard, *picks])}"
         f" ORDER BY {_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
     )
     ctes.append(
-        f"ranked AS (SELECT id, handler, queue, scope_hash, {', '.join(ranks)} FROM candidates)"
+        f"ranked AS (SELECT id, handler, queue, scope_hash, limit_key, {', '.join(ranks)}"
+        " FROM candidates)"
     )
     # Room for the whole claim under every limit: the candidates as they come (the
     # ranking is then never computed).
@@ -302,8 +342,8 @@ COMMIT = "COMMIT"
 def usage(handlers: int, queues: int, rate_keys: int) -> str:
     """SQLite: what limits count, in one statement: rows of ``kind`` ``'running'`` —
     the Running jobs of ``handlers`` limited handler names (``lim_handler_0``…) or
-    ``queues`` limited queues (``lim_queue_0``…), per ``handler``, ``queue`` and
-    ``scope_hash``, in ``n`` — and rows of ``kind`` ``'started'`` — per rate key
+    ``queues`` limited queues (``lim_queue_0``…), per ``handler``, ``queue``,
+    ``scope_hash`` and ``limit_key``, in ``n`` — and rows of ``kind`` ``'started'`` — per rate key
     (``key_0``…), in ``n``, the starts after its window's start (``since_0``…). Only
     Running jobs hold a current token: the small partial index of tokens serves the
     first part, the (key, started_at) index each term of the second."""
@@ -313,9 +353,9 @@ def usage(handlers: int, queues: int, rate_keys: int) -> str:
     if queues:
         either.append(f"queue IN ({in_list('lim_queue', queues)})")
     running = (
-        "SELECT 'running' AS kind, handler, queue, scope_hash, NULL AS key, count(*) AS n"
-        f" FROM {JOB} WHERE current_token IS NOT NULL AND status = '{RUNNING}'"
-        f" AND ({' OR '.join(either)}) GROUP BY handler, queue, scope_hash"
+        "SELECT 'running' AS kind, handler, queue, scope_hash, limit_key, NULL AS key,"
+        f" count(*) AS n FROM {JOB} WHERE current_token IS NOT NULL AND status = '{RUNNING}'"
+        f" AND ({' OR '.join(either)}) GROUP BY handler, queue, scope_hash, limit_key"
     )
     if not rate_keys:
         return running
@@ -323,7 +363,7 @@ def usage(handlers: int, queues: int, rate_keys: int) -> str:
         f"(key = %(key_{n})s AND started_at > %(since_{n})s)" for n in range(rate_keys)
     )
     return (
-        f"{running} UNION ALL SELECT 'started', NULL, NULL, NULL, key, count(*)"
+        f"{running} UNION ALL SELECT 'started', NULL, NULL, NULL, NULL, key, count(*)"
         f" FROM {CLAIM_START} WHERE {terms} GROUP BY key"
     )
 
@@ -337,14 +377,17 @@ def candidates(
     full_queues: int,
     full_handler_scopes: int,
     full_queue_scopes: int,
+    full_handler_keys: int = 0,
+    full_queue_keys: int = 0,
     seen: int = 0,
 ) -> str:
     """Due jobs a claim under limits may take, in claim order, up to ``limit``: the
     guard of every claim, minus the handlers (``fh_0``…) and queues (``fq_0``…) at a
-    limit and the (handler, scope) and (queue, scope) pairs at a per-scope limit
-    (``fhs_k_0``/``fhs_s_0``…, ``fqs_k_0``/``fqs_s_0``…), and the ``seen`` jobs an
-    earlier page returned (``seen_0``…). Returns each job's ``id``,
-    ``handler``, ``queue`` and ``scope_hash``. SQLite (whose claims hold the write
+    limit, the (handler, scope) and (queue, scope) pairs at a per-scope limit
+    (``fhs_k_0``/``fhs_s_0``…, ``fqs_k_0``/``fqs_s_0``…), the (name, limit key) pairs
+    at a per-key limit (``fhk_…``, ``fqk_…``), and the ``seen`` jobs an earlier page
+    returned (``seen_0``…). Returns each job's ``id``, ``handler``, ``queue``,
+    ``scope_hash`` and ``limit_key``. SQLite (whose claims hold the write
     lock)."""
     filters = list(CLAIMABLE)
     if queues:
@@ -355,21 +398,23 @@ def candidates(
         filters.append(f"handler NOT IN ({in_list('fh', full_handlers)})")
     if full_queues:
         filters.append(f"queue NOT IN ({in_list('fq', full_queues)})")
-    for column, prefix, count in (
-        ("handler", "fhs", full_handler_scopes),
-        ("queue", "fqs", full_queue_scopes),
+    for column, prefix, count, keyed in (
+        ("handler", "fhs", full_handler_scopes, "scope_hash"),
+        ("queue", "fqs", full_queue_scopes, "scope_hash"),
+        ("handler", "fhk", full_handler_keys, "limit_key"),
+        ("queue", "fqk", full_queue_keys, "limit_key"),
     ):
         if count:
             pairs = " OR ".join(
-                f"({column} = %({prefix}_k_{n})s AND scope_hash = %({prefix}_s_{n})s)"
+                f"({column} = %({prefix}_k_{n})s AND {keyed} = %({prefix}_s_{n})s)"
                 for n in range(count)
             )
             filters.append(f"NOT ({pairs})")
     if seen:
         filters.append(f"id NOT IN ({in_list('seen', seen)})")
     return (
-        f"SELECT id, handler, queue, scope_hash FROM {JOB} WHERE {' AND '.join(filters)}"
-        f" ORDER BY {_ORDER} LIMIT %(limit)s"
+        f"SELECT id, handler, queue, scope_hash, limit_key FROM {JOB}"
+        f" WHERE {' AND '.join(filters)} ORDER BY {_ORDER} LIMIT %(limit)s"
     )
 
 

@@ -45,7 +45,7 @@ NEW_JOB_FIXED: Mapping[str, str | int | bool] = {
 #: The columns of a new job that vary from job to job; ``next_run_at`` is the
 #: not-before time or, without one, ``created_at``; ``fair_at`` its place in line
 #: (:mod:`jobs.fair_share`).
-NEW_JOB_VARYING = (*NEW_JOB_ROW, "next_run_at", "fair_at", "start_by")
+NEW_JOB_VARYING = (*NEW_JOB_ROW, "next_run_at", "fair_at", "start_by", "limit_key")
 #: The columns every job of a bulk insert starts with the same value in.
 NEW_JOB_SHARED = (*NEW_JOB_FIXED, "created_at", "updated_at")
 #: The columns a new job's insert sets, from parameters of the same names (the others
@@ -76,6 +76,8 @@ _JSON_ROW = {name: _json_value(name) for name in NEW_JOB_ROW}
 _JSON_FAIR_AT = f"(r.v->>{len(JSON_ROW)})::bigint"
 #: And after it, its start deadline (null: none).
 _JSON_START_BY = f"(r.v->>{len(JSON_ROW) + 1})::timestamptz"
+#: And last, its limit key ("" for none).
+_JSON_LIMIT_KEY = f"(r.v->>{len(JSON_ROW) + 2})::varchar"
 
 
 # --------------------------------------------------------------------------- lanes
@@ -197,7 +199,7 @@ def insert_jobs(
 
 #: PostgreSQL: a bulk insert as few parameters whatever the number of rows: ``rows``,
 #: a JSON array with one array per job (:data:`JSON_ROW`, then its ``fair_at`` and
-#: ``start_by``; the
+#: ``start_by`` and ``limit_key``; the
 #: client's C JSON encoder writes it, the server parses it once); ``scopes``,
 #: ``trace_context`` and
 #: the :data:`NEW_JOB_SHARED` columns. Returns the ``scope_hash`` and ``job_id`` of
@@ -206,7 +208,7 @@ INSERT_JOBS_JSON = (
     f"INSERT INTO {JOB} ({', '.join(NEW_JOB_COLUMNS)})"
     f" SELECT {', '.join(_JSON_ROW.values())},"
     f" COALESCE({_JSON_ROW['initial_not_before']}, %(created_at)s), {_JSON_FAIR_AT},"
-    f" {_JSON_START_BY},"
+    f" {_JSON_START_BY}, {_JSON_LIMIT_KEY},"
     f" {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}"
     " FROM jsonb_array_elements(%(rows)s::jsonb) AS r(v)"
     " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id"
@@ -228,7 +230,8 @@ INSERT_JOBS_JSON = (
 INSERT_NEW_JOBS_JSON = (
     "WITH r AS (SELECT r.ord - 1 AS ord, "
     + ", ".join(f"{value} AS {name}" for name, value in _JSON_ROW.items())
-    + f", {_JSON_FAIR_AT} AS due_place, {_JSON_START_BY} AS start_by"
+    + f", {_JSON_FAIR_AT} AS due_place, {_JSON_START_BY} AS start_by,"
+    f" {_JSON_LIMIT_KEY} AS limit_key"
     + " FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r(v, ord)),"
     # The due jobs of fair queues take their places from their scopes' lanes: each lane
     # once, by as many steps as it has jobs here, the jobs in the order given.
@@ -251,7 +254,7 @@ INSERT_NEW_JOBS_JSON = (
     " LEFT JOIN lanes ON lanes.queue = laned.queue AND lanes.scope_hash = laned.scope_hash),"
     f" inserted AS (INSERT INTO {JOB} ({', '.join(NEW_JOB_COLUMNS)})"
     f" SELECT {', '.join(NEW_JOB_ROW)}, COALESCE(initial_not_before, %(created_at)s), fair_at,"
-    " start_by,"
+    " start_by, limit_key,"
     f" {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}"
     f" FROM placed AS r WHERE NOT EXISTS (SELECT FROM {JOB} AS j"
     " WHERE j.scope_hash = r.scope_hash AND j.job_id = r.job_id)"

@@ -59,6 +59,7 @@ _NEW_JOB_CONSTANTS: dict[str, Any] = {
     "result_ref": None,
     "start_by": None,
     "unique_key": None,
+    "limit_key": "",
     "started_at": None,
     "finished_at": None,
     "created": True,
@@ -84,6 +85,7 @@ _SET_CONSTANTS = tuple((_SET[name], value) for name, value in _NEW_JOB_CONSTANTS
 ) = (_SET[name] for name in ("scope_hash", "job_id", *IDENTITY_FIELDS, "next_run_at", "created_at"))
 _set_start_by = _SET["start_by"]
 _set_unique_key = _SET["unique_key"]
+_set_limit_key = _SET["limit_key"]
 _new_object = object.__new__
 
 
@@ -109,6 +111,7 @@ def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetim
     if rules is not NO_RULES:
         _set_start_by(job, rules.deadline(now))
         _set_unique_key(job, rules.unique_key)
+        _set_limit_key(job, rules.limit_key or "")
         if rules.debounce is not None:
             # Trailing: due once the burst has been quiet for ``debounce`` seconds.
             _set_next_run_at(job, now + timedelta(seconds=rules.debounce))
@@ -128,7 +131,7 @@ _ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), defa
 _SEEN = tuple(
     name
     for name in sql_submit.NEW_JOB_VARYING
-    if name not in ("trace_context", "fair_at", "start_by")
+    if name not in ("trace_context", "fair_at", "start_by", "limit_key")
 )
 
 
@@ -142,6 +145,7 @@ def _new_row(job: JobSnapshot, trace_context: str | None, fair_at: int) -> dict[
         trace_context=trace_context,
         fair_at=fair_at,
         start_by=job.start_by,
+        limit_key=job.limit_key,
     )
     return row
 
@@ -296,6 +300,7 @@ def _json_params(
             *_submission_values(sub),
             fair_at,
             None if sub.rules is NO_RULES else _deadline_text(sub, now),
+            sub.rules.limit_key or "",
         ]
         for (scope_hash, job_id, sub), fair_at in zip(items, places, strict=True)
     ]

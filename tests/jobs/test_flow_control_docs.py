@@ -9,6 +9,7 @@ import pytest
 
 from jobs import JobScope, JobStatus
 from jobs.conf import jobs_settings
+from jobs.handlers import unregister
 from jobs.models import JobAttempt, ScopeWeight
 from tests.test_docs_examples import python_blocks, run_page
 
@@ -17,8 +18,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PAGE = "docs/flow-control.md"
 
 
-def test_the_flow_control_page_examples_do_what_the_page_says():
-    assert len(python_blocks(PAGE)) == 6
+@pytest.fixture
+def page_handlers():
+    """The page registers a handler with a limit: gone after the test, so that no later
+    test claims under it."""
+    yield
+    unregister("crm.push", 1)
+
+
+def test_the_flow_control_page_examples_do_what_the_page_says(page_handlers):
+    assert len(python_blocks(PAGE)) == 7
     namespace = run_page(PAGE)
 
     # Fair share: the small tenant's jobs start next to the head of the line.
@@ -28,6 +37,9 @@ def test_the_flow_control_page_examples_do_what_the_page_says():
     # The settings block is a valid JOBS setting, and the queue it names is not fair.
     settings = jobs_settings.read(namespace["JOBS"])
     assert settings.QUEUES["ledger"]["fair"] is False
+
+    # Limits by key: one push per account; the other account's went past.
+    assert namespace["pushed"] == ["push-a0", "push-b0"]
 
     # Unique jobs: the second submission returned the first job.
     assert namespace["first"].created

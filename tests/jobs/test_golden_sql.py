@@ -165,10 +165,11 @@ def _variants() -> dict[str, Callable[[], str]]:
 def _limit_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
     """Claims under limits: each limit alone, all of them, on a handler and a queue."""
     shapes: dict[str, tuple[sql_flow.KeyShape, ...]] = {
-        "max_running": (("h", True, False, False),),
-        "per_scope": (("q", False, True, False),),
-        "rate": (("h", False, False, True),),
-        "all": (("h", True, True, True), ("q", True, True, True)),
+        "max_running": (("h", True, False, False, False),),
+        "per_scope": (("q", False, True, False, False),),
+        "rate": (("h", False, False, True, False),),
+        "per_key": (("h", False, False, False, True),),
+        "all": (("h", True, True, True, True), ("q", True, True, True, True)),
     }
     for name, keys in shapes.items():
         for finishing in (False, True):
@@ -179,7 +180,10 @@ def _limit_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
                 ),
             )
     counted = {name: keys for name, keys in shapes.items() if not any(k[3] for k in keys)}
-    counted["max_running-and-per_scope"] = (("h", True, True, False), ("q", True, False, False))
+    counted["max_running-and-per_scope"] = (
+        ("h", True, True, False, False),
+        ("q", True, False, False, False),
+    )
     for name, keys in counted.items():
         for finishing in (False, True):
             add(
@@ -216,6 +220,8 @@ def _limit_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
             full_queues=1,
             full_handler_scopes=1,
             full_queue_scopes=1,
+            full_handler_keys=1,
+            full_queue_keys=1,
             seen=2,
         ),
     )

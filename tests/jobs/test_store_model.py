@@ -5,7 +5,8 @@ stateful testing), on SQLite and PostgreSQL.
 
 The transitions driven: submit (new and duplicate, with or without a start deadline),
 a debounced submit (a new job, or the Queued job that holds the key replaced, or the
-identity rule), the expiry sweep, cancel, retry (with and without
+identity rule), a submit with a limit key (its handler runs one job per key at once:
+the claims hold the key's other jobs), the expiry sweep, cancel, retry (with and without
 extra attempts granted), try_start, claim_due, report_progress, complete, fail (with
 and without a retry), interrupt, recover, snooze (up to its ``max_snoozes`` bound),
 release (a worker's graceful shutdown), the put-back of a claim whose handler the
@@ -52,11 +53,13 @@ from jobs import JobSubmission, execution, store
 from jobs.api import JobScope, submit_job
 from jobs.conf import jobs_settings
 from jobs.exceptions import InvalidTransition, JobIdentityConflict
-from jobs.models import Job, JobAttempt
+from jobs.models import Job, JobAttempt, LimitCounter
 from jobs.types import CancelOutcome, FinishOutcome
 from jobs.validation import scope_hash
 
 SCOPE = "model"
+#: The handler of the keyed jobs: one Running job per limit key.
+KEYED = "model.keyed"
 JOB_IDS = ["a", "b", "c"]
 WORKERS = ["w1", "w2"]
 #: The short profile's sequences per database vendor, unless the environment says.
@@ -110,6 +113,8 @@ class ModelJob:
     start_by: datetime | None = None
     #: A debounced job's key and its latest payload (None: not debounced).
     debounced: dict[str, int] | None = None
+    #: The limit key its handler (``KEYED``: one Running per key) counts it under.
+    limit_key: str = ""
     rows: list[ModelAttempt] = field(default_factory=list)
 
     def due(self, now: datetime) -> bool:
@@ -178,6 +183,8 @@ class JobsStoreModel(RuleBasedStateMachine):
         self.max_interruptions = max_interruptions
         JobAttempt.objects.all().delete()
         Job.objects.all().delete()
+        # The counts of the keyed jobs an earlier sequence left Running go with them.
+        LimitCounter.objects.all().delete()
         # Two jobs from the start, so that the steps reach the executor's transitions
         # early; the third is left for the submit rule to create.
         for job_id, attempts in zip(JOB_IDS, max_attempts, strict=False):
@@ -250,6 +257,16 @@ class JobsStoreModel(RuleBasedStateMachine):
                 1, submitted_attempts=1, run_at=self.now + timedelta(seconds=30), debounced=payload
             )
 
+    @rule(job_id=st.sampled_from(["k1", "k2", "k3"]), key=st.sampled_from(["x", "y"]))
+    def keyed_submit(self, job_id: str, key: str) -> None:
+        existing = self.jobs.get(job_id)
+        key = existing.limit_key if existing is not None else key
+        sub = JobSubmission.create(KEYED, {}, limit_key=key)
+        snapshot = submit_job(SCOPE, job_id, sub)
+        assert snapshot.created == (existing is None)
+        if existing is None:
+            self.jobs[job_id] = ModelJob(1, submitted_attempts=1, limit_key=key)
+
     @rule()
     def expire_jobs(self) -> None:
         late = [
@@ -306,7 +323,7 @@ class JobsStoreModel(RuleBasedStateMachine):
         claim = execution.try_start(
             scope_hash(SCOPE), job_id, worker, lease_seconds=LEASE, now=self.now
         )
-        if not job.due(self.now):
+        if not job.due(self.now) or job_id not in self._claimable()[0]:
             assert claim is None
             return multiple()
         assert claim is not None
@@ -318,9 +335,14 @@ class JobsStoreModel(RuleBasedStateMachine):
     def claim_due(self, worker: str, limit: int) -> MultipleResults[str]:
         due = {job_id for job_id, job in self.jobs.items() if job.due(self.now)}
         claims = execution.claim_due(worker, limit=limit, lease_seconds=LEASE, now=self.now)
-        assert len(claims) == min(limit, len(due))
+        # A limit key holds its jobs once one of them runs: one claim takes one per key.
+        keyed = {self.jobs[c.job_id].limit_key for c in claims if self.jobs[c.job_id].limit_key}
+        assert len(keyed) == len([c for c in claims if self.jobs[c.job_id].limit_key])
+        claimable, takes = self._claimable()
+        assert len(claims) == min(limit, takes)
         for claim in claims:
             assert claim.job_id in due
+            assert claim.job_id in claimable
             job = self.jobs[claim.job_id]
             job.start(claim.token, worker, self.now)
             assert claim.attempt == job.attempts
@@ -561,6 +583,23 @@ class JobsStoreModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ helpers
 
+    def _claimable(self) -> tuple[set[str], int]:
+        """The due jobs a claim may take — those without a limit key, and the jobs of
+        each key with no Running job —, and how many one claim takes at most: one per
+        such key."""
+        busy = {job.limit_key for job in self.jobs.values() if job.status == "running"}
+        free: set[str] = set()
+        by_key: dict[str, set[str]] = {}
+        for job_id, job in self.jobs.items():
+            if not job.due(self.now):
+                continue
+            if not job.limit_key:
+                free.add(job_id)
+            elif job.limit_key not in busy:
+                by_key.setdefault(job.limit_key, set()).add(job_id)
+        keyed = {job_id for jobs in by_key.values() for job_id in jobs}
+        return free | keyed, len(free) + len(by_key)
+
     def _pick(self, token: str, pick: int) -> str:
         """The token a rule uses: the one drawn from the bundle (``pick`` 0: most of
         them are stale after a few steps), or the current token of a Running job."""
@@ -627,6 +666,11 @@ class JobsStoreModel(RuleBasedStateMachine):
             job.requeue(requeue_at)
             return
         assert outcome.value == status
+
+
+@pytest.fixture(autouse=True)
+def keyed_handler(handler):
+    handler(KEYED, max_running_per_key=1)(lambda ctx: None)
 
 
 def test_the_jobs_store_follows_its_model() -> None:

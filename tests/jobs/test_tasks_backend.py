@@ -720,6 +720,10 @@ class TestFlowRules:
         assert again.id == first.id
         assert job(first.id).unique_key == "mail:42"
 
+    def test_a_task_limit_key_reaches_its_job(self) -> None:
+        result = email_users.using(limit_key="smtp-eu").enqueue(["a@example.com"], "hi")
+        assert job(result.id).limit_key == "smtp-eu"
+
     def test_a_debounced_task_takes_the_latest_arguments(self) -> None:
         debounced = email_users.using(unique_key="digest", debounce=60)
         first = debounced.enqueue(["a@example.com"], "v1")

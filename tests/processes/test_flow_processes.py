@@ -220,6 +220,33 @@ def test_max_running_per_scope_keeps_one_per_scope_and_no_scope_starves(workers,
     assert sampler.most_scopes >= 2  # scopes ran side by side
 
 
+def test_three_worker_processes_never_run_two_jobs_of_one_limit_key(workers, tmp_path):
+    """max_running_per_key=1, three keys spread over two scopes, three processes of 8
+    threads whose first claims meet: the sampler never sees two Running jobs of one
+    key, and sees keys run side by side."""
+    for n in range(30):
+        sub = JobSubmission.create("flow.per_key", {"seconds": 0.02}, limit_key=f"acct-{n % 3}")
+        submit_job(f"tenant-{n % 2}", f"k{n}", sub)
+    procs = _three_meeting_at("jobs.claim.limited", workers, tmp_path)
+    most_per_key = most_keys = 0
+
+    def done() -> bool:
+        nonlocal most_per_key, most_keys
+        keys = Counter(
+            Job.objects.filter(handler="flow.per_key", status=JobStatus.RUNNING).values_list(
+                "limit_key", flat=True
+            )
+        )
+        most_per_key = max(most_per_key, max(keys.values(), default=0))
+        most_keys = max(most_keys, len(keys))
+        return succeeded("flow.per_key") == 30
+
+    wait_until(done, 120, "30 keyed jobs", procs[0])
+    _stop(*procs)
+    assert most_per_key == 1
+    assert most_keys >= 2
+
+
 def test_two_workers_start_a_small_scope_next_to_a_big_backlog(workers):
     """Fair share with two real worker processes: one scope's 300 jobs, then a
     second scope's 5, submitted after them. Sorted by start, the small scope's last

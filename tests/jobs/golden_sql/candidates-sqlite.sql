@@ -1,7 +1,8 @@
 SELECT id,
        handler,
        queue,
-       scope_hash
+       scope_hash,
+       limit_key
 FROM jobs_job
 WHERE status = 'queued'
   AND NOT cancel_requested

@@ -79,7 +79,8 @@ WITH done AS
    FROM (
          VALUES (%(lim_0_key)s::text,
                  %(lim_0_max)s::bigint,
-                 NULL::bigint)) AS k(key, cap, scope)),
+                 NULL::bigint,
+                 NULL::bigint)) AS k(key, cap, scope, keyed)),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -158,7 +159,11 @@ WITH done AS
                          WHERE k.key = u.key),
                         (SELECT k.scope
                          FROM keys AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+                         WHERE k.key || ':' || right(u.key, 64) = u.key),
+                        (SELECT k.keyed
+                         FROM keys AS k
+                         WHERE strpos(u.key, '#') > 0
+                           AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
         (SELECT key,
                 1 AS n

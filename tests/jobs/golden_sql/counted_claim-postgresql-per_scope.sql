@@ -3,7 +3,8 @@ WITH keys AS
    FROM (
          VALUES (%(lim_0_key)s::text,
                  NULL::bigint,
-                 %(lim_0_scope)s::bigint)) AS k(key, cap, scope)),
+                 %(lim_0_scope)s::bigint,
+                 NULL::bigint)) AS k(key, cap, scope, keyed)),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -79,7 +80,11 @@ WITH keys AS
                          WHERE k.key = u.key),
                         (SELECT k.scope
                          FROM keys AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+                         WHERE k.key || ':' || right(u.key, 64) = u.key),
+                        (SELECT k.keyed
+                         FROM keys AS k
+                         WHERE strpos(u.key, '#') > 0
+                           AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
         (SELECT key,
                 1 AS n

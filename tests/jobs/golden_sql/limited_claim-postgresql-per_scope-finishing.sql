@@ -83,12 +83,14 @@ WITH done AS
                  %(lim_0_scope)s::bigint,
                  %(lim_0_key)s::text,
                  FALSE,
-                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
+                 NULL::bigint,
+                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap, keyed)),
      candidates AS
   (SELECT id,
           handler,
           queue,
           scope_hash,
+          limit_key,
           priority,
           fair_at
    FROM jobs_job
@@ -125,6 +127,7 @@ WITH done AS
           handler,
           queue,
           scope_hash,
+          limit_key,
           row_number() OVER (PARTITION BY queue, scope_hash
                              ORDER BY priority DESC, fair_at, id) AS n_qs
    FROM candidates),
@@ -233,7 +236,11 @@ WITH done AS
                          WHERE k.key = u.key),
                         (SELECT k.scope
                          FROM keys AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+                         WHERE k.key || ':' || right(u.key, 64) = u.key),
+                        (SELECT k.keyed
+                         FROM keys AS k
+                         WHERE strpos(u.key, '#') > 0
+                           AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
         (SELECT key,
                 1 AS n
