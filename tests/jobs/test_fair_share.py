@@ -135,7 +135,9 @@ class TestFairOrder:
         outcomes = concurrently(*(lambda n=n: submit_job(SMALL, f"r{n}", sub()) for n in range(6)))
         assert all(outcome.error is None for outcome in outcomes), outcomes
         places = sorted(Job.objects.values_list("fair_at", flat=True))
-        assert [b - a for a, b in itertools.pairwise(places)] == [QUANTUM] * 5
+        # Distinct, at least a step apart (the lane's lock orders them; with the queue
+        # empty, a submitter that did not see the others' jobs yet anchors at its now).
+        assert all(b - a >= QUANTUM for a, b in itertools.pairwise(places)), places
 
 
 @pytest.mark.django_db(transaction=True)
