@@ -482,11 +482,7 @@ def submit_many(
     connection = transaction.get_connection(alias)
     if in_caller_atomic_block(connection):
         raise AmbientTransactionError()
-    if any(sub.rules.unique_key is not None for _scope, _job_id, sub in items):
-        raise InvalidSubmission(
-            "submit_jobs takes no unique_key (nor debounce): submit such jobs one by one"
-            " with submit_job or stage_job"
-        )
+    _refuse_unique_keys(items)
     now = current_time(now)
     first: dict[tuple[str, str], int] = {}
     for index, (scope_hash, job_id, _sub) in enumerate(items):
@@ -604,6 +600,7 @@ def stage_many(
     first, so the business work cannot commit without its jobs.
     """
     alias, connection = _callers_transaction()
+    _refuse_unique_keys(items)
     now = current_time(now)
     with _rolled_back_on_error(alias):
         distinct = _distinct(items)
@@ -625,6 +622,16 @@ def stage_many(
                 results[-1].job()  # a conflicting request is raised
             seen.add(key)
     return results
+
+
+def _refuse_unique_keys(items: Sequence[tuple[str, str, JobSubmission]]) -> None:
+    """A bulk submit takes no unique key (each needs its own insert and holder read):
+    ``InvalidSubmission`` before anything is written."""
+    if any(sub.rules.unique_key is not None for _scope, _job_id, sub in items):
+        raise InvalidSubmission(
+            "a bulk submit takes no unique_key (nor debounce): submit such jobs one by one"
+            " with submit_job or stage_job"
+        )
 
 
 def _distinct(

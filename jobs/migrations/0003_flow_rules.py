@@ -25,7 +25,7 @@ def place_existing_jobs(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0001_initial'),
+        ('jobs', '0002_job_crash_budget'),
     ]
 
     operations = [
