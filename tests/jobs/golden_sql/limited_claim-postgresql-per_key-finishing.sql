@@ -209,7 +209,7 @@ WITH done AS
                                      payload_json,
                                      queue,
                                      trace_context,
-                                     attempt_count + snooze_count + release_count AS number,
+                                     attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
                                      fair_at,
