@@ -35,9 +35,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        choices=["flow-control", "burn-down", "bulk", "cpu", "profile", "targets"],
+        choices=["flow-control", "fair-share", "burn-down", "bulk", "cpu", "profile", "targets"],
         help="measure only this part and print its figures (flow-control: django-ledon "
-        "alone; burn-down: the no-op handler at 1x4, 1x16 and 2x16, the 5 ms handler "
+        "alone; fair-share: fair share on and off, the noisy neighbour and the submit "
+        "costs of unique and debounced jobs, django-ledon alone; burn-down: the no-op "
+        "handler at 1x4, 1x16 and 2x16, the 5 ms handler "
         "at 16 (with and without look-ahead) and 64, some with settings of ours changed; "
         "bulk: the bulk enqueue of --systems; cpu: the CPU-bound handler, one process "
         "against run_jobs --processes; profile: where one job's time goes, in a worker "

@@ -917,6 +917,13 @@ def profile_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
     return {"profile": profile, "slot_profile": slot}
 
 
+def fair_share(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """:func:`benchmarks.fairness.fair_share` (imported once Django is set up)."""
+    from .fairness import fair_share as measure
+
+    return measure(runner, chosen)
+
+
 Part = Callable[[Runner, list[System]], dict[str, Any]]
 
 #: The parts ``--only`` measures alone: name -> (the measurement, the systems it takes
@@ -928,6 +935,7 @@ PARTS: dict[str, tuple[Part, Callable[[list[str]], list[str]]]] = {
     "cpu": (cpu_alone, lambda names: [OURS]),
     "pickup-enqueue": (pickup_and_enqueue, lambda names: names),
     "profile": (profile_alone, lambda names: [OURS]),
+    "fair-share": (fair_share, lambda names: [OURS]),
 }
 #: The parts of ``targets``, by the key of its document.
 TARGET_PARTS = {"burn": "burn-down", "flow": "flow-control", "cpu": "cpu", "idle": "pickup-enqueue"}
@@ -1030,6 +1038,8 @@ def run_all(systems: list[str], server: dict[str, str], **session: Any) -> dict[
             save(queued_claim_cost=queued_claim_cost(runner, ours))
             log("flow control (limits on versus off)")
             save(flow_control=flow_control(runner, [ours]))
+            log("fair share, the noisy neighbour and the submit-time rules")
+            save(fair_share=fair_share(runner, [ours]))
             log("outbox dispatch, saga steps")
             save(
                 outbox=extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin),

@@ -469,6 +469,43 @@ def flow_table(document: Document) -> str:
     return table(["Limits", "Burn-down (jobs/s)", "Slowdown"], rows)
 
 
+def fair_table(part: dict[str, Any]) -> str:
+    """The figures of :func:`fair_share` as a Markdown table."""
+    burn, noisy, submit = part["burn"], part["noisy"], part["submit"]
+    fair, order = noisy["median"]["fair"], noisy["median"]["submission order"]
+    rows = [
+        [
+            f"Burn-down, one scope holds the queue ({burn['jobs']:,} jobs, 1×16)",
+            f"{burn['median']['fair']:,.0f} jobs/s",
+            f"{burn['median']['submission order']:,.0f} jobs/s",
+            f"{burn['ratio']:.2f}× (goal ≥ 0.9×)",
+        ],
+        [
+            f"Noisy neighbour: last small scope's last start after its submission"
+            f" ({noisy['backlog']:,} + {noisy['small_scopes']}×{noisy['small_jobs']} jobs, 1×16)",
+            f"{fair['max_lag']:.2f} s (median scope {fair['median_lag']:.2f} s)",
+            f"{order['max_lag']:.2f} s (median scope {order['median_lag']:.2f} s)",
+            "goal ≤ 2 s fair",
+        ],
+        [
+            "Noisy neighbour: the whole run",
+            f"{fair['rate']:,.0f} jobs/s",
+            f"{order['rate']:,.0f} jobs/s",
+            f"{fair['rate'] / order['rate']:.2f}×",
+        ],
+    ]
+    out = table(["Measurement", "Fair share", "Submission order", "Ratio"], rows)
+    submits = [
+        [name, f"{micros:,.0f} µs", "—" if name == "plain" else f"{submit['ratio'][name]:.2f}×"]
+        for name, micros in submit["median"].items()
+    ]
+    return (
+        out
+        + "\n\n"
+        + table([f"One submit ({submit['submits']:,} calls)", "Median", "Against plain"], submits)
+    )
+
+
 def extras_section(document: Document) -> str:
     outbox, sagas = document.get("outbox"), document.get("sagas")
     if not outbox or not sagas:
@@ -710,6 +747,7 @@ ONLY: dict[str, Callable[[dict[str, Any]], str]] = {
     "bulk": lambda part: bulk_table(part),
     "cpu": lambda part: cpu_table({"systems": {OURS: part["median"]}}),
     "profile": profile_section,
+    "fair-share": lambda part: fair_table(part),
     "targets": worker_targets_table,
 }
 

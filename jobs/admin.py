@@ -6,19 +6,25 @@ actions, which go through :mod:`jobs.store` exactly like the scoped API does, an
 offered only to users holding ``jobs.change_job`` (the admin never edits a job, so
 that permission means "may steer jobs"). Staff with only ``jobs.view_job`` see the
 pages and no actions. Queues are listed with their depth and limits, and
-paused or resumed by actions guarded by ``jobs.change_queue``.
+paused or resumed by actions guarded by ``jobs.change_queue``. A scope's weight is set
+on a page of its own, through the store, behind ``jobs.change_scopeweight``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -36,9 +42,10 @@ from ledon.admin import (
 
 from . import store, validation
 from .conf import queue_limits
-from .exceptions import InvalidInput, InvalidTransition, JobNotFound
+from .exceptions import InvalidInput, InvalidTransition, InvalidWeight, JobNotFound
+from .fair_share import check_weight
 from .handlers import library_handlers
-from .models import Job, JobAttempt, Queue
+from .models import Job, JobAttempt, Lane, Queue, ScopeWeight
 from .types import AttemptStatus, CancelOutcome, JobStatus
 
 
@@ -112,6 +119,27 @@ class EngineJobsFilter(admin.SimpleListFilter):
         return queryset.exclude(handler__in=sorted(library_handlers()))
 
 
+def waiting_reason(job: Job, now: datetime, *, queue_paused: bool) -> str:
+    """Why the Queued ``job`` has not started at ``now``, rendered from its state: a
+    start deadline passed, its queue paused, not due yet (debounced: until when), or
+    due and in line (its place, under fair share). "-" for a job not Queued."""
+    if job.status != JobStatus.QUEUED:
+        return "-"
+    if job.start_by is not None and job.start_by <= now:
+        return f"its start deadline ({job.start_by:%Y-%m-%d %H:%M:%S} UTC) passed: it never starts"
+    if queue_paused:
+        return f"its queue {job.queue!r} is paused"
+    if job.next_run_at > now:
+        due = f"{job.next_run_at:%Y-%m-%d %H:%M:%S} UTC"
+        if job.unique_while == "queued" and job.debounce_until is not None:
+            bound = f"{job.debounce_until:%Y-%m-%d %H:%M:%S} UTC"
+            return f"debounced: due at {due}, at the latest {bound}"
+        return f"not due until {due}"
+    if job.attempt_count >= job.max_attempts:
+        return "no attempts left"
+    return "due, waiting for its place in line (priority, then place) or a free worker"
+
+
 @admin.register(Job)
 class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
     list_display = (
@@ -177,9 +205,29 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
                 )
             },
         ),
+        (
+            "Who goes next",
+            {
+                "fields": (
+                    "waiting",
+                    "fair_at",
+                    "start_by",
+                    "unique_key",
+                    "unique_while",
+                    "debounce_until",
+                )
+            },
+        ),
         ("Lease", {"fields": ("leased_by", "lease_expires_at"), "classes": ("collapse",)}),
     )
     readonly_fields = fieldset_fields(fieldsets)
+
+    @admin.display(description="why it waits")
+    def waiting(self, obj: Job) -> str:
+        """Why a Queued job has not started, from its columns (see
+        :func:`waiting_reason`)."""
+        paused = Queue.objects.filter(name=obj.queue, paused=True).exists()
+        return waiting_reason(obj, timezone.now(), queue_paused=paused)
 
     # ------------------------------------------------------------------ columns
 
@@ -366,6 +414,109 @@ class QueueAdmin(ReadOnlyModelAdmin[Queue]):
     def resume_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         changed = sum(store.resume(name) for name in queryset.values_list("name", flat=True))
         self.message_user(request, f"{changed} queue(s) resumed.", messages.SUCCESS)
+
+
+class ScopeWeightForm(forms.Form):
+    """A scope's weight, by the scope's name as callers pass it."""
+
+    scope = forms.CharField(help_text="The scope's name, as callers pass it.")
+    weight = forms.FloatField(help_text="A number in (0, 100]; 1 is every scope's default.")
+
+    def clean_scope(self) -> str:
+        try:
+            return validation.scope_hash(self.cleaned_data.get("scope"))
+        except InvalidInput as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_weight(self) -> float:
+        try:
+            return check_weight(self.cleaned_data.get("weight"))
+        except InvalidWeight as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+@admin.register(ScopeWeight)
+class ScopeWeightAdmin(ReadOnlyModelAdmin[ScopeWeight]):
+    """Each scope's share of every fair queue's starts (1 without a row), with its
+    Queued and Running jobs. "Set a scope's weight" (a page of its own, for users
+    holding ``jobs.change_scopeweight``) saves through :func:`jobs.store.set_weight`,
+    as ``execution.set_scope_weight`` does; a weight is never deleted (set it to 1)."""
+
+    change_list_template = "admin/jobs/scopeweight/change_list.html"
+    list_display = ("scope_hash", "weight", "queued", "running", "updated_at")
+    search_fields = ("scope_hash",)
+    fields = readonly_fields = ("scope_hash", "weight", "queued", "running", "updated_at")
+
+    @admin.display(description="queued")
+    def queued(self, obj: ScopeWeight) -> int:
+        return Job.objects.for_scope(obj.scope_hash).queued().count()
+
+    @admin.display(description="running")
+    def running(self, obj: ScopeWeight) -> int:
+        return Job.objects.for_scope(obj.scope_hash).running().count()
+
+    def get_urls(self) -> list[URLPattern]:
+        own = [
+            path(
+                "set/",
+                self.admin_site.admin_view(self.set_weight_view),
+                name="jobs_scopeweight_set",
+            )
+        ]
+        return own + super().get_urls()
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra = {"may_set_weight": self.has_steer_permission(request), **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
+    def set_weight_view(self, request: HttpRequest) -> HttpResponse:
+        """Set a scope's weight (GET: the form; POST: save it through the store)."""
+        if not self.has_steer_permission(request):
+            raise PermissionDenied
+        form = ScopeWeightForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            scope_hash, weight = form.cleaned_data["scope"], form.cleaned_data["weight"]
+            before = store.set_weight(scope_hash, weight)
+            self.message_user(
+                request,
+                f"Weight of {scope_hash[:12]}… set to {weight:g} (it was {before:g}).",
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(reverse("admin:jobs_scopeweight_changelist"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Set a scope's weight",
+            "opts": self.opts,
+            "form": form,
+        }
+        return TemplateResponse(request, "admin/jobs/scopeweight/set_weight.html", context)
+
+
+@admin.register(Lane)
+class LaneAdmin(ReadOnlyModelAdmin[Lane]):
+    """Scope shares: each scope's line in each fair queue — its weight, its Queued
+    and Running jobs there, and the place its latest job took. ``manage.py
+    jobs_queues scopes`` shows the same."""
+
+    list_display = ("queue", "scope_hash", "weight", "queued", "running", "tail")
+    list_filter = ("queue",)
+    search_fields = ("scope_hash",)
+    fields = readonly_fields = ("queue", "scope_hash", "weight", "queued", "running", "tail")
+
+    @admin.display(description="weight")
+    def weight(self, obj: Lane) -> float:
+        row = ScopeWeight.objects.filter(scope_hash=obj.scope_hash).first()
+        return 1.0 if row is None else row.weight
+
+    @admin.display(description="queued")
+    def queued(self, obj: Lane) -> int:
+        return Job.objects.for_scope(obj.scope_hash).filter(queue=obj.queue).queued().count()
+
+    @admin.display(description="running")
+    def running(self, obj: Lane) -> int:
+        return Job.objects.for_scope(obj.scope_hash).filter(queue=obj.queue).running().count()
 
 
 # The schedules' admin lives with the schedules; the workers

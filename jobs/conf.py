@@ -121,9 +121,11 @@ class JobsSettings:
     #: been interrupted fewer times than this; the interruption that reaches it ends
     #: the job Interrupted as one that keeps killing its worker.
     MAX_INTERRUPTIONS: int = 3
-    #: Limits per queue, enforced by every worker's claim:
+    #: Limits and order per queue, enforced by every worker's claim:
     #: ``{"emails": {"max_running": 4, "rate": (10, 1)}}`` (keys: ``max_running``,
-    #: ``max_running_per_scope``, ``rate``).
+    #: ``max_running_per_scope``, ``max_running_per_key``, ``rate``, and ``fair``:
+    #: True, the default, shares a queue's starts across scopes; False keeps
+    #: submission order).
     QUEUES: dict[str, Any] = field(default_factory=dict)
 
 
@@ -196,7 +198,14 @@ def _check(result: JobsSettings) -> None:
         raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")
 
 
-_LIMIT_KEYS = ("max_running", "max_running_per_scope", "rate")
+_LIMIT_KEYS = ("max_running", "max_running_per_scope", "max_running_per_key", "rate")
+#: A queue's keys that are not limits.
+_ORDER_KEYS = ("fair",)
+_QUEUE_KEYS = (*_LIMIT_KEYS, *_ORDER_KEYS)
+
+
+def _limits_of(values: dict[str, Any]) -> Limits:
+    return Limits(**{key: value for key, value in values.items() if key in _LIMIT_KEYS})
 
 
 def _check_queues(queues: Any) -> None:
@@ -214,13 +223,17 @@ def _check_queues(queues: Any) -> None:
             raise JobsConfigurationError(
                 f"JOBS['QUEUES'][{name!r}] must be a dict of limits, got {values!r}"
             )
-        unknown = sorted(set(values) - set(_LIMIT_KEYS))
+        unknown = sorted(set(values) - set(_QUEUE_KEYS))
         if unknown:
             raise JobsConfigurationError(
-                unknown_keys_message(f"JOBS['QUEUES'][{name!r}] key(s)", unknown, _LIMIT_KEYS)
+                unknown_keys_message(f"JOBS['QUEUES'][{name!r}] key(s)", unknown, _QUEUE_KEYS)
+            )
+        if not isinstance(values.get("fair", True), bool):
+            raise JobsConfigurationError(
+                f"JOBS['QUEUES'][{name!r}]['fair'] must be True or False, got {values['fair']!r}"
             )
         try:
-            Limits(**values)
+            _limits_of(values)
         except InvalidLimits as exc:
             raise JobsConfigurationError(f"JOBS['QUEUES'][{name!r}]: {exc}") from None
 
@@ -240,7 +253,14 @@ def queue_limits() -> dict[str, Limits]:
     cached = _queue_limits
     if cached is not None and cached[0] is current:
         return cached[1]
-    limits = {name: Limits(**values) for name, values in current.QUEUES.items()}
+    limits = {name: _limits_of(values) for name, values in current.QUEUES.items()}
     result = {name: value for name, value in limits.items() if value}
     _queue_limits = (current, result)
     return result
+
+
+def fair_queue(name: str) -> bool:
+    """Whether queue ``name`` shares its starts across scopes (``JOBS["QUEUES"][name]
+    ["fair"]``, True unless set to False)."""
+    values = jobs_settings().QUEUES.get(name)
+    return values is None or values.get("fair", True) is not False

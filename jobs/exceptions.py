@@ -35,6 +35,15 @@ class InvalidSubmission(InvalidInput):
     """A field of the job submission is not valid."""
 
 
+class JobExpired(JobsError):
+    """The job was not started by its start deadline (``start_by`` or ``start_within``):
+    it never ran."""
+
+
+class InvalidWeight(InvalidInput):
+    """A scope's weight must be a number greater than 0 and at most 100."""
+
+
 class JobIdentityConflict(JobsError):
     """A job with this id already exists in this scope with a different request."""
 

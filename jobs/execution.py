@@ -25,9 +25,11 @@ from .flow_control import ClaimLimits
 from .handlers import handler_limits
 from .models import ClaimStart, Job
 from .schedules import service as schedules
+from .signals import jobs_expired
 from .store.limits import prune_claim_starts as _prune_claim_starts
 from .store.queues import QueueState
 from .store.releasing import release as _release
+from .store.shares import ScopeShare
 from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome, JobSnapshot
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "due_counts_by_queue",
     "enqueue_due_schedules",
     "execution_statuses",
+    "expire_jobs",
     "fail",
     "get_due",
     "get_execution_status",
@@ -60,6 +63,8 @@ __all__ = [
     "report_progress",
     "reserved_scope",
     "resume_queue",
+    "scope_shares",
+    "set_scope_weight",
     "snooze",
     "try_start",
 ]
@@ -252,6 +257,33 @@ def pause_queue(name: str, *, now: datetime | None = None) -> bool:
 def resume_queue(name: str, *, now: datetime | None = None) -> bool:
     """Resume queue ``name`` (and wake the workers); True if it was paused."""
     return store.resume(name, now=now)
+
+
+def expire_jobs(*, limit: int = 1000, now: datetime | None = None) -> int:
+    """End Expired up to ``limit`` Queued jobs whose start deadline passed (no claim
+    takes them meanwhile: the deadline is in the claim's guard); returns how many.
+    Every ``run_jobs`` worker calls it as it recovers expired leases."""
+    expired = store.expire_due(limit=limit, now=now)
+    if expired:
+        jobs_expired.send(sender=None, jobs=expired)
+    return len(expired)
+
+
+def set_scope_weight(scope: str | JobScope, weight: float) -> float:
+    """Give ``scope`` (a scope string, or a :class:`JobScope` such as
+    :func:`reserved_scope`'s) ``weight`` times the default share of every fair queue's
+    starts: a number in (0, 100], 1 by default, persisted. Jobs submitted from now on
+    take their places in line by it; returns the weight the scope had. Raises
+    ``InvalidWeight`` (writing nothing) for a weight out of range, ``InvalidScope``
+    for a bad scope."""
+    scope_hash = scope.scope_hash if isinstance(scope, JobScope) else validation.scope_hash(scope)
+    return store.set_weight(scope_hash, weight)
+
+
+def scope_shares(queue: str | None = None) -> list[ScopeShare]:
+    """Per queue (or only ``queue``) and scope with Queued or Running jobs: its weight
+    and its jobs, most Queued first."""
+    return store.scope_shares(queue)
 
 
 def queue_states(names: Sequence[str] | None = None) -> list[QueueState]:

@@ -14,16 +14,19 @@ class Limits:
     """Flow control for one handler or one queue, across every worker.
 
     ``max_running``: Running attempts at once; ``max_running_per_scope``: the same
-    per scope; ``rate``: ``(count, seconds)``, at most ``count`` attempt starts in any
-    window of ``seconds`` (a sliding window over the claims' start times).
+    per scope; ``max_running_per_key``: the same per limit key (a submission's
+    ``limit_key``; jobs without one are not counted), across scopes; ``rate``:
+    ``(count, seconds)``, at most ``count`` attempt starts in any window of ``seconds``
+    (a sliding window over the claims' start times).
     """
 
     max_running: int | None = None
     max_running_per_scope: int | None = None
+    max_running_per_key: int | None = None
     rate: tuple[int, float] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_running", "max_running_per_scope"):
+        for name in ("max_running", "max_running_per_scope", "max_running_per_key"):
             value = getattr(self, name)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
@@ -48,7 +51,13 @@ class Limits:
 
     def __bool__(self) -> bool:
         return any(
-            value is not None for value in (self.max_running, self.max_running_per_scope, self.rate)
+            value is not None
+            for value in (
+                self.max_running,
+                self.max_running_per_scope,
+                self.max_running_per_key,
+                self.rate,
+            )
         )
 
     def describe(self) -> str:
@@ -58,6 +67,8 @@ class Limits:
             parts.append(f"max_running={self.max_running}")
         if self.max_running_per_scope is not None:
             parts.append(f"max_running_per_scope={self.max_running_per_scope}")
+        if self.max_running_per_key is not None:
+            parts.append(f"max_running_per_key={self.max_running_per_key}")
         if self.rate is not None:
             parts.append(f"rate={self.rate[0]}/{self.rate[1]:g}s")
         return ", ".join(parts) or "none"

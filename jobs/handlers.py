@@ -174,6 +174,7 @@ def job_handler(
     timeout: float | _Unset | None = _DEFAULT_TIMEOUT,
     max_running: int | None = None,
     max_running_per_scope: int | None = None,
+    max_running_per_key: int | None = None,
     rate: tuple[int, float] | None = None,
     max_snoozes: int | None = None,
     library: bool = False,
@@ -193,10 +194,11 @@ def job_handler(
     ``JOBS["TIMEOUT_GRACE_SECONDS"]`` more the attempt fails with ``JobTimedOut``,
     retried by the retry policy. Default: ``JOBS["JOB_TIMEOUT_SECONDS"]``; None: none.
 
-    ``max_running``, ``max_running_per_scope`` and ``rate=(count, seconds)``
-    limit this handler name (all its versions) across every worker: Running
-    attempts at once, the same per scope, and attempt starts in any window of
-    ``seconds``. Jobs over a limit stay Queued; claims take others past them.
+    ``max_running``, ``max_running_per_scope``, ``max_running_per_key`` and
+    ``rate=(count, seconds)`` limit this handler name (all its versions) across every
+    worker: Running attempts at once, the same per scope, the same per limit key (a
+    submission's ``limit_key``), and attempt starts in any window of ``seconds``. Jobs
+    over a limit stay Queued; claims take others past them.
 
     ``max_snoozes``: times a job may ``raise Snooze`` over its life; the attempt
     that asks once more ends Failed naming the bound. Default:
@@ -215,7 +217,12 @@ def job_handler(
                 f"got {timeout!r}"
             )
         timeout = float(timeout)
-    limits = Limits(max_running=max_running, max_running_per_scope=max_running_per_scope, rate=rate)
+    limits = Limits(
+        max_running=max_running,
+        max_running_per_scope=max_running_per_scope,
+        max_running_per_key=max_running_per_key,
+        rate=rate,
+    )
     if max_snoozes is not None and (
         isinstance(max_snoozes, bool)
         or not isinstance(max_snoozes, int)

@@ -29,8 +29,10 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(status__in=FINISHED_STATUSES)
 
     def due(self, now: datetime) -> JobQuerySet:
-        """Claimable now: Queued, no cancel requested, due, attempts left."""
+        """Claimable now: Queued, no cancel requested, due, attempts left, its start
+        deadline (if any) not passed."""
         return self.filter(
+            Q(start_by__isnull=True) | Q(start_by__gt=now),
             status=JobStatus.QUEUED,
             cancel_requested=False,
             next_run_at__lte=now,
@@ -138,6 +140,28 @@ class Job(models.Model):
         null=True, blank=True, help_text="The limit counters its execution counts in."
     )
 
+    # The job's place in line, microseconds of virtual time: the claim takes due jobs by
+    # priority, then this. In a fair queue the submit gives it from the scope's lane
+    # (``jobs_lane``); otherwise, and for a job due later, it is ``next_run_at``. Rows
+    # written straight into the table (fixtures, history) default to the front, in id
+    # order.
+    fair_at = models.BigIntegerField(
+        default=0, db_default=0, help_text="Its place in line (virtual time, µs)."
+    )
+
+    # A start deadline: a job not started by then is never claimed, and the expiry
+    # sweep ends it Expired. NULL: none.
+    start_by = models.DateTimeField(null=True, blank=True, help_text="Must start by then.")
+    # Uniqueness within the scope: while a job holds its key (see the constraints), a
+    # submission with the key returns it. ``unique_while``: "queued", "active" (Queued
+    # or Running), "for" (held in jobs_uniquehold for a time), or "" without a key.
+    unique_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    unique_while = models.CharField(max_length=8, blank=True, default="", db_default="")
+    # The key max_running_per_key counts it under, across scopes ("": none).
+    limit_key = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # A debounced job's latest start: its burst's first submission + debounce_max.
+    debounce_until = models.DateTimeField(null=True, blank=True)
+
     objects = JobQuerySet.as_manager()
 
     class Meta:
@@ -155,18 +179,46 @@ class Job(models.Model):
                 condition=Q(attempt_count__lte=F("max_attempts")),
                 name="jobs_job_attempts_within_max",
             ),
+            # One Queued job per (scope, unique key) of the "queued" and "active" modes,
+            # and one Queued or Running of the "active" mode: a racing second insert
+            # waits for the first and yields (ON CONFLICT DO NOTHING).
+            models.UniqueConstraint(
+                fields=["scope_hash", "unique_key"],
+                condition=Q(unique_while__in=["queued", "active"], status="queued"),
+                name="jobs_job_unique_queued",
+            ),
+            models.UniqueConstraint(
+                fields=["scope_hash", "unique_key"],
+                condition=Q(unique_while="active", status__in=["queued", "running"]),
+                name="jobs_job_unique_active",
+            ),
         ]
         indexes = [
             # The claim query's index: only Queued, not cancel-requested rows are in it,
             # so finished history never slows claiming down.
             models.Index(
                 F("priority").desc(),
-                "next_run_at",
+                "fair_at",
                 "id",
                 name="jobs_job_due_idx",
                 condition=Q(status="queued", cancel_requested=False),
             ),
+            # The head of a queue's line at one priority, where a fair queue's newcomer
+            # takes its place (see jobs.store.sql_submit.RESERVE_LANE).
+            models.Index(
+                "queue",
+                "priority",
+                "fair_at",
+                name="jobs_job_head_idx",
+                condition=Q(status="queued"),
+            ),
             models.Index("scope_hash", "created_at", name="jobs_job_scope_created_idx"),
+            # Queued jobs with a start deadline, by deadline: the expiry sweep's.
+            models.Index(
+                "start_by",
+                name="jobs_job_start_by_idx",
+                condition=Q(status="queued", start_by__isnull=False),
+            ),
             # Finished history by age (retention: purge_jobs). Partial, so that claiming
             # a job (finished_at NULL) adds nothing to it.
             models.Index(
@@ -268,6 +320,71 @@ class LimitCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.running} running"
+
+
+class Lane(models.Model):
+    """A scope's line in a fair queue: ``tail``, the place (virtual time, µs) its
+    latest job was given; ``step``, how far apart its jobs are (the quantum over the
+    scope's weight); ``taken``, how many places its latest submit took. Written by every
+    submit of due jobs to a fair queue, under the row's lock, so that one scope's racing
+    submits get distinct places."""
+
+    queue = models.CharField(max_length=100)
+    scope_hash = models.CharField(max_length=64)
+    tail = models.BigIntegerField()
+    step = models.BigIntegerField()
+    taken = models.BigIntegerField()
+
+    class Meta:
+        verbose_name = "scope share"
+        verbose_name_plural = "scope shares"
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "scope_hash"], name="jobs_lane_identity")
+        ]
+
+    def __str__(self) -> str:
+        return f"lane of {self.scope_hash[:12]}… in {self.queue}"
+
+
+class UniqueHold(models.Model):
+    """A unique key held for a time (``unique_for``): until ``until``, a submission of
+    the scope with ``unique_key`` returns job ``job_id``. Taken over by the first
+    submission after it ends."""
+
+    scope_hash = models.CharField(max_length=64)
+    unique_key = models.CharField(max_length=200)
+    job_id = models.CharField(max_length=200)
+    until = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scope_hash", "unique_key"], name="jobs_uniquehold_identity"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.unique_key} held by {self.job_id} until {self.until}"
+
+
+class ScopeWeight(models.Model):
+    """A scope's share of the starts in every fair queue, relative to the default
+    weight 1 (a scope without a row). Set by ``execution.set_scope_weight``."""
+
+    scope_hash = models.CharField(max_length=64, unique=True)
+    weight = models.FloatField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["scope_hash"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(weight__gt=0, weight__lte=100), name="jobs_scopeweight_range"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"weight {self.weight:g} for {self.scope_hash[:12]}…"
 
 
 # The schedules' table lives with the schedules (``jobs/schedules/``).

@@ -1,9 +1,9 @@
 """Signals of the jobs app.
 
-``jobs_enqueued``, ``attempt_finished``, ``queued_job_cancelled`` and
-``job_keeps_killing_worker`` say what happened to jobs, for optional layers such as the
-Prometheus metrics (:mod:`jobs.observability.metrics`) and for apps built on jobs
-(``workflows`` ends an activity item whose job was cancelled).
+``jobs_enqueued``, ``attempt_finished``, ``queued_job_cancelled``,
+``job_keeps_killing_worker`` and ``jobs_expired`` say what happened to jobs, for optional
+layers such as the Prometheus metrics (:mod:`jobs.observability.metrics`) and for apps
+built on jobs (``workflows`` ends an activity item whose job was cancelled).
 
 ``worker_started`` and ``worker_stopping`` are for apps that run beside the worker in
 every ``run_jobs`` process (``sagas`` recovers unfinished saga instances
@@ -30,6 +30,7 @@ __all__ = [
     "finished_attempt",
     "job_keeps_killing_worker",
     "jobs_enqueued",
+    "jobs_expired",
     "kept_killing_worker",
     "queued_job_cancelled",
     "send_logged",
@@ -116,6 +117,12 @@ def kept_killing_worker(
         queue=queue,
         interruptions=interruptions,
     )
+
+
+#: Queued jobs ended Expired (their start deadline passed; no attempt ran them), sent
+#: after the sweep committed with ``sender=None`` and ``jobs``, a list of each one's
+#: (queue, handler).
+jobs_expired = Signal()
 
 
 #: A worker has started: its start-up recovery is done, it is about to claim jobs.

@@ -18,6 +18,7 @@ from ledon.values import FencedOutcome, from_row
 from . import validation
 from .conf import jobs_settings
 from .exceptions import JobIdentityConflict
+from .submit_rules import NO_RULES, SubmitRules, submit_rules
 
 
 class JobStatus(models.TextChoices):
@@ -29,6 +30,9 @@ class JobStatus(models.TextChoices):
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
     INTERRUPTED = "interrupted", "Interrupted"
+    #: Not started by its deadline (``start_by``/``start_within``): it never starts,
+    #: and used no attempt.
+    EXPIRED = "expired", "Expired"
 
     @property
     def is_finished(self) -> bool:
@@ -40,7 +44,7 @@ class JobStatus(models.TextChoices):
 RETRYABLE_STATUSES = (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED)
 #: The one definition of "finished": every state but Queued and Running. Used by
 #: ``JobStatus.is_finished``, ``Job.objects.finished()`` and the store's SQL.
-FINISHED_STATUSES = (*RETRYABLE_STATUSES, JobStatus.SUCCEEDED)
+FINISHED_STATUSES = (*RETRYABLE_STATUSES, JobStatus.SUCCEEDED, JobStatus.EXPIRED)
 
 
 class AttemptStatus(models.TextChoices):
@@ -141,6 +145,8 @@ class JobSubmission:
     priority: int = 0
     max_attempts: int = 1
     initial_not_before: datetime | None = None
+    #: Rules of who goes next (a start deadline…): not part of the identity.
+    rules: SubmitRules = NO_RULES
 
     def __post_init__(self) -> None:
         if self.payload_json is not _SERIALISED.get():
@@ -169,10 +175,49 @@ class JobSubmission:
         max_attempts: int = 1,
         not_before: datetime | None = None,
         priority: int = 0,
+        start_by: datetime | None = None,
+        start_within: float | None = None,
+        limit_key: str | None = None,
+        unique_key: str | None = None,
+        unique_while: str | None = None,
+        unique_for: float | None = None,
+        debounce: float | None = None,
+        debounce_max: float | None = None,
     ) -> Self:
         """Validate and serialise a request; raises a :class:`~jobs.exceptions.JobsError`
-        subclass for anything invalid."""
+        subclass for anything invalid.
+
+        ``start_by`` (an aware datetime) or ``start_within`` (seconds after the submit):
+        a job not started by then never starts; it ends Expired. ``limit_key``: the key
+        ``max_running_per_key`` counts it under (checked like a job id). ``unique_key`` with
+        ``unique_while`` ("queued", the default, or "active") or ``unique_for``
+        (seconds): while a job of the scope holds the key, submitting another returns
+        that job. ``debounce`` (seconds, with ``unique_key``): the job starts that long
+        after the latest submission of a burst, with its payload, and never later than
+        ``debounce_max`` seconds after the first. See ``docs/flow-control.md``."""
         payload_json = validation.serialise_payload(payload, jobs_settings().MAX_PAYLOAD_BYTES)
+        rules = (
+            NO_RULES
+            if start_by is None
+            and start_within is None
+            and limit_key is None
+            and unique_key is None
+            and unique_while is None
+            and unique_for is None
+            and debounce is None
+            and debounce_max is None
+            else submit_rules(
+                start_by=start_by,
+                start_within=start_within,
+                limit_key=limit_key,
+                unique_key=unique_key,
+                unique_while=unique_while,
+                unique_for=unique_for,
+                debounce=debounce,
+                debounce_max=debounce_max,
+                not_before=not_before,
+            )
+        )
         if cls is JobSubmission:
             # The fields checked as __post_init__ checks them and set through their
             # slots: no second parse of the JSON text just written, no frozen __init__
@@ -189,6 +234,7 @@ class JobSubmission:
             set_priority(sub, priority)
             set_max(sub, max_attempts)
             set_nb(sub, not_before)
+            _set_rules(sub, rules)
             return sub
         # serialise_payload checked the payload and its size and wrote JSON text
         # without NUL characters: __post_init__ need not parse it again.
@@ -202,6 +248,7 @@ class JobSubmission:
                 priority=priority,
                 max_attempts=max_attempts,
                 initial_not_before=not_before,
+                rules=rules,
             )
         finally:
             _SERIALISED.reset(serialised)
@@ -242,6 +289,7 @@ def _checked(
 #: The slot setters of :class:`JobSubmission`'s fields, in their order (each of them
 #: is part of a submission's identity).
 _SUBMISSION_SETTERS = tuple(getattr(JobSubmission, name).__set__ for name in IDENTITY_FIELDS)
+_set_rules = getattr(JobSubmission, "rules").__set__  # noqa: B009  (a slot's descriptor)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -283,6 +331,12 @@ class JobSnapshot:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    #: When the job must have started by, or it ends Expired (None: no deadline).
+    start_by: datetime | None = None
+    #: The key it holds within its scope while it is Queued (or Running), or None.
+    unique_key: str | None = None
+    #: The key ``max_running_per_key`` counts it under ("" for none).
+    limit_key: str = ""
     #: Executions that ended in ``Snooze`` (never counted in ``attempt_count``);
     #: bounded by the handler's ``max_snoozes``.
     snooze_count: int = 0
@@ -308,7 +362,7 @@ class JobSnapshot:
     def submission(self) -> JobSubmission:
         """The submission this job was created from: the snapshot's fields, with
         ``max_attempts`` as submitted (the attempts retries granted taken off)."""
-        submitted = from_row(JobSubmission, self)
+        submitted = from_row(JobSubmission, self, rules=NO_RULES)
         if self.granted_attempts:
             return replace(submitted, max_attempts=self.max_attempts - self.granted_attempts)
         return submitted

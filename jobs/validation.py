@@ -98,6 +98,17 @@ def job_id(value: object) -> str:
     return value
 
 
+def key(value: object, what: str) -> str:
+    """A key a submission carries (``unique_key``, ``limit_key``…), checked like a job
+    id; ``InvalidSubmission`` naming ``what`` otherwise."""
+    if value is None:
+        raise InvalidSubmission(f"{what} must be a string")
+    try:
+        return job_id(value)
+    except InvalidJobId as exc:
+        raise InvalidSubmission(f"{what}: {str(exc).replace('job id', 'a key')}") from None
+
+
 def existing_job_id(value: object) -> str:
     """The id of a job that is looked up, never generated: None is refused."""
     if value is None:

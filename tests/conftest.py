@@ -240,6 +240,15 @@ def make_job() -> JobMaker:
 
 
 @pytest.fixture
+def submission_order(settings: Any) -> None:
+    """The default queue in submission order (``"fair": False``): due jobs by priority,
+    then due time — for tests of that order rather than of fair share."""
+    queues = dict(settings.JOBS.get("QUEUES", {}))
+    queues["default"] = {**queues.get("default", {}), "fair": False}
+    settings.JOBS = {**settings.JOBS, "QUEUES": queues}
+
+
+@pytest.fixture
 def scope() -> JobScope:
     return JobScope(SCOPE)
 

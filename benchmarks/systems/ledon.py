@@ -36,7 +36,9 @@ class Ledon(System):
 
     def reset(self) -> None:
         with connection.cursor() as cursor:
-            cursor.execute("TRUNCATE jobs_jobattempt, jobs_job, jobs_claimstart")
+            cursor.execute(
+                "TRUNCATE jobs_jobattempt, jobs_job, jobs_claimstart, jobs_lane, jobs_uniquehold"
+            )
 
     def enqueue_each(self, count: int) -> None:
         prefix = self._prefix()

@@ -15,6 +15,7 @@ from ledon.db import alias_for
 from .. import validation
 from ..exceptions import InvalidInput, InvalidJobId, JobNotFound, TransactionRequiredError
 from ..handlers import RetryPolicy, autodiscover
+from ..submit_rules import submit_rules
 from ..types import CancelOutcome, JobSnapshot, JobSubmission
 from . import task_registry
 from .compat import (
@@ -84,6 +85,8 @@ class JobsBackend(BaseTaskBackend):
                 1,
                 validation.MAX_ATTEMPTS_LIMIT,
             )
+            rules = task.submit_rules() if isinstance(task, task_registry.JobsTask) else {}
+            submit_rules(**rules)
         except InvalidInput as exc:
             raise InvalidTask(str(exc)) from exc
         retry = getattr(task, "retry", None)
@@ -116,6 +119,7 @@ class JobsBackend(BaseTaskBackend):
             priority=int(task.priority),  # Django accepts whole floats such as 2.0
             max_attempts=getattr(task, "max_attempts", 1),
             not_before=run_after,
+            **(task.submit_rules() if isinstance(task, task_registry.JobsTask) else {}),
         )
         scope = self.job_scope()
         try:

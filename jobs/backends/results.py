@@ -18,7 +18,7 @@ from typing import Any
 
 from ledon.errors import MAX_ERROR_LENGTH, docstring_message, format_error
 
-from ..exceptions import JobCancelled, JobsError
+from ..exceptions import JobCancelled, JobExpired, JobsError
 from ..types import AttemptSnapshot, AttemptStatus, JobSnapshot, JobStatus
 from .compat import Task, TaskError, TaskResult, TaskResultStatus, normalize_json
 from .exceptions import TaskInterrupted
@@ -33,6 +33,7 @@ _STATUS = {
     JobStatus.FAILED: TaskResultStatus.FAILED,
     JobStatus.CANCELLED: TaskResultStatus.FAILED,
     JobStatus.INTERRUPTED: TaskResultStatus.FAILED,
+    JobStatus.EXPIRED: TaskResultStatus.FAILED,
 }
 
 # A class path as ``f"{cls.__module__}.{cls.__qualname__}"`` writes it (``<locals>``
@@ -160,6 +161,13 @@ def task_errors(snapshot: JobSnapshot) -> list[TaskError]:
             TaskError(
                 exception_class_path=_class_path(JobCancelled),
                 traceback="The task was cancelled before it ran.",
+            )
+        )
+    if snapshot.status == JobStatus.EXPIRED:
+        errors.append(
+            TaskError(
+                exception_class_path=_class_path(JobExpired),
+                traceback="The task was not started by its start deadline.",
             )
         )
     return errors

@@ -18,6 +18,17 @@ from django.utils.module_loading import import_string
 from ..handlers import JobContext, RetryPolicy
 from .compat import Task, TaskContext
 
+#: The job store's flow rules a task passes through to its jobs.
+RULES = (
+    "start_within",
+    "limit_key",
+    "unique_key",
+    "unique_while",
+    "unique_for",
+    "debounce",
+    "debounce_max",
+)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobsTask(Task):  # type: ignore[type-arg]
@@ -32,6 +43,17 @@ class JobsTask(Task):  # type: ignore[type-arg]
     max_attempts: int = 1
     #: Backoff between attempts and which exceptions are retried.
     retry: RetryPolicy | None = None
+    #: Seconds after the enqueue by which it must start, or it ends failed (expired).
+    start_within: float | None = None
+    #: The key the job store's ``max_running_per_key`` counts its jobs under.
+    limit_key: str | None = None
+    #: The flow rules of the job store (``docs/flow-control.md``), for ``using()``:
+    #: one job per key while it is queued (or active, or for a time), a debounce.
+    unique_key: str | None = None
+    unique_while: str | None = None
+    unique_for: float | None = None
+    debounce: float | None = None
+    debounce_max: float | None = None
 
     def using(
         self,
@@ -41,8 +63,14 @@ class JobsTask(Task):  # type: ignore[type-arg]
         run_after: datetime | None = None,
         backend: str | None = None,
         max_attempts: int | None = None,
+        **rules: Any,
     ) -> JobsTask:
-        """Django's ``Task.using``, which also accepts ``max_attempts``."""
+        """Django's ``Task.using``, which also accepts ``max_attempts`` and the job
+        store's flow rules (:data:`RULES`: ``start_within``, ``limit_key``, ``unique_key``,
+        ``unique_while``, ``unique_for``, ``debounce``, ``debounce_max``)."""
+        unknown = sorted(set(rules) - set(RULES))
+        if unknown:
+            raise TypeError(f"using() got unexpected keyword argument(s) {', '.join(unknown)}")
         # Explicit base call: zero-argument super() does not work in slotted dataclasses.
         task = cast(
             JobsTask,
@@ -52,7 +80,14 @@ class JobsTask(Task):  # type: ignore[type-arg]
         )
         if max_attempts is not None:
             task = replace(task, max_attempts=max_attempts)
+        if rules:
+            task = replace(task, **rules)
         return task
+
+    def submit_rules(self) -> dict[str, Any]:
+        """The flow rules this task's jobs are submitted with (keywords of
+        ``JobSubmission.create``)."""
+        return {name: getattr(self, name) for name in RULES if getattr(self, name) is not None}
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle by reference to the module-level task, as Django 6 pickles a

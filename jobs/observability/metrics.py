@@ -3,7 +3,8 @@
 - ``ledon_jobs_enqueued_total{queue,handler}`` — from :data:`jobs.signals.jobs_enqueued`
   (staged jobs when their transaction commits);
 - ``ledon_jobs_finished_total{queue,handler,outcome}`` — from
-  :data:`jobs.signals.attempt_finished`;
+  :data:`jobs.signals.attempt_finished`, and with ``outcome="expired"`` from
+  :data:`jobs.signals.jobs_expired` (jobs not started by their deadline);
 - ``ledon_jobs_keeps_killing_worker_total{queue,handler}`` — from
   :data:`jobs.signals.job_keeps_killing_worker` (the crash budget reached);
 - ``ledon_job_wait_seconds{queue,handler}`` (due → start) and
@@ -36,7 +37,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from ledon import prometheus
 from ledon.metrics import metrics_view
 
-from ..signals import attempt_finished, job_keeps_killing_worker, jobs_enqueued
+from ..signals import attempt_finished, job_keeps_killing_worker, jobs_enqueued, jobs_expired
 from ..types import Claim, FinishOutcome, JobSnapshot
 from . import reads
 
@@ -111,6 +112,11 @@ def _count_kept_killing(sender: Any, *, queue: str, handler: str, **kwargs: Any)
     prometheus.JOBS_KEEPS_KILLING_WORKER.labels(queue, handler).inc()
 
 
+def _count_expired(sender: Any, *, jobs: list[tuple[str, str]], **kwargs: Any) -> None:
+    for queue, handler in jobs:
+        prometheus.JOBS_FINISHED.labels(queue, handler, "expired").inc()
+
+
 #: Queues an earlier scrape of this process reported: they keep a series, at 0.
 _seen_queues: set[str] = set()
 
@@ -153,5 +159,6 @@ APP_METRICS = prometheus.AppMetrics(
         (jobs_enqueued, _count_enqueued, "jobs.metrics.enqueued"),
         (attempt_finished, _count_finished, "jobs.metrics.finished"),
         (job_keeps_killing_worker, _count_kept_killing, "jobs.metrics.keeps_killing_worker"),
+        (jobs_expired, _count_expired, "jobs.metrics.expired"),
     ),
 )

@@ -25,6 +25,8 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     retry ..................... FAILED | CANCELLED | INTERRUPTED -> QUEUED   scoped
     purge_finished ............ finished, older than a cutoff -> (deleted)   retention
     pause / resume ............ a queue's claims stop / go on         queues
+    set_weight ................ a scope's share of fair queues        shares
+    expire_due ................ QUEUED past its start deadline -> EXPIRED   expiry
 
 Claims under limits are in :mod:`.limits`.
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 from .base import current_time
 from .claiming import complete_and_claim
+from .expiry import expire_due
 from .finishing import (
     asynchronous_commit,
     complete_many,
@@ -56,10 +59,12 @@ from .reads import get, get_due, list_jobs, snapshot
 from .recovering import recover
 from .retention import purge_finished
 from .scoped import cancel, cancel_queued, retry
+from .shares import ScopeShare, scope_shares, set_weight
 from .submission import stage, stage_many, submit, submit_many
 
 __all__ = [
     "QueueState",
+    "ScopeShare",
     "asynchronous_commit",
     "cancel",
     "cancel_queued",
@@ -67,6 +72,7 @@ __all__ = [
     "complete_many",
     "current_time",
     "execution_statuses",
+    "expire_due",
     "expired_tokens",
     "finish",
     "get",
@@ -81,6 +87,8 @@ __all__ = [
     "report_progress",
     "resume",
     "retry",
+    "scope_shares",
+    "set_weight",
     "snapshot",
     "snooze",
     "stage",

@@ -14,6 +14,7 @@ from .. import validation
 from ..conf import jobs_settings
 from ..db import fetch
 from ..exceptions import InvalidInput, InvalidSubmission
+from ..fair_share import place
 from ..types import (
     JobStatus,
 )
@@ -47,6 +48,8 @@ def requeue_fields(run_at: datetime, now: datetime) -> dict[str, Any]:
     return {
         "status": JobStatus.QUEUED,
         "next_run_at": run_at,
+        # Its place in line: that of a job submitted for run_at.
+        "fair_at": place(run_at),
         "progress": None,
         "progress_message": "",
         "error": "",

@@ -129,7 +129,7 @@ def _claim_rows(
             {**numbered(attempts), "worker_id": worker_id, "now": now_db},
         )
     if len(rows) > 1:
-        rows.sort(key=lambda row: (-row["priority"], read_dt(row["next_run_at"]), row["id"]))
+        rows.sort(key=lambda row: (-row["priority"], row["fair_at"], row["id"]))
     claims = [
         Claim(
             **{name: row[name] for name in sql.CLAIM_FIELDS},

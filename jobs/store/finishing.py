@@ -30,6 +30,7 @@ from .. import validation
 from ..conf import jobs_settings
 from ..db import asynchronous_commits, fetch
 from ..exceptions import AttemptRowMissing, InvalidInput
+from ..fair_share import place
 from ..models import Job, JobAttempt
 from ..types import AttemptStatus, Claim, FinishOutcome, JobStatus
 from . import sql, sql_flow
@@ -260,6 +261,7 @@ def put_back_unknown_handler(
         "now": adapt_dt(connection, now),
         "window_start": adapt_dt(connection, now - timedelta(seconds=window)),
         "run_at": adapt_dt(connection, run_at),
+        "run_at_place": place(run_at),
         "waiting": (
             f"{reason} (put back until a worker that knows it claims it, for at most "
             f"{window:g} s since its first claim: JOBS['UNKNOWN_HANDLER_RETRY_SECONDS'])"
@@ -334,6 +336,7 @@ def snooze(
         "token": token,
         "now": adapt_dt(connection, now),
         "run_at": adapt_dt(connection, run_at),
+        "run_at_place": place(run_at),
         "note": f"snoozed until {run_at.isoformat()}",
         "max_snoozes": max_snoozes,
     }

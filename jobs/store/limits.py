@@ -69,8 +69,8 @@ from . import sql_flow
 #: whose clocks run behind (see :func:`prune_claim_starts`).
 PRUNE_MARGIN = timedelta(minutes=5)
 
-#: A key of the usage: ("h", handler), ("q", queue), ("hs", handler, scope) or
-#: ("qs", queue, scope).
+#: A key of the usage: ("h", handler), ("q", queue), ("hs", handler, scope),
+#: ("qs", queue, scope), ("hk", handler, limit key) or ("qk", queue, limit key).
 Key = tuple[str, ...]
 
 
@@ -111,6 +111,7 @@ def claim_keys(
                     value.max_running is not None,
                     value.max_running_per_scope is not None,
                     value.rate is not None,
+                    value.max_running_per_key is not None,
                 )
             )
             params[f"lim_{n}"] = name
@@ -119,6 +120,8 @@ def claim_keys(
                 params[f"lim_{n}_max"] = value.max_running
             if value.max_running_per_scope is not None:
                 params[f"lim_{n}_scope"] = value.max_running_per_scope
+            if value.max_running_per_key is not None:
+                params[f"lim_{n}_pkey"] = value.max_running_per_key
             if value.rate is not None:
                 count, seconds = value.rate
                 params[f"lim_{n}_rate"] = count
@@ -148,6 +151,7 @@ class Job:
     handler: str
     queue: str
     scope_hash: str
+    limit_key: str
 
 
 @dataclass(slots=True)
@@ -170,6 +174,8 @@ class Usage:
                 yield self.running, (kind, name), limits.max_running
             if limits.max_running_per_scope is not None:
                 yield self.running, (kind + "s", name, job.scope_hash), limits.max_running_per_scope
+            if limits.max_running_per_key is not None and job.limit_key:
+                yield self.running, (kind + "k", name, job.limit_key), limits.max_running_per_key
             if limits.rate is not None:
                 yield self.started, rate_key(_KINDS[kind], name), limits.rate[0]
 
@@ -192,12 +198,17 @@ class Usage:
                     and self.running[(kind, name)] + count > limits.max_running
                 ):
                     return False
-                if limits.max_running_per_scope is not None:
+                for suffix, limit in (
+                    ("s", limits.max_running_per_scope),
+                    ("k", limits.max_running_per_key),
+                ):
+                    if limit is None:
+                        continue
                     busiest = max(
-                        (n for key, n in self.running.items() if key[:2] == (kind + "s", name)),
+                        (n for key, n in self.running.items() if key[:2] == (kind + suffix, name)),
                         default=0,
                     )
-                    if busiest + count > limits.max_running_per_scope:
+                    if busiest + count > limit:
                         return False
                 if (
                     limits.rate is not None
@@ -209,7 +220,14 @@ class Usage:
     def full(self) -> dict[str, list[Any]]:
         """What is at a limit: handlers, queues, (name, scope) pairs — the candidates'
         exclusions (see :func:`jobs.store.sql_flow.candidates`)."""
-        out: dict[str, list[Any]] = {"fh": [], "fq": [], "fhs": [], "fqs": []}
+        out: dict[str, list[Any]] = {
+            "fh": [],
+            "fq": [],
+            "fhs": [],
+            "fqs": [],
+            "fhk": [],
+            "fqk": [],
+        }
         for kind, prefix, configured in (
             ("h", "fh", self.limits.handlers),
             ("q", "fq", self.limits.queues),
@@ -225,13 +243,16 @@ class Usage:
                 )
                 if at_max or at_rate:
                     out[prefix].append(name)
-                if limits.max_running_per_scope is not None:
-                    out[prefix + "s"].extend(
+                for suffix, limit in (
+                    ("s", limits.max_running_per_scope),
+                    ("k", limits.max_running_per_key),
+                ):
+                    if limit is None:
+                        continue
+                    out[prefix + suffix].extend(
                         (key[1], key[2])
                         for key, count in self.running.items()
-                        if key[0] == kind + "s"
-                        and key[1] == name
-                        and count >= limits.max_running_per_scope
+                        if key[0] == kind + suffix and key[1] == name and count >= limit
                     )
         return out
 
@@ -274,6 +295,8 @@ def _usage_of(limits: ClaimLimits, rows: Iterable[dict[str, Any]]) -> Usage:
             if name in configured:
                 usage.running[(kind, name)] += row["n"]
                 usage.running[(kind + "s", name, row["scope_hash"])] += row["n"]
+                if row["limit_key"]:
+                    usage.running[(kind + "k", name, row["limit_key"])] += row["n"]
     return usage
 
 
@@ -311,7 +334,7 @@ def choose(
         params.update(in_list_params("fh", full["fh"]))
         params.update(in_list_params("fq", full["fq"]))
         params.update(in_list_params("seen", sorted(seen)))
-        for prefix in ("fhs", "fqs"):
+        for prefix in ("fhs", "fqs", "fhk", "fqk"):
             for n, (name, scope) in enumerate(full[prefix]):
                 params[f"{prefix}_k_{n}"] = name
                 params[f"{prefix}_s_{n}"] = scope
@@ -322,6 +345,8 @@ def choose(
             full_queues=len(full["fq"]),
             full_handler_scopes=len(full["fhs"]),
             full_queue_scopes=len(full["fqs"]),
+            full_handler_keys=len(full["fhk"]),
+            full_queue_keys=len(full["fqk"]),
             seen=len(seen),
         )
         rows = [Job(**row) for row in fetch(connection, statement, params)]

@@ -104,10 +104,11 @@ _DUE_FIELDS = tuple(DueJob.__dataclass_fields__)
 def get_due(
     *, limit: int = 100, queues: Sequence[str] | None = None, now: datetime | None = None
 ) -> list[DueJob]:
-    """Due candidates across scopes, by priority (highest first) then time. Grants nothing."""
+    """Due candidates across scopes, by priority (highest first) then place in line
+    (see :mod:`jobs.fair_share`). Grants nothing."""
     validation.integer(limit, "limit", 0, 10_000)
     qs = Job.objects.due(current_time(now))
     if queues:
         qs = qs.filter(queue__in=list(queues))
-    rows = qs.order_by("-priority", "next_run_at", "id").values(*_DUE_FIELDS)[:limit]
+    rows = qs.order_by("-priority", "fair_at", "id").values(*_DUE_FIELDS)[:limit]
     return [DueJob(**row) for row in rows]

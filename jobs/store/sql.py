@@ -23,13 +23,16 @@ from typing import Any, TypedDict
 from ledon.db import id_among_locked
 
 from ..db import in_list, numbered, random_token_sql, union_by_kind, values_of
-from ..models import Job, JobAttempt, LimitCounter, Queue
+from ..models import Job, JobAttempt, Lane, LimitCounter, Queue, ScopeWeight, UniqueHold
 from ..types import FINISHED_STATUSES, Claim, JobStatus
 
 JOB = Job._meta.db_table
 ATTEMPT = JobAttempt._meta.db_table
 QUEUE = Queue._meta.db_table
 COUNTER = LimitCounter._meta.db_table
+LANE = Lane._meta.db_table
+SCOPE_WEIGHT = ScopeWeight._meta.db_table
+UNIQUE_HOLD = UniqueHold._meta.db_table
 
 QUEUED = JobStatus.QUEUED.value
 RUNNING = JobStatus.RUNNING.value
@@ -41,13 +44,15 @@ _FINISHED = ", ".join(f"'{status.value}'" for status in FINISHED_STATUSES)
 # --------------------------------------------------------------------------- wake-ups
 
 
-#: The guard of every claim: Queued, no cancel requested, due, attempts left — and
-#: not in a paused queue (a paused queue has a row of ``jobs_queue``).
+#: The guard of every claim: Queued, no cancel requested, due, attempts left, its start
+#: deadline not passed — and not in a paused queue (a paused queue has a row of
+#: ``jobs_queue``).
 CLAIMABLE = (
     f"status = '{QUEUED}'",
     "NOT cancel_requested",
     "next_run_at <= %(now)s",
     "attempt_count < max_attempts",
+    "(start_by IS NULL OR start_by > %(now)s)",
     f"queue NOT IN (SELECT name FROM {QUEUE} WHERE paused)",
 )
 
@@ -135,6 +140,7 @@ CLAIMED = (
     "number",
     "priority",
     "next_run_at",
+    "fair_at",
     "leased_by",
     "started_at",
 )
@@ -210,7 +216,7 @@ def first_due(vendor: str, filters: Sequence[str]) -> str:
     return id_among_locked(
         vendor,
         f"SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
-        " ORDER BY priority DESC, next_run_at, id LIMIT %(limit)s",
+        " ORDER BY priority DESC, fair_at, id LIMIT %(limit)s",
     )
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 
+from ledon.db import id_among_locked
+
 from ..db import in_list, union_by_kind, values_of
 from ..models import ClaimStart
 from ..types import JobStatus
@@ -49,11 +51,11 @@ LOCK_KEYS = "SELECT count(pg_advisory_xact_lock(k)) AS locked FROM unnest(%(keys
 
 
 #: One limited key of a claim under limits: its kind (``"h"``, a handler name, or
-#: ``"q"``, a queue) and which of ``max_running``, ``max_running_per_scope`` and
-#: ``rate`` it has.
-KeyShape = tuple[str, bool, bool, bool]
+#: ``"q"``, a queue) and which of ``max_running``, ``max_running_per_scope``,
+#: ``rate`` and ``max_running_per_key`` it has.
+KeyShape = tuple[str, bool, bool, bool, bool]
 
-_ORDER = "priority DESC, next_run_at, id"
+_ORDER = "priority DESC, fair_at, id"
 
 
 def _used(key: str, finishing: bool) -> str:
@@ -67,7 +69,7 @@ def _used(key: str, finishing: bool) -> str:
 
 def _key_row(n: int, shape: KeyShape, finishing: bool) -> str:
     """The ``keys`` row of key ``n`` (see :func:`limited_claim`)."""
-    kind, max_running, per_scope, rate = shape
+    kind, max_running, per_scope, rate, per_key = shape
     name = f"%(lim_{n})s"
     key = f"%(lim_{n}_key)s::text"
     rooms = []
@@ -80,9 +82,10 @@ def _key_row(n: int, shape: KeyShape, finishing: bool) -> str:
         )
     room = f"LEAST({', '.join(rooms)})" if rooms else "NULL::bigint"
     scope = f"%(lim_{n}_scope)s::bigint" if per_scope else "NULL::bigint"
+    keyed = f"%(lim_{n}_pkey)s::bigint" if per_key else "NULL::bigint"
     cap = f"%(lim_{n}_max)s::bigint" if max_running else "NULL::bigint"
     rated = "TRUE" if rate else "FALSE"
-    return f"('{kind}'::text, {name}::text, {room}, {scope}, {key}, {rated}, {cap})"
+    return f"('{kind}'::text, {name}::text, {room}, {scope}, {key}, {rated}, {cap}, {keyed})"
 
 
 def _counter_deltas(finishing: bool) -> str:
@@ -93,9 +96,12 @@ def _counter_deltas(finishing: bool) -> str:
     changes = f"SELECT key, 1 AS n FROM ({counted_keys('claimed')}) AS c"
     if finishing:
         changes += " UNION ALL SELECT key, -n FROM freed"
+    # A per-key counter is the name's key, '#' and the limit key: names have no '#'.
     cap = (
         "COALESCE((SELECT k.cap FROM keys AS k WHERE k.key = u.key),"
-        " (SELECT k.scope FROM keys AS k WHERE k.key || ':' || right(u.key, 64) = u.key))"
+        " (SELECT k.scope FROM keys AS k WHERE k.key || ':' || right(u.key, 64) = u.key),"
+        " (SELECT k.keyed FROM keys AS k WHERE strpos(u.key, '#') > 0"
+        " AND k.key = split_part(u.key, '#', 1)))"
     )
     return f"SELECT u.key, sum(u.n) AS n, {cap} AS cap FROM ({changes}) AS u GROUP BY u.key"
 
@@ -121,10 +127,12 @@ def counted_claim(
         + (f"%(lim_{n}_max)s::bigint" if max_running else "NULL::bigint")
         + ", "
         + (f"%(lim_{n}_scope)s::bigint" if per_scope else "NULL::bigint")
+        + ", "
+        + (f"%(lim_{n}_pkey)s::bigint" if per_key else "NULL::bigint")
         + ")"
-        for n, (_kind, max_running, per_scope, _rate) in enumerate(keys)
+        for n, (_kind, max_running, per_scope, _rate, per_key) in enumerate(keys)
     )
-    ctes = [f"keys AS (SELECT * FROM (VALUES {rows}) AS k(key, cap, scope))"]
+    ctes = [f"keys AS (SELECT * FROM (VALUES {rows}) AS k(key, cap, scope, keyed))"]
     if finishing:
         ctes[:0] = [
             finish_ctes(),
@@ -141,16 +149,20 @@ def counted_claim(
 
 def _counted(keys: tuple[KeyShape, ...]) -> str:
     """The ``limit_keys`` of a job claimed under ``keys``: a JSON array of the counters
-    it counts in — per limited name, ``max_running``'s and, with the job's scope,
-    ``max_running_per_scope``'s —, or NULL if none."""
+    it counts in — per limited name, ``max_running``'s, with the job's scope
+    ``max_running_per_scope``'s and, with its limit key, ``max_running_per_key``'s —,
+    or NULL if none."""
     parts = []
-    for n, (kind, max_running, per_scope, _rate) in enumerate(keys):
+    for n, (kind, max_running, per_scope, _rate, per_key) in enumerate(keys):
         column = "handler" if kind == "h" else "queue"
         match = f"WHEN {column} = %(lim_{n})s::text THEN %(lim_{n}_key)s::text"
         if max_running:
             parts.append(f"CASE {match} END")
         if per_scope:
             parts.append(f"CASE {match} || ':' || scope_hash END")
+        if per_key:
+            keyed = f"WHEN {column} = %(lim_{n})s::text AND limit_key <> ''"
+            parts.append(f"CASE {keyed} THEN %(lim_{n}_key)s::text || '#' || limit_key END")
     if not parts:
         return "NULL"
     return f"NULLIF(array_to_json(array_remove(ARRAY[{', '.join(parts)}], NULL))::text, '[]')"
@@ -160,6 +172,12 @@ def _scope_used(kind: str, column: str, row: str, finishing: bool) -> str:
     """The Running jobs of the pair (``row``'s name, ``row``'s scope) counted under the
     per-scope counter of key ``k_{kind}``."""
     return _used(f"k_{kind}.key || ':' || {row}.scope_hash", finishing)
+
+
+def _key_used(kind: str, row: str, finishing: bool) -> str:
+    """The Running jobs of the pair (``row``'s name, ``row``'s limit key) counted under
+    the per-key counter of key ``k_{kind}``."""
+    return _used(f"k_{kind}.key || '#' || {row}.limit_key", finishing)
 
 
 @functools.lru_cache(maxsize=64)
@@ -200,7 +218,7 @@ def limited_claim(
     ctes = [
         "keys AS (SELECT * FROM (VALUES "
         + ", ".join(_key_row(n, shape, finishing) for n, shape in enumerate(keys))
-        + ") AS k(kind, name, room, scope, key, rated, cap))",
+        + ") AS k(kind, name, room, scope, key, rated, cap, keyed))",
     ]
     if finishing:
         ctes.insert(
@@ -244,17 +262,41 @@ def limited_claim(
                 f" WHERE k_{kind}.scope IS NOT NULL"
                 f" AND k_{kind}.scope < %(limit)s + {_scope_used(kind, column, 'r', finishing)})"
             )
+        if any(s[4] for s in shapes):
+            # The same per limit key, for the jobs that have one.
+            picks.append(
+                f"NOT EXISTS (SELECT 1 FROM keys AS k_{kind} WHERE k_{kind}.kind = '{kind}'"
+                f" AND k_{kind}.name = {JOB}.{column} AND k_{kind}.keyed IS NOT NULL"
+                f" AND {JOB}.limit_key <> ''"
+                f" AND {_key_used(kind, JOB, finishing)} >= k_{kind}.keyed)"
+            )
+            ranks.append(
+                f"row_number() OVER (PARTITION BY {column}, limit_key ORDER BY {_ORDER})"
+                f" AS n_{kind}k"
+            )
+            admits.append(
+                f"(k_{kind}.keyed IS NULL OR r.limit_key = ''"
+                f" OR r.n_{kind}k + {_key_used(kind, 'r', finishing)} <= k_{kind}.keyed)"
+            )
+            scope_ample.append(
+                f"NOT EXISTS (SELECT 1 FROM candidates AS r JOIN keys AS k_{kind}"
+                f" ON k_{kind}.kind = '{kind}' AND k_{kind}.name = r.{column}"
+                f" WHERE k_{kind}.keyed IS NOT NULL AND r.limit_key <> ''"
+                f" AND k_{kind}.keyed < %(limit)s + {_key_used(kind, 'r', finishing)})"
+            )
         joins.append(
             f" LEFT JOIN keys AS k_{kind}"
             f" ON k_{kind}.kind = '{kind}' AND k_{kind}.name = r.{column}"
         )
     ctes.append(
-        f"candidates AS (SELECT id, handler, queue, scope_hash, priority, next_run_at FROM {JOB}"
+        "candidates AS (SELECT id, handler, queue, scope_hash, limit_key, priority, fair_at"
+        f" FROM {JOB}"
         f" WHERE {' AND '.join([guard, *picks])}"
         f" ORDER BY {_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
     )
     ctes.append(
-        f"ranked AS (SELECT id, handler, queue, scope_hash, {', '.join(ranks)} FROM candidates)"
+        f"ranked AS (SELECT id, handler, queue, scope_hash, limit_key, {', '.join(ranks)}"
+        " FROM candidates)"
     )
     # Room for the whole claim under every limit: the candidates as they come (the
     # ranking is then never computed).
@@ -300,8 +342,8 @@ COMMIT = "COMMIT"
 def usage(handlers: int, queues: int, rate_keys: int) -> str:
     """SQLite: what limits count, in one statement: rows of ``kind`` ``'running'`` —
     the Running jobs of ``handlers`` limited handler names (``lim_handler_0``…) or
-    ``queues`` limited queues (``lim_queue_0``…), per ``handler``, ``queue`` and
-    ``scope_hash``, in ``n`` — and rows of ``kind`` ``'started'`` — per rate key
+    ``queues`` limited queues (``lim_queue_0``…), per ``handler``, ``queue``,
+    ``scope_hash`` and ``limit_key``, in ``n`` — and rows of ``kind`` ``'started'`` — per rate key
     (``key_0``…), in ``n``, the starts after its window's start (``since_0``…). Only
     Running jobs hold a current token: the small partial index of tokens serves the
     first part, the (key, started_at) index each term of the second."""
@@ -311,9 +353,9 @@ def usage(handlers: int, queues: int, rate_keys: int) -> str:
     if queues:
         either.append(f"queue IN ({in_list('lim_queue', queues)})")
     running = (
-        "SELECT 'running' AS kind, handler, queue, scope_hash, NULL AS key, count(*) AS n"
-        f" FROM {JOB} WHERE current_token IS NOT NULL AND status = '{RUNNING}'"
-        f" AND ({' OR '.join(either)}) GROUP BY handler, queue, scope_hash"
+        "SELECT 'running' AS kind, handler, queue, scope_hash, limit_key, NULL AS key,"
+        f" count(*) AS n FROM {JOB} WHERE current_token IS NOT NULL AND status = '{RUNNING}'"
+        f" AND ({' OR '.join(either)}) GROUP BY handler, queue, scope_hash, limit_key"
     )
     if not rate_keys:
         return running
@@ -321,7 +363,7 @@ def usage(handlers: int, queues: int, rate_keys: int) -> str:
         f"(key = %(key_{n})s AND started_at > %(since_{n})s)" for n in range(rate_keys)
     )
     return (
-        f"{running} UNION ALL SELECT 'started', NULL, NULL, NULL, key, count(*)"
+        f"{running} UNION ALL SELECT 'started', NULL, NULL, NULL, NULL, key, count(*)"
         f" FROM {CLAIM_START} WHERE {terms} GROUP BY key"
     )
 
@@ -335,14 +377,17 @@ def candidates(
     full_queues: int,
     full_handler_scopes: int,
     full_queue_scopes: int,
+    full_handler_keys: int = 0,
+    full_queue_keys: int = 0,
     seen: int = 0,
 ) -> str:
     """Due jobs a claim under limits may take, in claim order, up to ``limit``: the
     guard of every claim, minus the handlers (``fh_0``…) and queues (``fq_0``…) at a
-    limit and the (handler, scope) and (queue, scope) pairs at a per-scope limit
-    (``fhs_k_0``/``fhs_s_0``…, ``fqs_k_0``/``fqs_s_0``…), and the ``seen`` jobs an
-    earlier page returned (``seen_0``…). Returns each job's ``id``,
-    ``handler``, ``queue`` and ``scope_hash``. SQLite (whose claims hold the write
+    limit, the (handler, scope) and (queue, scope) pairs at a per-scope limit
+    (``fhs_k_0``/``fhs_s_0``…, ``fqs_k_0``/``fqs_s_0``…), the (name, limit key) pairs
+    at a per-key limit (``fhk_…``, ``fqk_…``), and the ``seen`` jobs an earlier page
+    returned (``seen_0``…). Returns each job's ``id``, ``handler``, ``queue``,
+    ``scope_hash`` and ``limit_key``. SQLite (whose claims hold the write
     lock)."""
     filters = list(CLAIMABLE)
     if queues:
@@ -353,21 +398,23 @@ def candidates(
         filters.append(f"handler NOT IN ({in_list('fh', full_handlers)})")
     if full_queues:
         filters.append(f"queue NOT IN ({in_list('fq', full_queues)})")
-    for column, prefix, count in (
-        ("handler", "fhs", full_handler_scopes),
-        ("queue", "fqs", full_queue_scopes),
+    for column, prefix, count, keyed in (
+        ("handler", "fhs", full_handler_scopes, "scope_hash"),
+        ("queue", "fqs", full_queue_scopes, "scope_hash"),
+        ("handler", "fhk", full_handler_keys, "limit_key"),
+        ("queue", "fqk", full_queue_keys, "limit_key"),
     ):
         if count:
             pairs = " OR ".join(
-                f"({column} = %({prefix}_k_{n})s AND scope_hash = %({prefix}_s_{n})s)"
+                f"({column} = %({prefix}_k_{n})s AND {keyed} = %({prefix}_s_{n})s)"
                 for n in range(count)
             )
             filters.append(f"NOT ({pairs})")
     if seen:
         filters.append(f"id NOT IN ({in_list('seen', seen)})")
     return (
-        f"SELECT id, handler, queue, scope_hash FROM {JOB} WHERE {' AND '.join(filters)}"
-        f" ORDER BY {_ORDER} LIMIT %(limit)s"
+        f"SELECT id, handler, queue, scope_hash, limit_key FROM {JOB}"
+        f" WHERE {' AND '.join(filters)} ORDER BY {_ORDER} LIMIT %(limit)s"
     )
 
 
@@ -411,12 +458,14 @@ RESUME_QUEUE = (
 _COUNTED_BEFORE = f"(SELECT was.limit_keys FROM {JOB} AS was WHERE was.id = {JOB}.id) AS limit_keys"
 
 
-#: Snooze: queue the job Running under ``token`` again at ``run_at`` (``now``), unless
+#: Snooze: queue the job Running under ``token`` again at ``run_at`` (``now``; its place
+#: in line ``run_at_place``, as a job submitted for then), unless
 #: a cancel request committed first or the job snoozed ``max_snoozes`` times already;
 #: the execution is taken back from ``attempt_count`` and counted in ``snooze_count``
 #: instead. Returns the job's ``id``, ``queue`` and ``limit_keys``.
 SNOOZE_JOB = (
     f"UPDATE {JOB} SET status = '{QUEUED}', next_run_at = %(run_at)s,"
+    " fair_at = %(run_at_place)s,"
     " attempt_count = attempt_count - 1, snooze_count = snooze_count + 1,"
     f" {LEAVE_RUNNING}, started_at = NULL,"
     " progress = NULL, progress_message = '', error = '', result_ref = NULL,"
@@ -537,8 +586,8 @@ RECOVER_ATTEMPT = _end_attempt(INTERRUPTED, "reason")
 #: the attempt count goes back down — and decide: a cancel request that committed first
 #: ends the job Cancelled; once the job's first such claim (``handler_unknown_since``,
 #: set by the first) is at or before ``window_start`` it ends Failed with ``failed``;
-#: else it is Queued again at ``run_at``, with ``waiting`` as its error. Returns the
-#: job's new ``status``.
+#: else it is Queued again at ``run_at`` (its place ``run_at_place``), with ``waiting`` as
+#: its error. Returns the job's new ``status``.
 _OVER = "COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s"
 PUT_BACK_UNKNOWN_HANDLER = (
     f"UPDATE {JOB} SET"
@@ -546,6 +595,7 @@ PUT_BACK_UNKNOWN_HANDLER = (
     f" WHEN {_OVER} THEN '{JobStatus.FAILED.value}' ELSE '{QUEUED}' END,"
     f" finished_at = CASE WHEN cancel_requested OR {_OVER} THEN %(now)s ELSE NULL END,"
     f" next_run_at = CASE WHEN cancel_requested OR {_OVER} THEN next_run_at ELSE %(run_at)s END,"
+    f" fair_at = CASE WHEN cancel_requested OR {_OVER} THEN fair_at ELSE %(run_at_place)s END,"
     f" error = CASE WHEN cancel_requested THEN '' WHEN {_OVER} THEN %(failed)s"
     " ELSE %(waiting)s END,"
     " handler_unknown_since = COALESCE(handler_unknown_since, %(now)s),"
@@ -555,3 +605,25 @@ PUT_BACK_UNKNOWN_HANDLER = (
     f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
     f" RETURNING status, {_COUNTED_BEFORE}"
 )
+
+
+# --------------------------------------------------------------------------- expiry
+
+EXPIRED = JobStatus.EXPIRED.value
+
+
+@functools.lru_cache(maxsize=4)
+def expire_jobs(vendor: str) -> str:
+    """End up to ``limit`` Queued jobs whose start deadline is at or before ``now``
+    Expired, the earliest deadlines first, with ``error``; no attempt is used. On
+    PostgreSQL, jobs another transaction holds (a claim, a cancel) are skipped: the
+    next sweep finds them if they are still Queued. Returns each expired job's ``id``,
+    ``queue`` and ``handler``."""
+    due = f"status = '{QUEUED}' AND start_by IS NOT NULL AND start_by <= %(now)s"
+    which = id_among_locked(
+        vendor, f"SELECT id FROM {JOB} WHERE {due} ORDER BY start_by LIMIT %(limit)s"
+    )
+    return (
+        f"UPDATE {JOB} SET status = '{EXPIRED}', finished_at = %(now)s, updated_at = %(now)s,"
+        f" error = %(error)s WHERE {which} AND {due} RETURNING id, queue, handler"
+    )

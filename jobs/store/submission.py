@@ -8,7 +8,7 @@ import operator
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
@@ -17,15 +17,18 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ledon.db import adapt_dt, alias_for, connection_for, in_caller_atomic_block, is_postgres
 from ledon.tracing import carrier_text, tracer
 
-from ..conf import jobs_settings
+from ..conf import fair_queue, jobs_settings
 from ..db import fetch, numbered
 from ..exceptions import (
     AmbientTransactionError,
+    InvalidSubmission,
     JobIdentityConflict,
     JobIdentityUnresolved,
     TransactionRequiredError,
 )
+from ..fair_share import QUANTUM, place
 from ..models import Job
+from ..submit_rules import NO_RULES
 from ..types import (
     IDENTITY_FIELDS,
     JobSnapshot,
@@ -37,6 +40,7 @@ from . import sql_submit
 from .base import CHUNK_ROWS, current_time, notify
 from .reads import snapshot
 from .telemetry import observed_submission
+from .uniqueness import insert_unique
 
 #: The fields of a new Queued job's snapshot that every new job has the same value in:
 #: the fixed values of its insert, and what it does not have yet.
@@ -53,6 +57,9 @@ _NEW_JOB_CONSTANTS: dict[str, Any] = {
     "keeps_killing_worker": False,
     "progress": None,
     "result_ref": None,
+    "start_by": None,
+    "unique_key": None,
+    "limit_key": "",
     "started_at": None,
     "finished_at": None,
     "created": True,
@@ -76,6 +83,9 @@ _SET_CONSTANTS = tuple((_SET[name], value) for name, value in _NEW_JOB_CONSTANTS
     _set_next_run_at,
     _set_created_at,
 ) = (_SET[name] for name in ("scope_hash", "job_id", *IDENTITY_FIELDS, "next_run_at", "created_at"))
+_set_start_by = _SET["start_by"]
+_set_unique_key = _SET["unique_key"]
+_set_limit_key = _SET["limit_key"]
 _new_object = object.__new__
 
 
@@ -97,6 +107,14 @@ def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetim
     _set_initial_not_before(job, not_before)
     _set_next_run_at(job, now if not_before is None else not_before)
     _set_created_at(job, now)
+    rules = sub.rules
+    if rules is not NO_RULES:
+        _set_start_by(job, rules.deadline(now))
+        _set_unique_key(job, rules.unique_key)
+        _set_limit_key(job, rules.limit_key or "")
+        if rules.debounce is not None:
+            # Trailing: due once the burst has been quiet for ``debounce`` seconds.
+            _set_next_run_at(job, now + timedelta(seconds=rules.debounce))
     return job
 
 
@@ -109,17 +127,79 @@ def _isoformat(value: datetime) -> str:
 _ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_isoformat)
 
 #: The varying columns of a new job that its snapshot shows (the others: the trace
-#: context, given apart).
-_SEEN = tuple(name for name in sql_submit.NEW_JOB_VARYING if name != "trace_context")
+#: context and the place in line, given apart).
+_SEEN = tuple(
+    name
+    for name in sql_submit.NEW_JOB_VARYING
+    if name not in ("trace_context", "fair_at", "start_by", "limit_key")
+)
 
 
-def _new_row(job: JobSnapshot, trace_context: str | None) -> dict[str, Any]:
+def _new_row(job: JobSnapshot, trace_context: str | None, fair_at: int) -> dict[str, Any]:
     """The values the insert of the new job ``job`` sets, by column
     (:data:`sql_submit.NEW_JOB_COLUMNS`); ``trace_context`` is the submitter's, for
-    tracing."""
+    tracing; ``fair_at`` its place in line."""
     row = {name: getattr(job, name) for name in _SEEN}
-    row.update(_shared_params(job.created_at), trace_context=trace_context)
+    row.update(
+        _shared_params(job.created_at),
+        trace_context=trace_context,
+        fair_at=fair_at,
+        start_by=job.start_by,
+        limit_key=job.limit_key,
+    )
     return row
+
+
+def _lane_params(
+    scope_hash: str, queue: str, priority: int, units: int, now: datetime
+) -> dict[str, Any]:
+    """The parameters of :func:`sql_submit.reserve_lane`."""
+    return {
+        "queue": queue,
+        "scope_hash": scope_hash,
+        "priority": priority,
+        "units": units,
+        "quantum": float(QUANTUM),
+        "now_place": place(now),
+    }
+
+
+def _laned(sub: JobSubmission, now: datetime) -> bool:
+    """Whether a job of ``sub`` submitted at ``now`` takes its place from its scope's
+    lane: due now, in a fair queue."""
+    not_before = sub.initial_not_before
+    return (not_before is None or not_before <= now) and fair_queue(sub.queue)
+
+
+def _due_places(items: Sequence[tuple[str, str, JobSubmission]], now: datetime) -> list[int]:
+    """Each item's due time as a place in line (:func:`jobs.fair_share.place`)."""
+    return [
+        place(now if sub.initial_not_before is None else sub.initial_not_before)
+        for _scope_hash, _job_id, sub in items
+    ]
+
+
+def _places(
+    connection: BaseDatabaseWrapper,
+    items: Sequence[tuple[str, str, JobSubmission]],
+    now: datetime,
+) -> list[int]:
+    """Each item's place in line: for the due jobs of fair queues, places taken from
+    their scopes' lanes — one statement per (queue, scope, priority), the jobs in the
+    order given —; for the others, their due time."""
+    places = _due_places(items, now)
+    groups: dict[tuple[str, str, int], list[int]] = {}
+    for index, (scope_hash, _job_id, sub) in enumerate(items):
+        if _laned(sub, now):
+            groups.setdefault((sub.queue, scope_hash, sub.priority), []).append(index)
+    statement = sql_submit.reserve_lane(connection.vendor)
+    for (queue, scope_hash, priority), indexes in groups.items():
+        params = _lane_params(scope_hash, queue, priority, len(indexes), now)
+        (row,) = fetch(connection, statement, params)
+        first = row["tail"] - (len(indexes) - 1) * row["step"]
+        for offset, index in enumerate(indexes):
+            places[index] = first + offset * row["step"]
+    return places
 
 
 def _trace_context() -> str | None:
@@ -140,17 +220,56 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
     """Insert a new Queued job in the current transaction; None if the identity exists.
 
     ``ON CONFLICT DO NOTHING`` waits for a concurrent inserter of the same identity
-    and then yields to it, so a race never aborts the surrounding transaction.
+    and then yields to it, so a race never aborts the surrounding transaction. A
+    submission with a unique key may return the job that holds it instead
+    (``created`` False; see :mod:`jobs.store.uniqueness`).
     """
+    if sub.rules.unique_key is not None:
+        return insert_unique(scope_hash, job_id, sub, now, _insert_unique_row)
+    return _insert_row(scope_hash, job_id, sub, now)
+
+
+def _insert_unique_row(
+    scope_hash: str, job_id: str, sub: JobSubmission, now: datetime
+) -> JobSnapshot | None:
+    return _insert_row(scope_hash, job_id, sub, now, unique=True)
+
+
+def _insert_row(
+    scope_hash: str, job_id: str, sub: JobSubmission, now: datetime, *, unique: bool = False
+) -> JobSnapshot | None:
+    """The insert of :func:`_insert`; with ``unique``, with the submission's key,
+    yielding to every unique constraint."""
     connection = connection_for(Job)
     job = _new_snapshot(scope_hash, job_id, sub, now)
-    wake = job.next_run_at <= now and is_postgres(connection)
-    params = numbered([_adapted(connection, _new_row(job, _trace_context()))])
+    postgres = is_postgres(connection)
+    wake = job.next_run_at <= now and postgres
+    laned = _laned(sub, now)
+    row = _new_row(job, _trace_context(), place(job.next_run_at))
+    if unique:
+        rules = sub.rules
+        row.update(
+            unique_key=rules.unique_key,
+            unique_while=rules.unique_mode,
+            debounce_until=None
+            if rules.debounce_max is None
+            else now + timedelta(seconds=rules.debounce_max),
+        )
+    params = numbered([_adapted(connection, row)])
     if wake:
         params["channel"] = jobs_settings().NOTIFY_CHANNEL
-    if not fetch(connection, sql_submit.insert_jobs(1, notify=wake), params, prepare=True):
-        return None
-    return job
+    if laned:
+        params.update(_lane_params(scope_hash, sub.queue, sub.priority, 1, now), job_id=job_id)
+    if postgres or not laned:
+        statement = sql_submit.insert_jobs(1, notify=wake, lane=laned, unique=unique)
+        return job if fetch(connection, statement, params, prepare=True) else None
+    # SQLite: the lane's place, then the insert, under one write lock.
+    with transaction.atomic(using=connection.alias, savepoint=False):
+        taken = fetch(connection, sql_submit.reserve_lane("sqlite", new_job=True), params)
+        if taken:
+            params["fair_at_0"] = taken[0]["tail"]
+        inserted = fetch(connection, sql_submit.insert_jobs(1, unique=unique), params)
+    return job if inserted else None
 
 
 #: A submission's values of a bulk insert's JSON row, in its order
@@ -158,20 +277,32 @@ def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> 
 _submission_values = operator.attrgetter(*sql_submit.JSON_ROW[2:])
 
 
+def _deadline_text(sub: JobSubmission, now: datetime) -> str | None:
+    deadline = sub.rules.deadline(now)
+    return None if deadline is None else deadline.isoformat()
+
+
 def _json_params(
-    items: Sequence[tuple[str, str, JobSubmission]], trace_context: str | None
+    items: Sequence[tuple[str, str, JobSubmission]],
+    trace_context: str | None,
+    places: Sequence[int],
+    now: datetime,
 ) -> dict[str, Any]:
     """The ``rows``, ``scopes`` and ``trace_context`` parameters of
     :data:`sql_submit.INSERT_JOBS_JSON`: one JSON array per item (a payload travels as its
-    JSON text), its scope hash given by its 1-based position in ``scopes``."""
+    JSON text, and its place in line comes last), its scope hash given by its 1-based
+    position in ``scopes``."""
     scopes: dict[str, int] = {}
     rows = [
         [
             scopes.get(scope_hash) or scopes.setdefault(scope_hash, len(scopes) + 1),
             job_id,
             *_submission_values(sub),
+            fair_at,
+            None if sub.rules is NO_RULES else _deadline_text(sub, now),
+            sub.rules.limit_key or "",
         ]
-        for scope_hash, job_id, sub in items
+        for (scope_hash, job_id, sub), fair_at in zip(items, places, strict=True)
     ]
     return {
         "rows": _ROWS_ENCODER.encode(rows),
@@ -210,9 +341,6 @@ def _insert_new(
     in ``items`` that were not inserted, their identities being stored already; None
     if a concurrent insert of one of the identities won the race — the statement then
     rolled back and wrote nothing (the caller falls back on :func:`_insert_many`)."""
-    params = _shared_params(now) | _json_params(items, _trace_context())
-    params["channel"] = jobs_settings().NOTIFY_CHANNEL
-    params["count"] = len(items)
     # Only a test case's transaction can be open here (the caller's refuses): its
     # savepoint stands in for autocommit, so that a lost race leaves it usable.
     scope: AbstractContextManager[Any] = (
@@ -220,6 +348,16 @@ def _insert_new(
     )
     try:
         with scope:
+            params = _shared_params(now) | _json_params(
+                items, _trace_context(), _due_places(items, now), now
+            )
+            params["channel"] = jobs_settings().NOTIFY_CHANNEL
+            params["count"] = len(items)
+            # The statement takes the places of the fair queues' due jobs from their lanes.
+            params["fair_queues"] = sorted(
+                {sub.queue for _s, _j, sub in items if fair_queue(sub.queue)}
+            )
+            params["quantum"], params["now_place"] = float(QUANTUM), place(now)
             rows = fetch(connection, sql_submit.INSERT_NEW_JOBS_JSON, params, prepare=True)
     except IntegrityError:
         return None
@@ -239,14 +377,18 @@ def _insert_many(
         return {}
     inserted_rows: list[dict[str, Any]] = []
     trace_context = _trace_context()
+    places = _places(connection, items, now)
     if is_postgres(connection):
-        params = _shared_params(now) | _json_params(items, trace_context)
+        params = _shared_params(now) | _json_params(items, trace_context, places, now)
         inserted_rows = fetch(connection, sql_submit.INSERT_JOBS_JSON, params, prepare=True)
     else:
         for start in range(0, len(items), CHUNK_ROWS):
             chunk = [
-                _adapted(connection, _new_row(_new_snapshot(*item, now), trace_context))
-                for item in items[start : start + CHUNK_ROWS]
+                _adapted(
+                    connection,
+                    _new_row(_new_snapshot(*item, now), trace_context, places[start + offset]),
+                )
+                for offset, item in enumerate(items[start : start + CHUNK_ROWS])
             ]
             inserted_rows += fetch(connection, sql_submit.insert_jobs(len(chunk)), numbered(chunk))
     keys = {(row["scope_hash"], row["job_id"]) for row in inserted_rows}
@@ -340,6 +482,7 @@ def submit_many(
     connection = transaction.get_connection(alias)
     if in_caller_atomic_block(connection):
         raise AmbientTransactionError()
+    _refuse_unique_keys(items)
     now = current_time(now)
     first: dict[tuple[str, str], int] = {}
     for index, (scope_hash, job_id, _sub) in enumerate(items):
@@ -457,6 +600,7 @@ def stage_many(
     first, so the business work cannot commit without its jobs.
     """
     alias, connection = _callers_transaction()
+    _refuse_unique_keys(items)
     now = current_time(now)
     with _rolled_back_on_error(alias):
         distinct = _distinct(items)
@@ -478,6 +622,16 @@ def stage_many(
                 results[-1].job()  # a conflicting request is raised
             seen.add(key)
     return results
+
+
+def _refuse_unique_keys(items: Sequence[tuple[str, str, JobSubmission]]) -> None:
+    """A bulk submit takes no unique key (each needs its own insert and holder read):
+    ``InvalidSubmission`` before anything is written."""
+    if any(sub.rules.unique_key is not None for _scope, _job_id, sub in items):
+        raise InvalidSubmission(
+            "a bulk submit takes no unique_key (nor debounce): submit such jobs one by one"
+            " with submit_job or stage_job"
+        )
 
 
 def _distinct(

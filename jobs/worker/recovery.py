@@ -37,6 +37,8 @@ class Recovery:
             outcomes.update(execution.recover_expired(now=worker.clock()))
             # The recorded starts that no rate window counts any more.
             execution.prune_claim_starts(now=worker.clock())
+            # The Queued jobs whose start deadline passed (no claim takes them).
+            execution.expire_jobs(now=worker.clock())
             return outcomes
 
         outcomes = worker.guarded("recovering expired attempts", recover)

@@ -58,3 +58,17 @@ def stubborn(ctx: JobContext) -> str:
     if ctx.payload.get("done"):
         Path(ctx.payload["done"]).write_text(str(accepted))
     return "too late"
+
+
+@job_handler("flow.fair", version=1)
+def fair(ctx: JobContext) -> str:
+    """No limit: for the order in which scopes' jobs start (fair share)."""
+    ctx.wait_for_cancel(float(ctx.payload.get("seconds", 0.002)))
+    return "fair"
+
+
+@job_handler("flow.per_key", version=1, max_running_per_key=1)
+def per_key(ctx: JobContext) -> str:
+    """At most one Running per limit key, across scopes and workers."""
+    ctx.wait_for_cancel(float(ctx.payload.get("seconds", 0.02)))
+    return "per key"

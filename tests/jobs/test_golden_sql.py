@@ -97,6 +97,28 @@ def _variants() -> dict[str, Callable[[], str]]:
             f"insert_jobs-rows{rows}{'-notify-postgresql' if notify else ''}",
             lambda r=rows, n=notify: sql_submit.insert_jobs(r, notify=n),
         )
+    add(
+        "insert_jobs-rows1-lane-postgresql",
+        lambda: sql_submit.insert_jobs(1, lane=True),
+    )
+    add(
+        "insert_jobs-rows1-notify-lane-postgresql",
+        lambda: sql_submit.insert_jobs(1, notify=True, lane=True),
+    )
+    for vendor in VENDORS:
+        add(f"reserve_lane-{vendor}", lambda v=vendor: sql_submit.reserve_lane(v))
+        add(
+            f"reserve_lane-{vendor}-new_job",
+            lambda v=vendor: sql_submit.reserve_lane(v, new_job=True),
+        )
+    add("insert_jobs-rows1-unique", lambda: sql_submit.insert_jobs(1, unique=True))
+    add(
+        "insert_jobs-rows1-notify-lane-unique-postgresql",
+        lambda: sql_submit.insert_jobs(1, notify=True, lane=True, unique=True),
+    )
+    add("take_hold", lambda: sql_submit.TAKE_HOLD)
+    for vendor in VENDORS:
+        add(f"debounce_job-{vendor}", lambda v=vendor: sql_submit.debounce_job(v))
     add("insert_jobs_json-postgresql", lambda: sql_submit.INSERT_JOBS_JSON)
     add("insert_new_jobs_json-postgresql", lambda: sql_submit.INSERT_NEW_JOBS_JSON)
 
@@ -109,6 +131,8 @@ def _variants() -> dict[str, Callable[[], str]]:
     add("release_job", lambda: sql_flow.RELEASE_JOB)
     add("release_attempt", lambda: sql_flow.RELEASE_ATTEMPT)
     add("put_back_unknown_handler", lambda: sql_flow.PUT_BACK_UNKNOWN_HANDLER)
+    for vendor in VENDORS:
+        add(f"expire_jobs-{vendor}", lambda v=vendor: sql_flow.expire_jobs(v))
 
     # Recovery under the crash budget, with each of its guards.
     for lease_guard, owner_guard in itertools.product((False, True), repeat=2):
@@ -141,10 +165,11 @@ def _variants() -> dict[str, Callable[[], str]]:
 def _limit_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
     """Claims under limits: each limit alone, all of them, on a handler and a queue."""
     shapes: dict[str, tuple[sql_flow.KeyShape, ...]] = {
-        "max_running": (("h", True, False, False),),
-        "per_scope": (("q", False, True, False),),
-        "rate": (("h", False, False, True),),
-        "all": (("h", True, True, True), ("q", True, True, True)),
+        "max_running": (("h", True, False, False, False),),
+        "per_scope": (("q", False, True, False, False),),
+        "rate": (("h", False, False, True, False),),
+        "per_key": (("h", False, False, False, True),),
+        "all": (("h", True, True, True, True), ("q", True, True, True, True)),
     }
     for name, keys in shapes.items():
         for finishing in (False, True):
@@ -155,7 +180,10 @@ def _limit_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
                 ),
             )
     counted = {name: keys for name, keys in shapes.items() if not any(k[3] for k in keys)}
-    counted["max_running-and-per_scope"] = (("h", True, True, False), ("q", True, False, False))
+    counted["max_running-and-per_scope"] = (
+        ("h", True, True, False, False),
+        ("q", True, False, False, False),
+    )
     for name, keys in counted.items():
         for finishing in (False, True):
             add(
@@ -192,6 +220,8 @@ def _limit_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
             full_queues=1,
             full_handler_scopes=1,
             full_queue_scopes=1,
+            full_handler_keys=1,
+            full_queue_keys=1,
             seen=2,
         ),
     )

@@ -449,3 +449,80 @@ def test_a_snoozed_attempt_shows_in_the_job_page(admin_client: Client) -> None:
     content = page.content.decode()
     assert "Snoozed" in content
     assert "0/3 (+1 snoozed)" in content
+
+
+# --------------------------------------------------------------------------- fair share
+
+
+def test_a_scope_weight_is_set_through_the_store_by_who_may(staff_client: Any) -> None:
+    from jobs.models import ScopeWeight
+
+    setter = reverse("admin:jobs_scopeweight_set")
+    viewer = staff_client("view_scopeweight")
+    assert (
+        "Set a scope"
+        not in viewer.get(reverse("admin:jobs_scopeweight_changelist")).content.decode()
+    )
+    assert viewer.get(setter).status_code == 403
+    assert viewer.post(setter, {"scope": SCOPE, "weight": "3"}).status_code == 403
+    assert not ScopeWeight.objects.exists()
+
+    editor = staff_client("view_scopeweight", "change_scopeweight")
+    assert (
+        "Set a scope" in editor.get(reverse("admin:jobs_scopeweight_changelist")).content.decode()
+    )
+    refused = editor.post(setter, {"scope": SCOPE, "weight": "250"})
+    assert refused.status_code == 200  # the form again, with its error
+    assert "(0, 100]" in refused.content.decode()
+    assert not ScopeWeight.objects.exists()
+
+    assert editor.post(setter, {"scope": SCOPE, "weight": "3"}).status_code == 302
+    row = ScopeWeight.objects.get()
+    assert (row.scope_hash, row.weight) == (JobScope(SCOPE).scope_hash, 3.0)
+    assert editor.post(setter, {"scope": SCOPE, "weight": "0.5"}).status_code == 302
+    assert ScopeWeight.objects.get().weight == 0.5
+    # The row's own page is read-only, as every admin page of the apps.
+    change = reverse("admin:jobs_scopeweight_change", args=[row.pk])
+    assert editor.post(change, {"weight": "9"}).status_code == 403
+    assert ScopeWeight.objects.get().weight == 0.5
+
+
+def test_scope_shares_list_each_scope_line_with_its_work(admin_client: Client) -> None:
+    execution.set_scope_weight(SCOPE, 2)
+    submit("share-1")
+    running("share-2")
+    submit("other-1", scope=OTHER_SCOPE)
+    content = admin_client.get(reverse("admin:jobs_lane_changelist")).content.decode()
+    assert JobScope(SCOPE).scope_hash in content
+    assert JobScope(OTHER_SCOPE).scope_hash in content
+    assert "2.0" in content
+
+
+def test_a_queued_job_page_says_why_it_waits(admin_client: Client) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    soon = timezone.now() + timedelta(hours=1)
+    waiting = {
+        "due": JobSubmission.create("reports.generate", {}),
+        "later": JobSubmission.create("reports.generate", {}, not_before=soon),
+        "debounced": JobSubmission.create(
+            "reports.generate", {}, unique_key="d", debounce=60, debounce_max=600
+        ),
+        "late": JobSubmission.create("reports.generate", {}, start_by=timezone.now()),
+    }
+    for job_id, submission in waiting.items():
+        submit_job(SCOPE, job_id, submission)
+    execution.pause_queue("held")
+    submit_job(SCOPE, "held", JobSubmission.create("reports.generate", {}, queue="held"))
+
+    def reason(job_id: str) -> str:
+        page = admin_client.get(reverse("admin:jobs_job_change", args=[job(job_id).pk]))
+        return page.content.decode()
+
+    assert "waiting for its place in line" in reason("due")
+    assert "not due until" in reason("later")
+    assert "debounced: due at" in reason("debounced")
+    assert "start deadline" in reason("late")
+    assert "is paused" in reason("held")

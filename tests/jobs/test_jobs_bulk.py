@@ -304,8 +304,11 @@ class TestBulkSubmit:
         sub = JobSubmissionFactory()
         with CaptureQueriesContext(connection) as queries:
             submit_jobs([(SCOPE, f"job-{n}", sub) for n in range(50)])
-        inserts = [q for q in queries.captured_queries if "INSERT" in q["sql"].upper()]
+        inserts = [q for q in queries.captured_queries if "INTO JOBS_JOB " in q["sql"].upper()]
         assert len(inserts) == 1
+        # In a fair queue the scope's 50 places are taken at once, from its lane.
+        lanes = [q for q in queries.captured_queries if "INTO JOBS_LANE " in q["sql"].upper()]
+        assert len(lanes) == 1
 
 
 @pytest.mark.django_db

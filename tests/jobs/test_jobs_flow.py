@@ -370,7 +370,7 @@ def test_without_limits_the_claim_is_one_statement(handler, django_assert_num_qu
     if postgres:
         with django_assert_num_queries(1):
             assert len(execution.claim_due("w", limit=1)) == 1
-        keys = (("h", True, False, False),)
+        keys = (("h", True, False, False, False),)
         counted = sql_flow.counted_claim(queues=0, one_job=False, finishing=False, keys=keys)
         assert statements == [counted]
     else:

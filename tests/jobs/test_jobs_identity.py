@@ -437,7 +437,7 @@ class TestSubmission:
         assert snap.next_run_at == nb
         assert snap.next_run_at.utcoffset() == timedelta(0)
 
-    def test_next_run_at_sorts_by_the_microsecond(self, make_job) -> None:
+    def test_next_run_at_sorts_by_the_microsecond(self, make_job, submission_order) -> None:
         # Whole seconds are the edge case: on SQLite they are stored without a
         # fractional part and must still sort between their neighbours.
         times = [

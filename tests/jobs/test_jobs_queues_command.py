@@ -9,7 +9,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from jobs import JobSubmission, execution, submit_job
+from jobs import JobScope, JobSubmission, execution, submit_job
 from jobs.models import Queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,21 +24,41 @@ def run(*args: str) -> list[str]:
 
 
 def test_list_shows_depth_running_paused_and_limits(settings):
-    settings.JOBS = {"QUEUES": {"emails": {"max_running": 4, "rate": (10, 1)}, "quiet": {}}}
+    settings.JOBS = {
+        "QUEUES": {"emails": {"max_running": 4, "rate": (10, 1)}, "quiet": {"fair": False}}
+    }
     for n in range(3):
         submit_job(SCOPE, f"m{n}", JobSubmission.create("test.record", {}, queue="emails"))
     submit_job(SCOPE, "d", JobSubmission.create("test.record", {}))
     assert len(execution.claim_due("w", limit=1, queues=["emails"])) == 1
     assert execution.pause_queue("reports")
     lines = run("list")
-    assert lines[0].split() == ["queue", "queued", "running", "paused", "limits"]
-    rows = {line.split()[0]: line.split(None, 4)[1:] for line in lines[1:]}
+    assert lines[0].split() == ["queue", "queued", "running", "paused", "order", "limits"]
+    rows = {line.split()[0]: line.split(None, 5)[1:] for line in lines[1:]}
     assert rows == {
-        "default": ["1", "0", "no", "none"],
-        "emails": ["2", "1", "no", "max_running=4, rate=10/1s"],
-        "quiet": ["0", "0", "no", "none"],
-        "reports": ["0", "0", "yes", "none"],
+        "default": ["1", "0", "no", "fair", "none"],
+        "emails": ["2", "1", "no", "fair", "max_running=4, rate=10/1s"],
+        "quiet": ["0", "0", "no", "submission", "none"],
+        "reports": ["0", "0", "yes", "fair", "none"],
     }
+
+
+def test_scopes_show_each_scope_weight_and_jobs(settings):
+    execution.set_scope_weight("tenant-heavy", 2.5)
+    for n in range(3):
+        submit_job("tenant-heavy", f"h{n}", JobSubmission.create("test.record", {}))
+    submit_job(SCOPE, "m", JobSubmission.create("test.record", {}, queue="emails"))
+    assert len(execution.claim_due("w", limit=1, queues=["default"])) == 1
+    lines = run("scopes")
+    assert lines[0].split() == ["queue", "scope", "weight", "queued", "running"]
+    rows = [line.split() for line in lines[1:]]
+    assert rows == [
+        ["default", JobScope("tenant-heavy").scope_hash, "2.5", "2", "1"],
+        ["emails", JobScope(SCOPE).scope_hash, "1", "1", "0"],
+    ]
+    assert [
+        row[0] for row in (line.split() for line in run("scopes", "--queue", "emails")[1:])
+    ] == ["emails"]
 
 
 def test_list_with_no_queue_says_so():

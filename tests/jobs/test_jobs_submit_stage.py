@@ -306,7 +306,7 @@ class TestStageMany:
         with transaction.atomic(), CaptureQueriesContext(connection) as queries:
             results = submission.stage_many(self.items("a", "b", "c"))
         assert [r.created for r in results] == [True, True, True]
-        inserts = [q for q in queries if q["sql"].upper().startswith("INSERT")]
+        inserts = [q for q in queries if q["sql"].upper().startswith("INSERT INTO JOBS_JOB ")]
         assert len(inserts) == 1
         assert sorted(Job.objects.values_list("job_id", flat=True)) == ["a", "b", "c"]
 

@@ -3,7 +3,10 @@ workers, with current and stale tokens and leases that expire and are recovered,
 checked against a plain-Python model of the lifecycle after every step (Hypothesis
 stateful testing), on SQLite and PostgreSQL.
 
-The transitions driven: submit (new and duplicate), cancel, retry (with and without
+The transitions driven: submit (new and duplicate, with or without a start deadline),
+a debounced submit (a new job, or the Queued job that holds the key replaced, or the
+identity rule), a submit with a limit key (its handler runs one job per key at once:
+the claims hold the key's other jobs), the expiry sweep, cancel, retry (with and without
 extra attempts granted), try_start, claim_due, report_progress, complete, fail (with
 and without a retry), interrupt, recover, snooze (up to its ``max_snoozes`` bound),
 release (a worker's graceful shutdown), the put-back of a claim whose handler the
@@ -13,7 +16,7 @@ token it picked before a heartbeat or another worker's claim) under the crash bu
 (``JOBS["MAX_INTERRUPTIONS"]`` drawn from 1 to 3 per sequence, so that sequences reach
 it). After every step each job's status, attempt, snooze, release and interruption
 counts, whether it keeps killing its worker, ``max_attempts``, cancel flag, token,
-lease, ``next_run_at``, unknown-handler window and its attempt rows (number, token,
+lease, ``next_run_at``, start deadline, unknown-handler window and its attempt rows (number, token,
 status) are compared with the model.
 
 The suite runs a short profile: 60 sequences on SQLite and 30 on PostgreSQL, a
@@ -24,6 +27,7 @@ end of an unknown handler's window.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -48,12 +52,14 @@ from hypothesis.stateful import (
 from jobs import JobSubmission, execution, store
 from jobs.api import JobScope, submit_job
 from jobs.conf import jobs_settings
-from jobs.exceptions import InvalidTransition
-from jobs.models import Job, JobAttempt
+from jobs.exceptions import InvalidTransition, JobIdentityConflict
+from jobs.models import Job, JobAttempt, LimitCounter
 from jobs.types import CancelOutcome, FinishOutcome
 from jobs.validation import scope_hash
 
 SCOPE = "model"
+#: The handler of the keyed jobs: one Running job per limit key.
+KEYED = "model.keyed"
 JOB_IDS = ["a", "b", "c"]
 WORKERS = ["w1", "w2"]
 #: The short profile's sequences per database vendor, unless the environment says.
@@ -103,6 +109,12 @@ class ModelJob:
     lease_until: datetime | None = None
     #: The first put-back of the unknown-handler window under way.
     unknown_since: datetime | None = None
+    #: Its start deadline: not started by then, it never starts and expires.
+    start_by: datetime | None = None
+    #: A debounced job's key and its latest payload (None: not debounced).
+    debounced: dict[str, int] | None = None
+    #: The limit key its handler (``KEYED``: one Running per key) counts it under.
+    limit_key: str = ""
     rows: list[ModelAttempt] = field(default_factory=list)
 
     def due(self, now: datetime) -> bool:
@@ -111,6 +123,7 @@ class ModelJob:
             and not self.cancel
             and (self.run_at is None or self.run_at <= now)
             and self.attempts < self.max_attempts
+            and (self.start_by is None or self.start_by > now)
         )
 
     def lease_expired(self, now: datetime) -> bool:
@@ -170,6 +183,8 @@ class JobsStoreModel(RuleBasedStateMachine):
         self.max_interruptions = max_interruptions
         JobAttempt.objects.all().delete()
         Job.objects.all().delete()
+        # The counts of the keyed jobs an earlier sequence left Running go with them.
+        LimitCounter.objects.all().delete()
         # Two jobs from the start, so that the steps reach the executor's transitions
         # early; the third is left for the submit rule to create.
         for job_id, attempts in zip(JOB_IDS, max_attempts, strict=False):
@@ -187,17 +202,81 @@ class JobsStoreModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ caller
 
-    @rule(job_id=st.sampled_from(JOB_IDS), max_attempts=st.integers(1, 3))
-    def submit(self, job_id: str, max_attempts: int) -> None:
+    @rule(
+        job_id=st.sampled_from(JOB_IDS),
+        max_attempts=st.integers(1, 3),
+        deadline=st.sampled_from([None, None, 1, 30, 600]),
+    )
+    def submit(self, job_id: str, max_attempts: int, deadline: int | None = None) -> None:
         existing = self.jobs.get(job_id)
-        # A repeat is the original request, whatever attempts retries granted since.
+        # A repeat is the original request, whatever attempts retries granted since;
+        # its deadline is not part of it: the job keeps the one it was created with.
         attempts = existing.submitted_attempts if existing else max_attempts
+        start_by = None if deadline is None else self.now + timedelta(seconds=deadline)
         snapshot = submit_job(
-            SCOPE, job_id, JobSubmission.create("test.record", {}, max_attempts=attempts)
+            SCOPE,
+            job_id,
+            JobSubmission.create("test.record", {}, max_attempts=attempts, start_by=start_by),
         )
         assert snapshot.created == (existing is None)
         if existing is None:
-            self.jobs[job_id] = ModelJob(max_attempts, submitted_attempts=max_attempts)
+            self.jobs[job_id] = ModelJob(
+                max_attempts, submitted_attempts=max_attempts, start_by=start_by
+            )
+
+    @rule(job_id=st.sampled_from(["d1", "d2"]), value=st.integers(1, 2))
+    def debounced_submit(self, job_id: str, value: int) -> None:
+        payload = {"v": value}
+        holder = next(
+            (
+                (held_id, job)
+                for held_id, job in sorted(self.jobs.items())
+                if job.debounced is not None and job.status == "queued"
+            ),
+            None,
+        )
+        existing = self.jobs.get(job_id)
+        sub = JobSubmission.create("test.record", payload, unique_key="deb", debounce=30)
+        try:
+            snapshot = store.submit(scope_hash(SCOPE), job_id, sub, now=self.now)
+        except JobIdentityConflict:
+            assert holder is None
+            assert existing is not None
+            assert existing.debounced != payload
+            return
+        if holder is not None:
+            held_id, job = holder
+            assert (snapshot.job_id, snapshot.created) == (held_id, False)
+            job.run_at, job.debounced = self.now + timedelta(seconds=30), payload
+        elif existing is not None:
+            assert (snapshot.job_id, snapshot.created) == (job_id, False)
+            assert existing.debounced == payload
+        else:
+            assert snapshot.created
+            self.jobs[job_id] = ModelJob(
+                1, submitted_attempts=1, run_at=self.now + timedelta(seconds=30), debounced=payload
+            )
+
+    @rule(job_id=st.sampled_from(["k1", "k2", "k3"]), key=st.sampled_from(["x", "y"]))
+    def keyed_submit(self, job_id: str, key: str) -> None:
+        existing = self.jobs.get(job_id)
+        key = existing.limit_key if existing is not None else key
+        sub = JobSubmission.create(KEYED, {}, limit_key=key)
+        snapshot = submit_job(SCOPE, job_id, sub)
+        assert snapshot.created == (existing is None)
+        if existing is None:
+            self.jobs[job_id] = ModelJob(1, submitted_attempts=1, limit_key=key)
+
+    @rule()
+    def expire_jobs(self) -> None:
+        late = [
+            job
+            for job in self.jobs.values()
+            if job.status == "queued" and job.start_by is not None and job.start_by <= self.now
+        ]
+        assert execution.expire_jobs(now=self.now) == len(late)
+        for job in late:
+            job.status = "expired"
 
     @rule(job_id=st.sampled_from(JOB_IDS), pick=PICK)
     def cancel(self, job_id: str, pick: int) -> None:
@@ -244,7 +323,7 @@ class JobsStoreModel(RuleBasedStateMachine):
         claim = execution.try_start(
             scope_hash(SCOPE), job_id, worker, lease_seconds=LEASE, now=self.now
         )
-        if not job.due(self.now):
+        if not job.due(self.now) or job_id not in self._claimable()[0]:
             assert claim is None
             return multiple()
         assert claim is not None
@@ -256,9 +335,14 @@ class JobsStoreModel(RuleBasedStateMachine):
     def claim_due(self, worker: str, limit: int) -> MultipleResults[str]:
         due = {job_id for job_id, job in self.jobs.items() if job.due(self.now)}
         claims = execution.claim_due(worker, limit=limit, lease_seconds=LEASE, now=self.now)
-        assert len(claims) == min(limit, len(due))
+        # A limit key holds its jobs once one of them runs: one claim takes one per key.
+        keyed = {self.jobs[c.job_id].limit_key for c in claims if self.jobs[c.job_id].limit_key}
+        assert len(keyed) == len([c for c in claims if self.jobs[c.job_id].limit_key])
+        claimable, takes = self._claimable()
+        assert len(claims) == min(limit, takes)
         for claim in claims:
             assert claim.job_id in due
+            assert claim.job_id in claimable
             job = self.jobs[claim.job_id]
             job.start(claim.token, worker, self.now)
             assert claim.attempt == job.attempts
@@ -481,6 +565,9 @@ class JobsStoreModel(RuleBasedStateMachine):
                 where
             )
             assert row.handler_unknown_since == model.unknown_since, where
+            assert row.start_by == model.start_by, where
+            if model.debounced is not None:
+                assert json.loads(row.payload_json) == model.debounced, where
             if model.status == "running":
                 assert row.progress == model.progress, where
             if model.status == "queued" and model.run_at is not None:
@@ -495,6 +582,23 @@ class JobsStoreModel(RuleBasedStateMachine):
             assert len(attempts) == executions + row.interruption_count, where
 
     # ------------------------------------------------------------------ helpers
+
+    def _claimable(self) -> tuple[set[str], int]:
+        """The due jobs a claim may take — those without a limit key, and the jobs of
+        each key with no Running job —, and how many one claim takes at most: one per
+        such key."""
+        busy = {job.limit_key for job in self.jobs.values() if job.status == "running"}
+        free: set[str] = set()
+        by_key: dict[str, set[str]] = {}
+        for job_id, job in self.jobs.items():
+            if not job.due(self.now):
+                continue
+            if not job.limit_key:
+                free.add(job_id)
+            elif job.limit_key not in busy:
+                by_key.setdefault(job.limit_key, set()).add(job_id)
+        keyed = {job_id for jobs in by_key.values() for job_id in jobs}
+        return free | keyed, len(free) + len(by_key)
 
     def _pick(self, token: str, pick: int) -> str:
         """The token a rule uses: the one drawn from the bundle (``pick`` 0: most of
@@ -562,6 +666,11 @@ class JobsStoreModel(RuleBasedStateMachine):
             job.requeue(requeue_at)
             return
         assert outcome.value == status
+
+
+@pytest.fixture(autouse=True)
+def keyed_handler(handler):
+    handler(KEYED, max_running_per_key=1)(lambda ctx: None)
 
 
 def test_the_jobs_store_follows_its_model() -> None:

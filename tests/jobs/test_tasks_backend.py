@@ -139,6 +139,18 @@ class TestConfiguration:
         with pytest.raises(InvalidTask, match=message):
             JobsTask(func=probes.record.func, **{**fields, **changes})
 
+    def test_bad_flow_rules_are_invalid_tasks(self) -> None:
+        fields = {"priority": 0, "backend": "default", "queue_name": "default", "run_after": None}
+        for rules, message in (
+            ({"debounce": 5}, "unique_key"),
+            ({"start_within": 0}, "start_within"),
+            ({"unique_key": "k", "unique_while": "always"}, "unique_while"),
+        ):
+            with pytest.raises(InvalidTask, match=message):
+                JobsTask(func=probes.record.func, **fields, **rules)
+        with pytest.raises(TypeError, match="cost"):
+            email_users.using(cost=2)
+
     def test_queues_setting_is_honoured(self) -> None:
         only_default = {**TASKS_SETTING, "QUEUES": ["default"]}
         with (
@@ -694,3 +706,36 @@ class TestRunInProcess:
         assert snap.status == JobStatus.FAILED
         assert snap.error.startswith("jobs.backends.exceptions.TaskNotRegistered\n")
         assert "'gone.module.fn' is not registered" in snap.error
+
+
+@pytest.mark.django_db(transaction=True)
+class TestFlowRules:
+    """What maps onto a task passes through to its job: a start deadline, a unique
+    key (with its mode or time), a debounce."""
+
+    def test_a_unique_task_enqueued_twice_is_one_result(self) -> None:
+        unique = email_users.using(unique_key="mail:42")
+        first = unique.enqueue(["a@example.com"], "hello")
+        again = unique.enqueue(["b@example.com"], "hello")
+        assert again.id == first.id
+        assert job(first.id).unique_key == "mail:42"
+
+    def test_a_task_limit_key_reaches_its_job(self) -> None:
+        result = email_users.using(limit_key="smtp-eu").enqueue(["a@example.com"], "hi")
+        assert job(result.id).limit_key == "smtp-eu"
+
+    def test_a_debounced_task_takes_the_latest_arguments(self) -> None:
+        debounced = email_users.using(unique_key="digest", debounce=60)
+        first = debounced.enqueue(["a@example.com"], "v1")
+        latest = debounced.enqueue(["a@example.com"], "v2")
+        assert latest.id == first.id
+        assert job(first.id).payload["args"] == [["a@example.com"], "v2"]
+
+    def test_a_task_not_started_in_time_fails_as_expired(self) -> None:
+        result = email_users.using(start_within=30).enqueue(["a@example.com"], "late")
+        snap = job(result.id)
+        assert snap.start_by is not None
+        execution.expire_jobs(now=snap.start_by)
+        expired = default_task_backend.get_result(result.id)
+        assert expired.status == TaskResultStatus.FAILED
+        assert expired.errors[-1].exception_class_path.endswith("JobExpired")

@@ -56,6 +56,17 @@ def sub(handler: str, **options) -> JobSubmission:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_expired_jobs_are_counted_under_their_own_outcome():
+    labels = {"queue": QUEUE, "handler": "metrics.ok", "outcome": "expired"}
+    before = value("ledon_jobs_finished_total", labels)
+    soon = timezone.now() + timedelta(seconds=5)
+    for n in range(2):
+        submit_job("m", f"late-{n}", sub("metrics.ok", start_by=soon))
+    assert execution.expire_jobs(now=soon) == 2
+    assert value("ledon_jobs_finished_total", labels) - before == 2
+
+
+@pytest.mark.django_db(transaction=True)
 def test_counters_and_histograms_after_a_known_workload():
     enqueued = ("ledon_jobs_enqueued_total", {"queue": QUEUE, "handler": "metrics.ok"})
     before = {

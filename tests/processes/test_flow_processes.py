@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from jobs import JobStatus, JobSubmission, execution, submit_job
+from jobs import JobScope, JobStatus, JobSubmission, execution, submit_job, submit_jobs
 from jobs.models import Job, JobAttempt
 from jobs.types import AttemptStatus
 from tests.support.procs import WorkerProcess, wait_until
@@ -218,6 +218,73 @@ def test_max_running_per_scope_keeps_one_per_scope_and_no_scope_starves(workers,
     _stop(*procs)
     assert sampler.most_per_scope == 1
     assert sampler.most_scopes >= 2  # scopes ran side by side
+
+
+def test_three_worker_processes_never_run_two_jobs_of_one_limit_key(workers, tmp_path):
+    """max_running_per_key=1, three keys spread over two scopes, three processes of 8
+    threads whose first claims meet: the sampler never sees two Running jobs of one
+    key, and sees keys run side by side."""
+    for n in range(30):
+        sub = JobSubmission.create("flow.per_key", {"seconds": 0.02}, limit_key=f"acct-{n % 3}")
+        submit_job(f"tenant-{n % 2}", f"k{n}", sub)
+    procs = _three_meeting_at("jobs.claim.limited", workers, tmp_path)
+    most_per_key = most_keys = 0
+
+    def done() -> bool:
+        nonlocal most_per_key, most_keys
+        keys = Counter(
+            Job.objects.filter(handler="flow.per_key", status=JobStatus.RUNNING).values_list(
+                "limit_key", flat=True
+            )
+        )
+        most_per_key = max(most_per_key, max(keys.values(), default=0))
+        most_keys = max(most_keys, len(keys))
+        return succeeded("flow.per_key") == 30
+
+    wait_until(done, 120, "30 keyed jobs", procs[0])
+    _stop(*procs)
+    assert most_per_key == 1
+    assert most_keys >= 2
+
+
+def test_two_workers_start_a_small_scope_next_to_a_big_backlog(workers):
+    """Fair share with two real worker processes: one scope's 300 jobs, then a
+    second scope's 5, submitted after them. Sorted by start, the small scope's last
+    job is among the first 30 starts — in submission order it would be the 305th."""
+    submit_jobs(
+        [("tenant-big", f"b{n}", JobSubmission.create("flow.fair", {})) for n in range(300)]
+    )
+    for n in range(5):
+        submit_job("tenant-small", f"s{n}", JobSubmission.create("flow.fair", {}))
+    procs = [workers("--concurrency", "2") for _ in range(2)]
+    wait_until(lambda: succeeded("flow.fair") == 305, 120, "305 jobs", procs[0])
+    _stop(*procs)
+    order = list(
+        JobAttempt.objects.filter(job__handler="flow.fair")
+        .order_by("started_at", "id")
+        .values_list("job__scope_hash", flat=True)
+    )
+    small = JobScope("tenant-small").scope_hash
+    assert len(order) == 305
+    assert max(n for n, scope in enumerate(order) if scope == small) < 30, order[:40]
+
+
+def test_a_worker_expires_a_job_not_started_by_its_deadline(workers):
+    """A job due only after its start deadline: the worker never starts it, and its
+    periodic sweep ends it Expired, with no attempt; a job beside it runs."""
+    from django.utils import timezone
+
+    late = JobSubmission.create(
+        "flow.fair", {}, not_before=timezone.now() + timedelta(seconds=1), start_within=0.3
+    )
+    submit_job(SCOPE, "too-late", late)
+    submit_job(SCOPE, "in-time", JobSubmission.create("flow.fair", {}, start_within=60))
+    proc = workers("--concurrency", "2", env={"JOBS_RECOVERY_INTERVAL": "0.1"})
+    expired = Job.objects.filter(job_id="too-late", status=JobStatus.EXPIRED)
+    wait_until(expired.exists, 30, "the late job to expire", proc)
+    wait_until(lambda: succeeded("flow.fair") == 1, 30, "the job in time", proc)
+    _stop(proc)
+    assert not JobAttempt.objects.filter(job__job_id="too-late").exists()
 
 
 def test_a_rate_holds_in_every_window_of_attempt_start_times(workers, tmp_path):

@@ -9,6 +9,7 @@ import factory
 from django.db import connection
 from django.utils import timezone
 
+from jobs.fair_share import place
 from jobs.models import Job
 from jobs.types import JobSubmission
 
@@ -59,10 +60,13 @@ def write_job_rows(count: int, prefix: str, **fields: Any) -> datetime:
     def value(field: Any, n: int) -> Any:
         return field(n) if callable(field) else field
 
-    Job.objects.bulk_create(
-        Job(job_id=f"{prefix}-{n}", **{**defaults, **{k: value(v, n) for k, v in fields.items()}})
-        for n in range(count)
-    )
+    def row(n: int) -> Job:
+        values = {**defaults, **{k: value(v, n) for k, v in fields.items()}}
+        # Each row's place in line is its due time, as a queue in submission order has it.
+        values.setdefault("fair_at", place(values["next_run_at"]))
+        return Job(job_id=f"{prefix}-{n}", **values)
+
+    Job.objects.bulk_create(row(n) for n in range(count))
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {Job._meta.db_table}")
     return now

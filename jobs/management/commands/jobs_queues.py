@@ -1,5 +1,6 @@
-"""``manage.py jobs_queues list|pause|resume NAME``: queues' depth, Running jobs, pause
-and limits; pause and resume a queue for every worker."""
+"""``manage.py jobs_queues list|scopes|pause|resume NAME``: queues' depth, Running jobs,
+pause, order and limits; each scope's weight and jobs per queue; pause and resume a
+queue for every worker."""
 
 from __future__ import annotations
 
@@ -8,23 +9,30 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs import execution
-from jobs.conf import jobs_settings, queue_limits
+from jobs.conf import fair_queue, jobs_settings, queue_limits
 from jobs.exceptions import JobsError
 from jobs.management.tables import write_table
 
-COLUMNS = ("queue", "queued", "running", "paused", "limits")
+COLUMNS = ("queue", "queued", "running", "paused", "order", "limits")
+SCOPE_COLUMNS = ("queue", "scope", "weight", "queued", "running")
 
 
 class Command(BaseCommand):
     help = (
         "Queues: 'list' shows each queue's depth (Queued jobs), Running jobs, whether it "
-        "is paused and its limits (JOBS['QUEUES']); 'pause NAME' stops every worker "
-        "from claiming its jobs, 'resume NAME' lets them go on."
+        "is paused, its order (fair share or submission order) and its limits "
+        "(JOBS['QUEUES']); 'scopes [--queue NAME]' shows each scope's weight and jobs "
+        "per queue; 'pause NAME' stops every worker from claiming its jobs, "
+        "'resume NAME' lets them go on."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        actions = parser.add_subparsers(dest="action", required=True, metavar="list|pause|resume")
+        actions = parser.add_subparsers(
+            dest="action", required=True, metavar="list|scopes|pause|resume"
+        )
         actions.add_parser("list", help="every known queue")
+        scopes = actions.add_parser("scopes", help="each scope with work, per queue")
+        scopes.add_argument("--queue", help="only this queue")
         for name, text in (("pause", "pause a queue"), ("resume", "resume a paused queue")):
             action = actions.add_parser(name, help=text)
             action.add_argument("name", help="the queue's name")
@@ -33,6 +41,8 @@ class Command(BaseCommand):
         try:
             if options["action"] == "list":
                 self._list()
+            elif options["action"] == "scopes":
+                self._scopes(options["queue"])
             elif options["action"] == "pause":
                 changed = execution.pause_queue(options["name"])
                 self.stdout.write(
@@ -60,6 +70,7 @@ class Command(BaseCommand):
                 state.queued,
                 state.running,
                 "yes" if state.paused else "no",
+                "fair" if fair_queue(state.name) else "submission",
                 limits[state.name].describe() if state.name in limits else "none",
             )
             for state in execution.queue_states(configured)
@@ -67,3 +78,10 @@ class Command(BaseCommand):
         write_table(
             self.stdout, COLUMNS, rows, empty="No queue has jobs, a stored state or limits."
         )
+
+    def _scopes(self, queue: str | None) -> None:
+        rows = [
+            (share.queue, share.scope_hash, f"{share.weight:g}", share.queued, share.running)
+            for share in execution.scope_shares(queue)
+        ]
+        write_table(self.stdout, SCOPE_COLUMNS, rows, empty="No scope has Queued or Running jobs.")

@@ -1,17 +1,20 @@
 SELECT id,
        handler,
        queue,
-       scope_hash
+       scope_hash,
+       limit_key
 FROM jobs_job
 WHERE status = 'queued'
   AND NOT cancel_requested
   AND next_run_at <= %(now)s
   AND attempt_count < max_attempts
+  AND (start_by IS NULL
+       OR start_by > %(now)s)
   AND queue NOT IN
     (SELECT name
      FROM jobs_queue
      WHERE paused)
 ORDER BY priority DESC,
-         next_run_at,
+         fair_at,
          id
 LIMIT %(limit)s

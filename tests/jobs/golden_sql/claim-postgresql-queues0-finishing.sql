@@ -91,11 +91,13 @@ WITH done AS
                        AND NOT cancel_requested
                        AND next_run_at <= %(now)s
                        AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
                        AND queue NOT IN
                          (SELECT name
                           FROM jobs_queue
                           WHERE paused)
-                     ORDER BY priority DESC, next_run_at, id
+                     ORDER BY priority DESC, fair_at, id
                      LIMIT %(limit)s
                      FOR UPDATE SKIP LOCKED)) RETURNING id,
                                                         scope_hash,
@@ -111,6 +113,7 @@ WITH done AS
                                                         attempt_count + snooze_count + release_count + interruption_count AS number,
                                                         priority,
                                                         next_run_at,
+                                                        fair_at,
                                                         leased_by,
                                                         started_at),
      attempts AS
@@ -137,6 +140,7 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at,
                               NULL AS status,
@@ -160,6 +164,7 @@ SELECT 'finished',
        NULL,
        NULL,
        NULL,
+       NULL,
        status,
        token IN
   (SELECT token
@@ -171,6 +176,7 @@ SELECT 'orphan',
        NULL,
        NULL,
        token,
+       NULL,
        NULL,
        NULL,
        NULL,

@@ -91,13 +91,15 @@ WITH done AS
                        AND NOT cancel_requested
                        AND next_run_at <= %(now)s
                        AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
                        AND queue NOT IN
                          (SELECT name
                           FROM jobs_queue
                           WHERE paused)
                        AND scope_hash = %(scope_hash)s
                        AND job_id = %(job_id)s
-                     ORDER BY priority DESC, next_run_at, id
+                     ORDER BY priority DESC, fair_at, id
                      LIMIT %(limit)s
                      FOR UPDATE SKIP LOCKED)) RETURNING id,
                                                         scope_hash,
@@ -113,6 +115,7 @@ WITH done AS
                                                         attempt_count + snooze_count + release_count + interruption_count AS number,
                                                         priority,
                                                         next_run_at,
+                                                        fair_at,
                                                         leased_by,
                                                         started_at),
      attempts AS
@@ -139,6 +142,7 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at,
                               NULL AS status,
@@ -162,6 +166,7 @@ SELECT 'finished',
        NULL,
        NULL,
        NULL,
+       NULL,
        status,
        token IN
   (SELECT token
@@ -173,6 +178,7 @@ SELECT 'orphan',
        NULL,
        NULL,
        token,
+       NULL,
        NULL,
        NULL,
        NULL,

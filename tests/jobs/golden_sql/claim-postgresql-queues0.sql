@@ -20,11 +20,13 @@ WITH claimed AS
                        AND NOT cancel_requested
                        AND next_run_at <= %(now)s
                        AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
                        AND queue NOT IN
                          (SELECT name
                           FROM jobs_queue
                           WHERE paused)
-                     ORDER BY priority DESC, next_run_at, id
+                     ORDER BY priority DESC, fair_at, id
                      LIMIT %(limit)s
                      FOR UPDATE SKIP LOCKED)) RETURNING id,
                                                         scope_hash,
@@ -40,6 +42,7 @@ WITH claimed AS
                                                         attempt_count + snooze_count + release_count + interruption_count AS number,
                                                         priority,
                                                         next_run_at,
+                                                        fair_at,
                                                         leased_by,
                                                         started_at),
      attempts AS
@@ -65,6 +68,7 @@ SELECT id,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at
 FROM claimed

@@ -91,12 +91,14 @@ WITH done AS
                        AND NOT cancel_requested
                        AND next_run_at <= %(now)s
                        AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
                        AND queue NOT IN
                          (SELECT name
                           FROM jobs_queue
                           WHERE paused)
                        AND queue IN (%(queue_0)s, %(queue_1)s)
-                     ORDER BY priority DESC, next_run_at, id
+                     ORDER BY priority DESC, fair_at, id
                      LIMIT %(limit)s
                      FOR UPDATE SKIP LOCKED)) RETURNING id,
                                                         scope_hash,
@@ -112,6 +114,7 @@ WITH done AS
                                                         attempt_count + snooze_count + release_count + interruption_count AS number,
                                                         priority,
                                                         next_run_at,
+                                                        fair_at,
                                                         leased_by,
                                                         started_at),
      attempts AS
@@ -138,6 +141,7 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at,
                               NULL AS status,
@@ -161,6 +165,7 @@ SELECT 'finished',
        NULL,
        NULL,
        NULL,
+       NULL,
        status,
        token IN
   (SELECT token
@@ -172,6 +177,7 @@ SELECT 'orphan',
        NULL,
        NULL,
        token,
+       NULL,
        NULL,
        NULL,
        NULL,

@@ -91,6 +91,8 @@ WITH done AS
                        AND NOT cancel_requested
                        AND next_run_at <= %(now)s
                        AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
                        AND queue NOT IN
                          (SELECT name
                           FROM jobs_queue
@@ -98,7 +100,7 @@ WITH done AS
                        AND queue IN (%(queue_0)s, %(queue_1)s)
                        AND scope_hash = %(scope_hash)s
                        AND job_id = %(job_id)s
-                     ORDER BY priority DESC, next_run_at, id
+                     ORDER BY priority DESC, fair_at, id
                      LIMIT %(limit)s
                      FOR UPDATE SKIP LOCKED)) RETURNING id,
                                                         scope_hash,
@@ -114,6 +116,7 @@ WITH done AS
                                                         attempt_count + snooze_count + release_count + interruption_count AS number,
                                                         priority,
                                                         next_run_at,
+                                                        fair_at,
                                                         leased_by,
                                                         started_at),
      attempts AS
@@ -140,6 +143,7 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at,
                               NULL AS status,
@@ -163,6 +167,7 @@ SELECT 'finished',
        NULL,
        NULL,
        NULL,
+       NULL,
        status,
        token IN
   (SELECT token
@@ -174,6 +179,7 @@ SELECT 'orphan',
        NULL,
        NULL,
        token,
+       NULL,
        NULL,
        NULL,
        NULL,

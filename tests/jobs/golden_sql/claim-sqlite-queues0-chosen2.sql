@@ -17,6 +17,8 @@ WHERE id IN (%(id_0)s,
   AND NOT cancel_requested
   AND next_run_at <= %(now)s
   AND attempt_count < max_attempts
+  AND (start_by IS NULL
+       OR start_by > %(now)s)
   AND queue NOT IN
     (SELECT name
      FROM jobs_queue
@@ -34,5 +36,6 @@ WHERE id IN (%(id_0)s,
                              attempt_count + snooze_count + release_count + interruption_count AS number,
                              priority,
                              next_run_at,
+                             fair_at,
                              leased_by,
                              started_at

@@ -18,12 +18,14 @@ WHERE id IN
        AND NOT cancel_requested
        AND next_run_at <= %(now)s
        AND attempt_count < max_attempts
+       AND (start_by IS NULL
+            OR start_by > %(now)s)
        AND queue NOT IN
          (SELECT name
           FROM jobs_queue
           WHERE paused)
      ORDER BY priority DESC,
-              next_run_at,
+              fair_at,
               id
      LIMIT %(limit)s) RETURNING id,
                                 scope_hash,
@@ -39,5 +41,6 @@ WHERE id IN
                                 attempt_count + snooze_count + release_count + interruption_count AS number,
                                 priority,
                                 next_run_at,
+                                fair_at,
                                 leased_by,
                                 started_at

@@ -18,6 +18,8 @@ WHERE id IN
        AND NOT cancel_requested
        AND next_run_at <= %(now)s
        AND attempt_count < max_attempts
+       AND (start_by IS NULL
+            OR start_by > %(now)s)
        AND queue NOT IN
          (SELECT name
           FROM jobs_queue
@@ -25,7 +27,7 @@ WHERE id IN
        AND queue IN (%(queue_0)s,
                      %(queue_1)s)
      ORDER BY priority DESC,
-              next_run_at,
+              fair_at,
               id
      LIMIT %(limit)s) RETURNING id,
                                 scope_hash,
@@ -41,5 +43,6 @@ WHERE id IN
                                 attempt_count + snooze_count + release_count + interruption_count AS number,
                                 priority,
                                 next_run_at,
+                                fair_at,
                                 leased_by,
                                 started_at

@@ -79,9 +79,11 @@ WITH done AS
    FROM (
          VALUES (%(lim_0_key)s::text,
                  %(lim_0_max)s::bigint,
-                 %(lim_0_scope)s::bigint), (%(lim_1_key)s::text,
-                                            %(lim_1_max)s::bigint,
-                                            NULL::bigint)) AS k(key, cap, scope)),
+                 %(lim_0_scope)s::bigint,
+                 NULL::bigint), (%(lim_1_key)s::text,
+                                 %(lim_1_max)s::bigint,
+                                 NULL::bigint,
+                                 NULL::bigint)) AS k(key, cap, scope, keyed)),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -114,11 +116,13 @@ WITH done AS
                        AND NOT cancel_requested
                        AND next_run_at <= %(now)s
                        AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
                        AND queue NOT IN
                          (SELECT name
                           FROM jobs_queue
                           WHERE paused)
-                     ORDER BY priority DESC, next_run_at, id
+                     ORDER BY priority DESC, fair_at, id
                      LIMIT %(limit)s
                      FOR UPDATE SKIP LOCKED)) RETURNING id,
                                                         scope_hash,
@@ -134,6 +138,7 @@ WITH done AS
                                                         attempt_count + snooze_count + release_count + interruption_count AS number,
                                                         priority,
                                                         next_run_at,
+                                                        fair_at,
                                                         leased_by,
                                                         started_at,
                                                         limit_keys),
@@ -161,7 +166,11 @@ WITH done AS
                          WHERE k.key = u.key),
                         (SELECT k.scope
                          FROM keys AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+                         WHERE k.key || ':' || right(u.key, 64) = u.key),
+                        (SELECT k.keyed
+                         FROM keys AS k
+                         WHERE strpos(u.key, '#') > 0
+                           AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
         (SELECT key,
                 1 AS n
@@ -192,6 +201,7 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at,
                               NULL AS status,
@@ -215,6 +225,7 @@ SELECT 'finished',
        NULL,
        NULL,
        NULL,
+       NULL,
        status,
        token IN
   (SELECT token
@@ -226,6 +237,7 @@ SELECT 'orphan',
        NULL,
        NULL,
        token,
+       NULL,
        NULL,
        NULL,
        NULL,

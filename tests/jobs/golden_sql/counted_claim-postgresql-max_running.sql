@@ -3,7 +3,8 @@ WITH keys AS
    FROM (
          VALUES (%(lim_0_key)s::text,
                  %(lim_0_max)s::bigint,
-                 NULL::bigint)) AS k(key, cap, scope)),
+                 NULL::bigint,
+                 NULL::bigint)) AS k(key, cap, scope, keyed)),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -29,11 +30,13 @@ WITH keys AS
                        AND NOT cancel_requested
                        AND next_run_at <= %(now)s
                        AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
                        AND queue NOT IN
                          (SELECT name
                           FROM jobs_queue
                           WHERE paused)
-                     ORDER BY priority DESC, next_run_at, id
+                     ORDER BY priority DESC, fair_at, id
                      LIMIT %(limit)s
                      FOR UPDATE SKIP LOCKED)) RETURNING id,
                                                         scope_hash,
@@ -49,6 +52,7 @@ WITH keys AS
                                                         attempt_count + snooze_count + release_count + interruption_count AS number,
                                                         priority,
                                                         next_run_at,
+                                                        fair_at,
                                                         leased_by,
                                                         started_at,
                                                         limit_keys),
@@ -76,7 +80,11 @@ WITH keys AS
                          WHERE k.key = u.key),
                         (SELECT k.scope
                          FROM keys AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+                         WHERE k.key || ':' || right(u.key, 64) = u.key),
+                        (SELECT k.keyed
+                         FROM keys AS k
+                         WHERE strpos(u.key, '#') > 0
+                           AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
         (SELECT key,
                 1 AS n
@@ -105,6 +113,7 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at
 FROM claimed

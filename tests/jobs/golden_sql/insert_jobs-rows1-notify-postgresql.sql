@@ -1,5 +1,5 @@
 WITH inserted AS
-  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at)
+  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at)
    VALUES (%(scope_hash_0)s,
            %(job_id_0)s,
            %(handler_0)s,
@@ -11,6 +11,9 @@ WITH inserted AS
            %(initial_not_before_0)s,
            %(trace_context_0)s,
            %(next_run_at_0)s,
+           %(fair_at_0)s,
+           %(start_by_0)s,
+           %(limit_key_0)s,
            %(status_0)s,
            %(attempt_count_0)s,
            %(snooze_count_0)s,
@@ -22,9 +25,11 @@ WITH inserted AS
            %(updated_at_0)s) ON CONFLICT (scope_hash,
                                           job_id) DO NOTHING RETURNING scope_hash,
                                                                        job_id,
-                                                                       queue)
+                                                                       queue,
+                                                                       fair_at)
 SELECT scope_hash,
        job_id,
        queue,
+       fair_at,
        pg_notify(%(channel)s, queue) AS notified
 FROM inserted

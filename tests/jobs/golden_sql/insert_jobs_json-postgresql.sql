@@ -1,4 +1,4 @@
-INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at)
+INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at)
 SELECT (%(scopes)s::varchar[])[(r.v->>0)::int], (r.v->>1)::varchar,
                                                 (r.v->>2)::varchar,
                                                 (r.v->>3)::int,
@@ -9,6 +9,9 @@ SELECT (%(scopes)s::varchar[])[(r.v->>0)::int], (r.v->>1)::varchar,
                                                 (r.v->>8)::timestamptz,
                                                 %(trace_context)s::text,
                                                 COALESCE((r.v->>8)::timestamptz, %(created_at)s),
+                                                (r.v->>9)::bigint,
+                                                (r.v->>10)::timestamptz,
+                                                (r.v->>11)::varchar,
                                                 %(status)s,
                                                 %(attempt_count)s,
                                                 %(snooze_count)s,

@@ -14,32 +14,37 @@ WITH keys AS
                  %(lim_0_scope)s::bigint,
                  %(lim_0_key)s::text,
                  TRUE,
-                 %(lim_0_max)s::bigint), ('q'::text,
-                                          %(lim_1)s::text,
-                                          LEAST(%(lim_1_max)s::bigint - (COALESCE(
-                                                                                    (SELECT running
-                                                                                     FROM jobs_limitcounter
-                                                                                     WHERE key = %(lim_1_key)s::text), 0)), %(lim_1_rate)s::bigint -
-                                                  (SELECT count(*)
-                                                   FROM jobs_claimstart
-                                                   WHERE key = %(lim_1_key)s::text
-                                                     AND started_at > %(lim_1_since)s)),
-                                          %(lim_1_scope)s::bigint,
-                                          %(lim_1_key)s::text,
-                                          TRUE,
-                                          %(lim_1_max)s::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
+                 %(lim_0_max)s::bigint,
+                 %(lim_0_pkey)s::bigint), ('q'::text,
+                                           %(lim_1)s::text,
+                                           LEAST(%(lim_1_max)s::bigint - (COALESCE(
+                                                                                     (SELECT running
+                                                                                      FROM jobs_limitcounter
+                                                                                      WHERE key = %(lim_1_key)s::text), 0)), %(lim_1_rate)s::bigint -
+                                                   (SELECT count(*)
+                                                    FROM jobs_claimstart
+                                                    WHERE key = %(lim_1_key)s::text
+                                                      AND started_at > %(lim_1_since)s)),
+                                           %(lim_1_scope)s::bigint,
+                                           %(lim_1_key)s::text,
+                                           TRUE,
+                                           %(lim_1_max)s::bigint,
+                                           %(lim_1_pkey)s::bigint)) AS k(kind, name, room, scope, key, rated, cap, keyed)),
      candidates AS
   (SELECT id,
           handler,
           queue,
           scope_hash,
+          limit_key,
           priority,
-          next_run_at
+          fair_at
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
      AND next_run_at <= %(now)s
      AND attempt_count < max_attempts
+     AND (start_by IS NULL
+          OR start_by > %(now)s)
      AND queue NOT IN
        (SELECT name
         FROM jobs_queue
@@ -59,6 +64,17 @@ WITH keys AS
                           (SELECT running
                            FROM jobs_limitcounter
                            WHERE key = k_h.key || ':' || jobs_job.scope_hash), 0)) >= k_h.scope)
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_h
+        WHERE k_h.kind = 'h'
+          AND k_h.name = jobs_job.handler
+          AND k_h.keyed IS NOT NULL
+          AND jobs_job.limit_key <> ''
+          AND (COALESCE(
+                          (SELECT running
+                           FROM jobs_limitcounter
+                           WHERE key = k_h.key || '#' || jobs_job.limit_key), 0)) >= k_h.keyed)
      AND queue NOT IN
        (SELECT name
         FROM keys
@@ -74,8 +90,19 @@ WITH keys AS
                           (SELECT running
                            FROM jobs_limitcounter
                            WHERE key = k_q.key || ':' || jobs_job.scope_hash), 0)) >= k_q.scope)
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_q
+        WHERE k_q.kind = 'q'
+          AND k_q.name = jobs_job.queue
+          AND k_q.keyed IS NOT NULL
+          AND jobs_job.limit_key <> ''
+          AND (COALESCE(
+                          (SELECT running
+                           FROM jobs_limitcounter
+                           WHERE key = k_q.key || '#' || jobs_job.limit_key), 0)) >= k_q.keyed)
    ORDER BY priority DESC,
-            next_run_at,
+            fair_at,
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
@@ -84,14 +111,19 @@ WITH keys AS
           handler,
           queue,
           scope_hash,
+          limit_key,
           row_number() OVER (PARTITION BY handler
-                             ORDER BY priority DESC, next_run_at, id) AS n_h,
+                             ORDER BY priority DESC, fair_at, id) AS n_h,
           row_number() OVER (PARTITION BY handler, scope_hash
-                             ORDER BY priority DESC, next_run_at, id) AS n_hs,
+                             ORDER BY priority DESC, fair_at, id) AS n_hs,
+          row_number() OVER (PARTITION BY handler, limit_key
+                             ORDER BY priority DESC, fair_at, id) AS n_hk,
           row_number() OVER (PARTITION BY queue
-                             ORDER BY priority DESC, next_run_at, id) AS n_q,
+                             ORDER BY priority DESC, fair_at, id) AS n_q,
           row_number() OVER (PARTITION BY queue, scope_hash
-                             ORDER BY priority DESC, next_run_at, id) AS n_qs
+                             ORDER BY priority DESC, fair_at, id) AS n_qs,
+          row_number() OVER (PARTITION BY queue, limit_key
+                             ORDER BY priority DESC, fair_at, id) AS n_qk
    FROM candidates),
      ample AS
   (SELECT
@@ -111,13 +143,35 @@ WITH keys AS
    AND NOT EXISTS
      (SELECT 1
       FROM candidates AS r
+      JOIN keys AS k_h ON k_h.kind = 'h'
+      AND k_h.name = r.handler
+      WHERE k_h.keyed IS NOT NULL
+        AND r.limit_key <> ''
+        AND k_h.keyed < %(limit)s + (COALESCE(
+                                                (SELECT running
+                                                 FROM jobs_limitcounter
+                                                 WHERE key = k_h.key || '#' || r.limit_key), 0)))
+   AND NOT EXISTS
+     (SELECT 1
+      FROM candidates AS r
       JOIN keys AS k_q ON k_q.kind = 'q'
       AND k_q.name = r.queue
       WHERE k_q.scope IS NOT NULL
         AND k_q.scope < %(limit)s + (COALESCE(
                                                 (SELECT running
                                                  FROM jobs_limitcounter
-                                                 WHERE key = k_q.key || ':' || r.scope_hash), 0))) AS yes),
+                                                 WHERE key = k_q.key || ':' || r.scope_hash), 0)))
+   AND NOT EXISTS
+     (SELECT 1
+      FROM candidates AS r
+      JOIN keys AS k_q ON k_q.kind = 'q'
+      AND k_q.name = r.queue
+      WHERE k_q.keyed IS NOT NULL
+        AND r.limit_key <> ''
+        AND k_q.keyed < %(limit)s + (COALESCE(
+                                                (SELECT running
+                                                 FROM jobs_limitcounter
+                                                 WHERE key = k_q.key || '#' || r.limit_key), 0))) AS yes),
      chosen AS
   (SELECT id
    FROM candidates
@@ -140,13 +194,25 @@ WITH keys AS
                                   (SELECT running
                                    FROM jobs_limitcounter
                                    WHERE key = k_h.key || ':' || r.scope_hash), 0)) <= k_h.scope)
+     AND (k_h.keyed IS NULL
+          OR r.limit_key = ''
+          OR r.n_hk + (COALESCE(
+                                  (SELECT running
+                                   FROM jobs_limitcounter
+                                   WHERE key = k_h.key || '#' || r.limit_key), 0)) <= k_h.keyed)
      AND (k_q.room IS NULL
           OR r.n_q <= k_q.room)
      AND (k_q.scope IS NULL
           OR r.n_qs + (COALESCE(
                                   (SELECT running
                                    FROM jobs_limitcounter
-                                   WHERE key = k_q.key || ':' || r.scope_hash), 0)) <= k_q.scope)),
+                                   WHERE key = k_q.key || ':' || r.scope_hash), 0)) <= k_q.scope)
+     AND (k_q.keyed IS NULL
+          OR r.limit_key = ''
+          OR r.n_qk + (COALESCE(
+                                  (SELECT running
+                                   FROM jobs_limitcounter
+                                   WHERE key = k_q.key || '#' || r.limit_key), 0)) <= k_q.keyed)),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -167,10 +233,16 @@ WITH keys AS
                                                             END, CASE
                                                                      WHEN handler = %(lim_0)s::text THEN %(lim_0_key)s::text || ':' || scope_hash
                                                                  END, CASE
-                                                                          WHEN queue = %(lim_1)s::text THEN %(lim_1_key)s::text
+                                                                          WHEN handler = %(lim_0)s::text
+                                                                               AND limit_key <> '' THEN %(lim_0_key)s::text || '#' || limit_key
                                                                       END, CASE
-                                                                               WHEN queue = %(lim_1)s::text THEN %(lim_1_key)s::text || ':' || scope_hash
-                                                                           END], NULL))::text, '[]')
+                                                                               WHEN queue = %(lim_1)s::text THEN %(lim_1_key)s::text
+                                                                           END, CASE
+                                                                                    WHEN queue = %(lim_1)s::text THEN %(lim_1_key)s::text || ':' || scope_hash
+                                                                                END, CASE
+                                                                                         WHEN queue = %(lim_1)s::text
+                                                                                              AND limit_key <> '' THEN %(lim_1_key)s::text || '#' || limit_key
+                                                                                     END], NULL))::text, '[]')
    WHERE id = ANY(ARRAY
                     (SELECT id
                      FROM chosen))
@@ -188,6 +260,7 @@ WITH keys AS
                                      attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
+                                     fair_at,
                                      leased_by,
                                      started_at,
                                      limit_keys),
@@ -215,7 +288,11 @@ WITH keys AS
                          WHERE k.key = u.key),
                         (SELECT k.scope
                          FROM keys AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+                         WHERE k.key || ':' || right(u.key, 64) = u.key),
+                        (SELECT k.keyed
+                         FROM keys AS k
+                         WHERE strpos(u.key, '#') > 0
+                           AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
         (SELECT key,
                 1 AS n
@@ -253,11 +330,13 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at
 FROM claimed
 UNION ALL
 SELECT 'skipped',
+       NULL,
        NULL,
        NULL,
        NULL,

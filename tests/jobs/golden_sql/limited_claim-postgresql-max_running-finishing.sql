@@ -89,19 +89,23 @@ WITH done AS
                  NULL::bigint,
                  %(lim_0_key)s::text,
                  FALSE,
-                 %(lim_0_max)s::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
+                 %(lim_0_max)s::bigint,
+                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap, keyed)),
      candidates AS
   (SELECT id,
           handler,
           queue,
           scope_hash,
+          limit_key,
           priority,
-          next_run_at
+          fair_at
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
      AND next_run_at <= %(now)s
      AND attempt_count < max_attempts
+     AND (start_by IS NULL
+          OR start_by > %(now)s)
      AND queue NOT IN
        (SELECT name
         FROM jobs_queue
@@ -112,7 +116,7 @@ WITH done AS
         WHERE kind = 'h'
           AND room <= 0)
    ORDER BY priority DESC,
-            next_run_at,
+            fair_at,
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
@@ -121,8 +125,9 @@ WITH done AS
           handler,
           queue,
           scope_hash,
+          limit_key,
           row_number() OVER (PARTITION BY handler
-                             ORDER BY priority DESC, next_run_at, id) AS n_h
+                             ORDER BY priority DESC, fair_at, id) AS n_h
    FROM candidates),
      ample AS
   (SELECT
@@ -182,6 +187,7 @@ WITH done AS
                                      attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
+                                     fair_at,
                                      leased_by,
                                      started_at,
                                      limit_keys),
@@ -209,7 +215,11 @@ WITH done AS
                          WHERE k.key = u.key),
                         (SELECT k.scope
                          FROM keys AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+                         WHERE k.key || ':' || right(u.key, 64) = u.key),
+                        (SELECT k.keyed
+                         FROM keys AS k
+                         WHERE strpos(u.key, '#') > 0
+                           AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
         (SELECT key,
                 1 AS n
@@ -240,6 +250,7 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at,
                               NULL AS status,
@@ -257,6 +268,7 @@ SELECT 'finished',
        NULL,
        NULL,
        queue,
+       NULL,
        NULL,
        NULL,
        NULL,
@@ -287,10 +299,12 @@ SELECT 'orphan',
        NULL,
        NULL,
        NULL,
+       NULL,
        NULL
 FROM orphans
 UNION ALL
 SELECT 'skipped',
+       NULL,
        NULL,
        NULL,
        NULL,

@@ -10,19 +10,23 @@ WITH keys AS
                  NULL::bigint,
                  %(lim_0_key)s::text,
                  FALSE,
-                 %(lim_0_max)s::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
+                 %(lim_0_max)s::bigint,
+                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap, keyed)),
      candidates AS
   (SELECT id,
           handler,
           queue,
           scope_hash,
+          limit_key,
           priority,
-          next_run_at
+          fair_at
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
      AND next_run_at <= %(now)s
      AND attempt_count < max_attempts
+     AND (start_by IS NULL
+          OR start_by > %(now)s)
      AND queue NOT IN
        (SELECT name
         FROM jobs_queue
@@ -33,7 +37,7 @@ WITH keys AS
         WHERE kind = 'h'
           AND room <= 0)
    ORDER BY priority DESC,
-            next_run_at,
+            fair_at,
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
@@ -42,8 +46,9 @@ WITH keys AS
           handler,
           queue,
           scope_hash,
+          limit_key,
           row_number() OVER (PARTITION BY handler
-                             ORDER BY priority DESC, next_run_at, id) AS n_h
+                             ORDER BY priority DESC, fair_at, id) AS n_h
    FROM candidates),
      ample AS
   (SELECT
@@ -100,6 +105,7 @@ WITH keys AS
                                      attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
+                                     fair_at,
                                      leased_by,
                                      started_at,
                                      limit_keys),
@@ -127,7 +133,11 @@ WITH keys AS
                          WHERE k.key = u.key),
                         (SELECT k.scope
                          FROM keys AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+                         WHERE k.key || ':' || right(u.key, 64) = u.key),
+                        (SELECT k.keyed
+                         FROM keys AS k
+                         WHERE strpos(u.key, '#') > 0
+                           AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
         (SELECT key,
                 1 AS n
@@ -156,11 +166,13 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at
 FROM claimed
 UNION ALL
 SELECT 'skipped',
+       NULL,
        NULL,
        NULL,
        NULL,

@@ -83,19 +83,23 @@ WITH done AS
                  %(lim_0_scope)s::bigint,
                  %(lim_0_key)s::text,
                  FALSE,
-                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap)),
+                 NULL::bigint,
+                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap, keyed)),
      candidates AS
   (SELECT id,
           handler,
           queue,
           scope_hash,
+          limit_key,
           priority,
-          next_run_at
+          fair_at
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
      AND next_run_at <= %(now)s
      AND attempt_count < max_attempts
+     AND (start_by IS NULL
+          OR start_by > %(now)s)
      AND queue NOT IN
        (SELECT name
         FROM jobs_queue
@@ -114,7 +118,7 @@ WITH done AS
                                                                                                 FROM freed
                                                                                                 WHERE freed.key = k_q.key || ':' || jobs_job.scope_hash), 0)) >= k_q.scope)
    ORDER BY priority DESC,
-            next_run_at,
+            fair_at,
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
@@ -123,8 +127,9 @@ WITH done AS
           handler,
           queue,
           scope_hash,
+          limit_key,
           row_number() OVER (PARTITION BY queue, scope_hash
-                             ORDER BY priority DESC, next_run_at, id) AS n_qs
+                             ORDER BY priority DESC, fair_at, id) AS n_qs
    FROM candidates),
      ample AS
   (SELECT
@@ -203,6 +208,7 @@ WITH done AS
                                      attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
+                                     fair_at,
                                      leased_by,
                                      started_at,
                                      limit_keys),
@@ -230,7 +236,11 @@ WITH done AS
                          WHERE k.key = u.key),
                         (SELECT k.scope
                          FROM keys AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key)) AS cap
+                         WHERE k.key || ':' || right(u.key, 64) = u.key),
+                        (SELECT k.keyed
+                         FROM keys AS k
+                         WHERE strpos(u.key, '#') > 0
+                           AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
         (SELECT key,
                 1 AS n
@@ -261,6 +271,7 @@ SELECT 'claimed' AS kind,
        queue,
        trace_context, number, priority,
                               next_run_at,
+                              fair_at,
                               leased_by,
                               started_at,
                               NULL AS status,
@@ -278,6 +289,7 @@ SELECT 'finished',
        NULL,
        NULL,
        queue,
+       NULL,
        NULL,
        NULL,
        NULL,
@@ -308,10 +320,12 @@ SELECT 'orphan',
        NULL,
        NULL,
        NULL,
+       NULL,
        NULL
 FROM orphans
 UNION ALL
 SELECT 'skipped',
+       NULL,
        NULL,
        NULL,
        NULL,

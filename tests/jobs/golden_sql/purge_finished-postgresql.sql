@@ -4,7 +4,7 @@ WITH gone AS
    WHERE id = ANY(ARRAY
                     (SELECT id
                      FROM jobs_job
-                     WHERE status IN ('failed', 'cancelled', 'interrupted', 'succeeded')
+                     WHERE status IN ('failed', 'cancelled', 'interrupted', 'succeeded', 'expired')
                        AND finished_at < %(older_than)s
                      ORDER BY finished_at
                      LIMIT %(limit)s
@@ -12,7 +12,8 @@ WITH gone AS
      AND status IN ('failed',
                     'cancelled',
                     'interrupted',
-                    'succeeded') RETURNING id),
+                    'succeeded',
+                    'expired') RETURNING id),
      attempts AS
   (DELETE
    FROM jobs_jobattempt

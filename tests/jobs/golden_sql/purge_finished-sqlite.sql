@@ -6,11 +6,13 @@ WHERE id IN
      WHERE status IN ('failed',
                       'cancelled',
                       'interrupted',
-                      'succeeded')
+                      'succeeded',
+                      'expired')
        AND finished_at < %(older_than)s
      ORDER BY finished_at
      LIMIT %(limit)s)
   AND status IN ('failed',
                  'cancelled',
                  'interrupted',
-                 'succeeded') RETURNING id
+                 'succeeded',
+                 'expired') RETURNING id

@@ -14,22 +14,27 @@ SET status = CASE
                                                   OR COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s THEN next_run_at
                                              ELSE %(run_at)s
                                          END,
-                                         error = CASE
-                                                     WHEN cancel_requested THEN ''
-                                                     WHEN COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s THEN %(failed)s
-                                                     ELSE %(waiting)s
-                                                 END,
-                                                 handler_unknown_since = COALESCE(handler_unknown_since, %(now)s),
-                                                 attempt_count = attempt_count - 1,
-                                                 limit_keys = NULL,
-                                                 updated_at = %(now)s,
-                                                 current_token = NULL,
-                                                 leased_by = '',
-                                                 lease_expires_at = NULL,
-                                                 started_at = NULL,
-                                                 progress = NULL,
-                                                 progress_message = '',
-                                                 result_ref = NULL
+                                         fair_at = CASE
+                                                       WHEN cancel_requested
+                                                            OR COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s THEN fair_at
+                                                       ELSE %(run_at_place)s
+                                                   END,
+                                                   error = CASE
+                                                               WHEN cancel_requested THEN ''
+                                                               WHEN COALESCE(handler_unknown_since, %(now)s) <= %(window_start)s THEN %(failed)s
+                                                               ELSE %(waiting)s
+                                                           END,
+                                                           handler_unknown_since = COALESCE(handler_unknown_since, %(now)s),
+                                                           attempt_count = attempt_count - 1,
+                                                           limit_keys = NULL,
+                                                           updated_at = %(now)s,
+                                                           current_token = NULL,
+                                                           leased_by = '',
+                                                           lease_expires_at = NULL,
+                                                           started_at = NULL,
+                                                           progress = NULL,
+                                                           progress_message = '',
+                                                           result_ref = NULL
 WHERE current_token = %(token)s
   AND status = 'running' RETURNING status,
 

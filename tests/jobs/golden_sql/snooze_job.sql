@@ -1,6 +1,7 @@
 UPDATE jobs_job
 SET status = 'queued',
     next_run_at = %(run_at)s,
+    fair_at = %(run_at_place)s,
     attempt_count = attempt_count - 1,
     snooze_count = snooze_count + 1,
     current_token = NULL,

@@ -2,6 +2,7 @@ SELECT 'running' AS kind,
        handler,
        queue,
        scope_hash,
+       limit_key,
        NULL AS key,
        count(*) AS n
 FROM jobs_job
@@ -11,9 +12,11 @@ WHERE current_token IS NOT NULL
        OR queue IN (%(lim_queue_0)s))
 GROUP BY handler,
          queue,
-         scope_hash
+         scope_hash,
+         limit_key
 UNION ALL
 SELECT 'started',
+       NULL,
        NULL,
        NULL,
        NULL,

@@ -2,6 +2,7 @@ SELECT 'running' AS kind,
        handler,
        queue,
        scope_hash,
+       limit_key,
        NULL AS key,
        count(*) AS n
 FROM jobs_job
@@ -10,4 +11,5 @@ WHERE current_token IS NOT NULL
   AND (handler IN (%(lim_handler_0)s))
 GROUP BY handler,
          queue,
-         scope_hash
+         scope_hash,
+         limit_key

@@ -1,0 +1,120 @@
+WITH keys AS
+  (SELECT *
+   FROM (
+         VALUES (%(lim_0_key)s::text,
+                 NULL::bigint,
+                 NULL::bigint,
+                 %(lim_0_pkey)s::bigint)) AS k(key, cap, scope, keyed)),
+     claimed AS
+  (UPDATE jobs_job
+   SET status = 'running',
+       attempt_count = attempt_count + 1,
+       current_token = lpad(to_hex((extract(epoch
+                                            FROM clock_timestamp()) * 1000)::bigint), 12, '0') || left(replace(gen_random_uuid()::text, '-', ''), 12) || right(gen_random_uuid()::text, 8),
+       leased_by = %(worker_id)s,
+       lease_expires_at = %(lease_expires_at)s,
+       started_at = %(now)s,
+       updated_at = %(now)s,
+       progress = NULL,
+       progress_message = '',
+       error = '',
+       result_ref = NULL,
+       finished_at = NULL,
+       limit_keys = NULLIF(array_to_json(array_remove(ARRAY[CASE
+                                                                WHEN handler = %(lim_0)s::text
+                                                                     AND limit_key <> '' THEN %(lim_0_key)s::text || '#' || limit_key
+                                                            END], NULL))::text, '[]')
+   WHERE id = ANY(ARRAY
+                    (SELECT id
+                     FROM jobs_job
+                     WHERE status = 'queued'
+                       AND NOT cancel_requested
+                       AND next_run_at <= %(now)s
+                       AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
+                       AND queue NOT IN
+                         (SELECT name
+                          FROM jobs_queue
+                          WHERE paused)
+                     ORDER BY priority DESC, fair_at, id
+                     LIMIT %(limit)s
+                     FOR UPDATE SKIP LOCKED)) RETURNING id,
+                                                        scope_hash,
+                                                        job_id,
+                                                        current_token AS token,
+                                                        attempt_count AS attempt,
+                                                        max_attempts,
+                                                        handler,
+                                                        handler_version,
+                                                        payload_json,
+                                                        queue,
+                                                        trace_context,
+                                                        attempt_count + snooze_count + release_count + interruption_count AS number,
+                                                        priority,
+                                                        next_run_at,
+                                                        fair_at,
+                                                        leased_by,
+                                                        started_at,
+                                                        limit_keys),
+     attempts AS
+  (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
+                                                                                                                                                                     'running',
+                                                                                                                                                                     leased_by,
+                                                                                                                                                                     NULL,
+                                                                                                                                                                     '',
+                                                                                                                                                                     '',
+                                                                                                                                                                     NULL,
+                                                                                                                                                                     started_at,
+                                                                                                                                                                     NULL
+   FROM claimed),
+     counted AS
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
+   FROM
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM keys AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM keys AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key),
+                        (SELECT k.keyed
+                         FROM keys AS k
+                         WHERE strpos(u.key, '#') > 0
+                           AND k.key = split_part(u.key, '#', 1))) AS cap
+      FROM
+        (SELECT key,
+                1 AS n
+         FROM
+           (SELECT k.key
+            FROM claimed AS s,
+                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c) AS u
+      GROUP BY u.key) AS d
+   WHERE n <> 0
+   ORDER BY key ON CONFLICT (key) DO UPDATE
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END)
+SELECT 'claimed' AS kind,
+       id,
+       scope_hash,
+       job_id,
+       token,
+       attempt,
+       max_attempts,
+       handler,
+       handler_version,
+       payload_json,
+       queue,
+       trace_context, number, priority,
+                              next_run_at,
+                              fair_at,
+                              leased_by,
+                              started_at
+FROM claimed

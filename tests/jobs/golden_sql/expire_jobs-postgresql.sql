@@ -1,0 +1,19 @@
+UPDATE jobs_job
+SET status = 'expired',
+    finished_at = %(now)s,
+    updated_at = %(now)s,
+    error = %(error)s
+WHERE id = ANY(ARRAY
+                 (SELECT id
+                  FROM jobs_job
+                  WHERE status = 'queued'
+                    AND start_by IS NOT NULL
+                    AND start_by <= %(now)s
+                  ORDER BY start_by
+                  LIMIT %(limit)s
+                  FOR UPDATE SKIP LOCKED))
+  AND status = 'queued'
+  AND start_by IS NOT NULL
+  AND start_by <= %(now)s RETURNING id,
+                                    queue,
+                                    handler

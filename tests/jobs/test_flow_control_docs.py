@@ -1,0 +1,57 @@
+"""docs/flow-control.md stays true: its Python examples run as they are written, in
+order, and do what the page says."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from jobs import JobScope, JobStatus
+from jobs.conf import jobs_settings
+from jobs.handlers import unregister
+from jobs.models import JobAttempt, ScopeWeight
+from tests.test_docs_examples import python_blocks, run_page
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PAGE = "docs/flow-control.md"
+
+
+@pytest.fixture
+def page_handlers():
+    """The page registers a handler with a limit: gone after the test, so that no later
+    test claims under it."""
+    yield
+    unregister("crm.push", 1)
+
+
+def test_the_flow_control_page_examples_do_what_the_page_says(page_handlers):
+    assert len(python_blocks(PAGE)) == 7
+    namespace = run_page(PAGE)
+
+    # Fair share: the small tenant's jobs start next to the head of the line.
+    assert namespace["started_small"] == [2, 4]
+    weight = ScopeWeight.objects.get(scope_hash=JobScope("tenant-big").scope_hash)
+    assert weight.weight == 4
+    # The settings block is a valid JOBS setting, and the queue it names is not fair.
+    settings = jobs_settings.read(namespace["JOBS"])
+    assert settings.QUEUES["ledger"]["fair"] is False
+
+    # Limits by key: one push per account; the other account's went past.
+    assert namespace["pushed"] == ["push-a0", "push-b0"]
+
+    # Unique jobs: the second submission returned the first job.
+    assert namespace["first"].created
+    assert (namespace["again"].job_id, namespace["again"].created) == ("sync-1", False)
+    # Debounce: one job, the latest payload, due 5 s after the last submission.
+    burst = namespace["burst"]
+    assert (burst.job_id, burst.created, burst.payload) == ("reindex-1", False, {"version": 3})
+    first_edit = namespace["first_edit"]
+    assert first_edit.next_run_at == first_edit.created_at + timedelta(seconds=5)
+    assert burst.next_run_at > first_edit.next_run_at
+
+    # Start deadlines: both late jobs expired, with no attempt.
+    assert namespace["expired"] == 2
+    assert namespace["code"].status == JobStatus.EXPIRED
+    assert not JobAttempt.objects.filter(job__job_id__in=["remind-42", "otp-7"]).exists()
