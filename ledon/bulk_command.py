@@ -130,6 +130,7 @@ class BulkCommand(BaseCommand):
             action = self.action(operation, options)
             if options["verbosity"] >= 1:
                 self.stdout.write(f"{self.name_of_command()} {operation}: {selection.describe()}")
+                self.stdout.flush()
 
             def report_batch(state: BulkProgress) -> None:
                 progress.append(state)
