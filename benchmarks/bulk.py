@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .harness import Starts, percentile, run_processes
+from .harness import JOB_COLUMNS, Starts, percentile, run_processes
 from .report import columns
 from .server import DATABASE_URL_HELP, django_on, scratch_database, server, server_settings
 from .systems.base import ROOT
@@ -62,11 +62,7 @@ def load_failed(count: int) -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
-            " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
-            " attempt_count, current_token, cancel_requested, progress, progress_message,"
-            " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
-            " started_at, finished_at)"
+            f"INSERT INTO jobs_job ({JOB_COLUMNS})"
             " SELECT encode(sha256(('tenant-' || (g %% 100))::bytea), 'hex'), 'night-' || g,"
             " 'bench.noop', 1, '{\"n\":0}', 'backlog', 0, 1, NULL,"
             " now() - interval '6 hours', 'failed', 1, NULL, false, NULL, '',"

@@ -5,7 +5,6 @@ instances a runner holds, and finished ones, are left."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -17,33 +16,19 @@ from django.urls import reverse
 from django.utils import timezone
 
 from sagas import SagaExecutionError, SagaStatus, resume_saga, run_saga, start_saga, store
-from sagas.driver import Driver
 from sagas.models import SagaInstance
-from sagas.registry import get_saga
-from tests.support.sagas import ORDER, instance, order, runs
+from tests.support.sagas import ORDER, instance, order, runs, stopped_after_reserve
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHANGELIST = reverse("admin:sagas_sagainstance_changelist")
 
 
-def stopped_after_reserve() -> uuid.UUID:
-    """A Running instance whose runner completed reserve, then another runner took it
-    and died: its lease expired."""
-    state = start_saga("fulfilment.order", data=ORDER)
-    stopping = threading.Event()
-    first = store.claim(state, "first", lease_seconds=60)
-    assert first is not None
-    Driver(
-        get_saga("fulfilment.order"),
-        "first",
-        on_event=lambda e, s, d: stopping.set() if e == "step-completed" else None,
-        stopping=stopping,
-    ).drive(first)
-    dead = store.claim(store.require(state.instance_id), "dead", lease_seconds=60)
-    assert dead is not None
-    expire(state.instance_id)
-    return state.instance_id
+def runner_died(instance_id: uuid.UUID) -> uuid.UUID:
+    """The instance, taken by a runner that then died: its lease expired."""
+    assert store.claim(store.require(instance_id), "dead", lease_seconds=60) is not None
+    expire(instance_id)
+    return instance_id
 
 
 def expire(instance_id: uuid.UUID) -> None:
@@ -68,7 +53,7 @@ def sagas(settings: Any) -> dict[str, uuid.UUID]:
     settings.SAGAS = {**settings.SAGAS, "COMPENSATION_ATTEMPTS": 2}
     return {
         "waiting": start_saga("fulfilment.order", data=ORDER).instance_id,
-        "stopped": stopped_after_reserve(),
+        "stopped": runner_died(stopped_after_reserve()),
         "live": live.instance_id,
         "compensating": compensating.instance_id,
         "failed": caught.value.instance_id,
