@@ -177,14 +177,18 @@ def measure(
         after = prober.many(samples)
         load_after = os.getloadavg()
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM jobs_job WHERE queue = 'backlog' AND status = 'queued'"
-        )
+        # Each retried job was granted its extra attempt; the worker may have run some.
+        cursor.execute("SELECT count(*) FROM jobs_job WHERE granted_attempts = 1")
         (requeued,) = cursor.fetchone()
+        cursor.execute(
+            "SELECT status, count(*) FROM jobs_job WHERE queue = 'backlog' GROUP BY status"
+        )
+        backlog = dict(cursor.fetchall())
     during_p99 = run["during"]["p99_ms"]
     return {
         "jobs": jobs,
         "requeued": requeued,
+        "backlog_at_end": backlog,
         "before": summary(before),
         "run": run,
         "after": summary(after),
