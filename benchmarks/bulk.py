@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    with ExitStack() as stack, server(args.database_url) as server_url:
+    with server(args.database_url) as server_url, ExitStack() as stack:
         url = stack.enter_context(scratch_database(server_url, "ledon_bench_bulk"))
         django_on(url, stack)
         folder = out / f"bulk-{stamp}"
