@@ -499,3 +499,27 @@ def test_a_row_held_on_every_try_is_reported_and_left(at_each_page, background):
     assert "run the same command again" in report.summary("job(s)")
     assert Job.objects.get(job_id="locked").status == JobStatus.FAILED
     assert Job.objects.get(job_id="other").status == JobStatus.QUEUED
+
+
+def test_a_job_that_no_longer_matches_when_its_turn_comes_is_left_and_counted(at_each_page):
+    for n in range(3):
+        make(f"f{n}", state="failed", max_attempts=2)
+
+    def someone_retries_the_last(context: dict[str, Any]) -> None:
+        if Job.objects.get(job_id="f2").status == JobStatus.FAILED:
+            JobScope("tenant-a").retry("f2")
+
+    at_each_page(someone_retries_the_last)
+    report = run_bulk(
+        jobs_bulk.matching(BulkFilter(status="failed")),
+        jobs_bulk.retry_action(extra_attempts=1),
+        error=InvalidInput,
+        batch_size=1,
+    )
+
+    assert (report.matched, report.changed, report.skipped, report.gone) == (
+        3, {scoped.REQUEUED: 2}, 0, 1
+    )  # fmt: skip
+    assert "1 no longer matched when reached" in report.summary("job(s)")
+    # Retried once, by someone else, with no attempt granted by the run.
+    assert Job.objects.get(job_id="f2").max_attempts == 2
