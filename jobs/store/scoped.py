@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Q, QuerySet
 
 from ledon.bulk import BatchOutcome, lock_batch
@@ -70,6 +70,27 @@ def _retry_fields(extra: int, run_at: datetime, now: datetime) -> dict[str, Any]
 
 def _extra_attempts(value: object) -> int:
     return validation.integer(value, "extra_attempts", 0, validation.MAX_ATTEMPTS_LIMIT)
+
+
+def _requeue(chosen: QuerySet[Job], fields: dict[str, Any], alias: str) -> tuple[int, int]:
+    """Queue ``chosen`` (guarded already) again with ``fields``: one ``UPDATE``. A job
+    with a unique key may not be Queued while another job of its scope holds that key
+    (the unique indexes of ``jobs_job``): if the statement meets one, it is rolled back
+    to its savepoint and the jobs go one by one, those whose key is held left as they
+    are. The jobs queued again, and those left for their key."""
+    try:
+        with transaction.atomic(using=alias):
+            return chosen.update(**fields), 0
+    except IntegrityError:
+        pass
+    requeued = held_key = 0
+    for pk in chosen.order_by("pk").values_list("pk", flat=True):
+        try:
+            with transaction.atomic(using=alias):
+                requeued += chosen.filter(pk=pk).update(**fields)
+        except IntegrityError:
+            held_key += 1
+    return requeued, held_key
 
 
 # --------------------------------------------------------------------------- one job
@@ -139,7 +160,9 @@ def retry(
     ``extra_attempts`` raises ``max_attempts`` by that much in the same guarded
     statement, so an operator can grant more attempts to a job that used them all;
     ``max_attempts`` stays within its limit. Earlier attempts stay; progress, error,
-    cancel flag, result and token are cleared.
+    cancel flag, result and token are cleared. A job whose unique key another job of
+    its scope holds now is refused (:class:`InvalidTransition`), as an operator asking
+    for it would otherwise run the work twice.
     """
     extra = _extra_attempts(extra_attempts)
     now = current_time(now)
@@ -147,10 +170,16 @@ def retry(
     alias = alias_for(Job)
     jobs = Job.objects.for_scope(scope_hash).filter(job_id=job_id)
     with transaction.atomic(using=alias):
-        updated = jobs.filter(retry_guard(extra)).update(**_retry_fields(extra, run_at, now))
+        chosen = jobs.filter(retry_guard(extra))
+        updated, held_key = _requeue(chosen, _retry_fields(extra, run_at, now), alias)
         job = jobs.first()
         if job is None:
             raise JobNotFound()
+        if held_key:
+            raise InvalidTransition(
+                f"job {job_id!r} cannot be queued again while another job of its scope "
+                f"holds its unique key {job.unique_key!r}"
+            )
         if not updated:
             if job.status not in RETRYABLE_STATUSES:
                 raise InvalidTransition(
@@ -220,17 +249,22 @@ def retry_many(
     """Retry the jobs of ``ids`` (primary keys) by :func:`retry`'s rules, granting
     each ``extra_attempts``, in one transaction and one guarded statement: Failed,
     Cancelled or Interrupted jobs with an attempt left (once granted) are queued again;
-    the others are left. Held rows as for :func:`cancel_many`. A bad
+    the others are left, and so is a job whose unique key another job of its scope
+    holds now (then the batch's jobs go one by one). Held rows as for
+    :func:`cancel_many`. A bad
     ``extra_attempts`` or ``not_before`` raises :class:`InvalidSubmission` and writes
     nothing."""
     extra = _extra_attempts(extra_attempts)
     now = current_time(now)
     run_at = validation.optional_aware_utc(not_before, "not_before") or now
-    with transaction.atomic(using=alias_for(Job)):
+    alias = alias_for(Job)
+    with transaction.atomic(using=alias):
         ids, held = lock_batch(Job, ids)
         chosen = Job.objects.filter(retry_guard(extra), pk__in=ids)
         queues = sorted(set(chosen.order_by().values_list("queue", flat=True)))
-        requeued = chosen.update(**_retry_fields(extra, run_at, now)) if queues else 0
+        requeued = 0
+        if queues:
+            requeued, _ = _requeue(chosen, _retry_fields(extra, run_at, now), alias)
         if requeued and run_at <= now:
             connection = connection_for(Job)
             for queue in queues:

@@ -19,9 +19,9 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs import JobScope, execution
+from jobs import JobScope, JobSubmission, execution, submit_job
 from jobs import bulk as jobs_bulk
-from jobs.exceptions import InvalidInput, InvalidSubmission
+from jobs.exceptions import InvalidInput, InvalidSubmission, InvalidTransition
 from jobs.models import Job
 from jobs.signals import queued_job_cancelled
 from jobs.store import scoped, submission
@@ -523,3 +523,38 @@ def test_a_job_that_no_longer_matches_when_its_turn_comes_is_left_and_counted(at
     assert "1 no longer matched when reached" in report.summary("job(s)")
     # Retried once, by someone else, with no attempt granted by the run.
     assert Job.objects.get(job_id="f2").max_attempts == 2
+
+
+def failed_with_key(job_id: str, key: str) -> None:
+    sub = JobSubmission.create("reports.generate", {"id": job_id}, unique_key=key)
+    snap = submit_job("tenant-a", job_id, sub)
+    claim = execution.try_start(snap.scope_hash, job_id, "w1")
+    assert claim is not None
+    assert execution.fail(claim.token, "boom")
+
+
+def test_a_retry_leaves_a_job_whose_unique_key_another_job_holds(unchanged):
+    """Queued again, it would hold the key twice: the batch's statement meets the
+    unique index, and the jobs go one by one, that one left as it is."""
+    failed_with_key("held", "sync:1")
+    submit_job(
+        "tenant-a", "holder", JobSubmission.create("reports.generate", {}, unique_key="sync:1")
+    )
+    failed_with_key("twin-1", "sync:2")
+    failed_with_key("twin-2", "sync:2")
+    make("plain", state="failed")
+
+    output = bulk_jobs("retry", "--status", "failed", "--extra-attempts", "1")
+
+    assert "4 job(s) matched: changed 2 (2 re-queued), skipped 2" in output
+    status = dict(Job.objects.values_list("job_id", "status"))
+    assert status == {
+        "held": JobStatus.FAILED,
+        "holder": JobStatus.QUEUED,
+        "twin-1": JobStatus.QUEUED,
+        "twin-2": JobStatus.FAILED,
+        "plain": JobStatus.QUEUED,
+    }
+    # One job's retry says why, and changes nothing.
+    with unchanged(), pytest.raises(InvalidTransition, match="holds its unique key 'sync:1'"):
+        JobScope("tenant-a").retry("held", extra_attempts=1)
