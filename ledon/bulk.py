@@ -302,7 +302,7 @@ class BulkReport:
         if self.held:
             text += (
                 f"; {self.held} were held by other transactions on every try and are "
-                "unchanged: run the same command again"
+                "unchanged: run it again"
             )
         return text + f"; {self.batches} batch(es) in {self.seconds:.1f} s"
 

@@ -496,7 +496,7 @@ def test_a_row_held_on_every_try_is_reported_and_left(at_each_page, background):
         held.result(30)
 
     assert (report.changed, report.held, report.skipped) == ({scoped.REQUEUED: 1}, 1, 0)
-    assert "run the same command again" in report.summary("job(s)")
+    assert "unchanged: run it again" in report.summary("job(s)")
     assert Job.objects.get(job_id="locked").status == JobStatus.FAILED
     assert Job.objects.get(job_id="other").status == JobStatus.QUEUED
 
