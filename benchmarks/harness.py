@@ -727,6 +727,15 @@ def queued_claim_cost(runner: Runner, ledon: System) -> dict[str, Any]:
     }
 
 
+#: The columns a fixture writes into ``jobs_job`` straight, in the order it gives them.
+JOB_COLUMNS = (
+    "scope_hash, job_id, handler, handler_version, payload_json, queue, priority,"
+    " max_attempts, initial_not_before, next_run_at, status, attempt_count, current_token,"
+    " cancel_requested, progress, progress_message, error, result_ref, leased_by,"
+    " lease_expires_at, created_at, updated_at, started_at, finished_at"
+)
+
+
 def load_jobs(rows: int, status: str) -> None:
     """Bulk-load ``rows`` jobs straight into the table (a fixture), in claim order:
     ``queued`` ones due (a backlog), or ``succeeded`` ones, each with its attempt (the
@@ -738,11 +747,7 @@ def load_jobs(rows: int, status: str) -> None:
         ended = "now() - interval '1 day', now() - interval '1 day' + g * interval '1 ms'"
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json,"
-            " queue, priority, max_attempts, initial_not_before, next_run_at, status,"
-            " attempt_count, current_token, cancel_requested, progress, progress_message,"
-            " error, result_ref, leased_by, lease_expires_at, created_at, updated_at,"
-            " started_at, finished_at)"
+            f"INSERT INTO jobs_job ({JOB_COLUMNS})"
             " SELECT encode(sha256(('tenant-' || (g %% 1000))::bytea), 'hex'),"
             f" '{status}-' || g, 'bench.noop', 1, '{{\"n\":0}}', 'default', 0, 1, NULL,"
             f" now() - interval '1 day' + g * interval '1 ms', '{status}',"

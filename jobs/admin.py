@@ -5,7 +5,9 @@ be added or deleted here. The only state changes are the "Cancel" and "Retry"
 actions, which go through :mod:`jobs.store` exactly like the scoped API does, and are
 offered only to users holding ``jobs.change_job`` (the admin never edits a job, so
 that permission means "may steer jobs"). Staff with only ``jobs.view_job`` see the
-pages and no actions. Queues are listed with their depth and limits, and
+pages and no actions. Chosen with "Select all N", "Cancel" and "Retry" act on every
+job the filters and search match, by filter (:mod:`jobs.bulk`), after a confirmation
+page with the dry run's counts. Queues are listed with their depth and limits, and
 paused or resumed by actions guarded by ``jobs.change_queue``. A scope's weight is set
 on a page of its own, through the store, behind ``jobs.change_scopeweight``.
 """
@@ -39,10 +41,11 @@ from ledon.admin import (
     report_refusals,
     state_action,
 )
+from ledon.bulk_admin import BulkAdminMixin, selected_across
 
-from . import store, validation
+from . import bulk, store, validation
 from .conf import queue_limits
-from .exceptions import InvalidInput, InvalidTransition, InvalidWeight, JobNotFound
+from .exceptions import InvalidInput, InvalidTransition, InvalidWeight, JobNotFound, JobsError
 from .fair_share import check_weight
 from .handlers import library_handlers
 from .models import Job, JobAttempt, Lane, Queue, ScopeWeight
@@ -140,8 +143,22 @@ def waiting_reason(job: Job, now: datetime, *, queue_paused: bool) -> str:
     return "due, waiting for its place in line (priority, then place) or a free worker"
 
 
+class RetryOptions(forms.Form):
+    """The option of a retry of every matching job: attempts granted to each."""
+
+    extra_attempts = forms.IntegerField(
+        min_value=0,
+        max_value=validation.MAX_ATTEMPTS_LIMIT,
+        initial=0,
+        label="Extra attempts for each job",
+        help_text="Raises each job's max_attempts by this much, as "
+        "JobScope.retry(extra_attempts=N) does: a job that used all of its attempts is "
+        "retried only with at least 1. Change it, then count again.",
+    )
+
+
 @admin.register(Job)
-class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
+class JobAdmin(BulkAdminMixin, GrowingTableMixin, ReadOnlyModelAdmin[Job]):
     list_display = (
         "job_id",
         "handler_with_version",
@@ -170,6 +187,8 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
     # Counting the whole table on every page is slow once history grows.
     inlines = (JobAttemptInline,)
     actions = ("cancel_jobs", "retry_jobs")
+    bulk_error = InvalidInput
+    bulk_errors = (JobsError,)
     fieldsets = (
         (
             None,
@@ -290,8 +309,19 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
     # ------------------------------------------------------------------ actions
 
     @state_action("Cancel selected jobs")
-    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        """Cancel through the store: Queued jobs at once, Running ones by request."""
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        """Cancel through the store: Queued jobs at once, Running ones by request; with
+        "Select all N", every matching job, by filter, once confirmed."""
+        if selected_across(request):
+            return self.bulk_by_filter(
+                request,
+                queryset,
+                "cancel_jobs",
+                bulk.cancel_action,
+                explain="Queued jobs end Cancelled at once; Running ones are asked to stop "
+                "(their handler sees the request, and they end Cancelled); finished ones "
+                "are left as they are.",
+            )
         outcomes: Counter[CancelOutcome] = Counter()
         refusals: list[str] = []
         for scope_hash, job_id in queryset.values_list("scope_hash", "job_id"):
@@ -317,11 +347,25 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
             request, ", ".join(parts) + ".", messages.SUCCESS if changed else messages.WARNING
         )
         report_refusals(self, request, refusals, "not cancelled")
+        return None
 
     @state_action("Retry selected jobs")
-    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         """Re-queue through the store, granting one extra attempt to a job that used
-        all of its own; jobs whose state forbids it are listed with why."""
+        all of its own; jobs whose state forbids it are listed with why. With "Select
+        all N", every matching job, by filter, with the extra attempts the confirmation
+        page asks for."""
+        if selected_across(request):
+            return self.bulk_by_filter(
+                request,
+                queryset,
+                "retry_jobs",
+                bulk.retry_action,
+                options=RetryOptions,
+                explain="Failed, Cancelled and Interrupted jobs with an attempt left are "
+                "queued again, with their earlier attempts kept; the others are left as "
+                "they are.",
+            )
         requeued = granted = 0
         refusals: list[str] = []
         rows = queryset.values_list("scope_hash", "job_id", "attempt_count", "max_attempts")
@@ -343,6 +387,7 @@ class JobAdmin(GrowingTableMixin, ReadOnlyModelAdmin[Job]):
         if granted:
             verb += f" ({granted} with one extra attempt granted, having used all of theirs)"
         report_changes(self, request, requeued, verb, refusals)
+        return None
 
 
 @admin.register(JobAttempt)

@@ -7,6 +7,11 @@ drive instances through the runner (:func:`sagas.api.resume_saga`,
 users holding ``sagas.change_sagainstance`` (the admin never edits an instance, so that
 permission means "may steer sagas"). Staff with only the view permission see the pages
 and no actions.
+
+Chosen with "Select all N", the two actions act on every instance the filters and
+search match, after a confirmation page with the dry run's counts, and only hand the
+instances to the saga runners (:mod:`sagas.bulk`): a request does not drive thousands
+of sagas.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db import DatabaseError
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -29,9 +34,11 @@ from ledon.admin import (
     indented_json,
     state_action,
 )
+from ledon.bulk_admin import BulkAdminMixin, selected_across
 
+from . import bulk
 from .api import compensate_saga, resume_saga
-from .exceptions import SagaError, UnknownSaga
+from .exceptions import InvalidInput, SagaError, UnknownSaga
 from .models import SagaInstance
 from .registry import get_saga
 from .types import SagaSnapshot, SagaStatus
@@ -50,7 +57,7 @@ def _step_state(obj: SagaInstance, name: str) -> str:
 
 
 @admin.register(SagaInstance)
-class SagaInstanceAdmin(GrowingTableMixin, ReadOnlyModelAdmin[SagaInstance]):
+class SagaInstanceAdmin(BulkAdminMixin, GrowingTableMixin, ReadOnlyModelAdmin[SagaInstance]):
     list_display = (
         "instance_id",
         "name",
@@ -66,6 +73,8 @@ class SagaInstanceAdmin(GrowingTableMixin, ReadOnlyModelAdmin[SagaInstance]):
     search_help_text = "Instance id or idempotency key (exact), or saga name (contains)."
     ordering = ("-created_at", "-id")
     actions = ("resume_instances", "compensate_instances")
+    bulk_error = InvalidInput
+    bulk_errors = (SagaError,)
     fieldsets = (
         (
             None,
@@ -117,19 +126,49 @@ class SagaInstanceAdmin(GrowingTableMixin, ReadOnlyModelAdmin[SagaInstance]):
     # ------------------------------------------------------------------ actions
 
     @state_action("Resume selected instances (drive them here)")
-    def resume_instances(self, request: HttpRequest, queryset: QuerySet[SagaInstance]) -> None:
-        """Claim running or compensating instances whose lease expired and drive them."""
+    def resume_instances(
+        self, request: HttpRequest, queryset: QuerySet[SagaInstance]
+    ) -> HttpResponse | None:
+        """Claim running or compensating instances whose lease expired and drive them;
+        with "Select all N", hand every matching one back to the runners instead."""
+        if selected_across(request):
+            return self.bulk_by_filter(
+                request,
+                queryset,
+                "resume_instances",
+                bulk.resume_action,
+                explain="Running and compensating instances whose runner is gone (lease "
+                "expired, or taken over before) are released for the saga runners "
+                "(recover_sagas, or the one beside each run_jobs worker) to drive, their "
+                "takeovers counted from zero. Nothing is driven in this request.",
+            )
         self._steer(request, queryset, resume_saga, "resumed")
+        return None
 
     @state_action("Compensate selected instances (undo their completed steps)")
-    def compensate_instances(self, request: HttpRequest, queryset: QuerySet[SagaInstance]) -> None:
-        """Undo completed steps; for failed instances, try the compensations again."""
+    def compensate_instances(
+        self, request: HttpRequest, queryset: QuerySet[SagaInstance]
+    ) -> HttpResponse | None:
+        """Undo completed steps; for failed instances, try the compensations again;
+        with "Select all N", hand every matching one to the runners to compensate."""
         reason = f"compensation requested in the admin by {request.user}"
+        if selected_across(request):
+            return self.bulk_by_filter(
+                request,
+                queryset,
+                "compensate_instances",
+                lambda: bulk.compensate_action(reason),
+                explain="Running instances no runner holds start compensating; failed "
+                "ones (a compensation kept failing) try their compensations again. The "
+                "saga runners (recover_sagas, or the one beside each run_jobs worker) "
+                "undo their completed steps; nothing is driven in this request.",
+            )
 
         def compensate(instance_id: Any, *, runner_id: str) -> SagaSnapshot:
             return compensate_saga(instance_id, reason=reason, runner_id=runner_id)
 
         self._steer(request, queryset, compensate, "compensated")
+        return None
 
     def _steer(
         self,

@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from datetime import datetime
 
 
+def lease_free_at(now: datetime) -> Q:
+    """Not leased, or leased until a moment that has passed (the condition of
+    :meth:`SagaInstanceQuerySet.lease_free`, for counts and guards)."""
+    return Q(leased_until__isnull=True) | Q(leased_until__lt=now)
+
+
 class SagaInstanceQuerySet(models.QuerySet["SagaInstance"]):
     def active(self) -> SagaInstanceQuerySet:
         return self.filter(status__in=ACTIVE_STATUSES)
@@ -27,7 +33,7 @@ class SagaInstanceQuerySet(models.QuerySet["SagaInstance"]):
 
     def lease_free(self, now: datetime) -> SagaInstanceQuerySet:
         """Not leased, or leased until a moment that has passed."""
-        return self.filter(Q(leased_until__isnull=True) | Q(leased_until__lt=now))
+        return self.filter(lease_free_at(now))
 
     def claimable(self, now: datetime) -> SagaInstanceQuerySet:
         """Instances a runner may take over now: active, lease free or expired."""

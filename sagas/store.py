@@ -22,6 +22,14 @@ lease renewal moves the version on, which fences off any writer that read before
     retention ............ SUCCEEDED | COMPENSATED, finished before a cutoff
                            -> (deleted)                                         purge_finished
 
+By id, many at a time (the admin's "all N matching" actions), each one guarded update
+per rule and batch, leaving the instances unleased for the runners to drive:
+
+    compensate many ...... RUNNING, lease free -> COMPENSATING                  compensate_many
+                           FAILED -> COMPENSATING
+    resume many .......... RUNNING | COMPENSATING, lease expired (or
+                           taken over before) -> lease released, takeovers 0    resume_many
+
 ``complete_step`` and ``record_compensation`` run inside the step's own transaction,
 so the completion mark commits with the step's work or not at all.
 """
@@ -31,13 +39,14 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, PositiveIntegerField, When
+from django.db.models import Case, Count, F, PositiveIntegerField, Q, QuerySet, When
 
+from ledon.bulk import BatchOutcome, lock_batch
 from ledon.clock import current_time
 from ledon.db import alias_for
 from ledon.errors import MAX_ERROR_LENGTH
@@ -52,7 +61,7 @@ from .exceptions import (
     SagaLeaseLost,
     SagaNotFound,
 )
-from .models import SagaInstance, SagaInstanceQuerySet
+from .models import SagaInstance, SagaInstanceQuerySet, lease_free_at
 from .types import ACTIVE_STATUSES, SagaSnapshot, SagaStatus
 
 logger = logging.getLogger(__name__)
@@ -419,3 +428,124 @@ def purge_finished(*, older_than: datetime, limit: int = 1000) -> int:
     finished before ``older_than``, oldest first; returns how many. Running,
     compensating and failed (needs attention) instances are never touched."""
     return delete_oldest(_rows().finished(), "finished_at", older_than, limit, error=InvalidInput)
+
+
+# --------------------------------------------------------------------------- many instances
+
+#: The outcomes of the bulk operations, as :class:`ledon.bulk.BatchOutcome` counts them.
+COMPENSATION_STARTED = "compensation started"
+COMPENSATION_RETRIED = "compensation tried again"
+HANDED_TO_RUNNERS = "handed to the runners"
+
+#: Active instances that wait for a runner as they are: never leased, or released,
+#: and never taken over since they last moved on.
+_WAITING = Q(status__in=ACTIVE_STATUSES, leased_until__isnull=True, takeovers=0)
+
+
+def _resumable(now: datetime) -> Q:
+    """Active instances no runner holds (lease free or expired), but for those that
+    wait as they are (:data:`_WAITING`)."""
+    return Q(status__in=ACTIVE_STATUSES) & lease_free_at(now) & ~_WAITING
+
+
+def _to_compensate(now: datetime) -> Q:
+    return Q(status=SagaStatus.RUNNING) & lease_free_at(now)
+
+
+def _handed_over(now: datetime) -> dict[str, Any]:
+    """For the next runner to claim: unleased, its takeovers counted from zero again,
+    its version moved on (fencing off any writer that read it before)."""
+    return {
+        "leased_by": "",
+        "leased_until": None,
+        "takeovers": 0,
+        "version": F("version") + 1,
+        "updated_at": now,
+    }
+
+
+def compensate_many(
+    ids: Sequence[int], *, reason: str = "", now: datetime | None = None
+) -> BatchOutcome:
+    """Compensate the instances of ``ids`` (primary keys) as :func:`sagas.api.compensate_saga`
+    would, but for the saga runners to drive, in one transaction of two guarded
+    updates: a Running instance whose lease is free or expired starts compensating
+    (no failed step, ``reason`` as its error); a Failed one tries its compensations
+    again. Both are left unleased for the next runner. Instances a runner holds,
+    compensating ones (a runner goes on with them) and finished ones are left. On
+    PostgreSQL a row another transaction holds is returned as held
+    (:func:`ledon.bulk.lock_batch`)."""
+    now = _now(now)
+    error = (reason or "compensation requested by an operator")[:MAX_ERROR_LENGTH]
+    with transaction.atomic(using=_alias()):
+        ids, held = lock_batch(SagaInstance, ids)
+        rows = _rows().filter(pk__in=ids)
+        started = rows.filter(_to_compensate(now)).update(
+            status=SagaStatus.COMPENSATING, failed_step="", error=error, **_handed_over(now)
+        )
+        retried = rows.filter(status=SagaStatus.FAILED).update(
+            status=SagaStatus.COMPENSATING, finished_at=None, **_handed_over(now)
+        )
+    return BatchOutcome(
+        changed={COMPENSATION_STARTED: started, COMPENSATION_RETRIED: retried}, held=held
+    )
+
+
+def resume_many(ids: Sequence[int], *, now: datetime | None = None) -> BatchOutcome:
+    """Hand the instances of ``ids`` (primary keys) back to the saga runners, in one
+    guarded update: a Running or Compensating instance whose lease expired, or that
+    was taken over before, is released with its takeovers counted from zero (the
+    operator's word that what stopped its runners is fixed), so that the next runner
+    claims it without counting a takeover. Instances a runner holds, those already
+    waiting for one, and the others are left. Held rows as for
+    :func:`compensate_many`."""
+    now = _now(now)
+    with transaction.atomic(using=_alias()):
+        ids, held = lock_batch(SagaInstance, ids)
+        resumed = _rows().filter(_resumable(now), pk__in=ids).update(**_handed_over(now))
+    return BatchOutcome(changed={HANDED_TO_RUNNERS: resumed}, held=held)
+
+
+_HELD_BY_RUNNER = "leased to a runner now"
+_FINISHED = "finished"
+_FINISHED_STATUSES = (SagaStatus.SUCCEEDED, SagaStatus.COMPENSATED)
+
+
+def compensate_preview(
+    rows: QuerySet[SagaInstance], *, now: datetime | None = None
+) -> Mapping[str, int]:
+    """What :func:`compensate_many` would do to ``rows`` now, counted in one read."""
+    now = _now(now)
+    counts = rows.order_by().aggregate(
+        started=Count("pk", filter=_to_compensate(now)),
+        retried=Count("pk", filter=Q(status=SagaStatus.FAILED)),
+        leased=Count("pk", filter=Q(status__in=ACTIVE_STATUSES) & ~lease_free_at(now)),
+        going_on=Count("pk", filter=Q(status=SagaStatus.COMPENSATING) & lease_free_at(now)),
+        finished=Count("pk", filter=Q(status__in=_FINISHED_STATUSES)),
+    )
+    return {
+        COMPENSATION_STARTED: counts["started"],
+        COMPENSATION_RETRIED: counts["retried"],
+        _HELD_BY_RUNNER: counts["leased"],
+        "compensating already (a runner goes on with them)": counts["going_on"],
+        _FINISHED: counts["finished"],
+    }
+
+
+def resume_preview(
+    rows: QuerySet[SagaInstance], *, now: datetime | None = None
+) -> Mapping[str, int]:
+    """What :func:`resume_many` would do to ``rows`` now, counted in one read."""
+    now = _now(now)
+    counts = rows.order_by().aggregate(
+        resumed=Count("pk", filter=_resumable(now)),
+        waiting=Count("pk", filter=_WAITING),
+        leased=Count("pk", filter=Q(status__in=ACTIVE_STATUSES) & ~lease_free_at(now)),
+        other=Count("pk", filter=~Q(status__in=ACTIVE_STATUSES)),
+    )
+    return {
+        HANDED_TO_RUNNERS: counts["resumed"],
+        "waiting for a runner already": counts["waiting"],
+        _HELD_BY_RUNNER: counts["leased"],
+        "not running or compensating": counts["other"],
+    }

@@ -473,3 +473,18 @@ def test_only_targets_reads_every_target_of_ours_from_one_run(tmp_path: Path) ->
     assert limits["ratio"] == pytest.approx(flow["off"] / flow["all_three"])
     assert figures["idle"]["latency"]["django-ledon"]["p50_ms"] > 0
     assert "| target | django-ledon | against | ratio | goal | verdict |" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_the_bulk_benchmark_runs_small(tmp_path: Path) -> None:
+    done = run_module(
+        "benchmarks.bulk", "--database-url", server_url(), "--jobs", "300",
+        "--samples", "3", "--out", str(tmp_path),
+    )  # fmt: skip
+    (written,) = tmp_path.glob("bulk-*.json")
+    figures = json.loads(written.read_text())
+    assert (figures["jobs"], figures["requeued"]) == (300, 300)
+    assert figures["run"]["batches"] == 1
+    assert figures["before"]["samples"] == figures["after"]["samples"] == 3
+    assert "load average" in done.stdout

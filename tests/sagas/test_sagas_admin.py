@@ -4,7 +4,6 @@ compensate actions drive instances through the runner, only for users allowed to
 from __future__ import annotations
 
 import json
-import threading
 from datetime import timedelta
 from typing import Any
 
@@ -16,10 +15,8 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from sagas import SagaExecutionError, SagaStatus, run_saga, start_saga, store
-from sagas.driver import Driver
 from sagas.models import SagaInstance
-from sagas.registry import get_saga
-from tests.support.sagas import ORDER, instance, order, runs
+from tests.support.sagas import ORDER, instance, order, runs, stopped_after_reserve
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,20 +41,6 @@ def run_action(client: Client, action: str, *instance_ids) -> list[str]:
     for text in texts:
         assert f">{escape(text)}</li>" in content
     return texts
-
-
-def stopped_after_reserve(**data: Any):
-    """An instance whose runner completed reserve, then stopped and freed the lease."""
-    state = start_saga("fulfilment.order", data=order(**data))
-    stopping = threading.Event()
-    claimed = store.claim(state, "gone", lease_seconds=30)
-    Driver(
-        get_saga("fulfilment.order"),
-        "gone",
-        on_event=lambda e, s, d: stopping.set() if e == "step-completed" else None,
-        stopping=stopping,
-    ).drive(claimed)
-    return state.instance_id
 
 
 @pytest.fixture

@@ -3,12 +3,16 @@ journal, and management commands in child processes."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sagas import start_saga, store
+from sagas.driver import Driver
 from sagas.models import SagaInstance
+from sagas.registry import get_saga
 from testproject.fulfilment.models import StepRun
 
 #: Data of one order for the fulfilment sagas.
@@ -52,3 +56,17 @@ def instance(instance_id: uuid.UUID | str | None = None) -> SagaInstance:
     if instance_id is None:
         return SagaInstance.objects.get()
     return SagaInstance.objects.get(instance_id=instance_id)
+
+
+def stopped_after_reserve(**data: Any) -> uuid.UUID:
+    """An instance whose runner completed reserve, then stopped and freed the lease."""
+    state = start_saga("fulfilment.order", data=order(**data))
+    stopping = threading.Event()
+    claimed = store.claim(state, "gone", lease_seconds=30)
+    Driver(
+        get_saga("fulfilment.order"),
+        "gone",
+        on_event=lambda e, s, d: stopping.set() if e == "step-completed" else None,
+        stopping=stopping,
+    ).drive(claimed)
+    return state.instance_id
