@@ -225,21 +225,20 @@ def test_while_the_broker_is_down_messages_wait_and_none_is_lost_or_doubled(serv
     services.place(5)
     consumer.wait_until(lambda: len(services.handled_in_b()) == 5, "the first 5 handled in B")
 
-    services.broker.stop()
-    services.place(5, start=5)
-    later = services.placed().filter(key__gte=f"{services.tag}-005")
+    with services.broker.stopped():
+        services.place(5, start=5)
+        later = services.placed().filter(key__gte=f"{services.tag}-005")
 
-    def failed_while_down() -> bool:
-        rows = list(later.values_list("status", "attempts", "last_error"))
-        return len(rows) == 5 and all(
-            status == MessageStatus.PENDING and attempts >= 1 and error
-            for status, attempts, error in rows
-        )
+        def failed_while_down() -> bool:
+            rows = list(later.values_list("status", "attempts", "last_error"))
+            return len(rows) == 5 and all(
+                status == MessageStatus.PENDING and attempts >= 1 and error
+                for status, attempts, error in rows
+            )
 
-    dispatcher.wait_until(failed_while_down, "the new messages to fail and wait", timeout=60)
-    assert len(services.handled_in_b()) == 5
+        dispatcher.wait_until(failed_while_down, "the new messages to fail and wait", timeout=60)
+        assert len(services.handled_in_b()) == 5
 
-    services.broker.start()
     consumer.wait_until(lambda: len(services.handled_in_b()) == 10, "all 10 handled in B", 90)
     dispatcher.wait_until(
         lambda: not services.placed().exclude(status=MessageStatus.SENT).exists(), "all sent"

@@ -19,14 +19,16 @@ its tables are read with plain database connections.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import os
 import shutil
+import socket
 import sqlite3
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,26 @@ class Broker:
     def start(self) -> None:
         self._script("start")
 
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[None]:
+        """The broker stopped for the block, and started again however it ends: a
+        failing test never leaves the shared broker down for the tests after it."""
+        self.stop()
+        try:
+            yield
+        finally:
+            self.start()
+
+    def listening(self) -> bool:
+        """Whether the broker's port takes a connection."""
+        address = self.address if "//" in self.address else f"//{self.address.split(',')[0]}"
+        parts = urlsplit(address)
+        try:
+            with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 2):
+                return True
+        except OSError:
+            return False
+
     def _script(self, command: str) -> None:
         if self.directory is None:
             unavailable(f"{self.kind} was given without BROKERS_DIR: cannot stop or start it")
@@ -95,6 +117,8 @@ def broker(kind: str) -> Broker:
     if isinstance(found, str):
         unavailable(found)
         raise AssertionError("unreachable")
+    if found.directory is not None and not found.listening():
+        found.start()  # a test before this one left it stopped: every test gets it up
     return found
 
 
