@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from importlib import import_module
-
 # The module, not the class: Django takes the one AppConfig subclass named in apps.py.
 import ledon.apps
 
@@ -21,8 +19,13 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
 
         runs_inside("jobs", self.label)
         # The jobs that advance runs and run activity items are handled in every
-        # process, whatever JOBS["AUTODISCOVER_MODULE"] names.
-        import_module("workflows.handlers")
+        # process, whatever JOBS["AUTODISCOVER_MODULE"] names: the advance's handler
+        # is registered as its module is imported (it imports the models, loaded by
+        # now), each activity's as the registry records it, before ready or after.
+        from . import registry
+        from .handlers import register_activity_handler
+
+        registry.watch_activities(register_activity_handler)
         # An item job that fails for good outside its activity's code ends its item.
         from jobs.signals import attempt_finished
 

@@ -8,6 +8,10 @@ a run names its (name, version), an item job its activity's name. An activity is
 also a job handler of its own name (version 1), so the jobs' per-handler limits
 (given to ``@activity``) and per-queue limits apply to its items, and it stays
 callable as a plain function.
+
+The registry only records: who acts on a new activity (the app's config registers
+its job handler) watches it through :func:`watch_activities`, so that the registry
+imports nothing that runs workflows.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from django.utils.module_loading import autodiscover_modules
 
@@ -26,12 +30,11 @@ from ledon.naming import did_you_mean, other_definition, qualified_name
 
 from .exceptions import InvalidWorkflow, UnknownActivity, UnknownWorkflow
 
-if TYPE_CHECKING:
-    from .context import WorkflowContext
-
 P = ParamSpec("P")
 R = TypeVar("R")
-Body = Callable[["WorkflowContext"], Any]
+#: A workflow body: ``fn(wf)``, ``wf`` the run's ``WorkflowContext`` (named here only
+#: as its role: the registry imports nothing that runs workflows).
+Body = Callable[[Any], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,8 @@ class ActivitySpec:
 
 _workflows: dict[tuple[str, int], WorkflowSpec] = {}
 _activities: dict[str, ActivitySpec] = {}
+#: Called with every activity registered (see :func:`watch_activities`).
+_watchers: list[Callable[[ActivitySpec], None]] = []
 _lock = threading.Lock()
 _discovered = False
 
@@ -148,20 +153,33 @@ def activity(
                     f"activity {name!r} is defined twice: {other} and {qualified_name(func)}"
                 )
             _activities[name] = spec
-        # The item jobs' handler; imported here: the handlers module imports this one.
-        from .handlers import register_activity_handler
-
+            watchers = list(_watchers)
         try:
-            register_activity_handler(spec)
-        except JobsError as exc:
+            for watcher in watchers:
+                watcher(spec)
+        except InvalidWorkflow:
             with _lock:
                 if existing is None:
                     _activities.pop(name, None)
-            raise InvalidWorkflow(f"activity {name!r}: {exc}") from None
+            raise
         func.__workflow_activity__ = name  # type: ignore[attr-defined]
         return func
 
     return decorator
+
+
+def watch_activities(watcher: Callable[[ActivitySpec], None]) -> None:
+    """Call ``watcher(spec)`` for every activity registered so far, and for each one
+    registered from now on, before its ``@activity`` returns: an
+    :class:`~workflows.exceptions.InvalidWorkflow` it raises is that declaration's
+    error, and the activity is not registered. The same watcher twice is called once."""
+    with _lock:
+        if watcher in _watchers:
+            return
+        _watchers.append(watcher)
+        known = list(_activities.values())
+    for spec in known:
+        watcher(spec)
 
 
 def autodiscover() -> None:
