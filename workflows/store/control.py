@@ -1,0 +1,171 @@
+"""Control of a run from outside: cancel (with its children and items) and resume,
+for a caller of a scope, the admin, and the advance job an operator cancelled.
+:func:`cancel_run` and :func:`resume_run` act on one run by its row."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from jobs import store as job_store
+from jobs.models import Job
+from jobs.types import JobStatus
+from ledon.faults import fault_point
+
+from ..exceptions import InvalidTransition
+from ..models import WorkflowItem, WorkflowRun, WorkflowStep
+from ..types import (
+    CancelOutcome,
+    RunSnapshot,
+    RunStatus,
+    StepKind,
+    StepStatus,
+)
+from .base import alias, lock_run, run_in_scope
+from .bounds import refuse_hopeless_resume
+from .checkpoints import update_step
+from .reads import snapshot
+from .waking import (
+    ADVANCE_JOB_PREFIX,
+    advance_job_prefix,
+    advance_scope_hash,
+    drop_wakes,
+    wake,
+    wake_parent,
+)
+
+
+def cancel(scope_hash: str, run_id: str) -> CancelOutcome:
+    """A waiting run ends Cancelled at once; a running one is asked to stop (it ends
+    Cancelled at its next checkpoint). Unfinished children and running activity items
+    are cancelled with it."""
+    now = timezone.now()
+    with transaction.atomic(using=alias()):
+        run = run_in_scope(scope_hash, run_id)
+        return cancel_run(run, now)
+
+
+def cancel_run(run: WorkflowRun, now: datetime) -> CancelOutcome:
+    # Locked first: a run its driver suspends between the two guarded statements
+    # below would otherwise match neither, and the cancel would be lost.
+    lock_run(run.pk)
+    ended = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.WAITING).update(
+        status=RunStatus.CANCELLED,
+        cancel_requested=True,
+        driver_token=None,
+        waiting_for="",
+        wake_at=None,
+        finished_at=now,
+        updated_at=now,
+    )
+    if ended:
+        cancel_dependents(run, now)
+        drop_wakes([run.pk], now)
+        wake_parent(run, now)
+        return CancelOutcome.CANCELLED
+    fault_point("workflows.cancel.not_waiting", run=run.pk)
+    asked = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+        cancel_requested=True, updated_at=now
+    )
+    if asked:
+        cancel_dependents(run, now)
+        return CancelOutcome.REQUESTED
+    return CancelOutcome.ALREADY_FINISHED
+
+
+def cancel_dependents(run: WorkflowRun, now: datetime) -> None:
+    """Cancel the run's unfinished children, its items' jobs, and mark its open
+    checkpoints Cancelled."""
+    for child in WorkflowRun.objects.filter(parent=run, status__in=RunStatus.unfinished()):
+        cancel_run(child, now)
+    for item in WorkflowItem.objects.filter(step__run=run, status=StepStatus.RUNNING):
+        job_store.cancel(run.scope_hash, item.job_id, now=now)
+    WorkflowItem.objects.filter(step__run=run, status=StepStatus.RUNNING).update(
+        status=StepStatus.CANCELLED, finished_at=now
+    )
+    WorkflowStep.objects.filter(
+        run=run, status__in=(StepStatus.RUNNING, StepStatus.WAITING)
+    ).update(status=StepStatus.CANCELLED, finished_at=now)
+
+
+def resume(scope_hash: str, run_id: str) -> RunSnapshot:
+    """FAILED -> WAITING: the failed checkpoints are erased (a failed child run is
+    resumed too), so the replay runs them again with fresh retries; recorded
+    checkpoints keep their values."""
+    now = timezone.now()
+    with transaction.atomic(using=alias()):
+        run = run_in_scope(scope_hash, run_id)
+        if run.status == RunStatus.FAILED:
+            refuse_hopeless_resume(run)
+        resume_run(run, now)
+        run.refresh_from_db()
+        return snapshot(run)
+
+
+def resume_run(run: WorkflowRun, now: datetime) -> None:
+    resumed = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.FAILED).update(
+        status=RunStatus.WAITING,
+        generation=F("generation") + 1,
+        cancel_requested=False,
+        error="",
+        failed_step="",
+        output_json=None,
+        waiting_for="resume",
+        finished_at=None,
+        updated_at=now,
+    )
+    if not resumed:
+        raise InvalidTransition(f"run {run.run_id!r} is {run.status}: only a Failed run resumes")
+    failed = WorkflowStep.objects.filter(run=run, status=StepStatus.FAILED)
+    for step in failed.filter(kind=StepKind.CHILD).select_related("child"):
+        if step.child is not None and step.child.status == RunStatus.FAILED:
+            resume_run(step.child, now)
+            update_step(step, StepStatus.FAILED, status=StepStatus.WAITING, finished_at=None)
+    # A failed try of an inline step, a failed map or activity, a timed-out wait: the
+    # replay records them again. (Non-child failed steps only: a resumed child keeps
+    # its checkpoint, now waiting.) Their keys are kept, so that the replay records
+    # them again where they stood (see ``WorkflowRun.rerun_keys``).
+    erased = WorkflowStep.objects.filter(run=run).filter(
+        Q(status=StepStatus.FAILED) | Q(kind=StepKind.STEP, status=StepStatus.WAITING)
+    )
+    rerun_keys = list(erased.order_by("id").values_list("key", flat=True))
+    erased.delete()
+    WorkflowRun.objects.filter(pk=run.pk).update(rerun_keys=rerun_keys)
+    generation = WorkflowRun.objects.filter(pk=run.pk).values_list("generation", flat=True)[0]
+    wake(run.pk, generation, "resume", now=now)
+
+
+def advance_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> CancelOutcome | None:
+    """An advance job of a run was cancelled (an operator cancelled it in the jobs
+    admin, queued or before its handler ran). A run that the job held is let go
+    (Waiting). If no other advance job of the run is queued or running, nothing would
+    ever advance it again: the run is cancelled with its job. None if ``job_id`` is no
+    advance job of a run (any other job: no query), or if the run has another
+    advance job and goes on."""
+    if scope_hash != advance_scope_hash() or not job_id.startswith(ADVANCE_JOB_PREFIX):
+        return None
+    run_pk = job_id.removeprefix(ADVANCE_JOB_PREFIX).split(".", 1)[0]
+    if not run_pk.isdigit():
+        return None
+    with transaction.atomic(using=alias()):
+        run = WorkflowRun.objects.filter(pk=int(run_pk)).first()
+        if run is None:
+            return None
+        WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING, driver_job=job_id).update(
+            status=RunStatus.WAITING, driver_token=None, driver_job=None, updated_at=now
+        )
+        others = (
+            Job.objects.filter(
+                scope_hash=scope_hash,
+                job_id__startswith=advance_job_prefix(run.pk),
+                status__in=(JobStatus.QUEUED, JobStatus.RUNNING),
+            )
+            .exclude(job_id=job_id)
+            .exists()
+        )
+        if others:
+            return None
+        return cancel_run(run, now)
