@@ -52,9 +52,8 @@ from .exceptions import (
     SignalTimeout,
     StepFailed,
 )
-from .models import WorkflowStep
 from .observability import hooks
-from .types import RunStatus, StepKind, StepStatus
+from .types import Checkpoint, RunStatus, StepKind, StepStatus
 
 
 class Suspend(BaseException):
@@ -136,7 +135,7 @@ class WorkflowContext:
         self._driver = driver
         self._run = driver.run
         self._clock = clock
-        self._steps: dict[str, WorkflowStep] = store.load_steps(driver.run)
+        self._steps: dict[str, Checkpoint] = store.load_steps(driver.run.pk)
         self._order = RecordedOrder(self._steps, driver.run.rerun_keys)
         self._seen: set[str] = set()
         self._deadline: float | None = None
@@ -189,7 +188,7 @@ class WorkflowContext:
         return ""
 
     # replay bookkeeping
-    def _reach(self, key: object, kind: StepKind) -> tuple[str, WorkflowStep | None]:
+    def _reach(self, key: object, kind: StepKind) -> tuple[str, Checkpoint | None]:
         checked = validation.key(key)
         if checked in self._seen:
             self._nondeterministic(
@@ -230,16 +229,19 @@ class WorkflowContext:
         """A fenced transaction for this driver (:class:`Stop` if it is stale)."""
         return _Fenced(self._driver, self._now())
 
-    def _record(self, step: WorkflowStep) -> WorkflowStep:
+    def _record(self, step: Checkpoint) -> Checkpoint:
         self._steps[step.key] = step
         return step
 
-    def _move(self, step: WorkflowStep, expected: StepStatus, **fields: Any) -> None:
-        """Move ``step`` from ``expected`` (inside a fenced transaction). :class:`Stop`
-        if it is not there any more: a cancel of the run marked it Cancelled (the
-        advance then ends the run Cancelled), or another driver moved it."""
-        if not store.update_step(step, expected, **fields):
+    def _move(self, step: Checkpoint, expected: StepStatus, **fields: Any) -> Checkpoint:
+        """Move ``step`` from ``expected`` (inside a fenced transaction) and return it
+        as it now stands. :class:`Stop` if it is not there any more: a cancel of the
+        run marked it Cancelled (the advance then ends the run Cancelled), or another
+        driver moved it."""
+        moved = store.update_step(step, expected, **fields)
+        if moved is None:
             raise Stop(cancelled=False)
+        return moved
 
     def _wake_at(self, when: datetime, reason: str, detail: str, now: datetime) -> None:
         """Stage the advance job that wakes this run at ``when`` (inside a fenced
@@ -249,19 +251,18 @@ class WorkflowContext:
     def _settle(
         self,
         key: str,
-        step: WorkflowStep | None,
+        step: Checkpoint | None,
         kind: StepKind,
         status: StepStatus,
         now: datetime,
         **fields: Any,
-    ) -> WorkflowStep:
+    ) -> Checkpoint:
         """Record ``key``'s checkpoint as ``status`` (inside a fenced transaction): a
         new one, or ``step`` moved on from where it stands (see :meth:`_move`)."""
         if step is None:
             return store.insert_step(self._driver, key, kind, status, now, **fields)
         finished = now if status in (StepStatus.SUCCEEDED, StepStatus.FAILED) else None
-        self._move(step, StepStatus(step.status), status=status, finished_at=finished, **fields)
-        return step
+        return self._move(step, step.status, status=status, finished_at=finished, **fields)
 
     # checkpoints
     @_checkpoint
@@ -320,7 +321,7 @@ class WorkflowContext:
     def _try_inline(
         self,
         key: str,
-        step: WorkflowStep | None,
+        step: Checkpoint | None,
         tries: int,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
@@ -382,7 +383,7 @@ class WorkflowContext:
         hooks.step_ended(self._run.name, kind.value, outcome, time.monotonic() - started)
 
     def _failed_try(
-        self, key: str, step: WorkflowStep | None, tries: int, retries: int, exc: Exception
+        self, key: str, step: Checkpoint | None, tries: int, retries: int, exc: Exception
     ) -> Any:
         error_type, message = error_parts(exc)
         now = self._now()
@@ -446,7 +447,7 @@ class WorkflowContext:
                     result_json="[]" if done else None,
                 )
                 if not done:
-                    store.insert_items(step, self._run.scope_hash, spec, args[: store.ITEM_BATCH])
+                    store.insert_items(self._run, step, spec, args[: store.ITEM_BATCH])
             self._record(step)
             if done:
                 return []
@@ -474,7 +475,7 @@ class WorkflowContext:
 
     def _queue_items(
         self,
-        step: WorkflowStep,
+        step: Checkpoint,
         spec: registry.ActivitySpec,
         args: list[str],
         queued: int | None = None,
@@ -488,10 +489,10 @@ class WorkflowContext:
             batch = args[queued : queued + store.ITEM_BATCH]
             store.let_writers_in()
             with self._write():
-                store.insert_items(step, self._run.scope_hash, spec, batch, start=queued)
+                store.insert_items(self._run, step, spec, batch, start=queued)
             queued += len(batch)
 
-    def _fan_in(self, key: str, kind: StepKind, step: WorkflowStep) -> list[Any]:
+    def _fan_in(self, key: str, kind: StepKind, step: Checkpoint) -> list[Any]:
         items = store.items_of(step)
         failed = [item for item in items if item.status != StepStatus.SUCCEEDED]
         now = self._now()
@@ -504,7 +505,7 @@ class WorkflowContext:
                     message = (
                         f"{len(failed)} of {len(items)} items failed; item {first.index}: {message}"
                     )
-                self._move(
+                step = self._move(
                     step,
                     StepStatus.RUNNING,
                     status=StepStatus.FAILED,
@@ -516,7 +517,7 @@ class WorkflowContext:
             else:
                 results = [validation.from_json(item.result_json) for item in items]
                 value = results if kind == StepKind.MAP else results[0]
-                self._move(
+                step = self._move(
                     step,
                     StepStatus.RUNNING,
                     status=StepStatus.SUCCEEDED,
@@ -568,7 +569,9 @@ class WorkflowContext:
             raise Suspend(f"timer until {_iso(step.wake_at)}", step.wake_at)
         with self._write():
             fault_point("workflows.timer.wake", run=self._run.pk, key=checked)
-            self._move(step, StepStatus.WAITING, status=StepStatus.SUCCEEDED, finished_at=now)
+            step = self._move(
+                step, StepStatus.WAITING, status=StepStatus.SUCCEEDED, finished_at=now
+            )
         self._record(step)
 
     @_checkpoint
@@ -588,7 +591,7 @@ class WorkflowContext:
             if step.status == StepStatus.FAILED:
                 raise SignalTimeout(checked)
         now = self._now()
-        arrived, payload = store.signal_payload(self._run, checked)
+        arrived, payload = store.signal_payload(self._run.pk, checked)
         with self._write():
             if arrived:
                 result_json = validation.to_json(payload, f"signal {checked!r}")
@@ -602,7 +605,7 @@ class WorkflowContext:
                         result_json=result_json,
                     )
                 else:
-                    self._move(
+                    step = self._move(
                         step,
                         StepStatus.WAITING,
                         status=StepStatus.SUCCEEDED,
@@ -622,7 +625,7 @@ class WorkflowContext:
                 if deadline is not None:
                     self._wake_at(deadline, "signal-timeout", checked, now)
             elif step.wake_at is not None and now >= step.wake_at:
-                self._move(
+                step = self._move(
                     step,
                     StepStatus.WAITING,
                     status=StepStatus.FAILED,
@@ -675,7 +678,7 @@ class WorkflowContext:
         succeeded = child_run.status == RunStatus.SUCCEEDED
         with self._write():
             if succeeded:
-                self._move(
+                step = self._move(
                     step,
                     StepStatus.WAITING,
                     status=StepStatus.SUCCEEDED,
@@ -684,7 +687,7 @@ class WorkflowContext:
                 )
             else:
                 error_type, _, message = (child_run.error or "").partition(": ")
-                self._move(
+                step = self._move(
                     step,
                     StepStatus.WAITING,
                     status=StepStatus.FAILED,

@@ -40,9 +40,9 @@ from ledon.values import CancelOutcome
 from . import registry, store, validation
 from .context import Stop, Suspend, WorkflowContext, _activity_context, error_parts, retry_delay
 from .exceptions import InvalidInput, StepFailed, UntrustedJob
-from .models import WorkflowItem, WorkflowRun
+from .models import WorkflowRun
 from .observability import hooks
-from .types import RunStatus, StepStatus
+from .types import DrivenRun, Item, RunStatus, StepStatus
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def _end(
     return Advanced(status.value)
 
 
-def _log_failed(run: WorkflowRun, error: str, failed_step: str) -> None:
+def _log_failed(run: DrivenRun, error: str, failed_step: str) -> None:
     """The worker's WARNING for a failed run, its fields in ``extra=`` (as the
     engines' lines carry theirs) for a JSON formatter: ``workflow``,
     ``workflow_version``, ``run_id``, ``scope_hash``, ``step``, ``error``."""
@@ -284,7 +284,7 @@ def _outage_waits() -> Iterator[None]:
         raise Snooze(retry_delay(1)) from exc
 
 
-def _ended_already(item: WorkflowItem) -> None:
+def _ended_already(item: Item) -> None:
     """A job run again after its item ended (an operator retried it, or its worker
     died after the item was recorded): it ends as its item did, running nothing."""
     if item.status == StepStatus.SUCCEEDED:
@@ -296,7 +296,7 @@ def _ended_already(item: WorkflowItem) -> None:
     )
 
 
-def _failed_try(item: WorkflowItem, job: JobContext, exc: Exception) -> None:
+def _failed_try(item: Item, job: JobContext, exc: Exception) -> None:
     """Record a failed try on its item: its error while the job will try again, the
     item's failure when this was the last try (the job's own rule decides:
     :meth:`jobs.handlers.HandlerSpec.failure`). A try stopped by the worker's

@@ -2,6 +2,10 @@
 
 Snapshots are frozen, slotted, keyword-only dataclasses read from the store; they
 never change after they are made and hold parsed JSON values.
+
+The engine's own values come last (:class:`DrivenRun`, :class:`Checkpoint`,
+:class:`Item`, :class:`ChildRun`): what the store hands the engine and the context,
+frozen too, so that nothing outside the store changes a row's picture of itself.
 """
 
 from __future__ import annotations
@@ -54,6 +58,16 @@ class StepStatus(models.TextChoices):
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether the checkpoint is recorded for good (see :data:`FINISHED_STEP_STATUSES`)."""
+        return self in FINISHED_STEP_STATUSES
+
+
+#: The one definition of a finished checkpoint: Succeeded or Failed. A replay returns
+#: its value or raises its failure; a Cancelled one is never replayed (its run ended).
+FINISHED_STEP_STATUSES = (StepStatus.SUCCEEDED, StepStatus.FAILED)
 
 
 class StepKind(models.TextChoices):
@@ -148,3 +162,71 @@ class RunSnapshot:
     def step(self, key: str) -> StepSnapshot | None:
         """The checkpoint recorded under ``key``, if any."""
         return next((step for step in self.steps if step.key == key), None)
+
+
+# -- the engine's values --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrivenRun:
+    """A run as its driver took it: what one advance reads of the run's row."""
+
+    pk: int
+    scope_hash: str
+    run_id: str
+    name: str
+    version: int
+    input_json: str
+    #: Resumes so far: part of the ids of the run's advance jobs.
+    generation: int
+    #: Advances so far, this one included.
+    advances: int
+    #: The keys the last resume erased, in the order they were recorded.
+    rerun_keys: tuple[str, ...]
+    parent_id: int | None
+    parent_key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """One recorded checkpoint of a run, as a replay reads it (its JSON unparsed)."""
+
+    pk: int
+    key: str
+    kind: StepKind
+    status: StepStatus
+    attempts: int
+    result_json: str | None
+    error_type: str
+    error: str
+    wake_at: datetime | None
+    item_count: int
+    child_id: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Item:
+    """One item of a map (or the one item of an activity step), as its job runs it
+    and as the fan-in reads it."""
+
+    pk: int
+    step_id: int
+    index: int
+    status: StepStatus
+    attempts: int
+    args_json: str
+    result_json: str | None
+    error_type: str
+    error: str
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildRun:
+    """A child run as its parent's checkpoint reads it: how it stands or ended."""
+
+    pk: int
+    run_id: str
+    status: RunStatus
+    output_json: str | None
+    error: str

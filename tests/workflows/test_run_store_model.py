@@ -338,13 +338,17 @@ class RunStoreModel(RuleBasedStateMachine):
         try:
             with transaction.atomic(using=store.alias()):
                 store.guard(driver, now)
-                step = store.load_steps(driver.run).get(key)
-                changed = step is not None and store.update_step(
-                    step,
-                    StepStatus.WAITING,
-                    status=StepStatus.SUCCEEDED,
-                    result_json="2",
-                    finished_at=now,
+                step = store.load_steps(driver.run.pk).get(key)
+                changed = (
+                    step is not None
+                    and store.update_step(
+                        step,
+                        StepStatus.WAITING,
+                        status=StepStatus.SUCCEEDED,
+                        result_json="2",
+                        finished_at=now,
+                    )
+                    is not None
                 )
         except store.StaleDriver:
             assert run is None

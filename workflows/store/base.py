@@ -13,7 +13,7 @@ from ledon.db import alias_for
 
 from ..exceptions import RunNotFound
 from ..models import WorkflowRun
-from ..types import RunStatus
+from ..types import DrivenRun, RunStatus
 
 
 def now_or(now: datetime | None) -> datetime:
@@ -54,9 +54,9 @@ class StaleDriver(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Driver:
-    """A worker's hold on a run for one advance: the run row as taken and its token."""
+    """A worker's hold on a run for one advance: the run as taken and its token."""
 
-    run: WorkflowRun
+    run: DrivenRun
     token: str
 
     def held(self) -> QuerySet[WorkflowRun]:

@@ -8,16 +8,9 @@ from typing import Any
 from django.db.models import Count, Func, Sum
 
 from ..conf import workflows_settings
-from ..exceptions import (
-    ResultsTooLarge,
-    ResumeWouldFail,
-    TooManyItems,
-)
-from ..models import WorkflowItem, WorkflowRun, WorkflowStep
-from ..types import (
-    StepKind,
-    StepStatus,
-)
+from ..exceptions import ResultsTooLarge, ResumeWouldFail, TooManyItems
+from ..models import WorkflowItem, WorkflowStep
+from ..types import Item, StepKind, StepStatus
 
 
 def check_item_count(key: str, count: int) -> None:
@@ -49,7 +42,7 @@ def _results_bytes(step_id: int, *, excluding: int | None = None) -> tuple[int, 
     return totals["count"] or 0, totals["size"] or 0
 
 
-def check_results_size(item: WorkflowItem, result_json: str) -> None:
+def check_results_size(item: Item, result_json: str) -> None:
     """:class:`ResultsTooLarge` if ``item``'s result would make its map's results,
     as one JSON list, larger than ``WORKFLOWS["MAX_VALUE_BYTES"]`` (checked as each
     item ends, not once they all ran: the map fails on the item that does not fit).
@@ -76,14 +69,15 @@ def check_results_size(item: WorkflowItem, result_json: str) -> None:
         )
 
 
-def refuse_hopeless_resume(run: WorkflowRun) -> None:
-    """:class:`ResumeWouldFail` if resuming ``run`` would fail it again the same way:
+def refuse_hopeless_resume(run_pk: int, run_id: str) -> None:
+    """:class:`ResumeWouldFail` if resuming run ``run_pk`` (``run_id``) would fail it
+    again the same way:
     a map whose items all succeeded but whose results are larger than
     ``WORKFLOWS["MAX_VALUE_BYTES"]`` (recorded before the bound was checked as
     items end, or under a larger bound) would be replayed to the same failure."""
     bound = workflows_settings().MAX_VALUE_BYTES
     running = WorkflowStep.objects.filter(
-        run=run, kind=StepKind.MAP, status=StepStatus.RUNNING
+        run_id=run_pk, kind=StepKind.MAP, status=StepStatus.RUNNING
     ).values_list("pk", "key", "item_count")
     for step_pk, key, count in running:
         if WorkflowItem.objects.filter(step_id=step_pk, status=StepStatus.RUNNING).exists():
@@ -91,7 +85,7 @@ def refuse_hopeless_resume(run: WorkflowRun) -> None:
         succeeded, size = _results_bytes(step_pk)
         if succeeded == count and 1 + size + count > bound:
             raise ResumeWouldFail(
-                f"run {run.run_id!r}: the results of map {key!r} are {1 + size + count} "
+                f"run {run_id!r}: the results of map {key!r} are {1 + size + count} "
                 f"bytes of JSON, more than WORKFLOWS['MAX_VALUE_BYTES'] ({bound}); a resume "
                 "would fail the same way: raise the bound first, or cancel the run"
             )

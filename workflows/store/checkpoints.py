@@ -3,40 +3,41 @@ inside the driver's fenced transaction."""
 
 from __future__ import annotations
 
+from dataclasses import fields as fields_of
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from django.db.models.base import ModelState
+from ledon.values import from_row
 
-from ledon.db import alias_for
-
-from ..models import WorkflowRun, WorkflowStep
-from ..types import (
-    StepKind,
-    StepStatus,
-)
+from ..models import WorkflowStep
+from ..types import Checkpoint, StepKind, StepStatus
 from .base import Driver
 
+#: What a checkpoint holds: the columns a replay reads, a move writes back.
+_FIELDS = tuple(field.name for field in fields_of(Checkpoint))
 
-def load_steps(run: WorkflowRun) -> dict[str, WorkflowStep]:
-    """The run's recorded checkpoints by key, read at the start of every advance.
 
-    A replay reads every checkpoint of the run, thousands for a long one: the rows
-    come as plain tuples and become model instances without ``Model.__init__`` (its
-    per-field work and init signals cost more than the query); they are the same
-    saved rows that ``from_db`` would build.
-    """
-    fields = [field.attname for field in WorkflowStep._meta.concrete_fields]
-    using = alias_for(WorkflowStep)
-    rows = WorkflowStep.objects.using(using).filter(run=run).order_by("id").values_list(*fields)
-    steps: dict[str, WorkflowStep] = {}
-    for row in rows:
-        step = WorkflowStep.__new__(WorkflowStep)
-        step.__dict__.update(zip(fields, row, strict=True))
-        step._state = ModelState()
-        step._state.adding = False
-        step._state.db = using
-        steps[step.key] = step
+def load_steps(run_pk: int) -> dict[str, Checkpoint]:
+    """The recorded checkpoints of run ``run_pk`` by key, in the order recorded, read
+    at the start of every advance (thousands for a long run: one query of plain
+    tuples)."""
+    rows = WorkflowStep.objects.filter(run_id=run_pk).order_by("id").values_list(*_FIELDS)
+    steps: dict[str, Checkpoint] = {}
+    for pk, key, kind, status, attempts, result, error_type, error, wake_at, count, child in rows:
+        steps[key] = Checkpoint(
+            pk=pk,
+            key=key,
+            kind=StepKind(kind),
+            status=StepStatus(status),
+            attempts=attempts,
+            result_json=result,
+            error_type=error_type,
+            error=error,
+            wake_at=wake_at,
+            item_count=count,
+            child_id=child,
+        )
     return steps
 
 
@@ -47,26 +48,25 @@ def insert_step(
     status: StepStatus,
     now: datetime,
     **fields: Any,
-) -> WorkflowStep:
+) -> Checkpoint:
     """Record a new checkpoint (inside a transaction :func:`guard` fenced). The unique
     (run, key) makes a second recording of one key impossible whatever races."""
-    finished = now if status in (StepStatus.SUCCEEDED, StepStatus.FAILED) else None
-    return WorkflowStep.objects.create(
-        run=driver.run,
+    step = WorkflowStep.objects.create(
+        run_id=driver.run.pk,
         key=key,
         kind=kind,
         status=status,
         started_at=now,
-        finished_at=finished,
+        finished_at=now if status.is_finished else None,
         **fields,
     )
+    return from_row(Checkpoint, step, kind=kind, status=status)
 
 
-def update_step(step: WorkflowStep, expected: StepStatus, **fields: Any) -> bool:
-    """Move a checkpoint from ``expected`` (inside a fenced transaction); False if it was not
-    there any more."""
-    changed = WorkflowStep.objects.filter(pk=step.pk, status=expected).update(**fields)
-    if changed:
-        for name, value in fields.items():
-            setattr(step, name, value)
-    return bool(changed)
+def update_step(step: Checkpoint, expected: StepStatus, **fields: Any) -> Checkpoint | None:
+    """Move a checkpoint from ``expected`` (inside a fenced transaction): the
+    checkpoint as it now stands, or None if it was not there any more (nothing
+    written)."""
+    if not WorkflowStep.objects.filter(pk=step.pk, status=expected).update(**fields):
+        return None
+    return replace(step, **{name: value for name, value in fields.items() if name in _FIELDS})

@@ -15,18 +15,11 @@ from jobs.models import Job
 from jobs.types import JobStatus
 from ledon.faults import fault_point
 
-from ..exceptions import InvalidTransition
+from ..exceptions import InvalidTransition, RunNotFound
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
-from ..types import (
-    CancelOutcome,
-    RunSnapshot,
-    RunStatus,
-    StepKind,
-    StepStatus,
-)
-from .base import alias, lock_run, run_in_scope
+from ..types import CancelOutcome, RunSnapshot, RunStatus, StepKind, StepStatus
+from .base import alias, run_in_scope
 from .bounds import refuse_hopeless_resume
-from .checkpoints import update_step
 from .reads import snapshot
 from .waking import (
     ADVANCE_JOB_PREFIX,
@@ -45,14 +38,23 @@ def cancel(scope_hash: str, run_id: str) -> CancelOutcome:
     now = timezone.now()
     with transaction.atomic(using=alias()):
         run = run_in_scope(scope_hash, run_id)
-        return cancel_run(run, now)
+        return cancel_run(run.pk, now)
 
 
-def cancel_run(run: WorkflowRun, now: datetime) -> CancelOutcome:
+def cancel_run(run_pk: int, now: datetime) -> CancelOutcome:
+    """Cancel run ``run_pk`` (see :func:`cancel`), inside the caller's transaction."""
     # Locked first: a run its driver suspends between the two guarded statements
     # below would otherwise match neither, and the cancel would be lost.
-    lock_run(run.pk)
-    ended = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.WAITING).update(
+    run = (
+        WorkflowRun.objects.select_for_update()
+        .filter(pk=run_pk)
+        .values_list("scope_hash", "parent_id", "parent_key")
+        .first()
+    )
+    if run is None:
+        return CancelOutcome.ALREADY_FINISHED  # purged meanwhile
+    scope_hash, parent_pk, parent_key = run
+    ended = WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.WAITING).update(
         status=RunStatus.CANCELLED,
         cancel_requested=True,
         driver_token=None,
@@ -62,32 +64,32 @@ def cancel_run(run: WorkflowRun, now: datetime) -> CancelOutcome:
         updated_at=now,
     )
     if ended:
-        cancel_dependents(run, now)
-        drop_wakes([run.pk], now)
-        wake_parent(run, now)
+        cancel_dependents(run_pk, scope_hash, now)
+        drop_wakes([run_pk], now)
+        wake_parent(parent_pk, parent_key, now)
         return CancelOutcome.CANCELLED
-    fault_point("workflows.cancel.not_waiting", run=run.pk)
-    asked = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+    fault_point("workflows.cancel.not_waiting", run=run_pk)
+    asked = WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.RUNNING).update(
         cancel_requested=True, updated_at=now
     )
     if asked:
-        cancel_dependents(run, now)
+        cancel_dependents(run_pk, scope_hash, now)
         return CancelOutcome.REQUESTED
     return CancelOutcome.ALREADY_FINISHED
 
 
-def cancel_dependents(run: WorkflowRun, now: datetime) -> None:
-    """Cancel the run's unfinished children, its items' jobs, and mark its open
-    checkpoints Cancelled."""
-    for child in WorkflowRun.objects.filter(parent=run, status__in=RunStatus.unfinished()):
-        cancel_run(child, now)
-    for item in WorkflowItem.objects.filter(step__run=run, status=StepStatus.RUNNING):
-        job_store.cancel(run.scope_hash, item.job_id, now=now)
-    WorkflowItem.objects.filter(step__run=run, status=StepStatus.RUNNING).update(
-        status=StepStatus.CANCELLED, finished_at=now
-    )
+def cancel_dependents(run_pk: int, scope_hash: str, now: datetime) -> None:
+    """Cancel run ``run_pk``'s unfinished children and its items' jobs, and mark its
+    open checkpoints Cancelled."""
+    children = WorkflowRun.objects.filter(parent_id=run_pk, status__in=RunStatus.unfinished())
+    for child_pk in children.values_list("pk", flat=True):
+        cancel_run(child_pk, now)
+    running = WorkflowItem.objects.filter(step__run_id=run_pk, status=StepStatus.RUNNING)
+    for job_id in running.values_list("job_id", flat=True):
+        job_store.cancel(scope_hash, job_id, now=now)
+    running.update(status=StepStatus.CANCELLED, finished_at=now)
     WorkflowStep.objects.filter(
-        run=run, status__in=(StepStatus.RUNNING, StepStatus.WAITING)
+        run_id=run_pk, status__in=(StepStatus.RUNNING, StepStatus.WAITING)
     ).update(status=StepStatus.CANCELLED, finished_at=now)
 
 
@@ -98,15 +100,30 @@ def resume(scope_hash: str, run_id: str) -> RunSnapshot:
     now = timezone.now()
     with transaction.atomic(using=alias()):
         run = run_in_scope(scope_hash, run_id)
-        if run.status == RunStatus.FAILED:
-            refuse_hopeless_resume(run)
-        resume_run(run, now)
-        run.refresh_from_db()
-        return snapshot(run)
+        resume_run(run.pk, now)
+        return snapshot(WorkflowRun.objects.select_related("parent").get(pk=run.pk))
 
 
-def resume_run(run: WorkflowRun, now: datetime) -> None:
-    resumed = WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.FAILED).update(
+def resume_run(run_pk: int, now: datetime) -> None:
+    """Resume run ``run_pk`` (see :func:`resume`), inside the caller's transaction:
+    :class:`~workflows.exceptions.ResumeWouldFail` if it would fail again the same
+    way, :class:`~workflows.exceptions.InvalidTransition` if it is not Failed."""
+    run = (
+        WorkflowRun.objects.select_for_update()
+        .filter(pk=run_pk)
+        .values_list("run_id", "status")
+        .first()
+    )
+    if run is None:
+        raise RunNotFound(f"no run {run_pk}")
+    run_id, status = run
+    if status == RunStatus.FAILED:
+        refuse_hopeless_resume(run_pk, run_id)
+    _resume(run_pk, run_id, status, now)
+
+
+def _resume(run_pk: int, run_id: str, status: str, now: datetime) -> None:
+    resumed = WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.FAILED).update(
         status=RunStatus.WAITING,
         generation=F("generation") + 1,
         cancel_requested=False,
@@ -118,24 +135,28 @@ def resume_run(run: WorkflowRun, now: datetime) -> None:
         updated_at=now,
     )
     if not resumed:
-        raise InvalidTransition(f"run {run.run_id!r} is {run.status}: only a Failed run resumes")
-    failed = WorkflowStep.objects.filter(run=run, status=StepStatus.FAILED)
-    for step in failed.filter(kind=StepKind.CHILD).select_related("child"):
-        if step.child is not None and step.child.status == RunStatus.FAILED:
-            resume_run(step.child, now)
-            update_step(step, StepStatus.FAILED, status=StepStatus.WAITING, finished_at=None)
+        raise InvalidTransition(f"run {run_id!r} is {status}: only a Failed run resumes")
+    failed = WorkflowStep.objects.filter(run_id=run_pk, status=StepStatus.FAILED)
+    failed_children = failed.filter(kind=StepKind.CHILD, child__status=RunStatus.FAILED)
+    for step_pk, child_pk, child_id in failed_children.values_list(
+        "pk", "child_id", "child__run_id"
+    ):
+        _resume(child_pk, child_id, RunStatus.FAILED, now)
+        WorkflowStep.objects.filter(pk=step_pk, status=StepStatus.FAILED).update(
+            status=StepStatus.WAITING, finished_at=None
+        )
     # A failed try of an inline step, a failed map or activity, a timed-out wait: the
     # replay records them again. (Non-child failed steps only: a resumed child keeps
     # its checkpoint, now waiting.) Their keys are kept, so that the replay records
     # them again where they stood (see ``WorkflowRun.rerun_keys``).
-    erased = WorkflowStep.objects.filter(run=run).filter(
+    erased = WorkflowStep.objects.filter(run_id=run_pk).filter(
         Q(status=StepStatus.FAILED) | Q(kind=StepKind.STEP, status=StepStatus.WAITING)
     )
     rerun_keys = list(erased.order_by("id").values_list("key", flat=True))
     erased.delete()
-    WorkflowRun.objects.filter(pk=run.pk).update(rerun_keys=rerun_keys)
-    generation = WorkflowRun.objects.filter(pk=run.pk).values_list("generation", flat=True)[0]
-    wake(run.pk, generation, "resume", now=now)
+    WorkflowRun.objects.filter(pk=run_pk).update(rerun_keys=rerun_keys)
+    generation = WorkflowRun.objects.filter(pk=run_pk).values_list("generation", flat=True)[0]
+    wake(run_pk, generation, "resume", now=now)
 
 
 def advance_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> CancelOutcome | None:
@@ -168,4 +189,4 @@ def advance_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> Cancel
         )
         if others:
             return None
-        return cancel_run(run, now)
+        return cancel_run(run.pk, now)

@@ -9,18 +9,12 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledon.db import in_caller_atomic_block
+from ledon.values import from_row
 
-from ..exceptions import (
-    AmbientTransactionError,
-    TransactionRequiredError,
-    WorkflowIdentityConflict,
-)
+from ..exceptions import AmbientTransactionError, TransactionRequiredError, WorkflowIdentityConflict
 from ..models import WorkflowRun
 from ..observability import hooks
-from ..types import (
-    RunSnapshot,
-    RunStatus,
-)
+from ..types import ChildRun, DrivenRun, RunSnapshot, RunStatus
 from ..validation import child_run_id
 from .base import alias
 from .reads import snapshot
@@ -34,7 +28,7 @@ def _create(
     version: int,
     input_json: str,
     now: datetime,
-    parent: WorkflowRun | None = None,
+    parent_pk: int | None = None,
     parent_key: str = "",
     *,
     any_version: bool = False,
@@ -53,7 +47,7 @@ def _create(
                 input_json=input_json,
                 status=RunStatus.WAITING,
                 waiting_for="start",
-                parent=parent,
+                parent_id=parent_pk,
                 parent_key=parent_key,
                 created_at=now,
                 updated_at=now,
@@ -117,8 +111,8 @@ def create_run(
 
 
 def create_child(
-    parent: WorkflowRun, key: str, name: str, version: int, input_json: str, now: datetime
-) -> WorkflowRun:
+    parent: DrivenRun, key: str, name: str, version: int, input_json: str, now: datetime
+) -> ChildRun:
     """Create the child run ``"{run_id}/{key}"`` in the parent's scope (inside the
     parent's fenced transaction); the same child again is the existing run.
 
@@ -126,7 +120,14 @@ def create_child(
     :class:`WorkflowIdentityConflict`: it would never wake the parent when it ends."""
     run_id = child_run_id(parent.run_id, key)
     _create(
-        parent.scope_hash, run_id, name, version, input_json, now, parent=parent, parent_key=key
+        parent.scope_hash,
+        run_id,
+        name,
+        version,
+        input_json,
+        now,
+        parent_pk=parent.pk,
+        parent_key=key,
     )
     child = WorkflowRun.objects.for_scope(parent.scope_hash).get(run_id=run_id)
     if child.parent_id != parent.pk:
@@ -134,4 +135,4 @@ def create_child(
             f"run {run_id!r} exists in this scope and is not the child {key!r} of run "
             f"{parent.run_id!r}; a child's run id is the parent's, '/', and its key"
         )
-    return child
+    return from_row(ChildRun, child, pk=child.pk, status=RunStatus(child.status))

@@ -13,9 +13,10 @@ from django.db.models import F, Q
 
 from ledon.errors import storable_text
 from ledon.faults import fault_point
+from ledon.values import from_row
 
 from ..models import WorkflowRun
-from ..types import RunStatus
+from ..types import DrivenRun, RunStatus
 from .base import Driver, StaleDriver, alias, lock_run, now_or
 from .control import cancel_dependents
 from .waking import advance_scope_hash, drop_wakes, wake, wake_parent
@@ -59,7 +60,7 @@ def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None)
             )
             return None
         run = WorkflowRun.objects.get(pk=run_pk)
-    return Driver(run, token)
+    return Driver(from_row(DrivenRun, run, pk=run.pk, rerun_keys=tuple(run.rerun_keys)), token)
 
 
 def guard(driver: Driver, now: datetime) -> None:
@@ -140,9 +141,9 @@ def finish(
         if not done:
             return False
         if status is RunStatus.CANCELLED:
-            cancel_dependents(driver.run, now)
+            cancel_dependents(driver.run.pk, driver.run.scope_hash, now)
         drop_wakes([driver.run.pk], now)
-        wake_parent(driver.run, now)
+        wake_parent(driver.run.parent_id, driver.run.parent_key, now)
     return True
 
 

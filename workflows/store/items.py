@@ -6,25 +6,23 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import fields as fields_of
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet, Subquery
-from django.db.models.base import ModelState
 
 from jobs import store as job_store
 from jobs.models import Job
 from jobs.types import FINISHED_STATUSES, JobStatus, JobSubmission
 from ledon.errors import storable_text
 from ledon.faults import fault_point
+from ledon.values import from_row
 
 from ..exceptions import UntrustedJob
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
-from ..types import (
-    RunStatus,
-    StepStatus,
-)
+from ..types import Checkpoint, DrivenRun, Item, RunStatus, StepStatus
 from .base import alias
 from .waking import wake
 
@@ -38,7 +36,7 @@ ITEM_JOB_PREFIX = "wf-item:"
 
 
 def insert_items(
-    step: WorkflowStep, scope_hash: str, activity: Any, args: list[str], *, start: int = 0
+    run: DrivenRun, step: Checkpoint, activity: Any, args: list[str], *, start: int = 0
 ) -> None:
     """Items ``start`` … ``start + len(args) - 1`` of an activity or map step and one
     job per item, each inserted in bulk (inside a fenced transaction; the caller
@@ -50,11 +48,10 @@ def insert_items(
     before it is staged. The activity's retries are the job's: ``retries + 1``
     attempts, the activity's back-off between them (its handler's policy).
     """
-    run = step.run
     nonce = secrets.token_hex(10)
     items = [
         WorkflowItem(
-            step=step,
+            step_id=step.pk,
             index=index,
             status=StepStatus.RUNNING,
             args_json=args_json,
@@ -66,7 +63,7 @@ def insert_items(
     if any(item.pk is None for item in items):  # a database that returns no ids
         ids = dict(
             WorkflowItem.objects.filter(
-                step=step, index__gte=start, index__lt=start + len(items)
+                step_id=step.pk, index__gte=start, index__lt=start + len(items)
             ).values_list("index", "pk")
         )
         for item in items:
@@ -74,7 +71,7 @@ def insert_items(
     job_store.stage_many(
         [
             (
-                scope_hash,
+                run.scope_hash,
                 item.job_id,
                 JobSubmission.create(
                     activity.name,
@@ -102,11 +99,15 @@ def let_writers_in() -> None:
         time.sleep(SQLITE_BATCH_PAUSE)
 
 
-def items_queued(step: WorkflowStep) -> int:
+def items_queued(step: Checkpoint) -> int:
     """How many items of ``step`` are queued (inserted) so far: a driver stopped
     while it queued a large map's batches left fewer than ``item_count``."""
+    return _queued(step.pk)
+
+
+def _queued(step_pk: int) -> int:
     last = (
-        WorkflowItem.objects.filter(step_id=step.pk)
+        WorkflowItem.objects.filter(step_id=step_pk)
         .order_by("-index")
         .values_list("index", flat=True)
         .first()
@@ -114,18 +115,8 @@ def items_queued(step: WorkflowStep) -> int:
     return 0 if last is None else last + 1
 
 
-#: What an item's try reads back from the statement that counts it.
-_ITEM_STARTED = (
-    "id",
-    "step_id",
-    "index",
-    "status",
-    "attempts",
-    "args_json",
-    "error_type",
-    "error",
-    "job_id",
-)
+#: What an item's try reads back from the statement that counts it: an :class:`Item`.
+_ITEM_STARTED = tuple("id" if field.name == "pk" else field.name for field in fields_of(Item))
 
 
 def staged_items(scope_hash: str, job_id: str) -> QuerySet[WorkflowItem]:
@@ -134,7 +125,7 @@ def staged_items(scope_hash: str, job_id: str) -> QuerySet[WorkflowItem]:
     return WorkflowItem.objects.filter(job_id=job_id, step__run__scope_hash=scope_hash)
 
 
-def start_item(item_pk: int, scope_hash: str, job_id: str, now: datetime) -> WorkflowItem:
+def start_item(item_pk: int, scope_hash: str, job_id: str, now: datetime) -> Item:
     """Count a try of item ``item_pk`` by its job (``scope_hash``, ``job_id``) and
     return the item, Running; or, if it ended already, the item as it ended, nothing
     counted (a job replayed after its item was recorded: its worker may have been
@@ -168,12 +159,10 @@ def start_item(item_pk: int, scope_hash: str, job_id: str, now: datetime) -> Wor
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is not None:
-        item = WorkflowItem.__new__(WorkflowItem)
-        item.__dict__.update(zip(_ITEM_STARTED, row, strict=True))
-        item._state = ModelState()
-        item._state.adding = False
-        item._state.db = alias()
-        return item
+        started = dict(zip(_ITEM_STARTED, row, strict=True))
+        started["pk"] = started.pop("id")
+        started["status"] = StepStatus(started["status"])
+        return Item(**started)
     ended = staged_items(scope_hash, job_id).filter(pk=item_pk).first()
     if ended is None:
         raise UntrustedJob(
@@ -181,11 +170,16 @@ def start_item(item_pk: int, scope_hash: str, job_id: str, now: datetime) -> Wor
             "(the engine's own handlers run only the jobs it staged)"
         )
     fan_in(ended.step_id, now)
-    return ended
+    return item_of(ended)
+
+
+def item_of(row: WorkflowItem) -> Item:
+    """The item ``row`` as its value."""
+    return from_row(Item, row, pk=row.pk, status=StepStatus(row.status))
 
 
 def end_item(
-    item: WorkflowItem,
+    item: Item,
     status: StepStatus,
     now: datetime,
     *,
@@ -238,7 +232,7 @@ def fan_in(step_id: int, now: datetime) -> bool:
         return False  # the common answer, one index probe, no transaction
     with transaction.atomic(using=alias()):
         step = WorkflowStep.objects.filter(pk=step_id).first()
-        if step is None or items_queued(step) < step.item_count:
+        if step is None or _queued(step.pk) < step.item_count:
             return False
         run = (
             WorkflowRun.objects.filter(pk=step.run_id, status__in=RunStatus.unfinished())
@@ -251,20 +245,21 @@ def fan_in(step_id: int, now: datetime) -> bool:
     return True
 
 
-def items_left(step: WorkflowStep) -> int:
+def items_left(step: Checkpoint) -> int:
     """How many items of ``step`` have not ended."""
     return WorkflowItem.objects.filter(step_id=step.pk, status=StepStatus.RUNNING).count()
 
 
-def record_item_error(item: WorkflowItem, error_type: str, error: str) -> None:
+def record_item_error(item: Item, error_type: str, error: str) -> None:
     """Keep a failed try's error on an item that will be tried again."""
     WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
         error_type=error_type[:200], error=storable_text(error)
     )
 
 
-def items_of(step: WorkflowStep) -> list[WorkflowItem]:
-    return list(WorkflowItem.objects.filter(step=step).order_by("index"))
+def items_of(step: Checkpoint) -> list[Item]:
+    """The items of ``step``, in their order."""
+    return [item_of(row) for row in WorkflowItem.objects.filter(step_id=step.pk).order_by("index")]
 
 
 def item_job_ended(
@@ -287,7 +282,7 @@ def item_job_ended(
         if step_id is not None:
             fan_in(step_id, now)  # its end may have committed just before a kill
         return False
-    return end_item(item, StepStatus.FAILED, now, error_type=error_type, error=error)
+    return end_item(item_of(item), StepStatus.FAILED, now, error_type=error_type, error=error)
 
 
 def end_items_of_ended_jobs(now: datetime, *, limit: int = ITEM_BATCH) -> int:
@@ -318,7 +313,7 @@ def end_items_of_ended_jobs(now: datetime, *, limit: int = ITEM_BATCH) -> int:
         else:
             outcome, error_type = StepStatus.FAILED, "ActivityJobEnded"
         text = f"its job ended {status.label} without recording it: {last_line[0]}"
-        ended += end_item(item, outcome, now, error_type=error_type, error=text)
+        ended += end_item(item_of(item), outcome, now, error_type=error_type, error=text)
     return ended
 
 
@@ -341,5 +336,9 @@ def item_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> bool:
     if item is None:
         return False
     return end_item(
-        item, StepStatus.CANCELLED, now, error_type="Cancelled", error="its job was cancelled"
+        item_of(item),
+        StepStatus.CANCELLED,
+        now,
+        error_type="Cancelled",
+        error="its job was cancelled",
     )

@@ -6,8 +6,12 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import Count
 
+from ledon.values import from_row
+
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..types import (
+    Checkpoint,
+    ChildRun,
     ItemCounts,
     RunSnapshot,
     RunStatus,
@@ -192,6 +196,11 @@ def in_flight_versions() -> list[tuple[str, int]]:
     )
 
 
-def child_run(step: WorkflowStep) -> WorkflowRun | None:
+def child_run(step: Checkpoint) -> ChildRun | None:
     """The child run a child checkpoint waits for, read fresh."""
-    return WorkflowRun.objects.filter(pk=step.child_id).first() if step.child_id else None
+    if step.child_id is None:
+        return None
+    child = WorkflowRun.objects.filter(pk=step.child_id).first()
+    if child is None:
+        return None
+    return from_row(ChildRun, child, pk=child.pk, status=RunStatus(child.status))

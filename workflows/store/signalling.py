@@ -13,10 +13,7 @@ from ledon.faults import fault_point
 
 from ..exceptions import SignalConflict
 from ..models import WorkflowRun, WorkflowSignal
-from ..types import (
-    RunStatus,
-    SignalOutcome,
-)
+from ..types import RunStatus, SignalOutcome
 from ..validation import from_json
 from .base import alias, run_in_scope
 from .waking import wake
@@ -64,9 +61,10 @@ def signal_wait(key: str) -> str:
     return f"signal {key}"
 
 
-def signal_payload(run: WorkflowRun, key: str) -> tuple[bool, Any]:
+def signal_payload(run_pk: int, key: str) -> tuple[bool, Any]:
+    """Whether signal ``key`` was sent to run ``run_pk``, and its payload."""
     payload = (
-        WorkflowSignal.objects.filter(run=run, key=key)
+        WorkflowSignal.objects.filter(run_id=run_pk, key=key)
         .values_list("payload_json", flat=True)
         .first()
     )

@@ -106,11 +106,13 @@ def drop_wakes(run_pks: list[int], now: datetime) -> int:
     return job_store.cancel_queued(advance_scope_hash(), prefixes, now=now)
 
 
-def wake_parent(run: WorkflowRun, now: datetime) -> None:
-    if run.parent_id is None:
+def wake_parent(parent_pk: int | None, child_key: str, now: datetime) -> None:
+    """Wake run ``parent_pk`` (if any: a top-level run has none) for its child
+    ``child_key``, which has just ended."""
+    if parent_pk is None:
         return
     generation = (
-        WorkflowRun.objects.filter(pk=run.parent_id).values_list("generation", flat=True).first()
+        WorkflowRun.objects.filter(pk=parent_pk).values_list("generation", flat=True).first()
     )
     if generation is not None:
-        wake(run.parent_id, generation, "child", run.parent_key, now=now)
+        wake(parent_pk, generation, "child", child_key, now=now)
