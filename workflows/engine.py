@@ -38,10 +38,12 @@ from ledon.tracing import AttributeValue
 from ledon.values import CancelOutcome
 
 from . import registry, store, validation
-from .context import Stop, Suspend, WorkflowContext, _activity_context, error_parts, retry_delay
+from .context import WorkflowContext, _activity_context
 from .exceptions import InvalidInput, StepFailed, UntrustedJob
+from .inline import retry_delay
 from .models import WorkflowRun
 from .observability import hooks
+from .replay import Stop, Suspend, error_parts
 from .types import DrivenRun, Item, RunStatus, StepStatus
 
 logger = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from jobs.exceptions import JobsError
 from jobs.handlers import JobContext, RetryPolicy, Snooze, job_handler
 from jobs.store.finishing import MAX_SNOOZES_LIMIT
 
-from .context import retry_delay
 from .engine import VersionMissing, advance, run_item
 from .exceptions import InvalidWorkflow
+from .inline import retry_delay
 from .registry import ActivitySpec
 from .store import ADVANCE_HANDLER, staged_advance
 

@@ -30,6 +30,8 @@ MAX_VALUE_DEPTH = 200
 MAX_SECONDS = 10 * 366 * 86_400
 #: The most runs one ``WorkflowScope.list`` returns (as ``JobScope.list``).
 MAX_LIST_LIMIT = 10**9
+#: The most tries after the first that a step or an activity may have.
+MAX_RETRIES = 100
 
 
 def scope_hash(scope: object) -> str:
@@ -107,6 +109,14 @@ def limit(value: object) -> int | None:
         return job_validation.integer(value, "limit", 0, MAX_LIST_LIMIT)
     except JobsError as exc:
         raise InvalidInput(str(exc)) from None
+
+
+def retries(value: object, what: str, *, error: type[InvalidInput] = InvalidInput) -> int:
+    """A count of tries after the first, from 0 to :data:`MAX_RETRIES`, or ``error``
+    naming ``what`` (a step, an activity)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
+        raise error(f"{what}: retries must be an int in [0, {MAX_RETRIES}]")
+    return value
 
 
 def seconds(value: object, what: str, *, zero: bool = False) -> float:

@@ -28,7 +28,6 @@ from workflows import (
     validation,
     workflow,
 )
-from workflows.context import Stop
 from workflows.context import WorkflowContext as Context
 from workflows.exceptions import (
     InvalidInput,
@@ -38,6 +37,7 @@ from workflows.exceptions import (
     WorkflowError,
 )
 from workflows.models import WorkflowRun, WorkflowStep
+from workflows.replay import Stop
 from workflows.testing import TestClock, run_workflow, run_workflows_inline
 
 pytestmark = pytest.mark.django_db
