@@ -49,6 +49,8 @@ if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
     from .types import StepKind as StepKind
     from .types import StepSnapshot as StepSnapshot
     from .types import StepStatus as StepStatus
+    from .types import Wait as Wait
+    from .types import WaitKind as WaitKind
 
 _LAZY = exported(
     {
@@ -63,6 +65,8 @@ _LAZY = exported(
             "StepKind",
             "StepSnapshot",
             "StepStatus",
+            "Wait",
+            "WaitKind",
         ),
     }
 )

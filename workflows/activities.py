@@ -17,7 +17,7 @@ from ledon.errors import storable_text
 from . import store, validation
 from .registry import ActivitySpec
 from .replay import Replay, Suspend, outcome, recorded
-from .types import Checkpoint, StepKind, StepStatus
+from .types import Checkpoint, StepKind, StepStatus, WaitKind
 
 
 class Activities:
@@ -53,13 +53,13 @@ class Activities:
             if not args:
                 return outcome(step)  # a map of no items
             self._queue(step, spec, args, queued=min(len(args), store.ITEM_BATCH))
-            raise Suspend(f"0 of {len(args)} items")
+            raise Suspend(WaitKind.ITEMS, checked)
         if step.status == StepStatus.RUNNING and store.items_queued(step) < step.item_count:
             # The driver that queued the items stopped between two batches.
             self._queue(step, spec, self._item_args(checked, kind, payloads))
         left = store.items_left(step)
         if left > 0:
-            raise Suspend(f"{step.item_count - left} of {step.item_count} items")
+            raise Suspend(WaitKind.ITEMS, checked)
         return self._fan_in(checked, kind, step)
 
     @staticmethod

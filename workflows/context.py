@@ -42,8 +42,8 @@ from . import registry, store, validation, waits
 from .activities import Activities
 from .exceptions import InvalidInput, NonDeterministicWorkflow
 from .inline import InlineSteps
-from .replay import Replay, iso, outcome
-from .types import StepKind, StepStatus
+from .replay import Replay, outcome
+from .types import StepKind, StepStatus, iso
 
 _activity_context = threading.local()
 

@@ -146,7 +146,7 @@ def _replay(driver: store.Driver, spec: registry.WorkflowSpec) -> Advanced | Non
 
 def _suspend(driver: store.Driver, wait: Suspend) -> Advanced | None:
     fault_point("workflows.advance.suspend", run=driver.run.pk)
-    suspended = store.suspend(driver, wait.waiting_for, wait.wake_at, current_time())
+    suspended = store.suspend(driver, wait.wait, current_time())
     if suspended is store.Suspended.WAITING:
         return Advanced.WAITING
     if suspended is store.Suspended.WAKE_PENDING:

@@ -24,8 +24,8 @@ from ledon.tracing import AttributeValue
 from . import store, validation
 from .conf import workflows_settings
 from .observability import hooks
-from .replay import Replay, Stop, Suspend, error_parts, iso, outcome, recorded
-from .types import Checkpoint, StepKind, StepStatus
+from .replay import Replay, Stop, Suspend, error_parts, outcome, recorded
+from .types import Checkpoint, StepKind, StepStatus, WaitKind
 
 
 def retry_delay(tries: int) -> float:
@@ -64,7 +64,7 @@ class InlineSteps:
         if (done := recorded(step)) is not None:
             return done.value
         if step is not None and step.wake_at is not None and self._replay.now() < step.wake_at:
-            raise Suspend(f"retry of {checked} at {iso(step.wake_at)}", step.wake_at)
+            raise Suspend(WaitKind.RETRY, checked, step.wake_at)
         # Checked before every try, as an activity's are when its job is staged.
         validation.to_json(
             {"args": list(args), "kwargs": kwargs}, f"the arguments of step {checked!r}"
@@ -158,5 +158,5 @@ class InlineSteps:
                 replay.wake_at(retry_at, "retry", f"{key}:{tries}", now)
         replay.record(step)
         if retry_at is not None:
-            raise Suspend(f"retry of {key} at {iso(retry_at)}", retry_at)
+            raise Suspend(WaitKind.RETRY, key, retry_at)
         return outcome(step)  # the recorded failure, raised

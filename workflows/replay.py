@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -27,7 +27,7 @@ from ledon.faults import fault_point
 from . import store, validation
 from .determinism import RecordedOrder, skipped_detail
 from .exceptions import NonDeterministicWorkflow, SignalTimeout, StepFailed
-from .types import Checkpoint, DrivenRun, StepKind, StepStatus
+from .types import Checkpoint, DrivenRun, StepKind, StepStatus, Wait, WaitKind
 
 
 class Suspend(BaseException):
@@ -37,10 +37,10 @@ class Suspend(BaseException):
     swallow the end of its advance.
     """
 
-    def __init__(self, waiting_for: str, wake_at: datetime | None = None) -> None:
-        self.waiting_for = waiting_for
-        self.wake_at = wake_at
-        super().__init__(waiting_for)
+    def __init__(self, kind: WaitKind, key: str = "", until: datetime | None = None) -> None:
+        #: What the run waits for, stored as it suspends.
+        self.wait = Wait(kind=kind, key=key, until=until)
+        super().__init__(self.wait.describe())
 
 
 class Stop(BaseException):
@@ -83,11 +83,6 @@ def outcome(step: Checkpoint) -> Any:
 def error_parts(exc: BaseException) -> tuple[str, str]:
     """The type name and message of an error, as a checkpoint records them."""
     return type(exc).__name__, storable_text(str(exc))
-
-
-def iso(when: datetime) -> str:
-    """A recorded time as text (UTC, ISO 8601)."""
-    return when.astimezone(UTC).isoformat()
 
 
 class Replay:

@@ -11,8 +11,9 @@ frozen too, so that nothing outside the store changes a row's picture of itself.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import models
@@ -82,6 +83,66 @@ class StepKind(models.TextChoices):
     NOW = "now", "Clock"
 
 
+class WaitKind(models.TextChoices):
+    """What a Waiting run waits for. Stored with the key of the checkpoint it waits
+    at and until when (:class:`Wait`); the text that says it is rendered from them."""
+
+    #: Its first advance.
+    START = "start", "start"
+    #: Its first advance after a resume.
+    RESUME = "resume", "resume"
+    #: A new advance: the last one's job failed for good.
+    ADVANCE = "advance", "a new advance"
+    SIGNAL = "signal", "signal"
+    TIMER = "timer", "timer"
+    #: The items of a map or an activity.
+    ITEMS = "items", "items"
+    CHILD = "child", "child"
+    #: The next try of an inline step.
+    RETRY = "retry", "retry"
+
+
+def iso(when: datetime) -> str:
+    """A recorded time as text (UTC, ISO 8601)."""
+    return when.astimezone(UTC).isoformat()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Wait:
+    """What a waiting run waits for: its :class:`WaitKind`, the key of the checkpoint
+    it waits at (a signal's, a timer's, a map's, a child's, a retrying step's; ""
+    for the run's own advances) and until when (a timer's time, a retry's, a signal
+    wait's timeout; None if it waits for as long as it takes)."""
+
+    kind: WaitKind
+    key: str = ""
+    until: datetime | None = None
+
+    def describe(
+        self, items: ItemCounts | None = None, *, at: Callable[[datetime], str] = iso
+    ) -> str:
+        """The text that says it: "signal approved", "timer until …", "12 of 50
+        items" (``items``: the counts of the map it waits for), "child ship", "retry
+        of reserve at …"; ``at`` writes a time (ISO 8601 by default)."""
+        until = at(self.until) if self.until is not None else "?"
+        match self.kind:
+            case WaitKind.SIGNAL:
+                return f"signal {self.key}"
+            case WaitKind.TIMER:
+                return f"timer until {until}"
+            case WaitKind.ITEMS:
+                if items is None:
+                    return f"items of {self.key}"
+                return f"{items.total - items.running} of {items.total} items"
+            case WaitKind.CHILD:
+                return f"child {self.key}"
+            case WaitKind.RETRY:
+                return f"retry of {self.key} at {until}"
+            case WaitKind.ADVANCE:
+                return "a new advance (the last one failed)"
+        return str(self.kind.label)
+
+
 class SignalOutcome(enum.StrEnum):
     """What :func:`workflows.send_signal` did."""
 
@@ -145,11 +206,14 @@ class RunSnapshot:
     #: "" if the body raised an error of its own, or the run did not fail.
     failed_step: str
     #: What a waiting run waits for: "signal approved", "timer until …",
-    #: "12 of 50 items", "child ship", "retry of reserve at …" ("" otherwise).
+    #: "12 of 50 items", "child ship", "retry of reserve at …" ("" otherwise):
+    #: :attr:`wait` as text.
     waiting_for: str
     created_at: datetime
     finished_at: datetime | None
     cancel_requested: bool = False
+    #: What a waiting run waits for, as data (None when it waits for nothing).
+    wait: Wait | None = None
     parent_run_id: str | None = None
     #: Whether this call created the run (False: it existed with the same request).
     created: bool = False

@@ -18,8 +18,8 @@ from ledon.faults import fault_point
 
 from . import registry, store, validation
 from .exceptions import SignalTimeout
-from .replay import Replay, Suspend, iso, outcome, recorded
-from .types import ChildRun, RunStatus, StepKind, StepStatus
+from .replay import Replay, Suspend, outcome, recorded
+from .types import ChildRun, RunStatus, StepKind, StepStatus, WaitKind
 
 
 def timer(replay: Replay, key: str, wake_time: Callable[[datetime], datetime]) -> None:
@@ -39,13 +39,13 @@ def timer(replay: Replay, key: str, wake_time: Callable[[datetime], datetime]) -
         replay.record(step)
         if status == StepStatus.SUCCEEDED:
             return
-        raise Suspend(f"timer until {iso(wake_at)}", wake_at)
+        raise Suspend(WaitKind.TIMER, checked, wake_at)
     assert step.wake_at is not None
     if now < step.wake_at:
         # Woken early (another reason, or a clock behind the job's): wait again.
         with replay.write():
             replay.wake_at(step.wake_at, "timer", f"{checked}@{replay.run.advances}", now)
-        raise Suspend(f"timer until {iso(step.wake_at)}", step.wake_at)
+        raise Suspend(WaitKind.TIMER, checked, step.wake_at)
     with replay.write():
         fault_point("workflows.timer.wake", run=replay.run.pk, key=checked)
         step = replay.move(step, StepStatus.WAITING, status=StepStatus.SUCCEEDED, finished_at=now)
@@ -86,7 +86,7 @@ def signal(replay: Replay, key: str, timeout: float | None) -> Any:
     replay.record(step)
     if step.status.is_finished:
         return outcome(step)
-    raise Suspend(store.signal_wait(checked), step.wake_at)
+    raise Suspend(WaitKind.SIGNAL, checked, step.wake_at)
 
 
 def child(replay: Replay, key: str, name: str, input: Any, version: int | None) -> Any:
@@ -109,12 +109,12 @@ def child(replay: Replay, key: str, name: str, input: Any, version: int | None) 
             )
         replay.record(step)
         if started.status in RunStatus.unfinished():
-            raise Suspend(f"child {checked}")
+            raise Suspend(WaitKind.CHILD, checked)
         # The child had ended already (a resumed parent finds the run it started
         # before): nothing would wake this run for it, so its end is read now.
     ended = store.child_run(step)
     if ended is None or ended.status not in RunStatus.finished():
-        raise Suspend(f"child {checked}")
+        raise Suspend(WaitKind.CHILD, checked)
     now = replay.now()
     with replay.write():
         step = replay.move(step, StepStatus.WAITING, finished_at=now, **_child_end(ended))

@@ -298,7 +298,7 @@ def test_a_signal_wakes_its_waiting_run_while_the_workers_poll_is_far_off(worker
     }
     worker = workers(env=quiet)
     wait_until(
-        lambda: WorkflowRun.objects.get(run_id="notify-1").waiting_for == "signal approved",
+        lambda: WorkflowScope(SCOPE).get("notify-1").waiting_for == "signal approved",
         60,
         "the run to wait for its signal",
         worker,

@@ -69,9 +69,9 @@ from .items import (
     record_item_error,
     start_item,
 )
-from .reads import child_run, get, in_flight_versions, list_runs, snapshot
+from .reads import child_run, get, in_flight_versions, list_runs, snapshot, wait_of
 from .retention import purge_finished
-from .signalling import send_signal, signal_payload, signal_wait
+from .signalling import send_signal, signal_payload
 from .waking import (
     ADVANCE_HANDLER,
     ADVANCE_JOB_PREFIX,
@@ -128,12 +128,12 @@ __all__ = [
     "resume_run",
     "send_signal",
     "signal_payload",
-    "signal_wait",
     "snapshot",
     "staged_advance",
     "start_item",
     "suspend",
     "take",
     "update_step",
+    "wait_of",
     "wake",
 ]

@@ -17,7 +17,7 @@ from ledon.faults import fault_point
 
 from ..exceptions import InvalidTransition, RunNotFound
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
-from ..types import CancelOutcome, RunSnapshot, RunStatus, StepKind, StepStatus
+from ..types import CancelOutcome, RunSnapshot, RunStatus, StepKind, StepStatus, WaitKind
 from .base import alias, run_in_scope
 from .bounds import refuse_hopeless_resume
 from .reads import snapshot
@@ -58,7 +58,8 @@ def cancel_run(run_pk: int, now: datetime) -> CancelOutcome:
         status=RunStatus.CANCELLED,
         cancel_requested=True,
         driver_token=None,
-        waiting_for="",
+        wait_kind="",
+        wait_key="",
         wake_at=None,
         finished_at=now,
         updated_at=now,
@@ -130,7 +131,8 @@ def _resume(run_pk: int, run_id: str, status: str, now: datetime) -> None:
         error="",
         failed_step="",
         output_json=None,
-        waiting_for="resume",
+        wait_kind=WaitKind.RESUME,
+        wait_key="",
         finished_at=None,
         updated_at=now,
     )

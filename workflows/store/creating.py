@@ -14,7 +14,7 @@ from ledon.values import from_row
 from ..exceptions import AmbientTransactionError, TransactionRequiredError, WorkflowIdentityConflict
 from ..models import WorkflowRun
 from ..observability import hooks
-from ..types import ChildRun, DrivenRun, RunSnapshot, RunStatus
+from ..types import ChildRun, DrivenRun, RunSnapshot, RunStatus, WaitKind
 from ..validation import child_run_id
 from .base import alias
 from .reads import snapshot
@@ -46,7 +46,7 @@ def _create(
                 version=version,
                 input_json=input_json,
                 status=RunStatus.WAITING,
-                waiting_for="start",
+                wait_kind=WaitKind.START,
                 parent_id=parent_pk,
                 parent_key=parent_key,
                 created_at=now,

@@ -16,7 +16,7 @@ from ledon.faults import fault_point
 from ledon.values import from_row
 
 from ..models import WorkflowRun
-from ..types import DrivenRun, RunStatus
+from ..types import DrivenRun, RunStatus, Wait, WaitKind
 from .base import Driver, StaleDriver, alias, lock_run, now_or
 from .control import cancel_dependents
 from .waking import advance_scope_hash, drop_wakes, wake, wake_parent
@@ -90,7 +90,7 @@ class Suspended(enum.Enum):
     STALE = "stale"
 
 
-def suspend(driver: Driver, waiting_for: str, wake_at: datetime | None, now: datetime) -> Suspended:
+def suspend(driver: Driver, wait: Wait, now: datetime) -> Suspended:
     """RUNNING (this driver, no wake-up pending, no cancel requested) -> WAITING: the
     advance ends without holding a slot. A wake-up left meanwhile (a signal, the last
     item, a child's end, another advance job) makes the driver replay instead, so none
@@ -102,8 +102,9 @@ def suspend(driver: Driver, waiting_for: str, wake_at: datetime | None, now: dat
             status=RunStatus.WAITING,
             driver_token=None,
             driver_job=None,
-            waiting_for=waiting_for[:500],
-            wake_at=wake_at,
+            wait_kind=wait.kind,
+            wait_key=wait.key,
+            wake_at=wait.until,
             updated_at=now,
         ):
             return Suspended.WAITING
@@ -133,7 +134,8 @@ def finish(
             output_json=output_json,
             error=storable_text(error),
             failed_step=failed_step,
-            waiting_for="",
+            wait_kind="",
+            wait_key="",
             wake_at=None,
             finished_at=now,
             updated_at=now,
@@ -165,7 +167,8 @@ def release(scope_hash: str, job_id: str, now: datetime) -> bool:
             driver_token=None,
             driver_job=None,
             wake_pending=False,
-            waiting_for="a new advance (the last one failed)",
+            wait_kind=WaitKind.ADVANCE,
+            wait_key="",
             updated_at=now,
         )
         if released:

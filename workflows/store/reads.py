@@ -18,6 +18,8 @@ from ..types import (
     StepKind,
     StepSnapshot,
     StepStatus,
+    Wait,
+    WaitKind,
 )
 from ..validation import from_json
 from .base import alias
@@ -113,6 +115,13 @@ def item_counts(step: WorkflowStep) -> ItemCounts:
     return counts_from(step, rows)
 
 
+def wait_of(run: WorkflowRun) -> Wait | None:
+    """What ``run`` waits for, as its value (None: nothing)."""
+    if not run.wait_kind:
+        return None
+    return Wait(kind=WaitKind(run.wait_kind), key=run.wait_key, until=run.wake_at)
+
+
 def snapshot(
     run: WorkflowRun,
     *,
@@ -124,15 +133,10 @@ def snapshot(
     given, or none with ``with_steps`` False)."""
     if steps is None:
         steps = _steps_by_run([run.pk])[run.pk] if with_steps else ()
-    waiting_for = run.waiting_for
-    if run.status == RunStatus.WAITING and waiting_for.endswith(" items"):
-        # Items end without waking the run: count them now. Only a run that waits for
-        # its items says so; a run waiting for a signal says that, whatever other
-        # checkpoint still has items out.
-        for step in steps:
-            if step.items is not None and step.status == StepStatus.RUNNING:
-                ended = step.items.total - step.items.running
-                waiting_for = f"{ended} of {step.items.total} items"
+    wait = wait_of(run)
+    # Items end without waking the run: the text counts them now, from the
+    # checkpoint the run waits at.
+    counts = next((step.items for step in steps if wait and step.key == wait.key), None)
     return RunSnapshot(
         scope_hash=run.scope_hash,
         run_id=run.run_id,
@@ -143,7 +147,8 @@ def snapshot(
         output=from_json(run.output_json),
         error=run.error,
         failed_step=run.failed_step,
-        waiting_for=waiting_for,
+        waiting_for=wait.describe(counts) if wait is not None else "",
+        wait=wait,
         created_at=run.created_at,
         finished_at=run.finished_at,
         cancel_requested=run.cancel_requested,

@@ -13,7 +13,7 @@ from ledon.faults import fault_point
 
 from ..exceptions import SignalConflict
 from ..models import WorkflowRun, WorkflowSignal
-from ..types import RunStatus, SignalOutcome
+from ..types import RunStatus, SignalOutcome, WaitKind
 from ..validation import from_json
 from .base import alias, run_in_scope
 from .waking import wake
@@ -32,7 +32,7 @@ def send_signal(scope_hash: str, run_id: str, key: str, payload_json: str) -> Si
         # Lock the run row (an unconditional touch): orders this transaction with the
         # driver's fenced writes.
         WorkflowRun.objects.filter(pk=run.pk).update(updated_at=F("updated_at"))
-        run.refresh_from_db(fields=["status", "waiting_for", "generation"])
+        run.refresh_from_db(fields=["status", "wait_kind", "wait_key", "generation"])
         existing = WorkflowSignal.objects.filter(run=run, key=key).first()
         if existing is not None:
             if existing.payload_json != payload_json:
@@ -49,16 +49,11 @@ def send_signal(scope_hash: str, run_id: str, key: str, payload_json: str) -> Si
             WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
                 wake_pending=True
             )
-        elif run.waiting_for == signal_wait(key):
+        elif run.wait_kind == WaitKind.SIGNAL and run.wait_key == key:
             wake(run.pk, run.generation, "signal", key, now=now)
         # Waiting for anything else (its first advance, a timer, items…): the run
         # reads the kept signal when its body reaches the wait.
     return SignalOutcome.DELIVERED
-
-
-def signal_wait(key: str) -> str:
-    """What a run waiting for signal ``key`` says it waits for."""
-    return f"signal {key}"
 
 
 def signal_payload(run_pk: int, key: str) -> tuple[bool, Any]:
