@@ -25,7 +25,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, DataError, InterfaceError, OperationalError
-from django.utils import timezone
 
 from jobs.attempts import timed_out_error
 from jobs.context import JobContext
@@ -53,9 +52,10 @@ _clock_lock = threading.Lock()
 
 
 def current_time() -> datetime:
-    """The engine's clock: the time every checkpoint is recorded at."""
+    """The engine's clock: the time every checkpoint is recorded at (the store's rule,
+    ``ledon.clock``'s, of the clock a test set, or of the real time)."""
     clock = _clock
-    return clock() if clock is not None else timezone.now()
+    return store.current_time(clock() if clock is not None else None)
 
 
 def set_clock(clock: Callable[[], datetime] | None) -> None:

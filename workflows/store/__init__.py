@@ -39,7 +39,7 @@ already there. The bounds of a map are :mod:`.bounds`; snapshots are :mod:`.read
 
 from __future__ import annotations
 
-from .base import Driver, StaleDriver, alias
+from .base import Driver, StaleDriver, alias, current_time
 from .bounds import check_item_count, check_results_size, refuse_hopeless_resume
 from .checkpoints import insert_step, load_steps, update_step
 from .control import advance_job_cancelled, cancel, cancel_run, resume, resume_run
@@ -102,6 +102,7 @@ __all__ = [
     "child_run",
     "create_child",
     "create_run",
+    "current_time",
     "drop_wakes",
     "end_item",
     "end_items_of_ended_jobs",

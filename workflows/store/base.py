@@ -1,5 +1,6 @@
-"""What every module of the store shares: its database, its clock, the run row's lock,
-the lookup of a run in a scope, and a driver's hold on a run (the fence of its writes)."""
+"""What every module of the store shares: its database, its clock (``ledon.clock``'s
+rule), the run row's lock, the lookup of a run in a scope, and a driver's hold on a
+run (the fence of its writes)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,19 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import QuerySet
-from django.utils import timezone
 
+from ledon import clock
 from ledon.db import alias_for
 
-from ..exceptions import RunNotFound
+from ..exceptions import InvalidInput, RunNotFound
 from ..models import WorkflowRun
 from ..types import DrivenRun, RunStatus
 
 
-def now_or(now: datetime | None) -> datetime:
-    return timezone.now() if now is None else now
+def current_time(now: datetime | None = None) -> datetime:
+    """The time a transition is recorded at: ``now`` (an aware datetime, in UTC) or,
+    when None, the current time (the rule of every app's store)."""
+    return clock.current_time(now, error=InvalidInput)
 
 
 def alias() -> str:

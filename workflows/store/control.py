@@ -8,7 +8,6 @@ from datetime import datetime
 
 from django.db import transaction
 from django.db.models import F, Q
-from django.utils import timezone
 
 from jobs import store as job_store
 from jobs.models import Job
@@ -18,7 +17,7 @@ from ledon.faults import fault_point
 from ..exceptions import InvalidTransition, RunNotFound
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..types import CancelOutcome, RunSnapshot, RunStatus, StepKind, StepStatus, WaitKind
-from .base import alias, run_in_scope
+from .base import alias, current_time, run_in_scope
 from .bounds import refuse_hopeless_resume
 from .reads import snapshot
 from .waking import (
@@ -31,11 +30,11 @@ from .waking import (
 )
 
 
-def cancel(scope_hash: str, run_id: str) -> CancelOutcome:
+def cancel(scope_hash: str, run_id: str, *, now: datetime | None = None) -> CancelOutcome:
     """A waiting run ends Cancelled at once; a running one is asked to stop (it ends
     Cancelled at its next checkpoint). Unfinished children and running activity items
     are cancelled with it."""
-    now = timezone.now()
+    now = current_time(now)
     with transaction.atomic(using=alias()):
         run = run_in_scope(scope_hash, run_id)
         return cancel_run(run.pk, now)
@@ -94,11 +93,11 @@ def cancel_dependents(run_pk: int, scope_hash: str, now: datetime) -> None:
     ).update(status=StepStatus.CANCELLED, finished_at=now)
 
 
-def resume(scope_hash: str, run_id: str) -> RunSnapshot:
+def resume(scope_hash: str, run_id: str, *, now: datetime | None = None) -> RunSnapshot:
     """FAILED -> WAITING: the failed checkpoints are erased (a failed child run is
     resumed too), so the replay runs them again with fresh retries; recorded
     checkpoints keep their values."""
-    now = timezone.now()
+    now = current_time(now)
     with transaction.atomic(using=alias()):
         run = run_in_scope(scope_hash, run_id)
         resume_run(run.pk, now)

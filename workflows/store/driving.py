@@ -17,7 +17,7 @@ from ledon.values import from_row
 
 from ..models import WorkflowRun
 from ..types import DrivenRun, RunStatus, Wait, WaitKind
-from .base import Driver, StaleDriver, alias, lock_run, now_or
+from .base import Driver, StaleDriver, alias, current_time, lock_run
 from .control import cancel_dependents
 from .waking import advance_scope_hash, drop_wakes, wake, wake_parent
 
@@ -33,7 +33,7 @@ def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None)
     that driver, which then replays once more before it waits. None if the run was
     not taken.
     """
-    now = now_or(now)
+    now = current_time(now)
     token = uuid.uuid4().hex
     takeable = Q(status=RunStatus.WAITING)
     if job_id is None:
