@@ -37,9 +37,9 @@ from ledon.tracing import AttributeValue
 from ledon.values import CancelOutcome
 
 from . import registry, store, validation
+from .conf import retry_pace
 from .context import WorkflowContext, _activity_context
 from .exceptions import InvalidInput, StepFailed, UntrustedJob
-from .inline import retry_delay
 from .models import WorkflowRun
 from .observability import hooks
 from .replay import Stop, Suspend, error_parts
@@ -283,7 +283,7 @@ def _outage_waits() -> Iterator[None]:
     try:
         yield
     except (OperationalError, InterfaceError) as exc:
-        raise Snooze(retry_delay(1)) from exc
+        raise Snooze(retry_pace().delay(1)) from exc
 
 
 def _ended_already(item: Item) -> None:

@@ -21,9 +21,9 @@ from jobs.exceptions import JobsError
 from jobs.handlers import JobContext, RetryPolicy, Snooze, job_handler
 from jobs.store.finishing import MAX_SNOOZES_LIMIT
 
+from .conf import retry_pace
 from .engine import VersionMissing, advance, run_item
 from .exceptions import InvalidWorkflow
-from .inline import retry_delay
 from .registry import ActivitySpec
 from .store import ADVANCE_HANDLER, staged_advance
 
@@ -45,11 +45,10 @@ def advance_run(ctx: JobContext) -> None:
 
 class ActivityRetry(RetryPolicy):
     """The back-off between an activity's tries (its item job's attempts): the
-    steps' own (``WORKFLOWS["STEP_RETRY_DELAY"]``, doubled each try, at most
-    ``WORKFLOWS["STEP_RETRY_MAX_DELAY"]``), read at each retry."""
+    inline steps' own, ``WORKFLOWS``' ``RETRY_*`` keys, read at each retry."""
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        return retry_delay(attempt)
+        return retry_pace().delay(attempt, rng)
 
 
 def register_activity_handler(spec: ActivitySpec) -> None:

@@ -22,16 +22,10 @@ from ledon.faults import fault_point
 from ledon.tracing import AttributeValue
 
 from . import store, validation
-from .conf import workflows_settings
+from .conf import retry_pace
 from .observability import hooks
 from .replay import Replay, Stop, Suspend, error_parts, outcome, recorded
 from .types import Checkpoint, StepKind, StepStatus, WaitKind
-
-
-def retry_delay(tries: int) -> float:
-    """Seconds before the next try of a step that failed ``tries`` times."""
-    settings = workflows_settings()
-    return float(min(settings.STEP_RETRY_MAX_DELAY, settings.STEP_RETRY_DELAY * 2 ** (tries - 1)))
 
 
 class InlineSteps:
@@ -144,7 +138,7 @@ class InlineSteps:
         replay = self._replay
         error_type, message = error_parts(exc)
         now = replay.now()
-        retry_at = now + timedelta(seconds=retry_delay(tries)) if tries <= retries else None
+        retry_at = now + timedelta(seconds=retry_pace().delay(tries)) if tries <= retries else None
         status = StepStatus.WAITING if retry_at is not None else StepStatus.FAILED
         fields: dict[str, Any] = {
             "attempts": tries,

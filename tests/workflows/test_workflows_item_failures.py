@@ -129,7 +129,7 @@ def test_every_failed_try_is_a_failed_attempt_for_the_metrics():
 
 
 def test_an_activitys_retries_are_its_jobs_attempts_with_its_back_off(settings):
-    settings.WORKFLOWS = {"STEP_RETRY_DELAY": 7.0, "STEP_RETRY_MAX_DELAY": 20.0}
+    settings.WORKFLOWS = {"RETRY_BASE_DELAY": 7.0, "RETRY_MAX_DELAY": 20.0}
     TRIES.clear()
     start_workflow(SCOPE, "flaky-1", "itemfail.flakies", [3])
     clock = later_clock()
@@ -146,7 +146,7 @@ def test_an_activitys_retries_are_its_jobs_attempts_with_its_back_off(settings):
     assert Job.objects.get(pk=job.pk).next_run_at == clock.now + timedelta(seconds=14)
     clock.advance(14)
     run_workflows_inline(clock=clock)
-    # Doubled each try, at most STEP_RETRY_MAX_DELAY.
+    # Doubled each try (RETRY_BACKOFF_FACTOR), at most RETRY_MAX_DELAY.
     assert Job.objects.get(pk=job.pk).next_run_at == clock.now + timedelta(seconds=20)
     snap = run_workflow(SCOPE, "flaky-1", clock=clock)
     assert snap.output == [4]
