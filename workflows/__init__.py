@@ -19,8 +19,8 @@ Modules:
 - ``observability`` (``hooks``, ``metrics``, ``reads``) — spans and signals, and the optional
   Prometheus layer (``WORKFLOWS["TRACING"]``, ``WORKFLOWS["METRICS"]``).
 - ``testing`` — run workflows to completion in your tests, with a movable clock.
-- ``retention`` — every ``run_jobs`` worker deletes finished runs past the retention,
-  and ends the items whose job ended without recording them;
+- ``upkeep`` — beside every ``run_jobs`` worker, deletes finished runs past the
+  retention, and ends the items whose job ended without recording them;
   ``manage.py purge_workflows`` deletes on demand.
 
 Public names are imported lazily so that listing ``"workflows"`` in

@@ -40,11 +40,11 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
         queued_job_cancelled.connect(
             on_queued_job_cancelled, dispatch_uid="workflows.item_job_cancelled"
         )
-        # Every worker deletes finished runs past their retention on a time basis, and
-        # ends the items whose job ended without recording them.
+        # Beside every worker, the upkeep deletes finished runs past their retention
+        # on a time basis, and ends the items whose job ended without recording them.
         from jobs.signals import worker_started, worker_stopping
 
-        from .retention import on_worker_started, on_worker_stopping
+        from .upkeep import on_worker_started, on_worker_stopping
 
-        worker_started.connect(on_worker_started, dispatch_uid="workflows.retention")
-        worker_stopping.connect(on_worker_stopping, dispatch_uid="workflows.retention")
+        worker_started.connect(on_worker_started, dispatch_uid="workflows.upkeep")
+        worker_stopping.connect(on_worker_stopping, dispatch_uid="workflows.upkeep")

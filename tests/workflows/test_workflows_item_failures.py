@@ -35,8 +35,8 @@ from workflows import (
 )
 from workflows.exceptions import InvalidWorkflow
 from workflows.models import WorkflowItem
-from workflows.retention import RetentionThread
 from workflows.testing import TestClock, run_workflow, run_workflows_inline
+from workflows.upkeep import Upkeep
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -198,9 +198,9 @@ def test_an_item_whose_job_keeps_dying_ends_once_its_job_ends_interrupted():
     assert job.status == JobStatus.INTERRUPTED
     assert WorkflowItem.objects.get().status == StepStatus.RUNNING
     # Every worker's upkeep pass ends it, and its run goes on.
-    thread = RetentionThread()
-    assert thread.end_items_once() is False
-    assert thread.items_ended == 1
+    upkeep = Upkeep()
+    assert upkeep.end_items_once() is False
+    assert upkeep.items_ended == 1
     item = WorkflowItem.objects.get()
     assert (item.status, item.error_type) == ("failed", "ActivityJobEnded")
     assert item.error.startswith(

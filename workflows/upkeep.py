@@ -1,11 +1,13 @@
-"""Retention and item upkeep in every worker: finished runs past
+"""The workflows' upkeep beside every worker: finished runs past
 ``WORKFLOWS["RETENTION_SECONDS"]`` are deleted on a time basis, as the jobs' worker
-deletes finished jobs, and items whose job ended without recording them are ended.
+deletes finished jobs, and what a job that ended without telling the workflows left
+behind is ended.
 
-When a ``run_jobs`` worker starts (``jobs.signals.worker_started``) a thread of its
-own makes one bounded pass at once, then one every ``WORKFLOWS["CLEANUP_INTERVAL"]``
-seconds (at once again while full batches come back: a backlog drains batch after
-batch); it stops with the worker (``worker_stopping``). A pass:
+When a ``run_jobs`` worker starts (``jobs.signals.worker_started``) an
+:class:`Upkeep` engine runs beside it on a thread of its own (``ledon.beside``): one
+bounded pass at once, then one every ``WORKFLOWS["CLEANUP_INTERVAL"]`` seconds (at
+once again while full batches come back: a backlog drains batch after batch); it
+stops with the worker (``worker_stopping``). A pass:
 
 - ends up to a batch of items still Running whose job ended for good without
   recording them (its worker kept dying until the job ended Interrupted, or was
@@ -27,37 +29,34 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from ledon.beside import Beside
+
 from . import store
 from .conf import workflows_settings
 from .engine import current_time
 
 logger = logging.getLogger(__name__)
 
-_threads: dict[int, RetentionThread] = {}
-_threads_lock = threading.Lock()
 
-
-class RetentionThread(threading.Thread):
+class Upkeep:
     """Purges finished runs past their retention, and ends the items of ended jobs,
-    until :meth:`halt`."""
+    pass after pass until :meth:`stop`."""
 
     def __init__(self) -> None:
-        super().__init__(name="workflows-retention", daemon=True)
-        # Not ``_stop``: Thread.join() calls the private Thread._stop().
-        self._halted = threading.Event()
+        self._stopping = threading.Event()
         #: Runs deleted so far (for logs and tests).
         self.purged = 0
         #: Items of ended jobs ended so far.
         self.items_ended = 0
         #: Passes made so far.
         self.passes = 0
-        #: Set once the backlog is drained and the thread waits for its next interval.
+        #: Set once the backlog is drained and the engine waits for its next interval.
         self.caught_up = threading.Event()
+        #: Set once :meth:`run` has returned.
+        self.stopped = threading.Event()
 
-    def halt(self, timeout: float | None = 10.0) -> None:
-        self._halted.set()
-        if self.is_alive():
-            self.join(timeout)
+    def stop(self) -> None:
+        self._stopping.set()
 
     def run(self) -> None:
         try:
@@ -68,10 +67,11 @@ class RetentionThread(threading.Thread):
                 interval = 0.0 if more else workflows_settings().CLEANUP_INTERVAL
                 if not more:
                     self.caught_up.set()
-                if self._halted.wait(interval):
+                if self._stopping.wait(interval):
                     return
         finally:
             connections.close_all()  # this thread's own connections
+            self.stopped.set()
 
     def purge_once(self) -> bool:
         """One bounded batch; True if it was full (more may be left)."""
@@ -111,23 +111,21 @@ class RetentionThread(threading.Thread):
         return count >= store.ITEM_BATCH
 
 
+_beside: Beside[Upkeep] = Beside("workflows-upkeep")
+
+
 def on_worker_started(sender: Any, *, worker: Any = None, **kwargs: Any) -> None:
-    """``jobs.signals.worker_started``: start this worker's retention thread."""
-    thread = RetentionThread()
-    with _threads_lock:
-        _threads[id(worker)] = thread
-    thread.start()
+    """``jobs.signals.worker_started``: start this worker's upkeep."""
+    upkeep = Upkeep()
+    _beside.start(worker, upkeep, upkeep.run)
 
 
 def on_worker_stopping(sender: Any, *, worker: Any = None, **kwargs: Any) -> None:
-    """``jobs.signals.worker_stopping``: stop the worker's retention thread."""
-    with _threads_lock:
-        thread = _threads.pop(id(worker), None)
-    if thread is not None:
-        thread.halt()
+    """``jobs.signals.worker_stopping``: stop the worker's upkeep (a pass under way
+    ends first; a worker stops on without it after 10 s)."""
+    _beside.stop(worker, timeout=10.0)
 
 
-def thread_of(worker: Any) -> RetentionThread | None:
-    """The retention thread started for ``worker`` (for tests)."""
-    with _threads_lock:
-        return _threads.get(id(worker))
+def upkeep_of(worker: Any) -> Upkeep | None:
+    """The upkeep started beside ``worker`` (for tests)."""
+    return _beside.engine_of(worker)
