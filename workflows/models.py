@@ -13,9 +13,7 @@ from datetime import datetime
 from django.db import models
 
 from .types import RunStatus, StepKind, StepStatus, WaitKind
-
-#: Longest run id: a child's id is its parent's plus "/" and the child's key.
-MAX_RUN_ID_LENGTH = 1000
+from .validation import MAX_RUN_ID_LENGTH
 
 
 class RunQuerySet(models.QuerySet["WorkflowRun"]):

@@ -62,3 +62,29 @@ def test_the_app_registers_the_job_handler_of_an_activity_declared_after_ready()
     handler = get_handler("registry.late", 1)
     assert handler.timeout == 5
     assert registry.activity_of(late) is registry.get_activity("registry.late")
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"timeout": float("nan")}, "timeout must be a number of seconds"),
+        ({"timeout": float("inf")}, "timeout must be a number of seconds"),
+        ({"timeout": 0}, "timeout must be a number of seconds"),
+        ({"retries": True}, "retries must be an int in"),
+        ({"retries": 101}, "retries must be an int in"),
+        ({"queue": 7}, "queue"),
+    ],
+)
+def test_an_activitys_options_are_checked_by_the_rules_steps_use(options, said):
+    """The same checks as ``wf.step``'s: a timeout that never fires (NaN, inf) was
+    accepted here before."""
+    with pytest.raises(InvalidWorkflow, match=said):
+        activity("registry.bad_option", **options)
+
+
+@pytest.mark.parametrize("version", [0, True, 2**31, "1"])
+def test_a_workflows_version_is_an_int_from_1(version):
+    with pytest.raises(InvalidWorkflow, match="version must be an int from 1"):
+        registry.workflow("registry.versioned", version=version)
+    with pytest.raises(InvalidWorkflow, match="version must be an int from 1"):
+        registry.get_workflow("registry.versioned", version)
