@@ -15,6 +15,8 @@ Modules:
   ``replay`` (the replay rule, the fence, the recorded order: ``determinism``).
 - ``engine`` — advancing a run (one driver at a time, fenced) and running an item.
 - ``handlers`` — the job handlers: ``workflows.advance`` and one per activity.
+- ``receivers`` — what the jobs' signals tell the workflows (an engine job that ended
+  for good, or was cancelled, ends what it was staged for).
 - ``api`` — ``start_workflow``, ``stage_workflow``, ``send_signal``, ``WorkflowScope``.
 - ``store`` — every state transition, one guarded statement each, a package by
   concept (creating, driving, checkpoints, items, signalling, control, retention,

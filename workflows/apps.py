@@ -29,13 +29,13 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
         # An item job that fails for good outside its activity's code ends its item.
         from jobs.signals import attempt_finished
 
-        from .engine import on_attempt_finished
+        from .receivers import on_attempt_finished
 
         attempt_finished.connect(on_attempt_finished, dispatch_uid="workflows.item_job_ended")
         # So does one cancelled while Queued (no attempt ends for it).
         from jobs.signals import queued_job_cancelled
 
-        from .engine import on_queued_job_cancelled
+        from .receivers import on_queued_job_cancelled
 
         queued_job_cancelled.connect(
             on_queued_job_cancelled, dispatch_uid="workflows.item_job_cancelled"
