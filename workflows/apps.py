@@ -40,6 +40,14 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
         queued_job_cancelled.connect(
             on_queued_job_cancelled, dispatch_uid="workflows.item_job_cancelled"
         )
+        # And one that keeps killing its worker, recovered by any process.
+        from jobs.signals import job_keeps_killing_worker
+
+        from .receivers import on_job_keeps_killing_worker
+
+        job_keeps_killing_worker.connect(
+            on_job_keeps_killing_worker, dispatch_uid="workflows.job_keeps_killing_worker"
+        )
         # Beside every worker, the upkeep deletes finished runs past their retention
         # on a time basis, and ends the items whose job ended without recording them.
         from jobs.signals import worker_started, worker_stopping

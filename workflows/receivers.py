@@ -79,3 +79,18 @@ def on_queued_job_cancelled(sender: Any, *, scope_hash: str, job_id: str, **kwar
             job_id,
             extra={"job_id": job_id},
         )
+
+
+def on_job_keeps_killing_worker(
+    sender: Any, *, scope_hash: str, job_id: str, handler: str, **kwargs: Any
+) -> None:
+    """``jobs.signals.job_keeps_killing_worker``: an engine job whose worker kept dying
+    ended Interrupted at the crash budget, recovered by whichever process found it
+    (which sends no ``attempt_finished``). Its run is released to a new advance at
+    once, or its item ends, so that the run goes on instead of waiting for the
+    upkeep's next pass (or, for an advance, for ever)."""
+    now = current_time()
+    if handler == store.ADVANCE_HANDLER:
+        store.release_runs_of_ended_jobs(now, limit=1, job_id=job_id)
+    elif job_id.startswith(store.ITEM_JOB_PREFIX):
+        store.end_items_of_ended_jobs(now, limit=1, job=(scope_hash, job_id))

@@ -90,10 +90,10 @@ def test_the_upkeep_releases_a_run_whose_advance_job_ended_unheard(word_lost):
     kill_every_try(job, lambda: store.take(pk, job.job_id))
     assert WorkflowRun.objects.get(pk=pk).status == RunStatus.RUNNING  # nobody heard
     upkeep = Upkeep()
-    assert upkeep.release_runs_once() is False
+    assert upkeep.end_leftovers_once() is False
     assert upkeep.runs_released == 1
     assert WorkflowRun.objects.get(pk=pk).status == RunStatus.WAITING
-    assert upkeep.release_runs_once() is False
+    assert upkeep.end_leftovers_once() is False
     assert upkeep.runs_released == 1  # nothing more to release
     assert run_workflow(SCOPE, "advance-unheard").status == RunStatus.SUCCEEDED
 
@@ -108,7 +108,7 @@ def test_the_upkeep_ends_an_item_whose_job_ended_unheard(word_lost):
     )
     assert WorkflowItem.objects.get().status == StepStatus.RUNNING  # nobody heard
     upkeep = Upkeep()
-    assert upkeep.end_items_once() is False
+    assert upkeep.end_leftovers_once() is False
     assert upkeep.items_ended == 1
     assert WorkflowItem.objects.get().status == StepStatus.FAILED
     assert run_workflow(SCOPE, "item-unheard", clock=TestClock()).status == RunStatus.FAILED
@@ -121,7 +121,7 @@ def test_a_running_run_whose_advance_job_still_runs_is_left_to_it():
     assert execution.try_start(job.scope_hash, job.job_id, worker_id="alive") is not None
     assert store.take(pk, job.job_id) is not None
     upkeep = Upkeep()
-    upkeep.release_runs_once()
+    upkeep.end_leftovers_once()
     assert upkeep.runs_released == 0
     run = WorkflowRun.objects.get(pk=pk)
     assert (run.status, run.driver_job) == (RunStatus.RUNNING, job.job_id)

@@ -16,7 +16,8 @@ typed error. Nothing else in the app writes to the workflows tables.
     finish .................... RUNNING (token) -> SUCCEEDED | FAILED |      driving
                                 CANCELLED
     release ................... RUNNING (its advance job failed for good)    driving
-                                -> WAITING + a new advance job
+                                -> WAITING + a new advance job; the runs
+                                of advance jobs ended unheard, in batches
     insert_step / update_step . a checkpoint recorded, moved on (fenced)     checkpoints
     insert_items .............. a map's items and their jobs, in batches     items
     start_item / end_item ..... an item's tries and its end (its own row)    items
@@ -50,6 +51,7 @@ from .driving import (
     finish,
     guard,
     release,
+    release_runs_of_ended_jobs,
     suspend,
     take,
 )
@@ -125,6 +127,7 @@ __all__ = [
     "record_item_error",
     "refuse_hopeless_resume",
     "release",
+    "release_runs_of_ended_jobs",
     "resume",
     "resume_run",
     "send_signal",

@@ -9,8 +9,10 @@ import uuid
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, OuterRef, Q, Subquery
 
+from jobs.models import Job
+from jobs.types import FINISHED_STATUSES, JobStatus
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 from ledon.values import from_row
@@ -18,7 +20,7 @@ from ledon.values import from_row
 from ..models import WorkflowRun
 from ..types import DrivenRun, RunStatus, Wait, WaitKind
 from .base import Driver, StaleDriver, alias, current_time, lock_run
-from .control import cancel_dependents
+from .control import advance_job_cancelled, cancel_dependents
 from .waking import advance_scope_hash, drop_wakes, wake, wake_parent
 
 
@@ -174,3 +176,37 @@ def release(scope_hash: str, job_id: str, now: datetime) -> bool:
         if released:
             wake(run.pk, run.generation, "released", f"{job_id}@{run.advances}", now=now)
         return bool(released)
+
+
+def release_runs_of_ended_jobs(now: datetime, *, limit: int, job_id: str | None = None) -> int:
+    """Let go of up to ``limit`` runs still Running under an advance job that has
+    ended for good, and return how many: the job ended Interrupted after its worker
+    kept dying (recovered by another process, which sends no ``attempt_finished``),
+    or its worker was killed between the job's end and the signal that releases the
+    run. Nothing else would ever take such a run: it is released to a new advance
+    (:func:`release`), or, if its job was cancelled, treated as
+    :func:`~workflows.store.advance_job_cancelled` does. ``job_id``: only the run
+    that advance job holds (the word of its end came: see
+    :mod:`workflows.receivers`)."""
+    scope_hash = advance_scope_hash()
+    ended_job = Job.objects.filter(
+        scope_hash=scope_hash, job_id=OuterRef("driver_job"), status__in=FINISHED_STATUSES
+    )
+    held = WorkflowRun.objects.filter(status=RunStatus.RUNNING, driver_job__isnull=False)
+    if job_id is not None:
+        held = held.filter(driver_job=job_id)
+    rows = (
+        held.annotate(job_status=Subquery(ended_job.values("status")[:1]))
+        .filter(job_status__isnull=False)
+        .order_by("pk")
+        .values_list("driver_job", "job_status")[:limit]
+    )
+    released = 0
+    for held_by, status in rows:
+        assert held_by is not None  # the filter above
+        if status == JobStatus.CANCELLED:
+            advance_job_cancelled(scope_hash, held_by, now)  # lets go of the run
+            released += 1
+        else:
+            released += release(scope_hash, held_by, now)
+    return released

@@ -285,19 +285,25 @@ def item_job_ended(
     return end_item(item_of(item), StepStatus.FAILED, now, error_type=error_type, error=error)
 
 
-def end_items_of_ended_jobs(now: datetime, *, limit: int = ITEM_BATCH) -> int:
+def end_items_of_ended_jobs(
+    now: datetime, *, limit: int = ITEM_BATCH, job: tuple[str, str] | None = None
+) -> int:
     """End up to ``limit`` items still Running whose job has ended for good without
     recording them, and return how many: the job ended Interrupted after its
     worker kept dying, or its worker was killed between the job's end and the
-    signal that ends the item. Their steps end, their runs are woken."""
+    signal that ends the item. Their steps end, their runs are woken. ``job``
+    (scope hash, job id): only the item that job was staged for (the word of its
+    end came: see :mod:`workflows.receivers`)."""
     ended_job = Job.objects.filter(
         scope_hash=OuterRef("step__run__scope_hash"),
         job_id=OuterRef("job_id"),
         status__in=FINISHED_STATUSES,
     )
+    running = WorkflowItem.objects.filter(status=StepStatus.RUNNING)
+    if job is not None:
+        running = running & staged_items(*job)
     items = (
-        WorkflowItem.objects.filter(status=StepStatus.RUNNING)
-        .annotate(
+        running.annotate(
             job_status=Subquery(ended_job.values("status")[:1]),
             job_error=Subquery(ended_job.values("error")[:1]),
         )
