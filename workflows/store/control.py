@@ -19,6 +19,7 @@ from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..types import CancelOutcome, RunSnapshot, RunStatus, StepKind, StepStatus, WaitKind
 from .base import alias, current_time, run_in_scope
 from .bounds import refuse_hopeless_resume
+from .items import batch_prefix
 from .reads import snapshot
 from .waking import (
     ADVANCE_JOB_PREFIX,
@@ -80,13 +81,19 @@ def cancel_run(run_pk: int, now: datetime) -> CancelOutcome:
 
 def cancel_dependents(run_pk: int, scope_hash: str, now: datetime) -> None:
     """Cancel run ``run_pk``'s unfinished children and its items' jobs, and mark its
-    open checkpoints Cancelled."""
+    open checkpoints Cancelled.
+
+    The items' jobs go by their batches' id prefixes (an item's job id names its
+    run, its generation and a random part per batch of :data:`ITEM_BATCH`, so a
+    prefix names exactly the jobs staged with that batch): Queued ones end Cancelled
+    and Running ones are asked to stop, one statement each however large the map."""
     children = WorkflowRun.objects.filter(parent_id=run_pk, status__in=RunStatus.unfinished())
     for child_pk in children.values_list("pk", flat=True):
         cancel_run(child_pk, now)
     running = WorkflowItem.objects.filter(step__run_id=run_pk, status=StepStatus.RUNNING)
-    for job_id in running.values_list("job_id", flat=True):
-        job_store.cancel(scope_hash, job_id, now=now)
+    batches = sorted({batch_prefix(job_id) for job_id in running.values_list("job_id", flat=True)})
+    job_store.cancel_queued(scope_hash, batches, now=now)
+    job_store.cancel_running(scope_hash, batches, now=now)
     running.update(status=StepStatus.CANCELLED, finished_at=now)
     WorkflowStep.objects.filter(
         run_id=run_pk, status__in=(StepStatus.RUNNING, StepStatus.WAITING)

@@ -35,6 +35,12 @@ ITEM_BATCH = 500
 ITEM_JOB_PREFIX = "wf-item:"
 
 
+def batch_prefix(job_id: str) -> str:
+    """The start of the ids of the item jobs staged with the one of ``job_id``:
+    ``wf-item:{run}.{generation}:{nonce}:`` (all but the item's index)."""
+    return job_id[: job_id.rindex(":") + 1]
+
+
 def insert_items(
     run: DrivenRun, step: Checkpoint, activity: Any, args: list[str], *, start: int = 0
 ) -> None:
