@@ -41,7 +41,7 @@ from ledon.clock import aware_utc
 from . import registry, store, validation, waits
 from .activities import Activities
 from .exceptions import InvalidInput, NonDeterministicWorkflow
-from .inline import InlineSteps
+from .inline import InlineCall, InlineSteps
 from .replay import Replay, outcome
 from .types import StepKind, StepStatus, iso
 
@@ -163,7 +163,7 @@ class WorkflowContext:
         spec = registry.get_activity(fn) if isinstance(fn, str) else registry.activity_of(fn)
         if spec is None:
             assert not isinstance(fn, str)  # get_activity raises for an unknown name
-            return self._inline.run(key, fn, args, kwargs, retries, timeout)
+            return self._inline.run(key, InlineCall(fn, args, kwargs, retries, timeout))
         if retries != 0 or timeout is not None:
             # An activity's job runs with the activity's own options: these would be
             # dropped without a word.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +29,18 @@ from .replay import Replay, Stop, Suspend, error_parts, outcome, recorded
 from .types import Checkpoint, StepKind, StepStatus, WaitKind
 
 
+@dataclass(frozen=True, slots=True)
+class InlineCall:
+    """What ``wf.step`` was asked to run inline: ``fn(*args, **kwargs)``, tried
+    ``1 + retries`` times, each try at most ``timeout`` seconds."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    retries: int
+    timeout: float | None
+
+
 class InlineSteps:
     """The inline steps of one advance, and the deadline of the try under way (which
     ``wf.cancel_requested`` reads)."""
@@ -40,44 +53,31 @@ class InlineSteps:
         """Whether the try under way has run past its ``timeout``."""
         return self._deadline is not None and time.monotonic() > self._deadline
 
-    def run(
-        self,
-        key: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        retries: int,
-        timeout: float | None,
-    ) -> Any:
+    def run(self, key: str, call: InlineCall) -> Any:
         """``wf.step(key, fn, *args, **kwargs)`` for a plain function: its recorded
         value or failure, or its next try (see the module docstring)."""
         checked, step = self._replay.reach(key, StepKind.STEP)
-        retries = validation.retries(retries, f"step {checked!r}")
-        if timeout is not None:
-            timeout = validation.seconds(timeout, f"step {checked!r}: timeout")
+        call = replace(
+            call,
+            retries=validation.retries(call.retries, f"step {checked!r}"),
+            timeout=None
+            if call.timeout is None
+            else validation.seconds(call.timeout, f"step {checked!r}: timeout"),
+        )
         if (done := recorded(step)) is not None:
             return done.value
         if step is not None and step.wake_at is not None and self._replay.now() < step.wake_at:
             raise Suspend(WaitKind.RETRY, checked, step.wake_at)
         # Checked before every try, as an activity's are when its job is staged.
         validation.to_json(
-            {"args": list(args), "kwargs": kwargs}, f"the arguments of step {checked!r}"
+            {"args": list(call.args), "kwargs": call.kwargs}, f"the arguments of step {checked!r}"
         )
         tries = (step.attempts if step is not None else 0) + 1
-        return self._try(checked, step, tries, fn, args, kwargs, retries, timeout)
+        return self._try(checked, step, tries, call)
 
-    def _try(
-        self,
-        key: str,
-        step: Checkpoint | None,
-        tries: int,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        retries: int,
-        timeout: float | None,
-    ) -> Any:
+    def _try(self, key: str, step: Checkpoint | None, tries: int, call: InlineCall) -> Any:
         replay = self._replay
+        timeout = call.timeout
         started = time.monotonic()
         self._deadline = None if timeout is None else started + timeout
         attributes: dict[str, AttributeValue] = {"workflow.step": key, "workflow.try": tries}
@@ -87,7 +87,7 @@ class InlineSteps:
                 hooks.workflows_tracer().span("workflow.step", attributes=attributes),
                 transaction.atomic(using=store.alias()),
             ):
-                value = fn(*args, **kwargs)
+                value = call.fn(*call.args, **call.kwargs)
                 result_json = validation.to_json(value, f"the result of step {key!r}")
                 if timeout is not None and time.monotonic() - started > timeout:
                     raise TimeoutError(f"step {key!r} ran longer than its timeout of {timeout:g} s")
@@ -120,7 +120,7 @@ class InlineSteps:
             # The step's own error (its writes rolled back with it): a failed try.
             self._deadline = None
             self._ended("failed", started)
-            return self._failed_try(key, step, tries, retries, exc)
+            return self._failed_try(key, step, tries, call.retries, exc)
         finally:
             self._deadline = None
         self._ended("succeeded", started)

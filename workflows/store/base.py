@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db.models import QuerySet
 
@@ -14,7 +15,7 @@ from ledon.db import alias_for
 
 from ..exceptions import InvalidInput, RunNotFound
 from ..models import WorkflowRun
-from ..types import DrivenRun, RunStatus
+from ..types import DrivenRun, RunStatus, Wait
 
 
 def current_time(now: datetime | None = None) -> datetime:
@@ -48,6 +49,26 @@ def run_in_scope(scope_hash: str, run_id: str, *, lock: bool = False) -> Workflo
     if run is None:
         raise RunNotFound(f"no run {run_id!r} in this scope")
     return run
+
+
+def let_go(status: RunStatus, wait: Wait | None, now: datetime) -> dict[str, Any]:
+    """What a run's row is set to as it is let go (it waits, or ends): ``status``, no
+    driver, and what it waits for (``wait``; None: nothing, and no wake time)."""
+    return {
+        "status": status,
+        "driver_token": None,
+        "driver_job": None,
+        "wait_kind": wait.kind if wait is not None else "",
+        "wait_key": wait.key if wait is not None else "",
+        "wake_at": wait.until if wait is not None else None,
+        "updated_at": now,
+    }
+
+
+def ended(status: RunStatus, now: datetime) -> dict[str, Any]:
+    """What a run's row is set to as it ends ``status``: let go, waiting for nothing,
+    finished at ``now``."""
+    return {**let_go(status, None, now), "finished_at": now}
 
 
 class StaleDriver(Exception):

@@ -17,7 +17,7 @@ from ledon.faults import fault_point
 from ..exceptions import InvalidTransition, RunNotFound
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..types import CancelOutcome, RunSnapshot, RunStatus, StepKind, StepStatus, WaitKind
-from .base import alias, current_time, run_in_scope
+from .base import alias, current_time, ended, run_in_scope
 from .bounds import refuse_hopeless_resume
 from .items import batch_prefix
 from .reads import snapshot
@@ -54,17 +54,10 @@ def cancel_run(run_pk: int, now: datetime) -> CancelOutcome:
     if run is None:
         return CancelOutcome.ALREADY_FINISHED  # purged meanwhile
     scope_hash, parent_pk, parent_key = run
-    ended = WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.WAITING).update(
-        status=RunStatus.CANCELLED,
-        cancel_requested=True,
-        driver_token=None,
-        wait_kind="",
-        wait_key="",
-        wake_at=None,
-        finished_at=now,
-        updated_at=now,
+    cancelled = WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.WAITING).update(
+        **ended(RunStatus.CANCELLED, now), cancel_requested=True
     )
-    if ended:
+    if cancelled:
         cancel_dependents(run_pk, scope_hash, now)
         drop_wakes([run_pk], now)
         wake_parent(parent_pk, parent_key, now)

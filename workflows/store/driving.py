@@ -19,7 +19,7 @@ from ledon.values import from_row
 
 from ..models import WorkflowRun
 from ..types import DrivenRun, RunStatus, Wait, WaitKind
-from .base import Driver, StaleDriver, alias, current_time, lock_run
+from .base import Driver, StaleDriver, alias, current_time, ended, let_go, lock_run
 from .control import advance_job_cancelled, cancel_dependents
 from .waking import advance_scope_hash, drop_wakes, wake, wake_parent
 
@@ -101,13 +101,7 @@ def suspend(driver: Driver, wait: Wait, now: datetime) -> Suspended:
     held = driver.held()
     with transaction.atomic(using=alias()):
         if held.filter(wake_pending=False, cancel_requested=False).update(
-            status=RunStatus.WAITING,
-            driver_token=None,
-            driver_job=None,
-            wait_kind=wait.kind,
-            wait_key=wait.key,
-            wake_at=wait.until,
-            updated_at=now,
+            **let_go(RunStatus.WAITING, wait, now)
         ):
             return Suspended.WAITING
         if held.filter(cancel_requested=True).exists():
@@ -130,17 +124,10 @@ def finish(
     False (nothing written) if the driver is stale."""
     with transaction.atomic(using=alias()):
         done = driver.held().update(
-            status=status,
-            driver_token=None,
-            driver_job=None,
+            **ended(status, now),
             output_json=output_json,
             error=storable_text(error),
             failed_step=failed_step,
-            wait_kind="",
-            wait_key="",
-            wake_at=None,
-            finished_at=now,
-            updated_at=now,
         )
         if not done:
             return False
@@ -164,15 +151,7 @@ def release(scope_hash: str, job_id: str, now: datetime) -> bool:
             return False
         released = WorkflowRun.objects.filter(
             pk=run.pk, driver_job=job_id, status=RunStatus.RUNNING
-        ).update(
-            status=RunStatus.WAITING,
-            driver_token=None,
-            driver_job=None,
-            wake_pending=False,
-            wait_kind=WaitKind.ADVANCE,
-            wait_key="",
-            updated_at=now,
-        )
+        ).update(**let_go(RunStatus.WAITING, Wait(kind=WaitKind.ADVANCE), now), wake_pending=False)
         if released:
             wake(run.pk, run.generation, "released", f"{job_id}@{run.advances}", now=now)
         return bool(released)
