@@ -54,11 +54,12 @@ def worker(url: str, concurrency: int, log: Path) -> AbstractContextManager[Any]
 
 def _run_status(run_id: str) -> str:
     """The run's status; ``waiting`` only once it waits for a signal."""
-    from workflows import WorkflowScope
+    from workflows import WaitKind, WorkflowScope
 
     snapshot = WorkflowScope(SCOPE).get(run_id)
     if snapshot is None or (
-        snapshot.status == "waiting" and not snapshot.waiting_for.startswith("signal")
+        snapshot.status == "waiting"
+        and (snapshot.wait is None or snapshot.wait.kind != WaitKind.SIGNAL)
     ):
         return ""
     return str(snapshot.status)

@@ -1,5 +1,5 @@
-"""Engines that run on a thread beside another, one per owner: the schedules' scheduler
-and the saga recovery runner beside each job worker. Started from the worker's
+"""Engines that run on a thread beside another, one per owner: the schedules' scheduler,
+the saga recovery runner and the workflows' upkeep beside each job worker. Started from the worker's
 ``worker_started`` signal, stopped from its ``worker_stopping`` signal."""
 
 from __future__ import annotations
@@ -27,6 +27,13 @@ class Beside[E: Stoppable]:
         with self._lock:
             self._running[id(owner)] = (engine, thread)
         thread.start()
+
+    def engine_of(self, owner: object) -> E | None:
+        """The engine running beside ``owner``, if one was started (for reports and
+        tests)."""
+        with self._lock:
+            entry = self._running.get(id(owner))
+        return entry[0] if entry is not None else None
 
     def stop(self, owner: object, *, timeout: float | None) -> E | None:
         """Stop the engine beside ``owner`` and wait for its thread at most ``timeout``

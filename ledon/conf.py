@@ -5,7 +5,7 @@ message for keys that do not exist (with the key that was probably meant)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -53,12 +53,24 @@ def settings_hint(setting: str) -> str:
     return f"See the {setting} settings reference: {settings_reference(setting)}"
 
 
-def unknown_keys_message(what: str, unknown: Iterable[str], known: Iterable[str]) -> str:
+def unknown_keys_message(
+    what: str,
+    unknown: Iterable[str],
+    known: Iterable[str],
+    renamed: Mapping[str, str] | None = None,
+) -> str:
     """``unknown JOBS setting(s): LEASE_SECOND (did you mean 'LEASE_SECONDS'?)`` for
     ``what="JOBS setting(s)"``: each unknown key with the known key it is closest to,
-    if one is close enough to be a misspelling."""
+    if one is close enough to be a misspelling, or with its new name if ``renamed``
+    (old name to new) says it was renamed."""
     choices = sorted(known)
-    parts = [f"{key}{did_you_mean(key, choices)}" for key in sorted(unknown)]
+    renamed = renamed or {}
+    parts = [
+        f"{key} (renamed to {renamed[key]!r})"
+        if key in renamed
+        else f"{key}{did_you_mean(key, choices)}"
+        for key in sorted(unknown)
+    ]
     return f"unknown {what}: {', '.join(parts)}"
 
 
@@ -108,6 +120,25 @@ class ValueChecks:
             result, keys, lambda value: is_number(value) and value >= 0, "a number of seconds >= 0"
         )
 
+    def retry_pace(self, result: object) -> None:
+        """The four keys of an app's automatic retries (``RETRY_BASE_DELAY``,
+        ``RETRY_BACKOFF_FACTOR``, ``RETRY_MAX_DELAY``, ``RETRY_JITTER``: see
+        :class:`ledon.backoff.RetryPace`) are delays, a factor of 1 or more and a
+        ratio."""
+        self.not_negative(result, "RETRY_BASE_DELAY", "RETRY_MAX_DELAY")
+        self._each(
+            result,
+            ["RETRY_BACKOFF_FACTOR"],
+            lambda value: is_number(value) and value >= 1,
+            "a number >= 1",
+        )
+        self._each(
+            result,
+            ["RETRY_JITTER"],
+            lambda value: is_number(value) and 0 <= value < 1,
+            "a ratio in [0, 1)",
+        )
+
     def int_from(
         self,
         result: object,
@@ -149,13 +180,15 @@ class SettingsReader[S]:
     frozen dataclass ``cls`` (whose fields are the known keys, with their defaults),
     checked by ``check_values`` (which raises ``error``, an ``ImproperlyConfigured``), and
     kept until the setting changes (``setting_changed``, which ``override_settings``
-    sends) or :meth:`cache_clear`.
+    sends) or :meth:`cache_clear`. A key in ``renamed`` (old name to new) is unknown,
+    and its error names the new one.
     """
 
     setting: str
     cls: Callable[..., S]
     check_values: Callable[[S], None]
     error: type[Exception]
+    renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._current: S | None = None
@@ -174,7 +207,9 @@ class SettingsReader[S]:
         known = {f.name for f in dataclasses.fields(self.cls)}  # type: ignore[arg-type]
         unknown = sorted(set(values) - known)
         if unknown:
-            raise self.error(unknown_keys_message(f"{self.setting} setting(s)", unknown, known))
+            raise self.error(
+                unknown_keys_message(f"{self.setting} setting(s)", unknown, known, self.renamed)
+            )
         result = self.cls(**values)
         self.check_values(result)
         return result
@@ -202,7 +237,9 @@ class SettingsReader[S]:
         found = []
         unknown = sorted(set(values) - known)
         if unknown:
-            found.append(unknown_keys_message(f"{self.setting} setting(s)", unknown, known))
+            found.append(
+                unknown_keys_message(f"{self.setting} setting(s)", unknown, known, self.renamed)
+            )
         given = {key: value for key, value in values.items() if key in known}
         alone = {key: self._fails({key: value}) for key, value in given.items()}
         suspects = {key for key, reason in alone.items() if reason is not None}

@@ -15,7 +15,7 @@ import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("jobs", "outbox", "sagas", "ledon")
+PACKAGES = ("jobs", "outbox", "sagas", "workflows", "ledon")
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +159,7 @@ ADMIN_MODULES = (
     "jobs/observability/admin.py",
     "outbox/admin.py",
     "sagas/admin.py",
+    "workflows/admin.py",
 )
 
 #: What writes rows (or opens the door to raw SQL) when an admin calls it itself.
@@ -207,7 +208,7 @@ def test_the_admin_check_sees_a_write():
     assert WRITES & set(calls) == {"update"}
 
 
-@pytest.mark.parametrize("package", ["jobs", "jobs.schedules", "outbox", "sagas"])
+@pytest.mark.parametrize("package", ["jobs", "jobs.schedules", "outbox", "sagas", "workflows"])
 def test_each_lazy_public_name_resolves_from_the_module_it_is_listed_in(package):
     module = __import__(package, fromlist=["_LAZY"])
     assert sorted(module.__all__) == sorted(module._LAZY)

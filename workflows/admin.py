@@ -60,7 +60,7 @@ class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
         "created_at",
         "finished_at",
     )
-    list_filter = ("status", "name", "version")
+    list_filter = ("status", "wait_kind", "name", "version")
     search_fields = ("=run_id",)
     search_help_text = "Run id (exact)."
     ordering = ("-created_at", "-id")
@@ -92,6 +92,13 @@ class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
             return "" if pk is None else reverse("admin:workflows_workflowrun_change", args=[pk])
 
         return link
+
+    @admin.display(description="waiting for")
+    def waiting_for(self, obj: WorkflowRun) -> str:
+        """What the run waits for, from its data (a map's key, not its counts: the
+        list reads no items)."""
+        wait = store.wait_of(obj)
+        return wait.describe() if wait is not None else ""
 
     @admin.display(description="picture")
     def picture(self, obj: WorkflowRun) -> SafeString:

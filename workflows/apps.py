@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from importlib import import_module
-
 # The module, not the class: Django takes the one AppConfig subclass named in apps.py.
 import ledon.apps
 
@@ -21,27 +19,40 @@ class WorkflowsConfig(ledon.apps.LedonAppConfig):
 
         runs_inside("jobs", self.label)
         # The jobs that advance runs and run activity items are handled in every
-        # process, whatever JOBS["AUTODISCOVER_MODULE"] names.
-        import_module("workflows.handlers")
+        # process, whatever JOBS["AUTODISCOVER_MODULE"] names: the advance's handler
+        # is registered as its module is imported (it imports the models, loaded by
+        # now), each activity's as the registry records it, before ready or after.
+        from . import registry
+        from .handlers import register_activity_handler
+
+        registry.watch_activities(register_activity_handler)
         # An item job that fails for good outside its activity's code ends its item.
         from jobs.signals import attempt_finished
 
-        from .engine import on_attempt_finished
+        from .receivers import on_attempt_finished
 
         attempt_finished.connect(on_attempt_finished, dispatch_uid="workflows.item_job_ended")
         # So does one cancelled while Queued (no attempt ends for it).
         from jobs.signals import queued_job_cancelled
 
-        from .engine import on_queued_job_cancelled
+        from .receivers import on_queued_job_cancelled
 
         queued_job_cancelled.connect(
             on_queued_job_cancelled, dispatch_uid="workflows.item_job_cancelled"
         )
-        # Every worker deletes finished runs past their retention on a time basis, and
-        # ends the items whose job ended without recording them.
+        # And one that keeps killing its worker, recovered by any process.
+        from jobs.signals import job_keeps_killing_worker
+
+        from .receivers import on_job_keeps_killing_worker
+
+        job_keeps_killing_worker.connect(
+            on_job_keeps_killing_worker, dispatch_uid="workflows.job_keeps_killing_worker"
+        )
+        # Beside every worker, the upkeep deletes finished runs past their retention
+        # on a time basis, and ends the items whose job ended without recording them.
         from jobs.signals import worker_started, worker_stopping
 
-        from .retention import on_worker_started, on_worker_stopping
+        from .upkeep import on_worker_started, on_worker_stopping
 
-        worker_started.connect(on_worker_started, dispatch_uid="workflows.retention")
-        worker_stopping.connect(on_worker_stopping, dispatch_uid="workflows.retention")
+        worker_started.connect(on_worker_started, dispatch_uid="workflows.upkeep")
+        worker_stopping.connect(on_worker_stopping, dispatch_uid="workflows.upkeep")

@@ -10,6 +10,7 @@ from django.db import DatabaseError
 from jobs.exceptions import JobsConfigurationError
 from ledon.checks import check_sqlite_options
 
+from . import registry, store
 from .conf import workflows_settings
 
 
@@ -24,8 +25,6 @@ def check_versions_in_flight(
 ) -> list[checks.CheckMessage]:
     """Warn about each (name, version) that has runs in flight and no definition in
     this code: those runs wait until a worker with that version runs."""
-    from . import registry, store
-
     try:
         in_flight = store.in_flight_versions()
     except DatabaseError:

@@ -25,24 +25,22 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, DataError, InterfaceError, OperationalError
-from django.utils import timezone
 
 from jobs.attempts import timed_out_error
 from jobs.context import JobContext
 from jobs.handlers import PermanentFailure, Snooze, get_handler
-from jobs.models import Job
-from jobs.types import Claim, FinishOutcome
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 from ledon.tracing import AttributeValue
-from ledon.values import CancelOutcome
 
 from . import registry, store, validation
-from .context import Stop, Suspend, WorkflowContext, _activity_context, error_parts, retry_delay
+from .conf import retry_pace
+from .context import WorkflowContext, _activity_context
 from .exceptions import InvalidInput, StepFailed, UntrustedJob
-from .models import WorkflowItem, WorkflowRun
+from .models import WorkflowRun
 from .observability import hooks
-from .types import RunStatus, StepStatus
+from .replay import Stop, Suspend, error_parts
+from .types import DrivenRun, Item, RunStatus, StepStatus
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +49,10 @@ _clock_lock = threading.Lock()
 
 
 def current_time() -> datetime:
-    """The engine's clock: the time every checkpoint is recorded at."""
+    """The engine's clock: the time every checkpoint is recorded at (the store's rule,
+    ``ledon.clock``'s, of the clock a test set, or of the real time)."""
     clock = _clock
-    return clock() if clock is not None else timezone.now()
+    return store.current_time(clock() if clock is not None else None)
 
 
 def set_clock(clock: Callable[[], datetime] | None) -> None:
@@ -144,7 +143,7 @@ def _replay(driver: store.Driver, spec: registry.WorkflowSpec) -> Advanced | Non
 
 def _suspend(driver: store.Driver, wait: Suspend) -> Advanced | None:
     fault_point("workflows.advance.suspend", run=driver.run.pk)
-    suspended = store.suspend(driver, wait.waiting_for, wait.wake_at, current_time())
+    suspended = store.suspend(driver, wait.wait, current_time())
     if suspended is store.Suspended.WAITING:
         return Advanced.WAITING
     if suspended is store.Suspended.WAKE_PENDING:
@@ -205,7 +204,7 @@ def _end(
     return Advanced(status.value)
 
 
-def _log_failed(run: WorkflowRun, error: str, failed_step: str) -> None:
+def _log_failed(run: DrivenRun, error: str, failed_step: str) -> None:
     """The worker's WARNING for a failed run, its fields in ``extra=`` (as the
     engines' lines carry theirs) for a JSON formatter: ``workflow``,
     ``workflow_version``, ``run_id``, ``scope_hash``, ``step``, ``error``."""
@@ -281,10 +280,10 @@ def _outage_waits() -> Iterator[None]:
     try:
         yield
     except (OperationalError, InterfaceError) as exc:
-        raise Snooze(retry_delay(1)) from exc
+        raise Snooze(retry_pace().delay(1)) from exc
 
 
-def _ended_already(item: WorkflowItem) -> None:
+def _ended_already(item: Item) -> None:
     """A job run again after its item ended (an operator retried it, or its worker
     died after the item was recorded): it ends as its item did, running nothing."""
     if item.status == StepStatus.SUCCEEDED:
@@ -296,7 +295,7 @@ def _ended_already(item: WorkflowItem) -> None:
     )
 
 
-def _failed_try(item: WorkflowItem, job: JobContext, exc: Exception) -> None:
+def _failed_try(item: Item, job: JobContext, exc: Exception) -> None:
     """Record a failed try on its item: its error while the job will try again, the
     item's failure when this was the last try (the job's own rule decides:
     :meth:`jobs.handlers.HandlerSpec.failure`). A try stopped by the worker's
@@ -316,64 +315,3 @@ def _failed_try(item: WorkflowItem, job: JobContext, exc: Exception) -> None:
         error=message,
         token=job.token,
     )
-
-
-def on_attempt_finished(
-    sender: Any, *, claim: Claim, outcome: FinishOutcome, retry_scheduled: bool, **kwargs: Any
-) -> None:
-    """``jobs.signals.attempt_finished``: an item job that ended for good outside its
-    activity's code (its activity unknown to every worker that claimed it, its last
-    try past its timeout, its worker killed with no attempt left) ends its item, so
-    that the run is not left waiting for it; an advance job that did lets another
-    advance take its run. An item job that ended Cancelled without its handler
-    recording the item (cancelled while it waited in a worker's look-ahead) ends its
-    item Cancelled; a cancelled advance job cancels its run. Only the jobs the engine
-    staged do any of this (their scope and id are checked)."""
-    if outcome is FinishOutcome.CANCELLED:
-        on_queued_job_cancelled(sender, scope_hash=claim.scope_hash, job_id=claim.job_id)
-        return
-    if outcome not in (FinishOutcome.FAILED, FinishOutcome.INTERRUPTED) or retry_scheduled:
-        return
-    if claim.handler == store.ADVANCE_HANDLER:
-        store.release(claim.scope_hash, claim.job_id, current_time())
-        return
-    if not claim.job_id.startswith(store.ITEM_JOB_PREFIX):
-        return
-    payload = claim.payload
-    item_pk = payload.get("item") if isinstance(payload, dict) else None
-    if not isinstance(item_pk, int):
-        return
-    error = (
-        Job.objects.filter(scope_hash=claim.scope_hash, job_id=claim.job_id)
-        .values_list("error", flat=True)
-        .first()
-    )
-    message = (error or f"the item's job ended {outcome.value}").strip().splitlines()[-1]
-    error_type = "ActivityLost" if outcome is FinishOutcome.INTERRUPTED else "ActivityJobFailed"
-    store.item_job_ended(
-        claim.scope_hash,
-        claim.job_id,
-        item_pk,
-        current_time(),
-        error_type=error_type,
-        error=message,
-    )
-
-
-def on_queued_job_cancelled(sender: Any, *, scope_hash: str, job_id: str, **kwargs: Any) -> None:
-    """``jobs.signals.queued_job_cancelled``: an item job cancelled before any attempt
-    ran it ends its item Cancelled, so that its run is not left waiting for it (the
-    step then fails like one whose item failed). A run's advance job cancelled (in the
-    jobs admin) cancels the run: nothing else would ever advance it."""
-    now = current_time()
-    if store.item_job_cancelled(scope_hash, job_id, now):
-        return
-    outcome = store.advance_job_cancelled(scope_hash, job_id, now)
-    if outcome is not None and outcome is not CancelOutcome.ALREADY_FINISHED:
-        logger.warning(
-            "workflow run cancelled (%s): its advance job %s was cancelled; cancel a run "
-            "with WorkflowScope.cancel or on its admin page, not through its jobs",
-            outcome.value,
-            job_id,
-            extra={"job_id": job_id},
-        )

@@ -1,8 +1,11 @@
 """The job handlers of the workflows app: the one that advances runs, and one per
 activity (named as the activity) that runs its items.
 
-Registered in every process when Django is ready (``WorkflowsConfig.ready``), and for
-each activity when its ``@activity`` runs, so any ``run_jobs`` worker runs them. Both
+Registered in every process by the app's config when Django is ready
+(``WorkflowsConfig.wire_up``): the advance's when this module is imported, an
+activity's as the registry records it (those declared before and after ready alike,
+through :func:`workflows.registry.watch_activities`), so any ``run_jobs`` worker runs
+them. Both
 act only on what their job was staged for (its scope and id are checked, see
 :func:`workflows.store.staged_advance` and :func:`workflows.store.start_item`): a
 job of another scope, or with another id, fails with
@@ -14,9 +17,13 @@ from __future__ import annotations
 import random
 
 from jobs.conf import jobs_settings
+from jobs.exceptions import JobsError
 from jobs.handlers import JobContext, RetryPolicy, Snooze, job_handler
 from jobs.store.finishing import MAX_SNOOZES_LIMIT
 
+from .conf import retry_pace
+from .engine import VersionMissing, advance, run_item
+from .exceptions import InvalidWorkflow
 from .registry import ActivitySpec
 from .store import ADVANCE_HANDLER, staged_advance
 
@@ -27,8 +34,6 @@ from .store import ADVANCE_HANDLER, staged_advance
 @job_handler(ADVANCE_HANDLER, version=1, timeout=None, max_snoozes=MAX_SNOOZES_LIMIT, library=True)
 def advance_run(ctx: JobContext) -> None:
     """Advance the run the job was staged for (see :mod:`workflows.engine`)."""
-    from .engine import VersionMissing, advance
-
     run_pk = staged_advance(ctx.scope_hash, ctx.job_id, ctx.payload)
     try:
         advance(run_pk, ctx.job_id)
@@ -40,35 +45,35 @@ def advance_run(ctx: JobContext) -> None:
 
 class ActivityRetry(RetryPolicy):
     """The back-off between an activity's tries (its item job's attempts): the
-    steps' own (``WORKFLOWS["STEP_RETRY_DELAY"]``, doubled each try, at most
-    ``WORKFLOWS["STEP_RETRY_MAX_DELAY"]``), read at each retry."""
+    inline steps' own, ``WORKFLOWS``' ``RETRY_*`` keys, read at each retry."""
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        from .context import retry_delay
-
-        return retry_delay(attempt)
+        return retry_pace().delay(attempt, rng)
 
 
 def register_activity_handler(spec: ActivitySpec) -> None:
     """Register the job handler of activity ``spec`` (its name, version 1, its
     timeout and limits), which runs one try of one of its items; its retries are
-    the item jobs' attempts, paced by :class:`ActivityRetry`."""
+    the item jobs' attempts, paced by :class:`ActivityRetry`. A handler the jobs
+    refuse (a job handler of that name already, a bad limit) is
+    :class:`~workflows.exceptions.InvalidWorkflow`."""
 
     def run_activity_item(ctx: JobContext) -> None:
-        from .engine import run_item
-
         run_item(spec, ctx)
 
     run_activity_item.__qualname__ = f"activity[{spec.name}]"
     # Snoozes wait out a database outage while the item is read or recorded (no
     # attempt used): the highest bound, like the advance's.
-    job_handler(
-        spec.name,
-        version=1,
-        timeout=spec.timeout,
-        retry=ActivityRetry(),
-        max_snoozes=MAX_SNOOZES_LIMIT,
-        max_running=spec.max_running,
-        max_running_per_scope=spec.max_running_per_scope,
-        rate=spec.rate,
-    )(run_activity_item)
+    try:
+        job_handler(
+            spec.name,
+            version=1,
+            timeout=spec.timeout,
+            retry=ActivityRetry(),
+            max_snoozes=MAX_SNOOZES_LIMIT,
+            max_running=spec.max_running,
+            max_running_per_scope=spec.max_running_per_scope,
+            rate=spec.rate,
+        )(run_activity_item)
+    except JobsError as exc:
+        raise InvalidWorkflow(f"activity {spec.name!r}: {exc}") from None

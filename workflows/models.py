@@ -12,10 +12,8 @@ from datetime import datetime
 
 from django.db import models
 
-from .types import RunStatus, StepKind, StepStatus
-
-#: Longest run id: a child's id is its parent's plus "/" and the child's key.
-MAX_RUN_ID_LENGTH = 1000
+from .types import RunStatus, StepKind, StepStatus, WaitKind
+from .validation import MAX_RUN_ID_LENGTH
 
 
 class RunQuerySet(models.QuerySet["WorkflowRun"]):
@@ -55,8 +53,12 @@ class WorkflowRun(models.Model):
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.WAITING)
     error = models.TextField(blank=True, default="")
     failed_step = models.CharField(max_length=200, blank=True, default="")
-    waiting_for = models.CharField(max_length=500, blank=True, default="")
-    #: When a timer or a retry's back-off wakes the run (the picture's "until when").
+    #: What a Waiting run waits for (:class:`~workflows.types.WaitKind`; "" for
+    #: nothing), at which checkpoint's key, and until when (``wake_at``: a timer's
+    #: time, a retry's, a signal wait's timeout): data, rendered as text by the
+    #: store's snapshots.
+    wait_kind = models.CharField(max_length=16, choices=WaitKind.choices, blank=True, default="")
+    wait_key = models.CharField(max_length=200, blank=True, default="")
     wake_at = models.DateTimeField(null=True, blank=True)
     driver_token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
     #: The advance job whose driver holds the run (it may take the run over when it

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .types import ItemCounts, RunSnapshot, RunStatus, StepKind, StepSnapshot, StepStatus
+from .types import ItemCounts, RunSnapshot, RunStatus, StepKind, StepSnapshot, StepStatus, Wait
 
 #: Drawing sizes, in SVG user units (pixels at 100 %).
 WIDTH = 760
@@ -293,8 +293,8 @@ def layout(
         y += BOX_HEIGHT + GAP
 
     end_fill, end_stroke = COLOURS.get(run.status, COLOURS[StepStatus.WAITING])
-    if run.status == RunStatus.WAITING and run.waiting_for:
-        end_label = f"waiting: {run.waiting_for}"
+    if run.status == RunStatus.WAITING and run.wait is not None:
+        end_label = f"waiting: {_wait_label(run, run.wait)}"
     elif run.status == RunStatus.FAILED and run.failed_step:
         end_label = f"failed at {run.failed_step!r}"
     else:
@@ -323,6 +323,13 @@ def layout(
         legend=legend,
         summary=summary,
     )
+
+
+def _wait_label(run: RunSnapshot, wait: Wait) -> str:
+    """What the run waits for, from its data: a map's items counted from its
+    checkpoint's box, times as every box writes them."""
+    waited_at = run.step(wait.key) if wait.key else None
+    return wait.describe(waited_at.items if waited_at is not None else None, at=_when)
 
 
 def _legend(run: RunSnapshot, y: int) -> Legend:

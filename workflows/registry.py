@@ -8,6 +8,10 @@ a run names its (name, version), an item job its activity's name. An activity is
 also a job handler of its own name (version 1), so the jobs' per-handler limits
 (given to ``@activity``) and per-queue limits apply to its items, and it stays
 callable as a plain function.
+
+The registry only records: who acts on a new activity (the app's config registers
+its job handler) watches it through :func:`watch_activities`, so that the registry
+imports nothing that runs workflows.
 """
 
 from __future__ import annotations
@@ -15,23 +19,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from django.utils.module_loading import autodiscover_modules
 
-from jobs import validation as job_validation
 from jobs.conf import jobs_settings
-from jobs.exceptions import JobsError
 from ledon.naming import did_you_mean, other_definition, qualified_name
 
+from . import validation
 from .exceptions import InvalidWorkflow, UnknownActivity, UnknownWorkflow
-
-if TYPE_CHECKING:
-    from .context import WorkflowContext
 
 P = ParamSpec("P")
 R = TypeVar("R")
-Body = Callable[["WorkflowContext"], Any]
+#: A workflow body: ``fn(wf)``, ``wf`` the run's ``WorkflowContext`` (named here only
+#: as its role: the registry imports nothing that runs workflows).
+Body = Callable[[Any], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +60,10 @@ class ActivitySpec:
 
 _workflows: dict[tuple[str, int], WorkflowSpec] = {}
 _activities: dict[str, ActivitySpec] = {}
+#: Called with every activity registered (see :func:`watch_activities`).
+_watchers: list[Callable[[ActivitySpec], None]] = []
 _lock = threading.Lock()
 _discovered = False
-
-
-def _checked_name(name: object, what: str) -> str:
-    try:
-        return job_validation.name(name, what)
-    except JobsError as exc:
-        raise InvalidWorkflow(str(exc)) from None
 
 
 def workflow(name: str, *, version: int = 1) -> Callable[[Body], Body]:
@@ -77,9 +74,8 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Body], Body]:
     :class:`~workflows.exceptions.InvalidWorkflow`; the same function registered again
     (its module imported twice) keeps one.
     """
-    _checked_name(name, "workflow name")
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 2**31:
-        raise InvalidWorkflow(f"workflow {name!r}: version must be an int >= 1, got {version!r}")
+    validation.name(name, "workflow name", error=InvalidWorkflow)
+    validation.version(version, f"workflow {name!r}: version", error=InvalidWorkflow)
 
     def decorator(func: Body) -> Body:
         if not callable(func):
@@ -120,21 +116,21 @@ def activity(
     limit its item jobs across every worker, as ``@job_handler``'s do. The function
     itself is returned unchanged: it stays callable as a plain function.
     """
-    _checked_name(name, "activity name")
-    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
-        raise InvalidWorkflow(f"activity {name!r}: retries must be an int in [0, 100]")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-    ):
-        raise InvalidWorkflow(f"activity {name!r}: timeout must be a positive number or None")
-    queue_name = _checked_name(queue or "default", "queue")
+    validation.name(name, "activity name", error=InvalidWorkflow)
+    validation.retries(retries, f"activity {name!r}", error=InvalidWorkflow)
+    seconds = (
+        None
+        if timeout is None
+        else validation.seconds(timeout, f"activity {name!r}: timeout", error=InvalidWorkflow)
+    )
+    queue_name = validation.name(queue or "default", "queue", error=InvalidWorkflow)
 
     def decorator(func: Callable[P, R]) -> Callable[P, R]:
         spec = ActivitySpec(
             name,
             func,
             retries,
-            None if timeout is None else float(timeout),
+            seconds,
             queue_name,
             max_running,
             max_running_per_scope,
@@ -148,20 +144,33 @@ def activity(
                     f"activity {name!r} is defined twice: {other} and {qualified_name(func)}"
                 )
             _activities[name] = spec
-        # The item jobs' handler; imported here: the handlers module imports this one.
-        from .handlers import register_activity_handler
-
+            watchers = list(_watchers)
         try:
-            register_activity_handler(spec)
-        except JobsError as exc:
+            for watcher in watchers:
+                watcher(spec)
+        except InvalidWorkflow:
             with _lock:
                 if existing is None:
                     _activities.pop(name, None)
-            raise InvalidWorkflow(f"activity {name!r}: {exc}") from None
+            raise
         func.__workflow_activity__ = name  # type: ignore[attr-defined]
         return func
 
     return decorator
+
+
+def watch_activities(watcher: Callable[[ActivitySpec], None]) -> None:
+    """Call ``watcher(spec)`` for every activity registered so far, and for each one
+    registered from now on, before its ``@activity`` returns: an
+    :class:`~workflows.exceptions.InvalidWorkflow` it raises is that declaration's
+    error, and the activity is not registered. The same watcher twice is called once."""
+    with _lock:
+        if watcher in _watchers:
+            return
+        _watchers.append(watcher)
+        known = list(_activities.values())
+    for spec in known:
+        watcher(spec)
 
 
 def autodiscover() -> None:
@@ -190,14 +199,13 @@ def get_workflow(name: object, version: object = None) -> WorkflowSpec:
 
     Raises :class:`~workflows.exceptions.UnknownWorkflow`.
     """
-    checked = _checked_name(name, "workflow name")
-    if version is not None and (
-        isinstance(version, bool) or not isinstance(version, int) or version < 1
-    ):
-        raise InvalidWorkflow(f"version must be None or an int >= 1, got {version!r}")
+    checked = validation.name(name, "workflow name", error=InvalidWorkflow)
+    asked = (
+        None if version is None else validation.version(version, "version", error=InvalidWorkflow)
+    )
     for attempt in range(2):
         versions = sorted(v for (n, v) in _workflows if n == checked)
-        chosen = versions[-1] if version is None and versions else version
+        chosen = versions[-1] if asked is None and versions else asked
         if chosen is not None and (checked, chosen) in _workflows:
             return _workflows[(checked, chosen)]
         if attempt == 0 and not _discovered:
@@ -208,7 +216,7 @@ def get_workflow(name: object, version: object = None) -> WorkflowSpec:
             if versions
             else did_you_mean(checked, {n for n, _v in list(_workflows)})
         )
-        what = f"{checked!r}" if version is None else f"{checked!r} version {version}"
+        what = f"{checked!r}" if asked is None else f"{checked!r} version {asked}"
         raise UnknownWorkflow(f"no workflow registered as {what}{known}")
     raise AssertionError("unreachable")
 

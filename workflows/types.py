@@ -2,13 +2,18 @@
 
 Snapshots are frozen, slotted, keyword-only dataclasses read from the store; they
 never change after they are made and hold parsed JSON values.
+
+The engine's own values come last (:class:`DrivenRun`, :class:`Checkpoint`,
+:class:`Item`, :class:`ChildRun`): what the store hands the engine and the context,
+frozen too, so that nothing outside the store changes a row's picture of itself.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import models
@@ -55,6 +60,16 @@ class StepStatus(models.TextChoices):
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
 
+    @property
+    def is_finished(self) -> bool:
+        """Whether the checkpoint is recorded for good (see :data:`FINISHED_STEP_STATUSES`)."""
+        return self in FINISHED_STEP_STATUSES
+
+
+#: The one definition of a finished checkpoint: Succeeded or Failed. A replay returns
+#: its value or raises its failure; a Cancelled one is never replayed (its run ended).
+FINISHED_STEP_STATUSES = (StepStatus.SUCCEEDED, StepStatus.FAILED)
+
 
 class StepKind(models.TextChoices):
     """What a checkpoint is: the ``WorkflowContext`` method that recorded it."""
@@ -66,6 +81,66 @@ class StepKind(models.TextChoices):
     SIGNAL = "signal", "Signal"
     CHILD = "child", "Child run"
     NOW = "now", "Clock"
+
+
+class WaitKind(models.TextChoices):
+    """What a Waiting run waits for. Stored with the key of the checkpoint it waits
+    at and until when (:class:`Wait`); the text that says it is rendered from them."""
+
+    #: Its first advance.
+    START = "start", "start"
+    #: Its first advance after a resume.
+    RESUME = "resume", "resume"
+    #: A new advance: the last one's job failed for good.
+    ADVANCE = "advance", "a new advance"
+    SIGNAL = "signal", "signal"
+    TIMER = "timer", "timer"
+    #: The items of a map or an activity.
+    ITEMS = "items", "items"
+    CHILD = "child", "child"
+    #: The next try of an inline step.
+    RETRY = "retry", "retry"
+
+
+def iso(when: datetime) -> str:
+    """A recorded time as text (UTC, ISO 8601)."""
+    return when.astimezone(UTC).isoformat()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Wait:
+    """What a waiting run waits for: its :class:`WaitKind`, the key of the checkpoint
+    it waits at (a signal's, a timer's, a map's, a child's, a retrying step's; ""
+    for the run's own advances) and until when (a timer's time, a retry's, a signal
+    wait's timeout; None if it waits for as long as it takes)."""
+
+    kind: WaitKind
+    key: str = ""
+    until: datetime | None = None
+
+    def describe(
+        self, items: ItemCounts | None = None, *, at: Callable[[datetime], str] = iso
+    ) -> str:
+        """The text that says it: "signal approved", "timer until …", "12 of 50
+        items" (``items``: the counts of the map it waits for), "child ship", "retry
+        of reserve at …"; ``at`` writes a time (ISO 8601 by default)."""
+        until = at(self.until) if self.until is not None else "?"
+        match self.kind:
+            case WaitKind.SIGNAL:
+                return f"signal {self.key}"
+            case WaitKind.TIMER:
+                return f"timer until {until}"
+            case WaitKind.ITEMS:
+                if items is None:
+                    return f"items of {self.key}"
+                return f"{items.total - items.running} of {items.total} items"
+            case WaitKind.CHILD:
+                return f"child {self.key}"
+            case WaitKind.RETRY:
+                return f"retry of {self.key} at {until}"
+            case WaitKind.ADVANCE:
+                return "a new advance (the last one failed)"
+        return str(self.kind.label)
 
 
 class SignalOutcome(enum.StrEnum):
@@ -131,11 +206,14 @@ class RunSnapshot:
     #: "" if the body raised an error of its own, or the run did not fail.
     failed_step: str
     #: What a waiting run waits for: "signal approved", "timer until …",
-    #: "12 of 50 items", "child ship", "retry of reserve at …" ("" otherwise).
+    #: "12 of 50 items", "child ship", "retry of reserve at …" ("" otherwise):
+    #: :attr:`wait` as text.
     waiting_for: str
     created_at: datetime
     finished_at: datetime | None
     cancel_requested: bool = False
+    #: What a waiting run waits for, as data (None when it waits for nothing).
+    wait: Wait | None = None
     parent_run_id: str | None = None
     #: Whether this call created the run (False: it existed with the same request).
     created: bool = False
@@ -148,3 +226,71 @@ class RunSnapshot:
     def step(self, key: str) -> StepSnapshot | None:
         """The checkpoint recorded under ``key``, if any."""
         return next((step for step in self.steps if step.key == key), None)
+
+
+# -- the engine's values --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrivenRun:
+    """A run as its driver took it: what one advance reads of the run's row."""
+
+    pk: int
+    scope_hash: str
+    run_id: str
+    name: str
+    version: int
+    input_json: str
+    #: Resumes so far: part of the ids of the run's advance jobs.
+    generation: int
+    #: Advances so far, this one included.
+    advances: int
+    #: The keys the last resume erased, in the order they were recorded.
+    rerun_keys: tuple[str, ...]
+    parent_id: int | None
+    parent_key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """One recorded checkpoint of a run, as a replay reads it (its JSON unparsed)."""
+
+    pk: int
+    key: str
+    kind: StepKind
+    status: StepStatus
+    attempts: int
+    result_json: str | None
+    error_type: str
+    error: str
+    wake_at: datetime | None
+    item_count: int
+    child_id: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Item:
+    """One item of a map (or the one item of an activity step), as its job runs it
+    and as the fan-in reads it."""
+
+    pk: int
+    step_id: int
+    index: int
+    status: StepStatus
+    attempts: int
+    args_json: str
+    result_json: str | None
+    error_type: str
+    error: str
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildRun:
+    """A child run as its parent's checkpoint reads it: how it stands or ended."""
+
+    pk: int
+    run_id: str
+    status: RunStatus
+    output_json: str | None
+    error: str

@@ -18,9 +18,12 @@ from ledon import validation as text_validation
 
 from .conf import workflows_settings
 from .exceptions import InvalidInput as InvalidInput
-from .models import MAX_RUN_ID_LENGTH
 
 MAX_KEY_LENGTH = job_validation.MAX_JOB_ID_LENGTH
+#: Longest run id: a child's id is its parent's plus "/" and the child's key.
+MAX_RUN_ID_LENGTH = 1000
+#: The highest version of a workflow.
+MAX_VERSION = 2**31 - 1
 #: The deepest a value (input, output, argument, result, payload) may nest. A fixed
 #: bound, so that whatever is accepted in one place is accepted in every other: the
 #: interpreter's own limit depends on how deep the call stack already is, and a run's
@@ -30,6 +33,8 @@ MAX_VALUE_DEPTH = 200
 MAX_SECONDS = 10 * 366 * 86_400
 #: The most runs one ``WorkflowScope.list`` returns (as ``JobScope.list``).
 MAX_LIST_LIMIT = 10**9
+#: The most tries after the first that a step or an activity may have.
+MAX_RETRIES = 100
 
 
 def scope_hash(scope: object) -> str:
@@ -91,12 +96,22 @@ def is_key(value: object) -> bool:
     return True
 
 
-def name(value: object, what: str = "workflow name") -> str:
-    """A workflow or activity name: a handler name's rule."""
+def name(
+    value: object, what: str = "workflow name", *, error: type[InvalidInput] = InvalidInput
+) -> str:
+    """A workflow, activity or queue name: a handler name's rule; ``error`` (an
+    :class:`InvalidInput`) if it is not one."""
     try:
         return job_validation.name(value, what)
     except JobsError as exc:
-        raise InvalidInput(str(exc)) from None
+        raise error(str(exc)) from None
+
+
+def version(value: object, what: str, *, error: type[InvalidInput] = InvalidInput) -> int:
+    """A workflow's version: an int from 1 to :data:`MAX_VERSION`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_VERSION:
+        raise error(f"{what} must be an int from 1 to {MAX_VERSION}, got {value!r}")
+    return value
 
 
 def limit(value: object) -> int | None:
@@ -109,9 +124,20 @@ def limit(value: object) -> int | None:
         raise InvalidInput(str(exc)) from None
 
 
-def seconds(value: object, what: str, *, zero: bool = False) -> float:
+def retries(value: object, what: str, *, error: type[InvalidInput] = InvalidInput) -> int:
+    """A count of tries after the first, from 0 to :data:`MAX_RETRIES`, or ``error``
+    naming ``what`` (a step, an activity)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
+        raise error(f"{what}: retries must be an int in [0, {MAX_RETRIES}]")
+    return value
+
+
+def seconds(
+    value: object, what: str, *, zero: bool = False, error: type[InvalidInput] = InvalidInput
+) -> float:
     """A finite number of seconds, positive (or 0 with ``zero``), at most
-    :data:`MAX_SECONDS`: NaN, infinities and times past the calendar are refused."""
+    :data:`MAX_SECONDS`: NaN, infinities and times past the calendar are refused
+    (``error``, an :class:`InvalidInput`)."""
     low = "0" if zero else "a positive number"
     if (
         isinstance(value, bool)
@@ -120,7 +146,7 @@ def seconds(value: object, what: str, *, zero: bool = False) -> float:
         or not (value >= 0 if zero else value > 0)
         or value > MAX_SECONDS
     ):
-        raise InvalidInput(f"{what} must be a number of seconds from {low} to 10 years")
+        raise error(f"{what} must be a number of seconds from {low} to 10 years")
     return float(value)
 
 

@@ -8,6 +8,7 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     cancel .................... QUEUED -> CANCELLED                  scoped
                                 RUNNING -> RUNNING + cancel flag     scoped
     cancel_queued ............. QUEUED -> CANCELLED, by id prefix    scoped
+    cancel_running ............ RUNNING -> cancel flag, by id prefix  scoped
     claim / try_start ......... QUEUED -> RUNNING (new token, n+1)   claiming
     complete .................. RUNNING -> SUCCEEDED | CANCELLED     finishing
     fail ...................... RUNNING -> FAILED | CANCELLED        finishing
@@ -58,7 +59,7 @@ from .queues import QueueState, pause, queue_states, resume
 from .reads import get, get_due, list_jobs, snapshot
 from .recovering import recover
 from .retention import purge_finished
-from .scoped import cancel, cancel_queued, retry
+from .scoped import cancel, cancel_queued, cancel_running, retry
 from .shares import ScopeShare, scope_shares, set_weight
 from .submission import stage, stage_many, submit, submit_many
 
@@ -68,6 +69,7 @@ __all__ = [
     "asynchronous_commit",
     "cancel",
     "cancel_queued",
+    "cancel_running",
     "complete_and_claim",
     "complete_many",
     "current_time",

@@ -126,25 +126,46 @@ def cancel_queued(scope_hash: str, prefixes: Sequence[str], *, now: datetime | N
     with what they were for (the wake-ups of a finished workflow run): no
     ``queued_job_cancelled`` is sent, their owner ends nothing more. Running and
     finished jobs are left."""
+    now = current_time(now)
+    return _update_by_prefixes(scope_hash, prefixes, CANCEL_AT_ONCE, **_cancelled_fields(now))
+
+
+def cancel_running(scope_hash: str, prefixes: Sequence[str], *, now: datetime | None = None) -> int:
+    """Running -> cancel requested for every job of scope ``scope_hash`` whose id
+    starts with one of ``prefixes`` and was not asked yet: one guarded statement (per
+    100 prefixes) inside the caller's transaction (or its own); returns how many.
+    Their handlers see the request, and their finish ends them Cancelled, as
+    :func:`cancel` does for one job; PostgreSQL workers are told on commit. For the
+    library's own jobs, cancelled with what they were for (the items of a cancelled
+    workflow run). Queued and finished jobs are left (see :func:`cancel_queued`)."""
+    now = current_time(now)
+    with transaction.atomic(using=alias_for(Job)):
+        asked = _update_by_prefixes(
+            scope_hash, prefixes, CANCEL_BY_REQUEST, cancel_requested=True, updated_at=now
+        )
+        if asked:
+            notify_cancel(connection_for(Job))
+    return asked
+
+
+#: Prefixes per statement of :func:`cancel_queued` and :func:`cancel_running` (SQLite
+#: bounds a statement's expression depth).
+_PREFIXES_PER_STATEMENT = 100
+
+
+def _update_by_prefixes(scope_hash: str, prefixes: Sequence[str], guard: Q, **fields: Any) -> int:
+    """Write ``fields`` on every job of scope ``scope_hash`` that ``guard`` admits and
+    whose id starts with one of ``prefixes``, one statement per
+    :data:`_PREFIXES_PER_STATEMENT` of them, in one transaction: how many."""
     if not prefixes:
         return 0
-    now = current_time(now)
-    cancelled = 0
+    updated = 0
     with transaction.atomic(using=alias_for(Job)):
         for start in range(0, len(prefixes), _PREFIXES_PER_STATEMENT):
             chunk = prefixes[start : start + _PREFIXES_PER_STATEMENT]
             named = functools.reduce(operator.or_, (Q(job_id__startswith=p) for p in chunk))
-            cancelled += (
-                Job.objects.for_scope(scope_hash)
-                .filter(named, CANCEL_AT_ONCE)
-                .update(**_cancelled_fields(now))
-            )
-    return cancelled
-
-
-#: Prefixes per statement of :func:`cancel_queued` (SQLite bounds a statement's
-#: expression depth).
-_PREFIXES_PER_STATEMENT = 100
+            updated += Job.objects.for_scope(scope_hash).filter(named, guard).update(**fields)
+    return updated
 
 
 def retry(

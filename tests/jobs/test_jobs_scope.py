@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from jobs import execution, store
 from jobs.api import JobScope, stage_job, submit_job
@@ -220,3 +221,29 @@ def test_cancel_queued_cancels_the_queued_jobs_of_one_scope_by_id_prefix(make_jo
     assert Job.objects.exclude(scope_hash=make_job.scope_hash).get().status == "queued"
     assert store.cancel_queued(make_job.scope_hash, []) == 0
     assert running.job_id == "wf:1.0:running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_running_asks_the_running_jobs_of_one_scope_to_stop_by_id_prefix(make_job) -> None:
+    for job_id in ("wf-item:1.0:a:0", "wf-item:1.0:a:1", "wf-item:12.0:a:0", "other"):
+        make_job.running(job_id)
+    make_job.running("wf-item:1.0:a:0", scope="tenant-else")
+    make_job.queued("wf-item:1.0:a:9")
+    with CaptureQueriesContext(connection) as writes:
+        assert store.cancel_running(make_job.scope_hash, ["wf-item:1.", "nothing-"]) == 2
+    asked = dict(
+        Job.objects.filter(scope_hash=make_job.scope_hash).values_list("job_id", "cancel_requested")
+    )
+    assert asked == {
+        "wf-item:1.0:a:0": True,
+        "wf-item:1.0:a:1": True,
+        "wf-item:12.0:a:0": False,
+        "other": False,
+        "wf-item:1.0:a:9": False,  # queued: cancel_queued's
+    }
+    assert not Job.objects.exclude(scope_hash=make_job.scope_hash).get().cancel_requested
+    updates = [q for q in writes.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")]
+    assert len(updates) == 1  # one statement, however many jobs
+    # Asked already: not again.
+    assert store.cancel_running(make_job.scope_hash, ["wf-item:1."]) == 0
+    assert store.cancel_running(make_job.scope_hash, []) == 0

@@ -573,7 +573,7 @@ def test_a_signal_whose_commit_reply_is_lost_is_sent_again_and_recorded_once(clu
     )  # fmt: skip
     run = "FROM workflows_workflowrun WHERE run_id = 'wfamb-signal'"
     worker.wait_until(
-        lambda: cluster.value(f"SELECT waiting_for {run}") == "signal approved",
+        lambda: cluster.rows(f"SELECT wait_kind, wait_key {run}") == [("signal", "approved")],
         "the run to wait for its signal",
     )
     proxy.drop_reply(b"COMMIT", after=b'INSERT INTO "workflows_workflowsignal"')

@@ -203,8 +203,10 @@ def test_a_running_activity_sees_its_run_cancelled_through_its_job_context(worke
 
 def test_an_item_whose_job_kills_every_worker_ends_and_its_run_fails(workers):
     """Every try of the activity kills its worker. Recovery gives the job back while
-    the jobs allow it, then ends it Interrupted, which no signal reports: a worker's
-    upkeep pass ends the item, and the run fails instead of waiting for ever."""
+    the crash budget allows it, then ends it Interrupted, which no attempt_finished
+    reports: the recovering process's word that the job keeps killing its worker
+    ends the item (or, were it lost, a worker's upkeep pass), and the run fails
+    instead of waiting for ever."""
     start_workflow(SCOPE, "dies", "checks.dies")
     for _ in range(10):
         worker = workers("--burst", "--worker-id", "victim", "--concurrency", "1")
@@ -298,7 +300,7 @@ def test_a_signal_wakes_its_waiting_run_while_the_workers_poll_is_far_off(worker
     }
     worker = workers(env=quiet)
     wait_until(
-        lambda: WorkflowRun.objects.get(run_id="notify-1").waiting_for == "signal approved",
+        lambda: WorkflowScope(SCOPE).get("notify-1").waiting_for == "signal approved",
         60,
         "the run to wait for its signal",
         worker,

@@ -25,6 +25,8 @@ from workflows.types import (
     StepKind,
     StepSnapshot,
     StepStatus,
+    Wait,
+    WaitKind,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,7 +68,7 @@ def _step(run: WorkflowRun, key: str, kind: StepKind, status: StepStatus, **fiel
 def order_run() -> WorkflowRun:
     """A run that reserved stock, priced 5 lines (3 done, 1 failed, 1 running), slept,
     started a child and now waits for a payment signal."""
-    run = _run("order-7", waiting_for="signal paid")
+    run = _run("order-7", wait_kind="signal", wait_key="paid")
     _step(
         run,
         "reserve",
@@ -210,7 +212,7 @@ def test_staff_who_may_only_view_see_the_picture_and_no_actions(order_run):
 def test_cancel_ends_a_waiting_run_and_refuses_finished_ones():
     steer = _staff("view_workflowrun", "change_workflowrun")
     assert "cancel_runs" in steer.get(reverse(CHANGELIST)).content.decode()
-    waiting = _run("order-10", waiting_for="signal paid")
+    waiting = _run("order-10", wait_kind="signal", wait_key="paid")
     _step(waiting, "paid", StepKind.SIGNAL, StepStatus.WAITING)
     done = _run("done", RunStatus.SUCCEEDED, finished_at=timezone.now())
     messages = _act(steer, "cancel_runs", waiting, done)
@@ -236,9 +238,9 @@ def test_resume_takes_a_failed_run_back_and_refuses_others(order_run):
 
 
 def test_the_dashboard_counts_runs_by_status_and_what_they_wait_for(order_run, admin_client):
-    _run("a", waiting_for="signal approved")
-    _run("b", waiting_for="12 of 50 items")
-    _run("c", waiting_for="timer until 2026-12-02 10:00:00 UTC")
+    _run("a", wait_kind="signal", wait_key="approved")
+    _run("b", wait_kind="items", wait_key="price")
+    _run("c", wait_kind="timer", wait_key="nap", wake_at=T0)
     _run("d", RunStatus.FAILED, failed_step="charge", finished_at=timezone.now())
     (panel,) = dashboard_panels(timezone.now())
     facts = dict(panel.facts)
@@ -254,11 +256,16 @@ def test_the_dashboard_counts_runs_by_status_and_what_they_wait_for(order_run, a
 
 
 @pytest.mark.parametrize(
-    ("text", "reason"),
-    [("signal approved", "signal"), ("3 of 9 items", "items"), ("", "its next advance")],
+    ("kind", "reason"),
+    [
+        (WaitKind.SIGNAL, "signal"),
+        (WaitKind.ITEMS, "items"),
+        (WaitKind.ADVANCE, "a new advance"),
+        ("", "its next advance"),
+    ],
 )
-def test_waiting_reasons(text, reason):
-    assert waiting_reason(text) == reason
+def test_waiting_reasons(kind, reason):
+    assert waiting_reason(kind) == reason
 
 
 def _snapshot(status: RunStatus, steps: tuple[StepSnapshot, ...], **fields: Any) -> RunSnapshot:
@@ -316,7 +323,12 @@ def test_layout_places_each_checkpoint_on_the_runs_time_line():
             items=ItemCounts(total=4, succeeded=1, failed=1, running=1),
         ),
     )
-    run = _snapshot(RunStatus.WAITING, steps, waiting_for="3 of 4 items")
+    run = _snapshot(
+        RunStatus.WAITING,
+        steps,
+        waiting_for="3 of 4 items",
+        wait=Wait(kind=WaitKind.ITEMS, key="b"),
+    )
     picture = layout(run, now=T0 + timedelta(seconds=20))
     first, second = picture.nodes
     assert first.y < second.y < picture.end_y < picture.height
@@ -358,7 +370,11 @@ LONG_KEY = "charge-the-customers-card-for-the-whole-basket-including-shipping"
         (RunStatus.FAILED, {"failed_step": LONG_KEY, "finished_at": T0 + timedelta(hours=1)}),
         (
             RunStatus.WAITING,
-            {"waiting_for": "signal 'payment-confirmed-by-the-bank-of-" + "x" * 90},
+            {
+                "wait": Wait(
+                    kind=WaitKind.SIGNAL, key="payment-confirmed-by-the-bank-of-" + "x" * 90
+                )
+            },
         ),
     ],
 )
@@ -408,3 +424,25 @@ def test_a_run_without_a_map_has_no_items_legend():
     assert picture.legend.items == []
     assert picture.legend.time_line.endswith("from its start to its end")
     assert picture.end_lines == [(picture.end_y + 4, "succeeded · 2.0 s in all")]
+
+
+@pytest.mark.parametrize(
+    ("wait", "label"),
+    [
+        (Wait(kind=WaitKind.SIGNAL, key="paid"), "waiting: signal paid"),
+        (
+            Wait(kind=WaitKind.TIMER, key="nap", until=T0 + timedelta(hours=1)),
+            "waiting: timer until 2026-12-01 10:00:00 UTC",
+        ),
+        (
+            Wait(kind=WaitKind.RETRY, key="reserve", until=T0 + timedelta(seconds=30)),
+            "waiting: retry of reserve at 2026-12-01 09:00:30 UTC",
+        ),
+        (Wait(kind=WaitKind.CHILD, key="ship"), "waiting: child ship"),
+        (Wait(kind=WaitKind.START), "waiting: start"),
+    ],
+)
+def test_the_end_label_says_what_the_run_waits_for_from_its_data(wait, label):
+    """The label is built from the wait's kind, key and time, never from a text."""
+    run = _snapshot(RunStatus.WAITING, (), waiting_for="not read", wait=wait)
+    assert layout(run, now=T0 + timedelta(minutes=1)).end_label == label

@@ -54,6 +54,7 @@ from workflows.exceptions import (
     WorkflowIdentityConflict,
 )
 from workflows.models import WorkflowRun, WorkflowSignal, WorkflowStep
+from workflows.types import Wait, WaitKind
 
 SCOPE = "wf-model"
 NAME = "model.run"
@@ -65,7 +66,11 @@ DRIVERS = ["last", "last", "earlier"]
 JOBS = ["a", "b", None]
 KEYS = ["k1", "k2", "k3"]
 SIGNALS = ["s1", "s2"]
-WAITS = ["signal s1", "signal s2", "timer nap"]
+WAITS = [
+    Wait(kind=WaitKind.SIGNAL, key="s1"),
+    Wait(kind=WaitKind.SIGNAL, key="s2"),
+    Wait(kind=WaitKind.TIMER, key="nap"),
+]
 #: What a recorded checkpoint can be: (kind, status) as the engine inserts them.
 CHECKPOINTS = [
     (StepKind.STEP, StepStatus.SUCCEEDED),
@@ -104,7 +109,8 @@ class ModelRun:
     cancel: bool = False
     generation: int = 0
     advances: int = 0
-    waiting_for: str = "start"
+    #: What it waits for: (kind, key).
+    wait: tuple[str, str] = ("start", "")
     failed_step: str = ""
     #: The keys the last resume erased, in the order recorded.
     rerun: list[str] = field(default_factory=list)
@@ -206,7 +212,7 @@ class RunStoreModel(RuleBasedStateMachine):
             run.signals[key] = payload
             if run.status == RunStatus.RUNNING:
                 run.wake_pending = True
-            elif run.waiting_for == f"signal {key}":
+            elif run.wait == ("signal", key):
                 run.wake("signal", key)
 
     @rule(run_id=st.sampled_from(RUN_IDS))
@@ -220,11 +226,11 @@ class RunStoreModel(RuleBasedStateMachine):
         assert run is not None
         if run.status == RunStatus.WAITING:
             assert outcome is CancelOutcome.CANCELLED
-            run.status, run.cancel, run.token, run.waiting_for = (
+            run.status, run.cancel, run.token, run.wait = (
                 RunStatus.CANCELLED,
                 True,
                 None,
-                "",
+                ("", ""),
             )
             run.cancel_open_checkpoints()
         elif run.status == RunStatus.RUNNING:
@@ -250,7 +256,7 @@ class RunStoreModel(RuleBasedStateMachine):
         assert run.status == RunStatus.FAILED
         run.status, run.cancel, run.failed_step = RunStatus.WAITING, False, ""
         run.generation += 1
-        run.waiting_for = "resume"
+        run.wait = ("resume", "")
         # Failed checkpoints and inline steps waiting for a retry are tried again,
         # recorded again where they stood.
         erased = [
@@ -338,13 +344,17 @@ class RunStoreModel(RuleBasedStateMachine):
         try:
             with transaction.atomic(using=store.alias()):
                 store.guard(driver, now)
-                step = store.load_steps(driver.run).get(key)
-                changed = step is not None and store.update_step(
-                    step,
-                    StepStatus.WAITING,
-                    status=StepStatus.SUCCEEDED,
-                    result_json="2",
-                    finished_at=now,
+                step = store.load_steps(driver.run.pk).get(key)
+                changed = (
+                    step is not None
+                    and store.update_step(
+                        step,
+                        StepStatus.WAITING,
+                        status=StepStatus.SUCCEEDED,
+                        result_json="2",
+                        finished_at=now,
+                    )
+                    is not None
                 )
         except store.StaleDriver:
             assert run is None
@@ -359,14 +369,14 @@ class RunStoreModel(RuleBasedStateMachine):
     @rule(
         run_id=st.sampled_from(RUN_IDS),
         which=st.sampled_from(DRIVERS),
-        waiting_for=st.sampled_from(WAITS),
+        wait=st.sampled_from(WAITS),
     )
-    def suspend(self, run_id: str, which: str, waiting_for: str) -> None:
+    def suspend(self, run_id: str, which: str, wait: Wait) -> None:
         driver = self._driver(run_id, which)
         if driver is None:
             return
         run = self._holder(driver)
-        outcome = store.suspend(driver, waiting_for, None, timezone.now())
+        outcome = store.suspend(driver, wait, timezone.now())
         if run is None:
             assert outcome is store.Suspended.STALE
         elif run.cancel:
@@ -378,7 +388,7 @@ class RunStoreModel(RuleBasedStateMachine):
         else:
             assert outcome is store.Suspended.WAITING
             run.status, run.token, run.driver_job = RunStatus.WAITING, None, None
-            run.waiting_for = waiting_for
+            run.wait = (wait.kind, wait.key)
 
     @rule(
         run_id=st.sampled_from(RUN_IDS),
@@ -403,7 +413,7 @@ class RunStoreModel(RuleBasedStateMachine):
         if run is None:
             return
         run.status, run.token, run.driver_job = status, None, None
-        run.waiting_for, run.failed_step = "", failed_step
+        run.wait, run.failed_step = ("", ""), failed_step
         if status == RunStatus.CANCELLED:
             run.cancel_open_checkpoints()
 
@@ -420,7 +430,7 @@ class RunStoreModel(RuleBasedStateMachine):
             return
         run.status, run.token, run.driver_job = RunStatus.WAITING, None, None
         run.wake_pending = False
-        run.waiting_for = "a new advance (the last one failed)"
+        run.wait = ("advance", "")
         run.wake("released", f"{by}@{run.advances}")
 
     # ------------------------------------------------------------------ checks
@@ -440,7 +450,7 @@ class RunStoreModel(RuleBasedStateMachine):
             assert row.cancel_requested == model.cancel, where
             assert row.generation == model.generation, where
             assert row.advances == model.advances, where
-            assert row.waiting_for == model.waiting_for, where
+            assert (row.wait_kind, row.wait_key) == model.wait, where
             assert row.failed_step == model.failed_step, where
             assert row.rerun_keys == model.rerun, where
             assert (row.finished_at is not None) == model.finished, where

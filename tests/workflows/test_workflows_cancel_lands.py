@@ -36,6 +36,7 @@ from workflows import (
 )
 from workflows.models import WorkflowRun
 from workflows.testing import TestClock, run_workflows_inline
+from workflows.types import Wait, WaitKind
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -263,7 +264,7 @@ def test_a_driver_suspending_between_two_statements_loses_nothing(
     driver = store.take(pk("both"), "job-a")
     assert driver is not None
     suspend = while_blocked.start(
-        lambda: store.suspend(driver, "signal approved", None, timezone.now())
+        lambda: store.suspend(driver, Wait(kind=WaitKind.SIGNAL, key="approved"), timezone.now())
     )
     with elsewhere_at(point, suspend, run=pk("both")):
         assert while_blocked.pool.submit(in_own_connection(call)).result(timeout=30) == answer

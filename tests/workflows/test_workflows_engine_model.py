@@ -281,7 +281,7 @@ class EngineModel(RuleBasedStateMachine):
         self.clock.move_to(timezone.now())
         run_jobs_inline(worker_id="settle", now=self.clock.now)
         for run in WorkflowRun.objects.order_by("id"):
-            where = f"run {run.run_id}: {run.status} {run.waiting_for!r}"
+            where = f"run {run.run_id}: {run.status} {run.wait_kind} {run.wait_key!r}"
             assert run.status != RunStatus.RUNNING, f"{where}: left Running"
             if run.status in RunStatus.finished():
                 assert run.driver_token is None, where
@@ -303,7 +303,7 @@ class EngineModel(RuleBasedStateMachine):
             run=run, status__in=(StepStatus.WAITING, StepStatus.RUNNING)
         )
         for step in waits:
-            if step.kind == "signal" and run.waiting_for == f"signal {step.key}":
+            if step.kind == "signal" and (run.wait_kind, run.wait_key) == ("signal", step.key):
                 # Only a signal not sent yet is on its way: a sent one had to wake it.
                 return not WorkflowSignal.objects.filter(run=run, key=step.key).exists()
             if step.kind == "child" and step.child is not None:

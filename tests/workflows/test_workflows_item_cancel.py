@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from jobs import JobScope, execution
 from jobs.signals import finished_attempt
@@ -98,3 +100,42 @@ def test_an_item_job_cancelled_before_its_handler_ran_ends_its_item() -> None:
         "type": "Cancelled",
         "message": "1 of 3 items failed; item 2: its job was cancelled",
     }
+
+
+@workflow("itemcancel.wide", version=1)
+def wide(wf: WorkflowContext) -> Any:
+    return wf.map("triple", triple, list(range(wf.input["items"])))
+
+
+def cancel_statements(items: int, running: int) -> list[str]:
+    """Cancel a run (of a scope of its own) whose map has ``items`` item jobs,
+    ``running`` of them Running: the statements that wrote the jobs' table."""
+    scope = f"{SCOPE}-{items}"
+    start_workflow(scope, "wide", "itemcancel.wide", {"items": items})
+    run_jobs_inline(queues=["default"])  # the advance: the items' jobs are queued
+    jobs = JobScope(scope).list(handler="itemcancel.triple", limit=items)
+    started = [execution.try_start(job.scope_hash, job.job_id, "w") for job in jobs[:running]]
+    assert all(started)
+    with CaptureQueriesContext(connection) as queries:
+        assert WorkflowScope(scope).cancel("wide") == CancelOutcome.CANCELLED
+    statuses = [
+        (job.status, job.cancel_requested)
+        for job in JobScope(scope).list(handler="itemcancel.triple", limit=items)
+    ]
+    assert sorted(statuses) == sorted(
+        [(JobStatus.RUNNING, True)] * running + [(JobStatus.CANCELLED, False)] * (items - running)
+    )
+    return [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].lstrip().upper().startswith("UPDATE") and "jobs_job" in q["sql"]
+    ]
+
+
+def test_a_cancelled_runs_item_jobs_are_cancelled_in_a_few_statements_however_many():
+    """One statement per item job was 10,000 statements for a 10,000-item map: the
+    queued ones end Cancelled, the running ones are asked to stop, one statement
+    each, whatever the map's size."""
+    small = cancel_statements(6, 2)
+    large = cancel_statements(60, 20)
+    assert len(large) == len(small) <= 3, large

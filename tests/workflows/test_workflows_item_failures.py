@@ -35,8 +35,8 @@ from workflows import (
 )
 from workflows.exceptions import InvalidWorkflow
 from workflows.models import WorkflowItem
-from workflows.retention import RetentionThread
 from workflows.testing import TestClock, run_workflow, run_workflows_inline
+from workflows.upkeep import Upkeep
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -129,7 +129,7 @@ def test_every_failed_try_is_a_failed_attempt_for_the_metrics():
 
 
 def test_an_activitys_retries_are_its_jobs_attempts_with_its_back_off(settings):
-    settings.WORKFLOWS = {"STEP_RETRY_DELAY": 7.0, "STEP_RETRY_MAX_DELAY": 20.0}
+    settings.WORKFLOWS = {"RETRY_BASE_DELAY": 7.0, "RETRY_MAX_DELAY": 20.0}
     TRIES.clear()
     start_workflow(SCOPE, "flaky-1", "itemfail.flakies", [3])
     clock = later_clock()
@@ -146,7 +146,7 @@ def test_an_activitys_retries_are_its_jobs_attempts_with_its_back_off(settings):
     assert Job.objects.get(pk=job.pk).next_run_at == clock.now + timedelta(seconds=14)
     clock.advance(14)
     run_workflows_inline(clock=clock)
-    # Doubled each try, at most STEP_RETRY_MAX_DELAY.
+    # Doubled each try (RETRY_BACKOFF_FACTOR), at most RETRY_MAX_DELAY.
     assert Job.objects.get(pk=job.pk).next_run_at == clock.now + timedelta(seconds=20)
     snap = run_workflow(SCOPE, "flaky-1", clock=clock)
     assert snap.output == [4]
@@ -189,18 +189,15 @@ def test_an_item_whose_job_keeps_dying_ends_once_its_job_ends_interrupted():
     run_workflows_inline(max_attempts_run=1)
     (job,) = item_jobs("itemfail.lookup")
     # Each try's worker is killed; recovery queues the job again under the crash
-    # budget. Once the budget is spent the job ends Interrupted, and no signal tells
-    # the workflow.
+    # budget. Once the budget is spent the job ends Interrupted, recovered by another
+    # process (no attempt_finished): its word that the job keeps killing its worker
+    # ends the item at once (the upkeep's pass would, if that word were lost).
     while execution.try_start(job.scope_hash, job.job_id, worker_id="doomed") is not None:
         store.start_item(WorkflowItem.objects.get().pk, job.scope_hash, job.job_id, timezone.now())
         execution.recover_worker("doomed")
     job.refresh_from_db()
     assert job.status == JobStatus.INTERRUPTED
-    assert WorkflowItem.objects.get().status == StepStatus.RUNNING
-    # Every worker's upkeep pass ends it, and its run goes on.
-    thread = RetentionThread()
-    assert thread.end_items_once() is False
-    assert thread.items_ended == 1
+    assert Upkeep().end_leftovers_once() is False  # nothing left for the upkeep
     item = WorkflowItem.objects.get()
     assert (item.status, item.error_type) == ("failed", "ActivityJobEnded")
     assert item.error.startswith(

@@ -16,8 +16,8 @@ from jobs.signals import worker_started, worker_stopping
 from jobs.worker import Worker
 from workflows import RunStatus, start_workflow
 from workflows.models import WorkflowRun
-from workflows.retention import on_worker_started, on_worker_stopping, thread_of
 from workflows.testing import run_workflow, run_workflows_inline
+from workflows.upkeep import on_worker_started, on_worker_stopping, upkeep_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,14 +41,15 @@ def test_a_worker_deletes_finished_runs_past_retention_and_keeps_the_rest(settin
     start_workflow(SCOPE, "unfinished", "checks.signals", {})
     worker = object()
     on_worker_started(Worker, worker=worker)
-    thread = thread_of(worker)
-    assert thread is not None
-    assert thread.caught_up.wait(30)
+    upkeep = upkeep_of(worker)
+    assert upkeep is not None
+    assert upkeep.caught_up.wait(30)
     on_worker_stopping(Worker, worker=worker)
-    assert not thread.is_alive()
+    assert upkeep.stopped.is_set()
+    assert upkeep_of(worker) is None
     left = sorted(WorkflowRun.objects.values_list("run_id", flat=True))
     # Two full batches, then a short one: then it waits.
-    assert (thread.purged, thread.passes, left) == (5, 3, ["old-0.5-0", "unfinished"])
+    assert (upkeep.purged, upkeep.passes, left) == (5, 3, ["old-0.5-0", "unfinished"])
 
 
 def test_no_retention_keeps_finished_runs_and_still_ends_the_items_of_ended_jobs(settings):
@@ -62,11 +63,11 @@ def test_no_retention_keeps_finished_runs_and_still_ends_the_items_of_ended_jobs
     )
     worker = object()
     on_worker_started(Worker, worker=worker)
-    thread = thread_of(worker)
-    assert thread is not None
-    assert thread.caught_up.wait(30)
+    upkeep = upkeep_of(worker)
+    assert upkeep is not None
+    assert upkeep.caught_up.wait(30)
     on_worker_stopping(Worker, worker=worker)
-    assert (thread.purged, thread.items_ended) == (0, 1)
+    assert (upkeep.purged, upkeep.items_ended) == (0, 1)
     assert WorkflowRun.objects.filter(run_id="old-400-0").exists()
     snap = run_workflow(SCOPE, "orphan")
     assert snap.status == RunStatus.FAILED
@@ -77,4 +78,4 @@ def test_no_retention_keeps_finished_runs_and_still_ends_the_items_of_ended_jobs
 
 def test_every_worker_starts_and_stops_it():
     for signal in (worker_started, worker_stopping):
-        assert "workflows.retention" in {key[0] for key, *_ in signal.receivers}
+        assert "workflows.upkeep" in {key[0] for key, *_ in signal.receivers}

@@ -28,7 +28,6 @@ from workflows import (
     validation,
     workflow,
 )
-from workflows.context import Stop
 from workflows.context import WorkflowContext as Context
 from workflows.exceptions import (
     InvalidInput,
@@ -38,7 +37,9 @@ from workflows.exceptions import (
     WorkflowError,
 )
 from workflows.models import WorkflowRun, WorkflowStep
+from workflows.replay import Stop
 from workflows.testing import TestClock, run_workflow, run_workflows_inline
+from workflows.types import Wait, WaitKind
 
 pytestmark = pytest.mark.django_db
 
@@ -112,7 +113,8 @@ def test_a_stale_driver_records_nothing():
     # Its step ran but rolled back with its checkpoint: nothing recorded.
     assert not WorkflowStep.objects.exists()
     assert not Effect.objects.exists()
-    assert store.suspend(first, "anything", None, timezone.now()) is store.Suspended.STALE
+    anything = Wait(kind=WaitKind.TIMER, key="nap")
+    assert store.suspend(first, anything, timezone.now()) is store.Suspended.STALE
     current = Context(second, timezone.now)
     assert current.step("a", checks.write_effect, "stale-1", "a", 3) == 3
     assert list(WorkflowStep.objects.values_list("key", flat=True)) == ["a"]
@@ -126,8 +128,9 @@ def test_another_advance_job_never_takes_a_running_run_but_makes_its_driver_repl
     assert store.take(pk, "job-2") is None
     assert WorkflowRun.objects.get(pk=pk).wake_pending
     now = timezone.now()
-    assert store.suspend(driver, "signal approved", None, now) is store.Suspended.WAKE_PENDING
-    assert store.suspend(driver, "signal approved", None, now) is store.Suspended.WAITING
+    approved = Wait(kind=WaitKind.SIGNAL, key="approved")
+    assert store.suspend(driver, approved, now) is store.Suspended.WAKE_PENDING
+    assert store.suspend(driver, approved, now) is store.Suspended.WAITING
     # The job that held it may take it back from RUNNING (its worker died).
     again = store.take(pk, "job-3")
     assert again is not None
@@ -538,7 +541,7 @@ def test_a_run_whose_advance_job_fails_for_good_is_taken_by_a_new_one(monkeypatc
     monkeypatch.setattr(store, "insert_step", outage)
     (failed,) = run_workflows_inline(max_attempts_run=1)
     assert failed.outcome == FinishOutcome.FAILED
-    run = WorkflowRun.objects.get(run_id="released-1")
+    run = WorkflowScope(SCOPE).get("released-1")
     assert run.status == RunStatus.WAITING
     assert run.waiting_for == "a new advance (the last one failed)"
     monkeypatch.setattr(store, "insert_step", real)

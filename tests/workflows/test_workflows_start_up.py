@@ -22,7 +22,7 @@ from jobs import JobScope, JobStatus, JobSubmission, submit_job
 from jobs.worker import Worker
 from ledon.db import DatabaseNotMigrated
 from tests.support.procs import ManageProcess, settings_module
-from workflows import registry, retention, start_workflow
+from workflows import registry, start_workflow, upkeep
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -98,7 +98,7 @@ def test_a_worker_refuses_to_start_without_the_workflows_tables(workflows_unmigr
         "Run 'python manage.py migrate', then start the worker again.",
     ]
     assert JobScope(SCOPE).get("waiting").status == JobStatus.QUEUED
-    assert retention.thread_of(worker) is None
+    assert upkeep.upkeep_of(worker) is None
 
 
 def test_run_jobs_ends_with_the_message_alone_and_a_failure_status(workflows_unmigrated) -> None:

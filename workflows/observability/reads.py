@@ -12,7 +12,7 @@ from django.urls import reverse
 from ledon.dashboard import Cell, Panel, age
 
 from ..models import WorkflowRun
-from ..types import RunStatus
+from ..types import RunStatus, WaitKind
 
 #: The models whose view permission shows the panel.
 DASHBOARD_MODELS = (WorkflowRun,)
@@ -20,15 +20,10 @@ DASHBOARD_MODELS = (WorkflowRun,)
 LISTED = 10
 
 
-def waiting_reason(waiting_for: str) -> str:
-    """The kind of wait a run's ``waiting_for`` text names: "signal approved" and
-    "signal paid" are both "signal", "12 of 50 items" is "items"."""
-    words = waiting_for.split()
-    if not words:
-        return "its next advance"
-    if words[-1] == "items":
-        return "items"
-    return words[0]
+def waiting_reason(wait_kind: str) -> str:
+    """What a run of ``wait_kind`` (a :class:`~workflows.types.WaitKind`, or "" for
+    none) waits for, as the dashboard says it: "signal", "items", "a new advance"…"""
+    return str(WaitKind(wait_kind).label) if wait_kind else "its next advance"
 
 
 def dashboard_panels(now: datetime) -> list[Panel]:
@@ -36,14 +31,14 @@ def dashboard_panels(now: datetime) -> list[Panel]:
     for row in WorkflowRun.objects.values("status").annotate(count=Count("id")).order_by():
         by_status[RunStatus(row["status"])] += row["count"]
     reasons: Counter[str] = Counter()
-    for waiting_for, count in (
+    for wait_kind, count in (
         WorkflowRun.objects.filter(status=RunStatus.WAITING)
-        .values("waiting_for")
+        .values("wait_kind")
         .annotate(count=Count("id"))
-        .values_list("waiting_for", "count")
+        .values_list("wait_kind", "count")
         .order_by()
     ):
-        reasons[waiting_reason(waiting_for)] += count
+        reasons[waiting_reason(wait_kind)] += count
     failed = list(
         WorkflowRun.objects.filter(status=RunStatus.FAILED)
         .only("id", "name", "run_id", "failed_step", "finished_at", "updated_at")

@@ -1,0 +1,96 @@
+"""What the jobs tell the workflows (receivers of ``jobs.signals``, connected by
+``WorkflowsConfig.wire_up``): an engine job that ended for good outside its
+handler's code, or was cancelled, ends what it was staged for, so that no run waits
+for a job that will never come back. Only the jobs the engine staged do any of this
+(their scope and id are checked by the store).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from jobs.models import Job
+from jobs.types import Claim, FinishOutcome
+from ledon.values import CancelOutcome
+
+from . import store
+from .engine import current_time
+
+logger = logging.getLogger(__name__)
+
+
+def on_attempt_finished(
+    sender: Any, *, claim: Claim, outcome: FinishOutcome, retry_scheduled: bool, **kwargs: Any
+) -> None:
+    """``jobs.signals.attempt_finished``: an item job that ended for good outside its
+    activity's code (its activity unknown to every worker that claimed it, its last
+    try past its timeout, its worker killed with no attempt left) ends its item, so
+    that the run is not left waiting for it; an advance job that did lets another
+    advance take its run. An item job that ended Cancelled without its handler
+    recording the item (cancelled while it waited in a worker's look-ahead) ends its
+    item Cancelled; a cancelled advance job cancels its run. Only the jobs the engine
+    staged do any of this (their scope and id are checked)."""
+    if outcome is FinishOutcome.CANCELLED:
+        on_queued_job_cancelled(sender, scope_hash=claim.scope_hash, job_id=claim.job_id)
+        return
+    if outcome not in (FinishOutcome.FAILED, FinishOutcome.INTERRUPTED) or retry_scheduled:
+        return
+    if claim.handler == store.ADVANCE_HANDLER:
+        store.release(claim.scope_hash, claim.job_id, current_time())
+        return
+    if not claim.job_id.startswith(store.ITEM_JOB_PREFIX):
+        return
+    payload = claim.payload
+    item_pk = payload.get("item") if isinstance(payload, dict) else None
+    if not isinstance(item_pk, int):
+        return
+    error = (
+        Job.objects.filter(scope_hash=claim.scope_hash, job_id=claim.job_id)
+        .values_list("error", flat=True)
+        .first()
+    )
+    message = (error or f"the item's job ended {outcome.value}").strip().splitlines()[-1]
+    error_type = "ActivityLost" if outcome is FinishOutcome.INTERRUPTED else "ActivityJobFailed"
+    store.item_job_ended(
+        claim.scope_hash,
+        claim.job_id,
+        item_pk,
+        current_time(),
+        error_type=error_type,
+        error=message,
+    )
+
+
+def on_queued_job_cancelled(sender: Any, *, scope_hash: str, job_id: str, **kwargs: Any) -> None:
+    """``jobs.signals.queued_job_cancelled``: an item job cancelled before any attempt
+    ran it ends its item Cancelled, so that its run is not left waiting for it (the
+    step then fails like one whose item failed). A run's advance job cancelled (in the
+    jobs admin) cancels the run: nothing else would ever advance it."""
+    now = current_time()
+    if store.item_job_cancelled(scope_hash, job_id, now):
+        return
+    outcome = store.advance_job_cancelled(scope_hash, job_id, now)
+    if outcome is not None and outcome is not CancelOutcome.ALREADY_FINISHED:
+        logger.warning(
+            "workflow run cancelled (%s): its advance job %s was cancelled; cancel a run "
+            "with WorkflowScope.cancel or on its admin page, not through its jobs",
+            outcome.value,
+            job_id,
+            extra={"job_id": job_id},
+        )
+
+
+def on_job_keeps_killing_worker(
+    sender: Any, *, scope_hash: str, job_id: str, handler: str, **kwargs: Any
+) -> None:
+    """``jobs.signals.job_keeps_killing_worker``: an engine job whose worker kept dying
+    ended Interrupted at the crash budget, recovered by whichever process found it
+    (which sends no ``attempt_finished``). Its run is released to a new advance at
+    once, or its item ends, so that the run goes on instead of waiting for the
+    upkeep's next pass (or, for an advance, for ever)."""
+    now = current_time()
+    if handler == store.ADVANCE_HANDLER:
+        store.release_runs_of_ended_jobs(now, limit=1, job_id=job_id)
+    elif job_id.startswith(store.ITEM_JOB_PREFIX):
+        store.end_items_of_ended_jobs(now, limit=1, job=(scope_hash, job_id))

@@ -1,0 +1,226 @@
+"""Durable replay: one advance's view of its run's recorded checkpoints.
+
+A body runs from the top at every advance. Each checkpoint it reaches is looked up
+under its key (:meth:`Replay.reach`), and the replay rule is written once here
+(:func:`recorded`): a finished checkpoint — Succeeded or Failed — returns its
+recorded value, or raises its recorded failure, and runs nothing. The first
+checkpoint not finished does its work, or records what it waits for and ends the
+advance (:class:`Suspend`).
+
+Every write is fenced by the driver's token (:meth:`Replay.write`, on
+:func:`workflows.store.guard`): a driver that lost the run records nothing and
+stops (:class:`Stop`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from ledon.errors import storable_text
+from ledon.faults import fault_point
+
+from . import store, validation
+from .determinism import RecordedOrder, skipped_detail
+from .exceptions import NonDeterministicWorkflow, SignalTimeout, StepFailed
+from .types import Checkpoint, DrivenRun, StepKind, StepStatus, Wait, WaitKind
+
+
+class Suspend(BaseException):
+    """The body must wait: the advance ends and the run is WAITING.
+
+    A ``BaseException``, like ``GeneratorExit``: a body's ``except Exception`` must not
+    swallow the end of its advance.
+    """
+
+    def __init__(self, kind: WaitKind, key: str = "", until: datetime | None = None) -> None:
+        #: What the run waits for, stored as it suspends.
+        self.wait = Wait(kind=kind, key=key, until=until)
+        super().__init__(self.wait.describe())
+
+
+class Stop(BaseException):
+    """The advance stops at once: ``stale`` (another driver holds the run) or the
+    run's cancellation was requested."""
+
+    def __init__(self, *, cancelled: bool) -> None:
+        self.cancelled = cancelled
+        super().__init__("cancelled" if cancelled else "stale driver")
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A finished checkpoint's recorded value (a wrapper: the value may be None)."""
+
+    value: Any
+
+
+def recorded(step: Checkpoint | None) -> Recorded | None:
+    """The replay rule: a finished checkpoint returns its recorded value (see
+    :func:`outcome`); None for one that is not recorded, or not finished (its
+    work, or its wait, is still to do)."""
+    if step is None or not step.status.is_finished:
+        return None
+    return Recorded(outcome(step))
+
+
+def outcome(step: Checkpoint) -> Any:
+    """What a finished checkpoint gives the body, whether a replay finds it recorded
+    or this advance has just recorded it: its value, or its recorded failure raised
+    (a timed-out signal wait's :class:`SignalTimeout`, any other's
+    :class:`StepFailed` naming the error of its last try)."""
+    if step.status is StepStatus.FAILED:
+        if step.kind is StepKind.SIGNAL:
+            raise SignalTimeout(step.key)
+        raise StepFailed(step.key, step.error_type, step.error)
+    return validation.from_json(step.result_json)
+
+
+def error_parts(exc: BaseException) -> tuple[str, str]:
+    """The type name and message of an error, as a checkpoint records them."""
+    return type(exc).__name__, storable_text(str(exc))
+
+
+class Replay:
+    """One advance's replay of a run: its driver and clock, the checkpoints the run
+    had recorded when the advance began (kept current as this advance records
+    more), which of them the body has reached, and the fenced writes."""
+
+    def __init__(self, driver: store.Driver, clock: Callable[[], datetime]) -> None:
+        self.driver = driver
+        self.run: DrivenRun = driver.run
+        self.clock = clock
+        self._steps = store.load_steps(driver.run.pk)
+        self._order = RecordedOrder(self._steps, driver.run.rerun_keys)
+        self._seen: set[str] = set()
+        #: Set when the body contradicted its recorded checkpoints: the run fails
+        #: whatever the body did with the error.
+        self.nondeterminism: NonDeterministicWorkflow | None = None
+
+    def reach(self, key: object, kind: StepKind) -> tuple[str, Checkpoint | None]:
+        """The body reached checkpoint ``key`` of ``kind``: its checked key and its
+        recorded checkpoint, if any. A key used twice, or recorded as another kind,
+        or a new key while recorded ones were skipped, is
+        :class:`NonDeterministicWorkflow`; a checkpoint with work to do (not
+        finished) first checks for the run's cancellation (:class:`Stop`)."""
+        checked = validation.key(key)
+        if checked in self._seen:
+            self._nondeterministic(
+                checked, "used twice in one run; every checkpoint needs a key of its own"
+            )
+        self._seen.add(checked)
+        step = self._steps.get(checked)
+        if step is not None and step.kind != kind:
+            self._nondeterministic(
+                checked, f"recorded as a {step.kind} checkpoint, reached now as a {kind}"
+            )
+        # A recorded checkpoint only returns its value: the cancellation is read at the
+        # first one that has work to do or to wait for (one read per checkpoint that
+        # counts, none per replayed one).
+        finished = step is not None and step.status.is_finished
+        if not finished and self.cancel_requested():
+            raise Stop(cancelled=True)
+        if step is None:
+            skipped = self._order.skipped_by(checked)
+            if skipped:
+                self._nondeterministic(checked, skipped_detail(skipped), skipped)
+        else:
+            self._order.reached(checked)
+        if not finished:
+            fault_point("workflows.checkpoint.reached", run=self.run.pk, key=checked, kind=kind)
+        return checked, step
+
+    def _nondeterministic(self, key: str, detail: str, skipped: tuple[str, ...] = ()) -> None:
+        error = NonDeterministicWorkflow(key, detail, skipped)
+        if self.nondeterminism is None:
+            self.nondeterminism = error
+        raise error
+
+    def cancel_requested(self) -> bool:
+        return store.cancel_requested(self.run.pk)
+
+    def now(self) -> datetime:
+        return self.clock()
+
+    def write(self) -> Fenced:
+        """A fenced transaction for this driver (:class:`Stop` if it is stale)."""
+        return Fenced(self.driver, self.now())
+
+    def fence(self, now: datetime) -> None:
+        """Touch the run row as its driver, inside the caller's transaction
+        (:class:`Stop` if this driver is stale)."""
+        _fence(self.driver, now)
+
+    def record(self, step: Checkpoint) -> Checkpoint:
+        """Keep ``step`` as this replay's picture of it (written and committed)."""
+        self._steps[step.key] = step
+        return step
+
+    def insert(
+        self, key: str, kind: StepKind, status: StepStatus, now: datetime, **fields: Any
+    ) -> Checkpoint:
+        """Record a new checkpoint (inside a fenced transaction)."""
+        return store.insert_step(self.driver, key, kind, status, now, **fields)
+
+    def move(self, step: Checkpoint, expected: StepStatus, **fields: Any) -> Checkpoint:
+        """Move ``step`` from ``expected`` (inside a fenced transaction) and return it
+        as it now stands. :class:`Stop` if it is not there any more: a cancel of the
+        run marked it Cancelled (the advance then ends the run Cancelled), or another
+        driver moved it."""
+        moved = store.update_step(step, expected, **fields)
+        if moved is None:
+            raise Stop(cancelled=False)
+        return moved
+
+    def settle(
+        self,
+        key: str,
+        step: Checkpoint | None,
+        kind: StepKind,
+        status: StepStatus,
+        now: datetime,
+        **fields: Any,
+    ) -> Checkpoint:
+        """Record ``key``'s checkpoint as ``status`` (inside a fenced transaction): a
+        new one, or ``step`` moved on from where it stands (see :meth:`move`)."""
+        if step is None:
+            return self.insert(key, kind, status, now, **fields)
+        finished = now if status.is_finished else None
+        return self.move(step, step.status, status=status, finished_at=finished, **fields)
+
+    def wake_at(self, when: datetime, reason: str, detail: str, now: datetime) -> None:
+        """Stage the advance job that wakes this run at ``when`` (inside a fenced
+        transaction; see :func:`workflows.store.wake`)."""
+        store.wake(self.run.pk, self.run.generation, reason, detail, not_before=when, now=now)
+
+
+class Fenced:
+    """``with replay.write():`` — a transaction fenced by :func:`workflows.store.guard`
+    first, a stale driver turned into :class:`Stop`."""
+
+    def __init__(self, driver: store.Driver, now: datetime) -> None:
+        self._atomic = transaction.atomic(using=store.alias())
+        self._driver = driver
+        self._now = now
+
+    def __enter__(self) -> None:
+        self._atomic.__enter__()
+        try:
+            _fence(self._driver, self._now)
+        except BaseException as exc:
+            self._atomic.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._atomic.__exit__(*exc_info)
+
+
+def _fence(driver: store.Driver, now: datetime) -> None:
+    try:
+        store.guard(driver, now)
+    except store.StaleDriver:
+        raise Stop(cancelled=False) from None

@@ -1,0 +1,143 @@
+"""Every state transition of runs, checkpoints, items and signals.
+
+Each transition is one guarded statement — it succeeds only from the states that
+allow it — inside ``transaction.atomic``, and returns a typed outcome or raises a
+typed error. Nothing else in the app writes to the workflows tables.
+
+    create_run / stage ........ (new) -> WAITING + its first advance job     creating
+    create_child .............. (new) child of a run, in its fenced write    creating
+    take ...................... WAITING (or RUNNING, its own job again) ->   driving
+                                RUNNING, new driver token; else RUNNING +
+                                wake pending
+    guard ..................... every checkpoint write: fenced by the token  driving
+    suspend ................... RUNNING (token, no wake pending) -> WAITING  driving
+                                (what for, until when); a pending wake:
+                                replay again
+    finish .................... RUNNING (token) -> SUCCEEDED | FAILED |      driving
+                                CANCELLED
+    release ................... RUNNING (its advance job failed for good)    driving
+                                -> WAITING + a new advance job; the runs
+                                of advance jobs ended unheard, in batches
+    insert_step / update_step . a checkpoint recorded, moved on (fenced)     checkpoints
+    insert_items .............. a map's items and their jobs, in batches     items
+    start_item / end_item ..... an item's tries and its end (its own row)    items
+    fan_in .................... after an item's end: none left running ->   items
+                                wake the run
+    send_signal ............... (new signal); wakes the run if it waits      signalling
+                                for it
+    cancel .................... WAITING -> CANCELLED; RUNNING -> cancel      control
+                                requested
+    resume .................... FAILED -> WAITING (failed checkpoints        control
+                                erased)
+    purge_finished ............ finished before a cutoff -> (deleted)        retention
+
+A run is woken by an advance job of the workflows' own handler, staged in the same
+transaction as the change that wakes it (:mod:`.waking`). Its job id is deterministic
+(the run's row id, its generation and what woke it), so two writers that race to
+wake a run for the same reason create one job, and a replayed writer finds its job
+already there. The bounds of a map are :mod:`.bounds`; snapshots are :mod:`.reads`.
+"""
+
+from __future__ import annotations
+
+from .base import Driver, StaleDriver, alias, current_time
+from .bounds import check_item_count, check_results_size, refuse_hopeless_resume
+from .checkpoints import insert_step, load_steps, update_step
+from .control import advance_job_cancelled, cancel, cancel_run, resume, resume_run
+from .creating import create_child, create_run
+from .driving import (
+    Suspended,
+    cancel_requested,
+    finish,
+    guard,
+    release,
+    release_runs_of_ended_jobs,
+    suspend,
+    take,
+)
+from .items import (
+    ITEM_BATCH,
+    ITEM_JOB_PREFIX,
+    end_item,
+    end_items_of_ended_jobs,
+    fan_in,
+    insert_items,
+    item_job_cancelled,
+    item_job_ended,
+    items_left,
+    items_of,
+    items_queued,
+    let_writers_in,
+    record_item_error,
+    start_item,
+)
+from .reads import child_run, get, in_flight_versions, list_runs, snapshot, wait_of
+from .retention import purge_finished
+from .signalling import send_signal, signal_payload
+from .waking import (
+    ADVANCE_HANDLER,
+    ADVANCE_JOB_PREFIX,
+    advance_job_prefix,
+    advance_scope_hash,
+    drop_wakes,
+    staged_advance,
+    wake,
+)
+
+__all__ = [
+    "ADVANCE_HANDLER",
+    "ADVANCE_JOB_PREFIX",
+    "ITEM_BATCH",
+    "ITEM_JOB_PREFIX",
+    "Driver",
+    "StaleDriver",
+    "Suspended",
+    "advance_job_cancelled",
+    "advance_job_prefix",
+    "advance_scope_hash",
+    "alias",
+    "cancel",
+    "cancel_requested",
+    "cancel_run",
+    "check_item_count",
+    "check_results_size",
+    "child_run",
+    "create_child",
+    "create_run",
+    "current_time",
+    "drop_wakes",
+    "end_item",
+    "end_items_of_ended_jobs",
+    "fan_in",
+    "finish",
+    "get",
+    "guard",
+    "in_flight_versions",
+    "insert_items",
+    "insert_step",
+    "item_job_cancelled",
+    "item_job_ended",
+    "items_left",
+    "items_of",
+    "items_queued",
+    "let_writers_in",
+    "list_runs",
+    "load_steps",
+    "purge_finished",
+    "record_item_error",
+    "refuse_hopeless_resume",
+    "release",
+    "release_runs_of_ended_jobs",
+    "resume",
+    "resume_run",
+    "send_signal",
+    "signal_payload",
+    "snapshot",
+    "staged_advance",
+    "start_item",
+    "suspend",
+    "take",
+    "update_step",
+    "wait_of",
+    "wake",
+]

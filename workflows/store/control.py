@@ -1,0 +1,193 @@
+"""Control of a run from outside: cancel (with its children and items) and resume,
+for a caller of a scope, the admin, and the advance job an operator cancelled.
+:func:`cancel_run` and :func:`resume_run` act on one run by its row."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import F, Q
+
+from jobs import store as job_store
+from jobs.models import Job
+from jobs.types import JobStatus
+from ledon.faults import fault_point
+
+from ..exceptions import InvalidTransition, RunNotFound
+from ..models import WorkflowItem, WorkflowRun, WorkflowStep
+from ..types import CancelOutcome, RunSnapshot, RunStatus, StepKind, StepStatus, WaitKind
+from .base import alias, current_time, ended, run_in_scope
+from .bounds import refuse_hopeless_resume
+from .items import batch_prefix
+from .reads import snapshot
+from .waking import (
+    ADVANCE_JOB_PREFIX,
+    advance_job_prefix,
+    advance_scope_hash,
+    drop_wakes,
+    wake,
+    wake_parent,
+)
+
+
+def cancel(scope_hash: str, run_id: str, *, now: datetime | None = None) -> CancelOutcome:
+    """A waiting run ends Cancelled at once; a running one is asked to stop (it ends
+    Cancelled at its next checkpoint). Unfinished children and running activity items
+    are cancelled with it."""
+    now = current_time(now)
+    with transaction.atomic(using=alias()):
+        run = run_in_scope(scope_hash, run_id)
+        return cancel_run(run.pk, now)
+
+
+def cancel_run(run_pk: int, now: datetime) -> CancelOutcome:
+    """Cancel run ``run_pk`` (see :func:`cancel`), inside the caller's transaction."""
+    # Locked first: a run its driver suspends between the two guarded statements
+    # below would otherwise match neither, and the cancel would be lost.
+    run = (
+        WorkflowRun.objects.select_for_update()
+        .filter(pk=run_pk)
+        .values_list("scope_hash", "parent_id", "parent_key")
+        .first()
+    )
+    if run is None:
+        return CancelOutcome.ALREADY_FINISHED  # purged meanwhile
+    scope_hash, parent_pk, parent_key = run
+    cancelled = WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.WAITING).update(
+        **ended(RunStatus.CANCELLED, now), cancel_requested=True
+    )
+    if cancelled:
+        cancel_dependents(run_pk, scope_hash, now)
+        drop_wakes([run_pk], now)
+        wake_parent(parent_pk, parent_key, now)
+        return CancelOutcome.CANCELLED
+    fault_point("workflows.cancel.not_waiting", run=run_pk)
+    asked = WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.RUNNING).update(
+        cancel_requested=True, updated_at=now
+    )
+    if asked:
+        cancel_dependents(run_pk, scope_hash, now)
+        return CancelOutcome.REQUESTED
+    return CancelOutcome.ALREADY_FINISHED
+
+
+def cancel_dependents(run_pk: int, scope_hash: str, now: datetime) -> None:
+    """Cancel run ``run_pk``'s unfinished children and its items' jobs, and mark its
+    open checkpoints Cancelled.
+
+    The items' jobs go by their batches' id prefixes (an item's job id names its
+    run, its generation and a random part per batch of :data:`ITEM_BATCH`, so a
+    prefix names exactly the jobs staged with that batch): Queued ones end Cancelled
+    and Running ones are asked to stop, one statement each however large the map."""
+    children = WorkflowRun.objects.filter(parent_id=run_pk, status__in=RunStatus.unfinished())
+    for child_pk in children.values_list("pk", flat=True):
+        cancel_run(child_pk, now)
+    running = WorkflowItem.objects.filter(step__run_id=run_pk, status=StepStatus.RUNNING)
+    batches = sorted({batch_prefix(job_id) for job_id in running.values_list("job_id", flat=True)})
+    job_store.cancel_queued(scope_hash, batches, now=now)
+    job_store.cancel_running(scope_hash, batches, now=now)
+    running.update(status=StepStatus.CANCELLED, finished_at=now)
+    WorkflowStep.objects.filter(
+        run_id=run_pk, status__in=(StepStatus.RUNNING, StepStatus.WAITING)
+    ).update(status=StepStatus.CANCELLED, finished_at=now)
+
+
+def resume(scope_hash: str, run_id: str, *, now: datetime | None = None) -> RunSnapshot:
+    """FAILED -> WAITING: the failed checkpoints are erased (a failed child run is
+    resumed too), so the replay runs them again with fresh retries; recorded
+    checkpoints keep their values."""
+    now = current_time(now)
+    with transaction.atomic(using=alias()):
+        run = run_in_scope(scope_hash, run_id)
+        resume_run(run.pk, now)
+        return snapshot(WorkflowRun.objects.select_related("parent").get(pk=run.pk))
+
+
+def resume_run(run_pk: int, now: datetime) -> None:
+    """Resume run ``run_pk`` (see :func:`resume`), inside the caller's transaction:
+    :class:`~workflows.exceptions.ResumeWouldFail` if it would fail again the same
+    way, :class:`~workflows.exceptions.InvalidTransition` if it is not Failed."""
+    run = (
+        WorkflowRun.objects.select_for_update()
+        .filter(pk=run_pk)
+        .values_list("run_id", "status")
+        .first()
+    )
+    if run is None:
+        raise RunNotFound(f"no run {run_pk}")
+    run_id, status = run
+    if status == RunStatus.FAILED:
+        refuse_hopeless_resume(run_pk, run_id)
+    _resume(run_pk, run_id, status, now)
+
+
+def _resume(run_pk: int, run_id: str, status: str, now: datetime) -> None:
+    resumed = WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.FAILED).update(
+        status=RunStatus.WAITING,
+        generation=F("generation") + 1,
+        cancel_requested=False,
+        error="",
+        failed_step="",
+        output_json=None,
+        wait_kind=WaitKind.RESUME,
+        wait_key="",
+        finished_at=None,
+        updated_at=now,
+    )
+    if not resumed:
+        raise InvalidTransition(f"run {run_id!r} is {status}: only a Failed run resumes")
+    failed = WorkflowStep.objects.filter(run_id=run_pk, status=StepStatus.FAILED)
+    failed_children = failed.filter(kind=StepKind.CHILD, child__status=RunStatus.FAILED)
+    for step_pk, child_pk, child_id in failed_children.values_list(
+        "pk", "child_id", "child__run_id"
+    ):
+        _resume(child_pk, child_id, RunStatus.FAILED, now)
+        WorkflowStep.objects.filter(pk=step_pk, status=StepStatus.FAILED).update(
+            status=StepStatus.WAITING, finished_at=None
+        )
+    # A failed try of an inline step, a failed map or activity, a timed-out wait: the
+    # replay records them again. (Non-child failed steps only: a resumed child keeps
+    # its checkpoint, now waiting.) Their keys are kept, so that the replay records
+    # them again where they stood (see ``WorkflowRun.rerun_keys``).
+    erased = WorkflowStep.objects.filter(run_id=run_pk).filter(
+        Q(status=StepStatus.FAILED) | Q(kind=StepKind.STEP, status=StepStatus.WAITING)
+    )
+    rerun_keys = list(erased.order_by("id").values_list("key", flat=True))
+    erased.delete()
+    WorkflowRun.objects.filter(pk=run_pk).update(rerun_keys=rerun_keys)
+    generation = WorkflowRun.objects.filter(pk=run_pk).values_list("generation", flat=True)[0]
+    wake(run_pk, generation, "resume", now=now)
+
+
+def advance_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> CancelOutcome | None:
+    """An advance job of a run was cancelled (an operator cancelled it in the jobs
+    admin, queued or before its handler ran). A run that the job held is let go
+    (Waiting). If no other advance job of the run is queued or running, nothing would
+    ever advance it again: the run is cancelled with its job. None if ``job_id`` is no
+    advance job of a run (any other job: no query), or if the run has another
+    advance job and goes on."""
+    if scope_hash != advance_scope_hash() or not job_id.startswith(ADVANCE_JOB_PREFIX):
+        return None
+    run_pk = job_id.removeprefix(ADVANCE_JOB_PREFIX).split(".", 1)[0]
+    if not run_pk.isdigit():
+        return None
+    with transaction.atomic(using=alias()):
+        run = WorkflowRun.objects.filter(pk=int(run_pk)).first()
+        if run is None:
+            return None
+        WorkflowRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING, driver_job=job_id).update(
+            status=RunStatus.WAITING, driver_token=None, driver_job=None, updated_at=now
+        )
+        others = (
+            Job.objects.filter(
+                scope_hash=scope_hash,
+                job_id__startswith=advance_job_prefix(run.pk),
+                status__in=(JobStatus.QUEUED, JobStatus.RUNNING),
+            )
+            .exclude(job_id=job_id)
+            .exists()
+        )
+        if others:
+            return None
+        return cancel_run(run.pk, now)

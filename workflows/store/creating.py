@@ -1,0 +1,138 @@
+"""Creating runs: a caller's run (in its own transaction or the caller's) and a
+parent's child run (inside the parent's fenced transaction)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ledon.db import in_caller_atomic_block
+from ledon.values import from_row
+
+from ..exceptions import AmbientTransactionError, TransactionRequiredError, WorkflowIdentityConflict
+from ..models import WorkflowRun
+from ..observability import hooks
+from ..types import ChildRun, DrivenRun, RunSnapshot, RunStatus, WaitKind
+from ..validation import child_run_id
+from .base import alias
+from .reads import snapshot
+from .waking import wake
+
+
+def _create(
+    scope_hash: str,
+    run_id: str,
+    name: str,
+    version: int,
+    input_json: str,
+    now: datetime,
+    parent_pk: int | None = None,
+    parent_key: str = "",
+    *,
+    any_version: bool = False,
+) -> RunSnapshot:
+    """Insert the run and its first advance job, or return the same request's run.
+    ``any_version``: the caller named no version, so a run of any version of ``name``
+    is the same request (a retry after a deploy that added a version finds the run
+    it started). Runs inside the caller's atomic block."""
+    try:
+        with transaction.atomic(using=alias()):
+            run = WorkflowRun.objects.create(
+                scope_hash=scope_hash,
+                run_id=run_id,
+                name=name,
+                version=version,
+                input_json=input_json,
+                status=RunStatus.WAITING,
+                wait_kind=WaitKind.START,
+                parent_id=parent_pk,
+                parent_key=parent_key,
+                created_at=now,
+                updated_at=now,
+            )
+    except IntegrityError:
+        existing = WorkflowRun.objects.for_scope(scope_hash).filter(run_id=run_id).first()
+        if existing is None:
+            raise
+        differing = [
+            field
+            for field, stored, asked in (
+                ("name", existing.name, name),
+                ("version", existing.version, existing.version if any_version else version),
+                ("input", existing.input_json, input_json),
+            )
+            if stored != asked
+        ]
+        if differing:
+            raise WorkflowIdentityConflict(
+                f"run {run_id!r} exists in this scope as {existing.name!r} version "
+                f"{existing.version} with another {', '.join(differing)}; a run id names "
+                "one request"
+            ) from None
+        return snapshot(existing, created=False)
+    wake(run.pk, 0, "start", now=now)
+    transaction.on_commit(lambda: hooks.started(name, version), using=alias())
+    return snapshot(run, created=True, with_steps=False)
+
+
+def create_run(
+    scope_hash: str,
+    run_id: str,
+    name: str,
+    version: int,
+    input_json: str,
+    *,
+    staged: bool,
+    any_version: bool = False,
+) -> RunSnapshot:
+    """Create a run: in its own transaction (``staged`` False; refuses the caller's
+    atomic block) or inside the caller's (``staged`` True; requires one).
+    ``any_version``: see :func:`_create`."""
+    using = alias()
+    inside = in_caller_atomic_block(transaction.get_connection(using))
+    if staged and not inside:
+        raise TransactionRequiredError()
+    if not staged and inside:
+        raise AmbientTransactionError()
+    now = timezone.now()
+    if staged:
+        try:
+            return _create(
+                scope_hash, run_id, name, version, input_json, now, any_version=any_version
+            )
+        except WorkflowIdentityConflict:
+            # Like stage_job: the caller's work cannot commit without its run.
+            transaction.set_rollback(True, using=using)
+            raise
+    with transaction.atomic(using=using):
+        return _create(scope_hash, run_id, name, version, input_json, now, any_version=any_version)
+
+
+def create_child(
+    parent: DrivenRun, key: str, name: str, version: int, input_json: str, now: datetime
+) -> ChildRun:
+    """Create the child run ``"{run_id}/{key}"`` in the parent's scope (inside the
+    parent's fenced transaction); the same child again is the existing run.
+
+    A run of that id that is not this parent's child (a caller started it) is
+    :class:`WorkflowIdentityConflict`: it would never wake the parent when it ends."""
+    run_id = child_run_id(parent.run_id, key)
+    _create(
+        parent.scope_hash,
+        run_id,
+        name,
+        version,
+        input_json,
+        now,
+        parent_pk=parent.pk,
+        parent_key=key,
+    )
+    child = WorkflowRun.objects.for_scope(parent.scope_hash).get(run_id=run_id)
+    if child.parent_id != parent.pk:
+        raise WorkflowIdentityConflict(
+            f"run {run_id!r} exists in this scope and is not the child {key!r} of run "
+            f"{parent.run_id!r}; a child's run id is the parent's, '/', and its key"
+        )
+    return from_row(ChildRun, child, pk=child.pk, status=RunStatus(child.status))

@@ -1,0 +1,191 @@
+"""Driving a run: a worker takes it for one advance under a new token, fences every
+write with that token, and ends the advance by suspending or finishing the run;
+a run whose advance job failed for good is released to a new one."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import F, OuterRef, Q, Subquery
+
+from jobs.models import Job
+from jobs.types import FINISHED_STATUSES, JobStatus
+from ledon.errors import storable_text
+from ledon.faults import fault_point
+from ledon.values import from_row
+
+from ..models import WorkflowRun
+from ..types import DrivenRun, RunStatus, Wait, WaitKind
+from .base import Driver, StaleDriver, alias, current_time, ended, let_go, lock_run
+from .control import advance_job_cancelled, cancel_dependents
+from .waking import advance_scope_hash, drop_wakes, wake, wake_parent
+
+
+def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None) -> Driver | None:
+    """Take the run for one advance -> RUNNING with a new driver token.
+
+    From WAITING; or from RUNNING when ``job_id`` is the advance job that took it last
+    (that job's worker was killed, or its advance failed on an outage, and the job
+    runs again), or when no job is named (an operator's or a test's direct call).
+    Another job that finds the run RUNNING does not take it over — it would run the
+    current step a second time beside the live driver — but leaves a wake-up for
+    that driver, which then replays once more before it waits. None if the run was
+    not taken.
+    """
+    now = current_time(now)
+    token = uuid.uuid4().hex
+    takeable = Q(status=RunStatus.WAITING)
+    if job_id is None:
+        takeable |= Q(status=RunStatus.RUNNING)
+    else:
+        takeable |= Q(status=RunStatus.RUNNING, driver_job=job_id)
+    with transaction.atomic(using=alias()):
+        # The row locked first: a driver that suspends the run meanwhile is ordered
+        # before or after this whole decision, so a wake-up it refuses is never lost
+        # to a run that went Waiting between its two statements.
+        lock_run(run_pk)
+        taken = WorkflowRun.objects.filter(takeable, pk=run_pk).update(
+            status=RunStatus.RUNNING,
+            driver_token=token,
+            driver_job=job_id,
+            wake_pending=False,
+            advances=F("advances") + 1,
+            updated_at=now,
+        )
+        if not taken:
+            fault_point("workflows.take.refused", run=run_pk)
+            WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.RUNNING).update(
+                wake_pending=True
+            )
+            return None
+        run = WorkflowRun.objects.get(pk=run_pk)
+    return Driver(from_row(DrivenRun, run, pk=run.pk, rerun_keys=tuple(run.rerun_keys)), token)
+
+
+def guard(driver: Driver, now: datetime) -> None:
+    """The fence: touch the run row only if this driver still holds it. On PostgreSQL
+    the row stays locked until the transaction ends, which orders this transaction
+    with signal senders and cancels."""
+    held = driver.held().update(updated_at=now)
+    if not held:
+        raise StaleDriver(f"run {driver.run.run_id!r}: another driver holds it")
+
+
+def cancel_requested(run_pk: int) -> bool:
+    return bool(WorkflowRun.objects.filter(pk=run_pk, cancel_requested=True).exists())
+
+
+class Suspended(enum.Enum):
+    """How :func:`suspend` went."""
+
+    #: The run is WAITING.
+    WAITING = "waiting"
+    #: A wake-up came while this driver replayed: replay again (the flag is cleared).
+    WAKE_PENDING = "wake_pending"
+    #: The run's cancel was requested while this driver held it: the driver ends it
+    #: Cancelled (:func:`finish`) instead of letting it wait.
+    CANCEL_REQUESTED = "cancel_requested"
+    #: This driver no longer holds the run.
+    STALE = "stale"
+
+
+def suspend(driver: Driver, wait: Wait, now: datetime) -> Suspended:
+    """RUNNING (this driver, no wake-up pending, no cancel requested) -> WAITING: the
+    advance ends without holding a slot. A wake-up left meanwhile (a signal, the last
+    item, a child's end, another advance job) makes the driver replay instead, so none
+    is lost; a cancel requested meanwhile makes it end the run, so that no run waits
+    with a cancel nobody will act on."""
+    held = driver.held()
+    with transaction.atomic(using=alias()):
+        if held.filter(wake_pending=False, cancel_requested=False).update(
+            **let_go(RunStatus.WAITING, wait, now)
+        ):
+            return Suspended.WAITING
+        if held.filter(cancel_requested=True).exists():
+            return Suspended.CANCEL_REQUESTED
+        if held.filter(wake_pending=True).update(wake_pending=False, updated_at=now):
+            return Suspended.WAKE_PENDING
+    return Suspended.STALE
+
+
+def finish(
+    driver: Driver,
+    status: RunStatus,
+    now: datetime,
+    *,
+    output_json: str | None = None,
+    error: str = "",
+    failed_step: str = "",
+) -> bool:
+    """RUNNING (this driver) -> SUCCEEDED, FAILED or CANCELLED; wakes the parent run.
+    False (nothing written) if the driver is stale."""
+    with transaction.atomic(using=alias()):
+        done = driver.held().update(
+            **ended(status, now),
+            output_json=output_json,
+            error=storable_text(error),
+            failed_step=failed_step,
+        )
+        if not done:
+            return False
+        if status is RunStatus.CANCELLED:
+            cancel_dependents(driver.run.pk, driver.run.scope_hash, now)
+        drop_wakes([driver.run.pk], now)
+        wake_parent(driver.run.parent_id, driver.run.parent_key, now)
+    return True
+
+
+def release(scope_hash: str, job_id: str, now: datetime) -> bool:
+    """RUNNING (held by advance job ``job_id``, which failed for good) -> WAITING, with
+    a new advance job: no other job may take a Running run, so without this the run
+    would wait for ever. False if that job did not hold any run, or is no advance job
+    of the reserved scope (a job of any other scope releases nothing)."""
+    if scope_hash != advance_scope_hash():
+        return False
+    with transaction.atomic(using=alias()):
+        run = WorkflowRun.objects.filter(driver_job=job_id, status=RunStatus.RUNNING).first()
+        if run is None:
+            return False
+        released = WorkflowRun.objects.filter(
+            pk=run.pk, driver_job=job_id, status=RunStatus.RUNNING
+        ).update(**let_go(RunStatus.WAITING, Wait(kind=WaitKind.ADVANCE), now), wake_pending=False)
+        if released:
+            wake(run.pk, run.generation, "released", f"{job_id}@{run.advances}", now=now)
+        return bool(released)
+
+
+def release_runs_of_ended_jobs(now: datetime, *, limit: int, job_id: str | None = None) -> int:
+    """Let go of up to ``limit`` runs still Running under an advance job that has
+    ended for good, and return how many: the job ended Interrupted after its worker
+    kept dying (recovered by another process, which sends no ``attempt_finished``),
+    or its worker was killed between the job's end and the signal that releases the
+    run. Nothing else would ever take such a run: it is released to a new advance
+    (:func:`release`), or, if its job was cancelled, treated as
+    :func:`~workflows.store.advance_job_cancelled` does. ``job_id``: only the run
+    that advance job holds (the word of its end came: see
+    :mod:`workflows.receivers`)."""
+    scope_hash = advance_scope_hash()
+    ended_job = Job.objects.filter(
+        scope_hash=scope_hash, job_id=OuterRef("driver_job"), status__in=FINISHED_STATUSES
+    )
+    held = WorkflowRun.objects.filter(status=RunStatus.RUNNING, driver_job__isnull=False)
+    if job_id is not None:
+        held = held.filter(driver_job=job_id)
+    rows = (
+        held.annotate(job_status=Subquery(ended_job.values("status")[:1]))
+        .filter(job_status__isnull=False)
+        .order_by("pk")
+        .values_list("driver_job", "job_status")[:limit]
+    )
+    released = 0
+    for held_by, status in rows:
+        assert held_by is not None  # the filter above
+        if status == JobStatus.CANCELLED:
+            advance_job_cancelled(scope_hash, held_by, now)  # lets go of the run
+            released += 1
+        else:
+            released += release(scope_hash, held_by, now)
+    return released

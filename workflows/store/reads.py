@@ -1,0 +1,211 @@
+"""Reads: runs and their checkpoints as frozen snapshots, in a fixed number of
+queries however many runs."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import Count
+
+from ledon.values import from_row
+
+from ..models import WorkflowItem, WorkflowRun, WorkflowStep
+from ..types import (
+    Checkpoint,
+    ChildRun,
+    ItemCounts,
+    RunSnapshot,
+    RunStatus,
+    StepKind,
+    StepSnapshot,
+    StepStatus,
+    Wait,
+    WaitKind,
+)
+from ..validation import from_json
+from .base import alias
+
+
+def _error_text(error_type: str, error: str) -> str:
+    return f"{error_type}: {error}" if error_type else error
+
+
+#: The kinds of checkpoint whose items a snapshot counts.
+_WITH_ITEMS = (StepKind.MAP, StepKind.ACTIVITY)
+
+
+def step_snapshot(
+    step: WorkflowStep, child_run_id: str | None = None, counts: ItemCounts | None = None
+) -> StepSnapshot:
+    """``step`` as a snapshot; ``counts``: its items' counts if already read (a map's
+    or an activity's are counted here otherwise)."""
+    if counts is None and step.kind in _WITH_ITEMS:
+        counts = item_counts(step)
+    return StepSnapshot(
+        key=step.key,
+        kind=StepKind(step.kind),
+        status=StepStatus(step.status),
+        attempts=step.attempts,
+        result=from_json(step.result_json),
+        error=_error_text(step.error_type, step.error),
+        started_at=step.started_at,
+        finished_at=step.finished_at,
+        wake_at=step.wake_at,
+        items=counts,
+        child_run_id=child_run_id,
+    )
+
+
+def _read_batch() -> int:
+    """How many runs one read of their checkpoints names (SQLite bounds the
+    parameters of one statement)."""
+    bound = transaction.get_connection(alias()).features.max_query_params
+    return min(10_000, bound or 10_000)
+
+
+def _steps_by_run(run_pks: list[int]) -> dict[int, tuple[StepSnapshot, ...]]:
+    """The checkpoints of the runs ``run_pks``, each run's in the order reached: two
+    queries however many runs (the checkpoints with their child runs' ids, then their
+    items counted by checkpoint and status), per batch of :func:`_read_batch` runs."""
+    found: dict[int, list[StepSnapshot]] = {pk: [] for pk in run_pks}
+    batch = _read_batch()
+    for start in range(0, len(run_pks), batch):
+        pks = run_pks[start : start + batch]
+        rows = list(
+            WorkflowStep.objects.filter(run_id__in=pks)
+            .select_related("child")
+            .order_by("id")
+            .defer("child__input_json", "child__output_json", "child__error")
+        )
+        counted: dict[int, dict[str, int]] = {}
+        with_items = [step.pk for step in rows if step.kind in _WITH_ITEMS]
+        if with_items:
+            for step_id, status, n in (
+                WorkflowItem.objects.filter(step_id__in=with_items)
+                .values_list("step_id", "status")
+                .annotate(n=Count("id"))
+                .order_by()
+            ):
+                counted.setdefault(step_id, {})[status] = n
+        for step in rows:
+            counts = None
+            if step.kind in _WITH_ITEMS:
+                counts = counts_from(step, counted.get(step.pk, {}))
+            child_id = step.child.run_id if step.child is not None else None
+            found[step.run_id].append(step_snapshot(step, child_id, counts))
+    return {pk: tuple(steps) for pk, steps in found.items()}
+
+
+def counts_from(step: WorkflowStep, by_status: dict[str, int]) -> ItemCounts:
+    return ItemCounts(
+        total=step.item_count,
+        succeeded=by_status.get(StepStatus.SUCCEEDED, 0),
+        failed=by_status.get(StepStatus.FAILED, 0),
+        running=by_status.get(StepStatus.RUNNING, 0),
+        cancelled=by_status.get(StepStatus.CANCELLED, 0),
+    )
+
+
+def item_counts(step: WorkflowStep) -> ItemCounts:
+    rows = dict(
+        WorkflowItem.objects.filter(step=step)
+        .values_list("status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return counts_from(step, rows)
+
+
+def wait_of(run: WorkflowRun) -> Wait | None:
+    """What ``run`` waits for, as its value (None: nothing)."""
+    if not run.wait_kind:
+        return None
+    return Wait(kind=WaitKind(run.wait_kind), key=run.wait_key, until=run.wake_at)
+
+
+def snapshot(
+    run: WorkflowRun,
+    *,
+    created: bool = False,
+    with_steps: bool = True,
+    steps: tuple[StepSnapshot, ...] | None = None,
+) -> RunSnapshot:
+    """``run`` as a snapshot, with its checkpoints (read here unless ``steps`` are
+    given, or none with ``with_steps`` False)."""
+    if steps is None:
+        steps = _steps_by_run([run.pk])[run.pk] if with_steps else ()
+    wait = wait_of(run)
+    # Items end without waking the run: the text counts them now, from the
+    # checkpoint the run waits at.
+    counts = next((step.items for step in steps if wait and step.key == wait.key), None)
+    return RunSnapshot(
+        scope_hash=run.scope_hash,
+        run_id=run.run_id,
+        name=run.name,
+        version=run.version,
+        status=RunStatus(run.status),
+        input=from_json(run.input_json),
+        output=from_json(run.output_json),
+        error=run.error,
+        failed_step=run.failed_step,
+        waiting_for=wait.describe(counts) if wait is not None else "",
+        wait=wait,
+        created_at=run.created_at,
+        finished_at=run.finished_at,
+        cancel_requested=run.cancel_requested,
+        # The parent's own id, read through the row that links them: a child's key
+        # may hold "/", so its run id cannot be split to find its parent.
+        parent_run_id=run.parent.run_id if run.parent is not None else None,
+        created=created,
+        steps=steps,
+    )
+
+
+def get(scope_hash: str, run_id: str) -> RunSnapshot | None:
+    run = (
+        WorkflowRun.objects.for_scope(scope_hash)
+        .filter(run_id=run_id)
+        .select_related("parent")
+        .first()
+    )
+    return None if run is None else snapshot(run)
+
+
+def list_runs(
+    scope_hash: str,
+    *,
+    status: str | None = None,
+    name: str | None = None,
+    limit: int | None = None,
+) -> list[RunSnapshot]:
+    """The scope's runs, oldest first, with their checkpoints: three queries (the
+    runs with their parents, the checkpoints, the items' counts), not one per run."""
+    rows = WorkflowRun.objects.for_scope(scope_hash).order_by("created_at", "id")
+    if status is not None:
+        rows = rows.filter(status=RunStatus(status))
+    if name is not None:
+        rows = rows.filter(name=name)
+    if limit is not None:
+        rows = rows[:limit]
+    runs = list(rows.select_related("parent"))
+    steps = _steps_by_run([run.pk for run in runs])
+    return [snapshot(run, steps=steps[run.pk]) for run in runs]
+
+
+def in_flight_versions() -> list[tuple[str, int]]:
+    """Every (name, version) with runs not finished (for the deploy check)."""
+    return list(
+        WorkflowRun.objects.unfinished()
+        .values_list("name", "version")
+        .distinct()
+        .order_by("name", "version")
+    )
+
+
+def child_run(step: Checkpoint) -> ChildRun | None:
+    """The child run a child checkpoint waits for, read fresh."""
+    if step.child_id is None:
+        return None
+    child = WorkflowRun.objects.filter(pk=step.child_id).first()
+    if child is None:
+        return None
+    return from_row(ChildRun, child, pk=child.pk, status=RunStatus(child.status))

@@ -1,0 +1,143 @@
+"""Checkpoints that wait for something outside the run: a timer, a signal, a child
+run. The run waits without a slot; what ends the wait wakes it (the timer's advance
+job, :func:`workflows.store.send_signal`, the child's end), and its replay records
+the checkpoint.
+
+Offers the fault point ``workflows.timer.wake`` (a timer's checkpoint about to
+commit as fired).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from ledon.errors import storable_text
+from ledon.faults import fault_point
+
+from . import registry, store, validation
+from .exceptions import SignalTimeout
+from .replay import Replay, Suspend, outcome, recorded
+from .types import ChildRun, RunStatus, StepKind, StepStatus, WaitKind
+
+
+def timer(replay: Replay, key: str, wake_time: Callable[[datetime], datetime]) -> None:
+    """``wf.sleep`` and ``wf.sleep_until``: wait until ``wake_time(now)``, ``now``
+    the time the timer was first reached."""
+    checked, step = replay.reach(key, StepKind.SLEEP)
+    if recorded(step) is not None:
+        return
+    now = replay.now()
+    if step is None:
+        wake_at = wake_time(now)
+        with replay.write():
+            status = StepStatus.SUCCEEDED if wake_at <= now else StepStatus.WAITING
+            step = replay.insert(checked, StepKind.SLEEP, status, now, wake_at=wake_at)
+            if status == StepStatus.WAITING:
+                replay.wake_at(wake_at, "timer", checked, now)
+        replay.record(step)
+        if status == StepStatus.SUCCEEDED:
+            return
+        raise Suspend(WaitKind.TIMER, checked, wake_at)
+    assert step.wake_at is not None
+    if now < step.wake_at:
+        # Woken early (another reason, or a clock behind the job's): wait again.
+        with replay.write():
+            replay.wake_at(step.wake_at, "timer", f"{checked}@{replay.run.advances}", now)
+        raise Suspend(WaitKind.TIMER, checked, step.wake_at)
+    with replay.write():
+        fault_point("workflows.timer.wake", run=replay.run.pk, key=checked)
+        step = replay.move(step, StepStatus.WAITING, status=StepStatus.SUCCEEDED, finished_at=now)
+    replay.record(step)
+
+
+def signal(replay: Replay, key: str, timeout: float | None) -> Any:
+    """``wf.wait_for_signal``: the payload of signal ``key`` (one sent before the wait
+    was reached is kept), or the run waits for it; :class:`SignalTimeout` once
+    ``timeout`` seconds passed without it."""
+    checked, step = replay.reach(key, StepKind.SIGNAL)
+    if (done := recorded(step)) is not None:
+        return done.value
+    now = replay.now()
+    arrived, payload = store.signal_payload(replay.run.pk, checked)
+    with replay.write():
+        if arrived:
+            result_json = validation.to_json(payload, f"signal {checked!r}")
+            step = replay.settle(
+                checked, step, StepKind.SIGNAL, StepStatus.SUCCEEDED, now, result_json=result_json
+            )
+        elif step is None:
+            deadline = None if timeout is None else now + timedelta(seconds=timeout)
+            step = replay.insert(
+                checked, StepKind.SIGNAL, StepStatus.WAITING, now, wake_at=deadline
+            )
+            if deadline is not None:
+                replay.wake_at(deadline, "signal-timeout", checked, now)
+        elif step.wake_at is not None and now >= step.wake_at:
+            step = replay.move(
+                step,
+                StepStatus.WAITING,
+                status=StepStatus.FAILED,
+                error_type="SignalTimeout",
+                error=str(SignalTimeout(checked)),
+                finished_at=now,
+            )
+    replay.record(step)
+    if step.status.is_finished:
+        return outcome(step)
+    raise Suspend(WaitKind.SIGNAL, checked, step.wake_at)
+
+
+def child(replay: Replay, key: str, name: str, input: Any, version: int | None) -> Any:
+    """``wf.child``: start the child run ``"{run_id}/{key}"`` and wait for it; its
+    output, or :class:`~workflows.exceptions.StepFailed` if it failed or was
+    cancelled."""
+    checked, step = replay.reach(key, StepKind.CHILD)
+    if (done := recorded(step)) is not None:
+        return done.value
+    if step is None:
+        spec = registry.get_workflow(name, version)
+        input_json = validation.to_json(input, f"the input of child {checked!r}")
+        now = replay.now()
+        with replay.write():
+            started = store.create_child(
+                replay.run, checked, spec.name, spec.version, input_json, now
+            )
+            step = replay.insert(
+                checked, StepKind.CHILD, StepStatus.WAITING, now, child_id=started.pk
+            )
+        replay.record(step)
+        if started.status in RunStatus.unfinished():
+            raise Suspend(WaitKind.CHILD, checked)
+        # The child had ended already (a resumed parent finds the run it started
+        # before): nothing would wake this run for it, so its end is read now.
+    ended = store.child_run(step)
+    if ended is None or ended.status not in RunStatus.finished():
+        raise Suspend(WaitKind.CHILD, checked)
+    now = replay.now()
+    with replay.write():
+        step = replay.move(step, StepStatus.WAITING, finished_at=now, **_child_end(ended))
+    replay.record(step)
+    return outcome(step)
+
+
+def _child_end(ended: ChildRun) -> dict[str, Any]:
+    """What the checkpoint of a child that ended records: its output, or its error
+    (the type and first paragraph of the child's own error)."""
+    if ended.status == RunStatus.SUCCEEDED:
+        return {"status": StepStatus.SUCCEEDED, "result_json": ended.output_json}
+    error_type, _, message = (ended.error or "").partition(": ")
+    if ended.status == RunStatus.CANCELLED:
+        error_type = "ChildRunCancelled"
+    elif not message:
+        error_type = "ChildRunFailed"
+    return {
+        "status": StepStatus.FAILED,
+        "error_type": error_type[:200],
+        "error": storable_text(
+            message.split("\n\n", 1)[0]
+            if message
+            else f"child run {ended.run_id!r} ended {ended.status}"
+        ),
+    }
