@@ -262,6 +262,13 @@ class TestClaimIndex:
 
     def test_claim_statement_uses_the_due_index(self, history: None) -> None:
         statement = sql.claim(connection.vendor, queues=0, one_job=False)
+        if connection.vendor == "postgresql":
+            # Between reading 2,000 rows and a partial index bloated by the tests
+            # before this one, the planner's pick is a coin toss; what must hold is
+            # that the index can serve the claim at all. Were its predicate not the
+            # claim's, the plan would scan the table even so.
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL enable_seqscan = off")
         plan = self.explain(statement, self.claim_params())
         # With 50 Queued rows the planner may as well read the head-of-line index and
         # sort them: both hold Queued rows only, so the history is never read.
