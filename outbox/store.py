@@ -121,6 +121,8 @@ def _lock_key(connection: BaseDatabaseWrapper, key: str) -> None:
 
 #: PostgreSQL: the advisory lock of one key (see :func:`_lock_key`).
 LOCK_KEY = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+#: PostgreSQL: the advisory lock of one key, and a dispatcher wake-up.
+LOCK_KEY_AND_NOTIFY = "SELECT pg_advisory_xact_lock(%s, hashtext(%s)), pg_notify(%s, '')"
 
 
 #: The time a transition is recorded at: ``now`` checked, or the current time.
@@ -172,12 +174,19 @@ def stage_message(envelope: Envelope, *, using: str) -> None:
             created,
             created,
         ]
-        if envelope.key:
-            _lock_key(connection, envelope.key)
+        keyed = bool(envelope.key)
+        if keyed:
             params.append(envelope.key)
         with connection.cursor() as cursor:
-            cursor.execute(insert_sql(keyed=bool(envelope.key)), params)
-        _notify(connection)
+            if keyed and is_postgres(connection):
+                # One round trip takes the key's lock and sends the wake-up (delivered
+                # on commit, wherever the transaction sends it).
+                channel = outbox_settings().NOTIFY_CHANNEL
+                cursor.execute(LOCK_KEY_AND_NOTIFY, [KEY_LOCK_CLASS, envelope.key, channel])
+                cursor.execute(insert_sql(keyed=True), params)
+            else:
+                cursor.execute(insert_sql(keyed=keyed), params)
+                _notify(connection)
     except DatabaseError:
         transaction.set_rollback(True, using=using)
         raise

@@ -156,6 +156,7 @@ def _variants() -> dict[str, Callable[[], str]]:
             lambda k=keyed: outbox_store.insert_sql(keyed=k),
         )
     add("outbox-lock_key-postgresql", lambda: outbox_store.LOCK_KEY)
+    add("outbox-lock_key_and_notify-postgresql", lambda: outbox_store.LOCK_KEY_AND_NOTIFY)
     for messages, try_lock in ((1, False), (3, False), (3, True)):
         add(
             f"outbox-sent-messages{messages}{'-try_lock-postgresql' if try_lock else ''}",
