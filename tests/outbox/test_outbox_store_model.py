@@ -160,8 +160,8 @@ class OutboxStoreModel(RuleBasedStateMachine):
             batch.token, reports, retry_at=retry_at, max_attempts=MAX_ATTEMPTS, now=self.now
         )
         for report in reports:
-            message = self.messages[report.message_id]
-            if message.token != batch.token:
+            message = self.messages.get(report.message_id)
+            if message is None or message.token != batch.token:  # purged, or lease lost
                 assert got[report.message_id] is RecordOutcome.STALE
                 continue
             message.token = message.lease_until = None
@@ -202,11 +202,13 @@ class OutboxStoreModel(RuleBasedStateMachine):
     def operator(self, data: Any, action: str, parked_only: bool) -> None:
         """An operator's action on any message, or (``parked_only``) on a parked one,
         the kind that halts keys."""
-        parked = sorted(m for m, message in self.messages.items() if message.status == "parked")
-        candidates = parked if parked_only and parked else sorted(self.messages)
+        # In stored order: message ids are random, the order is the same on a replay.
+        every = sorted(self.messages.values(), key=lambda m: m.order)
+        parked = [m for m in every if m.status == "parked"]
+        candidates = parked if parked_only and parked else every
         if not candidates:
             return
-        message = self.messages[data.draw(st.sampled_from(candidates))]
+        message = data.draw(st.sampled_from(candidates))
         allowed = message.token is None and (
             {"redeliver": message.unsent, "park": message.status == "pending"}.get(
                 action, message.status == "parked"
