@@ -37,6 +37,11 @@ class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
             available_at__lte=now,
         )
 
+    def parked_without_key(self) -> OutboxMessageQuerySet:
+        """Parked messages retention may delete: a keyed one halts its key's later
+        messages and waits for an operator to redeliver or discard it."""
+        return self.parked().filter(key="")
+
     def unsent(self) -> OutboxMessageQuerySet:
         """Pending or Parked: not delivered yet. A keyed message is claimed only while
         it is the first unsent message of its key."""

@@ -550,7 +550,7 @@ def purge_parked(*, older_than: datetime, limit: int = 1000) -> int:
     again and stays. A keyed parked message is never purged: it holds its key's later
     messages back until an operator redelivers or discards it."""
     return delete_oldest(
-        OutboxMessage.objects.parked().filter(key=""),
+        OutboxMessage.objects.parked_without_key(),
         "updated_at",
         older_than,
         limit,
