@@ -298,6 +298,13 @@ def renew_batch(
         return int(cursor.rowcount)
 
 
+#: The most delivered messages one recording transaction marks Sent. On PostgreSQL it
+#: holds an advisory lock per keyed message until it commits, and the server's lock
+#: table is shared and bounded (``max_locks_per_transaction`` per connection): a bigger
+#: batch is recorded in several transactions.
+SENT_PER_TRANSACTION = 256
+
+
 def record_deliveries(
     token: str,
     reports: Sequence[DeliveryReport],
@@ -313,7 +320,8 @@ def record_deliveries(
     attempts are used or the failure is permanent; either way it keeps holding its key.
     A message whose lease this batch lost is left alone: STALE.
 
-    One transaction, but for a PostgreSQL corner: a delivered message whose key another
+    One transaction for a batch of up to :data:`SENT_PER_TRANSACTION` delivered
+    messages, but for a PostgreSQL corner: a delivered message whose key another
     transaction is storing a message for right now is recorded after that transaction
     ends, in one of its own (see :func:`_record_sent`).
     """
@@ -324,10 +332,42 @@ def record_deliveries(
     outcomes = {r.message_id: RecordOutcome.STALE for r in reports}
     delivered = [r.message_id for r in reports if r.ok]
     failed = [r for r in reports if not r.ok]
-    with transaction.atomic(using=alias), connection.cursor() as cursor:
-        if delivered:
-            for message_id in _record_sent(connection, token, delivered, now, wait=False):
+    parts = [
+        delivered[start : start + SENT_PER_TRANSACTION]
+        for start in range(0, len(delivered), SENT_PER_TRANSACTION)
+    ]
+    for n, part in enumerate(parts or [[]]):
+        with transaction.atomic(using=alias):
+            for message_id in _record_sent(connection, token, part, now, wait=False):
                 outcomes[message_id] = RecordOutcome.SENT
+            if n == 0:
+                failures = _record_failures(connection, token, failed, retry_at, max_attempts, now)
+                outcomes.update(failures)
+            fault_point("outbox.store.recording", token=token, outcomes=outcomes)
+    unrecorded = [m for m in delivered if outcomes[m] is RecordOutcome.STALE]
+    if unrecorded and is_postgres(connection):
+        # Each in a transaction of its own that holds nothing while it waits for the
+        # key, so that it can never be part of a deadlock with a producer.
+        for key, message_ids in _still_leased_keys(connection, token, unrecorded).items():
+            with transaction.atomic(using=alias):
+                _lock_key(connection, key)
+                for message_id in _record_sent(connection, token, message_ids, now, wait=True):
+                    outcomes[message_id] = RecordOutcome.SENT
+    return outcomes
+
+
+def _record_failures(
+    connection: BaseDatabaseWrapper,
+    token: str,
+    failed: Sequence[DeliveryReport],
+    retry_at: Mapping[uuid.UUID, datetime],
+    max_attempts: int,
+    now: datetime,
+) -> dict[uuid.UUID, RecordOutcome]:
+    """Failed messages still leased under ``token``: Pending again from their retry
+    time, or Parked once their attempts are used or the failure is permanent."""
+    outcomes = {}
+    with connection.cursor() as cursor:
         for report in failed:
             cursor.execute(
                 f"UPDATE {OUTBOX} SET"
@@ -353,16 +393,6 @@ def record_deliveries(
                 outcomes[report.message_id] = (
                     RecordOutcome.PARKED if row[0] == PARKED else RecordOutcome.RETRY_SCHEDULED
                 )
-        fault_point("outbox.store.recording", token=token, outcomes=outcomes)
-    unrecorded = [m for m in delivered if outcomes[m] is RecordOutcome.STALE]
-    if unrecorded and is_postgres(connection):
-        # Each in a transaction of its own that holds nothing while it waits for the
-        # key, so that it can never be part of a deadlock with a producer.
-        for key, message_ids in _still_leased_keys(connection, token, unrecorded).items():
-            with transaction.atomic(using=alias):
-                _lock_key(connection, key)
-                for message_id in _record_sent(connection, token, message_ids, now, wait=True):
-                    outcomes[message_id] = RecordOutcome.SENT
     return outcomes
 
 
@@ -385,6 +415,8 @@ def _record_sent(
     key's lock already. The release is a statement of its own: it reads what committed
     before the locks were taken.
     """
+    if not message_ids:
+        return []
     try_lock = is_postgres(connection) and not wait
     params: list[Any] = [
         SENT,
@@ -416,24 +448,34 @@ def sent_sql(messages: int, *, try_lock: bool) -> str:
     )
 
 
-def release_sql(keys: int) -> str:
-    """Release the first unsent message of each of ``keys`` keys, if it is held."""
+def release_sql(vendor: str, keys: int) -> str:
+    """Release the first held message of each of ``keys`` keys: one probe of the held
+    index (``outbox_msg_held_idx``) per key, then each row by its id. (On PostgreSQL
+    ``= ANY(ARRAY(…))``: as ``IN (…)`` the planner may hash the ids and scan the whole
+    table for them.)"""
     values = ", ".join(["(%s)"] * keys)
-    return (
-        f"UPDATE {OUTBOX} SET held = %s, updated_at = %s WHERE held AND id IN"
-        f" (SELECT {first_unsent_sql('e', 'k.column1')} FROM (VALUES {values}) AS k)"
-        " RETURNING id"
+    firsts = (
+        f"SELECT (SELECT h.id FROM {OUTBOX} h WHERE h.key = k.column1 AND h.held = %s"
+        f" ORDER BY h.id LIMIT 1) FROM (VALUES {values}) AS k"
     )
+    among = f"= ANY(ARRAY({firsts}))" if vendor == "postgresql" else f"IN ({firsts})"
+    return f"UPDATE {OUTBOX} SET held = %s, updated_at = %s WHERE id {among} RETURNING id"
 
 
 def _release_next(connection: BaseDatabaseWrapper, keys: Sequence[str], now: datetime) -> int:
-    """The first unsent message of each of ``keys`` (whose unsent message this
-    transaction just ended) is no longer held; how many were released. Wakes the
-    dispatchers if any was."""
+    """Release the next message of each of ``keys``, whose first unsent message this
+    transaction just ended (sent or discarded); how many were released. Wakes the
+    dispatchers if any was.
+
+    The next message is the key's first held one: only a key's first unsent message is
+    not held, and it is gone."""
     if not keys:
         return 0
     with connection.cursor() as cursor:
-        cursor.execute(release_sql(len(keys)), [False, adapt_dt(connection, now), *keys])
+        cursor.execute(
+            release_sql(connection.vendor, len(keys)),
+            [False, adapt_dt(connection, now), True, *keys],
+        )
         released = len(cursor.fetchall())
     if released:
         _notify(connection)

@@ -162,8 +162,11 @@ def _variants() -> dict[str, Callable[[], str]]:
             f"outbox-sent-messages{messages}{'-try_lock-postgresql' if try_lock else ''}",
             lambda m=messages, t=try_lock: outbox_store.sent_sql(m, try_lock=t),
         )
-    for keys in (1, 3):
-        add(f"outbox-release-keys{keys}", lambda k=keys: outbox_store.release_sql(k))
+    for vendor, keys in itertools.product(VENDORS, (1, 3)):
+        add(
+            f"outbox-release-{vendor}-keys{keys}",
+            lambda v=vendor, k=keys: outbox_store.release_sql(v, k),
+        )
     for vendor in VENDORS:
         add(f"outbox-claim-{vendor}", lambda v=vendor: outbox_store.claim_sql(v))
         for name, guard in zip(

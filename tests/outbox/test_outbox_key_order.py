@@ -403,3 +403,67 @@ class TestRacesWithProducers:
         a2 = produced.result(30)
         assert discarding.result(30).released_next
         assert held(a2) == [False]
+
+
+def test_a_big_batch_is_recorded_a_bounded_number_of_keys_at_a_time(monkeypatch):
+    """On PostgreSQL each recorded keyed message holds its key's advisory lock until
+    its transaction commits, and the server's lock table is bounded: a batch records
+    at most ``SENT_PER_TRANSACTION`` delivered messages per transaction."""
+    monkeypatch.setattr(store, "SENT_PER_TRANSACTION", 2)
+    staged = stage("a", "b", "c", "d", "")
+    stage("a", "b", "c", "d")  # each key's next message, released as its first is sent
+    batch = claim()
+    locks_held: list[int] = []
+
+    def count_locks(context: dict[str, Any]) -> None:
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND pid = pg_backend_pid()"
+                )
+                locks_held.append(cursor.fetchone()[0])
+        else:
+            locks_held.append(0)
+
+    with fault_at("outbox.store.recording", count_locks):
+        outcomes = deliver(batch)
+    assert outcomes == dict.fromkeys(ids(*staged), RecordOutcome.SENT)
+    assert len(locks_held) == 3  # five messages, two a transaction
+    assert max(locks_held) <= 2
+    assert not OutboxMessage.objects.held().exists()
+
+
+@pytest.mark.postgres_only
+def test_storing_and_releasing_probe_their_indexes():
+    """With a long history of each key, a new message finds whether it waits through
+    the key index, and a delivery finds the next message through the held index."""
+    now = timezone.now()
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(
+            message_id=uuid.uuid4(),
+            event_type="test.key_order.step",
+            key=f"k{n % 500}",
+            payload_json="{}",
+            status=MessageStatus.SENT if n % 20 else MessageStatus.PENDING,
+            held=n % 40 == 0,
+            available_at=now,
+            created_at=now,
+            updated_at=now,
+        )
+        for n in range(20_000)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {OutboxMessage._meta.db_table}")
+        cursor.execute(
+            "EXPLAIN " + store.insert_sql(keyed=True),
+            [uuid.uuid4(), "t", "k1", "{}", "{}", "pending", now, now, now, "k1"],
+        )
+        stored = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute(
+            "EXPLAIN " + store.release_sql(connection.vendor, 2), [False, now, True, "k1", "k2"]
+        )
+        released = "\n".join(row[0] for row in cursor.fetchall())
+    assert "outbox_msg_key_idx" in stored, stored
+    assert "outbox_msg_held_idx" in released, released
+    assert "Seq Scan" not in released, released  # each released row by its id
