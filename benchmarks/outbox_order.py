@@ -7,7 +7,10 @@ dispatchers keep each key's order while the broker fails now and then.
   and without keys while one key is halted, ``outbox_messages`` messages held behind
   its parked first one. The three are rotated within each run, and each figure is the
   median of the runs; the ratios are against the keyless drain of the same runs. The
-  time the unit of work took to store each set is kept beside it.
+  time the unit of work took to store each set is kept beside it, and per message the
+  statements and the server's time executing them (``pg_stat_statements``), the WAL,
+  and the dispatcher's own CPU time (this process), so that a ratio on a loaded
+  machine can be told apart into work and waiting.
 - **Order under failures**: ``order_keys`` keys x ``order_per_key`` messages, stored
   interleaved (message n has key n mod ``order_keys``) in transactions of 1,000, then
   drained by ``order_dispatchers`` dispatchers (threads of this process, each with its
@@ -70,11 +73,13 @@ def key_cost(runner: Any, chosen: Any) -> dict[str, Any]:
     from outbox.models import OutboxMessage
     from outbox.testing import RecordingTransport
 
+    from . import physical
     from .harness import median, rotated
 
     messages, table = runner.plan.outbox_messages, OutboxMessage._meta.db_table
     drain: dict[str, list[float]] = {name: [] for name in KEY_VARIANTS}
     store_s: dict[str, list[float]] = {name: [] for name in KEY_VARIANTS}
+    server: dict[str, list[dict[str, Any]]] = {name: [] for name in KEY_VARIANTS}
     for run in range(runner.plan.runs):
         for name in rotated(list(KEY_VARIANTS), run):
             runner.admin(f"TRUNCATE {table}")
@@ -87,12 +92,26 @@ def key_cost(runner: Any, chosen: Any) -> dict[str, Any]:
             runner.admin("CHECKPOINT")
             transport = RecordingTransport()
             dispatcher = Dispatcher(burst=True, listen=False, transport=transport)
-            start = time.perf_counter()
-            stats = dispatcher.run()
-            drain[name].append(messages / (time.perf_counter() - start))
+            cost: dict[str, Any] = {}
+            with physical.counting(runner.database_url, runner.statements, cost):
+                start, cpu = time.perf_counter(), time.process_time()
+                stats = dispatcher.run()
+                drain[name].append(messages / (time.perf_counter() - start))
+                cpu = time.process_time() - cpu
+            server[name].append(
+                {**physical.per_job(cost, messages), "client_cpu_us": cpu * 1e6 / messages}
+            )
             assert stats.sent == messages == len(transport.published), stats.summary()
             runner.log(f"  outbox {name:24} {drain[name][-1]:10.1f} messages/s")
     rates = {name: median(values) for name, values in drain.items()}
+    per_message = {
+        name: {
+            figure: median([run[figure] for run in runs])
+            for figure in runs[0]
+            if isinstance(runs[0][figure], int | float)
+        }
+        for name, runs in server.items()
+    }
     return {
         "messages": messages,
         "runs": drain,
@@ -100,6 +119,8 @@ def key_cost(runner: Any, chosen: Any) -> dict[str, Any]:
         "store_seconds": {name: median(values) for name, values in store_s.items()},
         # Time per message against the keyless drain: above 1, keys cost that much more.
         "cost": {name: rates["keyless"] / rate for name, rate in rates.items()},
+        # What the server did per message (statements, their execution time, WAL).
+        "per_message": per_message,
     }
 
 

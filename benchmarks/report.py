@@ -532,11 +532,18 @@ def outbox_order_table(document: Document) -> str:
     if not part:
         return NOT_MEASURED
     cost, order = part["key_cost"], part["order"]
+
+    def server(name: str, figure: str, digits: int) -> str:
+        return _num(cost.get("per_message", {}).get(name, {}).get(figure), digits)
+
     rows = [
         [
             f"Drain of {cost['messages']:,} messages, one dispatcher: {name}",
             f"{cost['median'][name]:,.0f} messages/s",
             f"{cost['cost'][name]:.2f}×",
+            server(name, "statements", 3),
+            server(name, "server_us", 1),
+            server(name, "client_cpu_us", 0),
             f"{cost['store_seconds'][name]:.2f} s",
         ]
         for name in cost["median"]
@@ -548,10 +555,15 @@ def outbox_order_table(document: Document) -> str:
             f" ({order['failed_publishes']:,} failed)",
             f"{order['rate']:,.0f} messages/s",
             f"{order['violations']} order violations",
+            "—",
+            "—",
+            "—",
             f"{order['store_seconds']:.2f} s",
         ]
     )
-    return table(["Measurement", "Median", "Cost against keyless", "Stored in"], rows)
+    head = ["Measurement", "Median", "Cost against keyless", "Statements/message"]
+    head += ["Server µs/message", "Dispatcher CPU µs/message", "Stored in"]
+    return table(head, rows)
 
 
 def bulk_table(bulk: dict[str, Any]) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
 from types import SimpleNamespace
@@ -302,32 +304,39 @@ def test_the_upgrade_holds_each_keys_later_unsent_messages():
     ]
 
 
+class OpenProducer:
+    """A unit of work in a thread of its own that stores a message with ``key`` and
+    stays open (holding the key) until :meth:`commit`."""
+
+    def __init__(self, background: Callable[..., Future[Any]], key: str) -> None:
+        self.stored, self._commit = threading.Event(), threading.Event()
+
+        def produce() -> Envelope:
+            with unit_of_work() as uow:
+                envelope = uow.add_integration_event(Step(0), key=key)
+                self.stored.set()
+                assert self._commit.wait(30)
+            return envelope
+
+        self.future = background(produce)
+        assert self.stored.wait(30)
+
+    def commit(self) -> Envelope:
+        self._commit.set()
+        return self.future.result(30)
+
+
 @pytest.mark.postgres_only
 class TestRacesWithProducers:
     """A transaction storing a key's message and a dispatcher ending the key's unsent
     message meet on the key's advisory lock: whichever comes second sees the first."""
 
     def test_transactions_of_one_key_get_ids_in_commit_order(self, background, blocked_on_lock):
-        first_stored = threading.Event()
-        commit_first = threading.Event()
-
-        def first() -> Envelope:
-            with unit_of_work() as uow:
-                envelope = uow.add_integration_event(Step(1), key="a")
-                first_stored.set()
-                assert commit_first.wait(30)
-            return envelope
-
-        def second() -> Envelope:
-            assert first_stored.wait(30)
-            with unit_of_work() as uow:
-                return uow.add_integration_event(Step(2), key="a")
-
-        one = background(first)
-        two = background(second)
+        first = OpenProducer(background, "a")
+        second = background(lambda: stage("a")[0])
         blocked_on_lock()  # the second waits for the key, not just for its commit
-        commit_first.set()
-        a1, a2 = one.result(30), two.result(30)
+        a1 = first.commit()
+        a2 = second.result(30)
         assert row(a1).id < row(a2).id
         assert held(a1, a2) == [False, True]
 
@@ -336,23 +345,11 @@ class TestRacesWithProducers:
     ):
         (a1,) = stage("a")
         batch = claim()
-        stored = threading.Event()
-        commit = threading.Event()
-
-        def producer() -> Envelope:
-            with unit_of_work() as uow:
-                envelope = uow.add_integration_event(Step(2), key="a")
-                stored.set()
-                assert commit.wait(30)
-            return envelope
-
-        produced = background(producer)
-        assert stored.wait(30)
+        producer = OpenProducer(background, "a")
         recording = background(lambda: deliver(batch))
         blocked_on_lock()  # the key is taken: a1 is recorded once the producer is done
         assert row(a1).status == MessageStatus.PENDING
-        commit.set()
-        a2 = produced.result(30)
+        a2 = producer.commit()
         assert recording.result(30) == {a1.message_id: RecordOutcome.SENT}
         assert row(a1).status == MessageStatus.SENT
         assert held(a2) == [False]
@@ -385,22 +382,10 @@ class TestRacesWithProducers:
     def test_a_discard_waits_for_a_producer_of_its_key(self, background, blocked_on_lock):
         (a1,) = stage("a")
         fail(claim(), permanent=True)
-        stored = threading.Event()
-        commit = threading.Event()
-
-        def producer() -> Envelope:
-            with unit_of_work() as uow:
-                envelope = uow.add_integration_event(Step(2), key="a")
-                stored.set()
-                assert commit.wait(30)
-            return envelope
-
-        produced = background(producer)
-        assert stored.wait(30)
+        producer = OpenProducer(background, "a")
         discarding = background(lambda: store.discard(a1.message_id))
         blocked_on_lock()
-        commit.set()
-        a2 = produced.result(30)
+        a2 = producer.commit()
         assert discarding.result(30).released_next
         assert held(a2) == [False]
 
