@@ -6,14 +6,16 @@ from django.db.models import Exists, OuterRef, Q
 
 def hold_later_messages_of_each_key(apps, schema_editor):
     """Messages stored before keys were ordered: each key's unsent messages after its
-    first one wait for it, as they would have been stored now."""
+    first one wait for it, as they would have been stored now (but for one being
+    delivered right now by a dispatcher of the old code: it is on its way)."""
     OutboxMessage = apps.get_model("outbox", "OutboxMessage")
     db = schema_editor.connection.alias
     unsent = Q(status__in=["pending", "parked"]) & ~Q(key="")
     earlier = OutboxMessage.objects.using(db).filter(
         unsent, key=OuterRef("key"), id__lt=OuterRef("id")
     )
-    OutboxMessage.objects.using(db).filter(unsent, Exists(earlier)).update(held=True)
+    waiting = OutboxMessage.objects.using(db).filter(unsent, lease_token__isnull=True)
+    waiting.filter(Exists(earlier)).update(held=True)
 
 
 class Migration(migrations.Migration):

@@ -278,13 +278,15 @@ def test_the_upgrade_holds_each_keys_later_unsent_messages():
     now = timezone.now()
     rows = [("a", "sent"), ("a", "pending"), ("a", "pending"), ("b", "parked")]
     rows += [("b", "pending"), ("", "pending"), ("", "pending"), ("c", "pending")]
+    rows += [("b", "leased")]  # a dispatcher of the old code is delivering it
     OutboxMessage.objects.bulk_create(
         OutboxMessage(
             message_id=uuid.uuid4(),
             event_type="test.key_order.step",
             key=key,
             payload_json="{}",
-            status=status,
+            status="pending" if status == "leased" else status,
+            lease_token="t" if status == "leased" else None,
             available_at=now,
             created_at=now,
             updated_at=now,
@@ -298,6 +300,7 @@ def test_the_upgrade_holds_each_keys_later_unsent_messages():
         True,
         False,
         True,
+        False,
         False,
         False,
         False,
