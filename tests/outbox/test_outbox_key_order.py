@@ -7,6 +7,7 @@ connections."""
 
 from __future__ import annotations
 
+import importlib
 import threading
 import uuid
 from collections.abc import Callable
@@ -29,8 +30,9 @@ from outbox.types import Batch, DeliveryReport, Envelope, MessageStatus, RecordO
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-hold_later_messages_of_each_key = __import__(
-    "outbox.migrations.0002_key_order", fromlist=["hold_later_messages_of_each_key"]
+#: The upgrade's data step (a migration module's name is not an identifier).
+hold_later_messages_of_each_key = importlib.import_module(
+    "outbox.migrations.0002_key_order"
 ).hold_later_messages_of_each_key
 
 
