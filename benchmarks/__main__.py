@@ -35,7 +35,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        choices=["flow-control", "fair-share", "burn-down", "bulk", "cpu", "profile", "targets"],
+        choices=[
+            "flow-control",
+            "fair-share",
+            "burn-down",
+            "bulk",
+            "cpu",
+            "profile",
+            "outbox",
+            "targets",
+        ],
         help="measure only this part and print its figures (flow-control: django-ledon "
         "alone; fair-share: fair share on and off, the noisy neighbour and the submit "
         "costs of unique and debounced jobs, django-ledon alone; burn-down: the no-op "
@@ -43,8 +52,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "at 16 (with and without look-ahead) and 64, some with settings of ours changed; "
         "bulk: the bulk enqueue of --systems; cpu: the CPU-bound handler, one process "
         "against run_jobs --processes; profile: where one job's time goes, in a worker "
-        "in this process; targets: all the worker's targets in one run, with their "
-        "verdicts)",
+        "in this process; outbox: ordered delivery, what keys cost a dispatcher and the "
+        "order of 100 keys through 4 dispatchers with a failing broker; targets: all the "
+        "worker's targets in one run, with their verdicts)",
     )
     parser.add_argument(
         "--compare",

@@ -32,7 +32,7 @@ Processes = list[subprocess.Popen[bytes]]
 _JOB_COUNTS = (
     "each_jobs", "bulk_jobs", "burn_jobs", "latency_samples", "claim_burn_jobs",
     "outbox_messages", "saga_instances", "floor_jobs", "scale_jobs", "sleep_jobs",
-    "cpu_jobs", "profile_jobs", "flow_burn_jobs",
+    "cpu_jobs", "profile_jobs", "flow_burn_jobs", "order_per_key",
 )  # fmt: skip
 
 
@@ -70,6 +70,11 @@ class Plan:
     claim_batches: int = 100
     claim_burn_jobs: int = 10_000
     outbox_messages: int = 10_000
+    #: Ordered outbox delivery (benchmarks/outbox_order.py): keys x messages per key
+    #: through this many dispatchers, 5 % of publishes failing.
+    order_keys: int = 100
+    order_per_key: int = 1_000
+    order_dispatchers: int = 4
     saga_instances: int = 200
     flow_burn_jobs: int = 10_000
     floor_jobs: int = 5_000
@@ -109,6 +114,8 @@ class Plan:
             claim_batches=5,
             claim_burn_jobs=0,
             outbox_messages=100,
+            order_keys=10,
+            order_per_key=20,
             saga_instances=5,
             flow_burn_jobs=1_000,
             floor_jobs=100,
@@ -929,6 +936,14 @@ def fair_share(runner: Runner, chosen: list[System]) -> dict[str, Any]:
     return measure(runner, chosen)
 
 
+def outbox_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """:func:`benchmarks.outbox_order.measure` (imported once Django is set up: its
+    events are defined at import)."""
+    from . import outbox_order
+
+    return outbox_order.measure(runner, chosen)
+
+
 Part = Callable[[Runner, list[System]], dict[str, Any]]
 
 #: The parts ``--only`` measures alone: name -> (the measurement, the systems it takes
@@ -941,6 +956,7 @@ PARTS: dict[str, tuple[Part, Callable[[list[str]], list[str]]]] = {
     "pickup-enqueue": (pickup_and_enqueue, lambda names: names),
     "profile": (profile_alone, lambda names: [OURS]),
     "fair-share": (fair_share, lambda names: [OURS]),
+    "outbox": (outbox_alone, lambda names: [OURS]),
 }
 #: The parts of ``targets``, by the key of its document.
 TARGET_PARTS = {"burn": "burn-down", "flow": "flow-control", "cpu": "cpu", "idle": "pickup-enqueue"}
@@ -1050,6 +1066,8 @@ def run_all(systems: list[str], server: dict[str, str], **session: Any) -> dict[
                 outbox=extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin),
                 sagas=extras.saga_steps(plan.saga_instances, plan.runs, admin),
             )
+            log("ordered outbox delivery")
+            save(outbox_order=outbox_alone(runner, [ours]))
             environment["load_average_end"] = _load()
             save(**profile_alone(runner, [ours]))
     log(f"raw results: {path}")

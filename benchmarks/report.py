@@ -525,6 +525,47 @@ def extras_section(document: Document) -> str:
     return table(["Measurement", "Median"], rows)
 
 
+def outbox_order_table(document: Document) -> str:
+    """Ordered outbox delivery: the key cost (ratios against the keyless drain of the
+    same runs) and the order run's violations."""
+    part = document.get("outbox_order")
+    if not part:
+        return NOT_MEASURED
+    cost, order = part["key_cost"], part["order"]
+
+    def server(name: str, figure: str, digits: int) -> str:
+        return _num(cost.get("per_message", {}).get(name, {}).get(figure), digits)
+
+    rows = [
+        [
+            f"Drain of {cost['messages']:,} messages, one dispatcher: {name}",
+            f"{cost['median'][name]:,.0f} messages/s",
+            f"{cost['cost'][name]:.2f}×",
+            server(name, "statements", 3),
+            server(name, "server_us", 1),
+            server(name, "client_cpu_us", 0),
+            f"{cost['store_seconds'][name]:.2f} s",
+        ]
+        for name in cost["median"]
+    ]
+    rows.append(
+        [
+            f"{order['keys']} keys × {order['per_key']:,} messages, {order['dispatchers']}"
+            f" dispatchers, {order['fail_ratio']:.0%} of publishes failing"
+            f" ({order['failed_publishes']:,} failed)",
+            f"{order['rate']:,.0f} messages/s",
+            f"{order['violations']} order violations",
+            "—",
+            "—",
+            "—",
+            f"{order['store_seconds']:.2f} s",
+        ]
+    )
+    head = ["Measurement", "Median", "Cost against keyless", "Statements/message"]
+    head += ["Server µs/message", "Dispatcher CPU µs/message", "Stored in"]
+    return table(head, rows)
+
+
 def bulk_table(bulk: dict[str, Any]) -> str:
     """The table of ``--only bulk``: jobs/s (median) and per job WAL and statements,
     with each system's rate as a multiple of django-ledon's."""
@@ -748,6 +789,7 @@ ONLY: dict[str, Callable[[dict[str, Any]], str]] = {
     "cpu": lambda part: cpu_table({"systems": {OURS: part["median"]}}),
     "profile": profile_section,
     "fair-share": lambda part: fair_table(part),
+    "outbox": lambda part: outbox_order_table({"outbox_order": part}),
     "targets": worker_targets_table,
 }
 
@@ -777,6 +819,7 @@ SECTIONS: tuple[tuple[str, Callable[[Document], str]], ...] = (
     ("Claim cost with a deep queue", queued_table),
     ("Flow control", flow_table),
     ("Outbox and sagas", extras_section),
+    ("Ordered outbox delivery", outbox_order_table),
     ("Against another commit", compare_table),
     ("Targets", targets_table),
 )

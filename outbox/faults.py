@@ -12,6 +12,9 @@ Points:
     from 1); the batch is not yet recorded.
 ``outbox.dispatcher.published``
     the transport confirmed the batch; nothing is recorded yet.
+``outbox.store.recording``
+    a batch's outcomes are written in its recording transaction, not yet committed
+    (the keys of its delivered messages are locked on PostgreSQL).
 ``outbox.dispatcher.recorded``
     the batch's outcomes are committed.
 ``outbox.consumer.received``

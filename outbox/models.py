@@ -9,6 +9,10 @@ from django.db.models import Q
 
 from .types import MessageStatus
 
+#: The statuses of a message not delivered yet: they hold back the later messages of
+#: their key.
+UNSENT = (MessageStatus.PENDING, MessageStatus.PARKED)
+
 if TYPE_CHECKING:
     from datetime import datetime
 
@@ -24,10 +28,33 @@ class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
         return self.filter(status=MessageStatus.PARKED)
 
     def due(self, now: datetime) -> OutboxMessageQuerySet:
-        """Claimable now: Pending, not leased, next attempt time reached."""
+        """Claimable now: Pending, not leased, not held behind an earlier message of its
+        key, next attempt time reached."""
         return self.filter(
-            status=MessageStatus.PENDING, lease_token__isnull=True, available_at__lte=now
+            status=MessageStatus.PENDING,
+            lease_token__isnull=True,
+            held=False,
+            available_at__lte=now,
         )
+
+    def parked_without_key(self) -> OutboxMessageQuerySet:
+        """Parked messages retention may delete: a keyed one halts its key's later
+        messages and waits for an operator to redeliver or discard it."""
+        return self.parked().filter(key="")
+
+    def unsent(self) -> OutboxMessageQuerySet:
+        """Pending or Parked: not delivered yet. A keyed message is claimed only while
+        it is the first unsent message of its key."""
+        return self.filter(status__in=UNSENT)
+
+    def halting(self) -> OutboxMessageQuerySet:
+        """Parked messages that halt their key: the first unsent message of a key is
+        parked, so the key's later messages wait until it is redelivered or discarded."""
+        return self.parked().exclude(key="").filter(held=False)
+
+    def held(self) -> OutboxMessageQuerySet:
+        """Messages waiting behind an earlier unsent message of their key."""
+        return self.filter(held=True)
 
     def leased(self) -> OutboxMessageQuerySet:
         """Claimed by a dispatcher and not yet recorded as delivered or failed."""
@@ -55,6 +82,10 @@ class OutboxMessage(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     #: The next attempt's earliest time (the backoff after a failure).
     available_at = models.DateTimeField()
+    #: True while an earlier message with the same ``key`` is unsent (Pending or
+    #: Parked): the message waits, out of the claim's index, until that one is sent or
+    #: discarded. Keyless messages are never held.
+    held = models.BooleanField(default=False)
     last_error = models.TextField(blank=True, default="")
     leased_by = models.CharField(max_length=200, blank=True, default="")
     # NULL, not "": the claim index covers only rows without a lease.
@@ -83,8 +114,19 @@ class OutboxMessage(models.Model):
             models.Index(
                 fields=["available_at", "id"],
                 name="outbox_msg_due_idx",
-                condition=Q(status="pending", lease_token__isnull=True),
+                condition=Q(status="pending", lease_token__isnull=True, held=False),
             ),
+            # Each key's unsent messages in stored order: where a new message finds
+            # whether it must wait.
+            models.Index(
+                fields=["key", "id"],
+                name="outbox_msg_key_idx",
+                condition=Q(status__in=["pending", "parked"]) & ~Q(key=""),
+            ),
+            # Each key's held messages in stored order: where the end of a key's first
+            # message finds the next to release. Empty while no key has a backlog, so
+            # that the probe costs next to nothing then.
+            models.Index(fields=["key", "id"], name="outbox_msg_held_idx", condition=Q(held=True)),
             models.Index(
                 fields=["lease_expires_at"],
                 name="outbox_msg_leased_idx",

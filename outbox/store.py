@@ -4,17 +4,30 @@ Each transition is one guarded statement — it succeeds only from the states th
 allow it — inside ``transaction.atomic``, and returns a typed outcome or raises a
 typed error. Nothing else in the app writes to these tables.
 
-    stage ................ (new) -> PENDING                         stage_message
-    claim ................ PENDING, no lease, due -> PENDING + lease (attempt n+1)
+    stage ................ (new) -> PENDING, held if its key has an unsent message
+                                                                    stage_message
+    claim ................ PENDING, no lease, not held, due -> PENDING + lease (n+1)
     renew ................ PENDING + this lease -> PENDING + longer   renew_batch
-    record delivered ..... PENDING + this lease -> SENT             record_deliveries
+    record delivered ..... PENDING + this lease -> SENT; the key's next message is
+                           no longer held                           record_deliveries
     record failure ....... PENDING + this lease -> PENDING later | PARKED
     recover .............. PENDING + lease expired (or of a restarted dispatcher)
                            -> PENDING | PARKED (attempts used up)   recover_*
     redeliver (operator) . PENDING | PARKED, no lease -> PENDING now (parked: attempts 0)
     park (operator) ...... PENDING, no lease -> PARKED
-    retention ............ SENT | PARKED older than their retention -> (deleted)
+    discard (operator) ... PARKED -> (deleted); the key's next message is no longer held
+    retention ............ SENT, keyless PARKED older than their retention -> (deleted)
                            inbox records older than theirs -> (deleted)
+
+Messages that carry a key go out one at a time, in the order they were stored: a
+keyed message stored while its key has an unsent (Pending or Parked) message is
+*held*, out of the claim's index, and the statement that ends its key's unsent
+message (delivered, or discarded) releases it. Only the first unsent message of a key
+is ever claimable, so two messages of one key are never in flight at once, a message
+waiting for its retry holds its key, and a parked one halts it. Keyless messages are
+never held. On PostgreSQL a transaction that stores a keyed message holds the key's
+advisory lock until it ends (see :func:`stage_message`), which makes the id order of
+one key's messages their commit order.
 
     inbox ................ (consumer, message id) new -> recorded  record_inbox
 """
@@ -54,10 +67,12 @@ from .exceptions import (
     MessageNotFound,
     TransactionRequired,
 )
-from .models import InboxMessage, OutboxMessage
+from .faults import fault_point
+from .models import UNSENT, InboxMessage, OutboxMessage
 from .types import (
     Batch,
     DeliveryReport,
+    DiscardedMessage,
     Envelope,
     MessageStatus,
     RecordOutcome,
@@ -72,6 +87,42 @@ INBOX = InboxMessage._meta.db_table
 
 
 PENDING, SENT, PARKED = (s.value for s in MessageStatus)
+
+#: The class of the outbox's advisory locks on PostgreSQL (the first of two int4 keys;
+#: the second is the key's hash). Locks of two int4 keys never meet the jobs store's
+#: bigint ones.
+KEY_LOCK_CLASS = int.from_bytes(b"obxk")
+
+
+def unsent_keyed(alias: str) -> str:
+    """The condition of the key index (``outbox_msg_key_idx``) on table ``alias``:
+    keyed and unsent. Written with literal values, as the index's own condition reads,
+    so that SQLite's planner sees that the index covers the rows."""
+    statuses = ", ".join(f"'{status}'" for status in UNSENT)
+    return f"NOT ({alias}.key = '') AND {alias}.status IN ({statuses})"
+
+
+def first_unsent_sql(alias: str, key: str) -> str:
+    """The id of the first unsent message of the key ``key`` (an SQL expression), one
+    probe of the key index."""
+    return (
+        f"(SELECT {alias}.id FROM {OUTBOX} {alias} WHERE {alias}.key = {key}"
+        f" AND {unsent_keyed(alias)} ORDER BY {alias}.id LIMIT 1)"
+    )
+
+
+def _lock_key(connection: BaseDatabaseWrapper, key: str) -> None:
+    """PostgreSQL: wait for, then hold until the end of this transaction, the advisory
+    lock of ``key``. SQLite needs none: one transaction writes at a time."""
+    if is_postgres(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(LOCK_KEY, [KEY_LOCK_CLASS, key])
+
+
+#: PostgreSQL: the advisory lock of one key (see :func:`_lock_key`).
+LOCK_KEY = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+#: PostgreSQL: the advisory lock of one key, and a dispatcher wake-up.
+LOCK_KEY_AND_NOTIFY = "SELECT pg_advisory_xact_lock(%s, hashtext(%s)), pg_notify(%s, '')"
 
 
 #: The time a transition is recorded at: ``now`` checked, or the current time.
@@ -95,26 +146,60 @@ def stage_message(envelope: Envelope, *, using: str) -> None:
     Never commits and never uses a savepoint. On a database error the caller's
     transaction is marked for rollback before the error propagates, so the business
     work cannot commit without its message.
+
+    A keyed message is stored *held* when its key has an unsent message already (it
+    goes out after that one). On PostgreSQL the transaction first takes the key's
+    advisory lock and keeps it until it ends: transactions storing messages of one key
+    follow one another, so each one's messages get higher ids than those of every
+    transaction of the key that committed before it, and the key's id order is the
+    order in which its messages became visible. SQLite writes one transaction at a time
+    and gets the same order for free.
     """
     connection = transaction.get_connection(using)
     if not in_caller_atomic_block(connection):
         raise TransactionRequired("integration events are stored inside the unit of work")
+    headers = OutboxMessage._meta.get_field("headers").get_db_prep_save(
+        dict(envelope.headers), connection
+    )
+    created = adapt_dt(connection, envelope.created_at)
     try:
-        OutboxMessage.objects.using(using).create(
-            message_id=envelope.message_id,
-            event_type=envelope.event_type,
-            key=envelope.key,
-            payload_json=envelope.payload_json,
-            headers=dict(envelope.headers),
-            status=MessageStatus.PENDING,
-            available_at=envelope.created_at,
-            created_at=envelope.created_at,
-            updated_at=envelope.created_at,
-        )
-        _notify(connection)
+        params: list[Any] = [
+            adapt_uuid(connection, envelope.message_id),
+            envelope.event_type,
+            envelope.key,
+            envelope.payload_json,
+            headers,
+            PENDING,
+            created,
+            created,
+            created,
+        ]
+        keyed = bool(envelope.key)
+        if keyed:
+            params.append(envelope.key)
+        with connection.cursor() as cursor:
+            if keyed and is_postgres(connection):
+                # One round trip takes the key's lock and sends the wake-up (delivered
+                # on commit, wherever the transaction sends it).
+                channel = outbox_settings().NOTIFY_CHANNEL
+                cursor.execute(LOCK_KEY_AND_NOTIFY, [KEY_LOCK_CLASS, envelope.key, channel])
+                cursor.execute(insert_sql(keyed=True), params)
+            else:
+                cursor.execute(insert_sql(keyed=keyed), params)
+                _notify(connection)
     except DatabaseError:
         transaction.set_rollback(True, using=using)
         raise
+
+
+def insert_sql(*, keyed: bool) -> str:
+    """Store one Pending message; a keyed one is held if its key has an unsent one."""
+    held = f"EXISTS {first_unsent_sql('e', '%s')}" if keyed else "FALSE"
+    return (
+        f"INSERT INTO {OUTBOX} (message_id, event_type, key, payload_json, headers, status,"
+        " attempts, available_at, created_at, updated_at, last_error, leased_by, held)"
+        f" VALUES (%s, %s, %s, %s, %s, %s, 0, %s, %s, %s, '', '', {held})"
+    )
 
 
 # --------------------------------------------------------------------------- dispatching
@@ -130,7 +215,7 @@ def claim_sql(vendor: str) -> str:
         + id_among_locked(
             vendor,
             f"SELECT id FROM {OUTBOX}"
-            " WHERE status = %s AND lease_token IS NULL AND available_at <= %s"
+            " WHERE status = %s AND lease_token IS NULL AND held = %s AND available_at <= %s"
             " ORDER BY available_at, id LIMIT %s",
         )
         + " RETURNING id, message_id, event_type, key, payload_json, headers, attempts,"
@@ -148,7 +233,9 @@ def claim_batch(
     """Lease up to ``limit`` due messages to one dispatcher; attempt n+1 each.
 
     On PostgreSQL, ``SKIP LOCKED`` lets several dispatchers claim at once without
-    waiting for or taking each other's messages. None when nothing is due.
+    waiting for or taking each other's messages. Held messages are not in the claim's
+    index: a batch holds at most one message of a key, the first unsent one, and no
+    other batch holds another. None when nothing is due.
     """
     dispatcher_id = text(dispatcher_id, "dispatcher id", MAX_DISPATCHER_ID_LENGTH)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
@@ -164,6 +251,7 @@ def claim_batch(
         adapt_dt(connection, expires),
         adapt_dt(connection, now),
         PENDING,
+        False,
         adapt_dt(connection, now),
         limit,
     ]
@@ -210,6 +298,13 @@ def renew_batch(
         return int(cursor.rowcount)
 
 
+#: The most delivered messages one recording transaction marks Sent. On PostgreSQL it
+#: holds an advisory lock per keyed message until it commits, and the server's lock
+#: table is shared and bounded (``max_locks_per_transaction`` per connection): a bigger
+#: batch is recorded in several transactions.
+SENT_PER_TRANSACTION = 256
+
+
 def record_deliveries(
     token: str,
     reports: Sequence[DeliveryReport],
@@ -218,11 +313,17 @@ def record_deliveries(
     max_attempts: int | None = None,
     now: datetime | None = None,
 ) -> dict[uuid.UUID, RecordOutcome]:
-    """Record a batch's confirmations, one transaction, each fenced by the lease.
+    """Record a batch's confirmations, each fenced by the lease.
 
-    Delivered -> Sent. Failed -> Pending again from ``retry_at[message_id]``, or
-    Parked with the error once ``max_attempts`` attempts are used or the failure is
-    permanent. A message whose lease this batch lost is left alone: STALE.
+    Delivered -> Sent, and the next message of its key is released. Failed -> Pending
+    again from ``retry_at[message_id]``, or Parked with the error once ``max_attempts``
+    attempts are used or the failure is permanent; either way it keeps holding its key.
+    A message whose lease this batch lost is left alone: STALE.
+
+    One transaction for a batch of up to :data:`SENT_PER_TRANSACTION` delivered
+    messages, but for a PostgreSQL corner: a delivered message whose key another
+    transaction is storing a message for right now is recorded after that transaction
+    ends, in one of its own (see :func:`_record_sent`).
     """
     now = _now(now)
     max_attempts = max_attempts or outbox_settings().MAX_ATTEMPTS
@@ -231,24 +332,42 @@ def record_deliveries(
     outcomes = {r.message_id: RecordOutcome.STALE for r in reports}
     delivered = [r.message_id for r in reports if r.ok]
     failed = [r for r in reports if not r.ok]
-    with transaction.atomic(using=alias), connection.cursor() as cursor:
-        if delivered:
-            cursor.execute(
-                f"UPDATE {OUTBOX} SET status = %s, sent_at = %s, updated_at = %s,"
-                " last_error = '', leased_by = '', lease_token = NULL, lease_expires_at = NULL"
-                " WHERE lease_token = %s AND status = %s"
-                f" AND message_id IN ({placeholders(len(delivered))}) RETURNING message_id",
-                [
-                    SENT,
-                    adapt_dt(connection, now),
-                    adapt_dt(connection, now),
-                    token,
-                    PENDING,
-                    *(adapt_uuid(connection, m) for m in delivered),
-                ],
-            )
-            for (message_id,) in cursor.fetchall():
-                outcomes[read_uuid(message_id)] = RecordOutcome.SENT
+    parts = [
+        delivered[start : start + SENT_PER_TRANSACTION]
+        for start in range(0, len(delivered), SENT_PER_TRANSACTION)
+    ]
+    for n, part in enumerate(parts or [[]]):
+        with transaction.atomic(using=alias):
+            for message_id in _record_sent(connection, token, part, now, wait=False):
+                outcomes[message_id] = RecordOutcome.SENT
+            if n == 0:
+                failures = _record_failures(connection, token, failed, retry_at, max_attempts, now)
+                outcomes.update(failures)
+            fault_point("outbox.store.recording", token=token, outcomes=outcomes)
+    unrecorded = [m for m in delivered if outcomes[m] is RecordOutcome.STALE]
+    if unrecorded and is_postgres(connection):
+        # Each in a transaction of its own that holds nothing while it waits for the
+        # key, so that it can never be part of a deadlock with a producer.
+        for key, message_ids in _still_leased_keys(connection, token, unrecorded).items():
+            with transaction.atomic(using=alias):
+                _lock_key(connection, key)
+                for message_id in _record_sent(connection, token, message_ids, now, wait=True):
+                    outcomes[message_id] = RecordOutcome.SENT
+    return outcomes
+
+
+def _record_failures(
+    connection: BaseDatabaseWrapper,
+    token: str,
+    failed: Sequence[DeliveryReport],
+    retry_at: Mapping[uuid.UUID, datetime],
+    max_attempts: int,
+    now: datetime,
+) -> dict[uuid.UUID, RecordOutcome]:
+    """Failed messages still leased under ``token``: Pending again from their retry
+    time, or Parked once their attempts are used or the failure is permanent."""
+    outcomes = {}
+    with connection.cursor() as cursor:
         for report in failed:
             cursor.execute(
                 f"UPDATE {OUTBOX} SET"
@@ -275,6 +394,110 @@ def record_deliveries(
                     RecordOutcome.PARKED if row[0] == PARKED else RecordOutcome.RETRY_SCHEDULED
                 )
     return outcomes
+
+
+def _record_sent(
+    connection: BaseDatabaseWrapper,
+    token: str,
+    message_ids: Sequence[uuid.UUID],
+    now: datetime,
+    *,
+    wait: bool,
+) -> list[uuid.UUID]:
+    """Mark the messages delivered (those still leased under ``token``) Sent, then
+    release the next message of each of their keys; the ids marked.
+
+    The release must see every message of the key that committed: a producer that read
+    the delivered message as unsent stored its own held. On PostgreSQL the statement
+    therefore takes each key's advisory lock (producers hold it until they commit):
+    with ``wait`` False only if it is free at once (``pg_try_advisory_xact_lock``), and
+    a message whose key is taken is not marked; with ``wait`` the caller holds the
+    key's lock already. The release is a statement of its own: it reads what committed
+    before the locks were taken.
+    """
+    if not message_ids:
+        return []
+    try_lock = is_postgres(connection) and not wait
+    params: list[Any] = [
+        SENT,
+        adapt_dt(connection, now),
+        adapt_dt(connection, now),
+        token,
+        PENDING,
+        *(adapt_uuid(connection, m) for m in message_ids),
+    ]
+    if try_lock:
+        params.append(KEY_LOCK_CLASS)
+    with connection.cursor() as cursor:
+        cursor.execute(sent_sql(len(message_ids), try_lock=try_lock), params)
+        rows = cursor.fetchall()
+    _release_next(connection, sorted({key for _, key in rows if key}), now)
+    return [read_uuid(message_id) for message_id, _ in rows]
+
+
+def sent_sql(messages: int, *, try_lock: bool) -> str:
+    """Mark ``messages`` messages leased under one token Sent (with ``try_lock``, only
+    those whose key's advisory lock is free or that have no key), returning their ids
+    and keys."""
+    locked = " AND (key = '' OR pg_try_advisory_xact_lock(%s, hashtext(key)))" if try_lock else ""
+    return (
+        f"UPDATE {OUTBOX} SET status = %s, sent_at = %s, updated_at = %s,"
+        " last_error = '', leased_by = '', lease_token = NULL, lease_expires_at = NULL"
+        f" WHERE lease_token = %s AND status = %s AND message_id IN ({placeholders(messages)})"
+        f"{locked} RETURNING message_id, key"
+    )
+
+
+def release_sql(vendor: str, keys: int) -> str:
+    """Release the first held message of each of ``keys`` keys: one probe of the held
+    index (``outbox_msg_held_idx``) per key, then each row by its id. (On PostgreSQL
+    ``= ANY(ARRAY(…))``: as ``IN (…)`` the planner may hash the ids and scan the whole
+    table for them.)"""
+    values = ", ".join(["(%s)"] * keys)
+    firsts = (
+        f"SELECT (SELECT h.id FROM {OUTBOX} h WHERE h.key = k.column1 AND h.held = %s"
+        f" ORDER BY h.id LIMIT 1) FROM (VALUES {values}) AS k"
+    )
+    among = f"= ANY(ARRAY({firsts}))" if vendor == "postgresql" else f"IN ({firsts})"
+    return f"UPDATE {OUTBOX} SET held = %s, updated_at = %s WHERE id {among} RETURNING id"
+
+
+def _release_next(connection: BaseDatabaseWrapper, keys: Sequence[str], now: datetime) -> int:
+    """Release the next message of each of ``keys``, whose first unsent message this
+    transaction just ended (sent or discarded); how many were released. Wakes the
+    dispatchers if any was.
+
+    The next message is the key's first held one: only a key's first unsent message is
+    not held, and it is gone."""
+    if not keys:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            release_sql(connection.vendor, len(keys)),
+            [False, adapt_dt(connection, now), True, *keys],
+        )
+        released = len(cursor.fetchall())
+    if released:
+        _notify(connection)
+    return released
+
+
+def _still_leased_keys(
+    connection: BaseDatabaseWrapper, token: str, message_ids: Sequence[uuid.UUID]
+) -> dict[str, list[uuid.UUID]]:
+    """The keys of those of ``message_ids`` still leased under ``token``, with their
+    messages."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT message_id, key FROM {OUTBOX} WHERE lease_token = %s AND status = %s"
+            f" AND message_id IN ({placeholders(len(message_ids))})",
+            [token, PENDING, *(adapt_uuid(connection, m) for m in message_ids)],
+        )
+        rows = cursor.fetchall()
+    keys: dict[str, list[uuid.UUID]] = {}
+    for message_id, key in rows:
+        keys.setdefault(key, []).append(read_uuid(message_id))
+    return keys
 
 
 #: The guards of a recovery: a lease that expired, and a dispatcher's leases.
@@ -363,11 +586,17 @@ def purge_sent(*, older_than: datetime, limit: int = 1000) -> int:
 
 
 def purge_parked(*, older_than: datetime, limit: int = 1000) -> int:
-    """Retention: delete up to ``limit`` Parked messages parked before ``older_than``
-    (a parked message changes no more until redelivered, so ``updated_at`` is when it
-    was parked). A message redelivered meanwhile is Pending again and stays."""
+    """Retention: delete up to ``limit`` keyless Parked messages parked before
+    ``older_than`` (a parked message changes no more until redelivered, so
+    ``updated_at`` is when it was parked). A message redelivered meanwhile is Pending
+    again and stays. A keyed parked message is never purged: it holds its key's later
+    messages back until an operator redelivers or discards it."""
     return delete_oldest(
-        OutboxMessage.objects.parked(), "updated_at", older_than, limit, error=InvalidInput
+        OutboxMessage.objects.parked_without_key(),
+        "updated_at",
+        older_than,
+        limit,
+        error=InvalidInput,
     )
 
 
@@ -398,7 +627,8 @@ def _refusal(message_id: uuid.UUID, action: str) -> InvalidTransition | MessageN
 
 def redeliver(message_id: uuid.UUID, *, now: datetime | None = None) -> None:
     """Pending (waiting for a retry) or Parked -> Pending, due now. A parked message
-    gets a fresh set of attempts. Raises if it is Sent or being delivered."""
+    gets a fresh set of attempts. A held message stays held: it goes out once its
+    key's earlier messages are sent. Raises if it is Sent or being delivered."""
     now = _now(now)
     alias = alias_for(OutboxMessage)
     with transaction.atomic(using=alias):
@@ -422,7 +652,9 @@ def redeliver(message_id: uuid.UUID, *, now: datetime | None = None) -> None:
 
 
 def park(message_id: uuid.UUID, reason: str, *, now: datetime | None = None) -> None:
-    """Pending (not being delivered) -> Parked, with ``reason`` as its last error."""
+    """Pending (not being delivered) -> Parked, with ``reason`` as its last error. A
+    parked message still holds its key: once it is its key's first unsent message,
+    the key halts until it is redelivered or discarded."""
     reason = text(reason, "reason", MAX_ERROR_LENGTH)
     now = _now(now)
     alias = alias_for(OutboxMessage)
@@ -434,6 +666,51 @@ def park(message_id: uuid.UUID, reason: str, *, now: datetime | None = None) -> 
         )
         if not updated:
             raise _refusal(message_id, "parked")
+
+
+def discard(message_id: uuid.UUID, *, now: datetime | None = None) -> DiscardedMessage:
+    """Parked -> deleted, for good: a message an operator decided never to deliver.
+    If it halted its key (the key's first unsent message), the key's next message is
+    released. Raises if it is not Parked (park it first)."""
+    now = _now(now)
+    alias = alias_for(OutboxMessage)
+    connection = connection_for(OutboxMessage)
+    with transaction.atomic(using=alias):
+        key = (
+            OutboxMessage.objects.using(alias)
+            .filter(message_id=message_id)
+            .values_list("key", flat=True)
+            .first()
+        )
+        if key:
+            # Like a delivery, the end of a key's unsent message must see the messages
+            # a producer is storing for the key: wait for it.
+            _lock_key(connection, key)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {OUTBOX} WHERE message_id = %s AND status = %s"
+                " RETURNING event_type, key, held, last_error",
+                [adapt_uuid(connection, message_id), PARKED],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            raise _refusal(message_id, "discarded")
+        event_type, key, held, last_error = row
+        released = 0 if held else _release_next(connection, [key] if key else [], now)
+    discarded = DiscardedMessage(
+        message_id=message_id,
+        event_type=event_type,
+        key=key,
+        last_error=last_error,
+        released_next=bool(released),
+    )
+    logger.warning(
+        "outbox message %s (%s) discarded by an operator",
+        message_id,
+        event_type,
+        extra={"message_id": str(message_id), "key": key, "event_type": event_type},
+    )
+    return discarded
 
 
 # --------------------------------------------------------------------------- inbox

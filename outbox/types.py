@@ -98,6 +98,18 @@ class RecordOutcome(FencedOutcome):
     STALE = "stale"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiscardedMessage:
+    """A parked message an operator discarded: deleted, never to be delivered.
+    ``released_next``: it halted its key, and the key's next message goes out now."""
+
+    message_id: uuid.UUID
+    event_type: str
+    key: str
+    last_error: str
+    released_next: bool
+
+
 @dataclass(frozen=True, slots=True)
 class RecoveryResult:
     """Messages of stopped dispatchers: made claimable again, or parked (attempts used)."""

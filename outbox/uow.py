@@ -160,7 +160,11 @@ class UnitOfWork:
         transaction when the outbox is enabled, else published on ``event_bus`` after
         commit. Returns the message (its ``message_id`` is stable across deliveries).
 
-        ``key`` orders and partitions messages on brokers that support it.
+        Messages with the same ``key`` are published one at a time, in the order
+        they were stored (the order of adding here, of commits across units of
+        work), and a parked one halts its key until it is redelivered or discarded;
+        keyless messages (``""``) go out in any order. Brokers that support it
+        partition by the key.
         """
         if not isinstance(event, IntegrationEvent):
             raise InvalidEvent(f"expected an IntegrationEvent, not {type(event).__name__}")

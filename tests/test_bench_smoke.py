@@ -128,6 +128,11 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
     assert markdown.startswith("# Benchmark results")
     assert document["outbox"]["median"] > 0
     assert document["sagas"]["ms_per_step"] > 0
+    key_cost, order = document["outbox_order"]["key_cost"], document["outbox_order"]["order"]
+    assert set(key_cost["cost"]) == {"keyless", "distinct keys", "keyless, one key halted"}
+    assert all(rate > 0 for rate in key_cost["median"].values())
+    assert order["sent"] >= order["keys"] * order["per_key"] == 200
+    assert order["violations"] == 0
     assert "| Enqueue, bulk API |" in markdown
     assert "## Targets" in markdown
     for section in (
@@ -137,6 +142,7 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
         "## A realistic handler",
         "## Claim cost with a deep queue",
         "## A CPU-bound handler: processes against threads",
+        "## Ordered outbox delivery",
     ):
         assert section in markdown
     assert "| Concurrency 1 ≥ 0.8 of the floor loop |" in markdown

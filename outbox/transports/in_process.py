@@ -23,7 +23,9 @@ from .base import Transport
 class InProcessTransport(Transport):
     name = "in-process"
     supports_cross_process = False
-    supports_key_ordering = False  # retries and several dispatchers reorder
+    # The dispatcher publishes one key's messages one at a time, in stored order, and
+    # subscribers run while the message is published.
+    supports_key_ordering = True
     supports_headers = True
     supports_partial_batches = True
 

@@ -105,8 +105,8 @@ def _producer(settings: KafkaOptions) -> tuple[Any, _ErrorLog]:
 class KafkaTransport(Transport):
     name = "kafka"
     supports_cross_process = True
-    # Per key and partition, in publishing order; retries of failed messages and
-    # several dispatchers may still reorder messages of one key.
+    # The key is the record key: one key's messages share a partition, in the order
+    # the dispatcher publishes them (one at a time, in stored order).
     supports_key_ordering = True
     supports_headers = True
     supports_partial_batches = True

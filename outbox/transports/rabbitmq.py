@@ -101,7 +101,8 @@ def _close_quietly(connection: Any) -> None:
 class RabbitMQTransport(Transport):
     name = "rabbitmq"
     supports_cross_process = True
-    # RabbitMQ keeps a queue's order, but retries and several dispatchers reorder.
+    # A queue keeps the order the dispatcher publishes one key's messages in, but only
+    # one consumer of the queue sees it: several share the queue's messages out.
     supports_key_ordering = False
     supports_headers = True
     supports_partial_batches = True

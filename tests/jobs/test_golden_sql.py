@@ -150,6 +150,23 @@ def _variants() -> dict[str, Callable[[], str]]:
     _limit_variants(add)
 
     # The outbox store's statements built as text (the rest are the ORM's).
+    for keyed in (False, True):
+        add(
+            f"outbox-insert{'-keyed' if keyed else ''}",
+            lambda k=keyed: outbox_store.insert_sql(keyed=k),
+        )
+    add("outbox-lock_key-postgresql", lambda: outbox_store.LOCK_KEY)
+    add("outbox-lock_key_and_notify-postgresql", lambda: outbox_store.LOCK_KEY_AND_NOTIFY)
+    for messages, try_lock in ((1, False), (3, False), (3, True)):
+        add(
+            f"outbox-sent-messages{messages}{'-try_lock-postgresql' if try_lock else ''}",
+            lambda m=messages, t=try_lock: outbox_store.sent_sql(m, try_lock=t),
+        )
+    for vendor, keys in itertools.product(VENDORS, (1, 3)):
+        add(
+            f"outbox-release-{vendor}-keys{keys}",
+            lambda v=vendor, k=keys: outbox_store.release_sql(v, k),
+        )
     for vendor in VENDORS:
         add(f"outbox-claim-{vendor}", lambda v=vendor: outbox_store.claim_sql(v))
         for name, guard in zip(

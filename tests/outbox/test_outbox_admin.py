@@ -1,6 +1,7 @@
 """The outbox admin: read-only pages with filters, search and pretty JSON; the
-"Redeliver now" and "Park" actions change state only through the store and only for
-users allowed to; the inbox is read-only."""
+"Redeliver now", "Park" and "Discard" actions change state only through the store and
+only for users allowed to; halted keys are shown with the message and error that halt
+them; the inbox is read-only."""
 
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ def add(event: IntegrationEvent, **kwargs: Any) -> Envelope:
         return uow.add_integration_event(event, **kwargs)
 
 
-def parked(text: str = "poison") -> Envelope:
+def parked(text: str = "poison", **kwargs: Any) -> Envelope:
     """A parked message; call before adding pending ones (the claim takes the oldest)."""
-    envelope = add(Noticed(text))
+    envelope = add(Noticed(text), **kwargs)
     batch = store.claim_batch("admin-test", limit=1)
     assert batch is not None
     store.record_deliveries(
@@ -167,6 +168,45 @@ def test_park_through_the_store(admin_client: Client):
     message = row(pending)
     assert message.status == MessageStatus.PARKED
     assert message.last_error == "parked by admin in the admin"
+
+
+def test_the_key_order_filter_shows_halted_keys_with_their_error_and_who_waits(
+    admin_client: Client,
+):
+    poison = parked(key="order-7")
+    behind = [add(Noticed(f"then {n}"), key="order-7") for n in range(2)]
+    other = add(Noticed("elsewhere"), key="order-8")
+    keyless = add(Other(1))
+    assert listed(admin_client, key_order="halts") == {str(poison.message_id)}
+    assert listed(admin_client, key_order="waits") == {str(e.message_id) for e in behind}
+    changelist = admin_client.get(reverse(CHANGELIST), {"key_order": "halts"})
+    assert b"broker rejected" in changelist.content  # why it halts, in the list
+    page = admin_client.get(
+        reverse("admin:outbox_outboxmessage_change", args=[row(poison).pk])
+    ).content.decode()
+    assert "halts its key until redelivered or discarded" in page
+    assert "2 message(s) wait behind it" in page
+    assert "key__exact=order-7&amp;key_order=waits" in page
+    waiting = admin_client.get(
+        reverse("admin:outbox_outboxmessage_change", args=[row(behind[0]).pk])
+    ).content.decode()
+    assert "waits for an earlier message of its key" in waiting
+    assert listed(admin_client, key__exact="order-7", key_order="waits") == {
+        str(e.message_id) for e in behind
+    }
+    assert {str(other.message_id), str(keyless.message_id)} <= listed(admin_client)
+
+
+def test_discard_through_the_store_releases_the_key_and_refusals_listed(admin_client: Client):
+    poison = parked(key="order-7")
+    behind = add(Noticed("then"), key="order-7")
+    pending = add(Other(1))
+    messages = run_action(admin_client, "discard_messages", poison, pending)
+    assert messages[0] == "1 discarded, 1 refused."
+    assert "is pending; it cannot be discarded" in messages[1]
+    assert not OutboxMessage.objects.filter(message_id=poison.message_id).exists()
+    assert row(behind).held is False
+    assert listed(admin_client, key_order="halts") == set()
 
 
 def test_staff_who_may_only_view_see_no_actions_and_cannot_run_them(staff_client):

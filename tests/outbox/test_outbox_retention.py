@@ -1,7 +1,8 @@
 """Retention of the outbox's growing tables, on by default: sent messages (7 days),
 parked ones (30 days) and inbox records (14 days), each with its own setting (None
 keeps for ever); deleted by every dispatcher in bounded batches and by
-``manage.py purge_outbox``; pending messages are never touched."""
+``manage.py purge_outbox``; pending messages, and parked ones that halt their key,
+are never touched."""
 
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ def outbox_on(settings: Any) -> None:
     settings.OUTBOX = {**settings.OUTBOX, "ENABLED": True, "MAX_ATTEMPTS": 1}
 
 
-def stage(count: int) -> list[uuid.UUID]:
+def stage(count: int, key: str = "") -> list[uuid.UUID]:
     with unit_of_work() as uow:
-        return [uow.add_integration_event(Kept(n)).message_id for n in range(count)]
+        return [uow.add_integration_event(Kept(n), key=key).message_id for n in range(count)]
 
 
 def age(message_id: uuid.UUID, days: float) -> None:
@@ -57,14 +58,22 @@ def inbox(consumer: str, days: float) -> None:
 
 
 def world() -> dict[str, uuid.UUID]:
-    """Sent 8 and 6 days ago, parked 31 and 29 days ago, one pending; inbox records
-    processed 15 and 13 days ago."""
+    """Sent 8 and 6 days ago, parked 31 and 29 days ago, one keyed parked 31 days ago
+    (it halts its key: kept), one pending; inbox records processed 15 and 13 days
+    ago."""
     sent_old, sent_new = stage(2)
     deliver_outbox(transport=RecordingTransport())
     parked_old, parked_new = stage(2)
+    (halting,) = stage(1, key="order-1")
     deliver_outbox(transport=RecordingTransport(fail_with="down"))
     (pending,) = stage(1)
-    for message_id, days in ((sent_old, 8), (sent_new, 6), (parked_old, 31), (parked_new, 29)):
+    for message_id, days in (
+        (sent_old, 8),
+        (sent_new, 6),
+        (parked_old, 31),
+        (parked_new, 29),
+        (halting, 31),
+    ):
         age(message_id, days)
     inbox("old-consumer", 15)
     inbox("new-consumer", 13)
@@ -73,6 +82,7 @@ def world() -> dict[str, uuid.UUID]:
         "sent_new": sent_new,
         "parked_old": parked_old,
         "parked_new": parked_new,
+        "halting": halting,
         "pending": pending,
     }
 
@@ -94,7 +104,7 @@ def test_a_dispatcher_deletes_each_table_past_its_default_retention() -> None:
     ids = world()
     stats = deliver_outbox(transport=RecordingTransport())
     assert stats.purged == 3  # one sent, one parked, one inbox record
-    assert left() == {ids["sent_new"], ids["parked_new"], ids["pending"]}
+    assert left() == {ids["sent_new"], ids["parked_new"], ids["halting"], ids["pending"]}
     assert OutboxMessage.objects.get(message_id=ids["pending"]).status == MessageStatus.SENT
     assert set(InboxMessage.objects.values_list("consumer", flat=True)) == {"new-consumer"}
 
@@ -144,12 +154,12 @@ class TestPurgeOutboxCommand:
         assert "deleted 1 sent message(s)" in out
         assert "deleted 1 parked message(s)" in out
         assert "deleted 1 inbox record(s)" in out
-        assert left() == {ids["sent_new"], ids["parked_new"], ids["pending"]}
+        assert left() == {ids["sent_new"], ids["parked_new"], ids["halting"], ids["pending"]}
 
     def test_older_than_days_overrides_every_retention(self, capsys) -> None:
         ids = world()
         call_command("purge_outbox", "--older-than-days", "1")
-        assert left() == {ids["pending"]}
+        assert left() == {ids["halting"], ids["pending"]}
         assert InboxMessage.objects.count() == 0
 
     def test_dry_run_counts_and_deletes_nothing(self, capsys) -> None:
@@ -163,7 +173,7 @@ class TestPurgeOutboxCommand:
         world()
         call_command("purge_outbox")
         assert "parked message(s): kept for ever" in capsys.readouterr().out
-        assert OutboxMessage.objects.parked().count() == 2
+        assert OutboxMessage.objects.parked().count() == 3
 
     def test_every_retention_none_and_no_argument_is_an_error(self, settings) -> None:
         settings.OUTBOX = {

@@ -329,7 +329,7 @@ class TestPlans:
 
     def test_claim_statement_uses_the_due_index(self, history: None) -> None:
         now = timezone.now()
-        params: list[object] = ["d1", "t", now, now, "pending", now, 10]
+        params: list[object] = ["d1", "t", now, now, "pending", False, now, 10]
         with connection.cursor() as cursor:
             cursor.execute(f"EXPLAIN {store.claim_sql(connection.vendor)}", params)
             plan = "\n".join(r[0] for r in cursor.fetchall())
@@ -347,7 +347,7 @@ def test_a_claim_picks_its_rows_once_whatever_the_plan():
     with connection.cursor() as cursor:
         cursor.execute(
             "EXPLAIN " + store.claim_sql(connection.vendor),
-            ["d1", "t", now, now, MessageStatus.PENDING, now, 10],
+            ["d1", "t", now, now, MessageStatus.PENDING, False, now, 10],
         )
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "InitPlan" in plan, plan

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
+from outbox import unit_of_work
 from outbox.models import OutboxMessage
 from outbox.transports import wire
 from outbox.types import MessageStatus
@@ -274,6 +276,43 @@ def test_a_consumer_killed_after_commit_before_ack_has_the_redelivery_skipped(
     assert survivor.terminate() == 0, survivor.output
     assert "duplicates skipped 1" in survivor.output
     services.assert_each_handled_once(6)
+
+
+def test_each_keys_messages_reach_the_other_service_in_stored_order(services: Services):
+    """A stores 4 keys x 8 orders, interleaved. A first dispatcher, in batches of 3,
+    is killed after the broker confirmed its second batch and before it was recorded;
+    a second one publishes that batch again once its lease ran out, and the rest.
+    B's one consumer handles each key's orders in stored order: the inbox skips the
+    re-published copies and no key's next message overtook them (Kafka keeps the order
+    through the key's partition, RabbitMQ through a queue with one consumer)."""
+    consumer = services.ready_consumer()
+    keys = [f"{services.tag}-k{k}" for k in range(4)]
+    stored: dict[str, list[str]] = {key: [] for key in keys}
+    for n in range(8):
+        with unit_of_work() as uow:
+            for key in keys:
+                number = f"{key}-{n:02}"
+                uow.add_integration_event(
+                    OrderPlaced(number, Decimal("1.00"), timezone.now()), key=key
+                )
+                stored[key].append(number)
+    retries = {"OUTBOX_LEASE_SECONDS": "1", "OUTBOX_RETRY_BASE_DELAY": "0.05"}
+    victim = services.dispatcher(
+        "--batch-size", "3", ORDERS_FAULT="outbox.dispatcher.published@2:kill", **retries
+    )
+    assert victim.wait() == -signal.SIGKILL, victim.output
+    survivor = services.dispatcher("--batch-size", "3", OUTBOX_POLL_INTERVAL="0.1", **retries)
+    consumer.wait_until(lambda: len(services.handled_in_b()) == 32, "32 orders handled in B", 90)
+    survivor.wait_until(
+        lambda: not services.placed().exclude(status=MessageStatus.SENT).exists(), "all sent"
+    )
+    assert survivor.terminate() == 0, survivor.output
+    assert consumer.terminate() == 0, consumer.output
+
+    handled = [number for number, fresh in services.b.handled_orders(services.tag) if fresh]
+    assert len(handled) == 32
+    for key in keys:
+        assert [n for n in handled if n.startswith(f"{key}-")] == stored[key]
 
 
 # --------------------------------------------------------------------------- raw access

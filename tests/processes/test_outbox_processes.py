@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 from decimal import Decimal
 from io import StringIO
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,39 +19,14 @@ from outbox.types import MessageStatus
 from testproject.orders.events import InvoiceIssued, OrderPlaced
 from testproject.orders.models import Delivery, Invoice
 from testproject.orders.services import place_order
-from tests.support.procs import ManageProcess, wait_until
+from tests.support.procs import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-class DispatcherProcess(ManageProcess):
-    """``manage.py dispatch_outbox -v 2 …`` in a child process, outbox enabled."""
-
-    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        env = {"OUTBOX_ENABLED": "true", **(env or {})}
-        super().__init__(tmp_path, "dispatch_outbox", "-v", "2", *args, env=env)
-
-    def wait(self, timeout: float = 120) -> int:
-        return super().wait(timeout)
 
 
 @pytest.fixture(autouse=True)
 def outbox_on(settings: Any) -> None:
     settings.OUTBOX = {**settings.OUTBOX, "ENABLED": True}
-
-
-@pytest.fixture
-def dispatchers(tmp_path: Path):
-    started: list[DispatcherProcess] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> DispatcherProcess:
-        proc = DispatcherProcess(tmp_path, *args, env=env)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.close()
 
 
 def place_orders(count: int) -> None:

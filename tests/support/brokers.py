@@ -350,6 +350,17 @@ class ServiceDatabase:
             )
         ]
 
+    def handled_orders(self, prefix: str) -> list[tuple[str, bool]]:
+        """(order number, fresh) of every run of the billing subscriber for orders
+        starting with ``prefix``, in the order the runs committed."""
+        rows = self.rows(
+            "SELECT i.order_number, d.fresh FROM orders_delivery d"
+            " JOIN orders_invoice i ON i.message_id = d.message_id"
+            " WHERE i.order_number LIKE %s ORDER BY d.id",
+            [f"{prefix}%"],
+        )
+        return [(r[0], bool(r[1])) for r in rows]
+
     def deliveries(self, message_ids: set[str]) -> list[tuple[str, bool]]:
         """(message id, fresh) of every run of the billing subscriber for these ids."""
         rows = self.rows("SELECT message_id, fresh FROM orders_delivery")

@@ -1,5 +1,5 @@
-"""``manage.py purge_outbox``: retention on demand — delete old sent and parked
-messages and inbox records."""
+"""``manage.py purge_outbox``: retention on demand — delete old sent messages,
+parked ones without a key, and inbox records."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from outbox.models import InboxMessage, OutboxMessage
 
 class Command(PurgeCommand):
     help = (
-        "Delete sent outbox messages, parked ones and inbox records older than their "
-        "retention (OUTBOX['RETENTION_SECONDS'], 7 days; OUTBOX['PARKED_RETENTION_SECONDS'], "
-        "30 days; OUTBOX['INBOX_RETENTION_SECONDS'], 14 days); pending messages are never "
+        "Delete sent outbox messages, parked ones without a key and inbox records older "
+        "than their retention (OUTBOX['RETENTION_SECONDS'], 7 days; "
+        "OUTBOX['PARKED_RETENTION_SECONDS'], 30 days; OUTBOX['INBOX_RETENTION_SECONDS'], "
+        "14 days); pending messages, and parked ones that halt their key, are never "
         "touched."
     )
 
@@ -34,7 +35,7 @@ class Command(PurgeCommand):
                 outbox_settings,
                 "PARKED_RETENTION_SECONDS",
                 store.purge_parked,
-                OutboxMessage.objects.parked,
+                OutboxMessage.objects.parked_without_key,
                 "updated_at",
             ),
             Purge(

@@ -9,6 +9,7 @@ WHERE id = ANY(ARRAY
                   FROM outbox_outboxmessage
                   WHERE status = %s
                     AND lease_token IS NULL
+                    AND held = %s
                     AND available_at <= %s
                   ORDER BY available_at, id
                   LIMIT %s

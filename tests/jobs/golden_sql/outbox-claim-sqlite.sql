@@ -9,6 +9,7 @@ WHERE id IN
      FROM outbox_outboxmessage
      WHERE status = %s
        AND lease_token IS NULL
+       AND held = %s
        AND available_at <= %s
      ORDER BY available_at,
               id
