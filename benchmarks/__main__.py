@@ -43,6 +43,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             "cpu",
             "profile",
             "outbox",
+            "start-up",
             "targets",
         ],
         help="measure only this part and print its figures (flow-control: django-ledon "
@@ -52,8 +53,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "at 16 (with and without look-ahead) and 64, some with settings of ours changed; "
         "bulk: the bulk enqueue of --systems; cpu: the CPU-bound handler, one process "
         "against run_jobs --processes; profile: where one job's time goes, in a worker "
-        "in this process; outbox: ordered delivery, what keys cost a dispatcher and the "
-        "order of 100 keys through 4 dispatchers with a failing broker; targets: all the "
+        "in this process, and its CPU per job by part; outbox: ordered delivery, what keys "
+        "cost a dispatcher and the order of 100 keys through 4 dispatchers with a failing "
+        "broker; start-up: run_jobs --burst on an empty queue, 15 times; targets: all the "
         "worker's targets in one run, with their verdicts)",
     )
     parser.add_argument(

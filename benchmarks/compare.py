@@ -157,6 +157,7 @@ def compare(
             key: {
                 "jobs_per_s": rate,
                 "cpu_ms_per_job": costs[key].get("worker_cpu_ms"),
+                "cpu_total_ms_per_job": costs[key].get("worker_cpu_total_ms"),
                 "statements": costs[key].get("statements"),
             }
             for key, rate in rates.items()

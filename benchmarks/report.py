@@ -384,6 +384,26 @@ def profile_section(document: Document) -> str:
     return table(head, rows) + "\n\n" + table([functions, "calls per job", "own µs per job"], top)
 
 
+def cpu_parts_table(document: Document) -> str:
+    """The worker's own CPU per job, by part (``benchmarks/cpu_parts.py``)."""
+    from .cpu_parts import format_table
+
+    parts = document.get("cpu_parts")
+    return format_table(parts) if parts else NOT_MEASURED
+
+
+def startup_line(document: Document) -> str:
+    """``run_jobs --burst`` on an empty queue: the medians of its runs."""
+    part = document.get("startup")
+    if not part:
+        return NOT_MEASURED
+    return (
+        f"`run_jobs --burst` on an empty queue, {part['runs']} runs: median "
+        f"{part['median_wall_s']:.3f} s from the process's start to its exit, "
+        f"{part['median_cpu_s']:.3f} s of CPU."
+    )
+
+
 def sleep_table(document: Document) -> str:
     """django-ledon's 5 ms handler against the ideal rate, and where a handler slot's
     time went (``benchmarks/profiling.py``)."""
@@ -603,6 +623,7 @@ def compare_table(document: Document) -> str:
         for label, field, digits in (
             ("jobs/s", "jobs_per_s", 0),
             ("worker CPU ms per job", "cpu_ms_per_job", 3),
+            ("worker CPU ms per job, start-up included", "cpu_total_ms_per_job", 3),
             ("statements per job", "statements", 2),
         ):
             values = [compare["median"][n].get(setup, {}).get(field) for n in names]
@@ -721,6 +742,10 @@ def worker_targets(document: Document) -> list[dict[str, Any]]:
     goal and whether it holds; a row is left out unless both figures are measured."""
     burn, flow, cpu = document["burn"]["median"], document["flow"]["median"], document["cpu"]
     ours, peer = burn.get(OURS, {}), burn.get("pgqueuer", {})
+    per_job = document["burn"].get("per_job", {})
+    ours_cost = per_job.get(OURS, {}).get("1x16", {})
+    peer_cost = per_job.get("pgqueuer", {}).get("1x16", {})
+    startup = document.get("startup", {}).get("median_wall_s")
     threads = [v["median"] for k, v in cpu["median"].items() if "x-c1" not in k]
     processes = [v["median"] for k, v in cpu["median"].items() if "x-c1" in k]
     latency, enqueue = document["idle"]["latency"], document["idle"]["enqueue_each"]
@@ -728,10 +753,16 @@ def worker_targets(document: Document) -> list[dict[str, Any]]:
     # (what, ours, against, goal, at most): a claim's cost is the inverse of the
     # burn-down's rate, the seconds a job takes with every limit set over those without.
     wanted: list[tuple[str, float | None, float | None, float, bool]] = [
+        ("Worker CPU ms per job, no-op, concurrency 16, during the burn-down",
+         ours_cost.get("worker_cpu_ms"), peer_cost.get("worker_cpu_ms"), 1.0, True),
+        ("Worker CPU ms per job, no-op, concurrency 16, start-up included",
+         ours_cost.get("worker_cpu_total_ms"), peer_cost.get("worker_cpu_total_ms"), 1.0, True),
         ("5 ms handler, concurrency 16: share of the ideal 3,200/s", ours.get("sleep5-c16"),
          3200, 0.85, False),
         ("5 ms handler, concurrency 64", ours.get("sleep5-c64"), peer.get("sleep5-c64"), 1.0,
          False),
+        ("`async def` 5 ms handler, concurrency 64", ours.get("sleep5async-c64"),
+         peer.get("sleep5async-c64"), 1.2, False),
         ("No-op, 1 process, concurrency 4", ours.get("1x4"), peer.get("1x4"), 1.0, False),
         ("No-op, 1 process, concurrency 16", ours.get("1x16"), peer.get("1x16"), 1.5, False),
         ("No-op, 2 processes x 16", ours.get("2x16"), peer.get("2x16"), 1.2, False),
@@ -742,6 +773,8 @@ def worker_targets(document: Document) -> list[dict[str, Any]]:
         ("Idle pickup p50 (ms), against the best peer's",
          latency.get(OURS, {}).get("p50_ms"), best_peer, 1.0, True),
         ("Enqueue one by one", enqueue.get(OURS), enqueue.get("pgqueuer"), 1.0, False),
+        ("`run_jobs --burst` start-up on an empty queue (s), against 0.5 s", startup, 0.5, 1.0,
+         True),
     ]  # fmt: skip
     return [
         {
@@ -787,9 +820,10 @@ ONLY: dict[str, Callable[[dict[str, Any]], str]] = {
     ),
     "bulk": lambda part: bulk_table(part),
     "cpu": lambda part: cpu_table({"systems": {OURS: part["median"]}}),
-    "profile": profile_section,
+    "profile": lambda part: profile_section(part) + "\n\n" + cpu_parts_table(part),
     "fair-share": lambda part: fair_table(part),
     "outbox": lambda part: outbox_order_table({"outbox_order": part}),
+    "start-up": lambda part: startup_line({"startup": part}),
     "targets": worker_targets_table,
 }
 
@@ -814,6 +848,8 @@ SECTIONS: tuple[tuple[str, Callable[[Document], str]], ...] = (
     ("Scale-out: worker processes against one server", scale_table),
     ("What each job costs the server", per_job_table),
     ("Where one job's time goes", profile_section),
+    ("The worker's CPU per job, by part", cpu_parts_table),
+    ("Start-up", startup_line),
     ("A realistic handler", sleep_table),
     ("Asynchronous commit (opt-in)", syncmode_table),
     ("Claim cost with a deep queue", queued_table),
