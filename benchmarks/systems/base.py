@@ -169,7 +169,9 @@ class System(ABC):
 
 
 def base_env(database_url: str) -> dict[str, str]:
-    env = dict(os.environ)
+    # Workers keep their modules' bytecode, as an installed copy does: with
+    # PYTHONDONTWRITEBYTECODE every start would compile every module again.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["DATABASE_URL"] = database_url
     env["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
