@@ -73,6 +73,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "comparable, the claim costs' table sizes stay",
     )
     parser.add_argument(
+        "--cpu-burner",
+        action="store_true",
+        help="run a process that keeps one CPU busy beside the whole run (as on a machine "
+        "that does other work), and say so in the results",
+    )
+    parser.add_argument(
         "--render",
         type=Path,
         metavar="JSON",
@@ -108,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
 
     log = physical.log
     with ExitStack() as stack:
+        if args.cpu_burner:
+            stack.enter_context(physical.cpu_burner())
+            log("a CPU burner runs beside the run (one core)")
         name = f"ledon_bench_{os.getpid()}"
         server_url, url = stack.enter_context(server.database(args.database_url, name))
         admin = server.django_on(url, stack)
@@ -119,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             "out_dir": args.out,
             "log": log,
             "admin": admin,
+            "cpu_burner": args.cpu_burner,
         }
         if args.compare:
             from . import compare

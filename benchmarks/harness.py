@@ -1032,6 +1032,7 @@ def _runner(
     out_dir: Path,
     log: Log,
     admin: Callable[[str], None],
+    cpu_burner: bool = False,
 ) -> Iterator[Runner]:
     """A runner over the systems ``names``, installed; their connections closed at the
     end. Worker logs go to ``out_dir/logs``."""
@@ -1062,6 +1063,7 @@ def alone(part: str, systems: list[str], **session: Any) -> dict[str, Any]:
         with _runner(take(systems), **session) as runner:
             result = measure(runner, runner.systems)
         result["load_average"] = {"start": load, "end": _load()}
+    result["cpu_burner"] = session.get("cpu_burner", False)
     write_part(session["out_dir"], part, result)
     return result
 
@@ -1087,6 +1089,7 @@ def run_all(systems: list[str], server: dict[str, str], **session: Any) -> dict[
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "load_average": _load(),
+        "cpu_burner": session.get("cpu_burner", False),
         "postgresql": server,
     }
     document: dict[str, Any] = {}

@@ -341,6 +341,28 @@ def cpu_use(pids: list[int], into: dict[str, Any]) -> Iterator[None]:
         into.update(cpus_busy=(after - before) / wall, cpus=os.cpu_count() or 1)
 
 
+#: The longest a CPU burner runs, whatever happens to the run that started it.
+BURNER_SECONDS = 4 * 3600
+
+
+@contextmanager
+def cpu_burner() -> Iterator[None]:
+    """A process that keeps one CPU busy (pure Python, no I/O) while the block runs;
+    it also stops by itself after :data:`BURNER_SECONDS`."""
+    code = (
+        "import time\n"
+        f"end = time.monotonic() + {BURNER_SECONDS}\n"
+        "while time.monotonic() < end:\n"
+        "    sum(range(10_000))\n"
+    )
+    burner = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        yield
+    finally:
+        burner.terminate()
+        burner.wait(30)
+
+
 def log(message: str) -> None:
     """A line of the run's progress, on standard error."""
     print(message, file=sys.stderr, flush=True)

@@ -790,6 +790,11 @@ def worker_targets(document: Document) -> list[dict[str, Any]]:
     ]
 
 
+def _load_of(document: Document) -> str:
+    load = document.get("burn", {}).get("load_average", {}).get("start")
+    return ", ".join(f"{x:g}" for x in load) if load else "not recorded"
+
+
 def worker_targets_table(document: Document) -> str:
     """The worker's targets, then our burn-down set-ups beside the defaults."""
     rows = [
@@ -804,8 +809,10 @@ def worker_targets_table(document: Document) -> str:
         for r in document["rows"]
     ]
     extra = sorted(document["burn"]["median"].get(OURS, {}).items())
+    burner = " A CPU burner kept one core busy throughout." if document.get("cpu_burner") else ""
     return "\n\n".join(
         [
+            f"Load average at the start of the burn-downs: {_load_of(document)}.{burner}",
             table(["target", "django-ledon", "against", "ratio", "goal", "verdict"], rows),
             table(["our set-up", "jobs/s (median)"], [[f"`{k}`", _num(v)] for k, v in extra]),
         ]
