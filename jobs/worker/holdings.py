@@ -75,7 +75,8 @@ class HeldAttempt:
     #: An ``async def`` handler running on the event loop, with no thread of its own.
     on_loop: bool = False
     #: It counts among the handlers running (at most the worker's concurrency): from
-    #: a slot's taking it until its handler returns or is abandoned.
+    #: a slot's taking it until its handler returns or is abandoned (cleared under
+    #: the work queue's lock, :meth:`~jobs.worker.workqueue.WorkQueue.handler_returned`).
     running: bool = False
     #: The handler returned (or raised): its slot writes the end.
     returned: bool = False

@@ -357,17 +357,13 @@ class Slots:
         try:
             return self._after_handler(claim, lambda: self._run_handler(claim, held))
         finally:
-            if not held.on_loop:
+            if held.running and not held.on_loop:
                 self.handler_stopped(held)  # whatever happened, its place is free
 
     def handler_stopped(self, held: HeldAttempt) -> None:
         """The handler of ``held`` no longer runs (returned, or abandoned at its
         timeout): another claim may start. Once per attempt."""
-        with self._holdings.lock:
-            if not held.running:
-                return
-            held.running = False
-        self._work.handler_returned()
+        self._work.handler_returned(held)
 
     def _write_loop_end(self, returned: LoopEnd) -> AfterAttempt:
         """On a thread: write the end of an ``async def`` handler that ran on the loop,
@@ -439,7 +435,8 @@ class Slots:
         if begun.is_async:
             self._start_on_loop(claim, held, begun, chain)
             return HandlerEnd.ON_LOOP
-        self._start_threads(self._work.unserved())  # this thread is taken until it returns
+        if len(self.threads) < worker.concurrency:  # this thread is taken until it returns
+            self._start_threads(self._work.unserved())
         try:
             result = begun.checked_result(chain(ctx))
         except Exception as exc:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..attempts import AttemptEnd
 from ..types import Claim
+from .holdings import HeldAttempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +135,13 @@ class WorkQueue:
             self._running += 1
             return True
 
-    def handler_returned(self) -> None:
-        """One handler stopped running: a claim waiting may be taken."""
+    def handler_returned(self, held: HeldAttempt) -> None:
+        """The handler of ``held`` stopped running (once: later calls change nothing):
+        a claim waiting may be taken."""
         with self._ready:
+            if not held.running:
+                return
+            held.running = False
             self._running -= 1
             if self._claims and self._waiting:
                 self._ready.notify()  # a claim held back: a waiting thread takes it
