@@ -11,12 +11,13 @@ The parts:
   back into claims); the server's time is not this process's CPU;
 - **settle** — :meth:`Settler.settle` around it: the capacity asked for, the held
   attempts added and dropped, the claims handed over;
-- **hand-over** — a claim queued for a slot (:meth:`Slots.hand_over`), a returned
-  handler's success handed to the next settle (:meth:`Settler.defer_completion`), a
-  slot set free (:meth:`Slots.release`);
-- **attempt** — :func:`jobs.attempts.run_attempt`: the handler looked up, its
-  middleware chain, the (no-op) handler, its end decided;
-- **slot** — the rest of a slot's work for one attempt (:meth:`Slots._execute`);
+- **hand-over** — a claim queued for a slot and taken by its thread (the work queue),
+  a returned handler's success handed to the next settle
+  (:meth:`Settler.defer_completion`), a slot set free (:meth:`Slots.release`);
+- **attempt** — the handler looked up, its middleware chain, the (no-op) handler
+  run (or an ``async def`` one started on the loop), its end decided;
+- **slot** — the rest of a slot's work for one attempt: its end written or handed
+  to the next settle (:meth:`Slots._execute`, :meth:`Slots._handler_returned`);
 - **heartbeat** — lease renewals and cancellation checks (:class:`LeaseKeeper`);
 - **logging and metrics** — each end counted, logged, signalled and reported
   (:meth:`Finisher.record`);
@@ -53,7 +54,8 @@ from unittest import mock
 
 from . import physical
 
-#: The parts, in the order the report lists them: (name, [(module, owner, attribute)]).
+#: The parts, in the order the report lists them: (name, [(module, owner, attribute)]);
+#: a place a tree does not have is left out.
 PARTS: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
     ("claim and finish", (("jobs.execution", "", "complete_and_claim"),)),
     ("settle", (("jobs.worker.settler", "Settler", "settle"),)),
@@ -62,11 +64,29 @@ PARTS: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
         (
             ("jobs.worker.slots", "Slots", "hand_over"),
             ("jobs.worker.settler", "Settler", "defer_completion"),
+            ("jobs.worker.settler", "Settler", "defer"),
             ("jobs.worker.slots", "Slots", "release"),
+            ("jobs.worker.workqueue", "WorkQueue", "get"),
+            ("jobs.worker.workqueue", "WorkQueue", "put_many"),
+            ("jobs.worker.workqueue", "WorkQueue", "put_first"),
         ),
     ),
-    ("attempt", (("jobs.worker.slots", "", "run_attempt"),)),
-    ("slot", (("jobs.worker.slots", "Slots", "_execute"),)),
+    (
+        "attempt",
+        (
+            ("jobs.worker.slots", "", "run_attempt"),
+            ("jobs.worker.slots", "Slots", "_run_handler"),
+            ("jobs.worker.slots", "Slots", "_start_on_loop"),
+        ),
+    ),
+    (
+        "slot",
+        (
+            ("jobs.worker.slots", "Slots", "_execute"),
+            ("jobs.worker.slots", "Slots", "_handler_returned"),
+            ("jobs.worker.slots", "Slots", "_loop_returned"),
+        ),
+    ),
     (
         "heartbeat",
         (
@@ -139,9 +159,14 @@ def timed_parts(clocks: ThreadClocks) -> Iterator[None]:
     with ExitStack() as stack:
         for part, places in PARTS:
             for module_name, owner_name, attribute in places:
-                module = importlib.import_module(module_name)
-                owner = getattr(module, owner_name) if owner_name else module
-                original = getattr(owner, attribute)
+                try:
+                    module = importlib.import_module(module_name)
+                except ImportError:
+                    continue
+                owner = getattr(module, owner_name, None) if owner_name else module
+                original = getattr(owner, attribute, None)
+                if original is None:
+                    continue
                 stack.enter_context(
                     mock.patch.object(owner, attribute, clocks.wrap(part, original))
                 )
