@@ -109,7 +109,8 @@ class ThreadClocks:
     """CPU seconds spent inside wrapped functions, by part, on each thread's own clock;
     a part's time excludes the wrapped functions it calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.thread_time) -> None:
+        self.clock = clock
         self.local = threading.local()
         self.lock = threading.Lock()
         self.per_thread: list[dict[str, float]] = []
@@ -125,7 +126,7 @@ class ThreadClocks:
         return totals, local.stack
 
     def wrap(self, part: str, func: Callable[..., Any]) -> Callable[..., Any]:
-        clock = time.thread_time
+        clock = self.clock
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             totals, stack = self._totals()
