@@ -433,7 +433,9 @@ def test_only_burn_down_measures_the_burn_downs_and_the_5ms_handler(tmp_path: Pa
     costs = figures["per_job"]["django-ledon"]
     assert set(costs) == set(runs)
     for cost in costs.values():
-        assert 0 < cost["worker_cpu_ms"] <= cost["worker_cpu_total_ms"]
+        # /proc counts in ticks (10 ms): a quick run's burn-down may read none.
+        assert 0 <= cost["worker_cpu_ms"] <= cost["worker_cpu_total_ms"]
+        assert cost["worker_cpu_total_ms"] > 0
     assert set(figures["load_average"]) == {"start", "end"}
     assert json.loads(done.stdout.strip().splitlines()[-1])["median"] == figures["median"]
 
@@ -471,7 +473,9 @@ def test_compare_runs_the_burn_downs_of_two_trees(tmp_path: Path) -> None:
     for tree in figures["median"].values():
         for setup in setups:
             assert tree[setup]["jobs_per_s"] > 0
-            assert 0 < tree[setup]["cpu_ms_per_job"] <= tree[setup]["cpu_total_ms_per_job"]
+            # /proc counts in ticks (10 ms): a quick run's burn-down may read none.
+            assert 0 <= tree[setup]["cpu_ms_per_job"] <= tree[setup]["cpu_total_ms_per_job"]
+            assert tree[setup]["cpu_total_ms_per_job"] > 0
     assert "| 1p-c16 | jobs/s |" in done.stdout
     worktrees = subprocess.run(
         ["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True, check=True
