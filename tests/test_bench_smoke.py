@@ -228,8 +228,6 @@ def database_url() -> str:
     return server_url().rsplit("/", 1)[0] + "/" + quote(connection.settings_dict["NAME"])
 
 
-@pytest.mark.postgres_only
-@pytest.mark.django_db(transaction=True)
 def test_the_cpu_rows_compare_the_workers_cpu_per_job_with_pgqueuers() -> None:
     """The targets' CPU rows are "at most" rows: ours over pgqueuer's, during the
     burn-down and with start-up included."""
@@ -271,6 +269,8 @@ def test_thread_clocks_count_each_part_without_the_parts_it_calls() -> None:
     assert clocks.totals() == {"inner": 10.0, "outer": 3.0, "whole": 0.0}
 
 
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
 def test_the_lock_sampler_names_who_waits_for_whom() -> None:
     """A backend blocked on a row another holds is sampled as waiting, with the
     statements of both: the waiter's and the one it waits for."""
