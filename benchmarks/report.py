@@ -339,7 +339,7 @@ _PARTS = (
     ("round_trip_ms", "Round trip (network, protocol, bind; the statement less the two below)"),
     ("server_execution_ms", "Server execution of the statement (`pg_stat_statements`)"),
     ("commit_wal_flush_ms", "Commit: the WAL flush (`pg_stat_wal` sync time)"),
-    ("handoff_and_handler_ms", "Hand-off to the handler and the handler (`run_attempt`)"),
+    ("handoff_and_handler_ms", "Hand-off to the handler and the handler (`Slots._run_handler`)"),
     ("return_to_next_statement_ms", "Return to the next statement (the worker's book-keeping)"),
 )
 
@@ -419,7 +419,7 @@ def sleep_table(document: Document) -> str:
     slot = document.get("slot_profile")
     if slot:
         parts = [
-            ("the handler (`run_attempt`: the 5 ms sleep and its call)", "handler_ms"),
+            ("the handler (from its start: the 5 ms sleep and its call)", "handler_ms"),
             ("waiting for the settle under way", "wait_for_settle_ms"),
             ("its own settle (finish and claim, one statement and its commit)", "settle_ms"),
             ("hand-off of the new claim to a handler thread", "handoff_ms"),
