@@ -393,15 +393,16 @@ def cpu_parts_table(document: Document) -> str:
 
 
 def startup_line(document: Document) -> str:
-    """``run_jobs --burst`` on an empty queue: the medians of its runs."""
+    """``run_jobs --burst`` on an empty queue: the medians of its runs (a table, as
+    every figure of the report)."""
     part = document.get("startup")
     if not part:
         return NOT_MEASURED
-    return (
-        f"`run_jobs --burst` on an empty queue, {part['runs']} runs: median "
-        f"{part['median_wall_s']:.3f} s from the process's start to its exit, "
-        f"{part['median_cpu_s']:.3f} s of CPU."
-    )
+    head = ["`run_jobs --burst` on an empty queue", "runs", "median s, start to exit",
+            "median s of CPU"]  # fmt: skip
+    row = ["django-ledon", part["runs"], f"{part['median_wall_s']:.3f}",
+           f"{part['median_cpu_s']:.3f}"]  # fmt: skip
+    return table(head, [row])
 
 
 def sleep_table(document: Document) -> str:
