@@ -55,10 +55,12 @@ bench: $(VENV)/.bench-installed
 bench-quick: $(VENV)/.bench-installed
 	$(PY) -m benchmarks --quick
 
-## The worker's targets in one run, with their verdicts (about 15 minutes on 2 CPUs):
-## the ratios docs/benchmarks.md quotes, and the raw JSON in benchmarks/results/.
+## The worker's targets with their verdicts, twice: as the machine is, then with a
+## process keeping one CPU busy beside it (about 30 minutes on 2 CPUs): the ratios
+## docs/benchmarks.md quotes, and the raw JSON in benchmarks/results/.
 bench-targets: $(VENV)/.bench-installed
 	$(PY) -m benchmarks --only targets
+	$(PY) -m benchmarks --only targets --cpu-burner
 
 ## Soak (not in CI): a fixed arrival rate below capacity for MINUTES (default 30) per
 ## system — django-ledon, pgqueuer, Procrastinate — on a throw-away PostgreSQL with

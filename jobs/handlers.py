@@ -13,7 +13,7 @@ import enum
 import functools
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -122,18 +122,28 @@ class HandlerSpec:
         neither a string nor None raises ``TypeError``.
         """
         call = call or self.func
-        if self.is_async:
-            coro = call(ctx)
-            assert inspect.iscoroutine(coro)
-            if loop is None:
-                result = asyncio.run(coro)
-            else:
-                future = asyncio.run_coroutine_threadsafe(coro, loop)
-                # A timeout cancels the coroutine on its loop.
-                ctx._on_cancel(future.cancel, CancelReason.TIMEOUT)
-                result = future.result()
-        else:
-            result = call(ctx)
+        if not self.is_async:
+            return self.checked_result(call(ctx))
+        coro = self.coroutine(ctx, call)
+        if loop is None:
+            return self.checked_result(asyncio.run(coro))
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        # A timeout cancels the coroutine on its loop.
+        ctx._on_cancel(future.cancel, CancelReason.TIMEOUT)
+        return self.checked_result(future.result())
+
+    def coroutine(
+        self, ctx: JobContext, call: Callable[[JobContext], Any] | None = None
+    ) -> Coroutine[Any, Any, Any]:
+        """This ``async def`` handler's coroutine for one attempt (``call``: the
+        handler inside its middleware), not started."""
+        coro = (call or self.func)(ctx)
+        assert inspect.iscoroutine(coro)
+        return coro
+
+    def checked_result(self, result: Any) -> HandlerResult:
+        """A handler's return value as its result reference: a ``TypeError`` unless
+        it is a string or None."""
         if result is not None and not isinstance(result, str):
             raise TypeError(
                 f"handler {self.name!r} returned {type(result).__name__}; "

@@ -12,7 +12,12 @@ from .base import QUEUE, ROOT, System
 
 SCOPE = "bench"
 #: The handler of each kind (``benchmarks.tasks``).
-HANDLERS = {"noop": "bench.noop", "sleep5": "bench.sleep5", "cpu20": "bench.cpu20"}
+HANDLERS = {
+    "noop": "bench.noop",
+    "sleep5": "bench.sleep5",
+    "sleep5async": "bench.sleep5async",
+    "cpu20": "bench.cpu20",
+}
 
 
 def _submission(n: int, kind: str = "noop") -> JobSubmission:
@@ -21,6 +26,7 @@ def _submission(n: int, kind: str = "noop") -> JobSubmission:
 
 class Ledon(System):
     name = "django-ledon"
+    kind_aliases: dict[str, str] = {}
 
     def __init__(self, database_url: str) -> None:
         super().__init__(database_url)

@@ -13,14 +13,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ledon.engine import Failed, StopLevel
 from ledon.outage import OutageReporter
 
 from ..conf import JobsSettings
 from ..types import Claim, FinishOutcome
-from .holdings import Holdings, WorkerStats
+from .holdings import HeldAttempt, Holdings, WorkerStats
+
+if TYPE_CHECKING:
+    from .settler import Deferral  # the settler depends on this module
 
 
 class FinisherInterface(Protocol):
@@ -50,7 +53,9 @@ class SlotsInterface(Protocol):
 
     def release(self, claim: Claim) -> None: ...
 
-    def spawn(self) -> None: ...
+    def spawn(self, *, limit: int | None = None) -> bool: ...
+
+    def handler_stopped(self, held: HeldAttempt) -> None: ...
 
     def retire(self, thread: threading.Thread | None) -> None: ...
 
@@ -70,6 +75,8 @@ class SettlerInterface(Protocol):
     def settle_on_this_thread(self) -> Claim | None: ...
 
     def defer_completion(self, claim: Claim, result: str | None) -> bool: ...
+
+    def defer(self, claim: Claim, result: str | None) -> Deferral: ...
 
     def has_completions(self) -> bool: ...
 

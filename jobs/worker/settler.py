@@ -10,6 +10,7 @@ free: Running never exceeds the worker's concurrency plus its look-ahead.
 
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass
 
@@ -44,6 +45,17 @@ class SettleResult:
 
 
 NOTHING_SETTLED = SettleResult()
+
+
+class Deferral(enum.Enum):
+    """What became of a success handed to the next settle (:meth:`Settler.defer`)."""
+
+    #: No settle follows (the shutdown's last one ran): the slot finishes it alone.
+    REFUSED = "refused"
+    #: It completed the batch: the caller's thread settles now.
+    SETTLE_HERE = "settle-here"
+    #: It waits for a settle that runs elsewhere (the main loop, woken).
+    QUEUED = "queued"
 
 
 class Settler:
@@ -203,14 +215,18 @@ class Settler:
         the main loop, which it wakes; a settle under way wakes the main loop for
         completions it leaves behind.
         """
+        return self.defer(claim, result) is not Deferral.REFUSED
+
+    def defer(self, claim: Claim, result: str | None) -> Deferral:
+        """:meth:`defer_completion`, saying whether the caller settles now."""
         with self._lock:
             if not self._accepting:
-                return False
+                return Deferral.REFUSED
             self._completed.append((claim, result))
             if self._settles_here():
-                return True
+                return Deferral.SETTLE_HERE
         self._worker.wake()
-        return True
+        return Deferral.QUEUED
 
     def _settles_here(self) -> bool:
         """Whether the slot that just queued a completion settles it itself: when no
