@@ -56,8 +56,8 @@ from jobs.api import JobScope, submit_job
 from jobs.conf import jobs_settings
 from jobs.exceptions import InvalidTransition, JobIdentityConflict
 from jobs.models import Job, JobAttempt, LimitCounter, RateBucket
-from jobs.types import CancelOutcome, Claim, FinishOutcome
 from jobs.store.rates import nanoseconds
+from jobs.types import CancelOutcome, Claim, FinishOutcome
 from jobs.validation import scope_hash
 
 SCOPE = "model"
@@ -614,10 +614,8 @@ class JobsStoreModel(RuleBasedStateMachine):
             executions = row.attempt_count + row.snooze_count + row.release_count
             assert len(attempts) == executions + row.interruption_count, where
         # Each rated key's bucket is where its starts put it.
-        buckets = {
-            bucket.key: bucket.tat
-            for bucket in RateBucket.objects.filter(key__startswith="handler:")
-        }
+        rows = RateBucket.objects.filter(key__startswith="handler:")
+        buckets = {bucket.key: bucket.tat for bucket in rows}
         assert buckets == {
             f"handler:{RATED}#{key}": nanoseconds(tat) for key, tat in self.tats.items()
         }
