@@ -212,7 +212,7 @@ def _claim_limited_postgres(
     candidate while the claim is short, the claim goes on with the rest, in a
     transaction of its own, until it is full, no limit refuses one, or a claim takes
     none. Returns the finished attempts, the claims, and what the limits held back."""
-    binding = limits_store.binding.of(alias)
+    binding = limits_store.binding.of(alias, limits)
     if binding:
         names = set(binding)
     else:
@@ -253,7 +253,7 @@ def _claim_limited_postgres(
         if held is None:
             # The first page's: what held back the first due jobs.
             held = limits_store.held_of(extra)
-            limits_store.binding.bound(alias, (item.name for item in held))
+            limits_store.binding.bound(alias, limits, (item.name for item in held))
         if not any(row["kind"] == "skipped" for row in extra) or not page:
             break
     return finished, claims, held or []

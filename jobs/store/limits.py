@@ -176,23 +176,30 @@ def claim_locked(
 
 @dataclass(slots=True)
 class Binding:
-    """Which limited names bound the last claims of this process, per database alias:
-    its next claim is made the exact way at once, under their locks."""
+    """Which limited names bound the last claim of this process under the same limits,
+    per database alias: its next claim is made the exact way at once, under their
+    locks. Forgotten when the limits change, or a claim holds nothing back."""
 
-    names: dict[str, frozenset[Name]] = field(default_factory=dict)
+    names: dict[str, tuple[ClaimLimits, frozenset[Name]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def of(self, alias: str) -> frozenset[Name]:
-        return self.names.get(alias, frozenset())
+    def of(self, alias: str, limits: ClaimLimits) -> frozenset[Name]:
+        known = self.names.get(alias)
+        return known[1] if known is not None and known[0] == limits else frozenset()
 
-    def bound(self, alias: str, names: Iterable[Name]) -> None:
-        """The last claim held jobs back under ``names`` (none: it bound nowhere)."""
+    def bound(self, alias: str, limits: ClaimLimits, names: Iterable[Name]) -> None:
+        """The last claim under ``limits`` held jobs back under ``names`` (none: it
+        bound nowhere)."""
         with self.lock:
             found = frozenset(names)
             if found:
-                self.names[alias] = found
+                self.names[alias] = (limits, found)
             else:
                 self.names.pop(alias, None)
+
+    def forget(self) -> None:
+        with self.lock:
+            self.names.clear()
 
 
 #: This process's :class:`Binding`.
