@@ -325,8 +325,9 @@ class RateBucket(models.Model):
     of the next unit; a claim of ``c`` units sets it to ``max(tat, now) + c × T`` (T:
     ``seconds / count``) and ``horizon`` to ``now + burst × T``; the constraint
     ``tat <= horizon`` refuses the statement that would start more than the bucket
-    holds. Without, a sliding window: ``stamps``, the units started in the window by
-    start time (``[[time, units], …]``), ``used`` their sum with the claim's, ``cap``
+    holds. Without, a sliding window: ``stamps``, the units started by start time
+    (``[[time, units], …]``, kept until ``horizon``, an eighth of the window past its
+    start), ``used`` the sum of those after ``window_start`` with the claim's, ``cap``
     the count; ``used <= cap`` refuses the statement that would put more in the
     window. ``ends``: when the row holds nothing any more (a full bucket, an empty
     window); rows past it are pruned."""

@@ -81,8 +81,11 @@ class RateState:
             return cls(key, rate)
         return cls(key, rate, row["tat"], _stamps(row["stamps"]))
 
-    def _kept(self, now: int) -> list[tuple[int, int]]:
-        since = now - self.rate.span_ns()
+    def _kept(self, now: int, *, grace: bool = False) -> list[tuple[int, int]]:
+        """The window's starts at ``now`` — with ``grace``, those a claimer whose clock
+        is behind by less than an eighth of the window still counts."""
+        span = self.rate.span_ns()
+        since = now - span - (span // 8 if grace else 0)
         return [(t, n) for t, n in self.stamps if t > since]
 
     def room(self, now: int) -> int:
@@ -104,7 +107,7 @@ class RateState:
         grain = rate.quantum_ns()
         stamp = -(-now // grain) * grain
         counts: dict[int, int] = {}
-        for t, n in [*self._kept(now), (stamp, units)]:
+        for t, n in [*self._kept(now, grace=True), (stamp, units)]:
             counts[t] = counts.get(t, 0) + n
         self.stamps = sorted(counts.items())
 
@@ -134,11 +137,11 @@ class RateState:
                 key=self.key, tat=self.tat, horizon=horizon, stamps=None, used=None, cap=None,
                 window_start=None, ends=self.tat,
             )  # fmt: skip
-        kept = self._kept(now)
+        kept = self._kept(now, grace=True)
         span = rate.span_ns()
         return dict(
-            key=self.key, tat=None, horizon=None, stamps=json.dumps(kept),
-            used=sum(n for _t, n in kept), cap=rate.count, window_start=now - span,
+            key=self.key, tat=None, horizon=now - span - span // 8, stamps=json.dumps(kept),
+            used=sum(n for _t, n in self._kept(now)), cap=rate.count, window_start=now - span,
             ends=max((t for t, _n in kept), default=now) + span,
         )  # fmt: skip
 

@@ -18,9 +18,10 @@ claim committed meanwhile, its constraint sees the sum.
   ``horizon = now + burst·T``; ``tat <= horizon``.
 - A sliding window (no burst): ``stamps`` keeps ``[time, units]`` of the starts in the
   window, each time rounded up to the rate's grain (see
-  :meth:`jobs.flow_control.Rate.quantum_ns`); ``c`` units at ``now`` drop the times at or
-  before ``now - seconds`` and add ``c`` at ``now``; ``used``, the units kept, ``<= cap``
-  (the count).
+  :meth:`jobs.flow_control.Rate.quantum_ns`); ``c`` units at ``now`` add ``c`` at
+  ``now``; ``used``, the units after ``window_start = now - seconds``, ``<= cap`` (the
+  count). Times are dropped an eighth of the window later (``horizon``), so that a
+  claimer whose clock is behind by less than that still counts every start it should.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ def _buckets_cte() -> str:
     # A window's start time, rounded up to its grain.
     stamp = f"(({_NOW} + n.grain - 1) / n.grain) * n.grain"
     rows = (
-        f"SELECT n.key, {_NOW} + n.units * n.t, {_NOW} + n.burst * n.t,"
+        f"SELECT n.key, {_NOW} + n.units * n.t,"
+        f" COALESCE({_NOW} + n.burst * n.t, {_NOW} - n.span - n.span / 8),"
         f" CASE WHEN n.t IS NULL THEN jsonb_build_array(jsonb_build_array({stamp}, n.units)) END,"
         " CASE WHEN n.t IS NULL THEN n.units END, n.count,"
         f" CASE WHEN n.t IS NULL THEN {_NOW} - n.span END,"
@@ -179,7 +181,7 @@ def _buckets_cte() -> str:
         "(SELECT jsonb_agg(jsonb_build_array(s.t, s.n) ORDER BY s.t) FROM"
         " (SELECT (e->>0)::bigint AS t, sum((e->>1)::bigint) AS n"
         f" FROM jsonb_array_elements({merged}) AS e"
-        " WHERE (e->>0)::bigint > excluded.window_start GROUP BY 1) AS s)"
+        " WHERE (e->>0)::bigint > excluded.horizon GROUP BY 1) AS s)"
     )
     tat = f"GREATEST(b.tat, {_NOW}) + excluded.tat - {_NOW}"
     return (

@@ -75,7 +75,7 @@ WITH claimed AS
      buckets AS
   (INSERT INTO jobs_ratebucket AS b (key, tat, horizon, stamps, used, cap, window_start, ends) SELECT n.key,
                                                                                                       %(now_ns)s::bigint + n.units * n.t,
-                                                                                                      %(now_ns)s::bigint + n.burst * n.t,
+                                                                                                      COALESCE(%(now_ns)s::bigint + n.burst * n.t, %(now_ns)s::bigint - n.span - n.span / 8),
                                                                                                       CASE
                                                                                                           WHEN n.t IS NULL THEN jsonb_build_array(jsonb_build_array(((%(now_ns)s::bigint + n.grain - 1) / n.grain) * n.grain, n.units))
                                                                                                       END,
@@ -117,7 +117,7 @@ WITH claimed AS
                               (SELECT (e->>0)::bigint AS t,
                                       sum((e->>1)::bigint) AS n
                                FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array()) || excluded.stamps) AS e
-                               WHERE (e->>0)::bigint > excluded.window_start
+                               WHERE (e->>0)::bigint > excluded.horizon
                                GROUP BY 1) AS s)
                 END,
                 used = excluded.used +
