@@ -780,13 +780,23 @@ def load_jobs(rows: int, status: str) -> None:
 # --------------------------------------------------------------------------- parts alone
 
 #: The queue limits of each flow-control burn-down (``JOBS["QUEUES"]`` of the
-#: workers). None binds at concurrency 16 in one process: they measure what keeping
-#: limits costs, not what limiting does.
+#: workers), over no-op jobs spread over 64 limit keys. None binds at concurrency 16
+#: in one process: they measure what keeping limits costs, not what limiting does.
+#: ``every_limit``: every limit a queue takes, each rate with a burst.
 FLOW_VARIANTS: dict[str, dict[str, Any] | None] = {
     "off": None,
     "max_running": {"default": {"max_running": 64}},
     "all_three": {
         "default": {"max_running": 64, "max_running_per_scope": 64, "rate": [1_000_000, 1]}
+    },
+    "every_limit": {
+        "default": {
+            "max_running": 64,
+            "max_running_per_scope": 64,
+            "max_running_per_key": 64,
+            "rate": [1_000_000, 1, 1_000_000],
+            "rate_per_key": [1_000_000, 1, 1_000_000],
+        }
     },
 }
 
@@ -801,7 +811,7 @@ def flow_control(runner: Runner, chosen: list[System]) -> dict[str, Any]:
         for name in rotated(list(FLOW_VARIANTS), run):
             limits = FLOW_VARIANTS[name]
             rate = runner.burn_down(
-                ledon, WorkerConfig(1, 16), plan.flow_burn_jobs,
+                ledon, WorkerConfig(1, 16), plan.flow_burn_jobs, kind="keyed",
                 settings={"QUEUES": limits} if limits else None, variant=f"limits-{name}",
             )  # fmt: skip
             raw[name].append(rate)

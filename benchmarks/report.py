@@ -768,7 +768,7 @@ def worker_targets(document: Document) -> list[dict[str, Any]]:
         ("No-op, 1 process, concurrency 16", ours.get("1x16"), peer.get("1x16"), 1.5, False),
         ("No-op, 2 processes x 16", ours.get("2x16"), peer.get("2x16"), 1.2, False),
         ("Claims with every limit set (none binding): ms per job against none",
-         1000 / flow["all_three"], 1000 / flow["off"], 1.1, True),
+         1000 / flow["every_limit"], 1000 / flow["off"], 1.1, True),
         ("CPU-bound handler, --processes 2 against one process of two threads",
          processes[0] if processes else None, threads[0] if threads else None, 1.7, False),
         ("Idle pickup p50 (ms), against the best peer's",

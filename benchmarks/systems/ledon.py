@@ -17,11 +17,17 @@ HANDLERS = {
     "sleep5": "bench.sleep5",
     "sleep5async": "bench.sleep5async",
     "cpu20": "bench.cpu20",
+    "keyed": "bench.noop",
 }
+
+#: The limit keys the ``keyed`` kind spreads its jobs over.
+KEYS = 64
 
 
 def _submission(n: int, kind: str = "noop") -> JobSubmission:
-    return JobSubmission.create(HANDLERS[kind], {"n": n}, queue=QUEUE)
+    """The ``keyed`` kind: a no-op job with one of :data:`KEYS` limit keys."""
+    key = f"k{n % KEYS}" if kind == "keyed" else None
+    return JobSubmission.create(HANDLERS[kind], {"n": n}, queue=QUEUE, limit_key=key)
 
 
 class Ledon(System):
@@ -43,7 +49,8 @@ class Ledon(System):
     def reset(self) -> None:
         with connection.cursor() as cursor:
             cursor.execute(
-                "TRUNCATE jobs_jobattempt, jobs_job, jobs_claimstart, jobs_lane, jobs_uniquehold"
+                "TRUNCATE jobs_jobattempt, jobs_job, jobs_ratebucket, jobs_limitcounter, jobs_lane,"
+                " jobs_uniquehold"
             )
 
     def enqueue_each(self, count: int) -> None:

@@ -74,13 +74,6 @@ WITH done AS
       FROM finished AS s,
            jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS f
    GROUP BY key),
-     keys AS
-  (SELECT *
-   FROM (
-         VALUES (%(lim_0_key)s::text,
-                 %(lim_0_max)s::bigint,
-                 NULL::bigint,
-                 NULL::bigint)) AS k(key, cap, scope, keyed)),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -134,7 +127,9 @@ WITH done AS
                                                         fair_at,
                                                         leased_by,
                                                         started_at,
-                                                        limit_keys),
+                                                        limit_keys,
+                                                        limit_key,
+                                                        cost),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -146,6 +141,14 @@ WITH done AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
+     caps AS
+  (SELECT *
+   FROM (
+         VALUES (%(lim_0)s::text,
+                 %(lim_0_key)s::text,
+                 %(lim_0_max)s::bigint,
+                 NULL::bigint,
+                 NULL::bigint)) AS k(name, key, cap, scope, keyed)),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -155,13 +158,13 @@ WITH done AS
              sum(u.n) AS n,
              COALESCE(
                         (SELECT k.cap
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key = u.key),
                         (SELECT k.scope
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key || ':' || right(u.key, 64) = u.key),
                         (SELECT k.keyed
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE strpos(u.key, '#') > 0
                            AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
