@@ -10,10 +10,11 @@ small stand-in.
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ledon.engine import Failed, StopLevel
 from ledon.outage import OutageReporter
@@ -22,8 +23,16 @@ from ..conf import JobsSettings
 from ..types import Claim, FinishOutcome
 from .holdings import HeldAttempt, Holdings, WorkerStats
 
-if TYPE_CHECKING:
-    from .settler import Deferral  # the settler depends on this module
+
+class Deferral(enum.Enum):
+    """What became of a success handed to the next settle (:meth:`Settler.defer`)."""
+
+    #: No settle follows (the shutdown's last one ran): the slot finishes it alone.
+    REFUSED = "refused"
+    #: It completed the batch: the caller's thread settles now.
+    SETTLE_HERE = "settle-here"
+    #: It waits for a settle that runs elsewhere (the main loop, woken).
+    QUEUED = "queued"
 
 
 class FinisherInterface(Protocol):

@@ -10,7 +10,6 @@ free: Running never exceeds the worker's concurrency plus its look-ahead.
 
 from __future__ import annotations
 
-import enum
 import logging
 from dataclasses import dataclass
 
@@ -23,7 +22,7 @@ from .. import execution
 from ..exceptions import JobsError
 from ..observability.log_fields import attempt_fields
 from ..types import Claim
-from .interfaces import WorkerInterface
+from .interfaces import Deferral, WorkerInterface
 
 logger = logging.getLogger("jobs.worker")
 
@@ -45,17 +44,6 @@ class SettleResult:
 
 
 NOTHING_SETTLED = SettleResult()
-
-
-class Deferral(enum.Enum):
-    """What became of a success handed to the next settle (:meth:`Settler.defer`)."""
-
-    #: No settle follows (the shutdown's last one ran): the slot finishes it alone.
-    REFUSED = "refused"
-    #: It completed the batch: the caller's thread settles now.
-    SETTLE_HERE = "settle-here"
-    #: It waits for a settle that runs elsewhere (the main loop, woken).
-    QUEUED = "queued"
 
 
 class Settler:

@@ -40,8 +40,7 @@ from ..middleware import chain_for
 from ..observability.log_fields import attempt_fields
 from ..types import CancelReason, Claim
 from .holdings import HeldAttempt
-from .interfaces import WorkerInterface
-from .settler import Deferral
+from .interfaces import Deferral, WorkerInterface
 from .workqueue import SETTLE_HERE, STOP, LoopEnd, SettleHere, Stop, WorkQueue
 
 logger = logging.getLogger("jobs.worker")
