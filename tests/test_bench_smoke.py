@@ -238,7 +238,7 @@ def test_the_cpu_rows_compare_the_workers_cpu_per_job_with_pgqueuers() -> None:
             "median": {"django-ledon": {}, "pgqueuer": {}},
             "per_job": {"django-ledon": {"1x16": cost}, "pgqueuer": {"1x16": peer}},
         },
-        "flow": {"median": {"off": 1.0, "all_three": 1.0}},
+        "flow": {"median": {"off": 1.0, "every_limit": 1.0}},
         "cpu": {"median": {}},
         "idle": {"latency": {}, "enqueue_each": {}},
     }
