@@ -9,7 +9,7 @@ PYTHON_VERSION ?=
 DJANGO ?=
 EXTRAS ?= test,docs
 
-.PHONY: test demo docs venv clean bench bench-quick bench-targets soak
+.PHONY: test demo docs venv clean bench bench-quick bench-targets soak chaos
 
 # The packages are installed by uv (from PyPI, into the virtualenv first), which
 # resolves and installs them several times faster than pip; the virtualenv keeps its
@@ -69,6 +69,22 @@ bench-targets: $(VENV)/.bench-installed
 MINUTES ?= 30
 soak: $(VENV)/.bench-installed
 	$(PY) -m benchmarks.soak --minutes $(MINUTES)
+
+$(VENV)/.brokers-installed: pyproject.toml $(VENV)/.installed
+	$(UV) -e '.[test,docs,brokers-test]'
+	@touch $@
+
+## Chaos (not in CI; the suite runs its short profile, tests/processes/test_chaos.py):
+## 100,000 jobs, 20,000 messages, 5,000 workflow runs and 2,000 sagas through real
+## engines on a throw-away PostgreSQL, under a seeded schedule of SIGKILL, SIGTERM,
+## PostgreSQL restarts, partitions and lost COMMIT replies; then the checker's verdict
+## table (chaos/results/full-latest.md), exit status 1 on any violation. RabbitMQ:
+## RABBITMQ_URL, or the Debian package started by scripts/brokers.sh (CI installs it with
+## scripts/brokers.sh install). PROFILE=short SEED=7 for another run.
+PROFILE ?= full
+SEED ?= 1
+chaos: $(VENV)/.brokers-installed
+	$(PY) -m chaos --profile $(PROFILE) --seed $(SEED)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache db.sqlite3*

@@ -397,6 +397,8 @@ class Dispatcher(EmitsEvents, Engine):
     def recover(self, *, startup: bool = False) -> RecoveryResult:
         """Release batches whose dispatcher stopped (lease expired; at start-up also
         this dispatcher id's own leftovers) so they are delivered again."""
+        if startup:
+            fault_point("outbox.dispatcher.recovering", dispatcher_id=self.dispatcher_id)
         now = self.clock()
         result = store.recover_expired(now=now)
         if startup:

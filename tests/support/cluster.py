@@ -1,6 +1,7 @@
 """A private throw-away PostgreSQL cluster for real-process fault tests
 (``scripts/pg.sh``), with synchronous commits so that a crash loses nothing
-acknowledged."""
+acknowledged; :meth:`Cluster.crash` stops it at once (``-m immediate``) and
+:meth:`Cluster.restart` starts it again on its port."""
 
 from __future__ import annotations
 
@@ -45,6 +46,14 @@ class Cluster:
         )
         assert result.returncode == 0, f"pg.sh {command}:\n{result.stderr}"
         return result
+
+    def crash(self) -> None:
+        """Stop the server at once, as a crash would (``pg_ctl -m immediate``)."""
+        self._pg("crash")
+
+    def restart(self) -> None:
+        """Start the crashed or stopped server again, on its port."""
+        self._pg("restart")
 
     def stop(self) -> None:
         self._pg("stop")
