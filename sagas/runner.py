@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connections
-from django.utils import timezone
 
+from ledon.clock import now as database_now
 from ledon.db import DATABASE_ERRORS, alias_for, in_test_case_transaction
 from ledon.engine import FAILED, Engine, EngineStats, Failed, StopLevel
 from ledon.faults import fault_point
@@ -102,7 +102,7 @@ class SagaRunner(Engine):
         runner_id: str | None = None,
         burst: bool = False,
         names: Iterable[str] | None = None,
-        clock: Callable[[], datetime] = timezone.now,
+        clock: Callable[[], datetime] = database_now,
         on_event: EventCallback | None = None,
         batch_size: int = 20,
         inline: bool | None = None,

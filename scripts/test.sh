@@ -175,6 +175,14 @@ if [ "${CI:-}" = "true" ]; then
     # PgBouncer for the pooler tests (tests/processes/test_pgbouncer.py starts its own; with
     # CI=true its absence fails them).
     scripts/pgbouncer.sh install
+    # libfaketime (Debian's faketime) for the clock-skew test
+    # (tests/processes/test_clock_skew.py; with CI=true its absence fails it).
+    if ! compgen -G "/usr/lib/*/faketime/libfaketimeMT.so.1" >/dev/null; then
+        echo "installing Debian's faketime for the clock-skew test" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -qq --no-install-recommends faketime >&2 \
+            || { apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends faketime >&2; }
+    fi
 fi
 if [ "${CI:-}" = "true" ] || [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
     brokers_dir=$(mktemp -d /tmp/ledon-brokers.XXXXXX)

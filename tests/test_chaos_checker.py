@@ -63,7 +63,8 @@ def clean_history() -> checker.History:
                 items[run_id] = [("succeeded", n) for n in range(ITEMS_PER_RUN)]
                 for n in range(ITEMS_PER_RUN):
                     rec.add("activity", run_id, str(n), T0)
-                for offset, step in zip((0, RUN_SLEEP + 0.5, RUN_SLEEP + 1), RUN_STEPS, strict=True):
+                offsets = (0, RUN_SLEEP + 0.5, RUN_SLEEP + 1)
+                for offset, step in zip(offsets, RUN_STEPS, strict=True):
                     rec.add("step", run_id, step, T0 + timedelta(seconds=offset))
         for key, fail in unit.sagas():
             done = SAGA_STEPS[:-1] if fail else SAGA_STEPS

@@ -29,6 +29,8 @@ class Effect(models.Model):
         SAGA_STEP = "saga-step", "Saga step"
         #: A saga step's compensation (in the compensation's transaction: once).
         COMPENSATION = "compensation", "Saga compensation"
+        #: A schedule's period ran (its own transaction: at least once per period).
+        TICK = "tick", "Schedule period"
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
     #: Whose effect: a job id, a run id, an order number, a saga's key.

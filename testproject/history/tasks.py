@@ -1,23 +1,38 @@
-"""The workload's job handler and workflow (imported by every worker's autodiscovery).
+"""The workload's job handlers and workflow (imported by every worker's autodiscovery).
 
 Every effect is written with its ids (:class:`~testproject.history.models.Effect`):
-the job handler's in a transaction of its own (a handler runs at least once), an
+a job handler's in a transaction of its own (a handler runs at least once), an
 inline step's in its checkpoint's transaction (once), an activity's in its own (at
-least once)."""
+least once).
+
+``HISTORY_CLOCK_RULES=on`` in the environment adds the clock-skew test's handlers:
+``history.rated``, under a rate limit, and ``history.tick``, the job of the schedule
+``history-tick`` (every two seconds); each records when it ran, on the database's
+clock. No other process of the suite declares them.
+"""
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
 
-from jobs import JobContext, job_handler
+from jobs import JobContext, job_handler, periodic
 from jobs.handlers import RetryPolicy
 from workflows import WorkflowContext, activity, workflow
 
 from .models import Effect
-from .workload import ITEMS_PER_RUN, JOB_HANDLER, SIGNAL, WORKFLOW
+from .workload import (
+    ITEMS_PER_RUN,
+    JOB_HANDLER,
+    RATE_COUNT,
+    RATE_SECONDS,
+    SIGNAL,
+    TICK_SECONDS,
+    WORKFLOW,
+)
 
 
 def record(kind: str, subject: str, key: str, attempt: int = 0) -> None:
@@ -30,6 +45,26 @@ def job(ctx: JobContext) -> str:
     with transaction.atomic():
         record(Effect.Kind.JOB, ctx.job_id, ctx.token, ctx.attempt)
     return "done"
+
+
+if os.environ.get("HISTORY_CLOCK_RULES") == "on":
+    # Only the clock-skew test's processes: a handler with a rate makes every claim
+    # of its process a claim under limits.
+
+    @job_handler("history.rated", version=1, rate=(RATE_COUNT, RATE_SECONDS))
+    def rated(ctx: JobContext) -> str:
+        """A job under a rate limit across every worker; its effect is its start."""
+        with transaction.atomic():
+            record(Effect.Kind.JOB, ctx.job_id, ctx.token, ctx.attempt)
+        return "done"
+
+    @periodic(timedelta(seconds=TICK_SECONDS), name="history-tick")
+    @job_handler("history.tick", version=1)
+    def tick(ctx: JobContext) -> str:
+        """A schedule's period: its effect says when it ran."""
+        with transaction.atomic():
+            record(Effect.Kind.TICK, ctx.job_id, ctx.token, ctx.attempt)
+        return "ticked"
 
 
 def step(run_id: str, key: str, value: Any = None) -> Any:

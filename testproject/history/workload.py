@@ -33,6 +33,11 @@ SAGA_STEPS = ("reserve", "charge", "ship")
 COMPENSATED_STEPS = ("reserve", "charge")
 #: The inline steps of a run, in order.
 RUN_STEPS = ("reserve", "after-sleep", "payment")
+#: ``history.rated``: at most this many starts in any window of so many seconds.
+RATE_COUNT = 6
+RATE_SECONDS = 3
+#: The period of the ``history-tick`` schedule, in seconds.
+TICK_SECONDS = 2
 
 
 @dataclass(frozen=True, slots=True)
