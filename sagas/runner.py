@@ -283,10 +283,16 @@ class SagaRunner(Engine):
         released = False
         for instance_id in held.values_list("instance_id", flat=True):
             state = store.get(instance_id)
-            if state is not None and state.leased_by == self.runner_id:
+            if state is None or state.leased_by != self.runner_id:
+                continue
+            try:
                 store.release(state, self.runner_id, now=self.clock())
-                self._emit("released", state, "after a database error")
-                released = True
+            except SagaLeaseLost:
+                # Its lease had expired and another runner took it over (or it
+                # moved on) since it was read: it is not this runner's to release.
+                continue
+            self._emit("released", state, "after a database error")
+            released = True
         self._release_pending = False
         return released
 
