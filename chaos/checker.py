@@ -33,6 +33,7 @@ from testproject.history.workload import (
     CONSUMER,
     ITEMS_PER_RUN,
     JOB_HANDLER,
+    MESSAGE,
     RUN_SLEEP,
     RUN_STEPS,
     SAGA,
@@ -109,7 +110,7 @@ def read(conninfo: str) -> History:
         messages: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for key, message_id, status in conn.execute(
             "SELECT key, message_id, status FROM outbox_outboxmessage WHERE event_type = %s",
-            ["history.order_placed"],
+            [MESSAGE],
         ):
             messages[key].append((str(message_id), status))
         inbox = {
@@ -162,7 +163,7 @@ UNFINISHED = {
     "runs": "SELECT count(*) FROM workflows_workflowrun WHERE status IN ('running', 'waiting')",
     "sagas": "SELECT count(*) FROM sagas_sagainstance WHERE status IN ('running', 'compensating')",
     "messages": (
-        "SELECT count(*) FROM outbox_outboxmessage WHERE event_type = 'history.order_placed'"
+        f"SELECT count(*) FROM outbox_outboxmessage WHERE event_type = '{MESSAGE}'"
         " AND (status <> 'sent' OR message_id::text NOT IN"
         f" (SELECT message_id FROM outbox_inboxmessage WHERE consumer = '{CONSUMER}'))"
     ),

@@ -87,7 +87,9 @@ class Process:
             self.command,
             *self.args,
             env={**self.fleet.env, **(env or {})},
-            database=self.proxy.url(self.fleet.cluster.url),
+            # Persistent connections, as long-running engines are deployed with (else
+            # the consumer opens one per message).
+            database=self.proxy.url(self.fleet.cluster.url) + "?conn_max_age=600",
         )
         self.runs.append(proc)
         return proc

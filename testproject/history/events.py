@@ -15,11 +15,11 @@ from workflows import send_signal
 
 from .models import Effect
 from .tasks import record
-from .workload import CONSUMER, SCOPE, SIGNAL
+from .workload import CONSUMER, MESSAGE, SCOPE, SIGNAL
 
 
 @dataclass(frozen=True)
-class OrderPlaced(IntegrationEvent, name="history.order_placed"):
+class OrderPlaced(IntegrationEvent, name=MESSAGE):
     number: str
     #: The order's workflow run, or "".
     run_id: str

@@ -16,6 +16,8 @@ SCOPE = "chaos"
 JOB_HANDLER = "history.job"
 WORKFLOW = "history.order"
 SAGA = "history.saga"
+#: The integration event of an order (its outbox message).
+MESSAGE = "history.order_placed"
 #: The consumer name of the workload's inbox records.
 CONSUMER = "history.consumer"
 SIGNAL = "paid"

@@ -34,7 +34,7 @@ from workflows import stage_workflow
 
 from ...events import OrderPlaced
 from ...models import Order
-from ...workload import JOB_HANDLER, RUN_SLEEP, SAGA, SCOPE, WORKFLOW, Unit
+from ...workload import CONSUMER, JOB_HANDLER, MESSAGE, RUN_SLEEP, SAGA, SCOPE, WORKFLOW, Unit
 
 
 def wait_for_gate(gate: Path, unit: int) -> None:
@@ -86,13 +86,19 @@ class Command(BaseCommand):
                 time.sleep(backoff.next_delay())
 
     def wait_for_room(self, window: int) -> None:
+        """Until at most ``window`` jobs are queued or running and at most a fifth as
+        many of the workload's messages wait to be consumed (the feed's own pace: a
+        message is a fifth of a unit's jobs)."""
         while True:
             with connection.cursor() as cursor:
                 cursor.execute(
-                    "SELECT count(*) FROM jobs_job WHERE status IN ('queued', 'running')"
+                    "SELECT (SELECT count(*) FROM jobs_job WHERE status IN ('queued', 'running')),"
+                    " (SELECT count(*) FROM outbox_outboxmessage WHERE event_type = %s)"
+                    " - (SELECT count(*) FROM outbox_inboxmessage WHERE consumer = %s)",
+                    [MESSAGE, CONSUMER],
                 )
-                (busy,) = cursor.fetchone()
-            if busy <= window:
+                jobs, messages = cursor.fetchone()
+            if jobs <= window and messages * 5 <= window:
                 return
             time.sleep(0.1)
 
