@@ -408,3 +408,39 @@ def _expect_all(check: str, promise: str, ids: Iterable[str], holds: Any, *,
         bad[:5],
         len(bad),
     )
+
+
+def diagnose(conninfo: str, run_ids: list[str]) -> str:
+    """What the database holds about the runs ``run_ids`` (the offenders of a failed
+    check): each run's row, its checkpoints, and every advance and item job of it
+    with its attempts — enough to tell where a run stopped."""
+    import psycopg
+
+    lines: list[str] = []
+    with psycopg.connect(conninfo) as conn:
+        for run_id in run_ids:
+            row = conn.execute(
+                "SELECT id, status, waiting_for, wake_at, wake_pending, driver_job, generation,"
+                " advances, updated_at FROM workflows_workflowrun WHERE run_id = %s",
+                [run_id],
+            ).fetchone()
+            lines.append(f"run {run_id}: {row}")
+            if row is None:
+                continue
+            pk = row[0]
+            for step in conn.execute(
+                "SELECT key, kind, status, attempts, wake_at, item_count, started_at, finished_at"
+                " FROM workflows_workflowstep WHERE run_id = %s ORDER BY id",
+                [pk],
+            ):
+                lines.append(f"  step {step}")
+            for job in conn.execute(
+                "SELECT j.job_id, j.status, j.attempt_count, j.next_run_at,"
+                " array_agg(a.number || ' ' || a.status || ' ' || a.worker_id || ' '"
+                " || left(a.error, 80) ORDER BY a.number)"
+                " FROM jobs_job j LEFT JOIN jobs_jobattempt a ON a.job_id = j.id"
+                " WHERE j.job_id LIKE %s OR j.job_id LIKE %s GROUP BY j.id ORDER BY j.id",
+                [f"wf:{pk}.%", f"wf-item:{pk}.%"],
+            ):
+                lines.append(f"  job {job}")
+    return "\n".join(lines)

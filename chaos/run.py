@@ -146,6 +146,13 @@ class Run:
             terms=terms,
             crashed=self.crashed,
         )
+        stuck = sorted(
+            {run for v in verdicts if v.check.startswith("workflow runs") for run in v.offenders}
+        )
+        diagnosis = checker.diagnose(conninfo(fleet.cluster.url), stuck) if stuck else ""
+        if diagnosis:
+            (self.work_dir / "diagnosis.txt").write_text(diagnosis + "\n")
+            self.say(f"chaos: runs that did not succeed:\n{diagnosis}")
         kinds = Counter(a.fault.kind for a in injector.applied)
         conditions = {
             "profile": f"{p.name} (seed {self.seed})",
