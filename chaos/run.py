@@ -108,51 +108,27 @@ class Run:
         self.started = time.monotonic()
         feeder.start()
         injector = Injector(fleet, self.work_dir)
-        disarmed = 0
-        for index, fault in enumerate(schedule):
-            # The feed goes on during this fault, up to where the next one waits.
-            ahead = schedule[index + 1].at_unit if index + 1 < len(schedule) else p.units
-            write_gate(gate, max(ahead, fault.at_unit))
-            self._wait_for_unit(feeder, fault.at_unit)
-            if fault is schedule[-1]:
-                # The last fault hits the tail of the work, while the last jobs run.
-                self._wait_for_tail()
-                # It is the last: replies still armed to be lost are not.
-                disarmed = sum(proc.proxy.disarm() for proc in fleet.processes.values())
-            applied = injector.apply(fault)
-            self.say(
-                f"chaos: [{self.elapsed()}, unit {acknowledged(feeder)}/{p.units}] "
-                f"{fault.describe()} ({applied.ended - applied.began:.1f} s) {applied.note}"
-            )
+        disarmed = self._apply(schedule, injector, feeder, gate)
         last_fault = injector.applied[-1].ended
         final_at = self._wait_for_final(feeder)
         time_to_final = None if final_at is None else final_at - last_fault
         self.say(f"chaos: [{self.elapsed()}] final {time_to_final and round(time_to_final, 1)} s "
                  "after the last fault; stopping the engines")  # fmt: skip
-        terms = [(name, code) for proc in fleet.engines() for name, code in
-                 [(proc.name, proc.terminate())]]  # fmt: skip
-        terms += [
-            (proc.name, code)
-            for proc in fleet.engines()
-            for how, code in proc.exits[:-1]
+        for proc in fleet.engines():
+            proc.terminate()
+        terms = [
+            (proc.name, code) for proc in fleet.engines() for how, code in proc.exits
             if how == "SIGTERM"
-        ]
-        history = checker.read(conninfo(fleet.cluster.url))
+        ]  # fmt: skip
         verdicts = checker.check(
-            history,
+            checker.read(conninfo(fleet.cluster.url)),
             p.units,
             time_to_final=time_to_final,
             bound=p.lease + 5,
             terms=terms,
             crashed=self.crashed,
         )
-        stuck = sorted(
-            {run for v in verdicts if v.check.startswith("workflow runs") for run in v.offenders}
-        )
-        diagnosis = checker.diagnose(conninfo(fleet.cluster.url), stuck) if stuck else ""
-        if diagnosis:
-            (self.work_dir / "diagnosis.txt").write_text(diagnosis + "\n")
-            self.say(f"chaos: runs that did not succeed:\n{diagnosis}")
+        self._diagnose(verdicts)
         kinds = Counter(a.fault.kind for a in injector.applied)
         conditions = {
             "profile": f"{p.name} (seed {self.seed})",
@@ -175,6 +151,37 @@ class Run:
             ),
         }
         return Outcome(verdicts, conditions, [self._fault_row(a) for a in injector.applied])
+
+    def _apply(self, schedule: list[Fault], injector: Injector, feeder: Process, gate: Path) -> int:
+        """Apply the schedule as the feed goes; how many armed lost replies the last
+        fault found not reached (they are disarmed: the last fault is the last)."""
+        disarmed = 0
+        for index, fault in enumerate(schedule):
+            # The feed goes on during this fault, up to where the next one waits.
+            ahead = schedule[index + 1].at_unit if index + 1 < len(schedule) else self.profile.units
+            write_gate(gate, max(ahead, fault.at_unit))
+            self._wait_for_unit(feeder, fault.at_unit)
+            if fault is schedule[-1]:
+                # The last fault hits the tail of the work, while the last jobs run.
+                self._wait_for_tail()
+                disarmed = sum(proc.proxy.disarm() for proc in self.fleet.processes.values())
+            applied = injector.apply(fault)
+            self.say(
+                f"chaos: [{self.elapsed()}, unit {acknowledged(feeder)}/{self.profile.units}] "
+                f"{fault.describe()} ({applied.ended - applied.began:.1f} s) {applied.note}"
+            )
+        return disarmed
+
+    def _diagnose(self, verdicts: list[checker.Verdict]) -> None:
+        """Describe the runs that did not succeed (:func:`checker.diagnose`)."""
+        stuck = sorted(
+            {run for v in verdicts if v.check.startswith("workflow runs") for run in v.offenders}
+        )
+        if not stuck:
+            return
+        diagnosis = checker.diagnose(conninfo(self.fleet.cluster.url), stuck)
+        (self.work_dir / "diagnosis.txt").write_text(diagnosis + "\n")
+        self.say(f"chaos: runs that did not succeed:\n{diagnosis}")
 
     # ------------------------------------------------------------------ waiting
 
