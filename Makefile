@@ -66,9 +66,13 @@ bench-targets: $(VENV)/.bench-installed
 ## system — django-ledon, pgqueuer, Procrastinate — on a throw-away PostgreSQL with
 ## durable commits, a transaction held open for a third of it; per-minute throughput,
 ## pickup p50/p99, table and index sizes and dead tuples: benchmarks/results/soak-latest.md.
+## Beside django-ledon's jobs, WORKFLOW_RATE workflow runs a second (default 2; 0: none),
+## each a timer and a signal: their advance latency p99, while the horizon is pinned
+## against before, and after.
 MINUTES ?= 30
+WORKFLOW_RATE ?= 2
 soak: $(VENV)/.bench-installed
-	$(PY) -m benchmarks.soak --minutes $(MINUTES)
+	$(PY) -m benchmarks.soak --minutes $(MINUTES) --workflows $(WORKFLOW_RATE)
 
 $(VENV)/.brokers-installed: pyproject.toml $(VENV)/.installed
 	$(UV) -e '.[test,docs,brokers-test]'
