@@ -88,9 +88,11 @@ standby)
     bindir=$(find_bindir)
     mkdir -p "$dir"
     [ "$(id -u)" = "0" ] && chown postgres "$dir"
-    # -R: standby.signal and primary_conninfo; -X stream: the WAL of the copy itself.
+    # -R: standby.signal and primary_conninfo; -X stream: the WAL of the copy itself;
+    # --checkpoint=fast: the copy starts at once, not after a checkpoint spread over
+    # minutes (the primary's buffers, dirtied by migrate, are written at full speed).
     as_owner "$bindir/pg_basebackup" -h 127.0.0.1 -p "${PG_PRIMARY_PORT:-$(cat "$primary/port")}" -U postgres \
-        -D "$dir/data" -R -X stream --no-sync >"$dir/basebackup.log" 2>&1 \
+        -D "$dir/data" -R -X stream --no-sync --checkpoint=fast >"$dir/basebackup.log" 2>&1 \
         || { cat "$dir/basebackup.log" >&2; exit 1; }
     port=$(free_port)
     start_server "$bindir" "$port"
