@@ -9,7 +9,7 @@ PYTHON_VERSION ?=
 DJANGO ?=
 EXTRAS ?= test,docs
 
-.PHONY: test demo docs venv clean bench bench-quick bench-targets soak chaos
+.PHONY: test demo docs venv clean bench bench-quick bench-targets soak chaos failover
 
 # The packages are installed by uv (from PyPI, into the virtualenv first), which
 # resolves and installs them several times faster than pip; the virtualenv keeps its
@@ -89,6 +89,19 @@ PROFILE ?= full
 SEED ?= 1
 chaos: $(VENV)/.brokers-installed
 	$(PY) -m chaos --profile $(PROFILE) --seed $(SEED)
+
+## Failover (not in CI; the suite runs its smoke): a primary and a streaming standby
+## started from the PostgreSQL binaries on this machine, the primary killed under load
+## and the standby promoted, with asynchronous replication and with remote_apply; the
+## figures of docs/guarantees.md are printed.
+## The test's own database: DATABASE_URL (PostgreSQL), else a throw-away one.
+failover: $(VENV)/.installed
+	@dir=$$(mktemp -d /tmp/ledon-failover.XXXXXX); \
+	url=$${DATABASE_URL:-$$(scripts/pg.sh start $$dir)} || exit 1; \
+	LEDON_FAILOVER=full DATABASE_URL=$$url $(PY) -m pytest -p no:cacheprovider -s -q \
+		tests/processes/test_failover.py; status=$$?; \
+	[ -n "$${DATABASE_URL:-}" ] || scripts/pg.sh stop $$dir >/dev/null; rm -rf $$dir; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache db.sqlite3*

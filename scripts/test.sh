@@ -25,11 +25,13 @@ PY="$VENV/bin/python"
 # leg installs its newest patch release), and which tests run. "all" is the whole
 # suite, on the newest combination. "core", on every other leg, is the fast part of
 # the suite (every test not marked slow) and every test that starts real processes
-# (marked slow), on SQLite and on PostgreSQL. It leaves out four tests that exercise
+# (marked slow), on SQLite and on PostgreSQL. It leaves out five tests that exercise
 # no Django or Python difference the rest misses (docs/compatibility.md): the chaos
 # run's short profile (tests/processes/test_chaos.py: a minute and a half of both
 # cores through the code paths that the fault tests of tests/processes/ take on every
-# leg), and three that start no process: the admin's browser test, the benchmarks'
+# leg) and the failover's smoke (tests/processes/test_failover.py: a primary and a
+# standby, a minute; to the engines a failover is the outage those tests make), and
+# three that start no process: the admin's browser test, the benchmarks'
 # smoke test, and the plan test at a million rows (tests/ledon/test_observability_cost.py: PostgreSQL's
 # plans of the observability queries, whose SQL is the same on every supported Django;
 # loading its three million rows is a minute of the server's CPU). Its SIGTERM
@@ -52,6 +54,7 @@ LEGS=(
 )
 CORE_DESELECT=(
     --ignore=tests/processes/test_chaos.py
+    --ignore=tests/processes/test_failover.py
     --ignore=tests/test_admin_browser.py
     --ignore=tests/test_bench_smoke.py
     --ignore=tests/ledon/test_observability_cost.py
