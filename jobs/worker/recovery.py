@@ -32,6 +32,7 @@ class Recovery:
         def recover() -> dict[str, FinishOutcome]:
             outcomes: dict[str, FinishOutcome] = {}
             if not self.own_recovered:
+                fault_point("jobs.worker.recovering", worker_id=worker.worker_id)
                 outcomes.update(execution.recover_worker(worker.worker_id, now=worker.clock()))
                 self.own_recovered = True
             outcomes.update(execution.recover_expired(now=worker.clock()))
