@@ -216,3 +216,41 @@ def test_each_lazy_public_name_resolves_from_the_module_it_is_listed_in(package)
         assert getattr(module, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         module.nonexistent  # noqa: B018
+
+
+@pytest.mark.parametrize("package", ["jobs", "outbox", "sagas", "workflows"])
+def test_each_app_exports_its_root_error_and_the_errors_callers_catch(package):
+    """``from <app> import <Root>Error`` catches any error of the app, as the root's
+    docstring promises; every error the package exports from its exceptions module
+    is under that root."""
+    from ledon.errors import DocumentedError
+
+    module = __import__(package, fromlist=["_LAZY"])
+    exceptions = __import__(f"{package}.exceptions", fromlist=["__name__"])
+    (root,) = [
+        value
+        for value in vars(exceptions).values()
+        if isinstance(value, type) and DocumentedError in value.__bases__
+    ]
+    assert getattr(module, root.__name__) is root
+    exported = [
+        getattr(module, name) for name, home in module._LAZY.items() if home == "exceptions"
+    ]
+    assert root in exported
+    for error in exported:
+        assert issubclass(error, root), error
+        assert getattr(exceptions, error.__name__) is error, error
+
+
+def test_workflows_exports_the_errors_a_body_and_its_callers_catch():
+    import workflows
+    from workflows import exceptions
+
+    for name in (
+        "StepFailed",
+        "SignalTimeout",
+        "WorkflowIdentityConflict",
+        "RunNotFound",
+        "SignalConflict",
+    ):
+        assert getattr(workflows, name) is getattr(exceptions, name), name
