@@ -58,6 +58,12 @@ class InvalidTransition(WorkflowError):
     """The run is not in a state that allows this (resume a run that has not failed)."""
 
 
+class InvalidHandle(InvalidInput):
+    """A :class:`~workflows.handles.StepHandle` awaited where it does not belong: one
+    started by another run or by an earlier advance of this run, or awaited under
+    another key than the one it was started under. Nothing was written."""
+
+
 class TooManyItems(InvalidInput):
     """A ``map`` was given more items than ``WORKFLOWS["MAX_MAP_ITEMS"]`` allows
     (raised at the call; nothing was queued)."""
