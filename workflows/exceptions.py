@@ -134,6 +134,13 @@ class NonDeterministicWorkflow(WorkflowError):
         return (type(self), (self.key, self.detail, self.skipped))
 
 
+class RunTimedOut(WorkflowError):
+    """The run did not finish by its deadline (``timeout`` seconds after it was
+    created, given to ``@workflow`` or ``start_workflow``): it ended Cancelled with
+    this error's type and message in ``snapshot.error``, its unfinished children and
+    activity jobs cancelled with it."""
+
+
 class WorkflowCancelled(WorkflowError):
     """The run's cancellation was requested: raised at the body's next checkpoint so
     that the run ends Cancelled (do not catch it, or re-raise it)."""

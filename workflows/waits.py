@@ -111,7 +111,9 @@ def start_child(replay: Replay, key: str, name: str, input: Any, version: int | 
     input_json = validation.to_json(input, f"the input of child {checked!r}")
     now = replay.now()
     with replay.write():
-        started = store.create_child(replay.run, checked, spec.name, spec.version, input_json, now)
+        started = store.create_child(
+            replay.run, checked, spec.name, spec.version, input_json, now, timeout=spec.timeout
+        )
         step = replay.insert(checked, StepKind.CHILD, StepStatus.WAITING, now, child_id=started.pk)
     return replay.record(step)
 

@@ -128,9 +128,20 @@ def meeting(wf: WorkflowContext) -> Any:
 
 
 @activity("checks.wait_cancel")
-def wait_cancel(run_id: str) -> str:
+def wait_cancel(run_id: str, value: int = 0) -> str:
     """Runs until its job's cancellation is requested."""
     _effect(run_id, "started", "activity")
     if current_activity().wait_for_cancel(MEET_PATIENCE):
         _effect(run_id, "saw-cancel", "activity")
     return "stopped"
+
+
+@workflow("checks.deadline", version=1, timeout=3600)
+def deadline(wf: WorkflowContext) -> Any:
+    """Within an hour (or the start's own timeout): a child and an activity started
+    side by side, then a signal, then both gathered."""
+    kid = wf.start_child("kid", "checks.ship", {})
+    blocking = (wf.input or {}).get("blocking")
+    work = wf.start("work", wait_cancel if blocking else price, wf.run_id, 3)
+    wf.wait_for_signal("approved")
+    return wf.gather(kid, work)
