@@ -125,6 +125,12 @@ def test_cancelling_a_run_cancels_its_started_branches():
     assert activity_effects("can-b") == {}
 
 
+def assert_failed_with(run_id: str, error: str) -> None:
+    snap = run_workflow(SCOPE, run_id)
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith(error), snap.error
+
+
 def steps_and_jobs(run_id: str) -> tuple[list[str], int]:
     run = WorkflowRun.objects.get(run_id=run_id)
     keys = list(WorkflowStep.objects.filter(run=run).order_by("id").values_list("key", flat=True))
@@ -142,9 +148,7 @@ def steps_and_jobs(run_id: str) -> tuple[list[str], int]:
 def test_a_misused_handle_is_a_typed_error_that_writes_nothing(how, error):
     run_id = f"mis-{how}"
     start_workflow(SCOPE, run_id, "checks.misused_handle", {"how": how})
-    snap = run_workflow(SCOPE, run_id)
-    assert snap.status == RunStatus.FAILED
-    assert snap.error.startswith(error), snap.error
+    assert_failed_with(run_id, error)
     # Only the first start wrote: its checkpoint and its one job.
     assert steps_and_jobs(run_id) == (["price"], 1)
 
@@ -154,12 +158,11 @@ def test_gather_of_a_handle_another_run_started_is_a_typed_error_that_writes_not
     start_workflow(SCOPE, "keeper", "checks.misused_handle", {"how": "keep"})
     run_workflows_inline()
     start_workflow(SCOPE, "thief", "checks.misused_handle", {"how": "other-run"})
-    snap = run_workflow(SCOPE, "thief")
-    assert snap.status == RunStatus.FAILED
-    assert snap.error.startswith(
+    assert_failed_with(
+        "thief",
         "InvalidHandle: gather(): the handle of 'price' was started by run 'keeper', "
-        "not this run ('thief')"
-    ), snap.error
+        "not this run ('thief')",
+    )
     assert WorkflowStep.objects.filter(run__run_id="thief").count() == 0
     # The handle's own run is untouched.
     assert WorkflowScope(SCOPE).get("keeper").status == RunStatus.WAITING
@@ -170,12 +173,11 @@ def test_a_handle_kept_from_an_earlier_advance_of_the_same_run_is_refused():
     start_workflow(SCOPE, "stale", "checks.misused_handle", {"how": "stale"})
     run_workflows_inline()
     send_signal(SCOPE, "stale", "go")
-    snap = run_workflow(SCOPE, "stale")
-    assert snap.status == RunStatus.FAILED
-    assert snap.error.startswith(
+    assert_failed_with(
+        "stale",
         "InvalidHandle: result(): the handle of 'price' was started by an earlier advance "
-        "of this run"
-    ), snap.error
+        "of this run",
+    )
     assert steps_and_jobs("stale") == (["price", "go"], 1)
 
 

@@ -103,23 +103,8 @@ def create_run(
     if not staged and inside:
         raise AmbientTransactionError()
     now = current_time()
-    if staged:
-        try:
-            return _create(
-                scope_hash,
-                run_id,
-                name,
-                version,
-                input_json,
-                now,
-                any_version=any_version,
-                timeout=timeout,
-            )
-        except WorkflowIdentityConflict:
-            # Like stage_job: the caller's work cannot commit without its run.
-            transaction.set_rollback(True, using=using)
-            raise
-    with transaction.atomic(using=using):
+
+    def create() -> RunSnapshot:
         return _create(
             scope_hash,
             run_id,
@@ -130,6 +115,16 @@ def create_run(
             any_version=any_version,
             timeout=timeout,
         )
+
+    if staged:
+        try:
+            return create()
+        except WorkflowIdentityConflict:
+            # Like stage_job: the caller's work cannot commit without its run.
+            transaction.set_rollback(True, using=using)
+            raise
+    with transaction.atomic(using=using):
+        return create()
 
 
 def create_child(
