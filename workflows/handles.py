@@ -16,6 +16,7 @@ the same calls: nothing about a handle is recorded but its checkpoint.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -46,13 +47,19 @@ class StepHandle:
         return _active().gather((self,), single=True)[0]
 
 
-#: The branches of the body running in this thread (the latest replay begun here):
-#: a handle is awaited against them, never against the replay that made it.
-_running: ContextVar[Branches | None] = ContextVar("workflows_branches", default=None)
+#: The branches of the body running in this thread (the latest replay begun here, as
+#: long as its context lives): a handle is awaited against them, never against the
+#: replay that made it. A weak reference: an ended replay's checkpoints are not kept.
+_running: ContextVar[weakref.ref[Branches] | None] = ContextVar("workflows_branches", default=None)
+
+
+def _current() -> Branches | None:
+    ref = _running.get()
+    return None if ref is None else ref()
 
 
 def _active() -> Branches:
-    branches = _running.get()
+    branches = _current()
     if branches is None:
         raise InvalidHandle("result(): no workflow body is running here to wait for it")
     return branches
@@ -66,7 +73,7 @@ class Branches:
         self._activities = activities
         #: The handle started under each key, as started.
         self._started: dict[str, tuple[StepHandle, Checkpoint]] = {}
-        _running.set(self)
+        _running.set(weakref.ref(self))
 
     def handle(self, step: Checkpoint) -> StepHandle:
         """The handle of the started checkpoint ``step``."""
@@ -80,7 +87,7 @@ class Branches:
         of them (in that order) that failed. A handle this advance did not start
         under its key is :class:`~workflows.exceptions.InvalidHandle` (nothing
         written)."""
-        if _running.get() is not self:
+        if _current() is not self:
             raise InvalidHandle(
                 "gather(): this WorkflowContext's advance has ended; use the context the "
                 "body is given now"
