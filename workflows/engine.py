@@ -40,7 +40,7 @@ from .exceptions import InvalidInput, StepFailed, UntrustedJob
 from .models import WorkflowRun
 from .observability import hooks
 from .replay import Stop, Suspend, error_parts
-from .types import DrivenRun, Item, RunStatus, StepStatus
+from .types import CancelOutcome, DrivenRun, Item, RunStatus, StepStatus
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,9 @@ def advance(run_pk: int, job_id: str | None = None) -> Advanced:
     if store.deadline_passed(row[3], current_time()):
         # Whatever it waits for, and whichever version: a Waiting run ends now, a
         # Running one is asked to stop (its driver, or this job below, ends it).
-        store.time_out(run_pk, current_time())
+        if store.time_out(run_pk, current_time()) is CancelOutcome.CANCELLED:
+            hooks.finished(row[0], row[1], RunStatus.CANCELLED.value)
+            return Advanced.CANCELLED
     spec = registry.find_workflow(row[0], row[1])
     if spec is None:
         raise VersionMissing(f"no workflow {row[0]!r} version {row[1]} in this worker")

@@ -16,7 +16,7 @@ from workflows import RunStatus, StepStatus, WorkflowScope, send_signal, start_w
 from workflows.engine import advance
 from workflows.exceptions import InvalidInput, InvalidWorkflow
 from workflows.models import WorkflowRun
-from workflows.registry import find_workflow, workflow
+from workflows.registry import find_workflow, unregister_workflow, workflow
 from workflows.testing import TestClock, run_workflow, run_workflows_inline, use_clock
 
 pytestmark = pytest.mark.django_db
@@ -59,7 +59,7 @@ def test_the_deadline_cancels_the_activity_job_the_run_waits_for():
     clock.advance(61)
     with use_clock(clock):
         # The deadline's job, run by hand before the activity's job.
-        assert advance(WorkflowRun.objects.get(run_id="late-2").pk) == "nothing"
+        assert advance(WorkflowRun.objects.get(run_id="late-2").pk) == "cancelled"
     assert WorkflowScope(SCOPE).get("late-2").error.startswith("RunTimedOut:")
     assert Job.objects.get(handler="checks.price").status == JobStatus.CANCELLED
     assert WorkflowScope(SCOPE).get("late-2/kid").status == RunStatus.CANCELLED
@@ -141,3 +141,19 @@ def test_a_declared_timeout_that_is_not_a_positive_number_is_refused(timeout):
     with pytest.raises(InvalidWorkflow, match=r"'checks\.bad_deadline': timeout must be"):
         workflow("checks.bad_deadline", version=1, timeout=timeout)(lambda wf: None)
     assert find_workflow("checks.bad_deadline", 1) is None
+
+
+def test_a_run_of_a_version_this_worker_lacks_still_times_out():
+    @workflow("checks.gone", version=1, timeout=60)
+    def gone(wf):
+        return wf.wait_for_signal("never")
+
+    try:
+        snap = start_workflow(SCOPE, "gone-1", "checks.gone")
+    finally:
+        unregister_workflow("checks.gone", 1)  # a worker deployed without it
+    clock = TestClock(snap.created_at)
+    clock.advance(60)
+    with use_clock(clock):
+        assert advance(WorkflowRun.objects.get(run_id="gone-1").pk) == "cancelled"
+    assert WorkflowScope(SCOPE).get("gone-1").error.startswith("RunTimedOut:")
