@@ -88,12 +88,14 @@ def advance(run_pk: int, job_id: str | None = None) -> Advanced:
     )
     if row is None or row[2] in RunStatus.finished():
         return Advanced.NOTHING
-    if store.deadline_passed(row[3], current_time()):
-        # Whatever it waits for, and whichever version: a Waiting run ends now, a
-        # Running one is asked to stop (its driver, or this job below, ends it).
-        if store.time_out(run_pk, current_time()) is CancelOutcome.CANCELLED:
-            hooks.finished(row[0], row[1], RunStatus.CANCELLED.value)
-            return Advanced.CANCELLED
+    # Past its deadline, whatever it waits for and whichever version: a Waiting run
+    # ends now, a Running one is asked to stop (its driver, or this job below, ends it).
+    if (
+        store.deadline_passed(row[3], current_time())
+        and store.time_out(run_pk, current_time()) is CancelOutcome.CANCELLED
+    ):
+        hooks.finished(row[0], row[1], RunStatus.CANCELLED.value)
+        return Advanced.CANCELLED
     spec = registry.find_workflow(row[0], row[1])
     if spec is None:
         raise VersionMissing(f"no workflow {row[0]!r} version {row[1]} in this worker")

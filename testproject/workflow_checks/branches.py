@@ -145,3 +145,14 @@ def deadline(wf: WorkflowContext) -> Any:
     work = wf.start("work", wait_cancel if blocking else price, wf.run_id, 3)
     wf.wait_for_signal("approved")
     return wf.gather(kid, work)
+
+
+#: The key ``checks.flipping_branch`` starts its branch under (tests change it).
+BRANCH_KEY = {"key": "a"}
+
+
+@workflow("checks.flipping_branch", version=1)
+def flipping_branch(wf: WorkflowContext) -> Any:
+    started = wf.start(BRANCH_KEY["key"], price, wf.run_id, 1)
+    wf.wait_for_signal("go")
+    return started.result()

@@ -11,7 +11,7 @@ import pytest
 
 from jobs.models import Job
 from jobs.types import JobStatus
-from testproject.workflow_checks.branches import KEPT
+from testproject.workflow_checks.branches import BRANCH_KEY, KEPT
 from testproject.workflow_checks.models import Effect
 from workflows import RunStatus, StepStatus, WorkflowScope, send_signal, start_workflow
 from workflows.models import WorkflowRun, WorkflowStep
@@ -179,6 +179,22 @@ def test_a_handle_kept_from_an_earlier_advance_of_the_same_run_is_refused():
         "of this run",
     )
     assert steps_and_jobs("stale") == (["price", "go"], 1)
+
+
+def test_a_replay_that_starts_another_branch_than_the_one_recorded_fails_the_run():
+    BRANCH_KEY["key"] = "a"
+    try:
+        start_workflow(SCOPE, "flip", "checks.flipping_branch")
+        run_workflows_inline()
+        BRANCH_KEY["key"] = "b"  # a deploy that renamed the branch
+        send_signal(SCOPE, "flip", "go")
+        assert_failed_with(
+            "flip", "NonDeterministicWorkflow: checkpoint 'b': reached as a new checkpoint"
+        )
+    finally:
+        BRANCH_KEY["key"] = "a"
+    # The new branch was never started: one job, the recorded branch's.
+    assert Job.objects.filter(handler="checks.price").count() == 1
 
 
 def test_start_refuses_a_plain_function():
