@@ -145,6 +145,25 @@ class ModelRun:
     def wake(self, reason: str, detail: str = "") -> None:
         self.wakes.add((self.generation, reason, detail))
 
+    def cancelled(self, outcome: CancelOutcome) -> None:
+        """A cancel (or a deadline's time-out) that said ``outcome``: a waiting run
+        ends at once, a running one is asked to stop."""
+        if self.status == RunStatus.WAITING:
+            assert outcome is CancelOutcome.CANCELLED
+            self.status, self.cancel, self.token, self.wait = (
+                RunStatus.CANCELLED,
+                True,
+                None,
+                ("", ""),
+            )
+            self.cancel_open_checkpoints()
+        elif self.status == RunStatus.RUNNING:
+            assert outcome is CancelOutcome.REQUESTED
+            self.cancel = True
+            self.cancel_open_checkpoints()
+        else:
+            assert outcome is CancelOutcome.ALREADY_FINISHED
+
 
 class RunStoreModel(RuleBasedStateMachine):
     def __init__(self) -> None:
@@ -235,21 +254,7 @@ class RunStoreModel(RuleBasedStateMachine):
             assert run is None
             return
         assert run is not None
-        if run.status == RunStatus.WAITING:
-            assert outcome is CancelOutcome.CANCELLED
-            run.status, run.cancel, run.token, run.wait = (
-                RunStatus.CANCELLED,
-                True,
-                None,
-                ("", ""),
-            )
-            run.cancel_open_checkpoints()
-        elif run.status == RunStatus.RUNNING:
-            assert outcome is CancelOutcome.REQUESTED
-            run.cancel = True
-            run.cancel_open_checkpoints()
-        else:
-            assert outcome is CancelOutcome.ALREADY_FINISHED
+        run.cancelled(outcome)
 
     @rule(run_id=st.sampled_from(RUN_IDS), passed=st.booleans())
     def time_out(self, run_id: str, passed: bool) -> None:
@@ -260,22 +265,11 @@ class RunStoreModel(RuleBasedStateMachine):
         outcome = store.time_out(run.pk, at)
         if run.deadline is None or not passed:
             assert outcome is None
-        elif run.status == RunStatus.WAITING:
-            assert outcome is CancelOutcome.CANCELLED
-            run.status, run.cancel, run.token, run.wait = (
-                RunStatus.CANCELLED,
-                True,
-                None,
-                ("", ""),
-            )
-            run.timed_out = True
-            run.cancel_open_checkpoints()
-        elif run.status == RunStatus.RUNNING:
-            assert outcome is CancelOutcome.REQUESTED
-            run.cancel = True
-            run.cancel_open_checkpoints()
-        else:
-            assert outcome is CancelOutcome.ALREADY_FINISHED
+            return
+        assert outcome is not None
+        if run.status == RunStatus.WAITING:
+            run.timed_out = True  # it ends now, keeping RunTimedOut
+        run.cancelled(outcome)
 
     @rule(run_id=st.sampled_from(RUN_IDS))
     def resume(self, run_id: str) -> None:
