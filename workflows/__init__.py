@@ -1,7 +1,8 @@
 """django-ledon workflows: durable, replayed workflow runs driven by ``run_jobs``.
 
 A ``@workflow`` body runs from the top at every advance of a run; each checkpoint
-(``wf.step``, ``map``, ``sleep``, ``wait_for_signal``, ``child``, ``now``) is recorded
+(``wf.step``, ``map``, ``sleep``, ``wait_for_signal``, ``child``, ``start``,
+``start_child``, ``now``) is recorded
 under its key and returns its recorded value on replay. Runs are advanced by jobs of
 the workflows' own handler, activities run as jobs of their own name, so the jobs'
 workers, limits, retries and crash recovery carry everything; no new process.
@@ -12,7 +13,9 @@ Modules:
 - ``context`` — ``WorkflowContext``: what a body receives; it checks each checkpoint
   call and hands it to its part: ``inline`` (inline steps), ``activities``
   (activities and maps), ``waits`` (timers, signals, children), all on one
-  ``replay`` (the replay rule, the fence, the recorded order: ``determinism``).
+  ``replay`` (the replay rule, the fence, the recorded order: ``determinism``);
+  ``handles`` — activities and children started side by side (``wf.start``,
+  ``wf.start_child``) and the waits for them (``result()``, ``wf.gather``).
 - ``engine`` — advancing a run (one driver at a time, fenced) and running an item.
 - ``handlers`` — the job handlers: ``workflows.advance`` and one per activity.
 - ``receivers`` — what the jobs' signals tell the workflows (an engine job that ended
@@ -57,6 +60,7 @@ if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
     from .exceptions import StepFailed as StepFailed
     from .exceptions import WorkflowError as WorkflowError
     from .exceptions import WorkflowIdentityConflict as WorkflowIdentityConflict
+    from .handles import StepHandle as StepHandle
     from .registry import activity as activity
     from .registry import workflow as workflow
     from .types import CancelOutcome as CancelOutcome
@@ -81,6 +85,7 @@ _LAZY = exported(
             "WorkflowError",
             "WorkflowIdentityConflict",
         ),
+        "handles": ("StepHandle",),
         "registry": ("activity", "workflow"),
         "types": (
             "CancelOutcome",

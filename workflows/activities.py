@@ -16,7 +16,7 @@ from ledon.errors import storable_text
 
 from . import store, validation
 from .registry import ActivitySpec
-from .replay import Replay, Suspend, outcome, recorded
+from .replay import Replay, Suspend, outcome
 from .types import Checkpoint, StepKind, StepStatus, WaitKind
 
 
@@ -30,10 +30,22 @@ class Activities:
         """The checkpoint ``key`` of ``kind`` (an activity: one item; a map: one per
         payload): its recorded value (an activity's result, a map's list of
         results) or failure, or the run waits for its items."""
+        step = self.start(key, kind, spec, payloads)
+        ended = self.ended(step)
+        if ended is None:
+            raise Suspend(WaitKind.ITEMS, step.key)
+        return outcome(ended)
+
+    def start(
+        self, key: str, kind: StepKind, spec: ActivitySpec, payloads: list[Any]
+    ) -> Checkpoint:
+        """Reach the checkpoint ``key`` and, the first time, record it and queue its
+        items and their jobs (in the advance's fenced transactions), without waiting
+        for them: the checkpoint as it stands."""
         replay = self._replay
         checked, step = replay.reach(key, kind)
-        if (done := recorded(step)) is not None:
-            return done.value
+        if step is not None and step.status.is_finished:
+            return step
         if step is None:
             store.check_item_count(checked, len(payloads))
             args = self._item_args(checked, kind, payloads)
@@ -50,17 +62,22 @@ class Activities:
                 if args:
                     store.insert_items(replay.run, step, spec, args[: store.ITEM_BATCH])
             replay.record(step)
-            if not args:
-                return outcome(step)  # a map of no items
-            self._queue(step, spec, args, queued=min(len(args), store.ITEM_BATCH))
-            raise Suspend(WaitKind.ITEMS, checked)
+            if args:
+                self._queue(step, spec, args, queued=min(len(args), store.ITEM_BATCH))
+            return step
         if step.status == StepStatus.RUNNING and store.items_queued(step) < step.item_count:
             # The driver that queued the items stopped between two batches.
             self._queue(step, spec, self._item_args(checked, kind, payloads))
-        left = store.items_left(step)
-        if left > 0:
-            raise Suspend(WaitKind.ITEMS, checked)
-        return self._fan_in(checked, kind, step)
+        return step
+
+    def ended(self, step: Checkpoint) -> Checkpoint | None:
+        """``step`` (started) once every item has ended, its results gathered into it
+        (see :meth:`_fan_in`); None while items are left."""
+        if step.status.is_finished:
+            return step
+        if store.items_left(step) > 0:
+            return None
+        return self._fan_in(step)
 
     @staticmethod
     def _item_args(key: str, kind: StepKind, payloads: list[Any]) -> list[str]:
@@ -88,10 +105,11 @@ class Activities:
                 store.insert_items(self._replay.run, step, spec, batch, start=queued)
             queued += len(batch)
 
-    def _fan_in(self, key: str, kind: StepKind, step: Checkpoint) -> Any:
+    def _fan_in(self, step: Checkpoint) -> Checkpoint:
         """Every item has ended: record the checkpoint Succeeded with the results in
-        the items' order, or Failed with the first failure, and give it to the body."""
+        the items' order, or Failed with the first failure."""
         replay = self._replay
+        key, kind = step.key, step.kind
         items = store.items_of(step)
         failed = [item for item in items if item.status != StepStatus.SUCCEEDED]
         attempts = max(item.attempts for item in items)
@@ -125,5 +143,4 @@ class Activities:
                     attempts=attempts,
                     finished_at=now,
                 )
-        replay.record(step)
-        return outcome(step)
+        return replay.record(step)

@@ -11,11 +11,19 @@ from .types import CancelOutcome, RunSnapshot, RunStatus, SignalOutcome
 
 
 def _create(
-    scope: str, run_id: str, name: str, input: Any, version: int | None, *, staged: bool
+    scope: str,
+    run_id: str,
+    name: str,
+    input: Any,
+    version: int | None,
+    timeout: float | None,
+    *,
+    staged: bool,
 ) -> RunSnapshot:
     """Check a start request and create its run (see :func:`start_workflow`)."""
     scope_hash = validation.scope_hash(scope)
     checked_id = validation.run_id(run_id)
+    seconds = None if timeout is None else validation.seconds(timeout, "timeout")
     spec = registry.get_workflow(name, version)
     input_json = validation.to_json(input, "workflow input")
     return store.create_run(
@@ -26,11 +34,18 @@ def _create(
         input_json,
         staged=staged,
         any_version=version is None,
+        timeout=spec.timeout if seconds is None else seconds,
     )
 
 
 def start_workflow(
-    scope: str, run_id: str, name: str, input: Any = None, *, version: int | None = None
+    scope: str,
+    run_id: str,
+    name: str,
+    input: Any = None,
+    *,
+    version: int | None = None,
+    timeout: float | None = None,
 ) -> RunSnapshot:
     """Create run ``run_id`` of workflow ``name`` in ``scope``, in a transaction of its
     own, and queue its first advance.
@@ -42,16 +57,28 @@ def start_workflow(
     version (a retry after a deploy that added a version returns the run it
     started); the run keeps its version for life. Refuses to run inside
     ``transaction.atomic`` (use :func:`stage_workflow` there).
+
+    ``timeout``: seconds from now after which the run, if it has not finished, ends
+    Cancelled with :class:`~workflows.exceptions.RunTimedOut`, its unfinished
+    children and activity jobs with it (None: the workflow's declared ``timeout``,
+    if any). Not a positive number of seconds is
+    :class:`~workflows.exceptions.InvalidInput` (nothing written).
     """
-    return _create(scope, run_id, name, input, version, staged=False)
+    return _create(scope, run_id, name, input, version, timeout, staged=False)
 
 
 def stage_workflow(
-    scope: str, run_id: str, name: str, input: Any = None, *, version: int | None = None
+    scope: str,
+    run_id: str,
+    name: str,
+    input: Any = None,
+    *,
+    version: int | None = None,
+    timeout: float | None = None,
 ) -> RunSnapshot:
     """:func:`start_workflow` inside the caller's ``transaction.atomic`` block: the run
     exists if and only if that transaction commits (required)."""
-    return _create(scope, run_id, name, input, version, staged=True)
+    return _create(scope, run_id, name, input, version, timeout, staged=True)
 
 
 def send_signal(scope: str, run_id: str, key: str, payload: Any = None) -> SignalOutcome:

@@ -41,6 +41,7 @@ from ledon.clock import aware_utc
 from . import registry, store, validation, waits
 from .activities import Activities
 from .exceptions import InvalidInput, NonDeterministicWorkflow
+from .handles import Branches, StepHandle
 from .inline import InlineCall, InlineSteps
 from .replay import Replay, outcome
 from .types import StepKind, StepStatus, iso
@@ -88,6 +89,7 @@ class WorkflowContext:
         self._run = driver.run
         self._inline = InlineSteps(self._replay)
         self._activities = Activities(self._replay)
+        self._branches = Branches(self._replay, self._activities)
         #: The last error a checkpoint raised, with its key (see
         #: :meth:`checkpoint_of`).
         self._raised: tuple[BaseException, str] | None = None
@@ -229,6 +231,44 @@ class WorkflowContext:
         scope, wait for it without a slot and return its output; a child that fails
         (or is cancelled) raises :class:`StepFailed`."""
         return waits.child(self._replay, key, name, input, version)
+
+    @_checkpoint
+    def start(
+        self, key: str, fn: Callable[..., Any] | str, *args: Any, **kwargs: Any
+    ) -> StepHandle:
+        """Start the activity ``fn`` (or the activity of that name) as one job on any
+        worker, and return its :class:`~workflows.handles.StepHandle` at once: the
+        body goes on while it runs. ``handle.result()`` (or :meth:`gather`) waits for
+        it without a slot and returns its result, or raises :class:`StepFailed`."""
+        spec = registry.get_activity(fn) if isinstance(fn, str) else registry.activity_of(fn)
+        if spec is None:
+            raise InvalidInput(
+                f"start {key!r}: {getattr(fn, '__name__', fn)!r} is not an @activity; "
+                "only activities run beside the body (wf.step runs a plain function)"
+            )
+        payload = {"args": list(args), "kwargs": kwargs}
+        step = self._activities.start(key, StepKind.ACTIVITY, spec, [payload])
+        return self._branches.handle(step)
+
+    @_checkpoint
+    def start_child(
+        self, key: str, name: str, input: Any = None, *, version: int | None = None
+    ) -> StepHandle:
+        """Start the child run ``"{run_id}/{key}"`` of workflow ``name`` in this run's
+        scope, and return its :class:`~workflows.handles.StepHandle` at once;
+        ``handle.result()`` (or :meth:`gather`) waits for its output, or raises
+        :class:`StepFailed` if it failed or was cancelled."""
+        step = waits.start_child(self._replay, key, name, input, version)
+        return self._branches.handle(step)
+
+    def gather(self, *handles: StepHandle) -> list[Any]:
+        """Wait without a slot until every started branch of ``handles`` has ended,
+        and return their results in the order given. If any failed, once all have
+        ended, the :class:`StepFailed` of the first failed one in that order is
+        raised. A handle started by another run, or by an earlier advance, or
+        awaited under another key than the one it was started under, is
+        :class:`~workflows.exceptions.InvalidHandle` (nothing is written)."""
+        return self._branches.gather(handles)
 
     @_checkpoint
     def now(self, key: str) -> datetime:

@@ -40,7 +40,7 @@ from .exceptions import InvalidInput, StepFailed, UntrustedJob
 from .models import WorkflowRun
 from .observability import hooks
 from .replay import Stop, Suspend, error_parts
-from .types import DrivenRun, Item, RunStatus, StepStatus
+from .types import CancelOutcome, DrivenRun, Item, RunStatus, StepStatus
 
 logger = logging.getLogger(__name__)
 
@@ -81,15 +81,29 @@ class VersionMissing(Exception):
 def advance(run_pk: int, job_id: str | None = None) -> Advanced:
     """Advance run ``run_pk`` as far as it goes now (see the module docstring);
     ``job_id``: the advance job doing it (see :func:`workflows.store.take`)."""
-    row = WorkflowRun.objects.filter(pk=run_pk).values_list("name", "version", "status").first()
+    row = (
+        WorkflowRun.objects.filter(pk=run_pk)
+        .values_list("name", "version", "status", "deadline")
+        .first()
+    )
     if row is None or row[2] in RunStatus.finished():
         return Advanced.NOTHING
+    # Past its deadline, whatever it waits for and whichever version: a Waiting run
+    # ends now, a Running one is asked to stop (its driver, or this job below, ends it).
+    if (
+        store.deadline_passed(row[3], current_time())
+        and store.time_out(run_pk, current_time()) is CancelOutcome.CANCELLED
+    ):
+        hooks.finished(row[0], row[1], RunStatus.CANCELLED.value)
+        return Advanced.CANCELLED
     spec = registry.find_workflow(row[0], row[1])
     if spec is None:
         raise VersionMissing(f"no workflow {row[0]!r} version {row[1]} in this worker")
     driver = store.take(run_pk, job_id, now=current_time())
     if driver is None:
         return Advanced.NOTHING
+    if store.deadline_passed(driver.run.deadline, current_time()):
+        return _cancelled(driver)
     attributes: dict[str, AttributeValue] = {
         "workflow.name": spec.name,
         "workflow.version": spec.version,
@@ -165,6 +179,12 @@ def _stopped(driver: store.Driver) -> Advanced:
 
 
 def _cancelled(driver: store.Driver) -> Advanced:
+    """End the run Cancelled: past its deadline with ``RunTimedOut``, else as asked."""
+    deadline = driver.run.deadline
+    if deadline is not None and store.deadline_passed(deadline, current_time()):
+        return _end(
+            driver, RunStatus.CANCELLED, error=store.timed_out_error(driver.run.run_id, deadline)
+        )
     return _end(driver, RunStatus.CANCELLED, error="cancelled on request")
 
 

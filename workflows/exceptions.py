@@ -58,6 +58,12 @@ class InvalidTransition(WorkflowError):
     """The run is not in a state that allows this (resume a run that has not failed)."""
 
 
+class InvalidHandle(InvalidInput):
+    """A :class:`~workflows.handles.StepHandle` awaited where it does not belong: one
+    started by another run or by an earlier advance of this run, or awaited under
+    another key than the one it was started under. Nothing was written."""
+
+
 class TooManyItems(InvalidInput):
     """A ``map`` was given more items than ``WORKFLOWS["MAX_MAP_ITEMS"]`` allows
     (raised at the call; nothing was queued)."""
@@ -126,6 +132,13 @@ class NonDeterministicWorkflow(WorkflowError):
         self,
     ) -> tuple[type[NonDeterministicWorkflow], tuple[str, str, tuple[str, ...]]]:
         return (type(self), (self.key, self.detail, self.skipped))
+
+
+class RunTimedOut(WorkflowError):
+    """The run did not finish by its deadline (``timeout`` seconds after it was
+    created, given to ``@workflow`` or ``start_workflow``): it ended Cancelled with
+    this error's type and message in ``snapshot.error``, its unfinished children and
+    activity jobs cancelled with it."""
 
 
 class WorkflowCancelled(WorkflowError):

@@ -81,6 +81,9 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: When the run ends Cancelled (``RunTimedOut``) if it has not finished: its
+    #: creation plus its ``timeout``; None for a run without one.
+    deadline = models.DateTimeField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 

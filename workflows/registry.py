@@ -41,6 +41,8 @@ class WorkflowSpec:
     name: str
     version: int
     func: Body
+    #: Seconds from a run's creation to its deadline (None: none; see ``@workflow``).
+    timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +68,15 @@ _lock = threading.Lock()
 _discovered = False
 
 
-def workflow(name: str, *, version: int = 1) -> Callable[[Body], Body]:
+def workflow(
+    name: str, *, version: int = 1, timeout: float | None = None
+) -> Callable[[Body], Body]:
     """Register ``fn(wf: WorkflowContext)`` as the body of workflow ``name`` at
     ``version``; its JSON return value is the run's output.
+
+    ``timeout``: seconds from a run's creation after which, if it has not finished,
+    it ends Cancelled with ``RunTimedOut`` (``start_workflow(timeout=...)`` overrides
+    it for one run).
 
     A second, different definition of the same (name, version) is
     :class:`~workflows.exceptions.InvalidWorkflow`; the same function registered again
@@ -76,6 +84,11 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Body], Body]:
     """
     validation.name(name, "workflow name", error=InvalidWorkflow)
     validation.version(version, f"workflow {name!r}: version", error=InvalidWorkflow)
+    seconds = (
+        None
+        if timeout is None
+        else validation.seconds(timeout, f"workflow {name!r}: timeout", error=InvalidWorkflow)
+    )
 
     def decorator(func: Body) -> Body:
         if not callable(func):
@@ -87,7 +100,7 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Body], Body]:
                     f"workflow {name!r} version {version} is defined twice: "
                     f"{other} and {qualified_name(func)}"
                 )
-            _workflows[(name, version)] = WorkflowSpec(name, version, func)
+            _workflows[(name, version)] = WorkflowSpec(name, version, func, seconds)
         return func
 
     return decorator

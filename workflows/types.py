@@ -249,6 +249,8 @@ class DrivenRun:
     rerun_keys: tuple[str, ...]
     parent_id: int | None
     parent_key: str
+    #: When the run times out (None: never).
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

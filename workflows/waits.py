@@ -19,7 +19,7 @@ from ledon.faults import fault_point
 from . import registry, store, validation
 from .exceptions import SignalTimeout
 from .replay import Replay, Suspend, outcome, recorded
-from .types import ChildRun, RunStatus, StepKind, StepStatus, WaitKind
+from .types import Checkpoint, ChildRun, RunStatus, StepKind, StepStatus, WaitKind
 
 
 def timer(replay: Replay, key: str, wake_time: Callable[[datetime], datetime]) -> None:
@@ -93,33 +93,44 @@ def child(replay: Replay, key: str, name: str, input: Any, version: int | None) 
     """``wf.child``: start the child run ``"{run_id}/{key}"`` and wait for it; its
     output, or :class:`~workflows.exceptions.StepFailed` if it failed or was
     cancelled."""
+    step = start_child(replay, key, name, input, version)
+    ended = child_ended(replay, step)
+    if ended is None:
+        raise Suspend(WaitKind.CHILD, step.key)
+    return outcome(ended)
+
+
+def start_child(replay: Replay, key: str, name: str, input: Any, version: int | None) -> Checkpoint:
+    """Reach the checkpoint ``key`` of a child and, the first time, create the child
+    run ``"{run_id}/{key}"`` with it (in the advance's fenced transaction), without
+    waiting for it: the checkpoint as it stands."""
     checked, step = replay.reach(key, StepKind.CHILD)
-    if (done := recorded(step)) is not None:
-        return done.value
-    if step is None:
-        spec = registry.get_workflow(name, version)
-        input_json = validation.to_json(input, f"the input of child {checked!r}")
-        now = replay.now()
-        with replay.write():
-            started = store.create_child(
-                replay.run, checked, spec.name, spec.version, input_json, now
-            )
-            step = replay.insert(
-                checked, StepKind.CHILD, StepStatus.WAITING, now, child_id=started.pk
-            )
-        replay.record(step)
-        if started.status in RunStatus.unfinished():
-            raise Suspend(WaitKind.CHILD, checked)
-        # The child had ended already (a resumed parent finds the run it started
-        # before): nothing would wake this run for it, so its end is read now.
+    if step is not None:
+        return step
+    spec = registry.get_workflow(name, version)
+    input_json = validation.to_json(input, f"the input of child {checked!r}")
+    now = replay.now()
+    with replay.write():
+        started = store.create_child(
+            replay.run, checked, spec.name, spec.version, input_json, now, timeout=spec.timeout
+        )
+        step = replay.insert(checked, StepKind.CHILD, StepStatus.WAITING, now, child_id=started.pk)
+    return replay.record(step)
+
+
+def child_ended(replay: Replay, step: Checkpoint) -> Checkpoint | None:
+    """A child's checkpoint once its run has ended, that end recorded in it (the
+    child may have ended before: a resumed parent finds the run it started before,
+    and nothing would wake it for that); None while the child runs."""
+    if step.status.is_finished:
+        return step
     ended = store.child_run(step)
     if ended is None or ended.status not in RunStatus.finished():
-        raise Suspend(WaitKind.CHILD, checked)
+        return None
     now = replay.now()
     with replay.write():
         step = replay.move(step, StepStatus.WAITING, finished_at=now, **_child_end(ended))
-    replay.record(step)
-    return outcome(step)
+    return replay.record(step)
 
 
 def _child_end(ended: ChildRun) -> dict[str, Any]:

@@ -183,3 +183,6 @@ def resumable(wf: WorkflowContext) -> Any:
     first = wf.step("first", write_effect, wf.run_id, "first", 1)
     values = wf.map("pick", picky, [1, 2, 3])
     return {"first": first, "values": values}
+
+
+from . import branches  # noqa: E402, F401  (its workflows register with these)

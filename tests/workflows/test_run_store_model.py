@@ -1,8 +1,9 @@
 """The workflow run store against a model: random sequences of every transition of a
-run — start, take (by advance jobs and directly), fenced checkpoint writes by the
-current and by stale drivers, suspend, signals, cancel, finish, resume and release —
-checked against a plain-Python model of the lifecycle after every step (Hypothesis
-stateful testing), on SQLite and PostgreSQL.
+run — start (with a deadline or not), take (by advance jobs and directly), fenced
+checkpoint writes by the current and by stale drivers, suspend, signals, cancel, a
+deadline's time-out, finish, resume and release — checked against a plain-Python
+model of the lifecycle after every step (Hypothesis stateful testing), on SQLite and
+PostgreSQL.
 
 Callers' operations go through the public API (start, signal, cancel, resume); the
 driver's go through the store exactly as the engine calls it. No worker runs: the
@@ -18,6 +19,7 @@ import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import IntegrityError, transaction
@@ -79,6 +81,8 @@ CHECKPOINTS = [
     (StepKind.SIGNAL, StepStatus.WAITING),
 ]
 ENDS = [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED]
+#: The runs started with a deadline, and its seconds.
+TIMEOUTS = {"r2": 3600}
 EXAMPLES = int(os.environ.get("LEDON_MODEL_EXAMPLES", "10"))
 STEPS = int(os.environ.get("LEDON_MODEL_STEPS", "50"))
 
@@ -122,6 +126,9 @@ class ModelRun:
     wakes: set[tuple[int, str, str]] = field(default_factory=set)
     #: Every driver that took the run, oldest first.
     drivers: list[store.Driver] = field(default_factory=list)
+    #: Its deadline (None: none), and whether it ended timed out.
+    deadline: datetime | None = None
+    timed_out: bool = False
 
     @property
     def finished(self) -> bool:
@@ -138,6 +145,25 @@ class ModelRun:
     def wake(self, reason: str, detail: str = "") -> None:
         self.wakes.add((self.generation, reason, detail))
 
+    def cancelled(self, outcome: CancelOutcome) -> None:
+        """A cancel (or a deadline's time-out) that said ``outcome``: a waiting run
+        ends at once, a running one is asked to stop."""
+        if self.status == RunStatus.WAITING:
+            assert outcome is CancelOutcome.CANCELLED
+            self.status, self.cancel, self.token, self.wait = (
+                RunStatus.CANCELLED,
+                True,
+                None,
+                ("", ""),
+            )
+            self.cancel_open_checkpoints()
+        elif self.status == RunStatus.RUNNING:
+            assert outcome is CancelOutcome.REQUESTED
+            self.cancel = True
+            self.cancel_open_checkpoints()
+        else:
+            assert outcome is CancelOutcome.ALREADY_FINISHED
+
 
 class RunStoreModel(RuleBasedStateMachine):
     def __init__(self) -> None:
@@ -151,12 +177,16 @@ class RunStoreModel(RuleBasedStateMachine):
         JobAttempt.objects.all().delete()
         Job.objects.all().delete()
         for run_id in RUN_IDS:
-            snapshot = start_workflow(SCOPE, run_id, NAME, 1)
+            snapshot = start_workflow(SCOPE, run_id, NAME, 1, timeout=TIMEOUTS.get(run_id))
             assert snapshot.created
             assert snapshot.status == RunStatus.WAITING
             pk = WorkflowRun.objects.get(scope_hash=self.scope_hash, run_id=run_id).pk
             self.runs[run_id] = ModelRun(pk, 1)
             self.runs[run_id].wake("start")
+            if run_id in TIMEOUTS:
+                seconds = timedelta(seconds=TIMEOUTS[run_id])
+                self.runs[run_id].deadline = snapshot.created_at + seconds
+                self.runs[run_id].wake("deadline")
 
     @rule(operation=st.sampled_from(["signal", "cancel", "resume"]))
     def unknown_run(self, operation: str) -> None:
@@ -224,21 +254,22 @@ class RunStoreModel(RuleBasedStateMachine):
             assert run is None
             return
         assert run is not None
+        run.cancelled(outcome)
+
+    @rule(run_id=st.sampled_from(RUN_IDS), passed=st.booleans())
+    def time_out(self, run_id: str, passed: bool) -> None:
+        """A deadline's advance job, run before or after the deadline: past it, a
+        cancel that keeps ``RunTimedOut`` on a run that ends at once."""
+        run = self.runs[run_id]
+        at = (run.deadline or timezone.now()) + timedelta(seconds=1 if passed else -1)
+        outcome = store.time_out(run.pk, at)
+        if run.deadline is None or not passed:
+            assert outcome is None
+            return
+        assert outcome is not None
         if run.status == RunStatus.WAITING:
-            assert outcome is CancelOutcome.CANCELLED
-            run.status, run.cancel, run.token, run.wait = (
-                RunStatus.CANCELLED,
-                True,
-                None,
-                ("", ""),
-            )
-            run.cancel_open_checkpoints()
-        elif run.status == RunStatus.RUNNING:
-            assert outcome is CancelOutcome.REQUESTED
-            run.cancel = True
-            run.cancel_open_checkpoints()
-        else:
-            assert outcome is CancelOutcome.ALREADY_FINISHED
+            run.timed_out = True  # it ends now, keeping RunTimedOut
+        run.cancelled(outcome)
 
     @rule(run_id=st.sampled_from(RUN_IDS))
     def resume(self, run_id: str) -> None:
@@ -268,6 +299,8 @@ class RunStoreModel(RuleBasedStateMachine):
         run.rerun = erased
         run.steps = {key: step for key, step in run.steps.items() if key not in erased}
         run.wake("resume")
+        if run.deadline is not None:
+            run.wake("deadline")
         assert snapshot.status == RunStatus.WAITING
         assert {step.key for step in snapshot.steps} == set(run.steps)
 
@@ -454,6 +487,8 @@ class RunStoreModel(RuleBasedStateMachine):
             assert row.failed_step == model.failed_step, where
             assert row.rerun_keys == model.rerun, where
             assert (row.finished_at is not None) == model.finished, where
+            assert row.deadline == model.deadline, where
+            assert row.error.startswith("RunTimedOut: ") == model.timed_out, where
             steps = {
                 step.key: (step.kind, step.status) for step in WorkflowStep.objects.filter(run=row)
             }

@@ -34,7 +34,7 @@ def page_namespace() -> Iterator[dict[str, object]]:
             exec(compile(block, "docs/workflows.md", "exec"), namespace)
         yield namespace
     finally:
-        for name in ("docs.fulfil", "docs.ship", "docs.charge"):
+        for name in ("docs.fulfil", "docs.ship", "docs.charge", "docs.quote", "docs.book_courier"):
             unregister_workflow(name, 1)
 
 
@@ -55,6 +55,25 @@ def test_the_workflows_page_runs_as_written(page_namespace):
     assert price.items.succeeded == 2
     # The staged run exists: its transaction committed.
     assert runs.get("order-8") is not None
+
+
+def test_the_branches_example_gathers_an_activity_and_a_child(page_namespace):
+    quote = run_workflow("tenant-1", "quote-7", clock=TestClock())
+    assert quote.status == RunStatus.SUCCEEDED, quote.error
+    assert quote.output == {"price": 300, "courier": "bike"}
+    assert [(step.key, step.kind) for step in quote.steps] == [
+        ("price", "activity"),
+        ("courier", "child"),
+    ]
+
+
+def test_the_deadline_example_ends_the_rushed_run_timed_out(page_namespace):
+    rushed = page_namespace["rushed"]
+    clock = TestClock(rushed.created_at)
+    clock.advance(3600)
+    late = run_workflow("tenant-1", "quote-8", clock=clock)
+    assert late.status == RunStatus.CANCELLED
+    assert late.error.startswith("RunTimedOut: run 'quote-8' did not finish by its deadline")
 
 
 def test_the_testing_example_is_a_test_module_that_stands_alone(page_namespace):

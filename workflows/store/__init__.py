@@ -27,6 +27,8 @@ typed error. Nothing else in the app writes to the workflows tables.
                                 for it
     cancel .................... WAITING -> CANCELLED; RUNNING -> cancel      control
                                 requested
+    time_out .................. a cancel past the run's deadline, with its   control
+                                RunTimedOut error (its job: deadlines)
     resume .................... FAILED -> WAITING (failed checkpoints        control
                                 erased)
     purge_finished ............ finished before a cutoff -> (deleted)        retention
@@ -43,8 +45,9 @@ from __future__ import annotations
 from .base import Driver, StaleDriver, alias, current_time
 from .bounds import check_item_count, check_results_size, refuse_hopeless_resume
 from .checkpoints import insert_step, load_steps, update_step
-from .control import advance_job_cancelled, cancel, cancel_run, resume, resume_run
+from .control import advance_job_cancelled, cancel, cancel_run, resume, resume_run, time_out
 from .creating import create_child, create_run
+from .deadlines import deadline_passed, timed_out_error
 from .driving import (
     Suspended,
     cancel_requested,
@@ -105,6 +108,7 @@ __all__ = [
     "create_child",
     "create_run",
     "current_time",
+    "deadline_passed",
     "drop_wakes",
     "end_item",
     "end_items_of_ended_jobs",
@@ -137,6 +141,8 @@ __all__ = [
     "start_item",
     "suspend",
     "take",
+    "time_out",
+    "timed_out_error",
     "update_step",
     "wait_of",
     "wake",

@@ -19,6 +19,7 @@ from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..types import CancelOutcome, RunSnapshot, RunStatus, StepKind, StepStatus, WaitKind
 from .base import alias, current_time, ended, run_in_scope
 from .bounds import refuse_hopeless_resume
+from .deadlines import deadline_passed, stage_deadline, timed_out_error
 from .items import batch_prefix
 from .reads import snapshot
 from .waking import (
@@ -41,8 +42,10 @@ def cancel(scope_hash: str, run_id: str, *, now: datetime | None = None) -> Canc
         return cancel_run(run.pk, now)
 
 
-def cancel_run(run_pk: int, now: datetime) -> CancelOutcome:
-    """Cancel run ``run_pk`` (see :func:`cancel`), inside the caller's transaction."""
+def cancel_run(run_pk: int, now: datetime, *, error: str = "") -> CancelOutcome:
+    """Cancel run ``run_pk`` (see :func:`cancel`), inside the caller's transaction;
+    ``error``: what a waiting run that ends at once keeps as its error (a deadline's
+    ``RunTimedOut``)."""
     # Locked first: a run its driver suspends between the two guarded statements
     # below would otherwise match neither, and the cancel would be lost.
     run = (
@@ -55,7 +58,7 @@ def cancel_run(run_pk: int, now: datetime) -> CancelOutcome:
         return CancelOutcome.ALREADY_FINISHED  # purged meanwhile
     scope_hash, parent_pk, parent_key = run
     cancelled = WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.WAITING).update(
-        **ended(RunStatus.CANCELLED, now), cancel_requested=True
+        **ended(RunStatus.CANCELLED, now), cancel_requested=True, error=error
     )
     if cancelled:
         cancel_dependents(run_pk, scope_hash, now)
@@ -91,6 +94,19 @@ def cancel_dependents(run_pk: int, scope_hash: str, now: datetime) -> None:
     WorkflowStep.objects.filter(
         run_id=run_pk, status__in=(StepStatus.RUNNING, StepStatus.WAITING)
     ).update(status=StepStatus.CANCELLED, finished_at=now)
+
+
+def time_out(run_pk: int, now: datetime) -> CancelOutcome | None:
+    """Run ``run_pk``'s deadline passed: a Waiting run ends Cancelled at once, with the
+    ``RunTimedOut`` error; a Running one is asked to stop, and its driver ends it so
+    at its next checkpoint. Its unfinished children and activity jobs are cancelled
+    with it (see :func:`~workflows.store.cancel_run`). None (nothing written) if it
+    has no deadline, or it has not passed."""
+    with transaction.atomic(using=alias()):
+        row = WorkflowRun.objects.filter(pk=run_pk).values_list("run_id", "deadline").first()
+        if row is None or row[1] is None or not deadline_passed(row[1], now):
+            return None
+        return cancel_run(run_pk, now, error=timed_out_error(row[0], row[1]))
 
 
 def resume(scope_hash: str, run_id: str, *, now: datetime | None = None) -> RunSnapshot:
@@ -156,8 +172,12 @@ def _resume(run_pk: int, run_id: str, status: str, now: datetime) -> None:
     rerun_keys = list(erased.order_by("id").values_list("key", flat=True))
     erased.delete()
     WorkflowRun.objects.filter(pk=run_pk).update(rerun_keys=rerun_keys)
-    generation = WorkflowRun.objects.filter(pk=run_pk).values_list("generation", flat=True)[0]
+    generation, deadline = WorkflowRun.objects.filter(pk=run_pk).values_list(
+        "generation", "deadline"
+    )[0]
     wake(run_pk, generation, "resume", now=now)
+    # The run's deadline still holds: its wake-up was dropped when the run failed.
+    stage_deadline(run_pk, generation, deadline, now)
 
 
 def advance_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> CancelOutcome | None:

@@ -3,7 +3,7 @@ parent's child run (inside the parent's fenced transaction)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 
@@ -16,6 +16,7 @@ from ..observability import hooks
 from ..types import ChildRun, DrivenRun, RunSnapshot, RunStatus, WaitKind
 from ..validation import child_run_id
 from .base import alias, current_time
+from .deadlines import stage_deadline
 from .reads import snapshot
 from .waking import wake
 
@@ -31,8 +32,11 @@ def _create(
     parent_key: str = "",
     *,
     any_version: bool = False,
+    timeout: float | None = None,
 ) -> RunSnapshot:
     """Insert the run and its first advance job, or return the same request's run.
+    ``timeout``: seconds to its deadline (see :mod:`.deadlines`); not part of the
+    request's identity.
     ``any_version``: the caller named no version, so a run of any version of ``name``
     is the same request (a retry after a deploy that added a version finds the run
     it started). Runs inside the caller's atomic block."""
@@ -50,6 +54,7 @@ def _create(
                 parent_key=parent_key,
                 created_at=now,
                 updated_at=now,
+                deadline=None if timeout is None else now + timedelta(seconds=timeout),
             )
     except IntegrityError:
         existing = WorkflowRun.objects.for_scope(scope_hash).filter(run_id=run_id).first()
@@ -72,6 +77,7 @@ def _create(
             ) from None
         return snapshot(existing, created=False)
     wake(run.pk, 0, "start", now=now)
+    stage_deadline(run.pk, 0, run.deadline, now)
     transaction.on_commit(lambda: hooks.started(name, version), using=alias())
     return snapshot(run, created=True, with_steps=False)
 
@@ -85,10 +91,11 @@ def create_run(
     *,
     staged: bool,
     any_version: bool = False,
+    timeout: float | None = None,
 ) -> RunSnapshot:
     """Create a run: in its own transaction (``staged`` False; refuses the caller's
     atomic block) or inside the caller's (``staged`` True; requires one).
-    ``any_version``: see :func:`_create`."""
+    ``any_version``, ``timeout``: see :func:`_create`."""
     using = alias()
     inside = in_caller_atomic_block(transaction.get_connection(using))
     if staged and not inside:
@@ -96,24 +103,43 @@ def create_run(
     if not staged and inside:
         raise AmbientTransactionError()
     now = current_time()
+
+    def create() -> RunSnapshot:
+        return _create(
+            scope_hash,
+            run_id,
+            name,
+            version,
+            input_json,
+            now,
+            any_version=any_version,
+            timeout=timeout,
+        )
+
     if staged:
         try:
-            return _create(
-                scope_hash, run_id, name, version, input_json, now, any_version=any_version
-            )
+            return create()
         except WorkflowIdentityConflict:
             # Like stage_job: the caller's work cannot commit without its run.
             transaction.set_rollback(True, using=using)
             raise
     with transaction.atomic(using=using):
-        return _create(scope_hash, run_id, name, version, input_json, now, any_version=any_version)
+        return create()
 
 
 def create_child(
-    parent: DrivenRun, key: str, name: str, version: int, input_json: str, now: datetime
+    parent: DrivenRun,
+    key: str,
+    name: str,
+    version: int,
+    input_json: str,
+    now: datetime,
+    *,
+    timeout: float | None = None,
 ) -> ChildRun:
     """Create the child run ``"{run_id}/{key}"`` in the parent's scope (inside the
     parent's fenced transaction); the same child again is the existing run.
+    ``timeout``: its workflow's declared one.
 
     A run of that id that is not this parent's child (a caller started it) is
     :class:`WorkflowIdentityConflict`: it would never wake the parent when it ends."""
@@ -127,6 +153,7 @@ def create_child(
         now,
         parent_pk=parent.pk,
         parent_key=key,
+        timeout=timeout,
     )
     child = WorkflowRun.objects.for_scope(parent.scope_hash).get(run_id=run_id)
     if child.parent_id != parent.pk:
