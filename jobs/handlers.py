@@ -92,6 +92,9 @@ class HandlerSpec:
     #: The library's own plumbing (the workflow engine's advances): its jobs are
     #: staged by the library alone, and the jobs admin hides them unless asked.
     library: bool = field(default=False)
+    #: A job of a sequence that ends Failed halts the sequence until an operator
+    #: retries or cancels it.
+    sequence_halts_on_failure: bool = field(default=False)
 
     def snooze_limit(self) -> int:
         """The snoozes a job of this handler may take (``max_snoozes`` or the setting)."""
@@ -178,6 +181,7 @@ def job_handler(
     rate: tuple[int, float] | None = None,
     max_snoozes: int | None = None,
     library: bool = False,
+    sequence_halts_on_failure: bool = False,
 ) -> Callable[[Handler], Handler]:
     """Register a function as the handler of ``name`` at ``version``.
 
@@ -207,6 +211,9 @@ def job_handler(
     ``library``: for the library's own apps, a handler of plumbing whose jobs only
     the library stages (the workflow engine's advances); the jobs admin lists them
     only when its "engine jobs" filter shows them.
+    ``sequence_halts_on_failure``: a job of a sequence (``sequence_key``) that ends
+    Failed keeps the sequence's later jobs waiting until an operator retries it or
+    cancels it; by default the next one starts. Every version of a name says the same.
     """
     validation.name(name, "handler")
     validation.integer(version, "version", 1, 2**31 - 1)
@@ -233,6 +240,12 @@ def job_handler(
             f"got {max_snoozes!r}"
         )
 
+    if not isinstance(sequence_halts_on_failure, bool):
+        raise JobsConfigurationError(
+            f"handler {name!r}: sequence_halts_on_failure must be True or False, "
+            f"got {sequence_halts_on_failure!r}"
+        )
+
     def decorator(func: Handler) -> Handler:
         spec = HandlerSpec(
             name,
@@ -245,6 +258,7 @@ def job_handler(
             limits,
             max_snoozes,
             library,
+            sequence_halts_on_failure,
         )
         key = (name, version)
         with _lock:
@@ -260,6 +274,16 @@ def job_handler(
                         f"({limits.describe()}) that differ from version {other.version}'s "
                         f"({other.limits.describe()}): limits apply to every version of a "
                         "name, so declare the same ones"
+                    )
+                if (
+                    other.name == name
+                    and other.version != version
+                    and other.sequence_halts_on_failure != sequence_halts_on_failure
+                ):
+                    raise JobsConfigurationError(
+                        f"handler {name!r} version {version} says sequence_halts_on_failure="
+                        f"{sequence_halts_on_failure}, version {other.version} says "
+                        f"{other.sequence_halts_on_failure}: a sequence halts by the name"
                     )
             _registry[key] = spec
             _limits.cache_clear()
@@ -304,6 +328,13 @@ def handler_limits() -> dict[str, Limits]:
 def _limits() -> dict[str, Limits]:
     with _lock:
         return {spec.name: spec.limits for spec in _registry.values() if spec.limits}
+
+
+def halting_handlers() -> frozenset[str]:
+    """The names of the registered handlers whose Failed jobs halt their sequence
+    (``sequence_halts_on_failure=True``)."""
+    with _lock:
+        return frozenset(spec.name for spec in _registry.values() if spec.sequence_halts_on_failure)
 
 
 def unregister(name: str, version: int) -> None:

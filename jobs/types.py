@@ -427,6 +427,8 @@ class Claim:
     due_at: datetime | None = None
     #: When the attempt was claimed.
     started_at: datetime | None = None
+    #: The job's sequence (``sequence_key``), or None: its finish releases the next.
+    sequence_key: str | None = None
 
     @property
     def payload(self) -> Any:

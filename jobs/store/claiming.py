@@ -29,6 +29,7 @@ from ..models import Job
 from ..types import Claim, FinishOutcome
 from . import sql, sql_flow
 from .base import current_time
+from .endings import follow
 from .finishing import (
     Finished,
     Finishing,
@@ -36,6 +37,7 @@ from .finishing import (
     completions,
     finish_batch,
     finishing_params,
+    in_sequences,
     outcomes,
     read_finished,
 )
@@ -117,6 +119,8 @@ def _claim_rows(
     finished: dict[str, Finished] = {}
     if finishing:
         finished = read_finished(cast(list[sql.FinishedRow], rows))
+        # The statement counted their batches; their sequences release the next here.
+        follow(connection, [job.moved() for job in finished.values()], now, counted=True)
     if finishing or limits:
         rows = [row for row in rows if row["kind"] == "claimed"]
     if rows and not is_postgres(connection):
@@ -289,6 +293,20 @@ def complete_and_claim(
     validation.integer(limit, "limit", 0, 10_000)
     if not limit:
         return complete_many(completed, now=now), []
+    if in_sequences(completed) and connection_for(Job).get_autocommit():
+        # The next job of a sequence is released after the finish locked its row, in
+        # the same transaction (see jobs.store.endings).
+        with transaction.atomic(using=alias_for(Job)):
+            return complete_and_claim(
+                completed,
+                worker_id,
+                limit=limit,
+                queues=queues,
+                lease_seconds=lease_seconds,
+                identity=identity,
+                limits=limits,
+                now=now,
+            )
     worker_id = validation.text(worker_id, "worker_id", validation.MAX_NAME_LENGTH)
     now = current_time(now)
     expires = now + timedelta(seconds=lease_seconds or jobs_settings().LEASE_SECONDS)

@@ -85,11 +85,12 @@ _JSON_LIMIT_KEY = f"(r.v->>{len(JSON_ROW) + 2})::varchar"
 
 def _head(queue: str, priority: str) -> str:
     """The first Queued job's place in line in ``queue`` at ``priority`` (SQL
-    expressions), through ``jobs_job_head_idx``; NULL if there is none."""
+    expressions), through ``jobs_job_head_idx``; NULL if there is none. A job held
+    behind an earlier one of its sequence is not in line."""
     return (
         f"(SELECT h.fair_at FROM {JOB} AS h WHERE h.queue = {queue}"
         f" AND h.priority = {priority} AND h.status = '{JobStatus.QUEUED.value}'"
-        " ORDER BY h.fair_at LIMIT 1)"
+        " AND NOT h.sequence_held ORDER BY h.fair_at LIMIT 1)"
     )
 
 
