@@ -446,17 +446,17 @@ class Batch(models.Model):
     then_not_before = models.DateTimeField(null=True, blank=True)
     trace_context = models.TextField(null=True, blank=True)  # noqa: DJ001
     created_at = models.DateTimeField()
-    # When its last job ended (the first time ``pending`` reached 0).
+    # When its last job ended (``pending`` reached 0; an operator's retry of a job
+    # opens the batch again).
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "batches"
         ordering = ["-created_at", "-id"]
         constraints = [
+            # No CHECK on the counts: the statements that change them are upserts in key
+            # order (for their locks' order), whose proposed rows carry the changes.
             models.UniqueConstraint(fields=["scope_hash", "batch_id"], name="jobs_batch_identity"),
-            models.CheckConstraint(
-                condition=Q(pending__gte=0, pending__lte=F("total")), name="jobs_batch_pending"
-            ),
         ]
         indexes = [
             models.Index("created_at", name="jobs_batch_open_idx", condition=Q(pending__gt=0))
@@ -485,7 +485,6 @@ class Sequence(models.Model):
             models.UniqueConstraint(
                 fields=["scope_hash", "sequence_key"], name="jobs_sequence_identity"
             ),
-            models.CheckConstraint(condition=Q(open__gte=0), name="jobs_sequence_open"),
         ]
         indexes = [
             models.Index(

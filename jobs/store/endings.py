@@ -127,6 +127,42 @@ def follow(
     _release(connection, concerned, params)
 
 
+def admit(
+    connection: BaseDatabaseWrapper, jobs: Sequence[tuple[str, str, str]], now: datetime
+) -> None:
+    """New jobs of sequences, inserted held — ``(scope_hash, job_id, sequence_key)`` in
+    submission order — counted in their sequences in the submit's transaction (their
+    rows locked, in key order); in a sequence with no other open job and not halted,
+    the first of them is released. A job of a sequence with open jobs stays held until
+    the statement that ends the last of those releases it (:func:`follow`)."""
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for scope_hash, job_id, key in jobs:
+        group = groups.setdefault((scope_hash, key), [job_id, 0])
+        group[1] += 1
+    if not groups:
+        return
+    ordered = sorted(groups.items())
+    when = adapt_dt(connection, now)
+    if is_postgres(connection):
+        fetch(
+            connection,
+            sql_endings.ADMIT_MANY,
+            {
+                "now": when,
+                "scopes": [scope_hash for (scope_hash, _key), _group in ordered],
+                "keys": [key for (_scope_hash, key), _group in ordered],
+                "counts": [count for _identity, (_first, count) in ordered],
+                "firsts": [first for _identity, (first, _count) in ordered],
+            },
+        )
+        return
+    for (scope_hash, key), (first, count) in ordered:
+        identity = {"scope_hash": scope_hash, "sequence_key": key}
+        (row,) = fetch(connection, sql_endings.ADMIT, {**identity, "count": count, "now": when})
+        if row["open"] == count and row["halted_by"] is None:
+            fetch(connection, sql_endings.RELEASE_NEW, {"scope_hash": scope_hash, "job_id": first})
+
+
 def readmit(connection: BaseDatabaseWrapper, job: Moved, now: datetime) -> None:
     """A final job of a sequence Queued again (a retry), in the caller's transaction:
     counted in its batch, and in its sequence — where it goes on at once if it is the

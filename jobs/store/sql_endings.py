@@ -88,7 +88,7 @@ def _moves(source: str, *, batches: bool) -> str:
 def _batch_upsert(moves: str) -> str:
     """Add ``moves`` (rows of ``scope_hash``, ``batch_id``, ``pending`` and the
     :data:`BUCKETS`, as changes) to their batches, in key order; a batch whose
-    ``pending`` reaches 0 finishes at ``now`` (the first time). Only batches that exist
+    ``pending`` reaches 0 finishes at ``now`` (a retry opens it again). Only batches that exist
     are written (the ``EXISTS`` guard: the insert never happens, the upsert is only
     for its order). Returns each batch's key, new ``pending`` and its ``then``."""
     names = ("pending", *BUCKETS)
@@ -103,7 +103,8 @@ def _batch_upsert(moves: str) -> str:
         f" ON CONFLICT (scope_hash, batch_id) DO UPDATE SET {sets},"
         " finished_at = CASE WHEN b.pending + excluded.pending = 0"
         " THEN COALESCE(b.finished_at, excluded.created_at) ELSE NULL END"
-        " RETURNING b.scope_hash, b.batch_id, b.pending"
+        # Unqualified: SQLite's RETURNING names the target's columns only so.
+        " RETURNING scope_hash, batch_id, pending"
     )
 
 
@@ -118,7 +119,7 @@ def _sequence_upsert(moves: str) -> str:
         " WHERE e.scope_hash = m.scope_hash AND e.sequence_key = m.sequence_key)"
         " ORDER BY m.scope_hash, m.sequence_key"
         " ON CONFLICT (scope_hash, sequence_key) DO UPDATE SET open = s.open + excluded.open,"
-        " updated_at = excluded.updated_at RETURNING s.scope_hash, s.sequence_key, s.open"
+        " updated_at = excluded.updated_at RETURNING scope_hash, sequence_key, open"
     )
 
 
@@ -308,6 +309,36 @@ ADMIT = (
     " updated_at = excluded.updated_at RETURNING open, halted_by"
 )
 
+_ADMISSIONS = (
+    "SELECT * FROM unnest(%(scopes)s::varchar[], %(keys)s::varchar[], %(counts)s::bigint[],"
+    " %(firsts)s::varchar[]) AS m(scope_hash, sequence_key, n, first_job)"
+)
+
+#: PostgreSQL: admit new jobs of sequences, inserted held, in the submit's transaction:
+#: per sequence (``scopes``, ``keys``), its ``counts`` new jobs counted in ``open`` (in
+#: key order, taking the rows' locks), and where they are all its open jobs and it is
+#: not halted, the first of them (``firsts``, a job id) released at ``now``. Returns
+#: each released job's ``id``.
+ADMIT_MANY = (
+    f"WITH m AS ({_ADMISSIONS}),"
+    f" admitted AS (INSERT INTO {SEQUENCE} AS s (scope_hash, sequence_key, open, updated_at)"
+    " SELECT scope_hash, sequence_key, n, %(now)s FROM m ORDER BY scope_hash, sequence_key"
+    " ON CONFLICT (scope_hash, sequence_key) DO UPDATE SET open = s.open + excluded.open,"
+    " updated_at = excluded.updated_at"
+    " RETURNING s.scope_hash, s.sequence_key, s.open, s.halted_by)"
+    f" UPDATE {JOB} AS j SET sequence_held = FALSE FROM admitted AS a JOIN m"
+    " ON m.scope_hash = a.scope_hash AND m.sequence_key = a.sequence_key"
+    " WHERE j.scope_hash = m.scope_hash AND j.job_id = m.first_job AND a.open = m.n"
+    f" AND a.halted_by IS NULL AND j.sequence_held AND j.status = '{QUEUED}' RETURNING j.id"
+)
+
+#: SQLite, after :data:`ADMIT` (``count`` new jobs): release the new job ``job_id`` of
+#: scope ``scope_hash``, held at its insert.
+RELEASE_NEW = (
+    f"UPDATE {JOB} SET sequence_held = FALSE WHERE scope_hash = %(scope_hash)s"
+    f" AND job_id = %(job_id)s AND status = '{QUEUED}' AND sequence_held RETURNING id"
+)
+
 #: Release job ``id`` (held at its submit, or by a retry) at ``now``.
 RELEASE_ONE = (
     f"UPDATE {JOB} SET sequence_held = FALSE, updated_at = %(now)s"
@@ -372,3 +403,19 @@ UNHALT = (
 
 #: Hold job ``id`` (Queued again by a retry) behind an earlier one of its sequence.
 HOLD_ONE = f"UPDATE {JOB} SET sequence_held = TRUE WHERE id = %(id)s AND status = '{QUEUED}'"
+
+
+# --------------------------------------------------------------------------- batches
+
+#: A new batch (``scope_hash``, ``batch_id``) of ``total`` jobs, all pending, with its
+#: ``digest`` and ``then`` (``then_handler`` NULL: none), created at ``now``; nothing
+#: if the batch id is taken. Returns the new row's ``id``.
+INSERT_BATCH = (
+    f"INSERT INTO {BATCH} (scope_hash, batch_id, digest, total, pending, succeeded, failed,"
+    " cancelled, expired, then_handler, then_version, then_payload_json, then_queue,"
+    " then_priority, then_max_attempts, then_not_before, trace_context, created_at)"
+    " VALUES (%(scope_hash)s, %(batch_id)s, %(digest)s, %(total)s, %(total)s, 0, 0, 0, 0,"
+    " %(then_handler)s, %(then_version)s, %(then_payload_json)s, %(then_queue)s,"
+    " %(then_priority)s, %(then_max_attempts)s, %(then_not_before)s, %(trace_context)s,"
+    " %(now)s) ON CONFLICT (scope_hash, batch_id) DO NOTHING RETURNING id"
+)

@@ -156,11 +156,20 @@ def reserve_lane(vendor: str, *, new_job: bool = False) -> str:
 
 #: The columns a single submit with a unique key sets too (``unique_key_0``…).
 UNIQUE_COLUMNS = ("unique_key", "unique_while", "debounce_until")
+#: The columns a job of a batch or of a sequence sets too (``batch_id_0``…): a job of a
+#: sequence is inserted held, and released by its admission (see
+#: :data:`jobs.store.sql_endings.ADMIT_MANY`).
+MEMBER_COLUMNS = ("batch_id", "sequence_key", "sequence_held")
 
 
 @functools.lru_cache(maxsize=64)
 def insert_jobs(
-    rows: int, *, notify: bool = False, lane: bool = False, unique: bool = False
+    rows: int,
+    *,
+    notify: bool = False,
+    lane: bool = False,
+    unique: bool = False,
+    member: bool = False,
 ) -> str:
     """``INSERT … ON CONFLICT DO NOTHING`` of ``rows`` new jobs (:func:`jobs.db.numbered`
     parameters of :data:`NEW_JOB_COLUMNS`), returning the ``scope_hash``, ``job_id``,
@@ -173,9 +182,12 @@ def insert_jobs(
     (:func:`reserve_lane` with ``new_job``, whose parameters it takes too), in place of
     ``fair_at_0``. With ``unique`` (one job with a unique key), it sets the
     :data:`UNIQUE_COLUMNS` too and yields to any unique constraint, the identity or a
-    key held (``ON CONFLICT DO NOTHING`` with no target).
+    key held (``ON CONFLICT DO NOTHING`` with no target). With ``member``, the
+    :data:`MEMBER_COLUMNS` too.
     """
     columns = (*NEW_JOB_COLUMNS, *UNIQUE_COLUMNS) if unique else NEW_JOB_COLUMNS
+    if member:
+        columns = (*columns, *MEMBER_COLUMNS)
     values = values_of(columns, rows)
     if lane:
         values = values.replace("%(fair_at_0)s", "COALESCE((SELECT tail FROM lane), %(fair_at_0)s)")
@@ -205,15 +217,28 @@ def insert_jobs(
 #: ``trace_context`` and
 #: the :data:`NEW_JOB_SHARED` columns. Returns the ``scope_hash`` and ``job_id`` of
 #: each job actually inserted.
-INSERT_JOBS_JSON = (
-    f"INSERT INTO {JOB} ({', '.join(NEW_JOB_COLUMNS)})"
-    f" SELECT {', '.join(_JSON_ROW.values())},"
-    f" COALESCE({_JSON_ROW['initial_not_before']}, %(created_at)s), {_JSON_FAIR_AT},"
-    f" {_JSON_START_BY}, {_JSON_LIMIT_KEY},"
-    f" {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}"
-    " FROM jsonb_array_elements(%(rows)s::jsonb) AS r(v)"
-    " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id"
-)
+@functools.lru_cache(maxsize=2)
+def insert_jobs_json(*, member: bool = False) -> str:
+    """PostgreSQL: :data:`INSERT_JOBS_JSON`; with ``member``, the jobs of batch
+    ``batch_id`` (NULL: none) and each row's ``sequence_key`` after its ``limit_key``
+    (a job of a sequence is inserted held)."""
+    columns = (*NEW_JOB_COLUMNS, *MEMBER_COLUMNS) if member else NEW_JOB_COLUMNS
+    sequence_key = f"(r.v->>{len(JSON_ROW) + 3})::varchar"
+    members = (
+        f", %(batch_id)s::varchar, {sequence_key}, {sequence_key} IS NOT NULL" if member else ""
+    )
+    return (
+        f"INSERT INTO {JOB} ({', '.join(columns)})"
+        f" SELECT {', '.join(_JSON_ROW.values())},"
+        f" COALESCE({_JSON_ROW['initial_not_before']}, %(created_at)s), {_JSON_FAIR_AT},"
+        f" {_JSON_START_BY}, {_JSON_LIMIT_KEY},"
+        f" {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}{members}"
+        " FROM jsonb_array_elements(%(rows)s::jsonb) AS r(v)"
+        " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id"
+    )
+
+
+INSERT_JOBS_JSON = insert_jobs_json()
 
 #: PostgreSQL: a whole bulk submission as one statement, run in autocommit (its own
 #: transaction, one round trip). Parameters as for :data:`INSERT_JOBS_JSON`; rows are
