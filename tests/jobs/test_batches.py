@@ -13,11 +13,11 @@ from django.test.utils import CaptureQueriesContext
 
 from jobs import (
     JobScope,
-    store,
     JobStatus,
     JobSubmission,
     execution,
     stage_batch,
+    store,
     submit_batch,
     submit_job,
 )
@@ -156,9 +156,13 @@ class TestSubmit:
         assert not Batch.objects.exists()
 
     def test_a_staged_batch_exists_only_if_its_transaction_commits(self) -> None:
-        with pytest.raises(RuntimeError), transaction.atomic():
-            stage_batch(SCOPE, "b", [row(1), row(2)], then=THEN)
-            raise RuntimeError("the business work failed")
+        def failing_work() -> None:
+            with transaction.atomic():
+                stage_batch(SCOPE, "b", [row(1), row(2)], then=THEN)
+                raise RuntimeError("the business work failed")
+
+        with pytest.raises(RuntimeError):
+            failing_work()
         assert not Batch.objects.exists()
         assert not Job.objects.exists()
         with transaction.atomic():
@@ -197,7 +201,8 @@ class TestFanIn:
             "imports.done",
             '{"import":9}',
         )
-        assert then.status == JobStatus.QUEUED and then.batch_id is None
+        assert then.status == JobStatus.QUEUED
+        assert then.batch_id is None
         done = JobScope(SCOPE).batch("imp")
         assert done is not None
         assert (done.succeeded, done.failed, done.pending, done.status) == (2, 1, 0, "done")
@@ -236,7 +241,8 @@ class TestFanIn:
         # An automatic retry: the job is not final, the batch stays open.
         assert execution.fail(claim.token, "x", retry_at=datetime.now(UTC)).value == "requeued"
         batch = JobScope(SCOPE).batch("imp")
-        assert batch is not None and (batch.failed, batch.pending) == (0, 1)
+        assert batch is not None
+        assert (batch.failed, batch.pending) == (0, 1)
         assert not then_jobs()
         (claim,) = claim_all()
         execution.fail(claim.token, "y", retry_at=datetime.now(UTC))  # no attempt left
@@ -244,19 +250,22 @@ class TestFanIn:
         # An operator's retry takes it back to pending; its end does not submit then again.
         JobScope(SCOPE).retry("row-1", extra_attempts=1)
         batch = JobScope(SCOPE).batch("imp")
-        assert batch is not None and (batch.failed, batch.pending, batch.status) == (0, 1, "open")
+        assert batch is not None
+        assert (batch.failed, batch.pending, batch.status) == (0, 1, "open")
         (claim,) = [c for c in claim_all() if c.job_id == "row-1"]
         execution.complete(claim.token)
         assert len(then_jobs()) == 1
         batch = JobScope(SCOPE).batch("imp")
-        assert batch is not None and (batch.succeeded, batch.pending) == (1, 0)
+        assert batch is not None
+        assert (batch.succeeded, batch.pending) == (1, 0)
 
     def test_complete_many_and_the_finish_and_claim_count_every_job(self) -> None:
         submit_batch(SCOPE, "imp", [row(n) for n in range(6)], then=THEN)
         claims = claim_all(limit=3)
         execution.complete_many([(c, None) for c in claims])
         batch = JobScope(SCOPE).batch("imp")
-        assert batch is not None and batch.pending == 3
+        assert batch is not None
+        assert batch.pending == 3
         rest = claim_all(limit=2)
         outcomes, more = execution.complete_and_claim([(c, None) for c in rest], "w1", limit=5)
         assert len(outcomes) == 2
@@ -301,6 +310,7 @@ class TestRaces:
             assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
             assert Job.objects.filter(job_id=f"{batch_id}:then").count() == 1
             batch = JobScope(SCOPE).batch(batch_id)
-            assert batch is not None and (batch.succeeded, batch.pending) == (4, 0)
+            assert batch is not None
+            assert (batch.succeeded, batch.pending) == (4, 0)
             # Start the next round with nothing left over.
             Job.objects.all().delete()
