@@ -176,9 +176,10 @@ def readmit(connection: BaseDatabaseWrapper, job: Moved, now: datetime) -> None:
     (row,) = fetch(connection, sql_endings.ADMIT, {**params, **key, "count": 1})
     halted_by = row["halted_by"]
     if halted_by == job.job_id:
+        # It halted the sequence: every other open job of it is held behind it.
         fetch(connection, sql_endings.UNHALT, {**params, **key, "job_id": job.job_id})
-        halted_by = None
-    if row["open"] > 1 or halted_by is not None:
+        fetch(connection, sql_endings.RELEASE_ONE, {**params, "id": job.id})
+    elif row["open"] > 1 or halted_by is not None:
         fetch(connection, sql_endings.HOLD_ONE, {"id": job.id})
     else:
         # It may have ended held (a cancel or an expiry of a held job keeps the flag).

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import sqlparse
 
-from jobs.store import sql, sql_flow, sql_submit
+from jobs.store import sql, sql_endings, sql_flow, sql_submit
 from outbox import store as outbox_store
 
 GOLDEN = Path(__file__).parent / "golden_sql"
@@ -148,6 +148,7 @@ def _variants() -> dict[str, Callable[[], str]]:
     add("recover_attempt", lambda: sql_flow.RECOVER_ATTEMPT)
 
     _limit_variants(add)
+    _ending_variants(add)
 
     # The outbox store's statements built as text (the rest are the ORM's).
     for keyed in (False, True):
@@ -177,6 +178,48 @@ def _variants() -> dict[str, Callable[[], str]]:
                 lambda v=vendor, g=guard: outbox_store.recover_sql(v, g),
             )
     return out
+
+
+def _ending_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
+    """What follows a job's move into, out of or between final states: batches and
+    sequences (every other statement that moves jobs wraps itself in
+    :func:`sql_endings.with_endings` on PostgreSQL)."""
+    for name, statement, was in (
+        ("expire_jobs", sql_flow.expire_jobs("postgresql"), "'queued'"),
+        ("put_back_unknown_handler", sql_flow.PUT_BACK_UNKNOWN_HANDLER, "'running'"),
+        ("cancel_queued", sql_endings.CANCEL_QUEUED, "'queued'"),
+        ("cancel_failed", sql_endings.CANCEL_FAILED, "'failed'"),
+    ):
+        add(
+            f"with_endings-postgresql-{name}",
+            lambda s=statement, w=was: sql_endings.with_endings(s, w),
+        )
+    add("cancel_queued", lambda: sql_endings.CANCEL_QUEUED)
+    add("cancel_failed", lambda: sql_endings.CANCEL_FAILED)
+    add("release-postgresql", lambda: sql_endings.RELEASE)
+    add("halt-sqlite", lambda: sql_endings.HALT_SQLITE)
+    add("unhalt", lambda: sql_endings.UNHALT)
+    add("hold_one", lambda: sql_endings.HOLD_ONE)
+    add("release_one", lambda: sql_endings.RELEASE_ONE)
+    add("release_new-sqlite", lambda: sql_endings.RELEASE_NEW)
+    add("admit", lambda: sql_endings.ADMIT)
+    add("admit_many-postgresql", lambda: sql_endings.ADMIT_MANY)
+    add("insert_batch", lambda: sql_endings.INSERT_BATCH)
+    for rows in (1, 3):
+        add(f"release-sqlite-rows{rows}", lambda r=rows: sql_endings.release_sqlite(r))
+        add(f"batch_moves-rows{rows}", lambda r=rows: sql_endings.batch_moves_sqlite(r))
+        add(f"sequence_moves-rows{rows}", lambda r=rows: sql_endings.sequence_moves_sqlite(r))
+        add(f"insert_thens-rows{rows}", lambda r=rows: sql_endings.insert_thens_sqlite(r))
+    add("insert_jobs-rows1-member", lambda: sql_submit.insert_jobs(1, member=True))
+    add("insert_jobs-rows3-member", lambda: sql_submit.insert_jobs(3, member=True))
+    add(
+        "insert_jobs-rows1-notify-lane-unique-member-postgresql",
+        lambda: sql_submit.insert_jobs(1, notify=True, lane=True, unique=True, member=True),
+    )
+    add(
+        "insert_jobs_json-member-postgresql",
+        lambda: sql_submit.insert_jobs_json(member=True),
+    )
 
 
 def _limit_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
