@@ -119,7 +119,8 @@ def _batch_jobs(jobs: object) -> list[tuple[str, JobSubmission]]:
 
 def _then(then: object) -> JobSubmission | None:
     """A batch's ``then``: None, or a submission without rules whose handler is known
-    where the registry can tell (this process registered handlers)."""
+    where the registry can tell (this process discovered its handlers, as a worker
+    does)."""
     if then is None:
         return None
     submission = _submission(then)
@@ -128,10 +129,10 @@ def _then(then: object) -> JobSubmission | None:
             "a batch's then takes no start deadline, unique_key, debounce or sequence_key"
         )
     # Not at the top: the registry imports the handlers' modules' context.
-    from .handlers import registered_handlers
+    from .handlers import knows_every_handler, registered_handlers
 
     known = {(spec.name, spec.version) for spec in registered_handlers()}
-    if known and (submission.handler, submission.handler_version) not in known:
+    if knows_every_handler() and (submission.handler, submission.handler_version) not in known:
         raise UnknownHandler(
             f"the batch's then names handler {submission.handler!r} version "
             f"{submission.handler_version}, which this process does not register"
@@ -154,8 +155,9 @@ def submit_batch(
     or Expired); its handler reads the batch's counts as ``ctx.batch``. The same batch
     id with the same jobs returns the stored batch (``created`` False); other jobs
     raise :class:`~jobs.exceptions.BatchIdentityConflict`. An empty batch, a job id
-    given twice and a ``then`` whose handler this process does not register (when it
-    registers any) are refused, writing nothing. Refuses to run inside
+    given twice and a ``then`` whose handler the registry does not know (where it can
+    tell: a process that discovered its handlers, as a worker does) are refused,
+    writing nothing. Refuses to run inside
     ``transaction.atomic``: use :func:`stage_batch`.
     """
     scope_hash = validation.scope_hash(scope)

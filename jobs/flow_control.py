@@ -93,3 +93,20 @@ class ClaimLimits:
 
 
 NO_LIMITS = ClaimLimits()
+
+
+#: The handler names whose Failed jobs halt their sequence
+#: (``@job_handler(sequence_halts_on_failure=True)``), kept by the registry
+#: (:mod:`jobs.handlers`) and read by the store when a job of a sequence ends.
+_halting: frozenset[str] = frozenset()
+
+
+def halting_handlers() -> frozenset[str]:
+    """The registered handler names whose Failed jobs halt their sequence."""
+    return _halting
+
+
+def set_halting_handlers(names: frozenset[str]) -> None:
+    """The registry's names that halt sequences (called under its lock)."""
+    global _halting
+    _halting = names

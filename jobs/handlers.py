@@ -27,7 +27,7 @@ from . import validation
 from .conf import jobs_settings
 from .context import JobContext as JobContext  # public here too: jobs.handlers.JobContext
 from .exceptions import InvalidInput, JobsConfigurationError, UnknownHandler
-from .flow_control import Limits
+from .flow_control import Limits, set_halting_handlers
 from .retry import PermanentFailure as PermanentFailure  # public here too
 from .retry import RetryPolicy as RetryPolicy  # public here too
 from .types import CancelReason
@@ -287,6 +287,7 @@ def job_handler(
                     )
             _registry[key] = spec
             _limits.cache_clear()
+            _note_halting()
         return func
 
     return decorator
@@ -330,11 +331,11 @@ def _limits() -> dict[str, Limits]:
         return {spec.name: spec.limits for spec in _registry.values() if spec.limits}
 
 
-def halting_handlers() -> frozenset[str]:
-    """The names of the registered handlers whose Failed jobs halt their sequence
-    (``sequence_halts_on_failure=True``)."""
-    with _lock:
-        return frozenset(spec.name for spec in _registry.values() if spec.sequence_halts_on_failure)
+def _note_halting() -> None:
+    """Tell the store which names halt their sequences (under ``_lock``)."""
+    set_halting_handlers(
+        frozenset(spec.name for spec in _registry.values() if spec.sequence_halts_on_failure)
+    )
 
 
 def unregister(name: str, version: int) -> None:
@@ -342,6 +343,7 @@ def unregister(name: str, version: int) -> None:
     with _lock:
         _registry.pop((name, version), None)
         _limits.cache_clear()
+        _note_halting()
 
 
 _discovery_hooks: list[Callable[[], None]] = []
@@ -363,8 +365,21 @@ def autodiscover() -> None:
     """Import ``<app>.<AUTODISCOVER_MODULE>`` for every installed app, then run the
     hooks of :func:`register_autodiscovery` (the task modules named by each
     ``jobs.backends.JobsBackend`` in the ``TASKS`` setting)."""
+    global _discovered
     autodiscover_modules(jobs_settings().AUTODISCOVER_MODULE)
     with _lock:
         hooks = list(_discovery_hooks)
     for hook in hooks:
         hook()
+    _discovered = True
+
+
+#: Whether this process ran :func:`autodiscover` (a worker does; a web process
+#: usually not): only then does the registry know every handler the project has.
+_discovered = False
+
+
+def knows_every_handler() -> bool:
+    """Whether the registry can tell a handler that does not exist from one whose
+    module this process never imported: it ran :func:`autodiscover`."""
+    return _discovered

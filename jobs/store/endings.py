@@ -33,6 +33,7 @@ from ledon.db import adapt_dt, is_postgres
 from ..conf import jobs_settings
 from ..db import fetch, numbered
 from ..fair_share import place
+from ..flow_control import halting_handlers
 from ..types import JobStatus
 from . import sql_endings
 from .base import CHUNK_ROWS, notify
@@ -258,10 +259,6 @@ def _release(
     """Halt the sequences of jobs that ended Failed under a handler that halts on
     failure, then release the next job of every other sequence of ``moved`` that has
     none Queued or Running."""
-    # Not at the top: the registry imports the handlers' context, which imports the
-    # store lazily; a store reads the registry only here.
-    from ..handlers import halting_handlers
-
     halting = halting_handlers()
     sequences = sorted({(j.scope_hash, j.sequence_key) for j in moved if j.sequence_key})
     if not sequences:

@@ -25,6 +25,7 @@ from ledon.db import id_among_locked
 from ..db import in_list, numbered, random_token_sql, union_by_kind, values_of
 from ..models import Job, JobAttempt, Lane, LimitCounter, Queue, ScopeWeight, UniqueHold
 from ..types import FINISHED_STATUSES, Claim, JobStatus
+from .sql_endings import ending_ctes
 
 JOB = Job._meta.db_table
 ATTEMPT = JobAttempt._meta.db_table
@@ -430,10 +431,6 @@ def _finish_ctes(
     tokens also travel as a plain array, which a plan can look up in the token index
     whatever its row estimate for the unnest. With ``give_back``, the finished jobs'
     counts go back to their limit counters (``given_back``)."""
-    # Not at the top: what follows builds on the new job's columns of the submit's SQL,
-    # which builds on this module.
-    from .sql_endings import ending_ctes
-
     guard = _job_guard(lease_guard=lease_guard, owner_guard=owner_guard)
     given_back = ""
     if give_back:

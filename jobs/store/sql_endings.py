@@ -28,13 +28,15 @@ from __future__ import annotations
 import functools
 
 from ..db import values_of
-from ..models import Batch, Sequence
+from ..models import Batch, Job, Sequence
 from ..types import JobStatus
-from .sql import JOB, QUEUED, RUNNING
-from .sql_submit import NEW_JOB_COLUMNS
 
+# Of its own, not from jobs.store.sql: that module builds on this one.
+JOB = Job._meta.db_table
 BATCH = Batch._meta.db_table
 SEQUENCE = Sequence._meta.db_table
+QUEUED = JobStatus.QUEUED.value
+RUNNING = JobStatus.RUNNING.value
 
 #: The buckets a batch counts its jobs in, besides ``pending`` (Queued, Running).
 BUCKETS = ("succeeded", "failed", "cancelled", "expired")
@@ -123,40 +125,44 @@ def _sequence_upsert(moves: str) -> str:
     )
 
 
+#: A ``then`` job's columns as its insert sets them: a new job's
+#: (:data:`jobs.store.sql_submit.NEW_JOB_COLUMNS`, a test holds them equal), from its
+#: batch's row.
+THEN_VALUES = {
+    "scope_hash": "b.scope_hash",
+    "job_id": "b.batch_id || ':then'",
+    "handler": "b.then_handler",
+    "handler_version": "b.then_version",
+    "payload_json": "b.then_payload_json",
+    "queue": "b.then_queue",
+    "priority": "b.then_priority",
+    "max_attempts": "b.then_max_attempts",
+    "initial_not_before": "b.then_not_before",
+    "trace_context": "b.trace_context",
+    "next_run_at": "COALESCE(b.then_not_before, %(now)s)",
+    "fair_at": "%(now_place)s",
+    "start_by": "NULL",
+    "status": f"'{QUEUED}'",
+    "attempt_count": "0",
+    "snooze_count": "0",
+    "cancel_requested": "FALSE",
+    "progress_message": "''",
+    "error": "''",
+    "leased_by": "''",
+    "created_at": "%(now)s",
+    "updated_at": "%(now)s",
+}
+
+
 def _then_insert(batches: str, *, notify: bool = False) -> str:
     """Insert the ``then`` job of every batch of ``batches`` (a query of ``scope_hash``
     and ``batch_id``) that has one: job ``"<batch id>:then"`` of its scope, due at its
     not-before time or ``now``, placed at ``now_place`` as a job due then. On
     PostgreSQL a due one wakes the workers (on ``channel``, delivered on commit).
     Returns each inserted job's ``queue`` and ``next_run_at``."""
-    values = {
-        "scope_hash": "b.scope_hash",
-        "job_id": "b.batch_id || ':then'",
-        "handler": "b.then_handler",
-        "handler_version": "b.then_version",
-        "payload_json": "b.then_payload_json",
-        "queue": "b.then_queue",
-        "priority": "b.then_priority",
-        "max_attempts": "b.then_max_attempts",
-        "initial_not_before": "b.then_not_before",
-        "trace_context": "b.trace_context",
-        "next_run_at": "COALESCE(b.then_not_before, %(now)s)",
-        "fair_at": "%(now_place)s",
-        "start_by": "NULL",
-        "status": f"'{QUEUED}'",
-        "attempt_count": "0",
-        "snooze_count": "0",
-        "cancel_requested": "FALSE",
-        "progress_message": "''",
-        "error": "''",
-        "leased_by": "''",
-        "created_at": "%(now)s",
-        "updated_at": "%(now)s",
-    }
-    assert tuple(values) == NEW_JOB_COLUMNS
     return (
-        f"INSERT INTO {JOB} ({', '.join(NEW_JOB_COLUMNS)})"
-        f" SELECT {', '.join(values.values())} FROM {BATCH} AS b"
+        f"INSERT INTO {JOB} ({', '.join(THEN_VALUES)})"
+        f" SELECT {', '.join(THEN_VALUES.values())} FROM {BATCH} AS b"
         f" WHERE b.then_handler IS NOT NULL AND EXISTS (SELECT 1 FROM ({batches}) AS d"
         " WHERE d.scope_hash = b.scope_hash AND d.batch_id = b.batch_id)"
         " ORDER BY b.scope_hash, b.batch_id"

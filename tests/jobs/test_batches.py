@@ -30,6 +30,7 @@ from jobs.exceptions import (
     UnknownHandler,
 )
 from jobs.models import Batch, Job
+from jobs.store import sql_endings, sql_submit
 from jobs.types import CancelOutcome, Claim
 
 SCOPE = "tenant-batches"
@@ -138,14 +139,21 @@ class TestSubmit:
             submit_batch(SCOPE, "b" * 195, [row(1)], then=THEN).then_job_id == "b" * 195 + ":then"
         )
 
-    def test_a_then_whose_handler_this_process_does_not_register(self) -> None:
+    def test_a_then_whose_handler_this_process_does_not_register(self, monkeypatch: Any) -> None:
+        from jobs import handlers
+
+        # A handler the registry does not know is one it cannot tell from a module not
+        # imported, until the process discovered its handlers (as a worker does).
+        monkeypatch.setattr(handlers, "_discovered", False)
+        assert submit_batch(SCOPE, "a", [row(0)], then=JobSubmission.create("imports.gone")).created
+        monkeypatch.setattr(handlers, "_discovered", True)
         for unknown in (
             JobSubmission.create("imports.gone"),
             JobSubmission.create("imports.done", version=2),
         ):
             with pytest.raises(UnknownHandler):
                 submit_batch(SCOPE, "b", [row(1)], then=unknown)
-        assert not Batch.objects.exists()
+        assert not Batch.objects.filter(batch_id="b").exists()
         assert submit_batch(SCOPE, "b", [row(1)], then=THEN).created
 
     def test_submit_refuses_a_transaction_and_stage_needs_one(self) -> None:
@@ -177,6 +185,10 @@ class TestSubmit:
             with pytest.raises(BatchIdentityConflict):
                 stage_batch(SCOPE, "b", [row(2)])
         assert not Batch.objects.filter(batch_id="other").exists()
+
+
+def test_a_then_job_is_inserted_as_every_new_job() -> None:
+    assert tuple(sql_endings.THEN_VALUES) == sql_submit.NEW_JOB_COLUMNS
 
 
 def _fields(batch: Any) -> dict[str, Any]:
