@@ -32,7 +32,7 @@ WITH lane AS
                                           tail,
                                           step),
      inserted AS
-  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, fair_at, start_by, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at, unique_key, unique_while, debounce_until, batch_id, sequence_key, sequence_held)
+  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at, unique_key, unique_while, debounce_until, batch_id, sequence_key, sequence_held)
    VALUES (%(scope_hash_0)s,
            %(job_id_0)s,
            %(handler_0)s,
@@ -48,6 +48,7 @@ WITH lane AS
                       (SELECT tail
                        FROM lane), %(fair_at_0)s),
            %(start_by_0)s,
+           %(limit_key_0)s,
            %(status_0)s,
            %(attempt_count_0)s,
            %(snooze_count_0)s,
