@@ -142,6 +142,7 @@ THEN_VALUES = {
     "next_run_at": "COALESCE(b.then_not_before, %(now)s)",
     "fair_at": "%(now_place)s",
     "start_by": "NULL",
+    "limit_key": "''",
     "status": f"'{QUEUED}'",
     "attempt_count": "0",
     "snooze_count": "0",
