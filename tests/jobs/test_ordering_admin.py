@@ -75,3 +75,34 @@ def test_a_halted_sequence_says_by_which_job_and_why(
     assert "acct-1" in halted.content.decode()
     going_on = admin_client.get(reverse("admin:jobs_sequence_changelist"), {"halted": "no"})
     assert "acct-1" not in going_on.content.decode()
+
+
+def test_the_metrics_count_batches_and_halted_sequences(handler: Callable[..., Any]) -> None:
+    from jobs.observability.metrics import gauges
+
+    def samples() -> dict[tuple[str, tuple[str, ...]], float]:
+        return {
+            (family.name, tuple(sample.labels.values())): sample.value
+            for family in gauges()
+            for sample in family.samples
+            if family.name in ("ledon_jobs_batches", "ledon_jobs_sequences_halted")
+        }
+
+    handler("ledger.post", sequence_halts_on_failure=True)(lambda ctx: None)
+    submit_batch(SCOPE, "b1", [("r1", JobSubmission.create("imports.row"))])
+    submit_batch(SCOPE, "b2", [("r2", JobSubmission.create("ledger.post", sequence_key="k"))])
+    assert samples() == {
+        ("ledon_jobs_batches", ("done",)): 0,
+        ("ledon_jobs_batches", ("open",)): 2,
+        ("ledon_jobs_sequences_halted", ()): 0,
+    }
+    for claim in execution.claim_due("w1", limit=5):
+        if claim.job_id == "r2":
+            execution.fail(claim.token, "closed")
+        else:
+            execution.complete(claim.token)
+    assert samples() == {
+        ("ledon_jobs_batches", ("done",)): 2,
+        ("ledon_jobs_batches", ("open",)): 0,
+        ("ledon_jobs_sequences_halted", ()): 1,
+    }
