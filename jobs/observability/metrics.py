@@ -129,7 +129,11 @@ def gauges() -> Iterable[Metric]:
     states = {state.queue: state for state in reads.queue_states(now)}
     _seen_queues.update(states)
     _seen_queues.update(reads.known_queues())
-    queued = GaugeMetricFamily("ledon_jobs_queued", "Queued jobs, per queue.", labels=["queue"])
+    queued = GaugeMetricFamily(
+        "ledon_jobs_queued",
+        "Queued jobs in line, per queue (not those held behind their sequence).",
+        labels=["queue"],
+    )
     running = GaugeMetricFamily("ledon_jobs_running", "Running jobs, per queue.", labels=["queue"])
     oldest = GaugeMetricFamily(
         "ledon_jobs_oldest_due_age_seconds",

@@ -41,10 +41,11 @@ class QueueState:
 
 
 def _queued(now: datetime) -> QuerySet[Any, Any]:
-    # The due index's own condition (Queued, no cancel requested): PostgreSQL reads the
-    # index instead of the table.
+    # The due index's own condition (Queued, no cancel requested, not held by its
+    # sequence): PostgreSQL reads the index instead of the table. A held job waits
+    # apart, behind an earlier job of its sequence: it is not in line yet.
     return (
-        Job.objects.filter(status=JobStatus.QUEUED, cancel_requested=False)
+        Job.objects.filter(status=JobStatus.QUEUED, cancel_requested=False, sequence_held=False)
         .values("queue")
         .annotate(
             queued=Count("id"),
