@@ -944,6 +944,13 @@ def outbox_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
     return outbox_order.measure(runner, chosen)
 
 
+def ordering(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """:func:`benchmarks.ordering.ordering` (imported once Django is set up)."""
+    from .ordering import ordering as measure
+
+    return measure(runner, chosen)
+
+
 Part = Callable[[Runner, list[System]], dict[str, Any]]
 
 #: The parts ``--only`` measures alone: name -> (the measurement, the systems it takes
@@ -957,6 +964,7 @@ PARTS: dict[str, tuple[Part, Callable[[list[str]], list[str]]]] = {
     "profile": (profile_alone, lambda names: [OURS]),
     "fair-share": (fair_share, lambda names: [OURS]),
     "outbox": (outbox_alone, lambda names: [OURS]),
+    "ordering": (ordering, lambda names: [OURS]),
 }
 #: The parts of ``targets``, by the key of its document.
 TARGET_PARTS = {"burn": "burn-down", "flow": "flow-control", "cpu": "cpu", "idle": "pickup-enqueue"}
@@ -1061,6 +1069,8 @@ def run_all(systems: list[str], server: dict[str, str], **session: Any) -> dict[
             save(flow_control=flow_control(runner, [ours]))
             log("fair share, the noisy neighbour and the submit-time rules")
             save(fair_share=fair_share(runner, [ours]))
+            log("batches and sequences")
+            save(ordering=ordering(runner, [ours]))
             log("outbox dispatch, saga steps")
             save(
                 outbox=extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin),

@@ -37,7 +37,8 @@ class Ledon(System):
     def reset(self) -> None:
         with connection.cursor() as cursor:
             cursor.execute(
-                "TRUNCATE jobs_jobattempt, jobs_job, jobs_claimstart, jobs_lane, jobs_uniquehold"
+                "TRUNCATE jobs_jobattempt, jobs_job, jobs_claimstart, jobs_lane, jobs_uniquehold,"
+                " jobs_batch, jobs_sequence"
             )
 
     def enqueue_each(self, count: int) -> None:
