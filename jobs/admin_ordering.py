@@ -91,22 +91,15 @@ class JobOrderingFields:
         return format_html('<a href="{}">{}</a>{}{}', url, obj.sequence_key, held, halted)
 
 
+#: A batch's counts, as its list and its page show them.
+_COUNTS = ("total", "pending", "succeeded", "failed", "cancelled", "expired")
+
+
 @admin.register(Batch)
 class BatchAdmin(ReadOnlyModelAdmin[Batch]):
     """Batches with their counts; a batch's page links to its jobs and its then."""
 
-    list_display = (
-        "batch_id",
-        "status",
-        "total",
-        "pending",
-        "succeeded",
-        "failed",
-        "cancelled",
-        "expired",
-        "created_at",
-        "finished_at",
-    )
+    list_display = ("batch_id", "status", *_COUNTS, "created_at", "finished_at")
     search_fields = ("batch_id",)
     search_help_text = "Batch id (contains)."
     ordering = ("-created_at", "-id")
@@ -114,12 +107,7 @@ class BatchAdmin(ReadOnlyModelAdmin[Batch]):
         "batch_id",
         "scope_hash",
         "status",
-        "total",
-        "pending",
-        "succeeded",
-        "failed",
-        "cancelled",
-        "expired",
+        *_COUNTS,
         "jobs",
         "then",
         "created_at",
