@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ledon.db import adapt_dt, alias_for, connection_for, in_caller_atomic_block
+from ledon.db import adapt_dt, alias_for, connection_for, in_caller_atomic_block, is_postgres
 
 from ..db import fetch
 from ..exceptions import (
@@ -31,7 +33,8 @@ from ..signals import jobs_enqueued
 from ..types import IDENTITY_FIELDS, BatchSnapshot, JobSubmission
 from . import sql_endings
 from .base import current_time
-from .submission import _insert_many, _trace_context
+from .endings import admit
+from .submission import _insert_many, _insert_new, _new_snapshot, _trace_context
 
 #: The suffix of a batch's ``then`` job id: ``"<batch id>:then"``.
 THEN_SUFFIX = ":then"
@@ -125,15 +128,12 @@ def _create(
             raise BatchIdentityConflict(batch_id, "it exists with other jobs or another then")
         return batch_snapshot(stored)
     items = [(scope_hash, job_id, sub) for job_id, sub in jobs]
-    inserted = _insert_many(connection, items, now, batch_id=batch_id)
-    if len(inserted) != len(items):
-        taken = [job_id for job_id, _sub in jobs if (scope_hash, job_id) not in inserted]
-        named = ", ".join(repr(job_id) for job_id in taken[:5])
-        raise BatchIdentityConflict(batch_id, f"job ids taken outside it: {named}")
+    _insert_members(connection, batch_id, items, now)
     if jobs_enqueued.receivers:
+        snapshots = [replace(_new_snapshot(*item, now), batch_id=batch_id) for item in items]
         transaction.on_commit(
             lambda: jobs_enqueued.send(
-                sender=Job, snapshots=list(inserted.values()), staged=False, using=alias_for(Job)
+                sender=Job, snapshots=snapshots, staged=False, using=alias_for(Job)
             ),
             using=alias_for(Job),
         )
@@ -151,6 +151,44 @@ def _create(
         finished_at=None,
         created=True,
     )
+
+
+def _insert_members(
+    connection: BaseDatabaseWrapper,
+    batch_id: str,
+    items: Sequence[tuple[str, str, JobSubmission]],
+    now: datetime,
+) -> None:
+    """The batch's jobs, all new, in the current transaction: on PostgreSQL one
+    statement that takes their places in line too (a plain insert: the batch's row,
+    just inserted, orders identical batches, so its jobs meet no insert of their own);
+    those of sequences admitted to them. ``BatchIdentityConflict`` if a job id of the
+    batch is taken outside it."""
+    taken: list[str] = []
+    if is_postgres(connection):
+        skipped = _insert_new(connection, items, now, batch_id=batch_id)
+        if skipped is None:
+            raise BatchIdentityConflict(batch_id, "a job id of it was taken meanwhile")
+        if skipped:
+            taken = [items[n][1] for n in skipped]
+        else:
+            admit(
+                connection,
+                [
+                    (scope_hash, job_id, sub.rules.sequence_key)
+                    for scope_hash, job_id, sub in items
+                    if sub.rules.sequence_key is not None
+                ],
+                now,
+            )
+    else:
+        inserted = _insert_many(connection, items, now, batch_id=batch_id)
+        taken = [
+            job_id for scope_hash, job_id, _sub in items if (scope_hash, job_id) not in inserted
+        ]
+    if taken:
+        named = ", ".join(repr(job_id) for job_id in taken[:5])
+        raise BatchIdentityConflict(batch_id, f"job ids taken outside it: {named}")
 
 
 def submit_batch(

@@ -23,13 +23,13 @@ from ledon.faults import fault_point
 
 from .. import validation
 from ..conf import jobs_settings
-from ..db import fetch, in_list_params, numbered
+from ..db import fetch, fetch_results, in_list_params, numbered
 from ..flow_control import NO_LIMITS, ClaimLimits
 from ..models import Job
 from ..types import Claim, FinishOutcome
-from . import sql, sql_flow
+from . import sql, sql_endings, sql_flow
 from .base import current_time
-from .endings import follow
+from .endings import follow, release_params
 from .finishing import (
     Finished,
     Finishing,
@@ -37,7 +37,6 @@ from .finishing import (
     completions,
     finish_batch,
     finishing_params,
-    in_sequences,
     outcomes,
     read_finished,
 )
@@ -64,6 +63,7 @@ def _claim_rows(
     limits: ClaimLimits = NO_LIMITS,
     commit: bool = False,
     counted: bool = False,
+    release: Sequence[tuple[str, str]] = (),
 ) -> tuple[dict[str, Finished], list[Claim], bool]:
     """Claim inside the caller's transaction (see :func:`complete_and_claim`); on
     PostgreSQL, first finish ``finishing`` in the same statement (the finishing rule of
@@ -72,7 +72,13 @@ def _claim_rows(
     first due. With ``limits`` (PostgreSQL), the claim under limits of
     :func:`jobs.store.limits.claim_locked`, ``commit`` ending its transaction in the
     same round trip; the third value says whether a limit refused a candidate. With
-    ``counted`` too, the plain claim that counts instead (see :func:`_claim_counted`)."""
+    ``counted`` too, the plain claim that counts instead (see :func:`_claim_counted`).
+
+    With ``release`` (PostgreSQL, a claim without limits in autocommit that finishes
+    jobs of those sequences — scope hash, key —, all successes: none halts), the
+    statement is its own transaction with the release of each sequence's next job
+    after it (:data:`jobs.store.sql_endings.RELEASE`), in one round trip: ``BEGIN``,
+    the statement, the release, ``COMMIT``."""
     if chosen is not None and not chosen:
         return {}, [], False
     now_db = adapt_dt(connection, now)
@@ -115,12 +121,19 @@ def _claim_rows(
             finishing=bool(finishing),
             chosen=by_ids,
         )
-        rows = fetch(connection, statement, params, prepare=True)
+        if release:
+            params.update(release_params(release))
+            statements = [statement, sql_endings.RELEASE, sql_flow.COMMIT]
+            with transaction.atomic(using=connection.alias):
+                rows = fetch_results(connection, statements, params, prepare=statements[:2])[0]
+        else:
+            rows = fetch(connection, statement, params, prepare=True)
     finished: dict[str, Finished] = {}
     if finishing:
         finished = read_finished(cast(list[sql.FinishedRow], rows))
-        # The statement counted their batches; their sequences release the next here.
-        follow(connection, [job.moved() for job in finished.values()], now, counted=True)
+        if not release:
+            # The statement counted their batches; their sequences release the next here.
+            follow(connection, [job.moved() for job in finished.values()], now, counted=True)
     if finishing or limits:
         rows = [row for row in rows if row["kind"] == "claimed"]
     if rows and not is_postgres(connection):
@@ -293,7 +306,14 @@ def complete_and_claim(
     validation.integer(limit, "limit", 0, 10_000)
     if not limit:
         return complete_many(completed, now=now), []
-    if in_sequences(completed) and connection_for(Job).get_autocommit():
+    sequences = sorted(
+        {
+            (claim.scope_hash, claim.sequence_key)
+            for claim, _result in completed
+            if claim.sequence_key
+        }
+    )
+    if sequences and limits and connection_for(Job).get_autocommit():
         # The next job of a sequence is released after the finish locked its row, in
         # the same transaction (see jobs.store.endings).
         with transaction.atomic(using=alias_for(Job)):
@@ -342,7 +362,7 @@ def complete_and_claim(
         # One statement finishes and claims; it is atomic by itself, so in autocommit
         # it is its own transaction: one round trip.
         if connection.get_autocommit():
-            finished, claims, _ = claim_rows(finishing=batch)
+            finished, claims, _ = claim_rows(finishing=batch, release=sequences)
         else:
             with transaction.atomic(using=alias):
                 finished, claims, _ = claim_rows(finishing=batch)

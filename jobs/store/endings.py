@@ -36,7 +36,7 @@ from ..fair_share import place
 from ..flow_control import halting_handlers
 from ..types import JobStatus
 from . import sql_endings
-from .base import CHUNK_ROWS, notify
+from .base import CHUNK_ROWS
 
 #: Statuses a job moves from when it becomes final (Queued or Running: ``pending``).
 PENDING = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
@@ -187,6 +187,22 @@ def readmit(connection: BaseDatabaseWrapper, job: Moved, now: datetime) -> None:
         fetch(connection, sql_endings.RELEASE_ONE, {**params, "id": job.id})
 
 
+def release_params(
+    sequences: Sequence[tuple[str, str]], halts: Sequence[tuple[str, str, str]] = ()
+) -> dict[str, Any]:
+    """PostgreSQL: :data:`sql_endings.RELEASE`'s parameters but ``now``: the
+    ``sequences`` (scope hash, key) to release the next job of, the ``halts`` (scope
+    hash, key, job id) to halt first."""
+    return {
+        "halt_scopes": [halt[0] for halt in halts],
+        "halt_keys": [halt[1] for halt in halts],
+        "halt_jobs": [halt[2] for halt in halts],
+        "scopes": [sequence[0] for sequence in sequences],
+        "keys": [sequence[1] for sequence in sequences],
+        "channel": jobs_settings().NOTIFY_CHANNEL,
+    }
+
+
 def _bucket(status: str) -> str:
     if status in PENDING:
         return "pending"
@@ -273,21 +289,7 @@ def _release(
         }
     )
     if is_postgres(connection):
-        released = fetch(
-            connection,
-            sql_endings.RELEASE,
-            {
-                **params,
-                "halt_scopes": [h[0] for h in halts],
-                "halt_keys": [h[1] for h in halts],
-                "halt_jobs": [h[2] for h in halts],
-                "scopes": [s[0] for s in sequences],
-                "keys": [s[1] for s in sequences],
-            },
-        )
-        now = params["now"]
-        for queue in sorted({row["queue"] for row in released if row["next_run_at"] <= now}):
-            notify(connection, queue)
+        fetch(connection, sql_endings.RELEASE, {**params, **release_params(sequences, halts)})
         return
     halted = set()
     for scope_hash, key, job_id in halts:

@@ -260,18 +260,26 @@ def _next_held(sequences: str) -> str:
     )
 
 
-def _release_update(which: str) -> str:
+def _release_update(which: str, *, notify: bool = False) -> str:
+    """Release the jobs ``which`` selects; on PostgreSQL (``notify``) a due one wakes
+    the workers (on ``channel``, delivered on commit)."""
+    woke = (
+        ", CASE WHEN next_run_at <= %(now)s THEN pg_notify(%(channel)s, queue) END AS woke"
+        if notify
+        else ""
+    )
     return (
         f"UPDATE {JOB} SET sequence_held = FALSE, updated_at = %(now)s"
         f" WHERE id IN ({which}) AND status = '{QUEUED}' AND sequence_held"
-        " RETURNING id, queue, next_run_at"
+        f" RETURNING id, queue, next_run_at{woke}"
     )
 
 
 #: PostgreSQL: halt, then release. ``halt_scopes``, ``halt_keys``, ``halt_jobs``: the
 #: sequences halted by a Failed job (its id) at ``now``; ``scopes``, ``keys``: the
 #: sequences whose rows this transaction locked, to release the next job of. Returns
-#: each released job's ``id``, ``queue`` and ``next_run_at``.
+#: each released job's ``id``, ``queue`` and ``next_run_at``; a due one wakes the
+#: workers (on ``channel``).
 RELEASE = (
     f"WITH halted AS (UPDATE {SEQUENCE} AS s SET halted_by = h.job_id, halted_at = %(now)s"
     " FROM unnest(%(halt_scopes)s::varchar[], %(halt_keys)s::varchar[],"
@@ -281,7 +289,7 @@ RELEASE = (
     " free AS (SELECT * FROM unnest(%(scopes)s::varchar[], %(keys)s::varchar[])"
     " AS f(scope_hash, sequence_key) WHERE NOT EXISTS (SELECT 1 FROM halted AS h"
     " WHERE h.scope_hash = f.scope_hash AND h.sequence_key = f.sequence_key)) "
-    + _release_update(_next_held("SELECT * FROM free"))
+    + _release_update(_next_held("SELECT * FROM free"), notify=True)
 )
 
 

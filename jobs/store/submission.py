@@ -365,23 +365,30 @@ def _insert_new(
     connection: BaseDatabaseWrapper,
     items: Sequence[tuple[str, str, JobSubmission]],
     now: datetime,
+    *,
+    batch_id: str | None = None,
 ) -> list[int] | None:
     """PostgreSQL, outside any transaction: insert the (distinct) identities of
     ``items`` that are not stored yet and wake the workers of their due queues, as one
     statement in autocommit (:data:`sql_submit.INSERT_NEW_JOBS_JSON`). Returns the positions
     in ``items`` that were not inserted, their identities being stored already; None
     if a concurrent insert of one of the identities won the race — the statement then
-    rolled back and wrote nothing (the caller falls back on :func:`_insert_many`)."""
+    rolled back and wrote nothing (the caller falls back on :func:`_insert_many`).
+
+    With ``batch_id`` — inside the batch's transaction, behind a savepoint — the jobs
+    of that batch; those of sequences are inserted held, for the caller to admit."""
     # Only a test case's transaction can be open here (the caller's refuses): its
     # savepoint stands in for autocommit, so that a lost race leaves it usable.
     scope: AbstractContextManager[Any] = (
         transaction.atomic(using=connection.alias) if connection.in_atomic_block else nullcontext()
     )
+    member = batch_id is not None
     try:
         with scope:
             params = _shared_params(now) | _json_params(
-                items, _trace_context(), _due_places(items, now), now
+                items, _trace_context(), _due_places(items, now), now, member=member
             )
+            params["batch_id"] = batch_id
             params["channel"] = jobs_settings().NOTIFY_CHANNEL
             params["count"] = len(items)
             # The statement takes the places of the fair queues' due jobs from their lanes.
@@ -389,7 +396,8 @@ def _insert_new(
                 {sub.queue for _s, _j, sub in items if fair_queue(sub.queue)}
             )
             params["quantum"], params["now_place"] = float(QUANTUM), place(now)
-            rows = fetch(connection, sql_submit.INSERT_NEW_JOBS_JSON, params, prepare=True)
+            statement = sql_submit.insert_new_jobs_json(member=member)
+            rows = fetch(connection, statement, params, prepare=True)
     except IntegrityError:
         return None
     skipped: list[int] = rows[0]["skipped"]

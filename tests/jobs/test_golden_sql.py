@@ -220,6 +220,10 @@ def _ending_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
         "insert_jobs_json-member-postgresql",
         lambda: sql_submit.insert_jobs_json(member=True),
     )
+    add(
+        "insert_new_jobs_json-member-postgresql",
+        lambda: sql_submit.insert_new_jobs_json(member=True),
+    )
 
 
 def _limit_variants(add: Callable[[str, Callable[[], str]], None]) -> None:

@@ -231,3 +231,25 @@ class TestRaces:
             )
             assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
             assert f"{key}-1" in claimable(), (round_, held())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_finishes_a_sequence_job_and_releases_the_next_in_one_round_trip(
+    pg_only: None,
+) -> None:
+    """PostgreSQL: BEGIN, the finish-and-claim, the release, COMMIT, pipelined: one
+    entry in Django's log besides the transaction's own BEGIN and COMMIT, which Django
+    logs though they travel in the pipeline (the COMMIT at the block's end finds the
+    transaction committed and sends nothing)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    for n in range(2):
+        submit_job(SCOPE, f"p{n}", sub(n))
+    (first,) = execution.claim_due("w1", limit=5)
+    with CaptureQueriesContext(connection) as queries:
+        execution.complete_and_claim([(first, None)], "w1", limit=5)
+    sent = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    assert len(sent) == 1, [text[:60] for text in sent]
+    assert "jobs_sequence" in sent[0]
+    assert claimable() == ["p1"]

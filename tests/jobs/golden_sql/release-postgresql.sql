@@ -48,4 +48,7 @@ WHERE id IN
   AND status = 'queued'
   AND sequence_held RETURNING id,
                               queue,
-                              next_run_at
+                              next_run_at,
+                              CASE
+                                  WHEN next_run_at <= %(now)s THEN pg_notify(%(channel)s, queue)
+                              END AS woke
