@@ -226,20 +226,17 @@ WITH done AS
                                                                                                                                                                                                                                                                                                                             '',
                                                                                                                                                                                                                                                                                                                             %(now)s,
                                                                                                                                                                                                                                                                                                                             %(now)s
-   FROM jobs_batch AS b
+   FROM
+     (SELECT b.scope_hash,
+             b.batch_id
+      FROM batched AS b
+      JOIN batch_moves AS m ON m.scope_hash = b.scope_hash
+      AND m.batch_id = b.batch_id
+      WHERE b.pending = 0
+        AND m.pending < 0) AS d
+   JOIN jobs_batch AS b ON b.scope_hash = d.scope_hash
+   AND b.batch_id = d.batch_id
    WHERE b.then_handler IS NOT NULL
-     AND EXISTS
-       (SELECT 1
-        FROM
-          (SELECT b.scope_hash,
-                  b.batch_id
-           FROM batched AS b
-           JOIN batch_moves AS m ON m.scope_hash = b.scope_hash
-           AND m.batch_id = b.batch_id
-           WHERE b.pending = 0
-             AND m.pending < 0) AS d
-        WHERE d.scope_hash = b.scope_hash
-          AND d.batch_id = b.batch_id)
    ORDER BY b.scope_hash,
             b.batch_id ON CONFLICT (scope_hash,
                                     job_id) DO NOTHING RETURNING queue,

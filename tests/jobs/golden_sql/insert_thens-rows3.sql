@@ -22,20 +22,17 @@ SELECT b.scope_hash,
        '',
        %(now)s,
        %(now)s
-FROM jobs_batch AS b
+FROM
+  (SELECT v.column1 AS scope_hash,
+          v.column2 AS batch_id
+   FROM (
+         VALUES (%(scope_hash_0)s,
+                 %(batch_id_0)s), (%(scope_hash_1)s,
+                                   %(batch_id_1)s), (%(scope_hash_2)s,
+                                                     %(batch_id_2)s)) AS v) AS d
+JOIN jobs_batch AS b ON b.scope_hash = d.scope_hash
+AND b.batch_id = d.batch_id
 WHERE b.then_handler IS NOT NULL
-  AND EXISTS
-    (SELECT 1
-     FROM
-       (SELECT v.column1 AS scope_hash,
-               v.column2 AS batch_id
-        FROM (
-              VALUES (%(scope_hash_0)s,
-                      %(batch_id_0)s), (%(scope_hash_1)s,
-                                        %(batch_id_1)s), (%(scope_hash_2)s,
-                                                          %(batch_id_2)s)) AS v) AS d
-     WHERE d.scope_hash = b.scope_hash
-       AND d.batch_id = b.batch_id)
 ORDER BY b.scope_hash,
          b.batch_id ON CONFLICT (scope_hash,
                                  job_id) DO NOTHING RETURNING queue,
