@@ -80,8 +80,7 @@ WITH done AS
           'running' AS was,
           CASE
               WHEN %(requeue)s
-                   AND (finished.status IN ('failed',
-                                            'interrupted')
+                   AND (finished.status IN ('failed')
                         AND NOT finished.cancel_requested
                         AND finished.attempt_count < finished.max_attempts) THEN 'queued'
               ELSE status
@@ -323,7 +322,7 @@ WITH done AS
                                                         queue,
                                                         trace_context,
                                                         sequence_key,
-                                                        attempt_count + snooze_count + release_count AS number,
+                                                        attempt_count + snooze_count + release_count + interruption_count AS number,
                                                         priority,
                                                         next_run_at,
                                                         fair_at,

@@ -51,7 +51,7 @@ WITH keys AS
                                                         queue,
                                                         trace_context,
                                                         sequence_key,
-                                                        attempt_count + snooze_count + release_count AS number,
+                                                        attempt_count + snooze_count + release_count + interruption_count AS number,
                                                         priority,
                                                         next_run_at,
                                                         fair_at,

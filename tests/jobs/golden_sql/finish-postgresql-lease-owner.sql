@@ -103,8 +103,7 @@ WITH done AS
           'running' AS was,
           CASE
               WHEN %(requeue)s
-                   AND (finished.status IN ('failed',
-                                            'interrupted')
+                   AND (finished.status IN ('failed')
                         AND NOT finished.cancel_requested
                         AND finished.attempt_count < finished.max_attempts) THEN 'queued'
               ELSE status
