@@ -224,11 +224,13 @@ class Job(models.Model):
                 name="jobs_job_head_idx",
                 condition=Q(status="queued", sequence_held=False),
             ),
-            # A sequence's jobs that are not final, in submission order: the next one to
-            # release is the first held one (see jobs.store.sql_endings).
+            # A sequence's jobs that are not final, the held ones apart, in submission
+            # order: whether one is Queued and unheld or Running, and the first held one
+            # to release next, are each one probe (see jobs.store.sql_endings).
             models.Index(
                 "scope_hash",
                 "sequence_key",
+                "sequence_held",
                 "id",
                 name="jobs_job_sequence_idx",
                 condition=Q(status__in=["queued", "running"], sequence_key__isnull=False),

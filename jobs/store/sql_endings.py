@@ -252,12 +252,12 @@ def _next_held(sequences: str) -> str:
     same = "{t}.scope_hash = a.scope_hash AND {t}.sequence_key = a.sequence_key"
     return (
         f"SELECT (SELECT n.id FROM {JOB} AS n WHERE {same.format(t='n')}"
-        f" AND n.status IN ('{QUEUED}', '{RUNNING}') AND n.sequence_held"
+        f" AND n.status IN ('{QUEUED}', '{RUNNING}') AND n.sequence_held = TRUE"
         f" ORDER BY n.id LIMIT 1) AS id FROM ({sequences}) AS a"
         f" WHERE NOT EXISTS (SELECT 1 FROM {SEQUENCE} AS s WHERE {same.format(t='s')}"
         " AND s.halted_by IS NOT NULL)"
         f" AND NOT EXISTS (SELECT 1 FROM {JOB} AS r WHERE {same.format(t='r')}"
-        f" AND r.status IN ('{QUEUED}', '{RUNNING}') AND NOT r.sequence_held)"
+        f" AND r.status IN ('{QUEUED}', '{RUNNING}') AND r.sequence_held = FALSE)"
     )
 
 

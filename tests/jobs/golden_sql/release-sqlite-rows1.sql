@@ -9,7 +9,7 @@ WHERE id IN
           AND n.sequence_key = a.sequence_key
           AND n.status IN ('queued',
                            'running')
-          AND n.sequence_held
+          AND n.sequence_held = TRUE
         ORDER BY n.id
         LIMIT 1) AS id
      FROM
@@ -31,7 +31,7 @@ WHERE id IN
             AND r.sequence_key = a.sequence_key
             AND r.status IN ('queued',
                              'running')
-            AND NOT r.sequence_held))
+            AND r.sequence_held = FALSE))
   AND status = 'queued'
   AND sequence_held RETURNING id,
                               queue,
