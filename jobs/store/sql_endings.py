@@ -64,7 +64,8 @@ def bucket(status: str) -> str:
 
 
 def _open(status: str) -> str:
-    return f"CASE WHEN {status} IN ('{QUEUED}', '{RUNNING}') THEN 1 ELSE 0 END"
+    """Whether an SQL ``status`` expression is not final."""
+    return f"{status} IN ('{QUEUED}', '{RUNNING}')"
 
 
 def _moves(source: str, *, batches: bool) -> str:
@@ -73,8 +74,8 @@ def _moves(source: str, *, batches: bool) -> str:
     ``status``), how each count changes."""
     if batches:
         counts = ", ".join(
-            f"sum(CASE WHEN {bucket('status')} = '{name}' THEN 1 ELSE 0 END)"
-            f" - sum(CASE WHEN {bucket('was')} = '{name}' THEN 1 ELSE 0 END) AS {name}"
+            f"count(*) FILTER (WHERE {bucket('status')} = '{name}')"
+            f" - count(*) FILTER (WHERE {bucket('was')} = '{name}') AS {name}"
             for name in ("pending", *BUCKETS)
         )
         return (
@@ -82,7 +83,8 @@ def _moves(source: str, *, batches: bool) -> str:
             " WHERE batch_id IS NOT NULL GROUP BY scope_hash, batch_id"
         )
     return (
-        f"SELECT scope_hash, sequence_key, sum({_open('status')}) - sum({_open('was')}) AS open"
+        f"SELECT scope_hash, sequence_key, count(*) FILTER (WHERE {_open('status')})"
+        f" - count(*) FILTER (WHERE {_open('was')}) AS open"
         f" FROM {source} WHERE sequence_key IS NOT NULL GROUP BY scope_hash, sequence_key"
     )
 

@@ -89,81 +89,61 @@ WITH done AS
      batch_moves AS
   (SELECT scope_hash,
           batch_id,
-          sum(CASE
-                  WHEN CASE
-                           WHEN status IN ('queued', 'running') THEN 'pending'
-                           WHEN status = 'interrupted' THEN 'failed'
-                           ELSE status
-                       END = 'pending' THEN 1
-                  ELSE 0
-              END) - sum(CASE
-                             WHEN CASE
-                                      WHEN was IN ('queued', 'running') THEN 'pending'
-                                      WHEN was = 'interrupted' THEN 'failed'
-                                      ELSE was
-                                  END = 'pending' THEN 1
-                             ELSE 0
-                         END) AS pending,
-          sum(CASE
-                  WHEN CASE
-                           WHEN status IN ('queued', 'running') THEN 'pending'
-                           WHEN status = 'interrupted' THEN 'failed'
-                           ELSE status
-                       END = 'succeeded' THEN 1
-                  ELSE 0
-              END) - sum(CASE
-                             WHEN CASE
-                                      WHEN was IN ('queued', 'running') THEN 'pending'
-                                      WHEN was = 'interrupted' THEN 'failed'
-                                      ELSE was
-                                  END = 'succeeded' THEN 1
-                             ELSE 0
-                         END) AS succeeded,
-          sum(CASE
-                  WHEN CASE
-                           WHEN status IN ('queued', 'running') THEN 'pending'
-                           WHEN status = 'interrupted' THEN 'failed'
-                           ELSE status
-                       END = 'failed' THEN 1
-                  ELSE 0
-              END) - sum(CASE
-                             WHEN CASE
-                                      WHEN was IN ('queued', 'running') THEN 'pending'
-                                      WHEN was = 'interrupted' THEN 'failed'
-                                      ELSE was
-                                  END = 'failed' THEN 1
-                             ELSE 0
-                         END) AS failed,
-          sum(CASE
-                  WHEN CASE
-                           WHEN status IN ('queued', 'running') THEN 'pending'
-                           WHEN status = 'interrupted' THEN 'failed'
-                           ELSE status
-                       END = 'cancelled' THEN 1
-                  ELSE 0
-              END) - sum(CASE
-                             WHEN CASE
-                                      WHEN was IN ('queued', 'running') THEN 'pending'
-                                      WHEN was = 'interrupted' THEN 'failed'
-                                      ELSE was
-                                  END = 'cancelled' THEN 1
-                             ELSE 0
-                         END) AS cancelled,
-          sum(CASE
-                  WHEN CASE
-                           WHEN status IN ('queued', 'running') THEN 'pending'
-                           WHEN status = 'interrupted' THEN 'failed'
-                           ELSE status
-                       END = 'expired' THEN 1
-                  ELSE 0
-              END) - sum(CASE
-                             WHEN CASE
-                                      WHEN was IN ('queued', 'running') THEN 'pending'
-                                      WHEN was = 'interrupted' THEN 'failed'
-                                      ELSE was
-                                  END = 'expired' THEN 1
-                             ELSE 0
-                         END) AS expired
+          count(*) FILTER (
+                           WHERE CASE
+                                     WHEN status IN ('queued', 'running') THEN 'pending'
+                                     WHEN status = 'interrupted' THEN 'failed'
+                                     ELSE status
+                                 END = 'pending') - count(*) FILTER (
+                                                                     WHERE CASE
+                                                                               WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                               WHEN was = 'interrupted' THEN 'failed'
+                                                                               ELSE was
+                                                                           END = 'pending') AS pending,
+                   count(*) FILTER (
+                                    WHERE CASE
+                                              WHEN status IN ('queued', 'running') THEN 'pending'
+                                              WHEN status = 'interrupted' THEN 'failed'
+                                              ELSE status
+                                          END = 'succeeded') - count(*) FILTER (
+                                                                                WHERE CASE
+                                                                                          WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                          WHEN was = 'interrupted' THEN 'failed'
+                                                                                          ELSE was
+                                                                                      END = 'succeeded') AS succeeded,
+                            count(*) FILTER (
+                                             WHERE CASE
+                                                       WHEN status IN ('queued', 'running') THEN 'pending'
+                                                       WHEN status = 'interrupted' THEN 'failed'
+                                                       ELSE status
+                                                   END = 'failed') - count(*) FILTER (
+                                                                                      WHERE CASE
+                                                                                                WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                                WHEN was = 'interrupted' THEN 'failed'
+                                                                                                ELSE was
+                                                                                            END = 'failed') AS failed,
+                                     count(*) FILTER (
+                                                      WHERE CASE
+                                                                WHEN status IN ('queued', 'running') THEN 'pending'
+                                                                WHEN status = 'interrupted' THEN 'failed'
+                                                                ELSE status
+                                                            END = 'cancelled') - count(*) FILTER (
+                                                                                                  WHERE CASE
+                                                                                                            WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                                            WHEN was = 'interrupted' THEN 'failed'
+                                                                                                            ELSE was
+                                                                                                        END = 'cancelled') AS cancelled,
+                                              count(*) FILTER (
+                                                               WHERE CASE
+                                                                         WHEN status IN ('queued', 'running') THEN 'pending'
+                                                                         WHEN status = 'interrupted' THEN 'failed'
+                                                                         ELSE status
+                                                                     END = 'expired') - count(*) FILTER (
+                                                                                                         WHERE CASE
+                                                                                                                   WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                                                   WHEN was = 'interrupted' THEN 'failed'
+                                                                                                                   ELSE was
+                                                                                                               END = 'expired') AS expired
    FROM ending
    WHERE batch_id IS NOT NULL
    GROUP BY scope_hash,
@@ -251,13 +231,9 @@ WITH done AS
    FROM
      (SELECT scope_hash,
              sequence_key,
-             sum(CASE
-                     WHEN status IN ('queued', 'running') THEN 1
-                     ELSE 0
-                 END) - sum(CASE
-                                WHEN was IN ('queued', 'running') THEN 1
-                                ELSE 0
-                            END) AS open
+             count(*) FILTER (
+                              WHERE status IN ('queued', 'running')) - count(*) FILTER (
+                                                                                        WHERE was IN ('queued', 'running')) AS open
       FROM ending
       WHERE sequence_key IS NOT NULL
       GROUP BY scope_hash,
