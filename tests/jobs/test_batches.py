@@ -30,7 +30,7 @@ from jobs.exceptions import (
     UnknownHandler,
 )
 from jobs.models import Batch, Job
-from jobs.store import sql_endings, sql_submit
+from jobs.store import scoped, sql_endings, sql_submit
 from jobs.types import CancelOutcome, Claim
 
 SCOPE = "tenant-batches"
@@ -270,6 +270,25 @@ class TestFanIn:
         batch = JobScope(SCOPE).batch("imp")
         assert batch is not None
         assert (batch.succeeded, batch.pending) == (1, 0)
+
+    def test_a_cancel_and_a_retry_by_filter_count_every_job(self) -> None:
+        submit_batch(SCOPE, "imp", [row(n) for n in range(3)], then=THEN)
+        ids = list(Job.objects.filter(batch_id="imp").order_by("id").values_list("pk", flat=True))
+        assert scoped.cancel_many(ids).changed[scoped.CANCELLED] == 3
+        batch = JobScope(SCOPE).batch("imp")
+        assert batch is not None
+        assert (batch.cancelled, batch.pending, batch.status) == (3, 0, "done")
+        assert len(then_jobs()) == 1
+        # Pending again; their ends do not submit then again.
+        assert scoped.retry_many(ids).changed == {scoped.REQUEUED: 3}
+        batch = JobScope(SCOPE).batch("imp")
+        assert batch is not None
+        assert (batch.cancelled, batch.pending, batch.status) == (0, 3, "open")
+        execution.complete_many([(claim, None) for claim in claim_all()])
+        batch = JobScope(SCOPE).batch("imp")
+        assert batch is not None
+        assert (batch.succeeded, batch.pending, batch.status) == (3, 0, "done")
+        assert len(then_jobs()) == 1
 
     def test_complete_many_and_the_finish_and_claim_count_every_job(self) -> None:
         submit_batch(SCOPE, "imp", [row(n) for n in range(6)], then=THEN)

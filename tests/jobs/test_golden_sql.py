@@ -210,6 +210,7 @@ def _ending_variants(add: Callable[[str, Callable[[], str]], None]) -> None:
         add(f"batch_moves-rows{rows}", lambda r=rows: sql_endings.batch_moves_sqlite(r))
         add(f"sequence_moves-rows{rows}", lambda r=rows: sql_endings.sequence_moves_sqlite(r))
         add(f"insert_thens-rows{rows}", lambda r=rows: sql_endings.insert_thens_sqlite(r))
+        add(f"cancel_queued_ids-rows{rows}", lambda r=rows: sql_endings.cancel_queued_ids(r))
     add("insert_jobs-rows1-member", lambda: sql_submit.insert_jobs(1, member=True))
     add("insert_jobs-rows3-member", lambda: sql_submit.insert_jobs(3, member=True))
     add(

@@ -13,6 +13,7 @@ from jobs import JobScope, JobStatus, JobSubmission, execution, store, submit_jo
 from jobs.api import submit_jobs
 from jobs.exceptions import InvalidSubmission
 from jobs.models import Job, Sequence
+from jobs.store import scoped
 from jobs.types import CancelOutcome, Claim
 
 SCOPE = "tenant-sequences"
@@ -44,6 +45,12 @@ def held() -> list[str]:
         .order_by("id")
         .values_list("job_id", flat=True)
     )
+
+
+def pks(*job_ids: str) -> list[int]:
+    """The primary keys of ``job_ids`` (of :data:`SCOPE`), as a bulk operation takes them."""
+    rows = Job.objects.filter(scope_hash=JobScope(SCOPE).scope_hash, job_id__in=job_ids)
+    return list(rows.order_by("id").values_list("pk", flat=True))
 
 
 def sequence_row(key: str = "acct-42") -> Sequence:
@@ -134,6 +141,15 @@ class TestOrder:
             claims = execution.claim_due("w1", limit=5)
         assert [c.job_id for c in claims] == ["p1"]
 
+    def test_a_cancel_by_filter_lets_the_next_start(self) -> None:
+        for n in range(3):
+            submit_job(SCOPE, f"p{n}", sub(n))
+        outcome = scoped.cancel_many(pks("p0", "p1"))
+        assert outcome.changed[scoped.CANCELLED] == 2
+        assert held() == []
+        assert claimable() == ["p2"]
+        assert sequence_row().open == 1
+
     def test_submit_jobs_admits_each_sequence_in_order(self) -> None:
         results = submit_jobs([(SCOPE, f"p{n}", sub(n)) for n in range(4)])
         assert all(r.created for r in results)
@@ -199,6 +215,30 @@ class TestHalting:
         submit_job(SCOPE, "q0", sub(0, key="other", handler="crm.push"))
         execution.fail(claim("q0").token, "x")
         assert JobScope(SCOPE).cancel("q0") is CancelOutcome.ALREADY_FINISHED
+
+    def test_a_retry_by_filter_resumes_it_with_the_failed_job_first(self) -> None:
+        self.fail_first()
+        outcome = scoped.retry_many(pks("p0"), extra_attempts=1)
+        assert outcome.changed == {scoped.REQUEUED: 1}
+        assert sequence_row().halted_by is None
+        assert claimable() == ["p0"]
+        assert held() == ["p1", "p2"]
+        execution.complete(claim("p0").token)
+        assert claimable() == ["p1"]
+
+    def test_a_retry_by_filter_of_several_keeps_their_order(self) -> None:
+        submit_job(SCOPE, "c0", sub(0, handler="crm.push"))
+        submit_job(SCOPE, "c1", sub(1, handler="crm.push"))
+        execution.fail(claim("c0").token, "x")
+        execution.fail(claim("c1").token, "x")
+        assert sequence_row().open == 0
+        outcome = scoped.retry_many(pks("c0", "c1"), extra_attempts=1)
+        assert outcome.changed == {scoped.REQUEUED: 2}
+        assert claimable() == ["c0"]
+        assert held() == ["c1"]
+        assert sequence_row().open == 2
+        execution.complete(claim("c0").token)
+        assert claimable() == ["c1"]
 
     def test_a_handler_that_does_not_halt_lets_the_next_start(
         self, handler: Callable[..., Any]
