@@ -44,6 +44,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             "cpu",
             "profile",
             "outbox",
+            "start-up",
             "targets",
         ],
         help="measure only this part and print its figures (flow-control: django-ledon "
@@ -53,8 +54,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "at 16 (with and without look-ahead) and 64, some with settings of ours changed; "
         "bulk: the bulk enqueue of --systems; cpu: the CPU-bound handler, one process "
         "against run_jobs --processes; profile: where one job's time goes, in a worker "
-        "in this process; outbox: ordered delivery, what keys cost a dispatcher and the "
-        "order of 100 keys through 4 dispatchers with a failing broker; targets: all the "
+        "in this process, and its CPU per job by part; outbox: ordered delivery, what keys "
+        "cost a dispatcher and the order of 100 keys through 4 dispatchers with a failing "
+        "broker; start-up: run_jobs --burst on an empty queue, 15 times; targets: all the "
         "worker's targets in one run, with their verdicts)",
     )
     parser.add_argument(
@@ -70,6 +72,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=1.0,
         help="scale the jobs of every measurement (a loaded machine: 0.5); rates stay "
         "comparable, the claim costs' table sizes stay",
+    )
+    parser.add_argument(
+        "--cpu-burner",
+        action="store_true",
+        help="run a process that keeps one CPU busy beside the whole run (as on a machine "
+        "that does other work), and say so in the results",
     )
     parser.add_argument(
         "--render",
@@ -107,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
 
     log = physical.log
     with ExitStack() as stack:
+        if args.cpu_burner:
+            stack.enter_context(physical.cpu_burner())
+            log("a CPU burner runs beside the run (one core)")
         name = f"ledon_bench_{os.getpid()}"
         server_url, url = stack.enter_context(server.database(args.database_url, name))
         admin = server.django_on(url, stack)
@@ -118,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             "out_dir": args.out,
             "log": log,
             "admin": admin,
+            "cpu_burner": args.cpu_burner,
         }
         if args.compare:
             from . import compare

@@ -23,22 +23,30 @@ from typing import Any
 
 from . import physical, server
 from .harness import Runner, median_fields
-from .systems import WorkerConfig
+from .systems import OURS, WorkerConfig
 from .systems.base import QUEUE, ROOT
-from .systems.ledon import Ledon
+from .systems.ledon import HANDLERS, Ledon
 
-#: The set-ups of ``--only burn-down`` with ``--compare``: one process, concurrency 4 and 16.
-QUICK_SETUPS = (WorkerConfig(1, 4), WorkerConfig(1, 16))
+#: The set-ups of ``--only burn-down`` with ``--compare``: (handler kind, set-up) — the
+#: no-op at concurrency 4 and 16, the 5 ms handler at 16 and 64, and its ``async def``
+#: form at 64 where both trees have it.
+QUICK_SETUPS = (
+    ("noop", WorkerConfig(1, 4)),
+    ("noop", WorkerConfig(1, 16)),
+    ("sleep5", WorkerConfig(1, 16)),
+    ("sleep5", WorkerConfig(1, 64)),
+    ("sleep5async", WorkerConfig(1, 64)),
+)
 
-#: What a tree runs to queue no-op jobs at one commit (argv: count, id prefix, queue).
+#: What a tree runs to queue jobs at one commit (argv: count, id prefix, queue, handler).
 _SEED = textwrap.dedent(
     """
     import sys, django
     django.setup()
     from jobs import JobSubmission, submit_jobs
-    count, prefix, queue = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    count, prefix, queue, handler = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     submit_jobs([
-        ("bench", f"{prefix}{n}", JobSubmission.create("bench.noop", {"n": n}, queue=queue))
+        ("bench", f"{prefix}{n}", JobSubmission.create(handler, {"n": n}, queue=queue))
         for n in range(count)
     ])
     """
@@ -106,11 +114,20 @@ class LedonTree(Ledon):
         self._conn.execute("TRUNCATE jobs_job CASCADE")
 
     def seed(self, count: int, kind: str = "noop") -> None:
-        self._python("-c", _SEED, str(count), self._prefix(), QUEUE)
+        self._python("-c", _SEED, str(count), self._prefix(), QUEUE, HANDLERS[kind])
+
+    def has_handler(self, kind: str) -> bool:
+        """Whether this tree's benchmark handlers include ``kind``'s."""
+        return f'"{HANDLERS[kind]}"' in (self.root / "benchmarks" / "tasks.py").read_text()
 
     def worker_command(self, concurrency: int, processes: int | None = None) -> list[str]:
         argv = super().worker_command(concurrency, processes)
         return [argv[0], str(self.root / "manage.py"), *argv[2:]]
+
+
+def _key(kind: str, config: WorkerConfig) -> str:
+    """A set-up's key: ``1p-c16``, ``1p-c64/sleep5async`` (as the per-job costs')."""
+    return config.key + ("" if kind == "noop" else f"/{kind}")
 
 
 def compare(
@@ -127,7 +144,7 @@ def compare(
     """The burn-downs of ``plan`` (``quick_setups``: :data:`QUICK_SETUPS` only) for this
     tree and for ``rev``, the trees alternating in each round; medians per set-up of
     jobs/s, the workers' CPU milliseconds per job and the statements per job."""
-    setups = list(QUICK_SETUPS if quick_setups else plan.configs)
+    wanted = list(QUICK_SETUPS if quick_setups else [("noop", c) for c in plan.configs])
     count = plan.for_system(plan.burn_jobs, "django-ledon")
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -143,13 +160,17 @@ def compare(
             tree.install()
             stack.callback(tree.close)
             trees.append(tree)
+        setups = [(k, c) for k, c in wanted if all(tree.has_handler(k) for tree in trees)]
         runner = Runner(plan, list(trees), admin, log_dir, log, trees[0].database_url)
         runner.statements = all(physical.statements_available(t.database_url) for t in trees)
         for run in range(plan.runs):
             log(f"compare run {run + 1} of {plan.runs}")
-            for config in setups:
+            for kind, config in setups:
+                jobs = count if kind == "noop" else plan.sleep_jobs_of(OURS)
+                variant = "" if kind == "noop" else kind
                 for tree in trees if run % 2 == 0 else trees[::-1]:
-                    runner.record(tree, config.key, runner.burn_down(tree, config, count))
+                    rate = runner.burn_down(tree, config, jobs, kind=kind, variant=variant)
+                    runner.record(tree, _key(kind, config), rate)
     medians: dict[str, dict[str, dict[str, float | None]]] = {}
     for name, rates in runner.record.medians().items():
         costs = {key: median_fields(runs) for key, runs in runner.costs[name].items()}
@@ -157,6 +178,7 @@ def compare(
             key: {
                 "jobs_per_s": rate,
                 "cpu_ms_per_job": costs[key].get("worker_cpu_ms"),
+                "cpu_total_ms_per_job": costs[key].get("worker_cpu_total_ms"),
                 "statements": costs[key].get("statements"),
             }
             for key, rate in rates.items()
@@ -165,7 +187,7 @@ def compare(
         "rev": rev,
         "commit": commit,
         "jobs": count,
-        "setups": [c.key for c in setups],
+        "setups": [_key(k, c) for k, c in setups],
         "runs": runner.record.raw,
         "median": medians,
         "statements_measured": runner.statements,

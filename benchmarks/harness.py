@@ -370,6 +370,8 @@ class Runner:
         #: Lock waits sampled during the scale-out curve: set-up key -> one dict a run.
         self.locks: dict[str, list[dict[str, Any]]] = {}
         self.burns = 0
+        #: The per-job costs of the last burn-down recorded.
+        self.last_cost: dict[str, Any] = {}
 
     def fresh(self, system: System, prime: int = 0, kind: str = "noop") -> dict[str, Any]:
         """Empty the system's tables; with ``prime``, first let the planner see
@@ -438,18 +440,21 @@ class Runner:
             return rate
         cost["wal_bytes"] -= seed["wal_bytes"]
         entry = {"jobs": count, **physical.per_job(cost, count)}
+        self.last_cost = entry
         key = system.worker_config(config).key + (f"/{variant}" if variant else "")
         self.costs.setdefault(system.name, {}).setdefault(key, []).append(entry)
         return rate
 
-    def sleep5(self, system: System, concurrency: int, settings: dict[str, Any]) -> float:
+    def sleep5(
+        self, system: System, concurrency: int, settings: dict[str, Any], kind: str = "sleep5"
+    ) -> float:
         """The 5 ms handler's burn-down by one process at ``concurrency``, with
-        ``settings`` added to our workers' ``JOBS``."""
+        ``settings`` added to our workers' ``JOBS``; ``kind`` ``sleep5async``: our
+        handler is an ``async def`` (the peers' always are)."""
         config = system.worker_config(WorkerConfig(1, concurrency))
-        jobs, variant = self.plan.sleep_jobs_of(system.name), "sleep5" + _variant(settings)
-        return self.burn_down(
-            system, config, jobs, kind="sleep5", settings=settings, variant=variant
-        )
+        jobs = self.plan.sleep_jobs_of(system.name)
+        variant = kind + _variant(settings)
+        return self.burn_down(system, config, jobs, kind=kind, settings=settings, variant=variant)
 
     def latency(self, system: System) -> dict[str, Any]:
         """Enqueue one job at a time into an idle worker; the handler reports its
@@ -775,13 +780,23 @@ def load_jobs(rows: int, status: str) -> None:
 # --------------------------------------------------------------------------- parts alone
 
 #: The queue limits of each flow-control burn-down (``JOBS["QUEUES"]`` of the
-#: workers). None binds at concurrency 16 in one process: they measure what keeping
-#: limits costs, not what limiting does.
+#: workers), over no-op jobs spread over 64 limit keys. None binds at concurrency 16
+#: in one process: they measure what keeping limits costs, not what limiting does.
+#: ``every_limit``: every limit a queue takes, each rate with a burst.
 FLOW_VARIANTS: dict[str, dict[str, Any] | None] = {
     "off": None,
     "max_running": {"default": {"max_running": 64}},
     "all_three": {
         "default": {"max_running": 64, "max_running_per_scope": 64, "rate": [1_000_000, 1]}
+    },
+    "every_limit": {
+        "default": {
+            "max_running": 64,
+            "max_running_per_scope": 64,
+            "max_running_per_key": 64,
+            "rate": [1_000_000, 1, 1_000_000],
+            "rate_per_key": [1_000_000, 1, 1_000_000],
+        }
     },
 }
 
@@ -796,7 +811,7 @@ def flow_control(runner: Runner, chosen: list[System]) -> dict[str, Any]:
         for name in rotated(list(FLOW_VARIANTS), run):
             limits = FLOW_VARIANTS[name]
             rate = runner.burn_down(
-                ledon, WorkerConfig(1, 16), plan.flow_burn_jobs,
+                ledon, WorkerConfig(1, 16), plan.flow_burn_jobs, kind="keyed",
                 settings={"QUEUES": limits} if limits else None, variant=f"limits-{name}",
             )  # fmt: skip
             raw[name].append(rate)
@@ -836,14 +851,17 @@ ALONE_BURNS: tuple[tuple[str, int, int, dict[str, Any]], ...] = (
     ("sleep5", 1, 16, {}),
     ("sleep5", 1, 16, {"PREFETCH": 0}),
     ("sleep5", 1, 64, {}),
+    ("sleep5async", 1, 64, {}),
 )
 
 
 def burn_down_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
     """The burn-downs of :data:`ALONE_BURNS`, the systems interleaved round by round:
     medians, ours over each other system's, the 5 ms handler's share of the ideal
-    rate at each concurrency."""
+    rate at each concurrency, and each set-up's costs per job (the workers' CPU, during
+    the burn-down and since they started; statements; WAL)."""
     plan = runner.plan
+    costs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for run in range(plan.runs):
         runner.log(f"run {run + 1} of {plan.runs}")
         for system in rotated(chosen, run):
@@ -851,19 +869,25 @@ def burn_down_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
             for kind, processes, concurrency, extra in ALONE_BURNS:
                 if extra and system.name != OURS:
                     continue
-                if kind == "sleep5":
-                    rate = runner.sleep5(system, concurrency, extra)
-                    key = f"sleep5-c{concurrency}{_variant(extra)}"
+                if kind in ("sleep5", "sleep5async"):
+                    rate = runner.sleep5(system, concurrency, extra, kind)
+                    key = f"{kind}-c{concurrency}{_variant(extra)}"
                 else:
                     config = system.worker_config(WorkerConfig(processes, concurrency))
-                    rate = runner.burn_down(system, config, count, settings=extra, variant=None)
+                    variant = _variant(extra).lstrip("-")
+                    rate = runner.burn_down(system, config, count, settings=extra, variant=variant)
                     key = f"{processes}x{concurrency}{_variant(extra)}"
                 runner.record(system, key, rate)
+                costs.setdefault(system.name, {}).setdefault(key, []).append(runner.last_cost)
     medians = runner.record.medians()
     ours = medians.get(OURS, {})
     return {
         "runs": runner.record.raw,
         "median": medians,
+        "per_job": {
+            name: {key: median_fields(runs) for key, runs in keys.items()}
+            for name, keys in costs.items()
+        },
         "ours_over": {
             name: {k: ours[k] / v for k, v in values.items() if k in ours and v}
             for name, values in medians.items()
@@ -872,7 +896,7 @@ def burn_down_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
         "sleep5_of_ideal": {
             key: rate / (int(key.split("-")[1][1:]) * 200.0)
             for key, rate in ours.items()
-            if key.startswith("sleep5-")
+            if key.startswith("sleep5")
         },
     }
 
@@ -917,7 +941,7 @@ def pickup_and_enqueue(runner: Runner, chosen: list[System]) -> dict[str, Any]:
 def profile_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
     """Where one job's time goes and where a 5 ms handler's slot's time goes
     (:mod:`benchmarks.profiling`)."""
-    from . import profiling
+    from . import cpu_parts, profiling
 
     (ours,), plan, log = chosen, runner.plan, runner.log
     log("profile of one job")
@@ -926,7 +950,40 @@ def profile_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
     slot = profiling.slot_profile(
         runner.database_url, ours, runner.admin, plan.sleep_jobs, plan.sleep_concurrency, log=log
     )
-    return {"profile": profile, "slot_profile": slot}
+    log("the worker's CPU per job, by part")
+    parts = cpu_parts.measure(ours, runner.admin, plan.profile_jobs, (4, 16), log=log)
+    return {"profile": profile, "slot_profile": slot, "cpu_parts": parts}
+
+
+#: Runs of ``run_jobs --burst`` on an empty queue that the start-up figure is the
+#: median of.
+STARTUP_RUNS = 15
+
+
+def startup(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """``run_jobs --burst`` on an empty queue, :data:`STARTUP_RUNS` times (three with
+    ``--quick``) after one run that is not measured: the wall time of each process
+    from its start to its exit, and its CPU time (user and system)."""
+    import resource
+
+    (ours,) = chosen
+    ours.reset()
+    argv = [*ours.worker_command(1), "--burst"]
+    env = ours.worker_env()
+    # A first run, which may write the modules' bytecode: not measured.
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+    walls: list[float] = []
+    cpus: list[float] = []
+    for _ in range(STARTUP_RUNS if runner.plan.runs > 1 else 3):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+        walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    runner.log(f"  start-up: {median(walls):.3f} s wall, {median(cpus):.3f} s CPU (medians)")
+    return {"runs": len(walls), "wall_s": walls, "cpu_s": cpus,
+            "median_wall_s": median(walls), "median_cpu_s": median(cpus)}  # fmt: skip
 
 
 def fair_share(runner: Runner, chosen: list[System]) -> dict[str, Any]:
@@ -965,9 +1022,16 @@ PARTS: dict[str, tuple[Part, Callable[[list[str]], list[str]]]] = {
     "fair-share": (fair_share, lambda names: [OURS]),
     "outbox": (outbox_alone, lambda names: [OURS]),
     "ordering": (ordering, lambda names: [OURS]),
+    "start-up": (startup, lambda names: [OURS]),
 }
 #: The parts of ``targets``, by the key of its document.
-TARGET_PARTS = {"burn": "burn-down", "flow": "flow-control", "cpu": "cpu", "idle": "pickup-enqueue"}
+TARGET_PARTS = {
+    "burn": "burn-down",
+    "flow": "flow-control",
+    "cpu": "cpu",
+    "idle": "pickup-enqueue",
+    "startup": "start-up",
+}
 
 
 def write_part(out_dir: Path, name: str, result: dict[str, Any]) -> Path:
@@ -986,6 +1050,7 @@ def _runner(
     out_dir: Path,
     log: Log,
     admin: Callable[[str], None],
+    cpu_burner: bool = False,
 ) -> Iterator[Runner]:
     """A runner over the systems ``names``, installed; their connections closed at the
     end. Worker logs go to ``out_dir/logs``."""
@@ -1016,6 +1081,7 @@ def alone(part: str, systems: list[str], **session: Any) -> dict[str, Any]:
         with _runner(take(systems), **session) as runner:
             result = measure(runner, runner.systems)
         result["load_average"] = {"start": load, "end": _load()}
+    result["cpu_burner"] = session.get("cpu_burner", False)
     write_part(session["out_dir"], part, result)
     return result
 
@@ -1041,6 +1107,7 @@ def run_all(systems: list[str], server: dict[str, str], **session: Any) -> dict[
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "load_average": _load(),
+        "cpu_burner": session.get("cpu_burner", False),
         "postgresql": server,
     }
     document: dict[str, Any] = {}
@@ -1080,5 +1147,7 @@ def run_all(systems: list[str], server: dict[str, str], **session: Any) -> dict[
             save(outbox_order=outbox_alone(runner, [ours]))
             environment["load_average_end"] = _load()
             save(**profile_alone(runner, [ours]))
+            log("start-up of run_jobs --burst on an empty queue")
+            save(startup=startup(runner, [ours]))
     log(f"raw results: {path}")
     return document

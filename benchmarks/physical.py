@@ -180,7 +180,8 @@ def counting(url: str, statements: bool, into: dict[str, Any]) -> Iterator[None]
 def per_job(cost: dict[str, Any], jobs: int) -> dict[str, Any]:
     """What :func:`counting` and :func:`cpu_use` put into ``cost``, per job where it
     is a total: WAL bytes, statements, the server's µs executing them (with the
-    commonest statements), the CPUs busy, the workers' CPU ms."""
+    commonest statements), the CPUs busy, the workers' CPU ms (during the burn-down,
+    and in all since they started)."""
     entry: dict[str, Any] = {"wal_bytes": cost["wal_bytes"] / jobs}
     if "statements" in cost:
         entry["statements"] = cost["statements"] / jobs
@@ -190,6 +191,7 @@ def per_job(cost: dict[str, Any], jobs: int) -> dict[str, Any]:
         entry.update(cpus_busy=cost["cpus_busy"], cpus=cost["cpus"])
     if "worker_cpu_s" in cost:
         entry["worker_cpu_ms"] = cost["worker_cpu_s"] * 1000 / jobs
+        entry["worker_cpu_total_ms"] = cost["worker_cpu_total_s"] * 1000 / jobs
     return entry
 
 
@@ -333,14 +335,39 @@ def cpu_use(pids: list[int], into: dict[str, Any]) -> Iterator[None]:
     """Put into ``into`` how many CPUs were busy on average (``cpus_busy``, of
     ``cpus``) while the block ran — every process of the machine counts, the server's
     and the workers' alike; nothing where :func:`busy_cpu_seconds` is None — and the
-    CPU seconds the worker processes ``pids`` and their descendants spent
-    (``worker_cpu_s``)."""
+    CPU seconds the worker processes ``pids`` and their descendants spent meanwhile
+    (``worker_cpu_s``) and since they started (``worker_cpu_total_s``: their start-up,
+    the warm-up job and the block)."""
     before, start, workers = busy_cpu_seconds(), time.monotonic(), process_cpu_seconds(pids)
     yield
-    into["worker_cpu_s"] = process_cpu_seconds(pids) - workers
+    total = process_cpu_seconds(pids)
+    into["worker_cpu_s"] = total - workers
+    into["worker_cpu_total_s"] = total
     after, wall = busy_cpu_seconds(), time.monotonic() - start
     if before is not None and after is not None and wall > 0:
         into.update(cpus_busy=(after - before) / wall, cpus=os.cpu_count() or 1)
+
+
+#: The longest a CPU burner runs, whatever happens to the run that started it.
+BURNER_SECONDS = 4 * 3600
+
+
+@contextmanager
+def cpu_burner() -> Iterator[None]:
+    """A process that keeps one CPU busy (pure Python, no I/O) while the block runs;
+    it also stops by itself after :data:`BURNER_SECONDS`."""
+    code = (
+        "import time\n"
+        f"end = time.monotonic() + {BURNER_SECONDS}\n"
+        "while time.monotonic() < end:\n"
+        "    sum(range(10_000))\n"
+    )
+    burner = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        yield
+    finally:
+        burner.terminate()
+        burner.wait(30)
 
 
 def log(message: str) -> None:

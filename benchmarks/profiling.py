@@ -15,8 +15,9 @@ threads at once, so they add up to more than the wall time per job):
   the **server's execution** (``pg_stat_statements``), the **commit**'s WAL flush
   (``pg_stat_wal``: sync time per sync, times syncs per job) and the **round trip**
   (the rest: network, protocol, bind; a prepared ``SELECT 1`` is given for scale);
-- **hand-off and handler** — :func:`jobs.attempts.run_attempt` (finding the handler,
-  calling it, deciding the end);
+- **hand-off and handler** — a slot's run of the attempt (:meth:`Slots._run_handler`:
+  finding the handler, calling it inside its middleware, deciding the end and handing
+  it on);
 - **return to the next statement** — the rest of the wall time: the worker's own
   book-keeping between a handler's return and the next statement (queues, locks,
   counters, events), and, at concurrency above 1, threads waiting for each other.
@@ -231,7 +232,7 @@ def profile(
     from psycopg import Cursor
 
     from jobs import execution
-    from jobs.worker import slots
+    from jobs.worker.slots import Slots
 
     statements = physical.statements_available(url)
     result: dict[str, Any] = {"jobs": jobs, "round_trip_ms": round_trip_ms(url)}
@@ -241,7 +242,7 @@ def profile(
         admin("CHECKPOINT")
         _reset_server(url, statements)
         timers = _Timers()
-        parts = [(execution, "complete_and_claim"), (slots, "run_attempt"), (Cursor, "execute")]
+        parts = [(execution, "complete_and_claim"), (Slots, "_run_handler"), (Cursor, "execute")]
         with _patched(*((o, n, timers.wrap(n, getattr(o, n))) for o, n in parts)):
             span, _ = _run_worker(concurrency, profile=False)
         time.sleep(1.1)  # backends flush their WAL statistics when they end
@@ -253,7 +254,7 @@ def profile(
 
         statement_ms = per_job("execute")
         python_ms = per_job("complete_and_claim") - statement_ms
-        handler_ms = per_job("run_attempt")
+        handler_ms = per_job("_run_handler")
         wal = server["wal"]
         sync_ms = wal["sync_ms"] / wal["syncs"] if wal["syncs"] else 0.0
         commit_ms = sync_ms * wal["syncs"] / jobs
@@ -325,7 +326,7 @@ def slot_profile(
     claimed: dict[str, float] = {}
     lock = threading.Lock()
     complete_and_claim = execution.complete_and_claim
-    run_attempt = slots.run_attempt
+    begin_attempt = slots.begin_attempt
     defer = Settler.defer_completion
 
     def timed_settle(done: Any, *args: Any, **kwargs: Any) -> Any:
@@ -339,10 +340,10 @@ def slot_profile(
                 claimed[claim.token] = end
         return outcomes, claims
 
-    def timed_attempt(ctx: Any, **kwargs: Any) -> Any:
+    def timed_attempt(ctx: Any, *args: Any) -> Any:
         with lock:
             started[ctx.token] = time.perf_counter()
-        return run_attempt(ctx, **kwargs)
+        return begin_attempt(ctx, *args)
 
     def timed_defer(settler: Any, claim: Any, result: Any) -> bool:
         with lock:
@@ -354,7 +355,7 @@ def slot_profile(
     _reset_server(url, False)
     patches = [
         (execution, "complete_and_claim", timed_settle),
-        (slots, "run_attempt", timed_attempt),
+        (slots, "begin_attempt", timed_attempt),
         (Settler, "defer_completion", timed_defer),
     ]
     with _patched(*patches):

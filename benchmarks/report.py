@@ -339,7 +339,7 @@ _PARTS = (
     ("round_trip_ms", "Round trip (network, protocol, bind; the statement less the two below)"),
     ("server_execution_ms", "Server execution of the statement (`pg_stat_statements`)"),
     ("commit_wal_flush_ms", "Commit: the WAL flush (`pg_stat_wal` sync time)"),
-    ("handoff_and_handler_ms", "Hand-off to the handler and the handler (`run_attempt`)"),
+    ("handoff_and_handler_ms", "Hand-off to the handler and the handler (`Slots._run_handler`)"),
     ("return_to_next_statement_ms", "Return to the next statement (the worker's book-keeping)"),
 )
 
@@ -384,6 +384,27 @@ def profile_section(document: Document) -> str:
     return table(head, rows) + "\n\n" + table([functions, "calls per job", "own µs per job"], top)
 
 
+def cpu_parts_table(document: Document) -> str:
+    """The worker's own CPU per job, by part (``benchmarks/cpu_parts.py``)."""
+    from .cpu_parts import format_table
+
+    parts = document.get("cpu_parts")
+    return format_table(parts) if parts else NOT_MEASURED
+
+
+def startup_line(document: Document) -> str:
+    """``run_jobs --burst`` on an empty queue: the medians of its runs (a table, as
+    every figure of the report)."""
+    part = document.get("startup")
+    if not part:
+        return NOT_MEASURED
+    head = ["`run_jobs --burst` on an empty queue", "runs", "median s, start to exit",
+            "median s of CPU"]  # fmt: skip
+    row = ["django-ledon", part["runs"], f"{part['median_wall_s']:.3f}",
+           f"{part['median_cpu_s']:.3f}"]  # fmt: skip
+    return table(head, [row])
+
+
 def sleep_table(document: Document) -> str:
     """django-ledon's 5 ms handler against the ideal rate, and where a handler slot's
     time went (``benchmarks/profiling.py``)."""
@@ -399,7 +420,7 @@ def sleep_table(document: Document) -> str:
     slot = document.get("slot_profile")
     if slot:
         parts = [
-            ("the handler (`run_attempt`: the 5 ms sleep and its call)", "handler_ms"),
+            ("the handler (from its start: the 5 ms sleep and its call)", "handler_ms"),
             ("waiting for the settle under way", "wait_for_settle_ms"),
             ("its own settle (finish and claim, one statement and its commit)", "settle_ms"),
             ("hand-off of the new claim to a handler thread", "handoff_ms"),
@@ -630,6 +651,7 @@ def compare_table(document: Document) -> str:
         for label, field, digits in (
             ("jobs/s", "jobs_per_s", 0),
             ("worker CPU ms per job", "cpu_ms_per_job", 3),
+            ("worker CPU ms per job, start-up included", "cpu_total_ms_per_job", 3),
             ("statements per job", "statements", 2),
         ):
             values = [compare["median"][n].get(setup, {}).get(field) for n in names]
@@ -748,6 +770,10 @@ def worker_targets(document: Document) -> list[dict[str, Any]]:
     goal and whether it holds; a row is left out unless both figures are measured."""
     burn, flow, cpu = document["burn"]["median"], document["flow"]["median"], document["cpu"]
     ours, peer = burn.get(OURS, {}), burn.get("pgqueuer", {})
+    per_job = document["burn"].get("per_job", {})
+    ours_cost = per_job.get(OURS, {}).get("1x16", {})
+    peer_cost = per_job.get("pgqueuer", {}).get("1x16", {})
+    startup = document.get("startup", {}).get("median_wall_s")
     threads = [v["median"] for k, v in cpu["median"].items() if "x-c1" not in k]
     processes = [v["median"] for k, v in cpu["median"].items() if "x-c1" in k]
     latency, enqueue = document["idle"]["latency"], document["idle"]["enqueue_each"]
@@ -755,20 +781,28 @@ def worker_targets(document: Document) -> list[dict[str, Any]]:
     # (what, ours, against, goal, at most): a claim's cost is the inverse of the
     # burn-down's rate, the seconds a job takes with every limit set over those without.
     wanted: list[tuple[str, float | None, float | None, float, bool]] = [
+        ("Worker CPU ms per job, no-op, concurrency 16, during the burn-down",
+         ours_cost.get("worker_cpu_ms"), peer_cost.get("worker_cpu_ms"), 1.0, True),
+        ("Worker CPU ms per job, no-op, concurrency 16, start-up included",
+         ours_cost.get("worker_cpu_total_ms"), peer_cost.get("worker_cpu_total_ms"), 1.0, True),
         ("5 ms handler, concurrency 16: share of the ideal 3,200/s", ours.get("sleep5-c16"),
          3200, 0.85, False),
         ("5 ms handler, concurrency 64", ours.get("sleep5-c64"), peer.get("sleep5-c64"), 1.0,
          False),
+        ("`async def` 5 ms handler, concurrency 64", ours.get("sleep5async-c64"),
+         peer.get("sleep5async-c64"), 1.2, False),
         ("No-op, 1 process, concurrency 4", ours.get("1x4"), peer.get("1x4"), 1.0, False),
         ("No-op, 1 process, concurrency 16", ours.get("1x16"), peer.get("1x16"), 1.5, False),
         ("No-op, 2 processes x 16", ours.get("2x16"), peer.get("2x16"), 1.2, False),
         ("Claims with every limit set (none binding): ms per job against none",
-         1000 / flow["all_three"], 1000 / flow["off"], 1.1, True),
+         1000 / flow["every_limit"], 1000 / flow["off"], 1.1, True),
         ("CPU-bound handler, --processes 2 against one process of two threads",
          processes[0] if processes else None, threads[0] if threads else None, 1.7, False),
         ("Idle pickup p50 (ms), against the best peer's",
          latency.get(OURS, {}).get("p50_ms"), best_peer, 1.0, True),
         ("Enqueue one by one", enqueue.get(OURS), enqueue.get("pgqueuer"), 1.0, False),
+        ("`run_jobs --burst` start-up on an empty queue (s), against 0.5 s", startup, 0.5, 1.0,
+         True),
     ]  # fmt: skip
     return [
         {
@@ -782,6 +816,11 @@ def worker_targets(document: Document) -> list[dict[str, Any]]:
         for what, value, against, goal, at_most in wanted
         if value and against
     ]
+
+
+def _load_of(document: Document) -> str:
+    load = document.get("burn", {}).get("load_average", {}).get("start")
+    return ", ".join(f"{x:g}" for x in load) if load else "not recorded"
 
 
 def worker_targets_table(document: Document) -> str:
@@ -798,8 +837,10 @@ def worker_targets_table(document: Document) -> str:
         for r in document["rows"]
     ]
     extra = sorted(document["burn"]["median"].get(OURS, {}).items())
+    burner = " A CPU burner kept one core busy throughout." if document.get("cpu_burner") else ""
     return "\n\n".join(
         [
+            f"Load average at the start of the burn-downs: {_load_of(document)}.{burner}",
             table(["target", "django-ledon", "against", "ratio", "goal", "verdict"], rows),
             table(["our set-up", "jobs/s (median)"], [[f"`{k}`", _num(v)] for k, v in extra]),
         ]
@@ -814,10 +855,11 @@ ONLY: dict[str, Callable[[dict[str, Any]], str]] = {
     ),
     "bulk": lambda part: bulk_table(part),
     "cpu": lambda part: cpu_table({"systems": {OURS: part["median"]}}),
-    "profile": profile_section,
+    "profile": lambda part: profile_section(part) + "\n\n" + cpu_parts_table(part),
     "fair-share": lambda part: fair_table(part),
     "outbox": lambda part: outbox_order_table({"outbox_order": part}),
     "ordering": lambda part: ordering_table(part),
+    "start-up": lambda part: startup_line({"startup": part}),
     "targets": worker_targets_table,
 }
 
@@ -842,6 +884,8 @@ SECTIONS: tuple[tuple[str, Callable[[Document], str]], ...] = (
     ("Scale-out: worker processes against one server", scale_table),
     ("What each job costs the server", per_job_table),
     ("Where one job's time goes", profile_section),
+    ("The worker's CPU per job, by part", cpu_parts_table),
+    ("Start-up", startup_line),
     ("A realistic handler", sleep_table),
     ("Asynchronous commit (opt-in)", syncmode_table),
     ("Claim cost with a deep queue", queued_table),

@@ -15,6 +15,11 @@ Per minute: arrivals, jobs started per second, pickup p50/p99, and the system's
 tables — total size, index size, live and dead tuples — measured before the run,
 every minute during it and after it drained. ``python -m benchmarks.soak --minutes
 3`` is a short run; ``make soak`` the full 30 minutes per system (not in CI).
+
+``--workflows RATE`` adds workflow runs to django-ledon's soak, beside its jobs: RATE
+runs per second, each with a timer and a signal; per minute, the advances' latency
+p50/p99, and the verdicts — p99 while the horizon is pinned within 3x of before,
+and back within a minute (:mod:`benchmarks.soak_workflows`).
 Results: ``benchmarks/results/soak-latest.json``, ``soak-latest.md`` and a plot,
 ``soak-latest.svg`` (``python -m benchmarks.soak --render`` redraws both from the JSON).
 """
@@ -30,19 +35,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import soak_workflows
 from .harness import Starts, percentile, wait_for, workers
 from .physical import log
 from .report import columns, table
 from .server import database, django_on, server_settings
+from .soak_workflows import WorkflowArrivals
 from .systems import OURS, System, WorkerConfig, adapter
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: The settings of a soak with workflows: the benchmarks' plus the workflows app.
+WORKFLOW_SETTINGS = "benchmarks.wf_settings"
 SYSTEMS = [OURS, "pgqueuer", "procrastinate"]
 SERVER_KEYS = ("server_version", "fsync", "synchronous_commit")
 
 #: Each system's tables, as ``LIKE`` patterns over ``pg_stat_user_tables.relname``.
 TABLES = {
-    OURS: ["jobs\\_job", "jobs\\_jobattempt", "jobs\\_claimstart"],
+    OURS: ["jobs\\_job", "jobs\\_jobattempt", "jobs\\_claimstart", "workflows\\_%"],
     "pgqueuer": ["pgqueuer%"],
     "procrastinate": ["procrastinate\\_%"],
 }
@@ -85,21 +94,36 @@ def held_transaction(url: str) -> Any:
 
 
 def soak(
-    system: System, url: str, *, minutes: float, rate: float, concurrency: int, log_dir: Path
+    system: System,
+    url: str,
+    *,
+    minutes: float,
+    rate: float,
+    concurrency: int,
+    log_dir: Path,
+    runs: WorkflowArrivals | None = None,
 ) -> dict[str, Any]:
-    """One system's soak (see the module docstring)."""
+    """One system's soak (see the module docstring); ``runs``: workflow runs beside
+    its jobs (django-ledon)."""
     patterns = TABLES[system.name]
     committed: dict[int, float] = {}
     samples: list[dict[str, Any]] = []
     duration = minutes * 60
     hold_from, hold_until = duration / 3, 2 * duration / 3
     config = system.worker_config(WorkerConfig(1, concurrency))
-    with Starts() as starts, workers(system, config, log_dir, f"soak-{system.name}", starts.env):
+    # With runs, the worker has the workflows app and the soak's workflow too.
+    env = {"DJANGO_SETTINGS_MODULE": WORKFLOW_SETTINGS} if runs is not None else {}
+    with (
+        Starts() as starts,
+        workers(system, config, log_dir, f"soak-{system.name}", {**starts.env, **env}),
+    ):
         system.enqueue_marked(-1)
         starts.wait(-1, 120)
         before = table_stats(url, patterns)
         held: Any = None
         start = time.time()
+        if runs is not None:
+            runs.begin(start)
         next_sample = start + 60
         marker = 0
         while True:
@@ -107,6 +131,8 @@ def soak(
             elapsed = now - start
             if elapsed >= duration:
                 break
+            if runs is not None:
+                runs.tick(now)
             if held is None and hold_from <= elapsed < hold_until:
                 held = held_transaction(url)
                 log(f"  {system.name}: transaction held open at {elapsed:.0f} s")
@@ -127,10 +153,14 @@ def soak(
             marker += 1
         if held is not None:
             held.close()
-        wait_for(lambda: all(m in starts.seen for m in committed), 300, "the backlog", poll=0.1)
+        while runs is not None and not runs.all_signalled():
+            runs.tick(time.time(), arriving=False)
+            time.sleep(0.05)
+        markers = list(committed) + (runs.markers() if runs is not None else [])
+        wait_for(lambda: all(m in starts.seen for m in markers), 300, "the backlog", poll=0.1)
         drained = time.time() - start
         after = table_stats(url, patterns)
-    return {
+    result = {
         "minutes": minutes,
         "rate": rate,
         "concurrency": config.concurrency,
@@ -142,6 +172,17 @@ def soak(
         "tables_during": samples,
         "tables_after": after,
     }
+    if runs is not None:
+        advances = runs.advances(starts.seen)
+        result["workflows"] = {
+            "rate": runs.rate,
+            "runs": len(runs.started),
+            "sleep_s": runs.sleep,
+            "signal_after_s": runs.signal_after,
+            "per_minute": soak_workflows.per_minute(advances, start, minutes),
+            "verdicts": soak_workflows.verdicts(advances, start, (hold_from, hold_until)),
+        }
+    return result
 
 
 def per_minute(
@@ -192,14 +233,16 @@ def render(document: dict[str, Any]) -> str:
             lines.append(f"Skipped: {result['skipped']}")
             continue
         during = {round(s["at"] / 60): s for s in result["tables_during"]}
+        flows = result.get("workflows", {}).get("per_minute", [])
         rows = [
             {
                 **{k.replace("_", " "): v for k, v in row.items()},
+                **{k.replace("_", " "): v for k, v in (flows[i] if i < len(flows) else {}).items()},
                 "table MB": _mb(during.get(row["minute"], {}).get("bytes")),
                 "index MB": _mb(during.get(row["minute"], {}).get("index_bytes")),
                 "dead tuples": during.get(row["minute"], {}).get("dead", ""),
             }
-            for row in result["per_minute"]
+            for i, row in enumerate(result["per_minute"])
         ]
         ends = [
             ("before", result["tables_before"]),
@@ -209,7 +252,41 @@ def render(document: dict[str, Any]) -> str:
             [when, _mb(t["bytes"]), _mb(t["index_bytes"]), t["live"], t["dead"]] for when, t in ends
         ]
         lines += [columns(rows), "", table(["Tables", "MB", "index MB", "live", "dead"], sizes)]
+        if "workflows" in result:
+            lines += ["", *workflow_verdicts(result["workflows"])]
     return "\n".join(lines)
+
+
+def workflow_verdicts(flows: dict[str, Any]) -> list[str]:
+    """The workflows' line and their two verdicts (see :mod:`benchmarks.soak_workflows`)."""
+    v = flows["verdicts"]
+
+    def said(ok: bool | None) -> str:
+        return "not measured" if ok is None else ("met" if ok else "**missed**")
+
+    return [
+        f"Workflows: {flows['runs']} runs at {flows['rate']:g}/s, each a {flows['sleep_s']:g} s"
+        f" timer then a signal {flows['signal_after_s']:g} s after its start.",
+        "",
+        table(
+            ["Advance latency p99", "ms", "against before", "target"],
+            [
+                ["before the pin (from minute 2)", v["p99_before_ms"], "", ""],
+                [
+                    "while the horizon is pinned",
+                    v["p99_pinned_ms"],
+                    v["pinned_ratio"],
+                    f"<= {soak_workflows.PINNED_FACTOR:g}x: {said(v['pinned_ok'])}",
+                ],
+                [
+                    "the minute after",
+                    v["p99_minute_after_ms"],
+                    v["after_ratio"],
+                    f"<= {soak_workflows.BACK_FACTOR:g}x: {said(v['back_within_a_minute'])}",
+                ],
+            ],
+        ),
+    ]
 
 
 #: Line colours of the plot, one per system in the order they ran.
@@ -305,6 +382,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="handlers per worker")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
     parser.add_argument(
+        "--workflows",
+        type=float,
+        default=0,
+        metavar="RATE",
+        help="also RATE workflow runs per second (a timer and a signal each) beside"
+        " django-ledon's jobs (default: none)",
+    )
+    parser.add_argument(
         "--render",
         action="store_true",
         help="only redraw soak-latest.md and soak-latest.svg from soak-latest.json",
@@ -320,11 +405,12 @@ def main(argv: list[str] | None = None) -> None:
         "minutes": args.minutes,
         "rate": args.rate,
         "concurrency": args.concurrency,
+        "workflows": args.workflows,
         "systems": {},
     }
     with ExitStack() as stack:
         _, url = stack.enter_context(database(None, "ledon_soak"))
-        django_on(url, stack)
+        django_on(url, stack, WORKFLOW_SETTINGS if args.workflows else "benchmarks.settings")
         document["server"] = server_settings(url)
         for name in args.systems.split(","):
             cls = adapter(name)
@@ -343,6 +429,9 @@ def main(argv: list[str] | None = None) -> None:
                     rate=args.rate,
                     concurrency=args.concurrency,
                     log_dir=log_dir,
+                    runs=WorkflowArrivals(args.workflows)
+                    if args.workflows and name == OURS
+                    else None,
                 )
             finally:
                 system.close()

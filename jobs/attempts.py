@@ -115,6 +115,25 @@ def run_attempt(
     its timeout there). Writes nothing: the caller stores the end with
     :meth:`AttemptEnd.write`.
     """
+    begun = begin_attempt(ctx, starting)
+    if isinstance(begun, AttemptEnd):
+        return begun
+    try:
+        result = begun.invoke(
+            ctx,
+            loop() if begun.is_async and loop is not None else None,
+            call=chain_for(begun),  # the handler inside JOBS["MIDDLEWARE"]
+        )
+    except Exception as exc:
+        return attempt_ended(begun, ctx, clock, error=exc)
+    return attempt_ended(begun, ctx, clock, result=result)
+
+
+def begin_attempt(
+    ctx: JobContext, starting: Callable[[HandlerSpec], None] | None = None
+) -> HandlerSpec | AttemptEnd:
+    """The handler of ``ctx``'s claim, ``starting(spec)`` called (its timeout runs from
+    then); or, for a handler this process does not know, the attempt's end."""
     claim = ctx.claim
     try:
         spec = get_handler(claim.handler, claim.handler_version)
@@ -124,36 +143,39 @@ def run_attempt(
         return AttemptEnd(Ending.UNKNOWN_HANDLER, error=message, detail=message)
     if starting is not None:
         starting(spec)
-    try:
-        result = spec.invoke(
-            ctx,
-            loop() if spec.is_async and loop is not None else None,
-            call=chain_for(spec),  # the handler inside JOBS["MIDDLEWARE"]
-        )
-    except Snooze as snooze:
+    return spec
+
+
+def attempt_ended(
+    spec: HandlerSpec,
+    ctx: JobContext,
+    clock: Callable[[], datetime],
+    *,
+    result: str | None = None,
+    error: BaseException | None = None,
+) -> AttemptEnd:
+    """How an attempt of ``spec`` ended: its handler returned ``result``, or raised
+    ``error`` — the one policy for plain handlers and coroutines alike."""
+    if isinstance(error, Snooze):
         if ctx.timed_out:
             return timed_out(spec, ctx, clock())
-        wake_at = clock() + timedelta(seconds=snooze.seconds)
+        wake_at = clock() + timedelta(seconds=error.seconds)
         return AttemptEnd(
             Ending.SNOOZED,
             retry_at=wake_at,
             detail=f"until {wake_at.isoformat()}",
             max_snoozes=spec.snooze_limit(),
         )
-    except Exception as exc:
-        if ctx.timed_out:
-            return timed_out(spec, ctx, clock())
-        if ctx.stopped_by_shutdown:
-            return AttemptEnd(Ending.SHUTDOWN, detail="stopped by shutdown")
-        error, retry_at = spec.failure(ctx, exc, clock())
-        detail = f"{type(exc).__name__}: {exc}"
-        if retry_at is not None:
-            detail += f" (retry at {retry_at.isoformat()})"
-        return AttemptEnd(Ending.FAILED, error=error, retry_at=retry_at, detail=detail)
     if ctx.timed_out:
         return timed_out(spec, ctx, clock())
     if ctx.stopped_by_shutdown:
         return AttemptEnd(Ending.SHUTDOWN, detail="stopped by shutdown")
+    if error is not None:
+        failure, retry_at = spec.failure(ctx, error, clock())
+        detail = f"{type(error).__name__}: {error}"
+        if retry_at is not None:
+            detail += f" (retry at {retry_at.isoformat()})"
+        return AttemptEnd(Ending.FAILED, error=failure, retry_at=retry_at, detail=detail)
     return AttemptEnd(Ending.SUCCEEDED, result=result)
 
 

@@ -16,7 +16,7 @@ from ledon.conf import (
 
 from . import validation
 from .exceptions import InvalidLimits, JobsConfigurationError
-from .flow_control import Limits
+from .flow_control import LIMIT_NAMES, Limits, limits_of
 from .validation import scope_hash
 
 
@@ -123,7 +123,8 @@ class JobsSettings:
     MAX_INTERRUPTIONS: int = 3
     #: Limits and order per queue, enforced by every worker's claim:
     #: ``{"emails": {"max_running": 4, "rate": (10, 1)}}`` (keys: ``max_running``,
-    #: ``max_running_per_scope``, ``max_running_per_key``, ``rate``, and ``fair``:
+    #: ``max_running_per_scope``, ``max_running_per_key``, ``rate`` and
+    #: ``rate_per_key`` — ``(count, seconds)`` or ``(count, seconds, burst)`` —, and ``fair``:
     #: True, the default, shares a queue's starts across scopes; False keeps
     #: submission order).
     QUEUES: dict[str, Any] = field(default_factory=dict)
@@ -198,14 +199,9 @@ def _check(result: JobsSettings) -> None:
         raise JobsConfigurationError("JOBS['AUTODISCOVER_MODULE'] must be a module name")
 
 
-_LIMIT_KEYS = ("max_running", "max_running_per_scope", "max_running_per_key", "rate")
 #: A queue's keys that are not limits.
 _ORDER_KEYS = ("fair",)
-_QUEUE_KEYS = (*_LIMIT_KEYS, *_ORDER_KEYS)
-
-
-def _limits_of(values: dict[str, Any]) -> Limits:
-    return Limits(**{key: value for key, value in values.items() if key in _LIMIT_KEYS})
+_QUEUE_KEYS = (*LIMIT_NAMES, *_ORDER_KEYS)
 
 
 def _check_queues(queues: Any) -> None:
@@ -233,7 +229,7 @@ def _check_queues(queues: Any) -> None:
                 f"JOBS['QUEUES'][{name!r}]['fair'] must be True or False, got {values['fair']!r}"
             )
         try:
-            _limits_of(values)
+            limits_of(values)
         except InvalidLimits as exc:
             raise JobsConfigurationError(f"JOBS['QUEUES'][{name!r}]: {exc}") from None
 
@@ -253,7 +249,7 @@ def queue_limits() -> dict[str, Limits]:
     cached = _queue_limits
     if cached is not None and cached[0] is current:
         return cached[1]
-    limits = {name: _limits_of(values) for name, values in current.QUEUES.items()}
+    limits = {name: limits_of(values) for name, values in current.QUEUES.items()}
     result = {name: value for name, value in limits.items() if value}
     _queue_limits = (current, result)
     return result

@@ -38,7 +38,7 @@ class JobContext:
         self.payload: Any = claim.payload
         self._progress = progress
         self._cancel = threading.Event()
-        self._shutdown = threading.Event()
+        self._shutdown = False  # set once, by the worker (a plain flag: one Event less per job)
         self._stored_cancel = False
         self._timed_out = False
         self._reason: CancelReason | None = None
@@ -138,7 +138,7 @@ class JobContext:
     @property
     def shutdown_requested(self) -> bool:
         """True when the worker, not the user, asked the handler to stop."""
-        return self._shutdown.is_set()
+        return self._shutdown
 
     @property
     def timed_out(self) -> bool:
@@ -168,7 +168,7 @@ class JobContext:
         if shutdown:
             reason = CancelReason.SHUTDOWN
         if reason in (CancelReason.SHUTDOWN, CancelReason.LOST):
-            self._shutdown.set()
+            self._shutdown = True
         elif reason is CancelReason.TIMEOUT:
             self._timed_out = True
         else:
@@ -191,10 +191,10 @@ class JobContext:
 
     @property
     def stopped_by_shutdown(self) -> bool:
-        return self._shutdown.is_set() and not self._stored_cancel
+        return self._shutdown and not self._stored_cancel
 
     @property
     def stopped_by_request(self) -> bool:
         """Whether a stored cancel request or the shutdown (not a timeout) stopped it:
         such an attempt is never retried automatically."""
-        return self._stored_cancel or self._shutdown.is_set()
+        return self._stored_cancel or self._shutdown

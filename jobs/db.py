@@ -268,12 +268,16 @@ def in_list_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
     return {f"{name}_{n}": value for n, value in enumerate(values)}
 
 
-def union_by_kind(branches: Sequence[tuple[str, str, Mapping[str, str]]]) -> str:
+def union_by_kind(
+    branches: Sequence[tuple[str, str, Mapping[str, str]]],
+    types: Mapping[str, str] | None = None,
+) -> str:
     """One result of several kinds of row: a ``kind`` column, then the union of every
-    branch's named columns (NULL where a branch has none). A branch is its kind, the
-    table or CTE its rows come from and its columns, ``{result name: expression}``.
-    PostgreSQL resolves a union's column types from left to right: a branch with
-    typed values should come before one with NULLs only."""
+    branch's named columns (NULL where a branch has none, of its type in ``types`` if
+    given). A branch is its kind, the table or CTE its rows come from and its columns,
+    ``{result name: expression}``. PostgreSQL resolves a union's column types from left
+    to right: a branch with typed values should come before one with NULLs only, or
+    the NULLs be typed."""
     names: list[str] = []
     for _, _, columns in branches:
         names.extend(name for name in columns if name not in names)
@@ -281,9 +285,14 @@ def union_by_kind(branches: Sequence[tuple[str, str, Mapping[str, str]]]) -> str
     def column(expression: str, name: str | None) -> str:
         return expression if name in (None, expression) else f"{expression} AS {name}"
 
+    def _null(name: str) -> str:
+        return f"NULL::{types[name]}" if types and name in types else "NULL"
+
     return " UNION ALL ".join(
         f"SELECT '{kind}'{' AS kind' if n == 0 else ''}, "
-        + ", ".join(column(columns.get(name, "NULL"), name if n == 0 else None) for name in names)
+        + ", ".join(
+            column(columns.get(name, _null(name)), name if n == 0 else None) for name in names
+        )
         + f" FROM {source}"
         for n, (kind, source, columns) in enumerate(branches)
     )

@@ -35,6 +35,12 @@ class InvalidSubmission(InvalidInput):
     """A field of the job submission is not valid."""
 
 
+class CostOverRate(InvalidSubmission):
+    """The job's cost is larger than a rate it falls under lets start at once (the
+    rate's burst, else its count): it could never start. Lower the cost, or raise the
+    rate's burst."""
+
+
 class JobExpired(JobsError):
     """The job was not started by its start deadline (``start_by`` or ``start_within``):
     it never ran."""
@@ -139,6 +145,7 @@ class JobTimedOut(JobsError):
 
 
 class InvalidLimits(JobsConfigurationError):
-    """A flow-control limit is not valid: max_running and max_running_per_scope are
-    positive ints, rate is a (count, seconds) pair of a positive int and a positive
-    number of seconds."""
+    """A flow-control limit is not valid: max_running, max_running_per_scope and
+    max_running_per_key are positive ints; rate and rate_per_key are (count, seconds) or
+    (count, seconds, burst): a positive int, a number of seconds in (0, 86400] and a
+    positive int."""

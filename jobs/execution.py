@@ -23,10 +23,10 @@ from .api import JobScope
 from .conf import jobs_settings, queue_limits
 from .flow_control import ClaimLimits
 from .handlers import handler_limits
-from .models import ClaimStart, Job
+from .models import Job, RateBucket
 from .schedules import service as schedules
 from .signals import jobs_expired
-from .store.limits import prune_claim_starts as _prune_claim_starts
+from .store import rates as _rates
 from .store.queues import QueueState
 from .store.releasing import release as _release
 from .store.shares import ScopeShare
@@ -53,7 +53,7 @@ __all__ = [
     "heartbeat",
     "interrupt",
     "pause_queue",
-    "prune_claim_starts",
+    "prune_rates",
     "put_back_unknown_handler",
     "queue_states",
     "recover",
@@ -292,13 +292,10 @@ def queue_states(names: Sequence[str] | None = None) -> list[QueueState]:
     return store.queue_states(list(names or []))
 
 
-def prune_claim_starts(*, now: datetime | None = None) -> int:
-    """Delete the recorded starts that no ``rate`` window counts any more."""
-    if not ClaimStart.objects.exists():
-        return 0
-    limits = claim_limits()
-    values = [*limits.handlers.values(), *limits.queues.values()]
-    return _prune_claim_starts(connection_for(ClaimStart), values, store.current_time(now))
+def prune_rates(*, now: datetime | None = None) -> int:
+    """Delete the rows of rates (``jobs_ratebucket``) that have held nothing for five
+    minutes — a full bucket, an empty window, the same as no row; returns how many."""
+    return _rates.prune(connection_for(RateBucket), store.current_time(now))
 
 
 def recover(

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import functools
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -27,7 +26,7 @@ from . import validation
 from .conf import jobs_settings
 from .context import JobContext as JobContext  # public here too: jobs.handlers.JobContext
 from .exceptions import InvalidInput, JobsConfigurationError, UnknownHandler
-from .flow_control import Limits, set_halting_handlers
+from .flow_control import Limits, declared_handler_limits, set_halting_handlers, set_handler_limits
 from .retry import PermanentFailure as PermanentFailure  # public here too
 from .retry import RetryPolicy as RetryPolicy  # public here too
 from .types import CancelReason
@@ -125,18 +124,28 @@ class HandlerSpec:
         neither a string nor None raises ``TypeError``.
         """
         call = call or self.func
-        if self.is_async:
-            coro = call(ctx)
-            assert inspect.iscoroutine(coro)
-            if loop is None:
-                result = asyncio.run(coro)
-            else:
-                future = asyncio.run_coroutine_threadsafe(coro, loop)
-                # A timeout cancels the coroutine on its loop.
-                ctx._on_cancel(future.cancel, CancelReason.TIMEOUT)
-                result = future.result()
-        else:
-            result = call(ctx)
+        if not self.is_async:
+            return self.checked_result(call(ctx))
+        coro = self.coroutine(ctx, call)
+        if loop is None:
+            return self.checked_result(asyncio.run(coro))
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        # A timeout cancels the coroutine on its loop.
+        ctx._on_cancel(future.cancel, CancelReason.TIMEOUT)
+        return self.checked_result(future.result())
+
+    def coroutine(
+        self, ctx: JobContext, call: Callable[[JobContext], Any] | None = None
+    ) -> Coroutine[Any, Any, Any]:
+        """This ``async def`` handler's coroutine for one attempt (``call``: the
+        handler inside its middleware), not started."""
+        coro = (call or self.func)(ctx)
+        assert inspect.iscoroutine(coro)
+        return coro
+
+    def checked_result(self, result: Any) -> HandlerResult:
+        """A handler's return value as its result reference: a ``TypeError`` unless
+        it is a string or None."""
         if result is not None and not isinstance(result, str):
             raise TypeError(
                 f"handler {self.name!r} returned {type(result).__name__}; "
@@ -178,7 +187,8 @@ def job_handler(
     max_running: int | None = None,
     max_running_per_scope: int | None = None,
     max_running_per_key: int | None = None,
-    rate: tuple[int, float] | None = None,
+    rate: tuple[int, float] | tuple[int, float, int] | None = None,
+    rate_per_key: tuple[int, float] | tuple[int, float, int] | None = None,
     max_snoozes: int | None = None,
     library: bool = False,
     sequence_halts_on_failure: bool = False,
@@ -198,11 +208,14 @@ def job_handler(
     ``JOBS["TIMEOUT_GRACE_SECONDS"]`` more the attempt fails with ``JobTimedOut``,
     retried by the retry policy. Default: ``JOBS["JOB_TIMEOUT_SECONDS"]``; None: none.
 
-    ``max_running``, ``max_running_per_scope``, ``max_running_per_key`` and
-    ``rate=(count, seconds)`` limit this handler name (all its versions) across every
-    worker: Running attempts at once, the same per scope, the same per limit key (a
-    submission's ``limit_key``), and attempt starts in any window of ``seconds``. Jobs
-    over a limit stay Queued; claims take others past them.
+    ``max_running``, ``max_running_per_scope``, ``max_running_per_key``,
+    ``rate=(count, seconds)`` and ``rate_per_key`` limit this handler name (all its
+    versions) across every worker: Running attempts at once, the same per scope, the
+    same per limit key (a submission's ``limit_key``), and the units of cost started
+    (a job's ``cost``, 1 by default) in any window of ``seconds``, overall and per limit
+    key. A rate's optional third element, ``(count, seconds, burst)``, makes it a token
+    bucket that lets up to ``burst`` units start at once after a quiet spell. Jobs over
+    a limit stay Queued; claims take others past them.
 
     ``max_snoozes``: times a job may ``raise Snooze`` over its life; the attempt
     that asks once more ends Failed naming the bound. Default:
@@ -228,7 +241,8 @@ def job_handler(
         max_running=max_running,
         max_running_per_scope=max_running_per_scope,
         max_running_per_key=max_running_per_key,
-        rate=rate,
+        rate=rate,  # type: ignore[arg-type]  # checked into a Rate
+        rate_per_key=rate_per_key,  # type: ignore[arg-type]
     )
     if max_snoozes is not None and (
         isinstance(max_snoozes, bool)
@@ -286,7 +300,7 @@ def job_handler(
                         f"{other.sequence_halts_on_failure}: a sequence halts by the name"
                     )
             _registry[key] = spec
-            _limits.cache_clear()
+            _declare_limits()
             _note_halting()
         return func
 
@@ -320,15 +334,14 @@ def library_handlers() -> frozenset[str]:
         return frozenset(spec.name for spec in _registry.values() if spec.library)
 
 
-def handler_limits() -> dict[str, Limits]:
+def handler_limits() -> Mapping[str, Limits]:
     """The limits of every registered handler name that has any."""
-    return _limits()
+    return declared_handler_limits()
 
 
-@functools.cache
-def _limits() -> dict[str, Limits]:
-    with _lock:
-        return {spec.name: spec.limits for spec in _registry.values() if spec.limits}
+def _declare_limits() -> None:
+    """Tell the store the registry's limits (called under the registry's lock)."""
+    set_handler_limits({spec.name: spec.limits for spec in _registry.values() if spec.limits})
 
 
 def _note_halting() -> None:
@@ -342,7 +355,7 @@ def unregister(name: str, version: int) -> None:
     """Remove a registration (for tests)."""
     with _lock:
         _registry.pop((name, version), None)
-        _limits.cache_clear()
+        _declare_limits()
         _note_halting()
 
 

@@ -158,8 +158,13 @@ class Job(models.Model):
     # or Running), "for" (held in jobs_uniquehold for a time), or "" without a key.
     unique_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     unique_while = models.CharField(max_length=8, blank=True, default="", db_default="")
-    # The key max_running_per_key counts it under, across scopes ("": none).
+    # The key max_running_per_key and rate_per_key count it under, across scopes
+    # ("": none).
     limit_key = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # The units it counts against every rate it falls under (part of its request).
+    cost = models.PositiveIntegerField(
+        default=1, db_default=1, help_text="Units counted against each rate it falls under."
+    )
     # A debounced job's latest start: its burst's first submission + debounce_max.
     debounce_until = models.DateTimeField(null=True, blank=True)
 
@@ -190,6 +195,9 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(attempt_count__lte=F("max_attempts")),
                 name="jobs_job_attempts_within_max",
+            ),
+            models.CheckConstraint(
+                condition=Q(cost__gte=1, cost__lte=1000), name="jobs_job_cost_range"
             ),
             # One Queued job per (scope, unique key) of the "queued" and "active" modes,
             # and one Queued or Running of the "active" mode: a racing second insert
@@ -312,21 +320,6 @@ class Queue(models.Model):
         return f"queue {self.name}" + (" (paused)" if self.paused else "")
 
 
-class ClaimStart(models.Model):
-    """One attempt start of a rate-limited handler or queue (``key``), written
-    by the claim that started it; the rate check counts a key's recent rows through
-    the (key, started_at) index. Rows older than every window are pruned."""
-
-    key = models.CharField(max_length=320)
-    started_at = models.DateTimeField()
-
-    class Meta:
-        indexes = [models.Index("key", "started_at", name="jobs_claimstart_key_idx")]
-
-    def __str__(self) -> str:
-        return f"{self.key} started at {self.started_at}"
-
-
 class LimitCounter(models.Model):
     """How many Running jobs count against one limit: ``handler:<name>`` or
     ``queue:<name>`` (``max_running``), or with ``:<scope hash>`` appended
@@ -351,6 +344,49 @@ class LimitCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.running} running"
+
+
+class RateBucket(models.Model):
+    """The state of one rate: a handler's or a queue's (``handler:<name>``,
+    ``queue:<name>``) or one limit key's under it (``…#<limit key>``). Read and
+    changed by the claims alone, by key, in the statement that starts the jobs; times
+    are nanoseconds since the epoch.
+
+    With a burst, a token bucket kept as GCRA: ``tat``, the theoretical arrival time
+    of the next unit; a claim of ``c`` units sets it to ``max(tat, now) + c × T`` (T:
+    ``seconds / count``) and ``horizon`` to ``now + burst × T``; the constraint
+    ``tat <= horizon`` refuses the statement that would start more than the bucket
+    holds. Without, a sliding window: ``stamps``, the units started by start time
+    (``[[time, units], …]``, kept until ``horizon``, an eighth of the window past its
+    start), ``used`` the sum of those after ``window_start`` with the claim's, ``cap``
+    the count; ``used <= cap`` refuses the statement that would put more in the
+    window. ``ends``: when the row holds nothing any more (a full bucket, an empty
+    window); rows past it are pruned."""
+
+    key = models.CharField(max_length=400, unique=True)
+    tat = models.BigIntegerField(null=True, blank=True)
+    horizon = models.BigIntegerField(null=True, blank=True)
+    stamps = models.JSONField(null=True, blank=True)
+    used = models.BigIntegerField(null=True, blank=True)
+    cap = models.BigIntegerField(null=True, blank=True)
+    window_start = models.BigIntegerField(null=True, blank=True)
+    ends = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                # NULL (a window's row) passes, as every CHECK does.
+                condition=Q(tat__lte=F("horizon")),
+                name="jobs_ratebucket_within_burst",
+            ),
+            models.CheckConstraint(
+                condition=Q(used__lte=F("cap")),
+                name="jobs_ratebucket_within_window",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"rate {self.key}"
 
 
 class Lane(models.Model):
@@ -445,6 +481,7 @@ class Batch(models.Model):
     then_queue = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001
     then_priority = models.SmallIntegerField(null=True, blank=True)
     then_max_attempts = models.PositiveIntegerField(null=True, blank=True)
+    then_cost = models.PositiveIntegerField(null=True, blank=True)
     then_not_before = models.DateTimeField(null=True, blank=True)
     trace_context = models.TextField(null=True, blank=True)  # noqa: DJ001
     created_at = models.DateTimeField()

@@ -1,7 +1,8 @@
 """Signals of the jobs app.
 
 ``jobs_enqueued``, ``attempt_finished``, ``queued_job_cancelled``,
-``job_keeps_killing_worker`` and ``jobs_expired`` say what happened to jobs, for optional
+``job_keeps_killing_worker``, ``jobs_expired`` and ``jobs_held_back`` say what happened
+to jobs, for optional
 layers such as the Prometheus metrics (:mod:`jobs.observability.metrics`) and for apps
 built on jobs (``workflows`` ends an activity item whose job was cancelled).
 
@@ -22,15 +23,20 @@ from django.dispatch import Signal
 from ledon.errors import send_logged
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .store.limits import Held
     from .types import Claim, FinishOutcome
 
 __all__ = [
     "attempt_finished",
     "cancelled_queued_job",
     "finished_attempt",
+    "held_back",
     "job_keeps_killing_worker",
     "jobs_enqueued",
     "jobs_expired",
+    "jobs_held_back",
     "kept_killing_worker",
     "queued_job_cancelled",
     "send_logged",
@@ -123,6 +129,25 @@ def kept_killing_worker(
 #: after the sweep committed with ``sender=None`` and ``jobs``, a list of each one's
 #: (queue, handler).
 jobs_expired = Signal()
+
+
+#: A claim left due jobs Queued because a limit had no room for them — of the jobs a
+#: claim without limits would have taken —, sent after the claim by the process that
+#: made it, with ``sender=None`` and ``held``, a list of (queue, handler, rule,
+#: count); ``rule`` names the limit and whose it is: ``handler.max_running``,
+#: ``queue.rate_per_key`` and so on. Use :func:`held_back`.
+jobs_held_back = Signal()
+
+
+def held_back(held: Sequence[Held]) -> None:
+    """Send :data:`jobs_held_back` (receivers' errors are logged, never raised)."""
+    if jobs_held_back.receivers:
+        send_logged(
+            jobs_held_back,
+            None,
+            "jobs_held_back",
+            held=[(item.queue, item.handler, item.rule, item.count) for item in held],
+        )
 
 
 #: A worker has started: its start-up recovery is done, it is about to claim jobs.

@@ -121,6 +121,7 @@ IDENTITY_FIELDS = (
     "priority",
     "max_attempts",
     "initial_not_before",
+    "cost",
 )
 
 
@@ -145,6 +146,8 @@ class JobSubmission:
     priority: int = 0
     max_attempts: int = 1
     initial_not_before: datetime | None = None
+    #: Units counted against every rate the job falls under (1 to 1000).
+    cost: int = 1
     #: Rules of who goes next (a start deadline…): not part of the identity.
     rules: SubmitRules = NO_RULES
 
@@ -161,6 +164,7 @@ class JobSubmission:
                 self.priority,
                 self.max_attempts,
                 self.initial_not_before,
+                self.cost,
             ),
         )
 
@@ -184,6 +188,7 @@ class JobSubmission:
         debounce: float | None = None,
         debounce_max: float | None = None,
         sequence_key: str | None = None,
+        cost: int = 1,
     ) -> Self:
         """Validate and serialise a request; raises a :class:`~jobs.exceptions.JobsError`
         subclass for anything invalid.
@@ -195,7 +200,9 @@ class JobSubmission:
         (seconds): while a job of the scope holds the key, submitting another returns
         that job. ``debounce`` (seconds, with ``unique_key``): the job starts that long
         after the latest submission of a burst, with its payload, and never later than
-        ``debounce_max`` seconds after the first. See ``docs/flow-control.md``.
+        ``debounce_max`` seconds after the first. ``cost`` (1 to 1000): the units the
+        job counts against every ``rate`` and ``rate_per_key`` it falls under; part of
+        the request, as ``priority`` is. See ``docs/flow-control.md``.
         ``sequence_key`` (checked like a job id): the scope's jobs with that key start
         one at a time, in submission order; see ``docs/batches-and-sequences.md``."""
         payload_json = validation.serialise_payload(payload, jobs_settings().MAX_PAYLOAD_BYTES)
@@ -227,11 +234,18 @@ class JobSubmission:
             # The fields checked as __post_init__ checks them and set through their
             # slots: no second parse of the JSON text just written, no frozen __init__
             # (a bulk submit's items are built here).
-            not_before = _checked(handler, version, queue, priority, max_attempts, not_before)
+            not_before = _checked(handler, version, queue, priority, max_attempts, not_before, cost)
             sub = object.__new__(cls)
-            set_handler, set_version, set_payload, set_queue, set_priority, set_max, set_nb = (
-                _SUBMISSION_SETTERS
-            )
+            (
+                set_handler,
+                set_version,
+                set_payload,
+                set_queue,
+                set_priority,
+                set_max,
+                set_nb,
+                set_cost,
+            ) = _SUBMISSION_SETTERS
             set_handler(sub, handler)
             set_version(sub, version)
             set_payload(sub, payload_json)
@@ -239,6 +253,7 @@ class JobSubmission:
             set_priority(sub, priority)
             set_max(sub, max_attempts)
             set_nb(sub, not_before)
+            set_cost(sub, cost)
             _set_rules(sub, rules)
             return sub
         # serialise_payload checked the payload and its size and wrote JSON text
@@ -253,6 +268,7 @@ class JobSubmission:
                 priority=priority,
                 max_attempts=max_attempts,
                 initial_not_before=not_before,
+                cost=cost,
                 rules=rules,
             )
         finally:
@@ -281,6 +297,7 @@ def _checked(
     priority: object,
     max_attempts: object,
     not_before: object,
+    cost: object,
 ) -> datetime | None:
     """Check a submission's fields but its payload; its not-before in UTC."""
     validation.name(handler, "handler")
@@ -288,6 +305,7 @@ def _checked(
     validation.name(queue, "queue", validation.MAX_QUEUE_LENGTH)
     validation.integer(priority, "priority", validation.MIN_PRIORITY, validation.MAX_PRIORITY)
     validation.integer(max_attempts, "max_attempts", 1, validation.MAX_ATTEMPTS_LIMIT)
+    validation.integer(cost, "cost", 1, validation.MAX_COST)
     return validation.optional_aware_utc(not_before, "not_before")
 
 
@@ -340,12 +358,14 @@ class JobSnapshot:
     start_by: datetime | None = None
     #: The key it holds within its scope while it is Queued (or Running), or None.
     unique_key: str | None = None
-    #: The key ``max_running_per_key`` counts it under ("" for none).
+    #: The key ``max_running_per_key`` and ``rate_per_key`` count it under ("" for none).
     limit_key: str = ""
     #: The batch it belongs to (``submit_batch``), or None.
     batch_id: str | None = None
     #: Its sequence within its scope (its jobs start one at a time), or None.
     sequence_key: str | None = None
+    #: The units it counts against every rate it falls under.
+    cost: int = 1
     #: Executions that ended in ``Snooze`` (never counted in ``attempt_count``);
     #: bounded by the handler's ``max_snoozes``.
     snooze_count: int = 0

@@ -28,6 +28,8 @@ MAX_QUEUE_LENGTH = 100
 MAX_SCOPE_LENGTH = 4096
 MAX_ATTEMPTS_LIMIT = 1000
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
+#: A submission's largest ``cost``: the units it counts against a rate.
+MAX_COST = 1000
 MAX_TEXT_LENGTH = 100_000
 #: The most error text the attempts of one job keep between them: each failed attempt
 #: stores at most its share (:func:`attempt_error_limit`).

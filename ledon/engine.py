@@ -39,6 +39,12 @@ how much work they hold in :meth:`Engine.running_count`.
 for, with the same back-off and reporting; a database that answers without the app's
 tables raises :class:`~ledon.db.DatabaseNotMigrated`, a clear error naming
 ``migrate``.
+
+**The clock** (:mod:`ledon.clock`): once the database answered at start-up, the
+offset of its server's clock from this host's is measured, and again every half
+minute while ``run()`` runs; every engine reads its time with it
+(:func:`ledon.clock.now`), so that a host whose clock is off reads the time the
+others read.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from typing import Any, ClassVar
 from django.apps import apps
 from django.db import connections
 
+from . import clock
 from .backoff import Backoff
 from .db import (
     DATABASE_ERRORS,
@@ -208,7 +215,7 @@ class Engine:
         @functools.wraps(run)
         def registered_run(self: Engine, *args: Any, **kwargs: Any) -> Any:
             protect_engine_connections(self.alias)
-            with self.registered():
+            with self.registered(), self.clock_kept():
                 return run(self, *args, **kwargs)
 
         registered_run._registered = True  # type: ignore[attr-defined]
@@ -252,6 +259,20 @@ class Engine:
         finally:
             registration.close()
             self._registration = None
+
+    @contextmanager
+    def clock_kept(self) -> Iterator[None]:
+        """While the block runs, the database's clock is measured again now and then
+        (:class:`~ledon.clock.ClockKeeper`; :meth:`wait_for_database` measures it
+        first); on SQLite, whose clock is this host's, nothing runs."""
+        if connections[self.alias].vendor != "postgresql":
+            yield
+            return
+        keeper = clock.ClockKeeper(self.alias).start()
+        try:
+            yield
+        finally:
+            keeper.close()
 
     # ------------------------------------------------------------------ stopping
 
@@ -422,6 +443,9 @@ class Engine:
             began = self.outage.clock()
             try:
                 missing = missing_tables(self.alias, [t for ts in tables.values() for t in ts])
+                # Before the engine reads its clock for the first time: its leases,
+                # recoveries and claims are read on the database's clock.
+                clock.align(self.alias)
             except DATABASE_ERRORS as exc:
                 delay = self.database_failed(
                     f"connecting to database {self.alias!r}", exc, began=began

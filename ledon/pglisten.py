@@ -19,7 +19,10 @@ not LISTEN at all and only polls, which the system checks (``jobs.W001``,
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import select
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -117,6 +120,11 @@ class Listener(threading.Thread):
         self._on_notify = on_notify
         # Not ``_stop``: Thread.join() calls Thread._stop() on Python 3.12.
         self._stop_requested = threading.Event()
+        # Written to by stop(): the thread's wait for notifications ends at once.
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        self._pipe_lock = threading.Lock()
+        self._pipe_open = True
         self._backoff = Backoff()
         # The engine reports the database outage itself; this says why wake-ups stop.
         self._outage = OutageReporter(logger, f"{name} connection", level=logging.WARNING)
@@ -127,8 +135,25 @@ class Listener(threading.Thread):
 
     def stop(self) -> None:
         self._stop_requested.set()
+        with self._pipe_lock:
+            if self._pipe_open:
+                with contextlib.suppress(BlockingIOError):  # a wake-up is pending already
+                    os.write(self._wake_write, b"\0")
+
+    def _close_pipe(self) -> None:
+        with self._pipe_lock:
+            if self._pipe_open:
+                self._pipe_open = False
+                os.close(self._wake_write)
+                os.close(self._wake_read)
 
     def run(self) -> None:
+        try:
+            self._listen()
+        finally:
+            self._close_pipe()
+
+    def _listen(self) -> None:
         # psycopg is the [postgres] extra; only PostgreSQL set-ups start a listener.
         import psycopg
         from psycopg import sql
@@ -147,10 +172,15 @@ class Listener(threading.Thread):
                     self.ready.set()
                     quiet_since = time.monotonic()
                     while not self._stop_requested.is_set():
-                        # Short waits: a stopping engine joins this thread.
-                        for notify in conn.notifies(timeout=0.1):
+                        # What arrived (or came with the last round trip), then a
+                        # wait on the socket and on stop()'s pipe: no polling, and
+                        # a stopping engine's join returns at once.
+                        for notify in conn.notifies(timeout=0):
                             quiet_since = time.monotonic()
                             self._on_notify(notify.channel, notify.payload)
+                        left = self.ping_interval - (time.monotonic() - quiet_since)
+                        if left > 0:
+                            select.select([conn.fileno(), self._wake_read], [], [], left)
                         if time.monotonic() - quiet_since >= self.ping_interval:
                             # A connection that went silent delivers no notification
                             # and no error either: a round trip finds out (the

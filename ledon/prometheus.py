@@ -60,6 +60,13 @@ JOBS_FINISHED = Counter(
     "crash budget reached), put_back (unknown handler), snoozed, released, stale.",
     ["queue", "handler", "outcome"],
 )
+JOBS_HELD_BACK = Counter(
+    "ledon_jobs_held_back",
+    "Due jobs a claim left Queued because a limit had no room for them, by the rule "
+    "that held them (handler.max_running, queue.rate_per_key…). A job held by several "
+    "claims counts once per claim.",
+    ["queue", "handler", "rule"],
+)
 JOBS_KEEPS_KILLING_WORKER = Counter(
     "ledon_jobs_keeps_killing_worker",
     "Jobs ended Interrupted as ones that keep killing their worker: their attempts were "

@@ -47,8 +47,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Protocol
 
 from django.db import connections
-from django.utils import timezone
 
+from .clock import now as database_now
 from .db import DATABASE_ERRORS
 from .outage import OutageReporter
 
@@ -164,7 +164,7 @@ class Registration:
     #: The engine's own outage reporter: while it has an outage under way (the
     #: engine's database steps fail), every heartbeat says the engine is unhealthy.
     engine_outage: OutageReporter | None = None
-    clock: Callable[[], datetime] = timezone.now
+    clock: Callable[[], datetime] = database_now
     #: Set while the engine's row is written.
     registered: threading.Event = field(default_factory=threading.Event, init=False)
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connections
-from django.utils import timezone
 
 from ledon.backoff import RetryPace
+from ledon.clock import now as database_now
 from ledon.db import DATABASE_ERRORS, alias_for, is_postgres
 from ledon.engine import FAILED, ClaimStats, EmitsEvents, Engine, EventCallback
 from ledon.errors import format_error, send_logged
@@ -169,7 +169,7 @@ class Dispatcher(EmitsEvents, Engine):
         transport: Transport | None = None,
         batch_size: int | None = None,
         burst: bool = False,
-        clock: Callable[[], datetime] = timezone.now,
+        clock: Callable[[], datetime] = database_now,
         listen: bool | None = None,
         on_event: EventCallback | None = None,
         rng: random.Random | None = None,
@@ -397,6 +397,8 @@ class Dispatcher(EmitsEvents, Engine):
     def recover(self, *, startup: bool = False) -> RecoveryResult:
         """Release batches whose dispatcher stopped (lease expired; at start-up also
         this dispatcher id's own leftovers) so they are delivered again."""
+        if startup:
+            fault_point("outbox.dispatcher.recovering", dispatcher_id=self.dispatcher_id)
         now = self.clock()
         result = store.recover_expired(now=now)
         if startup:

@@ -17,6 +17,9 @@ Points:
     (the keys of its delivered messages are locked on PostgreSQL).
 ``outbox.dispatcher.recorded``
     the batch's outcomes are committed.
+``outbox.dispatcher.recovering``
+    at start-up (or after a batch failed on the database), before the batches this
+    dispatcher id still holds are released.
 ``outbox.consumer.received``
     ``consume_events`` received a message; nothing is handled yet.
 ``outbox.consumer.committed``

@@ -48,9 +48,9 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError
-from django.utils import timezone
 
 from ledon.backoff import retry_delay
+from ledon.clock import now as database_now
 from ledon.db import TRANSIENT_ERRORS, alias_for
 from ledon.errors import format_error
 from ledon.faults import fault_point
@@ -102,7 +102,7 @@ class Driver:
     definition: SagaDefinition
     owner: str
     _: KW_ONLY
-    clock: Callable[[], datetime] = timezone.now
+    clock: Callable[[], datetime] = database_now
     on_event: EventCallback | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
     inline: bool = False

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connections
-from django.utils import timezone
 
+from ledon.clock import now as database_now
 from ledon.db import DATABASE_ERRORS, alias_for, in_test_case_transaction
 from ledon.engine import FAILED, Engine, EngineStats, Failed, StopLevel
 from ledon.faults import fault_point
@@ -102,7 +102,7 @@ class SagaRunner(Engine):
         runner_id: str | None = None,
         burst: bool = False,
         names: Iterable[str] | None = None,
-        clock: Callable[[], datetime] = timezone.now,
+        clock: Callable[[], datetime] = database_now,
         on_event: EventCallback | None = None,
         batch_size: int = 20,
         inline: bool | None = None,
@@ -283,10 +283,16 @@ class SagaRunner(Engine):
         released = False
         for instance_id in held.values_list("instance_id", flat=True):
             state = store.get(instance_id)
-            if state is not None and state.leased_by == self.runner_id:
+            if state is None or state.leased_by != self.runner_id:
+                continue
+            try:
                 store.release(state, self.runner_id, now=self.clock())
-                self._emit("released", state, "after a database error")
-                released = True
+            except SagaLeaseLost:
+                # Its lease had expired and another runner took it over (or it
+                # moved on) since it was read: it is not this runner's to release.
+                continue
+            self._emit("released", state, "after a database error")
+            released = True
         self._release_pending = False
         return released
 

@@ -25,10 +25,14 @@ PY="$VENV/bin/python"
 # leg installs its newest patch release), and which tests run. "all" is the whole
 # suite, on the newest combination. "core", on every other leg, is the fast part of
 # the suite (every test not marked slow) and every test that starts real processes
-# (marked slow), on SQLite and on PostgreSQL. It leaves out three tests that start
-# no process and exercise no Django or Python difference the rest misses
-# (docs/compatibility.md): the admin's browser test, the benchmarks' smoke test, and
-# the plan test at a million rows (tests/ledon/test_observability_cost.py: PostgreSQL's
+# (marked slow), on SQLite and on PostgreSQL. It leaves out five tests that exercise
+# no Django or Python difference the rest misses (docs/compatibility.md): the chaos
+# run's short profile (tests/processes/test_chaos.py: a minute and a half of both
+# cores through the code paths that the fault tests of tests/processes/ take on every
+# leg) and the failover's smoke (tests/processes/test_failover.py: a primary and a
+# standby, a minute; to the engines a failover is the outage those tests make), and
+# three that start no process: the admin's browser test, the benchmarks'
+# smoke test, and the plan test at a million rows (tests/ledon/test_observability_cost.py: PostgreSQL's
 # plans of the observability queries, whose SQL is the same on every supported Django;
 # loading its three million rows is a minute of the server's CPU). Its SIGTERM
 # soaks stop each engine fewer times (CORE_SOAK_RUNS). On a "core" leg the jobs-alone test
@@ -49,6 +53,8 @@ LEGS=(
     "3.12 6.1 core"
 )
 CORE_DESELECT=(
+    --ignore=tests/processes/test_chaos.py
+    --ignore=tests/processes/test_failover.py
     --ignore=tests/test_admin_browser.py
     --ignore=tests/test_bench_smoke.py
     --ignore=tests/ledon/test_observability_cost.py
@@ -172,6 +178,14 @@ if [ "${CI:-}" = "true" ]; then
     # PgBouncer for the pooler tests (tests/processes/test_pgbouncer.py starts its own; with
     # CI=true its absence fails them).
     scripts/pgbouncer.sh install
+    # libfaketime (Debian's faketime) for the clock-skew test
+    # (tests/processes/test_clock_skew.py; with CI=true its absence fails it).
+    if ! compgen -G "/usr/lib/*/faketime/libfaketimeMT.so.1" >/dev/null; then
+        echo "installing Debian's faketime for the clock-skew test" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -qq --no-install-recommends faketime >&2 \
+            || { apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends faketime >&2; }
+    fi
 fi
 if [ "${CI:-}" = "true" ] || [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
     brokers_dir=$(mktemp -d /tmp/ledon-brokers.XXXXXX)

@@ -5,6 +5,8 @@ this process reaches the named fault point (for the named step only, if given):
 
 - ``kill`` sends SIGKILL to this process;
 - ``block:<marker>`` touches ``marker`` and blocks for ever (the test kills the process);
+- ``pause:<marker>:<release>`` touches ``marker`` and waits until ``release`` exists,
+  then goes on (the test does something meanwhile: restarts the database);
 - ``barrier:<dir>:<count>`` touches ``<dir>/<pid>`` and waits until ``count`` files are
   there, so that several processes meet at one point.
 
@@ -54,6 +56,11 @@ def install_from_environment(variable: str) -> None:
         elif action == "block":
             Path(args[0]).touch()
             threading.Event().wait()
+        elif action == "pause":
+            Path(args[0]).touch()
+            release, deadline = Path(args[1]), time.monotonic() + 600
+            while not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
         else:
             folder, count = Path(args[0]), int(args[1])
             (folder / str(os.getpid())).touch()
@@ -68,6 +75,6 @@ def _parse(variable: str, spec: str) -> dict[str, Any]:
     target, action, *args = spec.split(":")
     where, _, nth = target.partition("@")
     point, _, step = where.partition("/")
-    if action not in ("kill", "block", "barrier"):
+    if action not in ("kill", "block", "pause", "barrier"):
         raise ValueError(f"unknown {variable} action {action!r}")
     return {"point": point, "step": step, "wanted": int(nth or 1), "action": action, "args": args}

@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "testproject.fulfilment",
     "testproject.timetable",
     "testproject.workflow_checks",
+    "testproject.history",
 ]
 
 # Handlers with limits (every claim of a process that has them is a claim under

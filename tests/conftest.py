@@ -217,6 +217,15 @@ class JobMaker:
         return list(JobAttempt.objects.filter(job=self.row(job_id)).order_by("number"))
 
 
+@pytest.fixture(autouse=True)
+def _claims_start_optimistic() -> None:
+    """Each test's first claim under limits is made as a claim of a fresh process
+    makes it: the limits that bound in an earlier test are forgotten."""
+    from jobs.store.limits import binding
+
+    binding.forget()
+
+
 @pytest.fixture
 def handler() -> Iterator[Callable[..., Any]]:
     """Register handlers for one test (``handler(name, version=1, **options)`` is

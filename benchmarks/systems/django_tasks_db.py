@@ -40,7 +40,7 @@ class DjangoTasksDb(System):
         # No bulk API: enqueue inside one transaction so that all jobs appear at once.
         from benchmarks import dtdb_tasks
 
-        task = dtdb_tasks.sleep5 if kind == "sleep5" else dtdb_tasks.noop
+        task = dtdb_tasks.sleep5 if kind.startswith("sleep5") else dtdb_tasks.noop
         with transaction.atomic():
             for n in range(count):
                 task.enqueue(n)

@@ -12,15 +12,27 @@ from .base import QUEUE, ROOT, System
 
 SCOPE = "bench"
 #: The handler of each kind (``benchmarks.tasks``).
-HANDLERS = {"noop": "bench.noop", "sleep5": "bench.sleep5", "cpu20": "bench.cpu20"}
+HANDLERS = {
+    "noop": "bench.noop",
+    "sleep5": "bench.sleep5",
+    "sleep5async": "bench.sleep5async",
+    "cpu20": "bench.cpu20",
+    "keyed": "bench.noop",
+}
+
+#: The limit keys the ``keyed`` kind spreads its jobs over.
+KEYS = 64
 
 
 def _submission(n: int, kind: str = "noop") -> JobSubmission:
-    return JobSubmission.create(HANDLERS[kind], {"n": n}, queue=QUEUE)
+    """The ``keyed`` kind: a no-op job with one of :data:`KEYS` limit keys."""
+    key = f"k{n % KEYS}" if kind == "keyed" else None
+    return JobSubmission.create(HANDLERS[kind], {"n": n}, queue=QUEUE, limit_key=key)
 
 
 class Ledon(System):
     name = "django-ledon"
+    kind_aliases: dict[str, str] = {}
 
     def __init__(self, database_url: str) -> None:
         super().__init__(database_url)
@@ -37,8 +49,8 @@ class Ledon(System):
     def reset(self) -> None:
         with connection.cursor() as cursor:
             cursor.execute(
-                "TRUNCATE jobs_jobattempt, jobs_job, jobs_claimstart, jobs_lane, jobs_uniquehold,"
-                " jobs_batch, jobs_sequence"
+                "TRUNCATE jobs_jobattempt, jobs_job, jobs_ratebucket, jobs_limitcounter, jobs_lane,"
+                " jobs_uniquehold, jobs_batch, jobs_sequence"
             )
 
     def enqueue_each(self, count: int) -> None:

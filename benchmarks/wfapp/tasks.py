@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks import probe
 from jobs import JobContext, job_handler
 from workflows import WorkflowContext, activity, workflow
 
@@ -52,3 +53,20 @@ def signalled(wf: WorkflowContext) -> Any:
     """Wait for a signal, then one inline step (its start time is the latency's end)."""
     payload = wf.wait_for_signal("go")
     return wf.step("after", nothing, payload["n"])
+
+
+def report_start(marker: int) -> int:
+    """An inline step that tells the soak's harness when its advance ran it."""
+    probe.started(marker)
+    return marker
+
+
+@workflow("wfbench.soak", version=1)
+def soaked(wf: WorkflowContext) -> int:
+    """The workflows soak's run: a timer, then a signal, each followed by an inline
+    step whose start is the end of that advance's latency (``benchmarks.soak_workflows``)."""
+    marker = int(wf.input["marker"])
+    wf.sleep("nap", wf.input["sleep"])
+    wf.step("woke", report_start, marker)
+    wf.wait_for_signal("go")
+    return int(wf.step("signalled", report_start, marker + 1))

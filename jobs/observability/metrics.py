@@ -5,6 +5,9 @@
 - ``ledon_jobs_finished_total{queue,handler,outcome}`` — from
   :data:`jobs.signals.attempt_finished`, and with ``outcome="expired"`` from
   :data:`jobs.signals.jobs_expired` (jobs not started by their deadline);
+- ``ledon_jobs_held_back_total{queue,handler,rule}`` — from
+  :data:`jobs.signals.jobs_held_back` (due jobs a claim left Queued, by the limit that
+  had no room for them);
 - ``ledon_jobs_keeps_killing_worker_total{queue,handler}`` — from
   :data:`jobs.signals.job_keeps_killing_worker` (the crash budget reached);
 - ``ledon_job_wait_seconds{queue,handler}`` (due → start) and
@@ -39,7 +42,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from ledon import prometheus
 from ledon.metrics import metrics_view
 
-from ..signals import attempt_finished, job_keeps_killing_worker, jobs_enqueued, jobs_expired
+from ..signals import (
+    attempt_finished,
+    job_keeps_killing_worker,
+    jobs_enqueued,
+    jobs_expired,
+    jobs_held_back,
+)
 from ..types import Claim, FinishOutcome, JobSnapshot
 from . import reads
 
@@ -119,6 +128,11 @@ def _count_expired(sender: Any, *, jobs: list[tuple[str, str]], **kwargs: Any) -
         prometheus.JOBS_FINISHED.labels(queue, handler, "expired").inc()
 
 
+def _count_held_back(sender: Any, *, held: list[tuple[str, str, str, int]], **kwargs: Any) -> None:
+    for queue, handler, rule, count in held:
+        prometheus.JOBS_HELD_BACK.labels(queue, handler, rule).inc(count)
+
+
 #: Queues an earlier scrape of this process reported: they keep a series, at 0.
 _seen_queues: set[str] = set()
 
@@ -178,5 +192,6 @@ APP_METRICS = prometheus.AppMetrics(
         (attempt_finished, _count_finished, "jobs.metrics.finished"),
         (job_keeps_killing_worker, _count_kept_killing, "jobs.metrics.keeps_killing_worker"),
         (jobs_expired, _count_expired, "jobs.metrics.expired"),
+        (jobs_held_back, _count_held_back, "jobs.metrics.held_back"),
     ),
 )

@@ -24,9 +24,9 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.utils import timezone
 
 from ledon.beside import Beside
+from ledon.clock import now as database_now
 from ledon.db import alias_for
 
 from ..conf import jobs_settings
@@ -50,7 +50,7 @@ class Scheduler:
     def __init__(
         self,
         *,
-        clock: Callable[[], datetime] = timezone.now,
+        clock: Callable[[], datetime] = database_now,
         report: Report | None = None,
         refresh_seconds: float | None = None,
     ) -> None:

@@ -114,6 +114,7 @@ def _create(
         "then_queue": None if then is None else then.queue,
         "then_priority": None if then is None else then.priority,
         "then_max_attempts": None if then is None else then.max_attempts,
+        "then_cost": None if then is None else then.cost,
         "then_not_before": None
         if then is None or then.initial_not_before is None
         else adapt_dt(connection, then.initial_not_before),

@@ -2,10 +2,12 @@
 after finishing a batch of attempts in the same transaction (see
 :mod:`jobs.store.finishing`).
 
-A claim no limit applies to is one statement (:func:`jobs.store.sql.claim`); a claim
-under limits locks, then counts, picks and claims in one transaction — on
-PostgreSQL one statement after the locks, all in one round trip (see
-:mod:`jobs.store.limits`). Either skips paused queues in its guard.
+A claim no limit applies to is one statement (:func:`jobs.store.sql.claim`). A claim
+under limits is, on PostgreSQL, one statement that also changes the limits' rows, made
+again the exact way — under the binding names' locks, one statement in one round trip
+— when a limit binds; on SQLite it reads the usage, picks and claims under the write
+lock (see :mod:`jobs.store.limits`). Either skips paused queues in its guard. What
+the limits held back is sent as :data:`jobs.signals.jobs_held_back`.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from ..conf import jobs_settings
 from ..db import fetch, fetch_results, in_list_params, numbered
 from ..flow_control import NO_LIMITS, ClaimLimits
 from ..models import Job
+from ..signals import held_back
 from ..types import Claim, FinishOutcome
-from . import sql, sql_endings, sql_flow
+from . import limits as limits_store
+from . import sql, sql_endings, sql_limits
 from .base import current_time
 from .endings import follow, release_params
 from .finishing import (
@@ -40,13 +44,9 @@ from .finishing import (
     outcomes,
     read_finished,
 )
-from .limits import (
-    choose,
-    claim_keys,
-    claim_locked,
-    read_usage,
-    record_starts,
-)
+from .limits import Held, choose, claim_keys, claim_locked, read_usage
+from .limits import Job as LimitedJob
+from .rates import write_states
 
 
 def _claim_rows(
@@ -61,18 +61,23 @@ def _claim_rows(
     finishing: Sequence[Finishing] = (),
     chosen: Sequence[int] | None = None,
     limits: ClaimLimits = NO_LIMITS,
+    locks: list[int] | None = None,
     commit: bool = False,
-    counted: bool = False,
+    limited: bool = False,
     release: Sequence[tuple[str, str]] = (),
-) -> tuple[dict[str, Finished], list[Claim], bool]:
+) -> tuple[dict[str, Finished], list[Claim], list[dict[str, Any]]]:
     """Claim inside the caller's transaction (see :func:`complete_and_claim`); on
     PostgreSQL, first finish ``finishing`` in the same statement (the finishing rule of
     :func:`sql.finish`).
+
     With ``chosen``, claim those jobs (picked under limits, SQLite) instead of the
-    first due. With ``limits`` (PostgreSQL), the claim under limits of
-    :func:`jobs.store.limits.claim_locked`, ``commit`` ending its transaction in the
-    same round trip; the third value says whether a limit refused a candidate. With
-    ``counted`` too, the plain claim that counts instead (see :func:`_claim_counted`).
+    first due. With ``limits`` (PostgreSQL), the claim under limits: without
+    ``locks``, made optimistically (:func:`jobs.store.sql_limits.counted_claim`);
+    with them (a list, perhaps empty), the exact claim after those advisory locks
+    (:func:`jobs.store.limits.claim_locked`), ``commit`` ending its transaction in the
+    same round trip. With ``limited`` (SQLite, under limits), the claimed jobs' rows
+    come back too, with their limit key and cost. The third value: those rows, or the
+    rows of kind ``'skipped'`` and ``'held'`` the exact claim returned.
 
     With ``release`` (PostgreSQL, a claim without limits in autocommit that finishes
     jobs of those sequences — scope hash, key —, all successes: none halts), the
@@ -80,7 +85,7 @@ def _claim_rows(
     after it (:data:`jobs.store.sql_endings.RELEASE`), in one round trip: ``BEGIN``,
     the statement, the release, ``COMMIT``."""
     if chosen is not None and not chosen:
-        return {}, [], False
+        return {}, [], []
     now_db = adapt_dt(connection, now)
     params: dict[str, Any] = {
         "worker_id": worker_id,
@@ -93,22 +98,18 @@ def _claim_rows(
         params["scope_hash"], params["job_id"] = identity
     if finishing:
         params.update(finishing_params(connection, finishing, now))
-    skipped = False
+    extra: list[dict[str, Any]] = []
     if limits:
-        keys, limit_params = claim_keys(connection, limits, now)
+        keys, limit_params = claim_keys(limits, now)
         params.update(limit_params)
-        build = sql_flow.counted_claim if counted else sql_flow.limited_claim
-        statement = build(
-            queues=len(queue_list),
-            one_job=identity is not None,
-            finishing=bool(finishing),
-            keys=keys,
-        )
-        if counted:
+        shape = {"queues": len(queue_list), "one_job": identity is not None}
+        if locks is None:
+            statement = sql_limits.counted_claim(**shape, finishing=bool(finishing), keys=keys)
             rows = fetch(connection, statement, params, prepare=True)
         else:
-            rows = claim_locked(connection, statement, params, commit=commit)
-            skipped = any(row["kind"] == "skipped" for row in rows)
+            statement = sql_limits.limited_claim(**shape, finishing=bool(finishing), keys=keys)
+            rows = claim_locked(connection, statement, params, locks=locks, commit=commit)
+            extra = [row for row in rows if row["kind"] in ("skipped", "held")]
     else:
         by_ids = 0
         if chosen is not None:
@@ -120,10 +121,11 @@ def _claim_rows(
             one_job=identity is not None,
             finishing=bool(finishing),
             chosen=by_ids,
+            limited=limited,
         )
         if release:
             params.update(release_params(release))
-            statements = [statement, sql_endings.RELEASE, sql_flow.COMMIT]
+            statements = [statement, sql_endings.RELEASE, sql_limits.COMMIT]
             with transaction.atomic(using=connection.alias):
                 rows = fetch_results(connection, statements, params, prepare=statements[:2])[0]
         else:
@@ -157,16 +159,27 @@ def _claim_rows(
         )
         for row in rows
     ]
-    return finished, claims, skipped
+    if limited:
+        extra = rows
+    return finished, claims, extra
 
 
-ClaimRows = functools.partial[tuple[dict[str, Finished], list[Claim], bool]]
+ClaimRows = functools.partial[tuple[dict[str, Finished], list[Claim], list[dict[str, Any]]]]
+
+#: The constraints a claim under limits fails on when it would go past a limit, and
+#: whether each is a counter's (else a rate's).
+_LIMIT_CONSTRAINTS = {
+    sql.COUNTER_CAP: True,
+    sql_limits.RATE_BURST: False,
+    sql_limits.RATE_WINDOW: False,
+}
 
 
-def _over_cap(error: IntegrityError) -> bool:
-    """Whether ``error`` is a limit counter taken past its cap: a limit binds."""
+def _bound_by(error: IntegrityError) -> bool | None:
+    """Whether ``error`` is a limit's row taken past its limit — True: a counter's,
+    False: a rate's —, or None: another error."""
     diag = getattr(error.__cause__, "diag", None)
-    return getattr(diag, "constraint_name", None) == sql.COUNTER_CAP
+    return _LIMIT_CONSTRAINTS.get(getattr(diag, "constraint_name", None) or "")
 
 
 def _claim_counted(
@@ -175,26 +188,28 @@ def _claim_counted(
     alias: str,
     limits: ClaimLimits,
     finishing: Sequence[Finishing],
-) -> tuple[dict[str, Finished], list[Claim]] | None:
+) -> tuple[dict[str, Finished], list[Claim]] | bool:
     """PostgreSQL: the claim under limits without locks or reads of usage — the plain
-    claim's choice, counted (:func:`jobs.store.sql_flow.counted_claim`), one statement
-    in autocommit (in the caller's transaction, behind a savepoint). None if a limit
-    binds: the statement failed on a counter's cap and changed nothing."""
+    claim's choice, counted (:func:`jobs.store.sql_limits.counted_claim`), one
+    statement in autocommit (in the caller's transaction, behind a savepoint). If a
+    limit binds, the statement failed on a row's constraint and changed nothing: then
+    whether that row was a counter's (else a rate's)."""
     try:
         if connection.get_autocommit():
-            finished, claims, _ = claim_rows(finishing=finishing, limits=limits, counted=True)
+            finished, claims, _ = claim_rows(finishing=finishing, limits=limits)
         else:
             with transaction.atomic(using=alias):
-                finished, claims, _ = claim_rows(finishing=finishing, limits=limits, counted=True)
+                finished, claims, _ = claim_rows(finishing=finishing, limits=limits)
     except IntegrityError as error:
-        if not _over_cap(error):
+        counter = _bound_by(error)
+        if counter is None:
             raise
-        return None
+        return counter
     return finished, claims
 
 
-#: How many times a claim under locks is made again when a counted claim, which takes
-#: no lock, filled a counter between its read and its change.
+#: How many times an exact claim is made again when a claim that took no lock changed
+#: one of its rows between its read and its change.
 _LOCKED_TRIES = 5
 
 
@@ -205,41 +220,72 @@ def _claim_limited_postgres(
     limits: ClaimLimits,
     limit: int,
     finishing: Sequence[Finishing],
-) -> tuple[dict[str, Finished], list[Claim]]:
-    """PostgreSQL: the claim under limits of :mod:`jobs.store.limits` — locks,
-    then one statement that finishes ``finishing``, counts, picks and claims — in one
-    round trip with its transaction's BEGIN and COMMIT (inside the caller's
-    transaction, without the COMMIT). Should a limit refuse a candidate while the
-    claim is short, the claim goes on with the rest, in a transaction of its own,
-    until it is full, no limit refuses one, or a claim takes none.
-
-    Without a rate, the claim is first made counted (:func:`_claim_counted`): when no
-    limit binds, that is all."""
-    if not any(value.rate for value in (*limits.handlers.values(), *limits.queues.values())):
-        quick = _claim_counted(claim_rows, connection, alias, limits, finishing)
-        if quick is not None:
-            return quick
+) -> tuple[dict[str, Finished], list[Claim], list[Held]]:
+    """PostgreSQL: the claim under limits of :mod:`jobs.store.limits` — optimistic
+    first, unless the last claim of this process bound; then exact, under the locks
+    of the binding names: one statement that finishes ``finishing``, reads the rooms,
+    picks and claims, in one round trip with its transaction's BEGIN and COMMIT
+    (inside the caller's transaction, without the COMMIT). Should a limit refuse a
+    candidate while the claim is short, the claim goes on with the rest, in a
+    transaction of its own, until it is full, no limit refuses one, or a claim takes
+    none. Returns the finished attempts, the claims, and what the limits held back."""
+    binding = limits_store.binding.of(alias, limits)
+    if binding:
+        names = set(binding)
+    else:
+        counted = _claim_counted(claim_rows, connection, alias, limits, finishing)
+        if not isinstance(counted, bool):
+            return (*counted, [])
+        names = set(limits_store.names_of_kind(limits, counted=counted, rated=not counted))
     finished: dict[str, Finished] = {}
     claims: list[Claim] = []
+    held: list[Held] | None = None
     tries = 0
     while len(claims) < limit:
         commit = connection.get_autocommit()
         try:
             with transaction.atomic(using=alias):
-                page_finished, page, skipped = claim_rows(
-                    limit=limit - len(claims), finishing=finishing, limits=limits, commit=commit
+                page_finished, page, extra = claim_rows(
+                    limit=limit - len(claims),
+                    finishing=finishing,
+                    limits=limits,
+                    locks=limits_store.lock_ids(names),
+                    commit=commit,
                 )
         except IntegrityError as error:
-            tries += 1
-            if not _over_cap(error) or tries >= _LOCKED_TRIES:
+            counter = _bound_by(error)
+            if counter is None:
                 raise
+            tries += 1
+            if tries >= _LOCKED_TRIES:
+                # Claims without locks kept changing the rows: claim nothing this time.
+                if finishing:
+                    finished = finish_alone(connection, alias, finishing)
+                break
+            names.update(limits_store.names_of_kind(limits, counted=counter, rated=not counter))
             continue
         finished = finished or page_finished
         finishing = ()
         claims.extend(page)
-        if not skipped or not page:
+        if held is None:
+            # The first page's: what held back the first due jobs.
+            held = limits_store.held_of(extra)
+            limits_store.binding.bound(alias, limits, (item.name for item in held))
+        if not any(row["kind"] == "skipped" for row in extra) or not page:
             break
-    return finished, claims
+    return finished, claims, held or []
+
+
+def finish_alone(
+    connection: BaseDatabaseWrapper, alias: str, batch: Sequence[Finishing]
+) -> dict[str, Finished]:
+    """PostgreSQL: finish ``batch`` in a transaction of its own, claiming nothing."""
+    with transaction.atomic(using=alias):
+        return finish_batch(connection, batch, current_time(None))
+
+
+#: What the limits of a claimed job are keyed by, as a claim under limits returns it.
+_JOB_FIELDS = ("id", "handler", "queue", "scope_hash", "limit_key", "cost")
 
 
 def _claim_limited_sqlite(
@@ -250,19 +296,21 @@ def _claim_limited_sqlite(
     queue_list: list[str],
     identity: tuple[str, str] | None,
     now: datetime,
-) -> list[Claim]:
+) -> tuple[list[Claim], list[Held]]:
     """SQLite, inside the caller's IMMEDIATE transaction: count, pick, claim,
-    and record the rate starts (see :mod:`jobs.store.limits`)."""
+    and write the rate rows back (see :mod:`jobs.store.limits`)."""
     usage = read_usage(connection, limits, now)
     if usage.room_for(limit):
         # No limit can be reached by `limit` more starts: the plain claim's choice.
-        _, claims, _ = claim_rows()
-        record_starts(connection, limits, claims, now)
-        return claims
+        _, claims, rows = claim_rows(limited=True)
+        for row in rows:
+            usage.take(LimitedJob(**{name: row[name] for name in _JOB_FIELDS}))
+        write_states(connection, usage.rates.values(), usage.now)
+        return claims, []
     base: dict[str, Any] = {"now": adapt_dt(connection, now), **in_list_params("queue", queue_list)}
     if identity is not None:
         base["scope_hash"], base["job_id"] = identity
-    chosen = choose(
+    chosen, held = choose(
         connection,
         usage,
         limit=limit,
@@ -270,9 +318,9 @@ def _claim_limited_sqlite(
         queues=len(queue_list),
         one_job=identity is not None,
     )
-    _, claims, _ = claim_rows(chosen=chosen)
-    record_starts(connection, limits, claims, now)
-    return claims
+    _, claims, _rows = claim_rows(chosen=chosen, limited=True)
+    write_states(connection, usage.rates.values(), usage.now)
+    return claims, held
 
 
 def complete_and_claim(
@@ -298,9 +346,9 @@ def complete_and_claim(
 
     The two parts keep their own guards and outcomes; sharing the commit only means
     that either both take effect or neither does. On PostgreSQL they are one
-    statement, run in autocommit when the caller has no transaction open — unless
-    ``limits`` apply: then the claim locks, counts and picks first, in the
-    same transaction (:mod:`jobs.store.limits`).
+    statement, run in autocommit when the caller has no transaction open — with
+    ``limits`` too, while none binds; one that binds makes the claim lock, read and
+    pick first, in the same transaction (:mod:`jobs.store.limits`).
     """
     batch = completions(completed)
     validation.integer(limit, "limit", 0, 10_000)
@@ -348,15 +396,17 @@ def complete_and_claim(
         # Before the transaction: on SQLite, BEGIN IMMEDIATE takes the write lock.
         fault_point("jobs.claim.limited", limited=len(limits.handlers) + len(limits.queues))
         if is_postgres(connection):
-            finished, claims = _claim_limited_postgres(
+            finished, claims, held = _claim_limited_postgres(
                 claim_rows, connection, alias, limits, limit, batch
             )
-            return outcomes(batch, finished), claims
-        with transaction.atomic(using=alias):
-            finished = finish_batch(connection, batch, now) if batch else {}
-            claims = _claim_limited_sqlite(
-                claim_rows, connection, limits, limit, queue_list, identity, now
-            )
+        else:
+            with transaction.atomic(using=alias):
+                finished = finish_batch(connection, batch, now) if batch else {}
+                claims, held = _claim_limited_sqlite(
+                    claim_rows, connection, limits, limit, queue_list, identity, now
+                )
+        if held:
+            held_back(held)
         return outcomes(batch, finished), claims
     if is_postgres(connection):
         # One statement finishes and claims; it is atomic by itself, so in autocommit

@@ -159,7 +159,13 @@ _ATTEMPT_INSERT = (
 
 @functools.lru_cache(maxsize=64)
 def claim(
-    vendor: str, *, queues: int, one_job: bool, finishing: bool = False, chosen: int = 0
+    vendor: str,
+    *,
+    queues: int,
+    one_job: bool,
+    finishing: bool = False,
+    chosen: int = 0,
+    limited: bool = False,
 ) -> str:
     """The claim: one guarded UPDATE of up to ``limit`` due jobs, returning the
     :data:`CLAIMED` columns of each.
@@ -167,10 +173,11 @@ def claim(
     Parameters: ``worker_id``, ``lease_expires_at``, ``now``, ``limit``; with
     ``queues``, ``queue_0``… (see :func:`jobs.db.in_list_params`); with ``one_job``,
     ``scope_hash`` and ``job_id``. With ``chosen`` (a claim under limits on
-    SQLite; PostgreSQL's is :func:`jobs.store.sql_flow.limited_claim`), the jobs were
-    chosen by :func:`jobs.store.sql_flow.candidates`: the update takes ``ids``
+    SQLite; PostgreSQL's is :func:`jobs.store.sql_limits.limited_claim`), the jobs were
+    chosen by :func:`jobs.store.sql_limits.candidates`: the update takes ``ids``
     (PostgreSQL, an array) or ``id_0``… (SQLite, ``chosen`` of them) instead of
-    ``limit``, the same guard checked again.
+    ``limit``, the same guard checked again. With ``limited`` (a claim under limits on
+    SQLite), each job's ``limit_key`` and ``cost`` are returned too, for its rates.
 
     On PostgreSQL the same statement also inserts each claimed job's Running attempt
     row (a data-modifying CTE), so a claim is one round trip; on SQLite the attempt
@@ -191,7 +198,7 @@ def claim(
     if chosen:
         ids = "ANY(%(ids)s::bigint[])" if postgres else f"({in_list('id', chosen)})"
         which = f"id {'=' if postgres else 'IN'} {ids} AND {' AND '.join(filters)}"
-    update = claim_update(vendor, f"{guard}{which}")
+    update = claim_update(vendor, f"{guard}{which}", counted="NULL" if limited else None)
     if not postgres:
         return update
     ctes = claimed_ctes(update)
@@ -227,8 +234,9 @@ def claim_update(vendor: str, where: str, counted: str | None = None) -> str:
     """The claim's UPDATE of the jobs ``where`` selects (the guard included),
     returning the :data:`CLAIMED` columns of each (see :func:`claim`). With
     ``counted`` (a claim under limits), each job's ``limit_keys`` is that expression,
-    returned too. Without, the claim is the one it always was: ``limit_keys`` is NULL
-    already, since every way back to Queued clears it."""
+    returned too, with its ``limit_key`` and ``cost``. Without, the claim is the one it
+    always was: ``limit_keys`` is NULL already, since every way back to Queued clears
+    it."""
     return (
         f"UPDATE {JOB} SET status = '{RUNNING}', attempt_count = attempt_count + 1,"
         f" current_token = {random_token_sql(vendor)},"
@@ -238,8 +246,13 @@ def claim_update(vendor: str, where: str, counted: str | None = None) -> str:
         " finished_at = NULL"
         + (f", limit_keys = {counted}" if counted else "")
         + f" WHERE {where}"
-        + f" RETURNING {_CLAIM_RETURNING}{', limit_keys' if counted else ''}"
+        + f" RETURNING {_CLAIM_RETURNING}{_LIMITED_RETURNING if counted else ''}"
     )
+
+
+#: What a claim under limits returns of each job beyond :data:`CLAIMED`: the counters it
+#: counts in, and what its rates are counted by.
+_LIMITED_RETURNING = ", limit_keys, limit_key, cost"
 
 
 def claimed_ctes(update: str) -> str:

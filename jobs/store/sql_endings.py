@@ -140,6 +140,7 @@ THEN_VALUES = {
     "priority": "b.then_priority",
     "max_attempts": "b.then_max_attempts",
     "initial_not_before": "b.then_not_before",
+    "cost": "b.then_cost",
     "trace_context": "b.trace_context",
     "next_run_at": "COALESCE(b.then_not_before, %(now)s)",
     "fair_at": "%(now_place)s",
@@ -431,9 +432,9 @@ HOLD_ONE = f"UPDATE {JOB} SET sequence_held = TRUE WHERE id = %(id)s AND status 
 INSERT_BATCH = (
     f"INSERT INTO {BATCH} (scope_hash, batch_id, digest, total, pending, succeeded, failed,"
     " cancelled, expired, then_handler, then_version, then_payload_json, then_queue,"
-    " then_priority, then_max_attempts, then_not_before, trace_context, created_at)"
+    " then_priority, then_max_attempts, then_cost, then_not_before, trace_context, created_at)"
     " VALUES (%(scope_hash)s, %(batch_id)s, %(digest)s, %(total)s, %(total)s, 0, 0, 0, 0,"
     " %(then_handler)s, %(then_version)s, %(then_payload_json)s, %(then_queue)s,"
-    " %(then_priority)s, %(then_max_attempts)s, %(then_not_before)s, %(trace_context)s,"
-    " %(now)s) ON CONFLICT (scope_hash, batch_id) DO NOTHING RETURNING id"
+    " %(then_priority)s, %(then_max_attempts)s, %(then_cost)s, %(then_not_before)s,"
+    " %(trace_context)s, %(now)s) ON CONFLICT (scope_hash, batch_id) DO NOTHING RETURNING id"
 )

@@ -27,6 +27,7 @@ NEW_JOB_ROW: Mapping[str, str] = {
     "priority": "smallint",
     "max_attempts": "int",
     "initial_not_before": "timestamptz",
+    "cost": "int",
     "trace_context": "text",
 }
 assert tuple(NEW_JOB_ROW)[2:-1] == IDENTITY_FIELDS

@@ -17,16 +17,18 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ledon.db import adapt_dt, alias_for, connection_for, in_caller_atomic_block, is_postgres
 from ledon.tracing import carrier_text, tracer
 
-from ..conf import fair_queue, jobs_settings
+from ..conf import fair_queue, jobs_settings, queue_limits
 from ..db import fetch, numbered
 from ..exceptions import (
     AmbientTransactionError,
+    CostOverRate,
     InvalidSubmission,
     JobIdentityConflict,
     JobIdentityUnresolved,
     TransactionRequiredError,
 )
 from ..fair_share import QUANTUM, place
+from ..flow_control import ClaimLimits, declared_handler_limits
 from ..models import Job
 from ..submit_rules import NO_RULES
 from ..types import (
@@ -83,6 +85,7 @@ _SET_CONSTANTS = tuple((_SET[name], value) for name, value in _NEW_JOB_CONSTANTS
     _set_priority,
     _set_max_attempts,
     _set_initial_not_before,
+    _set_cost,
     _set_next_run_at,
     _set_created_at,
 ) = (_SET[name] for name in ("scope_hash", "job_id", *IDENTITY_FIELDS, "next_run_at", "created_at"))
@@ -110,6 +113,7 @@ def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetim
     _set_max_attempts(job, sub.max_attempts)
     not_before = sub.initial_not_before
     _set_initial_not_before(job, not_before)
+    _set_cost(job, sub.cost)
     _set_next_run_at(job, now if not_before is None else not_before)
     _set_created_at(job, now)
     rules = sub.rules
@@ -220,6 +224,24 @@ def _adapted(connection: BaseDatabaseWrapper, row: dict[str, Any]) -> dict[str, 
         name: adapt_dt(connection, value) if isinstance(value, datetime) else value
         for name, value in row.items()
     }
+
+
+def _check_costs(subs: Iterable[JobSubmission]) -> None:
+    """A cost above the capacity of a rate the job falls under (its handler's or its
+    queue's, as this process declares them) is :class:`CostOverRate`, before anything
+    is written: such a job could never start."""
+    limits: ClaimLimits | None = None
+    for sub in subs:
+        if sub.cost == 1:
+            continue  # every rate lets one unit start
+        if limits is None:
+            limits = ClaimLimits(declared_handler_limits(), queue_limits())
+        over = limits.over_capacity(sub.handler, sub.queue, sub.rules.limit_key or "", sub.cost)
+        if over is not None:
+            raise CostOverRate(
+                f"cost {sub.cost} of a {sub.handler!r} job is above {over}: it could never"
+                " start; lower the cost or raise the rate's burst"
+            )
 
 
 def _insert(scope_hash: str, job_id: str, sub: JobSubmission, now: datetime) -> JobSnapshot | None:
@@ -516,6 +538,7 @@ def submit(
     alias = alias_for(Job)
     if in_caller_atomic_block(transaction.get_connection(alias)):
         raise AmbientTransactionError()
+    _check_costs([sub])
     now = current_time(now)
     # A job of a sequence is admitted to it in the insert's transaction.
     sequenced = sub.rules.sequence_key is not None
@@ -549,6 +572,7 @@ def submit_many(
     if in_caller_atomic_block(connection):
         raise AmbientTransactionError()
     _refuse_unique_keys(items)
+    _check_costs(sub for _scope, _job_id, sub in items)
     now = current_time(now)
     first: dict[tuple[str, str], int] = {}
     for index, (scope_hash, job_id, _sub) in enumerate(items):
@@ -621,6 +645,7 @@ def stage(
     propagates, so the business work cannot commit without its job.
     """
     alias, _ = _callers_transaction()
+    _check_costs([sub])
     now = current_time(now)
     with _rolled_back_on_error(alias):
         created = _insert(scope_hash, job_id, sub, now)
@@ -667,6 +692,7 @@ def stage_many(
     """
     alias, connection = _callers_transaction()
     _refuse_unique_keys(items)
+    _check_costs(sub for _scope, _job_id, sub in items)
     now = current_time(now)
     with _rolled_back_on_error(alias):
         distinct = _distinct(items)

@@ -1,7 +1,8 @@
 """The executor engine behind ``manage.py run_jobs``.
 
-A :class:`Worker` claims due jobs only for free capacity, runs their handlers on a
-fixed set of threads (``async def`` handlers on one event loop), renews the leases
+A :class:`Worker` claims due jobs only for free capacity, runs their handlers on
+threads started as work needs them (``async def`` handlers as tasks on one event
+loop, with no thread each; at most its concurrency at once), renews the leases
 of its running attempts by heartbeat, passes cancellation requests to handlers,
 finishes each attempt, and recovers attempts whose worker died.
 
@@ -17,8 +18,9 @@ The worker is made of parts, each a class owning its state, composed by
 only through :class:`~jobs.worker.interfaces.WorkerInterface`, never the engine module:
 
 - :class:`~jobs.worker.holdings.Holdings` — the attempts it holds, under its one lock;
-- :class:`~jobs.worker.slots.Slots` — handler threads, the event loop, the LISTEN
-  thread; one attempt is run by :func:`jobs.attempts.run_attempt`;
+- :class:`~jobs.worker.slots.Slots` — handler threads, their work queue
+  (:mod:`~jobs.worker.workqueue`), the event loop, the LISTEN thread; how an attempt
+  ended is decided by :func:`jobs.attempts.attempt_ended`;
 - :class:`~jobs.worker.settler.Settler` — finishing returned attempts together with
   the next claim, one commit, capacity reserved so Running never exceeds the
   worker's capacity;
@@ -40,6 +42,8 @@ the commit it names or right before the next one:
   attempts finished and new ones claimed, in one transaction;
 - ``jobs.worker.finished`` (``job_id``, ``outcome``) — one attempt's end committed
   on its own (a failure, a put-back, a re-queue, a success outside a settle);
+- ``jobs.worker.recovering`` (``worker_id``) — at start-up, before this worker id's
+  leftovers of an earlier run are recovered (nothing of this run committed yet);
 - ``jobs.worker.recovered`` (``count``) — recovered attempts (expired leases, this
   worker id's leftovers, claims lost with the database) committed.
 """

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from django.db import connections
-from django.utils import timezone
 
+from ledon.clock import now as database_now
 from ledon.db import alias_for, is_postgres
 from ledon.engine import FAILED, Engine, StopLevel
 from ledon.registry import EngineRecord
@@ -71,7 +71,7 @@ class Worker(Engine):
         burst: bool = False,
         shutdown_timeout: float = 20.0,
         cancel_grace: float | None = None,
-        clock: Callable[[], datetime] = timezone.now,
+        clock: Callable[[], datetime] = database_now,
         on_event: EventCallback | None = None,
         listen: bool | None = None,
     ) -> None:

@@ -69,8 +69,15 @@ class HeldAttempt:
     deadline: float | None = None
     #: The handler, once it started (for a timeout's error and retry).
     spec: HandlerSpec | None = None
-    #: The thread running the handler.
+    #: The thread running the handler (for an ``async def`` one, the thread that
+    #: started it on the event loop).
     thread: threading.Thread | None = None
+    #: An ``async def`` handler running on the event loop, with no thread of its own.
+    on_loop: bool = False
+    #: It counts among the handlers running (at most the worker's concurrency): from
+    #: a slot's taking it until its handler returns or is abandoned (cleared under
+    #: the work queue's lock, :meth:`~jobs.worker.workqueue.WorkQueue.handler_returned`).
+    running: bool = False
     #: The handler returned (or raised): its slot writes the end.
     returned: bool = False
     #: The handler outlived its timeout's grace: the worker failed the attempt and

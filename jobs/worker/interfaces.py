@@ -10,6 +10,7 @@ small stand-in.
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -20,7 +21,18 @@ from ledon.outage import OutageReporter
 
 from ..conf import JobsSettings
 from ..types import Claim, FinishOutcome
-from .holdings import Holdings, WorkerStats
+from .holdings import HeldAttempt, Holdings, WorkerStats
+
+
+class Deferral(enum.Enum):
+    """What became of a success handed to the next settle (:meth:`Settler.defer`)."""
+
+    #: No settle follows (the shutdown's last one ran): the slot finishes it alone.
+    REFUSED = "refused"
+    #: It completed the batch: the caller's thread settles now.
+    SETTLE_HERE = "settle-here"
+    #: It waits for a settle that runs elsewhere (the main loop, woken).
+    QUEUED = "queued"
 
 
 class FinisherInterface(Protocol):
@@ -50,7 +62,9 @@ class SlotsInterface(Protocol):
 
     def release(self, claim: Claim) -> None: ...
 
-    def spawn(self) -> None: ...
+    def spawn(self, *, limit: int | None = None) -> bool: ...
+
+    def handler_stopped(self, held: HeldAttempt) -> None: ...
 
     def retire(self, thread: threading.Thread | None) -> None: ...
 
@@ -70,6 +84,8 @@ class SettlerInterface(Protocol):
     def settle_on_this_thread(self) -> Claim | None: ...
 
     def defer_completion(self, claim: Claim, result: str | None) -> bool: ...
+
+    def defer(self, claim: Claim, result: str | None) -> Deferral: ...
 
     def has_completions(self) -> bool: ...
 

@@ -32,11 +32,12 @@ class Recovery:
         def recover() -> dict[str, FinishOutcome]:
             outcomes: dict[str, FinishOutcome] = {}
             if not self.own_recovered:
+                fault_point("jobs.worker.recovering", worker_id=worker.worker_id)
                 outcomes.update(execution.recover_worker(worker.worker_id, now=worker.clock()))
                 self.own_recovered = True
             outcomes.update(execution.recover_expired(now=worker.clock()))
-            # The recorded starts that no rate window counts any more.
-            execution.prune_claim_starts(now=worker.clock())
+            # The rate rows that hold nothing any more.
+            execution.prune_rates(now=worker.clock())
             # The Queued jobs whose start deadline passed (no claim takes them).
             execution.expire_jobs(now=worker.clock())
             return outcomes

@@ -22,7 +22,7 @@ from .. import execution
 from ..exceptions import JobsError
 from ..observability.log_fields import attempt_fields
 from ..types import Claim
-from .interfaces import WorkerInterface
+from .interfaces import Deferral, WorkerInterface
 
 logger = logging.getLogger("jobs.worker")
 
@@ -203,14 +203,18 @@ class Settler:
         the main loop, which it wakes; a settle under way wakes the main loop for
         completions it leaves behind.
         """
+        return self.defer(claim, result) is not Deferral.REFUSED
+
+    def defer(self, claim: Claim, result: str | None) -> Deferral:
+        """:meth:`defer_completion`, saying whether the caller settles now."""
         with self._lock:
             if not self._accepting:
-                return False
+                return Deferral.REFUSED
             self._completed.append((claim, result))
             if self._settles_here():
-                return True
+                return Deferral.SETTLE_HERE
         self._worker.wake()
-        return True
+        return Deferral.QUEUED
 
     def _settles_here(self) -> bool:
         """Whether the slot that just queued a completion settles it itself: when no

@@ -1,11 +1,19 @@
-"""The slots: a fixed set of handler threads taking claims from one queue, each
-running one attempt at a time (``async def`` handlers run on one event loop, started
+"""The slots: handler threads taking claims from one work queue, each running one
+plain handler at a time, the event loop that runs every ``async def`` handler (started
 on first use), and the LISTEN thread that wakes the main loop on PostgreSQL.
 
+The worker's concurrency is what it holds, not its threads: a thread starts an
+``async def`` handler on the loop and goes back to the queue at once, and the
+coroutine's end comes back through the queue for a thread to write
+(:class:`~jobs.worker.workqueue.LoopEnd`). Threads start when work waits and no
+thread is free, up to the concurrency: an ``async def`` handler at concurrency 64
+runs on a few threads, a plain one on as many threads as run at once.
+
 What an attempt's end is — succeeded, failed (retry or not), put back, released
-after the shutdown — is decided by :func:`jobs.attempts.run_attempt`, the same
-function ``jobs.testing`` uses; a slot only chooses how the end is written: a success
-joins the next settle, the rest are written on their own by the finisher.
+after the shutdown — is decided by :func:`jobs.attempts.attempt_ended`, the policy
+``jobs.testing`` uses too, for plain handlers and coroutines alike; a slot only
+chooses how the end is written: a success joins the next settle, the rest are
+written on their own by the finisher.
 """
 
 from __future__ import annotations
@@ -13,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connections
 
@@ -26,11 +34,14 @@ from ledon.faults import fault_point
 from ledon.pglisten import Listener
 
 from .. import execution
-from ..attempts import Ending, run_attempt
-from ..handlers import HandlerSpec, JobContext
+from ..attempts import AttemptEnd, Ending, attempt_ended, begin_attempt
+from ..handlers import HandlerSpec
+from ..middleware import chain_for
 from ..observability.log_fields import attempt_fields
-from ..types import Claim
-from .interfaces import WorkerInterface
+from ..types import CancelReason, Claim
+from .holdings import HeldAttempt
+from .interfaces import Deferral, WorkerInterface
+from .workqueue import SETTLE_HERE, STOP, LoopEnd, SettleHere, Stop, WorkQueue
 
 logger = logging.getLogger("jobs.worker")
 
@@ -52,6 +63,9 @@ class HandlerEnd(enum.Enum):
     WRITTEN = "written"
     #: The worker abandoned it after its timeout: a fresh thread took this slot.
     ABANDONED = "abandoned"
+    #: An ``async def`` handler now running on the event loop: its end comes back
+    #: through the work queue; the thread is free.
+    ON_LOOP = "on-loop"
 
 
 class SlotIdle(enum.Enum):
@@ -81,10 +95,15 @@ class Slots:
     def __init__(self, worker: WorkerInterface) -> None:
         self._worker = worker
         self._holdings = worker.holdings
-        self._tasks: queue.Queue[Claim | None] = queue.Queue()
+        self._work = WorkQueue(worker.concurrency)
         self.threads: list[threading.Thread] = []
         self._spawned = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: ``async def`` handlers waiting to start on the loop, and whether the loop
+        #: was told to start them.
+        self._starts: list[Callable[[asyncio.AbstractEventLoop], None]] = []
+        self._starts_due = False
+        self._starts_lock = threading.Lock()
         self._loop_thread: threading.Thread | None = None
         #: The LISTEN thread (PostgreSQL, ``listen``), once started.
         self.listener: Listener | None = None
@@ -135,7 +154,7 @@ class Slots:
         due to go back (None: none waits)."""
         settings = self._worker.settings
         max_wait = settings.PREFETCH_MAX_WAIT
-        if not settings.PREFETCH or self._tasks.empty():
+        if not settings.PREFETCH or not self._work.has_claims():
             return None
         now = time.monotonic()
         waiting = self.take_waiting()
@@ -158,21 +177,19 @@ class Slots:
 
     def hand_over(self, claims: Iterable[Claim]) -> None:
         """Queue new claims for the next free slots."""
-        for claim in claims:
-            self._tasks.put(claim)
+        self._start_threads(self._work.put_many(claims))
 
     def take_waiting(self) -> list[Claim]:
         """Take back the claims no slot has taken yet (at shutdown, to release them)."""
-        taken: list[Claim] = []
-        while True:
-            try:
-                claim = self._tasks.get_nowait()
-            except queue.Empty:
-                return taken
-            if claim is None:
-                self._tasks.put(None)  # a thread's stop: leave it for the threads
-                return taken
-            taken.append(claim)
+        return self._work.take_claims()
+
+    def _start_threads(self, unserved: int) -> None:
+        """Start one more thread if work that may start now waits and no thread is
+        free, never more than the concurrency. Called when work is queued and when a
+        thread is about to run a plain handler (which holds it until it returns):
+        an ``async def`` handler, which frees its thread at once, starts none."""
+        if unserved:
+            self.spawn(limit=self._worker.concurrency)
 
     def give_back(
         self,
@@ -230,8 +247,7 @@ class Slots:
     # ------------------------------------------------------------------ threads
 
     def start(self) -> None:
-        for _ in range(self._worker.concurrency):
-            self.spawn()
+        self.spawn()  # the others start when work waits and no thread is free
         worker = self._worker
         if worker.listen:
             channel = worker.settings.NOTIFY_CHANNEL
@@ -245,9 +261,10 @@ class Slots:
             self.listener.start()
 
     def stop(self) -> None:
-        for _ in self.threads:
-            self._tasks.put(None)
-        for thread in self.threads:
+        with self._holdings.lock:
+            threads = list(self.threads)
+        self._work.put_many([STOP] * len(threads))
+        for thread in threads:
             thread.join(timeout=1.0)
         if self.listener is not None:
             self.listener.stop()
@@ -276,15 +293,18 @@ class Slots:
                 self._loop = loop
             return self._loop
 
-    def spawn(self) -> None:
-        """One more handler thread (at start, and in place of an abandoned one)."""
+    def spawn(self, *, limit: int | None = None) -> bool:
+        """One more handler thread (when work waits and no thread is free, and in
+        place of an abandoned one); with ``limit``, only while fewer run."""
         with self._holdings.lock:
+            if limit is not None and len(self.threads) >= limit:
+                return False
             self._spawned += 1
             name = f"jobs-worker-{self._spawned - 1}"
-        thread = threading.Thread(target=self._thread_main, name=name, daemon=True)
-        with self._holdings.lock:
+            thread = threading.Thread(target=self._thread_main, name=name, daemon=True)
             self.threads.append(thread)
         thread.start()
+        return True
 
     def retire(self, thread: threading.Thread | None) -> None:
         """Forget ``thread`` (its attempt was abandoned; it ends when its handler does)."""
@@ -295,11 +315,23 @@ class Slots:
     def _thread_main(self) -> None:
         try:
             while True:
-                claim = self._tasks.get()
-                if claim is None:
+                work = self._work.get()
+                if isinstance(work, Stop):
                     return
-                after: AfterAttempt = RunNext(claim)
+                # A claim taken from the queue counts among the handlers running.
+                after: AfterAttempt
+                if isinstance(work, Claim):
+                    after = self._execute(work)
+                elif isinstance(work, SettleHere):
+                    after = self._settle_here()
+                else:
+                    after = self._write_loop_end(work)
                 while isinstance(after, RunNext):
+                    if not self._work.try_run():
+                        # As many handlers run as the concurrency allows: it waits.
+                        self._start_threads(self._work.put_first(after.claim))
+                        after = SlotIdle.WAIT
+                        break
                     after = self._execute(after.claim)
                 if after is SlotIdle.RETIRE:
                     return
@@ -314,14 +346,40 @@ class Slots:
             held = self._holdings.get_locked(claim.token)
             assert held is not None
             held.thread = threading.current_thread()
+            held.running = True
         if self._worker.stopping:
             # Claimed but not started when the worker began to stop: give it back
             # rather than start work the shutdown would then interrupt.
+            self.handler_stopped(held)
             self.give_back(claim)
             return SlotIdle.WAIT
+        try:
+            return self._after_handler(claim, lambda: self._run_handler(claim, held))
+        finally:
+            if held.running and not held.on_loop:
+                self.handler_stopped(held)  # whatever happened, its place is free
+
+    def handler_stopped(self, held: HeldAttempt) -> None:
+        """The handler of ``held`` no longer runs (returned, or abandoned at its
+        timeout): another claim may start. Once per attempt."""
+        self._work.handler_returned(held)
+
+    def _write_loop_end(self, returned: LoopEnd) -> AfterAttempt:
+        """On a thread: write the end of an ``async def`` handler that ran on the loop,
+        as its slot would have (this thread's own attempt, if any, is unaffected)."""
+        claim, end, marked = returned.claim, returned.end, returned.returned
+        after = self._after_handler(
+            claim, lambda: self._handler_returned(claim, end, marked=marked)
+        )
+        # An attempt abandoned at its timeout had no thread of its own to retire.
+        return SlotIdle.WAIT if after is SlotIdle.RETIRE else after
+
+    def _after_handler(self, claim: Claim, run: Callable[[], HandlerEnd]) -> AfterAttempt:
+        """``run()`` a handler's part of the attempt (or its end's), then what the
+        thread does next: the claim it settled and kept, or wait, or retire."""
         end = HandlerEnd.WRITTEN
         try:
-            end = self._run_handler(claim, held.ctx)
+            end = run()
         except Exception:
             # Never let a slot's thread die: the attempt stays Running, its lease is
             # no longer renewed, and recovery re-queues it after expiry.
@@ -335,6 +393,8 @@ class Slots:
                 self.release(claim)
         if end is HandlerEnd.ABANDONED:
             return SlotIdle.RETIRE
+        if end is HandlerEnd.ON_LOOP:
+            return SlotIdle.WAIT
         if end is HandlerEnd.DEFERRED:
             next_claim = self._worker.settler.settle_on_this_thread()
             if next_claim is not None:
@@ -362,19 +422,113 @@ class Slots:
             seconds if typical is None else typical + RUN_TIME_WEIGHT * (seconds - typical)
         )
 
-    def _run_handler(self, claim: Claim, ctx: JobContext) -> HandlerEnd:
-        """Run the attempt's handler and write (or defer) its end."""
-        worker = self._worker
-        end = run_attempt(
-            ctx,
-            clock=worker.clock,
-            loop=self.event_loop,
-            starting=lambda spec: self._handler_starting(claim, spec),
-        )
+    def _run_handler(self, claim: Claim, held: HeldAttempt) -> HandlerEnd:
+        """Run the attempt's handler and write (or defer) its end; an ``async def``
+        handler is only started on the event loop (:meth:`_start_on_loop`)."""
+        worker, ctx = self._worker, held.ctx
+        begun = begin_attempt(ctx, lambda spec: self._handler_starting(claim, spec))
+        if isinstance(begun, AttemptEnd):
+            self.handler_stopped(held)
+            return self._handler_returned(claim, begun)
+        chain = chain_for(begun)  # the handler inside JOBS["MIDDLEWARE"]
+        if begun.is_async:
+            self._start_on_loop(claim, held, begun, chain)
+            return HandlerEnd.ON_LOOP
+        if len(self.threads) < worker.concurrency:  # this thread is taken until it returns
+            self._start_threads(self._work.unserved())
+        try:
+            result = begun.checked_result(chain(ctx))
+        except Exception as exc:
+            end = attempt_ended(begun, ctx, worker.clock, error=exc)
+        else:
+            end = attempt_ended(begun, ctx, worker.clock, result=result)
+        finally:
+            self.handler_stopped(held)
+        return self._handler_returned(claim, end)
+
+    def _start_on_loop(
+        self, claim: Claim, held: HeldAttempt, spec: HandlerSpec, chain: Callable[..., Any]
+    ) -> None:
+        """Start an ``async def`` handler as a task on the event loop (handed there
+        with the other starts of the moment: one wake-up of the loop for a batch);
+        when it is done, its end is decided there (:meth:`_loop_returned`). A
+        timeout cancels the task."""
+        ctx = held.ctx
+        coro = spec.coroutine(ctx, chain)
+        with self._holdings.lock:
+            held.on_loop = True
+        clock = self._worker.clock
+
+        def done(task: asyncio.Task[Any]) -> None:
+            self.handler_stopped(held)
+            try:
+                try:
+                    result = spec.checked_result(task.result())
+                except (Exception, asyncio.CancelledError) as exc:
+                    end = attempt_ended(spec, ctx, clock, error=exc)
+                else:
+                    end = attempt_ended(spec, ctx, clock, result=result)
+                self._loop_returned(claim, end)
+            except Exception:
+                # Its lease is no longer renewed once dropped: recovery re-queues it.
+                logger.exception(
+                    "ending job %s failed; it will be recovered",
+                    claim.job_id,
+                    extra=attempt_fields(claim),
+                )
+
+        def start(loop: asyncio.AbstractEventLoop) -> None:
+            task = loop.create_task(coro)
+            task.add_done_callback(done)
+            ctx._on_cancel(lambda: loop.call_soon_threadsafe(task.cancel), CancelReason.TIMEOUT)
+
+        loop = self.event_loop()
+        with self._starts_lock:
+            self._starts.append(start)
+            if self._starts_due:
+                return  # the loop is told already and takes this one too
+            self._starts_due = True
+        try:
+            loop.call_soon_threadsafe(self._run_starts, loop)
+        except BaseException:
+            with self._holdings.lock:
+                held.on_loop = False  # it never started: its thread frees the place
+            raise
+
+    def _run_starts(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop: start every task handed over since the last time."""
+        with self._starts_lock:
+            starts, self._starts = self._starts, []
+            self._starts_due = False
+        for start in starts:
+            start(loop)
+
+    def _loop_returned(self, claim: Claim, end: AttemptEnd) -> None:
+        """On the event loop, an ``async def`` handler's end: a success joins the next
+        settle there and then (no thread needed, unless it completes the batch); any
+        other end is queued, in front, for a thread to write."""
+        item: LoopEnd | SettleHere = LoopEnd(claim, end)
+        if end.ending is Ending.SUCCEEDED:
+            if not self._mark_returned(claim, end):
+                return  # abandoned: its end was written without it
+            deferral = self._worker.settler.defer(claim, end.result)
+            if deferral is Deferral.QUEUED:
+                return
+            item = SETTLE_HERE if deferral is Deferral.SETTLE_HERE else LoopEnd(claim, end, True)
+        self._start_threads(self._work.put_first(item))
+
+    def _settle_here(self) -> AfterAttempt:
+        """On a thread: settle the batch an ``async def`` handler's success completed."""
+        next_claim = self._worker.settler.settle_on_this_thread()
+        return SlotIdle.WAIT if next_claim is None else RunNext(next_claim)
+
+    def _mark_returned(self, claim: Claim, end: AttemptEnd) -> bool:
+        """Note that the attempt's handler returned; False if the worker abandoned
+        the attempt meanwhile (its end was written without it)."""
         with self._holdings.lock:
             held = self._holdings.get_locked(claim.token)
             if held is None or held.abandoned:
-                return HandlerEnd.ABANDONED
+                return False
             held.returned = True
             if held.started_at is not None:
                 self._note_run_time_locked(time.monotonic() - held.started_at)
@@ -384,6 +538,17 @@ class Slots:
             attempt=claim.attempt,
             ending=end.ending.value,
         )
+        return True
+
+    def _handler_returned(
+        self, claim: Claim, end: AttemptEnd, *, marked: bool = False
+    ) -> HandlerEnd:
+        """The handler returned (or raised, or was never found): write or defer
+        ``end``, unless the worker abandoned the attempt meanwhile (``marked``: it
+        was noted returned already)."""
+        worker = self._worker
+        if not marked and not self._mark_returned(claim, end):
+            return HandlerEnd.ABANDONED
         if end.ending is Ending.SUCCEEDED and worker.settler.defer_completion(claim, end.result):
             return HandlerEnd.DEFERRED
         worker.finisher.finish(

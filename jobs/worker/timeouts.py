@@ -4,7 +4,9 @@ loop); its lease is no longer renewed. If the handler has not returned
 ``JOBS["TIMEOUT_GRACE_SECONDS"]`` later, the worker fails the attempt with
 ``JobTimedOut`` (retried by the handler's policy), frees its slot at once and starts
 a fresh thread in its place: the abandoned thread is left to finish, and whatever it
-reports later is fenced off by its token (and dropped by the worker).
+reports later is fenced off by its token (and dropped by the worker). An ``async def``
+handler holds no thread: it was cancelled on its loop at the timeout, and whatever it
+still does is dropped the same way.
 """
 
 from __future__ import annotations
@@ -82,10 +84,12 @@ class TimeoutWatch:
             claim.job_id,
             extra={"job_id": claim.job_id, "attempt": claim.attempt},
         )
-        worker.slots.retire(held.thread)
+        worker.slots.handler_stopped(held)
         worker.slots.release(claim)
         worker.finisher.record(claim, "failed", outcome, end.detail)
-        worker.slots.spawn()
+        if not held.on_loop:  # a coroutine, cancelled on its loop, holds no thread
+            worker.slots.retire(held.thread)
+            worker.slots.spawn()
 
 
 def _earliest(current: float | None, candidate: float) -> float:

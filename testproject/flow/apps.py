@@ -18,4 +18,4 @@ class FlowConfig(AppConfig):
         if os.environ.get("FLOW_UNGUARDED") == "1":
             from jobs.store import limits
 
-            setattr(limits, "lock_ids", lambda limits: [])  # noqa: B010
+            setattr(limits, "lock_ids", lambda names: [])  # noqa: B010

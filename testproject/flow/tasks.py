@@ -72,3 +72,16 @@ def per_key(ctx: JobContext) -> str:
     """At most one Running per limit key, across scopes and workers."""
     ctx.wait_for_cancel(float(ctx.payload.get("seconds", 0.02)))
     return "per key"
+
+
+@job_handler("flow.key_rated", version=1, rate_per_key=(10, 1, 5))
+def key_rated(ctx: JobContext) -> str:
+    """Per limit key, at most 10 units a second on average and 5 at once (a token
+    bucket per key, a job's cost counted in units)."""
+    return "key rated"
+
+
+@job_handler("flow.key_window", version=1, rate_per_key=(5, 1))
+def key_window(ctx: JobContext) -> str:
+    """Per limit key, at most 5 starts in any second (a sliding window per key)."""
+    return "key window"

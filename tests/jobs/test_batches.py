@@ -220,6 +220,18 @@ class TestFanIn:
         assert (done.succeeded, done.failed, done.pending, done.status) == (2, 1, 0, "done")
         assert done.finished_at is not None
 
+    def test_then_keeps_its_submission_cost_and_priority_included(self) -> None:
+        then = JobSubmission.create("imports.done", {}, cost=7, priority=3, max_attempts=2)
+        submit_batch(SCOPE, "imp", [row(1)], then=then)
+        (claim,) = claim_all()
+        execution.complete(claim.token)
+        (job,) = then_jobs()
+        assert (job.cost, job.priority, job.max_attempts) == (7, 3, 2)
+        # Its cost is part of the batch: the same id with a then of another cost conflicts.
+        other = JobSubmission.create("imports.done", {}, priority=3, max_attempts=2)
+        with pytest.raises(BatchIdentityConflict):
+            submit_batch(SCOPE, "imp", [row(1)], then=other)
+
     def test_cancelled_expired_and_interrupted_jobs_count_as_finished(self) -> None:
         scope_hash = JobScope(SCOPE).scope_hash
         store.submit_batch(

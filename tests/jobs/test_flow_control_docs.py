@@ -24,10 +24,11 @@ def page_handlers():
     test claims under it."""
     yield
     unregister("crm.push", 1)
+    unregister("mail.send", 1)
 
 
 def test_the_flow_control_page_examples_do_what_the_page_says(page_handlers):
-    assert len(python_blocks(PAGE)) == 7
+    assert len(python_blocks(PAGE)) == 8
     namespace = run_page(PAGE)
 
     # Fair share: the small tenant's jobs start next to the head of the line.
@@ -40,6 +41,10 @@ def test_the_flow_control_page_examples_do_what_the_page_says(page_handlers):
 
     # Limits by key: one push per account; the other account's went past.
     assert namespace["pushed"] == ["push-a0", "push-b0"]
+    # Rates per key: a burst of five and a digest of cost five, then two refilled.
+    mails = sorted(claim.job_id for claim in namespace["mails_now"])
+    assert mails == ["digest-b", "mail-a0", "mail-a1", "mail-a2", "mail-a3", "mail-a4"]
+    assert sorted(claim.job_id for claim in namespace["mails_later"]) == ["mail-a5", "mail-a6"]
 
     # Unique jobs: the second submission returned the first job.
     assert namespace["first"].created

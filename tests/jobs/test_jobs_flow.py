@@ -15,10 +15,10 @@ from django.utils import timezone
 
 from jobs import JobScope, JobStatus, JobSubmission, Snooze, execution, submit_job
 from jobs.exceptions import InvalidInput, InvalidLimits, InvalidSubmission
-from jobs.flow_control import Limits
+from jobs.flow_control import Limits, Rate
 from jobs.handlers import RetryPolicy
-from jobs.models import ClaimStart, Job, JobAttempt, Queue
-from jobs.store import claiming, sql, sql_flow
+from jobs.models import Job, JobAttempt, Queue, RateBucket
+from jobs.store import claiming, sql, sql_limits
 from jobs.store import limits as limits_store
 from jobs.testing import run_jobs_inline
 from jobs.types import AttemptStatus, FinishOutcome
@@ -104,8 +104,12 @@ def _waiting_for_locks(count: int):
 
 
 #: The last slot, as a limit of each kind: ``max_running`` (on PostgreSQL a counter with
-#: its cap) and ``rate`` (the starts in its window).
-LAST_SLOT = {"max_running": {"max_running": 1}, "rate": {"rate": (1, 3600)}}
+#: its cap) and ``rate`` (a window's row, or with a burst a token bucket's).
+LAST_SLOT = {
+    "max_running": {"max_running": 1},
+    "rate": {"rate": (1, 3600)},
+    "rate_burst": {"rate": (1, 3600, 1)},
+}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -122,17 +126,20 @@ def test_concurrent_claims_never_take_the_last_slot_twice(handler, limit):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres_only
-def test_without_the_advisory_lock_two_claims_take_the_last_start_of_a_rate(handler, monkeypatch):
-    """The race for a rate's last start with the lock taken out: the claims count the
-    window's starts in parallel and more than one takes it. This is what the lock
-    prevents (and what the test above would catch)."""
-    handler("flow.one", rate=(1, 3600))(lambda ctx: None)
+@pytest.mark.parametrize("rate", [(1, 3600), (1, 3600, 1)], ids=["window", "bucket"])
+def test_without_the_advisory_lock_a_rates_row_still_keeps_its_last_start(
+    handler, monkeypatch, rate
+):
+    """A rate's last start with the lock taken out: the others' claims wait on the
+    rate's row the first one changed, and once it commits each goes past the row's
+    rate, changes nothing and is made again, finding no room."""
+    handler("flow.one", rate=rate)(lambda ctx: None)
     # Enough due jobs that each claim's candidates (up to 5, locked) leave others'.
     submit(16, "flow.one")
-    monkeypatch.setattr(limits_store, "lock_ids", lambda limits: [])
-    results = _race_for_the_last_slot("flow.one", others_wait=False)
-    assert sum(results) >= 2, results  # the first one's, and at least one other's
-    assert running("flow.one") == sum(results)
+    monkeypatch.setattr(limits_store, "lock_ids", lambda names: [])
+    results = _race_for_the_last_slot("flow.one")
+    assert sum(results) == 1, results
+    assert running("flow.one") == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -143,7 +150,7 @@ def test_without_the_advisory_lock_a_counters_cap_still_keeps_max_running(handle
     counter's cap, changes nothing and is made again, finding no room."""
     handler("flow.one", max_running=1)(lambda ctx: None)
     submit(16, "flow.one")
-    monkeypatch.setattr(limits_store, "lock_ids", lambda limits: [])
+    monkeypatch.setattr(limits_store, "lock_ids", lambda names: [])
     results = _race_for_the_last_slot("flow.one")
     assert sum(results) == 1, results
     assert running("flow.one") == 1
@@ -157,7 +164,7 @@ def test_sqlite_immediate_transactions_serialise_claims_without_a_lock(handler, 
     handler("flow.one", max_running=1)(lambda ctx: None)
     # Enough due jobs that each claim's candidates (up to 5, locked) leave others'.
     submit(16, "flow.one")
-    monkeypatch.setattr(limits_store, "lock_ids", lambda limits: [])
+    monkeypatch.setattr(limits_store, "lock_ids", lambda names: [])
     results = _race_for_the_last_slot("flow.one")
     assert sum(results) == 1, results
 
@@ -262,7 +269,8 @@ def test_rate_keeps_at_most_count_starts_in_any_window(handler, settings):
     assert len(starts) == 50
     for first, twenty_first in zip(starts, starts[20:], strict=False):
         assert twenty_first - first >= timedelta(seconds=1), (first, twenty_first)
-    assert ClaimStart.objects.filter(key="handler:flow.rated").count() == 50
+    (row,) = RateBucket.objects.filter(key="handler:flow.rated")
+    assert row.used <= 20
 
 
 @pytest.mark.django_db(transaction=True)
@@ -278,14 +286,15 @@ def test_a_rate_window_counts_starts_a_claimer_with_a_later_clock_made(handler):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_old_starts_are_pruned_only_past_every_window(handler):
-    handler("flow.rated", rate=(5, 10))(lambda ctx: None)
+@pytest.mark.parametrize("rate", [(5, 10), (5, 10, 5)], ids=["window", "bucket"])
+def test_a_rates_row_is_pruned_only_well_after_it_holds_nothing(handler, rate):
+    handler("flow.rated", rate=rate)(lambda ctx: None)
     submit(2, "flow.rated")
     now = timezone.now()
     assert len(execution.claim_due("w", limit=5, now=now)) == 2
-    assert execution.prune_claim_starts(now=now + timedelta(seconds=30)) == 0
-    assert execution.prune_claim_starts(now=now + timedelta(minutes=6)) == 2
-    assert not ClaimStart.objects.exists()
+    assert execution.prune_rates(now=now + timedelta(seconds=30)) == 0
+    assert execution.prune_rates(now=now + timedelta(minutes=6)) == 1
+    assert not RateBucket.objects.exists()
 
 
 def test_bad_limits_are_typed_errors_at_registration(handler):
@@ -299,7 +308,7 @@ def test_bad_limits_are_typed_errors_at_registration(handler):
     ):
         with pytest.raises(InvalidLimits):
             handler("flow.bad", **kwargs)
-    assert Limits(rate=[3, 2]).rate == (3, 2.0)
+    assert Limits(rate=[3, 2]).rate == Rate(3, 2.0)
 
 
 def test_two_versions_of_a_name_must_declare_the_same_limits(handler):
@@ -349,10 +358,10 @@ def _statements(monkeypatch) -> list[str]:
 def test_without_limits_the_claim_is_one_statement(handler, django_assert_num_queries, monkeypatch):
     """No limit configured: the plain claim of :func:`jobs.store.sql.claim`, one
     statement (PostgreSQL; SQLite adds its attempt rows' insert), never the locking
-    path. With ``max_running`` on PostgreSQL, while it does not bind: the counted claim,
-    one statement too, no lock. With a rate, the claim locks, counts and picks first
+    path. With ``max_running`` or a rate on PostgreSQL, while none binds: the counted
+    claim, one statement too, no lock. Once one binds, the claim locks, reads and picks
     — on PostgreSQL in one round trip too: the locks, the claim and the commit in one
-    pipeline; on SQLite a limited claim always counts under its write lock."""
+    pipeline; on SQLite a limited claim always reads the usage under its write lock."""
     handler("flow.free")(lambda ctx: None)
     submit(3, "flow.free")
     statements = _statements(monkeypatch)
@@ -362,35 +371,43 @@ def test_without_limits_the_claim_is_one_statement(handler, django_assert_num_qu
     assert len(claims) == 3
     plain = sql.claim(connection.vendor, queues=0, one_job=False)
     assert statements == ([plain] if postgres else [plain, sql.insert_attempts(3)])
-    assert not any("pg_advisory" in text or "jobs_claimstart" in text for text in statements)
+    assert not any("pg_advisory" in text or "jobs_ratebucket" in text for text in statements)
 
     handler("flow.capped", max_running=5)(lambda ctx: None)
-    submit(2, "flow.capped", prefix="c")
-    statements.clear()
-    if postgres:
-        with django_assert_num_queries(1):
+    handler("flow.rated", rate=(10, 60), rate_per_key=(2, 60, 2))(lambda ctx: None)
+    submit(3, "flow.rated", prefix="r", limit_key="acct")
+    keys = (
+        sql_limits.KeyShape("h", max_running=True),
+        sql_limits.KeyShape("h", rate="window", rate_per_key="bucket"),
+    )
+    counted = sql_limits.counted_claim(queues=0, one_job=False, finishing=False, keys=keys)
+    for _ in range(2):
+        statements.clear()
+        if postgres:
+            with django_assert_num_queries(1):
+                assert len(execution.claim_due("w", limit=1)) == 1
+            assert statements == [counted]
+        else:
             assert len(execution.claim_due("w", limit=1)) == 1
-        keys = (("h", True, False, False, False),)
-        counted = sql_flow.counted_claim(queues=0, one_job=False, finishing=False, keys=keys)
-        assert statements == [counted]
-    else:
-        assert len(execution.claim_due("w", limit=1)) == 1
-        assert statements[0] != plain
+            assert statements[0] != plain
 
-    handler("flow.rated", rate=(10, 60))(lambda ctx: None)
-    submit(2, "flow.rated", prefix="r")
+    # The key's two starts are taken: its third job binds.
     statements.clear()
     with CaptureQueriesContext(connection) as queries:
-        assert len(execution.claim_due("w", limit=1)) == 1
-    assert statements[0] != plain
+        assert execution.claim_due("w", limit=1) == []
     assert any("pg_advisory_xact_lock" in text for text in statements) == postgres
     if postgres:
+        limited = sql_limits.limited_claim(queues=0, one_job=False, finishing=False, keys=keys)
+        # The counted claim failed; then the exact one, under the handler's lock.
+        assert statements == [counted, sql_limits.LOCK_KEYS, limited, sql_limits.COMMIT]
         # Django logs its BEGIN and COMMIT, which psycopg sends lazily: the BEGIN goes
         # with the pipeline, and the COMMIT finds the transaction ended already.
-        pipelined = "; ".join(statements)
-        assert [q["sql"] for q in queries] == ["BEGIN", pipelined, "COMMIT"]
-        assert statements[0] == sql_flow.LOCK_KEYS
-        assert statements[2:] == [sql_flow.COMMIT]
+        pipelined = "; ".join(statements[1:])
+        assert [q["sql"] for q in queries][-3:] == ["BEGIN", pipelined, "COMMIT"]
+        # The claim bound: the next goes the exact way at once.
+        statements.clear()
+        assert execution.claim_due("w", limit=1) == []
+        assert statements == [sql_limits.LOCK_KEYS, limited, sql_limits.COMMIT]
 
 
 # --------------------------------------------------------------------------- pause

@@ -12,7 +12,9 @@ while no earlier one is Queued or Running).
 The transitions driven: submit (new and duplicate, with or without a start deadline),
 a debounced submit (a new job, or the Queued job that holds the key replaced, or the
 identity rule), a submit with a limit key (its handler runs one job per key at once:
-the claims hold the key's other jobs), the expiry sweep, cancel, retry (with and without
+the claims hold the key's other jobs), a submit with a limit key whose handler has a
+rate per key with a burst (a token bucket per key: the claims start at most its room
+and hold the rest until time refills it), the expiry sweep, cancel, retry (with and without
 extra attempts granted), try_start, claim_due, report_progress, complete, fail (with
 and without a retry), interrupt, recover, snooze (up to its ``max_snoozes`` bound),
 release (a worker's graceful shutdown), the put-back of a claim whose handler the
@@ -60,13 +62,19 @@ from jobs import JobSubmission, execution, store
 from jobs.api import JobScope, submit_batch, submit_job
 from jobs.conf import jobs_settings
 from jobs.exceptions import InvalidTransition, JobIdentityConflict
-from jobs.models import Batch, Job, JobAttempt, LimitCounter, Sequence
-from jobs.types import CancelOutcome, FinishOutcome
+from jobs.models import Batch, Job, JobAttempt, LimitCounter, RateBucket, Sequence
+from jobs.store.rates import nanoseconds
+from jobs.types import CancelOutcome, Claim, FinishOutcome
 from jobs.validation import scope_hash
 
 SCOPE = "model"
 #: The handler of the keyed jobs: one Running job per limit key.
 KEYED = "model.keyed"
+#: The handler of the rated jobs: per limit key, a bucket of two starts that refills
+#: one start every RATE_INTERVAL.
+RATED = "model.rated"
+RATE_INTERVAL = timedelta(seconds=600)
+RATE_BURST = 2
 JOB_IDS = ["a", "b", "c"]
 WORKERS = ["w1", "w2"]
 #: The short profile's sequences per database vendor, unless the environment says.
@@ -128,6 +136,8 @@ class ModelJob:
     debounced: dict[str, int] | None = None
     #: The limit key its handler (``KEYED``: one Running per key) counts it under.
     limit_key: str = ""
+    #: A job of ``RATED``: its limit key is a rate's (a bucket per key), not a count's.
+    rated: bool = False
     #: Its sequence, and whether it waits there for an earlier job.
     key: str | None = None
     held: bool = False
@@ -192,6 +202,8 @@ class JobsStoreModel(RuleBasedStateMachine):
         self.max_interruptions = jobs_settings().MAX_INTERRUPTIONS
         self.budget: override_settings | None = None
         self.then_submitted = False
+        #: Per rated key, its bucket's theoretical arrival time (None: never used).
+        self.tats: dict[str, datetime] = {}
 
     @initialize(
         max_attempts=st.lists(st.integers(1, 3), min_size=2, max_size=2),
@@ -205,8 +217,10 @@ class JobsStoreModel(RuleBasedStateMachine):
         self.max_interruptions = max_interruptions
         JobAttempt.objects.all().delete()
         Job.objects.all().delete()
-        # The counts of the keyed jobs an earlier sequence left Running go with them.
+        # The counts of the keyed jobs an earlier sequence left Running go with them,
+        # and the rated keys' buckets with their starts.
         LimitCounter.objects.all().delete()
+        RateBucket.objects.all().delete()
         Batch.objects.all().delete()
         Sequence.objects.all().delete()
         # Two jobs from the start, a batch, so that the steps reach the executor's
@@ -223,6 +237,9 @@ class JobsStoreModel(RuleBasedStateMachine):
         assert batch.created
         for job_id, attempts in zip(BATCH, max_attempts, strict=True):
             self._created(job_id, ModelJob(attempts, submitted_attempts=attempts))
+        # And two jobs of one rated key: a claim meets its bucket early.
+        self.rated_submit("r1", "rx", 2)
+        self.rated_submit("r2", "rx", 1)
 
     def _submission(self, job_id: str, attempts: int, start_by: datetime | None) -> JobSubmission:
         return JobSubmission.create(
@@ -314,6 +331,23 @@ class JobsStoreModel(RuleBasedStateMachine):
         if existing is None:
             self.jobs[job_id] = ModelJob(1, submitted_attempts=1, limit_key=key)
 
+    @rule(
+        job_id=st.sampled_from(["r1", "r2", "r3", "r4"]),
+        key=st.sampled_from(["rx", "rx", "ry"]),
+        max_attempts=st.integers(1, 3),
+    )
+    def rated_submit(self, job_id: str, key: str, max_attempts: int) -> None:
+        existing = self.jobs.get(job_id)
+        key = existing.limit_key if existing is not None else key
+        attempts = existing.submitted_attempts if existing else max_attempts
+        sub = JobSubmission.create(RATED, {}, limit_key=key, max_attempts=attempts)
+        snapshot = submit_job(SCOPE, job_id, sub)
+        assert snapshot.created == (existing is None)
+        if existing is None:
+            self.jobs[job_id] = ModelJob(
+                attempts, submitted_attempts=attempts, limit_key=key, rated=True
+            )
+
     @rule()
     def expire_jobs(self) -> None:
         late = [
@@ -379,25 +413,24 @@ class JobsStoreModel(RuleBasedStateMachine):
             assert claim is None
             return multiple()
         assert claim is not None
-        job.start(claim.token, worker, self.now)
+        self._start(job_id, claim.token, worker)
         assert claim.attempt == job.attempts
         return multiple(claim.token)
 
     @rule(target=tokens, worker=st.sampled_from(WORKERS), limit=st.integers(1, 3))
     def claim_due(self, worker: str, limit: int) -> MultipleResults[str]:
         due = {job_id for job_id, job in self.jobs.items() if job.due(self.now)}
+        claimable, takes = self._claimable()
         claims = execution.claim_due(worker, limit=limit, lease_seconds=LEASE, now=self.now)
         # A limit key holds its jobs once one of them runs: one claim takes one per key.
-        keyed = {self.jobs[c.job_id].limit_key for c in claims if self.jobs[c.job_id].limit_key}
-        assert len(keyed) == len([c for c in claims if self.jobs[c.job_id].limit_key])
-        claimable, takes = self._claimable()
+        counted = [c for c in claims if self.jobs[c.job_id].limit_key and not self._rated(c)]
+        assert len({self.jobs[c.job_id].limit_key for c in counted}) == len(counted)
         assert len(claims) == min(limit, takes)
         for claim in claims:
             assert claim.job_id in due
             assert claim.job_id in claimable
-            job = self.jobs[claim.job_id]
-            job.start(claim.token, worker, self.now)
-            assert claim.attempt == job.attempts
+            self._start(claim.job_id, claim.token, worker)
+            assert claim.attempt == self.jobs[claim.job_id].attempts
         return multiple(*(claim.token for claim in claims))
 
     @rule(
@@ -695,25 +728,55 @@ class JobsStoreModel(RuleBasedStateMachine):
             # crash budget (a put-back deletes its row).
             executions = row.attempt_count + row.snooze_count + row.release_count
             assert len(attempts) == executions + row.interruption_count, where
+        # Each rated key's bucket is where its starts put it.
+        rows = RateBucket.objects.filter(key__startswith="handler:")
+        buckets = {bucket.key: bucket.tat for bucket in rows}
+        assert buckets == {
+            f"handler:{RATED}#{key}": nanoseconds(tat) for key, tat in self.tats.items()
+        }
 
     # ------------------------------------------------------------------ helpers
 
     def _claimable(self) -> tuple[set[str], int]:
-        """The due jobs a claim may take — those without a limit key, and the jobs of
-        each key with no Running job —, and how many one claim takes at most: one per
-        such key."""
-        busy = {job.limit_key for job in self.jobs.values() if job.status == "running"}
+        """The due jobs a claim may take — those without a limit key, the jobs of each
+        counted key with no Running job, and the rated jobs of each key whose bucket
+        has room —, and how many one claim takes at most: one per such counted key, as
+        many as its room per rated key."""
+        busy = {
+            job.limit_key for job in self.jobs.values() if job.status == "running" and not job.rated
+        }
         free: set[str] = set()
         by_key: dict[str, set[str]] = {}
+        by_rate: dict[str, set[str]] = {}
         for job_id, job in self.jobs.items():
             if not job.due(self.now):
                 continue
-            if not job.limit_key:
+            if job.rated:
+                if self._room(job.limit_key) >= 1:
+                    by_rate.setdefault(job.limit_key, set()).add(job_id)
+            elif not job.limit_key:
                 free.add(job_id)
             elif job.limit_key not in busy:
                 by_key.setdefault(job.limit_key, set()).add(job_id)
-        keyed = {job_id for jobs in by_key.values() for job_id in jobs}
-        return free | keyed, len(free) + len(by_key)
+        keyed = {job_id for jobs in (*by_key.values(), *by_rate.values()) for job_id in jobs}
+        rated = sum(min(self._room(key), len(jobs)) for key, jobs in by_rate.items())
+        return free | keyed, len(free) + len(by_key) + rated
+
+    def _room(self, key: str) -> int:
+        """The starts the bucket of rated ``key`` lets through now."""
+        ahead = max(self.tats.get(key, self.now), self.now)
+        return (self.now + RATE_BURST * RATE_INTERVAL - ahead) // RATE_INTERVAL
+
+    def _rated(self, claim: Claim) -> bool:
+        return self.jobs[claim.job_id].rated
+
+    def _start(self, job_id: str, token: str, worker: str) -> None:
+        """``job_id`` starts under ``token``: a rated one takes a start from its bucket."""
+        job = self.jobs[job_id]
+        job.start(token, worker, self.now)
+        if job.rated:
+            ahead = max(self.tats.get(job.limit_key, self.now), self.now)
+            self.tats[job.limit_key] = ahead + RATE_INTERVAL
 
     def _pick(self, token: str, pick: int) -> str:
         """The token a rule uses: the one drawn from the bundle (``pick`` 0: most of
@@ -786,6 +849,7 @@ class JobsStoreModel(RuleBasedStateMachine):
 @pytest.fixture(autouse=True)
 def keyed_handler(handler):
     handler(KEYED, max_running_per_key=1)(lambda ctx: None)
+    handler(RATED, rate_per_key=(1, RATE_INTERVAL.total_seconds(), RATE_BURST))(lambda ctx: None)
 
 
 def test_the_jobs_store_follows_its_model(handler: Any) -> None:

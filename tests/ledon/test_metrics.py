@@ -67,6 +67,17 @@ def test_expired_jobs_are_counted_under_their_own_outcome():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_jobs_a_limit_holds_back_are_counted_by_its_rule(handler):
+    handler("metrics.keyed", rate_per_key=(1, 60, 2))(lambda ctx: None)
+    labels = {"queue": QUEUE, "handler": "metrics.keyed", "rule": "handler.rate_per_key"}
+    before = value("ledon_jobs_held_back_total", labels)
+    for n in range(5):
+        submit_job("m", f"k{n}", sub("metrics.keyed", limit_key="acct-a"))
+    assert len(execution.claim_due("w", limit=10, queues=[QUEUE])) == 2
+    assert value("ledon_jobs_held_back_total", labels) - before == 3
+
+
+@pytest.mark.django_db(transaction=True)
 def test_counters_and_histograms_after_a_known_workload():
     enqueued = ("ledon_jobs_enqueued_total", {"queue": QUEUE, "handler": "metrics.ok"})
     before = {

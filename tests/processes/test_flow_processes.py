@@ -1,8 +1,9 @@
 """Timeouts and flow control with real ``run_jobs`` processes: limits kept across three worker
-processes claiming at the same instant (and broken when the claim's lock is taken
-out and the claims' commits are held back), per-scope fairness, a rate measured
-from attempt start times, a paused queue skipped by every worker, and a timed-out
-handler's slot running the next job — on SQLite and PostgreSQL."""
+processes claiming at the same instant (with the claim's lock or without it, and with
+the claims' commits held back), per-scope fairness, a rate and rates per key with a
+burst and costs measured from attempt start times, a paused queue skipped by every
+worker, and a timed-out handler's slot running the next job — on SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import signal
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -159,13 +160,13 @@ def test_claims_whose_commits_are_held_back_keep_the_limit_with_or_without_the_l
     workers, guarded
 ):
     """Three workers of 8 threads, max_running=2, every claim's commit held back.
-    These workers also have a rated handler, so each claim locks first: with the
-    claim's advisory lock, the first claim holds it at its commit and the two others
-    wait for it. Without it (``FLOW_UNGUARDED``) the two others count in snapshots
-    without the first one's claim and wait only on the limit's counter row; once the
-    first commits, each goes past the counter's cap, changes nothing and is made
-    again, finding no room: a counter's cap alone keeps ``max_running``. (A rate has
-    no counter: the lock keeps it, see test_jobs_flow.)"""
+    Each claim is first made without a lock, asking for 8 jobs: past the cap of 2,
+    the counter's constraint refuses it whole, and it is made again the exact way.
+    With the handler's advisory lock, the first exact claim holds it at its commit
+    and the two others wait for it. Without it (``FLOW_UNGUARDED``) the two others
+    wait for the counter's row the first one changed; once it commits, each finds
+    no room (or goes past the cap, changes nothing and is made again): a counter's
+    cap alone keeps ``max_running``."""
     for n in range(24):
         submit_job(SCOPE, f"l{n}", JobSubmission.create("flow.limited", {"seconds": 0.5}))
     env = {} if guarded else {"FLOW_UNGUARDED": "1"}
@@ -303,6 +304,69 @@ def test_a_rate_holds_in_every_window_of_attempt_start_times(workers, tmp_path):
     second = timedelta(seconds=1)
     assert all(starts[i + 20] - starts[i] >= second for i in range(len(starts) - 20))
     assert any(starts[i + 19] - starts[i] < second for i in range(len(starts) - 19))
+
+
+def _starts_by_key(handler: str) -> dict[str, list[datetime]]:
+    """Each limit key's attempt start times, sorted, with each start repeated for its
+    job's cost (a unit each)."""
+    starts: dict[str, list[datetime]] = {}
+    rows = JobAttempt.objects.filter(job__handler=handler).values_list(
+        "job__limit_key", "job__cost", "started_at"
+    )
+    for key, cost, started in rows:
+        starts.setdefault(key, []).extend([started] * cost)
+    return {key: sorted(times) for key, times in starts.items()}
+
+
+def _microseconds(span: timedelta) -> int:
+    return span // timedelta(microseconds=1)
+
+
+@pytest.mark.parametrize("fault", ["barrier", "without-the-lock"])
+def test_worker_processes_never_over_admit_a_rate_per_key(workers, tmp_path, fault):
+    """Three processes of 8 threads whose first claims meet, jobs of three keys with
+    costs 1 to 3: per key, the token bucket ``(10, 1, 5)`` — no span of time W holds
+    more than 5 + 10·W units — and the window ``(5, 1)`` — no second holds more than 5
+    starts —, measured from the attempts' start times as the database holds them
+    (each start taken by its claim's clock; all processes read one machine's). Each
+    key's bucket let a burst through (more units in some span than the average alone
+    admits) and each key's window filled. Without the advisory lock (``FLOW_UNGUARDED``)
+    the rows' constraints keep the rates alone."""
+    env = {"FLOW_UNGUARDED": "1"} if fault == "without-the-lock" else {}
+    units: Counter[str] = Counter()
+    for n in range(60):
+        key, cost = f"acct-{n % 3}", 1 + (n // 3) % 3
+        units[key] += cost
+        sub = JobSubmission.create("flow.key_rated", {}, limit_key=key, cost=cost)
+        submit_job(f"tenant-{n % 2}", f"b{n}", sub)
+        submit_job(
+            f"tenant-{n % 2}", f"w{n}", JobSubmission.create("flow.key_window", {}, limit_key=key)
+        )
+    procs = _three_meeting_at("jobs.claim.limited", workers, tmp_path, **env)
+    wait_until(
+        lambda: succeeded("flow.key_rated") + succeeded("flow.key_window") == 120,
+        240,
+        "120 key-rated jobs",
+        procs[0],
+    )
+    _stop(*procs)
+    interval = 100_000  # microseconds between two units of (10, 1, 5)
+    bucket = _starts_by_key("flow.key_rated")
+    assert {key: len(times) for key, times in bucket.items()} == units
+    for key, times in bucket.items():
+        burst = False
+        for i, first in enumerate(times):
+            for j in range(i, len(times)):
+                span = _microseconds(times[j] - first)
+                assert (j - i + 1) * interval <= 5 * interval + span, (key, i, j, span)
+                burst = burst or (j - i) * interval > span
+        assert burst, key
+    window = _starts_by_key("flow.key_window")
+    second = timedelta(seconds=1)
+    assert {key: len(times) for key, times in window.items()} == dict.fromkeys(units, 20)
+    for key, times in window.items():
+        assert all(times[i + 5] - times[i] >= second for i in range(len(times) - 5)), key
+        assert any(times[i + 4] - times[i] < second for i in range(len(times) - 4)), key
 
 
 def test_a_paused_queue_is_skipped_by_every_worker_until_resumed(workers):

@@ -439,3 +439,34 @@ def test_max_takeovers_is_none_or_a_positive_integer(settings, value):
     settings.SAGAS = {**settings.SAGAS, "MAX_TAKEOVERS": value}
     with pytest.raises(SagasConfigurationError, match="MAX_TAKEOVERS"):
         sagas_settings()
+
+
+def test_a_runner_releasing_its_instances_skips_one_another_runner_took_over(monkeypatch):
+    """A runner restarted after a crash releases the instances still leased to it.
+    One of them may be taken over by another runner (its lease expired) between the
+    moment it is read and its release: that is a race, not an error. Before, the
+    release's SagaLeaseLost escaped the runner's loop and ended the process."""
+    state = started_instance()
+    now = timezone.now()
+    mine = store.claim(state, "crashed", lease_seconds=1, now=now)
+    assert mine is not None
+    other = started_instance(order_id=2)
+    assert store.claim(other, "crashed", lease_seconds=1, now=now) is not None
+    read = store.get
+    taken: list[object] = []
+
+    def taken_over_meanwhile(instance_id):
+        found = read(instance_id)
+        if instance_id == mine.instance_id and not taken:
+            taken.append(None)  # once (the claim reads the instance too)
+            taken[0] = store.claim(found, "survivor", lease_seconds=30, now=now + LATER)
+        return found  # as read: still leased to "crashed"
+
+    monkeypatch.setattr(store, "get", taken_over_meanwhile)
+    events: list[tuple[str, object]] = []
+    runner = SagaRunner(runner_id="crashed", on_event=lambda e, s, d: events.append((e, s)))
+    assert runner._release_own() is True
+    assert taken[0] is not None
+    assert instance(mine.instance_id).leased_by == "survivor"
+    assert instance(other.instance_id).leased_by == ""  # its own, released
+    assert [(e, s.instance_id) for e, s in events] == [("released", other.instance_id)]

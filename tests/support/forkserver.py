@@ -131,7 +131,7 @@ _APPLIED = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"}
 #: Read by nothing a child sets up: the test phase, and the test project's fault
 #: specs (``testproject.faults`` reads them when a fault point is reached, and a spec
 #: names the test's own marker files).
-_UNKEYED = {"PYTEST_CURRENT_TEST", "JOBS_FAULT", "ORDERS_FAULT", "FULFILMENT_FAULT"}
+_UNKEYED = {"PYTEST_CURRENT_TEST", "JOBS_FAULT", "ORDERS_FAULT", "FULFILMENT_FAULT", "CHAOS_FAULT"}
 #: Left out of the server's own environment (a child sets them as it asks).
 _SERVER_UNSET = {"DJANGO_SETTINGS_MODULE", "DATABASE_URL", *_APPLIED}
 

@@ -14,7 +14,7 @@ server's can then be cut off on demand, alone:
 - :meth:`FaultProxy.drop_reply` — the next time a client sends ``pattern`` (by
   default a ``COMMIT``), forward it to the server, then reset that connection before
   the server's reply reaches the client: the client cannot tell whether its commit
-  happened.
+  happened; :meth:`FaultProxy.disarm` forgets the triggers that have not fired.
 
 Only the loopback interface is ever used. The proxy runs an asyncio loop on a thread
 of its own; the control methods may be called from any thread.
@@ -201,6 +201,21 @@ class FaultProxy:
             self._armed.extend([_Trigger(pattern, after)] * times)
 
         self._call(arm)
+
+    def disarm(self) -> int:
+        """Forget every armed :meth:`drop_reply` trigger that has not fired yet (also
+        one waiting on a connection for its pattern); how many were forgotten."""
+        forgotten = [0]
+
+        def clear() -> None:
+            waiting = [link for link in self._links if link.waiting_for is not None]
+            for link in waiting:
+                link.waiting_for = None
+            forgotten[0] = len(self._armed) + len(waiting)
+            self._armed.clear()
+
+        self._call(clear)
+        return forgotten[0]
 
     # ------------------------------------------------------------------ inside
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from ledon.db import in_caller_atomic_block
 from ledon.values import from_row
@@ -16,7 +15,7 @@ from ..models import WorkflowRun
 from ..observability import hooks
 from ..types import ChildRun, DrivenRun, RunSnapshot, RunStatus, WaitKind
 from ..validation import child_run_id
-from .base import alias
+from .base import alias, current_time
 from .reads import snapshot
 from .waking import wake
 
@@ -96,7 +95,7 @@ def create_run(
         raise TransactionRequiredError()
     if not staged and inside:
         raise AmbientTransactionError()
-    now = timezone.now()
+    now = current_time()
     if staged:
         try:
             return _create(

@@ -5,11 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import transaction
-from django.utils import timezone
 
 from ..conf import workflows_settings
 from ..models import WorkflowRun
-from .base import alias
+from .base import alias, current_time
 from .waking import drop_wakes
 
 
@@ -26,7 +25,7 @@ def purge_finished(*, older_than: datetime, limit: int | None = None) -> int:
     with transaction.atomic(using=alias()):
         # Re-checked under the transaction: a run resumed meanwhile is not finished.
         ids = list(due.filter(pk__in=ids).values_list("pk", flat=True))
-        drop_wakes(_with_descendants(ids), timezone.now())
+        drop_wakes(_with_descendants(ids), current_time())
         WorkflowRun.objects.filter(pk__in=ids).delete()
     return len(ids)
 

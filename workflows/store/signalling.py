@@ -7,7 +7,6 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F
-from django.utils import timezone
 
 from ledon.faults import fault_point
 
@@ -15,7 +14,7 @@ from ..exceptions import SignalConflict
 from ..models import WorkflowRun, WorkflowSignal
 from ..types import RunStatus, SignalOutcome, WaitKind
 from ..validation import from_json
-from .base import alias, run_in_scope
+from .base import alias, current_time, run_in_scope
 from .waking import wake
 
 
@@ -26,7 +25,7 @@ def send_signal(scope_hash: str, run_id: str, key: str, payload_json: str) -> Si
     that commits). The run row is locked first, so a driver that is about to wait for
     this key either sees the signal or is woken by it.
     """
-    now = timezone.now()
+    now = current_time()
     with transaction.atomic(using=alias()):
         run = run_in_scope(scope_hash, run_id)
         # Lock the run row (an unconditional touch): orders this transaction with the

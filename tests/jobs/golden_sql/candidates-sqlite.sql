@@ -2,7 +2,8 @@ SELECT id,
        handler,
        queue,
        scope_hash,
-       limit_key
+       limit_key,
+       cost
 FROM jobs_job
 WHERE status = 'queued'
   AND NOT cancel_requested

@@ -1,11 +1,4 @@
-WITH keys AS
-  (SELECT *
-   FROM (
-         VALUES (%(lim_0_key)s::text,
-                 NULL::bigint,
-                 NULL::bigint,
-                 %(lim_0_pkey)s::bigint)) AS k(key, cap, scope, keyed)),
-     claimed AS
+WITH claimed AS
   (UPDATE jobs_job
    SET status = 'running',
        attempt_count = attempt_count + 1,
@@ -58,7 +51,9 @@ WITH keys AS
                                                         fair_at,
                                                         leased_by,
                                                         started_at,
-                                                        limit_keys),
+                                                        limit_keys,
+                                                        limit_key,
+                                                        cost),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -70,6 +65,14 @@ WITH keys AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
+     caps AS
+  (SELECT *
+   FROM (
+         VALUES (%(lim_0)s::text,
+                 %(lim_0_key)s::text,
+                 NULL::bigint,
+                 NULL::bigint,
+                 %(lim_0_pkey)s::bigint)) AS k(name, key, cap, scope, keyed)),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -79,13 +82,13 @@ WITH keys AS
              sum(u.n) AS n,
              COALESCE(
                         (SELECT k.cap
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key = u.key),
                         (SELECT k.scope
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key || ':' || right(u.key, 64) = u.key),
                         (SELECT k.keyed
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE strpos(u.key, '#') > 0
                            AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM

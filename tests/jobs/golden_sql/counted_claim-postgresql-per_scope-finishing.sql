@@ -182,29 +182,30 @@ WITH done AS
                                    batch_id,
                                    pending),
      thens AS
-  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at) SELECT b.scope_hash,
-                                                                                                                                                                                                                                                                                                                            b.batch_id || ':then',
-                                                                                                                                                                                                                                                                                                                            b.then_handler,
-                                                                                                                                                                                                                                                                                                                            b.then_version,
-                                                                                                                                                                                                                                                                                                                            b.then_payload_json,
-                                                                                                                                                                                                                                                                                                                            b.then_queue,
-                                                                                                                                                                                                                                                                                                                            b.then_priority,
-                                                                                                                                                                                                                                                                                                                            b.then_max_attempts,
-                                                                                                                                                                                                                                                                                                                            b.then_not_before,
-                                                                                                                                                                                                                                                                                                                            b.trace_context,
-                                                                                                                                                                                                                                                                                                                            COALESCE(b.then_not_before, %(now)s),
-                                                                                                                                                                                                                                                                                                                            %(now_place)s,
-                                                                                                                                                                                                                                                                                                                            NULL,
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            'queued',
-                                                                                                                                                                                                                                                                                                                            0,
-                                                                                                                                                                                                                                                                                                                            0,
-                                                                                                                                                                                                                                                                                                                            FALSE,
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            %(now)s,
-                                                                                                                                                                                                                                                                                                                            %(now)s
+  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, cost, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at) SELECT b.scope_hash,
+                                                                                                                                                                                                                                                                                                                                  b.batch_id || ':then',
+                                                                                                                                                                                                                                                                                                                                  b.then_handler,
+                                                                                                                                                                                                                                                                                                                                  b.then_version,
+                                                                                                                                                                                                                                                                                                                                  b.then_payload_json,
+                                                                                                                                                                                                                                                                                                                                  b.then_queue,
+                                                                                                                                                                                                                                                                                                                                  b.then_priority,
+                                                                                                                                                                                                                                                                                                                                  b.then_max_attempts,
+                                                                                                                                                                                                                                                                                                                                  b.then_not_before,
+                                                                                                                                                                                                                                                                                                                                  b.then_cost,
+                                                                                                                                                                                                                                                                                                                                  b.trace_context,
+                                                                                                                                                                                                                                                                                                                                  COALESCE(b.then_not_before, %(now)s),
+                                                                                                                                                                                                                                                                                                                                  %(now_place)s,
+                                                                                                                                                                                                                                                                                                                                  NULL,
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  'queued',
+                                                                                                                                                                                                                                                                                                                                  0,
+                                                                                                                                                                                                                                                                                                                                  0,
+                                                                                                                                                                                                                                                                                                                                  FALSE,
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  %(now)s,
+                                                                                                                                                                                                                                                                                                                                  %(now)s
    FROM
      (SELECT b.scope_hash,
              b.batch_id
@@ -258,13 +259,6 @@ WITH done AS
       FROM finished AS s,
            jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS f
    GROUP BY key),
-     keys AS
-  (SELECT *
-   FROM (
-         VALUES (%(lim_0_key)s::text,
-                 NULL::bigint,
-                 %(lim_0_scope)s::bigint,
-                 NULL::bigint)) AS k(key, cap, scope, keyed)),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -320,7 +314,9 @@ WITH done AS
                                                         fair_at,
                                                         leased_by,
                                                         started_at,
-                                                        limit_keys),
+                                                        limit_keys,
+                                                        limit_key,
+                                                        cost),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -332,6 +328,14 @@ WITH done AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
+     caps AS
+  (SELECT *
+   FROM (
+         VALUES (%(lim_0)s::text,
+                 %(lim_0_key)s::text,
+                 NULL::bigint,
+                 %(lim_0_scope)s::bigint,
+                 NULL::bigint)) AS k(name, key, cap, scope, keyed)),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -341,13 +345,13 @@ WITH done AS
              sum(u.n) AS n,
              COALESCE(
                         (SELECT k.cap
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key = u.key),
                         (SELECT k.scope
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key || ':' || right(u.key, 64) = u.key),
                         (SELECT k.keyed
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE strpos(u.key, '#') > 0
                            AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM

@@ -32,7 +32,7 @@ WITH lane AS
                                           tail,
                                           step),
      inserted AS
-  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at)
+  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, cost, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at)
    VALUES (%(scope_hash_0)s,
            %(job_id_0)s,
            %(handler_0)s,
@@ -42,6 +42,7 @@ WITH lane AS
            %(priority_0)s,
            %(max_attempts_0)s,
            %(initial_not_before_0)s,
+           %(cost_0)s,
            %(trace_context_0)s,
            %(next_run_at_0)s,
            COALESCE(

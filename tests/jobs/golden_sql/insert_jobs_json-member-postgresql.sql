@@ -1,4 +1,4 @@
-INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at, batch_id, sequence_key, sequence_held)
+INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, cost, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at, batch_id, sequence_key, sequence_held)
 SELECT (%(scopes)s::varchar[])[(r.v->>0)::int], (r.v->>1)::varchar,
                                                 (r.v->>2)::varchar,
                                                 (r.v->>3)::int,
@@ -7,11 +7,12 @@ SELECT (%(scopes)s::varchar[])[(r.v->>0)::int], (r.v->>1)::varchar,
                                                 (r.v->>6)::smallint,
                                                 (r.v->>7)::int,
                                                 (r.v->>8)::timestamptz,
+                                                (r.v->>9)::int,
                                                 %(trace_context)s::text,
                                                 COALESCE((r.v->>8)::timestamptz, %(created_at)s),
-                                                (r.v->>9)::bigint,
-                                                (r.v->>10)::timestamptz,
-                                                (r.v->>11)::varchar,
+                                                (r.v->>10)::bigint,
+                                                (r.v->>11)::timestamptz,
+                                                (r.v->>12)::varchar,
                                                 %(status)s,
                                                 %(attempt_count)s,
                                                 %(snooze_count)s,
@@ -22,8 +23,8 @@ SELECT (%(scopes)s::varchar[])[(r.v->>0)::int], (r.v->>1)::varchar,
                                                 %(created_at)s,
                                                 %(updated_at)s,
                                                 %(batch_id)s::varchar,
-                                                (r.v->>12)::varchar,
-                                                (r.v->>12)::varchar IS NOT NULL
+                                                (r.v->>13)::varchar,
+                                                (r.v->>13)::varchar IS NOT NULL
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r(v) ON CONFLICT (scope_hash,
                                                                 job_id) DO NOTHING RETURNING scope_hash,
                                                                                              job_id

@@ -1,4 +1,4 @@
-INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at)
+INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, cost, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at)
 SELECT b.scope_hash,
        b.batch_id || ':then',
        b.then_handler,
@@ -8,6 +8,7 @@ SELECT b.scope_hash,
        b.then_priority,
        b.then_max_attempts,
        b.then_not_before,
+       b.then_cost,
        b.trace_context,
        COALESCE(b.then_not_before, %(now)s),
        %(now_place)s,

@@ -3,39 +3,60 @@ WITH keys AS
    FROM (
          VALUES ('h'::text,
                  %(lim_0)s::text,
-                 LEAST(%(lim_0_max)s::bigint - (COALESCE(
-                                                           (SELECT running
-                                                            FROM jobs_limitcounter
-                                                            WHERE key = %(lim_0_key)s::text), 0)), %(lim_0_rate)s::bigint -
-                         (SELECT count(*)
-                          FROM jobs_claimstart
-                          WHERE key = %(lim_0_key)s::text
-                            AND started_at > %(lim_0_since)s)),
-                 %(lim_0_scope)s::bigint,
                  %(lim_0_key)s::text,
-                 TRUE,
+                 %(lim_0_max)s::bigint - (COALESCE(
+                                                     (SELECT running
+                                                      FROM jobs_limitcounter
+                                                      WHERE key = %(lim_0_key)s::text), 0)),
+                 COALESCE(
+                            (SELECT CASE
+                                        WHEN %(lim_0_r_t)s::bigint IS NOT NULL THEN (%(now_ns)s::bigint + %(lim_0_r_burst)s::bigint * %(lim_0_r_t)s::bigint - GREATEST(b.tat, %(now_ns)s::bigint)) / %(lim_0_r_t)s::bigint
+                                        ELSE NULL::bigint -
+                                               (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                                FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                                WHERE (e->>0)::bigint > %(now_ns)s::bigint - NULL::bigint)
+                                    END
+                             FROM jobs_ratebucket AS b
+                             WHERE b.key = %(lim_0_key)s::text), %(lim_0_r_burst)s::bigint, NULL::bigint),
+                 %(lim_0_scope)s::bigint,
+                 %(lim_0_pkey)s::bigint,
                  %(lim_0_max)s::bigint,
-                 %(lim_0_pkey)s::bigint), ('q'::text,
-                                           %(lim_1)s::text,
-                                           LEAST(%(lim_1_max)s::bigint - (COALESCE(
-                                                                                     (SELECT running
-                                                                                      FROM jobs_limitcounter
-                                                                                      WHERE key = %(lim_1_key)s::text), 0)), %(lim_1_rate)s::bigint -
-                                                   (SELECT count(*)
-                                                    FROM jobs_claimstart
-                                                    WHERE key = %(lim_1_key)s::text
-                                                      AND started_at > %(lim_1_since)s)),
-                                           %(lim_1_scope)s::bigint,
-                                           %(lim_1_key)s::text,
-                                           TRUE,
-                                           %(lim_1_max)s::bigint,
-                                           %(lim_1_pkey)s::bigint)) AS k(kind, name, room, scope, key, rated, cap, keyed)),
+                 COALESCE(%(lim_0_r_burst)s::bigint, NULL::bigint),
+                 %(lim_0_rk_count)s::bigint,
+                 NULL::bigint,
+                 NULL::bigint,
+                 %(lim_0_rk_span)s::bigint), ('q'::text,
+                                              %(lim_1)s::text,
+                                              %(lim_1_key)s::text,
+                                              %(lim_1_max)s::bigint - (COALESCE(
+                                                                                  (SELECT running
+                                                                                   FROM jobs_limitcounter
+                                                                                   WHERE key = %(lim_1_key)s::text), 0)),
+                                              COALESCE(
+                                                         (SELECT CASE
+                                                                     WHEN NULL::bigint IS NOT NULL THEN (%(now_ns)s::bigint + NULL::bigint * NULL::bigint - GREATEST(b.tat, %(now_ns)s::bigint)) / NULL::bigint
+                                                                     ELSE %(lim_1_r_count)s::bigint -
+                                                                            (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                                                             FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                                                             WHERE (e->>0)::bigint > %(now_ns)s::bigint - %(lim_1_r_span)s::bigint)
+                                                                 END
+                                                          FROM jobs_ratebucket AS b
+                                                          WHERE b.key = %(lim_1_key)s::text), NULL::bigint, %(lim_1_r_count)s::bigint),
+                                              %(lim_1_scope)s::bigint,
+                                              %(lim_1_pkey)s::bigint,
+                                              %(lim_1_max)s::bigint,
+                                              COALESCE(NULL::bigint, %(lim_1_r_count)s::bigint),
+                                              NULL::bigint,
+                                              %(lim_1_rk_burst)s::bigint,
+                                              %(lim_1_rk_t)s::bigint,
+                                              NULL::bigint)) AS k(kind, name, key, room, units, scope, keyed, cap, r_cap, rk_count, rk_burst, rk_t, rk_span)),
      candidates AS
   (SELECT id,
           handler,
           queue,
           scope_hash,
           limit_key,
+          cost,
           priority,
           fair_at
    FROM jobs_job
@@ -50,11 +71,12 @@ WITH keys AS
        (SELECT name
         FROM jobs_queue
         WHERE paused)
-     AND handler NOT IN
-       (SELECT name
-        FROM keys
-        WHERE kind = 'h'
-          AND room <= 0)
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_h
+        WHERE k_h.kind = 'h'
+          AND k_h.name = jobs_job.handler
+          AND k_h.room < 1)
      AND NOT EXISTS
        (SELECT 1
         FROM keys AS k_h
@@ -76,11 +98,35 @@ WITH keys AS
                           (SELECT running
                            FROM jobs_limitcounter
                            WHERE key = k_h.key || '#' || jobs_job.limit_key), 0)) >= k_h.keyed)
-     AND queue NOT IN
-       (SELECT name
-        FROM keys
-        WHERE kind = 'q'
-          AND room <= 0)
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_h
+        WHERE k_h.kind = 'h'
+          AND k_h.name = jobs_job.handler
+          AND k_h.units < LEAST(jobs_job.cost, k_h.r_cap))
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_h
+        WHERE k_h.kind = 'h'
+          AND k_h.name = jobs_job.handler
+          AND COALESCE(k_h.rk_burst, k_h.rk_count) IS NOT NULL
+          AND jobs_job.limit_key <> ''
+          AND COALESCE(
+                         (SELECT CASE
+                                     WHEN k_h.rk_t IS NOT NULL THEN (%(now_ns)s::bigint + k_h.rk_burst * k_h.rk_t - GREATEST(b.tat, %(now_ns)s::bigint)) / k_h.rk_t
+                                     ELSE k_h.rk_count -
+                                            (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                             FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                             WHERE (e->>0)::bigint > %(now_ns)s::bigint - k_h.rk_span)
+                                 END
+                          FROM jobs_ratebucket AS b
+                          WHERE b.key = k_h.key || '#' || jobs_job.limit_key), k_h.rk_burst, k_h.rk_count) < LEAST(jobs_job.cost, COALESCE(k_h.rk_burst, k_h.rk_count)))
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_q
+        WHERE k_q.kind = 'q'
+          AND k_q.name = jobs_job.queue
+          AND k_q.room < 1)
      AND NOT EXISTS
        (SELECT 1
         FROM keys AS k_q
@@ -102,118 +148,128 @@ WITH keys AS
                           (SELECT running
                            FROM jobs_limitcounter
                            WHERE key = k_q.key || '#' || jobs_job.limit_key), 0)) >= k_q.keyed)
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_q
+        WHERE k_q.kind = 'q'
+          AND k_q.name = jobs_job.queue
+          AND k_q.units < LEAST(jobs_job.cost, k_q.r_cap))
+     AND NOT EXISTS
+       (SELECT 1
+        FROM keys AS k_q
+        WHERE k_q.kind = 'q'
+          AND k_q.name = jobs_job.queue
+          AND COALESCE(k_q.rk_burst, k_q.rk_count) IS NOT NULL
+          AND jobs_job.limit_key <> ''
+          AND COALESCE(
+                         (SELECT CASE
+                                     WHEN k_q.rk_t IS NOT NULL THEN (%(now_ns)s::bigint + k_q.rk_burst * k_q.rk_t - GREATEST(b.tat, %(now_ns)s::bigint)) / k_q.rk_t
+                                     ELSE k_q.rk_count -
+                                            (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                             FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                             WHERE (e->>0)::bigint > %(now_ns)s::bigint - k_q.rk_span)
+                                 END
+                          FROM jobs_ratebucket AS b
+                          WHERE b.key = k_q.key || '#' || jobs_job.limit_key), k_q.rk_burst, k_q.rk_count) < LEAST(jobs_job.cost, COALESCE(k_q.rk_burst, k_q.rk_count)))
    ORDER BY priority DESC,
             fair_at,
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
-     ranked AS
-  (SELECT id,
-          handler,
-          queue,
-          scope_hash,
-          limit_key,
-          row_number() OVER (PARTITION BY handler
+     ranks AS
+  (SELECT c.*,
+          row_number() OVER (PARTITION BY c.handler
                              ORDER BY priority DESC, fair_at, id) AS n_h,
-          row_number() OVER (PARTITION BY handler, scope_hash
+          row_number() OVER (PARTITION BY c.handler, c.scope_hash
                              ORDER BY priority DESC, fair_at, id) AS n_hs,
-          row_number() OVER (PARTITION BY handler, limit_key
+          row_number() OVER (PARTITION BY c.handler, c.limit_key
                              ORDER BY priority DESC, fair_at, id) AS n_hk,
-          row_number() OVER (PARTITION BY queue
+          sum(LEAST(c.cost, COALESCE(k_h.r_cap, 1))) OVER (PARTITION BY c.handler
+                                                           ORDER BY priority DESC, fair_at, id) AS u_h,
+          sum(LEAST(c.cost, COALESCE(k_h.rk_burst, k_h.rk_count, 1))) OVER (PARTITION BY c.handler, c.limit_key
+                                                                            ORDER BY priority DESC, fair_at, id) AS u_hk,
+          row_number() OVER (PARTITION BY c.queue
                              ORDER BY priority DESC, fair_at, id) AS n_q,
-          row_number() OVER (PARTITION BY queue, scope_hash
+          row_number() OVER (PARTITION BY c.queue, c.scope_hash
                              ORDER BY priority DESC, fair_at, id) AS n_qs,
-          row_number() OVER (PARTITION BY queue, limit_key
-                             ORDER BY priority DESC, fair_at, id) AS n_qk
-   FROM candidates),
-     ample AS
-  (SELECT
-     (SELECT bool_and(room IS NULL
-                      OR room >= %(limit)s)
-      FROM keys)
-   AND NOT EXISTS
-     (SELECT 1
-      FROM candidates AS r
-      JOIN keys AS k_h ON k_h.kind = 'h'
-      AND k_h.name = r.handler
-      WHERE k_h.scope IS NOT NULL
-        AND k_h.scope < %(limit)s + (COALESCE(
+          row_number() OVER (PARTITION BY c.queue, c.limit_key
+                             ORDER BY priority DESC, fair_at, id) AS n_qk,
+          sum(LEAST(c.cost, COALESCE(k_q.r_cap, 1))) OVER (PARTITION BY c.queue
+                                                           ORDER BY priority DESC, fair_at, id) AS u_q,
+          sum(LEAST(c.cost, COALESCE(k_q.rk_burst, k_q.rk_count, 1))) OVER (PARTITION BY c.queue, c.limit_key
+                                                                            ORDER BY priority DESC, fair_at, id) AS u_qk
+   FROM candidates AS c
+   LEFT JOIN keys AS k_h ON k_h.kind = 'h'
+   AND k_h.name = c.handler
+   LEFT JOIN keys AS k_q ON k_q.kind = 'q'
+   AND k_q.name = c.queue),
+     ranked AS
+  (SELECT r.id,
+          CASE
+              WHEN NOT (k_h.room IS NULL
+                        OR r.n_h <= k_h.room) THEN 'handler.max_running'
+              WHEN NOT (k_h.scope IS NULL
+                        OR r.n_hs + (COALESCE(
                                                 (SELECT running
                                                  FROM jobs_limitcounter
-                                                 WHERE key = k_h.key || ':' || r.scope_hash), 0)))
-   AND NOT EXISTS
-     (SELECT 1
-      FROM candidates AS r
-      JOIN keys AS k_h ON k_h.kind = 'h'
-      AND k_h.name = r.handler
-      WHERE k_h.keyed IS NOT NULL
-        AND r.limit_key <> ''
-        AND k_h.keyed < %(limit)s + (COALESCE(
+                                                 WHERE key = k_h.key || ':' || r.scope_hash), 0)) <= k_h.scope) THEN 'handler.max_running_per_scope'
+              WHEN NOT (k_h.keyed IS NULL
+                        OR r.limit_key = ''
+                        OR r.n_hk + (COALESCE(
                                                 (SELECT running
                                                  FROM jobs_limitcounter
-                                                 WHERE key = k_h.key || '#' || r.limit_key), 0)))
-   AND NOT EXISTS
-     (SELECT 1
-      FROM candidates AS r
-      JOIN keys AS k_q ON k_q.kind = 'q'
-      AND k_q.name = r.queue
-      WHERE k_q.scope IS NOT NULL
-        AND k_q.scope < %(limit)s + (COALESCE(
+                                                 WHERE key = k_h.key || '#' || r.limit_key), 0)) <= k_h.keyed) THEN 'handler.max_running_per_key'
+              WHEN NOT (k_h.units IS NULL
+                        OR r.u_h <= k_h.units) THEN 'handler.rate'
+              WHEN NOT (COALESCE(k_h.rk_burst, k_h.rk_count) IS NULL
+                        OR r.limit_key = ''
+                        OR r.u_hk <= COALESCE(
+                                                (SELECT CASE
+                                                            WHEN k_h.rk_t IS NOT NULL THEN (%(now_ns)s::bigint + k_h.rk_burst * k_h.rk_t - GREATEST(b.tat, %(now_ns)s::bigint)) / k_h.rk_t
+                                                            ELSE k_h.rk_count -
+                                                                   (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                                                    FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                                                    WHERE (e->>0)::bigint > %(now_ns)s::bigint - k_h.rk_span)
+                                                        END
+                                                 FROM jobs_ratebucket AS b
+                                                 WHERE b.key = k_h.key || '#' || r.limit_key), k_h.rk_burst, k_h.rk_count)) THEN 'handler.rate_per_key'
+              WHEN NOT (k_q.room IS NULL
+                        OR r.n_q <= k_q.room) THEN 'queue.max_running'
+              WHEN NOT (k_q.scope IS NULL
+                        OR r.n_qs + (COALESCE(
                                                 (SELECT running
                                                  FROM jobs_limitcounter
-                                                 WHERE key = k_q.key || ':' || r.scope_hash), 0)))
-   AND NOT EXISTS
-     (SELECT 1
-      FROM candidates AS r
-      JOIN keys AS k_q ON k_q.kind = 'q'
-      AND k_q.name = r.queue
-      WHERE k_q.keyed IS NOT NULL
-        AND r.limit_key <> ''
-        AND k_q.keyed < %(limit)s + (COALESCE(
+                                                 WHERE key = k_q.key || ':' || r.scope_hash), 0)) <= k_q.scope) THEN 'queue.max_running_per_scope'
+              WHEN NOT (k_q.keyed IS NULL
+                        OR r.limit_key = ''
+                        OR r.n_qk + (COALESCE(
                                                 (SELECT running
                                                  FROM jobs_limitcounter
-                                                 WHERE key = k_q.key || '#' || r.limit_key), 0))) AS yes),
-     chosen AS
-  (SELECT id
-   FROM candidates
-   WHERE
-       (SELECT yes
-        FROM ample)
-   UNION ALL SELECT r.id
-   FROM ranked AS r
+                                                 WHERE key = k_q.key || '#' || r.limit_key), 0)) <= k_q.keyed) THEN 'queue.max_running_per_key'
+              WHEN NOT (k_q.units IS NULL
+                        OR r.u_q <= k_q.units) THEN 'queue.rate'
+              WHEN NOT (COALESCE(k_q.rk_burst, k_q.rk_count) IS NULL
+                        OR r.limit_key = ''
+                        OR r.u_qk <= COALESCE(
+                                                (SELECT CASE
+                                                            WHEN k_q.rk_t IS NOT NULL THEN (%(now_ns)s::bigint + k_q.rk_burst * k_q.rk_t - GREATEST(b.tat, %(now_ns)s::bigint)) / k_q.rk_t
+                                                            ELSE k_q.rk_count -
+                                                                   (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                                                    FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                                                    WHERE (e->>0)::bigint > %(now_ns)s::bigint - k_q.rk_span)
+                                                        END
+                                                 FROM jobs_ratebucket AS b
+                                                 WHERE b.key = k_q.key || '#' || r.limit_key), k_q.rk_burst, k_q.rk_count)) THEN 'queue.rate_per_key'
+          END AS refused
+   FROM ranks AS r
    LEFT JOIN keys AS k_h ON k_h.kind = 'h'
    AND k_h.name = r.handler
    LEFT JOIN keys AS k_q ON k_q.kind = 'q'
-   AND k_q.name = r.queue
-   WHERE NOT
-       (SELECT yes
-        FROM ample)
-     AND (k_h.room IS NULL
-          OR r.n_h <= k_h.room)
-     AND (k_h.scope IS NULL
-          OR r.n_hs + (COALESCE(
-                                  (SELECT running
-                                   FROM jobs_limitcounter
-                                   WHERE key = k_h.key || ':' || r.scope_hash), 0)) <= k_h.scope)
-     AND (k_h.keyed IS NULL
-          OR r.limit_key = ''
-          OR r.n_hk + (COALESCE(
-                                  (SELECT running
-                                   FROM jobs_limitcounter
-                                   WHERE key = k_h.key || '#' || r.limit_key), 0)) <= k_h.keyed)
-     AND (k_q.room IS NULL
-          OR r.n_q <= k_q.room)
-     AND (k_q.scope IS NULL
-          OR r.n_qs + (COALESCE(
-                                  (SELECT running
-                                   FROM jobs_limitcounter
-                                   WHERE key = k_q.key || ':' || r.scope_hash), 0)) <= k_q.scope)
-     AND (k_q.keyed IS NULL
-          OR r.limit_key = ''
-          OR r.n_qk + (COALESCE(
-                                  (SELECT running
-                                   FROM jobs_limitcounter
-                                   WHERE key = k_q.key || '#' || r.limit_key), 0)) <= k_q.keyed)),
+   AND k_q.name = r.queue),
+     chosen AS
+  (SELECT id
+   FROM ranked
+   WHERE refused IS NULL),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -265,7 +321,9 @@ WITH keys AS
                                      fair_at,
                                      leased_by,
                                      started_at,
-                                     limit_keys),
+                                     limit_keys,
+                                     limit_key,
+                                     cost),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -277,6 +335,18 @@ WITH keys AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
+     caps AS
+  (SELECT *
+   FROM (
+         VALUES (%(lim_0)s::text,
+                 %(lim_0_key)s::text,
+                 %(lim_0_max)s::bigint,
+                 %(lim_0_scope)s::bigint,
+                 %(lim_0_pkey)s::bigint), (%(lim_1)s::text,
+                                           %(lim_1_key)s::text,
+                                           %(lim_1_max)s::bigint,
+                                           %(lim_1_scope)s::bigint,
+                                           %(lim_1_pkey)s::bigint)) AS k(name, key, cap, scope, keyed)),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -286,13 +356,13 @@ WITH keys AS
              sum(u.n) AS n,
              COALESCE(
                         (SELECT k.cap
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key = u.key),
                         (SELECT k.scope
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key || ':' || right(u.key, 64) = u.key),
                         (SELECT k.keyed
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE strpos(u.key, '#') > 0
                            AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
@@ -310,15 +380,233 @@ WITH keys AS
                  WHEN excluded.running > 0 THEN excluded.cap
                  ELSE c.cap
              END),
-     starts AS
-  (INSERT INTO jobs_claimstart (key, started_at) SELECT k.key,
-                                                        %(now)s
-   FROM claimed AS c
-   JOIN keys AS k ON k.rated
-   AND ((k.kind = 'h'
-         AND k.name = c.handler)
-        OR (k.kind = 'q'
-            AND k.name = c.queue)))
+     rates AS
+  (SELECT *
+   FROM (
+         VALUES ('h'::text,
+                 %(lim_0)s::text,
+                 %(lim_0_key)s::text,
+                 FALSE,
+                 NULL::bigint,
+                 %(lim_0_r_burst)s::bigint,
+                 %(lim_0_r_t)s::bigint,
+                 NULL::bigint,
+                 NULL::bigint), ('h'::text,
+                                 %(lim_0)s::text,
+                                 %(lim_0_key)s::text,
+                                 TRUE,
+                                 %(lim_0_rk_count)s::bigint,
+                                 NULL::bigint,
+                                 NULL::bigint,
+                                 %(lim_0_rk_span)s::bigint,
+                                 %(lim_0_rk_grain)s::bigint), ('q'::text,
+                                                               %(lim_1)s::text,
+                                                               %(lim_1_key)s::text,
+                                                               FALSE,
+                                                               %(lim_1_r_count)s::bigint,
+                                                               NULL::bigint,
+                                                               NULL::bigint,
+                                                               %(lim_1_r_span)s::bigint,
+                                                               %(lim_1_r_grain)s::bigint), ('q'::text,
+                                                                                            %(lim_1)s::text,
+                                                                                            %(lim_1_key)s::text,
+                                                                                            TRUE,
+                                                                                            NULL::bigint,
+                                                                                            %(lim_1_rk_burst)s::bigint,
+                                                                                            %(lim_1_rk_t)s::bigint,
+                                                                                            NULL::bigint,
+                                                                                            NULL::bigint)) AS r(kind, name, key, keyed, count, burst, t, span, grain)),
+     buckets AS
+  (INSERT INTO jobs_ratebucket AS b (key, tat, horizon, stamps, used, cap, window_start, ends) SELECT n.key,
+                                                                                                      %(now_ns)s::bigint + n.units * n.t,
+                                                                                                      COALESCE(%(now_ns)s::bigint + n.burst * n.t, %(now_ns)s::bigint - n.span - n.span / 8),
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN jsonb_build_array(jsonb_build_array(((%(now_ns)s::bigint + n.grain - 1) / n.grain) * n.grain, n.units))
+                                                                                                      END,
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN n.units
+                                                                                                      END,
+                                                                                                      n.count,
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN %(now_ns)s::bigint - n.span
+                                                                                                      END,
+                                                                                                      COALESCE(%(now_ns)s::bigint + n.units * n.t, ((%(now_ns)s::bigint + n.grain - 1) / n.grain) * n.grain + n.span)
+   FROM
+     (SELECT CASE
+                 WHEN r.keyed THEN r.key || '#' || c.limit_key
+                 ELSE r.key
+             END AS key,
+             sum(LEAST(c.cost, COALESCE(r.burst, r.count))) AS units,
+             min(r.count) AS count,
+             min(r.burst) AS burst,
+             min(r.t) AS t,
+             min(r.span) AS span,
+             min(r.grain) AS grain
+      FROM claimed AS c
+      JOIN rates AS r ON ((r.kind = 'h'
+                           AND r.name = c.handler)
+                          OR (r.kind = 'q'
+                              AND r.name = c.queue))
+      AND (NOT r.keyed
+           OR c.limit_key <> '')
+      GROUP BY 1) AS n
+   ORDER BY n.key ON CONFLICT (key) DO UPDATE
+   SET tat = GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint,
+       horizon = excluded.horizon,
+       stamps = CASE
+                    WHEN excluded.stamps IS NOT NULL THEN
+                           (SELECT jsonb_agg(jsonb_build_array(s.t, s.n)
+                                             ORDER BY s.t)
+                            FROM
+                              (SELECT (e->>0)::bigint AS t,
+                                      sum((e->>1)::bigint) AS n
+                               FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array()) || excluded.stamps) AS e
+                               WHERE (e->>0)::bigint > excluded.horizon
+                               GROUP BY 1) AS s)
+                END,
+                used = excluded.used +
+     (SELECT COALESCE(sum((e->>1)::bigint), 0)
+      FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+      WHERE (e->>0)::bigint > excluded.window_start),
+                cap = excluded.cap,
+                window_start = excluded.window_start,
+                ends = CASE
+                           WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
+                           ELSE GREATEST(b.ends, excluded.ends)
+                       END),
+     first AS
+  (SELECT id,
+          handler,
+          queue,
+          scope_hash,
+          limit_key,
+          cost
+   FROM jobs_job
+   WHERE status = 'queued'
+     AND NOT cancel_requested
+     AND NOT sequence_held
+     AND next_run_at <= %(now)s
+     AND attempt_count < max_attempts
+     AND (start_by IS NULL
+          OR start_by > %(now)s)
+     AND queue NOT IN
+       (SELECT name
+        FROM jobs_queue
+        WHERE paused)
+   ORDER BY priority DESC,
+            fair_at,
+            id
+   LIMIT %(limit)s), held AS
+  (SELECT f.queue,
+          f.handler,
+          COALESCE(r.refused, CASE
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_h
+                                          WHERE k_h.kind = 'h'
+                                            AND k_h.name = f.handler
+                                            AND k_h.room < 1) THEN 'handler.max_running'
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_h
+                                          WHERE k_h.kind = 'h'
+                                            AND k_h.name = f.handler
+                                            AND k_h.scope IS NOT NULL
+                                            AND (COALESCE(
+                                                            (SELECT running
+                                                             FROM jobs_limitcounter
+                                                             WHERE key = k_h.key || ':' || f.scope_hash), 0)) >= k_h.scope) THEN 'handler.max_running_per_scope'
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_h
+                                          WHERE k_h.kind = 'h'
+                                            AND k_h.name = f.handler
+                                            AND k_h.keyed IS NOT NULL
+                                            AND f.limit_key <> ''
+                                            AND (COALESCE(
+                                                            (SELECT running
+                                                             FROM jobs_limitcounter
+                                                             WHERE key = k_h.key || '#' || f.limit_key), 0)) >= k_h.keyed) THEN 'handler.max_running_per_key'
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_h
+                                          WHERE k_h.kind = 'h'
+                                            AND k_h.name = f.handler
+                                            AND k_h.units < LEAST(f.cost, k_h.r_cap)) THEN 'handler.rate'
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_h
+                                          WHERE k_h.kind = 'h'
+                                            AND k_h.name = f.handler
+                                            AND COALESCE(k_h.rk_burst, k_h.rk_count) IS NOT NULL
+                                            AND f.limit_key <> ''
+                                            AND COALESCE(
+                                                           (SELECT CASE
+                                                                       WHEN k_h.rk_t IS NOT NULL THEN (%(now_ns)s::bigint + k_h.rk_burst * k_h.rk_t - GREATEST(b.tat, %(now_ns)s::bigint)) / k_h.rk_t
+                                                                       ELSE k_h.rk_count -
+                                                                              (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                                                               FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                                                               WHERE (e->>0)::bigint > %(now_ns)s::bigint - k_h.rk_span)
+                                                                   END
+                                                            FROM jobs_ratebucket AS b
+                                                            WHERE b.key = k_h.key || '#' || f.limit_key), k_h.rk_burst, k_h.rk_count) < LEAST(f.cost, COALESCE(k_h.rk_burst, k_h.rk_count))) THEN 'handler.rate_per_key'
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_q
+                                          WHERE k_q.kind = 'q'
+                                            AND k_q.name = f.queue
+                                            AND k_q.room < 1) THEN 'queue.max_running'
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_q
+                                          WHERE k_q.kind = 'q'
+                                            AND k_q.name = f.queue
+                                            AND k_q.scope IS NOT NULL
+                                            AND (COALESCE(
+                                                            (SELECT running
+                                                             FROM jobs_limitcounter
+                                                             WHERE key = k_q.key || ':' || f.scope_hash), 0)) >= k_q.scope) THEN 'queue.max_running_per_scope'
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_q
+                                          WHERE k_q.kind = 'q'
+                                            AND k_q.name = f.queue
+                                            AND k_q.keyed IS NOT NULL
+                                            AND f.limit_key <> ''
+                                            AND (COALESCE(
+                                                            (SELECT running
+                                                             FROM jobs_limitcounter
+                                                             WHERE key = k_q.key || '#' || f.limit_key), 0)) >= k_q.keyed) THEN 'queue.max_running_per_key'
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_q
+                                          WHERE k_q.kind = 'q'
+                                            AND k_q.name = f.queue
+                                            AND k_q.units < LEAST(f.cost, k_q.r_cap)) THEN 'queue.rate'
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_q
+                                          WHERE k_q.kind = 'q'
+                                            AND k_q.name = f.queue
+                                            AND COALESCE(k_q.rk_burst, k_q.rk_count) IS NOT NULL
+                                            AND f.limit_key <> ''
+                                            AND COALESCE(
+                                                           (SELECT CASE
+                                                                       WHEN k_q.rk_t IS NOT NULL THEN (%(now_ns)s::bigint + k_q.rk_burst * k_q.rk_t - GREATEST(b.tat, %(now_ns)s::bigint)) / k_q.rk_t
+                                                                       ELSE k_q.rk_count -
+                                                                              (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                                                               FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                                                               WHERE (e->>0)::bigint > %(now_ns)s::bigint - k_q.rk_span)
+                                                                   END
+                                                            FROM jobs_ratebucket AS b
+                                                            WHERE b.key = k_q.key || '#' || f.limit_key), k_q.rk_burst, k_q.rk_count) < LEAST(f.cost, COALESCE(k_q.rk_burst, k_q.rk_count))) THEN 'queue.rate_per_key'
+                              END) AS rule
+   FROM first AS f
+   LEFT JOIN ranked AS r ON r.id = f.id
+   WHERE NOT EXISTS
+       (SELECT 1
+        FROM chosen
+        WHERE chosen.id = f.id))
 SELECT 'claimed' AS kind,
        id,
        scope_hash,
@@ -335,8 +623,42 @@ SELECT 'claimed' AS kind,
                              next_run_at,
                              fair_at,
                              leased_by,
-                             started_at
+                             started_at,
+                             NULL::text AS rule,
+                             NULL::bigint AS n
 FROM claimed
+UNION ALL
+SELECT 'held',
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       held_handler,
+       NULL,
+       NULL,
+       held_queue,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       rule,
+       n
+FROM
+  (SELECT queue AS held_queue,
+          handler AS held_handler,
+          rule,
+          count(*) AS n
+   FROM held
+   WHERE rule IS NOT NULL
+   GROUP BY 1,
+            2,
+            3) AS h
 UNION ALL
 SELECT 'skipped',
        NULL,
@@ -356,11 +678,12 @@ SELECT 'skipped',
        NULL,
        NULL,
        NULL,
-       NULL
+       NULL,
+       NULL::text,
+       NULL::bigint
 FROM
   (SELECT 1
-   WHERE
-       (SELECT count(*)
-        FROM candidates) >
-       (SELECT count(*)
-        FROM chosen)) AS s
+   WHERE EXISTS
+       (SELECT 1
+        FROM ranked
+        WHERE refused IS NOT NULL)) AS s

@@ -182,29 +182,30 @@ WITH done AS
                                    batch_id,
                                    pending),
      thens AS
-  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at) SELECT b.scope_hash,
-                                                                                                                                                                                                                                                                                                                            b.batch_id || ':then',
-                                                                                                                                                                                                                                                                                                                            b.then_handler,
-                                                                                                                                                                                                                                                                                                                            b.then_version,
-                                                                                                                                                                                                                                                                                                                            b.then_payload_json,
-                                                                                                                                                                                                                                                                                                                            b.then_queue,
-                                                                                                                                                                                                                                                                                                                            b.then_priority,
-                                                                                                                                                                                                                                                                                                                            b.then_max_attempts,
-                                                                                                                                                                                                                                                                                                                            b.then_not_before,
-                                                                                                                                                                                                                                                                                                                            b.trace_context,
-                                                                                                                                                                                                                                                                                                                            COALESCE(b.then_not_before, %(now)s),
-                                                                                                                                                                                                                                                                                                                            %(now_place)s,
-                                                                                                                                                                                                                                                                                                                            NULL,
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            'queued',
-                                                                                                                                                                                                                                                                                                                            0,
-                                                                                                                                                                                                                                                                                                                            0,
-                                                                                                                                                                                                                                                                                                                            FALSE,
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            %(now)s,
-                                                                                                                                                                                                                                                                                                                            %(now)s
+  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, cost, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at) SELECT b.scope_hash,
+                                                                                                                                                                                                                                                                                                                                  b.batch_id || ':then',
+                                                                                                                                                                                                                                                                                                                                  b.then_handler,
+                                                                                                                                                                                                                                                                                                                                  b.then_version,
+                                                                                                                                                                                                                                                                                                                                  b.then_payload_json,
+                                                                                                                                                                                                                                                                                                                                  b.then_queue,
+                                                                                                                                                                                                                                                                                                                                  b.then_priority,
+                                                                                                                                                                                                                                                                                                                                  b.then_max_attempts,
+                                                                                                                                                                                                                                                                                                                                  b.then_not_before,
+                                                                                                                                                                                                                                                                                                                                  b.then_cost,
+                                                                                                                                                                                                                                                                                                                                  b.trace_context,
+                                                                                                                                                                                                                                                                                                                                  COALESCE(b.then_not_before, %(now)s),
+                                                                                                                                                                                                                                                                                                                                  %(now_place)s,
+                                                                                                                                                                                                                                                                                                                                  NULL,
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  'queued',
+                                                                                                                                                                                                                                                                                                                                  0,
+                                                                                                                                                                                                                                                                                                                                  0,
+                                                                                                                                                                                                                                                                                                                                  FALSE,
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  %(now)s,
+                                                                                                                                                                                                                                                                                                                                  %(now)s
    FROM
      (SELECT b.scope_hash,
              b.batch_id
@@ -263,18 +264,24 @@ WITH done AS
    FROM (
          VALUES ('h'::text,
                  %(lim_0)s::text,
-                 NULL::bigint,
-                 NULL::bigint,
                  %(lim_0_key)s::text,
-                 FALSE,
                  NULL::bigint,
-                 %(lim_0_pkey)s::bigint)) AS k(kind, name, room, scope, key, rated, cap, keyed)),
+                 NULL::bigint,
+                 NULL::bigint,
+                 %(lim_0_pkey)s::bigint,
+                 NULL::bigint,
+                 COALESCE(NULL::bigint, NULL::bigint),
+                 NULL::bigint,
+                 NULL::bigint,
+                 NULL::bigint,
+                 NULL::bigint)) AS k(kind, name, key, room, units, scope, keyed, cap, r_cap, rk_count, rk_burst, rk_t, rk_span)),
      candidates AS
   (SELECT id,
           handler,
           queue,
           scope_hash,
           limit_key,
+          cost,
           priority,
           fair_at
    FROM jobs_job
@@ -308,56 +315,33 @@ WITH done AS
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
-     ranked AS
-  (SELECT id,
-          handler,
-          queue,
-          scope_hash,
-          limit_key,
-          row_number() OVER (PARTITION BY handler, limit_key
+     ranks AS
+  (SELECT c.*,
+          row_number() OVER (PARTITION BY c.handler, c.limit_key
                              ORDER BY priority DESC, fair_at, id) AS n_hk
-   FROM candidates),
-     ample AS
-  (SELECT
-     (SELECT bool_and(room IS NULL
-                      OR room >= %(limit)s)
-      FROM keys)
-   AND NOT EXISTS
-     (SELECT 1
-      FROM candidates AS r
-      JOIN keys AS k_h ON k_h.kind = 'h'
-      AND k_h.name = r.handler
-      WHERE k_h.keyed IS NOT NULL
-        AND r.limit_key <> ''
-        AND k_h.keyed < %(limit)s + (COALESCE(
+   FROM candidates AS c
+   LEFT JOIN keys AS k_h ON k_h.kind = 'h'
+   AND k_h.name = c.handler),
+     ranked AS
+  (SELECT r.id,
+          CASE
+              WHEN NOT (k_h.keyed IS NULL
+                        OR r.limit_key = ''
+                        OR r.n_hk + (COALESCE(
                                                 (SELECT running
                                                  FROM jobs_limitcounter
                                                  WHERE key = k_h.key || '#' || r.limit_key), 0) - COALESCE(
                                                                                                              (SELECT n
                                                                                                               FROM freed
-                                                                                                              WHERE freed.key = k_h.key || '#' || r.limit_key), 0))) AS yes),
+                                                                                                              WHERE freed.key = k_h.key || '#' || r.limit_key), 0)) <= k_h.keyed) THEN 'handler.max_running_per_key'
+          END AS refused
+   FROM ranks AS r
+   LEFT JOIN keys AS k_h ON k_h.kind = 'h'
+   AND k_h.name = r.handler),
      chosen AS
   (SELECT id
-   FROM candidates
-   WHERE
-       (SELECT yes
-        FROM ample)
-   UNION ALL SELECT r.id
-   FROM ranked AS r
-   LEFT JOIN keys AS k_h ON k_h.kind = 'h'
-   AND k_h.name = r.handler
-   WHERE NOT
-       (SELECT yes
-        FROM ample)
-     AND (k_h.keyed IS NULL
-          OR r.limit_key = ''
-          OR r.n_hk + (COALESCE(
-                                  (SELECT running
-                                   FROM jobs_limitcounter
-                                   WHERE key = k_h.key || '#' || r.limit_key), 0) - COALESCE(
-                                                                                               (SELECT n
-                                                                                                FROM freed
-                                                                                                WHERE freed.key = k_h.key || '#' || r.limit_key), 0)) <= k_h.keyed)),
+   FROM ranked
+   WHERE refused IS NULL),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -401,7 +385,9 @@ WITH done AS
                                      fair_at,
                                      leased_by,
                                      started_at,
-                                     limit_keys),
+                                     limit_keys,
+                                     limit_key,
+                                     cost),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -413,6 +399,14 @@ WITH done AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
+     caps AS
+  (SELECT *
+   FROM (
+         VALUES (%(lim_0)s::text,
+                 %(lim_0_key)s::text,
+                 NULL::bigint,
+                 NULL::bigint,
+                 %(lim_0_pkey)s::bigint)) AS k(name, key, cap, scope, keyed)),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -422,13 +416,13 @@ WITH done AS
              sum(u.n) AS n,
              COALESCE(
                         (SELECT k.cap
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key = u.key),
                         (SELECT k.scope
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key || ':' || right(u.key, 64) = u.key),
                         (SELECT k.keyed
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE strpos(u.key, '#') > 0
                            AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
@@ -447,7 +441,54 @@ WITH done AS
        cap = CASE
                  WHEN excluded.running > 0 THEN excluded.cap
                  ELSE c.cap
-             END)
+             END),
+     first AS
+  (SELECT id,
+          handler,
+          queue,
+          scope_hash,
+          limit_key,
+          cost
+   FROM jobs_job
+   WHERE status = 'queued'
+     AND NOT cancel_requested
+     AND NOT sequence_held
+     AND next_run_at <= %(now)s
+     AND attempt_count < max_attempts
+     AND (start_by IS NULL
+          OR start_by > %(now)s)
+     AND queue NOT IN
+       (SELECT name
+        FROM jobs_queue
+        WHERE paused)
+   ORDER BY priority DESC,
+            fair_at,
+            id
+   LIMIT %(limit)s), held AS
+  (SELECT f.queue,
+          f.handler,
+          COALESCE(r.refused, CASE
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_h
+                                          WHERE k_h.kind = 'h'
+                                            AND k_h.name = f.handler
+                                            AND k_h.keyed IS NOT NULL
+                                            AND f.limit_key <> ''
+                                            AND (COALESCE(
+                                                            (SELECT running
+                                                             FROM jobs_limitcounter
+                                                             WHERE key = k_h.key || '#' || f.limit_key), 0) - COALESCE(
+                                                                                                                         (SELECT n
+                                                                                                                          FROM freed
+                                                                                                                          WHERE freed.key = k_h.key || '#' || f.limit_key), 0)) >= k_h.keyed) THEN 'handler.max_running_per_key'
+                              END) AS rule
+   FROM first AS f
+   LEFT JOIN ranked AS r ON r.id = f.id
+   WHERE NOT EXISTS
+       (SELECT 1
+        FROM chosen
+        WHERE chosen.id = f.id))
 SELECT 'claimed' AS kind,
        id,
        scope_hash,
@@ -467,7 +508,9 @@ SELECT 'claimed' AS kind,
                              started_at,
                              NULL AS status,
                              NULL AS attempt_finished,
-                             NULL AS batch_id
+                             NULL AS batch_id,
+                             NULL::text AS rule,
+                             NULL::bigint AS n
 FROM claimed
 UNION ALL
 SELECT 'finished',
@@ -492,7 +535,9 @@ SELECT 'finished',
        status,
        token IN
   (SELECT token
-   FROM finished_attempts), batch_id
+   FROM finished_attempts), batch_id,
+                            NULL::text,
+                            NULL::bigint
 FROM finished
 UNION ALL
 SELECT 'orphan',
@@ -516,8 +561,45 @@ SELECT 'orphan',
        NULL,
        NULL,
        NULL,
-       NULL
+       NULL,
+       NULL::text,
+       NULL::bigint
 FROM orphans
+UNION ALL
+SELECT 'held',
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       held_handler,
+       NULL,
+       NULL,
+       held_queue,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       rule,
+       n
+FROM
+  (SELECT queue AS held_queue,
+          handler AS held_handler,
+          rule,
+          count(*) AS n
+   FROM held
+   WHERE rule IS NOT NULL
+   GROUP BY 1,
+            2,
+            3) AS h
 UNION ALL
 SELECT 'skipped',
        NULL,
@@ -540,11 +622,12 @@ SELECT 'skipped',
        NULL,
        NULL,
        NULL,
-       NULL
+       NULL,
+       NULL::text,
+       NULL::bigint
 FROM
   (SELECT 1
-   WHERE
-       (SELECT count(*)
-        FROM candidates) >
-       (SELECT count(*)
-        FROM chosen)) AS s
+   WHERE EXISTS
+       (SELECT 1
+        FROM ranked
+        WHERE refused IS NOT NULL)) AS s

@@ -3,18 +3,24 @@ WITH keys AS
    FROM (
          VALUES ('q'::text,
                  %(lim_0)s::text,
+                 %(lim_0_key)s::text,
+                 NULL::bigint,
                  NULL::bigint,
                  %(lim_0_scope)s::bigint,
-                 %(lim_0_key)s::text,
-                 FALSE,
                  NULL::bigint,
-                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap, keyed)),
+                 NULL::bigint,
+                 COALESCE(NULL::bigint, NULL::bigint),
+                 NULL::bigint,
+                 NULL::bigint,
+                 NULL::bigint,
+                 NULL::bigint)) AS k(kind, name, key, room, units, scope, keyed, cap, r_cap, rk_count, rk_burst, rk_t, rk_span)),
      candidates AS
   (SELECT id,
           handler,
           queue,
           scope_hash,
           limit_key,
+          cost,
           priority,
           fair_at
    FROM jobs_job
@@ -44,48 +50,29 @@ WITH keys AS
             id
    LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED),
-     ranked AS
-  (SELECT id,
-          handler,
-          queue,
-          scope_hash,
-          limit_key,
-          row_number() OVER (PARTITION BY queue, scope_hash
+     ranks AS
+  (SELECT c.*,
+          row_number() OVER (PARTITION BY c.queue, c.scope_hash
                              ORDER BY priority DESC, fair_at, id) AS n_qs
-   FROM candidates),
-     ample AS
-  (SELECT
-     (SELECT bool_and(room IS NULL
-                      OR room >= %(limit)s)
-      FROM keys)
-   AND NOT EXISTS
-     (SELECT 1
-      FROM candidates AS r
-      JOIN keys AS k_q ON k_q.kind = 'q'
-      AND k_q.name = r.queue
-      WHERE k_q.scope IS NOT NULL
-        AND k_q.scope < %(limit)s + (COALESCE(
+   FROM candidates AS c
+   LEFT JOIN keys AS k_q ON k_q.kind = 'q'
+   AND k_q.name = c.queue),
+     ranked AS
+  (SELECT r.id,
+          CASE
+              WHEN NOT (k_q.scope IS NULL
+                        OR r.n_qs + (COALESCE(
                                                 (SELECT running
                                                  FROM jobs_limitcounter
-                                                 WHERE key = k_q.key || ':' || r.scope_hash), 0))) AS yes),
+                                                 WHERE key = k_q.key || ':' || r.scope_hash), 0)) <= k_q.scope) THEN 'queue.max_running_per_scope'
+          END AS refused
+   FROM ranks AS r
+   LEFT JOIN keys AS k_q ON k_q.kind = 'q'
+   AND k_q.name = r.queue),
      chosen AS
   (SELECT id
-   FROM candidates
-   WHERE
-       (SELECT yes
-        FROM ample)
-   UNION ALL SELECT r.id
-   FROM ranked AS r
-   LEFT JOIN keys AS k_q ON k_q.kind = 'q'
-   AND k_q.name = r.queue
-   WHERE NOT
-       (SELECT yes
-        FROM ample)
-     AND (k_q.scope IS NULL
-          OR r.n_qs + (COALESCE(
-                                  (SELECT running
-                                   FROM jobs_limitcounter
-                                   WHERE key = k_q.key || ':' || r.scope_hash), 0)) <= k_q.scope)),
+   FROM ranked
+   WHERE refused IS NULL),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -125,7 +112,9 @@ WITH keys AS
                                      fair_at,
                                      leased_by,
                                      started_at,
-                                     limit_keys),
+                                     limit_keys,
+                                     limit_key,
+                                     cost),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -137,6 +126,14 @@ WITH keys AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
+     caps AS
+  (SELECT *
+   FROM (
+         VALUES (%(lim_0)s::text,
+                 %(lim_0_key)s::text,
+                 NULL::bigint,
+                 %(lim_0_scope)s::bigint,
+                 NULL::bigint)) AS k(name, key, cap, scope, keyed)),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -146,13 +143,13 @@ WITH keys AS
              sum(u.n) AS n,
              COALESCE(
                         (SELECT k.cap
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key = u.key),
                         (SELECT k.scope
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key || ':' || right(u.key, 64) = u.key),
                         (SELECT k.keyed
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE strpos(u.key, '#') > 0
                            AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
@@ -169,7 +166,50 @@ WITH keys AS
        cap = CASE
                  WHEN excluded.running > 0 THEN excluded.cap
                  ELSE c.cap
-             END)
+             END),
+     first AS
+  (SELECT id,
+          handler,
+          queue,
+          scope_hash,
+          limit_key,
+          cost
+   FROM jobs_job
+   WHERE status = 'queued'
+     AND NOT cancel_requested
+     AND NOT sequence_held
+     AND next_run_at <= %(now)s
+     AND attempt_count < max_attempts
+     AND (start_by IS NULL
+          OR start_by > %(now)s)
+     AND queue NOT IN
+       (SELECT name
+        FROM jobs_queue
+        WHERE paused)
+   ORDER BY priority DESC,
+            fair_at,
+            id
+   LIMIT %(limit)s), held AS
+  (SELECT f.queue,
+          f.handler,
+          COALESCE(r.refused, CASE
+                                  WHEN EXISTS
+                                         (SELECT 1
+                                          FROM keys AS k_q
+                                          WHERE k_q.kind = 'q'
+                                            AND k_q.name = f.queue
+                                            AND k_q.scope IS NOT NULL
+                                            AND (COALESCE(
+                                                            (SELECT running
+                                                             FROM jobs_limitcounter
+                                                             WHERE key = k_q.key || ':' || f.scope_hash), 0)) >= k_q.scope) THEN 'queue.max_running_per_scope'
+                              END) AS rule
+   FROM first AS f
+   LEFT JOIN ranked AS r ON r.id = f.id
+   WHERE NOT EXISTS
+       (SELECT 1
+        FROM chosen
+        WHERE chosen.id = f.id))
 SELECT 'claimed' AS kind,
        id,
        scope_hash,
@@ -186,8 +226,42 @@ SELECT 'claimed' AS kind,
                              next_run_at,
                              fair_at,
                              leased_by,
-                             started_at
+                             started_at,
+                             NULL::text AS rule,
+                             NULL::bigint AS n
 FROM claimed
+UNION ALL
+SELECT 'held',
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       held_handler,
+       NULL,
+       NULL,
+       held_queue,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       rule,
+       n
+FROM
+  (SELECT queue AS held_queue,
+          handler AS held_handler,
+          rule,
+          count(*) AS n
+   FROM held
+   WHERE rule IS NOT NULL
+   GROUP BY 1,
+            2,
+            3) AS h
 UNION ALL
 SELECT 'skipped',
        NULL,
@@ -207,11 +281,12 @@ SELECT 'skipped',
        NULL,
        NULL,
        NULL,
-       NULL
+       NULL,
+       NULL::text,
+       NULL::bigint
 FROM
   (SELECT 1
-   WHERE
-       (SELECT count(*)
-        FROM candidates) >
-       (SELECT count(*)
-        FROM chosen)) AS s
+   WHERE EXISTS
+       (SELECT 1
+        FROM ranked
+        WHERE refused IS NOT NULL)) AS s

@@ -1,9 +1,7 @@
-SELECT 'running' AS kind,
-       handler,
+SELECT handler,
        queue,
        scope_hash,
        limit_key,
-       NULL AS key,
        count(*) AS n
 FROM jobs_job
 WHERE current_token IS NOT NULL
@@ -14,17 +12,3 @@ GROUP BY handler,
          queue,
          scope_hash,
          limit_key
-UNION ALL
-SELECT 'started',
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       key,
-       count(*)
-FROM jobs_claimstart
-WHERE (key = %(key_0)s
-       AND started_at > %(since_0)s)
-  OR (key = %(key_1)s
-      AND started_at > %(since_1)s)
-GROUP BY key

@@ -1,9 +1,7 @@
-SELECT 'running' AS kind,
-       handler,
+SELECT handler,
        queue,
        scope_hash,
        limit_key,
-       NULL AS key,
        count(*) AS n
 FROM jobs_job
 WHERE current_token IS NOT NULL

@@ -182,29 +182,30 @@ WITH done AS
                                    batch_id,
                                    pending),
      thens AS
-  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at) SELECT b.scope_hash,
-                                                                                                                                                                                                                                                                                                                            b.batch_id || ':then',
-                                                                                                                                                                                                                                                                                                                            b.then_handler,
-                                                                                                                                                                                                                                                                                                                            b.then_version,
-                                                                                                                                                                                                                                                                                                                            b.then_payload_json,
-                                                                                                                                                                                                                                                                                                                            b.then_queue,
-                                                                                                                                                                                                                                                                                                                            b.then_priority,
-                                                                                                                                                                                                                                                                                                                            b.then_max_attempts,
-                                                                                                                                                                                                                                                                                                                            b.then_not_before,
-                                                                                                                                                                                                                                                                                                                            b.trace_context,
-                                                                                                                                                                                                                                                                                                                            COALESCE(b.then_not_before, %(now)s),
-                                                                                                                                                                                                                                                                                                                            %(now_place)s,
-                                                                                                                                                                                                                                                                                                                            NULL,
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            'queued',
-                                                                                                                                                                                                                                                                                                                            0,
-                                                                                                                                                                                                                                                                                                                            0,
-                                                                                                                                                                                                                                                                                                                            FALSE,
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            '',
-                                                                                                                                                                                                                                                                                                                            %(now)s,
-                                                                                                                                                                                                                                                                                                                            %(now)s
+  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, cost, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at) SELECT b.scope_hash,
+                                                                                                                                                                                                                                                                                                                                  b.batch_id || ':then',
+                                                                                                                                                                                                                                                                                                                                  b.then_handler,
+                                                                                                                                                                                                                                                                                                                                  b.then_version,
+                                                                                                                                                                                                                                                                                                                                  b.then_payload_json,
+                                                                                                                                                                                                                                                                                                                                  b.then_queue,
+                                                                                                                                                                                                                                                                                                                                  b.then_priority,
+                                                                                                                                                                                                                                                                                                                                  b.then_max_attempts,
+                                                                                                                                                                                                                                                                                                                                  b.then_not_before,
+                                                                                                                                                                                                                                                                                                                                  b.then_cost,
+                                                                                                                                                                                                                                                                                                                                  b.trace_context,
+                                                                                                                                                                                                                                                                                                                                  COALESCE(b.then_not_before, %(now)s),
+                                                                                                                                                                                                                                                                                                                                  %(now_place)s,
+                                                                                                                                                                                                                                                                                                                                  NULL,
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  'queued',
+                                                                                                                                                                                                                                                                                                                                  0,
+                                                                                                                                                                                                                                                                                                                                  0,
+                                                                                                                                                                                                                                                                                                                                  FALSE,
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  %(now)s,
+                                                                                                                                                                                                                                                                                                                                  %(now)s
    FROM
      (SELECT b.scope_hash,
              b.batch_id
@@ -258,80 +259,6 @@ WITH done AS
       FROM finished AS s,
            jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS f
    GROUP BY key),
-     keys AS
-  (SELECT *
-   FROM (
-         VALUES ('h'::text,
-                 %(lim_0)s::text,
-                 LEAST(%(lim_0_rate)s::bigint -
-                         (SELECT count(*)
-                          FROM jobs_claimstart
-                          WHERE key = %(lim_0_key)s::text
-                            AND started_at > %(lim_0_since)s)),
-                 NULL::bigint,
-                 %(lim_0_key)s::text,
-                 TRUE,
-                 NULL::bigint,
-                 NULL::bigint)) AS k(kind, name, room, scope, key, rated, cap, keyed)),
-     candidates AS
-  (SELECT id,
-          handler,
-          queue,
-          scope_hash,
-          limit_key,
-          priority,
-          fair_at
-   FROM jobs_job
-   WHERE status = 'queued'
-     AND NOT cancel_requested
-     AND NOT sequence_held
-     AND next_run_at <= %(now)s
-     AND attempt_count < max_attempts
-     AND (start_by IS NULL
-          OR start_by > %(now)s)
-     AND queue NOT IN
-       (SELECT name
-        FROM jobs_queue
-        WHERE paused)
-     AND handler NOT IN
-       (SELECT name
-        FROM keys
-        WHERE kind = 'h'
-          AND room <= 0)
-   ORDER BY priority DESC,
-            fair_at,
-            id
-   LIMIT %(limit)s
-   FOR UPDATE SKIP LOCKED),
-     ranked AS
-  (SELECT id,
-          handler,
-          queue,
-          scope_hash,
-          limit_key,
-          row_number() OVER (PARTITION BY handler
-                             ORDER BY priority DESC, fair_at, id) AS n_h
-   FROM candidates),
-     ample AS
-  (SELECT
-     (SELECT bool_and(room IS NULL
-                      OR room >= %(limit)s)
-      FROM keys) AS yes),
-     chosen AS
-  (SELECT id
-   FROM candidates
-   WHERE
-       (SELECT yes
-        FROM ample)
-   UNION ALL SELECT r.id
-   FROM ranked AS r
-   LEFT JOIN keys AS k_h ON k_h.kind = 'h'
-   AND k_h.name = r.handler
-   WHERE NOT
-       (SELECT yes
-        FROM ample)
-     AND (k_h.room IS NULL
-          OR r.n_h <= k_h.room)),
      claimed AS
   (UPDATE jobs_job
    SET status = 'running',
@@ -353,26 +280,41 @@ WITH done AS
         FROM orphans)
      AND id = ANY(ARRAY
                     (SELECT id
-                     FROM chosen))
-     AND status = 'queued' RETURNING id,
-                                     scope_hash,
-                                     job_id,
-                                     current_token AS token,
-                                     attempt_count AS attempt,
-                                     max_attempts,
-                                     handler,
-                                     handler_version,
-                                     payload_json,
-                                     queue,
-                                     trace_context,
-                                     sequence_key,
-                                     attempt_count + snooze_count + release_count + interruption_count AS number,
-                                     priority,
-                                     next_run_at,
-                                     fair_at,
-                                     leased_by,
-                                     started_at,
-                                     limit_keys),
+                     FROM jobs_job
+                     WHERE status = 'queued'
+                       AND NOT cancel_requested
+                       AND NOT sequence_held
+                       AND next_run_at <= %(now)s
+                       AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
+                       AND queue NOT IN
+                         (SELECT name
+                          FROM jobs_queue
+                          WHERE paused)
+                     ORDER BY priority DESC, fair_at, id
+                     LIMIT %(limit)s
+                     FOR UPDATE SKIP LOCKED)) RETURNING id,
+                                                        scope_hash,
+                                                        job_id,
+                                                        current_token AS token,
+                                                        attempt_count AS attempt,
+                                                        max_attempts,
+                                                        handler,
+                                                        handler_version,
+                                                        payload_json,
+                                                        queue,
+                                                        trace_context,
+                                                        sequence_key,
+                                                        attempt_count + snooze_count + release_count + interruption_count AS number,
+                                                        priority,
+                                                        next_run_at,
+                                                        fair_at,
+                                                        leased_by,
+                                                        started_at,
+                                                        limit_keys,
+                                                        limit_key,
+                                                        cost),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -384,6 +326,13 @@ WITH done AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
+     caps AS
+  (SELECT NULL::text AS name,
+          NULL::text AS key,
+          NULL::bigint AS cap,
+          NULL::bigint AS scope,
+          NULL::bigint AS keyed
+   WHERE FALSE),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -393,13 +342,13 @@ WITH done AS
              sum(u.n) AS n,
              COALESCE(
                         (SELECT k.cap
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key = u.key),
                         (SELECT k.scope
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE k.key || ':' || right(u.key, 64) = u.key),
                         (SELECT k.keyed
-                         FROM keys AS k
+                         FROM caps AS k
                          WHERE strpos(u.key, '#') > 0
                            AND k.key = split_part(u.key, '#', 1))) AS cap
       FROM
@@ -419,15 +368,76 @@ WITH done AS
                  WHEN excluded.running > 0 THEN excluded.cap
                  ELSE c.cap
              END),
-     starts AS
-  (INSERT INTO jobs_claimstart (key, started_at) SELECT k.key,
-                                                        %(now)s
-   FROM claimed AS c
-   JOIN keys AS k ON k.rated
-   AND ((k.kind = 'h'
-         AND k.name = c.handler)
-        OR (k.kind = 'q'
-            AND k.name = c.queue)))
+     rates AS
+  (SELECT *
+   FROM (
+         VALUES ('h'::text,
+                 %(lim_0)s::text,
+                 %(lim_0_key)s::text,
+                 TRUE,
+                 NULL::bigint,
+                 %(lim_0_rk_burst)s::bigint,
+                 %(lim_0_rk_t)s::bigint,
+                 NULL::bigint,
+                 NULL::bigint)) AS r(kind, name, key, keyed, count, burst, t, span, grain)),
+     buckets AS
+  (INSERT INTO jobs_ratebucket AS b (key, tat, horizon, stamps, used, cap, window_start, ends) SELECT n.key,
+                                                                                                      %(now_ns)s::bigint + n.units * n.t,
+                                                                                                      COALESCE(%(now_ns)s::bigint + n.burst * n.t, %(now_ns)s::bigint - n.span - n.span / 8),
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN jsonb_build_array(jsonb_build_array(((%(now_ns)s::bigint + n.grain - 1) / n.grain) * n.grain, n.units))
+                                                                                                      END,
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN n.units
+                                                                                                      END,
+                                                                                                      n.count,
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN %(now_ns)s::bigint - n.span
+                                                                                                      END,
+                                                                                                      COALESCE(%(now_ns)s::bigint + n.units * n.t, ((%(now_ns)s::bigint + n.grain - 1) / n.grain) * n.grain + n.span)
+   FROM
+     (SELECT CASE
+                 WHEN r.keyed THEN r.key || '#' || c.limit_key
+                 ELSE r.key
+             END AS key,
+             sum(LEAST(c.cost, COALESCE(r.burst, r.count))) AS units,
+             min(r.count) AS count,
+             min(r.burst) AS burst,
+             min(r.t) AS t,
+             min(r.span) AS span,
+             min(r.grain) AS grain
+      FROM claimed AS c
+      JOIN rates AS r ON ((r.kind = 'h'
+                           AND r.name = c.handler)
+                          OR (r.kind = 'q'
+                              AND r.name = c.queue))
+      AND (NOT r.keyed
+           OR c.limit_key <> '')
+      GROUP BY 1) AS n
+   ORDER BY n.key ON CONFLICT (key) DO UPDATE
+   SET tat = GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint,
+       horizon = excluded.horizon,
+       stamps = CASE
+                    WHEN excluded.stamps IS NOT NULL THEN
+                           (SELECT jsonb_agg(jsonb_build_array(s.t, s.n)
+                                             ORDER BY s.t)
+                            FROM
+                              (SELECT (e->>0)::bigint AS t,
+                                      sum((e->>1)::bigint) AS n
+                               FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array()) || excluded.stamps) AS e
+                               WHERE (e->>0)::bigint > excluded.horizon
+                               GROUP BY 1) AS s)
+                END,
+                used = excluded.used +
+     (SELECT COALESCE(sum((e->>1)::bigint), 0)
+      FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+      WHERE (e->>0)::bigint > excluded.window_start),
+                cap = excluded.cap,
+                window_start = excluded.window_start,
+                ends = CASE
+                           WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
+                           ELSE GREATEST(b.ends, excluded.ends)
+                       END)
 SELECT 'claimed' AS kind,
        id,
        scope_hash,
@@ -498,33 +508,3 @@ SELECT 'orphan',
        NULL,
        NULL
 FROM orphans
-UNION ALL
-SELECT 'skipped',
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL,
-       NULL
-FROM
-  (SELECT 1
-   WHERE
-       (SELECT count(*)
-        FROM candidates) >
-       (SELECT count(*)
-        FROM chosen)) AS s

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0003_flow_rules'),
+        ('jobs', '0004_rate_buckets_and_cost'),
     ]
 
     operations = [
@@ -29,6 +29,7 @@ class Migration(migrations.Migration):
                 ('then_queue', models.CharField(blank=True, max_length=100, null=True)),
                 ('then_priority', models.SmallIntegerField(blank=True, null=True)),
                 ('then_max_attempts', models.PositiveIntegerField(blank=True, null=True)),
+                ('then_cost', models.PositiveIntegerField(blank=True, null=True)),
                 ('then_not_before', models.DateTimeField(blank=True, null=True)),
                 ('trace_context', models.TextField(blank=True, null=True)),
                 ('created_at', models.DateTimeField()),

@@ -1,0 +1,510 @@
+WITH done AS
+  (SELECT *
+   FROM unnest(%(tokens)s::text[], %(outcomes)s::text[], %(results)s::text[], %(errors)s::text[], %(summaries)s::text[]) AS d(token, outcome, result_ref, error, summary)),
+     orphans AS
+  (SELECT done.token
+   FROM done
+   JOIN jobs_job AS j ON j.current_token = done.token
+   WHERE j.current_token = ANY(%(tokens)s::text[])
+     AND j.current_token = done.token
+     AND j.status = 'running'
+     AND NOT EXISTS
+       (SELECT 1
+        FROM jobs_jobattempt AS a
+        WHERE a.job_id = j.id
+          AND a.token = done.token
+          AND a.status = 'running')),
+     finished AS
+  (UPDATE jobs_job AS j
+   SET status = CASE
+                    WHEN j.cancel_requested THEN 'cancelled'
+                    ELSE done.outcome
+                END,
+                result_ref = CASE
+                                 WHEN j.cancel_requested THEN NULL
+                                 ELSE done.result_ref
+                             END,
+                             error = done.summary,
+                             finished_at = %(now)s,
+                             updated_at = %(now)s,
+                             current_token = NULL,
+                             leased_by = '',
+                             lease_expires_at = NULL
+   FROM done,
+        jobs_jobattempt AS a
+   WHERE j.current_token = ANY(%(tokens)s::text[])
+     AND j.current_token = done.token
+     AND j.status = 'running'
+     AND a.job_id = j.id
+     AND a.token = done.token
+     AND a.status = 'running'
+     AND NOT EXISTS
+       (SELECT 1
+        FROM orphans) RETURNING j.id,
+                                j.status,
+                                j.queue,
+                                j.cancel_requested,
+                                j.limit_keys,
+                                done.token,
+                                done.outcome,
+                                done.result_ref,
+                                done.error,
+                                j.scope_hash,
+                                j.job_id,
+                                j.handler,
+                                j.batch_id,
+                                j.sequence_key,
+                                j.attempt_count,
+                                j.max_attempts),
+     finished_attempts AS
+  (UPDATE jobs_jobattempt AS a
+   SET status = CASE
+                    WHEN finished.cancel_requested
+                         AND finished.outcome <> 'interrupted' THEN 'cancelled'
+                    ELSE finished.outcome
+                END,
+                result_ref = CASE
+                                 WHEN finished.cancel_requested THEN NULL
+                                 ELSE finished.result_ref
+                             END,
+                             error = finished.error,
+                             finished_at = %(now)s
+   FROM finished
+   WHERE a.job_id = finished.id
+     AND a.token = finished.token
+     AND a.status = 'running' RETURNING a.token),
+     ending AS
+  (SELECT scope_hash,
+          batch_id,
+          sequence_key,
+          'running' AS was,
+          CASE
+              WHEN %(requeue)s
+                   AND (finished.status IN ('failed')
+                        AND NOT finished.cancel_requested
+                        AND finished.attempt_count < finished.max_attempts) THEN 'queued'
+              ELSE status
+          END AS status
+   FROM finished),
+     batch_moves AS
+  (SELECT scope_hash,
+          batch_id,
+          count(*) FILTER (
+                           WHERE CASE
+                                     WHEN status IN ('queued', 'running') THEN 'pending'
+                                     WHEN status = 'interrupted' THEN 'failed'
+                                     ELSE status
+                                 END = 'pending') - count(*) FILTER (
+                                                                     WHERE CASE
+                                                                               WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                               WHEN was = 'interrupted' THEN 'failed'
+                                                                               ELSE was
+                                                                           END = 'pending') AS pending,
+                   count(*) FILTER (
+                                    WHERE CASE
+                                              WHEN status IN ('queued', 'running') THEN 'pending'
+                                              WHEN status = 'interrupted' THEN 'failed'
+                                              ELSE status
+                                          END = 'succeeded') - count(*) FILTER (
+                                                                                WHERE CASE
+                                                                                          WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                          WHEN was = 'interrupted' THEN 'failed'
+                                                                                          ELSE was
+                                                                                      END = 'succeeded') AS succeeded,
+                            count(*) FILTER (
+                                             WHERE CASE
+                                                       WHEN status IN ('queued', 'running') THEN 'pending'
+                                                       WHEN status = 'interrupted' THEN 'failed'
+                                                       ELSE status
+                                                   END = 'failed') - count(*) FILTER (
+                                                                                      WHERE CASE
+                                                                                                WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                                WHEN was = 'interrupted' THEN 'failed'
+                                                                                                ELSE was
+                                                                                            END = 'failed') AS failed,
+                                     count(*) FILTER (
+                                                      WHERE CASE
+                                                                WHEN status IN ('queued', 'running') THEN 'pending'
+                                                                WHEN status = 'interrupted' THEN 'failed'
+                                                                ELSE status
+                                                            END = 'cancelled') - count(*) FILTER (
+                                                                                                  WHERE CASE
+                                                                                                            WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                                            WHEN was = 'interrupted' THEN 'failed'
+                                                                                                            ELSE was
+                                                                                                        END = 'cancelled') AS cancelled,
+                                              count(*) FILTER (
+                                                               WHERE CASE
+                                                                         WHEN status IN ('queued', 'running') THEN 'pending'
+                                                                         WHEN status = 'interrupted' THEN 'failed'
+                                                                         ELSE status
+                                                                     END = 'expired') - count(*) FILTER (
+                                                                                                         WHERE CASE
+                                                                                                                   WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                                                   WHEN was = 'interrupted' THEN 'failed'
+                                                                                                                   ELSE was
+                                                                                                               END = 'expired') AS expired
+   FROM ending
+   WHERE batch_id IS NOT NULL
+   GROUP BY scope_hash,
+            batch_id),
+     batched AS
+  (INSERT INTO jobs_batch AS b (scope_hash, batch_id, digest, total, pending, succeeded, failed, cancelled, expired, created_at) SELECT m.scope_hash,
+                                                                                                                                        m.batch_id,
+                                                                                                                                        '',
+                                                                                                                                        0,
+                                                                                                                                        m.pending,
+                                                                                                                                        m.succeeded,
+                                                                                                                                        m.failed,
+                                                                                                                                        m.cancelled,
+                                                                                                                                        m.expired,
+                                                                                                                                        %(now)s
+   FROM
+     (SELECT *
+      FROM batch_moves) AS m
+   WHERE EXISTS
+       (SELECT 1
+        FROM jobs_batch AS e
+        WHERE e.scope_hash = m.scope_hash
+          AND e.batch_id = m.batch_id)
+   ORDER BY m.scope_hash,
+            m.batch_id ON CONFLICT (scope_hash,
+                                    batch_id) DO UPDATE
+   SET pending = b.pending + excluded.pending,
+       succeeded = b.succeeded + excluded.succeeded,
+       failed = b.failed + excluded.failed,
+       cancelled = b.cancelled + excluded.cancelled,
+       expired = b.expired + excluded.expired,
+       finished_at = CASE
+                         WHEN b.pending + excluded.pending = 0 THEN COALESCE(b.finished_at, excluded.created_at)
+                         ELSE NULL
+                     END RETURNING scope_hash,
+                                   batch_id,
+                                   pending),
+     thens AS
+  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, cost, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at) SELECT b.scope_hash,
+                                                                                                                                                                                                                                                                                                                                  b.batch_id || ':then',
+                                                                                                                                                                                                                                                                                                                                  b.then_handler,
+                                                                                                                                                                                                                                                                                                                                  b.then_version,
+                                                                                                                                                                                                                                                                                                                                  b.then_payload_json,
+                                                                                                                                                                                                                                                                                                                                  b.then_queue,
+                                                                                                                                                                                                                                                                                                                                  b.then_priority,
+                                                                                                                                                                                                                                                                                                                                  b.then_max_attempts,
+                                                                                                                                                                                                                                                                                                                                  b.then_not_before,
+                                                                                                                                                                                                                                                                                                                                  b.then_cost,
+                                                                                                                                                                                                                                                                                                                                  b.trace_context,
+                                                                                                                                                                                                                                                                                                                                  COALESCE(b.then_not_before, %(now)s),
+                                                                                                                                                                                                                                                                                                                                  %(now_place)s,
+                                                                                                                                                                                                                                                                                                                                  NULL,
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  'queued',
+                                                                                                                                                                                                                                                                                                                                  0,
+                                                                                                                                                                                                                                                                                                                                  0,
+                                                                                                                                                                                                                                                                                                                                  FALSE,
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  %(now)s,
+                                                                                                                                                                                                                                                                                                                                  %(now)s
+   FROM
+     (SELECT b.scope_hash,
+             b.batch_id
+      FROM batched AS b
+      JOIN batch_moves AS m ON m.scope_hash = b.scope_hash
+      AND m.batch_id = b.batch_id
+      WHERE b.pending = 0
+        AND m.pending < 0) AS d
+   JOIN jobs_batch AS b ON b.scope_hash = d.scope_hash
+   AND b.batch_id = d.batch_id
+   WHERE b.then_handler IS NOT NULL
+   ORDER BY b.scope_hash,
+            b.batch_id ON CONFLICT (scope_hash,
+                                    job_id) DO NOTHING RETURNING queue,
+                                                                 next_run_at,
+                                                                 CASE
+                                                                     WHEN next_run_at <= %(now)s THEN pg_notify(%(channel)s, queue)
+                                                                 END AS woke),
+     sequenced AS
+  (INSERT INTO jobs_sequence AS s (scope_hash, sequence_key, open, updated_at) SELECT m.scope_hash,
+                                                                                      m.sequence_key,
+                                                                                      m.open,
+                                                                                      %(now)s
+   FROM
+     (SELECT scope_hash,
+             sequence_key,
+             count(*) FILTER (
+                              WHERE status IN ('queued', 'running')) - count(*) FILTER (
+                                                                                        WHERE was IN ('queued', 'running')) AS open
+      FROM ending
+      WHERE sequence_key IS NOT NULL
+      GROUP BY scope_hash,
+               sequence_key) AS m
+   WHERE EXISTS
+       (SELECT 1
+        FROM jobs_sequence AS e
+        WHERE e.scope_hash = m.scope_hash
+          AND e.sequence_key = m.sequence_key)
+   ORDER BY m.scope_hash,
+            m.sequence_key ON CONFLICT (scope_hash,
+                                        sequence_key) DO UPDATE
+   SET open = s.open + excluded.open,
+              updated_at = excluded.updated_at RETURNING scope_hash,
+                                                         sequence_key,
+                                                         open),
+     freed AS
+  (SELECT key,
+          count(*) AS n
+   FROM
+     (SELECT k.key
+      FROM finished AS s,
+           jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS f
+   GROUP BY key),
+     claimed AS
+  (UPDATE jobs_job
+   SET status = 'running',
+       attempt_count = attempt_count + 1,
+       current_token = lpad(to_hex((extract(epoch
+                                            FROM clock_timestamp()) * 1000)::bigint), 12, '0') || left(replace(gen_random_uuid()::text, '-', ''), 12) || right(gen_random_uuid()::text, 8),
+       leased_by = %(worker_id)s,
+       lease_expires_at = %(lease_expires_at)s,
+       started_at = %(now)s,
+       updated_at = %(now)s,
+       progress = NULL,
+       progress_message = '',
+       error = '',
+       result_ref = NULL,
+       finished_at = NULL,
+       limit_keys = NULL
+   WHERE NOT EXISTS
+       (SELECT 1
+        FROM orphans)
+     AND id = ANY(ARRAY
+                    (SELECT id
+                     FROM jobs_job
+                     WHERE status = 'queued'
+                       AND NOT cancel_requested
+                       AND NOT sequence_held
+                       AND next_run_at <= %(now)s
+                       AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
+                       AND queue NOT IN
+                         (SELECT name
+                          FROM jobs_queue
+                          WHERE paused)
+                     ORDER BY priority DESC, fair_at, id
+                     LIMIT %(limit)s
+                     FOR UPDATE SKIP LOCKED)) RETURNING id,
+                                                        scope_hash,
+                                                        job_id,
+                                                        current_token AS token,
+                                                        attempt_count AS attempt,
+                                                        max_attempts,
+                                                        handler,
+                                                        handler_version,
+                                                        payload_json,
+                                                        queue,
+                                                        trace_context,
+                                                        sequence_key,
+                                                        attempt_count + snooze_count + release_count + interruption_count AS number,
+                                                        priority,
+                                                        next_run_at,
+                                                        fair_at,
+                                                        leased_by,
+                                                        started_at,
+                                                        limit_keys,
+                                                        limit_key,
+                                                        cost),
+     attempts AS
+  (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
+                                                                                                                                                                     'running',
+                                                                                                                                                                     leased_by,
+                                                                                                                                                                     NULL,
+                                                                                                                                                                     '',
+                                                                                                                                                                     '',
+                                                                                                                                                                     NULL,
+                                                                                                                                                                     started_at,
+                                                                                                                                                                     NULL
+   FROM claimed),
+     caps AS
+  (SELECT NULL::text AS name,
+          NULL::text AS key,
+          NULL::bigint AS cap,
+          NULL::bigint AS scope,
+          NULL::bigint AS keyed
+   WHERE FALSE),
+     counted AS
+  (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
+                                                                 n,
+                                                                 cap
+   FROM
+     (SELECT u.key,
+             sum(u.n) AS n,
+             COALESCE(
+                        (SELECT k.cap
+                         FROM caps AS k
+                         WHERE k.key = u.key),
+                        (SELECT k.scope
+                         FROM caps AS k
+                         WHERE k.key || ':' || right(u.key, 64) = u.key),
+                        (SELECT k.keyed
+                         FROM caps AS k
+                         WHERE strpos(u.key, '#') > 0
+                           AND k.key = split_part(u.key, '#', 1))) AS cap
+      FROM
+        (SELECT key,
+                1 AS n
+         FROM
+           (SELECT k.key
+            FROM claimed AS s,
+                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c
+         UNION ALL SELECT key, -n
+         FROM freed) AS u
+      GROUP BY u.key) AS d
+   WHERE n <> 0
+   ORDER BY key ON CONFLICT (key) DO UPDATE
+   SET running = c.running + excluded.running,
+       cap = CASE
+                 WHEN excluded.running > 0 THEN excluded.cap
+                 ELSE c.cap
+             END),
+     rates AS
+  (SELECT *
+   FROM (
+         VALUES ('h'::text,
+                 %(lim_0)s::text,
+                 %(lim_0_key)s::text,
+                 FALSE,
+                 %(lim_0_r_count)s::bigint,
+                 NULL::bigint,
+                 NULL::bigint,
+                 %(lim_0_r_span)s::bigint,
+                 %(lim_0_r_grain)s::bigint)) AS r(kind, name, key, keyed, count, burst, t, span, grain)),
+     buckets AS
+  (INSERT INTO jobs_ratebucket AS b (key, tat, horizon, stamps, used, cap, window_start, ends) SELECT n.key,
+                                                                                                      %(now_ns)s::bigint + n.units * n.t,
+                                                                                                      COALESCE(%(now_ns)s::bigint + n.burst * n.t, %(now_ns)s::bigint - n.span - n.span / 8),
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN jsonb_build_array(jsonb_build_array(((%(now_ns)s::bigint + n.grain - 1) / n.grain) * n.grain, n.units))
+                                                                                                      END,
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN n.units
+                                                                                                      END,
+                                                                                                      n.count,
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN %(now_ns)s::bigint - n.span
+                                                                                                      END,
+                                                                                                      COALESCE(%(now_ns)s::bigint + n.units * n.t, ((%(now_ns)s::bigint + n.grain - 1) / n.grain) * n.grain + n.span)
+   FROM
+     (SELECT CASE
+                 WHEN r.keyed THEN r.key || '#' || c.limit_key
+                 ELSE r.key
+             END AS key,
+             sum(LEAST(c.cost, COALESCE(r.burst, r.count))) AS units,
+             min(r.count) AS count,
+             min(r.burst) AS burst,
+             min(r.t) AS t,
+             min(r.span) AS span,
+             min(r.grain) AS grain
+      FROM claimed AS c
+      JOIN rates AS r ON ((r.kind = 'h'
+                           AND r.name = c.handler)
+                          OR (r.kind = 'q'
+                              AND r.name = c.queue))
+      AND (NOT r.keyed
+           OR c.limit_key <> '')
+      GROUP BY 1) AS n
+   ORDER BY n.key ON CONFLICT (key) DO UPDATE
+   SET tat = GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint,
+       horizon = excluded.horizon,
+       stamps = CASE
+                    WHEN excluded.stamps IS NOT NULL THEN
+                           (SELECT jsonb_agg(jsonb_build_array(s.t, s.n)
+                                             ORDER BY s.t)
+                            FROM
+                              (SELECT (e->>0)::bigint AS t,
+                                      sum((e->>1)::bigint) AS n
+                               FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array()) || excluded.stamps) AS e
+                               WHERE (e->>0)::bigint > excluded.horizon
+                               GROUP BY 1) AS s)
+                END,
+                used = excluded.used +
+     (SELECT COALESCE(sum((e->>1)::bigint), 0)
+      FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+      WHERE (e->>0)::bigint > excluded.window_start),
+                cap = excluded.cap,
+                window_start = excluded.window_start,
+                ends = CASE
+                           WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
+                           ELSE GREATEST(b.ends, excluded.ends)
+                       END)
+SELECT 'claimed' AS kind,
+       id,
+       scope_hash,
+       job_id,
+       token,
+       attempt,
+       max_attempts,
+       handler,
+       handler_version,
+       payload_json,
+       queue,
+       trace_context,
+       sequence_key, number, priority,
+                             next_run_at,
+                             fair_at,
+                             leased_by,
+                             started_at,
+                             NULL AS status,
+                             NULL AS attempt_finished,
+                             NULL AS batch_id
+FROM claimed
+UNION ALL
+SELECT 'finished',
+       id,
+       scope_hash,
+       job_id,
+       token,
+       NULL,
+       NULL,
+       handler,
+       NULL,
+       NULL,
+       queue,
+       NULL,
+       sequence_key,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       status,
+       token IN
+  (SELECT token
+   FROM finished_attempts), batch_id
+FROM finished
+UNION ALL
+SELECT 'orphan',
+       NULL,
+       NULL,
+       NULL,
+       token,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL,
+       NULL
+FROM orphans

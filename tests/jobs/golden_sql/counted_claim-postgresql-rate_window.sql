@@ -1,0 +1,152 @@
+WITH claimed AS
+  (UPDATE jobs_job
+   SET status = 'running',
+       attempt_count = attempt_count + 1,
+       current_token = lpad(to_hex((extract(epoch
+                                            FROM clock_timestamp()) * 1000)::bigint), 12, '0') || left(replace(gen_random_uuid()::text, '-', ''), 12) || right(gen_random_uuid()::text, 8),
+       leased_by = %(worker_id)s,
+       lease_expires_at = %(lease_expires_at)s,
+       started_at = %(now)s,
+       updated_at = %(now)s,
+       progress = NULL,
+       progress_message = '',
+       error = '',
+       result_ref = NULL,
+       finished_at = NULL,
+       limit_keys = NULL
+   WHERE id = ANY(ARRAY
+                    (SELECT id
+                     FROM jobs_job
+                     WHERE status = 'queued'
+                       AND NOT cancel_requested
+                       AND NOT sequence_held
+                       AND next_run_at <= %(now)s
+                       AND attempt_count < max_attempts
+                       AND (start_by IS NULL
+                            OR start_by > %(now)s)
+                       AND queue NOT IN
+                         (SELECT name
+                          FROM jobs_queue
+                          WHERE paused)
+                     ORDER BY priority DESC, fair_at, id
+                     LIMIT %(limit)s
+                     FOR UPDATE SKIP LOCKED)) RETURNING id,
+                                                        scope_hash,
+                                                        job_id,
+                                                        current_token AS token,
+                                                        attempt_count AS attempt,
+                                                        max_attempts,
+                                                        handler,
+                                                        handler_version,
+                                                        payload_json,
+                                                        queue,
+                                                        trace_context,
+                                                        sequence_key,
+                                                        attempt_count + snooze_count + release_count + interruption_count AS number,
+                                                        priority,
+                                                        next_run_at,
+                                                        fair_at,
+                                                        leased_by,
+                                                        started_at,
+                                                        limit_keys,
+                                                        limit_key,
+                                                        cost),
+     attempts AS
+  (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
+                                                                                                                                                                     'running',
+                                                                                                                                                                     leased_by,
+                                                                                                                                                                     NULL,
+                                                                                                                                                                     '',
+                                                                                                                                                                     '',
+                                                                                                                                                                     NULL,
+                                                                                                                                                                     started_at,
+                                                                                                                                                                     NULL
+   FROM claimed),
+     rates AS
+  (SELECT *
+   FROM (
+         VALUES ('h'::text,
+                 %(lim_0)s::text,
+                 %(lim_0_key)s::text,
+                 FALSE,
+                 %(lim_0_r_count)s::bigint,
+                 NULL::bigint,
+                 NULL::bigint,
+                 %(lim_0_r_span)s::bigint,
+                 %(lim_0_r_grain)s::bigint)) AS r(kind, name, key, keyed, count, burst, t, span, grain)),
+     buckets AS
+  (INSERT INTO jobs_ratebucket AS b (key, tat, horizon, stamps, used, cap, window_start, ends) SELECT n.key,
+                                                                                                      %(now_ns)s::bigint + n.units * n.t,
+                                                                                                      COALESCE(%(now_ns)s::bigint + n.burst * n.t, %(now_ns)s::bigint - n.span - n.span / 8),
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN jsonb_build_array(jsonb_build_array(((%(now_ns)s::bigint + n.grain - 1) / n.grain) * n.grain, n.units))
+                                                                                                      END,
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN n.units
+                                                                                                      END,
+                                                                                                      n.count,
+                                                                                                      CASE
+                                                                                                          WHEN n.t IS NULL THEN %(now_ns)s::bigint - n.span
+                                                                                                      END,
+                                                                                                      COALESCE(%(now_ns)s::bigint + n.units * n.t, ((%(now_ns)s::bigint + n.grain - 1) / n.grain) * n.grain + n.span)
+   FROM
+     (SELECT CASE
+                 WHEN r.keyed THEN r.key || '#' || c.limit_key
+                 ELSE r.key
+             END AS key,
+             sum(LEAST(c.cost, COALESCE(r.burst, r.count))) AS units,
+             min(r.count) AS count,
+             min(r.burst) AS burst,
+             min(r.t) AS t,
+             min(r.span) AS span,
+             min(r.grain) AS grain
+      FROM claimed AS c
+      JOIN rates AS r ON ((r.kind = 'h'
+                           AND r.name = c.handler)
+                          OR (r.kind = 'q'
+                              AND r.name = c.queue))
+      AND (NOT r.keyed
+           OR c.limit_key <> '')
+      GROUP BY 1) AS n
+   ORDER BY n.key ON CONFLICT (key) DO UPDATE
+   SET tat = GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint,
+       horizon = excluded.horizon,
+       stamps = CASE
+                    WHEN excluded.stamps IS NOT NULL THEN
+                           (SELECT jsonb_agg(jsonb_build_array(s.t, s.n)
+                                             ORDER BY s.t)
+                            FROM
+                              (SELECT (e->>0)::bigint AS t,
+                                      sum((e->>1)::bigint) AS n
+                               FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array()) || excluded.stamps) AS e
+                               WHERE (e->>0)::bigint > excluded.horizon
+                               GROUP BY 1) AS s)
+                END,
+                used = excluded.used +
+     (SELECT COALESCE(sum((e->>1)::bigint), 0)
+      FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+      WHERE (e->>0)::bigint > excluded.window_start),
+                cap = excluded.cap,
+                window_start = excluded.window_start,
+                ends = CASE
+                           WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
+                           ELSE GREATEST(b.ends, excluded.ends)
+                       END)
+SELECT 'claimed' AS kind,
+       id,
+       scope_hash,
+       job_id,
+       token,
+       attempt,
+       max_attempts,
+       handler,
+       handler_version,
+       payload_json,
+       queue,
+       trace_context,
+       sequence_key, number, priority,
+                             next_run_at,
+                             fair_at,
+                             leased_by,
+                             started_at
+FROM claimed

@@ -1,3 +1,0 @@
-DELETE
-FROM jobs_claimstart
-WHERE started_at < %(before)s

@@ -1,0 +1,3 @@
+DELETE
+FROM jobs_ratebucket
+WHERE ends < %(before)s

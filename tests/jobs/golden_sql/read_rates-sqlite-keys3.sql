@@ -1,0 +1,7 @@
+SELECT key,
+       tat,
+       stamps
+FROM jobs_ratebucket
+WHERE key IN (%(key_0)s,
+              %(key_1)s,
+              %(key_2)s)
