@@ -38,6 +38,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         choices=[
             "flow-control",
             "fair-share",
+            "ordering",
             "burn-down",
             "bulk",
             "cpu",

@@ -1001,6 +1001,13 @@ def outbox_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
     return outbox_order.measure(runner, chosen)
 
 
+def ordering(runner: Runner, chosen: list[System]) -> dict[str, Any]:
+    """:func:`benchmarks.ordering.ordering` (imported once Django is set up)."""
+    from .ordering import ordering as measure
+
+    return measure(runner, chosen)
+
+
 Part = Callable[[Runner, list[System]], dict[str, Any]]
 
 #: The parts ``--only`` measures alone: name -> (the measurement, the systems it takes
@@ -1014,6 +1021,7 @@ PARTS: dict[str, tuple[Part, Callable[[list[str]], list[str]]]] = {
     "profile": (profile_alone, lambda names: [OURS]),
     "fair-share": (fair_share, lambda names: [OURS]),
     "outbox": (outbox_alone, lambda names: [OURS]),
+    "ordering": (ordering, lambda names: [OURS]),
     "start-up": (startup, lambda names: [OURS]),
 }
 #: The parts of ``targets``, by the key of its document.
@@ -1128,6 +1136,8 @@ def run_all(systems: list[str], server: dict[str, str], **session: Any) -> dict[
             save(flow_control=flow_control(runner, [ours]))
             log("fair share, the noisy neighbour and the submit-time rules")
             save(fair_share=fair_share(runner, [ours]))
+            log("batches and sequences")
+            save(ordering=ordering(runner, [ours]))
             log("outbox dispatch, saga steps")
             save(
                 outbox=extras.outbox_dispatch(plan.outbox_messages, plan.runs, admin),

@@ -50,6 +50,8 @@ def floor_loop(url: str, jobs: int) -> dict[str, Any]:
     connection, prepared, in autocommit, with no worker around it: each statement
     finishes the job the previous one claimed and claims the next, ``jobs`` in all.
     Its rate is the most a worker at concurrency 1 could do."""
+    from jobs.conf import jobs_settings
+    from jobs.fair_share import place
     from jobs.store import sql
 
     statement = sql.claim("postgresql", queues=0, one_job=False, finishing=True)
@@ -68,6 +70,11 @@ def floor_loop(url: str, jobs: int) -> dict[str, Any]:
                 "now": now,
                 "limit": 1 if claimed < jobs else 0,
                 **sql.finishing_params("postgresql", done),
+                # What follows in batches and sequences, as the worker's finish passes
+                # it (jobs.store.finishing.finishing_params): these jobs are in none.
+                "now_place": place(now),
+                "channel": jobs_settings().NOTIFY_CHANNEL,
+                "requeue": False,
             }
             cursor.execute(statement, params, prepare=True)
             rows = cursor.fetchall()

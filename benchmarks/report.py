@@ -527,6 +527,33 @@ def fair_table(part: dict[str, Any]) -> str:
     )
 
 
+def ordering_table(part: dict[str, Any]) -> str:
+    """The figures of :func:`benchmarks.ordering.ordering` as a Markdown table."""
+    submit, fan, drain = part["submit"], part["fan_in"], part["sequences"]
+    rows = [
+        [
+            f"Submit {submit['jobs']:,} jobs: submit_batch against submit_jobs",
+            f"{submit['median']['submit_batch']:.3f} s",
+            f"{submit['median']['submit_jobs']:.3f} s",
+            f"{submit['ratio']:.2f}× (goal ≤ 1.2×)",
+        ],
+        [
+            f"Statements per finished job, {fan['round']} finishes per finish-and-claim"
+            f" ({fan['jobs']:,} jobs)",
+            f"{fan['figures']['batch']['per_job']:.3f} (in a batch)",
+            f"{fan['figures']['no batch']['per_job']:.3f} (in none)",
+            "no statement per job more",
+        ],
+        [
+            f"Drain {drain['keys']:,} sequence keys × {drain['jobs_per_key']} jobs (1×16)",
+            f"{drain['median']['sequences']:,.0f} jobs/s",
+            f"{drain['median']['no keys']:,.0f} jobs/s (no keys)",
+            f"{drain['ratio']:.2f}× the time (goal ≤ 1.3×)",
+        ],
+    ]
+    return table(["Measurement", "Batches, sequences", "Without", "Ratio"], rows)
+
+
 def extras_section(document: Document) -> str:
     outbox, sagas = document.get("outbox"), document.get("sagas")
     if not outbox or not sagas:
@@ -831,6 +858,7 @@ ONLY: dict[str, Callable[[dict[str, Any]], str]] = {
     "profile": lambda part: profile_section(part) + "\n\n" + cpu_parts_table(part),
     "fair-share": lambda part: fair_table(part),
     "outbox": lambda part: outbox_order_table({"outbox_order": part}),
+    "ordering": lambda part: ordering_table(part),
     "start-up": lambda part: startup_line({"startup": part}),
     "targets": worker_targets_table,
 }

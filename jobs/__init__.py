@@ -14,7 +14,9 @@ from ledon.lazy import exported, lazy_attributes
 
 if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
     from .api import JobScope as JobScope
+    from .api import stage_batch as stage_batch
     from .api import stage_job as stage_job
+    from .api import submit_batch as submit_batch
     from .api import submit_job as submit_job
     from .api import submit_jobs as submit_jobs
     from .exceptions import JobCancelled as JobCancelled
@@ -24,6 +26,7 @@ if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
     from .handlers import Snooze as Snooze
     from .handlers import job_handler as job_handler
     from .schedules import periodic as periodic
+    from .types import BatchSnapshot as BatchSnapshot
     from .types import CancelOutcome as CancelOutcome
     from .types import JobSnapshot as JobSnapshot
     from .types import JobStatus as JobStatus
@@ -32,11 +35,19 @@ if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
 
 _LAZY = exported(
     {
-        "api": ("JobScope", "stage_job", "submit_job", "submit_jobs"),
+        "api": (
+            "JobScope",
+            "stage_batch",
+            "stage_job",
+            "submit_batch",
+            "submit_job",
+            "submit_jobs",
+        ),
         "exceptions": ("JobCancelled", "JobIdentityConflict", "JobsError"),
         "handlers": ("JobContext", "Snooze", "job_handler"),
         "schedules": ("periodic",),
         "types": (
+            "BatchSnapshot",
             "CancelOutcome",
             "JobSnapshot",
             "JobStatus",

@@ -44,6 +44,7 @@ from ledon.admin import (
 from ledon.bulk_admin import BulkAdminMixin, selected_across
 
 from . import bulk, store, validation
+from .admin_ordering import JobOrderingFields
 from .conf import queue_limits
 from .exceptions import InvalidInput, InvalidTransition, InvalidWeight, JobNotFound, JobsError
 from .fair_share import check_weight
@@ -125,9 +126,12 @@ class EngineJobsFilter(admin.SimpleListFilter):
 def waiting_reason(job: Job, now: datetime, *, queue_paused: bool) -> str:
     """Why the Queued ``job`` has not started at ``now``, rendered from its state: a
     start deadline passed, its queue paused, not due yet (debounced: until when), or
-    due and in line (its place, under fair share). "-" for a job not Queued."""
+    due and in line (its place, under fair share), or held behind an earlier job of its
+    sequence. "-" for a job not Queued."""
     if job.status != JobStatus.QUEUED:
         return "-"
+    if job.sequence_held:
+        return f"held: it waits for an earlier job of its sequence {job.sequence_key!r} to end"
     if job.start_by is not None and job.start_by <= now:
         return f"its start deadline ({job.start_by:%Y-%m-%d %H:%M:%S} UTC) passed: it never starts"
     if queue_paused:
@@ -158,7 +162,7 @@ class RetryOptions(forms.Form):
 
 
 @admin.register(Job)
-class JobAdmin(BulkAdminMixin, GrowingTableMixin, ReadOnlyModelAdmin[Job]):
+class JobAdmin(BulkAdminMixin, JobOrderingFields, GrowingTableMixin, ReadOnlyModelAdmin[Job]):
     list_display = (
         "job_id",
         "handler_with_version",
@@ -234,6 +238,8 @@ class JobAdmin(BulkAdminMixin, GrowingTableMixin, ReadOnlyModelAdmin[Job]):
                     "unique_key",
                     "unique_while",
                     "debounce_until",
+                    "batch_link",
+                    "sequence_state",
                 )
             },
         ),

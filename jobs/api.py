@@ -7,8 +7,16 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from . import store, validation
-from .exceptions import InvalidSubmission
-from .types import CancelOutcome, JobSnapshot, JobStatus, JobSubmission, SubmitResult
+from .exceptions import InvalidJobId, InvalidSubmission, UnknownHandler
+from .store import batches
+from .types import (
+    BatchSnapshot,
+    CancelOutcome,
+    JobSnapshot,
+    JobStatus,
+    JobSubmission,
+    SubmitResult,
+)
 
 
 def _submission(value: object) -> JobSubmission:
@@ -72,6 +80,104 @@ def stage_job(scope: str, job_id: str | None, submission: JobSubmission) -> JobS
     return store.stage(scope_hash, validation.job_id(job_id), _submission(submission))
 
 
+#: The longest batch id: its ``then`` job's id, ``"<batch id>:then"``, is a job id.
+MAX_BATCH_ID_LENGTH = validation.MAX_JOB_ID_LENGTH - len(batches.THEN_SUFFIX)
+
+
+def _batch_id(value: object) -> str:
+    batch_id = validation.existing_job_id(value)
+    if len(batch_id) > MAX_BATCH_ID_LENGTH:
+        raise InvalidJobId(f"a batch id is at most {MAX_BATCH_ID_LENGTH} characters")
+    return batch_id
+
+
+def _batch_jobs(jobs: object) -> list[tuple[str, JobSubmission]]:
+    """``jobs`` checked: a non-empty list of ``(job_id, JobSubmission)`` pairs, each job
+    id given once."""
+    if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
+        raise InvalidSubmission("a batch's jobs are a list of (job_id, JobSubmission) pairs")
+    checked: list[tuple[str, JobSubmission]] = []
+    seen: set[str] = set()
+    for item in jobs:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise InvalidSubmission("a batch's jobs are (job_id, JobSubmission) pairs")
+        job_id = validation.existing_job_id(item[0])
+        if job_id in seen:
+            raise InvalidSubmission(f"job id {job_id!r} is given twice in the batch")
+        seen.add(job_id)
+        submission = _submission(item[1])
+        if submission.rules.unique_key is not None:
+            raise InvalidSubmission(
+                "a batch's jobs take no unique_key (nor debounce): submit such jobs one by"
+                " one with submit_job or stage_job"
+            )
+        checked.append((job_id, submission))
+    if not checked:
+        raise InvalidSubmission("a batch needs at least one job")
+    return checked
+
+
+def _then(then: object) -> JobSubmission | None:
+    """A batch's ``then``: None, or a submission without rules whose handler is known
+    where the registry can tell (this process discovered its handlers, as a worker
+    does)."""
+    if then is None:
+        return None
+    submission = _submission(then)
+    if submission.rules != store.NO_RULES:
+        raise InvalidSubmission(
+            "a batch's then takes no start deadline, unique_key, debounce or sequence_key"
+        )
+    # Not at the top: the registry imports the handlers' modules' context.
+    from .handlers import knows_every_handler, registered_handlers
+
+    known = {(spec.name, spec.version) for spec in registered_handlers()}
+    if knows_every_handler() and (submission.handler, submission.handler_version) not in known:
+        raise UnknownHandler(
+            f"the batch's then names handler {submission.handler!r} version "
+            f"{submission.handler_version}, which this process does not register"
+        )
+    return submission
+
+
+def submit_batch(
+    scope: str,
+    batch_id: str,
+    jobs: Iterable[tuple[str, JobSubmission]],
+    *,
+    then: JobSubmission | None = None,
+) -> BatchSnapshot:
+    """Create a batch of jobs in a short transaction of its own; returns its snapshot.
+
+    ``jobs`` are ``(job_id, JobSubmission)`` pairs. ``then``, if given, is submitted
+    exactly once, as job ``"<batch_id>:then"`` of the scope, in the transaction that
+    makes the last job of the batch final (Succeeded, Failed, Cancelled, Interrupted
+    or Expired); its handler reads the batch's counts as ``ctx.batch``. The same batch
+    id with the same jobs returns the stored batch (``created`` False); other jobs
+    raise :class:`~jobs.exceptions.BatchIdentityConflict`. An empty batch, a job id
+    given twice and a ``then`` whose handler the registry does not know (where it can
+    tell: a process that discovered its handlers, as a worker does) are refused,
+    writing nothing. Refuses to run inside
+    ``transaction.atomic``: use :func:`stage_batch`.
+    """
+    scope_hash = validation.scope_hash(scope)
+    return store.submit_batch(scope_hash, _batch_id(batch_id), _batch_jobs(jobs), _then(then))
+
+
+def stage_batch(
+    scope: str,
+    batch_id: str,
+    jobs: Iterable[tuple[str, JobSubmission]],
+    *,
+    then: JobSubmission | None = None,
+) -> BatchSnapshot:
+    """:func:`submit_batch` inside the caller's open ``transaction.atomic`` block: the
+    batch and its jobs exist if and only if that transaction commits. A conflict marks
+    the transaction for rollback."""
+    scope_hash = validation.scope_hash(scope)
+    return store.stage_batch(scope_hash, _batch_id(batch_id), _batch_jobs(jobs), _then(then))
+
+
 class JobScope:
     """Read and steer the jobs of one scope (tenant, account, user…)."""
 
@@ -105,6 +211,10 @@ class JobScope:
 
     def stage(self, job_id: str | None, submission: JobSubmission) -> JobSnapshot:
         return store.stage(self.scope_hash, validation.job_id(job_id), _submission(submission))
+
+    def batch(self, batch_id: str) -> BatchSnapshot | None:
+        """The batch's counts, or None if this scope has no such batch."""
+        return store.get_batch(self.scope_hash, validation.existing_job_id(batch_id))
 
     def get(self, job_id: str) -> JobSnapshot | None:
         """The job with its attempts, or None if this scope has no such job."""

@@ -15,6 +15,7 @@ from .types import CancelReason, Claim
 
 if TYPE_CHECKING:
     from .retry import RetryPolicy
+    from .types import BatchSnapshot
 
 
 class JobContext:
@@ -84,6 +85,20 @@ class JobContext:
     @property
     def worker_id(self) -> str:
         return self.claim.worker_id
+
+    @property
+    def batch(self) -> BatchSnapshot | None:
+        """In a batch's ``then`` job: the batch's counts as stored now (every job of it
+        final, unless an operator retried one since). None in any other job."""
+        # Not at the top, as for report_progress.
+        from .store.batches import THEN_SUFFIX, get_batch
+
+        if not self.job_id.endswith(THEN_SUFFIX):
+            return None
+        batch = get_batch(self.scope_hash, self.job_id[: -len(THEN_SUFFIX)])
+        if batch is None or batch.then_job_id != self.job_id:
+            return None
+        return batch
 
     # progress
     def report_progress(self, value: float, message: str | None = None) -> bool:

@@ -62,6 +62,18 @@ class JobIdentityConflict(JobsError):
         )
 
 
+class BatchIdentityConflict(JobsError):
+    """A batch with this id already exists in this scope with other jobs (or another
+    ``then``), or a job id of the batch is taken by a job outside it."""
+
+    def __init__(self, batch_id: str, reason: str) -> None:
+        self.batch_id = batch_id
+        self.reason = reason
+        super().__init__(
+            f"batch {batch_id!r}: {reason}; submit the identical batch or use another batch id"
+        )
+
+
 class JobIdentityUnresolved(JobsError):
     """The job's identity is taken, yet the job holding it could not be read: it was
     deleted (by retention) each time it was looked for. Submit again."""

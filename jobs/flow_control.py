@@ -224,3 +224,20 @@ def set_handler_limits(limits: Mapping[str, Limits]) -> None:
     """The registry's limits by handler name (called under its lock)."""
     global _handler_limits
     _handler_limits = limits
+
+
+#: The handler names whose Failed jobs halt their sequence
+#: (``@job_handler(sequence_halts_on_failure=True)``), kept by the registry
+#: (:mod:`jobs.handlers`) and read by the store when a job of a sequence ends.
+_halting: frozenset[str] = frozenset()
+
+
+def halting_handlers() -> frozenset[str]:
+    """The registered handler names whose Failed jobs halt their sequence."""
+    return _halting
+
+
+def set_halting_handlers(names: frozenset[str]) -> None:
+    """The registry's names that halt sequences (called under its lock)."""
+    global _halting
+    _halting = names

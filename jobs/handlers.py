@@ -26,7 +26,7 @@ from . import validation
 from .conf import jobs_settings
 from .context import JobContext as JobContext  # public here too: jobs.handlers.JobContext
 from .exceptions import InvalidInput, JobsConfigurationError, UnknownHandler
-from .flow_control import Limits, declared_handler_limits, set_handler_limits
+from .flow_control import Limits, declared_handler_limits, set_halting_handlers, set_handler_limits
 from .retry import PermanentFailure as PermanentFailure  # public here too
 from .retry import RetryPolicy as RetryPolicy  # public here too
 from .types import CancelReason
@@ -91,6 +91,9 @@ class HandlerSpec:
     #: The library's own plumbing (the workflow engine's advances): its jobs are
     #: staged by the library alone, and the jobs admin hides them unless asked.
     library: bool = field(default=False)
+    #: A job of a sequence that ends Failed halts the sequence until an operator
+    #: retries or cancels it.
+    sequence_halts_on_failure: bool = field(default=False)
 
     def snooze_limit(self) -> int:
         """The snoozes a job of this handler may take (``max_snoozes`` or the setting)."""
@@ -188,6 +191,7 @@ def job_handler(
     rate_per_key: tuple[int, float] | tuple[int, float, int] | None = None,
     max_snoozes: int | None = None,
     library: bool = False,
+    sequence_halts_on_failure: bool = False,
 ) -> Callable[[Handler], Handler]:
     """Register a function as the handler of ``name`` at ``version``.
 
@@ -220,6 +224,9 @@ def job_handler(
     ``library``: for the library's own apps, a handler of plumbing whose jobs only
     the library stages (the workflow engine's advances); the jobs admin lists them
     only when its "engine jobs" filter shows them.
+    ``sequence_halts_on_failure``: a job of a sequence (``sequence_key``) that ends
+    Failed keeps the sequence's later jobs waiting until an operator retries it or
+    cancels it; by default the next one starts. Every version of a name says the same.
     """
     validation.name(name, "handler")
     validation.integer(version, "version", 1, 2**31 - 1)
@@ -247,6 +254,12 @@ def job_handler(
             f"got {max_snoozes!r}"
         )
 
+    if not isinstance(sequence_halts_on_failure, bool):
+        raise JobsConfigurationError(
+            f"handler {name!r}: sequence_halts_on_failure must be True or False, "
+            f"got {sequence_halts_on_failure!r}"
+        )
+
     def decorator(func: Handler) -> Handler:
         spec = HandlerSpec(
             name,
@@ -259,6 +272,7 @@ def job_handler(
             limits,
             max_snoozes,
             library,
+            sequence_halts_on_failure,
         )
         key = (name, version)
         with _lock:
@@ -275,8 +289,19 @@ def job_handler(
                         f"({other.limits.describe()}): limits apply to every version of a "
                         "name, so declare the same ones"
                     )
+                if (
+                    other.name == name
+                    and other.version != version
+                    and other.sequence_halts_on_failure != sequence_halts_on_failure
+                ):
+                    raise JobsConfigurationError(
+                        f"handler {name!r} version {version} says sequence_halts_on_failure="
+                        f"{sequence_halts_on_failure}, version {other.version} says "
+                        f"{other.sequence_halts_on_failure}: a sequence halts by the name"
+                    )
             _registry[key] = spec
             _declare_limits()
+            _note_halting()
         return func
 
     return decorator
@@ -319,11 +344,19 @@ def _declare_limits() -> None:
     set_handler_limits({spec.name: spec.limits for spec in _registry.values() if spec.limits})
 
 
+def _note_halting() -> None:
+    """Tell the store which names halt their sequences (under ``_lock``)."""
+    set_halting_handlers(
+        frozenset(spec.name for spec in _registry.values() if spec.sequence_halts_on_failure)
+    )
+
+
 def unregister(name: str, version: int) -> None:
     """Remove a registration (for tests)."""
     with _lock:
         _registry.pop((name, version), None)
         _declare_limits()
+        _note_halting()
 
 
 _discovery_hooks: list[Callable[[], None]] = []
@@ -345,8 +378,21 @@ def autodiscover() -> None:
     """Import ``<app>.<AUTODISCOVER_MODULE>`` for every installed app, then run the
     hooks of :func:`register_autodiscovery` (the task modules named by each
     ``jobs.backends.JobsBackend`` in the ``TASKS`` setting)."""
+    global _discovered
     autodiscover_modules(jobs_settings().AUTODISCOVER_MODULE)
     with _lock:
         hooks = list(_discovery_hooks)
     for hook in hooks:
         hook()
+    _discovered = True
+
+
+#: Whether this process ran :func:`autodiscover` (a worker does; a web process
+#: usually not): only then does the registry know every handler the project has.
+_discovered = False
+
+
+def knows_every_handler() -> bool:
+    """Whether the registry can tell a handler that does not exist from one whose
+    module this process never imported: it ran :func:`autodiscover`."""
+    return _discovered

@@ -29,12 +29,13 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(status__in=FINISHED_STATUSES)
 
     def due(self, now: datetime) -> JobQuerySet:
-        """Claimable now: Queued, no cancel requested, due, attempts left, its start
-        deadline (if any) not passed."""
+        """Claimable now: Queued, not held by its sequence, no cancel requested, due,
+        attempts left, its start deadline (if any) not passed."""
         return self.filter(
             Q(start_by__isnull=True) | Q(start_by__gt=now),
             status=JobStatus.QUEUED,
             cancel_requested=False,
+            sequence_held=False,
             next_run_at__lte=now,
             attempt_count__lt=F("max_attempts"),
         )
@@ -167,6 +168,17 @@ class Job(models.Model):
     # A debounced job's latest start: its burst's first submission + debounce_max.
     debounce_until = models.DateTimeField(null=True, blank=True)
 
+    # The batch it belongs to, within its scope (``jobs_batch``), or NULL.
+    batch_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # Its sequence within its scope (``jobs_sequence``): the scope's jobs with one key
+    # start one at a time, in submission order. NULL: none.
+    sequence_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # Queued but waiting for an earlier job of its sequence to end: out of the claim's
+    # index until the statement that ends that job (or a retry, a cancel) releases it.
+    sequence_held = models.BooleanField(
+        default=False, db_default=False, help_text="Waits for an earlier job of its sequence."
+    )
+
     objects = JobQuerySet.as_manager()
 
     class Meta:
@@ -209,7 +221,7 @@ class Job(models.Model):
                 "fair_at",
                 "id",
                 name="jobs_job_due_idx",
-                condition=Q(status="queued", cancel_requested=False),
+                condition=Q(status="queued", cancel_requested=False, sequence_held=False),
             ),
             # The head of a queue's line at one priority, where a fair queue's newcomer
             # takes its place (see jobs.store.sql_submit.RESERVE_LANE).
@@ -218,7 +230,26 @@ class Job(models.Model):
                 "priority",
                 "fair_at",
                 name="jobs_job_head_idx",
-                condition=Q(status="queued"),
+                condition=Q(status="queued", sequence_held=False),
+            ),
+            # A sequence's jobs that are not final, the held ones apart, in submission
+            # order: whether one is Queued and unheld or Running, and the first held one
+            # to release next, are each one probe (see jobs.store.sql_endings).
+            models.Index(
+                "scope_hash",
+                "sequence_key",
+                "sequence_held",
+                "id",
+                name="jobs_job_sequence_idx",
+                condition=Q(status__in=["queued", "running"], sequence_key__isnull=False),
+            ),
+            # A batch's jobs (the admin's batch page).
+            models.Index(
+                "scope_hash",
+                "batch_id",
+                "id",
+                name="jobs_job_batch_idx",
+                condition=Q(batch_id__isnull=False),
             ),
             models.Index("scope_hash", "created_at", name="jobs_job_scope_created_idx"),
             # Queued jobs with a start deadline, by deadline: the expiry sweep's.
@@ -421,6 +452,88 @@ class ScopeWeight(models.Model):
 
     def __str__(self) -> str:
         return f"weight {self.weight:g} for {self.scope_hash[:12]}…"
+
+
+class Batch(models.Model):
+    """A batch of jobs of one scope (``submit_batch``): how many of its jobs are not
+    final yet (``pending``) and how many ended each way, and the ``then`` job submitted
+    in the transaction that ends the last of them. Changed by every statement that
+    takes a member in or out of a final state, in that statement (see
+    ``jobs.store.sql_endings``)."""
+
+    scope_hash = models.CharField(max_length=64)
+    batch_id = models.CharField(max_length=200)
+    # The batch's jobs and its ``then``, as a digest: the same batch id with other
+    # jobs is a conflict.
+    digest = models.CharField(max_length=64)
+    total = models.BigIntegerField()
+    pending = models.BigIntegerField()
+    succeeded = models.BigIntegerField(default=0)
+    # Failed or Interrupted.
+    failed = models.BigIntegerField(default=0)
+    cancelled = models.BigIntegerField(default=0)
+    expired = models.BigIntegerField(default=0)
+    # The ``then`` submission (NULL handler: none), submitted as job
+    # ``"<batch_id>:then"`` of the scope.
+    then_handler = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    then_version = models.PositiveIntegerField(null=True, blank=True)
+    then_payload_json = models.TextField(null=True, blank=True)  # noqa: DJ001
+    then_queue = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001
+    then_priority = models.SmallIntegerField(null=True, blank=True)
+    then_max_attempts = models.PositiveIntegerField(null=True, blank=True)
+    then_cost = models.PositiveIntegerField(null=True, blank=True)
+    then_not_before = models.DateTimeField(null=True, blank=True)
+    trace_context = models.TextField(null=True, blank=True)  # noqa: DJ001
+    created_at = models.DateTimeField()
+    # When its last job ended (``pending`` reached 0; an operator's retry of a job
+    # opens the batch again).
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "batches"
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # No CHECK on the counts: the statements that change them are upserts in key
+            # order (for their locks' order), whose proposed rows carry the changes.
+            models.UniqueConstraint(fields=["scope_hash", "batch_id"], name="jobs_batch_identity"),
+        ]
+        indexes = [
+            models.Index("created_at", name="jobs_batch_open_idx", condition=Q(pending__gt=0))
+        ]
+
+    def __str__(self) -> str:
+        return f"batch {self.batch_id} ({self.pending} of {self.total} pending)"
+
+
+class Sequence(models.Model):
+    """A sequence of one scope (``sequence_key``): how many of its jobs are not final
+    (``open``), and the Failed job that halts it (``halted_by``) when that job's handler
+    declares ``sequence_halts_on_failure``. Its row's lock orders the submits that hold
+    a job behind it and the statements that end its jobs and release the next."""
+
+    scope_hash = models.CharField(max_length=64)
+    sequence_key = models.CharField(max_length=200)
+    open = models.BigIntegerField(default=0)
+    halted_by = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    halted_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["scope_hash", "sequence_key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scope_hash", "sequence_key"], name="jobs_sequence_identity"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                "halted_at", name="jobs_sequence_halted_idx", condition=Q(halted_by__isnull=False)
+            )
+        ]
+
+    def __str__(self) -> str:
+        halted = f", halted by {self.halted_by}" if self.halted_by else ""
+        return f"sequence {self.sequence_key} ({self.open} open{halted})"
 
 
 # The schedules' table lives with the schedules (``jobs/schedules/``).

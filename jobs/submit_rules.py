@@ -34,7 +34,10 @@ class SubmitRules:
     "active") or ``unique_for`` (seconds): while a job of the scope holds the key, a
     submission with it returns that job. ``debounce`` (seconds): the job is due that
     long after the latest submission of a burst, whose payload it takes, never later
-    than ``debounce_max`` seconds after the burst's first."""
+    than ``debounce_max`` seconds after the burst's first.
+
+    ``sequence_key`` (counted within the scope): the scope's jobs with that key start
+    one at a time, in submission order."""
 
     start_by: datetime | None = None
     start_within: float | None = None
@@ -44,6 +47,7 @@ class SubmitRules:
     unique_for: float | None = None
     debounce: float | None = None
     debounce_max: float | None = None
+    sequence_key: str | None = None
 
     @property
     def unique_mode(self) -> str:
@@ -93,6 +97,7 @@ def submit_rules(
     debounce: object = None,
     debounce_max: object = None,
     not_before: object = None,
+    sequence_key: object = None,
 ) -> SubmitRules:
     """The rules of a submission, checked: each a typed error (``InvalidSubmission``)
     if it is not valid, or if it contradicts another."""
@@ -131,5 +136,6 @@ def submit_rules(
         unique_for=_seconds(unique_for, "unique_for"),
         debounce=_seconds(debounce, "debounce"),
         debounce_max=_seconds(debounce_max, "debounce_max"),
+        sequence_key=None if sequence_key is None else validation.key(sequence_key, "sequence_key"),
     )
     return NO_RULES if rules == NO_RULES else rules

@@ -187,6 +187,7 @@ class JobSubmission:
         unique_for: float | None = None,
         debounce: float | None = None,
         debounce_max: float | None = None,
+        sequence_key: str | None = None,
         cost: int = 1,
     ) -> Self:
         """Validate and serialise a request; raises a :class:`~jobs.exceptions.JobsError`
@@ -201,7 +202,9 @@ class JobSubmission:
         after the latest submission of a burst, with its payload, and never later than
         ``debounce_max`` seconds after the first. ``cost`` (1 to 1000): the units the
         job counts against every ``rate`` and ``rate_per_key`` it falls under; part of
-        the request, as ``priority`` is. See ``docs/flow-control.md``."""
+        the request, as ``priority`` is. See ``docs/flow-control.md``.
+        ``sequence_key`` (checked like a job id): the scope's jobs with that key start
+        one at a time, in submission order; see ``docs/batches-and-sequences.md``."""
         payload_json = validation.serialise_payload(payload, jobs_settings().MAX_PAYLOAD_BYTES)
         rules = (
             NO_RULES
@@ -213,6 +216,7 @@ class JobSubmission:
             and unique_for is None
             and debounce is None
             and debounce_max is None
+            and sequence_key is None
             else submit_rules(
                 start_by=start_by,
                 start_within=start_within,
@@ -223,6 +227,7 @@ class JobSubmission:
                 debounce=debounce,
                 debounce_max=debounce_max,
                 not_before=not_before,
+                sequence_key=sequence_key,
             )
         )
         if cls is JobSubmission:
@@ -355,6 +360,10 @@ class JobSnapshot:
     unique_key: str | None = None
     #: The key ``max_running_per_key`` and ``rate_per_key`` count it under ("" for none).
     limit_key: str = ""
+    #: The batch it belongs to (``submit_batch``), or None.
+    batch_id: str | None = None
+    #: Its sequence within its scope (its jobs start one at a time), or None.
+    sequence_key: str | None = None
     #: The units it counts against every rate it falls under.
     cost: int = 1
     #: Executions that ended in ``Snooze`` (never counted in ``attempt_count``);
@@ -386,6 +395,33 @@ class JobSnapshot:
         if self.granted_attempts:
             return replace(submitted, max_attempts=self.max_attempts - self.granted_attempts)
         return submitted
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchSnapshot:
+    """A batch's counts when it was read: ``total`` jobs, of which ``pending`` are not
+    final yet and the others ended ``succeeded``, ``failed`` (Failed or Interrupted),
+    ``cancelled`` or ``expired``. ``status`` is "open" while any job is pending, then
+    "done"; ``then_job_id`` names its ``then`` job (None without one); ``created`` tells
+    whether this call created the batch."""
+
+    scope_hash: str
+    batch_id: str
+    total: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    expired: int
+    pending: int
+    then_job_id: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    created: bool = False
+
+    @property
+    def status(self) -> str:
+        """ "open" while a job of the batch is not final, "done" once every one is."""
+        return "open" if self.pending else "done"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -447,6 +483,8 @@ class Claim:
     due_at: datetime | None = None
     #: When the attempt was claimed.
     started_at: datetime | None = None
+    #: The job's sequence (``sequence_key``), or None: its finish releases the next.
+    sequence_key: str | None = None
 
     @property
     def payload(self) -> Any:

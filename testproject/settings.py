@@ -46,6 +46,9 @@ INSTALLED_APPS = [
 # limits): the demo and the flow-control process tests turn them on.
 if env.bool("FLOW_TASKS", default=False):
     INSTALLED_APPS.append("testproject.flow")
+# Handlers of batches and sequences: their process tests and benchmarks turn them on.
+if env.bool("ORDERING_TASKS", default=False):
+    INSTALLED_APPS.append("testproject.ordering")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -251,7 +251,14 @@ def test_every_name_jobs_exports_is_in_the_reference_and_a_how_to():
     reference = (ROOT / "docs" / "reference.md").read_text()
     how_tos = " ".join(
         (ROOT / "docs" / page).read_text()
-        for page in ("quickstart.md", "workers.md", "scopes.md", "testing.md", "lifecycle.md")
+        for page in (
+            "quickstart.md",
+            "workers.md",
+            "scopes.md",
+            "testing.md",
+            "lifecycle.md",
+            "batches-and-sequences.md",
+        )
     )
     assert [n for n in jobs.__all__ if not re.search(rf"\b{n}\b", reference)] == []
     assert [n for n in jobs.__all__ if not re.search(rf"\b{n}\b", how_tos)] == []

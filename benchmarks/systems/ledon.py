@@ -50,7 +50,7 @@ class Ledon(System):
         with connection.cursor() as cursor:
             cursor.execute(
                 "TRUNCATE jobs_jobattempt, jobs_job, jobs_ratebucket, jobs_limitcounter, jobs_lane,"
-                " jobs_uniquehold"
+                " jobs_uniquehold, jobs_batch, jobs_sequence"
             )
 
     def enqueue_each(self, count: int) -> None:

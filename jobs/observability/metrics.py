@@ -14,7 +14,9 @@
   ``ledon_job_run_seconds{queue,handler}`` — from :func:`metrics_middleware`;
 - at scrape time, from the database (:mod:`jobs.observability.reads`):
   ``ledon_jobs_queued{queue}``, ``ledon_jobs_running{queue}``,
-  ``ledon_jobs_oldest_due_age_seconds{queue}`` and ``ledon_workers{kind,state}``.
+  ``ledon_jobs_oldest_due_age_seconds{queue}``, ``ledon_workers{kind,state}``,
+  ``ledon_jobs_batches{state}`` (``open``, ``done``) and
+  ``ledon_jobs_sequences_halted``.
 
 A gauge reads 0, rather than disappearing, for every queue known
 (:func:`jobs.observability.reads.known_queues`, and every queue an earlier scrape of this
@@ -141,7 +143,11 @@ def gauges() -> Iterable[Metric]:
     states = {state.queue: state for state in reads.queue_states(now)}
     _seen_queues.update(states)
     _seen_queues.update(reads.known_queues())
-    queued = GaugeMetricFamily("ledon_jobs_queued", "Queued jobs, per queue.", labels=["queue"])
+    queued = GaugeMetricFamily(
+        "ledon_jobs_queued",
+        "Queued jobs in line, per queue (not those held behind their sequence).",
+        labels=["queue"],
+    )
     running = GaugeMetricFamily("ledon_jobs_running", "Running jobs, per queue.", labels=["queue"])
     oldest = GaugeMetricFamily(
         "ledon_jobs_oldest_due_age_seconds",
@@ -162,7 +168,19 @@ def gauges() -> Iterable[Metric]:
     counts.update(reads.worker_counts(now))
     for (kind, engine_state), count in sorted(counts.items()):
         workers.add_metric([kind, engine_state], count)
-    return [queued, running, oldest, workers]
+    batches = GaugeMetricFamily(
+        "ledon_jobs_batches",
+        "Batches by state: open (a job of it not final yet) or done.",
+        labels=["state"],
+    )
+    for batch_state, count in sorted(reads.batch_counts().items()):
+        batches.add_metric([batch_state], count)
+    halted = GaugeMetricFamily(
+        "ledon_jobs_sequences_halted",
+        "Sequences halted by a Failed job, waiting for an operator to retry or cancel it.",
+    )
+    halted.add_metric([], reads.halted_sequences())
+    return [queued, running, oldest, workers, batches, halted]
 
 
 #: The jobs' counters and gauges, on while JOBS["METRICS"] (or ``--metrics-port``) says.

@@ -18,7 +18,7 @@ from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
 from ..conf import jobs_settings
-from ..models import Job, Queue
+from ..models import Batch, Job, Queue, Sequence
 from ..schedules.models import Schedule
 from ..types import JobStatus
 from .models import WorkerRecord
@@ -41,10 +41,11 @@ class QueueState:
 
 
 def _queued(now: datetime) -> QuerySet[Any, Any]:
-    # The due index's own condition (Queued, no cancel requested): PostgreSQL reads the
-    # index instead of the table.
+    # The due index's own condition (Queued, no cancel requested, not held by its
+    # sequence): PostgreSQL reads the index instead of the table. A held job waits
+    # apart, behind an earlier job of its sequence: it is not in line yet.
     return (
-        Job.objects.filter(status=JobStatus.QUEUED, cancel_requested=False)
+        Job.objects.filter(status=JobStatus.QUEUED, cancel_requested=False, sequence_held=False)
         .values("queue")
         .annotate(
             queued=Count("id"),
@@ -185,6 +186,19 @@ def known_queues() -> set[str]:
     for queues in WorkerRecord.objects.filter(kind="worker").values_list("queues", flat=True):
         names.update(str(name) for name in queues or ())
     return names
+
+
+def batch_counts() -> dict[str, int]:
+    """Batches by state: "open" (a job of it is not final; through the partial index of
+    open batches) and "done"."""
+    total = Batch.objects.count()
+    still_open = Batch.objects.filter(pending__gt=0).count()
+    return {"open": still_open, "done": total - still_open}
+
+
+def halted_sequences() -> int:
+    """Sequences halted by a Failed job, waiting for an operator (a partial index)."""
+    return Sequence.objects.filter(halted_by__isnull=False).count()
 
 
 def next_schedules(limit: int = 10) -> list[Schedule]:

@@ -28,6 +28,10 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     pause / resume ............ a queue's claims stop / go on         queues
     set_weight ................ a scope's share of fair queues        shares
     expire_due ................ QUEUED past its start deadline -> EXPIRED   expiry
+    submit_batch / stage_batch  (new batch) -> its jobs QUEUED          batches
+
+Every move into, out of or between final states also moves the job's batch and
+sequence, in the same transaction: :mod:`.endings`.
 
 Claims under limits are in :mod:`.limits`.
 
@@ -38,7 +42,9 @@ snapshots in :mod:`.reads`. The trusted executor reaches these through
 
 from __future__ import annotations
 
+from ..submit_rules import NO_RULES
 from .base import current_time
+from .batches import get_batch, stage_batch, submit_batch
 from .claiming import complete_and_claim
 from .expiry import expire_due
 from .finishing import (
@@ -64,6 +70,7 @@ from .shares import ScopeShare, scope_shares, set_weight
 from .submission import stage, stage_many, submit, submit_many
 
 __all__ = [
+    "NO_RULES",
     "QueueState",
     "ScopeShare",
     "asynchronous_commit",
@@ -78,6 +85,7 @@ __all__ = [
     "expired_tokens",
     "finish",
     "get",
+    "get_batch",
     "get_due",
     "heartbeat",
     "list_jobs",
@@ -94,8 +102,10 @@ __all__ = [
     "snapshot",
     "snooze",
     "stage",
+    "stage_batch",
     "stage_many",
     "submit",
+    "submit_batch",
     "submit_many",
     "tokens_leased_by",
 ]

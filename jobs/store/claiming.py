@@ -25,14 +25,15 @@ from ledon.faults import fault_point
 
 from .. import validation
 from ..conf import jobs_settings
-from ..db import fetch, in_list_params, numbered
+from ..db import fetch, fetch_results, in_list_params, numbered
 from ..flow_control import NO_LIMITS, ClaimLimits
 from ..models import Job
 from ..signals import held_back
 from ..types import Claim, FinishOutcome
 from . import limits as limits_store
-from . import sql, sql_limits
+from . import sql, sql_endings, sql_limits
 from .base import current_time
+from .endings import follow, release_params
 from .finishing import (
     Finished,
     Finishing,
@@ -63,6 +64,7 @@ def _claim_rows(
     locks: list[int] | None = None,
     commit: bool = False,
     limited: bool = False,
+    release: Sequence[tuple[str, str]] = (),
 ) -> tuple[dict[str, Finished], list[Claim], list[dict[str, Any]]]:
     """Claim inside the caller's transaction (see :func:`complete_and_claim`); on
     PostgreSQL, first finish ``finishing`` in the same statement (the finishing rule of
@@ -75,7 +77,13 @@ def _claim_rows(
     (:func:`jobs.store.limits.claim_locked`), ``commit`` ending its transaction in the
     same round trip. With ``limited`` (SQLite, under limits), the claimed jobs' rows
     come back too, with their limit key and cost. The third value: those rows, or the
-    rows of kind ``'skipped'`` and ``'held'`` the exact claim returned."""
+    rows of kind ``'skipped'`` and ``'held'`` the exact claim returned.
+
+    With ``release`` (PostgreSQL, a claim without limits in autocommit that finishes
+    jobs of those sequences — scope hash, key —, all successes: none halts), the
+    statement is its own transaction with the release of each sequence's next job
+    after it (:data:`jobs.store.sql_endings.RELEASE`), in one round trip: ``BEGIN``,
+    the statement, the release, ``COMMIT``."""
     if chosen is not None and not chosen:
         return {}, [], []
     now_db = adapt_dt(connection, now)
@@ -115,10 +123,19 @@ def _claim_rows(
             chosen=by_ids,
             limited=limited,
         )
-        rows = fetch(connection, statement, params, prepare=True)
+        if release:
+            params.update(release_params(release))
+            statements = [statement, sql_endings.RELEASE, sql_limits.COMMIT]
+            with transaction.atomic(using=connection.alias):
+                rows = fetch_results(connection, statements, params, prepare=statements[:2])[0]
+        else:
+            rows = fetch(connection, statement, params, prepare=True)
     finished: dict[str, Finished] = {}
     if finishing:
         finished = read_finished(cast(list[sql.FinishedRow], rows))
+        if not release:
+            # The statement counted their batches; their sequences release the next here.
+            follow(connection, [job.moved() for job in finished.values()], now, counted=True)
     if finishing or limits:
         rows = [row for row in rows if row["kind"] == "claimed"]
     if rows and not is_postgres(connection):
@@ -337,6 +354,27 @@ def complete_and_claim(
     validation.integer(limit, "limit", 0, 10_000)
     if not limit:
         return complete_many(completed, now=now), []
+    sequences = sorted(
+        {
+            (claim.scope_hash, claim.sequence_key)
+            for claim, _result in completed
+            if claim.sequence_key
+        }
+    )
+    if sequences and limits and connection_for(Job).get_autocommit():
+        # The next job of a sequence is released after the finish locked its row, in
+        # the same transaction (see jobs.store.endings).
+        with transaction.atomic(using=alias_for(Job)):
+            return complete_and_claim(
+                completed,
+                worker_id,
+                limit=limit,
+                queues=queues,
+                lease_seconds=lease_seconds,
+                identity=identity,
+                limits=limits,
+                now=now,
+            )
     worker_id = validation.text(worker_id, "worker_id", validation.MAX_NAME_LENGTH)
     now = current_time(now)
     expires = now + timedelta(seconds=lease_seconds or jobs_settings().LEASE_SECONDS)
@@ -374,7 +412,7 @@ def complete_and_claim(
         # One statement finishes and claims; it is atomic by itself, so in autocommit
         # it is its own transaction: one round trip.
         if connection.get_autocommit():
-            finished, claims, _ = claim_rows(finishing=batch)
+            finished, claims, _ = claim_rows(finishing=batch, release=sequences)
         else:
             with transaction.atomic(using=alias):
                 finished, claims, _ = claim_rows(finishing=batch)

@@ -14,9 +14,9 @@ execution recorded Snoozed and not counted as an attempt.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -35,6 +35,7 @@ from ..models import Job, JobAttempt
 from ..types import AttemptStatus, Claim, FinishOutcome, JobStatus
 from . import sql, sql_flow
 from .base import CHUNK_ROWS, check_result_ref, check_token, current_time, notify, requeue_fields
+from .endings import Moved, ending_params, follow, run_moving
 
 #: How an attempt may end, and the job's status for it unless a cancel was requested.
 _FINISH_STATUS = {
@@ -67,11 +68,51 @@ class Finishing:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """A finished attempt's job: its primary key, final status and queue."""
+    """A finished attempt's job: its primary key, final status (Queued if the finish
+    re-queued it) and queue, and what its batch and sequence need."""
 
     job_pk: int
     status: JobStatus
     queue: str
+    scope_hash: str = ""
+    job_id: str = ""
+    handler: str = ""
+    batch_id: str | None = None
+    sequence_key: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Finished:
+        """From a row of a finishing statement (:class:`sql.FinishedRow`'s columns)."""
+        return cls(
+            job_pk=cast(int, row["id"]),
+            status=JobStatus(cast(str, row["status"])),
+            queue=cast(str, row["queue"]),
+            scope_hash=row["scope_hash"],
+            job_id=row["job_id"],
+            handler=row["handler"],
+            batch_id=row["batch_id"],
+            sequence_key=row["sequence_key"],
+        )
+
+    def moved(self) -> Moved:
+        """The job as moved from Running (see :mod:`jobs.store.endings`)."""
+        return Moved(
+            id=self.job_pk,
+            scope_hash=self.scope_hash,
+            job_id=self.job_id,
+            handler=self.handler,
+            queue=self.queue,
+            was=JobStatus.RUNNING.value,
+            status=self.status.value,
+            batch_id=self.batch_id,
+            sequence_key=self.sequence_key,
+        )
+
+
+def in_sequences(pairs: Sequence[tuple[Claim, str | None]]) -> bool:
+    """Whether a job of ``pairs`` is in a sequence: its finish releases the next one in
+    a statement after it, in the same transaction (see :mod:`jobs.store.endings`)."""
+    return any(claim.sequence_key is not None for claim, _result in pairs)
 
 
 def completions(pairs: Sequence[tuple[Claim, str | None]]) -> list[Finishing]:
@@ -83,11 +124,17 @@ def completions(pairs: Sequence[tuple[Claim, str | None]]) -> list[Finishing]:
 
 
 def finishing_params(
-    connection: BaseDatabaseWrapper, batch: Sequence[Finishing], now: datetime
+    connection: BaseDatabaseWrapper,
+    batch: Sequence[Finishing],
+    now: datetime,
+    *,
+    requeue: bool = False,
 ) -> dict[str, Any]:
-    """The parameters of the finishing statements for ``batch``, but for their guards'."""
+    """The parameters of the finishing statements for ``batch``, but for their guards':
+    with what follows in batches and sequences (``requeue``: a job the finish re-queues
+    moves nothing there)."""
     params = sql.finishing_params(connection.vendor, [item.done_row() for item in batch])
-    params["now"] = adapt_dt(connection, now)
+    params.update(ending_params(connection, now), requeue=requeue)
     return params
 
 
@@ -103,11 +150,7 @@ def read_finished(rows: Sequence[sql.FinishedRow]) -> dict[str, Finished]:
         if row["kind"] == "orphan" or (row["kind"] == "finished" and not row["attempt_finished"]):
             raise AttemptRowMissing()
         if row["kind"] == "finished":
-            finished[row["token"]] = Finished(
-                job_pk=cast(int, row["id"]),
-                status=JobStatus(cast(str, row["status"])),
-                queue=cast(str, row["queue"]),
-            )
+            finished[row["token"]] = Finished.from_row(row)
     return finished
 
 
@@ -118,9 +161,16 @@ def finish_batch(
     *,
     lease_expired_before: datetime | None = None,
     leased_by: str | None = None,
+    requeue_at: datetime | None = None,
+    error: str = "",
 ) -> dict[str, Finished]:
     """The finishing rule for every attempt of ``batch``, in the caller's transaction (or, on
-    PostgreSQL in autocommit, as one statement that is its own transaction).
+    PostgreSQL in autocommit, as one statement that is its own transaction), with what
+    follows in the finished jobs' batches and sequences (:mod:`jobs.store.endings`).
+
+    With ``requeue_at`` (a batch of one), a job that ends Failed or Interrupted with
+    attempts left and no cancel request is queued again for then in the same
+    transaction (its status Queued in the result), its ``error`` summed up.
 
     Returns the attempts that finished, by token; a token missing from the result was
     not current (stale) and changed nothing. A job Running under a token of the batch
@@ -139,12 +189,54 @@ def finish_batch(
     if leased_by is not None:
         guard_params["leased_by"] = leased_by
 
+    requeue = requeue_at is not None
+
     def params(chunk: Sequence[Finishing]) -> dict[str, Any]:
-        return {**finishing_params(connection, chunk, now), **guard_params}
+        return {**finishing_params(connection, chunk, now, requeue=requeue), **guard_params}
 
     if is_postgres(connection):
         rows = fetch(connection, sql.finish(**guards), params(batch), prepare=True)
-        return read_finished(cast(list[sql.FinishedRow], rows))
+        finished = read_finished(cast(list[sql.FinishedRow], rows))
+    else:
+        finished = _finish_sqlite(connection, batch, params, guards)
+    if requeue_at is not None:
+        finished = {
+            token: _requeued(connection, job, requeue_at, now, error)
+            for token, job in finished.items()
+        }
+    follow(
+        connection, [job.moved() for job in finished.values()], now, counted=is_postgres(connection)
+    )
+    return finished
+
+
+def _requeued(
+    connection: BaseDatabaseWrapper, job: Finished, run_at: datetime, now: datetime, error: str
+) -> Finished:
+    """``job`` queued again at ``run_at`` if it ended as a finish re-queues (the guard of
+    :func:`sql.requeued`); as it is otherwise."""
+    if job.status not in sql.REQUEUED_ENDINGS:
+        return job
+    requeued = Job.objects.filter(
+        pk=job.job_pk,
+        status=job.status,
+        cancel_requested=False,
+        attempt_count__lt=F("max_attempts"),
+    ).update(**{**requeue_fields(run_at, now), "error": validation.job_error_summary(error)})
+    if not requeued:
+        return job
+    if run_at <= now:
+        notify(connection, job.queue)
+    return replace(job, status=JobStatus.QUEUED)
+
+
+def _finish_sqlite(
+    connection: BaseDatabaseWrapper,
+    batch: Sequence[Finishing],
+    params: Callable[[Sequence[Finishing]], dict[str, Any]],
+    guards: dict[str, bool],
+) -> dict[str, Finished]:
+    """SQLite: the finishing rule, two statements per chunk of the batch."""
     finished: dict[str, Finished] = {}
     for start in range(0, len(batch), CHUNK_ROWS):
         chunk = batch[start : start + CHUNK_ROWS]
@@ -155,9 +247,7 @@ def finish_batch(
         if len(tokens) != len(attempts) or tokens.keys() != {row["id"] for row in jobs}:
             raise AttemptRowMissing()
         for row in jobs:
-            finished[tokens[row["id"]]] = Finished(
-                job_pk=row["id"], status=JobStatus(row["status"]), queue=row["queue"]
-            )
+            finished[tokens[row["id"]]] = Finished.from_row(row)
     return finished
 
 
@@ -207,22 +297,13 @@ def finish(
             now,
             lease_expired_before=lease_expired_before,
             leased_by=leased_by,
+            requeue_at=requeue_at,
+            error=error,
         ).get(token)
-        if finished is None:
-            return FinishOutcome.STALE
-        if requeue_at is not None and finished.status is JobStatus.FAILED:
-            requeued = Job.objects.filter(
-                pk=finished.job_pk,
-                status=finished.status,
-                cancel_requested=False,
-                attempt_count__lt=F("max_attempts"),
-            ).update(
-                **{**requeue_fields(requeue_at, now), "error": validation.job_error_summary(error)}
-            )
-            if requeued:
-                if requeue_at <= now:
-                    notify(connection, finished.queue)
-                return FinishOutcome.REQUEUED
+    if finished is None:
+        return FinishOutcome.STALE
+    if finished.status is JobStatus.QUEUED:
+        return FinishOutcome.REQUEUED
     return FinishOutcome(finished.status.value)
 
 
@@ -258,7 +339,6 @@ def put_back_unknown_handler(
     connection = connection_for(Job)
     params = {
         "token": token,
-        "now": adapt_dt(connection, now),
         "window_start": adapt_dt(connection, now - timedelta(seconds=window)),
         "run_at": adapt_dt(connection, run_at),
         "run_at_place": place(run_at),
@@ -272,7 +352,10 @@ def put_back_unknown_handler(
         ),
     }
     with transaction.atomic(using=alias_for(Job)):
-        rows = fetch(connection, sql_flow.PUT_BACK_UNKNOWN_HANDLER, params)
+        # Failed or Cancelled is final: what follows in its batch and sequence too.
+        rows = run_moving(
+            connection, sql_flow.PUT_BACK_UNKNOWN_HANDLER, params, now, was=JobStatus.RUNNING.value
+        )
         if not rows:
             return FinishOutcome.STALE
         give_back(connection, rows[0]["limit_keys"])
@@ -302,7 +385,7 @@ def complete_many(
         return {}
     now = current_time(now)
     connection = connection_for(Job)
-    if is_postgres(connection) and connection.get_autocommit():
+    if is_postgres(connection) and connection.get_autocommit() and not in_sequences(completed):
         return outcomes(batch, finish_batch(connection, batch, now))
     with transaction.atomic(using=alias_for(Job)):
         return outcomes(batch, finish_batch(connection, batch, now))

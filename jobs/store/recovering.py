@@ -32,6 +32,7 @@ from ..signals import kept_killing_worker
 from ..types import AttemptStatus, FinishOutcome, JobStatus
 from . import sql_flow
 from .base import check_token, current_time, notify
+from .endings import run_moving
 from .finishing import finish, give_back
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,9 @@ def recover(
     )
     alias = alias_for(Job)
     with transaction.atomic(using=alias):
-        rows = fetch(connection, statement, params)
+        # Interrupted for good or Cancelled is final: what follows in its batch and
+        # sequence too (Queued again is not).
+        rows = run_moving(connection, statement, params, now, was=JobStatus.RUNNING.value)
         if not rows:
             return FinishOutcome.STALE
         job = rows[0]

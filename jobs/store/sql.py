@@ -25,6 +25,7 @@ from ledon.db import id_among_locked
 from ..db import in_list, numbered, random_token_sql, union_by_kind, values_of
 from ..models import Job, JobAttempt, Lane, LimitCounter, Queue, ScopeWeight, UniqueHold
 from ..types import FINISHED_STATUSES, Claim, JobStatus
+from .sql_endings import ending_ctes
 
 JOB = Job._meta.db_table
 ATTEMPT = JobAttempt._meta.db_table
@@ -44,12 +45,14 @@ _FINISHED = ", ".join(f"'{status.value}'" for status in FINISHED_STATUSES)
 # --------------------------------------------------------------------------- wake-ups
 
 
-#: The guard of every claim: Queued, no cancel requested, due, attempts left, its start
-#: deadline not passed — and not in a paused queue (a paused queue has a row of
-#: ``jobs_queue``).
+#: The guard of every claim: Queued, not held by its sequence, no cancel requested, due,
+#: attempts left, its start deadline not passed — and not in a paused queue (a paused
+#: queue has a row of ``jobs_queue``).
 CLAIMABLE = (
     f"status = '{QUEUED}'",
     "NOT cancel_requested",
+    # A job held behind an earlier one of its sequence is out of the claim's index.
+    "NOT sequence_held",
     "next_run_at <= %(now)s",
     "attempt_count < max_attempts",
     "(start_by IS NULL OR start_by > %(now)s)",
@@ -383,9 +386,10 @@ _RUNNING_ATTEMPT = f"a.job_id = j.id AND a.token = done.token AND a.status = '{R
 
 class FinishedRow(TypedDict):
     """A row of a PostgreSQL finishing statement: a finished attempt (``kind``
-    ``'finished'``: its job's ``id``, final ``status`` and ``queue``, and whether its
-    attempt row changed), or a token whose job is Running under it without a Running
-    attempt row (``'orphan'``; only ``token`` is set)."""
+    ``'finished'``: its job's ``id``, final ``status`` and ``queue``, whether its
+    attempt row changed, and what its batch and sequence need: its identity, handler,
+    ``batch_id`` and ``sequence_key``), or a token whose job is Running under it
+    without a Running attempt row (``'orphan'``; only ``token`` is set)."""
 
     kind: str
     token: str
@@ -393,7 +397,15 @@ class FinishedRow(TypedDict):
     status: str | None
     queue: str | None
     attempt_finished: bool | None
+    scope_hash: str | None
+    job_id: str | None
+    handler: str | None
+    batch_id: str | None
+    sequence_key: str | None
 
+
+#: What a finished job tells its batch and sequence (see :mod:`jobs.store.endings`).
+_ENDING_EXTRA = ("scope_hash", "job_id", "handler", "batch_id", "sequence_key")
 
 _FINISHED_COLUMNS = {
     "token": "token",
@@ -401,8 +413,26 @@ _FINISHED_COLUMNS = {
     "status": "status",
     "queue": "queue",
     "attempt_finished": "token IN (SELECT token FROM finished_attempts)",
+    **{name: name for name in _ENDING_EXTRA},
 }
 _ORPHAN_COLUMNS = {"token": "token"}
+
+
+#: The final statuses a finish re-queues in the same transaction when asked to
+#: (``requeue``: an automatic retry), attempts and cancel permitting. A recovery
+#: re-queues under the crash budget instead (``jobs.store.recovering``).
+REQUEUED_ENDINGS = (JobStatus.FAILED,)
+
+
+def requeued(job: str) -> str:
+    """Whether the finished job ``job`` (a row with ``status``, ``cancel_requested``,
+    ``attempt_count`` and ``max_attempts``) is one a finish re-queues when asked to: the
+    ORM's guard of :func:`jobs.store.finishing.finish_batch`, in SQL."""
+    statuses = ", ".join(f"'{status.value}'" for status in REQUEUED_ENDINGS)
+    return (
+        f"({job}.status IN ({statuses}) AND NOT {job}.cancel_requested"
+        f" AND {job}.attempt_count < {job}.max_attempts)"
+    )
 
 
 def _finish_ctes(
@@ -438,12 +468,20 @@ def _finish_ctes(
         f" AND {_RUNNING_ATTEMPT} AND NOT EXISTS (SELECT 1 FROM orphans)"
         # With the batch's values, so that the attempts' update needs no second join.
         " RETURNING j.id, j.status, j.queue, j.cancel_requested, j.limit_keys, done.token,"
-        " done.outcome, done.result_ref, done.error),"
+        " done.outcome, done.result_ref, done.error, "
+        + ", ".join(f"j.{name}" for name in _ENDING_EXTRA)
+        + ", j.attempt_count, j.max_attempts),"
         f" finished_attempts AS (UPDATE {ATTEMPT} AS a"
         f" SET {_finished_attempt_set('finished.cancel_requested', 'finished')}"
         " FROM finished WHERE a.job_id = finished.id AND a.token = finished.token"
         f" AND a.status = '{RUNNING}' RETURNING a.token)"
-        f"{given_back}"
+        f"{given_back},"
+        # What follows in their batches and sequences; a job re-queued in the same
+        # transaction (``requeue``: an automatic retry) is not final and moves nothing.
+        f" ending AS (SELECT scope_hash, batch_id, sequence_key, '{RUNNING}' AS was,"
+        f" CASE WHEN %(requeue)s AND {requeued('finished')} THEN '{QUEUED}' ELSE status END"
+        " AS status FROM finished),"
+        f" {ending_ctes('ending')}"
     )
 
 
@@ -488,7 +526,7 @@ def finish_jobs_sqlite(rows: int, *, lease_guard: bool = False, owner_guard: boo
     guard = _job_guard(lease_guard=lease_guard, owner_guard=owner_guard)
     return (
         f"{_sqlite_done(rows)} UPDATE {JOB} AS j SET {_finished_job_set()}"
-        f" FROM done WHERE {guard} RETURNING id, status, queue"
+        f" FROM done WHERE {guard} RETURNING id, status, queue, {', '.join(_ENDING_EXTRA)}"
     )
 
 

@@ -21,6 +21,7 @@ from .sql import (
     QUEUED,
     RUNNING,
 )
+from .sql_endings import ENDING_COLUMNS
 
 SNOOZED = "snoozed"
 
@@ -164,7 +165,7 @@ def recover_job(*, lease_guard: bool = False, owner_guard: bool = False) -> str:
         f" result_ref = NULL, limit_keys = NULL, {LEAVE_RUNNING}, updated_at = %(now)s"
         f" WHERE {guard}"
         " RETURNING id, status, scope_hash, job_id, handler, queue, interruption_count,"
-        f" {_COUNTED_BEFORE}"
+        f" batch_id, sequence_key, {_COUNTED_BEFORE}"
     )
 
 
@@ -197,7 +198,7 @@ PUT_BACK_UNKNOWN_HANDLER = (
     f" {LEAVE_RUNNING},"
     " started_at = NULL, progress = NULL, progress_message = '', result_ref = NULL"
     f" WHERE current_token = %(token)s AND status = '{RUNNING}'"
-    f" RETURNING status, {_COUNTED_BEFORE}"
+    f" RETURNING {', '.join(ENDING_COLUMNS)}, {_COUNTED_BEFORE}"
 )
 
 
@@ -211,13 +212,13 @@ def expire_jobs(vendor: str) -> str:
     """End up to ``limit`` Queued jobs whose start deadline is at or before ``now``
     Expired, the earliest deadlines first, with ``error``; no attempt is used. On
     PostgreSQL, jobs another transaction holds (a claim, a cancel) are skipped: the
-    next sweep finds them if they are still Queued. Returns each expired job's ``id``,
-    ``queue`` and ``handler``."""
+    next sweep finds them if they are still Queued. Returns each expired job's
+    :data:`jobs.store.sql_endings.ENDING_COLUMNS` (what its batch and sequence need)."""
     due = f"status = '{QUEUED}' AND start_by IS NOT NULL AND start_by <= %(now)s"
     which = id_among_locked(
         vendor, f"SELECT id FROM {JOB} WHERE {due} ORDER BY start_by LIMIT %(limit)s"
     )
     return (
         f"UPDATE {JOB} SET status = '{EXPIRED}', finished_at = %(now)s, updated_at = %(now)s,"
-        f" error = %(error)s WHERE {which} AND {due} RETURNING id, queue, handler"
+        f" error = %(error)s WHERE {which} AND {due} RETURNING {', '.join(ENDING_COLUMNS)}"
     )

@@ -86,11 +86,12 @@ _JSON_LIMIT_KEY = f"(r.v->>{len(JSON_ROW) + 2})::varchar"
 
 def _head(queue: str, priority: str) -> str:
     """The first Queued job's place in line in ``queue`` at ``priority`` (SQL
-    expressions), through ``jobs_job_head_idx``; NULL if there is none."""
+    expressions), through ``jobs_job_head_idx``; NULL if there is none. A job held
+    behind an earlier one of its sequence is not in line."""
     return (
         f"(SELECT h.fair_at FROM {JOB} AS h WHERE h.queue = {queue}"
         f" AND h.priority = {priority} AND h.status = '{JobStatus.QUEUED.value}'"
-        " ORDER BY h.fair_at LIMIT 1)"
+        " AND NOT h.sequence_held ORDER BY h.fair_at LIMIT 1)"
     )
 
 
@@ -156,11 +157,20 @@ def reserve_lane(vendor: str, *, new_job: bool = False) -> str:
 
 #: The columns a single submit with a unique key sets too (``unique_key_0``…).
 UNIQUE_COLUMNS = ("unique_key", "unique_while", "debounce_until")
+#: The columns a job of a batch or of a sequence sets too (``batch_id_0``…): a job of a
+#: sequence is inserted held, and released by its admission (see
+#: :data:`jobs.store.sql_endings.ADMIT_MANY`).
+MEMBER_COLUMNS = ("batch_id", "sequence_key", "sequence_held")
 
 
 @functools.lru_cache(maxsize=64)
 def insert_jobs(
-    rows: int, *, notify: bool = False, lane: bool = False, unique: bool = False
+    rows: int,
+    *,
+    notify: bool = False,
+    lane: bool = False,
+    unique: bool = False,
+    member: bool = False,
 ) -> str:
     """``INSERT … ON CONFLICT DO NOTHING`` of ``rows`` new jobs (:func:`jobs.db.numbered`
     parameters of :data:`NEW_JOB_COLUMNS`), returning the ``scope_hash``, ``job_id``,
@@ -173,9 +183,12 @@ def insert_jobs(
     (:func:`reserve_lane` with ``new_job``, whose parameters it takes too), in place of
     ``fair_at_0``. With ``unique`` (one job with a unique key), it sets the
     :data:`UNIQUE_COLUMNS` too and yields to any unique constraint, the identity or a
-    key held (``ON CONFLICT DO NOTHING`` with no target).
+    key held (``ON CONFLICT DO NOTHING`` with no target). With ``member``, the
+    :data:`MEMBER_COLUMNS` too.
     """
     columns = (*NEW_JOB_COLUMNS, *UNIQUE_COLUMNS) if unique else NEW_JOB_COLUMNS
+    if member:
+        columns = (*columns, *MEMBER_COLUMNS)
     values = values_of(columns, rows)
     if lane:
         values = values.replace("%(fair_at_0)s", "COALESCE((SELECT tail FROM lane), %(fair_at_0)s)")
@@ -205,15 +218,79 @@ def insert_jobs(
 #: ``trace_context`` and
 #: the :data:`NEW_JOB_SHARED` columns. Returns the ``scope_hash`` and ``job_id`` of
 #: each job actually inserted.
-INSERT_JOBS_JSON = (
-    f"INSERT INTO {JOB} ({', '.join(NEW_JOB_COLUMNS)})"
-    f" SELECT {', '.join(_JSON_ROW.values())},"
-    f" COALESCE({_JSON_ROW['initial_not_before']}, %(created_at)s), {_JSON_FAIR_AT},"
-    f" {_JSON_START_BY}, {_JSON_LIMIT_KEY},"
-    f" {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}"
-    " FROM jsonb_array_elements(%(rows)s::jsonb) AS r(v)"
-    " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id"
-)
+@functools.lru_cache(maxsize=2)
+def insert_jobs_json(*, member: bool = False) -> str:
+    """PostgreSQL: :data:`INSERT_JOBS_JSON`; with ``member``, the jobs of batch
+    ``batch_id`` (NULL: none) and each row's ``sequence_key`` after its ``limit_key``
+    (a job of a sequence is inserted held)."""
+    columns = (*NEW_JOB_COLUMNS, *MEMBER_COLUMNS) if member else NEW_JOB_COLUMNS
+    sequence_key = f"(r.v->>{len(JSON_ROW) + 3})::varchar"
+    members = (
+        f", %(batch_id)s::varchar, {sequence_key}, {sequence_key} IS NOT NULL" if member else ""
+    )
+    return (
+        f"INSERT INTO {JOB} ({', '.join(columns)})"
+        f" SELECT {', '.join(_JSON_ROW.values())},"
+        f" COALESCE({_JSON_ROW['initial_not_before']}, %(created_at)s), {_JSON_FAIR_AT},"
+        f" {_JSON_START_BY}, {_JSON_LIMIT_KEY},"
+        f" {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}{members}"
+        " FROM jsonb_array_elements(%(rows)s::jsonb) AS r(v)"
+        " ON CONFLICT (scope_hash, job_id) DO NOTHING RETURNING scope_hash, job_id"
+    )
+
+
+INSERT_JOBS_JSON = insert_jobs_json()
+
+
+@functools.lru_cache(maxsize=2)
+def insert_new_jobs_json(*, member: bool = False) -> str:
+    """:data:`INSERT_NEW_JOBS_JSON`; with ``member``, the jobs of batch ``batch_id``
+    (NULL: none), each row's ``sequence_key`` after its ``limit_key`` (a job of a
+    sequence is inserted held)."""
+    sequence_key = f", (r.v->>{len(JSON_ROW) + 3})::varchar AS sequence_key" if member else ""
+    columns = (*NEW_JOB_COLUMNS, *MEMBER_COLUMNS) if member else NEW_JOB_COLUMNS
+    members = ", %(batch_id)s::varchar, sequence_key, sequence_key IS NOT NULL" if member else ""
+    return (
+        "WITH r AS (SELECT r.ord - 1 AS ord, "
+        + ", ".join(f"{value} AS {name}" for name, value in _JSON_ROW.items())
+        + f", {_JSON_FAIR_AT} AS due_place, {_JSON_START_BY} AS start_by,"
+        f" {_JSON_LIMIT_KEY} AS limit_key{sequence_key}"
+        + " FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r(v, ord)),"
+        # The due jobs of fair queues take their places from their scopes' lanes: each lane
+        # once, by as many steps as it has jobs here, the jobs in the order given.
+        " laned AS (SELECT ord, queue, scope_hash, priority,"
+        " row_number() OVER (PARTITION BY queue, scope_hash ORDER BY ord) AS rank,"
+        " count(*) OVER (PARTITION BY queue, scope_hash) AS n FROM r"
+        " WHERE queue = ANY(%(fair_queues)s::varchar[])"
+        " AND (initial_not_before IS NULL OR initial_not_before <= %(created_at)s)),"
+        " lanes AS ("
+        + _lane_upsert(
+            "postgresql",
+            f"SELECT g.queue, g.scope_hash, COALESCE({_head('g.queue', 'g.priority')},"
+            f" %(now_place)s::bigint) + g.n * {_step('g.scope_hash')}, {_step('g.scope_hash')}, g.n"
+            " FROM (SELECT queue, scope_hash, max(priority) AS priority, max(n) AS n FROM laned"
+            " GROUP BY queue, scope_hash) AS g",
+        )
+        + "),"
+        " placed AS (SELECT r.*, COALESCE(lanes.tail - (laned.n - laned.rank) * lanes.step,"
+        " r.due_place) AS fair_at FROM r LEFT JOIN laned ON laned.ord = r.ord"
+        " LEFT JOIN lanes ON lanes.queue = laned.queue AND lanes.scope_hash = laned.scope_hash),"
+        f" inserted AS (INSERT INTO {JOB} ({', '.join(columns)})"
+        f" SELECT {', '.join(NEW_JOB_ROW)}, COALESCE(initial_not_before, %(created_at)s), fair_at,"
+        " start_by, limit_key,"
+        f" {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}{members}"
+        f" FROM placed AS r WHERE NOT EXISTS (SELECT FROM {JOB} AS j"
+        " WHERE j.scope_hash = r.scope_hash AND j.job_id = r.job_id)"
+        " RETURNING scope_hash, job_id, queue, next_run_at)"
+        # The skipped positions are looked for only when fewer rows went in than came.
+        " SELECT CASE WHEN (SELECT count(*) FROM inserted) = %(count)s THEN '{}'::bigint[]"
+        " ELSE ARRAY(SELECT r.ord FROM r WHERE NOT EXISTS (SELECT FROM inserted AS i"
+        " WHERE i.scope_hash = r.scope_hash AND i.job_id = r.job_id) ORDER BY r.ord) END"
+        " AS skipped,"
+        " (SELECT count(pg_notify(%(channel)s, d.queue)) FROM (SELECT DISTINCT queue"
+        " FROM inserted WHERE next_run_at <= %(created_at)s) AS d) AS notified"
+    )
+
 
 #: PostgreSQL: a whole bulk submission as one statement, run in autocommit (its own
 #: transaction, one round trip). Parameters as for :data:`INSERT_JOBS_JSON`; rows are
@@ -228,46 +305,7 @@ INSERT_JOBS_JSON = (
 #: The due jobs of the ``fair_queues`` take their places in line from their scopes'
 #: lanes in the same statement (see :func:`reserve_lane`; ``quantum``, ``now_place``);
 #: the others keep the place their row gives (their due time).
-INSERT_NEW_JOBS_JSON = (
-    "WITH r AS (SELECT r.ord - 1 AS ord, "
-    + ", ".join(f"{value} AS {name}" for name, value in _JSON_ROW.items())
-    + f", {_JSON_FAIR_AT} AS due_place, {_JSON_START_BY} AS start_by,"
-    f" {_JSON_LIMIT_KEY} AS limit_key"
-    + " FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r(v, ord)),"
-    # The due jobs of fair queues take their places from their scopes' lanes: each lane
-    # once, by as many steps as it has jobs here, the jobs in the order given.
-    " laned AS (SELECT ord, queue, scope_hash, priority,"
-    " row_number() OVER (PARTITION BY queue, scope_hash ORDER BY ord) AS rank,"
-    " count(*) OVER (PARTITION BY queue, scope_hash) AS n FROM r"
-    " WHERE queue = ANY(%(fair_queues)s::varchar[])"
-    " AND (initial_not_before IS NULL OR initial_not_before <= %(created_at)s)),"
-    " lanes AS ("
-    + _lane_upsert(
-        "postgresql",
-        f"SELECT g.queue, g.scope_hash, COALESCE({_head('g.queue', 'g.priority')},"
-        f" %(now_place)s::bigint) + g.n * {_step('g.scope_hash')}, {_step('g.scope_hash')}, g.n"
-        " FROM (SELECT queue, scope_hash, max(priority) AS priority, max(n) AS n FROM laned"
-        " GROUP BY queue, scope_hash) AS g",
-    )
-    + "),"
-    " placed AS (SELECT r.*, COALESCE(lanes.tail - (laned.n - laned.rank) * lanes.step,"
-    " r.due_place) AS fair_at FROM r LEFT JOIN laned ON laned.ord = r.ord"
-    " LEFT JOIN lanes ON lanes.queue = laned.queue AND lanes.scope_hash = laned.scope_hash),"
-    f" inserted AS (INSERT INTO {JOB} ({', '.join(NEW_JOB_COLUMNS)})"
-    f" SELECT {', '.join(NEW_JOB_ROW)}, COALESCE(initial_not_before, %(created_at)s), fair_at,"
-    " start_by, limit_key,"
-    f" {', '.join(f'%({name})s' for name in NEW_JOB_SHARED)}"
-    f" FROM placed AS r WHERE NOT EXISTS (SELECT FROM {JOB} AS j"
-    " WHERE j.scope_hash = r.scope_hash AND j.job_id = r.job_id)"
-    " RETURNING scope_hash, job_id, queue, next_run_at)"
-    # The skipped positions are looked for only when fewer rows went in than came.
-    " SELECT CASE WHEN (SELECT count(*) FROM inserted) = %(count)s THEN '{}'::bigint[]"
-    " ELSE ARRAY(SELECT r.ord FROM r WHERE NOT EXISTS (SELECT FROM inserted AS i"
-    " WHERE i.scope_hash = r.scope_hash AND i.job_id = r.job_id) ORDER BY r.ord) END"
-    " AS skipped,"
-    " (SELECT count(pg_notify(%(channel)s, d.queue)) FROM (SELECT DISTINCT queue"
-    " FROM inserted WHERE next_run_at <= %(created_at)s) AS d) AS notified"
-)
+INSERT_NEW_JOBS_JSON = insert_new_jobs_json()
 
 
 # --------------------------------------------------------------------------- uniqueness

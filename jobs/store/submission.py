@@ -40,6 +40,7 @@ from ..types import (
 )
 from . import sql_submit
 from .base import CHUNK_ROWS, current_time, notify
+from .endings import admit
 from .reads import snapshot
 from .telemetry import observed_submission
 from .uniqueness import insert_unique
@@ -62,6 +63,8 @@ _NEW_JOB_CONSTANTS: dict[str, Any] = {
     "start_by": None,
     "unique_key": None,
     "limit_key": "",
+    "batch_id": None,
+    "sequence_key": None,
     "started_at": None,
     "finished_at": None,
     "created": True,
@@ -89,6 +92,8 @@ _SET_CONSTANTS = tuple((_SET[name], value) for name, value in _NEW_JOB_CONSTANTS
 _set_start_by = _SET["start_by"]
 _set_unique_key = _SET["unique_key"]
 _set_limit_key = _SET["limit_key"]
+_set_sequence_key = _SET["sequence_key"]
+_set_batch_id = _SET["batch_id"]
 _new_object = object.__new__
 
 
@@ -116,6 +121,7 @@ def _new_snapshot(scope_hash: str, job_id: str, sub: JobSubmission, now: datetim
         _set_start_by(job, rules.deadline(now))
         _set_unique_key(job, rules.unique_key)
         _set_limit_key(job, rules.limit_key or "")
+        _set_sequence_key(job, rules.sequence_key)
         if rules.debounce is not None:
             # Trailing: due once the burst has been quiet for ``debounce`` seconds.
             _set_next_run_at(job, now + timedelta(seconds=rules.debounce))
@@ -277,21 +283,43 @@ def _insert_row(
             if rules.debounce_max is None
             else now + timedelta(seconds=rules.debounce_max),
         )
+    sequence_key = sub.rules.sequence_key
+    member = sequence_key is not None
+    if member:
+        row.update(_member_values(None, sequence_key))
     params = numbered([_adapted(connection, row)])
     if wake:
         params["channel"] = jobs_settings().NOTIFY_CHANNEL
     if laned:
         params.update(_lane_params(scope_hash, sub.queue, sub.priority, 1, now), job_id=job_id)
     if postgres or not laned:
-        statement = sql_submit.insert_jobs(1, notify=wake, lane=laned, unique=unique)
-        return job if fetch(connection, statement, params, prepare=True) else None
-    # SQLite: the lane's place, then the insert, under one write lock.
-    with transaction.atomic(using=connection.alias, savepoint=False):
-        taken = fetch(connection, sql_submit.reserve_lane("sqlite", new_job=True), params)
-        if taken:
-            params["fair_at_0"] = taken[0]["tail"]
-        inserted = fetch(connection, sql_submit.insert_jobs(1, unique=unique), params)
-    return job if inserted else None
+        statement = sql_submit.insert_jobs(1, notify=wake, lane=laned, unique=unique, member=member)
+        inserted = fetch(connection, statement, params, prepare=True)
+    else:
+        # SQLite: the lane's place, then the insert, under one write lock.
+        with transaction.atomic(using=connection.alias, savepoint=False):
+            taken = fetch(connection, sql_submit.reserve_lane("sqlite", new_job=True), params)
+            if taken:
+                params["fair_at_0"] = taken[0]["tail"]
+            statement = sql_submit.insert_jobs(1, unique=unique, member=member)
+            inserted = fetch(connection, statement, params)
+    if not inserted:
+        return None
+    if sequence_key is not None:
+        # Inserted held; in the same transaction (the caller's), counted in its
+        # sequence and released if nothing is before it.
+        admit(connection, [(scope_hash, job_id, sequence_key)], now)
+    return job
+
+
+def _member_values(batch_id: str | None, sequence_key: str | None) -> dict[str, Any]:
+    """The :data:`sql_submit.MEMBER_COLUMNS` of a new job of batch ``batch_id`` and
+    sequence ``sequence_key`` (either None): a job of a sequence is inserted held."""
+    return {
+        "batch_id": batch_id,
+        "sequence_key": sequence_key,
+        "sequence_held": sequence_key is not None,
+    }
 
 
 #: A submission's values of a bulk insert's JSON row, in its order
@@ -309,6 +337,8 @@ def _json_params(
     trace_context: str | None,
     places: Sequence[int],
     now: datetime,
+    *,
+    member: bool = False,
 ) -> dict[str, Any]:
     """The ``rows``, ``scopes`` and ``trace_context`` parameters of
     :data:`sql_submit.INSERT_JOBS_JSON`: one JSON array per item (a payload travels as its
@@ -323,6 +353,7 @@ def _json_params(
             fair_at,
             None if sub.rules is NO_RULES else _deadline_text(sub, now),
             sub.rules.limit_key or "",
+            *((sub.rules.sequence_key,) if member else ()),
         ]
         for (scope_hash, job_id, sub), fair_at in zip(items, places, strict=True)
     ]
@@ -356,23 +387,30 @@ def _insert_new(
     connection: BaseDatabaseWrapper,
     items: Sequence[tuple[str, str, JobSubmission]],
     now: datetime,
+    *,
+    batch_id: str | None = None,
 ) -> list[int] | None:
     """PostgreSQL, outside any transaction: insert the (distinct) identities of
     ``items`` that are not stored yet and wake the workers of their due queues, as one
     statement in autocommit (:data:`sql_submit.INSERT_NEW_JOBS_JSON`). Returns the positions
     in ``items`` that were not inserted, their identities being stored already; None
     if a concurrent insert of one of the identities won the race — the statement then
-    rolled back and wrote nothing (the caller falls back on :func:`_insert_many`)."""
+    rolled back and wrote nothing (the caller falls back on :func:`_insert_many`).
+
+    With ``batch_id`` — inside the batch's transaction, behind a savepoint — the jobs
+    of that batch; those of sequences are inserted held, for the caller to admit."""
     # Only a test case's transaction can be open here (the caller's refuses): its
     # savepoint stands in for autocommit, so that a lost race leaves it usable.
     scope: AbstractContextManager[Any] = (
         transaction.atomic(using=connection.alias) if connection.in_atomic_block else nullcontext()
     )
+    member = batch_id is not None
     try:
         with scope:
             params = _shared_params(now) | _json_params(
-                items, _trace_context(), _due_places(items, now), now
+                items, _trace_context(), _due_places(items, now), now, member=member
             )
+            params["batch_id"] = batch_id
             params["channel"] = jobs_settings().NOTIFY_CHANNEL
             params["count"] = len(items)
             # The statement takes the places of the fair queues' due jobs from their lanes.
@@ -380,45 +418,70 @@ def _insert_new(
                 {sub.queue for _s, _j, sub in items if fair_queue(sub.queue)}
             )
             params["quantum"], params["now_place"] = float(QUANTUM), place(now)
-            rows = fetch(connection, sql_submit.INSERT_NEW_JOBS_JSON, params, prepare=True)
+            statement = sql_submit.insert_new_jobs_json(member=member)
+            rows = fetch(connection, statement, params, prepare=True)
     except IntegrityError:
         return None
     skipped: list[int] = rows[0]["skipped"]
     return skipped
 
 
+def _sequenced(items: Sequence[tuple[str, str, JobSubmission]]) -> bool:
+    """Whether a submission of ``items`` has a ``sequence_key``."""
+    return any(sub.rules.sequence_key is not None for _scope_hash, _job_id, sub in items)
+
+
 def _insert_many(
     connection: BaseDatabaseWrapper,
     items: Sequence[tuple[str, str, JobSubmission]],
     now: datetime,
+    *,
+    batch_id: str | None = None,
 ) -> dict[tuple[str, str], JobSnapshot]:
     """Insert the (distinct) identities of ``items`` that do not exist yet, in the
-    current transaction; wake workers once per queue that got due jobs. Returns the
-    jobs inserted, by identity."""
+    current transaction — as jobs of batch ``batch_id`` if given, the jobs of
+    sequences admitted to them —; wake workers once per queue that got due jobs.
+    Returns the jobs inserted, by identity."""
     if not items:
         return {}
     inserted_rows: list[dict[str, Any]] = []
     trace_context = _trace_context()
     places = _places(connection, items, now)
+    member = batch_id is not None or _sequenced(items)
     if is_postgres(connection):
-        params = _shared_params(now) | _json_params(items, trace_context, places, now)
-        inserted_rows = fetch(connection, sql_submit.INSERT_JOBS_JSON, params, prepare=True)
+        params = _shared_params(now) | _json_params(
+            items, trace_context, places, now, member=member
+        )
+        params["batch_id"] = batch_id
+        statement = sql_submit.insert_jobs_json(member=member)
+        inserted_rows = fetch(connection, statement, params, prepare=True)
     else:
         for start in range(0, len(items), CHUNK_ROWS):
-            chunk = [
-                _adapted(
-                    connection,
-                    _new_row(_new_snapshot(*item, now), trace_context, places[start + offset]),
-                )
-                for offset, item in enumerate(items[start : start + CHUNK_ROWS])
-            ]
-            inserted_rows += fetch(connection, sql_submit.insert_jobs(len(chunk)), numbered(chunk))
+            chunk = []
+            for offset, item in enumerate(items[start : start + CHUNK_ROWS]):
+                row = _new_row(_new_snapshot(*item, now), trace_context, places[start + offset])
+                if member:
+                    row.update(_member_values(batch_id, item[2].rules.sequence_key))
+                chunk.append(_adapted(connection, row))
+            statement = sql_submit.insert_jobs(len(chunk), member=member)
+            inserted_rows += fetch(connection, statement, numbered(chunk))
     keys = {(row["scope_hash"], row["job_id"]) for row in inserted_rows}
     inserted = {
         key: _new_snapshot(scope_hash, job_id, sub, now)
         for scope_hash, job_id, sub in items
         if (key := (scope_hash, job_id)) in keys
     }
+    if batch_id is not None:
+        inserted = {key: replace(job, batch_id=batch_id) for key, job in inserted.items()}
+    admit(
+        connection,
+        [
+            (scope_hash, job_id, sub.rules.sequence_key)
+            for scope_hash, job_id, sub in items
+            if sub.rules.sequence_key is not None and (scope_hash, job_id) in inserted
+        ],
+        now,
+    )
     due_queues = {
         sub.queue
         for scope_hash, job_id, sub in items
@@ -477,8 +540,11 @@ def submit(
         raise AmbientTransactionError()
     _check_costs([sub])
     now = current_time(now)
+    # A job of a sequence is admitted to it in the insert's transaction.
+    sequenced = sub.rules.sequence_key is not None
     for _ in range(3):
-        created = _insert(scope_hash, job_id, sub, now)
+        with transaction.atomic(using=alias) if sequenced else nullcontext():
+            created = _insert(scope_hash, job_id, sub, now)
         if created is not None:
             return created
         existing = _existing_or_conflict(scope_hash, job_id, sub)
@@ -517,7 +583,7 @@ def submit_many(
     # PostgreSQL: first one statement in autocommit that inserts the new identities;
     # a lost race with a concurrent insert, and every retry, take the transaction of
     # ON CONFLICT inserts and reads below.
-    fast = is_postgres(connection) and bool(pending)
+    fast = is_postgres(connection) and bool(pending) and not _sequenced(items)
     skipped = _insert_new(connection, [items[i] for i in pending], now) if fast else None
     if skipped == [] and len(pending) == len(items):
         # Every item a new, distinct identity (the common bulk submit).

@@ -293,6 +293,10 @@ class TestClaimIndex:
             "errors": ["", ""],
             "summaries": ["", ""],
             "now": now,
+            # What follows in batches and sequences (see jobs.store.endings).
+            "now_place": 0,
+            "channel": "jobs",
+            "requeue": False,
         }
         for finishing, params in (
             (False, self.claim_params()),

@@ -3,6 +3,12 @@ workers, with current and stale tokens and leases that expire and are recovered,
 checked against a plain-Python model of the lifecycle after every step (Hypothesis
 stateful testing), on SQLite and PostgreSQL.
 
+Jobs ``a`` and ``b`` are one batch (with a ``then`` due far in the future, which no
+step claims), and ``b`` and ``c`` one sequence: after every step the batch's counts
+are the model's, its ``then`` exists once both of its jobs were final at once, and
+the sequence holds what the model holds (a job of the sequence is claimable only
+while no earlier one is Queued or Running).
+
 The transitions driven: submit (new and duplicate, with or without a start deadline),
 a debounced submit (a new job, or the Queued job that holds the key replaced, or the
 identity rule), a submit with a limit key (its handler runs one job per key at once:
@@ -33,6 +39,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
@@ -52,10 +59,10 @@ from hypothesis.stateful import (
 )
 
 from jobs import JobSubmission, execution, store
-from jobs.api import JobScope, submit_job
+from jobs.api import JobScope, submit_batch, submit_job
 from jobs.conf import jobs_settings
 from jobs.exceptions import InvalidTransition, JobIdentityConflict
-from jobs.models import Job, JobAttempt, LimitCounter, RateBucket
+from jobs.models import Batch, Job, JobAttempt, LimitCounter, RateBucket, Sequence
 from jobs.store.rates import nanoseconds
 from jobs.types import CancelOutcome, Claim, FinishOutcome
 from jobs.validation import scope_hash
@@ -83,6 +90,12 @@ pytestmark = [
 ]
 
 LEASE = 30
+#: The batch of jobs ``a`` and ``b``, and the sequence of jobs ``b`` and ``c``.
+BATCH = ("a", "b")
+KEYS = {"b": "s", "c": "s"}
+#: The batch's then: due long after any step's clock.
+THEN = JobSubmission.create("test.then", {}, not_before=datetime(2100, 1, 1, tzinfo=UTC))
+FINAL = {"succeeded", "failed", "cancelled", "interrupted", "expired"}
 #: How a token rule chooses its token (see ``JobsStoreModel._pick``): 0, the bundle's.
 PICK = st.integers(0, 3)
 RETRYABLE = {"failed", "cancelled", "interrupted"}
@@ -125,11 +138,19 @@ class ModelJob:
     limit_key: str = ""
     #: A job of ``RATED``: its limit key is a rate's (a bucket per key), not a count's.
     rated: bool = False
+    #: Its sequence, and whether it waits there for an earlier job.
+    key: str | None = None
+    held: bool = False
     rows: list[ModelAttempt] = field(default_factory=list)
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
 
     def due(self, now: datetime) -> bool:
         return (
             self.status == "queued"
+            and not self.held
             and not self.cancel
             and (self.run_at is None or self.run_at <= now)
             and self.attempts < self.max_attempts
@@ -180,6 +201,7 @@ class JobsStoreModel(RuleBasedStateMachine):
         self.now = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
         self.max_interruptions = jobs_settings().MAX_INTERRUPTIONS
         self.budget: override_settings | None = None
+        self.then_submitted = False
         #: Per rated key, its bucket's theoretical arrival time (None: never used).
         self.tats: dict[str, datetime] = {}
 
@@ -199,13 +221,42 @@ class JobsStoreModel(RuleBasedStateMachine):
         # and the rated keys' buckets with their starts.
         LimitCounter.objects.all().delete()
         RateBucket.objects.all().delete()
-        # Two jobs from the start, so that the steps reach the executor's transitions
-        # early; the third is left for the submit rule to create.
-        for job_id, attempts in zip(JOB_IDS, max_attempts, strict=False):
-            self.submit(job_id, attempts)
+        Batch.objects.all().delete()
+        Sequence.objects.all().delete()
+        # Two jobs from the start, a batch, so that the steps reach the executor's
+        # transitions early; the third is left for the submit rule to create.
+        batch = submit_batch(
+            SCOPE,
+            "batch",
+            [
+                (job_id, self._submission(job_id, attempts, None))
+                for job_id, attempts in zip(BATCH, max_attempts, strict=True)
+            ],
+            then=THEN,
+        )
+        assert batch.created
+        for job_id, attempts in zip(BATCH, max_attempts, strict=True):
+            self._created(job_id, ModelJob(attempts, submitted_attempts=attempts))
         # And two jobs of one rated key: a claim meets its bucket early.
         self.rated_submit("r1", "rx", 2)
         self.rated_submit("r2", "rx", 1)
+
+    def _submission(self, job_id: str, attempts: int, start_by: datetime | None) -> JobSubmission:
+        return JobSubmission.create(
+            "test.record",
+            {},
+            max_attempts=attempts,
+            start_by=start_by,
+            sequence_key=KEYS.get(job_id),
+        )
+
+    def _created(self, job_id: str, job: ModelJob) -> None:
+        """A new job: held if its sequence has another open job."""
+        job.key = KEYS.get(job_id)
+        job.held = job.key is not None and any(
+            other.key == job.key and not other.final for other in self.jobs.values()
+        )
+        self.jobs[job_id] = job
 
     def teardown(self) -> None:
         if self.budget is not None:
@@ -230,15 +281,11 @@ class JobsStoreModel(RuleBasedStateMachine):
         # its deadline is not part of it: the job keeps the one it was created with.
         attempts = existing.submitted_attempts if existing else max_attempts
         start_by = None if deadline is None else self.now + timedelta(seconds=deadline)
-        snapshot = submit_job(
-            SCOPE,
-            job_id,
-            JobSubmission.create("test.record", {}, max_attempts=attempts, start_by=start_by),
-        )
+        snapshot = submit_job(SCOPE, job_id, self._submission(job_id, attempts, start_by))
         assert snapshot.created == (existing is None)
         if existing is None:
-            self.jobs[job_id] = ModelJob(
-                max_attempts, submitted_attempts=max_attempts, start_by=start_by
+            self._created(
+                job_id, ModelJob(max_attempts, submitted_attempts=max_attempts, start_by=start_by)
             )
 
     @rule(job_id=st.sampled_from(["d1", "d2"]), value=st.integers(1, 2))
@@ -346,6 +393,11 @@ class JobsStoreModel(RuleBasedStateMachine):
         job.max_attempts += extra
         assert snapshot.max_attempts == job.max_attempts
         job.requeue(None)
+        # Back in its sequence: behind any other open job of it.
+        job.held = job.key is not None and any(
+            other is not job and other.key == job.key and not other.final
+            for other in self.jobs.values()
+        )
 
     # ------------------------------------------------------------------ executor
 
@@ -576,11 +628,74 @@ class JobsStoreModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ checks
 
+    def _followed(self) -> None:
+        """What the store did in the statement that ended a job: the batch's then once
+        every job of it is final, and the next held job of a sequence released once
+        none of it is Queued or Running and unheld."""
+        if not self.then_submitted and all(self.jobs[job_id].final for job_id in BATCH):
+            self.then_submitted = True
+        for key in set(KEYS.values()):
+            members = [job for _id, job in sorted(self.jobs.items()) if job.key == key]
+            if any(not job.final and not job.held for job in members):
+                continue
+            waiting = [job for job in members if job.held and not job.final]
+            if waiting:
+                # Submission order: the model's job ids are created in this order.
+                first = min(waiting, key=lambda job: self._order(job))
+                first.held = False
+
+    def _order(self, job: ModelJob) -> int:
+        return next(
+            row.id
+            for row in Job.objects.filter(scope_hash=scope_hash(SCOPE)).only("id", "job_id")
+            if self.jobs.get(row.job_id) is job
+        )
+
+    @invariant()
+    def the_batch_and_the_sequence_match_the_model(self) -> None:
+        self._followed()
+        batch = JobScope(SCOPE).batch("batch")
+        assert batch is not None
+        members = [self.jobs[job_id] for job_id in BATCH]
+        buckets = ["failed" if job.status == "interrupted" else job.status for job in members]
+        pending = sum(not job.final for job in members)
+        assert (
+            batch.pending,
+            batch.succeeded,
+            batch.failed,
+            batch.cancelled,
+            batch.expired,
+        ) == (
+            pending,
+            buckets.count("succeeded"),
+            buckets.count("failed"),
+            buckets.count("cancelled"),
+            buckets.count("expired"),
+        ), members
+        assert (batch.finished_at is None) == bool(pending)
+        then = Job.objects.filter(scope_hash=scope_hash(SCOPE), job_id="batch:then").count()
+        assert then == int(self.then_submitted)
+        held = set(
+            Job.objects.filter(
+                scope_hash=scope_hash(SCOPE), sequence_held=True, status="queued"
+            ).values_list("job_id", flat=True)
+        )
+        assert held == {
+            job_id for job_id, job in self.jobs.items() if job.held and job.status == "queued"
+        }
+        keyed = [job for job in self.jobs.values() if job.key == "s"]
+        if keyed:
+            sequence = Sequence.objects.get(scope_hash=scope_hash(SCOPE), sequence_key="s")
+            assert sequence.open == sum(not job.final for job in keyed)
+
     @invariant()
     def the_store_matches_the_model(self) -> None:
+        self._followed()
         rows = {
             job.job_id: job
-            for job in Job.objects.filter(scope_hash=scope_hash(SCOPE)).prefetch_related("attempts")
+            for job in Job.objects.filter(scope_hash=scope_hash(SCOPE))
+            .exclude(job_id="batch:then")
+            .prefetch_related("attempts")
         }
         assert set(rows) == set(self.jobs)
         for job_id, model in self.jobs.items():
@@ -737,7 +852,8 @@ def keyed_handler(handler):
     handler(RATED, rate_per_key=(1, RATE_INTERVAL.total_seconds(), RATE_BURST))(lambda ctx: None)
 
 
-def test_the_jobs_store_follows_its_model() -> None:
+def test_the_jobs_store_follows_its_model(handler: Any) -> None:
+    handler("test.then")(lambda ctx: None)
     run_state_machine_as_test(
         JobsStoreModel,
         settings=settings(

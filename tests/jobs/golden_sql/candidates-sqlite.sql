@@ -7,6 +7,7 @@ SELECT id,
 FROM jobs_job
 WHERE status = 'queued'
   AND NOT cancel_requested
+  AND NOT sequence_held
   AND next_run_at <= %(now)s
   AND attempt_count < max_attempts
   AND (start_by IS NULL

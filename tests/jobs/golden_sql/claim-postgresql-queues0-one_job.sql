@@ -18,6 +18,7 @@ WITH claimed AS
                      FROM jobs_job
                      WHERE status = 'queued'
                        AND NOT cancel_requested
+                       AND NOT sequence_held
                        AND next_run_at <= %(now)s
                        AND attempt_count < max_attempts
                        AND (start_by IS NULL
@@ -41,6 +42,7 @@ WITH claimed AS
                                                         payload_json,
                                                         queue,
                                                         trace_context,
+                                                        sequence_key,
                                                         attempt_count + snooze_count + release_count + interruption_count AS number,
                                                         priority,
                                                         next_run_at,
@@ -68,9 +70,10 @@ SELECT id,
        handler_version,
        payload_json,
        queue,
-       trace_context, number, priority,
-                              next_run_at,
-                              fair_at,
-                              leased_by,
-                              started_at
+       trace_context,
+       sequence_key, number, priority,
+                             next_run_at,
+                             fair_at,
+                             leased_by,
+                             started_at
 FROM claimed

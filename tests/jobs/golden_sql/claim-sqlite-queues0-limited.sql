@@ -17,6 +17,7 @@ WHERE id IN
      FROM jobs_job
      WHERE status = 'queued'
        AND NOT cancel_requested
+       AND NOT sequence_held
        AND next_run_at <= %(now)s
        AND attempt_count < max_attempts
        AND (start_by IS NULL
@@ -39,6 +40,7 @@ WHERE id IN
                                 payload_json,
                                 queue,
                                 trace_context,
+                                sequence_key,
                                 attempt_count + snooze_count + release_count + interruption_count AS number,
                                 priority,
                                 next_run_at,

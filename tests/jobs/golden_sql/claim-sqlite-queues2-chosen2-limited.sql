@@ -16,6 +16,7 @@ WHERE id IN (%(id_0)s,
              %(id_1)s)
   AND status = 'queued'
   AND NOT cancel_requested
+  AND NOT sequence_held
   AND next_run_at <= %(now)s
   AND attempt_count < max_attempts
   AND (start_by IS NULL
@@ -36,6 +37,7 @@ WHERE id IN (%(id_0)s,
                                        payload_json,
                                        queue,
                                        trace_context,
+                                       sequence_key,
                                        attempt_count + snooze_count + release_count + interruption_count AS number,
                                        priority,
                                        next_run_at,

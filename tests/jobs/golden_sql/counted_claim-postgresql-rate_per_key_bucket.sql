@@ -19,6 +19,7 @@ WITH claimed AS
                      FROM jobs_job
                      WHERE status = 'queued'
                        AND NOT cancel_requested
+                       AND NOT sequence_held
                        AND next_run_at <= %(now)s
                        AND attempt_count < max_attempts
                        AND (start_by IS NULL
@@ -40,6 +41,7 @@ WITH claimed AS
                                                         payload_json,
                                                         queue,
                                                         trace_context,
+                                                        sequence_key,
                                                         attempt_count + snooze_count + release_count + interruption_count AS number,
                                                         priority,
                                                         next_run_at,
@@ -141,9 +143,10 @@ SELECT 'claimed' AS kind,
        handler_version,
        payload_json,
        queue,
-       trace_context, number, priority,
-                              next_run_at,
-                              fair_at,
-                              leased_by,
-                              started_at
+       trace_context,
+       sequence_key, number, priority,
+                             next_run_at,
+                             fair_at,
+                             leased_by,
+                             started_at
 FROM claimed

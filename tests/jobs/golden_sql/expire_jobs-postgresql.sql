@@ -15,5 +15,10 @@ WHERE id = ANY(ARRAY
   AND status = 'queued'
   AND start_by IS NOT NULL
   AND start_by <= %(now)s RETURNING id,
+                                    scope_hash,
+                                    job_id,
+                                    handler,
                                     queue,
-                                    handler
+                                    status,
+                                    batch_id,
+                                    sequence_key

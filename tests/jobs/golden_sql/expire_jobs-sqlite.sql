@@ -14,5 +14,10 @@ WHERE id IN
   AND status = 'queued'
   AND start_by IS NOT NULL
   AND start_by <= %(now)s RETURNING id,
+                                    scope_hash,
+                                    job_id,
+                                    handler,
                                     queue,
-                                    handler
+                                    status,
+                                    batch_id,
+                                    sequence_key

@@ -25,4 +25,9 @@ WHERE j.current_token = done.token
   AND j.lease_expires_at < %(lease_expired_before)s
   AND j.leased_by = %(leased_by)s RETURNING id,
                                             status,
-                                            queue
+                                            queue,
+                                            scope_hash,
+                                            job_id,
+                                            handler,
+                                            batch_id,
+                                            sequence_key

@@ -32,4 +32,9 @@ WHERE j.current_token = done.token
   AND j.status = 'running'
   AND j.leased_by = %(leased_by)s RETURNING id,
                                             status,
-                                            queue
+                                            queue,
+                                            scope_hash,
+                                            job_id,
+                                            handler,
+                                            batch_id,
+                                            sequence_key

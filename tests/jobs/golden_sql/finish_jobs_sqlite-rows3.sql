@@ -31,4 +31,9 @@ FROM done
 WHERE j.current_token = done.token
   AND j.status = 'running' RETURNING id,
                                      status,
-                                     queue
+                                     queue,
+                                     scope_hash,
+                                     job_id,
+                                     handler,
+                                     batch_id,
+                                     sequence_key

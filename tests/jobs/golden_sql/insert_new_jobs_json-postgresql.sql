@@ -37,6 +37,7 @@ WITH r AS
                                                                                         WHERE h.queue = g.queue
                                                                                           AND h.priority = g.priority
                                                                                           AND h.status = 'queued'
+                                                                                          AND NOT h.sequence_held
                                                                                         ORDER BY h.fair_at
                                                                                         LIMIT 1), %(now_place)s::bigint) + g.n * CAST(ROUND(CAST(%(quantum)s AS double precision) / COALESCE(
                                                                                                                                                                                                (SELECT sw.weight

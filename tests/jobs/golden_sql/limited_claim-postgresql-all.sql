@@ -62,6 +62,7 @@ WITH keys AS
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
+     AND NOT sequence_held
      AND next_run_at <= %(now)s
      AND attempt_count < max_attempts
      AND (start_by IS NULL
@@ -313,6 +314,7 @@ WITH keys AS
                                      payload_json,
                                      queue,
                                      trace_context,
+                                     sequence_key,
                                      attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
@@ -482,6 +484,7 @@ WITH keys AS
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
+     AND NOT sequence_held
      AND next_run_at <= %(now)s
      AND attempt_count < max_attempts
      AND (start_by IS NULL
@@ -615,13 +618,14 @@ SELECT 'claimed' AS kind,
        handler_version,
        payload_json,
        queue,
-       trace_context, number, priority,
-                              next_run_at,
-                              fair_at,
-                              leased_by,
-                              started_at,
-                              NULL::text AS rule,
-                              NULL::bigint AS n
+       trace_context,
+       sequence_key, number, priority,
+                             next_run_at,
+                             fair_at,
+                             leased_by,
+                             started_at,
+                             NULL::text AS rule,
+                             NULL::bigint AS n
 FROM claimed
 UNION ALL
 SELECT 'held',
@@ -635,6 +639,7 @@ SELECT 'held',
        NULL,
        NULL,
        held_queue,
+       NULL,
        NULL,
        NULL,
        NULL,
@@ -656,6 +661,7 @@ FROM
             3) AS h
 UNION ALL
 SELECT 'skipped',
+       NULL,
        NULL,
        NULL,
        NULL,

@@ -48,7 +48,14 @@ WITH done AS
                                 done.token,
                                 done.outcome,
                                 done.result_ref,
-                                done.error),
+                                done.error,
+                                j.scope_hash,
+                                j.job_id,
+                                j.handler,
+                                j.batch_id,
+                                j.sequence_key,
+                                j.attempt_count,
+                                j.max_attempts),
      finished_attempts AS
   (UPDATE jobs_jobattempt AS a
    SET status = CASE
@@ -66,6 +73,184 @@ WITH done AS
    WHERE a.job_id = finished.id
      AND a.token = finished.token
      AND a.status = 'running' RETURNING a.token),
+     ending AS
+  (SELECT scope_hash,
+          batch_id,
+          sequence_key,
+          'running' AS was,
+          CASE
+              WHEN %(requeue)s
+                   AND (finished.status IN ('failed')
+                        AND NOT finished.cancel_requested
+                        AND finished.attempt_count < finished.max_attempts) THEN 'queued'
+              ELSE status
+          END AS status
+   FROM finished),
+     batch_moves AS
+  (SELECT scope_hash,
+          batch_id,
+          count(*) FILTER (
+                           WHERE CASE
+                                     WHEN status IN ('queued', 'running') THEN 'pending'
+                                     WHEN status = 'interrupted' THEN 'failed'
+                                     ELSE status
+                                 END = 'pending') - count(*) FILTER (
+                                                                     WHERE CASE
+                                                                               WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                               WHEN was = 'interrupted' THEN 'failed'
+                                                                               ELSE was
+                                                                           END = 'pending') AS pending,
+                   count(*) FILTER (
+                                    WHERE CASE
+                                              WHEN status IN ('queued', 'running') THEN 'pending'
+                                              WHEN status = 'interrupted' THEN 'failed'
+                                              ELSE status
+                                          END = 'succeeded') - count(*) FILTER (
+                                                                                WHERE CASE
+                                                                                          WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                          WHEN was = 'interrupted' THEN 'failed'
+                                                                                          ELSE was
+                                                                                      END = 'succeeded') AS succeeded,
+                            count(*) FILTER (
+                                             WHERE CASE
+                                                       WHEN status IN ('queued', 'running') THEN 'pending'
+                                                       WHEN status = 'interrupted' THEN 'failed'
+                                                       ELSE status
+                                                   END = 'failed') - count(*) FILTER (
+                                                                                      WHERE CASE
+                                                                                                WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                                WHEN was = 'interrupted' THEN 'failed'
+                                                                                                ELSE was
+                                                                                            END = 'failed') AS failed,
+                                     count(*) FILTER (
+                                                      WHERE CASE
+                                                                WHEN status IN ('queued', 'running') THEN 'pending'
+                                                                WHEN status = 'interrupted' THEN 'failed'
+                                                                ELSE status
+                                                            END = 'cancelled') - count(*) FILTER (
+                                                                                                  WHERE CASE
+                                                                                                            WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                                            WHEN was = 'interrupted' THEN 'failed'
+                                                                                                            ELSE was
+                                                                                                        END = 'cancelled') AS cancelled,
+                                              count(*) FILTER (
+                                                               WHERE CASE
+                                                                         WHEN status IN ('queued', 'running') THEN 'pending'
+                                                                         WHEN status = 'interrupted' THEN 'failed'
+                                                                         ELSE status
+                                                                     END = 'expired') - count(*) FILTER (
+                                                                                                         WHERE CASE
+                                                                                                                   WHEN was IN ('queued', 'running') THEN 'pending'
+                                                                                                                   WHEN was = 'interrupted' THEN 'failed'
+                                                                                                                   ELSE was
+                                                                                                               END = 'expired') AS expired
+   FROM ending
+   WHERE batch_id IS NOT NULL
+   GROUP BY scope_hash,
+            batch_id),
+     batched AS
+  (INSERT INTO jobs_batch AS b (scope_hash, batch_id, digest, total, pending, succeeded, failed, cancelled, expired, created_at) SELECT m.scope_hash,
+                                                                                                                                        m.batch_id,
+                                                                                                                                        '',
+                                                                                                                                        0,
+                                                                                                                                        m.pending,
+                                                                                                                                        m.succeeded,
+                                                                                                                                        m.failed,
+                                                                                                                                        m.cancelled,
+                                                                                                                                        m.expired,
+                                                                                                                                        %(now)s
+   FROM
+     (SELECT *
+      FROM batch_moves) AS m
+   WHERE EXISTS
+       (SELECT 1
+        FROM jobs_batch AS e
+        WHERE e.scope_hash = m.scope_hash
+          AND e.batch_id = m.batch_id)
+   ORDER BY m.scope_hash,
+            m.batch_id ON CONFLICT (scope_hash,
+                                    batch_id) DO UPDATE
+   SET pending = b.pending + excluded.pending,
+       succeeded = b.succeeded + excluded.succeeded,
+       failed = b.failed + excluded.failed,
+       cancelled = b.cancelled + excluded.cancelled,
+       expired = b.expired + excluded.expired,
+       finished_at = CASE
+                         WHEN b.pending + excluded.pending = 0 THEN COALESCE(b.finished_at, excluded.created_at)
+                         ELSE NULL
+                     END RETURNING scope_hash,
+                                   batch_id,
+                                   pending),
+     thens AS
+  (INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, cost, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at) SELECT b.scope_hash,
+                                                                                                                                                                                                                                                                                                                                  b.batch_id || ':then',
+                                                                                                                                                                                                                                                                                                                                  b.then_handler,
+                                                                                                                                                                                                                                                                                                                                  b.then_version,
+                                                                                                                                                                                                                                                                                                                                  b.then_payload_json,
+                                                                                                                                                                                                                                                                                                                                  b.then_queue,
+                                                                                                                                                                                                                                                                                                                                  b.then_priority,
+                                                                                                                                                                                                                                                                                                                                  b.then_max_attempts,
+                                                                                                                                                                                                                                                                                                                                  b.then_not_before,
+                                                                                                                                                                                                                                                                                                                                  b.then_cost,
+                                                                                                                                                                                                                                                                                                                                  b.trace_context,
+                                                                                                                                                                                                                                                                                                                                  COALESCE(b.then_not_before, %(now)s),
+                                                                                                                                                                                                                                                                                                                                  %(now_place)s,
+                                                                                                                                                                                                                                                                                                                                  NULL,
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  'queued',
+                                                                                                                                                                                                                                                                                                                                  0,
+                                                                                                                                                                                                                                                                                                                                  0,
+                                                                                                                                                                                                                                                                                                                                  FALSE,
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  '',
+                                                                                                                                                                                                                                                                                                                                  %(now)s,
+                                                                                                                                                                                                                                                                                                                                  %(now)s
+   FROM
+     (SELECT b.scope_hash,
+             b.batch_id
+      FROM batched AS b
+      JOIN batch_moves AS m ON m.scope_hash = b.scope_hash
+      AND m.batch_id = b.batch_id
+      WHERE b.pending = 0
+        AND m.pending < 0) AS d
+   JOIN jobs_batch AS b ON b.scope_hash = d.scope_hash
+   AND b.batch_id = d.batch_id
+   WHERE b.then_handler IS NOT NULL
+   ORDER BY b.scope_hash,
+            b.batch_id ON CONFLICT (scope_hash,
+                                    job_id) DO NOTHING RETURNING queue,
+                                                                 next_run_at,
+                                                                 CASE
+                                                                     WHEN next_run_at <= %(now)s THEN pg_notify(%(channel)s, queue)
+                                                                 END AS woke),
+     sequenced AS
+  (INSERT INTO jobs_sequence AS s (scope_hash, sequence_key, open, updated_at) SELECT m.scope_hash,
+                                                                                      m.sequence_key,
+                                                                                      m.open,
+                                                                                      %(now)s
+   FROM
+     (SELECT scope_hash,
+             sequence_key,
+             count(*) FILTER (
+                              WHERE status IN ('queued', 'running')) - count(*) FILTER (
+                                                                                        WHERE was IN ('queued', 'running')) AS open
+      FROM ending
+      WHERE sequence_key IS NOT NULL
+      GROUP BY scope_hash,
+               sequence_key) AS m
+   WHERE EXISTS
+       (SELECT 1
+        FROM jobs_sequence AS e
+        WHERE e.scope_hash = m.scope_hash
+          AND e.sequence_key = m.sequence_key)
+   ORDER BY m.scope_hash,
+            m.sequence_key ON CONFLICT (scope_hash,
+                                        sequence_key) DO UPDATE
+   SET open = s.open + excluded.open,
+              updated_at = excluded.updated_at RETURNING scope_hash,
+                                                         sequence_key,
+                                                         open),
      freed AS
   (SELECT key,
           count(*) AS n
@@ -102,6 +287,7 @@ WITH done AS
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
+     AND NOT sequence_held
      AND next_run_at <= %(now)s
      AND attempt_count < max_attempts
      AND (start_by IS NULL
@@ -195,6 +381,7 @@ WITH done AS
                                      payload_json,
                                      queue,
                                      trace_context,
+                                     sequence_key,
                                      attempt_count + snooze_count + release_count + interruption_count AS number,
                                      priority,
                                      next_run_at,
@@ -337,6 +524,7 @@ WITH done AS
    FROM jobs_job
    WHERE status = 'queued'
      AND NOT cancel_requested
+     AND NOT sequence_held
      AND next_run_at <= %(now)s
      AND attempt_count < max_attempts
      AND (start_by IS NULL
@@ -387,29 +575,32 @@ SELECT 'claimed' AS kind,
        handler_version,
        payload_json,
        queue,
-       trace_context, number, priority,
-                              next_run_at,
-                              fair_at,
-                              leased_by,
-                              started_at,
-                              NULL AS status,
-                              NULL AS attempt_finished,
-                              NULL::text AS rule,
-                              NULL::bigint AS n
+       trace_context,
+       sequence_key, number, priority,
+                             next_run_at,
+                             fair_at,
+                             leased_by,
+                             started_at,
+                             NULL AS status,
+                             NULL AS attempt_finished,
+                             NULL AS batch_id,
+                             NULL::text AS rule,
+                             NULL::bigint AS n
 FROM claimed
 UNION ALL
 SELECT 'finished',
        id,
-       NULL,
-       NULL,
+       scope_hash,
+       job_id,
        token,
        NULL,
        NULL,
-       NULL,
+       handler,
        NULL,
        NULL,
        queue,
        NULL,
+       sequence_key,
        NULL,
        NULL,
        NULL,
@@ -419,7 +610,8 @@ SELECT 'finished',
        status,
        token IN
   (SELECT token
-   FROM finished_attempts), NULL::text,
+   FROM finished_attempts), batch_id,
+                            NULL::text,
                             NULL::bigint
 FROM finished
 UNION ALL
@@ -428,6 +620,8 @@ SELECT 'orphan',
        NULL,
        NULL,
        token,
+       NULL,
+       NULL,
        NULL,
        NULL,
        NULL,
@@ -467,6 +661,8 @@ SELECT 'held',
        NULL,
        NULL,
        NULL,
+       NULL,
+       NULL,
        rule,
        n
 FROM
@@ -481,6 +677,8 @@ FROM
             3) AS h
 UNION ALL
 SELECT 'skipped',
+       NULL,
+       NULL,
        NULL,
        NULL,
        NULL,

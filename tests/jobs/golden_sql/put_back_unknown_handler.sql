@@ -36,7 +36,14 @@ SET status = CASE
                                                            progress_message = '',
                                                            result_ref = NULL
 WHERE current_token = %(token)s
-  AND status = 'running' RETURNING status,
+  AND status = 'running' RETURNING id,
+                                   scope_hash,
+                                   job_id,
+                                   handler,
+                                   queue,
+                                   status,
+                                   batch_id,
+                                   sequence_key,
 
   (SELECT was.limit_keys
    FROM jobs_job AS was

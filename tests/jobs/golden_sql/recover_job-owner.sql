@@ -65,6 +65,8 @@ WHERE current_token = %(token)s
                                           handler,
                                           queue,
                                           interruption_count,
+                                          batch_id,
+                                          sequence_key,
 
   (SELECT was.limit_keys
    FROM jobs_job AS was

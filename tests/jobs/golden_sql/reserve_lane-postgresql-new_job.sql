@@ -7,6 +7,7 @@ SELECT CAST(%(queue)s AS varchar),
                    WHERE h.queue = CAST(%(queue)s AS varchar)
                      AND h.priority = CAST(%(priority)s AS smallint)
                      AND h.status = 'queued'
+                     AND NOT h.sequence_held
                    ORDER BY h.fair_at
                    LIMIT 1), CAST(%(now_place)s AS bigint)) + CAST(%(units)s AS bigint) * w.step,
        w.step,

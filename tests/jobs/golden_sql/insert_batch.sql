@@ -1,0 +1,2 @@
+INSERT INTO jobs_batch (scope_hash, batch_id, digest, total, pending, succeeded, failed, cancelled, expired, then_handler, then_version, then_payload_json, then_queue, then_priority, then_max_attempts, then_cost, then_not_before, trace_context, created_at)
+VALUES (%(scope_hash)s, %(batch_id)s, %(digest)s, %(total)s, %(total)s, 0, 0, 0, 0, %(then_handler)s, %(then_version)s, %(then_payload_json)s, %(then_queue)s, %(then_priority)s, %(then_max_attempts)s, %(then_cost)s, %(then_not_before)s, %(trace_context)s, %(now)s) ON CONFLICT (scope_hash, batch_id) DO NOTHING RETURNING id
