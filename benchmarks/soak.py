@@ -51,7 +51,7 @@ SERVER_KEYS = ("server_version", "fsync", "synchronous_commit")
 
 #: Each system's tables, as ``LIKE`` patterns over ``pg_stat_user_tables.relname``.
 TABLES = {
-    OURS: ["jobs\\_job", "jobs\\_jobattempt", "jobs\\_claimstart", "workflows\\_%"],
+    OURS: ["jobs\\_%", "workflows\\_%"],
     "pgqueuer": ["pgqueuer%"],
     "procrastinate": ["procrastinate\\_%"],
 }

@@ -22,14 +22,28 @@ def _wait_for_gate(ctx: JobContext) -> None:
             time.sleep(0.005)
 
 
+def _note(ctx: JobContext, event: str) -> None:
+    """With ``log`` in the payload: append ``event`` and the job id to that file. An
+    append is one write, so the lines of every process come in the order they
+    happened, with no clock to compare."""
+    log = ctx.payload.get("log") if isinstance(ctx.payload, dict) else None
+    if log:
+        with open(log, "a", encoding="utf-8") as file:
+            file.write(f"{event} {ctx.job_id}\n")
+
+
 @job_handler("ordering.row", version=1, retry=AT_ONCE)
 def row(ctx: JobContext) -> str:
     """A job of a batch or a sequence: waits at its ``gate`` if it has one; fails its
-    first attempt when ``fail_first`` is set."""
-    _wait_for_gate(ctx)
-    if ctx.payload.get("fail_first") and ctx.attempt == 1:
-        raise RuntimeError("the first attempt fails")
-    return str(ctx.payload.get("n"))
+    first attempt when ``fail_first`` is set; notes its start and end in its ``log``."""
+    _note(ctx, "start")
+    try:
+        _wait_for_gate(ctx)
+        if ctx.payload.get("fail_first") and ctx.attempt == 1:
+            raise RuntimeError("the first attempt fails")
+        return str(ctx.payload.get("n"))
+    finally:
+        _note(ctx, "end")
 
 
 @job_handler("ordering.strict", version=1, retry=AT_ONCE, sequence_halts_on_failure=True)
