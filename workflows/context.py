@@ -84,8 +84,12 @@ class WorkflowContext:
     :meth:`now` for the time and :meth:`idempotency_key` for outside services.
     """
 
-    def __init__(self, driver: store.Driver, clock: Callable[[], datetime]) -> None:
-        self._replay = Replay(driver, clock)
+    def __init__(
+        self, driver: store.Driver, clock: Callable[[], datetime], replay: Replay | None = None
+    ) -> None:
+        # ``replay``: another view of the run's checkpoints (an upgrade check's, which
+        # stops at the first one not recorded); by default the driver's own.
+        self._replay = replay if replay is not None else Replay(driver, clock)
         self._run = driver.run
         self._inline = InlineSteps(self._replay)
         self._activities = Activities(self._replay)

@@ -156,6 +156,11 @@ class Replay:
         yet (see :meth:`~workflows.determinism.RecordedOrder.beyond`)."""
         return self._order.beyond()
 
+    def ahead(self) -> tuple[str, ...]:
+        """The recorded checkpoints this replay has not reached yet, in the order
+        recorded."""
+        return self._order.ahead()
+
     def _nondeterministic(self, key: str, detail: str, skipped: tuple[str, ...] = ()) -> None:
         error = NonDeterministicWorkflow(key, detail, skipped)
         if self.nondeterminism is None:

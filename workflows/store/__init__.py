@@ -44,7 +44,8 @@ from __future__ import annotations
 
 from .base import Driver, StaleDriver, alias, current_time
 from .bounds import check_item_count, check_results_size, refuse_hopeless_resume
-from .checkpoints import insert_step, load_steps, update_step
+from .checking import RunInFlight, runs_in_flight
+from .checkpoints import insert_step, load_steps, load_steps_of, update_step
 from .control import advance_job_cancelled, cancel, cancel_run, resume, resume_run, time_out
 from .creating import create_child, create_run
 from .deadlines import deadline_passed, timed_out_error
@@ -93,6 +94,7 @@ __all__ = [
     "ITEM_BATCH",
     "ITEM_JOB_PREFIX",
     "Driver",
+    "RunInFlight",
     "StaleDriver",
     "Suspended",
     "advance_job_cancelled",
@@ -127,6 +129,7 @@ __all__ = [
     "let_writers_in",
     "list_runs",
     "load_steps",
+    "load_steps_of",
     "purge_finished",
     "record_item_error",
     "refuse_hopeless_resume",
@@ -134,6 +137,7 @@ __all__ = [
     "release_runs_of_ended_jobs",
     "resume",
     "resume_run",
+    "runs_in_flight",
     "send_signal",
     "signal_payload",
     "snapshot",
