@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import registry, store, validation
+from .exceptions import RunNotFound
 from .types import CancelOutcome, RunSnapshot, RunStatus, SignalOutcome
 
 
@@ -146,3 +147,25 @@ class WorkflowScope:
         """Advance a Failed run again: recorded checkpoints return their values, the
         failed step runs again with fresh retries."""
         return store.resume(self.scope_hash, validation.existing_run_id(run_id))
+
+    def fork(
+        self, run_id: str, new_run_id: str, *, from_step: str, version: int | None = None
+    ) -> RunSnapshot:
+        """A new run ``new_run_id`` of the same workflow and input (on ``version``, or
+        the source's) whose checkpoints reached before ``from_step`` are copies of run
+        ``run_id``'s, with their recorded values: its body goes on from
+        ``from_step``, and the copied inline steps are not run again. Child runs are
+        copied when their checkpoint stands before ``from_step``; signals are not.
+        Any run not being advanced can be forked. A step the run never reached is
+        :class:`~workflows.exceptions.StepNotFound`, a taken ``new_run_id``
+        :class:`~workflows.exceptions.RunExists`, a run being advanced
+        :class:`~workflows.exceptions.InvalidTransition`: each writes nothing."""
+        source_id = validation.existing_run_id(run_id)
+        checked_id = validation.run_id(new_run_id)
+        step = validation.key(from_step, "from_step")
+        if version is not None:
+            source = store.get(self.scope_hash, source_id)
+            if source is None:
+                raise RunNotFound(f"no run {source_id!r} in this scope")
+            version = registry.get_workflow(source.name, version).version
+        return store.fork(self.scope_hash, source_id, checked_id, step, version)

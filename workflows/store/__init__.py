@@ -32,6 +32,8 @@ typed error. Nothing else in the app writes to the workflows tables.
     resume .................... FAILED -> WAITING (failed checkpoints        control
                                 erased)
     purge_finished ............ finished before a cutoff -> (deleted)        retention
+    fork ...................... (new) WAITING run + copies of the source's   forking
+                                checkpoints before a step, its children
 
 A run is woken by an advance job of the workflows' own handler, staged in the same
 transaction as the change that wakes it (:mod:`.waking`). Its job id is deterministic
@@ -59,6 +61,7 @@ from .driving import (
     suspend,
     take,
 )
+from .forking import fork
 from .items import (
     ITEM_BATCH,
     ITEM_JOB_PREFIX,
@@ -116,6 +119,7 @@ __all__ = [
     "end_items_of_ended_jobs",
     "fan_in",
     "finish",
+    "fork",
     "get",
     "guard",
     "in_flight_versions",
