@@ -108,6 +108,18 @@ def time_check(runs: int, checkpoints: int) -> float:
     return took
 
 
+def time_fork(checkpoints: int, round_: int) -> float:
+    """Seconds of one ``WorkflowScope.fork`` of the seeded run of ``checkpoints``
+    checkpoints from its signal wait (every checkpoint before it copied)."""
+    from workflows import WorkflowScope
+
+    started = time.perf_counter()
+    forked = WorkflowScope(SCOPE).fork("long-0", f"long-fork-{round_}", from_step="go")
+    took = time.perf_counter() - started
+    assert len(forked.steps) == checkpoints, len(forked.steps)
+    return took
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.wf_ops", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one round")
@@ -138,12 +150,20 @@ def main(argv: list[str] | None = None) -> None:
         raw["check_seconds"] = [
             time_check(sizes["check_runs"], sizes["checkpoints"]) for _ in range(rounds)
         ]
+        seed("long", 1, sizes["fork_checkpoints"])
+        raw["fork_seconds"] = [
+            time_fork(sizes["fork_checkpoints"], round_) for round_ in range(rounds)
+        ]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"wf-ops-{raw['when'].replace(':', '')}.json"
     path.write_text(json.dumps(raw, indent=2))
     print(
         f"check_workflows: {sizes['check_runs']} runs of {sizes['checkpoints']} checkpoints "
         f"in {statistics.median(raw['check_seconds']):.2f} s (median of {rounds})"
+    )
+    print(
+        f"fork: a run of {sizes['fork_checkpoints']} checkpoints in "
+        f"{statistics.median(raw['fork_seconds']) * 1000:.0f} ms (median of {rounds})"
     )
     print(f"raw results: {path}")
 

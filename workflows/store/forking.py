@@ -39,6 +39,8 @@ _STEP_COLUMNS = (
     "started_at",
     "finished_at",
 )
+#: The kinds of checkpoint that have items.
+_WITH_ITEMS = (StepKind.MAP, StepKind.ACTIVITY)
 _ITEM_COLUMNS = (
     "index",
     "status",
@@ -88,9 +90,14 @@ def fork(
             .order_by("pk")
             .values_list("key", flat=True)
         )
-        copied = set(before.values_list("key", flat=True)) - set(left_out)
-        rerun_keys = [key for key in source.rerun_keys if key not in copied]
-        rerun_keys += [key for key in left_out if key not in rerun_keys]
+        rerun_keys = list(left_out)
+        if source.rerun_keys:
+            # Keys the source's last resume erased and has not recorded again before
+            # the step: the fork records them again where they stood, as it would.
+            copied = set(before.values_list("key", flat=True)) - set(left_out)
+            rerun_keys += [
+                key for key in source.rerun_keys if key not in copied and key not in left_out
+            ]
         forked = _insert_run(
             scope_hash=scope_hash,
             run_id=new_run_id,
@@ -134,6 +141,8 @@ def _copy_steps(source_pk: int, target_pk: int, cut: int | None) -> None:
             f"SELECT %s, {step_columns} FROM {steps} WHERE {condition} ORDER BY id",
             params,
         )
+        if not WorkflowStep.objects.filter(run_id=target_pk, kind__in=_WITH_ITEMS).exists():
+            return
         cursor.execute(
             f"INSERT INTO {items} (step_id, {item_columns}) "
             f"SELECT n.id, {source_items} FROM {items} i "
