@@ -160,12 +160,20 @@ class WorkflowScope:
         :class:`~workflows.exceptions.StepNotFound`, a taken ``new_run_id``
         :class:`~workflows.exceptions.RunExists`, a run being advanced
         :class:`~workflows.exceptions.InvalidTransition`: each writes nothing."""
-        source_id = validation.existing_run_id(run_id)
-        checked_id = validation.run_id(new_run_id)
-        step = validation.key(from_step, "from_step")
-        if version is not None:
-            source = store.get(self.scope_hash, source_id)
-            if source is None:
-                raise RunNotFound(f"no run {source_id!r} in this scope")
-            version = registry.get_workflow(source.name, version).version
-        return store.fork(self.scope_hash, source_id, checked_id, step, version)
+        return fork_run(self.scope_hash, run_id, new_run_id, from_step, version)
+
+
+def fork_run(
+    scope_hash: str, run_id: str, new_run_id: str, from_step: str, version: int | None
+) -> RunSnapshot:
+    """:meth:`WorkflowScope.fork` in the scope of ``scope_hash`` (the admin's, which
+    knows runs by their scope's hash): the arguments checked, then the fork."""
+    source_id = validation.existing_run_id(run_id)
+    checked_id = validation.run_id(new_run_id)
+    step = validation.key(from_step, "from_step")
+    if version is not None:
+        source = store.get(scope_hash, source_id)
+        if source is None:
+            raise RunNotFound(f"no run {source_id!r} in this scope")
+        version = registry.get_workflow(source.name, version).version
+    return store.fork(scope_hash, source_id, checked_id, step, version)

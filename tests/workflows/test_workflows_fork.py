@@ -7,6 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
 
 from jobs.models import Job
 from testproject.workflow_checks import tasks as checks
@@ -194,3 +197,58 @@ def test_a_failed_run_forked_from_its_failed_step_runs_it_again_on_fixed_code():
     assert effects("failed-fixed") == ["charge"]
     # No item ran again: the only new job is the fork's advance.
     assert Job.objects.count() == jobs
+
+
+# -- the admin's "fork from this step" ------------------------------------------------
+
+
+def staff(*codenames: str) -> Client:
+    user = User.objects.create_user(f"staff-{'-'.join(codenames)}", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def run_pk(run_id: str) -> int:
+    return WorkflowRun.objects.get(run_id=run_id).pk
+
+
+def test_the_run_page_offers_a_fork_from_each_step_to_users_who_may_steer(finished_order):
+    page = reverse("admin:workflows_workflowrun_change", args=[run_pk("order-7")])
+    fork_url = reverse("admin:workflows_workflowrun_fork", args=[run_pk("order-7")])
+    steering = staff("view_workflowrun", "change_workflowrun").get(page).content.decode()
+    assert f'href="{fork_url}?from_step=charge">fork from this step</a>' in steering
+    viewer = staff("view_workflowrun")
+    assert "fork from this step" not in viewer.get(page).content.decode()
+    assert viewer.get(f"{fork_url}?from_step=charge").status_code == 403
+    assert viewer.post(fork_url, {"from_step": "charge", "new_run_id": "x"}).status_code == 403
+    assert runs.get("x") is None
+
+
+def test_the_fork_form_forks_and_opens_the_new_run(finished_order):
+    client = staff("view_workflowrun", "change_workflowrun")
+    fork_url = reverse("admin:workflows_workflowrun_fork", args=[run_pk("order-7")])
+    form = client.get(f"{fork_url}?from_step=charge").content.decode()
+    assert 'value="charge"' in form
+    assert 'value="order-7-fork"' in form
+    response = client.post(fork_url, {"from_step": "charge", "new_run_id": "order-7-fork"})
+    assert response.status_code == 302
+    assert response["Location"] == reverse(
+        "admin:workflows_workflowrun_change", args=[run_pk("order-7-fork")]
+    )
+    forked = runs.get("order-7-fork")
+    assert forked is not None
+    assert [step.key for step in forked.steps] == ["reserve", "ship", "cool-off"]
+
+
+def test_a_refused_fork_in_the_admin_says_why_and_writes_nothing(finished_order):
+    client = staff("view_workflowrun", "change_workflowrun")
+    fork_url = reverse("admin:workflows_workflowrun_fork", args=[run_pk("order-7")])
+    before = counts()
+    taken = client.post(fork_url, {"from_step": "charge", "new_run_id": "order-7"})
+    assert taken.status_code == 200
+    assert "exists in this scope; a fork needs a new run id" in taken.content.decode()
+    unknown = client.post(fork_url, {"from_step": "nope", "new_run_id": "y"})
+    assert "never reached a checkpoint &#x27;nope&#x27;" in unknown.content.decode()
+    assert counts() == before
