@@ -116,3 +116,15 @@ def test_a_patch_on_the_page_takes_the_new_path_for_a_new_run(page_namespace):
     assert run.status == RunStatus.SUCCEEDED
     assert run.output == 300
     assert [step.key for step in run.steps] == ["total", "patch:tax-2027", "tax", "grace"]
+
+
+def test_a_fork_on_the_page_goes_on_from_its_step(page_namespace):
+    run_workflow("tenant-1", "invoice-1", clock=TestClock())
+    fork_from = page_namespace["fork_from"]
+    assert fork_from("invoice-1", "never-reached") is None
+    forked = fork_from("invoice-1", "grace")
+    assert forked.run_id == "invoice-1-from-grace"
+    assert [step.key for step in forked.steps] == ["total", "patch:tax-2027", "tax"]
+    run = run_workflow("tenant-1", "invoice-1-from-grace", clock=TestClock())
+    assert run.status == RunStatus.SUCCEEDED
+    assert run.output == 300
