@@ -20,7 +20,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from django.db import transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 
 from . import registry, store
 from .context import WorkflowContext
@@ -139,11 +139,24 @@ def check_runs(batch: int = BATCH) -> list[Verdict]:
                     (run.name, run.version), Verdict(name=run.name, version=run.version)
                 )
                 verdict.checked += 1
-                divergence = check_run(found)
+                divergence = _checked_alone(found)
                 if divergence is not None:
                     verdict.divergences.append(divergence)
         transaction.set_rollback(True, using=store.alias())
     return [verdicts[key] for key in sorted(verdicts)]
+
+
+def _checked_alone(found: store.RunInFlight) -> Divergence | None:
+    """:func:`check_run` in a savepoint of its own: a body whose own query fails is
+    reported (its error rolled back with the savepoint) and the check goes on; a lost
+    connection stops the check."""
+    try:
+        with transaction.atomic(using=store.alias()):
+            return check_run(found)
+    except (OperationalError, InterfaceError):
+        raise
+    except DatabaseError as exc:
+        return _divergence(found, "", Reason.RAISES, detail=": ".join(error_parts(exc)))
 
 
 def check_run(found: store.RunInFlight) -> Divergence | None:
@@ -158,6 +171,8 @@ def check_run(found: store.RunInFlight) -> Divergence | None:
         spec.func(ctx)
     except Frontier:
         pass
+    except DatabaseError:
+        raise  # the query failed: its transaction can run nothing more
     except Exception as exc:
         failed = exc.key if isinstance(exc, StepFailed) else ctx.checkpoint_of(exc)
         if replay.contradiction is None:

@@ -39,6 +39,8 @@ def order(wf: WorkflowContext) -> Any:
         wf.step("charge-card", checks.write_effect, wf.run_id, "charge-card", 2)
     elif body == "kind":
         wf.sleep("charge", 5)
+    elif body == "bad-query" and wf.run_id == "bad-query":
+        Effect.objects.create(run_id=wf.run_id, key=None)
     elif body == "patched" and wf.patched("card"):
         wf.step("charge-card", checks.write_effect, wf.run_id, "charge-card", 2)
     else:
@@ -193,3 +195,14 @@ def test_finished_runs_are_not_checked():
     status, out = check()
     assert status == 0
     assert "No workflow run in flight." in out
+
+
+def test_a_body_whose_own_query_fails_is_reported_and_the_check_goes_on():
+    start_orders("bad-query", "fine")
+    BODY["order"] = "bad-query"
+    (verdict,) = check_runs()
+    assert verdict.checked == 2
+    (divergence,) = verdict.divergences
+    assert (divergence.run_id, divergence.reason) == ("bad-query", Reason.RAISES)
+    assert divergence.detail.startswith("IntegrityError: ")
+    assert not Effect.objects.filter(key="replayed").exists()
