@@ -167,10 +167,12 @@ def check_run(found: store.RunInFlight) -> Divergence | None:
         return _divergence(found, "", Reason.MISSING_VERSION)
     replay = CheckReplay(found)
     ctx = WorkflowContext(replay.driver, current_time, replay)
+    returned = False
     try:
         spec.func(ctx)
+        returned = True
     except Frontier:
-        pass
+        pass  # its replay stops where the run stands: what lies beyond is not reached
     except DatabaseError:
         raise  # the query failed: its transaction can run nothing more
     except Exception as exc:
@@ -181,8 +183,10 @@ def check_run(found: store.RunInFlight) -> Divergence | None:
             return _divergence(found, failed, Reason.RAISES, detail=": ".join(error_parts(exc)))
     if replay.contradiction is not None:
         return _contradiction(found, replay, *replay.contradiction)
-    if not replay.beyond():
+    if not returned or not replay.beyond():
         return None
+    # The body returns while recorded checkpoints were not reached: it would end the
+    # run having skipped them.
     return _divergence(found, "", Reason.SKIPPED, skipped=replay.ahead())
 
 

@@ -309,9 +309,7 @@ class RunStoreModel(RuleBasedStateMachine):
         assert snapshot.status == RunStatus.WAITING
         assert {step.key for step in snapshot.steps} == set(run.steps)
 
-    @rule(
-        run_id=st.sampled_from(RUN_IDS), new_run_id=st.sampled_from(FORK_IDS), data=st.data()
-    )
+    @rule(run_id=st.sampled_from(RUN_IDS), new_run_id=st.sampled_from(FORK_IDS), data=st.data())
     def fork(self, run_id: str, new_run_id: str, data: st.DataObject) -> None:
         source = self.runs[run_id]
         # Mostly a step the run recorded (a fork that copies something), or not.

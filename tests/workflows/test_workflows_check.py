@@ -12,7 +12,14 @@ from django.core.management import CommandError, call_command
 
 from testproject.workflow_checks import tasks as checks
 from testproject.workflow_checks.models import Effect
-from workflows import RunStatus, WorkflowContext, start_workflow, workflow
+from workflows import (
+    RunStatus,
+    StepFailed,
+    WorkflowContext,
+    WorkflowScope,
+    start_workflow,
+    workflow,
+)
 from workflows.checking import Reason, check_runs
 from workflows.models import WorkflowRun, WorkflowStep
 from workflows.registry import unregister_workflow
@@ -206,3 +213,38 @@ def test_a_body_whose_own_query_fails_is_reported_and_the_check_goes_on():
     assert (divergence.run_id, divergence.reason) == ("bad-query", Reason.RAISES)
     assert divergence.detail.startswith("IntegrityError: ")
     assert not Effect.objects.filter(key="replayed").exists()
+
+
+@workflow("check.compensates", version=1)
+def compensates(wf: WorkflowContext) -> Any:
+    try:
+        wf.step("charge", checks.flaky, wf.run_id, "charge", 5)
+    except StepFailed:
+        wf.step("release", checks.write_effect, wf.run_id, "release", 1)
+        if BODY.get("compensates") == "returns":
+            return "released"
+        wf.wait_for_signal("retry")
+    return "charged"
+
+
+def test_a_resumed_run_stops_cleanly_at_its_erased_step_and_a_body_that_now_returns_does_not():
+    # Its charge failed, was compensated, the run failed; resumed, the charge is
+    # erased and stands before the recorded release: the check stops there, cleanly.
+    start_workflow(SCOPE, "resumed", "check.compensates")
+    run_workflow(SCOPE, "resumed", clock=TestClock())
+    WorkflowRun.objects.filter(run_id="resumed").update(status=RunStatus.FAILED)
+    WorkflowScope(SCOPE).resume("resumed")
+    assert WorkflowRun.objects.get(run_id="resumed").rerun_keys == ["charge"]
+    assert check() == (0, "check.compensates v1: 1 of 1 run(s) in flight replay cleanly\n")
+    # Both runs wait for their signal: a body that now returns before it skips it.
+    start_workflow(SCOPE, "waits", "check.compensates")
+    run_workflow(SCOPE, "waits", clock=TestClock())
+    BODY["compensates"] = "returns"
+    divergences = [d for v in check_runs() for d in v.divergences]
+    assert [(d.run_id, d.key, d.reason, d.skipped) for d in divergences] == [
+        ("resumed", "", Reason.SKIPPED, ("retry",)),
+        ("waits", "", Reason.SKIPPED, ("retry",)),
+    ]
+    assert divergences[0].describe() == (
+        "the body returns while recorded checkpoints were skipped: 'retry'"
+    )
