@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from . import registry, store, validation
-from .exceptions import RunNotFound
 from .types import CancelOutcome, RunSnapshot, RunStatus, SignalOutcome
 
 
@@ -171,9 +170,9 @@ def fork_run(
     source_id = validation.existing_run_id(run_id)
     checked_id = validation.run_id(new_run_id)
     step = validation.key(from_step, "from_step")
-    if version is not None:
-        source = store.get(scope_hash, source_id)
-        if source is None:
-            raise RunNotFound(f"no run {source_id!r} in this scope")
-        version = registry.get_workflow(source.name, version).version
-    return store.fork(scope_hash, source_id, checked_id, step, version)
+    name, source_version = store.identity(scope_hash, source_id)
+    chosen = source_version if version is None else registry.get_workflow(name, version).version
+    # A fork is a new run: its deadline is its version's declared timeout, from now.
+    spec = registry.find_workflow(name, chosen)
+    timeout = spec.timeout if spec is not None else None
+    return store.fork(scope_hash, source_id, checked_id, step, chosen, timeout)

@@ -4,6 +4,7 @@ without running the copied inline steps again; bad requests write nothing."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -252,3 +253,18 @@ def test_a_refused_fork_in_the_admin_says_why_and_writes_nothing(finished_order)
     unknown = client.post(fork_url, {"from_step": "nope", "new_run_id": "y"})
     assert "never reached a checkpoint &#x27;nope&#x27;" in unknown.content.decode()
     assert counts() == before
+
+
+@workflow("fork.timed", version=1, timeout=3600)
+def timed(wf: WorkflowContext) -> Any:
+    wf.step("reserve", checks.write_effect, wf.run_id, "reserve", 1)
+    return wf.wait_for_signal("go")
+
+
+def test_a_fork_has_its_versions_declared_deadline_counted_from_the_fork():
+    start_workflow(SCOPE, "timed", "fork.timed")
+    run_workflow(SCOPE, "timed", clock=TestClock())
+    forked = runs.fork("timed", "timed-again", from_step="go")
+    row = WorkflowRun.objects.get(run_id="timed-again")
+    assert row.deadline is not None
+    assert row.deadline - forked.created_at == timedelta(seconds=3600)

@@ -61,7 +61,7 @@ from .driving import (
     suspend,
     take,
 )
-from .forking import fork
+from .forking import fork, identity
 from .items import (
     ITEM_BATCH,
     ITEM_JOB_PREFIX,
@@ -122,6 +122,7 @@ __all__ = [
     "fork",
     "get",
     "guard",
+    "identity",
     "in_flight_versions",
     "insert_items",
     "insert_step",

@@ -10,17 +10,18 @@ each copied child checkpoint, its child run copied whole under the new run's id.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from ..exceptions import InvalidTransition, RunExists, StepNotFound
+from ..exceptions import InvalidTransition, RunExists, RunNotFound, StepNotFound
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..observability import hooks
 from ..types import FINISHED_STEP_STATUSES, RunSnapshot, RunStatus, StepKind, WaitKind
 from ..validation import child_run_id
 from .base import alias, current_time, run_in_scope
+from .deadlines import stage_deadline
 from .reads import snapshot
 from .waking import wake
 
@@ -61,12 +62,14 @@ def fork(
     new_run_id: str,
     from_step: str,
     version: int | None,
+    timeout: float | None = None,
     *,
     now: datetime | None = None,
 ) -> RunSnapshot:
     """Fork run ``run_id`` of the scope into ``new_run_id`` from checkpoint
     ``from_step`` (see the module docstring), on ``version`` (None: the source's),
-    and queue its first advance. A run being advanced is
+    with a deadline ``timeout`` seconds from now (None: none), and queue its first
+    advance. A run being advanced is
     :class:`~workflows.exceptions.InvalidTransition`, a step the source never reached
     :class:`~workflows.exceptions.StepNotFound`, a taken run id
     :class:`~workflows.exceptions.RunExists`; each writes nothing."""
@@ -109,12 +112,28 @@ def fork(
             rerun_keys=rerun_keys,
             created_at=now,
             updated_at=now,
+            deadline=None if timeout is None else now + timedelta(seconds=timeout),
         )
         _copy_steps(source.pk, forked.pk, cut)
         _copy_children(source.pk, forked, now)
         wake(forked.pk, 0, "start", now=now)
+        stage_deadline(forked.pk, 0, forked.deadline, now)
         transaction.on_commit(lambda: hooks.started(forked.name, forked.version), using=alias())
         return snapshot(forked, created=True)
+
+
+def identity(scope_hash: str, run_id: str) -> tuple[str, int]:
+    """The workflow name and version of run ``run_id`` of the scope
+    (:class:`~workflows.exceptions.RunNotFound` if there is none)."""
+    row = (
+        WorkflowRun.objects.for_scope(scope_hash)
+        .filter(run_id=run_id)
+        .values_list("name", "version")
+        .first()
+    )
+    if row is None:
+        raise RunNotFound(f"no run {run_id!r} in this scope")
+    return row
 
 
 def _copy_steps(source_pk: int, target_pk: int, cut: int | None) -> None:
