@@ -50,6 +50,7 @@ $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 bench: $(VENV)/.bench-installed
 	$(PY) -m benchmarks
 	$(PY) -m benchmarks.workflows
+	$(PY) -m benchmarks.wf_ops
 
 ## The same, tiny and once (under a minute): benchmarks/results/latest.md.
 bench-quick: $(VENV)/.bench-installed

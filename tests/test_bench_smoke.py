@@ -552,3 +552,18 @@ def test_the_bulk_benchmark_runs_small(tmp_path: Path) -> None:
     assert figures["run"]["batches"] == 1
     assert figures["before"]["samples"] == figures["after"]["samples"] == 3
     assert "load average" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_the_operations_on_runs_in_flight_run_quick_and_write_their_figures(
+    tmp_path: Path,
+) -> None:
+    done = run_module(
+        "benchmarks.wf_ops", "--quick", "--database-url", server_url(), "--out", str(tmp_path)
+    )
+    assert "check_workflows: 100 runs of 20 checkpoints in" in done.stdout
+    (written,) = tmp_path.glob("wf-ops-*.json")
+    raw = json.loads(written.read_text())
+    assert raw["sizes"] == {"check_runs": 100, "checkpoints": 20, "fork_checkpoints": 100}
+    assert len(raw["check_seconds"]) == len(raw["fork_seconds"]) == 1

@@ -3,7 +3,8 @@ run (:mod:`workflows.picture`).
 
 Nothing is editable by hand. The only state changes are the "Cancel" and "Resume"
 actions, which go through the store (:func:`workflows.store.cancel`,
-:func:`workflows.store.resume`) and are offered only to users holding
+:func:`workflows.store.resume`), and "fork from this step" on a run's page (a form
+that calls :func:`workflows.api.fork_run`); they are offered only to users holding
 ``workflows.change_workflowrun`` (the admin never edits a run, so that permission
 means "may steer runs"). Staff with only the view permission see the pages and the
 picture, and no actions.
@@ -13,14 +14,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
+from urllib.parse import urlencode
 
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
-from django.urls import reverse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -35,6 +42,7 @@ from ledon.admin import (
 )
 
 from . import store
+from .api import fork_run
 from .exceptions import WorkflowError
 from .models import WorkflowRun
 from .picture import GEOMETRY, layout
@@ -46,6 +54,25 @@ def pretty_json(text: str | None) -> SafeString:
     if text is None or text == "":
         return format_html("{}", "-")
     return format_html('<pre class="workflows-json">{}</pre>', indented_json(text))
+
+
+#: Whether the user of the page being drawn may steer runs (the checkpoints table
+#: offers "fork from this step" only then).
+_may_steer: ContextVar[bool] = ContextVar("workflows_admin_may_steer", default=False)
+
+
+class ForkForm(forms.Form):
+    """A fork of a run from one of its checkpoints."""
+
+    from_step = forms.CharField(
+        max_length=200, strip=False, help_text="The checkpoint the new run goes on from."
+    )
+    new_run_id = forms.CharField(
+        max_length=1000, strip=False, help_text="The new run's id, in the same scope."
+    )
+    version = forms.IntegerField(
+        required=False, min_value=1, help_text="Empty: the version of the run forked."
+    )
 
 
 @admin.register(WorkflowRun)
@@ -131,6 +158,30 @@ class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
     def error_pretty(self, obj: WorkflowRun) -> SafeString:
         return format_html('<pre class="workflows-error">{}</pre>', obj.error or "-")
 
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        token = _may_steer.set(self.has_steer_permission(request))
+        try:
+            response = super().change_view(request, object_id, form_url, extra_context)
+            if isinstance(response, TemplateResponse):
+                response.render()  # the readonly fields read the flag as they render
+            return response
+        finally:
+            _may_steer.reset(token)
+
+    def _fork_link(self, obj: WorkflowRun, key: str) -> SafeString:
+        if not _may_steer.get() or obj.status == RunStatus.RUNNING:
+            return mark_safe("")
+        url = reverse("admin:workflows_workflowrun_fork", args=[obj.pk])
+        return format_html(
+            '<a href="{}?{}">fork from this step</a>', url, urlencode({"from_step": key})
+        )
+
     @admin.display(description="checkpoints")
     def steps_table(self, obj: WorkflowRun) -> SafeString:
         rows = []
@@ -140,7 +191,7 @@ class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
                 format_html(
                     "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td>"
                     "<td>{}</td><td>{}</td><td><details><summary>result</summary>"
-                    "<pre>{}</pre></details>{}</td></tr>",
+                    "<pre>{}</pre></details>{}</td><td>{}</td></tr>",
                     step.key,
                     step.kind.label,
                     step.status.label,
@@ -151,14 +202,75 @@ class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
                     format_html('<pre class="workflows-error">{}</pre>', step.error)
                     if step.error
                     else "",
+                    self._fork_link(obj, step.key),
                 )
             )
         return format_html(
             '<table class="workflows-steps"><thead><tr><th>key</th><th>kind</th>'
             "<th>status</th><th>tries</th><th>started</th><th>finished</th><th>value</th>"
-            "</tr></thead><tbody>{}</tbody></table>",
+            "<th></th></tr></thead><tbody>{}</tbody></table>",
             mark_safe("".join(rows)),
         )
+
+    # ------------------------------------------------------------------ fork
+
+    def get_urls(self) -> list[URLPattern]:
+        own = [
+            path(
+                "<int:object_id>/fork/",
+                self.admin_site.admin_view(self.fork_view),
+                name="workflows_workflowrun_fork",
+            )
+        ]
+        return own + super().get_urls()
+
+    def fork_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
+        """Fork a run from one of its checkpoints (GET: the form, the step from the
+        link; POST: the fork, then the new run's page)."""
+        if not self.has_steer_permission(request):
+            raise PermissionDenied
+        run = get_object_or_404(WorkflowRun, pk=object_id)
+        initial = {
+            "from_step": request.GET.get("from_step", ""),
+            "new_run_id": f"{run.run_id}-fork",
+        }
+        form = ForkForm(request.POST or None, initial=initial)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                forked = fork_run(
+                    run.scope_hash,
+                    run.run_id,
+                    data["new_run_id"],
+                    data["from_step"],
+                    data["version"],
+                )
+            except (WorkflowError, DatabaseError) as exc:
+                form.add_error(None, str(exc))
+            else:
+                pk = (
+                    WorkflowRun.objects.for_scope(run.scope_hash)
+                    .filter(run_id=forked.run_id)
+                    .values_list("pk", flat=True)
+                    .get()
+                )
+                self.message_user(
+                    request,
+                    f"Run {forked.run_id} forked from run {run.run_id} at step "
+                    f"{data['from_step']!r} ({len(forked.steps)} checkpoint(s) copied).",
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(
+                    reverse("admin:workflows_workflowrun_change", args=[pk])
+                )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Fork run {run.run_id}",
+            "opts": self.opts,
+            "run": run,
+            "form": form,
+        }
+        return TemplateResponse(request, "admin/workflows/workflowrun/fork.html", context)
 
     # ------------------------------------------------------------------ actions
 

@@ -146,3 +146,33 @@ class WorkflowScope:
         """Advance a Failed run again: recorded checkpoints return their values, the
         failed step runs again with fresh retries."""
         return store.resume(self.scope_hash, validation.existing_run_id(run_id))
+
+    def fork(
+        self, run_id: str, new_run_id: str, *, from_step: str, version: int | None = None
+    ) -> RunSnapshot:
+        """A new run ``new_run_id`` of the same workflow and input (on ``version``, or
+        the source's) whose checkpoints reached before ``from_step`` are copies of run
+        ``run_id``'s, with their recorded values: its body goes on from
+        ``from_step``, and the copied inline steps are not run again. Child runs are
+        copied when their checkpoint stands before ``from_step``; signals are not.
+        Any run not being advanced can be forked. A step the run never reached is
+        :class:`~workflows.exceptions.StepNotFound`, a taken ``new_run_id``
+        :class:`~workflows.exceptions.RunExists`, a run being advanced
+        :class:`~workflows.exceptions.InvalidTransition`: each writes nothing."""
+        return fork_run(self.scope_hash, run_id, new_run_id, from_step, version)
+
+
+def fork_run(
+    scope_hash: str, run_id: str, new_run_id: str, from_step: str, version: int | None
+) -> RunSnapshot:
+    """:meth:`WorkflowScope.fork` in the scope of ``scope_hash`` (the admin's, which
+    knows runs by their scope's hash): the arguments checked, then the fork."""
+    source_id = validation.existing_run_id(run_id)
+    checked_id = validation.run_id(new_run_id)
+    step = validation.key(from_step, "from_step")
+    name, source_version = store.identity(scope_hash, source_id)
+    chosen = source_version if version is None else registry.get_workflow(name, version).version
+    # A fork is a new run: its deadline is its version's declared timeout, from now.
+    spec = registry.find_workflow(name, chosen)
+    timeout = spec.timeout if spec is not None else None
+    return store.fork(scope_hash, source_id, checked_id, step, chosen, timeout)

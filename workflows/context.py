@@ -38,7 +38,7 @@ from typing import Any
 
 from ledon.clock import aware_utc
 
-from . import registry, store, validation, waits
+from . import patches, registry, store, validation, waits
 from .activities import Activities
 from .exceptions import InvalidInput, NonDeterministicWorkflow
 from .handles import Branches, StepHandle
@@ -84,8 +84,12 @@ class WorkflowContext:
     :meth:`now` for the time and :meth:`idempotency_key` for outside services.
     """
 
-    def __init__(self, driver: store.Driver, clock: Callable[[], datetime]) -> None:
-        self._replay = Replay(driver, clock)
+    def __init__(
+        self, driver: store.Driver, clock: Callable[[], datetime], replay: Replay | None = None
+    ) -> None:
+        # ``replay``: another view of the run's checkpoints (an upgrade check's, which
+        # stops at the first one not recorded); by default the driver's own.
+        self._replay = replay if replay is not None else Replay(driver, clock)
         self._run = driver.run
         self._inline = InlineSteps(self._replay)
         self._activities = Activities(self._replay)
@@ -93,6 +97,9 @@ class WorkflowContext:
         #: The last error a checkpoint raised, with its key (see
         #: :meth:`checkpoint_of`).
         self._raised: tuple[BaseException, str] | None = None
+        #: What each patch id asked for so far in this advance gave (its first
+        #: answer holds for the whole advance).
+        self._patches: dict[str, bool] = {}
         #: The run's input (parsed JSON).
         self.input: Any = validation.from_json(driver.run.input_json)
 
@@ -287,3 +294,16 @@ class WorkflowContext:
                 )
             replay.record(step)
         return datetime.fromisoformat(outcome(step))
+
+    @_checkpoint
+    def patched(self, patch_id: str) -> bool:
+        """Whether this run takes the new path of patch ``patch_id``: True (and
+        recorded, so that every replay agrees) where the run reaches it for the first
+        time; False where the run replays a part it had already passed under older
+        code (it recorded checkpoints beyond this point). Old runs keep the old path,
+        new runs take the new one, in one version. Asked again in one run, the same
+        patch gives the same answer."""
+        key = patches.marker_key(patch_id)
+        if key not in self._patches:
+            self._patches[key] = patches.patched(self._replay, key)
+        return self._patches[key]

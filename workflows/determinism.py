@@ -48,23 +48,35 @@ class RecordedOrder:
         the body stands where the run had been before, not at its frontier."""
         return bool(self._ahead)
 
+    def ahead(self) -> tuple[str, ...]:
+        """The recorded checkpoints this replay has not reached yet, in the order
+        recorded."""
+        return tuple(recorded for recorded in self._keys if recorded in self._ahead)
+
     def skipped_by(self, key: str) -> tuple[str, ...]:
         """The recorded checkpoints a replay that now reaches the new checkpoint
         ``key`` has skipped, in the order recorded (none: it may go on)."""
         if not self._ahead or key in self._rerun:
             return ()
-        return tuple(recorded for recorded in self._keys if recorded in self._ahead)
+        return self.ahead()
 
 
 def skipped_detail(skipped: tuple[str, ...]) -> str:
     """What a :class:`~workflows.exceptions.NonDeterministicWorkflow` for a new
     checkpoint says about the recorded ones it skipped."""
-    named = ", ".join(repr(key) for key in skipped[:NAMED_IN_MESSAGE])
-    more = len(skipped) - NAMED_IN_MESSAGE
-    if more > 0:
-        named += f" and {more} more"
     return (
-        f"reached as a new checkpoint while recorded checkpoints were skipped: {named}; "
+        "reached as a new checkpoint while recorded checkpoints were skipped: "
+        f"{named_keys(skipped)}; "
         "the body took another path than the one recorded (branch only on wf.input and "
         "recorded values, and build keys from them)"
     )
+
+
+def named_keys(keys: tuple[str, ...]) -> str:
+    """Checkpoint keys as a message names them: the first
+    :data:`NAMED_IN_MESSAGE`, then how many more."""
+    named = ", ".join(repr(key) for key in keys[:NAMED_IN_MESSAGE])
+    more = len(keys) - NAMED_IN_MESSAGE
+    if more > 0:
+        named += f" and {more} more"
+    return named

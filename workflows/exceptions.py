@@ -50,6 +50,16 @@ class RunNotFound(WorkflowError, LookupError):
     """This scope has no run with this id."""
 
 
+class RunExists(WorkflowIdentityConflict):
+    """A fork was asked to create a run whose id (or a copied child's) is taken in this
+    scope. Nothing was written."""
+
+
+class StepNotFound(WorkflowError, LookupError):
+    """The run never reached a checkpoint of this key (a fork's ``from_step``).
+    Nothing was written."""
+
+
 class SignalConflict(WorkflowError):
     """This signal was already sent to the run with another payload."""
 

@@ -90,12 +90,24 @@ class Replay:
     had recorded when the advance began (kept current as this advance records
     more), which of them the body has reached, and the fenced writes."""
 
-    def __init__(self, driver: store.Driver, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        driver: store.Driver,
+        clock: Callable[[], datetime],
+        steps: dict[str, Checkpoint] | None = None,
+    ) -> None:
+        """``steps``: the run's recorded checkpoints when the caller read them already
+        (several runs in one query); None reads them."""
         self.driver = driver
         self.run: DrivenRun = driver.run
         self.clock = clock
-        self._steps = store.load_steps(driver.run.pk)
-        self._order = RecordedOrder(self._steps, driver.run.rerun_keys)
+        self._steps = store.load_steps(driver.run.pk) if steps is None else steps
+        # A patch marker stands outside the order: a body that no longer asks for its
+        # patch skips nothing, and a marker does not make a patch point look passed.
+        self._order = RecordedOrder(
+            (key for key, step in self._steps.items() if step.kind is not StepKind.PATCH),
+            driver.run.rerun_keys,
+        )
         self._seen: set[str] = set()
         #: Set when the body contradicted its recorded checkpoints: the run fails
         #: whatever the body did with the error.
@@ -133,6 +145,21 @@ class Replay:
         if not finished:
             fault_point("workflows.checkpoint.reached", run=self.run.pk, key=checked, kind=kind)
         return checked, step
+
+    def step_of(self, key: str) -> Checkpoint | None:
+        """The checkpoint recorded under ``key`` (None if there is none), without
+        reaching it."""
+        return self._steps.get(key)
+
+    def beyond(self) -> bool:
+        """Whether the run had recorded checkpoints that this replay has not reached
+        yet (see :meth:`~workflows.determinism.RecordedOrder.beyond`)."""
+        return self._order.beyond()
+
+    def ahead(self) -> tuple[str, ...]:
+        """The recorded checkpoints this replay has not reached yet, in the order
+        recorded."""
+        return self._order.ahead()
 
     def _nondeterministic(self, key: str, detail: str, skipped: tuple[str, ...] = ()) -> None:
         error = NonDeterministicWorkflow(key, detail, skipped)

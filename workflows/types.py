@@ -81,6 +81,8 @@ class StepKind(models.TextChoices):
     SIGNAL = "signal", "Signal"
     CHILD = "child", "Child run"
     NOW = "now", "Clock"
+    #: A patch marker (``wf.patched``): the run took the new path of this patch.
+    PATCH = "patch", "Patch"
 
 
 class WaitKind(models.TextChoices):

@@ -1,9 +1,9 @@
 """The workflow run store against a model: random sequences of every transition of a
 run — start (with a deadline or not), take (by advance jobs and directly), fenced
 checkpoint writes by the current and by stale drivers, suspend, signals, cancel, a
-deadline's time-out, finish, resume and release — checked against a plain-Python
-model of the lifecycle after every step (Hypothesis stateful testing), on SQLite and
-PostgreSQL.
+deadline's time-out, finish, resume, release and fork — checked against a
+plain-Python model of the lifecycle after every step (Hypothesis stateful testing),
+on SQLite and PostgreSQL.
 
 Callers' operations go through the public API (start, signal, cancel, resume); the
 driver's go through the store exactly as the engine calls it. No worker runs: the
@@ -51,8 +51,10 @@ from workflows import (
 )
 from workflows.exceptions import (
     InvalidTransition,
+    RunExists,
     RunNotFound,
     SignalConflict,
+    StepNotFound,
     WorkflowIdentityConflict,
 )
 from workflows.models import WorkflowRun, WorkflowSignal, WorkflowStep
@@ -79,7 +81,10 @@ CHECKPOINTS = [
     (StepKind.STEP, StepStatus.FAILED),
     (StepKind.STEP, StepStatus.WAITING),
     (StepKind.SIGNAL, StepStatus.WAITING),
+    (StepKind.PATCH, StepStatus.SUCCEEDED),
 ]
+#: Where a fork may go: a new run id, or one that is taken.
+FORK_IDS = ["f1", "r1"]
 ENDS = [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED]
 #: The runs started with a deadline, and its seconds.
 TIMEOUTS = {"r2": 3600}
@@ -303,6 +308,40 @@ class RunStoreModel(RuleBasedStateMachine):
             run.wake("deadline")
         assert snapshot.status == RunStatus.WAITING
         assert {step.key for step in snapshot.steps} == set(run.steps)
+
+    @rule(run_id=st.sampled_from(RUN_IDS), new_run_id=st.sampled_from(FORK_IDS), data=st.data())
+    def fork(self, run_id: str, new_run_id: str, data: st.DataObject) -> None:
+        source = self.runs[run_id]
+        # Mostly a step the run recorded (a fork that copies something), or not.
+        from_step = data.draw(st.sampled_from([*source.steps, *source.steps, "never"]))
+        try:
+            snapshot = WorkflowScope(SCOPE).fork(run_id, new_run_id, from_step=from_step)
+        except InvalidTransition:
+            assert source.status == RunStatus.RUNNING
+            return
+        except StepNotFound:
+            assert source.status != RunStatus.RUNNING
+            assert from_step not in source.steps
+            return
+        except RunExists:
+            assert source.status != RunStatus.RUNNING
+            assert from_step in source.steps
+            assert new_run_id in self.runs
+            return
+        assert source.status != RunStatus.RUNNING
+        assert new_run_id not in self.runs
+        keys = list(source.steps)
+        before = keys[: keys.index(from_step)]
+        finished = (StepStatus.SUCCEEDED, StepStatus.FAILED)
+        copied = {key: source.steps[key] for key in before if source.steps[key][1] in finished}
+        left_out = [key for key in before if key not in copied]
+        rerun = left_out + [key for key in source.rerun if key not in before]
+        pk = WorkflowRun.objects.get(scope_hash=self.scope_hash, run_id=new_run_id).pk
+        forked = ModelRun(pk, source.input, rerun=rerun, steps=copied)
+        forked.wake("start")
+        self.runs[new_run_id] = forked
+        assert snapshot.status == RunStatus.WAITING
+        assert [step.key for step in snapshot.steps] == list(copied)
 
     # ------------------------------------------------------------------ the engine
 

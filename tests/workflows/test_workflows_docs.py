@@ -34,7 +34,14 @@ def page_namespace() -> Iterator[dict[str, object]]:
             exec(compile(block, "docs/workflows.md", "exec"), namespace)
         yield namespace
     finally:
-        for name in ("docs.fulfil", "docs.ship", "docs.charge", "docs.quote", "docs.book_courier"):
+        for name in (
+            "docs.fulfil",
+            "docs.ship",
+            "docs.charge",
+            "docs.quote",
+            "docs.book_courier",
+            "docs.invoice",
+        ):
             unregister_workflow(name, 1)
 
 
@@ -102,3 +109,22 @@ def test_current_activity_is_the_items_job_context(page_namespace):
     assert run.output == [2]
     (item_job,) = JobScope("tenant-1").list(handler="docs.export_rows")
     assert (item_job.progress, item_job.progress_message) == (1.0, "2 of 2 rows")
+
+
+def test_a_patch_on_the_page_takes_the_new_path_for_a_new_run(page_namespace):
+    run = run_workflow("tenant-1", "invoice-1", clock=TestClock())
+    assert run.status == RunStatus.SUCCEEDED
+    assert run.output == 300
+    assert [step.key for step in run.steps] == ["total", "patch:tax-2027", "tax", "grace"]
+
+
+def test_a_fork_on_the_page_goes_on_from_its_step(page_namespace):
+    run_workflow("tenant-1", "invoice-1", clock=TestClock())
+    fork_from = page_namespace["fork_from"]
+    assert fork_from("invoice-1", "never-reached") is None
+    forked = fork_from("invoice-1", "grace")
+    assert forked.run_id == "invoice-1-from-grace"
+    assert [step.key for step in forked.steps] == ["total", "patch:tax-2027", "tax"]
+    run = run_workflow("tenant-1", "invoice-1-from-grace", clock=TestClock())
+    assert run.status == RunStatus.SUCCEEDED
+    assert run.output == 300

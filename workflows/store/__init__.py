@@ -32,6 +32,8 @@ typed error. Nothing else in the app writes to the workflows tables.
     resume .................... FAILED -> WAITING (failed checkpoints        control
                                 erased)
     purge_finished ............ finished before a cutoff -> (deleted)        retention
+    fork ...................... (new) WAITING run + copies of the source's   forking
+                                checkpoints before a step, its children
 
 A run is woken by an advance job of the workflows' own handler, staged in the same
 transaction as the change that wakes it (:mod:`.waking`). Its job id is deterministic
@@ -44,7 +46,8 @@ from __future__ import annotations
 
 from .base import Driver, StaleDriver, alias, current_time
 from .bounds import check_item_count, check_results_size, refuse_hopeless_resume
-from .checkpoints import insert_step, load_steps, update_step
+from .checking import RunInFlight, runs_in_flight
+from .checkpoints import insert_step, load_steps, load_steps_of, update_step
 from .control import advance_job_cancelled, cancel, cancel_run, resume, resume_run, time_out
 from .creating import create_child, create_run
 from .deadlines import deadline_passed, timed_out_error
@@ -58,6 +61,7 @@ from .driving import (
     suspend,
     take,
 )
+from .forking import fork, identity
 from .items import (
     ITEM_BATCH,
     ITEM_JOB_PREFIX,
@@ -93,6 +97,7 @@ __all__ = [
     "ITEM_BATCH",
     "ITEM_JOB_PREFIX",
     "Driver",
+    "RunInFlight",
     "StaleDriver",
     "Suspended",
     "advance_job_cancelled",
@@ -114,8 +119,10 @@ __all__ = [
     "end_items_of_ended_jobs",
     "fan_in",
     "finish",
+    "fork",
     "get",
     "guard",
+    "identity",
     "in_flight_versions",
     "insert_items",
     "insert_step",
@@ -127,6 +134,7 @@ __all__ = [
     "let_writers_in",
     "list_runs",
     "load_steps",
+    "load_steps_of",
     "purge_finished",
     "record_item_error",
     "refuse_hopeless_resume",
@@ -134,6 +142,7 @@ __all__ = [
     "release_runs_of_ended_jobs",
     "resume",
     "resume_run",
+    "runs_in_flight",
     "send_signal",
     "signal_payload",
     "snapshot",

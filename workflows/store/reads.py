@@ -33,26 +33,24 @@ def _error_text(error_type: str, error: str) -> str:
 _WITH_ITEMS = (StepKind.MAP, StepKind.ACTIVITY)
 
 
-def step_snapshot(
-    step: WorkflowStep, child_run_id: str | None = None, counts: ItemCounts | None = None
-) -> StepSnapshot:
-    """``step`` as a snapshot; ``counts``: its items' counts if already read (a map's
-    or an activity's are counted here otherwise)."""
-    if counts is None and step.kind in _WITH_ITEMS:
-        counts = item_counts(step)
-    return StepSnapshot(
-        key=step.key,
-        kind=StepKind(step.kind),
-        status=StepStatus(step.status),
-        attempts=step.attempts,
-        result=from_json(step.result_json),
-        error=_error_text(step.error_type, step.error),
-        started_at=step.started_at,
-        finished_at=step.finished_at,
-        wake_at=step.wake_at,
-        items=counts,
-        child_run_id=child_run_id,
-    )
+#: What a snapshot reads of a checkpoint (plain tuples: a long run's thousands of
+#: checkpoints are read without a model instance each).
+_SNAPSHOT_FIELDS = (
+    "pk",
+    "run_id",
+    "key",
+    "kind",
+    "status",
+    "attempts",
+    "result_json",
+    "error_type",
+    "error",
+    "started_at",
+    "finished_at",
+    "wake_at",
+    "item_count",
+    "child__run_id",
+)
 
 
 def _read_batch() -> int:
@@ -72,12 +70,11 @@ def _steps_by_run(run_pks: list[int]) -> dict[int, tuple[StepSnapshot, ...]]:
         pks = run_pks[start : start + batch]
         rows = list(
             WorkflowStep.objects.filter(run_id__in=pks)
-            .select_related("child")
             .order_by("id")
-            .defer("child__input_json", "child__output_json", "child__error")
+            .values_list(*_SNAPSHOT_FIELDS)
         )
         counted: dict[int, dict[str, int]] = {}
-        with_items = [step.pk for step in rows if step.kind in _WITH_ITEMS]
+        with_items = [row[0] for row in rows if row[3] in _WITH_ITEMS]
         if with_items:
             for step_id, status, n in (
                 WorkflowItem.objects.filter(step_id__in=with_items)
@@ -86,33 +83,49 @@ def _steps_by_run(run_pks: list[int]) -> dict[int, tuple[StepSnapshot, ...]]:
                 .order_by()
             ):
                 counted.setdefault(step_id, {})[status] = n
-        for step in rows:
-            counts = None
-            if step.kind in _WITH_ITEMS:
-                counts = counts_from(step, counted.get(step.pk, {}))
-            child_id = step.child.run_id if step.child is not None else None
-            found[step.run_id].append(step_snapshot(step, child_id, counts))
+        for (
+            pk,
+            run_pk,
+            key,
+            kind,
+            status,
+            attempts,
+            result_json,
+            error_type,
+            error,
+            started_at,
+            finished_at,
+            wake_at,
+            item_count,
+            child_run_id,
+        ) in rows:
+            counts = _counts(item_count, counted.get(pk, {})) if kind in _WITH_ITEMS else None
+            found[run_pk].append(
+                StepSnapshot(
+                    key=key,
+                    kind=StepKind(kind),
+                    status=StepStatus(status),
+                    attempts=attempts,
+                    result=from_json(result_json),
+                    error=_error_text(error_type, error),
+                    started_at=started_at,
+                    finished_at=finished_at,
+                    wake_at=wake_at,
+                    items=counts,
+                    child_run_id=child_run_id,
+                )
+            )
     return {pk: tuple(steps) for pk, steps in found.items()}
 
 
-def counts_from(step: WorkflowStep, by_status: dict[str, int]) -> ItemCounts:
+def _counts(total: int, by_status: dict[str, int]) -> ItemCounts:
     return ItemCounts(
-        total=step.item_count,
+        total=total,
         succeeded=by_status.get(StepStatus.SUCCEEDED, 0),
         failed=by_status.get(StepStatus.FAILED, 0),
         running=by_status.get(StepStatus.RUNNING, 0),
         cancelled=by_status.get(StepStatus.CANCELLED, 0),
     )
-
-
-def item_counts(step: WorkflowStep) -> ItemCounts:
-    rows = dict(
-        WorkflowItem.objects.filter(step=step)
-        .values_list("status")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    return counts_from(step, rows)
 
 
 def wait_of(run: WorkflowRun) -> Wait | None:
