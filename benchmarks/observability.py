@@ -57,10 +57,10 @@ HISTORY = {
     "outbox_outboxmessage": (
         "INSERT INTO outbox_outboxmessage (message_id, event_type, key, payload_json, headers,"
         " status, attempts, available_at, last_error, leased_by, lease_token,"
-        " lease_expires_at, created_at, updated_at, sent_at)"
+        " lease_expires_at, created_at, updated_at, sent_at, held)"
         " SELECT md5(g::text)::uuid, 'orders.placed', '', '{}', '{}', 'sent', 1,"
         " now() - g * interval '2.6 s', '', '', NULL, NULL, now() - g * interval '2.6 s',"
-        " now() - g * interval '2.6 s', now() - g * interval '2.6 s'"
+        " now() - g * interval '2.6 s', now() - g * interval '2.6 s', false"
         " FROM generate_series(1, %s) AS g"
     ),
     "sagas_sagainstance": (
