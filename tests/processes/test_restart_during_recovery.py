@@ -86,6 +86,9 @@ def test_a_worker_whose_start_up_recovery_meets_a_restart_recovers_at_once(fleet
 
 def test_a_dispatcher_whose_start_up_recovery_meets_a_restart_delivers_once(fleet, tmp_path):
     orders = 40
+    # Stopped before the orders exist: a dispatcher at work would send them all
+    # before the fault's own start, on a slow machine, and leave it nothing to hold.
+    fleet.processes["d1"].kill()
     shell(
         fleet,
         "from decimal import Decimal\n"
