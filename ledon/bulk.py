@@ -223,10 +223,11 @@ def lock_batch(model: type[Any], ids: Sequence[Any]) -> tuple[list[Any], tuple[A
 
 
 def let_writers_in(connection: BaseDatabaseWrapper) -> None:
-    """Between two batches: on SQLite, whose one write lock has no queue, pause as long
-    as a writer waiting for it takes between two tries (its busy handler retries about
-    every 100 ms), so that the run does not take the lock back before a worker waiting
-    for it gets it. PostgreSQL locks rows, not the database: no pause."""
+    """Between two batches (of a bulk operation, of a large workflow map's items): on
+    SQLite, whose one write lock has no queue, pause as long as a writer waiting for it
+    takes between two tries (its busy handler retries about every 100 ms), so that the
+    batches do not take the lock back before a worker (or a caller) waiting for it gets
+    it. PostgreSQL locks rows, not the database: no pause."""
     if connection.vendor == "sqlite":
         time.sleep(SQLITE_BATCH_PAUSE)
 

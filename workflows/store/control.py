@@ -4,6 +4,7 @@ for a caller of a scope, the admin, and the advance job an operator cancelled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from django.db import transaction
@@ -77,22 +78,32 @@ def cancel_run(run_pk: int, now: datetime, *, error: str = "") -> CancelOutcome:
 
 def cancel_dependents(run_pk: int, scope_hash: str, now: datetime) -> None:
     """Cancel run ``run_pk``'s unfinished children and its items' jobs, and mark its
-    open checkpoints Cancelled.
+    open checkpoints Cancelled (see :func:`cancel_dependents_of`)."""
+    cancel_dependents_of([run_pk], now)
+
+
+def cancel_dependents_of(run_pks: Sequence[int], now: datetime) -> None:
+    """Cancel the unfinished children of the runs ``run_pks`` and their items' jobs,
+    and mark their open checkpoints Cancelled: a few statements however many runs.
 
     The items' jobs go by their batches' id prefixes (an item's job id names its
     run, its generation and a random part per batch of :data:`ITEM_BATCH`, so a
     prefix names exactly the jobs staged with that batch): Queued ones end Cancelled
-    and Running ones are asked to stop, one statement each however large the map."""
-    children = WorkflowRun.objects.filter(parent_id=run_pk, status__in=RunStatus.unfinished())
+    and Running ones are asked to stop, one statement each per scope however large
+    the maps."""
+    children = WorkflowRun.objects.filter(parent_id__in=run_pks, status__in=RunStatus.unfinished())
     for child_pk in children.values_list("pk", flat=True):
         cancel_run(child_pk, now)
-    running = WorkflowItem.objects.filter(step__run_id=run_pk, status=StepStatus.RUNNING)
-    batches = sorted({batch_prefix(job_id) for job_id in running.values_list("job_id", flat=True)})
-    job_store.cancel_queued(scope_hash, batches, now=now)
-    job_store.cancel_running(scope_hash, batches, now=now)
+    running = WorkflowItem.objects.filter(step__run_id__in=run_pks, status=StepStatus.RUNNING)
+    batches: dict[str, set[str]] = {}
+    for scope_hash, job_id in running.values_list("step__run__scope_hash", "job_id"):
+        batches.setdefault(scope_hash, set()).add(batch_prefix(job_id))
+    for scope_hash, prefixes in batches.items():
+        job_store.cancel_queued(scope_hash, sorted(prefixes), now=now)
+        job_store.cancel_running(scope_hash, sorted(prefixes), now=now)
     running.update(status=StepStatus.CANCELLED, finished_at=now)
     WorkflowStep.objects.filter(
-        run_id=run_pk, status__in=(StepStatus.RUNNING, StepStatus.WAITING)
+        run_id__in=run_pks, status__in=(StepStatus.RUNNING, StepStatus.WAITING)
     ).update(status=StepStatus.CANCELLED, finished_at=now)
 
 
