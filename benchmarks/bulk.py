@@ -264,13 +264,15 @@ def measure(
 def render(result: dict[str, Any]) -> str:
     run = result["run"]
 
+    what = result.get("what", "failed jobs retried")
+
     def cell(s: dict[str, Any]) -> str:
         return f"{s['p50_ms']} / {s['p99_ms']} ({s['samples']})"
 
     return columns(
         [
             {
-                result.get("what", "failed jobs retried"): f"{result['requeued']} of {result['jobs']}",
+                what: f"{result['requeued']} of {result['jobs']}",
                 "command, s (target ≤ 60)": run["seconds"],
                 "batches": run["batches"],
                 "pickup ms p50 / p99 (samples), before": cell(result["before"]),

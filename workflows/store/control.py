@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -120,6 +121,28 @@ def time_out(run_pk: int, now: datetime) -> CancelOutcome | None:
         return cancel_run(run_pk, now, error=timed_out_error(row[0], row[1]))
 
 
+#: The checkpoints a resume erases: a failed try of an inline step, a failed map or
+#: activity, a timed-out wait (the replay records them again).
+ERASED_ON_RESUME = Q(status=StepStatus.FAILED) | Q(kind=StepKind.STEP, status=StepStatus.WAITING)
+
+
+def resumed_fields(now: datetime) -> dict[str, Any]:
+    """What a resume sets on a Failed run: waiting to be replayed, one generation on,
+    its failure forgotten."""
+    return {
+        "status": RunStatus.WAITING,
+        "generation": F("generation") + 1,
+        "cancel_requested": False,
+        "error": "",
+        "failed_step": "",
+        "output_json": None,
+        "wait_kind": WaitKind.RESUME,
+        "wait_key": "",
+        "finished_at": None,
+        "updated_at": now,
+    }
+
+
 def resume(scope_hash: str, run_id: str, *, now: datetime | None = None) -> RunSnapshot:
     """FAILED -> WAITING: the failed checkpoints are erased (a failed child run is
     resumed too), so the replay runs them again with fresh retries; recorded
@@ -151,16 +174,7 @@ def resume_run(run_pk: int, now: datetime) -> None:
 
 def _resume(run_pk: int, run_id: str, status: str, now: datetime) -> None:
     resumed = WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.FAILED).update(
-        status=RunStatus.WAITING,
-        generation=F("generation") + 1,
-        cancel_requested=False,
-        error="",
-        failed_step="",
-        output_json=None,
-        wait_kind=WaitKind.RESUME,
-        wait_key="",
-        finished_at=None,
-        updated_at=now,
+        **resumed_fields(now)
     )
     if not resumed:
         raise InvalidTransition(f"run {run_id!r} is {status}: only a Failed run resumes")
@@ -177,9 +191,7 @@ def _resume(run_pk: int, run_id: str, status: str, now: datetime) -> None:
     # replay records them again. (Non-child failed steps only: a resumed child keeps
     # its checkpoint, now waiting.) Their keys are kept, so that the replay records
     # them again where they stood (see ``WorkflowRun.rerun_keys``).
-    erased = WorkflowStep.objects.filter(run_id=run_pk).filter(
-        Q(status=StepStatus.FAILED) | Q(kind=StepKind.STEP, status=StepStatus.WAITING)
-    )
+    erased = WorkflowStep.objects.filter(run_id=run_pk).filter(ERASED_ON_RESUME)
     rerun_keys = list(erased.order_by("id").values_list("key", flat=True))
     erased.delete()
     WorkflowRun.objects.filter(pk=run_pk).update(rerun_keys=rerun_keys)

@@ -12,36 +12,25 @@ are those of one run's :func:`~workflows.store.cancel` and
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from ledon.bulk import BatchOutcome, lock_batch
 
 from ..exceptions import InvalidTransition
-from ..models import WorkflowRun, WorkflowStep
-from ..types import RunStatus, StepKind, StepStatus, WaitKind
+from ..models import WorkflowItem, WorkflowRun, WorkflowStep
+from ..types import RunStatus, StepKind, StepStatus
 from .base import alias, current_time, ended
-from .control import cancel_dependents_of, resume_run
+from .control import ERASED_ON_RESUME, cancel_dependents_of, resume_run, resumed_fields
 from .waking import drop_wakes, wake_many, wake_parent
 
 #: The outcomes of the bulk operations, as :class:`ledon.bulk.BatchOutcome` counts them.
 CANCELLED = "cancelled"
 CANCEL_REQUESTED = "cancel requested"
 RESUMED = "resumed"
-
-#: What a resume sets on a Failed run: waiting to be replayed, one generation on.
-_RESUMED = {
-    "status": RunStatus.WAITING,
-    "cancel_requested": False,
-    "error": "",
-    "failed_step": "",
-    "output_json": None,
-    "wait_kind": WaitKind.RESUME,
-    "wait_key": "",
-    "finished_at": None,
-}
 
 
 def cancel_runs_many(ids: Sequence[int], *, now: datetime | None = None) -> BatchOutcome:
@@ -84,27 +73,26 @@ def resume_runs_many(ids: Sequence[int], *, now: datetime | None = None) -> Batc
     The runs whose failed checkpoint is a failed child's are resumed one by one
     first (their children with them, as one run's resume does; a child of the batch
     is then no longer Failed, and skipped); the others take a few statements however
-    many:
-    one update per distinct list of erased keys, one delete, one bulk insert of
-    advance jobs."""
+    many: one read of their checkpoints, one update per distinct list of erased keys,
+    one delete, one bulk insert of advance jobs."""
     now = current_time(now)
     with transaction.atomic(using=alias()):
         ids, held = lock_batch(WorkflowRun, ids)
-        failed = set(
+        failed = dict(
             WorkflowRun.objects.filter(pk__in=ids, status=RunStatus.FAILED).values_list(
-                "pk", flat=True
+                "pk", "generation"
             )
         )
+        steps = [
+            _Step(*row)
+            for row in WorkflowStep.objects.filter(run_id__in=failed)
+            .filter(ERASED_ON_RESUME | _ONE_BY_ONE)
+            .order_by("id")
+            .values_list("pk", "run_id", "key", "kind", "status", "child__status")
+        ]
         # A failed child goes with its parent; a map's results may be too large to
         # resume: both are rare, and take the one-run path, which knows them.
-        one_by_one = set(
-            WorkflowStep.objects.filter(run_id__in=failed)
-            .filter(
-                Q(kind=StepKind.CHILD, status=StepStatus.FAILED, child__status=RunStatus.FAILED)
-                | Q(kind=StepKind.MAP, status=StepStatus.RUNNING)
-            )
-            .values_list("run_id", flat=True)
-        )
+        one_by_one = {step.run_pk for step in steps if step.one_by_one}
         resumed = 0
         for run_pk in sorted(one_by_one):
             try:
@@ -113,34 +101,67 @@ def resume_runs_many(ids: Sequence[int], *, now: datetime | None = None) -> Batc
             except InvalidTransition:  # ResumeWouldFail, or no longer Failed
                 continue
             resumed += 1
-        # After them: a failed child of the batch resumed with its parent is Waiting.
-        rest = WorkflowRun.objects.filter(pk__in=failed - one_by_one, status=RunStatus.FAILED)
-        resumed += _resume_set(sorted(rest.values_list("pk", flat=True)), now)
+        rest = set(failed) - one_by_one
+        if one_by_one:  # a failed child of the batch resumed with its parent is Waiting
+            rest &= set(
+                WorkflowRun.objects.filter(pk__in=rest, status=RunStatus.FAILED).values_list(
+                    "pk", flat=True
+                )
+            )
+        runs = {pk: failed[pk] for pk in sorted(rest)}
+        resumed += _resume_set(runs, [step for step in steps if step.run_pk in rest], now)
     return BatchOutcome(changed={RESUMED: resumed}, held=held)
 
 
-def _resume_set(run_pks: list[int], now: datetime) -> int:
-    """Resume the Failed runs ``run_pks`` (locked; none with a failed child or an
-    unfinished map), in the caller's transaction; how many."""
-    if not run_pks:
+#: The checkpoints that send a run down the one-run path of a resume.
+_ONE_BY_ONE = Q(kind=StepKind.CHILD, status=StepStatus.FAILED, child__status=RunStatus.FAILED) | Q(
+    kind=StepKind.MAP, status=StepStatus.RUNNING
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A checkpoint of a Failed run that its resume erases, or that sends the run
+    down the one-run path."""
+
+    pk: int
+    run_pk: int
+    key: str
+    kind: str
+    status: str
+    child_status: str | None
+
+    @property
+    def one_by_one(self) -> bool:
+        if self.kind == StepKind.CHILD:
+            return self.status == StepStatus.FAILED and self.child_status == RunStatus.FAILED
+        return self.kind == StepKind.MAP and self.status == StepStatus.RUNNING
+
+
+def _resume_set(runs: dict[int, int], erased: list[_Step], now: datetime) -> int:
+    """Resume the Failed runs ``runs`` (primary key: generation; locked, none with a
+    failed child or an unfinished map), erasing their checkpoints ``erased``, in the
+    caller's transaction; how many."""
+    if not runs:
         return 0
-    erased = WorkflowStep.objects.filter(run_id__in=run_pks).filter(
-        Q(status=StepStatus.FAILED) | Q(kind=StepKind.STEP, status=StepStatus.WAITING)
-    )
-    keys: dict[int, list[str]] = {pk: [] for pk in run_pks}
-    for run_pk, key in erased.order_by("id").values_list("run_id", "key"):
-        keys[run_pk].append(key)
+    keys: dict[int, list[str]] = {pk: [] for pk in runs}
+    for step in erased:
+        keys[step.run_pk].append(step.key)
     by_keys: dict[tuple[str, ...], list[int]] = {}
     for run_pk, run_keys in keys.items():
         by_keys.setdefault(tuple(run_keys), []).append(run_pk)
     resumed = 0
     for rerun_keys, pks in by_keys.items():
         resumed += WorkflowRun.objects.filter(pk__in=pks, status=RunStatus.FAILED).update(
-            **_RESUMED, generation=F("generation") + 1, rerun_keys=list(rerun_keys), updated_at=now
+            **resumed_fields(now), rerun_keys=list(rerun_keys)
         )
-    erased.delete()
-    woken = WorkflowRun.objects.filter(pk__in=run_pks).values_list("pk", "generation")
-    wake_many(list(woken), "resume", now=now)
+    # A failed map's or activity's items first, then the checkpoints: each one
+    # statement, nothing left to cascade (no read of the rows to delete them).
+    with_items = [step.pk for step in erased if step.kind in (StepKind.MAP, StepKind.ACTIVITY)]
+    if with_items:
+        WorkflowItem.objects.filter(step_id__in=with_items)._raw_delete(alias())
+    WorkflowStep.objects.filter(pk__in=[step.pk for step in erased])._raw_delete(alias())
+    wake_many([(pk, generation + 1) for pk, generation in runs.items()], "resume", now=now)
     return resumed
 
 
