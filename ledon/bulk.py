@@ -143,6 +143,18 @@ class BulkFilter:
             error_contains=text(error_contains, "--error-contains"),
         )
 
+    def created_and_erring(self, rows: QuerySet[Any]) -> QuerySet[Any]:
+        """``rows`` narrowed by the conditions every app reads alike: created (its
+        ``created_at``) within the window, and its ``error`` holding the piece asked
+        for, in any case (ASCII letters only, on SQLite)."""
+        if self.since is not None:
+            rows = rows.filter(created_at__gte=self.since)
+        if self.until is not None:
+            rows = rows.filter(created_at__lt=self.until)
+        if self.error_contains is not None:
+            rows = rows.filter(error__icontains=self.error_contains)
+        return rows
+
     @property
     def is_empty(self) -> bool:
         """No condition at all: every row."""
