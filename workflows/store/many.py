@@ -49,7 +49,7 @@ def cancel_runs_many(ids: Sequence[int], *, now: datetime | None = None) -> Batc
             rows.filter(pk__in=waiting, parent__isnull=False).values_list("parent_id", "parent_key")
         )
         cancelled = WorkflowRun.objects.filter(pk__in=waiting, status=RunStatus.WAITING).update(
-            **ended(RunStatus.CANCELLED, now), cancel_requested=True
+            **ended(RunStatus.CANCELLED, now), cancel_requested=True, error=""
         )
         asked = WorkflowRun.objects.filter(pk__in=running, status=RunStatus.RUNNING).update(
             cancel_requested=True, updated_at=now
