@@ -7,20 +7,20 @@ batch never waits for a run another transaction holds."""
 
 from __future__ import annotations
 
-import threading
 from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.messages import get_messages
 from django.core.management import CommandError, call_command
-from django.db import transaction
 from django.urls import reverse
 
 from jobs.models import Job
 from jobs.types import JobStatus
 from ledon.bulk import BulkFilter, run_bulk
 from testproject.workflow_checks import tasks as checks
+from tests.support.bulk import across as support_across
+from tests.support.bulk import held
 from workflows import RunStatus, WorkflowScope, send_signal, start_workflow, store
 from workflows import bulk as workflows_bulk
 from workflows.exceptions import InvalidInput
@@ -231,25 +231,12 @@ def test_a_batch_does_not_wait_for_a_run_another_transaction_holds(background):
         start_workflow(BY_FILTER, f"{name}-{BY_FILTER}", "checks.flaky", {"fail_times": 1})
     checks.TRIES.clear()
     run_workflows_inline()
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with transaction.atomic():
-            WorkflowRun.objects.select_for_update().get(run_id=f"held-{BY_FILTER}")
-            holding.set()
-            release.wait(30)
-
-    held = background(hold)
-    assert holding.wait(30)
-    try:
+    with held(background, WorkflowRun.objects.filter(run_id=f"held-{BY_FILTER}")):
         report = run_bulk(
             workflows_bulk.matching(BulkFilter(status="failed")),
             workflows_bulk.resume_action(),
             error=InvalidInput,
         )
-    finally:
-        release.set()
-        held.result(30)
 
     assert (report.changed, report.held) == ({many.RESUMED: 1}, 1)
     scope = WorkflowScope(BY_FILTER)
@@ -261,15 +248,7 @@ CHANGELIST = reverse("admin:workflows_workflowrun_changelist")
 
 
 def across(client: Any, action: str, query: str = "", **extra: Any) -> Any:
-    data = {
-        "action": action,
-        "select_across": "1",
-        "_selected_action": [WorkflowRun.objects.order_by("id").first().pk],
-        **extra,
-    }
-    if "bulk_confirm" not in extra:
-        data["index"] = "0"
-    return client.post(f"{CHANGELIST}?{query}", data)
+    return support_across(client, CHANGELIST, WorkflowRun, action, query, **extra)
 
 
 def test_resume_all_matching_in_the_admin_shows_the_dry_run_then_resumes(admin_client, both):
