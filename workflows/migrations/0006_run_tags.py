@@ -26,7 +26,7 @@ def drop_tags_index(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("workflows", "0004_run_deadline"),
+        ("workflows", "0005_step_kind_patch"),
     ]
 
     operations = [
