@@ -15,6 +15,7 @@ from jobs.models import Job
 from workflows import WorkflowScope, stage_workflow, start_workflow
 from workflows.exceptions import InvalidInput, WorkflowIdentityConflict
 from workflows.models import WorkflowRun
+from workflows.testing import run_workflow
 
 pytestmark = pytest.mark.django_db
 
@@ -117,3 +118,13 @@ def test_the_admin_shows_the_tags_and_finds_runs_by_them(admin_client, tagged):
     run = WorkflowRun.objects.get(run_id="b")
     detail = admin_client.get(reverse("admin:workflows_workflowrun_change", args=[run.pk]))
     assert "customer=42, region=us" in detail.content.decode()
+
+
+def test_a_fork_carries_the_tags_of_the_run_it_forks():
+    start_workflow(SCOPE, "source", "checks.linear", {"start": 1}, tags={"customer": "42"})
+    run_workflow(SCOPE, "source")
+
+    WorkflowScope(SCOPE).fork("source", "source-again", from_step="b")
+
+    assert WorkflowScope(SCOPE).get("source-again").tags == {"customer": "42"}
+    assert listed(customer="42") == ["source", "source-again"]
