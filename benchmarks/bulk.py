@@ -1,5 +1,6 @@
-"""``python -m benchmarks.bulk``: retrying a bad night's failed jobs by filter, and what
-it does to a worker's pickup meanwhile.
+"""``python -m benchmarks.bulk``: retrying a bad night's failed jobs by filter (or, with
+``--runs``, resuming its failed workflow runs), and what it does to a worker's pickup
+meanwhile.
 
 On a throw-away PostgreSQL with durable commits (or ``--database-url``, a scratch
 database on it):
@@ -15,6 +16,12 @@ database on it):
    of its own, while pickups go on being sampled; the samples whose job was
    committed between the command's first line and its end are "during";
 4. the same number of samples once it ended (the backlog queued in ``backlog``).
+
+With ``--runs``, the backlog is ``--jobs`` failed workflow runs instead (each with a
+recorded step and a failed one, written straight into the tables), and the command
+is ``manage.py bulk_workflows resume --status failed``: each run's failed step is
+erased and an advance job queued for it in the queue ``default`` (the engine's
+``ADVANCE_QUEUE``), the queue paused or served as ``backlog`` is above.
 
 Two set-ups, each isolating one thing:
 
@@ -82,6 +89,45 @@ def load_failed(count: int) -> None:
         cursor.execute("ANALYZE jobs_jobattempt")
 
 
+def load_failed_runs(count: int) -> None:
+    """``count`` failed workflow runs, each with a recorded step and a failed one, as a
+    bad night leaves them (written straight into the tables, a fixture), then
+    ANALYZE."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO workflows_workflowrun (scope_hash, run_id, name, version,"
+            " input_json, output_json, status, error, failed_step, wait_kind, wait_key,"
+            " wake_at, driver_token, driver_job, wake_pending, generation, advances,"
+            " cancel_requested, rerun_keys, tags, parent_id, parent_key, created_at,"
+            " updated_at, finished_at)"
+            " SELECT encode(sha256(('tenant-' || (g %% 100))::bytea), 'hex'), 'night-' || g,"
+            " 'bench.order', 1, '{\"n\":0}', NULL, 'failed',"
+            " 'StepFailed: step ''charge'' failed: ConnectionError: upstream timed out',"
+            " 'charge', '', '', NULL, NULL, NULL, false, 0, 2, false, '[]',"
+            " jsonb_build_object('customer', (g %% 1000)::text), NULL, '',"
+            " now() - interval '6 hours' + g * interval '100 ms', now() - interval '5 hours',"
+            " now() - interval '5 hours'"
+            " FROM generate_series(1, %s) AS g",
+            [count],
+        )
+        for key, status, error in (
+            ("reserve", "succeeded", ""),
+            ("charge", "failed", "upstream timed out"),
+        ):
+            cursor.execute(
+                "INSERT INTO workflows_workflowstep (run_id, key, kind, status, attempts,"
+                " result_json, error_type, error, wake_at, item_count, child_id, started_at,"
+                " finished_at)"
+                " SELECT id, %s, 'step', %s, 1, 'true', '', %s, NULL, 0, NULL, created_at,"
+                " finished_at FROM workflows_workflowrun",
+                [key, status, error],
+            )
+        cursor.execute("ANALYZE workflows_workflowrun")
+        cursor.execute("ANALYZE workflows_workflowstep")
+
+
 class Prober:
     """Probe jobs into an idle worker, one at a time: (commit time, pickup ms) each."""
 
@@ -112,15 +158,20 @@ def summary(values: list[float]) -> dict[str, Any]:
     }
 
 
-def bulk_retry(url: str, log: Path, prober: Prober) -> dict[str, Any]:
-    """Run ``bulk_jobs retry`` in a process of its own; sample pickups until it ends.
-    Its duration (process start to exit), its own lines' times, and the samples whose
-    job was committed while it worked."""
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "benchmarks.settings"}
-    argv = [
-        sys.executable, "-m", "django", "bulk_jobs", "retry", "--status", "failed",
-        "--extra-attempts", "1",
-    ]  # fmt: skip
+#: The command of each backlog, and the settings it runs under.
+COMMANDS = {
+    False: ["bulk_jobs", "retry", "--status", "failed", "--extra-attempts", "1"],
+    True: ["bulk_workflows", "resume", "--status", "failed"],
+}
+SETTINGS = {False: "benchmarks.settings", True: "benchmarks.wf_settings"}
+
+
+def bulk_retry(url: str, log: Path, prober: Prober, runs: bool) -> dict[str, Any]:
+    """Run ``bulk_jobs retry`` (``bulk_workflows resume`` with ``runs``) in a process of
+    its own; sample pickups until it ends. Its duration (process start to exit), its
+    own lines' times, and the samples whose job was committed while it worked."""
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": SETTINGS[runs]}
+    argv = [sys.executable, "-m", "django", *COMMANDS[runs]]
     lines: list[tuple[float, str]] = []
     spawned = time.time()
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -139,7 +190,7 @@ def bulk_retry(url: str, log: Path, prober: Prober) -> dict[str, Any]:
     reader.join(10)
     log.write_text("\n".join(f"{t:.3f} {line}" for t, line in lines) + "\n")
     if proc.returncode != 0:
-        raise RuntimeError(f"bulk_jobs exited with {proc.returncode} (see {log})")
+        raise RuntimeError(f"{COMMANDS[runs][0]} exited with {proc.returncode} (see {log})")
     first = lines[0][0] if lines else spawned
     during = [ms for at, ms in samples if first <= at <= ended]
     return {
@@ -152,19 +203,19 @@ def bulk_retry(url: str, log: Path, prober: Prober) -> dict[str, Any]:
 
 
 def measure(
-    url: str, jobs: int, samples: int, prefetch: int, served: bool, folder: Path
+    url: str, jobs: int, samples: int, prefetch: int, served: bool, folder: Path, runs: bool
 ) -> dict[str, Any]:
     from django.db import connection
 
     from jobs import execution
 
-    load_failed(jobs)
+    (load_failed_runs if runs else load_failed)(jobs)
     if not served:
-        execution.pause_queue("backlog")
+        execution.pause_queue("default" if runs else "backlog")
     env = {
         **os.environ,
         "DATABASE_URL": url,
-        "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
+        "DJANGO_SETTINGS_MODULE": SETTINGS[runs],
         "BENCH_JOBS": json.dumps({"PREFETCH": prefetch}),
     }
     worker = [sys.executable, "-m", "django", "run_jobs", "--concurrency", "1", "-v", "0"]
@@ -173,16 +224,24 @@ def measure(
         prober.many(5)  # warm-up: connections, the worker's first claims
         load_before = os.getloadavg()
         before = prober.many(samples)
-        run = bulk_retry(url, folder / "bulk.log", prober)
+        run = bulk_retry(url, folder / "bulk.log", prober, runs)
         after = prober.many(samples)
         load_after = os.getloadavg()
     with connection.cursor() as cursor:
-        # Each retried job was granted its extra attempt; the worker may have run some.
-        cursor.execute("SELECT count(*) FROM jobs_job WHERE granted_attempts = 1")
-        (requeued,) = cursor.fetchone()
-        cursor.execute(
-            "SELECT status, count(*) FROM jobs_job WHERE queue = 'backlog' GROUP BY status"
-        )
+        if runs:
+            # Each resumed run moved on a generation, with an advance job queued.
+            cursor.execute("SELECT count(*) FROM workflows_workflowrun WHERE generation = 1")
+            (requeued,) = cursor.fetchone()
+            cursor.execute(
+                "SELECT status, count(*) FROM jobs_job WHERE queue = 'default' GROUP BY status"
+            )
+        else:
+            # Each retried job was granted its extra attempt; the worker may have run some.
+            cursor.execute("SELECT count(*) FROM jobs_job WHERE granted_attempts = 1")
+            (requeued,) = cursor.fetchone()
+            cursor.execute(
+                "SELECT status, count(*) FROM jobs_job WHERE queue = 'backlog' GROUP BY status"
+            )
         backlog = dict(cursor.fetchall())
     during_p99 = run["during"]["p99_ms"]
     return {
@@ -198,11 +257,14 @@ def measure(
         "cpus": os.cpu_count(),
         "prefetch": prefetch,
         "backlog": "served by the worker" if served else "paused",
+        "what": "failed workflow runs resumed" if runs else "failed jobs retried",
     }
 
 
 def render(result: dict[str, Any]) -> str:
     run = result["run"]
+
+    what = result.get("what", "failed jobs retried")
 
     def cell(s: dict[str, Any]) -> str:
         return f"{s['p50_ms']} / {s['p99_ms']} ({s['samples']})"
@@ -210,8 +272,8 @@ def render(result: dict[str, Any]) -> str:
     return columns(
         [
             {
-                "failed jobs retried": f"{result['requeued']} of {result['jobs']}",
-                "bulk_jobs retry, s (target ≤ 60)": run["seconds"],
+                what: f"{result['requeued']} of {result['jobs']}",
+                "command, s (target ≤ 60)": run["seconds"],
                 "batches": run["batches"],
                 "pickup ms p50 / p99 (samples), before": cell(result["before"]),
                 "during": cell(run["during"]),
@@ -235,6 +297,11 @@ def main(argv: list[str] | None = None) -> None:
         "(below the probes' priority)",
     )
     parser.add_argument(
+        "--runs",
+        action="store_true",
+        help="resume failed workflow runs (bulk_workflows resume) instead of retrying jobs",
+    )
+    parser.add_argument(
         "--prefetch", type=int, default=16, help="the worker's JOBS['PREFETCH'] (default: 16)"
     )
     parser.add_argument(
@@ -246,10 +313,12 @@ def main(argv: list[str] | None = None) -> None:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     with server(args.database_url) as server_url, ExitStack() as stack:
         url = stack.enter_context(scratch_database(server_url, "ledon_bench_bulk"))
-        django_on(url, stack)
+        django_on(url, stack, SETTINGS[args.runs])
         folder = out / f"bulk-{stamp}"
         folder.mkdir()
-        result = measure(url, args.jobs, args.samples, args.prefetch, args.serve_backlog, folder)
+        result = measure(
+            url, args.jobs, args.samples, args.prefetch, args.serve_backlog, folder, args.runs
+        )
         result["server"] = server_settings(url)
     result["when"] = stamp
     path = out / f"bulk-{stamp}.json"

@@ -37,13 +37,7 @@ def matching(selection: BulkFilter) -> QuerySet[Job]:
         rows = rows.exclude(handler__in=sorted(library_handlers()))
     if selection.scope is not None:
         rows = rows.filter(scope_hash=validation.scope_hash(selection.scope))
-    if selection.since is not None:
-        rows = rows.filter(created_at__gte=selection.since)
-    if selection.until is not None:
-        rows = rows.filter(created_at__lt=selection.until)
-    if selection.error_contains is not None:
-        rows = rows.filter(error__icontains=selection.error_contains)
-    return rows
+    return selection.created_and_erring(rows)
 
 
 def cancel_action() -> BulkAction:

@@ -143,6 +143,18 @@ class BulkFilter:
             error_contains=text(error_contains, "--error-contains"),
         )
 
+    def created_and_erring(self, rows: QuerySet[Any]) -> QuerySet[Any]:
+        """``rows`` narrowed by the conditions every app reads alike: created (its
+        ``created_at``) within the window, and its ``error`` holding the piece asked
+        for, in any case (ASCII letters only, on SQLite)."""
+        if self.since is not None:
+            rows = rows.filter(created_at__gte=self.since)
+        if self.until is not None:
+            rows = rows.filter(created_at__lt=self.until)
+        if self.error_contains is not None:
+            rows = rows.filter(error__icontains=self.error_contains)
+        return rows
+
     @property
     def is_empty(self) -> bool:
         """No condition at all: every row."""
@@ -223,10 +235,11 @@ def lock_batch(model: type[Any], ids: Sequence[Any]) -> tuple[list[Any], tuple[A
 
 
 def let_writers_in(connection: BaseDatabaseWrapper) -> None:
-    """Between two batches: on SQLite, whose one write lock has no queue, pause as long
-    as a writer waiting for it takes between two tries (its busy handler retries about
-    every 100 ms), so that the run does not take the lock back before a worker waiting
-    for it gets it. PostgreSQL locks rows, not the database: no pause."""
+    """Between two batches (of a bulk operation, of a large workflow map's items): on
+    SQLite, whose one write lock has no queue, pause as long as a writer waiting for it
+    takes between two tries (its busy handler retries about every 100 ms), so that the
+    batches do not take the lock back before a worker (or a caller) waiting for it gets
+    it. PostgreSQL locks rows, not the database: no pause."""
     if connection.vendor == "sqlite":
         time.sleep(SQLITE_BATCH_PAUSE)
 

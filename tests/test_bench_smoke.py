@@ -567,3 +567,17 @@ def test_the_operations_on_runs_in_flight_run_quick_and_write_their_figures(
     raw = json.loads(written.read_text())
     assert raw["sizes"] == {"check_runs": 100, "checkpoints": 20, "fork_checkpoints": 100}
     assert len(raw["check_seconds"]) == len(raw["fork_seconds"]) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_the_bulk_benchmark_resumes_failed_runs_small(tmp_path: Path) -> None:
+    run_module(
+        "benchmarks.bulk", "--runs", "--database-url", server_url(), "--jobs", "300",
+        "--samples", "3", "--out", str(tmp_path),
+    )  # fmt: skip
+    (written,) = tmp_path.glob("bulk-*.json")
+    figures = json.loads(written.read_text())
+    assert (figures["jobs"], figures["requeued"]) == (300, 300)
+    assert figures["backlog_at_end"] == {"queued": 300}
+    assert figures["run"]["summary"].startswith("300 run(s) matched: changed 300 (300 resumed)")

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
+
+from ledon.bulk import let_writers_in
 from ledon.errors import storable_text
 
 from . import store, validation
@@ -100,7 +103,7 @@ class Activities:
             queued = store.items_queued(step)
         while queued < len(args):
             batch = args[queued : queued + store.ITEM_BATCH]
-            store.let_writers_in()
+            let_writers_in(transaction.get_connection(store.alias()))
             with self._replay.write():
                 store.insert_items(self._replay.run, step, spec, batch, start=queued)
             queued += len(batch)

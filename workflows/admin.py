@@ -7,7 +7,12 @@ actions, which go through the store (:func:`workflows.store.cancel`,
 that calls :func:`workflows.api.fork_run`); they are offered only to users holding
 ``workflows.change_workflowrun`` (the admin never edits a run, so that permission
 means "may steer runs"). Staff with only the view permission see the pages and the
-picture, and no actions.
+picture, and no actions. With "Select all N", either action acts on every run the
+filters and search match, by filter (:mod:`workflows.bulk`), after a confirmation
+page with its dry run (:mod:`ledon.bulk_admin`).
+
+The search box takes a run id (exactly) or tags: ``customer=42`` finds the runs
+carrying that pair, ``customer=42, region=eu`` those carrying both.
 """
 
 from __future__ import annotations
@@ -40,10 +45,11 @@ from ledon.admin import (
     report_changes,
     state_action,
 )
+from ledon.bulk_admin import BulkAdminMixin, selected_across
 
-from . import store
+from . import bulk, store, validation
 from .api import fork_run
-from .exceptions import WorkflowError
+from .exceptions import InvalidInput, WorkflowError
 from .models import WorkflowRun
 from .picture import GEOMETRY, layout
 from .types import RunStatus
@@ -75,8 +81,20 @@ class ForkForm(forms.Form):
     )
 
 
+def tag_search(term: str) -> dict[str, str] | None:
+    """The tags a search term asks for (``customer=42, region=eu``), or None if it is
+    not pairs of tags (then it is a run id)."""
+    pairs = [part.partition("=") for part in term.split(",")]
+    if not term.strip() or any(not sep for _, sep, _ in pairs):
+        return None
+    try:
+        return validation.tags({key.strip(): value.strip() for key, _, value in pairs})
+    except InvalidInput:
+        return None
+
+
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
+class WorkflowRunAdmin(BulkAdminMixin, GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
     list_display = (
         "run_id",
         "name",
@@ -84,16 +102,32 @@ class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
         "status",
         "waiting_for",
         "failed_step",
+        "tags_text",
         "created_at",
         "finished_at",
     )
     list_filter = ("status", "wait_kind", "name", "version")
     search_fields = ("=run_id",)
-    search_help_text = "Run id (exact)."
+    search_help_text = "Run id (exact), or tags: customer=42 (several: customer=42, region=eu)."
+    bulk_error = InvalidInput
+    bulk_errors = (WorkflowError,)
     ordering = ("-created_at", "-id")
     actions = ("cancel_runs", "resume_runs")
     fieldsets = (
-        (None, {"fields": ("run_id", "name", "version", "status", "waiting_for", "parent_link")}),
+        (
+            None,
+            {
+                "fields": (
+                    "run_id",
+                    "name",
+                    "version",
+                    "status",
+                    "waiting_for",
+                    "parent_link",
+                    "tags_text",
+                )
+            },
+        ),
         ("Picture", {"fields": ("picture",)}),
         ("Input and output", {"fields": ("input_pretty", "output_pretty")}),
         ("Failure", {"fields": ("failed_step", "error_pretty")}),
@@ -106,7 +140,25 @@ class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
     )
     readonly_fields = fieldset_fields(fieldsets)
 
+    # ------------------------------------------------------------------ search
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[WorkflowRun], bool]:
+        """Run ids exactly; ``key=value`` pairs (comma-separated): the runs carrying
+        every pair."""
+        found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        tags = tag_search(search_term)
+        if tags is None:
+            return found, may_have_duplicates
+        tagged = store.carrying(queryset, tags).values("pk")
+        return found | queryset.filter(pk__in=tagged), may_have_duplicates
+
     # ------------------------------------------------------------------ the page
+
+    @admin.display(description="tags")
+    def tags_text(self, obj: WorkflowRun) -> str:
+        return ", ".join(f"{key}={value}" for key, value in sorted(obj.tags.items()))
 
     def _child_link(self, scope_hash: str) -> Callable[[str], str]:
         def link(run_id: str) -> str:
@@ -275,18 +327,48 @@ class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
     # ------------------------------------------------------------------ actions
 
     @state_action("Cancel selected runs (and their unfinished children)")
-    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        """Waiting runs end Cancelled at once; running ones at their next checkpoint."""
+    def cancel_runs(
+        self, request: HttpRequest, queryset: QuerySet[WorkflowRun]
+    ) -> HttpResponse | None:
+        """Waiting runs end Cancelled at once; running ones at their next checkpoint;
+        with "Select all N", every matching run, by filter, once confirmed."""
+        if selected_across(request):
+            return self.bulk_by_filter(
+                request,
+                queryset,
+                "cancel_runs",
+                bulk.cancel_action,
+                explain="Waiting runs end Cancelled at once; running ones are asked to "
+                "stop and end Cancelled at their next checkpoint. Their unfinished "
+                "children and running items are cancelled with them; finished runs are "
+                "left. Each batch is a short transaction that skips the runs a worker "
+                "holds at that moment, and tries them again after the pass.",
+            )
         self._steer(
             request,
             queryset,
             lambda run: str(store.cancel(run.scope_hash, run.run_id)),
             "cancelled",
         )
+        return None
 
     @state_action("Resume selected failed runs (the failed step runs again)")
-    def resume_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        """A Failed run advances again: recorded checkpoints keep their values."""
+    def resume_runs(
+        self, request: HttpRequest, queryset: QuerySet[WorkflowRun]
+    ) -> HttpResponse | None:
+        """A Failed run advances again: recorded checkpoints keep their values; with
+        "Select all N", every matching failed run, by filter, once confirmed."""
+        if selected_across(request):
+            return self.bulk_by_filter(
+                request,
+                queryset,
+                "resume_runs",
+                bulk.resume_action,
+                explain="Failed runs advance again: their failed steps run again with "
+                "fresh retries, recorded steps keep their values. The workers advance "
+                "them; nothing is run in this request. Runs that are not failed are "
+                "left.",
+            )
 
         def resume(run: WorkflowRun) -> str:
             if run.status != RunStatus.FAILED:
@@ -294,6 +376,7 @@ class WorkflowRunAdmin(GrowingTableMixin, ReadOnlyModelAdmin[WorkflowRun]):
             return str(store.resume(run.scope_hash, run.run_id).status)
 
         self._steer(request, queryset, resume, "resumed")
+        return None
 
     def _steer(
         self,

@@ -19,6 +19,7 @@ def _create(
     timeout: float | None,
     *,
     staged: bool,
+    tags: dict[str, str] | None,
 ) -> RunSnapshot:
     """Check a start request and create its run (see :func:`start_workflow`)."""
     scope_hash = validation.scope_hash(scope)
@@ -26,6 +27,7 @@ def _create(
     seconds = None if timeout is None else validation.seconds(timeout, "timeout")
     spec = registry.get_workflow(name, version)
     input_json = validation.to_json(input, "workflow input")
+    checked_tags = validation.tags(tags)
     return store.create_run(
         scope_hash,
         checked_id,
@@ -35,6 +37,7 @@ def _create(
         staged=staged,
         any_version=version is None,
         timeout=spec.timeout if seconds is None else seconds,
+        tags=checked_tags,
     )
 
 
@@ -46,6 +49,7 @@ def start_workflow(
     *,
     version: int | None = None,
     timeout: float | None = None,
+    tags: dict[str, str] | None = None,
 ) -> RunSnapshot:
     """Create run ``run_id`` of workflow ``name`` in ``scope``, in a transaction of its
     own, and queue its first advance.
@@ -63,8 +67,15 @@ def start_workflow(
     children and activity jobs with it (None: the workflow's declared ``timeout``,
     if any). Not a positive number of seconds is
     :class:`~workflows.exceptions.InvalidInput` (nothing written).
+
+    ``tags`` (``{"customer": "42"}``) are business keys kept on the run, never
+    changed, by which :meth:`WorkflowScope.list` and the admin find it: string keys
+    (not empty, at most 100 characters) and string values (at most 200), at most 16
+    pairs; anything else is :class:`~workflows.exceptions.InvalidInput` and nothing
+    is written. They are part of the request: the same run id with other tags is a
+    conflict.
     """
-    return _create(scope, run_id, name, input, version, timeout, staged=False)
+    return _create(scope, run_id, name, input, version, timeout, staged=False, tags=tags)
 
 
 def stage_workflow(
@@ -75,10 +86,11 @@ def stage_workflow(
     *,
     version: int | None = None,
     timeout: float | None = None,
+    tags: dict[str, str] | None = None,
 ) -> RunSnapshot:
     """:func:`start_workflow` inside the caller's ``transaction.atomic`` block: the run
     exists if and only if that transaction commits (required)."""
-    return _create(scope, run_id, name, input, version, timeout, staged=True)
+    return _create(scope, run_id, name, input, version, timeout, staged=True, tags=tags)
 
 
 def send_signal(scope: str, run_id: str, key: str, payload: Any = None) -> SignalOutcome:
@@ -122,9 +134,13 @@ class WorkflowScope:
         status: RunStatus | str | None = None,
         name: str | None = None,
         limit: int | None = None,
+        *,
+        tags: dict[str, str] | None = None,
     ) -> list[RunSnapshot]:
-        """The scope's runs, oldest first, filtered by status and name (each with its
-        checkpoints; a fixed number of queries however many runs)."""
+        """The scope's runs, oldest first, filtered by status, name and ``tags`` (a
+        run matches when it carries every pair given; checked as
+        :func:`start_workflow` checks a run's), each with its checkpoints: a fixed
+        number of queries however many runs."""
         if status is not None:
             try:
                 status = RunStatus(status)
@@ -133,7 +149,13 @@ class WorkflowScope:
         if name is not None:
             name = validation.name(name)
         checked_limit = validation.limit(limit)
-        return store.list_runs(self.scope_hash, status=status, name=name, limit=checked_limit)
+        return store.list_runs(
+            self.scope_hash,
+            status=status,
+            name=name,
+            limit=checked_limit,
+            tags=validation.tags(tags),
+        )
 
     def cancel(self, run_id: str) -> CancelOutcome:
         """Cancel a run: a waiting run ends Cancelled at once; a running one sees its

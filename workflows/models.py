@@ -74,6 +74,10 @@ class WorkflowRun(models.Model):
     #: recorded: a replay records them again where they stood, so the checkpoints
     #: recorded after them do not count as skipped when it reaches them.
     rerun_keys = models.JSONField(default=list, blank=True)
+    #: The caller's business keys (``{"customer": "42"}``: string keys and values,
+    #: at most 16 pairs), given at the start and never changed: the run is found by
+    #: them (on PostgreSQL through a GIN index of the containment operator).
+    tags = models.JSONField(default=dict, blank=True)
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
     )

@@ -11,7 +11,7 @@ frozen too, so that nothing outside the store changes a row's picture of itself.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -220,6 +220,8 @@ class RunSnapshot:
     #: Whether this call created the run (False: it existed with the same request).
     created: bool = False
     steps: tuple[StepSnapshot, ...] = field(default=())
+    #: The business keys given at the start (``{"customer": "42"}``).
+    tags: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:

@@ -35,6 +35,11 @@ MAX_SECONDS = 10 * 366 * 86_400
 MAX_LIST_LIMIT = 10**9
 #: The most tries after the first that a step or an activity may have.
 MAX_RETRIES = 100
+#: A run's tags: at most this many pairs, each key and value a text of at most these
+#: many characters (a key must not be empty; a value may be).
+MAX_TAGS = 16
+MAX_TAG_KEY_LENGTH = 100
+MAX_TAG_VALUE_LENGTH = 200
 
 
 def scope_hash(scope: object) -> str:
@@ -112,6 +117,29 @@ def version(value: object, what: str, *, error: type[InvalidInput] = InvalidInpu
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_VERSION:
         raise error(f"{what} must be an int from 1 to {MAX_VERSION}, got {value!r}")
     return value
+
+
+def tags(value: object) -> dict[str, str]:
+    """A run's tags, or the tags a search asks for: a dict of at most
+    :data:`MAX_TAGS` pairs whose keys are non-empty texts of at most
+    :data:`MAX_TAG_KEY_LENGTH` characters and whose values are texts of at most
+    :data:`MAX_TAG_VALUE_LENGTH` (None is no tags). Anything else is
+    :class:`InvalidInput`: a number is not turned into a text."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"tags must be a dict of str to str, not {type(value).__name__}")
+    if len(value) > MAX_TAGS:
+        raise InvalidInput(f"tags: {len(value)} pairs, more than the {MAX_TAGS} a run may carry")
+    checked = {}
+    for tag, text in value.items():
+        tag = text_validation.text(
+            tag, "a tag's key", max_length=MAX_TAG_KEY_LENGTH, error=InvalidInput
+        )
+        checked[tag] = text_validation.text(
+            text, f"tag {tag!r}", max_length=MAX_TAG_VALUE_LENGTH, error=InvalidInput, empty=True
+        )
+    return checked
 
 
 def limit(value: object) -> int | None:

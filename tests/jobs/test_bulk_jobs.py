@@ -28,6 +28,7 @@ from jobs.store import scoped, submission
 from jobs.types import RETRYABLE_STATUSES, JobStatus
 from ledon.bulk import BulkFilter, BulkProgress, run_bulk
 from ledon.faults import add_fault_hook, remove_fault_hook
+from tests.support.bulk import held
 from tests.support.factories import JobSubmissionFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -479,25 +480,12 @@ def test_a_batch_skips_a_job_a_claim_holds_and_asks_it_to_stop_once_claimed(
 def test_a_row_held_on_every_try_is_reported_and_left(at_each_page, background):
     make("locked", state="failed", max_attempts=2)
     make("other", state="failed", max_attempts=2)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with transaction.atomic():
-            Job.objects.select_for_update().get(job_id="locked")
-            holding.set()
-            release.wait(30)
-
-    held = background(hold)
-    assert holding.wait(30)
-    try:
+    with held(background, Job.objects.filter(job_id="locked")):
         report = run_bulk(
             jobs_bulk.matching(BulkFilter(status="failed")),
             jobs_bulk.retry_action(),
             error=InvalidInput,
         )
-    finally:
-        release.set()
-        held.result(30)
 
     assert (report.changed, report.held, report.skipped) == ({scoped.REQUEUED: 1}, 1, 0)
     assert "unchanged: run it again" in report.summary("job(s)")

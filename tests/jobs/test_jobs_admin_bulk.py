@@ -16,6 +16,7 @@ from django.urls import reverse
 from jobs import JobScope, JobSubmission, execution, submit_job
 from jobs.models import Job
 from jobs.types import JobStatus
+from tests.support.bulk import across as support_across
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,15 +49,7 @@ def status(job_id: str) -> str:
 def across(client: Client, query: str, action: str, **extra: Any) -> Any:
     """The action chosen for every job the filters in ``query`` match ("Select all N"),
     with the ticked row Django posts along."""
-    data = {
-        "action": action,
-        "select_across": "1",
-        "_selected_action": [Job.objects.order_by("id").values_list("pk", flat=True)[0]],
-        **extra,
-    }
-    if "bulk_confirm" not in extra and "bulk_recount" not in extra:
-        data["index"] = "0"
-    return client.post(f"{CHANGELIST}?{query}", data)
+    return support_across(client, CHANGELIST, Job, action, query, **extra)
 
 
 def messages_of(response: Any) -> list[str]:

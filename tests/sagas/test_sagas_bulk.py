@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from sagas import SagaExecutionError, SagaStatus, resume_saga, run_saga, start_saga, store
 from sagas.models import SagaInstance
+from tests.support.bulk import across as support_across
 from tests.support.sagas import ORDER, instance, order, runs, stopped_after_reserve
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,15 +67,7 @@ def rows() -> dict[uuid.UUID, dict[str, Any]]:
 
 
 def across(client: Client, action: str, query: str = "", **extra: Any) -> Any:
-    data = {
-        "action": action,
-        "select_across": "1",
-        "_selected_action": [SagaInstance.objects.order_by("id").first().pk],
-        **extra,
-    }
-    if "bulk_confirm" not in extra:
-        data["index"] = "0"
-    return client.post(f"{CHANGELIST}?{query}", data)
+    return support_across(client, CHANGELIST, SagaInstance, action, query, **extra)
 
 
 def test_compensate_all_matching_shows_the_dry_run_then_hands_them_to_the_runners(

@@ -31,6 +31,9 @@ typed error. Nothing else in the app writes to the workflows tables.
                                 RunTimedOut error (its job: deadlines)
     resume .................... FAILED -> WAITING (failed checkpoints        control
                                 erased)
+    cancel_runs_many /          cancel, resume for a batch of a bulk         many
+    resume_runs_many .......... operation (rows other transactions hold
+                                are skipped, to try again)
     purge_finished ............ finished before a cutoff -> (deleted)        retention
     fork ...................... (new) WAITING run + copies of the source's   forking
                                 checkpoints before a step, its children
@@ -74,13 +77,14 @@ from .items import (
     items_left,
     items_of,
     items_queued,
-    let_writers_in,
     record_item_error,
     start_item,
 )
+from .many import cancel_runs_many, resume_runs_many
 from .reads import child_run, get, in_flight_versions, list_runs, snapshot, wait_of
 from .retention import purge_finished
 from .signalling import send_signal, signal_payload
+from .tags import carrying
 from .waking import (
     ADVANCE_HANDLER,
     ADVANCE_JOB_PREFIX,
@@ -107,6 +111,8 @@ __all__ = [
     "cancel",
     "cancel_requested",
     "cancel_run",
+    "cancel_runs_many",
+    "carrying",
     "check_item_count",
     "check_results_size",
     "child_run",
@@ -131,7 +137,6 @@ __all__ = [
     "items_left",
     "items_of",
     "items_queued",
-    "let_writers_in",
     "list_runs",
     "load_steps",
     "load_steps_of",
@@ -142,6 +147,7 @@ __all__ = [
     "release_runs_of_ended_jobs",
     "resume",
     "resume_run",
+    "resume_runs_many",
     "runs_in_flight",
     "send_signal",
     "signal_payload",

@@ -4,7 +4,9 @@ for a caller of a scope, the admin, and the advance job an operator cancelled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -77,22 +79,32 @@ def cancel_run(run_pk: int, now: datetime, *, error: str = "") -> CancelOutcome:
 
 def cancel_dependents(run_pk: int, scope_hash: str, now: datetime) -> None:
     """Cancel run ``run_pk``'s unfinished children and its items' jobs, and mark its
-    open checkpoints Cancelled.
+    open checkpoints Cancelled (see :func:`cancel_dependents_of`)."""
+    cancel_dependents_of([run_pk], now)
+
+
+def cancel_dependents_of(run_pks: Sequence[int], now: datetime) -> None:
+    """Cancel the unfinished children of the runs ``run_pks`` and their items' jobs,
+    and mark their open checkpoints Cancelled: a few statements however many runs.
 
     The items' jobs go by their batches' id prefixes (an item's job id names its
     run, its generation and a random part per batch of :data:`ITEM_BATCH`, so a
     prefix names exactly the jobs staged with that batch): Queued ones end Cancelled
-    and Running ones are asked to stop, one statement each however large the map."""
-    children = WorkflowRun.objects.filter(parent_id=run_pk, status__in=RunStatus.unfinished())
+    and Running ones are asked to stop, one statement each per scope however large
+    the maps."""
+    children = WorkflowRun.objects.filter(parent_id__in=run_pks, status__in=RunStatus.unfinished())
     for child_pk in children.values_list("pk", flat=True):
         cancel_run(child_pk, now)
-    running = WorkflowItem.objects.filter(step__run_id=run_pk, status=StepStatus.RUNNING)
-    batches = sorted({batch_prefix(job_id) for job_id in running.values_list("job_id", flat=True)})
-    job_store.cancel_queued(scope_hash, batches, now=now)
-    job_store.cancel_running(scope_hash, batches, now=now)
+    running = WorkflowItem.objects.filter(step__run_id__in=run_pks, status=StepStatus.RUNNING)
+    batches: dict[str, set[str]] = {}
+    for scope_hash, job_id in running.values_list("step__run__scope_hash", "job_id"):
+        batches.setdefault(scope_hash, set()).add(batch_prefix(job_id))
+    for scope_hash, prefixes in batches.items():
+        job_store.cancel_queued(scope_hash, sorted(prefixes), now=now)
+        job_store.cancel_running(scope_hash, sorted(prefixes), now=now)
     running.update(status=StepStatus.CANCELLED, finished_at=now)
     WorkflowStep.objects.filter(
-        run_id=run_pk, status__in=(StepStatus.RUNNING, StepStatus.WAITING)
+        run_id__in=run_pks, status__in=(StepStatus.RUNNING, StepStatus.WAITING)
     ).update(status=StepStatus.CANCELLED, finished_at=now)
 
 
@@ -107,6 +119,28 @@ def time_out(run_pk: int, now: datetime) -> CancelOutcome | None:
         if row is None or row[1] is None or not deadline_passed(row[1], now):
             return None
         return cancel_run(run_pk, now, error=timed_out_error(row[0], row[1]))
+
+
+#: The checkpoints a resume erases: a failed try of an inline step, a failed map or
+#: activity, a timed-out wait (the replay records them again).
+ERASED_ON_RESUME = Q(status=StepStatus.FAILED) | Q(kind=StepKind.STEP, status=StepStatus.WAITING)
+
+
+def resumed_fields(now: datetime) -> dict[str, Any]:
+    """What a resume sets on a Failed run: waiting to be replayed, one generation on,
+    its failure forgotten."""
+    return {
+        "status": RunStatus.WAITING,
+        "generation": F("generation") + 1,
+        "cancel_requested": False,
+        "error": "",
+        "failed_step": "",
+        "output_json": None,
+        "wait_kind": WaitKind.RESUME,
+        "wait_key": "",
+        "finished_at": None,
+        "updated_at": now,
+    }
 
 
 def resume(scope_hash: str, run_id: str, *, now: datetime | None = None) -> RunSnapshot:
@@ -140,16 +174,7 @@ def resume_run(run_pk: int, now: datetime) -> None:
 
 def _resume(run_pk: int, run_id: str, status: str, now: datetime) -> None:
     resumed = WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.FAILED).update(
-        status=RunStatus.WAITING,
-        generation=F("generation") + 1,
-        cancel_requested=False,
-        error="",
-        failed_step="",
-        output_json=None,
-        wait_kind=WaitKind.RESUME,
-        wait_key="",
-        finished_at=None,
-        updated_at=now,
+        **resumed_fields(now)
     )
     if not resumed:
         raise InvalidTransition(f"run {run_id!r} is {status}: only a Failed run resumes")
@@ -166,9 +191,7 @@ def _resume(run_pk: int, run_id: str, status: str, now: datetime) -> None:
     # replay records them again. (Non-child failed steps only: a resumed child keeps
     # its checkpoint, now waiting.) Their keys are kept, so that the replay records
     # them again where they stood (see ``WorkflowRun.rerun_keys``).
-    erased = WorkflowStep.objects.filter(run_id=run_pk).filter(
-        Q(status=StepStatus.FAILED) | Q(kind=StepKind.STEP, status=StepStatus.WAITING)
-    )
+    erased = WorkflowStep.objects.filter(run_id=run_pk).filter(ERASED_ON_RESUME)
     rerun_keys = list(erased.order_by("id").values_list("key", flat=True))
     erased.delete()
     WorkflowRun.objects.filter(pk=run_pk).update(rerun_keys=rerun_keys)

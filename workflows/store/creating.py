@@ -33,13 +33,16 @@ def _create(
     *,
     any_version: bool = False,
     timeout: float | None = None,
+    tags: dict[str, str] | None = None,
 ) -> RunSnapshot:
     """Insert the run and its first advance job, or return the same request's run.
     ``timeout``: seconds to its deadline (see :mod:`.deadlines`); not part of the
     request's identity.
     ``any_version``: the caller named no version, so a run of any version of ``name``
     is the same request (a retry after a deploy that added a version finds the run
-    it started). Runs inside the caller's atomic block."""
+    it started). ``tags`` are part of the request. Runs inside the caller's atomic
+    block."""
+    tags = tags or {}
     try:
         with transaction.atomic(using=alias()):
             run = WorkflowRun.objects.create(
@@ -52,6 +55,7 @@ def _create(
                 wait_kind=WaitKind.START,
                 parent_id=parent_pk,
                 parent_key=parent_key,
+                tags=tags,
                 created_at=now,
                 updated_at=now,
                 deadline=None if timeout is None else now + timedelta(seconds=timeout),
@@ -66,6 +70,7 @@ def _create(
                 ("name", existing.name, name),
                 ("version", existing.version, existing.version if any_version else version),
                 ("input", existing.input_json, input_json),
+                ("tags", existing.tags, tags),
             )
             if stored != asked
         ]
@@ -92,10 +97,11 @@ def create_run(
     staged: bool,
     any_version: bool = False,
     timeout: float | None = None,
+    tags: dict[str, str] | None = None,
 ) -> RunSnapshot:
     """Create a run: in its own transaction (``staged`` False; refuses the caller's
     atomic block) or inside the caller's (``staged`` True; requires one).
-    ``any_version``, ``timeout``: see :func:`_create`."""
+    ``any_version``, ``timeout``, ``tags``: see :func:`_create`."""
     using = alias()
     inside = in_caller_atomic_block(transaction.get_connection(using))
     if staged and not inside:
@@ -114,6 +120,7 @@ def create_run(
             now,
             any_version=any_version,
             timeout=timeout,
+            tags=tags,
         )
 
     if staged:

@@ -110,6 +110,7 @@ def fork(
             status=RunStatus.WAITING,
             wait_kind=WaitKind.START,
             rerun_keys=rerun_keys,
+            tags=source.tags,
             created_at=now,
             updated_at=now,
             deadline=None if timeout is None else now + timedelta(seconds=timeout),

@@ -5,7 +5,6 @@ none is left running; items whose job ended without recording them are ended."""
 from __future__ import annotations
 
 import secrets
-import time
 from dataclasses import fields as fields_of
 from datetime import datetime
 from typing import Any
@@ -89,20 +88,6 @@ def insert_items(
             for item in items
         ]
     )
-
-
-#: Seconds between two batches of a map's items on SQLite (see :func:`let_writers_in`).
-SQLITE_BATCH_PAUSE = 0.1
-
-
-def let_writers_in() -> None:
-    """Before the next batch of a map's items: on SQLite, whose one write lock has no
-    queue, pause as long as a writer waiting for it takes between two tries (its busy
-    handler retries every 100 ms), so that the driver does not take the lock back
-    before the ``start_workflow`` or the worker waiting for it gets it. PostgreSQL
-    has no such lock: no pause."""
-    if transaction.get_connection(alias()).vendor == "sqlite":
-        time.sleep(SQLITE_BATCH_PAUSE)
 
 
 def items_queued(step: Checkpoint) -> int:

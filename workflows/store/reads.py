@@ -3,6 +3,8 @@ queries however many runs."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from django.db import transaction
 from django.db.models import Count
 
@@ -23,6 +25,7 @@ from ..types import (
 )
 from ..validation import from_json
 from .base import alias
+from .tags import carrying
 
 
 def _error_text(error_type: str, error: str) -> str:
@@ -165,6 +168,7 @@ def snapshot(
         created_at=run.created_at,
         finished_at=run.finished_at,
         cancel_requested=run.cancel_requested,
+        tags=dict(run.tags),
         # The parent's own id, read through the row that links them: a child's key
         # may hold "/", so its run id cannot be split to find its parent.
         parent_run_id=run.parent.run_id if run.parent is not None else None,
@@ -189,10 +193,13 @@ def list_runs(
     status: str | None = None,
     name: str | None = None,
     limit: int | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> list[RunSnapshot]:
     """The scope's runs, oldest first, with their checkpoints: three queries (the
-    runs with their parents, the checkpoints, the items' counts), not one per run."""
-    rows = WorkflowRun.objects.for_scope(scope_hash).order_by("created_at", "id")
+    runs with their parents, the checkpoints, the items' counts), not one per run.
+    ``tags``: only the runs carrying every pair."""
+    rows = carrying(WorkflowRun.objects.for_scope(scope_hash), tags or {})
+    rows = rows.order_by("created_at", "id")
     if status is not None:
         rows = rows.filter(status=RunStatus(status))
     if name is not None:

@@ -4,6 +4,7 @@ of the change that wakes it, under ids that make one job of racing writers."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -64,6 +65,25 @@ def wake(
     caller's transaction: it exists if and only if the change that wakes the run
     commits). The same reason and detail make the same job: exactly one however
     many writers race."""
+    job_store.stage(*_advance(run_pk, generation, reason, detail, not_before), now=now)
+
+
+def wake_many(runs: Sequence[tuple[int, int]], reason: str, *, now: datetime | None = None) -> None:
+    """:func:`wake` for each (run, generation) of ``runs``, for one ``reason``: one
+    bulk insert of their advance jobs, inside the caller's transaction."""
+    if runs:
+        job_store.stage_many([_advance(pk, generation, reason) for pk, generation in runs], now=now)
+
+
+def _advance(
+    run_pk: int,
+    generation: int,
+    reason: str,
+    detail: str = "",
+    not_before: datetime | None = None,
+) -> tuple[str, str, JobSubmission]:
+    """The scope, id and submission of the advance job that wakes run ``run_pk`` of
+    ``generation`` for ``reason`` (and ``detail``)."""
     job_id = f"{advance_job_prefix(run_pk)}{generation}:{reason}"
     if detail:
         job_id += f":{_digest(detail)}"
@@ -74,7 +94,7 @@ def wake(
         max_attempts=ADVANCE_MAX_ATTEMPTS,
         not_before=not_before,
     )
-    job_store.stage(advance_scope_hash(), job_id, sub, now=now)
+    return advance_scope_hash(), job_id, sub
 
 
 def staged_advance(scope_hash: str, job_id: str, payload: Any) -> int:
