@@ -14,9 +14,8 @@ on a page of its own, through the store, behind ``jobs.change_scopeweight``.
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
-from datetime import datetime
+from collections.abc import Sequence
 from typing import Any
 
 from django import forms
@@ -27,7 +26,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ledon.admin import (
@@ -50,6 +49,7 @@ from .exceptions import InvalidInput, InvalidTransition, InvalidWeight, JobNotFo
 from .fair_share import check_weight
 from .handlers import library_handlers
 from .models import Job, JobAttempt, Lane, Queue, ScopeWeight
+from .store import waiting
 from .types import AttemptStatus, CancelOutcome, JobStatus
 
 
@@ -123,28 +123,14 @@ class EngineJobsFilter(admin.SimpleListFilter):
         return queryset.exclude(handler__in=sorted(library_handlers()))
 
 
-def waiting_reason(job: Job, now: datetime, *, queue_paused: bool) -> str:
-    """Why the Queued ``job`` has not started at ``now``, rendered from its state: a
-    start deadline passed, its queue paused, not due yet (debounced: until when), or
-    due and in line (its place, under fair share), or held behind an earlier job of its
-    sequence. "-" for a job not Queued."""
-    if job.status != JobStatus.QUEUED:
+def _reasons_html(reasons: Sequence[waiting.WaitReason]) -> SafeString | str:
+    """Reasons a job waits, one a line ("-" for none: it is not Queued)."""
+    if not reasons:
         return "-"
-    if job.sequence_held:
-        return f"held: it waits for an earlier job of its sequence {job.sequence_key!r} to end"
-    if job.start_by is not None and job.start_by <= now:
-        return f"its start deadline ({job.start_by:%Y-%m-%d %H:%M:%S} UTC) passed: it never starts"
-    if queue_paused:
-        return f"its queue {job.queue!r} is paused"
-    if job.next_run_at > now:
-        due = f"{job.next_run_at:%Y-%m-%d %H:%M:%S} UTC"
-        if job.unique_while == "queued" and job.debounce_until is not None:
-            bound = f"{job.debounce_until:%Y-%m-%d %H:%M:%S} UTC"
-            return f"debounced: due at {due}, at the latest {bound}"
-        return f"not due until {due}"
-    if job.attempt_count >= job.max_attempts:
-        return "no attempts left"
-    return "due, waiting for its place in line (priority, then place) or a free worker"
+    lines = ((reason.describe(),) for reason in reasons)
+    return format_html(
+        '<ul class="jobs-waiting">{}</ul>', format_html_join("", "<li>{}</li>", lines)
+    )
 
 
 class RetryOptions(forms.Form):
@@ -248,11 +234,10 @@ class JobAdmin(BulkAdminMixin, JobOrderingFields, GrowingTableMixin, ReadOnlyMod
     readonly_fields = fieldset_fields(fieldsets)
 
     @admin.display(description="why it waits")
-    def waiting(self, obj: Job) -> str:
-        """Why a Queued job has not started, from its columns (see
-        :func:`waiting_reason`)."""
-        paused = Queue.objects.filter(name=obj.queue, paused=True).exists()
-        return waiting_reason(obj, timezone.now(), queue_paused=paused)
+    def waiting(self, obj: Job) -> SafeString | str:
+        """Why a Queued job has not started, one reason a line (see
+        :mod:`jobs.store.waiting`, which ``manage.py jobs_queues why`` prints too)."""
+        return _reasons_html(waiting.reasons_of(obj, timezone.now(), waiting.claim_limits()))
 
     # ------------------------------------------------------------------ columns
 
@@ -303,13 +288,7 @@ class JobAdmin(BulkAdminMixin, JobOrderingFields, GrowingTableMixin, ReadOnlyMod
         term = search_term.strip()
         if not term:
             return found, may_have_duplicates
-        hashes: set[str] = set()
-        if len(term) == 64:
-            with contextlib.suppress(InvalidInput):
-                hashes.add(validation.validate_scope_hash(term.lower()))
-        with contextlib.suppress(InvalidInput):
-            hashes.add(validation.scope_hash(term))
-            hashes.add(validation.reserved_scope_hash(term))
+        hashes = validation.scope_hashes_named(term)
         return found | queryset.filter(scope_hash__in=hashes), may_have_duplicates
 
     # ------------------------------------------------------------------ actions
