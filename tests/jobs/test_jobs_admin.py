@@ -521,8 +521,22 @@ def test_a_queued_job_page_says_why_it_waits(admin_client: Client) -> None:
         page = admin_client.get(reverse("admin:jobs_job_change", args=[job(job_id).pk]))
         return page.content.decode()
 
-    assert "waiting for its place in line" in reason("due")
-    assert "not due until" in reason("later")
-    assert "debounced: due at" in reason("debounced")
+    assert "due: 0 due job(s) of queue &#x27;default&#x27; go before it" in reason("due")
+    assert "delayed: not due until" in reason("later")
+    assert "debounced: not due until" in reason("debounced")
     assert "start deadline" in reason("late")
     assert "is paused" in reason("held")
+
+
+def test_a_job_page_names_the_limit_that_holds_it_with_its_count(admin_client, handler) -> None:
+    handler("reports.generate", max_running=1)(lambda ctx: None)
+    running("first")
+    submit("second")
+    page = admin_client.get(reverse("admin:jobs_job_change", args=[job("second").pk]))
+    assert (
+        "<li>over handler &#x27;reports.generate&#x27; max_running=1: 1 running of 1</li>"
+        in page.content.decode()
+    )
+    # A job that is not Queued does not wait.
+    page = admin_client.get(reverse("admin:jobs_job_change", args=[job("first").pk]))
+    assert 'class="jobs-waiting"' not in page.content.decode()

@@ -53,9 +53,10 @@ def test_a_due_job_free_of_limits_waits_for_its_place_in_line() -> None:
     submit("urgent", priority=5)
     assert why("j0") == (InLine(queue="default", ahead=1),)
     assert why("j2") == (InLine(queue="default", ahead=3),)
-    assert "3 due job(s) of queue 'default' go before it" in execution.why_waiting(
-        HASH, "j2"
-    ).describe()
+    assert (
+        "3 due job(s) of queue 'default' go before it"
+        in execution.why_waiting(HASH, "j2").describe()
+    )
 
 
 def test_a_job_not_queued_has_no_reason() -> None:
@@ -205,7 +206,10 @@ def test_key_states_show_each_limit_and_key_with_work(handler, settings) -> None
     handler("why.work", max_running=5, max_running_per_key=1, rate_per_key=(1, 60, 2))(
         lambda ctx: None
     )
-    settings.JOBS = {**settings.JOBS, "QUEUES": {"mail": {"rate": (10, 1)}, "idle": {"rate": (1, 1)}}}
+    settings.JOBS = {
+        **settings.JOBS,
+        "QUEUES": {"mail": {"rate": (10, 1)}, "idle": {"rate": (1, 1)}},
+    }
     for n in range(3):
         submit(f"a{n}", queue="mail", limit_key="acct-a")
     submit("free", queue="mail")
