@@ -113,7 +113,8 @@ def test_not_due_says_why_from_the_job_data(settings) -> None:
     submit("unknown")
     execution.put_back_unknown_handler(start("unknown").token, "no such handler")
     (reason,) = why("unknown")
-    assert isinstance(reason, NotDue) and reason.cause is DueCause.UNKNOWN_HANDLER
+    put_back_until = Job.objects.get(job_id="unknown").next_run_at
+    assert reason == NotDue(until=put_back_until, cause=DueCause.UNKNOWN_HANDLER)
     assert "does not know its handler" in reason.describe()
 
 
