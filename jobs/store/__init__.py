@@ -73,8 +73,8 @@ from .submission import stage, stage_many, submit, submit_many
 from .waiting import KeyState, Waiting, key_states, why_waiting
 
 __all__ = [
-    "KeyState",
     "NO_RULES",
+    "KeyState",
     "QueueState",
     "ScopeShare",
     "Waiting",

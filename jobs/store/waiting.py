@@ -5,6 +5,8 @@ dataclasses, one per reason — and text is rendered from it (``describe()``).
 A job waits for the first of these that holds, in this order:
 
 - its start deadline passed (:class:`Expired`): it never starts;
+- held behind an earlier job of its sequence (:class:`BehindSequence`: which job, or
+  the Failed job that halts the sequence);
 - no attempt left (:class:`NoAttemptsLeft`);
 - its queue is paused (:class:`QueuePaused`) and/or it is not due yet
   (:class:`NotDue`: a delay, a retry's back-off, a snooze, a debounce, a worker
@@ -36,7 +38,7 @@ from ledon.db import connection_for
 from ..conf import queue_limits
 from ..exceptions import JobNotFound
 from ..flow_control import ClaimLimits, Limits, Rate, declared_handler_limits
-from ..models import Job, JobAttempt, Queue, RateBucket
+from ..models import Job, JobAttempt, Queue, RateBucket, Sequence
 from ..types import AttemptStatus, JobStatus
 from .base import current_time
 from .rates import RateState, moment, nanoseconds, rate_key, read_states, units_of
@@ -84,6 +86,27 @@ class Expired:
 
     def describe(self) -> str:
         return f"its start deadline ({_at(self.start_by)}) passed: it never starts"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BehindSequence:
+    """Held behind an earlier job of its sequence ``sequence_key``: ``earlier``, the
+    job whose turn it is (None if none is Queued or Running); or, when the sequence is
+    halted, ``halted_by``, the Failed job that halts it until it is retried or
+    cancelled."""
+
+    sequence_key: str
+    earlier: str | None = None
+    halted_by: str | None = None
+
+    def describe(self) -> str:
+        text = f"held: it waits for an earlier job of its sequence {self.sequence_key!r}"
+        if self.halted_by is not None:
+            return (
+                f"{text}: the sequence is halted by failed job {self.halted_by!r};"
+                " retry or cancel that job to go on"
+            )
+        return f"{text}: {self.earlier!r} goes first" if self.earlier else text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,7 +204,9 @@ class InLine:
         )
 
 
-WaitReason = Expired | NoAttemptsLeft | QueuePaused | NotDue | OverLimit | OverRate | InLine
+WaitReason = (
+    Expired | BehindSequence | NoAttemptsLeft | QueuePaused | NotDue | OverLimit | OverRate | InLine
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,6 +225,23 @@ class Waiting:
     def describe(self) -> str:
         """The reasons, one sentence each, ``; ``-joined ("-" for a job not Queued)."""
         return "; ".join(reason.describe() for reason in self.reasons) or "-"
+
+
+def _behind(job: Job) -> BehindSequence:
+    assert job.sequence_key is not None
+    mates = Job.objects.filter(scope_hash=job.scope_hash, sequence_key=job.sequence_key)
+    halted_by = (
+        Sequence.objects.filter(scope_hash=job.scope_hash, sequence_key=job.sequence_key)
+        .values_list("halted_by", flat=True)
+        .first()
+    )
+    earlier = (
+        mates.filter(status__in=(JobStatus.QUEUED, JobStatus.RUNNING), sequence_held=False)
+        .order_by("id")
+        .values_list("job_id", flat=True)
+        .first()
+    )
+    return BehindSequence(sequence_key=job.sequence_key, earlier=earlier, halted_by=halted_by)
 
 
 def _due_cause(job: Job) -> DueCause:
@@ -297,6 +339,8 @@ def reasons_of(job: Job, now: datetime, limits: ClaimLimits) -> tuple[WaitReason
         return ()
     if job.start_by is not None and job.start_by <= now:
         return (Expired(start_by=job.start_by),)
+    if job.sequence_held:
+        return (_behind(job),)
     if job.attempt_count >= job.max_attempts:
         return (NoAttemptsLeft(attempts=job.attempt_count, max_attempts=job.max_attempts),)
     reasons: list[WaitReason] = []

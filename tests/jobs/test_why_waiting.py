@@ -15,6 +15,7 @@ from jobs.exceptions import InvalidScope, JobNotFound
 from jobs.flow_control import Rate
 from jobs.models import Job
 from jobs.store.waiting import (
+    BehindSequence,
     DueCause,
     Expired,
     InLine,
@@ -235,3 +236,21 @@ def test_key_states_show_each_limit_and_key_with_work(handler, settings) -> None
     ]  # fmt: skip
     assert [state.full for state in states] == [False, True, False]
     assert execution.key_states("default", now=later) == []
+
+
+def test_a_held_job_waits_for_the_earlier_job_of_its_sequence_or_its_halt(handler) -> None:
+    handler("why.post", sequence_halts_on_failure=True)(lambda ctx: None)
+    for n in range(3):
+        submit(f"p{n}", "why.post", sequence_key="acct-1")
+    assert why("p2") == (BehindSequence(sequence_key="acct-1", earlier="p0"),)
+    (claim,) = execution.claim_due("w", limit=5)
+    assert why("p1") == (BehindSequence(sequence_key="acct-1", earlier="p0"),)
+    assert why("p1")[0].describe() == (
+        "held: it waits for an earlier job of its sequence 'acct-1': 'p0' goes first"
+    )
+    execution.fail(claim.token, "the ledger is closed")
+    (reason,) = why("p1")
+    assert reason == BehindSequence(sequence_key="acct-1", halted_by="p0")
+    assert reason.describe().endswith(
+        "the sequence is halted by failed job 'p0'; retry or cancel that job to go on"
+    )
