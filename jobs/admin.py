@@ -15,7 +15,6 @@ on a page of its own, through the store, behind ``jobs.change_scopeweight``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 from django import forms
@@ -25,8 +24,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ledon.admin import (
@@ -44,12 +42,12 @@ from ledon.bulk_admin import BulkAdminMixin, selected_across
 
 from . import bulk, store, validation
 from .admin_ordering import JobOrderingFields
+from .admin_waiting import LimitKeysPage, reasons_html
 from .conf import queue_limits
 from .exceptions import InvalidInput, InvalidTransition, InvalidWeight, JobNotFound, JobsError
 from .fair_share import check_weight
 from .handlers import library_handlers
 from .models import Job, JobAttempt, Lane, Queue, ScopeWeight
-from .store import waiting
 from .types import AttemptStatus, CancelOutcome, JobStatus
 
 
@@ -121,16 +119,6 @@ class EngineJobsFilter(admin.SimpleListFilter):
         if self.value() == self.SHOWN or "handler__exact" in request.GET:
             return queryset
         return queryset.exclude(handler__in=sorted(library_handlers()))
-
-
-def _reasons_html(reasons: Sequence[waiting.WaitReason]) -> SafeString | str:
-    """Reasons a job waits, one a line ("-" for none: it is not Queued)."""
-    if not reasons:
-        return "-"
-    lines = ((reason.describe(),) for reason in reasons)
-    return format_html(
-        '<ul class="jobs-waiting">{}</ul>', format_html_join("", "<li>{}</li>", lines)
-    )
 
 
 class RetryOptions(forms.Form):
@@ -237,7 +225,7 @@ class JobAdmin(BulkAdminMixin, JobOrderingFields, GrowingTableMixin, ReadOnlyMod
     def waiting(self, obj: Job) -> SafeString | str:
         """Why a Queued job has not started, one reason a line (see
         :mod:`jobs.store.waiting`, which ``manage.py jobs_queues why`` prints too)."""
-        return _reasons_html(waiting.reasons_of(obj, timezone.now(), waiting.claim_limits()))
+        return reasons_html(obj)
 
     # ------------------------------------------------------------------ columns
 
@@ -400,11 +388,13 @@ class JobAttemptAdmin(GrowingTableMixin, ReadOnlyModelAdmin[JobAttempt]):
 
 
 @admin.register(Queue)
-class QueueAdmin(ReadOnlyModelAdmin[Queue]):
+class QueueAdmin(LimitKeysPage):
     """Queues that were paused or resumed once, with their depth, Running jobs
     and limits; "Pause" and "Resume" go through :mod:`jobs.store` and are offered to
     users holding ``jobs.change_queue``. ``manage.py jobs_queues`` lists every queue
-    and pauses any by name."""
+    and pauses any by name. *Limit keys* shows each limit and limit key's state."""
+
+    change_list_template = "admin/jobs/queue/change_list.html"
 
     list_display = ("name", "paused", "queued", "running", "limits", "paused_at")
     list_filter = ("paused",)

@@ -405,6 +405,29 @@ class KeyState:
     room: int | None
     frees_at: datetime | None
 
+    #: The headings of :meth:`cells`.
+    HEADINGS = ("limit", "key", "queued", "running", "cap", "rate", "free", "next free")
+
+    def cells(self) -> tuple[str, ...]:
+        """The state as text, one cell per heading: the limit (``handler:<name>``), its
+        key (``*``: the whole), its jobs, its cap, its rate, the rate's free units of
+        its capacity and when the next is free (``now`` while one is); ``-`` for
+        what it has not."""
+        free = next_free = "-"
+        if self.rate is not None and self.room is not None:
+            free = f"{self.room}/{self.rate.capacity}"
+            next_free = "now" if self.frees_at is None else _at(self.frees_at)
+        return (
+            f"{self.on}:{self.name}",
+            self.limit_key or "*",
+            str(self.queued),
+            str(self.running),
+            "-" if self.cap is None else str(self.cap),
+            "-" if self.rate is None else self.rate.describe().replace(" ", ""),
+            free,
+            next_free,
+        )
+
     @property
     def full(self) -> bool:
         """Whether it holds jobs back now: at its cap or without a free unit."""

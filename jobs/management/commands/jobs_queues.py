@@ -16,7 +16,6 @@ from jobs.store.waiting import KeyState
 
 COLUMNS = ("queue", "queued", "running", "paused", "order", "limits")
 SCOPE_COLUMNS = ("queue", "scope", "weight", "queued", "running")
-KEY_COLUMNS = ("limit", "key", "queued", "running", "cap", "rate", "free", "next free")
 
 
 class Command(BaseCommand):
@@ -100,8 +99,10 @@ class Command(BaseCommand):
         write_table(self.stdout, SCOPE_COLUMNS, rows, empty="No scope has Queued or Running jobs.")
 
     def _keys(self, queue: str | None) -> None:
-        rows = [_key_row(state) for state in execution.key_states(queue)]
-        write_table(self.stdout, KEY_COLUMNS, rows, empty="No limit has Queued or Running jobs.")
+        rows = [state.cells() for state in execution.key_states(queue)]
+        write_table(
+            self.stdout, KeyState.HEADINGS, rows, empty="No limit has Queued or Running jobs."
+        )
 
     def _why(self, scope: str, job_id: str) -> None:
         found = []
@@ -119,21 +120,3 @@ class Command(BaseCommand):
             )
             for reason in waiting.reasons:
                 self.stdout.write(f"  - {reason.describe()}")
-
-
-def _key_row(state: KeyState) -> tuple[str, ...]:
-    """One row of 'keys': the limit, its key ("*": the whole), its jobs, cap and rate."""
-    free = next_free = "-"
-    if state.rate is not None and state.room is not None:
-        free = f"{state.room}/{state.rate.capacity}"
-        next_free = "now" if state.frees_at is None else f"{state.frees_at:%Y-%m-%d %H:%M:%S}Z"
-    return (
-        f"{state.on}:{state.name}",
-        state.limit_key or "*",
-        str(state.queued),
-        str(state.running),
-        "-" if state.cap is None else str(state.cap),
-        "-" if state.rate is None else state.rate.describe().replace(" ", ""),
-        free,
-        next_free,
-    )
