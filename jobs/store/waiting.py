@@ -223,7 +223,8 @@ class Waiting:
     reasons: tuple[WaitReason, ...]
 
     def describe(self) -> str:
-        """The reasons, one sentence each, ``; ``-joined ("-" for a job not Queued)."""
+        """The reasons, one sentence each, joined by semicolons ("-" for a job not
+        Queued)."""
         return "; ".join(reason.describe() for reason in self.reasons) or "-"
 
 
