@@ -14,9 +14,7 @@ on a page of its own, through the store, behind ``jobs.change_scopeweight``.
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
-from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -26,7 +24,6 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -45,6 +42,7 @@ from ledon.bulk_admin import BulkAdminMixin, selected_across
 
 from . import bulk, store, validation
 from .admin_ordering import JobOrderingFields
+from .admin_waiting import LimitKeysPage, reasons_html
 from .conf import queue_limits
 from .exceptions import InvalidInput, InvalidTransition, InvalidWeight, JobNotFound, JobsError
 from .fair_share import check_weight
@@ -121,30 +119,6 @@ class EngineJobsFilter(admin.SimpleListFilter):
         if self.value() == self.SHOWN or "handler__exact" in request.GET:
             return queryset
         return queryset.exclude(handler__in=sorted(library_handlers()))
-
-
-def waiting_reason(job: Job, now: datetime, *, queue_paused: bool) -> str:
-    """Why the Queued ``job`` has not started at ``now``, rendered from its state: a
-    start deadline passed, its queue paused, not due yet (debounced: until when), or
-    due and in line (its place, under fair share), or held behind an earlier job of its
-    sequence. "-" for a job not Queued."""
-    if job.status != JobStatus.QUEUED:
-        return "-"
-    if job.sequence_held:
-        return f"held: it waits for an earlier job of its sequence {job.sequence_key!r} to end"
-    if job.start_by is not None and job.start_by <= now:
-        return f"its start deadline ({job.start_by:%Y-%m-%d %H:%M:%S} UTC) passed: it never starts"
-    if queue_paused:
-        return f"its queue {job.queue!r} is paused"
-    if job.next_run_at > now:
-        due = f"{job.next_run_at:%Y-%m-%d %H:%M:%S} UTC"
-        if job.unique_while == "queued" and job.debounce_until is not None:
-            bound = f"{job.debounce_until:%Y-%m-%d %H:%M:%S} UTC"
-            return f"debounced: due at {due}, at the latest {bound}"
-        return f"not due until {due}"
-    if job.attempt_count >= job.max_attempts:
-        return "no attempts left"
-    return "due, waiting for its place in line (priority, then place) or a free worker"
 
 
 class RetryOptions(forms.Form):
@@ -248,11 +222,10 @@ class JobAdmin(BulkAdminMixin, JobOrderingFields, GrowingTableMixin, ReadOnlyMod
     readonly_fields = fieldset_fields(fieldsets)
 
     @admin.display(description="why it waits")
-    def waiting(self, obj: Job) -> str:
-        """Why a Queued job has not started, from its columns (see
-        :func:`waiting_reason`)."""
-        paused = Queue.objects.filter(name=obj.queue, paused=True).exists()
-        return waiting_reason(obj, timezone.now(), queue_paused=paused)
+    def waiting(self, obj: Job) -> SafeString | str:
+        """Why a Queued job has not started, one reason a line (see
+        :mod:`jobs.store.waiting`, which ``manage.py jobs_queues why`` prints too)."""
+        return reasons_html(obj)
 
     # ------------------------------------------------------------------ columns
 
@@ -303,13 +276,7 @@ class JobAdmin(BulkAdminMixin, JobOrderingFields, GrowingTableMixin, ReadOnlyMod
         term = search_term.strip()
         if not term:
             return found, may_have_duplicates
-        hashes: set[str] = set()
-        if len(term) == 64:
-            with contextlib.suppress(InvalidInput):
-                hashes.add(validation.validate_scope_hash(term.lower()))
-        with contextlib.suppress(InvalidInput):
-            hashes.add(validation.scope_hash(term))
-            hashes.add(validation.reserved_scope_hash(term))
+        hashes = validation.scope_hashes_named(term)
         return found | queryset.filter(scope_hash__in=hashes), may_have_duplicates
 
     # ------------------------------------------------------------------ actions
@@ -421,11 +388,13 @@ class JobAttemptAdmin(GrowingTableMixin, ReadOnlyModelAdmin[JobAttempt]):
 
 
 @admin.register(Queue)
-class QueueAdmin(ReadOnlyModelAdmin[Queue]):
+class QueueAdmin(LimitKeysPage):
     """Queues that were paused or resumed once, with their depth, Running jobs
     and limits; "Pause" and "Resume" go through :mod:`jobs.store` and are offered to
     users holding ``jobs.change_queue``. ``manage.py jobs_queues`` lists every queue
-    and pauses any by name."""
+    and pauses any by name. *Limit keys* shows each limit and limit key's state."""
+
+    change_list_template = "admin/jobs/queue/change_list.html"
 
     list_display = ("name", "paused", "queued", "running", "limits", "paused_at")
     list_filter = ("paused",)

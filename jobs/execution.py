@@ -20,16 +20,17 @@ from ledon.db import connection_for
 
 from . import store, validation
 from .api import JobScope
-from .conf import jobs_settings, queue_limits
+from .conf import jobs_settings
 from .flow_control import ClaimLimits
-from .handlers import handler_limits
 from .models import Job, RateBucket
 from .schedules import service as schedules
 from .signals import jobs_expired
 from .store import rates as _rates
+from .store import waiting as _waiting
 from .store.queues import QueueState
 from .store.releasing import release as _release
 from .store.shares import ScopeShare
+from .store.waiting import KeyState, Waiting
 from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome, JobSnapshot
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "get_execution_status",
     "heartbeat",
     "interrupt",
+    "key_states",
     "pause_queue",
     "prune_rates",
     "put_back_unknown_handler",
@@ -67,6 +69,7 @@ __all__ = [
     "set_scope_weight",
     "snooze",
     "try_start",
+    "why_waiting",
 ]
 
 
@@ -77,7 +80,7 @@ def default_worker_id() -> str:
 def claim_limits() -> ClaimLimits:
     """The limits every claim of this process keeps — its handlers' and
     ``JOBS["QUEUES"]`` (falsy when there are none: claims are then one statement)."""
-    return ClaimLimits(handler_limits(), queue_limits())
+    return _waiting.claim_limits()
 
 
 def get_due(
@@ -290,6 +293,25 @@ def queue_states(names: Sequence[str] | None = None) -> list[QueueState]:
     """Every known queue's depth, Running jobs and pause, by name (``names`` are
     listed even when empty)."""
     return store.queue_states(list(names or []))
+
+
+def why_waiting(scope_hash: str, job_id: str, *, now: datetime | None = None) -> Waiting:
+    """Why job ``job_id`` of scope ``scope_hash`` has not started at ``now``: its
+    reasons as data (its start deadline passed, its queue paused, not due until when
+    and why, each limit of this process's claims with no room for it, with its count
+    or when its rate frees; else its place in line), none if it is not Queued.
+    ``describe()`` renders them. Raises ``JobNotFound``."""
+    identity = validation.validate_scope_hash(scope_hash), validation.existing_job_id(job_id)
+    return store.why_waiting(*identity, now=now)
+
+
+def key_states(queue: str | None = None, *, now: datetime | None = None) -> list[KeyState]:
+    """Each limit of this process's claims with Queued or Running jobs — with
+    ``queue``, those its jobs fall under —, as a whole and per limit key: its jobs,
+    its cap, its rate's free units and when the next one frees."""
+    if queue is not None:
+        queue = validation.name(queue, "queue", validation.MAX_QUEUE_LENGTH)
+    return store.key_states(queue, now=now)
 
 
 def prune_rates(*, now: datetime | None = None) -> int:

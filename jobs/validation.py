@@ -12,7 +12,7 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime
 from typing import Any
 
@@ -77,6 +77,20 @@ def validate_scope_hash(value: object) -> str:
     if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
         raise InvalidScope("scope_hash must be 64 lowercase hexadecimal characters")
     return value
+
+
+def scope_hashes_named(term: str) -> set[str]:
+    """The scope hashes an operator may mean by ``term``: the hash itself (64 hex
+    characters, any case), the tenant scope of that name and the library's reserved
+    scope of that name (an invalid scope name: none of those)."""
+    hashes: set[str] = set()
+    if len(term) == 64:
+        with suppress(InvalidScope):
+            hashes.add(validate_scope_hash(term.lower()))
+    with suppress(InvalidScope):
+        hashes.add(scope_hash(term))
+        hashes.add(reserved_scope_hash(term))
+    return hashes
 
 
 def job_id(value: object) -> str:

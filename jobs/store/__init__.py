@@ -33,6 +33,8 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
 Every move into, out of or between final states also moves the job's batch and
 sequence, in the same transaction: :mod:`.endings`.
 
+Why a Queued job waits, and each limit key's state, are reads in :mod:`.waiting`.
+
 Claims under limits are in :mod:`.limits`.
 
 Progress, heartbeats and execution status live in :mod:`.progress`, reads and
@@ -68,11 +70,14 @@ from .retention import purge_finished
 from .scoped import cancel, cancel_queued, cancel_running, retry
 from .shares import ScopeShare, scope_shares, set_weight
 from .submission import stage, stage_many, submit, submit_many
+from .waiting import KeyState, Waiting, key_states, why_waiting
 
 __all__ = [
     "NO_RULES",
+    "KeyState",
     "QueueState",
     "ScopeShare",
+    "Waiting",
     "asynchronous_commit",
     "cancel",
     "cancel_queued",
@@ -88,6 +93,7 @@ __all__ = [
     "get_batch",
     "get_due",
     "heartbeat",
+    "key_states",
     "list_jobs",
     "pause",
     "purge_finished",
@@ -108,4 +114,5 @@ __all__ = [
     "submit_batch",
     "submit_many",
     "tokens_leased_by",
+    "why_waiting",
 ]

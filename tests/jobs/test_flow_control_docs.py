@@ -11,6 +11,7 @@ from jobs import JobScope, JobStatus
 from jobs.conf import jobs_settings
 from jobs.handlers import unregister
 from jobs.models import JobAttempt, ScopeWeight
+from jobs.store.waiting import OverLimit
 from tests.test_docs_examples import python_blocks, run_page
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,10 +26,11 @@ def page_handlers():
     yield
     unregister("crm.push", 1)
     unregister("mail.send", 1)
+    unregister("sms.send", 1)
 
 
 def test_the_flow_control_page_examples_do_what_the_page_says(page_handlers):
-    assert len(python_blocks(PAGE)) == 8
+    assert len(python_blocks(PAGE)) == 9
     namespace = run_page(PAGE)
 
     # Fair share: the small tenant's jobs start next to the head of the line.
@@ -60,3 +62,14 @@ def test_the_flow_control_page_examples_do_what_the_page_says(page_handlers):
     assert namespace["expired"] == 2
     assert namespace["code"].status == JobStatus.EXPIRED
     assert not JobAttempt.objects.filter(job__job_id__in=["remind-42", "otp-7"]).exists()
+
+    # Why is my job waiting: the second message is held by its key's limit.
+    assert namespace["waiting"].reasons == (
+        OverLimit(
+            on="handler", name="sms.send", rule="max_running_per_key", cap=1, running=1,
+            limit_key="gateway-1",
+        ),
+    )  # fmt: skip
+    assert namespace["waiting"].describe() == (
+        "over handler 'sms.send' max_running_per_key=1 for key 'gateway-1': 1 running of 1"
+    )

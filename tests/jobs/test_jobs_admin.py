@@ -521,8 +521,51 @@ def test_a_queued_job_page_says_why_it_waits(admin_client: Client) -> None:
         page = admin_client.get(reverse("admin:jobs_job_change", args=[job(job_id).pk]))
         return page.content.decode()
 
-    assert "waiting for its place in line" in reason("due")
-    assert "not due until" in reason("later")
-    assert "debounced: due at" in reason("debounced")
+    assert "due: 0 due job(s) of queue &#x27;default&#x27; go before it" in reason("due")
+    assert "delayed: not due until" in reason("later")
+    assert "debounced: not due until" in reason("debounced")
     assert "start deadline" in reason("late")
     assert "is paused" in reason("held")
+
+
+def test_a_job_page_names_the_limit_that_holds_it_with_its_count(admin_client, handler) -> None:
+    handler("reports.generate", max_running=1)(lambda ctx: None)
+    running("first")
+    submit("second")
+    page = admin_client.get(reverse("admin:jobs_job_change", args=[job("second").pk]))
+    assert (
+        "<li>over handler &#x27;reports.generate&#x27; max_running=1: 1 running of 1</li>"
+        in page.content.decode()
+    )
+    # A job that is not Queued does not wait.
+    page = admin_client.get(reverse("admin:jobs_job_change", args=[job("first").pk]))
+    assert 'class="jobs-waiting"' not in page.content.decode()
+
+
+def test_the_limit_keys_page_shows_each_key_against_its_cap(
+    staff_client: Any, handler: Any, settings: Any
+) -> None:
+    handler("reports.generate", max_running_per_key=1)(lambda ctx: None)
+    settings.JOBS = {"QUEUES": {"emails": {"rate": (10, 1)}}}
+    for n in range(2):
+        submit_job(SCOPE, f"k{n}", JobSubmission.create("reports.generate", {}, limit_key="acct-a"))
+    submit("mail-1", queue="emails", handler="mail.send")
+    assert len(execution.claim_due("w", limit=5, queues=["default"])) == 1
+    viewer = staff_client("view_queue")
+    assert (
+        reverse("admin:jobs_queue_keys")
+        in viewer.get(reverse("admin:jobs_queue_changelist")).content.decode()
+    )
+    response = viewer.get(reverse("admin:jobs_queue_keys"))
+    assert response.context["rows"] == [
+        (True, ("handler:reports.generate", "acct-a", "1", "1", "1", "-", "-", "-")),
+        (False, ("queue:emails", "*", "1", "0", "-", "10/1s", "10/10", "now")),
+    ]
+    assert "<strong>full</strong>" in response.content.decode()
+    only = viewer.get(reverse("admin:jobs_queue_keys"), {"queue": "emails"})
+    assert [cells[0] for _full, cells in only.context["rows"]] == ["queue:emails"]
+    bad = viewer.get(reverse("admin:jobs_queue_keys"), {"queue": "bad queue"})
+    assert bad.context["rows"] == []
+    (message,) = [str(m) for m in get_messages(bad.wsgi_request)]
+    assert "queue" in message
+    assert staff_client("view_job").get(reverse("admin:jobs_queue_keys")).status_code == 403

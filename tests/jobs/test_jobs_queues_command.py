@@ -1,6 +1,6 @@
-"""``manage.py jobs_queues list|pause|resume NAME``: each queue's depth, Running
-jobs, pause and limits; pausing and resuming for every worker; bad input refused
-with nothing changed."""
+"""``manage.py jobs_queues list|scopes|keys|why|pause|resume``: each queue's depth,
+Running jobs, pause and limits; each scope's and limit key's state; why a job waits;
+pausing and resuming for every worker; bad input refused with nothing changed."""
 
 from __future__ import annotations
 
@@ -90,3 +90,50 @@ def test_an_unknown_action_is_refused():
     with pytest.raises(CommandError):
         run("drain", "emails")
     assert not Queue.objects.exists()
+
+
+def test_keys_show_each_limit_key_against_its_cap_and_rate(handler, settings):
+    handler("keyed.push", max_running_per_key=1, rate_per_key=(1, 60, 2))(lambda ctx: None)
+    settings.JOBS = {"QUEUES": {"crm": {"max_running": 5}, "other": {"rate": (1, 1)}}}
+    for n in range(3):
+        submit_job(
+            SCOPE, f"a{n}",
+            JobSubmission.create("keyed.push", {}, queue="crm", limit_key="acct-a"),
+        )  # fmt: skip
+    submit_job(SCOPE, "b0", JobSubmission.create("keyed.push", {}, queue="crm", limit_key="b"))
+    assert len(execution.claim_due("w", limit=10, queues=["crm"])) == 2
+    lines = run("keys", "--queue", "crm")
+    assert lines[0].split() == [
+        "limit", "key", "queued", "running", "cap", "rate", "free", "next", "free",
+    ]  # fmt: skip
+    assert [line.split() for line in lines[1:]] == [
+        ["handler:keyed.push", "acct-a", "2", "1", "1", "1/60sburst2", "1/2", "now"],
+        ["handler:keyed.push", "b", "0", "1", "1", "1/60sburst2", "1/2", "now"],
+        ["queue:crm", "*", "2", "2", "5", "-", "-", "-"],
+    ]
+    assert run("keys", "--queue", "other") == ["No limit has Queued or Running jobs."]
+    with pytest.raises(CommandError, match="queue"):
+        run("keys", "--queue", "bad queue")
+
+
+def test_why_prints_each_reason_a_job_waits(handler, settings):
+    handler("keyed.push", max_running_per_key=1)(lambda ctx: None)
+    for n in range(2):
+        submit_job(
+            SCOPE, f"a{n}",
+            JobSubmission.create("keyed.push", {}, queue="crm", limit_key="acct-a"),
+        )  # fmt: skip
+    assert len(execution.claim_due("w", limit=10, queues=["crm"])) == 1
+    execution.pause_queue("crm")
+    scope_hash = JobScope(SCOPE).scope_hash
+    expected = [
+        f"job a1 (scope {scope_hash}, queue crm, handler keyed.push): Queued",
+        "  - its queue 'crm' is paused",
+        "  - over handler 'keyed.push' max_running_per_key=1 for key 'acct-a': 1 running of 1",
+    ]
+    # By the scope's name, or by its hash.
+    assert run("why", SCOPE, "a1") == expected
+    assert run("why", scope_hash, "a1") == expected
+    assert run("why", SCOPE, "a0")[1:] == []
+    with pytest.raises(CommandError, match="no job 'missing'"):
+        run("why", SCOPE, "missing")
