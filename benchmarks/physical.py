@@ -44,14 +44,35 @@ def succeeded(token: str) -> dict[str, Any]:
     return {"token": token, "outcome": "succeeded", "result_ref": None, "error": "", "summary": ""}
 
 
+def finish_and_claim_params(
+    worker_id: str, lease_expires_at: datetime, now: datetime, limit: int, done: list[Any]
+) -> dict[str, Any]:
+    """The parameters of the finish-and-claim statement, finishing ``done`` (as
+    :func:`succeeded` gives them) and claiming up to ``limit`` jobs, with what follows
+    in batches and sequences passed as the worker's finish passes it
+    (``jobs.store.finishing``): these jobs are in none."""
+    from jobs.conf import jobs_settings
+    from jobs.fair_share import place
+    from jobs.store import sql
+
+    return {
+        "worker_id": worker_id,
+        "lease_expires_at": lease_expires_at,
+        "now": now,
+        "limit": limit,
+        **sql.finishing_params("postgresql", done),
+        "now_place": place(now),
+        "channel": jobs_settings().NOTIFY_CHANNEL,
+        "requeue": False,
+    }
+
+
 def floor_loop(url: str, jobs: int) -> dict[str, Any]:
     """django-ledon's own finish-and-claim statement — the one a worker at concurrency 1
     runs once per job, built by the store's builders — run back to back from one
     connection, prepared, in autocommit, with no worker around it: each statement
     finishes the job the previous one claimed and claims the next, ``jobs`` in all.
     Its rate is the most a worker at concurrency 1 could do."""
-    from jobs.conf import jobs_settings
-    from jobs.fair_share import place
     from jobs.store import sql
 
     statement = sql.claim("postgresql", queues=0, one_job=False, finishing=True)
@@ -64,18 +85,9 @@ def floor_loop(url: str, jobs: int) -> dict[str, Any]:
         start = time.perf_counter()
         while True:
             now = datetime.now(UTC)
-            params = {
-                "worker_id": "floor",
-                "lease_expires_at": now + timedelta(seconds=300),
-                "now": now,
-                "limit": 1 if claimed < jobs else 0,
-                **sql.finishing_params("postgresql", done),
-                # What follows in batches and sequences, as the worker's finish passes
-                # it (jobs.store.finishing.finishing_params): these jobs are in none.
-                "now_place": place(now),
-                "channel": jobs_settings().NOTIFY_CHANNEL,
-                "requeue": False,
-            }
+            params = finish_and_claim_params(
+                "floor", now + timedelta(seconds=300), now, 1 if claimed < jobs else 0, done
+            )
             cursor.execute(statement, params, prepare=True)
             rows = cursor.fetchall()
             if not columns:

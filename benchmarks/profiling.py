@@ -189,13 +189,9 @@ def explain(url: str) -> dict[str, Any]:
 
     claim = execution.claim_due("profile-explain", limit=1)[0]
     now = timezone.now()
-    params = {
-        "worker_id": "profile-explain",
-        "lease_expires_at": now,
-        "now": now,
-        "limit": 1,
-        **sql.finishing_params("postgresql", [physical.succeeded(claim.token)]),
-    }
+    params = physical.finish_and_claim_params(
+        "profile-explain", now, now, 1, [physical.succeeded(claim.token)]
+    )
     statement = sql.claim("postgresql", queues=0, one_job=False, finishing=True)
     with psycopg.connect(url) as conn:
         cursor = psycopg.ClientCursor(conn)
