@@ -74,8 +74,15 @@ def with_database(url: str, name: str) -> str:
 
 @contextmanager
 def scratch_database(server_url: str, name: str) -> Iterator[str]:
-    """Create database ``name`` on the server of ``server_url``; drop it at the end."""
+    """Create database ``name`` on the server of ``server_url``; drop it at the end.
+
+    The name gets this process's id, so two runs on one server (tests side by side)
+    never drop each other's database."""
     import psycopg
+
+    suffix = f"_{os.getpid()}"
+    if not name.endswith(suffix):
+        name += suffix
 
     def admin(sql: str) -> None:
         with psycopg.connect(server_url, autocommit=True) as conn:
