@@ -294,7 +294,10 @@ def test_run_after(workers) -> None:
     assert result.task.run_after == soon
     assert result.started_at is not None
     assert result.started_at >= soon
-    assert ran_labels() == ["now", "soon"]
+    # Which of "now" and "soon" ran first depends on when the worker came up (on a
+    # busy machine both are due by then); what matters is that the task deferred by an
+    # hour, enqueued before "now", held nothing back.
+    assert sorted(ran_labels()) == ["now", "soon"]
     assert default_task_backend.get_result(never.id).status == TaskResultStatus.READY
 
 
