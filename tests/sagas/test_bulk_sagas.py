@@ -7,13 +7,13 @@ written and the command exits 1; the runners then drive what it handed them."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import transaction
 from django.utils import timezone
 
@@ -23,7 +23,15 @@ from sagas import bulk as sagas_bulk
 from sagas.exceptions import InvalidInput
 from sagas.models import SagaInstance
 from sagas.testing import drive_pending_sagas
-from tests.support.bulk import held
+from tests.support.bulk import (
+    Row,
+    argv,
+    assert_changed_exactly,
+    held,
+    run_command,
+    table,
+    written_out,
+)
 from tests.support.procs import ManageProcess
 from tests.support.sagas import runs, stopped_after_reserve
 
@@ -85,39 +93,19 @@ def world() -> None:
                 make(name, situation, age, "Card DECLINED" if age % 2 == 0 else "timeout")
 
 
-def rows() -> dict[int, dict[str, Any]]:
-    return {row["id"]: row for row in SagaInstance.objects.order_by("id").values()}
+def rows() -> dict[int, Row]:
+    return table(SagaInstance)
 
 
 def bulk_sagas(*args: str) -> str:
-    out = StringIO()
-    call_command("bulk_sagas", *args, stdout=out)
-    return out.getvalue()
+    return run_command("bulk_sagas", *args)
 
 
-def selects(row: dict[str, Any], options: dict[str, Any]) -> bool:
-    """What the command's filter means, written out for one row as it was before."""
-    checks = {
-        "status": lambda v: row["status"] == v,
-        "name": lambda v: row["name"] == v,
-        "since": lambda v: row["created_at"] >= datetime.fromisoformat(v),
-        "until": lambda v: row["created_at"] < datetime.fromisoformat(v),
-        "error_contains": lambda v: (
-            v.lower() in row["error"].lower() or v.lower() in row["compensation_error"].lower()
-        ),
-    }
-    return all(checks[name](value) for name, value in options.items())
-
-
-def argv(options: dict[str, Any]) -> list[str]:
-    return [a for name, value in options.items() for a in (f"--{name.replace('_', '-')}", value)]
-
-
-def lease_free(row: dict[str, Any]) -> bool:
+def lease_free(row: Row) -> bool:
     return row["leased_until"] is None or row["leased_until"] < timezone.now()
 
 
-def handed_over(row: dict[str, Any], **values: Any) -> dict[str, Any]:
+def handed_over(row: Row, **values: Any) -> Row:
     """For the next runner: unleased, takeovers from zero, version moved on."""
     return {
         **row,
@@ -129,7 +117,7 @@ def handed_over(row: dict[str, Any], **values: Any) -> dict[str, Any]:
     }
 
 
-def compensated_by_rules(row: dict[str, Any], reason: str) -> dict[str, Any]:
+def compensated_by_rules(row: Row, reason: str) -> Row:
     if row["status"] == SagaStatus.RUNNING and lease_free(row):
         return handed_over(row, status=SagaStatus.COMPENSATING, failed_step="", error=reason)
     if row["status"] == SagaStatus.FAILED:
@@ -137,7 +125,7 @@ def compensated_by_rules(row: dict[str, Any], reason: str) -> dict[str, Any]:
     return row
 
 
-def resumed_by_rules(row: dict[str, Any]) -> dict[str, Any]:
+def resumed_by_rules(row: Row) -> Row:
     active = row["status"] in (SagaStatus.RUNNING, SagaStatus.COMPENSATING)
     waiting = row["leased_until"] is None and row["takeovers"] == 0
     if active and lease_free(row) and not waiting:
@@ -162,24 +150,14 @@ RULED = (
 )
 
 
-def assert_changed_exactly(
-    before: dict[int, dict[str, Any]],
-    after: dict[int, dict[str, Any]],
-    options: dict[str, Any],
-    rule: Any,
+def changed_exactly(
+    before: dict[int, Row], options: dict[str, str], rule: Callable[[Row], Row]
 ) -> int:
-    """Every instance the filter selected is as the rule makes it; every other one is
-    as it was, every column. The number of instances changed."""
-    assert after.keys() == before.keys()
-    changed = 0
-    for pk, row in before.items():
-        if selects(row, options):
-            expected = rule(row)
-            assert {c: after[pk][c] for c in RULED} == {c: expected[c] for c in RULED}, row
-            changed += expected != row
-        else:
-            assert after[pk] == row, row["instance_id"]
-    return changed
+    """The instances the filter ``options`` selected are as ``rule`` makes them, the
+    others as they were (:func:`~tests.support.bulk.assert_changed_exactly`); how many
+    changed. ``--error-contains`` searches both errors."""
+    selects = written_out(options, error_fields=("error", "compensation_error"))
+    return assert_changed_exactly(before, rows(), selects=selects, rule=rule, ruled=RULED)
 
 
 FILTERS = [
@@ -199,9 +177,7 @@ def test_compensate_changes_exactly_the_matching_instances_by_the_rules(world, o
 
     output = bulk_sagas("compensate", *argv(options), "--reason", "bad batch", "--batch-size", "5")
 
-    changed = assert_changed_exactly(
-        before, rows(), options, lambda row: compensated_by_rules(row, "bad batch")
-    )
+    changed = changed_exactly(before, options, lambda row: compensated_by_rules(row, "bad batch"))
     assert f"changed {changed} (" in output
 
 
@@ -211,7 +187,7 @@ def test_resume_changes_exactly_the_matching_instances_by_the_rules(world, optio
 
     output = bulk_sagas("resume", *argv(options), "--batch-size", "5")
 
-    changed = assert_changed_exactly(before, rows(), options, resumed_by_rules)
+    changed = changed_exactly(before, options, resumed_by_rules)
     assert f"changed {changed} ({changed} handed to the runners)" in output
 
 
@@ -274,7 +250,7 @@ def test_progress_is_printed_per_batch_and_the_summary_at_the_end():
 def test_every_instance_needs_all(world):
     before = rows()
     bulk_sagas("resume", "--all")
-    assert assert_changed_exactly(before, rows(), {}, resumed_by_rules) == 12
+    assert changed_exactly(before, {}, resumed_by_rules) == 12
 
 
 def test_the_runners_drive_what_a_bulk_operation_handed_them():

@@ -7,20 +7,19 @@ batch never waits for a run another transaction holds."""
 
 from __future__ import annotations
 
-from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.messages import get_messages
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.urls import reverse
 
 from jobs.models import Job
 from jobs.types import JobStatus
 from ledon.bulk import BulkFilter, run_bulk
 from testproject.workflow_checks import tasks as checks
+from tests.support.bulk import Row, held, run_command, table
 from tests.support.bulk import across as support_across
-from tests.support.bulk import held
 from workflows import RunStatus, WorkflowScope, send_signal, start_workflow, store
 from workflows import bulk as workflows_bulk
 from workflows.exceptions import InvalidInput
@@ -84,9 +83,7 @@ def picture(scope: str) -> dict[str, Any]:
 
 
 def bulk_workflows(*args: str) -> str:
-    out = StringIO()
-    call_command("bulk_workflows", *args, stdout=out)
-    return out.getvalue()
+    return run_command("bulk_workflows", *args)
 
 
 @pytest.fixture
@@ -325,8 +322,8 @@ def tagged() -> None:
     assert WorkflowRun.objects.filter(status=RunStatus.FAILED).count() == 2 * len(TAGGED)
 
 
-def run_rows() -> dict[int, dict[str, Any]]:
-    return {row["id"]: row for row in WorkflowRun.objects.order_by("id").values()}
+def run_rows() -> dict[int, Row]:
+    return table(WorkflowRun)
 
 
 def listed(tags: dict[str, str]) -> set[int]:
@@ -431,4 +428,4 @@ def test_jobs_carry_no_tags():
     with pytest.raises(JobsInvalidInput, match="jobs carry no tags"):
         jobs_bulk.matching(BulkFilter(tags={"customer": "42"}))
     with pytest.raises(CommandError, match="unrecognized arguments: --tag"):
-        call_command("bulk_jobs", "cancel", "--tag", "customer=42", stdout=StringIO())
+        run_command("bulk_jobs", "cancel", "--tag", "customer=42")
