@@ -17,6 +17,7 @@ from django.db.models import QuerySet
 from ledon.bulk import BatchOutcome, BulkAction, BulkFilter
 
 from . import validation
+from .exceptions import InvalidInput
 from .handlers import library_handlers
 from .models import Job
 from .store import scoped
@@ -27,17 +28,16 @@ def matching(selection: BulkFilter) -> QuerySet[Job]:
     :class:`~jobs.JobScope` hashes it, the time window is on the creation time and
     ``error_contains`` ignores case (ASCII letters only, on SQLite). As in the admin,
     the library's own jobs (``@job_handler(library=True)``: the workflow engine's
-    advances) are left out unless ``name`` names one."""
-    rows = Job.objects.all()
-    if selection.status is not None:
-        rows = rows.filter(status=selection.status)
-    if selection.name is not None:
-        rows = rows.filter(handler=selection.name)
-    else:
+    advances) are left out unless ``name`` names one. Jobs carry no tags: a filter
+    with tags is :class:`~jobs.exceptions.InvalidInput`."""
+    if selection.tags is not None:
+        raise InvalidInput("jobs carry no tags: a filter by tags selects workflow runs")
+    rows = selection.narrow(Job.objects.all(), name_field="handler")
+    if selection.name is None:
         rows = rows.exclude(handler__in=sorted(library_handlers()))
     if selection.scope is not None:
         rows = rows.filter(scope_hash=validation.scope_hash(selection.scope))
-    return selection.created_and_erring(rows)
+    return rows
 
 
 def cancel_action() -> BulkAction:

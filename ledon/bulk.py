@@ -32,8 +32,9 @@ Fault point (see :mod:`ledon.faults`), for tests of what moves meanwhile:
     a page of ids is read, its batch not yet applied (``ids``, ``verb``).
 
 :class:`BulkFilter` is the filter of a bulk command's options (a status, a name, a scope,
-a creation-time window, a piece of the error), checked here once for every app; each
-app turns one into its rows.
+a creation-time window, a piece of the error, tags), checked here once for every app;
+each app turns one into its rows (:meth:`BulkFilter.narrow` reads the conditions every
+app reads alike).
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Max, QuerySet
+from django.db.models import Max, Q, QuerySet
 
 from . import validation
 from .db import alias_for, in_caller_atomic_block
@@ -67,6 +68,8 @@ SQLITE_BATCH_PAUSE = 0.1
 
 #: The longest name, scope or error text a filter takes.
 MAX_FILTER_TEXT = 1000
+
+_Rows = TypeVar("_Rows", bound=QuerySet[Any])
 
 
 # --------------------------------------------------------------------------- filters
@@ -97,7 +100,8 @@ class BulkFilter:
     hold: ``status`` (a status value of the app), ``name`` (a job's handler, a
     workflow's or saga's name, exactly), ``scope`` (the scope string callers pass, not
     its hash), created at or after ``since`` and before ``until``, ``error_contains``
-    (a piece of the stored error text, any case)."""
+    (a piece of the stored error text, any case), ``tags`` (pairs the row carries,
+    every one of them: for the apps whose rows carry tags, workflow runs)."""
 
     status: str | None = None
     name: str | None = None
@@ -105,6 +109,7 @@ class BulkFilter:
     since: datetime | None = None
     until: datetime | None = None
     error_contains: str | None = None
+    tags: Mapping[str, str] | None = None
 
     @classmethod
     def parse(
@@ -118,10 +123,13 @@ class BulkFilter:
         since: str | None = None,
         until: str | None = None,
         error_contains: str | None = None,
+        tags: Sequence[str] | None = None,
     ) -> BulkFilter:
         """The filter of a command's options, each checked; ``error`` (the app's typed
         error for bad input) for the first that is not valid: a status that is not one
-        of ``statuses``, a time that is not ISO 8601, ``since`` not before ``until``."""
+        of ``statuses``, a time that is not ISO 8601, ``since`` not before ``until``, a
+        tag that is not ``KEY=VALUE`` or a key given twice (what a tag's key and value
+        may hold is the app's to check, as it checks its rows' tags)."""
         if status is not None and status not in statuses:
             raise error(f"--status must be one of {', '.join(sorted(statuses))}; got {status!r}")
 
@@ -141,18 +149,30 @@ class BulkFilter:
             since=start,
             until=end,
             error_contains=text(error_contains, "--error-contains"),
+            tags=None if tags is None else tag_pairs(tags, error=error),
         )
 
-    def created_and_erring(self, rows: QuerySet[Any]) -> QuerySet[Any]:
-        """``rows`` narrowed by the conditions every app reads alike: created (its
-        ``created_at``) within the window, and its ``error`` holding the piece asked
-        for, in any case (ASCII letters only, on SQLite)."""
+    def narrow(
+        self, rows: _Rows, *, name_field: str, error_fields: Sequence[str] = ("error",)
+    ) -> _Rows:
+        """``rows`` narrowed by the conditions every app reads alike: its ``status``,
+        its name (``name_field``: a job's ``handler``), created (its ``created_at``)
+        within the window, and one of its ``error_fields`` holding the piece asked
+        for, in any case (ASCII letters only, on SQLite). The scope and the tags are
+        the app's: it hashes its scopes and stores its tags its own way."""
+        if self.status is not None:
+            rows = rows.filter(status=self.status)
+        if self.name is not None:
+            rows = rows.filter(**{name_field: self.name})
         if self.since is not None:
             rows = rows.filter(created_at__gte=self.since)
         if self.until is not None:
             rows = rows.filter(created_at__lt=self.until)
         if self.error_contains is not None:
-            rows = rows.filter(error__icontains=self.error_contains)
+            erring = Q()
+            for name in error_fields:
+                erring |= Q(**{f"{name}__icontains": self.error_contains})
+            rows = rows.filter(erring)
         return rows
 
     @property
@@ -162,7 +182,8 @@ class BulkFilter:
 
     def describe(self) -> str:
         """The conditions, for a command's first line: ``status=failed, created
-        since 2026-03-01T00:00:00+00:00``; ``"every row"`` without any."""
+        since 2026-03-01T00:00:00+00:00, tag customer='42'``; ``"every row"`` without
+        any."""
         parts = [
             f"{name}={getattr(self, name)!r}"
             for name in ("status", "name", "scope", "error_contains")
@@ -172,7 +193,26 @@ class BulkFilter:
             parts.append(f"created since {self.since.isoformat()}")
         if self.until is not None:
             parts.append(f"created before {self.until.isoformat()}")
+        parts.extend(f"tag {key}={value!r}" for key, value in (self.tags or {}).items())
         return ", ".join(parts) or "every row"
+
+
+def tag_pairs(values: Sequence[str], *, error: type[Exception]) -> dict[str, str]:
+    """The tags of ``--tag KEY=VALUE`` options (split at the first ``=``: a value may
+    hold one), as a dict; ``error`` for one without ``=`` or a key given twice (a row
+    carries one value per key: both could never match)."""
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, text = value.partition("=")
+        if not sep:
+            raise error(f"--tag must be KEY=VALUE (customer=42), got {value!r}")
+        if key in pairs:
+            raise error(
+                f"--tag {key!r} is given twice ({pairs[key]!r} and {text!r}); a row carries "
+                "one value per key"
+            )
+        pairs[key] = text
+    return pairs
 
 
 # --------------------------------------------------------------------------- actions

@@ -34,9 +34,9 @@ class BulkCommand(BaseCommand):
 
     Without a filter the command refuses unless ``--all`` says every row is meant. Bad
     input (a status the app does not have, a time that is not ISO 8601, ``--since``
-    not before ``--until``, an operation's bad option) ends it with the app's typed
-    error's message and writes nothing. A database error ends it with what was done
-    so far: running it again goes on."""
+    not before ``--until``, a tag that is not ``KEY=VALUE``, an operation's bad
+    option) ends it with the app's typed error's message and writes nothing. A
+    database error ends it with what was done so far: running it again goes on."""
 
     #: What one row is called in the lines printed: ``"job(s)"``.
     noun: ClassVar[str]
@@ -50,6 +50,8 @@ class BulkCommand(BaseCommand):
     operations: ClassVar[Mapping[str, str]]
     #: Whether ``--scope`` applies (the app's rows belong to a scope).
     scoped: ClassVar[bool] = True
+    #: Whether ``--tag`` applies (the app's rows carry tags).
+    tagged: ClassVar[bool] = False
 
     def statuses(self) -> Sequence[str]:
         """The app's status values, for ``--status``."""
@@ -91,6 +93,14 @@ class BulkCommand(BaseCommand):
         parser.add_argument(
             "--error-contains", metavar="TEXT", help="its stored error contains TEXT (any case)"
         )
+        if self.tagged:
+            parser.add_argument(
+                "--tag",
+                action="append",
+                metavar="KEY=VALUE",
+                help="it carries the tag KEY with the value VALUE, exactly (repeatable: "
+                "every pair given)",
+            )
         parser.add_argument(
             "--all", action="store_true", help="act on every row when no filter is given"
         )
@@ -120,6 +130,7 @@ class BulkCommand(BaseCommand):
                 since=options["since"],
                 until=options["until"],
                 error_contains=options["error_contains"],
+                tags=options.get("tag"),
             )
             if selection.is_empty and not options["all"]:
                 raise CommandError(

@@ -1,24 +1,33 @@
 """docs/operations.md: its Python examples run as written — the two middlewares in a
-real chain, the JSON formatter on a worker's log line — and the page lists every
-metric the code defines."""
+real chain, the JSON formatter on a worker's log line —, its bulk commands' console
+examples print what it shows, and the page lists every metric the code defines."""
 
 from __future__ import annotations
 
 import json
 import logging
 import re
+import shlex
 import sys
 import types
 from collections.abc import Iterator
+from datetime import timedelta
+from io import StringIO
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
+from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from jobs import JobScope, JobStatus, JobSubmission, job_handler, submit_job
 from jobs.handlers import PermanentFailure, unregister
 from jobs.testing import run_jobs_inline
 from jobs.worker import Worker
+from sagas import SagaSnapshot
+from sagas import store as saga_store
+from workflows import RunStatus, WorkflowScope, start_workflow
+from workflows.testing import run_workflows_inline
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
@@ -115,3 +124,84 @@ def test_the_page_lists_every_metric_the_code_exports_and_no_other():
         if family.name.startswith("ledon_"):
             name = family.name + ("_total" if family.type == "counter" else "")
             assert types_[name] == family.type, name
+
+
+# --------------------------------------------------------------------------- bulk commands
+
+CONSOLE = re.findall(r"```console\n(.*?)```", PAGE.read_text(), re.S)
+
+
+def session(command: str) -> list[tuple[list[str], list[str]]]:
+    """The page's console example of ``command`` (the block whose first line runs
+    it): each ``$ python manage.py …`` line's arguments, and the lines it prints."""
+    [block] = [b for b in CONSOLE if b.startswith(f"$ python manage.py {command}")]
+    steps: list[tuple[list[str], list[str]]] = []
+    for line in block.splitlines():
+        if line.startswith("$ python manage.py "):
+            steps.append((shlex.split(line.removeprefix("$ python manage.py ")), []))
+        else:
+            steps[-1][1].append(line)
+    return steps
+
+
+def replay(command: str) -> None:
+    """Run the page's example of ``command`` as written: each command prints the lines
+    shown, but for the time a run took."""
+    for args, shown in session(command):
+        out = StringIO()
+        call_command(*args, stdout=out)
+        printed = re.sub(r"in \d+\.\d s$", "in 0.0 s", out.getvalue().rstrip("\n"), flags=re.M)
+        assert printed.splitlines() == shown, " ".join(args)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_bulk_sagas_example_prints_what_the_page_shows():
+    """Four instances of the order saga: a runner died in each of two (one was
+    compensating), one a live runner holds, one succeeded; another saga's stopped
+    instance is not named."""
+    long_ago = timezone.now() - timedelta(hours=1)
+
+    def started(name: str, owner: str = "gone") -> SagaSnapshot:
+        return saga_store.create(
+            name, ["reserve"], {}, idempotency_key=None, owner=owner, lease_seconds=60,
+            now=long_ago,
+        )  # fmt: skip
+
+    started("fulfilment.order")
+    undoing = started("fulfilment.order")
+    saga_store.begin_compensation(undoing, "gone", "reserve", "out of stock", now=long_ago)
+    live = started("fulfilment.order", owner="node-1")
+    assert saga_store.renew(live.instance_id, "node-1", lease_seconds=600)
+    saga_store.complete_step(started("fulfilment.order"), "gone", "reserve", {}, now=long_ago)
+    other = started("billing.charge")
+
+    replay("bulk_sagas")
+
+    assert saga_store.require(other.instance_id).leased_by == "gone"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_bulk_workflows_tag_example_prints_what_the_page_shows():
+    """Customer 42's runs in the EU: two wait for a signal, one finished; runs of the
+    same customer elsewhere, or of another in the EU, are not selected."""
+    eu42 = {"customer": "42", "region": "eu"}
+    for run_id, tags in (
+        ("order-1", eu42),
+        ("order-2", eu42),
+        ("order-3", {"customer": "42", "region": "us"}),
+        ("order-4", {"customer": "7", "region": "eu"}),
+    ):
+        start_workflow("shop", run_id, "checks.signals", {}, tags=tags)
+    start_workflow("shop", "done", "checks.linear", {"start": 1}, tags=eu42)
+    run_workflows_inline()
+
+    replay("bulk_workflows cancel --tag")
+
+    statuses = {run.run_id: run.status for run in WorkflowScope("shop").list()}
+    assert statuses == {
+        "order-1": RunStatus.CANCELLED,
+        "order-2": RunStatus.CANCELLED,
+        "order-3": RunStatus.WAITING,
+        "order-4": RunStatus.WAITING,
+        "done": RunStatus.SUCCEEDED,
+    }

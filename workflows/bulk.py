@@ -17,22 +17,23 @@ from ledon.bulk import BulkAction, BulkFilter
 
 from . import validation
 from .models import WorkflowRun
-from .store import many
+from .store import carrying, many
 
 
 def matching(selection: BulkFilter) -> QuerySet[WorkflowRun]:
     """The runs ``selection`` matches: ``name`` is the workflow's name, ``scope`` is
     hashed as :class:`~workflows.WorkflowScope` hashes it, the time window is on the
-    creation time and ``error_contains`` ignores case (ASCII letters only, on
-    SQLite)."""
-    rows = WorkflowRun.objects.all()
-    if selection.status is not None:
-        rows = rows.filter(status=selection.status)
-    if selection.name is not None:
-        rows = rows.filter(name=selection.name)
+    creation time, ``error_contains`` ignores case (ASCII letters only, on SQLite),
+    and ``tags`` are checked and matched as :meth:`WorkflowScope.list
+    <workflows.WorkflowScope.list>` checks and matches them (a run matches when it
+    carries every pair): bad ones are :class:`~workflows.exceptions.InvalidInput`."""
+    runs = WorkflowRun.objects.all()
     if selection.scope is not None:
-        rows = rows.for_scope(validation.scope_hash(selection.scope))
-    return selection.created_and_erring(rows)
+        runs = runs.for_scope(validation.scope_hash(selection.scope))
+    rows = selection.narrow(runs, name_field="name")
+    if selection.tags is None:
+        return rows
+    return carrying(rows, validation.tags(dict(selection.tags)))
 
 
 def cancel_action() -> BulkAction:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
-from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -28,7 +27,15 @@ from jobs.store import scoped, submission
 from jobs.types import RETRYABLE_STATUSES, JobStatus
 from ledon.bulk import BulkFilter, BulkProgress, run_bulk
 from ledon.faults import add_fault_hook, remove_fault_hook
-from tests.support.bulk import held
+from tests.support.bulk import (
+    Row,
+    argv,
+    assert_changed_exactly,
+    held,
+    run_command,
+    table,
+    written_out,
+)
 from tests.support.factories import JobSubmissionFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -94,34 +101,15 @@ def world() -> None:
                     )
 
 
-def rows() -> dict[int, dict[str, Any]]:
-    return {row["id"]: row for row in Job.objects.order_by("id").values()}
+def rows() -> dict[int, Row]:
+    return table(Job)
 
 
 def bulk_jobs(*args: str) -> str:
-    out = StringIO()
-    call_command("bulk_jobs", *args, stdout=out)
-    return out.getvalue()
+    return run_command("bulk_jobs", *args)
 
 
-def selects(row: dict[str, Any], options: dict[str, Any]) -> bool:
-    """What the command's filter means, written out for one row as it was before."""
-    checks = {
-        "status": lambda v: row["status"] == v,
-        "name": lambda v: row["handler"] == v,
-        "scope": lambda v: row["scope_hash"] == JobScope(v).scope_hash,
-        "since": lambda v: row["created_at"] >= datetime.fromisoformat(v),
-        "until": lambda v: row["created_at"] < datetime.fromisoformat(v),
-        "error_contains": lambda v: v.lower() in row["error"].lower(),
-    }
-    return all(checks[name](value) for name, value in options.items())
-
-
-def argv(options: dict[str, Any]) -> list[str]:
-    return [a for name, value in options.items() for a in (f"--{name.replace('_', '-')}", value)]
-
-
-def cancelled_by_rules(row: dict[str, Any]) -> dict[str, Any]:
+def cancelled_by_rules(row: Row) -> Row:
     if row["status"] == JobStatus.QUEUED:
         return {**row, "status": JobStatus.CANCELLED}
     if row["status"] == JobStatus.RUNNING:
@@ -129,7 +117,7 @@ def cancelled_by_rules(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def retried_by_rules(row: dict[str, Any], extra: int) -> dict[str, Any]:
+def retried_by_rules(row: Row, extra: int) -> Row:
     if row["status"] in RETRYABLE_STATUSES and row["attempt_count"] < row["max_attempts"] + extra:
         return {
             **row,
@@ -145,24 +133,15 @@ def retried_by_rules(row: dict[str, Any], extra: int) -> dict[str, Any]:
 RULED = ("status", "cancel_requested", "max_attempts", "granted_attempts", "error")
 
 
-def assert_changed_exactly(
-    before: dict[int, dict[str, Any]],
-    after: dict[int, dict[str, Any]],
-    options: dict[str, Any],
-    rule: Callable[[dict[str, Any]], dict[str, Any]],
+def changed_exactly(
+    before: dict[int, Row], options: dict[str, str], rule: Callable[[Row], Row]
 ) -> int:
-    """Every row the filter selected is as the rule makes it; every other row is as it
-    was, every column. The number of rows changed."""
-    assert after.keys() == before.keys()
-    changed = 0
-    for pk, row in before.items():
-        if selects(row, options):
-            expected = rule(row)
-            assert {c: after[pk][c] for c in RULED} == {c: expected[c] for c in RULED}, row
-            changed += expected != row
-        else:
-            assert after[pk] == row, row["job_id"]
-    return changed
+    """The jobs the filter ``options`` selected are as ``rule`` makes them, the others
+    as they were (:func:`~tests.support.bulk.assert_changed_exactly`); how many changed."""
+    selects = written_out(
+        options, name_field="handler", scope_hash=lambda v: JobScope(v).scope_hash
+    )
+    return assert_changed_exactly(before, rows(), selects=selects, rule=rule, ruled=RULED)
 
 
 FILTERS = [
@@ -181,7 +160,7 @@ def test_cancel_changes_exactly_the_matching_jobs_by_the_rules(world, options):
 
     output = bulk_jobs("cancel", *argv(options), "--batch-size", "7")
 
-    changed = assert_changed_exactly(before, rows(), options, cancelled_by_rules)
+    changed = changed_exactly(before, options, cancelled_by_rules)
     assert f"changed {changed} (" in output
 
 
@@ -192,9 +171,7 @@ def test_retry_changes_exactly_the_matching_jobs_by_the_rules(world, options, ex
 
     output = bulk_jobs("retry", *argv(options), "--extra-attempts", str(extra))
 
-    changed = assert_changed_exactly(
-        before, rows(), options, lambda row: retried_by_rules(row, extra)
-    )
+    changed = changed_exactly(before, options, lambda row: retried_by_rules(row, extra))
     assert f"changed {changed} ({changed} re-queued)" in output
 
 

@@ -7,20 +7,19 @@ batch never waits for a run another transaction holds."""
 
 from __future__ import annotations
 
-from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.messages import get_messages
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.urls import reverse
 
 from jobs.models import Job
 from jobs.types import JobStatus
 from ledon.bulk import BulkFilter, run_bulk
 from testproject.workflow_checks import tasks as checks
+from tests.support.bulk import Row, held, run_command, table
 from tests.support.bulk import across as support_across
-from tests.support.bulk import held
 from workflows import RunStatus, WorkflowScope, send_signal, start_workflow, store
 from workflows import bulk as workflows_bulk
 from workflows.exceptions import InvalidInput
@@ -84,9 +83,7 @@ def picture(scope: str) -> dict[str, Any]:
 
 
 def bulk_workflows(*args: str) -> str:
-    out = StringIO()
-    call_command("bulk_workflows", *args, stdout=out)
-    return out.getvalue()
+    return run_command("bulk_workflows", *args)
 
 
 @pytest.fixture
@@ -294,3 +291,141 @@ def test_cancel_all_matching_a_tag_search_in_the_admin(admin_client):
     send_signal(BY_FILTER, "r2", "approved", "yes")
     run_workflows_inline()
     assert WorkflowScope(BY_FILTER).get("r2").output == "yes"
+
+
+# --------------------------------------------------------------------------- tags
+
+#: The tags of the runs of :func:`tagged`, each run in two scopes.
+TAGGED = {
+    "eu-42": {"customer": "42", "region": "eu"},
+    "us-42": {"customer": "42", "region": "us"},
+    "eu-7": {"customer": "7", "region": "eu"},
+    "plain": {},
+    "formula": {"expr": "a=b", "note": ""},
+    "cased": {"Customer": "42"},
+}
+
+
+@pytest.fixture
+def tagged() -> None:
+    """Runs carrying the tags of :data:`TAGGED`, in two scopes: half wait for a
+    signal, the other half failed (``-failed`` runs)."""
+    for scope in (ONE_BY_ONE, BY_FILTER):
+        checks.TRIES.clear()  # counted by run id: each scope's first try fails
+        for run_id, tags in TAGGED.items():
+            start_workflow(scope, run_id, "checks.signals", {}, tags=tags)
+            start_workflow(
+                scope, f"{run_id}-failed", "checks.flaky", {"fail_times": 1, "retries": 0},
+                tags=tags,
+            )  # fmt: skip
+        run_workflows_inline()
+    assert WorkflowRun.objects.filter(status=RunStatus.FAILED).count() == 2 * len(TAGGED)
+
+
+def run_rows() -> dict[int, Row]:
+    return table(WorkflowRun)
+
+
+def listed(tags: dict[str, str]) -> set[int]:
+    """The runs ``WorkflowScope.list(tags=...)`` finds, in every scope."""
+    found = set()
+    for scope in (ONE_BY_ONE, BY_FILTER):
+        runs = {run.run_id for run in WorkflowScope(scope).list(tags=tags)}
+        found |= set(
+            WorkflowRun.objects.for_scope(WorkflowScope(scope).scope_hash)
+            .filter(run_id__in=runs)
+            .values_list("pk", flat=True)
+        )
+    return found
+
+
+def tag_args(tags: dict[str, str]) -> list[str]:
+    return [a for key, value in tags.items() for a in ("--tag", f"{key}={value}")]
+
+
+@pytest.mark.parametrize(
+    ("tags", "expected"),
+    [
+        ({"customer": "42"}, {"eu-42", "us-42"}),
+        ({"customer": "42", "region": "eu"}, {"eu-42"}),
+        ({"region": "eu"}, {"eu-42", "eu-7"}),
+        ({"expr": "a=b"}, {"formula"}),  # split at the first "="
+        ({"note": ""}, {"formula"}),  # an empty value is a value
+        ({"Customer": "42"}, {"cased"}),  # keys and values exactly
+        ({"customer": "42", "region": "asia"}, set()),
+    ],
+)
+def test_tags_select_the_runs_that_carry_every_pair_as_the_scope_lists_them(tagged, tags, expected):
+    before = run_rows()
+    chosen = listed(tags)
+    assert {before[pk]["run_id"].removesuffix("-failed") for pk in chosen} == expected
+
+    out = bulk_workflows("cancel", *tag_args(tags))
+
+    after = run_rows()
+    for pk, row in before.items():
+        if pk in chosen and row["status"] == RunStatus.WAITING:
+            assert after[pk]["status"] == RunStatus.CANCELLED, row["run_id"]
+        else:
+            assert after[pk] == row, row["run_id"]
+    waiting = sum(before[pk]["status"] == RunStatus.WAITING for pk in chosen)
+    assert f"{len(chosen)} run(s) matched: changed {waiting} ({waiting} cancelled" in out
+    first = ", ".join(f"tag {key}={value!r}" for key, value in tags.items())
+    assert out.splitlines()[0] == f"bulk_workflows cancel: {first}"
+
+
+def test_tags_narrow_the_other_filters_and_the_dry_run_changes_nothing(tagged):
+    before = run_rows()
+    args = ["--tag", "customer=42", "--scope", BY_FILTER, "--status", "failed"]
+
+    dry = bulk_workflows("resume", *args, "--dry-run")
+
+    assert run_rows() == before
+    assert "dry run: 2 run(s) match; would change 2 (2 resumed), would skip 0;" in dry
+    out = bulk_workflows("resume", *args)
+    assert "2 run(s) matched: changed 2 (2 resumed), skipped 0" in out
+    after = run_rows()
+    resumed = {row["run_id"] for pk, row in after.items() if row != before[pk]}
+    assert resumed == {"eu-42-failed", "us-42-failed"}
+    scope = WorkflowScope(BY_FILTER)
+    assert {run.run_id for run in scope.list(status="waiting", tags={"customer": "42"})} == {
+        "eu-42",
+        "us-42",
+        "eu-42-failed",
+        "us-42-failed",
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tag", "customer"], "--tag must be KEY=VALUE"),
+        (["--tag", "customer=42", "--tag", "customer=7"], "'customer' is given twice"),
+        (["--tag", "=42"], "a tag's key must not be empty"),
+        (["--tag", f"{'k' * 101}=1"], "a tag's key must be at most 100 characters"),
+        (["--tag", f"customer={'4' * 201}"], "tag 'customer' must be at most 200 characters"),
+        (["--tag", "customer=4\t2"], "tag 'customer' must not contain control characters"),
+        (["--tag", "customer=4\udcff2"], "tag 'customer' contains a lone surrogate"),
+        ([a for n in range(17) for a in ("--tag", f"k{n}=v")], "17 pairs, more than the 16"),
+    ],
+)
+def test_bad_tags_are_refused_and_nothing_is_written(tagged, args, message):
+    before = run_rows()
+    with pytest.raises(CommandError, match=message):
+        bulk_workflows("cancel", *args)
+    assert run_rows() == before
+    # The scope's list refuses the same tags the same way.
+    tags = dict(a.partition("=")[::2] for a in args[1::2])
+    if "KEY=VALUE" not in message and "twice" not in message:
+        with pytest.raises(InvalidInput, match=message):
+            WorkflowScope(BY_FILTER).list(tags=tags)
+
+
+def test_jobs_carry_no_tags():
+    from jobs import bulk as jobs_bulk
+    from jobs.exceptions import InvalidInput as JobsInvalidInput
+
+    with pytest.raises(JobsInvalidInput, match="jobs carry no tags"):
+        jobs_bulk.matching(BulkFilter(tags={"customer": "42"}))
+    with pytest.raises(CommandError, match="unrecognized arguments: --tag"):
+        run_command("bulk_jobs", "cancel", "--tag", "customer=42")

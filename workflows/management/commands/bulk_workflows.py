@@ -18,11 +18,12 @@ from workflows.types import RunStatus
 class Command(BulkCommand):
     help = (
         "Cancel or resume every workflow run a filter matches (--status, --name, --scope, "
-        "--since, --until, --error-contains), in short batches that never hold up a "
+        "--since, --until, --error-contains, --tag), in short batches that never hold up a "
         "worker; --dry-run counts first and changes nothing."
     )
     noun = "run(s)"
     name_help = "a workflow name"
+    tagged = True
     invalid_input = InvalidInput
     app_errors = (WorkflowError,)
     operations = {
