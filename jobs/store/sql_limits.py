@@ -37,7 +37,6 @@ from .sql import (
     JOB,
     QUEUED,
     RUNNING,
-    claim_filters,
     claim_update,
     claimed_ctes,
     claimed_kinds,
@@ -45,6 +44,7 @@ from .sql import (
     counter_changes,
     finish_ctes,
     first_due,
+    in_line,
 )
 
 RATE = RateBucket._meta.db_table
@@ -315,7 +315,7 @@ def counted_claim(
     if finishing:
         ctes += [finish_ctes(), _freed()]
     orphans = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
-    which = first_due("postgresql", claim_filters(queues=queues, one_job=one_job))
+    which = first_due("postgresql", queues=queues, one_job=one_job)
     update = claim_update("postgresql", f"{orphans}{which}", counted=_counted(keys))
     ctes.append(claimed_ctes(update))
     ctes += _changes(keys, finishing)
@@ -480,6 +480,11 @@ def _ranks(kind: str, column: str, shapes: list[KeyShape]) -> list[str]:
     return ranks
 
 
+#: The columns of the exact claim's candidates, and of the first due jobs it reports on.
+_FIRST = ("id", "handler", "queue", "scope_hash", "limit_key", "cost")
+_CANDIDATE = (*_FIRST, "priority", "fair_at")
+
+
 @functools.lru_cache(maxsize=64)
 def limited_claim(
     *, queues: int, one_job: bool, finishing: bool, keys: tuple[KeyShape, ...]
@@ -515,7 +520,6 @@ def limited_claim(
     ]
     if finishing:
         ctes.insert(0, _freed())
-    guard = claim_filters(queues=queues, one_job=one_job)
     rules: list[_Rule] = []
     ranks: list[str] = []
     joins = []
@@ -531,10 +535,24 @@ def limited_claim(
         )
     joined = "".join(joins)
     excluded = [f"NOT {rule.excludes.format(row=JOB)}" for rule in rules]
+    # A queue whose own limit has no room left is not read at all.
+    closed = (
+        "NOT EXISTS (SELECT 1 FROM keys AS k WHERE k.kind = 'q' AND k.name = l.name"
+        " AND (k.room < 1 OR k.units < 1))"
+        if any(shape.kind == "q" for shape in keys)
+        else ""
+    )
     ctes.append(
-        "candidates AS (SELECT id, handler, queue, scope_hash, limit_key, cost, priority,"
-        f" fair_at FROM {JOB} WHERE {' AND '.join([*guard, *excluded])}"
-        f" ORDER BY {_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+        "candidates AS ("
+        + in_line(
+            "postgresql",
+            queues=queues,
+            one_job=one_job,
+            columns=_CANDIDATE,
+            filters=excluded,
+            exclude=closed,
+        )
+        + ")"
     )
     refused = " ".join(f"WHEN NOT {rule.admits} THEN '{rule.label}'" for rule in rules)
     ctes.append(
@@ -557,10 +575,8 @@ def limited_claim(
     if finishing:
         ctes.insert(0, finish_ctes())
     # What held back the jobs a claim without limits would have taken.
-    ctes.append(
-        "first AS (SELECT id, handler, queue, scope_hash, limit_key, cost"
-        f" FROM {JOB} WHERE {' AND '.join(guard)} ORDER BY {_ORDER} LIMIT %(limit)s)"
-    )
+    first = in_line("postgresql", queues=queues, one_job=one_job, columns=_FIRST, lock=False)
+    ctes.append(f"first AS ({first})")
     excluding = " ".join(
         f"WHEN {rule.excludes.format(row='f')} THEN '{rule.label}'" for rule in rules
     )
