@@ -298,6 +298,14 @@ def in_line(
             f" ORDER BY {ORDER} LIMIT %(limit)s{tail}"
         )
     guard = " AND ".join([*([] if postgres else [_in_line(vendor)]), *DUE, *filters])
+    if postgres:
+        # The time as a value of the statement's own (an init plan): a prepared claim's
+        # generic plan and its custom ones then estimate the lines' reads alike, and the
+        # generic one — planned once per connection — is the one PostgreSQL keeps.
+        guard = guard.replace("%(now)s", "(SELECT CAST(%(now)s AS timestamptz))")
+        limit = "(SELECT CAST(%(limit)s AS bigint))"
+    else:
+        limit = "%(limit)s"
     order = ", ".join(f"h.{name}" for name in ORDER.split(", "))
     ctes = f"WITH RECURSIVE {_lines(vendor, queues, exclude)}"
 
@@ -318,8 +326,8 @@ def in_line(
     first = (
         f"SELECT {', '.join(f'h.{name}' for name in keys) if lock else picked}"
         " FROM lines AS l CROSS JOIN LATERAL"
-        f" ({head('l.name', '%(limit)s', sorted({*columns, *keys}))}) AS h"
-        f" ORDER BY {order} LIMIT %(limit)s"
+        f" ({head('l.name', limit, sorted({*columns, *keys}))}) AS h"
+        f" ORDER BY {order} LIMIT {limit}"
     )
     if not lock:
         return f"{ctes} {first}"

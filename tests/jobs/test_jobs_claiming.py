@@ -320,6 +320,44 @@ class TestClaimIndex:
             assert "jobs_job_pkey" in plan, plan
             assert not re.search(r"Seq Scan on jobs_job\s", plan), plan
 
+    @pytest.mark.postgres_only
+    def test_the_prepared_claim_is_planned_once(self, history: None) -> None:
+        """After five executions of a prepared statement PostgreSQL plans it once for
+        good (a generic plan) only if that plan costs no more than the ones it made
+        for the parameters' values, planning included; else it plans each execution
+        again, which for a claim that also finishes costs more than running it. The
+        claim, alone and finishing, keeps its generic plan."""
+        finish: dict[str, object] = {
+            "tokens": ["t1"],
+            "outcomes": ["succeeded"],
+            "results": [None],
+            "errors": [""],
+            "summaries": [""],
+            "now_place": 0,
+            "channel": "jobs",
+            "requeue": False,
+        }
+        for finishing in (False, True):
+            params = {**(finish if finishing else {}), **self.claim_params(), "limit": 1}
+            statement = sql.claim(connection.vendor, queues=0, one_job=False, finishing=finishing)
+            names = list(params)
+            numbered = statement % {name: f"${n}" for n, name in enumerate(names, 1)}
+            with connection.cursor() as cursor:
+                cursor.execute(f"PREPARE ledon_claim_once AS {numbered}")
+                try:
+                    for _ in range(7):
+                        cursor.execute(
+                            f"EXECUTE ledon_claim_once({', '.join(['%s'] * len(names))})",
+                            [params[name] for name in names],
+                        )
+                    cursor.execute(
+                        "SELECT generic_plans FROM pg_prepared_statements"
+                        " WHERE name = 'ledon_claim_once'"
+                    )
+                    assert cursor.fetchone()[0] >= 1, f"finishing={finishing}"
+                finally:
+                    cursor.execute("DEALLOCATE ledon_claim_once")
+
     def test_recovery_queries_read_the_token_index(self, history: None) -> None:
         """Expired leases and a worker's own attempts are found through the partial
         index of current tokens (only running jobs hold one), never the history."""

@@ -52,14 +52,18 @@ WITH claimed AS
                              AND status = 'queued'
                              AND NOT cancel_requested
                              AND NOT sequence_held
-                             AND next_run_at <= %(now)s
+                             AND next_run_at <=
+                               (SELECT CAST(%(now)s AS timestamptz))
                              AND attempt_count < max_attempts
                              AND (start_by IS NULL
-                                  OR start_by > %(now)s)
+                                  OR start_by >
+                                    (SELECT CAST(%(now)s AS timestamptz)))
                            ORDER BY priority DESC, fair_at, id
-                           LIMIT %(limit)s) AS h
+                           LIMIT
+                             (SELECT CAST(%(limit)s AS bigint))) AS h
                         ORDER BY h.priority DESC, h.fair_at, h.id
-                        LIMIT %(limit)s), shares AS
+                        LIMIT
+                          (SELECT CAST(%(limit)s AS bigint))), shares AS
                        (SELECT queue AS name, count(*) AS n
                         FROM firsts
                         GROUP BY queue) SELECT h.id
@@ -71,10 +75,12 @@ WITH claimed AS
                           AND status = 'queued'
                           AND NOT cancel_requested
                           AND NOT sequence_held
-                          AND next_run_at <= %(now)s
+                          AND next_run_at <=
+                            (SELECT CAST(%(now)s AS timestamptz))
                           AND attempt_count < max_attempts
                           AND (start_by IS NULL
-                               OR start_by > %(now)s)
+                               OR start_by >
+                                 (SELECT CAST(%(now)s AS timestamptz)))
                         ORDER BY priority DESC, fair_at, id
                         LIMIT s.n
                         FOR UPDATE SKIP LOCKED) AS h)) RETURNING id,

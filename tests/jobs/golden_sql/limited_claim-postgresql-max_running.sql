@@ -64,10 +64,12 @@ WITH keys AS
            AND status = 'queued'
            AND NOT cancel_requested
            AND NOT sequence_held
-           AND next_run_at <= %(now)s
+           AND next_run_at <=
+             (SELECT CAST(%(now)s AS timestamptz))
            AND attempt_count < max_attempts
            AND (start_by IS NULL
-                OR start_by > %(now)s)
+                OR start_by >
+                  (SELECT CAST(%(now)s AS timestamptz)))
            AND NOT EXISTS
              (SELECT 1
               FROM keys AS k_h
@@ -77,11 +79,13 @@ WITH keys AS
          ORDER BY priority DESC,
                   fair_at,
                   id
-         LIMIT %(limit)s) AS h
+         LIMIT
+           (SELECT CAST(%(limit)s AS bigint))) AS h
       ORDER BY h.priority DESC,
                h.fair_at,
                h.id
-      LIMIT %(limit)s),
+      LIMIT
+        (SELECT CAST(%(limit)s AS bigint))),
                   shares AS
      (SELECT queue AS name,
              count(*) AS n
@@ -109,10 +113,12 @@ WITH keys AS
         AND status = 'queued'
         AND NOT cancel_requested
         AND NOT sequence_held
-        AND next_run_at <= %(now)s
+        AND next_run_at <=
+          (SELECT CAST(%(now)s AS timestamptz))
         AND attempt_count < max_attempts
         AND (start_by IS NULL
-             OR start_by > %(now)s)
+             OR start_by >
+               (SELECT CAST(%(now)s AS timestamptz)))
         AND NOT EXISTS
           (SELECT 1
            FROM keys AS k_h
@@ -285,18 +291,22 @@ WITH keys AS
         AND status = 'queued'
         AND NOT cancel_requested
         AND NOT sequence_held
-        AND next_run_at <= %(now)s
+        AND next_run_at <=
+          (SELECT CAST(%(now)s AS timestamptz))
         AND attempt_count < max_attempts
         AND (start_by IS NULL
-             OR start_by > %(now)s)
+             OR start_by >
+               (SELECT CAST(%(now)s AS timestamptz)))
       ORDER BY priority DESC,
                fair_at,
                id
-      LIMIT %(limit)s) AS h
+      LIMIT
+        (SELECT CAST(%(limit)s AS bigint))) AS h
    ORDER BY h.priority DESC,
             h.fair_at,
             h.id
-   LIMIT %(limit)s), held AS
+   LIMIT
+     (SELECT CAST(%(limit)s AS bigint))), held AS
   (SELECT f.queue,
           f.handler,
           COALESCE(r.refused, CASE
