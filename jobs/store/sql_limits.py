@@ -190,8 +190,10 @@ def _buckets_cte() -> str:
         + rows
         + f" ON CONFLICT (key) DO UPDATE SET tat = {tat}, horizon = excluded.horizon,"
         f" stamps = CASE WHEN excluded.stamps IS NOT NULL THEN {kept} END,"
-        " used = excluded.used"
-        f" + {_in_window('COALESCE(b.stamps, jsonb_build_array())', 'excluded.window_start')},"
+        # A bucket's row keeps no window: its used is NULL, read nothing for it.
+        " used = CASE WHEN excluded.stamps IS NOT NULL THEN excluded.used"
+        f" + {_in_window('COALESCE(b.stamps, jsonb_build_array())', 'excluded.window_start')}"
+        " END,"
         " cap = excluded.cap, window_start = excluded.window_start,"
         f" ends = CASE WHEN excluded.tat IS NOT NULL THEN {tat}"
         " ELSE GREATEST(b.ends, excluded.ends) END)"
@@ -207,59 +209,55 @@ def _used(key: str, finishing: bool) -> str:
     return f"({used})"
 
 
-def _counter_deltas(finishing: bool) -> str:
-    """Each counter's change by a claim: its claimed jobs' counts less, with
-    ``finishing``, the ``freed`` ones; with its cap, from ``caps`` (``max_running``'s
-    for a name's counter, ``max_running_per_scope``'s for a pair's: a scope hash is 64
-    characters; ``max_running_per_key``'s for a key's)."""
-    changes = f"SELECT key, 1 AS n FROM ({counted_keys('claimed')}) AS c"
-    if finishing:
-        changes += " UNION ALL SELECT key, -n FROM freed"
-    # A per-key counter is the name's key, '#' and the limit key: names have no '#'.
-    cap = (
-        "COALESCE((SELECT k.cap FROM caps AS k WHERE k.key = u.key),"
-        " (SELECT k.scope FROM caps AS k WHERE k.key || ':' || right(u.key, 64) = u.key),"
-        " (SELECT k.keyed FROM caps AS k WHERE strpos(u.key, '#') > 0"
-        " AND k.key = split_part(u.key, '#', 1)))"
-    )
-    return f"SELECT u.key, sum(u.n) AS n, {cap} AS cap FROM ({changes}) AS u GROUP BY u.key"
-
-
-def _caps_cte(keys: tuple[KeyShape, ...]) -> str:
-    """``caps``: each counted name's counter key and its three limits."""
-    rows = ", ".join(
-        f"(%(lim_{n})s::text, %(lim_{n}_key)s::text, "
-        + ", ".join(
-            f"%(lim_{n}_{param})s::bigint" if present else _NULL
-            for param, present in (
-                ("max", shape.max_running),
-                ("scope", shape.per_scope),
-                ("pkey", shape.per_key),
+def _counter_parts(keys: tuple[KeyShape, ...], row: str) -> list[tuple[str, str]]:
+    """Each counter a job ``row`` (a prefix: ``""`` or ``"c."``) claimed under ``keys``
+    may count in, as SQL: its key — NULL if the job does not count in it — and its cap.
+    Per limited name: ``max_running``'s, with the job's scope ``max_running_per_scope``'s
+    and, with its limit key, ``max_running_per_key``'s."""
+    parts = []
+    for n, shape in enumerate(keys):
+        column = f"{row}{'handler' if shape.kind == 'h' else 'queue'}"
+        name, key = f"%(lim_{n})s::text", f"%(lim_{n}_key)s::text"
+        match = f"WHEN {column} = {name} THEN {key}"
+        if shape.max_running:
+            parts.append((f"CASE {match} END", f"%(lim_{n}_max)s::bigint"))
+        if shape.per_scope:
+            parts.append(
+                (f"CASE {match} || ':' || {row}scope_hash END", f"%(lim_{n}_scope)s::bigint")
             )
-        )
-        + ")"
-        for n, shape in enumerate(keys)
-        if shape.counted
+        if shape.per_key:
+            keyed = f"WHEN {column} = {name} AND {row}limit_key <> ''"
+            parts.append(
+                (
+                    f"CASE {keyed} THEN {key} || '#' || {row}limit_key END",
+                    f"%(lim_{n}_pkey)s::bigint",
+                )
+            )
+    return parts
+
+
+def _counter_deltas(keys: tuple[KeyShape, ...], finishing: bool) -> str:
+    """Each counter's change by a claim: its claimed jobs' counts less, with
+    ``finishing``, the ``freed`` ones; with its cap, the limit of the claimed jobs'
+    (a count given back keeps the counter's). The claimed jobs' counters are read from
+    their rows, as :func:`_counted` wrote them, not parsed back from ``limit_keys``."""
+    parts = _counter_parts(keys, "c.")
+    changes = (
+        f"SELECT t.key, 1 AS n, t.cap FROM claimed AS c CROSS JOIN LATERAL"
+        f" unnest(ARRAY[{', '.join(key for key, _ in parts)}],"
+        f" ARRAY[{', '.join(cap for _, cap in parts)}]) AS t(key, cap) WHERE t.key IS NOT NULL"
+        if parts
+        else f"SELECT NULL::text AS key, 0 AS n, {_NULL} AS cap WHERE FALSE"
     )
-    return f"caps AS (SELECT * FROM (VALUES {rows}) AS k(name, key, cap, scope, keyed))"
+    if finishing:
+        changes += f" UNION ALL SELECT key, -n, {_NULL} FROM freed"
+    return f"SELECT u.key, sum(u.n) AS n, max(u.cap) AS cap FROM ({changes}) AS u GROUP BY u.key"
 
 
 def _counted(keys: tuple[KeyShape, ...]) -> str:
     """The ``limit_keys`` of a job claimed under ``keys``: a JSON array of the counters
-    it counts in — per limited name, ``max_running``'s, with the job's scope
-    ``max_running_per_scope``'s and, with its limit key, ``max_running_per_key``'s —,
-    or NULL if none."""
-    parts = []
-    for n, shape in enumerate(keys):
-        column = "handler" if shape.kind == "h" else "queue"
-        match = f"WHEN {column} = %(lim_{n})s::text THEN %(lim_{n}_key)s::text"
-        if shape.max_running:
-            parts.append(f"CASE {match} END")
-        if shape.per_scope:
-            parts.append(f"CASE {match} || ':' || scope_hash END")
-        if shape.per_key:
-            keyed = f"WHEN {column} = %(lim_{n})s::text AND limit_key <> ''"
-            parts.append(f"CASE {keyed} THEN %(lim_{n}_key)s::text || '#' || limit_key END")
+    it counts in (:func:`_counter_parts`), or NULL if none."""
+    parts = [key for key, _cap in _counter_parts(keys, "")]
     if not parts:
         return "NULL"
     return f"NULLIF(array_to_json(array_remove(ARRAY[{', '.join(parts)}], NULL))::text, '[]')"
@@ -267,18 +265,11 @@ def _counted(keys: tuple[KeyShape, ...]) -> str:
 
 def _changes(keys: tuple[KeyShape, ...], finishing: bool) -> list[str]:
     """The CTEs that change the limits' rows after ``claimed``: ``counted`` (one change
-    per counter) with its ``caps``, and ``rates`` with ``buckets``."""
+    per counter), and ``rates`` with ``buckets``."""
     ctes = []
-    if any(shape.counted for shape in keys):
-        ctes.append(_caps_cte(keys))
-    elif finishing:
-        # Nothing is counted by this claim; the finished jobs still give their counts back.
-        ctes.append(
-            f"caps AS (SELECT NULL::text AS name, NULL::text AS key, {_NULL} AS cap,"
-            f" {_NULL} AS scope, {_NULL} AS keyed WHERE FALSE)"
-        )
     if any(shape.counted for shape in keys) or finishing:
-        ctes.append(f"counted AS ({counter_changes(_counter_deltas(finishing))})")
+        # Without a counted limit, the finished jobs still give their counts back.
+        ctes.append(f"counted AS ({counter_changes(_counter_deltas(keys, finishing))})")
     if any(shape.rate or shape.rate_per_key for shape in keys):
         ctes += [_rates_cte(keys), _buckets_cte()]
     return ctes

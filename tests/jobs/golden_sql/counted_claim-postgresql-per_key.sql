@@ -115,14 +115,6 @@ WITH claimed AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
-     caps AS
-  (SELECT *
-   FROM (
-         VALUES (%(lim_0)s::text,
-                 %(lim_0_key)s::text,
-                 NULL::bigint,
-                 NULL::bigint,
-                 %(lim_0_pkey)s::bigint)) AS k(name, key, cap, scope, keyed)),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -130,24 +122,17 @@ WITH claimed AS
    FROM
      (SELECT u.key,
              sum(u.n) AS n,
-             COALESCE(
-                        (SELECT k.cap
-                         FROM caps AS k
-                         WHERE k.key = u.key),
-                        (SELECT k.scope
-                         FROM caps AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key),
-                        (SELECT k.keyed
-                         FROM caps AS k
-                         WHERE strpos(u.key, '#') > 0
-                           AND k.key = split_part(u.key, '#', 1))) AS cap
+             max(u.cap) AS cap
       FROM
-        (SELECT key,
-                1 AS n
-         FROM
-           (SELECT k.key
-            FROM claimed AS s,
-                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c) AS u
+        (SELECT t.key,
+                1 AS n,
+                t.cap
+         FROM claimed AS c
+         CROSS JOIN LATERAL unnest(ARRAY[CASE
+                                             WHEN c.handler = %(lim_0)s::text
+                                                  AND c.limit_key <> '' THEN %(lim_0_key)s::text || '#' || c.limit_key
+                                         END], ARRAY[%(lim_0_pkey)s::bigint]) AS t(key, cap)
+         WHERE t.key IS NOT NULL) AS u
       GROUP BY u.key) AS d
    WHERE n <> 0
    ORDER BY key ON CONFLICT (key) DO UPDATE

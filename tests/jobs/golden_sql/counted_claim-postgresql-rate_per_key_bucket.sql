@@ -172,16 +172,18 @@ WITH claimed AS
                                WHERE (e->>0)::bigint > excluded.horizon
                                GROUP BY 1) AS s)
                 END,
-                used = excluded.used +
-     (SELECT COALESCE(sum((e->>1)::bigint), 0)
-      FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
-      WHERE (e->>0)::bigint > excluded.window_start),
-                cap = excluded.cap,
-                window_start = excluded.window_start,
-                ends = CASE
-                           WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
-                           ELSE GREATEST(b.ends, excluded.ends)
-                       END)
+                used = CASE
+                           WHEN excluded.stamps IS NOT NULL THEN excluded.used +
+                                  (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                   FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                   WHERE (e->>0)::bigint > excluded.window_start)
+                       END,
+                       cap = excluded.cap,
+                       window_start = excluded.window_start,
+                       ends = CASE
+                                  WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
+                                  ELSE GREATEST(b.ends, excluded.ends)
+                              END)
 SELECT 'claimed' AS kind,
        id,
        scope_hash,

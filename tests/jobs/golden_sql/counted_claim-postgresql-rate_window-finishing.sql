@@ -376,13 +376,6 @@ WITH done AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
-     caps AS
-  (SELECT NULL::text AS name,
-          NULL::text AS key,
-          NULL::bigint AS cap,
-          NULL::bigint AS scope,
-          NULL::bigint AS keyed
-   WHERE FALSE),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -390,25 +383,14 @@ WITH done AS
    FROM
      (SELECT u.key,
              sum(u.n) AS n,
-             COALESCE(
-                        (SELECT k.cap
-                         FROM caps AS k
-                         WHERE k.key = u.key),
-                        (SELECT k.scope
-                         FROM caps AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key),
-                        (SELECT k.keyed
-                         FROM caps AS k
-                         WHERE strpos(u.key, '#') > 0
-                           AND k.key = split_part(u.key, '#', 1))) AS cap
+             max(u.cap) AS cap
       FROM
-        (SELECT key,
-                1 AS n
-         FROM
-           (SELECT k.key
-            FROM claimed AS s,
-                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c
-         UNION ALL SELECT key, -n
+        (SELECT NULL::text AS key,
+                0 AS n,
+                NULL::bigint AS cap
+         WHERE FALSE
+         UNION ALL SELECT key, -n,
+                                NULL::bigint
          FROM freed) AS u
       GROUP BY u.key) AS d
    WHERE n <> 0
@@ -478,16 +460,18 @@ WITH done AS
                                WHERE (e->>0)::bigint > excluded.horizon
                                GROUP BY 1) AS s)
                 END,
-                used = excluded.used +
-     (SELECT COALESCE(sum((e->>1)::bigint), 0)
-      FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
-      WHERE (e->>0)::bigint > excluded.window_start),
-                cap = excluded.cap,
-                window_start = excluded.window_start,
-                ends = CASE
-                           WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
-                           ELSE GREATEST(b.ends, excluded.ends)
-                       END)
+                used = CASE
+                           WHEN excluded.stamps IS NOT NULL THEN excluded.used +
+                                  (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                   FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                   WHERE (e->>0)::bigint > excluded.window_start)
+                       END,
+                       cap = excluded.cap,
+                       window_start = excluded.window_start,
+                       ends = CASE
+                                  WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
+                                  ELSE GREATEST(b.ends, excluded.ends)
+                              END)
 SELECT 'claimed' AS kind,
        id,
        scope_hash,

@@ -491,14 +491,6 @@ WITH done AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
-     caps AS
-  (SELECT *
-   FROM (
-         VALUES (%(lim_0)s::text,
-                 %(lim_0_key)s::text,
-                 NULL::bigint,
-                 %(lim_0_scope)s::bigint,
-                 NULL::bigint)) AS k(name, key, cap, scope, keyed)),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -506,25 +498,18 @@ WITH done AS
    FROM
      (SELECT u.key,
              sum(u.n) AS n,
-             COALESCE(
-                        (SELECT k.cap
-                         FROM caps AS k
-                         WHERE k.key = u.key),
-                        (SELECT k.scope
-                         FROM caps AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key),
-                        (SELECT k.keyed
-                         FROM caps AS k
-                         WHERE strpos(u.key, '#') > 0
-                           AND k.key = split_part(u.key, '#', 1))) AS cap
+             max(u.cap) AS cap
       FROM
-        (SELECT key,
-                1 AS n
-         FROM
-           (SELECT k.key
-            FROM claimed AS s,
-                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c
-         UNION ALL SELECT key, -n
+        (SELECT t.key,
+                1 AS n,
+                t.cap
+         FROM claimed AS c
+         CROSS JOIN LATERAL unnest(ARRAY[CASE
+                                             WHEN c.queue = %(lim_0)s::text THEN %(lim_0_key)s::text || ':' || c.scope_hash
+                                         END], ARRAY[%(lim_0_scope)s::bigint]) AS t(key, cap)
+         WHERE t.key IS NOT NULL
+         UNION ALL SELECT key, -n,
+                                NULL::bigint
          FROM freed) AS u
       GROUP BY u.key) AS d
    WHERE n <> 0
