@@ -32,7 +32,6 @@ from typing import NamedTuple
 from ..db import in_list, union_by_kind, values_of
 from ..models import RateBucket
 from .sql import (
-    CLAIMABLE,
     COUNTER,
     JOB,
     QUEUED,
@@ -655,11 +654,7 @@ def candidates(
     returned (``seen_0``…). Returns each job's ``id``, ``handler``, ``queue``,
     ``scope_hash``, ``limit_key`` and ``cost``. SQLite (whose claims hold the write
     lock)."""
-    filters = list(CLAIMABLE)
-    if queues:
-        filters.append(f"queue IN ({in_list('queue', queues)})")
-    if one_job:
-        filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
+    filters = []
     if full_handlers:
         filters.append(f"handler NOT IN ({in_list('fh', full_handlers)})")
     if full_queues:
@@ -678,10 +673,8 @@ def candidates(
             filters.append(f"NOT ({pairs})")
     if seen:
         filters.append(f"id NOT IN ({in_list('seen', seen)})")
-    return (
-        f"SELECT id, handler, queue, scope_hash, limit_key, cost FROM {JOB}"
-        f" WHERE {' AND '.join(filters)} ORDER BY {_ORDER} LIMIT %(limit)s"
-    )
+    # Each queue's line from its head, as every claim reads it (jobs.store.sql.in_line).
+    return in_line("sqlite", queues=queues, one_job=one_job, columns=_FIRST, filters=filters)
 
 
 #: The rate rows that hold nothing since before ``before`` (nanoseconds): a full

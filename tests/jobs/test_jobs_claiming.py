@@ -14,7 +14,7 @@ from jobs.api import JobScope, stage_job
 from jobs.conf import jobs_settings
 from jobs.exceptions import InvalidScope, JobsConfigurationError
 from jobs.models import Job, JobAttempt
-from jobs.store import sql
+from jobs.store import sql, sql_limits
 from jobs.types import AttemptStatus, FinishOutcome, JobStatus
 from tests.support.factories import JobSubmissionFactory, write_job_rows
 
@@ -486,10 +486,17 @@ class TestClaimReadsOnlyWhatItMayTake:
         assert read < 100, read
 
     @pytest.mark.skipif("connection.vendor == 'postgresql'")
-    def test_sqlite_reads_each_line_from_its_head(self) -> None:
-        statement = sql.claim(connection.vendor, queues=0, one_job=False)
+    @pytest.mark.parametrize("limited", [False, True])
+    def test_sqlite_reads_each_line_from_its_head(self, limited: bool) -> None:
+        """SQLite: the claim, and the pick of a claim under limits (here with a full
+        handler), search each queue's line in the line index, never the table."""
         now = connection.ops.adapt_datetimefield_value(timezone.now())
         params = {"worker_id": "w1", "lease_expires_at": now, "now": now, "limit": 10}
+        if limited:
+            statement = sql_limits.candidates(queues=0, one_job=False, full_handlers=1)
+            params["fh_0"] = "reports.generate"
+        else:
+            statement = sql.claim(connection.vendor, queues=0, one_job=False)
         with connection.cursor() as cursor:
             cursor.execute(f"EXPLAIN QUERY PLAN {statement}", params)
             plan = [row[-1] for row in cursor.fetchall()]
