@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from jobs import execution, store
@@ -279,43 +282,55 @@ class TestClaimIndex:
         assert "jobs_job_line_idx" in plan, plan
         assert not re.search(r"Seq Scan on jobs_job\s", plan), plan
 
-    @pytest.mark.postgres_only
-    def test_generic_plan_of_the_prepared_statements_uses_indexes(self, history: None) -> None:
-        """The worker runs its claim (and claim-and-finish) as a prepared statement,
-        which PostgreSQL may plan once without the parameters' values: that plan too
-        must find due jobs through the due index and the claimed rows by primary key,
-        never by scanning the table — even with a long queue in the statistics."""
-        now = write_job_rows(5000, "queued", scope_hash="b" * 64)
+    def claim_statements(self) -> list[tuple[str, dict[str, object]]]:
+        """The claim, alone and finishing a batch, with their parameters."""
         finish: dict[str, object] = {
             "tokens": ["t1", "t2"],
             "outcomes": ["succeeded", "succeeded"],
             "results": [None, "r"],
             "errors": ["", ""],
             "summaries": ["", ""],
-            "now": now,
             # What follows in batches and sequences (see jobs.store.endings).
             "now_place": 0,
             "channel": "jobs",
             "requeue": False,
         }
-        for finishing, params in (
-            (False, self.claim_params()),
-            (True, {**finish, **self.claim_params()}),
-        ):
-            statement = sql.claim(connection.vendor, queues=0, one_job=False, finishing=finishing)
-            names = list(params)
-            numbered = statement % {name: f"${n}" for n, name in enumerate(names, 1)}
-            with transaction.atomic(), connection.cursor() as cursor:
+        return [
+            (
+                sql.claim(connection.vendor, queues=0, one_job=False, finishing=finishing),
+                {**(finish if finishing else {}), **self.claim_params()},
+            )
+            for finishing in (False, True)
+        ]
+
+    @contextmanager
+    def prepared(
+        self, statement: str, params: dict[str, object]
+    ) -> Iterator[tuple[CursorWrapper, str, list[object]]]:
+        """``statement`` prepared as ``ledon_claim_plan``: a cursor, the EXECUTE and
+        its arguments."""
+        names = list(params)
+        numbered = statement % {name: f"${n}" for n, name in enumerate(names, 1)}
+        with connection.cursor() as cursor:
+            cursor.execute(f"PREPARE ledon_claim_plan AS {numbered}")
+            try:
+                execute = f"EXECUTE ledon_claim_plan({', '.join(['%s'] * len(names))})"
+                yield cursor, execute, [params[name] for name in names]
+            finally:
+                cursor.execute("DEALLOCATE ledon_claim_plan")
+
+    @pytest.mark.postgres_only
+    def test_generic_plan_of_the_prepared_statements_uses_indexes(self, history: None) -> None:
+        """The worker runs its claim (and claim-and-finish) as a prepared statement,
+        which PostgreSQL may plan once without the parameters' values: that plan too
+        must find due jobs through the line index and the claimed rows by primary key,
+        never by scanning the table — even with a long queue in the statistics."""
+        write_job_rows(5000, "queued", scope_hash="b" * 64)
+        for statement, params in self.claim_statements():
+            with transaction.atomic(), self.prepared(statement, params) as (cursor, run, args):
                 cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-                cursor.execute(f"PREPARE ledon_claim_plan AS {numbered}")
-                try:
-                    cursor.execute(
-                        f"EXPLAIN EXECUTE ledon_claim_plan({', '.join(['%s'] * len(names))})",
-                        [params[name] for name in names],
-                    )
-                    plan = "\n".join(row[0] for row in cursor.fetchall())
-                finally:
-                    cursor.execute("DEALLOCATE ledon_claim_plan")
+                cursor.execute(f"EXPLAIN {run}", args)
+                plan = "\n".join(row[0] for row in cursor.fetchall())
             assert "jobs_job_line_idx" in plan, plan
             assert "jobs_job_pkey" in plan, plan
             assert not re.search(r"Seq Scan on jobs_job\s", plan), plan
@@ -327,36 +342,15 @@ class TestClaimIndex:
         for the parameters' values, planning included; else it plans each execution
         again, which for a claim that also finishes costs more than running it. The
         claim, alone and finishing, keeps its generic plan."""
-        finish: dict[str, object] = {
-            "tokens": ["t1"],
-            "outcomes": ["succeeded"],
-            "results": [None],
-            "errors": [""],
-            "summaries": [""],
-            "now_place": 0,
-            "channel": "jobs",
-            "requeue": False,
-        }
-        for finishing in (False, True):
-            params = {**(finish if finishing else {}), **self.claim_params(), "limit": 1}
-            statement = sql.claim(connection.vendor, queues=0, one_job=False, finishing=finishing)
-            names = list(params)
-            numbered = statement % {name: f"${n}" for n, name in enumerate(names, 1)}
-            with connection.cursor() as cursor:
-                cursor.execute(f"PREPARE ledon_claim_once AS {numbered}")
-                try:
-                    for _ in range(7):
-                        cursor.execute(
-                            f"EXECUTE ledon_claim_once({', '.join(['%s'] * len(names))})",
-                            [params[name] for name in names],
-                        )
-                    cursor.execute(
-                        "SELECT generic_plans FROM pg_prepared_statements"
-                        " WHERE name = 'ledon_claim_once'"
-                    )
-                    assert cursor.fetchone()[0] >= 1, f"finishing={finishing}"
-                finally:
-                    cursor.execute("DEALLOCATE ledon_claim_once")
+        for statement, params in self.claim_statements():
+            with self.prepared(statement, {**params, "limit": 1}) as (cursor, run, args):
+                for _ in range(7):
+                    cursor.execute(run, args)
+                cursor.execute(
+                    "SELECT generic_plans FROM pg_prepared_statements"
+                    " WHERE name = 'ledon_claim_plan'"
+                )
+                assert cursor.fetchone()[0] >= 1, statement[:40]
 
     def test_recovery_queries_read_the_token_index(self, history: None) -> None:
         """Expired leases and a worker's own attempts are found through the partial
