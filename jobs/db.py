@@ -73,13 +73,17 @@ def fetch(
         # keeps automatic preparation off and lets an explicit request through.
         raw.prepare_threshold = _NEVER_BY_COUNT
     start = time.monotonic()
-    with connection.wrap_database_errors, psycopg.Cursor(raw, row_factory=_named_rows) as cursor:
+    # In PostgreSQL's own $n form, converted once per text: psycopg would parse the
+    # text of a long statement (a claim that also finishes) again on every call.
+    text, order = _numbered_placeholders(sql)
+    values = [params[name] for name in order]
+    with connection.wrap_database_errors, psycopg.RawCursor(raw, row_factory=_named_rows) as cursor:
         if _asynchronous(connection):
             with raw.pipeline():
                 raw.execute(_ASYNCHRONOUS_SQL)
-                cursor.execute(sql, params, prepare=True)
+                cursor.execute(text, values, prepare=True)
         else:
-            cursor.execute(sql, params, prepare=True)
+            cursor.execute(text, values, prepare=True)
         result = cursor.pgresult
         # Not cursor.description: it builds a column object per column.
         rows = cursor.fetchall() if result is not None and result.nfields else []

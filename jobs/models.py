@@ -214,22 +214,18 @@ class Job(models.Model):
             ),
         ]
         indexes = [
-            # The claim query's index: only Queued, not cancel-requested rows are in it,
-            # so finished history never slows claiming down.
+            # The line index: each queue's line of Queued jobs not held by a sequence,
+            # in claim order (priority, then place in line). A claim reads each queue it
+            # serves from its head (jobs.store.sql.in_line), and only as far as it takes
+            # jobs, so that neither finished history nor the lines of paused or unserved
+            # queues slow it down; a fair queue's newcomer takes its place after the head
+            # of its line at its priority (jobs.store.sql_submit.RESERVE_LANE).
             models.Index(
+                "queue",
                 F("priority").desc(),
                 "fair_at",
                 "id",
-                name="jobs_job_due_idx",
-                condition=Q(status="queued", cancel_requested=False, sequence_held=False),
-            ),
-            # The head of a queue's line at one priority, where a fair queue's newcomer
-            # takes its place (see jobs.store.sql_submit.RESERVE_LANE).
-            models.Index(
-                "queue",
-                "priority",
-                "fair_at",
-                name="jobs_job_head_idx",
+                name="jobs_job_line_idx",
                 condition=Q(status="queued", sequence_held=False),
             ),
             # A sequence's jobs that are not final, the held ones apart, in submission

@@ -2,7 +2,7 @@
 
 Each is one query that an index answers however much finished history the table
 holds: the Queued and Running rows are read through the partial indexes that claiming
-and finishing already keep (``jobs_job_due_idx``, ``jobs_job_current_token``), the last
+and finishing already keep (``jobs_job_line_idx``, ``jobs_job_current_token``), the last
 hour's finished jobs through ``jobs_job_finished_idx``, workers and schedules are small
 tables. :func:`queries` lists them for the EXPLAIN test (``tests/ledon/test_observability_cost``).
 """
@@ -41,8 +41,8 @@ class QueueState:
 
 
 def _queued(now: datetime) -> QuerySet[Any, Any]:
-    # The due index's own condition (Queued, no cancel requested, not held by its
-    # sequence): PostgreSQL reads the index instead of the table. A held job waits
+    # The line index's rows (Queued, not held by its sequence; a Queued job has no
+    # cancel requested): PostgreSQL reads the index instead of the table. A held job waits
     # apart, behind an earlier job of its sequence: it is not in line yet.
     return (
         Job.objects.filter(status=JobStatus.QUEUED, cancel_requested=False, sequence_held=False)

@@ -20,8 +20,6 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
-from ledon.db import id_among_locked
-
 from ..db import in_list, numbered, random_token_sql, union_by_kind, values_of
 from ..models import Job, JobAttempt, Lane, LimitCounter, Queue, ScopeWeight, UniqueHold
 from ..types import FINISHED_STATUSES, Claim, JobStatus
@@ -45,10 +43,9 @@ _FINISHED = ", ".join(f"'{status.value}'" for status in FINISHED_STATUSES)
 # --------------------------------------------------------------------------- wake-ups
 
 
-#: The guard of every claim: Queued, not held by its sequence, no cancel requested, due,
-#: attempts left, its start deadline not passed — and not in a paused queue (a paused
-#: queue has a row of ``jobs_queue``).
-CLAIMABLE = (
+#: The guard of every claim on a job's own row: Queued, not held by its sequence, no
+#: cancel requested, due, attempts left, its start deadline not passed.
+DUE = (
     f"status = '{QUEUED}'",
     "NOT cancel_requested",
     # A job held behind an earlier one of its sequence is out of the claim's index.
@@ -56,8 +53,12 @@ CLAIMABLE = (
     "next_run_at <= %(now)s",
     "attempt_count < max_attempts",
     "(start_by IS NULL OR start_by > %(now)s)",
-    f"queue NOT IN (SELECT name FROM {QUEUE} WHERE paused)",
 )
+#: The last guard of every claim: not in a paused queue (a paused queue has a row of
+#: ``jobs_queue``).
+UNPAUSED = f"queue NOT IN (SELECT name FROM {QUEUE} WHERE paused)"
+#: The whole guard of every claim, on a job's row.
+CLAIMABLE = (*DUE, UNPAUSED)
 
 
 #: What a job gives up when it stops Running — finished, recovered, snoozed, put
@@ -191,11 +192,11 @@ def claim(
     one statement, it is atomic by itself: the worker runs it in autocommit, one round
     trip in all.
     """
-    filters = claim_filters(queues=queues, one_job=one_job)
     postgres = vendor == "postgresql"
     guard = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
-    which = first_due(vendor, filters)
+    which = first_due(vendor, queues=queues, one_job=one_job)
     if chosen:
+        filters = claim_filters(queues=queues, one_job=one_job)
         ids = "ANY(%(ids)s::bigint[])" if postgres else f"({in_list('id', chosen)})"
         which = f"id {'=' if postgres else 'IN'} {ids} AND {' AND '.join(filters)}"
     update = claim_update(vendor, f"{guard}{which}", counted="NULL" if limited else None)
@@ -220,14 +221,137 @@ def claim_filters(*, queues: int, one_job: bool) -> list[str]:
     return filters
 
 
-def first_due(vendor: str, filters: Sequence[str]) -> str:
-    """``id`` is among the first ``limit`` jobs ``filters`` admit, in claim order,
-    locked (see :func:`ledon.db.id_among_locked`)."""
-    return id_among_locked(
-        vendor,
-        f"SELECT id FROM {JOB} WHERE {' AND '.join(filters)}"
-        " ORDER BY priority DESC, fair_at, id LIMIT %(limit)s",
+#: The claim order.
+ORDER = "priority DESC, fair_at, id"
+
+
+def _in_line(vendor: str) -> str:
+    """The line index's predicate (``jobs_job_line_idx``): Queued and not held by its
+    sequence — on SQLite in the very form of the index's, which its planner needs to
+    use a partial index."""
+    held = "NOT sequence_held" if vendor == "postgresql" else "sequence_held = 0"
+    return f"status = '{QUEUED}' AND {held}"
+
+
+def _lines(vendor: str, queues: int, exclude: str) -> str:
+    """The CTE ``lines``: the queues a claim takes from, a ``name`` per row — the
+    ``queues`` named (``queue_0``…) or, with none, every queue with a job in line,
+    found by a loose scan of the line index (one probe per queue, however many jobs
+    each holds) —, less the paused queues and those ``exclude`` (a condition on
+    ``l.name``) leaves out."""
+    if queues:
+        source = " UNION ".join(
+            f"SELECT CAST(%(queue_{n})s AS varchar) AS name" for n in range(queues)
+        )
+    else:
+        line = _in_line(vendor)
+        first = f"SELECT queue FROM {JOB} WHERE {line} ORDER BY queue LIMIT 1"
+        following = (
+            f"SELECT queue FROM {JOB} WHERE {line} AND queue > q.name ORDER BY queue LIMIT 1"
+        )
+        source = (
+            f"SELECT ({first}) AS name UNION ALL SELECT ({following}) FROM queues AS q"
+            " WHERE q.name IS NOT NULL"
+        )
+    kept = f" AND {exclude}" if exclude else ""
+    return (
+        f"queues(name) AS ({source}),"
+        f" lines AS (SELECT l.name FROM queues AS l WHERE l.name IS NOT NULL"
+        f" AND l.name NOT IN (SELECT name FROM {QUEUE} WHERE paused){kept})"
     )
+
+
+def in_line(
+    vendor: str,
+    *,
+    queues: int,
+    one_job: bool = False,
+    columns: Sequence[str] = ("id",),
+    filters: Sequence[str] = (),
+    lock: bool = True,
+    exclude: str = "",
+) -> str:
+    """A SELECT of ``columns`` of the first ``limit`` claimable jobs in claim order,
+    ``filters`` (conditions on ``{JOB}``'s row) admitting them too, from the queues of
+    :func:`_lines` (``queues``, ``exclude``). With ``one_job``, the job of that identity
+    (``scope_hash``, ``job_id``) alone, through the identity's index.
+
+    The scan is driven per queue: each queue's line is an index range of its own
+    (``jobs_job_line_idx``, by queue, then priority and place in line), read from its
+    head only as far as the claim needs, so that the jobs of a paused queue, of a queue
+    the claim does not serve or that a limit closes cost it nothing, however many they
+    are. The queues' heads are merged in claim order.
+
+    PostgreSQL, with ``lock``: the rows are locked, skipping those another claim holds.
+    A first pass, without locks, finds how many of the first ``limit`` jobs each queue
+    holds; the second takes that many from each queue's head, locked (``SKIP
+    LOCKED``), so that no row is locked that the claim does not take. Under concurrent
+    claims the second pass may take a queue's later jobs where another claim holds its
+    first ones: claim order holds within each queue, and across queues as the first
+    pass saw them. SQLite locks nothing (its claims hold the write lock)."""
+    postgres = vendor == "postgresql"
+    tail = " FOR UPDATE SKIP LOCKED" if postgres and lock else ""
+    if one_job:
+        guard = " AND ".join([*claim_filters(queues=queues, one_job=True), *filters])
+        return (
+            f"SELECT {', '.join(columns)} FROM {JOB} WHERE {guard}"
+            f" ORDER BY {ORDER} LIMIT %(limit)s{tail}"
+        )
+    guard = " AND ".join([*([] if postgres else [_in_line(vendor)]), *DUE, *filters])
+    if postgres:
+        # The time as a value of the statement's own (an init plan): a prepared claim's
+        # generic plan and its custom ones then estimate the lines' reads alike, and the
+        # generic one — planned once per connection — is the one PostgreSQL keeps.
+        guard = guard.replace("%(now)s", "(SELECT CAST(%(now)s AS timestamptz))")
+        limit = "(SELECT CAST(%(limit)s AS bigint))"
+    else:
+        limit = "%(limit)s"
+    order = ", ".join(f"h.{name}" for name in ORDER.split(", "))
+    ctes = f"WITH RECURSIVE {_lines(vendor, queues, exclude)}"
+
+    def head(queue: str, limit: str, selected: Sequence[str], end: str = "") -> str:
+        return (
+            f"SELECT {', '.join(selected)} FROM {JOB} WHERE queue = {queue} AND {guard}"
+            f" ORDER BY {ORDER} LIMIT {limit}{end}"
+        )
+
+    picked = ", ".join(f"h.{name}" for name in columns)
+    if not postgres:
+        return (
+            f"{ctes} SELECT {picked} FROM lines AS l, {JOB} AS h"
+            f" WHERE h.id IN ({head('l.name', '%(limit)s', ('id',))})"
+            f" ORDER BY {order} LIMIT %(limit)s"
+        )
+    keys = ("queue", "priority", "fair_at", "id")
+    first = (
+        f"SELECT {', '.join(f'h.{name}' for name in keys) if lock else picked}"
+        " FROM lines AS l CROSS JOIN LATERAL"
+        f" ({head('l.name', limit, sorted({*columns, *keys}))}) AS h"
+        f" ORDER BY {order} LIMIT {limit}"
+    )
+    if not lock:
+        return f"{ctes} {first}"
+    return (
+        f"{ctes}, firsts AS ({first}),"
+        " shares AS (SELECT queue AS name, count(*) AS n FROM firsts GROUP BY queue)"
+        f" SELECT {picked} FROM shares AS s CROSS JOIN LATERAL"
+        f" ({head('s.name', 's.n', columns, tail)}) AS h"
+    )
+
+
+def first_due(
+    vendor: str,
+    *,
+    queues: int,
+    one_job: bool,
+    filters: Sequence[str] = (),
+    exclude: str = "",
+) -> str:
+    """``id`` is among the first ``limit`` claimable jobs in claim order, ``filters``
+    admitting them too, locked (:func:`in_line`). On PostgreSQL the pick runs once for
+    the whole statement, as :func:`ledon.db.id_among_locked` says why."""
+    select = in_line(vendor, queues=queues, one_job=one_job, filters=filters, exclude=exclude)
+    return f"id = ANY(ARRAY({select}))" if vendor == "postgresql" else f"id IN ({select})"
 
 
 def claim_update(vendor: str, where: str, counted: str | None = None) -> str:

@@ -32,12 +32,10 @@ from typing import NamedTuple
 from ..db import in_list, union_by_kind, values_of
 from ..models import RateBucket
 from .sql import (
-    CLAIMABLE,
     COUNTER,
     JOB,
     QUEUED,
     RUNNING,
-    claim_filters,
     claim_update,
     claimed_ctes,
     claimed_kinds,
@@ -45,6 +43,7 @@ from .sql import (
     counter_changes,
     finish_ctes,
     first_due,
+    in_line,
 )
 
 RATE = RateBucket._meta.db_table
@@ -190,8 +189,10 @@ def _buckets_cte() -> str:
         + rows
         + f" ON CONFLICT (key) DO UPDATE SET tat = {tat}, horizon = excluded.horizon,"
         f" stamps = CASE WHEN excluded.stamps IS NOT NULL THEN {kept} END,"
-        " used = excluded.used"
-        f" + {_in_window('COALESCE(b.stamps, jsonb_build_array())', 'excluded.window_start')},"
+        # A bucket's row keeps no window: its used is NULL, read nothing for it.
+        " used = CASE WHEN excluded.stamps IS NOT NULL THEN excluded.used"
+        f" + {_in_window('COALESCE(b.stamps, jsonb_build_array())', 'excluded.window_start')}"
+        " END,"
         " cap = excluded.cap, window_start = excluded.window_start,"
         f" ends = CASE WHEN excluded.tat IS NOT NULL THEN {tat}"
         " ELSE GREATEST(b.ends, excluded.ends) END)"
@@ -207,59 +208,55 @@ def _used(key: str, finishing: bool) -> str:
     return f"({used})"
 
 
-def _counter_deltas(finishing: bool) -> str:
-    """Each counter's change by a claim: its claimed jobs' counts less, with
-    ``finishing``, the ``freed`` ones; with its cap, from ``caps`` (``max_running``'s
-    for a name's counter, ``max_running_per_scope``'s for a pair's: a scope hash is 64
-    characters; ``max_running_per_key``'s for a key's)."""
-    changes = f"SELECT key, 1 AS n FROM ({counted_keys('claimed')}) AS c"
-    if finishing:
-        changes += " UNION ALL SELECT key, -n FROM freed"
-    # A per-key counter is the name's key, '#' and the limit key: names have no '#'.
-    cap = (
-        "COALESCE((SELECT k.cap FROM caps AS k WHERE k.key = u.key),"
-        " (SELECT k.scope FROM caps AS k WHERE k.key || ':' || right(u.key, 64) = u.key),"
-        " (SELECT k.keyed FROM caps AS k WHERE strpos(u.key, '#') > 0"
-        " AND k.key = split_part(u.key, '#', 1)))"
-    )
-    return f"SELECT u.key, sum(u.n) AS n, {cap} AS cap FROM ({changes}) AS u GROUP BY u.key"
-
-
-def _caps_cte(keys: tuple[KeyShape, ...]) -> str:
-    """``caps``: each counted name's counter key and its three limits."""
-    rows = ", ".join(
-        f"(%(lim_{n})s::text, %(lim_{n}_key)s::text, "
-        + ", ".join(
-            f"%(lim_{n}_{param})s::bigint" if present else _NULL
-            for param, present in (
-                ("max", shape.max_running),
-                ("scope", shape.per_scope),
-                ("pkey", shape.per_key),
+def _counter_parts(keys: tuple[KeyShape, ...], row: str) -> list[tuple[str, str]]:
+    """Each counter a job ``row`` (a prefix: ``""`` or ``"c."``) claimed under ``keys``
+    may count in, as SQL: its key — NULL if the job does not count in it — and its cap.
+    Per limited name: ``max_running``'s, with the job's scope ``max_running_per_scope``'s
+    and, with its limit key, ``max_running_per_key``'s."""
+    parts = []
+    for n, shape in enumerate(keys):
+        column = f"{row}{'handler' if shape.kind == 'h' else 'queue'}"
+        name, key = f"%(lim_{n})s::text", f"%(lim_{n}_key)s::text"
+        match = f"WHEN {column} = {name} THEN {key}"
+        if shape.max_running:
+            parts.append((f"CASE {match} END", f"%(lim_{n}_max)s::bigint"))
+        if shape.per_scope:
+            parts.append(
+                (f"CASE {match} || ':' || {row}scope_hash END", f"%(lim_{n}_scope)s::bigint")
             )
-        )
-        + ")"
-        for n, shape in enumerate(keys)
-        if shape.counted
+        if shape.per_key:
+            keyed = f"WHEN {column} = {name} AND {row}limit_key <> ''"
+            parts.append(
+                (
+                    f"CASE {keyed} THEN {key} || '#' || {row}limit_key END",
+                    f"%(lim_{n}_pkey)s::bigint",
+                )
+            )
+    return parts
+
+
+def _counter_deltas(keys: tuple[KeyShape, ...], finishing: bool) -> str:
+    """Each counter's change by a claim: its claimed jobs' counts less, with
+    ``finishing``, the ``freed`` ones; with its cap, the limit of the claimed jobs'
+    (a count given back keeps the counter's). The claimed jobs' counters are read from
+    their rows, as :func:`_counted` wrote them, not parsed back from ``limit_keys``."""
+    parts = _counter_parts(keys, "c.")
+    changes = (
+        f"SELECT t.key, 1 AS n, t.cap FROM claimed AS c CROSS JOIN LATERAL"
+        f" unnest(ARRAY[{', '.join(key for key, _ in parts)}],"
+        f" ARRAY[{', '.join(cap for _, cap in parts)}]) AS t(key, cap) WHERE t.key IS NOT NULL"
+        if parts
+        else f"SELECT NULL::text AS key, 0 AS n, {_NULL} AS cap WHERE FALSE"
     )
-    return f"caps AS (SELECT * FROM (VALUES {rows}) AS k(name, key, cap, scope, keyed))"
+    if finishing:
+        changes += f" UNION ALL SELECT key, -n, {_NULL} FROM freed"
+    return f"SELECT u.key, sum(u.n) AS n, max(u.cap) AS cap FROM ({changes}) AS u GROUP BY u.key"
 
 
 def _counted(keys: tuple[KeyShape, ...]) -> str:
     """The ``limit_keys`` of a job claimed under ``keys``: a JSON array of the counters
-    it counts in — per limited name, ``max_running``'s, with the job's scope
-    ``max_running_per_scope``'s and, with its limit key, ``max_running_per_key``'s —,
-    or NULL if none."""
-    parts = []
-    for n, shape in enumerate(keys):
-        column = "handler" if shape.kind == "h" else "queue"
-        match = f"WHEN {column} = %(lim_{n})s::text THEN %(lim_{n}_key)s::text"
-        if shape.max_running:
-            parts.append(f"CASE {match} END")
-        if shape.per_scope:
-            parts.append(f"CASE {match} || ':' || scope_hash END")
-        if shape.per_key:
-            keyed = f"WHEN {column} = %(lim_{n})s::text AND limit_key <> ''"
-            parts.append(f"CASE {keyed} THEN %(lim_{n}_key)s::text || '#' || limit_key END")
+    it counts in (:func:`_counter_parts`), or NULL if none."""
+    parts = [key for key, _cap in _counter_parts(keys, "")]
     if not parts:
         return "NULL"
     return f"NULLIF(array_to_json(array_remove(ARRAY[{', '.join(parts)}], NULL))::text, '[]')"
@@ -267,18 +264,11 @@ def _counted(keys: tuple[KeyShape, ...]) -> str:
 
 def _changes(keys: tuple[KeyShape, ...], finishing: bool) -> list[str]:
     """The CTEs that change the limits' rows after ``claimed``: ``counted`` (one change
-    per counter) with its ``caps``, and ``rates`` with ``buckets``."""
+    per counter), and ``rates`` with ``buckets``."""
     ctes = []
-    if any(shape.counted for shape in keys):
-        ctes.append(_caps_cte(keys))
-    elif finishing:
-        # Nothing is counted by this claim; the finished jobs still give their counts back.
-        ctes.append(
-            f"caps AS (SELECT NULL::text AS name, NULL::text AS key, {_NULL} AS cap,"
-            f" {_NULL} AS scope, {_NULL} AS keyed WHERE FALSE)"
-        )
     if any(shape.counted for shape in keys) or finishing:
-        ctes.append(f"counted AS ({counter_changes(_counter_deltas(finishing))})")
+        # Without a counted limit, the finished jobs still give their counts back.
+        ctes.append(f"counted AS ({counter_changes(_counter_deltas(keys, finishing))})")
     if any(shape.rate or shape.rate_per_key for shape in keys):
         ctes += [_rates_cte(keys), _buckets_cte()]
     return ctes
@@ -315,7 +305,7 @@ def counted_claim(
     if finishing:
         ctes += [finish_ctes(), _freed()]
     orphans = "NOT EXISTS (SELECT 1 FROM orphans) AND " if finishing else ""
-    which = first_due("postgresql", claim_filters(queues=queues, one_job=one_job))
+    which = first_due("postgresql", queues=queues, one_job=one_job)
     update = claim_update("postgresql", f"{orphans}{which}", counted=_counted(keys))
     ctes.append(claimed_ctes(update))
     ctes += _changes(keys, finishing)
@@ -480,6 +470,11 @@ def _ranks(kind: str, column: str, shapes: list[KeyShape]) -> list[str]:
     return ranks
 
 
+#: The columns of the exact claim's candidates, and of the first due jobs it reports on.
+_FIRST = ("id", "handler", "queue", "scope_hash", "limit_key", "cost")
+_CANDIDATE = (*_FIRST, "priority", "fair_at")
+
+
 @functools.lru_cache(maxsize=64)
 def limited_claim(
     *, queues: int, one_job: bool, finishing: bool, keys: tuple[KeyShape, ...]
@@ -515,7 +510,6 @@ def limited_claim(
     ]
     if finishing:
         ctes.insert(0, _freed())
-    guard = claim_filters(queues=queues, one_job=one_job)
     rules: list[_Rule] = []
     ranks: list[str] = []
     joins = []
@@ -531,10 +525,24 @@ def limited_claim(
         )
     joined = "".join(joins)
     excluded = [f"NOT {rule.excludes.format(row=JOB)}" for rule in rules]
+    # A queue whose own limit has no room left is not read at all.
+    closed = (
+        "NOT EXISTS (SELECT 1 FROM keys AS k WHERE k.kind = 'q' AND k.name = l.name"
+        " AND (k.room < 1 OR k.units < 1))"
+        if any(shape.kind == "q" for shape in keys)
+        else ""
+    )
     ctes.append(
-        "candidates AS (SELECT id, handler, queue, scope_hash, limit_key, cost, priority,"
-        f" fair_at FROM {JOB} WHERE {' AND '.join([*guard, *excluded])}"
-        f" ORDER BY {_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+        "candidates AS ("
+        + in_line(
+            "postgresql",
+            queues=queues,
+            one_job=one_job,
+            columns=_CANDIDATE,
+            filters=excluded,
+            exclude=closed,
+        )
+        + ")"
     )
     refused = " ".join(f"WHEN NOT {rule.admits} THEN '{rule.label}'" for rule in rules)
     ctes.append(
@@ -557,10 +565,8 @@ def limited_claim(
     if finishing:
         ctes.insert(0, finish_ctes())
     # What held back the jobs a claim without limits would have taken.
-    ctes.append(
-        "first AS (SELECT id, handler, queue, scope_hash, limit_key, cost"
-        f" FROM {JOB} WHERE {' AND '.join(guard)} ORDER BY {_ORDER} LIMIT %(limit)s)"
-    )
+    first = in_line("postgresql", queues=queues, one_job=one_job, columns=_FIRST, lock=False)
+    ctes.append(f"first AS ({first})")
     excluding = " ".join(
         f"WHEN {rule.excludes.format(row='f')} THEN '{rule.label}'" for rule in rules
     )
@@ -648,11 +654,7 @@ def candidates(
     returned (``seen_0``…). Returns each job's ``id``, ``handler``, ``queue``,
     ``scope_hash``, ``limit_key`` and ``cost``. SQLite (whose claims hold the write
     lock)."""
-    filters = list(CLAIMABLE)
-    if queues:
-        filters.append(f"queue IN ({in_list('queue', queues)})")
-    if one_job:
-        filters.append("scope_hash = %(scope_hash)s AND job_id = %(job_id)s")
+    filters = []
     if full_handlers:
         filters.append(f"handler NOT IN ({in_list('fh', full_handlers)})")
     if full_queues:
@@ -671,10 +673,8 @@ def candidates(
             filters.append(f"NOT ({pairs})")
     if seen:
         filters.append(f"id NOT IN ({in_list('seen', seen)})")
-    return (
-        f"SELECT id, handler, queue, scope_hash, limit_key, cost FROM {JOB}"
-        f" WHERE {' AND '.join(filters)} ORDER BY {_ORDER} LIMIT %(limit)s"
-    )
+    # Each queue's line from its head, as every claim reads it (jobs.store.sql.in_line).
+    return in_line("sqlite", queues=queues, one_job=one_job, columns=_FIRST, filters=filters)
 
 
 #: The rate rows that hold nothing since before ``before`` (nanoseconds): a full

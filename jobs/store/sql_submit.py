@@ -86,7 +86,7 @@ _JSON_LIMIT_KEY = f"(r.v->>{len(JSON_ROW) + 2})::varchar"
 
 def _head(queue: str, priority: str) -> str:
     """The first Queued job's place in line in ``queue`` at ``priority`` (SQL
-    expressions), through ``jobs_job_head_idx``; NULL if there is none. A job held
+    expressions), through ``jobs_job_line_idx``; NULL if there is none. A job held
     behind an earlier one of its sequence is not in line."""
     return (
         f"(SELECT h.fair_at FROM {JOB} AS h WHERE h.queue = {queue}"

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from jobs import execution, store
@@ -14,7 +17,7 @@ from jobs.api import JobScope, stage_job
 from jobs.conf import jobs_settings
 from jobs.exceptions import InvalidScope, JobsConfigurationError
 from jobs.models import Job, JobAttempt
-from jobs.store import sql
+from jobs.store import sql, sql_limits
 from jobs.types import AttemptStatus, FinishOutcome, JobStatus
 from tests.support.factories import JobSubmissionFactory, write_job_rows
 
@@ -270,55 +273,84 @@ class TestClaimIndex:
         now = timezone.now()
         return {"worker_id": "w1", "lease_expires_at": now, "now": now, "limit": 10}
 
-    def test_claim_statement_uses_the_due_index(self, history: None) -> None:
+    def test_claim_statement_uses_the_line_index(self, history: None) -> None:
         statement = sql.claim(connection.vendor, queues=0, one_job=False)
         self.ask_whether_an_index_serves()
         plan = self.explain(statement, self.claim_params())
         # With 50 Queued rows the planner may as well read the head-of-line index and
         # sort them: both hold Queued rows only, so the history is never read.
-        assert re.search(r"jobs_job_(due|head)_idx", plan), plan
+        assert "jobs_job_line_idx" in plan, plan
         assert not re.search(r"Seq Scan on jobs_job\s", plan), plan
 
-    @pytest.mark.postgres_only
-    def test_generic_plan_of_the_prepared_statements_uses_indexes(self, history: None) -> None:
-        """The worker runs its claim (and claim-and-finish) as a prepared statement,
-        which PostgreSQL may plan once without the parameters' values: that plan too
-        must find due jobs through the due index and the claimed rows by primary key,
-        never by scanning the table — even with a long queue in the statistics."""
-        now = write_job_rows(5000, "queued", scope_hash="b" * 64)
+    def claim_statements(self) -> list[tuple[str, dict[str, object]]]:
+        """The claim, alone and finishing a batch, with their parameters."""
         finish: dict[str, object] = {
             "tokens": ["t1", "t2"],
             "outcomes": ["succeeded", "succeeded"],
             "results": [None, "r"],
             "errors": ["", ""],
             "summaries": ["", ""],
-            "now": now,
             # What follows in batches and sequences (see jobs.store.endings).
             "now_place": 0,
             "channel": "jobs",
             "requeue": False,
         }
-        for finishing, params in (
-            (False, self.claim_params()),
-            (True, {**finish, **self.claim_params()}),
-        ):
-            statement = sql.claim(connection.vendor, queues=0, one_job=False, finishing=finishing)
-            names = list(params)
-            numbered = statement % {name: f"${n}" for n, name in enumerate(names, 1)}
-            with transaction.atomic(), connection.cursor() as cursor:
+        return [
+            (
+                sql.claim(connection.vendor, queues=0, one_job=False, finishing=finishing),
+                {**(finish if finishing else {}), **self.claim_params()},
+            )
+            for finishing in (False, True)
+        ]
+
+    @contextmanager
+    def prepared(
+        self, statement: str, params: dict[str, object]
+    ) -> Iterator[tuple[CursorWrapper, str, list[object]]]:
+        """``statement`` prepared as ``ledon_claim_plan``: a cursor, the EXECUTE and
+        its arguments."""
+        names = list(params)
+        numbered = statement % {name: f"${n}" for n, name in enumerate(names, 1)}
+        with connection.cursor() as cursor:
+            cursor.execute(f"PREPARE ledon_claim_plan AS {numbered}")
+            try:
+                execute = f"EXECUTE ledon_claim_plan({', '.join(['%s'] * len(names))})"
+                yield cursor, execute, [params[name] for name in names]
+            finally:
+                cursor.execute("DEALLOCATE ledon_claim_plan")
+
+    @pytest.mark.postgres_only
+    def test_generic_plan_of_the_prepared_statements_uses_indexes(self, history: None) -> None:
+        """The worker runs its claim (and claim-and-finish) as a prepared statement,
+        which PostgreSQL may plan once without the parameters' values: that plan too
+        must find due jobs through the line index and the claimed rows by primary key,
+        never by scanning the table — even with a long queue in the statistics."""
+        write_job_rows(5000, "queued", scope_hash="b" * 64)
+        for statement, params in self.claim_statements():
+            with transaction.atomic(), self.prepared(statement, params) as (cursor, run, args):
                 cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-                cursor.execute(f"PREPARE ledon_claim_plan AS {numbered}")
-                try:
-                    cursor.execute(
-                        f"EXPLAIN EXECUTE ledon_claim_plan({', '.join(['%s'] * len(names))})",
-                        [params[name] for name in names],
-                    )
-                    plan = "\n".join(row[0] for row in cursor.fetchall())
-                finally:
-                    cursor.execute("DEALLOCATE ledon_claim_plan")
-            assert "jobs_job_due_idx" in plan, plan
+                cursor.execute(f"EXPLAIN {run}", args)
+                plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert "jobs_job_line_idx" in plan, plan
             assert "jobs_job_pkey" in plan, plan
             assert not re.search(r"Seq Scan on jobs_job\s", plan), plan
+
+    @pytest.mark.postgres_only
+    def test_the_prepared_claim_is_planned_once(self, history: None) -> None:
+        """After five executions of a prepared statement PostgreSQL plans it once for
+        good (a generic plan) only if that plan costs no more than the ones it made
+        for the parameters' values, planning included; else it plans each execution
+        again, which for a claim that also finishes costs more than running it. The
+        claim, alone and finishing, keeps its generic plan."""
+        for statement, params in self.claim_statements():
+            with self.prepared(statement, {**params, "limit": 1}) as (cursor, run, args):
+                for _ in range(7):
+                    cursor.execute(run, args)
+                cursor.execute(
+                    "SELECT generic_plans FROM pg_prepared_statements"
+                    " WHERE name = 'ledon_claim_plan'"
+                )
+                assert cursor.fetchone()[0] >= 1, statement[:40]
 
     def test_recovery_queries_read_the_token_index(self, history: None) -> None:
         """Expired leases and a worker's own attempts are found through the partial
@@ -331,11 +363,10 @@ class TestClaimIndex:
             assert "jobs_job_current_token" in plan, plan
             assert "Seq Scan" not in plan, plan
 
-    def test_due_query_uses_the_due_index(self, history: None) -> None:
+    def test_due_query_uses_the_line_index(self, history: None) -> None:
         self.ask_whether_an_index_serves()
         plan = Job.objects.due(timezone.now()).order_by("-priority", "fair_at", "id")[:10].explain()
-        # Either index of Queued rows (see test_claim_statement_uses_the_due_index).
-        assert re.search(r"jobs_job_(due|head)_idx", plan), plan
+        assert "jobs_job_line_idx" in plan, plan
         assert "Seq Scan" not in plan, plan
 
 
@@ -377,3 +408,91 @@ class TestPreparedStatements:
         settings.JOBS = {"PREPARED_STATEMENTS": "yes"}
         with pytest.raises(JobsConfigurationError, match="PREPARED_STATEMENTS"):
             jobs_settings()
+
+
+#: How many Queued jobs a claim may not take lie in line before the ones it may.
+BACKLOG = 3000
+
+
+def rows_read() -> int:
+    """PostgreSQL: the rows of ``jobs_job`` its scans read so far in this transaction
+    (fetched through an index or read by a sequential scan)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COALESCE(idx_tup_fetch, 0) + seq_tup_read FROM pg_stat_xact_user_tables"
+            " WHERE relname = %s",
+            [Job._meta.db_table],
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db
+class TestClaimReadsOnlyWhatItMayTake:
+    """A claim's cost does not grow with the Queued jobs it may not take — those of a
+    paused queue, of a queue it does not serve, of a queue whose limit has no room:
+    each queue's line is read from its head, and only the lines it may take from."""
+
+    @pytest.fixture
+    def backlog(self) -> datetime:
+        """``BACKLOG`` jobs in ``backlog``, all first in claim order (a higher
+        priority), and three due jobs in ``probe``."""
+        now = timezone.now()
+        write_job_rows(BACKLOG, "backlog", queue="backlog", priority=5)
+        write_job_rows(3, "probe", queue="probe")
+        if connection.vendor == "postgresql":
+            # A table of a few thousand rows and no history fits in a few pages, where
+            # the planner may as well scan it all: what must hold is that the claim
+            # need not.
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL enable_seqscan = off")
+        return now
+
+    def claim_reading(self, **claim: object) -> tuple[list[str], int]:
+        before = rows_read()
+        claims = execution.claim_due("w1", limit=10, **claim)  # type: ignore[arg-type]
+        return sorted(c.job_id for c in claims), rows_read() - before
+
+    @pytest.mark.postgres_only
+    def test_a_paused_backlog_is_not_read(self, backlog: datetime) -> None:
+        execution.pause_queue("backlog")
+        claimed, read = self.claim_reading()
+        assert claimed == ["probe-0", "probe-1", "probe-2"]
+        # The probe jobs twice (counted, then locked), and by primary key: a few dozen
+        # rows at most, where reading past the backlog is thousands.
+        assert read < 50, read
+
+    @pytest.mark.postgres_only
+    def test_an_unserved_backlog_is_not_read(self, backlog: datetime) -> None:
+        claimed, read = self.claim_reading(queues=["probe"])
+        assert claimed == ["probe-0", "probe-1", "probe-2"]
+        assert read < 50, read
+
+    @pytest.mark.postgres_only
+    def test_a_backlog_its_queue_limit_holds_back_is_not_read(
+        self, backlog: datetime, settings: object
+    ) -> None:
+        settings.JOBS = {"QUEUES": {"backlog": {"max_running": 1}}}  # type: ignore[attr-defined]
+        assert len(execution.claim_due("w1", limit=1, queues=["backlog"])) == 1
+        claimed, read = self.claim_reading()
+        assert claimed == ["probe-0", "probe-1", "probe-2"]
+        # The claim first takes the first ten in line, which the queue's counter
+        # refuses; then the exact claim leaves the full queue out before reading it.
+        assert read < 100, read
+
+    @pytest.mark.skipif("connection.vendor == 'postgresql'")
+    @pytest.mark.parametrize("limited", [False, True])
+    def test_sqlite_reads_each_line_from_its_head(self, limited: bool) -> None:
+        """SQLite: the claim, and the pick of a claim under limits (here with a full
+        handler), search each queue's line in the line index, never the table."""
+        now = connection.ops.adapt_datetimefield_value(timezone.now())
+        params = {"worker_id": "w1", "lease_expires_at": now, "now": now, "limit": 10}
+        if limited:
+            statement = sql_limits.candidates(queues=0, one_job=False, full_handlers=1)
+            params["fh_0"] = "reports.generate"
+        else:
+            statement = sql.claim(connection.vendor, queues=0, one_job=False)
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN QUERY PLAN {statement}", params)
+            plan = [row[-1] for row in cursor.fetchall()]
+        assert "SEARCH jobs_job USING INDEX jobs_job_line_idx (queue=?)" in plan, plan
+        assert not [step for step in plan if re.fullmatch(r"SCAN (jobs_job|h)", step)], plan

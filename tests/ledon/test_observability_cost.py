@@ -23,10 +23,10 @@ pytestmark = [
 ROWS = 1_000_000
 #: Each query and the index its plan must use.
 EXPECTED = {
-    "queued per queue": "jobs_job_due_idx",
+    "queued per queue": "jobs_job_line_idx",
     "running per queue": "jobs_job_current_token",
     "finished in the last hour": "jobs_job_finished_idx",
-    "oldest waiting job": "jobs_job_due_idx",
+    "oldest waiting job": "jobs_job_line_idx",
     "outbox backlog": "outbox_msg_status_type_idx",
     "open saga instances": "sagas_instance_status",
     "sagas needing attention": "sagas_instance_status",

@@ -12,24 +12,39 @@ SET status = 'running',
     result_ref = NULL,
     finished_at = NULL
 WHERE id IN
-    (SELECT id
-     FROM jobs_job
-     WHERE status = 'queued'
-       AND NOT cancel_requested
-       AND NOT sequence_held
-       AND next_run_at <= %(now)s
-       AND attempt_count < max_attempts
-       AND (start_by IS NULL
-            OR start_by > %(now)s)
-       AND queue NOT IN
-         (SELECT name
-          FROM jobs_queue
-          WHERE paused)
-       AND queue IN (%(queue_0)s,
-                     %(queue_1)s)
-     ORDER BY priority DESC,
-              fair_at,
-              id
+    (WITH RECURSIVE queues(name) AS
+       (SELECT CAST(%(queue_0)s AS varchar) AS name
+        UNION SELECT CAST(%(queue_1)s AS varchar) AS name),
+                    lines AS
+       (SELECT l.name
+        FROM queues AS l
+        WHERE l.name IS NOT NULL
+          AND l.name NOT IN
+            (SELECT name
+             FROM jobs_queue
+             WHERE paused)) SELECT h.id
+     FROM lines AS l,
+          jobs_job AS h
+     WHERE h.id IN
+         (SELECT id
+          FROM jobs_job
+          WHERE queue = l.name
+            AND status = 'queued'
+            AND sequence_held = 0
+            AND status = 'queued'
+            AND NOT cancel_requested
+            AND NOT sequence_held
+            AND next_run_at <= %(now)s
+            AND attempt_count < max_attempts
+            AND (start_by IS NULL
+                 OR start_by > %(now)s)
+          ORDER BY priority DESC,
+                   fair_at,
+                   id
+          LIMIT %(limit)s)
+     ORDER BY h.priority DESC,
+              h.fair_at,
+              h.id
      LIMIT %(limit)s) RETURNING id,
                                 scope_hash,
                                 job_id,

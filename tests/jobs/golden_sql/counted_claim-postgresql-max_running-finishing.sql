@@ -281,42 +281,92 @@ WITH done AS
        (SELECT 1
         FROM orphans)
      AND id = ANY(ARRAY
-                    (SELECT id
-                     FROM jobs_job
-                     WHERE status = 'queued'
-                       AND NOT cancel_requested
-                       AND NOT sequence_held
-                       AND next_run_at <= %(now)s
-                       AND attempt_count < max_attempts
-                       AND (start_by IS NULL
-                            OR start_by > %(now)s)
-                       AND queue NOT IN
-                         (SELECT name
-                          FROM jobs_queue
-                          WHERE paused)
-                     ORDER BY priority DESC, fair_at, id
-                     LIMIT %(limit)s
-                     FOR UPDATE SKIP LOCKED)) RETURNING id,
-                                                        scope_hash,
-                                                        job_id,
-                                                        current_token AS token,
-                                                        attempt_count AS attempt,
-                                                        max_attempts,
-                                                        handler,
-                                                        handler_version,
-                                                        payload_json,
-                                                        queue,
-                                                        trace_context,
-                                                        sequence_key,
-                                                        attempt_count + snooze_count + release_count + interruption_count AS number,
-                                                        priority,
-                                                        next_run_at,
-                                                        fair_at,
-                                                        leased_by,
-                                                        started_at,
-                                                        limit_keys,
-                                                        limit_key,
-                                                        cost),
+                    (WITH RECURSIVE queues(name) AS
+                       (SELECT
+                          (SELECT queue
+                           FROM jobs_job
+                           WHERE status = 'queued'
+                             AND NOT sequence_held
+                           ORDER BY queue
+                           LIMIT 1) AS name
+                        UNION ALL SELECT
+                          (SELECT queue
+                           FROM jobs_job
+                           WHERE status = 'queued'
+                             AND NOT sequence_held
+                             AND queue > q.name
+                           ORDER BY queue
+                           LIMIT 1)
+                        FROM queues AS q
+                        WHERE q.name IS NOT NULL), lines AS
+                       (SELECT l.name
+                        FROM queues AS l
+                        WHERE l.name IS NOT NULL
+                          AND l.name NOT IN
+                            (SELECT name
+                             FROM jobs_queue
+                             WHERE paused)), firsts AS
+                       (SELECT h.queue, h.priority, h.fair_at, h.id
+                        FROM lines AS l
+                        CROSS JOIN LATERAL
+                          (SELECT fair_at, id, priority, queue
+                           FROM jobs_job
+                           WHERE queue = l.name
+                             AND status = 'queued'
+                             AND NOT cancel_requested
+                             AND NOT sequence_held
+                             AND next_run_at <=
+                               (SELECT CAST(%(now)s AS timestamptz))
+                             AND attempt_count < max_attempts
+                             AND (start_by IS NULL
+                                  OR start_by >
+                                    (SELECT CAST(%(now)s AS timestamptz)))
+                           ORDER BY priority DESC, fair_at, id
+                           LIMIT
+                             (SELECT CAST(%(limit)s AS bigint))) AS h
+                        ORDER BY h.priority DESC, h.fair_at, h.id
+                        LIMIT
+                          (SELECT CAST(%(limit)s AS bigint))), shares AS
+                       (SELECT queue AS name, count(*) AS n
+                        FROM firsts
+                        GROUP BY queue) SELECT h.id
+                     FROM shares AS s
+                     CROSS JOIN LATERAL
+                       (SELECT id
+                        FROM jobs_job
+                        WHERE queue = s.name
+                          AND status = 'queued'
+                          AND NOT cancel_requested
+                          AND NOT sequence_held
+                          AND next_run_at <=
+                            (SELECT CAST(%(now)s AS timestamptz))
+                          AND attempt_count < max_attempts
+                          AND (start_by IS NULL
+                               OR start_by >
+                                 (SELECT CAST(%(now)s AS timestamptz)))
+                        ORDER BY priority DESC, fair_at, id
+                        LIMIT s.n
+                        FOR UPDATE SKIP LOCKED) AS h)) RETURNING id,
+                                                                 scope_hash,
+                                                                 job_id,
+                                                                 current_token AS token,
+                                                                 attempt_count AS attempt,
+                                                                 max_attempts,
+                                                                 handler,
+                                                                 handler_version,
+                                                                 payload_json,
+                                                                 queue,
+                                                                 trace_context,
+                                                                 sequence_key,
+                                                                 attempt_count + snooze_count + release_count + interruption_count AS number,
+                                                                 priority,
+                                                                 next_run_at,
+                                                                 fair_at,
+                                                                 leased_by,
+                                                                 started_at,
+                                                                 limit_keys,
+                                                                 limit_key,
+                                                                 cost),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -328,14 +378,6 @@ WITH done AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
-     caps AS
-  (SELECT *
-   FROM (
-         VALUES (%(lim_0)s::text,
-                 %(lim_0_key)s::text,
-                 %(lim_0_max)s::bigint,
-                 NULL::bigint,
-                 NULL::bigint)) AS k(name, key, cap, scope, keyed)),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -343,25 +385,18 @@ WITH done AS
    FROM
      (SELECT u.key,
              sum(u.n) AS n,
-             COALESCE(
-                        (SELECT k.cap
-                         FROM caps AS k
-                         WHERE k.key = u.key),
-                        (SELECT k.scope
-                         FROM caps AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key),
-                        (SELECT k.keyed
-                         FROM caps AS k
-                         WHERE strpos(u.key, '#') > 0
-                           AND k.key = split_part(u.key, '#', 1))) AS cap
+             max(u.cap) AS cap
       FROM
-        (SELECT key,
-                1 AS n
-         FROM
-           (SELECT k.key
-            FROM claimed AS s,
-                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c
-         UNION ALL SELECT key, -n
+        (SELECT t.key,
+                1 AS n,
+                t.cap
+         FROM claimed AS c
+         CROSS JOIN LATERAL unnest(ARRAY[CASE
+                                             WHEN c.handler = %(lim_0)s::text THEN %(lim_0_key)s::text
+                                         END], ARRAY[%(lim_0_max)s::bigint]) AS t(key, cap)
+         WHERE t.key IS NOT NULL
+         UNION ALL SELECT key, -n,
+                                NULL::bigint
          FROM freed) AS u
       GROUP BY u.key) AS d
    WHERE n <> 0

@@ -15,42 +15,92 @@ WITH claimed AS
        finished_at = NULL,
        limit_keys = NULL
    WHERE id = ANY(ARRAY
-                    (SELECT id
-                     FROM jobs_job
-                     WHERE status = 'queued'
-                       AND NOT cancel_requested
-                       AND NOT sequence_held
-                       AND next_run_at <= %(now)s
-                       AND attempt_count < max_attempts
-                       AND (start_by IS NULL
-                            OR start_by > %(now)s)
-                       AND queue NOT IN
-                         (SELECT name
-                          FROM jobs_queue
-                          WHERE paused)
-                     ORDER BY priority DESC, fair_at, id
-                     LIMIT %(limit)s
-                     FOR UPDATE SKIP LOCKED)) RETURNING id,
-                                                        scope_hash,
-                                                        job_id,
-                                                        current_token AS token,
-                                                        attempt_count AS attempt,
-                                                        max_attempts,
-                                                        handler,
-                                                        handler_version,
-                                                        payload_json,
-                                                        queue,
-                                                        trace_context,
-                                                        sequence_key,
-                                                        attempt_count + snooze_count + release_count + interruption_count AS number,
-                                                        priority,
-                                                        next_run_at,
-                                                        fair_at,
-                                                        leased_by,
-                                                        started_at,
-                                                        limit_keys,
-                                                        limit_key,
-                                                        cost),
+                    (WITH RECURSIVE queues(name) AS
+                       (SELECT
+                          (SELECT queue
+                           FROM jobs_job
+                           WHERE status = 'queued'
+                             AND NOT sequence_held
+                           ORDER BY queue
+                           LIMIT 1) AS name
+                        UNION ALL SELECT
+                          (SELECT queue
+                           FROM jobs_job
+                           WHERE status = 'queued'
+                             AND NOT sequence_held
+                             AND queue > q.name
+                           ORDER BY queue
+                           LIMIT 1)
+                        FROM queues AS q
+                        WHERE q.name IS NOT NULL), lines AS
+                       (SELECT l.name
+                        FROM queues AS l
+                        WHERE l.name IS NOT NULL
+                          AND l.name NOT IN
+                            (SELECT name
+                             FROM jobs_queue
+                             WHERE paused)), firsts AS
+                       (SELECT h.queue, h.priority, h.fair_at, h.id
+                        FROM lines AS l
+                        CROSS JOIN LATERAL
+                          (SELECT fair_at, id, priority, queue
+                           FROM jobs_job
+                           WHERE queue = l.name
+                             AND status = 'queued'
+                             AND NOT cancel_requested
+                             AND NOT sequence_held
+                             AND next_run_at <=
+                               (SELECT CAST(%(now)s AS timestamptz))
+                             AND attempt_count < max_attempts
+                             AND (start_by IS NULL
+                                  OR start_by >
+                                    (SELECT CAST(%(now)s AS timestamptz)))
+                           ORDER BY priority DESC, fair_at, id
+                           LIMIT
+                             (SELECT CAST(%(limit)s AS bigint))) AS h
+                        ORDER BY h.priority DESC, h.fair_at, h.id
+                        LIMIT
+                          (SELECT CAST(%(limit)s AS bigint))), shares AS
+                       (SELECT queue AS name, count(*) AS n
+                        FROM firsts
+                        GROUP BY queue) SELECT h.id
+                     FROM shares AS s
+                     CROSS JOIN LATERAL
+                       (SELECT id
+                        FROM jobs_job
+                        WHERE queue = s.name
+                          AND status = 'queued'
+                          AND NOT cancel_requested
+                          AND NOT sequence_held
+                          AND next_run_at <=
+                            (SELECT CAST(%(now)s AS timestamptz))
+                          AND attempt_count < max_attempts
+                          AND (start_by IS NULL
+                               OR start_by >
+                                 (SELECT CAST(%(now)s AS timestamptz)))
+                        ORDER BY priority DESC, fair_at, id
+                        LIMIT s.n
+                        FOR UPDATE SKIP LOCKED) AS h)) RETURNING id,
+                                                                 scope_hash,
+                                                                 job_id,
+                                                                 current_token AS token,
+                                                                 attempt_count AS attempt,
+                                                                 max_attempts,
+                                                                 handler,
+                                                                 handler_version,
+                                                                 payload_json,
+                                                                 queue,
+                                                                 trace_context,
+                                                                 sequence_key,
+                                                                 attempt_count + snooze_count + release_count + interruption_count AS number,
+                                                                 priority,
+                                                                 next_run_at,
+                                                                 fair_at,
+                                                                 leased_by,
+                                                                 started_at,
+                                                                 limit_keys,
+                                                                 limit_key,
+                                                                 cost),
      attempts AS
   (INSERT INTO jobs_jobattempt (job_id, number, token, status, worker_id, progress, progress_message, error, result_ref, started_at, finished_at) SELECT id, number, token,
                                                                                                                                                                      'running',
@@ -122,16 +172,18 @@ WITH claimed AS
                                WHERE (e->>0)::bigint > excluded.horizon
                                GROUP BY 1) AS s)
                 END,
-                used = excluded.used +
-     (SELECT COALESCE(sum((e->>1)::bigint), 0)
-      FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
-      WHERE (e->>0)::bigint > excluded.window_start),
-                cap = excluded.cap,
-                window_start = excluded.window_start,
-                ends = CASE
-                           WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
-                           ELSE GREATEST(b.ends, excluded.ends)
-                       END)
+                used = CASE
+                           WHEN excluded.stamps IS NOT NULL THEN excluded.used +
+                                  (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                   FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                   WHERE (e->>0)::bigint > excluded.window_start)
+                       END,
+                       cap = excluded.cap,
+                       window_start = excluded.window_start,
+                       ends = CASE
+                                  WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
+                                  ELSE GREATEST(b.ends, excluded.ends)
+                              END)
 SELECT 'claimed' AS kind,
        id,
        scope_hash,

@@ -339,18 +339,6 @@ WITH keys AS
                                                                                                                                                                      started_at,
                                                                                                                                                                      NULL
    FROM claimed),
-     caps AS
-  (SELECT *
-   FROM (
-         VALUES (%(lim_0)s::text,
-                 %(lim_0_key)s::text,
-                 %(lim_0_max)s::bigint,
-                 %(lim_0_scope)s::bigint,
-                 %(lim_0_pkey)s::bigint), (%(lim_1)s::text,
-                                           %(lim_1_key)s::text,
-                                           %(lim_1_max)s::bigint,
-                                           %(lim_1_scope)s::bigint,
-                                           %(lim_1_pkey)s::bigint)) AS k(name, key, cap, scope, keyed)),
      counted AS
   (INSERT INTO jobs_limitcounter AS c (key, running, cap) SELECT key,
                                                                  n,
@@ -358,24 +346,28 @@ WITH keys AS
    FROM
      (SELECT u.key,
              sum(u.n) AS n,
-             COALESCE(
-                        (SELECT k.cap
-                         FROM caps AS k
-                         WHERE k.key = u.key),
-                        (SELECT k.scope
-                         FROM caps AS k
-                         WHERE k.key || ':' || right(u.key, 64) = u.key),
-                        (SELECT k.keyed
-                         FROM caps AS k
-                         WHERE strpos(u.key, '#') > 0
-                           AND k.key = split_part(u.key, '#', 1))) AS cap
+             max(u.cap) AS cap
       FROM
-        (SELECT key,
-                1 AS n
-         FROM
-           (SELECT k.key
-            FROM claimed AS s,
-                 jsonb_array_elements_text(s.limit_keys::jsonb) AS k(key)) AS c) AS u
+        (SELECT t.key,
+                1 AS n,
+                t.cap
+         FROM claimed AS c
+         CROSS JOIN LATERAL unnest(ARRAY[CASE
+                                             WHEN c.handler = %(lim_0)s::text THEN %(lim_0_key)s::text
+                                         END, CASE
+                                                  WHEN c.handler = %(lim_0)s::text THEN %(lim_0_key)s::text || ':' || c.scope_hash
+                                              END, CASE
+                                                       WHEN c.handler = %(lim_0)s::text
+                                                            AND c.limit_key <> '' THEN %(lim_0_key)s::text || '#' || c.limit_key
+                                                   END, CASE
+                                                            WHEN c.queue = %(lim_1)s::text THEN %(lim_1_key)s::text
+                                                        END, CASE
+                                                                 WHEN c.queue = %(lim_1)s::text THEN %(lim_1_key)s::text || ':' || c.scope_hash
+                                                             END, CASE
+                                                                      WHEN c.queue = %(lim_1)s::text
+                                                                           AND c.limit_key <> '' THEN %(lim_1_key)s::text || '#' || c.limit_key
+                                                                  END], ARRAY[%(lim_0_max)s::bigint, %(lim_0_scope)s::bigint, %(lim_0_pkey)s::bigint, %(lim_1_max)s::bigint, %(lim_1_scope)s::bigint, %(lim_1_pkey)s::bigint]) AS t(key, cap)
+         WHERE t.key IS NOT NULL) AS u
       GROUP BY u.key) AS d
    WHERE n <> 0
    ORDER BY key ON CONFLICT (key) DO UPDATE
@@ -468,16 +460,18 @@ WITH keys AS
                                WHERE (e->>0)::bigint > excluded.horizon
                                GROUP BY 1) AS s)
                 END,
-                used = excluded.used +
-     (SELECT COALESCE(sum((e->>1)::bigint), 0)
-      FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
-      WHERE (e->>0)::bigint > excluded.window_start),
-                cap = excluded.cap,
-                window_start = excluded.window_start,
-                ends = CASE
-                           WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
-                           ELSE GREATEST(b.ends, excluded.ends)
-                       END),
+                used = CASE
+                           WHEN excluded.stamps IS NOT NULL THEN excluded.used +
+                                  (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                   FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                   WHERE (e->>0)::bigint > excluded.window_start)
+                       END,
+                       cap = excluded.cap,
+                       window_start = excluded.window_start,
+                       ends = CASE
+                                  WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
+                                  ELSE GREATEST(b.ends, excluded.ends)
+                              END),
      first AS
   (SELECT id,
           handler,

@@ -24,37 +24,125 @@ WITH keys AS
                  NULL::bigint,
                  NULL::bigint)) AS k(kind, name, key, room, units, scope, keyed, cap, r_cap, rk_count, rk_burst, rk_t, rk_span)),
      candidates AS
-  (SELECT id,
-          handler,
-          queue,
-          scope_hash,
-          limit_key,
-          cost,
-          priority,
-          fair_at
-   FROM jobs_job
-   WHERE status = 'queued'
-     AND NOT cancel_requested
-     AND NOT sequence_held
-     AND next_run_at <= %(now)s
-     AND attempt_count < max_attempts
-     AND (start_by IS NULL
-          OR start_by > %(now)s)
-     AND queue NOT IN
-       (SELECT name
-        FROM jobs_queue
-        WHERE paused)
-     AND NOT EXISTS
-       (SELECT 1
-        FROM keys AS k_q
-        WHERE k_q.kind = 'q'
-          AND k_q.name = jobs_job.queue
-          AND k_q.units < LEAST(jobs_job.cost, k_q.r_cap))
-   ORDER BY priority DESC,
-            fair_at,
-            id
-   LIMIT %(limit)s
-   FOR UPDATE SKIP LOCKED),
+  (WITH RECURSIVE queues(name) AS
+     (SELECT
+        (SELECT queue
+         FROM jobs_job
+         WHERE status = 'queued'
+           AND NOT sequence_held
+         ORDER BY queue
+         LIMIT 1) AS name
+      UNION ALL SELECT
+        (SELECT queue
+         FROM jobs_job
+         WHERE status = 'queued'
+           AND NOT sequence_held
+           AND queue > q.name
+         ORDER BY queue
+         LIMIT 1)
+      FROM queues AS q
+      WHERE q.name IS NOT NULL),
+                  lines AS
+     (SELECT l.name
+      FROM queues AS l
+      WHERE l.name IS NOT NULL
+        AND l.name NOT IN
+          (SELECT name
+           FROM jobs_queue
+           WHERE paused)
+        AND NOT EXISTS
+          (SELECT 1
+           FROM keys AS k
+           WHERE k.kind = 'q'
+             AND k.name = l.name
+             AND (k.room < 1
+                  OR k.units < 1))),
+                  firsts AS
+     (SELECT h.queue,
+             h.priority,
+             h.fair_at,
+             h.id
+      FROM lines AS l
+      CROSS JOIN LATERAL
+        (SELECT cost,
+                fair_at,
+                handler,
+                id,
+                limit_key,
+                priority,
+                queue,
+                scope_hash
+         FROM jobs_job
+         WHERE queue = l.name
+           AND status = 'queued'
+           AND NOT cancel_requested
+           AND NOT sequence_held
+           AND next_run_at <=
+             (SELECT CAST(%(now)s AS timestamptz))
+           AND attempt_count < max_attempts
+           AND (start_by IS NULL
+                OR start_by >
+                  (SELECT CAST(%(now)s AS timestamptz)))
+           AND NOT EXISTS
+             (SELECT 1
+              FROM keys AS k_q
+              WHERE k_q.kind = 'q'
+                AND k_q.name = jobs_job.queue
+                AND k_q.units < LEAST(jobs_job.cost, k_q.r_cap))
+         ORDER BY priority DESC,
+                  fair_at,
+                  id
+         LIMIT
+           (SELECT CAST(%(limit)s AS bigint))) AS h
+      ORDER BY h.priority DESC,
+               h.fair_at,
+               h.id
+      LIMIT
+        (SELECT CAST(%(limit)s AS bigint))),
+                  shares AS
+     (SELECT queue AS name,
+             count(*) AS n
+      FROM firsts
+      GROUP BY queue) SELECT h.id,
+                             h.handler,
+                             h.queue,
+                             h.scope_hash,
+                             h.limit_key,
+                             h.cost,
+                             h.priority,
+                             h.fair_at
+   FROM shares AS s
+   CROSS JOIN LATERAL
+     (SELECT id,
+             handler,
+             queue,
+             scope_hash,
+             limit_key,
+             cost,
+             priority,
+             fair_at
+      FROM jobs_job
+      WHERE queue = s.name
+        AND status = 'queued'
+        AND NOT cancel_requested
+        AND NOT sequence_held
+        AND next_run_at <=
+          (SELECT CAST(%(now)s AS timestamptz))
+        AND attempt_count < max_attempts
+        AND (start_by IS NULL
+             OR start_by >
+               (SELECT CAST(%(now)s AS timestamptz)))
+        AND NOT EXISTS
+          (SELECT 1
+           FROM keys AS k_q
+           WHERE k_q.kind = 'q'
+             AND k_q.name = jobs_job.queue
+             AND k_q.units < LEAST(jobs_job.cost, k_q.r_cap))
+      ORDER BY priority DESC,
+               fair_at,
+               id
+      LIMIT s.n
+      FOR UPDATE SKIP LOCKED) AS h),
      ranks AS
   (SELECT c.*,
           sum(LEAST(c.cost, COALESCE(k_q.r_cap, 1))) OVER (PARTITION BY c.queue
@@ -186,39 +274,81 @@ WITH keys AS
                                WHERE (e->>0)::bigint > excluded.horizon
                                GROUP BY 1) AS s)
                 END,
-                used = excluded.used +
-     (SELECT COALESCE(sum((e->>1)::bigint), 0)
-      FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
-      WHERE (e->>0)::bigint > excluded.window_start),
-                cap = excluded.cap,
-                window_start = excluded.window_start,
-                ends = CASE
-                           WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
-                           ELSE GREATEST(b.ends, excluded.ends)
-                       END),
+                used = CASE
+                           WHEN excluded.stamps IS NOT NULL THEN excluded.used +
+                                  (SELECT COALESCE(sum((e->>1)::bigint), 0)
+                                   FROM jsonb_array_elements(COALESCE(b.stamps, jsonb_build_array())) AS e
+                                   WHERE (e->>0)::bigint > excluded.window_start)
+                       END,
+                       cap = excluded.cap,
+                       window_start = excluded.window_start,
+                       ends = CASE
+                                  WHEN excluded.tat IS NOT NULL THEN GREATEST(b.tat, %(now_ns)s::bigint) + excluded.tat - %(now_ns)s::bigint
+                                  ELSE GREATEST(b.ends, excluded.ends)
+                              END),
      first AS
-  (SELECT id,
-          handler,
-          queue,
-          scope_hash,
-          limit_key,
-          cost
-   FROM jobs_job
-   WHERE status = 'queued'
-     AND NOT cancel_requested
-     AND NOT sequence_held
-     AND next_run_at <= %(now)s
-     AND attempt_count < max_attempts
-     AND (start_by IS NULL
-          OR start_by > %(now)s)
-     AND queue NOT IN
-       (SELECT name
-        FROM jobs_queue
-        WHERE paused)
-   ORDER BY priority DESC,
-            fair_at,
-            id
-   LIMIT %(limit)s), held AS
+  (WITH RECURSIVE queues(name) AS
+     (SELECT
+        (SELECT queue
+         FROM jobs_job
+         WHERE status = 'queued'
+           AND NOT sequence_held
+         ORDER BY queue
+         LIMIT 1) AS name
+      UNION ALL SELECT
+        (SELECT queue
+         FROM jobs_job
+         WHERE status = 'queued'
+           AND NOT sequence_held
+           AND queue > q.name
+         ORDER BY queue
+         LIMIT 1)
+      FROM queues AS q
+      WHERE q.name IS NOT NULL),
+                  lines AS
+     (SELECT l.name
+      FROM queues AS l
+      WHERE l.name IS NOT NULL
+        AND l.name NOT IN
+          (SELECT name
+           FROM jobs_queue
+           WHERE paused)) SELECT h.id,
+                                 h.handler,
+                                 h.queue,
+                                 h.scope_hash,
+                                 h.limit_key,
+                                 h.cost
+   FROM lines AS l
+   CROSS JOIN LATERAL
+     (SELECT cost,
+             fair_at,
+             handler,
+             id,
+             limit_key,
+             priority,
+             queue,
+             scope_hash
+      FROM jobs_job
+      WHERE queue = l.name
+        AND status = 'queued'
+        AND NOT cancel_requested
+        AND NOT sequence_held
+        AND next_run_at <=
+          (SELECT CAST(%(now)s AS timestamptz))
+        AND attempt_count < max_attempts
+        AND (start_by IS NULL
+             OR start_by >
+               (SELECT CAST(%(now)s AS timestamptz)))
+      ORDER BY priority DESC,
+               fair_at,
+               id
+      LIMIT
+        (SELECT CAST(%(limit)s AS bigint))) AS h
+   ORDER BY h.priority DESC,
+            h.fair_at,
+            h.id
+   LIMIT
+     (SELECT CAST(%(limit)s AS bigint))), held AS
   (SELECT f.queue,
           f.handler,
           COALESCE(r.refused, CASE
