@@ -1,26 +1,26 @@
 """Activities and maps: a checkpoint whose work is items, each run as a job of the
 activity's own handler on any worker, and a fan-in once none is left running.
 
-The first advance that reaches the checkpoint records it with its item count and
-queues its items with their jobs, :data:`workflows.store.ITEM_BATCH` per fenced
-transaction, and the run waits without a slot. Items end on their own rows; the last
-to end wakes the run (:func:`workflows.store.fan_in`), whose replay gathers the
-results in the items' order (or the first failure) into the checkpoint.
+The first advance that reaches the checkpoint records it with its item count and,
+in the same fenced transaction, its items and their jobs (one bulk insert of the
+items, one jobs batch), and the run waits without a slot. An item that succeeds is
+recorded by its job's own finish; the statement that ends the last item job queues
+the batch's ``then`` job, which wakes the run (:func:`workflows.store.items_ended`).
+Its replay reads the items with their jobs in one statement and gathers the results
+in the items' order (or the first failure) into the checkpoint, copying how each
+item ended onto its row in the same transaction.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
-
-from ledon.bulk import let_writers_in
 from ledon.errors import storable_text
 
 from . import store, validation
 from .registry import ActivitySpec
 from .replay import Replay, Suspend, outcome
-from .types import Checkpoint, StepKind, StepStatus, WaitKind
+from .types import Checkpoint, Item, StepKind, StepStatus, WaitKind
 
 
 class Activities:
@@ -43,8 +43,8 @@ class Activities:
         self, key: str, kind: StepKind, spec: ActivitySpec, payloads: list[Any]
     ) -> Checkpoint:
         """Reach the checkpoint ``key`` and, the first time, record it and queue its
-        items and their jobs (in the advance's fenced transactions), without waiting
-        for them: the checkpoint as it stands."""
+        items and their jobs (in one fenced transaction), without waiting for them:
+        the checkpoint as it stands."""
         replay = self._replay
         checked, step = replay.reach(key, kind)
         if step is not None and step.status.is_finished:
@@ -63,14 +63,16 @@ class Activities:
                     result_json=None if args else "[]",
                 )
                 if args:
-                    store.insert_items(replay.run, step, spec, args[: store.ITEM_BATCH])
-            replay.record(step)
-            if args:
-                self._queue(step, spec, args, queued=min(len(args), store.ITEM_BATCH))
-            return step
-        if step.status == StepStatus.RUNNING and store.items_queued(step) < step.item_count:
-            # The driver that queued the items stopped between two batches.
-            self._queue(step, spec, self._item_args(checked, kind, payloads))
+                    store.insert_items(replay.run, step, spec, args)
+            return replay.record(step)
+        if step.status == StepStatus.RUNNING:
+            queued = store.items_queued(step)
+            if queued < step.item_count:
+                # An older version queued a large map in several transactions, and
+                # its driver stopped between two of them: the rest, in one.
+                args = self._item_args(checked, kind, payloads)
+                with replay.write():
+                    store.insert_items(replay.run, step, spec, args[queued:], start=queued)
         return step
 
     def ended(self, step: Checkpoint) -> Checkpoint | None:
@@ -78,9 +80,12 @@ class Activities:
         (see :meth:`_fan_in`); None while items are left."""
         if step.status.is_finished:
             return step
-        if store.items_left(step) > 0:
+        if store.items_left(step):
             return None
-        return self._fan_in(step)
+        items = store.items_of(step, self._replay.run.scope_hash)
+        if len(items) < step.item_count or any(item.status == StepStatus.RUNNING for item in items):
+            return None  # not all queued yet, or an item job retried between the reads
+        return self._fan_in(step, items)
 
     @staticmethod
     def _item_args(key: str, kind: StepKind, payloads: list[Any]) -> list[str]:
@@ -89,35 +94,17 @@ class Activities:
             for index, payload in enumerate(payloads)
         ]
 
-    def _queue(
-        self,
-        step: Checkpoint,
-        spec: ActivitySpec,
-        args: list[str],
-        queued: int | None = None,
-    ) -> None:
-        """Queue the items (and their jobs) not queued yet (the first ``queued``
-        are; None: ask), :data:`workflows.store.ITEM_BATCH` per fenced transaction: a
-        large map never holds the write lock long."""
-        if queued is None:
-            queued = store.items_queued(step)
-        while queued < len(args):
-            batch = args[queued : queued + store.ITEM_BATCH]
-            let_writers_in(transaction.get_connection(store.alias()))
-            with self._replay.write():
-                store.insert_items(self._replay.run, step, spec, batch, start=queued)
-            queued += len(batch)
-
-    def _fan_in(self, step: Checkpoint) -> Checkpoint:
-        """Every item has ended: record the checkpoint Succeeded with the results in
-        the items' order, or Failed with the first failure."""
+    def _fan_in(self, step: Checkpoint, items: list[Item]) -> Checkpoint:
+        """Every item has ended (``items``, as they stand): record the checkpoint
+        Succeeded with the results in the items' order, or Failed with the first
+        failure, and how each item ended on its row."""
         replay = self._replay
         key, kind = step.key, step.kind
-        items = store.items_of(step)
         failed = [item for item in items if item.status != StepStatus.SUCCEEDED]
         attempts = max(item.attempts for item in items)
         now = replay.now()
         with replay.write():
+            store.record_items(step, replay.run.scope_hash, items, now)
             if failed:
                 first = failed[0]
                 error_type = first.error_type or "Cancelled"

@@ -10,7 +10,8 @@ from django.db.models import Count, Func, Sum
 from ..conf import workflows_settings
 from ..exceptions import ResultsTooLarge, ResumeWouldFail, TooManyItems
 from ..models import WorkflowItem, WorkflowStep
-from ..types import Item, StepKind, StepStatus
+from ..types import StepKind, StepStatus
+from .fanning import left, recorded_jobs
 
 
 def check_item_count(key: str, count: int) -> None:
@@ -34,31 +35,42 @@ class _OctetLength(Func):
 
 
 def _results_bytes(step_id: int, *, excluding: int | None = None) -> tuple[int, int]:
-    """(items succeeded, bytes of their results' JSON) of step ``step_id``."""
-    rows = WorkflowItem.objects.filter(step_id=step_id, status=StepStatus.SUCCEEDED)
+    """(items succeeded, bytes of their results' JSON) of step ``step_id``: on their
+    rows, and in their jobs for those their jobs recorded (see :mod:`.fanning`)."""
+    rows = WorkflowItem.objects.filter(step_id=step_id)
     if excluding is not None:
         rows = rows.exclude(pk=excluding)
-    totals = rows.aggregate(count=Count("id"), size=Sum(_OctetLength("result_json")))
-    return totals["count"] or 0, totals["size"] or 0
+    on_rows = rows.filter(status=StepStatus.SUCCEEDED).aggregate(
+        count=Count("id"), size=Sum(_OctetLength("result_json"))
+    )
+    in_jobs = recorded_jobs(rows).aggregate(count=Count("id"), size=Sum(_OctetLength("result_ref")))
+    count = (on_rows["count"] or 0) + (in_jobs["count"] or 0)
+    return count, (on_rows["size"] or 0) + (in_jobs["size"] or 0)
 
 
-def check_results_size(item: Item, result_json: str) -> None:
-    """:class:`ResultsTooLarge` if ``item``'s result would make its map's results,
+def check_results_size(item_pk: int, result_json: str, count: int | None = None) -> None:
+    """:class:`ResultsTooLarge` if item ``item_pk``'s result would make its map's results,
     as one JSON list, larger than ``WORKFLOWS["MAX_VALUE_BYTES"]`` (checked as each
     item ends, not once they all ran: the map fails on the item that does not fit).
 
-    A result within its share of the bound (the bound over the map's item count)
-    always fits: no query. A larger one is added to the results recorded so far,
-    counting every item not ended yet as the shortest result."""
+    A result within its share of the bound (the bound over the map's item count,
+    ``count`` if the caller knows it) always fits: no query. A larger one is added
+    to the results recorded so far, counting every item not ended yet as the
+    shortest result."""
     bound = workflows_settings().MAX_VALUE_BYTES
     size = len(result_json.encode("utf-8"))
-    count = (
-        WorkflowStep.objects.filter(pk=item.step_id).values_list("item_count", flat=True).first()
-    )
     # A list of n results is "[" + n results joined by "," + "]": 1 + sum(size + 1).
-    if count is None or count <= 1 or 1 + (size + 1) * count <= bound:
+    if count is not None and (count <= 1 or 1 + (size + 1) * count <= bound):
         return
-    ended, ended_bytes = _results_bytes(item.step_id, excluding=item.pk)
+    found = (
+        WorkflowItem.objects.filter(pk=item_pk).values_list("step_id", "step__item_count").first()
+    )
+    if found is None:
+        return
+    step_id, count = found
+    if count <= 1 or 1 + (size + 1) * count <= bound:
+        return
+    ended, ended_bytes = _results_bytes(step_id, excluding=item_pk)
     least = 1 + (ended_bytes + ended) + (size + 1) + 2 * (count - ended - 1)
     if least > bound:
         raise ResultsTooLarge(
@@ -80,7 +92,7 @@ def refuse_hopeless_resume(run_pk: int, run_id: str) -> None:
         run_id=run_pk, kind=StepKind.MAP, status=StepStatus.RUNNING
     ).values_list("pk", "key", "item_count")
     for step_pk, key, count in running:
-        if WorkflowItem.objects.filter(step_id=step_pk, status=StepStatus.RUNNING).exists():
+        if left(WorkflowItem.objects.filter(step_id=step_pk)).exists():
             continue
         succeeded, size = _results_bytes(step_pk)
         if succeeded == count and 1 + size + count > bound:

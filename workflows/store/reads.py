@@ -25,6 +25,7 @@ from ..types import (
 )
 from ..validation import from_json
 from .base import alias
+from .fanning import ended_by_jobs
 from .tags import carrying
 
 
@@ -86,6 +87,14 @@ def _steps_by_run(run_pks: list[int]) -> dict[int, tuple[StepSnapshot, ...]]:
                 .order_by()
             ):
                 counted.setdefault(step_id, {})[status] = n
+            # The items their jobs ended, still Running on their rows until the fan-in.
+            running = StepStatus.RUNNING
+            open_steps = [row[0] for row in rows if row[3] in _WITH_ITEMS and row[4] == running]
+            for step_id, ended in (ended_by_jobs(open_steps) if open_steps else {}).items():
+                by_status = counted.setdefault(step_id, {})
+                for status, n in ended.items():
+                    by_status[status] = by_status.get(status, 0) + n
+                    by_status[StepStatus.RUNNING] = by_status.get(StepStatus.RUNNING, 0) - n
         for (
             pk,
             run_pk,
