@@ -80,9 +80,10 @@ class Activities:
         (see :meth:`_fan_in`); None while items are left."""
         if step.status.is_finished:
             return step
-        if store.items_left(step):
+        scope_hash = self._replay.run.scope_hash
+        if store.items_left(step, scope_hash):
             return None
-        items = store.items_of(step, self._replay.run.scope_hash)
+        items = store.items_of(step, scope_hash)
         if len(items) < step.item_count or any(item.status == StepStatus.RUNNING for item in items):
             return None  # not all queued yet, or an item job retried between the reads
         return self._fan_in(step, items)
@@ -104,7 +105,7 @@ class Activities:
         attempts = max(item.attempts for item in items)
         now = replay.now()
         with replay.write():
-            store.record_items(step, replay.run.scope_hash, items, now)
+            store.record_items(step, items, now)
             if failed:
                 first = failed[0]
                 error_type = first.error_type or "Cancelled"

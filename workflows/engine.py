@@ -254,7 +254,8 @@ def run_item(spec: registry.ActivitySpec, job: JobContext) -> str | None:
 
     A job's first try reads its item from its sealed payload, with no query
     (:func:`workflows.store.sealed_item`); a try again, or a job without the seal,
-    is checked and counted on the item's row (:func:`workflows.store.start_item`).
+    is checked and counted on the item's row (:func:`workflows.store.start_item`),
+    and a job without the seal (an older version's) records its result there too.
     A try that raises is a failed attempt of the job, with its error: the jobs'
     retry policy (the activity's back-off) tries it again while the activity's
     retries last, and the item's failure is recorded by the last one. A try that
@@ -289,9 +290,10 @@ def run_item(spec: registry.ActivitySpec, job: JobContext) -> str | None:
     finally:
         _activity_context.ctx = None
     fault_point("workflows.item.before_record", item=item_pk)
-    if len(result_json) <= MAX_RESULT_REF:
+    if sealed is not None and len(result_json) <= MAX_RESULT_REF:
         return result_json
-    # Longer than a job's result holds: written on the item's row (fenced the same).
+    # A job of an older version (its run woken by the items' rows), or a result
+    # longer than a job's result holds: written on the item's row (fenced the same).
     with _outage_waits():
         store.end_item(
             item or store.item_at(item_pk),

@@ -9,7 +9,7 @@ from django.db.models import Count, Func, Sum
 
 from ..conf import workflows_settings
 from ..exceptions import ResultsTooLarge, ResumeWouldFail, TooManyItems
-from ..models import WorkflowItem, WorkflowStep
+from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..types import StepKind, StepStatus
 from .fanning import left, recorded_jobs
 
@@ -34,16 +34,21 @@ class _OctetLength(Func):
         return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))")
 
 
-def _results_bytes(step_id: int, *, excluding: int | None = None) -> tuple[int, int]:
+def _results_bytes(
+    step_id: int, scope_hash: str, *, excluding: int | None = None
+) -> tuple[int, int]:
     """(items succeeded, bytes of their results' JSON) of step ``step_id``: on their
-    rows, and in their jobs for those their jobs recorded (see :mod:`.fanning`)."""
+    rows, and in their jobs for those their jobs recorded (see :mod:`.fanning`; the
+    step's run is of ``scope_hash``)."""
     rows = WorkflowItem.objects.filter(step_id=step_id)
     if excluding is not None:
         rows = rows.exclude(pk=excluding)
     on_rows = rows.filter(status=StepStatus.SUCCEEDED).aggregate(
         count=Count("id"), size=Sum(_OctetLength("result_json"))
     )
-    in_jobs = recorded_jobs(rows).aggregate(count=Count("id"), size=Sum(_OctetLength("result_ref")))
+    in_jobs = recorded_jobs(rows, scope_hash).aggregate(
+        count=Count("id"), size=Sum(_OctetLength("result_ref"))
+    )
     count = (on_rows["count"] or 0) + (in_jobs["count"] or 0)
     return count, (on_rows["size"] or 0) + (in_jobs["size"] or 0)
 
@@ -63,14 +68,16 @@ def check_results_size(item_pk: int, result_json: str, count: int | None = None)
     if count is not None and (count <= 1 or 1 + (size + 1) * count <= bound):
         return
     found = (
-        WorkflowItem.objects.filter(pk=item_pk).values_list("step_id", "step__item_count").first()
+        WorkflowItem.objects.filter(pk=item_pk)
+        .values_list("step_id", "step__item_count", "step__run__scope_hash")
+        .first()
     )
     if found is None:
         return
-    step_id, count = found
+    step_id, count, scope_hash = found
     if count <= 1 or 1 + (size + 1) * count <= bound:
         return
-    ended, ended_bytes = _results_bytes(step_id, excluding=item_pk)
+    ended, ended_bytes = _results_bytes(step_id, scope_hash, excluding=item_pk)
     least = 1 + (ended_bytes + ended) + (size + 1) + 2 * (count - ended - 1)
     if least > bound:
         raise ResultsTooLarge(
@@ -88,13 +95,14 @@ def refuse_hopeless_resume(run_pk: int, run_id: str) -> None:
     ``WORKFLOWS["MAX_VALUE_BYTES"]`` (recorded before the bound was checked as
     items end, or under a larger bound) would be replayed to the same failure."""
     bound = workflows_settings().MAX_VALUE_BYTES
+    scope_hash = WorkflowRun.objects.filter(pk=run_pk).values_list("scope_hash", flat=True)[0]
     running = WorkflowStep.objects.filter(
         run_id=run_pk, kind=StepKind.MAP, status=StepStatus.RUNNING
     ).values_list("pk", "key", "item_count")
     for step_pk, key, count in running:
-        if left(WorkflowItem.objects.filter(step_id=step_pk)).exists():
+        if left(WorkflowItem.objects.filter(step_id=step_pk), scope_hash).exists():
             continue
-        succeeded, size = _results_bytes(step_pk)
+        succeeded, size = _results_bytes(step_pk, scope_hash)
         if succeeded == count and 1 + size + count > bound:
             raise ResumeWouldFail(
                 f"run {run_id!r}: the results of map {key!r} are {1 + size + count} "

@@ -106,7 +106,7 @@ def cancel_dependents_of(run_pks: Sequence[int], now: datetime) -> None:
         job_store.cancel_queued(scope_hash, sorted(prefixes), now=now)
         job_store.cancel_queued(scope_hash, sorted(prefixes), now=now)
         job_store.cancel_running(scope_hash, sorted(prefixes), now=now)
-        record_succeeded(running.filter(step__run__scope_hash=scope_hash), scope_hash)
+        record_succeeded(running.filter(step__run__scope_hash=scope_hash), scope_hash, now)
     running.update(status=StepStatus.CANCELLED, finished_at=now)
     WorkflowStep.objects.filter(
         run_id__in=run_pks, status__in=(StepStatus.RUNNING, StepStatus.WAITING)

@@ -17,17 +17,18 @@ them; it wakes the run (:func:`items_ended`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 
-from jobs.models import Job
+from jobs.models import Batch, Job
 from jobs.types import FINISHED_STATUSES, JobStatus
 from ledon.errors import storable_text
 from ledon.faults import fault_point
+from ledon.values import from_row
 
 from ..exceptions import UntrustedJob
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
@@ -59,40 +60,59 @@ def is_then_job(job_id: str) -> bool:
     return job_id.startswith(ITEM_JOB_PREFIX) and job_id == batch_prefix(job_id) + _THEN
 
 
-def _item_job(scope_hash: Any = None) -> QuerySet[Job]:
-    """The job of the outer item: of its run's scope (``scope_hash`` when it is known:
-    an update names no joined column) and its id."""
-    if scope_hash is None:
-        scope_hash = OuterRef("step__run__scope_hash")
-    return Job.objects.filter(scope_hash=scope_hash, job_id=OuterRef("job_id"))
+def _batch_ids(rows: QuerySet[WorkflowItem]) -> list[str]:
+    """The jobs batches of the items of ``rows`` still Running on their rows (their
+    job ids' prefixes without the last colon: see :func:`batch_prefix`)."""
+    job_ids = rows.filter(status=StepStatus.RUNNING).values_list("job_id", flat=True)
+    return sorted({batch_prefix(job_id)[:-1] for job_id in job_ids})
 
 
-def _recorded_by_job(jobs: QuerySet[Job]) -> QuerySet[Job]:
-    """Of ``jobs``, those that recorded their item: Succeeded with a result (a job of
-    an older version, or one whose result its item's row holds, has none)."""
+def _batch_jobs(scope_hash: str, batch_ids: Sequence[str]) -> QuerySet[Job]:
+    """The item jobs of the batches ``batch_ids`` of scope ``scope_hash``: read
+    through the batches' index, as one set, never looked up item by item (so a read
+    never depends on the planner's guess at the jobs table's size)."""
+    return Job.objects.filter(scope_hash=scope_hash, batch_id__in=batch_ids).order_by()
+
+
+def _recorded(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """Of ``jobs``, those that recorded their item: Succeeded with a result."""
     return jobs.filter(status=JobStatus.SUCCEEDED, result_ref__isnull=False)
 
 
-def recorded_jobs(rows: QuerySet[WorkflowItem]) -> QuerySet[Job]:
-    """The jobs that recorded items of ``rows`` (of one step) still Running on
-    their rows: Succeeded, with their results."""
+def recorded_jobs(rows: QuerySet[WorkflowItem], scope_hash: str) -> QuerySet[Job]:
+    """The jobs that recorded items of ``rows`` (of runs of ``scope_hash``) still
+    Running on their rows: Succeeded, with their results."""
     running = rows.filter(status=StepStatus.RUNNING)
-    return _recorded_by_job(Job.objects.all()).filter(
-        scope_hash__in=running.values("step__run__scope_hash")[:1],
-        job_id__in=running.values("job_id"),
+    jobs = _recorded(_batch_jobs(scope_hash, _batch_ids(rows)))
+    return jobs.filter(job_id__in=running.values("job_id"))
+
+
+def left(rows: QuerySet[WorkflowItem], scope_hash: str) -> QuerySet[WorkflowItem]:
+    """Of ``rows`` (items of runs of ``scope_hash``), the items not ended: Running on
+    their row, their job not ended (an item staged by an older version, its job in
+    no batch, ends on its row only)."""
+    ended = _batch_jobs(scope_hash, _batch_ids(rows)).filter(status__in=FINISHED_STATUSES)
+    return rows.filter(status=StepStatus.RUNNING).exclude(job_id__in=ended.values("job_id"))
+
+
+def items_left(step: Checkpoint, scope_hash: str) -> bool:
+    """Whether an item of ``step`` (of a run of ``scope_hash``) has not ended: while
+    its item jobs are one jobs batch (as :func:`~workflows.store.insert_items` queues
+    them), the batch's count of jobs not ended says it, one row read; else (a map an
+    older version queued) the items are read."""
+    rows = WorkflowItem.objects.filter(step_id=step.pk)
+    first = rows.order_by("index").values_list("job_id", flat=True).first()
+    if first is None:
+        return False
+    batch = (
+        Batch.objects.filter(scope_hash=scope_hash, batch_id=batch_prefix(first)[:-1])
+        .values_list("pending", "total")
+        .first()
     )
-
-
-def left(rows: QuerySet[WorkflowItem]) -> QuerySet[WorkflowItem]:
-    """Of ``rows``, the items not ended: Running on their row, their job not ended."""
-    ended_job = _item_job().filter(status__in=FINISHED_STATUSES)
-    return rows.filter(status=StepStatus.RUNNING).filter(~Exists(ended_job))
-
-
-def items_left(step: Checkpoint) -> bool:
-    """Whether an item of ``step`` has not ended (one index probe: the first item
-    found Running with its job not ended answers)."""
-    return left(WorkflowItem.objects.filter(step_id=step.pk)).exists()
+    if batch is not None and batch[1] == step.item_count:
+        # Every job of the batch ended: every item did (on its row, or by its job).
+        return batch[0] > 0
+    return left(rows, scope_hash).exists()
 
 
 def job_ending(job_status: str, job_error: str | None) -> tuple[StepStatus, str, str]:
@@ -107,50 +127,47 @@ def job_ending(job_status: str, job_error: str | None) -> tuple[StepStatus, str,
     return StepStatus.FAILED, "ActivityJobEnded", text
 
 
-#: The columns of an item, then of its job, that :func:`items_of` reads.
-_ITEM_COLUMNS = (
-    "id",
-    "step_id",
-    "index",
-    "status",
-    "attempts",
-    "args_json",
-    "result_json",
-    "error_type",
-    "error",
-    "job_id",
-)
-_JOB_COLUMNS = ("status", "result_ref", "error", "attempt_count")
+#: What :func:`items_of` reads of an item's row: an :class:`Item`'s fields.
+_ITEM_FIELDS = tuple(field.name for field in fields(Item))
+#: What :func:`items_of` reads of an item's job.
+_JOB_COLUMNS = ("job_id", "status", "result_ref", "error", "attempt_count")
 
 
 def items_of(step: Checkpoint, scope_hash: str) -> list[Item]:
     """The items of ``step`` (of a run of ``scope_hash``) in their order, each as it
-    stands (see the module): one statement, the items joined with their jobs."""
-    connection = transaction.get_connection(alias())
-    q = connection.ops.quote_name
-    item_columns = ", ".join(f"i.{q(name)}" for name in _ITEM_COLUMNS)
-    job_columns = ", ".join(f"j.{q(name)}" for name in _JOB_COLUMNS)
-    sql = (
-        f"SELECT {item_columns}, {job_columns} FROM {q(WorkflowItem._meta.db_table)} i"
-        f" LEFT JOIN {q(Job._meta.db_table)} j"
-        f" ON j.{q('scope_hash')} = %s AND j.{q('job_id')} = i.{q('job_id')}"
-        f" WHERE i.{q('step_id')} = %s ORDER BY i.{q('index')}"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [scope_hash, step.pk])
-        rows = cursor.fetchall()
-    return [_as_it_stands(row) for row in rows]
+    stands (see the module): their rows, then their jobs in one statement."""
+    rows = WorkflowItem.objects.filter(step_id=step.pk).order_by("index")
+    items = []
+    for values in rows.values_list(*_ITEM_FIELDS):
+        item = dict(zip(_ITEM_FIELDS, values, strict=True))
+        item["status"] = StepStatus(item["status"])
+        items.append(Item(**item))
+    running = [item for item in items if item.status == StepStatus.RUNNING]
+    if not running:
+        return items
+    batch_ids = sorted({batch_prefix(item.job_id)[:-1] for item in running})
+    jobs = {
+        row[0]: row[1:]
+        for row in _batch_jobs(scope_hash, batch_ids)
+        .filter(status__in=FINISHED_STATUSES)
+        .values_list(*_JOB_COLUMNS)
+    }
+    return [_as_it_stands(item, jobs.get(item.job_id)) for item in items]
 
 
-def _as_it_stands(row: Sequence[Any]) -> Item:
-    values = dict(zip(_ITEM_COLUMNS, row[: len(_ITEM_COLUMNS)], strict=True))
-    job_status, result_ref, job_error, job_attempts = row[len(_ITEM_COLUMNS) :]
-    values["pk"] = values.pop("id")
-    item = Item(**{**values, "status": StepStatus(values["status"])})
+def item_of(row: WorkflowItem) -> Item:
+    """The item ``row`` as its value."""
+    return from_row(Item, row, pk=row.pk, status=StepStatus(row.status))
+
+
+def _as_it_stands(item: Item, job: tuple[Any, ...] | None) -> Item:
+    """``item`` as it stands, its job ended as ``job`` (status, result, error,
+    attempts; None: not ended, or in no batch)."""
+    if item.status != StepStatus.RUNNING or job is None:
+        return item
+    job_status, result_ref, job_error, job_attempts = job
     # A first try read from its job's seal is counted by the job alone.
-    attempts = max(item.attempts, job_attempts or 0)
-    if item.status != StepStatus.RUNNING or job_status not in FINISHED_STATUSES:
-        return replace(item, attempts=attempts)
+    attempts = max(item.attempts, job_attempts)
     if job_status == JobStatus.SUCCEEDED and result_ref is not None:
         return replace(item, status=StepStatus.SUCCEEDED, result_json=result_ref, attempts=attempts)
     status, error_type, error = job_ending(job_status, job_error)
@@ -160,12 +177,12 @@ def _as_it_stands(row: Sequence[Any]) -> Item:
 _NOT_SUCCEEDED = (StepStatus.FAILED, StepStatus.CANCELLED)
 
 
-def record_items(step: Checkpoint, scope_hash: str, items: Sequence[Item], now: datetime) -> None:
-    """Copy how the items of ``step`` ended (``items``, read by :func:`items_of`) onto
-    the rows still Running, inside the caller's transaction: the items their jobs
-    recorded in one statement, the few that ended otherwise one each."""
+def record_items(step: Checkpoint, items: Sequence[Item], now: datetime) -> None:
+    """Copy how the items of ``step`` ended (``items``, every one ended, read by
+    :func:`items_of`) onto the rows still Running, inside the caller's transaction:
+    the few that did not succeed one each, then every other in one statement (their
+    results stay in their jobs and in the checkpoint's list)."""
     running = WorkflowItem.objects.filter(step_id=step.pk, status=StepStatus.RUNNING)
-    record_succeeded(running, scope_hash)
     unrecorded = {item.pk for item in items if item.status in _NOT_SUCCEEDED}
     if unrecorded:
         unrecorded &= set(running.values_list("pk", flat=True))
@@ -178,41 +195,80 @@ def record_items(step: Checkpoint, scope_hash: str, items: Sequence[Item], now: 
                 attempts=item.attempts,
                 finished_at=now,
             )
+    running.update(status=StepStatus.SUCCEEDED, finished_at=now)
 
 
-def record_succeeded(rows: QuerySet[WorkflowItem], scope_hash: str) -> int:
-    """Of ``rows`` (items Running on their rows, of runs of ``scope_hash``), record
-    those their jobs recorded, Succeeded with the jobs' results: one statement,
-    inside the caller's transaction; how many."""
-    job = _item_job(scope_hash)
-    return rows.filter(Exists(_recorded_by_job(job))).update(
-        status=StepStatus.SUCCEEDED,
-        result_json=Subquery(job.values("result_ref")[:1]),
-        attempts=Subquery(job.values("attempt_count")[:1]),
-        finished_at=Subquery(job.values("finished_at")[:1]),
+def record_succeeded(rows: QuerySet[WorkflowItem], scope_hash: str, now: datetime) -> int:
+    """Of ``rows`` (items Running on their rows, of runs of ``scope_hash``), mark
+    Succeeded those their jobs recorded: one statement, inside the caller's
+    transaction; how many."""
+    recorded = _recorded(_batch_jobs(scope_hash, _batch_ids(rows)))
+    return rows.filter(status=StepStatus.RUNNING, job_id__in=recorded.values("job_id")).update(
+        status=StepStatus.SUCCEEDED, finished_at=now
     )
 
 
-def ended_by_jobs(step_ids: Sequence[int]) -> dict[int, dict[str, int]]:
-    """Of the steps ``step_ids``, the items still Running on their rows whose jobs
-    ended, counted by step and by how they ended (for the picture of a run)."""
-    ended_job = _item_job().filter(status__in=FINISHED_STATUSES)
-    rows = (
-        WorkflowItem.objects.filter(step_id__in=step_ids, status=StepStatus.RUNNING)
-        .annotate(
-            job_status=Subquery(ended_job.values("status")[:1]),
-            recorded=Exists(_recorded_by_job(ended_job)),
+#: A jobs batch's counts, as :func:`batch_counts` reads them.
+_BATCH_COUNTS = ("pending", "succeeded", "failed", "cancelled", "expired")
+
+
+def batch_counts(steps: Sequence[tuple[int, str, int]]) -> dict[int, dict[str, int]]:
+    """The items of the open ``steps`` (step, its run's scope, its item count)
+    counted by how they stand, from their jobs batch's counts (one row each), for
+    the steps whose item jobs are one batch (as :func:`~workflows.store.insert_items`
+    queues them); the others are left out."""
+    first = dict(
+        WorkflowItem.objects.filter(step_id__in=[pk for pk, _, _ in steps], index=0).values_list(
+            "step_id", "job_id"
         )
-        .filter(job_status__isnull=False)
-        .values_list("step_id", "job_status", "recorded")
-        .annotate(n=Count("id"))
-        .order_by()
+    )
+    wanted: dict[tuple[str, str], tuple[int, int]] = {}
+    for step_pk, scope_hash, item_count in steps:
+        if step_pk in first:
+            wanted[(scope_hash, batch_prefix(first[step_pk])[:-1])] = (step_pk, item_count)
+    counted: dict[int, dict[str, int]] = {}
+    for scope_hash in {scope for scope, _ in wanted}:
+        batch_ids = [batch_id for scope, batch_id in wanted if scope == scope_hash]
+        for batch_id, total, pending, succeeded, failed, cancelled, expired in Batch.objects.filter(
+            scope_hash=scope_hash, batch_id__in=batch_ids
+        ).values_list(
+            "batch_id", "total", "pending", "succeeded", "failed", "cancelled", "expired"
+        ):
+            step_pk, item_count = wanted[(scope_hash, batch_id)]
+            if total == item_count:
+                counted[step_pk] = {
+                    StepStatus.RUNNING: pending,
+                    StepStatus.SUCCEEDED: succeeded,
+                    StepStatus.FAILED: failed + expired,
+                    StepStatus.CANCELLED: cancelled,
+                }
+    return counted
+
+
+def ended_by_jobs(step_ids: Sequence[int], scope_hash: str) -> dict[int, dict[str, int]]:
+    """Of the steps ``step_ids`` (of runs of ``scope_hash``), the items still Running
+    on their rows whose jobs ended, counted by step and by how they ended (for the
+    picture of a run): their rows, then their jobs in one statement."""
+    rows = WorkflowItem.objects.filter(step_id__in=step_ids, status=StepStatus.RUNNING)
+    running = dict(rows.values_list("job_id", "step_id"))
+    if not running:
+        return {}
+    batch_ids = sorted({batch_prefix(job_id)[:-1] for job_id in running})
+    ended = (
+        _batch_jobs(scope_hash, batch_ids)
+        .filter(status__in=FINISHED_STATUSES)
+        .annotate(has_result=ExpressionWrapper(Q(result_ref__isnull=False), BooleanField()))
+        .values_list("job_id", "status", "has_result")
     )
     counted: dict[int, dict[str, int]] = {}
-    for step_id, job_status, recorded, n in rows:
+    for job_id, job_status, has_result in ended:
+        step_id = running.get(job_id)
+        if step_id is None:
+            continue
+        recorded = job_status == JobStatus.SUCCEEDED and has_result
         status = StepStatus.SUCCEEDED if recorded else job_ending(job_status, None)[0]
         by_status = counted.setdefault(step_id, {})
-        by_status[status] = by_status.get(status, 0) + n
+        by_status[status] = by_status.get(status, 0) + 1
     return counted
 
 
@@ -225,8 +281,13 @@ def fan_in(step_id: int, now: datetime) -> bool:
     every end written on an item's row (a failed try, a job ended outside its
     activity); several may see none left, and the wake's job id (the step's) makes
     one job of them."""
-    if left(WorkflowItem.objects.filter(step_id=step_id)).exists():
-        return False  # the common answer, one index probe, no transaction
+    scope_hash = (
+        WorkflowStep.objects.filter(pk=step_id).values_list("run__scope_hash", flat=True).first()
+    )
+    if scope_hash is None:
+        return False
+    if left(WorkflowItem.objects.filter(step_id=step_id), scope_hash).exists():
+        return False  # the common answer for all but the last, no transaction
     with transaction.atomic(using=alias()):
         step = WorkflowStep.objects.filter(pk=step_id).first()
         if step is None or queued(step.pk) < step.item_count:

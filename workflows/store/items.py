@@ -6,7 +6,11 @@ is recorded by its job's own finish: :mod:`.fanning`)."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import fields as fields_of
 from datetime import datetime
@@ -14,14 +18,13 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet, Subquery
-from django.utils.crypto import constant_time_compare, salted_hmac
+from django.utils.crypto import salted_hmac
 
 from jobs import store as job_store
 from jobs.models import Job
 from jobs.types import FINISHED_STATUSES, JobStatus, JobSubmission
 from ledon.errors import storable_text
 from ledon.faults import fault_point
-from ledon.values import from_row
 
 from ..conf import workflows_settings
 from ..exceptions import UntrustedJob
@@ -34,6 +37,7 @@ from .fanning import (
     batch_prefix,
     fan_in,
     is_then_job,
+    item_of,
     job_ending,
     queued,
 )
@@ -46,9 +50,17 @@ ITEM_BATCH = 500
 _SEAL_SALT = "workflows.item"
 
 
-def _seal(scope_hash: str, job_id: str, item_pk: int, count: int, args_json: str) -> str:
-    value = "\x1f".join((scope_hash, job_id, str(item_pk), str(count), args_json))
-    return salted_hmac(_SEAL_SALT, value, algorithm="sha256").hexdigest()
+def _sealer(scope_hash: str, count: int) -> Callable[[str, int, str], str]:
+    """The seal of an item job of scope ``scope_hash`` of a map of ``count`` items,
+    given its id, its item's id and arguments: an HMAC under the project's
+    ``SECRET_KEY`` (a key of its own, derived from it once per map)."""
+    key = salted_hmac(_SEAL_SALT, "", algorithm="sha256").digest()
+
+    def seal(job_id: str, item_pk: int, args_json: str) -> str:
+        value = "\x1f".join((scope_hash, job_id, str(item_pk), str(count), args_json))
+        return hmac.new(key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+    return seal
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +91,8 @@ def sealed_item(scope_hash: str, job_id: str, payload: Any) -> SealedItem | None
         or not isinstance(seal, str)
     ):
         return None
-    if not constant_time_compare(seal, _seal(scope_hash, job_id, item_pk, count, args_json)):
+    expected = _sealer(scope_hash, count)(job_id, item_pk, args_json)
+    if not hmac.compare_digest(seal.encode("utf-8", "surrogatepass"), expected.encode()):
         return None
     return SealedItem(pk=item_pk, count=count, args_json=args_json)
 
@@ -101,43 +114,18 @@ def insert_items(
     the activity's back-off between them (its handler's policy).
     """
     prefix = f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{secrets.token_hex(10)}:"
-    items = [
-        WorkflowItem(
-            step_id=step.pk,
-            index=index,
-            status=StepStatus.RUNNING,
-            args_json=args_json,
-            job_id=f"{prefix}{index}",
-        )
-        for index, args_json in enumerate(args, start)
-    ]
-    WorkflowItem.objects.bulk_create(items)
-    if any(item.pk is None for item in items):  # a database that returns no ids
-        ids = dict(
-            WorkflowItem.objects.filter(
-                step_id=step.pk, index__gte=start, index__lt=start + len(items)
-            ).values_list("index", "pk")
-        )
-        for item in items:
-            item.pk = ids[item.index]
+    ids = _insert_rows(step.pk, start, prefix, args)
     count = step.item_count
-    jobs = [
-        (
-            item.job_id,
-            JobSubmission.create(
-                activity.name,
-                {
-                    "item": item.pk,
-                    "of": count,
-                    "args": item.args_json,
-                    "seal": _seal(run.scope_hash, item.job_id, item.pk, count, item.args_json),
-                },
-                queue=activity.queue,
-                max_attempts=activity.retries + 1,
-            ),
+    seal = _sealer(run.scope_hash, count)
+    jobs = []
+    for index, (item_pk, args_json) in enumerate(zip(ids, args, strict=True), start):
+        job_id = f"{prefix}{index}"
+        payload = {"item": item_pk, "of": count, "args": args_json}
+        payload["seal"] = seal(job_id, item_pk, args_json)
+        sub = JobSubmission.create(
+            activity.name, payload, queue=activity.queue, max_attempts=activity.retries + 1
         )
-        for item in items
-    ]
+        jobs.append((job_id, sub))
     then = JobSubmission.create(
         ITEMS_ENDED_HANDLER,
         {"step": step.pk},
@@ -145,6 +133,37 @@ def insert_items(
         max_attempts=ADVANCE_MAX_ATTEMPTS,
     )
     job_store.stage_batch(run.scope_hash, prefix[:-1], jobs, then)
+
+
+def _insert_rows(step_pk: int, start: int, prefix: str, args: list[str]) -> list[int]:
+    """Insert items ``start`` … of step ``step_pk``, Running, their arguments
+    ``args`` and their jobs' ids ``prefix`` + index: one statement whatever their
+    number (the arguments as one JSON list, no model instance each); their ids, in
+    their order."""
+    connection = transaction.get_connection(alias())
+    q = connection.ops.quote_name
+    columns = ", ".join(
+        q(name)
+        for name in (
+            "step_id", "index", "job_id", "args_json", "status", "attempts", "error_type", "error",
+        )
+    )  # fmt: skip
+    if connection.vendor == "postgresql":
+        elements = "json_array_elements_text(%s::json) WITH ORDINALITY AS e(value, n)"
+        index = "(e.n - 1 + %s)::integer"
+    else:
+        elements = "json_each(%s) AS e"
+        index = "(e.key + %s)"
+    sql = (
+        f"INSERT INTO {q(WorkflowItem._meta.db_table)} ({columns})"
+        f" SELECT %s, {index}, %s || {index}, e.value, %s, 0, '', '' FROM {elements}"
+        f" RETURNING {q('id')}, {q('index')}"
+    )
+    params = [step_pk, start, prefix, start, StepStatus.RUNNING.value, json.dumps(args)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        ids = dict((index, pk) for pk, index in cursor.fetchall())
+    return [ids[index] for index in range(start, start + len(args))]
 
 
 def items_queued(step: Checkpoint) -> int:
@@ -210,11 +229,6 @@ def start_item(item_pk: int, scope_hash: str, job_id: str, now: datetime) -> Ite
         )
     fan_in(ended.step_id, now)
     return item_of(ended)
-
-
-def item_of(row: WorkflowItem) -> Item:
-    """The item ``row`` as its value."""
-    return from_row(Item, row, pk=row.pk, status=StepStatus(row.status))
 
 
 def item_at(item_pk: int) -> Item:
