@@ -22,7 +22,8 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
+from django.db.models import BooleanField, ExpressionWrapper, F, Q, QuerySet
+from django.db.models.expressions import CombinedExpression
 
 from jobs.models import Batch, Job
 from jobs.types import FINISHED_STATUSES, JobStatus
@@ -115,6 +116,12 @@ def items_left(step: Checkpoint, scope_hash: str) -> bool:
     return left(rows, scope_hash).exists()
 
 
+def job_tries() -> CombinedExpression:
+    """The tries an item's job made: its counted attempts and those its worker died
+    in (recovered, uncounted: the crash budget's), each of which ran the activity."""
+    return F("attempt_count") + F("interruption_count")
+
+
 def job_ending(job_status: str, job_error: str | None) -> tuple[StepStatus, str, str]:
     """How an item ended whose job ended ``job_status`` without the item recorded (a
     job cancelled, or ended outside the activity's code): its status, error type and
@@ -130,7 +137,7 @@ def job_ending(job_status: str, job_error: str | None) -> tuple[StepStatus, str,
 #: What :func:`items_of` reads of an item's row: an :class:`Item`'s fields.
 _ITEM_FIELDS = tuple(field.name for field in fields(Item))
 #: What :func:`items_of` reads of an item's job.
-_JOB_COLUMNS = ("job_id", "status", "result_ref", "error", "attempt_count")
+_JOB_COLUMNS = ("job_id", "status", "result_ref", "error", "tries")
 
 
 def items_of(step: Checkpoint, scope_hash: str) -> list[Item]:
@@ -150,6 +157,7 @@ def items_of(step: Checkpoint, scope_hash: str) -> list[Item]:
         row[0]: row[1:]
         for row in _batch_jobs(scope_hash, batch_ids)
         .filter(status__in=FINISHED_STATUSES)
+        .annotate(tries=job_tries())
         .values_list(*_JOB_COLUMNS)
     }
     return [_as_it_stands(item, jobs.get(item.job_id)) for item in items]

@@ -39,6 +39,7 @@ from .fanning import (
     is_then_job,
     item_of,
     job_ending,
+    job_tries,
     queued,
 )
 from .waking import ADVANCE_MAX_ATTEMPTS
@@ -331,6 +332,7 @@ def end_items_of_ended_jobs(
         running.annotate(
             job_status=Subquery(ended_job.values("status")[:1]),
             job_error=Subquery(ended_job.values("error")[:1]),
+            job_tries=Subquery(ended_job.values(tries=job_tries())[:1]),
         )
         .filter(job_status__isnull=False)
         .filter(~Exists(recorded))
@@ -339,7 +341,10 @@ def end_items_of_ended_jobs(
     ended = 0
     for item in items:
         outcome, error_type, text = job_ending(item.job_status, item.job_error)
-        ended += end_item(item_of(item), outcome, now, error_type=error_type, error=text)
+        attempts = max(item.attempts, item.job_tries)
+        ended += end_item(
+            item_of(item), outcome, now, error_type=error_type, error=text, attempts=attempts
+        )
     return ended
 
 
