@@ -3,7 +3,9 @@ activity's own handler on any worker, and a fan-in once none is left running.
 
 The first advance that reaches the checkpoint records it with its item count and,
 in the same fenced transaction, its items and their jobs (one bulk insert of the
-items, one jobs batch), and the run waits without a slot. An item that succeeds is
+items, one jobs batch; on SQLite, whose one write lock has no queue, a large map's
+items go :func:`workflows.store.items_per_transaction` at a time, each a batch of
+its own), and the run waits without a slot. An item that succeeds is
 recorded by its job's own finish; the statement that ends the last item job queues
 the batch's ``then`` job, which wakes the run (:func:`workflows.store.items_ended`).
 Its replay reads the items with their jobs in one statement and gathers the results
@@ -15,6 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
+
+from ledon.bulk import let_writers_in
 from ledon.errors import storable_text
 
 from . import store, validation
@@ -43,8 +48,9 @@ class Activities:
         self, key: str, kind: StepKind, spec: ActivitySpec, payloads: list[Any]
     ) -> Checkpoint:
         """Reach the checkpoint ``key`` and, the first time, record it and queue its
-        items and their jobs (in one fenced transaction), without waiting for them:
-        the checkpoint as it stands."""
+        items and their jobs with it (one fenced transaction; on SQLite a large map's
+        rest follows in batches: see :meth:`_queue`), without waiting for them: the
+        checkpoint as it stands."""
         replay = self._replay
         checked, step = replay.reach(key, kind)
         if step is not None and step.status.is_finished:
@@ -52,6 +58,7 @@ class Activities:
         if step is None:
             store.check_item_count(checked, len(payloads))
             args = self._item_args(checked, kind, payloads)
+            first = args[: store.items_per_transaction()]
             now = replay.now()
             with replay.write():
                 step = replay.insert(
@@ -63,16 +70,14 @@ class Activities:
                     result_json=None if args else "[]",
                 )
                 if args:
-                    store.insert_items(replay.run, step, spec, args)
-            return replay.record(step)
-        if step.status == StepStatus.RUNNING:
-            queued = store.items_queued(step)
-            if queued < step.item_count:
-                # An older version queued a large map in several transactions, and
-                # its driver stopped between two of them: the rest, in one.
-                args = self._item_args(checked, kind, payloads)
-                with replay.write():
-                    store.insert_items(replay.run, step, spec, args[queued:], start=queued)
+                    store.insert_items(replay.run, step, spec, first)
+            replay.record(step)
+            if len(first) < len(args):
+                self._queue(step, spec, args, queued=len(first))
+            return step
+        if step.status == StepStatus.RUNNING and store.items_queued(step) < step.item_count:
+            # The driver that queued the items stopped between two batches.
+            self._queue(step, spec, self._item_args(checked, kind, payloads))
         return step
 
     def ended(self, step: Checkpoint) -> Checkpoint | None:
@@ -94,6 +99,23 @@ class Activities:
             validation.to_json(payload, f"the arguments of {kind} {key!r} item {index}")
             for index, payload in enumerate(payloads)
         ]
+
+    def _queue(
+        self, step: Checkpoint, spec: ActivitySpec, args: list[str], queued: int | None = None
+    ) -> None:
+        """Queue the items (and their jobs) not queued yet (the first ``queued`` are;
+        None: ask), :func:`workflows.store.items_per_transaction` per fenced
+        transaction, each a jobs batch of its own, a pause for waiting writers between
+        two (:func:`ledon.bulk.let_writers_in`)."""
+        if queued is None:
+            queued = store.items_queued(step)
+        size = store.items_per_transaction() or len(args)
+        while queued < len(args):
+            batch = args[queued : queued + size]
+            let_writers_in(transaction.get_connection(store.alias()))
+            with self._replay.write():
+                store.insert_items(self._replay.run, step, spec, batch, start=queued)
+            queued += len(batch)
 
     def _fan_in(self, step: Checkpoint, items: list[Item]) -> Checkpoint:
         """Every item has ended (``items``, as they stand): record the checkpoint

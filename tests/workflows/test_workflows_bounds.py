@@ -1,6 +1,7 @@
 """Bounded work: a map's items are bounded (``WORKFLOWS["MAX_MAP_ITEMS"]``, a typed
-error at the call), a large map is queued in one bulk submit with its checkpoint
-(items and their jobs in bulk), its results' size is checked as items end, and a
+error at the call), a large map is queued in one bulk submit with its checkpoint on
+PostgreSQL and in batches on SQLite (items and their jobs in bulk, each batch its
+own transaction), its results' size is checked as items end, and a
 resume that could only fail the same way says so."""
 
 from __future__ import annotations
@@ -8,13 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
 from jobs import JobStatus
 from jobs.models import Job
 from jobs.types import FinishOutcome
-from tests.conftest import is_postgres
+from tests.conftest import in_own_connection, is_postgres, run_concurrently
 from tests.support.workflows import later_clock
 from workflows import (
     RunStatus,
@@ -82,7 +83,7 @@ def test_a_map_over_the_item_bound_is_a_typed_error_at_the_call_and_queues_nothi
     assert run_workflow(SCOPE, "many-3").output == [1, 2, 3]
 
 
-def test_a_large_map_is_queued_with_its_checkpoint_in_one_bulk_submit():
+def test_a_large_map_is_queued_with_its_checkpoint_in_one_bulk_submit_on_postgresql():
     items = list(range(1200))
     start_workflow(SCOPE, "bulk-1", "bounds.echoes", items)
     with CaptureQueriesContext(connection) as queries:
@@ -95,40 +96,64 @@ def test_a_large_map_is_queued_with_its_checkpoint_in_one_bulk_submit():
     # (In a fair queue the batch also takes its places from a lane: not a job insert.)
     job_inserts = [sql for sql in inserts if "INSERT INTO jobs_job " in sql]
     batch_inserts = [sql for sql in inserts if "INSERT INTO jobs_batch " in sql]
-    # One jobs batch: its row and one insert of every job (SQLite splits the items
-    # and the jobs by its limit of bound parameters).
-    assert len(batch_inserts) == 1
-    assert len(job_inserts) == 1 if is_postgres() else 1 <= len(job_inserts) <= 4, job_inserts
-    assert 1 <= len(item_inserts) <= 8
+    # PostgreSQL: one jobs batch, its row and one insert of every job, and one insert
+    # of the items. SQLite: a batch of 500 per transaction (its jobs inserted in
+    # chunks of its limit of bound parameters).
+    if is_postgres():
+        assert (len(batch_inserts), len(job_inserts), len(item_inserts)) == (1, 1, 1)
+    else:
+        assert (len(batch_inserts), len(item_inserts)) == (3, 3)
+        assert 3 <= len(job_inserts) <= 9, job_inserts
     assert Job.objects.filter(handler="bounds.echo", status=JobStatus.QUEUED).count() == len(items)
 
 
-def test_a_map_an_older_version_left_partly_queued_is_replayed_to_queue_the_rest(monkeypatch):
-    # An older version queued a large map in several transactions; its driver
-    # stopped after the first: two of five items queued.
+def test_a_large_map_is_queued_in_batches_each_committed_on_its_own(monkeypatch):
+    # (On SQLite a map's items go 500 per transaction, all at once on PostgreSQL.)
+    monkeypatch.setattr(store, "items_per_transaction", lambda: 2)
+    seen_by_others: list[int] = []
+    real = store.insert_items
+
+    def insert_items(step: Any, *args: Any, start: int = 0) -> None:
+        # What another connection sees as each batch is queued: the batches before.
+        count = in_own_connection(lambda: WorkflowItem.objects.count())
+        (outcome,) = run_concurrently(count)
+        seen_by_others.append(outcome.value)
+        real(step, *args, start=start)
+
+    monkeypatch.setattr(store, "insert_items", insert_items)
+    start_workflow(SCOPE, "batches-1", "bounds.echoes", [10, 11, 12, 13, 14])
+    run_workflows_inline(max_attempts_run=1)
+    assert seen_by_others == [0, 2, 4]
+    jobs = Job.objects.filter(handler="bounds.echo")
+    assert jobs.count() == WorkflowItem.objects.count() == 5
+    assert run_workflow(SCOPE, "batches-1").output == [10, 11, 12, 13, 14]
+
+
+def test_a_driver_stopped_between_batches_is_replayed_to_queue_the_rest(monkeypatch):
+    monkeypatch.setattr(store, "items_per_transaction", lambda: 2)
     real = store.insert_items
     calls: list[int] = []
 
-    def insert_items(run: Any, step: Any, spec: Any, args: list[str], start: int = 0) -> None:
+    def insert_items(step: Any, *args: Any, start: int = 0) -> None:
         calls.append(start)
-        real(run, step, spec, args[:2] if len(calls) == 1 else args, start=start)
+        if len(calls) == 2:  # the driver dies as it queues the second batch
+            raise OperationalError("the connection was lost")
+        real(step, *args, start=start)
 
     monkeypatch.setattr(store, "insert_items", insert_items)
     start_workflow(SCOPE, "stopped-1", "bounds.echoes", [1, 2, 3, 4, 5])
     clock = TestClock()
-    run_workflows_inline(clock=clock, max_attempts_run=1)
+    (advance,) = run_workflows_inline(clock=clock, max_attempts_run=1)
+    assert advance.outcome is FinishOutcome.REQUEUED  # an outage: tried again
     step = WorkflowStep.objects.get()
     assert (step.status, step.item_count, store.items_queued(step)) == ("running", 5, 2)
-    # The first items end before the rest is queued: the run is not woken.
+    # The first batch's items end before the rest is queued: the run is not woken.
     for item in WorkflowItem.objects.all():
         store.end_item(item, StepStatus.SUCCEEDED, clock.now, result_json=str(item.index + 1))
     assert not Job.objects.filter(job_id__contains=":items:").exists()
-    # Woken all the same (a signal, a timer: here by hand), its replay queues the rest.
-    with transaction.atomic():
-        store.wake(step.run_id, 0, "test", now=clock.now)
     snap = run_workflow(SCOPE, "stopped-1", clock=clock)
     assert snap.output == [1, 2, 3, 4, 5]
-    assert calls == [0, 2]
+    assert calls == [0, 2, 2, 4]
     assert WorkflowItem.objects.count() == 5
 
 

@@ -44,8 +44,20 @@ from .fanning import (
 )
 from .waking import ADVANCE_MAX_ATTEMPTS
 
-#: Items the upkeep ends per pass (:func:`end_items_of_ended_jobs`).
+#: Items the upkeep ends per pass (:func:`end_items_of_ended_jobs`), and items queued
+#: per transaction on SQLite (:func:`items_per_transaction`).
 ITEM_BATCH = 500
+
+
+def items_per_transaction() -> int | None:
+    """How many items (and their jobs) a transaction queues: all of a map on
+    PostgreSQL (None), which locks rows, not the database; :data:`ITEM_BATCH` on
+    SQLite, whose one write lock would keep every other writer (a worker's claim, a
+    ``start_workflow``) waiting while a large map is queued."""
+    if transaction.get_connection(alias()).vendor == "sqlite":
+        return ITEM_BATCH
+    return None
+
 
 #: The salt of an item job's seal (see :func:`insert_items`).
 _SEAL_SALT = "workflows.item"
