@@ -112,7 +112,8 @@ def items_left(step: Checkpoint, scope_hash: str) -> bool:
     )
     if batch is not None and batch[1] == step.item_count:
         # Every job of the batch ended: every item did (on its row, or by its job).
-        return batch[0] > 0
+        # Else at least one item is left unless every row says how it ended.
+        return batch[0] > 0 and rows.filter(status=StepStatus.RUNNING).exists()
     return left(rows, scope_hash).exists()
 
 
