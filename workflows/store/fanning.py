@@ -99,9 +99,13 @@ def left(rows: QuerySet[WorkflowItem], scope_hash: str) -> QuerySet[WorkflowItem
 def items_left(step: Checkpoint, scope_hash: str) -> bool:
     """Whether an item of ``step`` (of a run of ``scope_hash``) has not ended: while
     its item jobs are one jobs batch (as :func:`~workflows.store.insert_items` queues
-    them), the batch's count of jobs not ended says it, one row read; else (a map an
-    older version queued) the items are read."""
-    rows = WorkflowItem.objects.filter(step_id=step.pk)
+    them), the batch's count of jobs not ended says it, one row read; else (a map of
+    several batches) the items are read."""
+    return _any_left(step.pk, step.item_count, scope_hash)
+
+
+def _any_left(step_pk: int, item_count: int, scope_hash: str) -> bool:
+    rows = WorkflowItem.objects.filter(step_id=step_pk)
     first = rows.order_by("index").values_list("job_id", flat=True).first()
     if first is None:
         return False
@@ -110,7 +114,7 @@ def items_left(step: Checkpoint, scope_hash: str) -> bool:
         .values_list("pending", "total")
         .first()
     )
-    if batch is not None and batch[1] == step.item_count:
+    if batch is not None and batch[1] == item_count:
         # Every job of the batch ended: every item did (on its row, or by its job).
         # Else at least one item is left unless every row says how it ended.
         return batch[0] > 0 and rows.filter(status=StepStatus.RUNNING).exists()
@@ -290,12 +294,10 @@ def fan_in(step_id: int, now: datetime) -> bool:
     every end written on an item's row (a failed try, a job ended outside its
     activity); several may see none left, and the wake's job id (the step's) makes
     one job of them."""
-    scope_hash = (
-        WorkflowStep.objects.filter(pk=step_id).values_list("run__scope_hash", flat=True).first()
+    found = (
+        WorkflowStep.objects.filter(pk=step_id).values_list("item_count", "run__scope_hash").first()
     )
-    if scope_hash is None:
-        return False
-    if left(WorkflowItem.objects.filter(step_id=step_id), scope_hash).exists():
+    if found is None or _any_left(step_id, *found):
         return False  # the common answer for all but the last, no transaction
     with transaction.atomic(using=alias()):
         step = WorkflowStep.objects.filter(pk=step_id).first()
