@@ -11,11 +11,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs import JobContext, job_handler
+from jobs import JobContext, execution, job_handler
 from jobs.api import submit_batch
 from jobs.models import Job
+from jobs.signals import finished_attempt
 from jobs.testing import run_jobs_inline
-from jobs.types import JobSubmission
+from jobs.types import FinishOutcome, JobSubmission
 from workflows import StepStatus, WorkflowContext, WorkflowScope, activity, start_workflow, workflow
 from workflows.models import WorkflowItem
 from workflows.store import ITEMS_ENDED_HANDLER
@@ -98,3 +99,19 @@ def test_the_picture_counts_items_as_their_jobs_stand_until_the_fan_in():
     assert snap.step("same").status == StepStatus.SUCCEEDED
     assert snap.step("same").items.succeeded == 3
     assert list(WorkflowItem.objects.values_list("status", flat=True)) == ["succeeded"] * 3
+
+
+def test_the_job_that_wakes_the_run_failing_for_good_still_wakes_it():
+    start_workflow(SCOPE, "then-fails", "itemrecords.map", {"items": 2})
+    run_jobs_inline(queues=["default"], max_attempts_run=1)
+    run_jobs_inline(queues=[QUEUE])
+    then = Job.objects.get(handler=ITEMS_ENDED_HANDLER)
+    # Its tries spent on an outage: it ends Failed without having woken the run.
+    claim = execution.try_start(then.scope_hash, then.job_id, worker_id="w")
+    assert claim is not None
+    outcome = execution.fail(claim.token, "OperationalError: the database went away")
+    assert outcome is FinishOutcome.FAILED
+    assert not Job.objects.filter(job_id__contains=":items:").exists()
+    finished_attempt(claim, outcome, retry_scheduled=False)  # as the worker does
+    run_jobs_inline(queues=["default"])
+    assert WorkflowScope(SCOPE).get("then-fails").output == [0, 1]

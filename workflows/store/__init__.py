@@ -77,6 +77,7 @@ from .fanning import (
     items_left,
     items_of,
     record_items,
+    then_job_ended,
 )
 from .forking import fork, identity
 from .items import (
@@ -178,6 +179,7 @@ __all__ = [
     "start_item",
     "suspend",
     "take",
+    "then_job_ended",
     "time_out",
     "timed_out_error",
     "update_step",

@@ -352,3 +352,10 @@ def items_ended(scope_hash: str, job_id: str, payload: Any, now: datetime) -> bo
         )
     fault_point("workflows.map.fan_in", step=step_pk)
     return fan_in(step_pk, now)
+
+
+def then_job_ended(scope_hash: str, job_id: str, payload: Any, now: datetime) -> bool:
+    """:func:`items_ended` for the ``then`` job of a map's item jobs that ended for
+    good without waking the run: False, nothing written, for any other job."""
+    step_pk = then_job_step(scope_hash, job_id, payload)
+    return step_pk is not None and fan_in(step_pk, now)
