@@ -4,10 +4,11 @@ its run once none is left.
 An item that succeeds is recorded by its job alone: the item's handler returns the
 result and the job's own finish statement writes it (``result_ref``, fenced by the
 attempt's token like any finish). Its row stays Running until the run's fan-in reads
-the items with their jobs (one statement) and copies how they ended onto their rows
-(one more) in the transaction that records the checkpoint. So an item is, as it
-stands: its row, once the row says it ended (a try that failed for good, a job
-cancelled, the fan-in's copy); else its job, once the job ended; else Running.
+the items' rows, then their jobs as one set through their batch (never item by
+item), and marks how they ended on the rows in the transaction that records the
+checkpoint. So an item is, as it stands: its row, once the row says it ended (a try
+that failed for good, a job cancelled, the fan-in's mark); else its job, once the
+job ended; else Running.
 
 The item jobs of a map are one jobs batch whose ``then`` job
 (:data:`ITEMS_ENDED_HANDLER`) is inserted by the statement that ends the last of
