@@ -1,11 +1,16 @@
 """Activities and maps: a checkpoint whose work is items, each run as a job of the
 activity's own handler on any worker, and a fan-in once none is left running.
 
-The first advance that reaches the checkpoint records it with its item count and
-queues its items with their jobs, :data:`workflows.store.ITEM_BATCH` per fenced
-transaction, and the run waits without a slot. Items end on their own rows; the last
-to end wakes the run (:func:`workflows.store.fan_in`), whose replay gathers the
-results in the items' order (or the first failure) into the checkpoint.
+The first advance that reaches the checkpoint records it with its item count and,
+in the same fenced transaction, its items and their jobs (one bulk insert of the
+items, one jobs batch; on SQLite, whose one write lock has no queue, a large map's
+items go :func:`workflows.store.items_per_transaction` at a time, each a batch of
+its own), and the run waits without a slot. An item that succeeds is
+recorded by its job's own finish; the statement that ends the last item job queues
+the batch's ``then`` job, which wakes the run (:func:`workflows.store.items_ended`).
+Its replay reads the items with their jobs in one statement and gathers the results
+in the items' order (or the first failure) into the checkpoint, copying how each
+item ended onto its row in the same transaction.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from ledon.errors import storable_text
 from . import store, validation
 from .registry import ActivitySpec
 from .replay import Replay, Suspend, outcome
-from .types import Checkpoint, StepKind, StepStatus, WaitKind
+from .types import Checkpoint, Item, StepKind, StepStatus, WaitKind
 
 
 class Activities:
@@ -43,8 +48,9 @@ class Activities:
         self, key: str, kind: StepKind, spec: ActivitySpec, payloads: list[Any]
     ) -> Checkpoint:
         """Reach the checkpoint ``key`` and, the first time, record it and queue its
-        items and their jobs (in the advance's fenced transactions), without waiting
-        for them: the checkpoint as it stands."""
+        items and their jobs with it (one fenced transaction; on SQLite a large map's
+        rest follows in batches: see :meth:`_queue`), without waiting for them: the
+        checkpoint as it stands."""
         replay = self._replay
         checked, step = replay.reach(key, kind)
         if step is not None and step.status.is_finished:
@@ -52,6 +58,7 @@ class Activities:
         if step is None:
             store.check_item_count(checked, len(payloads))
             args = self._item_args(checked, kind, payloads)
+            first = args[: store.items_per_transaction()]
             now = replay.now()
             with replay.write():
                 step = replay.insert(
@@ -63,10 +70,10 @@ class Activities:
                     result_json=None if args else "[]",
                 )
                 if args:
-                    store.insert_items(replay.run, step, spec, args[: store.ITEM_BATCH])
+                    store.insert_items(replay.run, step, spec, first)
             replay.record(step)
-            if args:
-                self._queue(step, spec, args, queued=min(len(args), store.ITEM_BATCH))
+            if len(first) < len(args):
+                self._queue(step, spec, args, queued=len(first))
             return step
         if step.status == StepStatus.RUNNING and store.items_queued(step) < step.item_count:
             # The driver that queued the items stopped between two batches.
@@ -78,9 +85,13 @@ class Activities:
         (see :meth:`_fan_in`); None while items are left."""
         if step.status.is_finished:
             return step
-        if store.items_left(step) > 0:
+        scope_hash = self._replay.run.scope_hash
+        if store.items_left(step, scope_hash):
             return None
-        return self._fan_in(step)
+        items = store.items_of(step, scope_hash)
+        if len(items) < step.item_count or any(item.status == StepStatus.RUNNING for item in items):
+            return None  # not all queued yet, or an item job retried between the reads
+        return self._fan_in(step, items)
 
     @staticmethod
     def _item_args(key: str, kind: StepKind, payloads: list[Any]) -> list[str]:
@@ -90,34 +101,33 @@ class Activities:
         ]
 
     def _queue(
-        self,
-        step: Checkpoint,
-        spec: ActivitySpec,
-        args: list[str],
-        queued: int | None = None,
+        self, step: Checkpoint, spec: ActivitySpec, args: list[str], queued: int | None = None
     ) -> None:
-        """Queue the items (and their jobs) not queued yet (the first ``queued``
-        are; None: ask), :data:`workflows.store.ITEM_BATCH` per fenced transaction: a
-        large map never holds the write lock long."""
+        """Queue the items (and their jobs) not queued yet (the first ``queued`` are;
+        None: ask), :func:`workflows.store.items_per_transaction` per fenced
+        transaction, each a jobs batch of its own, a pause for waiting writers between
+        two (:func:`ledon.bulk.let_writers_in`)."""
         if queued is None:
             queued = store.items_queued(step)
+        size = store.items_per_transaction() or len(args)
         while queued < len(args):
-            batch = args[queued : queued + store.ITEM_BATCH]
+            batch = args[queued : queued + size]
             let_writers_in(transaction.get_connection(store.alias()))
             with self._replay.write():
                 store.insert_items(self._replay.run, step, spec, batch, start=queued)
             queued += len(batch)
 
-    def _fan_in(self, step: Checkpoint) -> Checkpoint:
-        """Every item has ended: record the checkpoint Succeeded with the results in
-        the items' order, or Failed with the first failure."""
+    def _fan_in(self, step: Checkpoint, items: list[Item]) -> Checkpoint:
+        """Every item has ended (``items``, as they stand): record the checkpoint
+        Succeeded with the results in the items' order, or Failed with the first
+        failure, and how each item ended on its row."""
         replay = self._replay
         key, kind = step.key, step.kind
-        items = store.items_of(step)
         failed = [item for item in items if item.status != StepStatus.SUCCEEDED]
         attempts = max(item.attempts for item in items)
         now = replay.now()
         with replay.write():
+            store.record_items(step, items, now)
             if failed:
                 first = failed[0]
                 error_type = first.error_type or "Cancelled"

@@ -29,6 +29,7 @@ from django.db import DatabaseError, DataError, InterfaceError, OperationalError
 from jobs.attempts import timed_out_error
 from jobs.context import JobContext
 from jobs.handlers import PermanentFailure, Snooze, get_handler
+from jobs.validation import MAX_TEXT_LENGTH as MAX_RESULT_REF
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 from ledon.tracing import AttributeValue
@@ -246,10 +247,15 @@ def _log_failed(run: DrivenRun, error: str, failed_step: str) -> None:
     )
 
 
-def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
+def run_item(spec: registry.ActivitySpec, job: JobContext) -> str | None:
     """One try of an activity item (its job's handler): call the activity with the
-    item's arguments and record its result.
+    item's arguments and return its result (JSON text), which the job's own finish
+    records (fenced by the attempt's token, as every finish is).
 
+    A job's first try reads its item from its sealed payload, with no query
+    (:func:`workflows.store.sealed_item`); a try again, or a job without the seal,
+    is checked and counted on the item's row (:func:`workflows.store.start_item`),
+    and a job without the seal (an older version's) records its result there too.
     A try that raises is a failed attempt of the job, with its error: the jobs'
     retry policy (the activity's back-off) tries it again while the activity's
     retries last, and the item's failure is recorded by the last one. A try that
@@ -258,6 +264,51 @@ def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
     database outage while the item is read or recorded is not the activity's
     failure: the job waits and runs again, no attempt used.
     """
+    sealed = store.sealed_item(job.scope_hash, job.job_id, job.payload)
+    if sealed is not None and job.claim.attempt == 1:
+        item_pk, count, args_json = sealed.pk, sealed.count, sealed.args_json
+        item: Item | None = None
+    else:
+        item = _started(job)
+        if item is None:
+            return None
+        item_pk, count, args_json = item.pk, None, item.args_json
+    call = validation.from_json(args_json)
+    args: list[Any] = call.get("args", [])
+    kwargs: dict[str, Any] = call.get("kwargs", {})
+    _activity_context.ctx = job
+    try:
+        value = spec.func(*args, **kwargs)
+        result_json = validation.to_json(value, f"the result of activity {spec.name!r}")
+        if job.timed_out:
+            # Whatever it returned: its attempt fails with JobTimedOut (the jobs' rule).
+            raise timed_out_error(get_handler(job.handler, job.version), abandoned=False)
+        store.check_results_size(item_pk, result_json, count)
+    except Exception as exc:
+        _failed_try(item_pk, item, job, exc)
+        raise
+    finally:
+        _activity_context.ctx = None
+    fault_point("workflows.item.before_record", item=item_pk)
+    if sealed is not None and len(result_json) <= MAX_RESULT_REF:
+        return result_json
+    # A job of an older version (its run woken by the items' rows), or a result
+    # longer than a job's result holds: written on the item's row (fenced the same).
+    with _outage_waits():
+        store.end_item(
+            item or store.item_at(item_pk),
+            StepStatus.SUCCEEDED,
+            current_time(),
+            result_json=result_json,
+            token=job.token,
+            attempts=job.claim.attempt,
+        )
+    return None
+
+
+def _started(job: JobContext) -> Item | None:
+    """Count this try on the job's item's row and return the item; None if the item
+    ended already (the job ends as its item did)."""
     payload = job.payload
     item_pk = payload.get("item") if isinstance(payload, dict) else None
     if not isinstance(item_pk, int) or isinstance(item_pk, bool):
@@ -269,28 +320,8 @@ def run_item(spec: registry.ActivitySpec, job: JobContext) -> None:
         item = store.start_item(item_pk, job.scope_hash, job.job_id, current_time())
     if item.status != StepStatus.RUNNING:
         _ended_already(item)
-        return
-    call = validation.from_json(item.args_json)
-    args: list[Any] = call.get("args", [])
-    kwargs: dict[str, Any] = call.get("kwargs", {})
-    _activity_context.ctx = job
-    try:
-        value = spec.func(*args, **kwargs)
-        result_json = validation.to_json(value, f"the result of activity {spec.name!r}")
-        if job.timed_out:
-            # Whatever it returned: its attempt fails with JobTimedOut (the jobs' rule).
-            raise timed_out_error(get_handler(job.handler, job.version), abandoned=False)
-        store.check_results_size(item, result_json)
-    except Exception as exc:
-        _failed_try(item, job, exc)
-        raise
-    finally:
-        _activity_context.ctx = None
-    fault_point("workflows.item.before_record", item=item.pk)
-    with _outage_waits():
-        store.end_item(
-            item, StepStatus.SUCCEEDED, current_time(), result_json=result_json, token=job.token
-        )
+        return None
+    return item
 
 
 @contextmanager
@@ -315,15 +346,18 @@ def _ended_already(item: Item) -> None:
     )
 
 
-def _failed_try(item: Item, job: JobContext, exc: Exception) -> None:
-    """Record a failed try on its item: its error while the job will try again, the
-    item's failure when this was the last try (the job's own rule decides:
-    :meth:`jobs.handlers.HandlerSpec.failure`). A try stopped by the worker's
-    shutdown is given back, not failed: nothing is recorded."""
+def _failed_try(item_pk: int, item: Item | None, job: JobContext, exc: Exception) -> None:
+    """Record a failed try on its item (``item``, or read by ``item_pk``): its error
+    while the job will try again, the item's failure when this was the last try
+    (the job's own rule decides: :meth:`jobs.handlers.HandlerSpec.failure`). A try
+    stopped by the worker's shutdown is given back, not failed: nothing is
+    recorded."""
     if job.stopped_by_shutdown:
         return
     error_type, message = error_parts(exc)
     _, retry_at = get_handler(job.handler, job.version).failure(job, exc, current_time())
+    if item is None:
+        item = store.item_at(item_pk)
     if retry_at is not None:
         store.record_item_error(item, error_type, message)
         return
@@ -334,4 +368,5 @@ def _failed_try(item: Item, job: JobContext, exc: Exception) -> None:
         error_type=error_type,
         error=message,
         token=job.token,
+        attempts=job.claim.attempt,
     )

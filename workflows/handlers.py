@@ -1,15 +1,16 @@
-"""The job handlers of the workflows app: the one that advances runs, and one per
-activity (named as the activity) that runs its items.
+"""The job handlers of the workflows app: the one that advances runs, the one that
+wakes a run once its map's item jobs all ended, and one per activity (named as the
+activity) that runs its items.
 
 Registered in every process by the app's config when Django is ready
-(``WorkflowsConfig.wire_up``): the advance's when this module is imported, an
-activity's as the registry records it (those declared before and after ready alike,
-through :func:`workflows.registry.watch_activities`), so any ``run_jobs`` worker runs
-them. Both
-act only on what their job was staged for (its scope and id are checked, see
-:func:`workflows.store.staged_advance` and :func:`workflows.store.start_item`): a
-job of another scope, or with another id, fails with
-:class:`~workflows.exceptions.UntrustedJob` and touches no run or item.
+(``WorkflowsConfig.wire_up``): the advance's and the wake's when this module is
+imported, an activity's as the registry records it (those declared before and after
+ready alike, through :func:`workflows.registry.watch_activities`), so any
+``run_jobs`` worker runs them. All act only on what their job was staged for (its
+scope and id are checked, see :func:`workflows.store.staged_advance`,
+:func:`workflows.store.items_ended`, and :func:`workflows.store.sealed_item` or
+:func:`workflows.store.start_item`): a job of another scope, or with another id,
+fails with :class:`~workflows.exceptions.UntrustedJob` and touches no run or item.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from jobs.handlers import JobContext, RetryPolicy, Snooze, job_handler
 from jobs.store.finishing import MAX_SNOOZES_LIMIT
 
 from .conf import retry_pace
-from .engine import VersionMissing, advance, run_item
+from .engine import VersionMissing, advance, current_time, run_item
 from .exceptions import InvalidWorkflow
 from .registry import ActivitySpec
-from .store import ADVANCE_HANDLER, staged_advance
+from .store import ADVANCE_HANDLER, ITEMS_ENDED_HANDLER, items_ended, staged_advance
 
 
 # The advance snoozes while no worker has the run's version (a deploy must never
@@ -43,6 +44,13 @@ def advance_run(ctx: JobContext) -> None:
         raise Snooze(jobs_settings().UNKNOWN_HANDLER_RETRY_DELAY) from None
 
 
+@job_handler(ITEMS_ENDED_HANDLER, version=1, max_snoozes=MAX_SNOOZES_LIMIT, library=True)
+def wake_after_items(ctx: JobContext) -> None:
+    """The ``then`` job of a map's item jobs, queued by the statement that ended the
+    last of them: wake the run (see :func:`workflows.store.items_ended`)."""
+    items_ended(ctx.scope_hash, ctx.job_id, ctx.payload, current_time())
+
+
 class ActivityRetry(RetryPolicy):
     """The back-off between an activity's tries (its item job's attempts): the
     inline steps' own, ``WORKFLOWS``' ``RETRY_*`` keys, read at each retry."""
@@ -58,8 +66,8 @@ def register_activity_handler(spec: ActivitySpec) -> None:
     refuse (a job handler of that name already, a bad limit) is
     :class:`~workflows.exceptions.InvalidWorkflow`."""
 
-    def run_activity_item(ctx: JobContext) -> None:
-        run_item(spec, ctx)
+    def run_activity_item(ctx: JobContext) -> str | None:
+        return run_item(spec, ctx)
 
     run_activity_item.__qualname__ = f"activity[{spec.name}]"
     # Snoozes wait out a database outage while the item is read or recorded (no

@@ -29,8 +29,9 @@ def on_attempt_finished(
     that the run is not left waiting for it; an advance job that did lets another
     advance take its run. An item job that ended Cancelled without its handler
     recording the item (cancelled while it waited in a worker's look-ahead) ends its
-    item Cancelled; a cancelled advance job cancels its run. Only the jobs the engine
-    staged do any of this (their scope and id are checked)."""
+    item Cancelled; a cancelled advance job cancels its run; the job that wakes a run
+    after its map's items, failed for good, wakes it once more. Only the jobs the
+    engine staged do any of this (their scope and id are checked)."""
     if outcome is FinishOutcome.CANCELLED:
         on_queued_job_cancelled(sender, scope_hash=claim.scope_hash, job_id=claim.job_id)
         return
@@ -38,6 +39,11 @@ def on_attempt_finished(
         return
     if claim.handler == store.ADVANCE_HANDLER:
         store.release(claim.scope_hash, claim.job_id, current_time())
+        return
+    if claim.handler == store.ITEMS_ENDED_HANDLER:
+        # The job that wakes a run after its map's items failed for good (its tries
+        # spent on an outage): the wake is tried once more, as its handler would.
+        store.then_job_ended(claim.scope_hash, claim.job_id, claim.payload, current_time())
         return
     if not claim.job_id.startswith(store.ITEM_JOB_PREFIX):
         return

@@ -134,8 +134,10 @@ def cancel_statements(items: int, running: int) -> list[str]:
 
 def test_a_cancelled_runs_item_jobs_are_cancelled_in_a_few_statements_however_many():
     """One statement per item job was 10,000 statements for a 10,000-item map: the
-    queued ones end Cancelled, the running ones are asked to stop, one statement
-    each, whatever the map's size."""
+    queued ones end Cancelled (and the ``then`` job that statement queued, in a
+    second), the running ones are asked to stop, the items their jobs recorded keep
+    their results, and the run's wake-ups are dropped: one statement each, whatever
+    the map's size."""
     small = cancel_statements(6, 2)
     large = cancel_statements(60, 20)
-    assert len(large) == len(small) <= 3, large
+    assert len(large) == len(small) <= 5, large

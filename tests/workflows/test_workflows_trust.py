@@ -5,6 +5,7 @@ with ``UntrustedJob`` and changes nothing of that run, on both databases."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from jobs import JobScope, JobStatus, JobSubmission, submit_job
 from jobs.models import Job
 from jobs.testing import run_jobs_inline
 from jobs.types import FinishOutcome
-from workflows import RunStatus, WorkflowScope, start_workflow
+from workflows import RunStatus, WorkflowScope, start_workflow, store
 from workflows.models import WorkflowItem, WorkflowRun, WorkflowSignal, WorkflowStep
 from workflows.store import ADVANCE_HANDLER, advance_scope_hash, take
 from workflows.testing import run_workflow, run_workflows_inline
@@ -50,6 +51,8 @@ def test_a_tenant_b_job_with_an_engine_handler_and_tenant_a_ids_changes_nothing_
     mapped = WorkflowRun.objects.get(run_id="a-map")
     items = list(WorkflowItem.objects.filter(step__run=mapped).order_by("index"))
     assert [item.status for item in items] == ["running", "running"]
+    sealed_payload = Job.objects.get(job_id=items[0].job_id).payload_json
+    then_id = items[0].job_id.rsplit(":", 1)[0] + ":then"
 
     # Tenant B knows (or guesses) A's ids and submits jobs of the engine's handlers.
     forged = [
@@ -57,10 +60,13 @@ def test_a_tenant_b_job_with_an_engine_handler_and_tenant_a_ids_changes_nothing_
         (held_job, ADVANCE_HANDLER, {"run": held.pk}),
         # Wake A's waiting run.
         (f"wf:{mapped.pk}.0:items:forged", ADVANCE_HANDLER, {"run": mapped.pk}),
-        # Run A's item under the item job's own id, and under another id.
-        (items[0].job_id, "checks.double", {"item": items[0].pk}),
+        # Run A's item under the item job's own id (its sealed payload copied whole:
+        # sealed for A's scope only), and under another id.
+        (items[0].job_id, "checks.double", json.loads(sealed_payload)),
         ("wf-item:forged", "checks.double", {"item": items[1].pk}),
         ("no-item", "checks.double", {"run": mapped.pk}),
+        # Wake A's run as the job that follows its items would.
+        (then_id, store.ITEMS_ENDED_HANDLER, {"step": items[0].step_id}),
     ]
     for job_id, handler, payload in forged:
         submit_job(TENANT_B, job_id, JobSubmission.create(handler, payload, queue=EVIL))
@@ -107,9 +113,19 @@ def test_item_job_ids_hold_a_part_no_one_can_guess():
     assert all(len(part) == 20 for part in random_parts)
     # One random part per batch of items: the two maps' differ.
     assert random_parts[0] == random_parts[1] == random_parts[2] != random_parts[3]
-    # Each is the id of a job of the run's own scope, staged for its item.
+    # Each is the id of a job of the run's own scope, staged for its item, and its
+    # payload is sealed for that job only: the same payload under another id or in
+    # another scope names no item without the item's row being checked.
     for item in WorkflowItem.objects.all():
         job = Job.objects.get(job_id=item.job_id)
         assert job.scope_hash == JobScope(TENANT_A).scope_hash
-        assert job.payload_json == f'{{"item":{item.pk}}}'
+        payload = json.loads(job.payload_json)
+        assert (payload["item"], payload["args"]) == (item.pk, item.args_json)
+        sealed = store.sealed_item(job.scope_hash, job.job_id, payload)
+        assert sealed is not None
+        assert sealed.pk == item.pk
+        assert store.sealed_item(JobScope(TENANT_B).scope_hash, job.job_id, payload) is None
+        assert store.sealed_item(job.scope_hash, job.job_id + "0", payload) is None
+        forged = {**payload, "args": '{"args":[{"run":"a-ids","value":99}],"kwargs":{}}'}
+        assert store.sealed_item(job.scope_hash, job.job_id, forged) is None
     assert advance_scope_hash() != JobScope(TENANT_A).scope_hash

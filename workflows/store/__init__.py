@@ -19,10 +19,14 @@ typed error. Nothing else in the app writes to the workflows tables.
                                 -> WAITING + a new advance job; the runs
                                 of advance jobs ended unheard, in batches
     insert_step / update_step . a checkpoint recorded, moved on (fenced)     checkpoints
-    insert_items .............. a map's items and their jobs, in batches     items
-    start_item / end_item ..... an item's tries and its end (its own row)    items
-    fan_in .................... after an item's end: none left running ->   items
-                                wake the run
+    insert_items .............. a map's items and their jobs: one bulk       items
+                                submit, a jobs batch with a ``then`` job
+    start_item / end_item ..... an unsealed try counted; an end that is not  items
+                                its job's own (a failure), on its own row
+    record_items .............. the fan-in: how the items ended (their jobs  fanning
+                                recorded the successes) onto their rows
+    fan_in / items_ended ...... none left -> wake the run (the ``then`` job  fanning
+                                of the item jobs, or an end on a row)
     send_signal ............... (new signal); wakes the run if it waits      signalling
                                 for it
     cancel .................... WAITING -> CANCELLED; RUNNING -> cancel      control
@@ -64,20 +68,31 @@ from .driving import (
     suspend,
     take,
 )
+from .fanning import (
+    ITEM_JOB_PREFIX,
+    ITEMS_ENDED_HANDLER,
+    ended_by_jobs,
+    fan_in,
+    items_ended,
+    items_left,
+    items_of,
+    record_items,
+    then_job_ended,
+)
 from .forking import fork, identity
 from .items import (
     ITEM_BATCH,
-    ITEM_JOB_PREFIX,
+    SealedItem,
     end_item,
     end_items_of_ended_jobs,
-    fan_in,
     insert_items,
+    item_at,
     item_job_cancelled,
     item_job_ended,
-    items_left,
-    items_of,
+    items_per_transaction,
     items_queued,
     record_item_error,
+    sealed_item,
     start_item,
 )
 from .many import cancel_runs_many, resume_runs_many
@@ -98,10 +113,12 @@ from .waking import (
 __all__ = [
     "ADVANCE_HANDLER",
     "ADVANCE_JOB_PREFIX",
+    "ITEMS_ENDED_HANDLER",
     "ITEM_BATCH",
     "ITEM_JOB_PREFIX",
     "Driver",
     "RunInFlight",
+    "SealedItem",
     "StaleDriver",
     "Suspended",
     "advance_job_cancelled",
@@ -123,6 +140,7 @@ __all__ = [
     "drop_wakes",
     "end_item",
     "end_items_of_ended_jobs",
+    "ended_by_jobs",
     "fan_in",
     "finish",
     "fork",
@@ -132,16 +150,20 @@ __all__ = [
     "in_flight_versions",
     "insert_items",
     "insert_step",
+    "item_at",
     "item_job_cancelled",
     "item_job_ended",
+    "items_ended",
     "items_left",
     "items_of",
+    "items_per_transaction",
     "items_queued",
     "list_runs",
     "load_steps",
     "load_steps_of",
     "purge_finished",
     "record_item_error",
+    "record_items",
     "refuse_hopeless_resume",
     "release",
     "release_runs_of_ended_jobs",
@@ -149,6 +171,7 @@ __all__ = [
     "resume_run",
     "resume_runs_many",
     "runs_in_flight",
+    "sealed_item",
     "send_signal",
     "signal_payload",
     "snapshot",
@@ -156,6 +179,7 @@ __all__ = [
     "start_item",
     "suspend",
     "take",
+    "then_job_ended",
     "time_out",
     "timed_out_error",
     "update_step",

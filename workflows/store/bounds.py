@@ -9,8 +9,9 @@ from django.db.models import Count, Func, Sum
 
 from ..conf import workflows_settings
 from ..exceptions import ResultsTooLarge, ResumeWouldFail, TooManyItems
-from ..models import WorkflowItem, WorkflowStep
-from ..types import Item, StepKind, StepStatus
+from ..models import WorkflowItem, WorkflowRun, WorkflowStep
+from ..types import StepKind, StepStatus
+from .fanning import left, recorded_jobs
 
 
 def check_item_count(key: str, count: int) -> None:
@@ -33,32 +34,50 @@ class _OctetLength(Func):
         return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))")
 
 
-def _results_bytes(step_id: int, *, excluding: int | None = None) -> tuple[int, int]:
-    """(items succeeded, bytes of their results' JSON) of step ``step_id``."""
-    rows = WorkflowItem.objects.filter(step_id=step_id, status=StepStatus.SUCCEEDED)
+def _results_bytes(
+    step_id: int, scope_hash: str, *, excluding: int | None = None
+) -> tuple[int, int]:
+    """(items succeeded, bytes of their results' JSON) of step ``step_id``: on their
+    rows, and in their jobs for those their jobs recorded (see :mod:`.fanning`; the
+    step's run is of ``scope_hash``)."""
+    rows = WorkflowItem.objects.filter(step_id=step_id)
     if excluding is not None:
         rows = rows.exclude(pk=excluding)
-    totals = rows.aggregate(count=Count("id"), size=Sum(_OctetLength("result_json")))
-    return totals["count"] or 0, totals["size"] or 0
+    on_rows = rows.filter(status=StepStatus.SUCCEEDED).aggregate(
+        count=Count("id"), size=Sum(_OctetLength("result_json"))
+    )
+    in_jobs = recorded_jobs(rows, scope_hash).aggregate(
+        count=Count("id"), size=Sum(_OctetLength("result_ref"))
+    )
+    count = (on_rows["count"] or 0) + (in_jobs["count"] or 0)
+    return count, (on_rows["size"] or 0) + (in_jobs["size"] or 0)
 
 
-def check_results_size(item: Item, result_json: str) -> None:
-    """:class:`ResultsTooLarge` if ``item``'s result would make its map's results,
+def check_results_size(item_pk: int, result_json: str, count: int | None = None) -> None:
+    """:class:`ResultsTooLarge` if item ``item_pk``'s result would make its map's results,
     as one JSON list, larger than ``WORKFLOWS["MAX_VALUE_BYTES"]`` (checked as each
     item ends, not once they all ran: the map fails on the item that does not fit).
 
-    A result within its share of the bound (the bound over the map's item count)
-    always fits: no query. A larger one is added to the results recorded so far,
-    counting every item not ended yet as the shortest result."""
+    A result within its share of the bound (the bound over the map's item count,
+    ``count`` if the caller knows it) always fits: no query. A larger one is added
+    to the results recorded so far, counting every item not ended yet as the
+    shortest result."""
     bound = workflows_settings().MAX_VALUE_BYTES
     size = len(result_json.encode("utf-8"))
-    count = (
-        WorkflowStep.objects.filter(pk=item.step_id).values_list("item_count", flat=True).first()
-    )
     # A list of n results is "[" + n results joined by "," + "]": 1 + sum(size + 1).
-    if count is None or count <= 1 or 1 + (size + 1) * count <= bound:
+    if count is not None and (count <= 1 or 1 + (size + 1) * count <= bound):
         return
-    ended, ended_bytes = _results_bytes(item.step_id, excluding=item.pk)
+    found = (
+        WorkflowItem.objects.filter(pk=item_pk)
+        .values_list("step_id", "step__item_count", "step__run__scope_hash")
+        .first()
+    )
+    if found is None:
+        return
+    step_id, count, scope_hash = found
+    if count <= 1 or 1 + (size + 1) * count <= bound:
+        return
+    ended, ended_bytes = _results_bytes(step_id, scope_hash, excluding=item_pk)
     least = 1 + (ended_bytes + ended) + (size + 1) + 2 * (count - ended - 1)
     if least > bound:
         raise ResultsTooLarge(
@@ -76,13 +95,14 @@ def refuse_hopeless_resume(run_pk: int, run_id: str) -> None:
     ``WORKFLOWS["MAX_VALUE_BYTES"]`` (recorded before the bound was checked as
     items end, or under a larger bound) would be replayed to the same failure."""
     bound = workflows_settings().MAX_VALUE_BYTES
+    scope_hash = WorkflowRun.objects.filter(pk=run_pk).values_list("scope_hash", flat=True)[0]
     running = WorkflowStep.objects.filter(
         run_id=run_pk, kind=StepKind.MAP, status=StepStatus.RUNNING
     ).values_list("pk", "key", "item_count")
     for step_pk, key, count in running:
-        if WorkflowItem.objects.filter(step_id=step_pk, status=StepStatus.RUNNING).exists():
+        if left(WorkflowItem.objects.filter(step_id=step_pk), scope_hash).exists():
             continue
-        succeeded, size = _results_bytes(step_pk)
+        succeeded, size = _results_bytes(step_pk, scope_hash)
         if succeeded == count and 1 + size + count > bound:
             raise ResumeWouldFail(
                 f"run {run_id!r}: the results of map {key!r} are {1 + size + count} "

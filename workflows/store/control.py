@@ -22,7 +22,7 @@ from ..types import CancelOutcome, RunSnapshot, RunStatus, StepKind, StepStatus,
 from .base import alias, current_time, ended, run_in_scope
 from .bounds import refuse_hopeless_resume
 from .deadlines import deadline_passed, stage_deadline, timed_out_error
-from .items import batch_prefix
+from .fanning import batch_prefix, record_succeeded
 from .reads import snapshot
 from .waking import (
     ADVANCE_JOB_PREFIX,
@@ -88,10 +88,11 @@ def cancel_dependents_of(run_pks: Sequence[int], now: datetime) -> None:
     and mark their open checkpoints Cancelled: a few statements however many runs.
 
     The items' jobs go by their batches' id prefixes (an item's job id names its
-    run, its generation and a random part per batch of :data:`ITEM_BATCH`, so a
-    prefix names exactly the jobs staged with that batch): Queued ones end Cancelled
-    and Running ones are asked to stop, one statement each per scope however large
-    the maps."""
+    run, its generation and a random part per map, so a prefix names exactly the
+    jobs staged with that map, and its ``then`` job): Queued ones end Cancelled and
+    Running ones are asked to stop, one statement each per scope however large the
+    maps. The items their jobs recorded before the cancel keep their results
+    (copied onto their rows, one statement per scope)."""
     children = WorkflowRun.objects.filter(parent_id__in=run_pks, status__in=RunStatus.unfinished())
     for child_pk in children.values_list("pk", flat=True):
         cancel_run(child_pk, now)
@@ -100,8 +101,12 @@ def cancel_dependents_of(run_pks: Sequence[int], now: datetime) -> None:
     for scope_hash, job_id in running.values_list("step__run__scope_hash", "job_id"):
         batches.setdefault(scope_hash, set()).add(batch_prefix(job_id))
     for scope_hash, prefixes in batches.items():
+        # Twice: the statement that cancels a map's last queued item jobs queues
+        # their batch's ``then`` job (it ends the batch), which has nothing to wake.
+        job_store.cancel_queued(scope_hash, sorted(prefixes), now=now)
         job_store.cancel_queued(scope_hash, sorted(prefixes), now=now)
         job_store.cancel_running(scope_hash, sorted(prefixes), now=now)
+        record_succeeded(running.filter(step__run__scope_hash=scope_hash), scope_hash, now)
     running.update(status=StepStatus.CANCELLED, finished_at=now)
     WorkflowStep.objects.filter(
         run_id__in=run_pks, status__in=(StepStatus.RUNNING, StepStatus.WAITING)

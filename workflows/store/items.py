@@ -1,109 +1,189 @@
-"""Activity items and fan-in: a map's items and their jobs queued in batches, each
-try counted and each end recorded on the item's own row, and the run woken once
-none is left running; items whose job ended without recording them are ended."""
+"""Activity items: a map's items and their jobs queued in one bulk submit inside the
+advance's fenced transaction, each job sealed for its item; an item's tries counted
+on its own row when its job cannot show the seal, and its end written on its row
+when it fails for good or its job ends outside its activity (an item that succeeds
+is recorded by its job's own finish: :mod:`.fanning`)."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
 from dataclasses import fields as fields_of
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet, Subquery
+from django.utils.crypto import salted_hmac
 
 from jobs import store as job_store
 from jobs.models import Job
 from jobs.types import FINISHED_STATUSES, JobStatus, JobSubmission
 from ledon.errors import storable_text
 from ledon.faults import fault_point
-from ledon.values import from_row
 
+from ..conf import workflows_settings
 from ..exceptions import UntrustedJob
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
-from ..types import Checkpoint, DrivenRun, Item, RunStatus, StepStatus
+from ..types import Checkpoint, DrivenRun, Item, StepStatus
 from .base import alias
-from .waking import wake
+from .fanning import (
+    ITEM_JOB_PREFIX,
+    ITEMS_ENDED_HANDLER,
+    batch_prefix,
+    fan_in,
+    is_then_job,
+    item_of,
+    job_ending,
+    job_tries,
+    queued,
+)
+from .waking import ADVANCE_MAX_ATTEMPTS
 
-#: Items (with their jobs) queued per transaction: a large map is queued in
-#: batches, each its own fenced transaction, so that no write lock is held long.
+#: Items the upkeep ends per pass (:func:`end_items_of_ended_jobs`), and items queued
+#: per transaction on SQLite (:func:`items_per_transaction`).
 ITEM_BATCH = 500
 
 
-#: The prefix of every item job's id (see :func:`insert_items`).
-ITEM_JOB_PREFIX = "wf-item:"
+def items_per_transaction() -> int | None:
+    """How many items (and their jobs) a transaction queues: all of a map on
+    PostgreSQL (None), which locks rows, not the database; :data:`ITEM_BATCH` on
+    SQLite, whose one write lock would keep every other writer (a worker's claim, a
+    ``start_workflow``) waiting while a large map is queued."""
+    if transaction.get_connection(alias()).vendor == "sqlite":
+        return ITEM_BATCH
+    return None
 
 
-def batch_prefix(job_id: str) -> str:
-    """The start of the ids of the item jobs staged with the one of ``job_id``:
-    ``wf-item:{run}.{generation}:{nonce}:`` (all but the item's index)."""
-    return job_id[: job_id.rindex(":") + 1]
+#: The salt of an item job's seal (see :func:`insert_items`).
+_SEAL_SALT = "workflows.item"
+
+
+def _sealer(scope_hash: str, count: int) -> Callable[[str, int, str], str]:
+    """The seal of an item job of scope ``scope_hash`` of a map of ``count`` items,
+    given its id, its item's id and arguments: an HMAC under the project's
+    ``SECRET_KEY`` (a key of its own, derived from it once per map)."""
+    key = salted_hmac(_SEAL_SALT, "", algorithm="sha256").digest()
+
+    def seal(job_id: str, item_pk: int, args_json: str) -> str:
+        value = "\x1f".join((scope_hash, job_id, str(item_pk), str(count), args_json))
+        return hmac.new(key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+    return seal
+
+
+@dataclass(frozen=True, slots=True)
+class SealedItem:
+    """An item as its job's sealed payload names it: its row's id, its map's item
+    count and its arguments (JSON text)."""
+
+    pk: int
+    count: int
+    args_json: str
+
+
+def sealed_item(scope_hash: str, job_id: str, payload: Any) -> SealedItem | None:
+    """The item job ``job_id`` of scope ``scope_hash`` was staged for, read from its
+    payload without a query when the payload's seal is the one :func:`insert_items`
+    made for that job (its scope, its id, the item and its arguments, under the
+    project's ``SECRET_KEY``). None otherwise (a job of an older version, a key
+    rotated since, a job the engine did not stage): its item is then checked, and
+    its try counted, by :func:`start_item`."""
+    if not isinstance(payload, dict):
+        return None
+    item_pk, count = payload.get("item"), payload.get("of")
+    args_json, seal = payload.get("args"), payload.get("seal")
+    if (
+        not isinstance(item_pk, int)
+        or not isinstance(count, int)
+        or not isinstance(args_json, str)
+        or not isinstance(seal, str)
+    ):
+        return None
+    expected = _sealer(scope_hash, count)(job_id, item_pk, args_json)
+    if not hmac.compare_digest(seal.encode("utf-8", "surrogatepass"), expected.encode()):
+        return None
+    return SealedItem(pk=item_pk, count=count, args_json=args_json)
 
 
 def insert_items(
     run: DrivenRun, step: Checkpoint, activity: Any, args: list[str], *, start: int = 0
 ) -> None:
     """Items ``start`` … ``start + len(args) - 1`` of an activity or map step and one
-    job per item, each inserted in bulk (inside a fenced transaction; the caller
-    queues at most :data:`ITEM_BATCH` at a time), in the run's scope so per-scope
-    limits apply to them.
+    job per item, inside the caller's fenced transaction: one bulk insert of the
+    items, then one jobs batch (its row and every job in one bulk submit) in the
+    run's scope, so per-scope limits apply to them. The batch's ``then`` job
+    (:data:`ITEMS_ENDED_HANDLER`) wakes the run once every item job has ended.
 
-    An item's job runs it only if the job is the one staged here (its scope and id,
-    see :func:`start_item`); the id holds a random part, so no one can take it
-    before it is staged. The activity's retries are the job's: ``retries + 1``
-    attempts, the activity's back-off between them (its handler's policy).
+    An item's job runs it only if the job is the one staged here: its payload
+    carries the item's arguments under a seal of its scope and id (see
+    :func:`sealed_item`), and a job without it is checked against the item's row
+    (:func:`start_item`). The id holds a random part, so no one can take it before
+    it is staged. The activity's retries are the job's: ``retries + 1`` attempts,
+    the activity's back-off between them (its handler's policy).
     """
-    nonce = secrets.token_hex(10)
-    items = [
-        WorkflowItem(
-            step_id=step.pk,
-            index=index,
-            status=StepStatus.RUNNING,
-            args_json=args_json,
-            job_id=f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{nonce}:{index}",
+    prefix = f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{secrets.token_hex(10)}:"
+    ids = _insert_rows(step.pk, start, prefix, args)
+    count = step.item_count
+    seal = _sealer(run.scope_hash, count)
+    jobs = []
+    for index, (item_pk, args_json) in enumerate(zip(ids, args, strict=True), start):
+        job_id = f"{prefix}{index}"
+        payload = {"item": item_pk, "of": count, "args": args_json}
+        payload["seal"] = seal(job_id, item_pk, args_json)
+        sub = JobSubmission.create(
+            activity.name, payload, queue=activity.queue, max_attempts=activity.retries + 1
         )
-        for index, args_json in enumerate(args, start)
-    ]
-    WorkflowItem.objects.bulk_create(items)
-    if any(item.pk is None for item in items):  # a database that returns no ids
-        ids = dict(
-            WorkflowItem.objects.filter(
-                step_id=step.pk, index__gte=start, index__lt=start + len(items)
-            ).values_list("index", "pk")
-        )
-        for item in items:
-            item.pk = ids[item.index]
-    job_store.stage_many(
-        [
-            (
-                run.scope_hash,
-                item.job_id,
-                JobSubmission.create(
-                    activity.name,
-                    {"item": item.pk},
-                    queue=activity.queue,
-                    max_attempts=activity.retries + 1,
-                ),
-            )
-            for item in items
-        ]
+        jobs.append((job_id, sub))
+    then = JobSubmission.create(
+        ITEMS_ENDED_HANDLER,
+        {"step": step.pk},
+        queue=workflows_settings().ADVANCE_QUEUE,
+        max_attempts=ADVANCE_MAX_ATTEMPTS,
     )
+    job_store.stage_batch(run.scope_hash, prefix[:-1], jobs, then)
+
+
+def _insert_rows(step_pk: int, start: int, prefix: str, args: list[str]) -> list[int]:
+    """Insert items ``start`` … of step ``step_pk``, Running, their arguments
+    ``args`` and their jobs' ids ``prefix`` + index: one statement whatever their
+    number (the arguments as one JSON list, no model instance each); their ids, in
+    their order."""
+    connection = transaction.get_connection(alias())
+    q = connection.ops.quote_name
+    columns = ", ".join(
+        q(name)
+        for name in (
+            "step_id", "index", "job_id", "args_json", "status", "attempts", "error_type", "error",
+        )
+    )  # fmt: skip
+    if connection.vendor == "postgresql":
+        elements = "json_array_elements_text(%s::json) WITH ORDINALITY AS e(value, n)"
+        index = "(e.n - 1 + %s)::integer"
+    else:
+        elements = "json_each(%s) AS e"
+        index = "(e.key + %s)"
+    sql = (
+        f"INSERT INTO {q(WorkflowItem._meta.db_table)} ({columns})"
+        f" SELECT %s, {index}, %s || {index}, e.value, %s, 0, '', '' FROM {elements}"
+        f" RETURNING {q('id')}, {q('index')}"
+    )
+    params = [step_pk, start, prefix, start, StepStatus.RUNNING.value, json.dumps(args)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        ids = dict((index, pk) for pk, index in cursor.fetchall())
+    return [ids[index] for index in range(start, start + len(args))]
 
 
 def items_queued(step: Checkpoint) -> int:
-    """How many items of ``step`` are queued (inserted) so far: a driver stopped
-    while it queued a large map's batches left fewer than ``item_count``."""
-    return _queued(step.pk)
-
-
-def _queued(step_pk: int) -> int:
-    last = (
-        WorkflowItem.objects.filter(step_id=step_pk)
-        .order_by("-index")
-        .values_list("index", flat=True)
-        .first()
-    )
-    return 0 if last is None else last + 1
+    """How many items of ``step`` are queued (inserted) so far: an older version,
+    which queued a large map in several transactions, may have stopped between
+    two of them and left fewer than ``item_count``."""
+    return queued(step.pk)
 
 
 #: What an item's try reads back from the statement that counts it: an :class:`Item`.
@@ -125,9 +205,9 @@ def start_item(item_pk: int, scope_hash: str, job_id: str, now: datetime) -> Ite
 
     Only the job staged for the item counts a try (the item names its job, and its
     run is of the job's scope): any other job is :class:`UntrustedJob`, and nothing
-    is written. One guarded ``UPDATE … RETURNING``, its own transaction: every item
-    of a map pays for it, so it is one round trip (only this item's job writes the
-    row while it runs).
+    is written. One guarded ``UPDATE … RETURNING``, its own transaction. A job's
+    first try whose payload shows its seal (:func:`sealed_item`) skips it: an item
+    that succeeds at once costs no statement of its own.
     """
     connection = transaction.get_connection(alias())
     ops = connection.ops
@@ -164,9 +244,9 @@ def start_item(item_pk: int, scope_hash: str, job_id: str, now: datetime) -> Ite
     return item_of(ended)
 
 
-def item_of(row: WorkflowItem) -> Item:
-    """The item ``row`` as its value."""
-    return from_row(Item, row, pk=row.pk, status=StepStatus(row.status))
+def item_at(item_pk: int) -> Item:
+    """Item ``item_pk`` as its row stands (a sealed job's try that must write on it)."""
+    return item_of(WorkflowItem.objects.get(pk=item_pk))
 
 
 def end_item(
@@ -178,6 +258,7 @@ def end_item(
     error_type: str = "",
     error: str = "",
     token: str | None = None,
+    attempts: int | None = None,
 ) -> bool:
     """Record an item's end (a guarded update of the item's own row, so items of one
     map never wait on each other's locks), then :func:`fan_in`. False if the item
@@ -186,20 +267,23 @@ def end_item(
     ``token``: the item job's attempt that ran this try. Its end is written only
     while that attempt is still the job's current one: a try that ran past its
     timeout, or whose lease another worker recovered, is fenced off like any late
-    finish, and the try that took over records the item."""
-    fault_point("workflows.map.fan_in", item=item.pk)
+    finish, and the try that took over records the item. ``attempts``: the tries
+    its job made (a first try read from the job's seal counted none on the row)."""
+    fault_point("workflows.item.before_end", item=item.pk)
     still_running = WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING)
     if token is not None:
         still_running = still_running.filter(
             Exists(Job.objects.filter(current_token=token, status=JobStatus.RUNNING))
         )
     # One guarded statement, its own transaction (one round trip, one commit).
+    fields: dict[str, Any] = {} if attempts is None else {"attempts": attempts}
     ended = still_running.update(
         status=status,
         result_json=result_json,
         error_type=error_type[:200],
         error=storable_text(error),
         finished_at=now,
+        **fields,
     )
     if ended:
         fault_point("workflows.map.item_ended", item=item.pk)
@@ -207,50 +291,11 @@ def end_item(
     return bool(ended)
 
 
-def fan_in(step_id: int, now: datetime) -> bool:
-    """After an item's end has committed: when every item of step ``step_id`` is
-    queued and none is left running, stage the advance that wakes its run. True if
-    it did (or found it staged).
-
-    Every item makes this check after its own commit, so the last of several items
-    that end at once sees them all ended; several may see it, and the wake's job id
-    (the step's) makes one job of them. An item job replayed after its item ended
-    (its worker killed between that commit and this check) makes it again, so no
-    wake-up is lost. While a large map's batches are still being queued, the items
-    of the first ones may all end: the run is not woken for them.
-    """
-    if WorkflowItem.objects.filter(step_id=step_id, status=StepStatus.RUNNING).exists():
-        return False  # the common answer, one index probe, no transaction
-    with transaction.atomic(using=alias()):
-        step = WorkflowStep.objects.filter(pk=step_id).first()
-        if step is None or _queued(step.pk) < step.item_count:
-            return False
-        run = (
-            WorkflowRun.objects.filter(pk=step.run_id, status__in=RunStatus.unfinished())
-            .values_list("pk", "generation")
-            .first()
-        )
-        if run is None:
-            return False
-        wake(run[0], run[1], "items", step.key, now=now)
-    return True
-
-
-def items_left(step: Checkpoint) -> int:
-    """How many items of ``step`` have not ended."""
-    return WorkflowItem.objects.filter(step_id=step.pk, status=StepStatus.RUNNING).count()
-
-
 def record_item_error(item: Item, error_type: str, error: str) -> None:
     """Keep a failed try's error on an item that will be tried again."""
     WorkflowItem.objects.filter(pk=item.pk, status=StepStatus.RUNNING).update(
         error_type=error_type[:200], error=storable_text(error)
     )
-
-
-def items_of(step: Checkpoint) -> list[Item]:
-    """The items of ``step``, in their order."""
-    return [item_of(row) for row in WorkflowItem.objects.filter(step_id=step.pk).order_by("index")]
 
 
 def item_job_ended(
@@ -282,7 +327,8 @@ def end_items_of_ended_jobs(
     """End up to ``limit`` items still Running whose job has ended for good without
     recording them, and return how many: the job ended Interrupted after its
     worker kept dying, or its worker was killed between the job's end and the
-    signal that ends the item. Their steps end, their runs are woken. ``job``
+    signal that ends the item. Their steps end, their runs are woken. An item its
+    job recorded (Succeeded with its result) is left to its run's fan-in. ``job``
     (scope hash, job id): only the item that job was staged for (the word of its
     end came: see :mod:`workflows.receivers`)."""
     ended_job = Job.objects.filter(
@@ -293,24 +339,24 @@ def end_items_of_ended_jobs(
     running = WorkflowItem.objects.filter(status=StepStatus.RUNNING)
     if job is not None:
         running = running & staged_items(*job)
+    recorded = ended_job.filter(status=JobStatus.SUCCEEDED, result_ref__isnull=False)
     items = (
         running.annotate(
             job_status=Subquery(ended_job.values("status")[:1]),
             job_error=Subquery(ended_job.values("error")[:1]),
+            job_tries=Subquery(ended_job.values(tries=job_tries())[:1]),
         )
         .filter(job_status__isnull=False)
+        .filter(~Exists(recorded))
         .order_by("pk")[:limit]
     )
     ended = 0
     for item in items:
-        status = JobStatus(item.job_status)
-        last_line = (item.job_error or "").strip().splitlines()[-1:] or [f"its job {status}"]
-        if status is JobStatus.CANCELLED:
-            outcome, error_type = StepStatus.CANCELLED, "Cancelled"
-        else:
-            outcome, error_type = StepStatus.FAILED, "ActivityJobEnded"
-        text = f"its job ended {status.label} without recording it: {last_line[0]}"
-        ended += end_item(item_of(item), outcome, now, error_type=error_type, error=text)
+        outcome, error_type, text = job_ending(item.job_status, item.job_error)
+        attempts = max(item.attempts, item.job_tries)
+        ended += end_item(
+            item_of(item), outcome, now, error_type=error_type, error=text, attempts=attempts
+        )
     return ended
 
 
@@ -318,9 +364,24 @@ def item_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> bool:
     """An item's job was cancelled before its handler recorded the item (its scope's
     caller or the admin cancelled it while Queued, or while it waited in a worker's
     look-ahead): record the item Cancelled so its step can end. False if ``job_id``
-    names no running item of that scope (any other job: no query)."""
+    names no running item of that scope (any other job: no query). The ``then``
+    job of a map's item jobs, cancelled, wakes the run if its items ended."""
     if not job_id.startswith(ITEM_JOB_PREFIX):
         return False
+    if is_then_job(job_id):
+        step_pk = (
+            WorkflowItem.objects.filter(
+                step__run__scope_hash=scope_hash, job_id__startswith=batch_prefix(job_id)
+            )
+            .values_list("step_id", flat=True)
+            .first()
+        )
+        if step_pk is None:
+            return False
+        # The items' ``then`` job, cancelled by the scope's caller: the run is woken
+        # all the same if its items ended (nothing else would wake it).
+        fan_in(step_pk, now)
+        return True
     run_pk = job_id.removeprefix(ITEM_JOB_PREFIX).split(".", 1)[0]
     if not run_pk.isdigit():
         return False

@@ -25,6 +25,7 @@ from ..types import (
 )
 from ..validation import from_json
 from .base import alias
+from .fanning import batch_counts, ended_by_jobs
 from .tags import carrying
 
 
@@ -86,6 +87,14 @@ def _steps_by_run(run_pks: list[int]) -> dict[int, tuple[StepSnapshot, ...]]:
                 .order_by()
             ):
                 counted.setdefault(step_id, {})[status] = n
+            # A map that has not fanned in yet: its items as their jobs stand.
+            running = StepStatus.RUNNING
+            open_steps = [
+                (row[0], row[1], row[12])
+                for row in rows
+                if row[3] in _WITH_ITEMS and row[4] == running
+            ]
+            counted.update(_as_jobs_stand(open_steps, counted))
         for (
             pk,
             run_pk,
@@ -119,6 +128,34 @@ def _steps_by_run(run_pks: list[int]) -> dict[int, tuple[StepSnapshot, ...]]:
                 )
             )
     return {pk: tuple(steps) for pk, steps in found.items()}
+
+
+def _as_jobs_stand(
+    steps: list[tuple[int, int, int]], counted: dict[int, dict[str, int]]
+) -> dict[int, dict[str, int]]:
+    """The items of the open ``steps`` (step, run, item count), ``counted`` on their
+    rows, counted as they stand with their jobs: from their jobs batch's counts, or
+    (a map an older version queued) the rows whose jobs ended moved to how they
+    ended."""
+    if not steps:
+        return {}
+    scopes = dict(
+        WorkflowRun.objects.filter(pk__in={run_pk for _, run_pk, _ in steps}).values_list(
+            "pk", "scope_hash"
+        )
+    )
+    stood = batch_counts([(pk, scopes[run_pk], count) for pk, run_pk, count in steps])
+    by_scope: dict[str, list[int]] = {}
+    for step_pk, run_pk, _ in steps:
+        if step_pk not in stood:
+            by_scope.setdefault(scopes[run_pk], []).append(step_pk)
+    for scope_hash, step_pks in by_scope.items():
+        for step_pk, ended in ended_by_jobs(step_pks, scope_hash).items():
+            by_status = stood[step_pk] = dict(counted.get(step_pk, {}))
+            for status, n in ended.items():
+                by_status[status] = by_status.get(status, 0) + n
+                by_status[StepStatus.RUNNING] = by_status.get(StepStatus.RUNNING, 0) - n
+    return stood
 
 
 def _counts(total: int, by_status: dict[str, int]) -> ItemCounts:

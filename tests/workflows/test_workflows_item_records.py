@@ -1,0 +1,117 @@
+"""An item that succeeds is recorded by its job's own finish: it costs no statement
+beyond its job's claim and finish, the run's picture counts it as its job stands
+until the fan-in copies it onto its row, and the fan-in reads the item jobs as one
+set, whatever the map's size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobs import JobContext, execution, job_handler
+from jobs.api import submit_batch
+from jobs.models import Job
+from jobs.signals import finished_attempt
+from jobs.testing import run_jobs_inline
+from jobs.types import FinishOutcome, JobSubmission
+from workflows import StepStatus, WorkflowContext, WorkflowScope, activity, start_workflow, workflow
+from workflows.models import WorkflowItem
+from workflows.store import ITEMS_ENDED_HANDLER
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SCOPE = "tenant-item-records"
+QUEUE = "itemrecords"
+
+
+@activity("itemrecords.same", queue=QUEUE)
+def same(value: int) -> int:
+    return value
+
+
+@job_handler("itemrecords.plain", version=1)
+def plain(ctx: JobContext) -> None:
+    return None
+
+
+@workflow("itemrecords.map", version=1)
+def mapped(wf: WorkflowContext) -> Any:
+    return wf.map("same", same, list(range(wf.input["items"])))
+
+
+def statements(run: Any) -> int:
+    with CaptureQueriesContext(connection) as queries:
+        run()
+    return len(queries.captured_queries)
+
+
+def item_statements(items: int) -> int:
+    """The statements of ``items`` item jobs of a map (queued by its first advance)."""
+    run_jobs_inline(queues=["default"])  # what an earlier map left: its fan-in
+    start_workflow(SCOPE, f"map-{items}", "itemrecords.map", {"items": items})
+    run_jobs_inline(queues=["default"], max_attempts_run=1)  # the first advance
+    return statements(lambda: run_jobs_inline(queues=[QUEUE]))
+
+
+def plain_statements(jobs: int) -> int:
+    """The statements of ``jobs`` plain jobs that do nothing, on the same queue, in
+    one batch as a map's item jobs are (on SQLite what follows a batch's job's end
+    is a statement of its own)."""
+    sub = JobSubmission.create("itemrecords.plain", {}, queue=QUEUE)
+    submit_batch(SCOPE, f"plain-{jobs}", [(f"plain-{jobs}-{n}", sub) for n in range(jobs)])
+    return statements(lambda: run_jobs_inline(queues=[QUEUE]))
+
+
+def test_an_item_that_succeeds_costs_no_statement_beyond_its_jobs_own():
+    # Before, each item also counted its try on its row, read its map's item count,
+    # wrote its end on its row and asked whether any item was left: four more.
+    per_item = (item_statements(30) - item_statements(10)) / 20
+    per_job = (plain_statements(30) - plain_statements(10)) / 20
+    assert per_item == per_job
+
+
+def test_a_map_is_fanned_in_in_the_same_statements_whatever_its_size():
+    def fan_in(items: int) -> int:
+        item_statements(items)
+        return statements(lambda: run_jobs_inline(queues=["default"]))
+
+    assert fan_in(40) == fan_in(10)
+
+
+def test_the_picture_counts_items_as_their_jobs_stand_until_the_fan_in():
+    start_workflow(SCOPE, "picture", "itemrecords.map", {"items": 3})
+    run_jobs_inline(queues=["default"], max_attempts_run=1)
+    run_jobs_inline(queues=[QUEUE], max_attempts_run=2)
+    # Two items' jobs recorded them; their rows wait for the fan-in.
+    assert list(WorkflowItem.objects.values_list("status", flat=True)) == ["running"] * 3
+    step = WorkflowScope(SCOPE).get("picture").step("same")
+    assert step.items is not None
+    assert (step.items.succeeded, step.items.running) == (2, 1)
+
+    run_jobs_inline(queues=[QUEUE])  # the last one: its finish queues the wake
+    assert Job.objects.filter(handler=ITEMS_ENDED_HANDLER).count() == 1
+    run_jobs_inline(queues=["default"])
+    snap = WorkflowScope(SCOPE).get("picture")
+    assert snap.output == [0, 1, 2]
+    assert snap.step("same").status == StepStatus.SUCCEEDED
+    assert snap.step("same").items.succeeded == 3
+    assert list(WorkflowItem.objects.values_list("status", flat=True)) == ["succeeded"] * 3
+
+
+def test_the_job_that_wakes_the_run_failing_for_good_still_wakes_it():
+    start_workflow(SCOPE, "then-fails", "itemrecords.map", {"items": 2})
+    run_jobs_inline(queues=["default"], max_attempts_run=1)
+    run_jobs_inline(queues=[QUEUE])
+    then = Job.objects.get(handler=ITEMS_ENDED_HANDLER)
+    # Its tries spent on an outage: it ends Failed without having woken the run.
+    claim = execution.try_start(then.scope_hash, then.job_id, worker_id="w")
+    assert claim is not None
+    outcome = execution.fail(claim.token, "OperationalError: the database went away")
+    assert outcome is FinishOutcome.FAILED
+    assert not Job.objects.filter(job_id__contains=":items:").exists()
+    finished_attempt(claim, outcome, retry_scheduled=False)  # as the worker does
+    run_jobs_inline(queues=["default"])
+    assert WorkflowScope(SCOPE).get("then-fails").output == [0, 1]
