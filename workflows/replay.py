@@ -94,7 +94,7 @@ class Replay:
         self,
         driver: store.Driver,
         clock: Callable[[], datetime],
-        steps: dict[str, Checkpoint] | None = None,
+        steps: store.RecordedSteps | None = None,
     ) -> None:
         """``steps``: the run's recorded checkpoints when the caller read them already
         (several runs in one query); None reads them."""
@@ -104,10 +104,7 @@ class Replay:
         self._steps = store.load_steps(driver.run.pk) if steps is None else steps
         # A patch marker stands outside the order: a body that no longer asks for its
         # patch skips nothing, and a marker does not make a patch point look passed.
-        self._order = RecordedOrder(
-            (key for key, step in self._steps.items() if step.kind is not StepKind.PATCH),
-            driver.run.rerun_keys,
-        )
+        self._order = RecordedOrder(self._steps.keys(without=StepKind.PATCH), driver.run.rerun_keys)
         self._seen: set[str] = set()
         #: Set when the body contradicted its recorded checkpoints: the run fails
         #: whatever the body did with the error.
@@ -145,6 +142,20 @@ class Replay:
         if not finished:
             fault_point("workflows.checkpoint.reached", run=self.run.pk, key=checked, kind=kind)
         return checked, step
+
+    def replayed(self, key: object, kind: StepKind) -> Recorded | None:
+        """:meth:`reach` and :func:`recorded` at once for a checkpoint recorded
+        Succeeded as ``kind``, reached for the first time: its recorded value, making
+        nothing of its row but the value (most of a long run's replay). None for any
+        other, which takes :meth:`reach`'s path."""
+        if type(key) is not str or key in self._seen:
+            return None
+        result = self._steps.result_of(key, kind)
+        if result is None:
+            return None
+        self._seen.add(key)
+        self._order.reached(key)
+        return Recorded(validation.from_json(result))
 
     def step_of(self, key: str) -> Checkpoint | None:
         """The checkpoint recorded under ``key`` (None if there is none), without
@@ -184,7 +195,7 @@ class Replay:
 
     def record(self, step: Checkpoint) -> Checkpoint:
         """Keep ``step`` as this replay's picture of it (written and committed)."""
-        self._steps[step.key] = step
+        self._steps.put(step)
         return step
 
     def insert(
@@ -218,6 +229,24 @@ class Replay:
             return self.insert(key, kind, status, now, **fields)
         finished = now if status.is_finished else None
         return self.move(step, step.status, status=status, finished_at=finished, **fields)
+
+    def settle_alone(
+        self,
+        key: str,
+        step: Checkpoint | None,
+        kind: StepKind,
+        status: StepStatus,
+        now: datetime,
+        **fields: Any,
+    ) -> Checkpoint:
+        """:meth:`settle` for a write that is this checkpoint's and nothing else: one
+        statement that carries the fence (:func:`workflows.store.record_step`), its
+        own transaction unless the caller has one open. :class:`Stop` if the driver is
+        stale or ``step`` is not where it stood (see :meth:`move`)."""
+        settled = store.record_step(self.driver, step, key, kind, status, now, **fields)
+        if settled is None:
+            raise Stop(cancelled=False)
+        return settled
 
     def wake_at(self, when: datetime, reason: str, detail: str, now: datetime) -> None:
         """Stage the advance job that wakes this run at ``when`` (inside a fenced

@@ -19,6 +19,7 @@ typed error. Nothing else in the app writes to the workflows tables.
                                 -> WAITING + a new advance job; the runs
                                 of advance jobs ended unheard, in batches
     insert_step / update_step . a checkpoint recorded, moved on (fenced)     checkpoints
+    record_step ............... the same, the fence in its own statement     checkpoints
     insert_items .............. a map's items and their jobs, in batches     items
     start_item / end_item ..... an item's tries and its end (its own row)    items
     fan_in .................... after an item's end: none left running ->   items
@@ -50,7 +51,14 @@ from __future__ import annotations
 from .base import Driver, StaleDriver, alias, current_time
 from .bounds import check_item_count, check_results_size, refuse_hopeless_resume
 from .checking import RunInFlight, runs_in_flight
-from .checkpoints import insert_step, load_steps, load_steps_of, update_step
+from .checkpoints import (
+    RecordedSteps,
+    insert_step,
+    load_steps,
+    load_steps_of,
+    record_step,
+    update_step,
+)
 from .control import advance_job_cancelled, cancel, cancel_run, resume, resume_run, time_out
 from .creating import create_child, create_run
 from .deadlines import deadline_passed, timed_out_error
@@ -101,6 +109,7 @@ __all__ = [
     "ITEM_BATCH",
     "ITEM_JOB_PREFIX",
     "Driver",
+    "RecordedSteps",
     "RunInFlight",
     "StaleDriver",
     "Suspended",
@@ -142,6 +151,7 @@ __all__ = [
     "load_steps_of",
     "purge_finished",
     "record_item_error",
+    "record_step",
     "refuse_hopeless_resume",
     "release",
     "release_runs_of_ended_jobs",

@@ -3,11 +3,12 @@ if it waits for it."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 
+from ledon.db import adapt_dt
 from ledon.faults import fault_point
 
 from ..exceptions import SignalConflict
@@ -27,21 +28,16 @@ def send_signal(scope_hash: str, run_id: str, key: str, payload_json: str) -> Si
     """
     now = current_time()
     with transaction.atomic(using=alias()):
-        run = run_in_scope(scope_hash, run_id)
-        # Lock the run row (an unconditional touch): orders this transaction with the
-        # driver's fenced writes.
-        WorkflowRun.objects.filter(pk=run.pk).update(updated_at=F("updated_at"))
-        run.refresh_from_db(fields=["status", "wait_kind", "wait_key", "generation"])
-        existing = WorkflowSignal.objects.filter(run=run, key=key).first()
-        if existing is not None:
-            if existing.payload_json != payload_json:
-                raise SignalConflict(
-                    f"signal {key!r} was already sent to run {run_id!r} with another payload"
-                )
-            return SignalOutcome.ALREADY_SENT
+        # The run row locked as it is read (what a fenced write takes): this
+        # transaction is ordered with the driver's fenced writes.
+        run = run_in_scope(scope_hash, run_id, lock=True)
         if run.status in RunStatus.finished():
-            return SignalOutcome.RUN_FINISHED
-        WorkflowSignal.objects.create(run=run, key=key, payload_json=payload_json, created_at=now)
+            existing = _sent(run.pk, key)
+            if existing is None:
+                return SignalOutcome.RUN_FINISHED
+            return _already_sent(existing, payload_json, key, run_id)
+        if not _record(run.pk, key, payload_json, now):
+            return _already_sent(_sent(run.pk, key), payload_json, key, run_id)
         fault_point("workflows.signal.deliver", run=run.pk, key=key)
         if run.status == RunStatus.RUNNING:
             # The driver replays once more before it waits (see suspend).
@@ -53,6 +49,42 @@ def send_signal(scope_hash: str, run_id: str, key: str, payload_json: str) -> Si
         # Waiting for anything else (its first advance, a timer, items…): the run
         # reads the kept signal when its body reaches the wait.
     return SignalOutcome.DELIVERED
+
+
+def _record(run_pk: int, key: str, payload_json: str, now: datetime) -> bool:
+    """Keep signal ``key`` for run ``run_pk``: False (nothing written) if one was
+    sent under that key already. One statement, which yields to the unique (run, key)
+    without breaking the caller's transaction."""
+    connection = transaction.get_connection(alias())
+    q = connection.ops.quote_name
+    sql = (
+        f"INSERT INTO {q(WorkflowSignal._meta.db_table)}"
+        f" ({q('run_id')}, {q('key')}, {q('payload_json')}, {q('created_at')})"
+        f" VALUES (%s, %s, %s, %s) ON CONFLICT ({q('run_id')}, {q('key')}) DO NOTHING"
+        f" RETURNING {q('id')}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [run_pk, key, payload_json, adapt_dt(connection, now)])
+        return cursor.fetchone() is not None
+
+
+def _sent(run_pk: int, key: str) -> str | None:
+    """The payload of the signal ``key`` kept for run ``run_pk``, if any."""
+    return (
+        WorkflowSignal.objects.filter(run_id=run_pk, key=key)
+        .values_list("payload_json", flat=True)
+        .first()
+    )
+
+
+def _already_sent(existing: str | None, payload_json: str, key: str, run_id: str) -> SignalOutcome:
+    """A signal sent again: the same payload changes nothing, another one is
+    :class:`SignalConflict`."""
+    if existing != payload_json:
+        raise SignalConflict(
+            f"signal {key!r} was already sent to run {run_id!r} with another payload"
+        )
+    return SignalOutcome.ALREADY_SENT
 
 
 def signal_payload(run_pk: int, key: str) -> tuple[bool, Any]:
