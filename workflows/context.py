@@ -284,14 +284,10 @@ class WorkflowContext:
         checked, step = replay.reach(key, StepKind.NOW)
         if step is None:
             now = replay.now()
-            with replay.write():
-                step = replay.insert(
-                    checked,
-                    StepKind.NOW,
-                    StepStatus.SUCCEEDED,
-                    now,
-                    result_json=validation.to_json(iso(now), "now"),
-                )
+            result_json = validation.to_json(iso(now), "now")
+            step = replay.settle_alone(
+                checked, None, StepKind.NOW, StepStatus.SUCCEEDED, now, result_json=result_json
+            )
             replay.record(step)
         return datetime.fromisoformat(outcome(step))
 
