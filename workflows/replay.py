@@ -106,6 +106,9 @@ class Replay:
         # patch skips nothing, and a marker does not make a patch point look passed.
         self._order = RecordedOrder(self._steps.keys(without=StepKind.PATCH), driver.run.rerun_keys)
         self._seen: set[str] = set()
+        #: A signal's key and whether it was sent (and its payload), as the reach of
+        #: its wait read them with the run's cancellation.
+        self._signal_read: tuple[str, tuple[bool, Any]] | None = None
         #: Set when the body contradicted its recorded checkpoints: the run fails
         #: whatever the body did with the error.
         self.nondeterminism: NonDeterministicWorkflow | None = None
@@ -131,7 +134,7 @@ class Replay:
         # first one that has work to do or to wait for (one read per checkpoint that
         # counts, none per replayed one).
         finished = step is not None and step.status.is_finished
-        if not finished and self.cancel_requested():
+        if not finished and self.cancelled_at(checked, kind):
             raise Stop(cancelled=True)
         if step is None:
             skipped = self._order.skipped_by(checked)
@@ -180,6 +183,24 @@ class Replay:
 
     def cancel_requested(self) -> bool:
         return store.cancel_requested(self.run.pk)
+
+    def cancelled_at(self, key: str, kind: StepKind) -> bool:
+        """Whether the run's cancel was requested, read as checkpoint ``key`` of
+        ``kind`` is reached with work to do. A signal's wait reads whether its signal
+        came in the same statement (see :meth:`signal_sent`)."""
+        if kind is not StepKind.SIGNAL:
+            return self.cancel_requested()
+        cancelled, sent = store.cancel_and_signal(self.run.pk, key)
+        self._signal_read = (key, sent)
+        return cancelled
+
+    def signal_sent(self, key: str) -> tuple[bool, Any]:
+        """Whether signal ``key`` was sent to the run, and its payload: as the reach
+        of its wait read it, else read now."""
+        read, self._signal_read = self._signal_read, None
+        if read is not None and read[0] == key:
+            return read[1]
+        return store.signal_payload(self.run.pk, key)
 
     def now(self) -> datetime:
         return self.clock()

@@ -59,7 +59,7 @@ def signal(replay: Replay, key: str, timeout: float | None) -> Any:
     if (done := recorded(step)) is not None:
         return done.value
     now = replay.now()
-    arrived, payload = store.signal_payload(replay.run.pk, checked)
+    arrived, payload = replay.signal_sent(checked)
     if arrived:
         result_json = validation.to_json(payload, f"signal {checked!r}")
         step = replay.settle_alone(

@@ -6,10 +6,12 @@ typed error. Nothing else in the app writes to the workflows tables.
 
     create_run / stage ........ (new) -> WAITING + its first advance job     creating
     create_child .............. (new) child of a run, in its fenced write    creating
-    take ...................... WAITING (or RUNNING, its own job again) ->   driving
+    take (take_with_steps) .... WAITING (or RUNNING, its own job again) ->   driving
                                 RUNNING, new driver token; else RUNNING +
                                 wake pending
     guard ..................... every checkpoint write: fenced by the token  driving
+    give_back ................. RUNNING (token) -> WAITING as before the     driving
+                                take (no definition of its version here)
     suspend ................... RUNNING (token, no wake pending) -> WAITING  driving
                                 (what for, until when); a pending wake:
                                 replay again
@@ -66,11 +68,13 @@ from .driving import (
     Suspended,
     cancel_requested,
     finish,
+    give_back,
     guard,
     release,
     release_runs_of_ended_jobs,
     suspend,
     take,
+    take_with_steps,
 )
 from .forking import fork, identity
 from .items import (
@@ -91,7 +95,7 @@ from .items import (
 from .many import cancel_runs_many, resume_runs_many
 from .reads import child_run, get, in_flight_versions, list_runs, snapshot, wait_of
 from .retention import purge_finished
-from .signalling import send_signal, signal_payload
+from .signalling import cancel_and_signal, send_signal, signal_payload
 from .tags import carrying
 from .waking import (
     ADVANCE_HANDLER,
@@ -118,6 +122,7 @@ __all__ = [
     "advance_scope_hash",
     "alias",
     "cancel",
+    "cancel_and_signal",
     "cancel_requested",
     "cancel_run",
     "cancel_runs_many",
@@ -136,6 +141,7 @@ __all__ = [
     "finish",
     "fork",
     "get",
+    "give_back",
     "guard",
     "identity",
     "in_flight_versions",
@@ -166,6 +172,7 @@ __all__ = [
     "start_item",
     "suspend",
     "take",
+    "take_with_steps",
     "time_out",
     "timed_out_error",
     "update_step",

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ledon.db import adapt_dt, is_postgres, read_dt
 from ledon.values import from_row
@@ -24,7 +25,9 @@ _FIELDS = tuple(field.name for field in fields_of(Checkpoint))
 _STEPS = WorkflowStep._meta.db_table
 _RUNS = WorkflowRun._meta.db_table
 #: The column of each field of a checkpoint's row.
-_COLUMNS = {field.attname: field.column for field in WorkflowStep._meta.concrete_fields}
+_COLUMNS: dict[str, str] = {
+    field.attname: field.column or field.attname for field in WorkflowStep._meta.concrete_fields
+}
 
 
 class RecordedSteps:
@@ -77,12 +80,20 @@ def load_steps(run_pk: int) -> RecordedSteps:
     """The recorded checkpoints of run ``run_pk``, read at the start of every advance
     (thousands for a long run: one query of plain tuples)."""
     connection = transaction.get_connection(alias())
+    with connection.cursor() as cursor:
+        cursor.execute(steps_query(connection), [run_pk])
+        return recorded_steps(connection, cursor.fetchall())
+
+
+def steps_query(connection: BaseDatabaseWrapper) -> str:
+    """The query of :func:`load_steps` (its one parameter: the run)."""
     q = connection.ops.quote_name
     columns = ", ".join(q(_COLUMNS["id" if name == "pk" else name]) for name in _FIELDS)
-    sql = f"SELECT {columns} FROM {q(_STEPS)} WHERE {q('run_id')} = %s ORDER BY {q('id')}"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [run_pk])
-        rows = cursor.fetchall()
+    return f"SELECT {columns} FROM {q(_STEPS)} WHERE {q('run_id')} = %s ORDER BY {q('id')}"
+
+
+def recorded_steps(connection: BaseDatabaseWrapper, rows: list[Any]) -> RecordedSteps:
+    """The rows :func:`steps_query` read, by key."""
     if connection.vendor != "postgresql":
         rows = [_read(row) for row in rows]
     return RecordedSteps({row[1]: row for row in rows})
@@ -246,7 +257,7 @@ def _picked(values: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in values.items() if name in _FIELDS}
 
 
-def _adapted(connection: Any, name: str, value: Any) -> Any:
+def _adapted(connection: BaseDatabaseWrapper, name: str, value: Any) -> Any:
     """A value of field ``name`` as a raw statement passes it."""
     if isinstance(value, datetime):
         return adapt_dt(connection, value)

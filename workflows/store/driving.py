@@ -6,22 +6,26 @@ from __future__ import annotations
 
 import enum
 import json
+import time
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import OuterRef, Subquery
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import F, OuterRef, Subquery
 
 from jobs.models import Job
 from jobs.types import FINISHED_STATUSES, JobStatus
-from ledon.db import adapt_dt, read_dt
+from ledon.db import adapt_dt, is_postgres, read_dt
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 
 from ..models import WorkflowRun
 from ..types import DrivenRun, RunStatus, Wait, WaitKind
 from .base import Driver, StaleDriver, alias, current_time, ended, let_go
+from .checkpoints import RecordedSteps, load_steps, recorded_steps, steps_query
 from .control import advance_job_cancelled, cancel_dependents
 from .waking import advance_scope_hash, drop_wakes, wake, wake_parent
 
@@ -42,9 +46,46 @@ def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None)
     wake-up it refuses is never lost to a run that went Waiting in between. The run
     comes back from the same statement.
     """
-    now = current_time(now)
-    token = uuid.uuid4().hex
     connection = transaction.get_connection(alias())
+    token = uuid.uuid4().hex
+    sql, params = _take_statement(connection, run_pk, token, job_id, current_time(now))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return _taken(run_pk, token, cursor.fetchone())
+
+
+def take_with_steps(
+    run_pk: int, job_id: str | None = None, *, now: datetime | None = None
+) -> tuple[Driver, RecordedSteps] | None:
+    """:func:`take`, and the run's recorded checkpoints read right after it (as
+    :func:`~workflows.store.load_steps` reads them): on PostgreSQL the two statements
+    go in one pipeline, one round trip (the read is wasted on a run not taken)."""
+    connection = transaction.get_connection(alias())
+    if not is_postgres(connection):
+        driver = take(run_pk, job_id, now=now)
+        return None if driver is None else (driver, load_steps(run_pk))
+    token = uuid.uuid4().hex
+    sql, params = _take_statement(connection, run_pk, token, job_id, current_time(now))
+    read = steps_query(connection)
+    connection.ensure_connection()
+    raw = connection.connection
+    started = time.monotonic()
+    with connection.wrap_database_errors, raw.cursor() as taking, raw.cursor() as reading:
+        with raw.pipeline():
+            taking.execute(sql, params)
+            reading.execute(read, [run_pk])
+        driver = _taken(run_pk, token, taking.fetchone())
+        rows = reading.fetchall()
+    if connection.queries_logged:  # where Django's own cursors record theirs
+        took = f"{time.monotonic() - started:.3f}"
+        connection.queries_log.append({"sql": f"{sql}; {read}", "time": took})
+    return None if driver is None else (driver, recorded_steps(connection, rows))
+
+
+def _take_statement(
+    connection: BaseDatabaseWrapper, run_pk: int, token: str, job_id: str | None, now: datetime
+) -> tuple[str, list[Any]]:
+    """The statement of :func:`take` and its parameters."""
     q = connection.ops.quote_name
     takeable = f"({q('status')} = %s OR ({q('status')} = %s"
     takeable_params: list[Any] = [RunStatus.WAITING, RunStatus.RUNNING]
@@ -73,9 +114,11 @@ def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None)
         f"UPDATE {q(WorkflowRun._meta.db_table)} SET {', '.join(sets)}"
         f" WHERE {q('id')} = %s RETURNING {q('driver_token')} = %s, {returned}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, run_pk, token])
-        row = cursor.fetchone()
+    return sql, [*params, run_pk, token]
+
+
+def _taken(run_pk: int, token: str, row: Sequence[Any] | None) -> Driver | None:
+    """The driver of a take that returned ``row`` (None: not taken)."""
     if row is None or not row[0]:
         fault_point("workflows.take.refused", run=run_pk)
         return None
@@ -85,6 +128,28 @@ def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None)
     if run["deadline"] is not None:
         run["deadline"] = read_dt(run["deadline"])
     return Driver(DrivenRun(**run), token)
+
+
+def give_back(driver: Driver, now: datetime) -> bool:
+    """RUNNING (this driver) -> WAITING as the run stood before this driver took it
+    (no driver, one advance fewer, what it waits for untouched): the advance found no
+    definition of the run's version here, and leaves the run to a worker that has
+    one. A wake-up left meanwhile stages an advance job, so none is lost. False if
+    the driver is stale."""
+    with transaction.atomic(using=alias()):
+        woken = driver.held().filter(wake_pending=True).exists()
+        given = driver.held().update(
+            status=RunStatus.WAITING,
+            driver_token=None,
+            driver_job=None,
+            wake_pending=False,
+            advances=F("advances") - 1,
+            updated_at=now,
+        )
+        if given and woken:
+            run = driver.run
+            wake(run.pk, run.generation, "released", driver.token, now=now)
+    return bool(given)
 
 
 #: The columns of a run that its driver reads as it takes it (:class:`DrivenRun`'s).

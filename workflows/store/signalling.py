@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 
 from ledon.db import adapt_dt
 from ledon.faults import fault_point
@@ -85,6 +86,22 @@ def _already_sent(existing: str | None, payload_json: str, key: str, run_id: str
             f"signal {key!r} was already sent to run {run_id!r} with another payload"
         )
     return SignalOutcome.ALREADY_SENT
+
+
+def cancel_and_signal(run_pk: int, key: str) -> tuple[bool, tuple[bool, Any]]:
+    """Whether run ``run_pk``'s cancel was requested, and :func:`signal_payload` of
+    signal ``key``: one statement, for the wait that reads both at once."""
+    sent = WorkflowSignal.objects.filter(run_id=OuterRef("pk"), key=key)
+    row = (
+        WorkflowRun.objects.filter(pk=run_pk)
+        .annotate(payload=Subquery(sent.values("payload_json")[:1]))
+        .values_list("cancel_requested", "payload")
+        .first()
+    )
+    if row is None:
+        return False, (False, None)
+    cancelled, payload = row
+    return bool(cancelled), (payload is not None, from_json(payload))
 
 
 def signal_payload(run_pk: int, key: str) -> tuple[bool, Any]:
