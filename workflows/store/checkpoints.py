@@ -4,13 +4,14 @@ fence (:func:`record_step`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import fields as fields_of
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ledon.db import adapt_dt, is_postgres, read_dt
@@ -202,33 +203,14 @@ def record_step(
             if step is None:
                 return insert_step(driver, key, kind, status, now, **fields)
             return update_step(step, step.status, **values)
-    ops = connection.ops
-    q = ops.quote_name
-    names = list(values)
+    names = tuple(values)
     params: list[Any] = [adapt_dt(connection, now), driver.run.pk, driver.token, RunStatus.RUNNING]
-    params += [_adapted(connection, name, values[name]) for name in names]
-    columns = [_COLUMNS[name] for name in names]
     if step is None:
-        write = (
-            f"INSERT INTO {q(_STEPS)} ({q('run_id')}, {q('key')}, "
-            + ", ".join(q(column) for column in columns)
-            + ") SELECT fence.id, %s, "
-            + ", ".join("%s" for _ in columns)
-            + f" FROM fence RETURNING {q('id')}"
-        )
-        params[4:4] = [key]
-    else:
-        write = (
-            f"UPDATE {q(_STEPS)} SET "
-            + ", ".join(f"{q(column)} = %s" for column in columns)
-            + f" FROM fence WHERE {q(_STEPS)}.{q('id')} = %s AND {q('status')} = %s"
-            + f" AND {q(_STEPS)}.{q('run_id')} = fence.id RETURNING {q(_STEPS)}.{q('id')}"
-        )
+        params.append(key)
+    params += [_adapted(connection, name, values[name]) for name in names]
+    if step is not None:
         params += [step.pk, step.status]
-    sql = (
-        f"WITH fence AS (UPDATE {q(_RUNS)} SET {q('updated_at')} = %s WHERE {q('id')} = %s"
-        f" AND {q('driver_token')} = %s AND {q('status')} = %s RETURNING {q('id')}) {write}"
-    )
+    sql = _fenced_write(names, new=step is None)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -250,6 +232,34 @@ _NEW: dict[str, Any] = {
     "child_id": None,
 }
 _NEW_CHECKPOINT = {name: value for name, value in _NEW.items() if name in _FIELDS}
+
+
+@functools.lru_cache(maxsize=64)
+def _fenced_write(names: tuple[str, ...], *, new: bool) -> str:
+    """The PostgreSQL statement of :func:`record_step` that sets the fields ``names``
+    of a ``new`` checkpoint (an insert) or of a recorded one (an update). Its
+    parameters: the fence's (the time, the run, the token, the Running status), then
+    the key of a new checkpoint, the fields' values, and a recorded checkpoint's id
+    and status."""
+    q = connections[alias()].ops.quote_name
+    steps = q(_STEPS)
+    columns = [q(_COLUMNS[name]) for name in names]
+    if new:
+        write = (
+            f"INSERT INTO {steps} ({q('run_id')}, {q('key')}, {', '.join(columns)})"
+            f" SELECT fence.id, %s, {', '.join('%s' for _ in columns)}"
+            f" FROM fence RETURNING {q('id')}"
+        )
+    else:
+        write = (
+            f"UPDATE {steps} SET {', '.join(f'{column} = %s' for column in columns)}"
+            f" FROM fence WHERE {steps}.{q('id')} = %s AND {q('status')} = %s"
+            f" AND {steps}.{q('run_id')} = fence.id RETURNING {steps}.{q('id')}"
+        )
+    return (
+        f"WITH fence AS (UPDATE {q(_RUNS)} SET {q('updated_at')} = %s WHERE {q('id')} = %s"
+        f" AND {q('driver_token')} = %s AND {q('status')} = %s RETURNING {q('id')}) {write}"
+    )
 
 
 def _picked(values: dict[str, Any]) -> dict[str, Any]:
