@@ -110,7 +110,7 @@ class InlineSteps:
                     # A step that wrote nothing has nothing to commit with its
                     # checkpoint: its transaction ends empty, and the checkpoint is
                     # the one statement after it.
-                    if ran.any or not ran.alone:
+                    if ran.wrote or not ran.alone:
                         recorded_step = self._record(key, step, tries, result_json, now)
                 if recorded_step is None:
                     recorded_step = self._record(key, step, tries, result_json, now)
@@ -181,21 +181,27 @@ class InlineSteps:
 
 
 class _Statements:
-    """``with _Statements(alias) as ran:`` — whether the block ran any statement on
-    ``alias``'s connection (``ran.any``), and whether a checkpoint written after the
-    block would be a statement of its own (``ran.alone``: the block's transaction is
-    the connection's outermost, and the database writes a fenced checkpoint in one
+    """``with _Statements(alias) as ran:`` — whether the block left anything to commit
+    on ``alias``'s connection (``ran.wrote``: a statement ran, or an ``on_commit``
+    callback waits for the commit), and whether a checkpoint written after the block
+    would be a statement of its own (``ran.alone``: the block's transaction is the
+    connection's outermost, and the database writes a fenced checkpoint in one
     statement)."""
 
     def __init__(self, alias: str) -> None:
         self._connection = connections[alias]
         self._wrapper = self._connection.execute_wrapper(self._count)
-        self.any = False
+        self._ran = False
         self.alone = False
 
     def _count(self, execute: Callable[..., Any], *args: Any) -> Any:
-        self.any = True
+        self._ran = True
         return execute(*args)
+
+    @property
+    def wrote(self) -> bool:
+        # A callback must run only once the checkpoint has committed with it.
+        return self._ran or bool(self._connection.run_on_commit)
 
     def __enter__(self) -> _Statements:
         connection = self._connection

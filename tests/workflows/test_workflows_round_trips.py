@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from jobs.models import Job
@@ -30,7 +30,7 @@ from workflows import (
 )
 from workflows.engine import VersionMissing, advance
 from workflows.exceptions import InvalidInput, NonDeterministicWorkflow
-from workflows.models import WorkflowRun
+from workflows.models import WorkflowRun, WorkflowStep
 from workflows.testing import run_workflows_inline
 from workflows.types import SignalOutcome, StepKind
 
@@ -115,6 +115,36 @@ def test_an_inline_step_that_writes_commits_its_rows_with_its_checkpoint():
         "a",
         "b",
     ]
+
+
+#: What the on_commit callback of "trips.callback"'s step saw when it ran.
+CALLBACK_SAW: list[bool] = []
+
+
+def register_callback(run_id: str) -> str:
+    """A step that writes nothing but leaves a callback for its commit."""
+
+    def committed() -> None:
+        recorded = WorkflowStep.objects.filter(run__run_id=run_id, key="callback").exists()
+        CALLBACK_SAW.append(recorded)
+
+    transaction.on_commit(committed)
+    return "registered"
+
+
+@workflow("trips.callback", version=1)
+def callback(wf: WorkflowContext) -> Any:
+    return wf.step("callback", register_callback, wf.run_id)
+
+
+def test_a_step_callback_runs_once_its_checkpoint_has_committed():
+    CALLBACK_SAW.clear()
+    start_workflow(SCOPE, "callback", "trips.callback")
+    run_workflows_inline()
+    snap = WorkflowScope(SCOPE).get("callback")
+    assert snap is not None
+    assert snap.output == "registered"
+    assert CALLBACK_SAW == [True]
 
 
 def test_a_stale_driver_records_no_checkpoint_in_its_one_statement():
