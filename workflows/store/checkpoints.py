@@ -221,15 +221,12 @@ def record_step(
     return replace(step, **_picked(values))
 
 
-#: What a new checkpoint holds unless its write says otherwise (the model's defaults).
+#: What a new checkpoint holds unless its write says otherwise: the model's defaults
+#: of every column its write does not always set.
 _NEW: dict[str, Any] = {
-    "attempts": 0,
-    "result_json": None,
-    "error_type": "",
-    "error": "",
-    "wake_at": None,
-    "item_count": 0,
-    "child_id": None,
+    field.attname: field.get_default()
+    for field in WorkflowStep._meta.concrete_fields
+    if field.attname not in {"id", "run_id", "key", "kind", "status", "started_at", "finished_at"}
 }
 _NEW_CHECKPOINT = {name: value for name, value in _NEW.items() if name in _FIELDS}
 
