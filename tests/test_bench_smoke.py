@@ -575,6 +575,24 @@ def test_the_operations_on_runs_in_flight_run_quick_and_write_their_figures(
 
 @pytest.mark.slow
 @pytest.mark.postgres_only
+def test_the_workflows_benchmark_runs_quick_and_times_the_replay_and_the_fork(
+    tmp_path: Path,
+) -> None:
+    done = run_module(
+        "benchmarks.workflows", "--quick", "--no-dbos", "--replay-steps", "30",
+        "--database-url", server_url(), "--out", str(tmp_path),
+    )  # fmt: skip
+    assert "replay of 30 checkpoints (ms)" in done.stdout
+    assert "fork of a run of 30 checkpoints (s)" in done.stdout
+    (written,) = tmp_path.glob("workflows-*.json")
+    raw = json.loads(written.read_text())
+    assert raw["sizes"]["replay_steps"] == 30
+    assert len(raw["ledon"]["replay"]) == len(raw["ledon"]["fork"]) == 1
+    assert len(raw["ledon"]["signal_latency"]) == raw["sizes"]["signals"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
 def test_the_bulk_benchmark_resumes_failed_runs_small(tmp_path: Path) -> None:
     run_module(
         "benchmarks.bulk", "--runs", "--database-url", server_url(), "--jobs", "300",

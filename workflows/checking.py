@@ -112,6 +112,9 @@ class CheckReplay(Replay):
     def cancel_requested(self) -> bool:
         return False
 
+    def cancelled_at(self, key: str, kind: StepKind) -> bool:
+        return False
+
     def reach(self, key: object, kind: StepKind) -> tuple[str, Checkpoint | None]:
         try:
             checked, step = super().reach(key, kind)

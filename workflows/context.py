@@ -22,7 +22,7 @@ checkpoint about to commit as fired). The engine offers ``workflows.advance.susp
 ``workflows.map.fan_in`` (an item's end about to be written),
 ``workflows.map.item_ended`` (written, its run not yet woken),
 ``workflows.signal.deliver``, ``workflows.take.refused`` (an advance job refused a
-Running run, the wake-up it leaves not yet noted) and
+run: a Running one keeps the wake-up it left) and
 ``workflows.cancel.not_waiting`` (a cancel found the run not Waiting, its request not
 yet written); the item jobs ``workflows.item.before_record``.
 """
@@ -42,7 +42,7 @@ from . import patches, registry, store, validation, waits
 from .activities import Activities
 from .exceptions import InvalidInput, NonDeterministicWorkflow
 from .handles import Branches, StepHandle
-from .inline import InlineCall, InlineSteps
+from .inline import InlineSteps
 from .replay import Replay, outcome
 from .types import StepKind, StepStatus, iso
 
@@ -172,7 +172,7 @@ class WorkflowContext:
         spec = registry.get_activity(fn) if isinstance(fn, str) else registry.activity_of(fn)
         if spec is None:
             assert not isinstance(fn, str)  # get_activity raises for an unknown name
-            return self._inline.run(key, InlineCall(fn, args, kwargs, retries, timeout))
+            return self._inline.run(key, fn, args, kwargs, retries=retries, timeout=timeout)
         if retries != 0 or timeout is not None:
             # An activity's job runs with the activity's own options: these would be
             # dropped without a word.
@@ -284,14 +284,10 @@ class WorkflowContext:
         checked, step = replay.reach(key, StepKind.NOW)
         if step is None:
             now = replay.now()
-            with replay.write():
-                step = replay.insert(
-                    checked,
-                    StepKind.NOW,
-                    StepStatus.SUCCEEDED,
-                    now,
-                    result_json=validation.to_json(iso(now), "now"),
-                )
+            result_json = validation.to_json(iso(now), "now")
+            step = replay.settle_alone(
+                checked, None, StepKind.NOW, StepStatus.SUCCEEDED, now, result_json=result_json
+            )
             replay.record(step)
         return datetime.fromisoformat(outcome(step))
 

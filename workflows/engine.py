@@ -40,7 +40,7 @@ from .context import WorkflowContext, _activity_context
 from .exceptions import InvalidInput, StepFailed, UntrustedJob
 from .models import WorkflowRun
 from .observability import hooks
-from .replay import Stop, Suspend, error_parts
+from .replay import Replay, Stop, Suspend, error_parts
 from .types import CancelOutcome, DrivenRun, Item, RunStatus, StepStatus
 
 logger = logging.getLogger(__name__)
@@ -82,29 +82,20 @@ class VersionMissing(Exception):
 def advance(run_pk: int, job_id: str | None = None) -> Advanced:
     """Advance run ``run_pk`` as far as it goes now (see the module docstring);
     ``job_id``: the advance job doing it (see :func:`workflows.store.take`)."""
-    row = (
-        WorkflowRun.objects.filter(pk=run_pk)
-        .values_list("name", "version", "status", "deadline")
-        .first()
-    )
-    if row is None or row[2] in RunStatus.finished():
-        return Advanced.NOTHING
-    # Past its deadline, whatever it waits for and whichever version: a Waiting run
-    # ends now, a Running one is asked to stop (its driver, or this job below, ends it).
-    if (
-        store.deadline_passed(row[3], current_time())
-        and store.time_out(run_pk, current_time()) is CancelOutcome.CANCELLED
-    ):
-        hooks.finished(row[0], row[1], RunStatus.CANCELLED.value)
-        return Advanced.CANCELLED
-    spec = registry.find_workflow(row[0], row[1])
-    if spec is None:
-        raise VersionMissing(f"no workflow {row[0]!r} version {row[1]} in this worker")
-    driver = store.take(run_pk, job_id, now=current_time())
-    if driver is None:
-        return Advanced.NOTHING
+    taken = store.take_with_steps(run_pk, job_id, now=current_time())
+    if taken is None:
+        return _not_taken(run_pk)
+    driver, first_steps = taken
+    steps: store.RecordedSteps | None = first_steps
+    # Past its deadline, whatever it waits for and whichever version: the run ends.
     if store.deadline_passed(driver.run.deadline, current_time()):
         return _cancelled(driver)
+    spec = registry.find_workflow(driver.run.name, driver.run.version)
+    if spec is None:
+        store.give_back(driver, current_time())
+        raise VersionMissing(
+            f"no workflow {driver.run.name!r} version {driver.run.version} in this worker"
+        )
     attributes: dict[str, AttributeValue] = {
         "workflow.name": spec.name,
         "workflow.version": spec.version,
@@ -114,15 +105,39 @@ def advance(run_pk: int, job_id: str | None = None) -> Advanced:
     # children, wake-ups) carry its context.
     with hooks.workflows_tracer().span("workflow.advance", attributes=attributes) as span:
         while True:
-            outcome = _replay(driver, spec)
+            outcome = _replay(driver, spec, steps)
+            steps = None  # a replay again reads what was recorded meanwhile
             if outcome is not None:
                 span.set_attribute("workflow.outcome", outcome.value)
                 return outcome
 
 
-def _replay(driver: store.Driver, spec: registry.WorkflowSpec) -> Advanced | None:
-    """Run the body once from the top; None: replay again (a wake-up came meanwhile)."""
-    ctx = WorkflowContext(driver, current_time)
+def _not_taken(run_pk: int) -> Advanced:
+    """The run was not taken: it ended, or another driver holds it. Past its deadline,
+    a held run is asked to stop (its driver ends it), one that went Waiting meanwhile
+    ends now."""
+    row = (
+        WorkflowRun.objects.filter(pk=run_pk)
+        .values_list("name", "version", "status", "deadline")
+        .first()
+    )
+    if (
+        row is not None
+        and row[2] not in RunStatus.finished()
+        and store.deadline_passed(row[3], current_time())
+        and store.time_out(run_pk, current_time()) is CancelOutcome.CANCELLED
+    ):
+        hooks.finished(row[0], row[1], RunStatus.CANCELLED.value)
+        return Advanced.CANCELLED
+    return Advanced.NOTHING
+
+
+def _replay(
+    driver: store.Driver, spec: registry.WorkflowSpec, steps: store.RecordedSteps | None
+) -> Advanced | None:
+    """Run the body once from the top; None: replay again (a wake-up came meanwhile).
+    ``steps``: the run's checkpoints read as it was taken (None: read them)."""
+    ctx = WorkflowContext(driver, current_time, Replay(driver, current_time, steps))
     try:
         output = spec.func(ctx)
     except Suspend as wait:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
 from ledon.faults import fault_point
 from ledon.tracing import AttributeValue
@@ -53,27 +53,38 @@ class InlineSteps:
         """Whether the try under way has run past its ``timeout``."""
         return self._deadline is not None and time.monotonic() > self._deadline
 
-    def run(self, key: str, call: InlineCall) -> Any:
+    def run(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        retries: int,
+        timeout: float | None,
+    ) -> Any:
         """``wf.step(key, fn, *args, **kwargs)`` for a plain function: its recorded
         value or failure, or its next try (see the module docstring)."""
-        checked, step = self._replay.reach(key, StepKind.STEP)
-        call = replace(
-            call,
-            retries=validation.retries(call.retries, f"step {checked!r}"),
-            timeout=None
-            if call.timeout is None
-            else validation.seconds(call.timeout, f"step {checked!r}: timeout"),
-        )
-        if (done := recorded(step)) is not None:
+        replay = self._replay
+        done = replay.replayed(key, StepKind.STEP)
+        if done is not None:
+            checked, step = key, None
+        else:
+            checked, step = replay.reach(key, StepKind.STEP)
+        if type(retries) is not int or retries != 0 or timeout is not None:
+            retries = validation.retries(retries, f"step {checked!r}")
+            if timeout is not None:
+                timeout = validation.seconds(timeout, f"step {checked!r}: timeout")
+        if done is not None or (done := recorded(step)) is not None:
             return done.value
-        if step is not None and step.wake_at is not None and self._replay.now() < step.wake_at:
+        if step is not None and step.wake_at is not None and replay.now() < step.wake_at:
             raise Suspend(WaitKind.RETRY, checked, step.wake_at)
         # Checked before every try, as an activity's are when its job is staged.
         validation.to_json(
-            {"args": list(call.args), "kwargs": call.kwargs}, f"the arguments of step {checked!r}"
+            {"args": list(args), "kwargs": kwargs}, f"the arguments of step {checked!r}"
         )
         tries = (step.attempts if step is not None else 0) + 1
-        return self._try(checked, step, tries, call)
+        return self._try(checked, step, tries, InlineCall(fn, args, kwargs, retries, timeout))
 
     def _try(self, key: str, step: Checkpoint | None, tries: int, call: InlineCall) -> Any:
         replay = self._replay
@@ -82,30 +93,28 @@ class InlineSteps:
         self._deadline = None if timeout is None else started + timeout
         attributes: dict[str, AttributeValue] = {"workflow.step": key, "workflow.try": tries}
         recording = False
+        recorded_step: Checkpoint | None = None
         try:
-            with (
-                hooks.workflows_tracer().span("workflow.step", attributes=attributes),
-                transaction.atomic(using=store.alias()),
-            ):
-                value = call.fn(*call.args, **call.kwargs)
-                result_json = validation.to_json(value, f"the result of step {key!r}")
-                if timeout is not None and time.monotonic() - started > timeout:
-                    raise TimeoutError(f"step {key!r} ran longer than its timeout of {timeout:g} s")
-                recording = True
-                fault_point("workflows.step.before_checkpoint", run=replay.run.pk, key=key)
-                now = replay.now()
-                # The fence last: the run row stays unlocked while the step works.
-                replay.fence(now)
-                step = replay.settle(
-                    key,
-                    step,
-                    StepKind.STEP,
-                    StepStatus.SUCCEEDED,
-                    now,
-                    attempts=tries,
-                    result_json=result_json,
-                    wake_at=None,
-                )
+            with hooks.workflows_tracer().span("workflow.step", attributes=attributes):
+                with transaction.atomic(using=store.alias()), _Statements(store.alias()) as ran:
+                    value = call.fn(*call.args, **call.kwargs)
+                    result_json = validation.to_json(value, f"the result of step {key!r}")
+                    if timeout is not None and time.monotonic() - started > timeout:
+                        raise TimeoutError(
+                            f"step {key!r} ran longer than its timeout of {timeout:g} s"
+                        )
+                    recording = True
+                    fault_point("workflows.step.before_checkpoint", run=replay.run.pk, key=key)
+                    now = replay.now()
+                    # The fence last: the run row stays unlocked while the step works.
+                    # A step that wrote nothing has nothing to commit with its
+                    # checkpoint: its transaction ends empty, and the checkpoint is
+                    # the one statement after it.
+                    if ran.wrote or not ran.alone:
+                        recorded_step = self._record(key, step, tries, result_json, now)
+                if recorded_step is None:
+                    recorded_step = self._record(key, step, tries, result_json, now)
+                step = recorded_step
         except (Stop, Suspend):
             raise
         except (OperationalError, InterfaceError):
@@ -127,6 +136,21 @@ class InlineSteps:
         replay.record(step)
         fault_point("workflows.step.after_checkpoint", run=replay.run.pk, key=key)
         return outcome(step)
+
+    def _record(
+        self, key: str, step: Checkpoint | None, tries: int, result_json: str, now: datetime
+    ) -> Checkpoint:
+        """A successful try's checkpoint, written in one fenced statement."""
+        return self._replay.settle_alone(
+            key,
+            step,
+            StepKind.STEP,
+            StepStatus.SUCCEEDED,
+            now,
+            attempts=tries,
+            result_json=result_json,
+            wake_at=None,
+        )
 
     def _ended(self, result: str, started: float) -> None:
         name = self._replay.run.name
@@ -154,3 +178,36 @@ class InlineSteps:
         if retry_at is not None:
             raise Suspend(WaitKind.RETRY, key, retry_at)
         return outcome(step)  # the recorded failure, raised
+
+
+class _Statements:
+    """``with _Statements(alias) as ran:`` — whether the block left anything to commit
+    on ``alias``'s connection (``ran.wrote``: a statement ran, or an ``on_commit``
+    callback waits for the commit), and whether a checkpoint written after the block
+    would be a statement of its own (``ran.alone``: the block's transaction is the
+    connection's outermost, and the database writes a fenced checkpoint in one
+    statement)."""
+
+    def __init__(self, alias: str) -> None:
+        self._connection = connections[alias]
+        self._wrapper = self._connection.execute_wrapper(self._count)
+        self._ran = False
+        self.alone = False
+
+    def _count(self, execute: Callable[..., Any], *args: Any) -> Any:
+        self._ran = True
+        return execute(*args)
+
+    @property
+    def wrote(self) -> bool:
+        # A callback must run only once the checkpoint has committed with it.
+        return self._ran or bool(self._connection.run_on_commit)
+
+    def __enter__(self) -> _Statements:
+        connection = self._connection
+        self.alone = connection.vendor == "postgresql" and len(connection.atomic_blocks) == 1
+        self._wrapper.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._wrapper.__exit__(*exc_info)

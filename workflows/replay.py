@@ -94,7 +94,7 @@ class Replay:
         self,
         driver: store.Driver,
         clock: Callable[[], datetime],
-        steps: dict[str, Checkpoint] | None = None,
+        steps: store.RecordedSteps | None = None,
     ) -> None:
         """``steps``: the run's recorded checkpoints when the caller read them already
         (several runs in one query); None reads them."""
@@ -104,11 +104,11 @@ class Replay:
         self._steps = store.load_steps(driver.run.pk) if steps is None else steps
         # A patch marker stands outside the order: a body that no longer asks for its
         # patch skips nothing, and a marker does not make a patch point look passed.
-        self._order = RecordedOrder(
-            (key for key, step in self._steps.items() if step.kind is not StepKind.PATCH),
-            driver.run.rerun_keys,
-        )
+        self._order = RecordedOrder(self._steps.keys(without=StepKind.PATCH), driver.run.rerun_keys)
         self._seen: set[str] = set()
+        #: A signal's key and whether it was sent (and its payload), as the reach of
+        #: its wait read them with the run's cancellation.
+        self._signal_read: tuple[str, tuple[bool, Any]] | None = None
         #: Set when the body contradicted its recorded checkpoints: the run fails
         #: whatever the body did with the error.
         self.nondeterminism: NonDeterministicWorkflow | None = None
@@ -134,7 +134,7 @@ class Replay:
         # first one that has work to do or to wait for (one read per checkpoint that
         # counts, none per replayed one).
         finished = step is not None and step.status.is_finished
-        if not finished and self.cancel_requested():
+        if not finished and self.cancelled_at(checked, kind):
             raise Stop(cancelled=True)
         if step is None:
             skipped = self._order.skipped_by(checked)
@@ -145,6 +145,20 @@ class Replay:
         if not finished:
             fault_point("workflows.checkpoint.reached", run=self.run.pk, key=checked, kind=kind)
         return checked, step
+
+    def replayed(self, key: object, kind: StepKind) -> Recorded | None:
+        """:meth:`reach` and :func:`recorded` at once for a checkpoint recorded
+        Succeeded as ``kind``, reached for the first time: its recorded value, making
+        nothing of its row but the value (most of a long run's replay). None for any
+        other, which takes :meth:`reach`'s path."""
+        if type(key) is not str or key in self._seen:
+            return None
+        result = self._steps.result_of(key, kind)
+        if result is None:
+            return None
+        self._seen.add(key)
+        self._order.reached(key)
+        return Recorded(validation.from_json(result))
 
     def step_of(self, key: str) -> Checkpoint | None:
         """The checkpoint recorded under ``key`` (None if there is none), without
@@ -170,6 +184,24 @@ class Replay:
     def cancel_requested(self) -> bool:
         return store.cancel_requested(self.run.pk)
 
+    def cancelled_at(self, key: str, kind: StepKind) -> bool:
+        """Whether the run's cancel was requested, read as checkpoint ``key`` of
+        ``kind`` is reached with work to do. A signal's wait reads whether its signal
+        came in the same statement (see :meth:`signal_sent`)."""
+        if kind is not StepKind.SIGNAL:
+            return self.cancel_requested()
+        cancelled, sent = store.cancel_and_signal(self.run.pk, key)
+        self._signal_read = (key, sent)
+        return cancelled
+
+    def signal_sent(self, key: str) -> tuple[bool, Any]:
+        """Whether signal ``key`` was sent to the run, and its payload: as the reach
+        of its wait read it, else read now."""
+        read, self._signal_read = self._signal_read, None
+        if read is not None and read[0] == key:
+            return read[1]
+        return store.signal_payload(self.run.pk, key)
+
     def now(self) -> datetime:
         return self.clock()
 
@@ -184,7 +216,7 @@ class Replay:
 
     def record(self, step: Checkpoint) -> Checkpoint:
         """Keep ``step`` as this replay's picture of it (written and committed)."""
-        self._steps[step.key] = step
+        self._steps.put(step)
         return step
 
     def insert(
@@ -218,6 +250,24 @@ class Replay:
             return self.insert(key, kind, status, now, **fields)
         finished = now if status.is_finished else None
         return self.move(step, step.status, status=status, finished_at=finished, **fields)
+
+    def settle_alone(
+        self,
+        key: str,
+        step: Checkpoint | None,
+        kind: StepKind,
+        status: StepStatus,
+        now: datetime,
+        **fields: Any,
+    ) -> Checkpoint:
+        """:meth:`settle` for a write that is this checkpoint's and nothing else: one
+        statement that carries the fence (:func:`workflows.store.record_step`), its
+        own transaction unless the caller has one open. :class:`Stop` if the driver is
+        stale or ``step`` is not where it stood (see :meth:`move`)."""
+        settled = store.record_step(self.driver, step, key, kind, status, now, **fields)
+        if settled is None:
+            raise Stop(cancelled=False)
+        return settled
 
     def wake_at(self, when: datetime, reason: str, detail: str, now: datetime) -> None:
         """Stage the advance job that wakes this run at ``when`` (inside a fenced

@@ -46,9 +46,8 @@ def timer(replay: Replay, key: str, wake_time: Callable[[datetime], datetime]) -
         with replay.write():
             replay.wake_at(step.wake_at, "timer", f"{checked}@{replay.run.advances}", now)
         raise Suspend(WaitKind.TIMER, checked, step.wake_at)
-    with replay.write():
-        fault_point("workflows.timer.wake", run=replay.run.pk, key=checked)
-        step = replay.move(step, StepStatus.WAITING, status=StepStatus.SUCCEEDED, finished_at=now)
+    fault_point("workflows.timer.wake", run=replay.run.pk, key=checked)
+    step = replay.settle_alone(checked, step, StepKind.SLEEP, StepStatus.SUCCEEDED, now)
     replay.record(step)
 
 
@@ -60,29 +59,31 @@ def signal(replay: Replay, key: str, timeout: float | None) -> Any:
     if (done := recorded(step)) is not None:
         return done.value
     now = replay.now()
-    arrived, payload = store.signal_payload(replay.run.pk, checked)
-    with replay.write():
-        if arrived:
-            result_json = validation.to_json(payload, f"signal {checked!r}")
-            step = replay.settle(
-                checked, step, StepKind.SIGNAL, StepStatus.SUCCEEDED, now, result_json=result_json
-            )
-        elif step is None:
-            deadline = None if timeout is None else now + timedelta(seconds=timeout)
+    arrived, payload = replay.signal_sent(checked)
+    if arrived:
+        result_json = validation.to_json(payload, f"signal {checked!r}")
+        step = replay.settle_alone(
+            checked, step, StepKind.SIGNAL, StepStatus.SUCCEEDED, now, result_json=result_json
+        )
+    elif step is None and timeout is not None:
+        deadline = now + timedelta(seconds=timeout)
+        with replay.write():
             step = replay.insert(
                 checked, StepKind.SIGNAL, StepStatus.WAITING, now, wake_at=deadline
             )
-            if deadline is not None:
-                replay.wake_at(deadline, "signal-timeout", checked, now)
-        elif step.wake_at is not None and now >= step.wake_at:
-            step = replay.move(
-                step,
-                StepStatus.WAITING,
-                status=StepStatus.FAILED,
-                error_type="SignalTimeout",
-                error=str(SignalTimeout(checked)),
-                finished_at=now,
-            )
+            replay.wake_at(deadline, "signal-timeout", checked, now)
+    elif step is None:
+        step = replay.settle_alone(checked, None, StepKind.SIGNAL, StepStatus.WAITING, now)
+    elif step.wake_at is not None and now >= step.wake_at:
+        step = replay.settle_alone(
+            checked,
+            step,
+            StepKind.SIGNAL,
+            StepStatus.FAILED,
+            now,
+            error_type="SignalTimeout",
+            error=str(SignalTimeout(checked)),
+        )
     replay.record(step)
     if step.status.is_finished:
         return outcome(step)
@@ -127,9 +128,10 @@ def child_ended(replay: Replay, step: Checkpoint) -> Checkpoint | None:
     ended = store.child_run(step)
     if ended is None or ended.status not in RunStatus.finished():
         return None
-    now = replay.now()
-    with replay.write():
-        step = replay.move(step, StepStatus.WAITING, finished_at=now, **_child_end(ended))
+    end = _child_end(ended)
+    step = replay.settle_alone(
+        step.key, step, StepKind.CHILD, end.pop("status"), replay.now(), **end
+    )
     return replay.record(step)
 
 

@@ -204,14 +204,14 @@ def test_a_bad_wait_timeout_or_argument_fails_the_run_typed_before_anything_runs
 
 
 def test_a_value_the_database_refuses_fails_the_run_instead_of_its_advance(monkeypatch):
-    real = store.insert_step
+    real = store.record_step
 
     def refused(*args: Any, **kwargs: Any) -> Any:
-        if args[1] == "b":
+        if args[2] == "b":
             raise DataError("value too long for type character varying(200)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(store, "insert_step", refused)
+    monkeypatch.setattr(store, "record_step", refused)
     start_workflow(SCOPE, "refused", "checks.linear")
     run_workflows_inline()
     snap = WorkflowScope(SCOPE).get("refused")

@@ -383,16 +383,16 @@ def test_a_database_error_outside_a_step_fails_the_advance_not_the_run(monkeypat
 
     start_workflow(SCOPE, "db-1", "checks.linear")
     pk = WorkflowRun.objects.get(run_id="db-1").pk
-    real = store.insert_step
+    real = store.record_step
 
     def outage(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("the database went away")
 
-    monkeypatch.setattr(store, "insert_step", outage)
+    monkeypatch.setattr(store, "record_step", outage)
     with pytest.raises(OperationalError):
         advance(pk)
     assert WorkflowRun.objects.get(pk=pk).status == RunStatus.RUNNING
-    monkeypatch.setattr(store, "insert_step", real)
+    monkeypatch.setattr(store, "record_step", real)
     assert advance(pk) == "succeeded"
     assert list(Effect.objects.values_list("key", flat=True)) == ["a", "b"]
 
@@ -533,16 +533,16 @@ def test_a_run_whose_advance_job_fails_for_good_is_taken_by_a_new_one(monkeypatc
 
     start_workflow(SCOPE, "released-1", "checks.linear")
     Job.objects.filter(handler=store.ADVANCE_HANDLER).update(max_attempts=1)
-    real = store.insert_step
+    real = store.record_step
 
     def outage(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("the database went away")
 
-    monkeypatch.setattr(store, "insert_step", outage)
+    monkeypatch.setattr(store, "record_step", outage)
     (failed,) = run_workflows_inline(max_attempts_run=1)
     assert failed.outcome == FinishOutcome.FAILED
     run = WorkflowScope(SCOPE).get("released-1")
     assert run.status == RunStatus.WAITING
     assert run.waiting_for == "a new advance (the last one failed)"
-    monkeypatch.setattr(store, "insert_step", real)
+    monkeypatch.setattr(store, "record_step", real)
     assert run_workflow(SCOPE, "released-1").status == RunStatus.SUCCEEDED

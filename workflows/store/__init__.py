@@ -6,10 +6,12 @@ typed error. Nothing else in the app writes to the workflows tables.
 
     create_run / stage ........ (new) -> WAITING + its first advance job     creating
     create_child .............. (new) child of a run, in its fenced write    creating
-    take ...................... WAITING (or RUNNING, its own job again) ->   driving
+    take (take_with_steps) .... WAITING (or RUNNING, its own job again) ->   driving
                                 RUNNING, new driver token; else RUNNING +
                                 wake pending
     guard ..................... every checkpoint write: fenced by the token  driving
+    give_back ................. RUNNING (token) -> WAITING as before the     driving
+                                take (no definition of its version here)
     suspend ................... RUNNING (token, no wake pending) -> WAITING  driving
                                 (what for, until when); a pending wake:
                                 replay again
@@ -19,6 +21,7 @@ typed error. Nothing else in the app writes to the workflows tables.
                                 -> WAITING + a new advance job; the runs
                                 of advance jobs ended unheard, in batches
     insert_step / update_step . a checkpoint recorded, moved on (fenced)     checkpoints
+    record_step ............... the same, the fence in its own statement     checkpoints
     insert_items .............. a map's items and their jobs: one bulk       items
                                 submit, a jobs batch with a ``then`` job
     start_item / end_item ..... an unsealed try counted; an end that is not  items
@@ -54,7 +57,14 @@ from __future__ import annotations
 from .base import Driver, StaleDriver, alias, current_time
 from .bounds import check_item_count, check_results_size, refuse_hopeless_resume
 from .checking import RunInFlight, runs_in_flight
-from .checkpoints import insert_step, load_steps, load_steps_of, update_step
+from .checkpoints import (
+    RecordedSteps,
+    insert_step,
+    load_steps,
+    load_steps_of,
+    record_step,
+    update_step,
+)
 from .control import advance_job_cancelled, cancel, cancel_run, resume, resume_run, time_out
 from .creating import create_child, create_run
 from .deadlines import deadline_passed, timed_out_error
@@ -62,11 +72,13 @@ from .driving import (
     Suspended,
     cancel_requested,
     finish,
+    give_back,
     guard,
     release,
     release_runs_of_ended_jobs,
     suspend,
     take,
+    take_with_steps,
 )
 from .fanning import (
     ITEM_JOB_PREFIX,
@@ -98,7 +110,7 @@ from .items import (
 from .many import cancel_runs_many, resume_runs_many
 from .reads import child_run, get, in_flight_versions, list_runs, snapshot, wait_of
 from .retention import purge_finished
-from .signalling import send_signal, signal_payload
+from .signalling import cancel_and_signal, send_signal, signal_payload
 from .tags import carrying
 from .waking import (
     ADVANCE_HANDLER,
@@ -117,6 +129,7 @@ __all__ = [
     "ITEM_BATCH",
     "ITEM_JOB_PREFIX",
     "Driver",
+    "RecordedSteps",
     "RunInFlight",
     "SealedItem",
     "StaleDriver",
@@ -126,6 +139,7 @@ __all__ = [
     "advance_scope_hash",
     "alias",
     "cancel",
+    "cancel_and_signal",
     "cancel_requested",
     "cancel_run",
     "cancel_runs_many",
@@ -145,6 +159,7 @@ __all__ = [
     "finish",
     "fork",
     "get",
+    "give_back",
     "guard",
     "identity",
     "in_flight_versions",
@@ -164,6 +179,7 @@ __all__ = [
     "purge_finished",
     "record_item_error",
     "record_items",
+    "record_step",
     "refuse_hopeless_resume",
     "release",
     "release_runs_of_ended_jobs",
@@ -179,6 +195,7 @@ __all__ = [
     "start_item",
     "suspend",
     "take",
+    "take_with_steps",
     "then_job_ended",
     "time_out",
     "timed_out_error",

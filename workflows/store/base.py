@@ -28,23 +28,13 @@ def alias() -> str:
     return alias_for(WorkflowRun)
 
 
-def lock_run(run_pk: int) -> str | None:
-    """Lock run ``run_pk``'s row until the transaction ends (PostgreSQL; SQLite's
-    transactions hold the one write lock already) and return its status."""
-    return (
-        WorkflowRun.objects.select_for_update()
-        .filter(pk=run_pk)
-        .values_list("status", flat=True)
-        .first()
-    )
-
-
 def run_in_scope(scope_hash: str, run_id: str, *, lock: bool = False) -> WorkflowRun:
-    """Run ``run_id`` of scope ``scope_hash`` (its row locked with ``lock``), or
-    :class:`RunNotFound`."""
+    """Run ``run_id`` of scope ``scope_hash`` (its row locked with ``lock`` until the
+    transaction ends, as an update of the row locks it: a driver's fenced writes wait
+    for it), or :class:`RunNotFound`."""
     rows = WorkflowRun.objects.for_scope(scope_hash).filter(run_id=run_id)
     if lock:
-        rows = rows.select_for_update()
+        rows = rows.select_for_update(no_key=True)
     run = rows.first()
     if run is None:
         raise RunNotFound(f"no run {run_id!r} in this scope")

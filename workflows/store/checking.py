@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..models import WorkflowRun
-from ..types import Checkpoint, DrivenRun, RunStatus
-from .checkpoints import load_steps_of
+from ..types import DrivenRun, RunStatus
+from .checkpoints import RecordedSteps, load_steps_of
 
 #: The statuses of a run in flight: what a deploy of new code would replay.
 IN_FLIGHT = (RunStatus.WAITING, RunStatus.RUNNING, RunStatus.FAILED)
@@ -36,7 +36,7 @@ class RunInFlight:
     run: DrivenRun
     status: RunStatus
     failed_step: str
-    steps: dict[str, Checkpoint]
+    steps: RecordedSteps
 
 
 def runs_in_flight(batch: int) -> Iterator[list[RunInFlight]]:
@@ -61,7 +61,7 @@ def runs_in_flight(batch: int) -> Iterator[list[RunInFlight]]:
                     run=DrivenRun(**fields),
                     status=RunStatus(row[-2]),
                     failed_step=row[-1],
-                    steps=steps.get(row[0], {}),
+                    steps=steps.get(row[0]) or RecordedSteps(),
                 )
             )
         yield runs

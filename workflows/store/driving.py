@@ -5,21 +5,27 @@ a run whose advance job failed for good is released to a new one."""
 from __future__ import annotations
 
 import enum
+import json
+import time
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
-from django.db.models import F, OuterRef, Q, Subquery
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import F, OuterRef, Subquery
 
 from jobs.models import Job
 from jobs.types import FINISHED_STATUSES, JobStatus
+from ledon.db import adapt_dt, is_postgres, read_dt
 from ledon.errors import storable_text
 from ledon.faults import fault_point
-from ledon.values import from_row
 
 from ..models import WorkflowRun
 from ..types import DrivenRun, RunStatus, Wait, WaitKind
-from .base import Driver, StaleDriver, alias, current_time, ended, let_go, lock_run
+from .base import Driver, StaleDriver, alias, current_time, ended, let_go
+from .checkpoints import RecordedSteps, load_steps, recorded_steps, steps_query
 from .control import advance_job_cancelled, cancel_dependents
 from .waking import advance_scope_hash, drop_wakes, wake, wake_parent
 
@@ -34,35 +40,126 @@ def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None)
     current step a second time beside the live driver — but leaves a wake-up for
     that driver, which then replays once more before it waits. None if the run was
     not taken.
+
+    One statement decides and writes both outcomes under the row's lock, so a driver
+    that suspends the run meanwhile is ordered before or after the whole decision: a
+    wake-up it refuses is never lost to a run that went Waiting in between. The run
+    comes back from the same statement.
     """
-    now = current_time(now)
+    connection = transaction.get_connection(alias())
     token = uuid.uuid4().hex
-    takeable = Q(status=RunStatus.WAITING)
-    if job_id is None:
-        takeable |= Q(status=RunStatus.RUNNING)
-    else:
-        takeable |= Q(status=RunStatus.RUNNING, driver_job=job_id)
+    sql, params = _take_statement(connection, run_pk, token, job_id, current_time(now))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return _taken(run_pk, token, cursor.fetchone())
+
+
+def take_with_steps(
+    run_pk: int, job_id: str | None = None, *, now: datetime | None = None
+) -> tuple[Driver, RecordedSteps] | None:
+    """:func:`take`, and the run's recorded checkpoints read right after it (as
+    :func:`~workflows.store.load_steps` reads them): on PostgreSQL the two statements
+    go in one pipeline, one round trip (the read is wasted on a run not taken)."""
+    connection = transaction.get_connection(alias())
+    if not is_postgres(connection):
+        driver = take(run_pk, job_id, now=now)
+        return None if driver is None else (driver, load_steps(run_pk))
+    token = uuid.uuid4().hex
+    sql, params = _take_statement(connection, run_pk, token, job_id, current_time(now))
+    read = steps_query(connection)
+    connection.ensure_connection()
+    raw = connection.connection
+    started = time.monotonic()
+    with connection.wrap_database_errors, raw.cursor() as taking, raw.cursor() as reading:
+        with raw.pipeline():
+            taking.execute(sql, params)
+            reading.execute(read, [run_pk])
+        driver = _taken(run_pk, token, taking.fetchone())
+        rows = reading.fetchall()
+    if connection.queries_logged:  # where Django's own cursors record theirs
+        took = f"{time.monotonic() - started:.3f}"
+        connection.queries_log.append({"sql": f"{sql}; {read}", "time": took})
+    return None if driver is None else (driver, recorded_steps(connection, rows))
+
+
+def _take_statement(
+    connection: BaseDatabaseWrapper, run_pk: int, token: str, job_id: str | None, now: datetime
+) -> tuple[str, list[Any]]:
+    """The statement of :func:`take` and its parameters."""
+    q = connection.ops.quote_name
+    takeable = f"({q('status')} = %s OR ({q('status')} = %s"
+    takeable_params: list[Any] = [RunStatus.WAITING, RunStatus.RUNNING]
+    if job_id is not None:
+        takeable += f" AND {q('driver_job')} = %s"
+        takeable_params.append(job_id)
+    takeable += "))"
+    # Each column: what a take writes, else what it keeps (a refused take leaves a
+    # wake-up on a Running run); the set's expressions all read the row as it was.
+    columns: list[tuple[str, str, list[Any], str, list[Any]]] = [
+        ("status", "%s", [RunStatus.RUNNING], q("status"), []),
+        ("driver_token", "%s", [token], q("driver_token"), []),
+        ("driver_job", "%s", [job_id], q("driver_job"), []),
+        ("wake_pending", "%s", [False], f"({q('wake_pending')} OR {q('status')} = %s)",
+         [RunStatus.RUNNING]),
+        ("advances", f"{q('advances')} + 1", [], q("advances"), []),
+        ("updated_at", "%s", [adapt_dt(connection, now)], q("updated_at"), []),
+    ]  # fmt: skip
+    sets: list[str] = []
+    params: list[Any] = []
+    for column, taken, taken_params, kept, kept_params in columns:
+        sets.append(f"{q(column)} = CASE WHEN {takeable} THEN {taken} ELSE {kept} END")
+        params += [*takeable_params, *taken_params, *kept_params]
+    returned = ", ".join(q(column) for column in _TAKEN)
+    sql = (
+        f"UPDATE {q(WorkflowRun._meta.db_table)} SET {', '.join(sets)}"
+        f" WHERE {q('id')} = %s RETURNING {q('driver_token')} = %s, {returned}"
+    )
+    return sql, [*params, run_pk, token]
+
+
+def _taken(run_pk: int, token: str, row: Sequence[Any] | None) -> Driver | None:
+    """The driver of a take that returned ``row`` (None: not taken)."""
+    if row is None or not row[0]:
+        fault_point("workflows.take.refused", run=run_pk)
+        return None
+    run = dict(zip(_TAKEN, row[1:], strict=True))
+    run["pk"] = run.pop("id")
+    run["rerun_keys"] = tuple(_json_list(run["rerun_keys"]))
+    if run["deadline"] is not None:
+        run["deadline"] = read_dt(run["deadline"])
+    return Driver(DrivenRun(**run), token)
+
+
+def give_back(driver: Driver, now: datetime) -> bool:
+    """RUNNING (this driver) -> WAITING as the run stood before this driver took it
+    (no driver, one advance fewer, what it waits for untouched): the advance found no
+    definition of the run's version here, and leaves the run to a worker that has
+    one. A wake-up left meanwhile stages an advance job, so none is lost. False if
+    the driver is stale."""
     with transaction.atomic(using=alias()):
-        # The row locked first: a driver that suspends the run meanwhile is ordered
-        # before or after this whole decision, so a wake-up it refuses is never lost
-        # to a run that went Waiting between its two statements.
-        lock_run(run_pk)
-        taken = WorkflowRun.objects.filter(takeable, pk=run_pk).update(
-            status=RunStatus.RUNNING,
-            driver_token=token,
-            driver_job=job_id,
+        woken = driver.held().filter(wake_pending=True).exists()
+        given = driver.held().update(
+            status=RunStatus.WAITING,
+            driver_token=None,
+            driver_job=None,
             wake_pending=False,
-            advances=F("advances") + 1,
+            advances=F("advances") - 1,
             updated_at=now,
         )
-        if not taken:
-            fault_point("workflows.take.refused", run=run_pk)
-            WorkflowRun.objects.filter(pk=run_pk, status=RunStatus.RUNNING).update(
-                wake_pending=True
-            )
-            return None
-        run = WorkflowRun.objects.get(pk=run_pk)
-    return Driver(from_row(DrivenRun, run, pk=run.pk, rerun_keys=tuple(run.rerun_keys)), token)
+        if given and woken:
+            run = driver.run
+            wake(run.pk, run.generation, "released", driver.token, now=now)
+    return bool(given)
+
+
+#: The columns of a run that its driver reads as it takes it (:class:`DrivenRun`'s).
+_TAKEN = tuple("id" if name == "pk" else name for name in DrivenRun.__dataclass_fields__)
+
+
+def _json_list(value: Any) -> list[Any]:
+    """A JSON list column read by raw SQL (text on SQLite, and from Django's
+    PostgreSQL connections)."""
+    return list(json.loads(value) if isinstance(value, str | bytes) else value)
 
 
 def guard(driver: Driver, now: datetime) -> None:
@@ -75,7 +172,18 @@ def guard(driver: Driver, now: datetime) -> None:
 
 
 def cancel_requested(run_pk: int) -> bool:
-    return bool(WorkflowRun.objects.filter(pk=run_pk, cancel_requested=True).exists())
+    """Whether run ``run_pk``'s cancel was requested: read at every checkpoint with
+    work to do, so one plain statement."""
+    connection = transaction.get_connection(alias())
+    q = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {q('cancel_requested')} FROM {q(WorkflowRun._meta.db_table)}"
+            f" WHERE {q('id')} = %s",
+            [run_pk],
+        )
+        row = cursor.fetchone()
+    return row is not None and bool(row[0])
 
 
 class Suspended(enum.Enum):
