@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from outbox import IntegrationEvent, store, unit_of_work
@@ -333,8 +334,9 @@ class OpenProducer:
 
 @pytest.mark.postgres_only
 class TestRacesWithProducers:
-    """A transaction storing a key's message and a dispatcher ending the key's unsent
-    message meet on the key's advisory lock: whichever comes second sees the first."""
+    """Two transactions storing messages of one key meet on the key's advisory lock; a
+    transaction storing a key's message and a dispatcher ending the key's last unsent
+    message meet on that message's row: whichever comes second sees the first."""
 
     def test_transactions_of_one_key_get_ids_in_commit_order(self, background, blocked_on_lock):
         first = OpenProducer(background, "a")
@@ -395,33 +397,51 @@ class TestRacesWithProducers:
         assert held(a2) == [False]
 
 
-def test_a_big_batch_is_recorded_a_bounded_number_of_keys_at_a_time(monkeypatch):
-    """On PostgreSQL each recorded keyed message holds its key's advisory lock until
-    its transaction commits, and the server's lock table is bounded: a batch records
-    at most ``SENT_PER_TRANSACTION`` delivered messages per transaction."""
-    monkeypatch.setattr(store, "SENT_PER_TRANSACTION", 2)
-    staged = stage("a", "b", "c", "d", "")
-    stage("a", "b", "c", "d")  # each key's next message, released as its first is sent
-    batch = claim()
-    locks_held: list[int] = []
+class TestFollowed:
+    """A delivery looks for its key's next message only when one was stored behind it:
+    a key without a backlog costs the recording no statement beyond a keyless one."""
 
-    def count_locks(context: dict[str, Any]) -> None:
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                    " AND pid = pg_backend_pid()"
-                )
-                locks_held.append(cursor.fetchone()[0])
-        else:
-            locks_held.append(0)
+    def recorded_statements(self, batch: Batch | None) -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            deliver(batch)
+        return [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
 
-    with fault_at("outbox.store.recording", count_locks):
-        outcomes = deliver(batch)
-    assert outcomes == dict.fromkeys(ids(*staged), RecordOutcome.SENT)
-    assert len(locks_held) == 3  # five messages, two a transaction
-    assert max(locks_held) <= 2
-    assert not OutboxMessage.objects.held().exists()
+    def test_keys_with_nothing_behind_them_are_recorded_in_one_statement(self):
+        stage("a", "b", "", "c")
+        assert len(self.recorded_statements(claim())) == 1
+        assert not OutboxMessage.objects.filter(status=MessageStatus.PENDING).exists()
+
+    def test_a_key_with_a_message_behind_it_releases_that_one(self):
+        a1, b1 = stage("a", "b")
+        (a2,) = stage("a")
+        assert [row(e).followed for e in (a1, b1, a2)] == [True, False, False]
+        assert len(self.recorded_statements(claim())) == 2  # Sent, then the release
+        assert held(a2) == [False]
+        assert claimed() == ids(a2)
+
+    def test_a_message_stored_behind_a_held_one_marks_that_one(self):
+        a1, a2, a3 = stage("a", "a", "a")
+        assert [row(e).followed for e in (a1, a2, a3)] == [True, True, False]
+        assert drain() == ids(a1, a2, a3)
+
+    def test_a_row_written_without_the_column_is_followed(self):
+        """A row stored by the previous release's code (during an upgrade) is taken as
+        followed: its delivery looks for a next message."""
+        (a1,) = stage("a")
+        table = OutboxMessage._meta.db_table
+        copy = uuid.uuid4()
+        adapt = (lambda u: u.hex) if connection.vendor == "sqlite" else (lambda u: u)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (message_id, event_type, key, payload_json, headers,"
+                " status, attempts, available_at, created_at, updated_at, last_error,"
+                " leased_by, held) SELECT %s, event_type, key, payload_json, headers, status,"
+                f" 0, available_at, created_at, updated_at, '', '', TRUE FROM {table}"
+                " WHERE message_id = %s",
+                [adapt(copy), adapt(a1.message_id)],
+            )
+        assert OutboxMessage.objects.get(message_id=copy).followed is True
+        assert row(a1).followed is False
 
 
 @pytest.mark.postgres_only
@@ -446,8 +466,8 @@ def test_storing_and_releasing_probe_their_indexes():
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {OutboxMessage._meta.db_table}")
         cursor.execute(
-            "EXPLAIN " + store.insert_sql(keyed=True),
-            [uuid.uuid4(), "t", "k1", "{}", "{}", "pending", now, now, now, "k1"],
+            "EXPLAIN " + store.insert_sql(keyed=True, vendor=connection.vendor),
+            ["k1", uuid.uuid4(), "t", "k1", "{}", "{}", "pending", now, now, now],
         )
         stored = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute(
