@@ -478,6 +478,48 @@ def _release_next(connection: BaseDatabaseWrapper, keys: Sequence[str], now: dat
     return released
 
 
+#: A repair of keys after an upgrade (see :func:`repair_keys`): mark followed each
+#: unsent keyed message not marked that has a held message of its key behind it.
+MARK_FOLLOWED = (
+    f"UPDATE {OUTBOX} SET followed = TRUE WHERE id IN (SELECT m.id FROM {OUTBOX} m"
+    f" WHERE {unsent_keyed('m')} AND NOT m.followed AND EXISTS (SELECT 1 FROM {OUTBOX} h"
+    " WHERE h.key = m.key AND h.held AND h.id > m.id))"
+    f" AND status IN ({UNSENT_SQL}) RETURNING id"
+)
+
+#: The other half of the repair: release the first held message of each key that has
+#: no message that is unsent and not held (its first unsent message is held).
+RELEASE_STRANDED = (
+    f"UPDATE {OUTBOX} SET held = FALSE, updated_at = %s WHERE held AND id IN"
+    f" (SELECT MIN(h.id) FROM {OUTBOX} h WHERE h.held GROUP BY h.key"
+    f" HAVING NOT EXISTS (SELECT 1 FROM {OUTBOX} e WHERE e.key = h.key"
+    f" AND {unsent_keyed('e')} AND NOT e.held)) RETURNING id"
+)
+
+
+def repair_keys(*, now: datetime | None = None) -> tuple[int, int]:
+    """After an upgrade: put right what a producer of the previous release's code left
+    while this release's ran, and return how many messages were marked followed and
+    how many were released.
+
+    That code did not mark the message it stored a message behind (so its delivery
+    would not release the next one), and its dispatchers released always: so each
+    unsent keyed message with a held message behind it is marked followed, then each
+    key whose first unsent message is held has that message released. Both are no-ops
+    when every producer runs this release; the dispatcher runs them at its start. The
+    second is a statement of its own: it reads what the first waited for."""
+    now = _now(now)
+    connection = connection_for(OutboxMessage)
+    with transaction.atomic(using=alias_for(OutboxMessage)), connection.cursor() as cursor:
+        cursor.execute(MARK_FOLLOWED)
+        marked = len(cursor.fetchall())
+        cursor.execute(RELEASE_STRANDED, [adapt_dt(connection, now)])
+        released = len(cursor.fetchall())
+        if released:
+            _notify(connection)
+    return marked, released
+
+
 #: The guards of a recovery: a lease that expired, and a dispatcher's leases.
 RECOVERY_GUARDS = ("lease_expires_at < %s", "leased_by = %s")
 

@@ -24,9 +24,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from outbox import IntegrationEvent, store, unit_of_work
+from outbox.dispatcher import Dispatcher
 from outbox.exceptions import InvalidTransition, MessageNotFound
 from outbox.models import OutboxMessage
-from outbox.testing import fault_at
+from outbox.testing import RecordingTransport, fault_at
 from outbox.types import Batch, DeliveryReport, Envelope, MessageStatus, RecordOutcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -428,20 +429,69 @@ class TestFollowed:
         """A row stored by the previous release's code (during an upgrade) is taken as
         followed: its delivery looks for a next message."""
         (a1,) = stage("a")
-        table = OutboxMessage._meta.db_table
-        copy = uuid.uuid4()
-        adapt = (lambda u: u.hex) if connection.vendor == "sqlite" else (lambda u: u)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {table} (message_id, event_type, key, payload_json, headers,"
-                " status, attempts, available_at, created_at, updated_at, last_error,"
-                " leased_by, held) SELECT %s, event_type, key, payload_json, headers, status,"
-                f" 0, available_at, created_at, updated_at, '', '', TRUE FROM {table}"
-                " WHERE message_id = %s",
-                [adapt(copy), adapt(a1.message_id)],
-            )
-        assert OutboxMessage.objects.get(message_id=copy).followed is True
+        older = store_as_older_code("b", held=False)
+        assert row(older).followed is True
         assert row(a1).followed is False
+
+
+def store_as_older_code(key: str, *, held: bool) -> Envelope:
+    """A message stored as a producer of the previous release stored it: ``held`` as
+    it found, without the ``followed`` column, the message it waits behind unmarked."""
+    now = timezone.now()
+    envelope = Envelope(
+        message_id=uuid.uuid4(), event_type=Step.event_name, payload_json="{}", key=key,
+        created_at=now,
+    )  # fmt: skip
+    table = OutboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (message_id, event_type, key, payload_json, headers, status,"
+            " attempts, available_at, created_at, updated_at, last_error, leased_by, held)"
+            " VALUES (%s, %s, %s, '{}', '{}', 'pending', 0, %s, %s, %s, '', '', %s)",
+            [
+                envelope.message_id.hex if connection.vendor == "sqlite" else envelope.message_id,
+                envelope.event_type, key, now, now, now, held,
+            ],
+        )  # fmt: skip
+    return envelope
+
+
+class TestUpgradeRepair:
+    """Producers of the previous release, still running beside this one's during an
+    upgrade, leave what :func:`store.repair_keys` puts right at a dispatcher's start."""
+
+    def test_a_message_an_older_producer_stored_behind_is_marked_followed(self):
+        (a1,) = stage("a")
+        a2 = store_as_older_code("a", held=True)
+        assert store.repair_keys() == (1, 0)
+        assert row(a1).followed is True
+        deliver(claim())
+        assert claimed() == ids(a2)
+
+    def test_a_key_whose_first_unsent_message_is_held_is_released(self):
+        stage("a")
+        a2 = store_as_older_code("a", held=True)
+        deliver(claim())  # a1 was not followed: a2 is left held, first of its key
+        assert claimed() == []
+        assert store.repair_keys() == (0, 1)
+        assert claimed() == ids(a2)
+
+    def test_keys_in_order_are_left_as_they_are(self):
+        a1, _a2, b1, _b2, c1, keyless = stage("a", "a", "b", "b", "c", "")
+        fail(claim(limit=1), permanent=True)  # a1 parked: the key halts
+        assert row(a1).status == MessageStatus.PARKED
+        before = list(OutboxMessage.objects.order_by("id").values_list("held", "followed"))
+        assert store.repair_keys() == (0, 0)
+        after = list(OutboxMessage.objects.order_by("id").values_list("held", "followed"))
+        assert after == before
+        assert sorted(claimed(), key=str) == sorted(ids(b1, c1, keyless), key=str)
+
+    def test_a_dispatcher_repairs_at_its_start(self):
+        (a1,) = stage("a")
+        a2 = store_as_older_code("a", held=True)
+        transport = RecordingTransport()
+        Dispatcher(burst=True, listen=False, transport=transport).run()
+        assert [m.message_id for m in transport.published] == ids(a1, a2)
 
 
 @pytest.mark.postgres_only
@@ -474,6 +524,12 @@ def test_storing_and_releasing_probe_their_indexes():
             "EXPLAIN " + store.release_sql(connection.vendor, 2), [False, now, True, "k1", "k2"]
         )
         released = "\n".join(row[0] for row in cursor.fetchall())
+        plans = []
+        for statement, params in ((store.MARK_FOLLOWED, []), (store.RELEASE_STRANDED, [now])):
+            cursor.execute("EXPLAIN " + statement, params)
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
     assert "outbox_msg_key_idx" in stored, stored
+    for plan in plans:  # the repair reads unsent and held messages, not the history
+        assert "Seq Scan" not in plan, plan
     assert "outbox_msg_held_idx" in released, released
     assert "Seq Scan" not in released, released  # each released row by its id
