@@ -4,18 +4,20 @@ Each transition is one guarded statement — it succeeds only from the states th
 allow it — inside ``transaction.atomic``, and returns a typed outcome or raises a
 typed error. Nothing else in the app writes to these tables.
 
-    stage ................ (new) -> PENDING, held if its key has an unsent message
-                                                                    stage_message
+    stage ................ (new) -> PENDING, held if its key has an unsent message,
+                           whose last one becomes followed          stage_message
     claim ................ PENDING, no lease, not held, due -> PENDING + lease (n+1)
     renew ................ PENDING + this lease -> PENDING + longer   renew_batch
-    record delivered ..... PENDING + this lease -> SENT; the key's next message is
-                           no longer held                           record_deliveries
+    record delivered ..... PENDING + this lease -> SENT; if it was followed, the
+                           key's next message is no longer held     record_deliveries
     record failure ....... PENDING + this lease -> PENDING later | PARKED
     recover .............. PENDING + lease expired (or of a restarted dispatcher)
                            -> PENDING | PARKED (attempts used up)   recover_*
     redeliver (operator) . PENDING | PARKED, no lease -> PENDING now (parked: attempts 0)
     park (operator) ...... PENDING, no lease -> PARKED
     discard (operator) ... PARKED -> (deleted); the key's next message is no longer held
+    repair (at start) .... unsent keyed, not followed, a held one behind -> followed;
+                           a key's first unsent message held -> not held  repair_keys
     retention ............ SENT, keyless PARKED older than their retention -> (deleted)
                            inbox records older than theirs -> (deleted)
 
