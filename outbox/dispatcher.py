@@ -396,7 +396,9 @@ class Dispatcher(EmitsEvents, Engine):
 
     def recover(self, *, startup: bool = False) -> RecoveryResult:
         """Release batches whose dispatcher stopped (lease expired; at start-up also
-        this dispatcher id's own leftovers) so they are delivered again."""
+        this dispatcher id's own leftovers) so they are delivered again. At start-up,
+        also repair the keys that producers of the previous release left
+        (:func:`outbox.store.repair_keys`)."""
         if startup:
             fault_point("outbox.dispatcher.recovering", dispatcher_id=self.dispatcher_id)
         now = self.clock()
@@ -404,6 +406,15 @@ class Dispatcher(EmitsEvents, Engine):
         if startup:
             own = store.recover_dispatcher(self.dispatcher_id, now=now)
             result = RecoveryResult(result.released + own.released, result.parked + own.parked)
+            marked, released = store.repair_keys(now=now)
+            if marked or released:
+                logger.warning(
+                    "repaired the order of keyed outbox messages stored by older code:"
+                    " %d marked followed, %d released",
+                    marked,
+                    released,
+                    extra={"worker": self.dispatcher_id},
+                )
         if result.total:
             self.stats.recovered += result.released
             self.stats.parked += result.parked

@@ -86,6 +86,11 @@ class OutboxMessage(models.Model):
     #: Parked): the message waits, out of the claim's index, until that one is sent or
     #: discarded. Keyless messages are never held.
     held = models.BooleanField(default=False)
+    #: True once a message of the same ``key`` was stored behind this one while it was
+    #: unsent: its delivery then releases the key's next message. A message is stored
+    #: False; a row written any other way (by older code) is True, which costs its
+    #: delivery one look for a next message and never leaves one held.
+    followed = models.BooleanField(default=True, db_default=True)
     last_error = models.TextField(blank=True, default="")
     leased_by = models.CharField(max_length=200, blank=True, default="")
     # NULL, not "": the claim index covers only rows without a lease.

@@ -4,18 +4,20 @@ Each transition is one guarded statement — it succeeds only from the states th
 allow it — inside ``transaction.atomic``, and returns a typed outcome or raises a
 typed error. Nothing else in the app writes to these tables.
 
-    stage ................ (new) -> PENDING, held if its key has an unsent message
-                                                                    stage_message
+    stage ................ (new) -> PENDING, held if its key has an unsent message,
+                           whose last one becomes followed          stage_message
     claim ................ PENDING, no lease, not held, due -> PENDING + lease (n+1)
     renew ................ PENDING + this lease -> PENDING + longer   renew_batch
-    record delivered ..... PENDING + this lease -> SENT; the key's next message is
-                           no longer held                           record_deliveries
+    record delivered ..... PENDING + this lease -> SENT; if it was followed, the
+                           key's next message is no longer held     record_deliveries
     record failure ....... PENDING + this lease -> PENDING later | PARKED
     recover .............. PENDING + lease expired (or of a restarted dispatcher)
                            -> PENDING | PARKED (attempts used up)   recover_*
     redeliver (operator) . PENDING | PARKED, no lease -> PENDING now (parked: attempts 0)
     park (operator) ...... PENDING, no lease -> PARKED
     discard (operator) ... PARKED -> (deleted); the key's next message is no longer held
+    repair (at start) .... unsent keyed, not followed, a held one behind -> followed;
+                           a key's first unsent message held -> not held  repair_keys
     retention ............ SENT, keyless PARKED older than their retention -> (deleted)
                            inbox records older than theirs -> (deleted)
 
@@ -27,7 +29,10 @@ is ever claimable, so two messages of one key are never in flight at once, a mes
 waiting for its retry holds its key, and a parked one halts it. Keyless messages are
 never held. On PostgreSQL a transaction that stores a keyed message holds the key's
 advisory lock until it ends (see :func:`stage_message`), which makes the id order of
-one key's messages their commit order.
+one key's messages their commit order; and it marks the key's last unsent message
+*followed*, a row update that a delivery of that message waits for and then reads,
+so that only a delivery whose message is followed looks for a message to release
+(see :func:`record_deliveries`).
 
     inbox ................ (consumer, message id) new -> recorded  record_inbox
 """
@@ -94,20 +99,37 @@ PENDING, SENT, PARKED = (s.value for s in MessageStatus)
 KEY_LOCK_CLASS = int.from_bytes(b"obxk")
 
 
+#: The unsent statuses as SQL literals.
+UNSENT_SQL = ", ".join(f"'{status}'" for status in UNSENT)
+
+
 def unsent_keyed(alias: str) -> str:
     """The condition of the key index (``outbox_msg_key_idx``) on table ``alias``:
     keyed and unsent. Written with literal values, as the index's own condition reads,
     so that SQLite's planner sees that the index covers the rows."""
-    statuses = ", ".join(f"'{status}'" for status in UNSENT)
-    return f"NOT ({alias}.key = '') AND {alias}.status IN ({statuses})"
+    return f"NOT ({alias}.key = '') AND {alias}.status IN ({UNSENT_SQL})"
 
 
-def first_unsent_sql(alias: str, key: str) -> str:
-    """The id of the first unsent message of the key ``key`` (an SQL expression), one
+def last_unsent_sql(alias: str, key: str) -> str:
+    """The id of the last unsent message of the key ``key`` (an SQL expression), one
     probe of the key index."""
     return (
         f"(SELECT {alias}.id FROM {OUTBOX} {alias} WHERE {alias}.key = {key}"
-        f" AND {unsent_keyed(alias)} ORDER BY {alias}.id LIMIT 1)"
+        f" AND {unsent_keyed(alias)} ORDER BY {alias}.id DESC LIMIT 1)"
+    )
+
+
+def follow_sql() -> str:
+    """Mark the last unsent message of the key ``%s`` followed, returning its id (no
+    row when the key has no unsent message).
+
+    A row update, so that it and a delivery of that message follow one another: a
+    delivery recorded meanwhile waits for this transaction and then reads
+    ``followed``; one recorded first makes the message Sent, and the status, checked
+    again on the newest version of the row, leaves it out here."""
+    return (
+        f"UPDATE {OUTBOX} SET followed = TRUE WHERE id = {last_unsent_sql('t', '%s')}"
+        f" AND status IN ({UNSENT_SQL}) RETURNING id"
     )
 
 
@@ -148,7 +170,8 @@ def stage_message(envelope: Envelope, *, using: str) -> None:
     work cannot commit without its message.
 
     A keyed message is stored *held* when its key has an unsent message already (it
-    goes out after that one). On PostgreSQL the transaction first takes the key's
+    goes out after that one), and the key's last unsent message is marked *followed*
+    (see :func:`follow_sql`). On PostgreSQL the transaction first takes the key's
     advisory lock and keeps it until it ends: transactions storing messages of one key
     follow one another, so each one's messages get higher ids than those of every
     transaction of the key that committed before it, and the key's id order is the
@@ -175,30 +198,43 @@ def stage_message(envelope: Envelope, *, using: str) -> None:
             created,
         ]
         keyed = bool(envelope.key)
-        if keyed:
-            params.append(envelope.key)
         with connection.cursor() as cursor:
-            if keyed and is_postgres(connection):
+            if not keyed:
+                cursor.execute(insert_sql(keyed=False, vendor=connection.vendor), params)
+                _notify(connection)
+            elif is_postgres(connection):
                 # One round trip takes the key's lock and sends the wake-up (delivered
-                # on commit, wherever the transaction sends it).
+                # on commit, wherever the transaction sends it); the insert marks the
+                # key's last unsent message in the same statement.
                 channel = outbox_settings().NOTIFY_CHANNEL
                 cursor.execute(LOCK_KEY_AND_NOTIFY, [KEY_LOCK_CLASS, envelope.key, channel])
-                cursor.execute(insert_sql(keyed=True), params)
+                cursor.execute(
+                    insert_sql(keyed=True, vendor=connection.vendor), [envelope.key, *params]
+                )
             else:
-                cursor.execute(insert_sql(keyed=keyed), params)
-                _notify(connection)
+                cursor.execute(follow_sql(), [envelope.key])
+                held = cursor.fetchone() is not None
+                cursor.execute(insert_sql(keyed=True, vendor=connection.vendor), [*params, held])
     except DatabaseError:
         transaction.set_rollback(True, using=using)
         raise
 
 
-def insert_sql(*, keyed: bool) -> str:
-    """Store one Pending message; a keyed one is held if its key has an unsent one."""
-    held = f"EXISTS {first_unsent_sql('e', '%s')}" if keyed else "FALSE"
+def insert_sql(*, keyed: bool, vendor: str) -> str:
+    """Store one Pending message, not followed; a keyed one is held if its key has an
+    unsent message, the last of which it marks followed (:func:`follow_sql`: on
+    PostgreSQL in the same statement, its key the first parameter; elsewhere run
+    before, whether it marked one the last parameter)."""
+    held, tail = "FALSE", ""
+    if keyed and vendor == "postgresql":
+        held, tail = "EXISTS (SELECT 1 FROM tail)", f"WITH tail AS ({follow_sql()}) "
+    elif keyed:
+        held = "%s"
     return (
-        f"INSERT INTO {OUTBOX} (message_id, event_type, key, payload_json, headers, status,"
-        " attempts, available_at, created_at, updated_at, last_error, leased_by, held)"
-        f" VALUES (%s, %s, %s, %s, %s, %s, 0, %s, %s, %s, '', '', {held})"
+        f"{tail}INSERT INTO {OUTBOX} (message_id, event_type, key, payload_json, headers,"
+        " status, attempts, available_at, created_at, updated_at, last_error, leased_by,"
+        f" held, followed) VALUES (%s, %s, %s, %s, %s, %s, 0, %s, %s, %s, '', '', {held},"
+        " FALSE)"
     )
 
 
@@ -298,13 +334,6 @@ def renew_batch(
         return int(cursor.rowcount)
 
 
-#: The most delivered messages one recording transaction marks Sent. On PostgreSQL it
-#: holds an advisory lock per keyed message until it commits, and the server's lock
-#: table is shared and bounded (``max_locks_per_transaction`` per connection): a bigger
-#: batch is recorded in several transactions.
-SENT_PER_TRANSACTION = 256
-
-
 def record_deliveries(
     token: str,
     reports: Sequence[DeliveryReport],
@@ -313,46 +342,24 @@ def record_deliveries(
     max_attempts: int | None = None,
     now: datetime | None = None,
 ) -> dict[uuid.UUID, RecordOutcome]:
-    """Record a batch's confirmations, each fenced by the lease.
+    """Record a batch's confirmations, each fenced by the lease, in one transaction.
 
     Delivered -> Sent, and the next message of its key is released. Failed -> Pending
     again from ``retry_at[message_id]``, or Parked with the error once ``max_attempts``
     attempts are used or the failure is permanent; either way it keeps holding its key.
     A message whose lease this batch lost is left alone: STALE.
-
-    One transaction for a batch of up to :data:`SENT_PER_TRANSACTION` delivered
-    messages, but for a PostgreSQL corner: a delivered message whose key another
-    transaction is storing a message for right now is recorded after that transaction
-    ends, in one of its own (see :func:`_record_sent`).
     """
     now = _now(now)
     max_attempts = max_attempts or outbox_settings().MAX_ATTEMPTS
-    alias = alias_for(OutboxMessage)
     connection = connection_for(OutboxMessage)
     outcomes = {r.message_id: RecordOutcome.STALE for r in reports}
     delivered = [r.message_id for r in reports if r.ok]
     failed = [r for r in reports if not r.ok]
-    parts = [
-        delivered[start : start + SENT_PER_TRANSACTION]
-        for start in range(0, len(delivered), SENT_PER_TRANSACTION)
-    ]
-    for n, part in enumerate(parts or [[]]):
-        with transaction.atomic(using=alias):
-            for message_id in _record_sent(connection, token, part, now, wait=False):
-                outcomes[message_id] = RecordOutcome.SENT
-            if n == 0:
-                failures = _record_failures(connection, token, failed, retry_at, max_attempts, now)
-                outcomes.update(failures)
-            fault_point("outbox.store.recording", token=token, outcomes=outcomes)
-    unrecorded = [m for m in delivered if outcomes[m] is RecordOutcome.STALE]
-    if unrecorded and is_postgres(connection):
-        # Each in a transaction of its own that holds nothing while it waits for the
-        # key, so that it can never be part of a deadlock with a producer.
-        for key, message_ids in _still_leased_keys(connection, token, unrecorded).items():
-            with transaction.atomic(using=alias):
-                _lock_key(connection, key)
-                for message_id in _record_sent(connection, token, message_ids, now, wait=True):
-                    outcomes[message_id] = RecordOutcome.SENT
+    with transaction.atomic(using=alias_for(OutboxMessage)):
+        for message_id in _record_sent(connection, token, delivered, now):
+            outcomes[message_id] = RecordOutcome.SENT
+        outcomes.update(_record_failures(connection, token, failed, retry_at, max_attempts, now))
+        fault_point("outbox.store.recording", token=token, outcomes=outcomes)
     return outcomes
 
 
@@ -397,27 +404,22 @@ def _record_failures(
 
 
 def _record_sent(
-    connection: BaseDatabaseWrapper,
-    token: str,
-    message_ids: Sequence[uuid.UUID],
-    now: datetime,
-    *,
-    wait: bool,
+    connection: BaseDatabaseWrapper, token: str, message_ids: Sequence[uuid.UUID], now: datetime
 ) -> list[uuid.UUID]:
     """Mark the messages delivered (those still leased under ``token``) Sent, then
-    release the next message of each of their keys; the ids marked.
+    release the next message of each of their keys that a message was stored behind;
+    the ids marked.
 
-    The release must see every message of the key that committed: a producer that read
-    the delivered message as unsent stored its own held. On PostgreSQL the statement
-    therefore takes each key's advisory lock (producers hold it until they commit):
-    with ``wait`` False only if it is free at once (``pg_try_advisory_xact_lock``), and
-    a message whose key is taken is not marked; with ``wait`` the caller holds the
-    key's lock already. The release is a statement of its own: it reads what committed
-    before the locks were taken.
+    A message is *followed* once a transaction stored a message of its key behind it
+    (:func:`follow_sql`), a row update: when that transaction is still open, marking
+    the message Sent waits for it to end and then reads the newest row, followed. So a
+    message that is not followed has no message behind it, now or ever (a later one
+    finds it Sent), and a key without a backlog costs its delivery no more than a
+    keyless message. A followed one's release is a statement of its own: it reads what
+    committed before the marking ended, the message behind included.
     """
     if not message_ids:
         return []
-    try_lock = is_postgres(connection) and not wait
     params: list[Any] = [
         SENT,
         adapt_dt(connection, now),
@@ -426,25 +428,21 @@ def _record_sent(
         PENDING,
         *(adapt_uuid(connection, m) for m in message_ids),
     ]
-    if try_lock:
-        params.append(KEY_LOCK_CLASS)
     with connection.cursor() as cursor:
-        cursor.execute(sent_sql(len(message_ids), try_lock=try_lock), params)
+        cursor.execute(sent_sql(len(message_ids)), params)
         rows = cursor.fetchall()
-    _release_next(connection, sorted({key for _, key in rows if key}), now)
-    return [read_uuid(message_id) for message_id, _ in rows]
+    _release_next(connection, sorted({key for _, key, followed in rows if key and followed}), now)
+    return [read_uuid(message_id) for message_id, _, _ in rows]
 
 
-def sent_sql(messages: int, *, try_lock: bool) -> str:
-    """Mark ``messages`` messages leased under one token Sent (with ``try_lock``, only
-    those whose key's advisory lock is free or that have no key), returning their ids
-    and keys."""
-    locked = " AND (key = '' OR pg_try_advisory_xact_lock(%s, hashtext(key)))" if try_lock else ""
+def sent_sql(messages: int) -> str:
+    """Mark ``messages`` messages leased under one token Sent, returning their ids,
+    keys and whether each is followed."""
     return (
         f"UPDATE {OUTBOX} SET status = %s, sent_at = %s, updated_at = %s,"
         " last_error = '', leased_by = '', lease_token = NULL, lease_expires_at = NULL"
         f" WHERE lease_token = %s AND status = %s AND message_id IN ({placeholders(messages)})"
-        f"{locked} RETURNING message_id, key"
+        " RETURNING message_id, key, followed"
     )
 
 
@@ -482,22 +480,46 @@ def _release_next(connection: BaseDatabaseWrapper, keys: Sequence[str], now: dat
     return released
 
 
-def _still_leased_keys(
-    connection: BaseDatabaseWrapper, token: str, message_ids: Sequence[uuid.UUID]
-) -> dict[str, list[uuid.UUID]]:
-    """The keys of those of ``message_ids`` still leased under ``token``, with their
-    messages."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT message_id, key FROM {OUTBOX} WHERE lease_token = %s AND status = %s"
-            f" AND message_id IN ({placeholders(len(message_ids))})",
-            [token, PENDING, *(adapt_uuid(connection, m) for m in message_ids)],
-        )
-        rows = cursor.fetchall()
-    keys: dict[str, list[uuid.UUID]] = {}
-    for message_id, key in rows:
-        keys.setdefault(key, []).append(read_uuid(message_id))
-    return keys
+#: A repair of keys after an upgrade (see :func:`repair_keys`): mark followed each
+#: unsent keyed message not marked that has a held message of its key behind it.
+MARK_FOLLOWED = (
+    f"UPDATE {OUTBOX} SET followed = TRUE WHERE id IN (SELECT m.id FROM {OUTBOX} m"
+    f" WHERE {unsent_keyed('m')} AND NOT m.followed AND EXISTS (SELECT 1 FROM {OUTBOX} h"
+    " WHERE h.key = m.key AND h.held AND h.id > m.id))"
+    f" AND status IN ({UNSENT_SQL}) RETURNING id"
+)
+
+#: The other half of the repair: release the first held message of each key that has
+#: no message that is unsent and not held (its first unsent message is held).
+RELEASE_STRANDED = (
+    f"UPDATE {OUTBOX} SET held = FALSE, updated_at = %s WHERE held AND id IN"
+    f" (SELECT MIN(h.id) FROM {OUTBOX} h WHERE h.held GROUP BY h.key"
+    f" HAVING NOT EXISTS (SELECT 1 FROM {OUTBOX} e WHERE e.key = h.key"
+    f" AND {unsent_keyed('e')} AND NOT e.held)) RETURNING id"
+)
+
+
+def repair_keys(*, now: datetime | None = None) -> tuple[int, int]:
+    """After an upgrade: put right what a producer of the previous release's code left
+    while this release's ran, and return how many messages were marked followed and
+    how many were released.
+
+    That code did not mark the message it stored a message behind (so its delivery
+    would not release the next one), and its dispatchers released always: so each
+    unsent keyed message with a held message behind it is marked followed, then each
+    key whose first unsent message is held has that message released. Both are no-ops
+    when every producer runs this release; the dispatcher runs them at its start. The
+    second is a statement of its own: it reads what the first waited for."""
+    now = _now(now)
+    connection = connection_for(OutboxMessage)
+    with transaction.atomic(using=alias_for(OutboxMessage)), connection.cursor() as cursor:
+        cursor.execute(MARK_FOLLOWED)
+        marked = len(cursor.fetchall())
+        cursor.execute(RELEASE_STRANDED, [adapt_dt(connection, now)])
+        released = len(cursor.fetchall())
+        if released:
+            _notify(connection)
+    return marked, released
 
 
 #: The guards of a recovery: a lease that expired, and a dispatcher's leases.

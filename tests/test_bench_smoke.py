@@ -137,6 +137,10 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
     assert all(rate > 0 for rate in key_cost["median"].values())
     assert order["sent"] >= order["keys"] * order["per_key"] == 200
     assert order["violations"] == 0
+    assert order["keys_in_order"] == order["keys"]
+    assert set(order["median"]) == {"keyless", "keyed"}
+    assert all(rate > 0 for rate in order["median"].values())
+    assert order["cost"] == order["median"]["keyless"] / order["median"]["keyed"]
     assert "| Enqueue, bulk API |" in markdown
     assert "## Targets" in markdown
     for section in (

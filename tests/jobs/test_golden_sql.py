@@ -159,18 +159,17 @@ def _variants() -> dict[str, Callable[[], str]]:
     _ending_variants(add)
 
     # The outbox store's statements built as text (the rest are the ORM's).
-    for keyed in (False, True):
+    add("outbox-insert", lambda: outbox_store.insert_sql(keyed=False, vendor="postgresql"))
+    for vendor in VENDORS:
         add(
-            f"outbox-insert{'-keyed' if keyed else ''}",
-            lambda k=keyed: outbox_store.insert_sql(keyed=k),
+            f"outbox-insert-keyed-{vendor}",
+            lambda v=vendor: outbox_store.insert_sql(keyed=True, vendor=v),
         )
+    add("outbox-follow", outbox_store.follow_sql)
     add("outbox-lock_key-postgresql", lambda: outbox_store.LOCK_KEY)
     add("outbox-lock_key_and_notify-postgresql", lambda: outbox_store.LOCK_KEY_AND_NOTIFY)
-    for messages, try_lock in ((1, False), (3, False), (3, True)):
-        add(
-            f"outbox-sent-messages{messages}{'-try_lock-postgresql' if try_lock else ''}",
-            lambda m=messages, t=try_lock: outbox_store.sent_sql(m, try_lock=t),
-        )
+    for messages in (1, 3):
+        add(f"outbox-sent-messages{messages}", lambda m=messages: outbox_store.sent_sql(m))
     for vendor, keys in itertools.product(VENDORS, (1, 3)):
         add(
             f"outbox-release-{vendor}-keys{keys}",

@@ -20,12 +20,14 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from outbox import IntegrationEvent, store, unit_of_work
+from outbox.dispatcher import Dispatcher
 from outbox.exceptions import InvalidTransition, MessageNotFound
 from outbox.models import OutboxMessage
-from outbox.testing import fault_at
+from outbox.testing import RecordingTransport, fault_at
 from outbox.types import Batch, DeliveryReport, Envelope, MessageStatus, RecordOutcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -333,8 +335,9 @@ class OpenProducer:
 
 @pytest.mark.postgres_only
 class TestRacesWithProducers:
-    """A transaction storing a key's message and a dispatcher ending the key's unsent
-    message meet on the key's advisory lock: whichever comes second sees the first."""
+    """Two transactions storing messages of one key meet on the key's advisory lock; a
+    transaction storing a key's message and a dispatcher ending the key's last unsent
+    message meet on that message's row: whichever comes second sees the first."""
 
     def test_transactions_of_one_key_get_ids_in_commit_order(self, background, blocked_on_lock):
         first = OpenProducer(background, "a")
@@ -395,33 +398,100 @@ class TestRacesWithProducers:
         assert held(a2) == [False]
 
 
-def test_a_big_batch_is_recorded_a_bounded_number_of_keys_at_a_time(monkeypatch):
-    """On PostgreSQL each recorded keyed message holds its key's advisory lock until
-    its transaction commits, and the server's lock table is bounded: a batch records
-    at most ``SENT_PER_TRANSACTION`` delivered messages per transaction."""
-    monkeypatch.setattr(store, "SENT_PER_TRANSACTION", 2)
-    staged = stage("a", "b", "c", "d", "")
-    stage("a", "b", "c", "d")  # each key's next message, released as its first is sent
-    batch = claim()
-    locks_held: list[int] = []
+class TestFollowed:
+    """A delivery looks for its key's next message only when one was stored behind it:
+    a key without a backlog costs the recording no statement beyond a keyless one."""
 
-    def count_locks(context: dict[str, Any]) -> None:
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                    " AND pid = pg_backend_pid()"
-                )
-                locks_held.append(cursor.fetchone()[0])
-        else:
-            locks_held.append(0)
+    def recorded_statements(self, batch: Batch | None) -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            deliver(batch)
+        return [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
 
-    with fault_at("outbox.store.recording", count_locks):
-        outcomes = deliver(batch)
-    assert outcomes == dict.fromkeys(ids(*staged), RecordOutcome.SENT)
-    assert len(locks_held) == 3  # five messages, two a transaction
-    assert max(locks_held) <= 2
-    assert not OutboxMessage.objects.held().exists()
+    def test_keys_with_nothing_behind_them_are_recorded_in_one_statement(self):
+        stage("a", "b", "", "c")
+        assert len(self.recorded_statements(claim())) == 1
+        assert not OutboxMessage.objects.filter(status=MessageStatus.PENDING).exists()
+
+    def test_a_key_with_a_message_behind_it_releases_that_one(self):
+        a1, b1 = stage("a", "b")
+        (a2,) = stage("a")
+        assert [row(e).followed for e in (a1, b1, a2)] == [True, False, False]
+        assert len(self.recorded_statements(claim())) == 2  # Sent, then the release
+        assert held(a2) == [False]
+        assert claimed() == ids(a2)
+
+    def test_a_message_stored_behind_a_held_one_marks_that_one(self):
+        a1, a2, a3 = stage("a", "a", "a")
+        assert [row(e).followed for e in (a1, a2, a3)] == [True, True, False]
+        assert drain() == ids(a1, a2, a3)
+
+    def test_a_row_written_without_the_column_is_followed(self):
+        """A row stored by the previous release's code (during an upgrade) is taken as
+        followed: its delivery looks for a next message."""
+        (a1,) = stage("a")
+        older = store_as_older_code("b", held=False)
+        assert row(older).followed is True
+        assert row(a1).followed is False
+
+
+def store_as_older_code(key: str, *, held: bool) -> Envelope:
+    """A message stored as a producer of the previous release stored it: ``held`` as
+    it found, without the ``followed`` column, the message it waits behind unmarked."""
+    now = timezone.now()
+    envelope = Envelope(
+        message_id=uuid.uuid4(), event_type=Step.event_name, payload_json="{}", key=key,
+        created_at=now,
+    )  # fmt: skip
+    table = OutboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (message_id, event_type, key, payload_json, headers, status,"
+            " attempts, available_at, created_at, updated_at, last_error, leased_by, held)"
+            " VALUES (%s, %s, %s, '{}', '{}', 'pending', 0, %s, %s, %s, '', '', %s)",
+            [
+                envelope.message_id.hex if connection.vendor == "sqlite" else envelope.message_id,
+                envelope.event_type, key, now, now, now, held,
+            ],
+        )  # fmt: skip
+    return envelope
+
+
+class TestUpgradeRepair:
+    """Producers of the previous release, still running beside this one's during an
+    upgrade, leave what :func:`store.repair_keys` puts right at a dispatcher's start."""
+
+    def test_a_message_an_older_producer_stored_behind_is_marked_followed(self):
+        (a1,) = stage("a")
+        a2 = store_as_older_code("a", held=True)
+        assert store.repair_keys() == (1, 0)
+        assert row(a1).followed is True
+        deliver(claim())
+        assert claimed() == ids(a2)
+
+    def test_a_key_whose_first_unsent_message_is_held_is_released(self):
+        stage("a")
+        a2 = store_as_older_code("a", held=True)
+        deliver(claim())  # a1 was not followed: a2 is left held, first of its key
+        assert claimed() == []
+        assert store.repair_keys() == (0, 1)
+        assert claimed() == ids(a2)
+
+    def test_keys_in_order_are_left_as_they_are(self):
+        a1, _a2, b1, _b2, c1, keyless = stage("a", "a", "b", "b", "c", "")
+        fail(claim(limit=1), permanent=True)  # a1 parked: the key halts
+        assert row(a1).status == MessageStatus.PARKED
+        before = list(OutboxMessage.objects.order_by("id").values_list("held", "followed"))
+        assert store.repair_keys() == (0, 0)
+        after = list(OutboxMessage.objects.order_by("id").values_list("held", "followed"))
+        assert after == before
+        assert sorted(claimed(), key=str) == sorted(ids(b1, c1, keyless), key=str)
+
+    def test_a_dispatcher_repairs_at_its_start(self):
+        (a1,) = stage("a")
+        a2 = store_as_older_code("a", held=True)
+        transport = RecordingTransport()
+        Dispatcher(burst=True, listen=False, transport=transport).run()
+        assert [m.message_id for m in transport.published] == ids(a1, a2)
 
 
 @pytest.mark.postgres_only
@@ -446,14 +516,20 @@ def test_storing_and_releasing_probe_their_indexes():
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {OutboxMessage._meta.db_table}")
         cursor.execute(
-            "EXPLAIN " + store.insert_sql(keyed=True),
-            [uuid.uuid4(), "t", "k1", "{}", "{}", "pending", now, now, now, "k1"],
+            "EXPLAIN " + store.insert_sql(keyed=True, vendor=connection.vendor),
+            ["k1", uuid.uuid4(), "t", "k1", "{}", "{}", "pending", now, now, now],
         )
         stored = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute(
             "EXPLAIN " + store.release_sql(connection.vendor, 2), [False, now, True, "k1", "k2"]
         )
         released = "\n".join(row[0] for row in cursor.fetchall())
+        plans = []
+        for statement, params in ((store.MARK_FOLLOWED, []), (store.RELEASE_STRANDED, [now])):
+            cursor.execute("EXPLAIN " + statement, params)
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
     assert "outbox_msg_key_idx" in stored, stored
+    for plan in plans:  # the repair reads unsent and held messages, not the history
+        assert "Seq Scan" not in plan, plan
     assert "outbox_msg_held_idx" in released, released
     assert "Seq Scan" not in released, released  # each released row by its id

@@ -9,4 +9,5 @@ SET status = %s,
 WHERE lease_token = %s
   AND status = %s
   AND message_id IN (%s) RETURNING message_id,
-                                   key
+                                   key,
+                                   followed

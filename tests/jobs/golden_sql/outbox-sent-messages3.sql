@@ -11,4 +11,5 @@ WHERE lease_token = %s
   AND message_id IN (%s,
                      %s,
                      %s) RETURNING message_id,
-                                   key
+                                   key,
+                                   followed
