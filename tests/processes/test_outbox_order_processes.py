@@ -83,7 +83,10 @@ def all_sent() -> bool:
 
 
 def stop(*procs: DispatcherProcess) -> None:
+    """SIGTERM each dispatcher once it has started (on a busy machine one may still be
+    starting when the others have sent everything: its handler is not there yet)."""
     for proc in procs:
+        proc.wait_for_output("started transport", 120)
         proc.signal(signal.SIGTERM)
     for proc in procs:
         assert proc.wait() == 0, proc.output
