@@ -19,13 +19,13 @@ from django.db.models import Count
 from ledon.db import connection_for
 
 from . import store, validation
+from .conf import claim_limits as configured_claim_limits
 from .conf import jobs_settings
 from .flow_control import ClaimLimits
 from .models import Job, RateBucket
 from .schedules import service as schedules
 from .signals import jobs_expired
 from .store import rates as _rates
-from .store import waiting as _waiting
 from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome, JobSnapshot
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def default_worker_id() -> str:
 def claim_limits() -> ClaimLimits:
     """The limits every claim of this process keeps — its handlers' and
     ``JOBS["QUEUES"]`` (falsy when there are none: claims are then one statement)."""
-    return _waiting.claim_limits()
+    return configured_claim_limits()
 
 
 def get_due(
