@@ -20,7 +20,12 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-HAS_DJANGO_TASKS_DB = importlib.util.find_spec("django_tasks_db") is not None
+# A django-ledon worker process (BENCH_LEDON_WORKER) leaves the peer's app out: its
+# start-up and CPU per job are then this project's alone (django-tasks-db imports the
+# admin and the typing stubs' patches when it loads).
+HAS_DJANGO_TASKS_DB = importlib.util.find_spec(
+    "django_tasks_db"
+) is not None and not os.environ.get("BENCH_LEDON_WORKER")
 
 INSTALLED_APPS = [
     "django.contrib.contenttypes",

@@ -10,7 +10,12 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections
 
-from ledon.checks import check_metrics_token, check_round_trip_deadline, check_sqlite_options
+from ledon.checks import (
+    ENGINES,
+    check_metrics_token,
+    check_round_trip_deadline,
+    check_sqlite_options,
+)
 from ledon.conf import settings_hint
 from ledon.db import alias_for, is_postgres
 from ledon.pglisten import check_listen_database, is_pooled
@@ -22,7 +27,7 @@ from .models import Job
 from .tasks_framework import INSTALL_HINT, available
 
 
-@checks.register()
+@checks.register(ENGINES)
 def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     return jobs_settings.check("jobs.E001") or check_middleware()
 
@@ -36,7 +41,7 @@ def check_middleware() -> list[checks.CheckMessage]:
     return []
 
 
-@checks.register()
+@checks.register(ENGINES)
 def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``jobs.E108``: ``TASKS`` names the jobs backend but this Django has no tasks
     framework (Django 5.2 without the django-tasks backport)."""
@@ -61,12 +66,12 @@ def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks
 
 
 # The same function from every app: the check framework runs it once.
-checks.register(check_sqlite_options)
-checks.register(check_metrics_token)
-checks.register(check_round_trip_deadline)
+checks.register(check_sqlite_options, ENGINES)
+checks.register(check_metrics_token, ENGINES)
+checks.register(check_round_trip_deadline, ENGINES)
 
 
-@checks.register()
+@checks.register(ENGINES)
 def check_jobs_behind_a_pooler(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Behind a transaction pooler (a PostgreSQL jobs database with
     ``DISABLE_SERVER_SIDE_CURSORS``): ``jobs.W001``, workers would only poll, their

@@ -16,7 +16,7 @@ from ledon.conf import (
 
 from . import validation
 from .exceptions import InvalidLimits, JobsConfigurationError
-from .flow_control import LIMIT_NAMES, Limits, limits_of
+from .flow_control import LIMIT_NAMES, ClaimLimits, Limits, declared_handler_limits, limits_of
 from .validation import scope_hash
 
 
@@ -253,6 +253,11 @@ def queue_limits() -> dict[str, Limits]:
     result = {name: value for name, value in limits.items() if value}
     _queue_limits = (current, result)
     return result
+
+
+def claim_limits() -> ClaimLimits:
+    """The limits this process's claims keep: its handlers' and ``JOBS["QUEUES"]``."""
+    return ClaimLimits(declared_handler_limits(), queue_limits())
 
 
 def fair_queue(name: str) -> bool:

@@ -12,26 +12,27 @@ import socket
 from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count
 
 from ledon.db import connection_for
 
 from . import store, validation
-from .api import JobScope
+from .conf import claim_limits as configured_claim_limits
 from .conf import jobs_settings
 from .flow_control import ClaimLimits
 from .models import Job, RateBucket
 from .schedules import service as schedules
 from .signals import jobs_expired
 from .store import rates as _rates
-from .store import waiting as _waiting
-from .store.queues import QueueState
-from .store.releasing import release as _release
-from .store.shares import ScopeShare
-from .store.waiting import KeyState, Waiting
 from .types import AttemptStatus, Claim, DueJob, ExecutionStatus, FinishOutcome, JobSnapshot
+
+if TYPE_CHECKING:
+    from .api import JobScope
+    from .store.queues import QueueState
+    from .store.shares import ScopeShare
+    from .store.waiting import KeyState, Waiting
 
 __all__ = [
     "Claim",
@@ -80,7 +81,7 @@ def default_worker_id() -> str:
 def claim_limits() -> ClaimLimits:
     """The limits every claim of this process keeps — its handlers' and
     ``JOBS["QUEUES"]`` (falsy when there are none: claims are then one statement)."""
-    return _waiting.claim_limits()
+    return configured_claim_limits()
 
 
 def get_due(
@@ -230,7 +231,9 @@ def release(
     the attempt row ends Released with ``reason`` (``RELEASED``). Cancelled if its
     cancel was requested first; ``STALE`` (nothing changed) if ``token`` is not
     current."""
-    return _release(token, reason, now=now)
+    from .store.releasing import release as release_claim  # a worker's shutdown only
+
+    return release_claim(token, reason, now=now)
 
 
 def snooze(
@@ -279,6 +282,8 @@ def set_scope_weight(scope: str | JobScope, weight: float) -> float:
     take their places in line by it; returns the weight the scope had. Raises
     ``InvalidWeight`` (writing nothing) for a weight out of range, ``InvalidScope``
     for a bad scope."""
+    from .api import JobScope  # the scoped API's, loaded by those who use it
+
     scope_hash = scope.scope_hash if isinstance(scope, JobScope) else validation.scope_hash(scope)
     return store.set_weight(scope_hash, weight)
 
@@ -401,6 +406,8 @@ def reserved_scope(name: str) -> JobScope:
     and can never read, cancel or retry these jobs; trusted code (admin, commands,
     tests) reaches them through this. Raises ``InvalidScope`` for a bad name.
     """
+    from .api import JobScope  # the scoped API's, loaded by those who use it
+
     return JobScope._reserved(name)
 
 

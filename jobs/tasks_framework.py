@@ -13,6 +13,8 @@ from importlib import import_module
 from importlib.util import find_spec
 
 import django
+from django.core import checks
+from django.core.checks.registry import registry
 
 #: Whether this Django has ``django.tasks`` itself (Django 6.0 and later).
 BUILT_IN = django.VERSION >= (6, 0)
@@ -31,9 +33,22 @@ def register_checks() -> None:
     """Import what registers the framework's system check (every ``TASKS`` backend's
     ``check()``) and its ``setting_changed`` receiver, as ``import django.tasks``
     does on Django 6; on the backport its app config would, so ``"django_tasks"`` in
-    ``INSTALLED_APPS`` is optional (and harmless). Nothing when it is missing."""
+    ``INSTALLED_APPS`` is optional (and harmless). Nothing when it is missing.
+
+    The framework's check is tagged as one the engines' commands run
+    (:data:`ledon.checks.ENGINES`): ``run_jobs`` runs the tasks, so a bad ``TASKS``
+    (``jobs.E101``-``jobs.E107`` among the backends' errors) stops it at start."""
     if BUILT_IN:
         import_module("django.tasks")
     elif available():
         import_module("django_tasks.checks")
         import_module("django_tasks.signals")
+    else:
+        return
+    from ledon.checks import ENGINES  # with the checks, after the app registry is ready
+
+    framework = f"{PACKAGE}.checks"
+    for check in registry.get_checks():
+        tags = tuple(getattr(check, "tags", ()))
+        if check.__module__ == framework and ENGINES not in tags:
+            checks.register(check, *tags, ENGINES)

@@ -4,6 +4,9 @@
 processes (workers, dispatchers, web requests) write to it. ``ledon.E001``: a
 ``LEDON_METRICS_TOKEN`` that is not a string. ``ledon.E002``: ``LEDON_ROUND_TRIP_DEADLINE``
 is neither a positive number nor None.
+
+Every check of the apps carries the tag :data:`ENGINES` (their database checks
+excepted): the engines' commands run those checks alone before they start.
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ RECOMMENDED_SQLITE_OPTIONS: dict[str, Any] = {
     "timeout": 20,
     "init_command": "PRAGMA journal_mode=WAL;",
 }
+
+#: The tag of the system checks an engine's command (``run_jobs``, ``dispatch_outbox``,
+#: ``consume_events``, ``recover_sagas``) runs before it starts: the apps' own checks
+#: and the tasks framework's. The rest of the project's checks (the admin's, the URLs',
+#: the templates', the models') concern the web side and ``manage.py check``; a
+#: project's own check that a worker needs is registered with this tag too
+#: (``@checks.register("engines")``).
+ENGINES = "engines"
 
 _WAL = re.compile(r"journal_mode\s*=\s*wal\b", re.IGNORECASE)
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from .checks import ENGINES
 from .db import DatabaseNotMigrated
 from .engine import Engine, EngineStats, StopLevel
 
@@ -151,7 +152,14 @@ class EngineCommand(BaseCommand):
     engine's own options (:meth:`add_engine_arguments`); :meth:`handle` builds the
     engine (:meth:`start`) and runs it with :func:`run_engine`. :meth:`printer` prints
     the engine's events: none at verbosity 0, :attr:`quiet_events` only from 2, never
-    ``stopped`` (the summary line says it), :attr:`loud_events` in :attr:`loud_style`."""
+    ``stopped`` (the summary line says it), :attr:`loud_events` in :attr:`loud_style`.
+
+    Before it starts, the command runs the system checks tagged
+    :data:`~ledon.checks.ENGINES` (the apps' own and the tasks framework's), not the
+    whole project's: the admin's, the URLconf's (which imports every view) and the
+    templates' concern the web side and ``manage.py check``."""
+
+    requires_system_checks = [ENGINES]
 
     #: What each signal does, by the stop level it reaches.
     signal_meaning: ClassVar[Mapping[StopLevel, str]]

@@ -33,6 +33,7 @@ DEBUG line, never reported as an outage.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -43,7 +44,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, distribution
 from typing import Protocol
 
 from django.db import connections
@@ -84,11 +85,22 @@ def is_sqlite_busy(exc: BaseException) -> bool:
 CLEAN_UP_EVERY = 30
 
 
+@functools.cache
 def package_version() -> str:
+    """The installed django-ledon's version, read from its metadata's ``Version``
+    header: parsing the whole metadata (the README is its body) cost every engine's
+    start-up more than the rest of its registration."""
     try:
-        return version("django-ledon")
+        dist = distribution("django-ledon")
     except PackageNotFoundError:  # pragma: no cover - running from a source tree
         return "0"
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    headers = text.split("\n\n", 1)[0]
+    for line in headers.splitlines():
+        name, _, value = line.partition(":")
+        if name == "Version":
+            return value.strip()
+    return dist.version  # pragma: no cover - metadata without the header
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

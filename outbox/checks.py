@@ -8,7 +8,12 @@ from django.core import checks
 from django.db import DatabaseError, connections
 from django.db.migrations.loader import MigrationLoader
 
-from ledon.checks import check_metrics_token, check_round_trip_deadline, check_sqlite_options
+from ledon.checks import (
+    ENGINES,
+    check_metrics_token,
+    check_round_trip_deadline,
+    check_sqlite_options,
+)
 from ledon.conf import settings_hint
 from ledon.db import alias_for
 from ledon.pglisten import check_listen_database
@@ -21,7 +26,7 @@ from .transports import transport_class
 HINT = settings_hint("OUTBOX")
 
 
-@checks.register()
+@checks.register(ENGINES)
 def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors = outbox_settings.check("outbox.E001")
     if errors:
@@ -116,7 +121,7 @@ def check_outbox_table(
     return []
 
 
-@checks.register()
+@checks.register(ENGINES)
 def check_outbox_listen_database(
     app_configs: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
@@ -138,6 +143,6 @@ def check_outbox_listen_database(
 
 
 # The same function from every app: the check framework runs it once.
-checks.register(check_sqlite_options)
-checks.register(check_metrics_token)
-checks.register(check_round_trip_deadline)
+checks.register(check_sqlite_options, ENGINES)
+checks.register(check_metrics_token, ENGINES)
+checks.register(check_round_trip_deadline, ENGINES)

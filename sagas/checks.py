@@ -7,17 +7,22 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 
-from ledon.checks import check_metrics_token, check_round_trip_deadline, check_sqlite_options
+from ledon.checks import (
+    ENGINES,
+    check_metrics_token,
+    check_round_trip_deadline,
+    check_sqlite_options,
+)
 
 from .conf import sagas_settings
 
 
-@checks.register()
+@checks.register(ENGINES)
 def check_sagas_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     return sagas_settings.check("sagas.E001")
 
 
-@checks.register()
+@checks.register(ENGINES)
 def check_outbox_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     if apps.is_installed("outbox"):
         return []
@@ -31,6 +36,6 @@ def check_outbox_installed(app_configs: Any = None, **kwargs: Any) -> list[check
 
 
 # The same function from every app: the check framework runs it once.
-checks.register(check_sqlite_options)
-checks.register(check_metrics_token)
-checks.register(check_round_trip_deadline)
+checks.register(check_sqlite_options, ENGINES)
+checks.register(check_metrics_token, ENGINES)
+checks.register(check_round_trip_deadline, ENGINES)

@@ -16,15 +16,17 @@ releases the instance it drives after the current step.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledon.beside import Beside
 from ledon.db import DatabaseNotMigrated
 
 from .conf import sagas_settings
 from .registry import registered_sagas
-from .runner import SagaRunner
-from .types import SagaSnapshot
+
+if TYPE_CHECKING:
+    from .runner import SagaRunner
+    from .types import SagaSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ def start_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
     """``jobs.signals.worker_started``: start a saga runner beside ``worker``."""
     if not sagas_settings().RECOVER_IN_WORKER or not registered_sagas():
         return
+    # Not at the top: a worker of a project without sagas never loads the runner.
+    from .runner import SagaRunner
 
     def report(event: str, state: SagaSnapshot | None, detail: str) -> None:
         what = f"{state.name} {state.instance_id}" if state is not None else ""

@@ -8,18 +8,18 @@ from django.core import checks
 from django.db import DatabaseError
 
 from jobs.exceptions import JobsConfigurationError
-from ledon.checks import check_sqlite_options
+from ledon.checks import ENGINES, check_sqlite_options
 
 from . import registry, store
 from .conf import workflows_settings
 
 
-@checks.register()
+@checks.register(ENGINES)
 def check_workflows_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     return workflows_settings.check("workflows.E001")
 
 
-@checks.register()
+@checks.register(ENGINES)
 def check_versions_in_flight(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
@@ -55,4 +55,4 @@ def check_versions_in_flight(
 
 
 # The same function from every app: the check framework runs it once.
-checks.register(check_sqlite_options)
+checks.register(check_sqlite_options, ENGINES)

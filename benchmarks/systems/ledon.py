@@ -74,6 +74,10 @@ class Ledon(System):
             str(concurrency), "-v", "0", *supervised,
         ]  # fmt: skip
 
+    def worker_env(self) -> dict[str, str]:
+        """Without the peer's app (benchmarks.settings): the worker loads ours alone."""
+        return {**super().worker_env(), "BENCH_LEDON_WORKER": "1"}
+
     # Polled every 50 ms during a burn-down: each count reads only the partial index of
     # its state (due jobs, running jobs), never the finished history — the harness must
     # not load the server it measures.

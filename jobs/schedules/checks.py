@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core import checks
 
+from ledon.checks import ENGINES
 from ledon.naming import closest
 
 from ..exceptions import InvalidSchedule, JobsConfigurationError, UnknownHandler
@@ -15,7 +16,7 @@ from ..handlers import autodiscover, get_handler, registered_handlers
 from . import declarations
 
 
-@checks.register()
+@checks.register(ENGINES)
 def check_schedule_handlers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``jobs.E004``: a declared schedule whose handler (name and version) is not
     registered once the apps' tasks modules are imported, as a worker imports them."""

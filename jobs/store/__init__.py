@@ -44,75 +44,119 @@ snapshots in :mod:`.reads`. The trusted executor reaches these through
 
 from __future__ import annotations
 
-from ..submit_rules import NO_RULES
-from .base import current_time
-from .batches import get_batch, stage_batch, submit_batch
-from .claiming import complete_and_claim
-from .expiry import expire_due
-from .finishing import (
-    asynchronous_commit,
-    complete_many,
-    finish,
-    put_back_unknown_handler,
-    snooze,
-)
-from .progress import (
-    execution_statuses,
-    expired_tokens,
-    heartbeat,
-    report_progress,
-    tokens_leased_by,
-)
-from .queues import QueueState, pause, queue_states, resume
-from .reads import get, get_due, list_jobs, snapshot
-from .recovering import recover
-from .retention import purge_finished
-from .scoped import cancel, cancel_queued, cancel_running, retry
-from .shares import ScopeShare, scope_shares, set_weight
-from .submission import stage, stage_many, submit, submit_many
-from .waiting import KeyState, Waiting, key_states, why_waiting
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "NO_RULES",
-    "KeyState",
-    "QueueState",
-    "ScopeShare",
-    "Waiting",
-    "asynchronous_commit",
-    "cancel",
-    "cancel_queued",
-    "cancel_running",
-    "complete_and_claim",
-    "complete_many",
-    "current_time",
-    "execution_statuses",
-    "expire_due",
-    "expired_tokens",
-    "finish",
-    "get",
-    "get_batch",
-    "get_due",
-    "heartbeat",
-    "key_states",
-    "list_jobs",
-    "pause",
-    "purge_finished",
-    "put_back_unknown_handler",
-    "queue_states",
-    "recover",
-    "report_progress",
-    "resume",
-    "retry",
-    "scope_shares",
-    "set_weight",
-    "snapshot",
-    "snooze",
-    "stage",
-    "stage_batch",
-    "stage_many",
-    "submit",
-    "submit_batch",
-    "submit_many",
-    "tokens_leased_by",
-    "why_waiting",
-]
+from ledon.lazy import exported, lazy_attributes
+
+from ..submit_rules import NO_RULES as NO_RULES
+
+# Each name's module is imported when the name is first used: a worker loads the
+# transitions it runs, not the admin's bulk operations nor the reads of why a job waits.
+if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
+    from .base import current_time as current_time
+    from .batches import get_batch as get_batch
+    from .batches import stage_batch as stage_batch
+    from .batches import submit_batch as submit_batch
+    from .claiming import complete_and_claim as complete_and_claim
+    from .expiry import expire_due as expire_due
+    from .finishing import asynchronous_commit as asynchronous_commit
+    from .finishing import complete_many as complete_many
+    from .finishing import finish as finish
+    from .finishing import put_back_unknown_handler as put_back_unknown_handler
+    from .finishing import snooze as snooze
+    from .progress import execution_statuses as execution_statuses
+    from .progress import expired_tokens as expired_tokens
+    from .progress import heartbeat as heartbeat
+    from .progress import report_progress as report_progress
+    from .progress import tokens_leased_by as tokens_leased_by
+    from .queues import QueueState as QueueState
+    from .queues import pause as pause
+    from .queues import queue_states as queue_states
+    from .queues import resume as resume
+    from .reads import get as get
+    from .reads import get_due as get_due
+    from .reads import list_jobs as list_jobs
+    from .reads import snapshot as snapshot
+    from .recovering import recover as recover
+    from .retention import purge_finished as purge_finished
+    from .scoped import cancel as cancel
+    from .scoped import cancel_queued as cancel_queued
+    from .scoped import cancel_running as cancel_running
+    from .scoped import retry as retry
+    from .shares import ScopeShare as ScopeShare
+    from .shares import scope_shares as scope_shares
+    from .shares import set_weight as set_weight
+    from .submission import stage as stage
+    from .submission import stage_many as stage_many
+    from .submission import submit as submit
+    from .submission import submit_many as submit_many
+    from .waiting import KeyState as KeyState
+    from .waiting import Waiting as Waiting
+    from .waiting import key_states as key_states
+    from .waiting import why_waiting as why_waiting
+
+_LAZY = exported(
+    {
+        "base": ("current_time",),
+        "batches": (
+            "get_batch",
+            "stage_batch",
+            "submit_batch",
+        ),
+        "claiming": ("complete_and_claim",),
+        "expiry": ("expire_due",),
+        "finishing": (
+            "asynchronous_commit",
+            "complete_many",
+            "finish",
+            "put_back_unknown_handler",
+            "snooze",
+        ),
+        "progress": (
+            "execution_statuses",
+            "expired_tokens",
+            "heartbeat",
+            "report_progress",
+            "tokens_leased_by",
+        ),
+        "queues": (
+            "QueueState",
+            "pause",
+            "queue_states",
+            "resume",
+        ),
+        "reads": (
+            "get",
+            "get_due",
+            "list_jobs",
+            "snapshot",
+        ),
+        "recovering": ("recover",),
+        "retention": ("purge_finished",),
+        "scoped": (
+            "cancel",
+            "cancel_queued",
+            "cancel_running",
+            "retry",
+        ),
+        "shares": (
+            "ScopeShare",
+            "scope_shares",
+            "set_weight",
+        ),
+        "submission": (
+            "stage",
+            "stage_many",
+            "submit",
+            "submit_many",
+        ),
+        "waiting": (
+            "KeyState",
+            "Waiting",
+            "key_states",
+            "why_waiting",
+        ),
+    }
+)
+__all__ = sorted([*_LAZY, "NO_RULES"])
+__getattr__ = lazy_attributes(__name__, _LAZY)

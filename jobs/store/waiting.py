@@ -35,9 +35,9 @@ from django.db.models import Count, Q
 
 from ledon.db import connection_for
 
-from ..conf import queue_limits
+from ..conf import claim_limits as claim_limits
 from ..exceptions import JobNotFound
-from ..flow_control import ClaimLimits, Limits, Rate, declared_handler_limits
+from ..flow_control import ClaimLimits, Limits, Rate
 from ..models import Job, JobAttempt, Queue, RateBucket, Sequence
 from ..types import AttemptStatus, JobStatus
 from .base import current_time
@@ -326,11 +326,6 @@ def _ahead(job: Job, now: datetime) -> int:
     before = Q(priority__gt=job.priority) | Q(priority=job.priority, fair_at__lt=job.fair_at)
     before |= Q(priority=job.priority, fair_at=job.fair_at, id__lt=job.id)
     return Job.objects.due(now).filter(before, queue=job.queue).count()
-
-
-def claim_limits() -> ClaimLimits:
-    """The limits this process's claims keep: its handlers' and ``JOBS["QUEUES"]``."""
-    return ClaimLimits(declared_handler_limits(), queue_limits())
 
 
 def reasons_of(job: Job, now: datetime, limits: ClaimLimits) -> tuple[WaitReason, ...]:

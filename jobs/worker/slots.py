@@ -157,23 +157,29 @@ class Slots:
         if not settings.PREFETCH or not self._work.has_claims():
             return None
         now = time.monotonic()
-        waiting = self.take_waiting()
+        # The claims stay queued while they are looked at: emptied and filled again
+        # at every pass of the main loop, the queue made the slots that came for their
+        # next job meanwhile wait, to be woken one by one.
         stale: list[tuple[Claim, float]] = []
-        keep: list[tuple[Claim, float]] = []
+        kept: list[float] = []
+        waiting = self._work.claims()
         with self._holdings.lock:
             for claim in waiting:
                 held = self._holdings.get_locked(claim.token)
                 claimed_at = held.claimed_at if held is not None else now
-                (stale if now - claimed_at >= max_wait else keep).append((claim, claimed_at))
-        self.hand_over(claim for claim, _ in keep)
-        for claim, claimed_at in stale:
+                if now - claimed_at >= max_wait:
+                    stale.append((claim, claimed_at))
+                else:
+                    kept.append(claimed_at)
+        claimed_at_of = {claim.token: at for claim, at in stale}
+        for claim in self._work.take([claim for claim, _ in stale]):
             detail = "waited too long for a slot"
             if not self.give_back(claim, LOOKED_AHEAD_TOO_LONG, detail, on_main_loop=True):
                 self.hand_over([claim])  # the database failed: it waits on, leased
-                keep.append((claim, claimed_at))
-        if not keep:
+                kept.append(claimed_at_of[claim.token])
+        if not kept:
             return None
-        return max(min(at for _, at in keep) + max_wait - now, 0.0)
+        return max(min(kept) + max_wait - now, 0.0)
 
     def hand_over(self, claims: Iterable[Claim]) -> None:
         """Queue new claims for the next free slots."""

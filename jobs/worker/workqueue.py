@@ -74,9 +74,7 @@ class WorkQueue:
             for item in items:
                 self._items.append(item)
                 self._claims += isinstance(item, Claim)
-            added = len(self._items) - before
-            if added:
-                self._ready.notify(added)
+            self._wake_locked(len(self._items) - before)
             return self._unserved_locked()
 
     def put_first(self, item: Work) -> int:
@@ -84,13 +82,23 @@ class WorkQueue:
         with self._ready:
             self._items.appendleft(item)
             self._claims += isinstance(item, Claim)
-            self._ready.notify()
+            self._wake_locked(1)
             return self._unserved_locked()
 
-    def _unserved_locked(self) -> int:
+    def _wake_locked(self, added: int) -> None:
+        """Wake a waiting thread for each of the ``added`` items it may take now, no
+        more: a thread woken for a claim that must wait for a handler to return only
+        waits again, and each wake-up hands the interpreter lock around."""
+        wake = min(added, self._takeable_locked(), self._waiting)
+        if wake:
+            self._ready.notify(wake)
+
+    def _takeable_locked(self) -> int:
         claims = self._claims
-        takeable = len(self._items) - claims + min(claims, max(self._limit - self._running, 0))
-        return max(takeable - self._waiting, 0)
+        return len(self._items) - claims + min(claims, max(self._limit - self._running, 0))
+
+    def _unserved_locked(self) -> int:
+        return max(self._takeable_locked() - self._waiting, 0)
 
     def unserved(self) -> int:
         """How many items that may be taken now no waiting thread will take."""
@@ -145,6 +153,29 @@ class WorkQueue:
             self._running -= 1
             if self._claims and self._waiting:
                 self._ready.notify()  # a claim held back: a waiting thread takes it
+
+    def claims(self) -> list[Claim]:
+        """The claims waiting, in their order (they stay queued)."""
+        with self._ready:
+            return [item for item in self._items if isinstance(item, Claim)]
+
+    def take(self, claims: Iterable[Claim]) -> list[Claim]:
+        """Take out those of ``claims`` still waiting (no thread took them meanwhile);
+        the rest of the queue stays as it is."""
+        wanted = {claim.token for claim in claims}
+        with self._ready:
+            taken: list[Claim] = []
+            kept: list[Work] = []
+            for item in self._items:
+                if isinstance(item, Claim) and item.token in wanted:
+                    taken.append(item)
+                else:
+                    kept.append(item)
+            if taken:
+                self._items.clear()
+                self._items.extend(kept)
+                self._claims -= len(taken)
+            return taken
 
     def take_claims(self) -> list[Claim]:
         """Take out every claim waiting (the rest stays, in its order)."""

@@ -1,0 +1,121 @@
+"""The slots' work queue and the look-ahead's hand-back: a handler thread is woken
+only for work it may take now, and the claims waiting for a slot stay queued while
+the main loop looks for those that waited too long."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+from jobs.types import Claim
+from jobs.worker.holdings import Holdings
+from jobs.worker.slots import Slots
+from jobs.worker.workqueue import STOP, WorkQueue
+
+
+def claim(n: int) -> Claim:
+    return Claim(
+        scope_hash="s",
+        job_id=f"j{n}",
+        token=f"t{n}",
+        attempt=1,
+        max_attempts=3,
+        handler="h",
+        handler_version=1,
+        payload_json="{}",
+        queue="default",
+        worker_id="w",
+        lease_expires_at=datetime(2030, 1, 1, tzinfo=UTC),
+    )
+
+
+class CountedCondition(threading.Condition):
+    """A condition that counts the threads its ``notify`` was asked to wake."""
+
+    def __init__(self) -> None:
+        super().__init__(threading.Lock())
+        self.woken = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.woken += n
+        super().notify(n)
+
+
+def counted(queue: WorkQueue) -> CountedCondition:
+    queue._ready = condition = CountedCondition()
+    return condition
+
+
+def waiting_thread(queue: WorkQueue) -> tuple[threading.Thread, list[Any]]:
+    """A thread blocked in ``queue.get()``, and where it puts what it took."""
+    took: list[Any] = []
+    thread = threading.Thread(target=lambda: took.append(queue.get()))
+    thread.start()
+    while True:
+        with queue._ready:
+            if queue._waiting:
+                return thread, took
+
+
+def test_a_claim_that_must_wait_for_a_handler_wakes_no_thread() -> None:
+    queue = WorkQueue(limit=1)
+    condition = counted(queue)
+    assert queue.try_run()  # the one handler allowed runs
+    thread, took = waiting_thread(queue)
+    queue.put_many([claim(1)])
+    assert condition.woken == 0
+    held = SimpleNamespace(running=True)
+    queue.handler_returned(held)  # type: ignore[arg-type]
+    thread.join(10)
+    assert took == [claim(1)]
+    assert condition.woken == 1
+
+
+def test_a_batch_wakes_one_waiting_thread_per_item_it_may_take() -> None:
+    queue = WorkQueue(limit=2)
+    condition = counted(queue)
+    threads = [waiting_thread(queue) for _ in range(3)]
+    queue.put_many([claim(n) for n in range(4)])
+    assert condition.woken == 2  # two may run at once
+    queue.put_many([STOP])  # a stop is taken whatever runs
+    assert condition.woken == 3
+    for thread, _took in threads:
+        thread.join(10)
+    assert sorted(repr(took[0]) for _t, took in threads) == sorted(
+        [repr(claim(0)), repr(claim(1)), repr(STOP)]
+    )
+
+
+def test_take_removes_only_the_claims_still_waiting_and_keeps_the_order() -> None:
+    queue = WorkQueue(limit=4)
+    queue.put_many([claim(0), claim(1), STOP, claim(2)])
+    first = queue.get()
+    assert first == claim(0)
+    assert queue.take([claim(0), claim(2)]) == [claim(2)]
+    assert queue.claims() == [claim(1)]
+    assert queue.get() == claim(1)
+    assert queue.get() is STOP
+
+
+def test_the_hand_back_of_stale_look_ahead_leaves_the_fresh_claims_queued() -> None:
+    holdings = Holdings()
+    settings = SimpleNamespace(PREFETCH=4, PREFETCH_MAX_WAIT=60.0)
+    worker = SimpleNamespace(holdings=holdings, concurrency=1, settings=settings)
+    slots = Slots(worker)  # type: ignore[arg-type]
+    condition = counted(slots._work)
+    claims = [claim(n) for n in range(3)]
+    with holdings.lock:
+        for each in claims:
+            holdings.add_locked(each)
+    assert slots._work.try_run()  # the one slot is busy: the claims wait for it
+    slots._work.put_many(claims)
+    taken: list[Any] = []
+    real_take = slots._work.take
+    slots._work.take = lambda wanted: taken.append(list(wanted)) or real_take(wanted)  # type: ignore[method-assign]
+
+    assert slots.hand_back_stale() is not None  # the next hand-back is due later
+    assert taken == [[]]  # none was stale; none was taken out, even for a moment
+    assert slots._work.claims() == claims
+    assert condition.woken == 0
