@@ -99,6 +99,8 @@ def test_the_picture_counts_items_as_their_jobs_stand_until_the_fan_in():
     assert snap.step("same").status == StepStatus.SUCCEEDED
     assert snap.step("same").items.succeeded == 3
     assert list(WorkflowItem.objects.values_list("status", flat=True)) == ["succeeded"] * 3
+    # Each item's try, counted by its job alone, is on its row after the fan-in.
+    assert list(WorkflowItem.objects.values_list("attempts", flat=True)) == [1] * 3
 
 
 def test_the_job_that_wakes_the_run_failing_for_good_still_wakes_it():
