@@ -4,6 +4,7 @@ WITH RECURSIVE queues(name) AS
       FROM jobs_job
       WHERE status = 'queued'
         AND sequence_held = 0
+        AND NOT sequence_held
       ORDER BY queue
       LIMIT 1) AS name
    UNION ALL SELECT
@@ -11,6 +12,7 @@ WITH RECURSIVE queues(name) AS
       FROM jobs_job
       WHERE status = 'queued'
         AND sequence_held = 0
+        AND NOT sequence_held
         AND queue > q.name
       ORDER BY queue
       LIMIT 1)
@@ -38,6 +40,7 @@ WHERE h.id IN
      WHERE queue = l.name
        AND status = 'queued'
        AND sequence_held = 0
+       AND NOT sequence_held
        AND status = 'queued'
        AND NOT cancel_requested
        AND NOT sequence_held

@@ -19,6 +19,7 @@ WHERE id IN
            FROM jobs_job
            WHERE status = 'queued'
              AND sequence_held = 0
+             AND NOT sequence_held
            ORDER BY queue
            LIMIT 1) AS name
         UNION ALL SELECT
@@ -26,6 +27,7 @@ WHERE id IN
            FROM jobs_job
            WHERE status = 'queued'
              AND sequence_held = 0
+             AND NOT sequence_held
              AND queue > q.name
            ORDER BY queue
            LIMIT 1)
@@ -47,6 +49,7 @@ WHERE id IN
           WHERE queue = l.name
             AND status = 'queued'
             AND sequence_held = 0
+            AND NOT sequence_held
             AND status = 'queued'
             AND NOT cancel_requested
             AND NOT sequence_held

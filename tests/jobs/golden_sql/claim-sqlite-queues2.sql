@@ -31,6 +31,7 @@ WHERE id IN
           WHERE queue = l.name
             AND status = 'queued'
             AND sequence_held = 0
+            AND NOT sequence_held
             AND status = 'queued'
             AND NOT cancel_requested
             AND NOT sequence_held
