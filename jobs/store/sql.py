@@ -228,8 +228,8 @@ ORDER = "priority DESC, fair_at, id"
 def _in_line(vendor: str) -> str:
     """The line index's predicate (``jobs_job_line_idx``): Queued and not held by its
     sequence — on SQLite in the very form of the index's, which its planner needs to
-    use a partial index: in both forms, as Django 5.2 writes the index's condition
-    (``NOT sequence_held``) and as Django 6 does (``sequence_held = 0``)."""
+    use a partial index: in both forms, as Django 5.2 and 6.0 write the index's
+    condition (``NOT sequence_held``) and as Django 6.1 does (``sequence_held = 0``)."""
     held = (
         "NOT sequence_held" if vendor == "postgresql" else "sequence_held = 0 AND NOT sequence_held"
     )
