@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -118,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cpu_burner:
             stack.enter_context(physical.cpu_burner())
             log("a CPU burner runs beside the run (one core)")
-        name = f"ledon_bench_{os.getpid()}"
+        name = "ledon_bench"
         server_url, url = stack.enter_context(server.database(args.database_url, name))
         admin = server.django_on(url, stack)
         plan = harness.Plan.quick() if args.quick else harness.Plan(runs=args.runs)

@@ -11,7 +11,6 @@ same way for both trees.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -153,7 +152,7 @@ def compare(
         trees: list[LedonTree] = []
         for root, name in ((ROOT, "this tree"), (other_root, f"{rev} ({commit[:10]})")):
             url = stack.enter_context(
-                server.scratch_database(server_url, f"ledon_compare_{len(trees)}_{os.getpid()}")
+                server.scratch_database(server_url, f"ledon_compare_{len(trees)}")
             )
             tree = LedonTree(url, root, name)
             log(f"migrating {name}")

@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import server
 
     with ExitStack() as stack:
-        name = f"ledon_cpu_{os.getpid()}"
+        name = "ledon_cpu"
         _server_url, url = stack.enter_context(server.database(args.database_url, name))
         admin = server.django_on(url, stack)
         from .systems.ledon import Ledon

@@ -80,9 +80,7 @@ def scratch_database(server_url: str, name: str) -> Iterator[str]:
     never drop each other's database."""
     import psycopg
 
-    suffix = f"_{os.getpid()}"
-    if not name.endswith(suffix):
-        name += suffix
+    name = f"{name}_{os.getpid()}"
 
     def admin(sql: str) -> None:
         with psycopg.connect(server_url, autocommit=True) as conn:
