@@ -88,7 +88,6 @@ def bulk_workflows(*args: str) -> str:
 
 @pytest.fixture
 def both() -> None:
-    checks.TRIES.clear()
     world(ONE_BY_ONE)
     world(BY_FILTER)
     assert picture(ONE_BY_ONE).keys() == picture(BY_FILTER).keys()
@@ -226,7 +225,6 @@ def test_a_batch_is_a_few_statements_however_many_runs(django_assert_max_num_que
 def test_a_batch_does_not_wait_for_a_run_another_transaction_holds(background):
     for name in ("held", "free"):
         start_workflow(BY_FILTER, f"{name}-{BY_FILTER}", "checks.flaky", {"fail_times": 1})
-    checks.TRIES.clear()
     run_workflows_inline()
     with held(background, WorkflowRun.objects.filter(run_id=f"held-{BY_FILTER}")):
         report = run_bulk(
