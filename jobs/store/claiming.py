@@ -376,21 +376,25 @@ def complete_and_claim(
                 now=now,
             )
     worker_id = validation.text(worker_id, "worker_id", validation.MAX_NAME_LENGTH)
-    now = current_time(now)
-    expires = now + timedelta(seconds=lease_seconds or jobs_settings().LEASE_SECONDS)
+    given, now = now, current_time(now)
     alias = alias_for(Job)
     connection = connection_for(Job)
     queue_list = list(queues or [])
-    claim_rows = functools.partial(
-        _claim_rows,
-        connection,
-        worker_id,
-        limit=limit,
-        queue_list=queue_list,
-        identity=identity,
-        expires=expires,
-        now=now,
-    )
+
+    def bind(now: datetime) -> ClaimRows:
+        expires = now + timedelta(seconds=lease_seconds or jobs_settings().LEASE_SECONDS)
+        return functools.partial(
+            _claim_rows,
+            connection,
+            worker_id,
+            limit=limit,
+            queue_list=queue_list,
+            identity=identity,
+            expires=expires,
+            now=now,
+        )
+
+    claim_rows = bind(now)
     limits = limits.for_queues(queue_list)
     if limits:
         # Before the transaction: on SQLite, BEGIN IMMEDIATE takes the write lock.
@@ -401,9 +405,10 @@ def complete_and_claim(
             )
         else:
             with transaction.atomic(using=alias):
+                now = current_time(given)  # under the write lock, see below
                 finished = finish_batch(connection, batch, now) if batch else {}
                 claims, held = _claim_limited_sqlite(
-                    claim_rows, connection, limits, limit, queue_list, identity, now
+                    bind(now), connection, limits, limit, queue_list, identity, now
                 )
         if held:
             held_back(held)
@@ -419,6 +424,10 @@ def complete_and_claim(
         return outcomes(batch, finished), claims
     # SQLite has no data-modifying CTEs: the finishing statements come first.
     with transaction.atomic(using=alias):
+        # BEGIN IMMEDIATE may have waited for another writer: the finishes and starts
+        # are timed once the write lock is held, so that a job its finish released is
+        # never recorded as started before that finish.
+        now = current_time(given)
         finished = finish_batch(connection, batch, now) if batch else {}
-        _, claims, _ = claim_rows()
+        _, claims, _ = bind(now)()
     return outcomes(batch, finished), claims

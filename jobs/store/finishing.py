@@ -383,11 +383,13 @@ def complete_many(
     batch = completions(completed)
     if not batch:
         return {}
-    now = current_time(now)
+    given, now = now, current_time(now)
     connection = connection_for(Job)
     if is_postgres(connection) and connection.get_autocommit() and not in_sequences(completed):
         return outcomes(batch, finish_batch(connection, batch, now))
     with transaction.atomic(using=alias_for(Job)):
+        # On SQLite, timed once BEGIN IMMEDIATE holds the write lock (as the claims).
+        now = now if is_postgres(connection) else current_time(given)
         return outcomes(batch, finish_batch(connection, batch, now))
 
 

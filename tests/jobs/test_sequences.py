@@ -293,3 +293,44 @@ def test_the_worker_finishes_a_sequence_job_and_releases_the_next_in_one_round_t
     assert len(sent) == 1, [text[:60] for text in sent]
     assert "jobs_sequence" in sent[0]
     assert claimable() == ["p1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_waited_for_the_write_lock_is_timed_when_it_held_it(
+    background: Callable[[Callable[[], Any]], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite: a claim whose BEGIN IMMEDIATE waited behind the finish that released
+    its job records the start at the time it held the lock — never before that
+    finish, so a sequence's attempts read in the order they ran."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from ledon import clock
+
+    if connection.vendor != "sqlite":
+        pytest.skip("about SQLite's write lock")
+    for n in range(2):
+        submit_job(SCOPE, f"p{n}", sub(n))
+    first = claim("p0")
+    base = clock.now() + timedelta(minutes=1)
+    shown = {"time": base}
+    claim_read_the_clock = threading.Event()
+    main = threading.current_thread()
+
+    def fake_now() -> datetime:
+        if threading.current_thread() is not main:
+            claim_read_the_clock.set()
+        return shown["time"]
+
+    monkeypatch.setattr(clock, "now", fake_now)
+    finished_at = base + timedelta(seconds=5)
+    with transaction.atomic():
+        execution.complete_many([(first, None)], now=finished_at)
+        later = background(lambda: execution.complete_and_claim([], "w2", limit=5))
+        assert claim_read_the_clock.wait(30)
+        shown["time"] = finished_at
+    _, claims = later.result(timeout=60)
+    assert [c.job_id for c in claims] == ["p1"]
+    assert claims[0].started_at >= finished_at
+    assert Job.objects.get(job_id="p0").finished_at == finished_at
