@@ -458,7 +458,10 @@ class Runner:
 
     def latency(self, system: System) -> dict[str, Any]:
         """Enqueue one job at a time into an idle worker; the handler reports its
-        start time over UDP (loopback)."""
+        start time over UDP (loopback). Timed from the start of the enqueue call,
+        its insert and commit included: a worker may start the job before the call
+        has returned (the commit is visible before the client goes on), so the
+        call's return would be an instant after the pickup, and a sample negative."""
         self.fresh(system)
         values: list[float] = []
         config = system.worker_config(WorkerConfig(1, 1))
@@ -468,9 +471,9 @@ class Runner:
             starts.wait(-1, 60)
             for marker in range(self.plan.latency_samples):
                 time.sleep(0.05)  # let the worker finish and fall idle
+                called = time.time()
                 system.enqueue_marked(marker)
-                committed = time.time()
-                values.append((starts.wait(marker, 10) - committed) * 1000)
+                values.append((starts.wait(marker, 10) - called) * 1000)
         return {
             "samples": len(values),
             "p50_ms": percentile(values, 0.50),
