@@ -31,6 +31,15 @@ DATABASE_ERRORS = (DatabaseError, InterfaceError)
 TRANSIENT_ERRORS = (OperationalError, InterfaceError)
 
 
+#: PostgreSQL: a one-row query that makes the transaction it runs in commit without
+#: waiting for its WAL to reach the disk (``synchronous_commit = off`` for that
+#: transaction alone). For a statement in autocommit — its own transaction — whose
+#: loss in a crash of the database server harms nothing: what it wrote is read again
+#: from rows that were already durable, and any later durable commit (of any session)
+#: flushes it first. Referenced from the statement (a ``FROM`` item), so that it runs.
+UNFLUSHED_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
+
+
 def alias_for(model: type[Any]) -> str:
     """The database alias ``model``'s rows are written to (the router's choice)."""
     return router.db_for_write(model) or "default"

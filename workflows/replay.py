@@ -258,13 +258,18 @@ class Replay:
         kind: StepKind,
         status: StepStatus,
         now: datetime,
+        *,
+        flushed: bool = True,
         **fields: Any,
     ) -> Checkpoint:
         """:meth:`settle` for a write that is this checkpoint's and nothing else: one
-        statement that carries the fence (:func:`workflows.store.record_step`), its
-        own transaction unless the caller has one open. :class:`Stop` if the driver is
-        stale or ``step`` is not where it stood (see :meth:`move`)."""
-        settled = store.record_step(self.driver, step, key, kind, status, now, **fields)
+        statement that carries the fence (:func:`workflows.store.record_step`, where
+        ``flushed`` is explained), its own transaction unless the caller has one open.
+        :class:`Stop` if the driver is stale or ``step`` is not where it stood (see
+        :meth:`move`)."""
+        settled = store.record_step(
+            self.driver, step, key, kind, status, now, flushed=flushed, **fields
+        )
         if settled is None:
             raise Stop(cancelled=False)
         return settled

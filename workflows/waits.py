@@ -47,7 +47,10 @@ def timer(replay: Replay, key: str, wake_time: Callable[[datetime], datetime]) -
             replay.wake_at(step.wake_at, "timer", f"{checked}@{replay.run.advances}", now)
         raise Suspend(WaitKind.TIMER, checked, step.wake_at)
     fault_point("workflows.timer.wake", run=replay.run.pk, key=checked)
-    step = replay.settle_alone(checked, step, StepKind.SLEEP, StepStatus.SUCCEEDED, now)
+    # Read again from the timer's due time should a server crash take it back.
+    step = replay.settle_alone(
+        checked, step, StepKind.SLEEP, StepStatus.SUCCEEDED, now, flushed=False
+    )
     replay.record(step)
 
 
@@ -62,8 +65,16 @@ def signal(replay: Replay, key: str, timeout: float | None) -> Any:
     arrived, payload = replay.signal_sent(checked)
     if arrived:
         result_json = validation.to_json(payload, f"signal {checked!r}")
+        # The payload is the signal's durable row: read again should a server crash
+        # take this checkpoint back.
         step = replay.settle_alone(
-            checked, step, StepKind.SIGNAL, StepStatus.SUCCEEDED, now, result_json=result_json
+            checked,
+            step,
+            StepKind.SIGNAL,
+            StepStatus.SUCCEEDED,
+            now,
+            flushed=False,
+            result_json=result_json,
         )
     elif step is None and timeout is not None:
         deadline = now + timedelta(seconds=timeout)

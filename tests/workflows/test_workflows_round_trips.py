@@ -105,6 +105,31 @@ def test_an_inline_step_that_writes_nothing_is_its_cancel_read_and_one_fenced_wr
         assert all(sql.startswith("WITH fence AS (UPDATE") for sql in writes)
 
 
+def test_what_a_replay_reads_again_commits_unflushed_and_a_steps_result_durably(
+    pg_only: None,
+) -> None:
+    """PostgreSQL: after a signal, the take of the run and the signal's checkpoint —
+    a crash of the server that took them back would leave the replay to take the run
+    and read the signal's durable row again — commit without waiting for the disk;
+    the step after it, whose result only the run holds, commits durably."""
+    start_workflow(SCOPE, "unflushed", "trips.wait")
+    run_workflows_inline()
+    assert send_signal(SCOPE, "unflushed", "go", {"n": 4}) == SignalOutcome.DELIVERED
+    with CaptureQueriesContext(connection) as advance:
+        run_workflows_inline()
+    assert WorkflowScope(SCOPE).get("unflushed").output == 4  # type: ignore[union-attr]
+    sent = statements(advance)
+    take = [sql for sql in sent if sql.startswith("UPDATE") and 'SET "status" = CASE' in sql]
+    signal = [sql for sql in sent if sql.startswith("WITH fence") and 'workflowstep" SET' in sql]
+    step = [sql for sql in sent if sql.startswith("WITH fence") and "INSERT" in sql]
+    assert (len(take), len(signal), len(step)) == (1, 1, 1), [q[:80] for q in sent]
+    unflushed = "set_config('synchronous_commit', 'off', true)"
+    assert unflushed in take[0]
+    assert unflushed in signal[0]
+    assert unflushed not in step[0]
+    assert not [sql for sql in sent if unflushed in sql and sql not in take + signal]
+
+
 def test_an_inline_step_that_writes_commits_its_rows_with_its_checkpoint():
     start_workflow(SCOPE, "effects", "checks.linear", {"start": 5})
     run_workflows_inline()

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ledon.db import adapt_dt, is_postgres, read_dt
+from ledon.db import UNFLUSHED_COMMIT, adapt_dt, is_postgres, read_dt
 from ledon.values import from_row
 
 from ..models import WorkflowRun, WorkflowStep
@@ -180,6 +180,8 @@ def record_step(
     kind: StepKind,
     status: StepStatus,
     now: datetime,
+    *,
+    flushed: bool = True,
     **fields: Any,
 ) -> Checkpoint | None:
     """Record checkpoint ``key`` as ``status`` — a new one, or ``step`` moved on from
@@ -188,7 +190,13 @@ def record_step(
     transaction ends, as :func:`~workflows.store.guard` locks it), the two under one
     transaction on SQLite. Alone, it is its own transaction; inside the caller's, it
     joins it. None (nothing written) if the driver is stale, or ``step`` is not where
-    it stood."""
+    it stood.
+
+    ``flushed=False``: the checkpoint's value is read from rows already durable (a
+    signal's payload, a timer's due time), so alone on PostgreSQL it commits without
+    waiting for the disk (:data:`ledon.db.UNFLUSHED_COMMIT`): a crash of the server
+    that took it back leaves the next replay to read the same value again. A step's
+    result, which only its run holds, is always flushed."""
     finished_at = now if status.is_finished else None
     if step is None:
         values = {**_NEW, **fields, "kind": kind, "status": status}
@@ -210,7 +218,8 @@ def record_step(
     params += [_adapted(connection, name, values[name]) for name in names]
     if step is not None:
         params += [step.pk, step.status]
-    sql = _fenced_write(names, new=step is None)
+    unflushed = not flushed and connection.get_autocommit()
+    sql = _fenced_write(names, new=step is None, unflushed=unflushed)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -232,12 +241,13 @@ _NEW_CHECKPOINT = {name: value for name, value in _NEW.items() if name in _FIELD
 
 
 @functools.lru_cache(maxsize=64)
-def _fenced_write(names: tuple[str, ...], *, new: bool) -> str:
+def _fenced_write(names: tuple[str, ...], *, new: bool, unflushed: bool = False) -> str:
     """The PostgreSQL statement of :func:`record_step` that sets the fields ``names``
     of a ``new`` checkpoint (an insert) or of a recorded one (an update). Its
     parameters: the fence's (the time, the run, the token, the Running status), then
     the key of a new checkpoint, the fields' values, and a recorded checkpoint's id
-    and status."""
+    and status. ``unflushed``: the statement commits without waiting for the disk
+    (alone in autocommit, see :func:`record_step`)."""
     q = connections[alias()].ops.quote_name
     steps = q(_STEPS)
     columns = [q(_COLUMNS[name]) for name in names]
@@ -254,7 +264,9 @@ def _fenced_write(names: tuple[str, ...], *, new: bool) -> str:
             f" AND {steps}.{q('run_id')} = fence.id RETURNING {steps}.{q('id')}"
         )
     return (
-        f"WITH fence AS (UPDATE {q(_RUNS)} SET {q('updated_at')} = %s WHERE {q('id')} = %s"
+        f"WITH fence AS (UPDATE {q(_RUNS)} SET {q('updated_at')} = %s"
+        + (f" FROM ({UNFLUSHED_COMMIT}) AS unflushed" if unflushed else "")
+        + f" WHERE {q('id')} = %s"
         f" AND {q('driver_token')} = %s AND {q('status')} = %s RETURNING {q('id')}) {write}"
     )
 

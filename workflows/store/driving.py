@@ -18,7 +18,7 @@ from django.db.models import F, OuterRef, Subquery
 
 from jobs.models import Job
 from jobs.types import FINISHED_STATUSES, JobStatus
-from ledon.db import adapt_dt, is_postgres, read_dt
+from ledon.db import UNFLUSHED_COMMIT, adapt_dt, is_postgres, read_dt
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 
@@ -110,8 +110,16 @@ def _take_statement(
         sets.append(f"{q(column)} = CASE WHEN {takeable} THEN {taken} ELSE {kept} END")
         params += [*takeable_params, *taken_params, *kept_params]
     returned = ", ".join(q(column) for column in _TAKEN)
+    # In autocommit on PostgreSQL the take commits without waiting for the disk: a
+    # crash of the server that took it back would leave the run as it stood before,
+    # and the advance job, whose claim committed durably before it, takes it again.
+    unflushed = (
+        f" FROM ({UNFLUSHED_COMMIT}) AS unflushed"
+        if is_postgres(connection) and connection.get_autocommit()
+        else ""
+    )
     sql = (
-        f"UPDATE {q(WorkflowRun._meta.db_table)} SET {', '.join(sets)}"
+        f"UPDATE {q(WorkflowRun._meta.db_table)} SET {', '.join(sets)}{unflushed}"
         f" WHERE {q('id')} = %s RETURNING {q('driver_token')} = %s, {returned}"
     )
     return sql, [*params, run_pk, token]
