@@ -149,6 +149,19 @@ def dies(wf: WorkflowContext) -> Any:
     return wf.step("die", kills_its_worker, wf.run_id)
 
 
+def kill_this_worker() -> str:
+    """An inline step that kills the worker running it (SIGKILL), every try: a run
+    whose advance keeps killing its worker."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+@workflow("checks.dies_inline", version=1)
+def dies_inline(wf: WorkflowContext) -> Any:
+    wf.step("before", write_effect, wf.run_id, "before", 1)
+    return wf.step("die", kill_this_worker)
+
+
 @workflow("checks.cancellable", version=1)
 def cancellable(wf: WorkflowContext) -> Any:
     return wf.step("wait", until_cancelled, wf.run_id)

@@ -247,6 +247,36 @@ def test_an_item_whose_job_kills_every_worker_ends_and_its_run_fails(workers):
     assert effects("dies", "activity")["dying"] == item.attempts >= 1
 
 
+def test_a_run_whose_inline_step_kills_every_worker_fails(workers):
+    """Every try of an inline step kills its worker (SIGKILL). The worker restarted
+    under the same id recovers its advance job and runs it again while the crash
+    budget allows it; the interruption that reaches it ends the job for good, and
+    the run ends Failed, saying why, instead of being handed to a new advance job
+    that would kill its worker again, for ever."""
+    start_workflow(SCOPE, "dies-inline", "checks.dies_inline")
+    outputs = []
+    for _ in range(8):
+        worker = workers("--burst", "--worker-id", "victim", "--concurrency", "1")
+        assert worker.wait(timeout=120) in (0, -signal.SIGKILL), worker.output
+        outputs.append(worker.output)
+        if WorkflowScope(SCOPE).get("dies-inline").finished:
+            break
+    snap = WorkflowScope(SCOPE).get("dies-inline")
+    assert snap.status == RunStatus.FAILED, snap.waiting_for
+    assert snap.error.startswith("KeepsKillingWorker: the run's advance job"), snap.error
+    assert "after its checkpoint 'before'" in snap.error
+    # One advance job, killed three times (the default budget); none after it.
+    (job,) = Job.objects.filter(handler=ADVANCE_HANDLER)
+    assert (job.status, job.keeps_killing_worker, job.interruption_count) == (
+        "interrupted",
+        True,
+        3,
+    )
+    assert len(outputs) == 4
+    assert "workflow checks.dies_inline run dies-inline failed" in outputs[-1]
+    assert effects("dies-inline") == {"before": 1}
+
+
 #: A worker behind the fault proxy: statements not prepared, so that each one's text
 #: crosses the proxy where it is recognised; short leases and recovery.
 AMBIGUOUS = {
