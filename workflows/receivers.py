@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from jobs.models import Job
 from jobs.types import Claim, FinishOutcome
 from ledon.values import CancelOutcome
 
@@ -48,27 +47,15 @@ def on_attempt_finished(
         # spent on an outage): the wake is tried once more, as its handler would.
         store.then_job_ended(claim.scope_hash, claim.job_id, claim.payload, current_time())
         return
-    if not claim.job_id.startswith(store.ITEM_JOB_PREFIX):
-        return
-    payload = claim.payload
-    item_pk = payload.get("item") if isinstance(payload, dict) else None
-    if not isinstance(item_pk, int):
-        return
-    error = (
-        Job.objects.filter(scope_hash=claim.scope_hash, job_id=claim.job_id)
-        .values_list("error", flat=True)
-        .first()
-    )
-    message = (error or f"the item's job ended {outcome.value}").strip().splitlines()[-1]
-    error_type = "ActivityLost" if outcome is FinishOutcome.INTERRUPTED else "ActivityJobFailed"
-    store.item_job_ended(
-        claim.scope_hash,
-        claim.job_id,
-        item_pk,
-        current_time(),
-        error_type=error_type,
-        error=message,
-    )
+    _end_item_of(claim.scope_hash, claim.job_id)
+
+
+def _end_item_of(scope_hash: str, job_id: str) -> None:
+    """The item job ``job_id`` of scope ``scope_hash`` ended for good without recording
+    its item: the item ends as its job did (one rule, whoever heard of it: see
+    :func:`workflows.store.end_items_of_ended_jobs`). Any other job: no query."""
+    if job_id.startswith(store.ITEM_JOB_PREFIX):
+        store.end_items_of_ended_jobs(current_time(), limit=1, job=(scope_hash, job_id))
 
 
 def on_queued_job_cancelled(sender: Any, *, scope_hash: str, job_id: str, **kwargs: Any) -> None:
@@ -98,9 +85,8 @@ def on_job_keeps_killing_worker(
     (which sends no ``attempt_finished``). Its run ends Failed at once
     (``KeepsKillingWorker``: a new advance would run the same step again), or its
     item ends and the run goes on, instead of waiting for the upkeep's next pass."""
-    now = current_time()
     if handler == store.ADVANCE_HANDLER:
         if scope_hash == store.advance_scope_hash():
-            let_go_runs_of_ended_jobs(now, limit=1, job_id=job_id)
-    elif job_id.startswith(store.ITEM_JOB_PREFIX):
-        store.end_items_of_ended_jobs(now, limit=1, job=(scope_hash, job_id))
+            let_go_runs_of_ended_jobs(current_time(), limit=1, job_id=job_id)
+    else:
+        _end_item_of(scope_hash, job_id)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+from pathlib import Path
 from typing import Any
 
 from workflows import WorkflowContext, activity, current_activity, workflow
@@ -160,6 +162,24 @@ def kill_this_worker() -> str:
 def dies_inline(wf: WorkflowContext) -> Any:
     wf.step("before", write_effect, wf.run_id, "before", 1)
     return wf.step("die", kill_this_worker)
+
+
+@activity("checks.hangs", timeout=0.5, queue="checks-hang")
+def hangs(marker: str) -> str:
+    """Says it started (``marker``), then ignores its timeout's cancellation: its
+    worker fails its job (``JobTimedOut``) without the activity's code recording
+    the item."""
+    Path(marker).touch()
+    threading.Event().wait(300)
+    return "too late"
+
+
+@workflow("checks.hang", version=1)
+def hang(wf: WorkflowContext) -> Any:
+    try:
+        return wf.step("hang", hangs, wf.input["marker"])
+    except StepFailed as failure:
+        return wf.step("after", write_effect, wf.run_id, "after", failure.cause_type)
 
 
 @workflow("checks.cancellable", version=1)

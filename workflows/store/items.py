@@ -303,29 +303,6 @@ def record_item_error(item: Item, error_type: str, error: str) -> None:
     )
 
 
-def item_job_ended(
-    scope_hash: str,
-    job_id: str,
-    item_pk: int,
-    now: datetime,
-    *,
-    error_type: str = "ActivityJobFailed",
-    error: str = "its job failed",
-) -> bool:
-    """An item's job ended for good outside the activity's own code (no worker knew
-    the activity, its last try ran past its timeout, its worker kept dying): record
-    the item Failed so its step can end. Only the job staged for the item (its scope
-    and id) ends it. False if the item had ended, or is not that job's."""
-    staged = staged_items(scope_hash, job_id).filter(pk=item_pk)
-    item = staged.filter(status=StepStatus.RUNNING).first()
-    if item is None:
-        step_id = staged.values_list("step_id", flat=True).first()
-        if step_id is not None:
-            fan_in(step_id, now)  # its end may have committed just before a kill
-        return False
-    return end_item(item_of(item), StepStatus.FAILED, now, error_type=error_type, error=error)
-
-
 def end_items_of_ended_jobs(
     now: datetime, *, limit: int = ITEM_BATCH, job: tuple[str, str] | None = None
 ) -> int:
