@@ -24,6 +24,7 @@ from django.utils.crypto import salted_hmac
 from jobs import store as job_store
 from jobs.models import Job
 from jobs.types import FINISHED_STATUSES, JobStatus, JobSubmission
+from ledon.db import is_postgres
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 
@@ -316,9 +317,9 @@ def end_items_of_ended_jobs(
 
     The items and their jobs are read as one set, in one statement (see
     :func:`_items_of_ended_jobs_sql`): each Running item joined to its job through
-    the jobs' identity index, never a lookup per item."""
+    the jobs' identity index."""
     connection = transaction.get_connection(alias())
-    params: list[Any] = [StepStatus.RUNNING.value, *_ENDINGS, JobStatus.SUCCEEDED.value]
+    params: list[Any] = [*_ENDINGS, JobStatus.SUCCEEDED.value, StepStatus.RUNNING.value]
     if job is not None:
         run_pk = run_of_item_job(job[1])
         if run_pk is None:
@@ -344,31 +345,48 @@ _ENDINGS = tuple(status.value for status in FINISHED_STATUSES)
 
 def _items_of_ended_jobs_sql(connection: BaseDatabaseWrapper, *, one_job: bool) -> str:
     """The statement of :func:`end_items_of_ended_jobs`: the Running items (through
-    their partial index) joined to their steps and runs by primary key, and to their
-    jobs by the jobs' identity (scope hash, job id), a unique index; those whose job
+    their partial index) joined to their steps and runs by primary key, each to its
+    job by the jobs' identity (scope hash, job id), a unique index; those whose job
     ended for good without recording its item (anything but Succeeded with a
     result), with the job's status, error and tries, at most a limit of them. No
     order: each pass ends what it read, so the next reads the rest. ``one_job``:
-    only the item of the job of a run, a scope and an id."""
+    only the item of the job of a run, a scope and an id.
+
+    On PostgreSQL the job is a ``LATERAL`` subquery behind a ``LIMIT``, which the
+    planner cannot turn into a plain join: it is read by its identity for each item,
+    never by a scan of the jobs' table that statistics lagging behind the table
+    (finished jobs taken for rare) would make look cheap. SQLite joins by nested
+    loops only, and looks each job up by that index."""
     q = connection.ops.quote_name
     columns = ", ".join(f"i.{q(name)}" for name in _ITEM_STARTED)
     endings = ", ".join(["%s"] * len(_ENDINGS))
+    job_table = q(Job._meta.db_table)
+    its_job = (
+        f"j.{q('scope_hash')} = r.{q('scope_hash')} AND j.{q('job_id')} = i.{q('job_id')}"
+        f" AND j.{q('status')} IN ({endings})"
+        f" AND (j.{q('result_ref')} IS NULL OR j.{q('status')} <> %s)"
+    )
+    tries = f"j.{q('attempt_count')} + j.{q('interruption_count')}"
+    if is_postgres(connection):
+        job = (
+            f" CROSS JOIN LATERAL (SELECT j.{q('status')}, j.{q('error')}, {tries} AS tries"
+            f" FROM {job_table} j WHERE {its_job} LIMIT 1) AS ended"
+        )
+        job_columns = f"ended.{q('status')}, ended.{q('error')}, ended.tries"
+    else:
+        job = f" INNER JOIN {job_table} j ON {its_job}"
+        job_columns = f"j.{q('status')}, j.{q('error')}, {tries}"
     only = (
         f" AND s.{q('run_id')} = %s AND r.{q('scope_hash')} = %s AND i.{q('job_id')} = %s"
         if one_job
         else ""
     )
     return (
-        f"SELECT {columns}, j.{q('status')}, j.{q('error')},"
-        f" j.{q('attempt_count')} + j.{q('interruption_count')}"
+        f"SELECT {columns}, {job_columns}"
         f" FROM {q(WorkflowItem._meta.db_table)} i"
         f" INNER JOIN {q(WorkflowStep._meta.db_table)} s ON s.{q('id')} = i.{q('step_id')}"
         f" INNER JOIN {q(WorkflowRun._meta.db_table)} r ON r.{q('id')} = s.{q('run_id')}"
-        f" INNER JOIN {q(Job._meta.db_table)} j ON j.{q('scope_hash')} = r.{q('scope_hash')}"
-        f" AND j.{q('job_id')} = i.{q('job_id')}"
-        f" WHERE i.{q('status')} = %s AND j.{q('status')} IN ({endings})"
-        f" AND (j.{q('result_ref')} IS NULL OR j.{q('status')} <> %s){only}"
-        " LIMIT %s"
+        f"{job} WHERE i.{q('status')} = %s{only} LIMIT %s"
     )
 
 
