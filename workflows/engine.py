@@ -29,6 +29,7 @@ from django.db import DatabaseError, DataError, InterfaceError, OperationalError
 from jobs.attempts import timed_out_error
 from jobs.context import JobContext
 from jobs.handlers import PermanentFailure, Snooze, get_handler
+from jobs.types import JobStatus
 from jobs.validation import MAX_TEXT_LENGTH as MAX_RESULT_REF
 from ledon.errors import storable_text
 from ledon.faults import fault_point
@@ -37,7 +38,7 @@ from ledon.tracing import AttributeValue
 from . import registry, store, validation
 from .conf import retry_pace
 from .context import WorkflowContext, _activity_context
-from .exceptions import InvalidInput, StepFailed, UntrustedJob
+from .exceptions import InvalidInput, KeepsKillingWorker, StepFailed, UntrustedJob
 from .models import WorkflowRun
 from .observability import hooks
 from .replay import Replay, Stop, Suspend, error_parts
@@ -205,19 +206,66 @@ def _cancelled(driver: store.Driver) -> Advanced:
 
 
 def _fail(driver: store.Driver, exc: BaseException, failed_step: str) -> Advanced:
+    error_type, message = error_parts(exc)
+    detail = "".join(traceback.format_exception(exc))
+    return _fail_with(driver, f"{error_type}: {message}\n\n{detail}", failed_step)
+
+
+def _fail_with(driver: store.Driver, error: str, failed_step: str) -> Advanced:
+    """End the run Failed with ``error`` (its type's name first), naming
+    ``failed_step``; Cancelled instead if its cancel was requested (or its deadline
+    passed)."""
     if store.cancel_requested(driver.run.pk):
         # The cancel lands first: whatever failed after it was asked for (a step that
         # stopped early when it saw it, a bad key) ends the run Cancelled.
         return _cancelled(driver)
     if not validation.is_key(failed_step):
         failed_step = ""  # a key that could not be a checkpoint's names none
-    error_type, message = error_parts(exc)
-    detail = "".join(traceback.format_exception(exc))
-    return _end(
-        driver,
-        RunStatus.FAILED,
-        error=storable_text(f"{error_type}: {message}\n\n{detail}"),
-        failed_step=failed_step,
+    return _end(driver, RunStatus.FAILED, error=storable_text(error), failed_step=failed_step)
+
+
+def let_go_runs_of_ended_jobs(now: datetime, *, limit: int, job_id: str | None = None) -> int:
+    """Let go of up to ``limit`` runs still Running under an advance job that ended
+    for good (:func:`workflows.store.holds_of_ended_jobs`; ``job_id``: only the run
+    that job holds), and return how many, by one rule whoever heard of the job's end
+    (its ``attempt_finished``, the crash budget's ``job_keeps_killing_worker``, or
+    the upkeep's pass):
+
+    - its worker kept dying (Interrupted at ``JOBS["MAX_INTERRUPTIONS"]``): the run
+      ends Failed with :class:`~workflows.exceptions.KeepsKillingWorker`, as its
+      last driver would have ended it (Cancelled instead if its cancel was asked).
+      A new advance would run the same step again and kill its worker again, with a
+      crash budget of its own each time: the run would never end;
+    - it was cancelled: as :func:`workflows.store.advance_job_cancelled`;
+    - else (its tries failed on an outage): the run goes to a new advance job
+      (:func:`workflows.store.release`).
+    """
+    count = 0
+    for hold in store.holds_of_ended_jobs(limit=limit, job_id=job_id):
+        if hold.keeps_killing_worker:
+            ended = _fail_with(hold.driver, _kept_killing(hold), "")
+            count += ended is not Advanced.NOTHING
+        elif hold.job_status is JobStatus.CANCELLED:
+            store.advance_job_cancelled(store.advance_scope_hash(), hold.job_id, now)
+            count += 1
+        else:
+            count += store.release(store.advance_scope_hash(), hold.job_id, now)
+    return count
+
+
+def _kept_killing(hold: store.EndedHold) -> str:
+    """The error of a run whose advance job (``hold``'s) kept killing its worker."""
+    where = (
+        "before its first checkpoint"
+        if hold.last_key is None
+        else f"after its checkpoint {hold.last_key!r}, the last it recorded"
+    )
+    return (
+        f"{KeepsKillingWorker.__name__}: the run's advance job {hold.job_id} kept "
+        f"killing its worker: interrupted {hold.interruptions} times "
+        f"(JOBS['MAX_INTERRUPTIONS']) in a step or the body {where}. The worker's "
+        "process died each time (killed, out of memory, or past its shutdown's "
+        "grace); resume the run once the cause is fixed."
     )
 
 

@@ -151,6 +151,14 @@ class RunTimedOut(WorkflowError):
     activity jobs cancelled with it."""
 
 
+class KeepsKillingWorker(WorkflowError):
+    """The run's advance job kept killing the worker that ran it: its worker's
+    process died each time (killed, out of memory, or past its shutdown's grace)
+    until the job reached ``JOBS["MAX_INTERRUPTIONS"]``. The run ended Failed with
+    this error's type and message in ``snapshot.error`` (a new advance would only run
+    the same step again); resume it once the cause is fixed."""
+
+
 class WorkflowCancelled(WorkflowError):
     """The run's cancellation was requested: raised at the body's next checkpoint so
     that the run ends Cancelled (do not catch it, or re-raise it)."""

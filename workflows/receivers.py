@@ -10,12 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from jobs.models import Job
 from jobs.types import Claim, FinishOutcome
 from ledon.values import CancelOutcome
 
 from . import store
-from .engine import current_time
+from .engine import current_time, let_go_runs_of_ended_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -26,46 +25,37 @@ def on_attempt_finished(
     """``jobs.signals.attempt_finished``: an item job that ended for good outside its
     activity's code (its activity unknown to every worker that claimed it, its last
     try past its timeout, its worker killed with no attempt left) ends its item, so
-    that the run is not left waiting for it; an advance job that did lets another
-    advance take its run. An item job that ended Cancelled without its handler
-    recording the item (cancelled while it waited in a worker's look-ahead) ends its
-    item Cancelled; a cancelled advance job cancels its run; the job that wakes a run
-    after its map's items, failed for good, wakes it once more. Only the jobs the
-    engine staged do any of this (their scope and id are checked)."""
+    that the run is not left waiting for it; an advance job that did lets go of its
+    run (one rule for every end of an advance job:
+    :func:`workflows.engine.let_go_runs_of_ended_jobs`). An item job that ended
+    Cancelled without its handler recording the item (cancelled while it waited in a
+    worker's look-ahead) ends its item Cancelled; a cancelled advance job cancels its
+    run; the job that wakes a run after its map's items, failed for good, wakes it
+    once more. Only the jobs the engine staged do any of this (their scope and id are
+    checked)."""
     if outcome is FinishOutcome.CANCELLED:
         on_queued_job_cancelled(sender, scope_hash=claim.scope_hash, job_id=claim.job_id)
         return
     if outcome not in (FinishOutcome.FAILED, FinishOutcome.INTERRUPTED) or retry_scheduled:
         return
     if claim.handler == store.ADVANCE_HANDLER:
-        store.release(claim.scope_hash, claim.job_id, current_time())
+        if claim.scope_hash == store.advance_scope_hash():
+            let_go_runs_of_ended_jobs(current_time(), limit=1, job_id=claim.job_id)
         return
     if claim.handler == store.ITEMS_ENDED_HANDLER:
         # The job that wakes a run after its map's items failed for good (its tries
         # spent on an outage): the wake is tried once more, as its handler would.
         store.then_job_ended(claim.scope_hash, claim.job_id, claim.payload, current_time())
         return
-    if not claim.job_id.startswith(store.ITEM_JOB_PREFIX):
-        return
-    payload = claim.payload
-    item_pk = payload.get("item") if isinstance(payload, dict) else None
-    if not isinstance(item_pk, int):
-        return
-    error = (
-        Job.objects.filter(scope_hash=claim.scope_hash, job_id=claim.job_id)
-        .values_list("error", flat=True)
-        .first()
-    )
-    message = (error or f"the item's job ended {outcome.value}").strip().splitlines()[-1]
-    error_type = "ActivityLost" if outcome is FinishOutcome.INTERRUPTED else "ActivityJobFailed"
-    store.item_job_ended(
-        claim.scope_hash,
-        claim.job_id,
-        item_pk,
-        current_time(),
-        error_type=error_type,
-        error=message,
-    )
+    _end_item_of(claim.scope_hash, claim.job_id)
+
+
+def _end_item_of(scope_hash: str, job_id: str) -> None:
+    """The item job ``job_id`` of scope ``scope_hash`` ended for good without recording
+    its item: the item ends as its job did (one rule, whoever heard of it: see
+    :func:`workflows.store.end_items_of_ended_jobs`). Any other job: no query."""
+    if job_id.startswith(store.ITEM_JOB_PREFIX):
+        store.end_items_of_ended_jobs(current_time(), limit=1, job=(scope_hash, job_id))
 
 
 def on_queued_job_cancelled(sender: Any, *, scope_hash: str, job_id: str, **kwargs: Any) -> None:
@@ -92,11 +82,11 @@ def on_job_keeps_killing_worker(
 ) -> None:
     """``jobs.signals.job_keeps_killing_worker``: an engine job whose worker kept dying
     ended Interrupted at the crash budget, recovered by whichever process found it
-    (which sends no ``attempt_finished``). Its run is released to a new advance at
-    once, or its item ends, so that the run goes on instead of waiting for the
-    upkeep's next pass (or, for an advance, for ever)."""
-    now = current_time()
+    (which sends no ``attempt_finished``). Its run ends Failed at once
+    (``KeepsKillingWorker``: a new advance would run the same step again), or its
+    item ends and the run goes on, instead of waiting for the upkeep's next pass."""
     if handler == store.ADVANCE_HANDLER:
-        store.release_runs_of_ended_jobs(now, limit=1, job_id=job_id)
-    elif job_id.startswith(store.ITEM_JOB_PREFIX):
-        store.end_items_of_ended_jobs(now, limit=1, job=(scope_hash, job_id))
+        if scope_hash == store.advance_scope_hash():
+            let_go_runs_of_ended_jobs(current_time(), limit=1, job_id=job_id)
+    else:
+        _end_item_of(scope_hash, job_id)

@@ -13,9 +13,10 @@ stops with the worker (``worker_stopping``). A pass:
   recording them (its worker kept dying until the job ended Interrupted, or was
   killed between the job's end and the signal that ends the item), so that their
   runs go on (:func:`workflows.store.end_items_of_ended_jobs`);
-- releases up to a batch of runs still Running under an advance job that ended for
-  good the same way, which nothing else would ever take again
-  (:func:`workflows.store.release_runs_of_ended_jobs`);
+- lets go of up to a batch of runs still Running under an advance job that ended
+  for good the same way, which nothing else would ever take again: Failed if its
+  worker kept dying, else to a new advance
+  (:func:`workflows.engine.let_go_runs_of_ended_jobs`);
 
 Both are what the receivers of the jobs' signals do at once (:mod:`.receivers`):
 the pass catches what a process took with it as it died.
@@ -40,7 +41,7 @@ from ledon.beside import Beside
 
 from . import store
 from .conf import workflows_settings
-from .engine import current_time
+from .engine import current_time, let_go_runs_of_ended_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,8 @@ class Upkeep:
         self.purged = 0
         #: Items of ended jobs ended so far.
         self.items_ended = 0
-        #: Runs of ended advance jobs released so far.
-        self.runs_released = 0
+        #: Runs of ended advance jobs let go so far (failed, released or cancelled).
+        self.runs_let_go = 0
         #: Passes made so far.
         self.passes = 0
         #: Set once the backlog is drained and the engine waits for its next interval.
@@ -100,7 +101,7 @@ class Upkeep:
 
     def end_leftovers_once(self) -> bool:
         """End one bounded batch of the items whose job ended without recording them,
-        and release one of the runs held by an advance job that ended for good
+        and let go of one of the runs held by an advance job that ended for good
         unheard; True if either was full (more may be left)."""
         items = self._leftovers(
             store.end_items_of_ended_jobs,
@@ -108,12 +109,12 @@ class Upkeep:
             "workflows: %d item(s) ended whose job had ended without recording them",
         )
         runs = self._leftovers(
-            store.release_runs_of_ended_jobs,
-            "releasing the runs of ended advance jobs",
-            "workflows: %d run(s) released whose advance job had ended holding them",
+            let_go_runs_of_ended_jobs,
+            "letting go of the runs of ended advance jobs",
+            "workflows: %d run(s) let go whose advance job had ended holding them",
         )
         self.items_ended += items
-        self.runs_released += runs
+        self.runs_let_go += runs
         return max(items, runs) >= store.ITEM_BATCH
 
     def _leftovers(self, end: Callable[..., int], what: str, said: str) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+from pathlib import Path
 from typing import Any
 
 from workflows import WorkflowContext, activity, current_activity, workflow
@@ -147,6 +149,37 @@ def kills_its_worker(run_id: str) -> str:
 @workflow("checks.dies", version=1)
 def dies(wf: WorkflowContext) -> Any:
     return wf.step("die", kills_its_worker, wf.run_id)
+
+
+def kill_this_worker() -> str:
+    """An inline step that kills the worker running it (SIGKILL), every try: a run
+    whose advance keeps killing its worker."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+@workflow("checks.dies_inline", version=1)
+def dies_inline(wf: WorkflowContext) -> Any:
+    wf.step("before", write_effect, wf.run_id, "before", 1)
+    return wf.step("die", kill_this_worker)
+
+
+@activity("checks.hangs", timeout=0.5, queue="checks-hang")
+def hangs(marker: str) -> str:
+    """Says it started (``marker``), then ignores its timeout's cancellation: its
+    worker fails its job (``JobTimedOut``) without the activity's code recording
+    the item."""
+    Path(marker).touch()
+    threading.Event().wait(300)
+    return "too late"
+
+
+@workflow("checks.hang", version=1)
+def hang(wf: WorkflowContext) -> Any:
+    try:
+        return wf.step("hang", hangs, wf.input["marker"])
+    except StepFailed as failure:
+        return wf.step("after", write_effect, wf.run_id, "after", failure.cause_type)
 
 
 @workflow("checks.cancellable", version=1)

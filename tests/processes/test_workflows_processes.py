@@ -247,6 +247,76 @@ def test_an_item_whose_job_kills_every_worker_ends_and_its_run_fails(workers):
     assert effects("dies", "activity")["dying"] == item.attempts >= 1
 
 
+def test_a_run_whose_inline_step_kills_every_worker_fails(workers):
+    """Every try of an inline step kills its worker (SIGKILL). The worker restarted
+    under the same id recovers its advance job and runs it again while the crash
+    budget allows it; the interruption that reaches it ends the job for good, and
+    the run ends Failed, saying why, instead of being handed to a new advance job
+    that would kill its worker again, for ever."""
+    start_workflow(SCOPE, "dies-inline", "checks.dies_inline")
+    outputs = []
+    for _ in range(8):
+        worker = workers("--burst", "--worker-id", "victim", "--concurrency", "1")
+        assert worker.wait(timeout=120) in (0, -signal.SIGKILL), worker.output
+        outputs.append(worker.output)
+        if WorkflowScope(SCOPE).get("dies-inline").finished:
+            break
+    snap = WorkflowScope(SCOPE).get("dies-inline")
+    assert snap.status == RunStatus.FAILED, snap.waiting_for
+    assert snap.error.startswith("KeepsKillingWorker: the run's advance job"), snap.error
+    assert "after its checkpoint 'before'" in snap.error
+    # One advance job, killed three times (the default budget); none after it.
+    (job,) = Job.objects.filter(handler=ADVANCE_HANDLER)
+    assert (job.status, job.keeps_killing_worker, job.interruption_count) == (
+        "interrupted",
+        True,
+        3,
+    )
+    assert len(outputs) == 4
+    assert "workflow checks.dies_inline run dies-inline failed" in outputs[-1]
+    assert effects("dies-inline") == {"before": 1}
+
+
+def test_an_item_whose_job_ended_unheard_moves_its_run_on_at_once(workers, tmp_path):
+    """An activity ignores its timeout: its worker fails the item's job
+    (``JobTimedOut``), and is killed (SIGKILL) once that committed, before it tells
+    the workflows (``attempt_finished``): the item's row is still Running and no
+    receiver will end it. The run goes on at once all the same, on another worker
+    already running (its upkeep's pass at start-up done, the next 300 s away): the
+    statement that ended the job queued its map's ``then`` job, and the fan-in reads
+    the item as its job ended."""
+    started = tmp_path / "hanging"
+    start_workflow(SCOPE, "unheard", "checks.hang", {"marker": str(started)})
+    survivor = workers("--queue", "default")
+    item_jobs = Job.objects.filter(handler="checks.hangs")
+    wait_until(item_jobs.exists, 60, "the first advance to queue the item's job", survivor)
+    victim = workers(
+        "--queue",
+        "checks-hang",
+        env={"WORKFLOWS_FAULT": "jobs.worker.finished@1:kill", "JOBS_TIMEOUT_GRACE_SECONDS": "0.5"},
+    )
+    assert victim.wait(timeout=120) == -signal.SIGKILL, victim.output
+    assert started.exists()
+    wait_until(
+        lambda: WorkflowScope(SCOPE).get("unheard").finished, 60, "the run to go on", survivor
+    )
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait() == 0, survivor.output
+    (job,) = item_jobs
+    assert job.status == "failed"
+    assert "JobTimedOut" in job.error
+    snap = WorkflowScope(SCOPE).get("unheard")
+    assert snap.status == RunStatus.SUCCEEDED, snap.error
+    assert snap.output == "ActivityJobEnded"
+    assert effects("unheard") == {"after": 1}
+    (item,) = WorkflowItem.objects.filter(step__run__run_id="unheard")
+    assert (item.status, item.error_type) == ("failed", "ActivityJobEnded")
+    # Not the upkeep's doing: its pass would have said so.
+    assert "ended whose job had ended" not in survivor.output
+    waited = (snap.finished_at - job.finished_at).total_seconds()
+    print(f"from the item job's end to the run's end: {waited:.3f} s")
+
+
 #: A worker behind the fault proxy: statements not prepared, so that each one's text
 #: crosses the proxy where it is recognised; short leases and recovery.
 AMBIGUOUS = {

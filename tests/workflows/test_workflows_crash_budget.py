@@ -1,11 +1,15 @@
 """The engine's jobs under the jobs' crash budget: a job whose worker keeps dying
 ends Interrupted once it reaches ``JOBS["MAX_INTERRUPTIONS"]``, recovered by whichever
 process finds it, which sends no ``attempt_finished``. The workflows hear of it at
-once (``jobs.signals.job_keeps_killing_worker``): an advance job's run is released to
-a new advance, an item job's item ends and its run goes on. If that word is lost
-with a process, every worker's upkeep pass ends them, advance jobs as item jobs."""
+once (``jobs.signals.job_keeps_killing_worker``): an advance job's run ends Failed
+with ``KeepsKillingWorker`` (a new advance would only run the same step and kill
+its worker again, for ever), an item job's item ends and its run goes on. If that
+word is lost with a process, every worker's upkeep pass ends them, advance jobs as
+item jobs."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 from django.utils import timezone
@@ -13,7 +17,7 @@ from django.utils import timezone
 from jobs import JobStatus, execution
 from jobs.models import Job
 from jobs.signals import job_keeps_killing_worker
-from workflows import RunStatus, StepStatus, WaitKind, WorkflowScope, start_workflow, store
+from workflows import RunStatus, StepKind, StepStatus, WorkflowScope, start_workflow, store
 from workflows.models import WorkflowItem, WorkflowRun
 from workflows.testing import TestClock, run_workflow, run_workflows_inline
 from workflows.upkeep import Upkeep
@@ -52,17 +56,71 @@ def word_lost():
     job_keeps_killing_worker.sender_receivers_cache.clear()
 
 
-def test_a_run_whose_advance_job_keeps_killing_its_worker_is_released_at_once():
+def test_a_run_whose_advance_job_keeps_killing_its_worker_fails_at_once(caplog):
+    """Released to a new advance, the run ran the same step again, which killed its
+    worker again: the crash budget started over with each new advance job, and the
+    run never ended. It ends Failed at once instead, saying so, and a resume (once
+    the cause is fixed) advances it again."""
     start_workflow(SCOPE, "advance-dies", "checks.linear")
     pk = WorkflowRun.objects.get(run_id="advance-dies").pk
     job = advance_job(pk)
-    kill_every_try(job, lambda: store.take(pk, job.job_id))
+    with caplog.at_level(logging.WARNING, logger="workflows.engine"):
+        kill_every_try(job, lambda: store.take(pk, job.job_id))
     snap = WorkflowScope(SCOPE).get("advance-dies")
-    assert snap.status == RunStatus.WAITING
-    assert snap.wait is not None
-    assert snap.wait.kind == WaitKind.ADVANCE
-    assert snap.waiting_for == "a new advance (the last one failed)"
+    assert snap.status == RunStatus.FAILED, snap.waiting_for
+    assert snap.failed_step == ""
+    assert snap.error.startswith(
+        f"KeepsKillingWorker: the run's advance job {job.job_id} kept killing its worker"
+    )
+    assert "before its first checkpoint" in snap.error
+    assert snap.finished_at is not None
+    # No new advance job: nothing would run the same step again.
+    assert [j.job_id for j in Job.objects.filter(handler=store.ADVANCE_HANDLER)] == [job.job_id]
+    (line,) = [r for r in caplog.records if r.name == "workflows.engine"]
+    assert line.run_id == "advance-dies"
+    assert line.error.startswith("KeepsKillingWorker: ")
+    WorkflowScope(SCOPE).resume("advance-dies")
     assert run_workflow(SCOPE, "advance-dies").status == RunStatus.SUCCEEDED
+
+
+def test_the_error_names_the_last_checkpoint_the_run_recorded():
+    start_workflow(SCOPE, "dies-later", "checks.linear")
+    run = WorkflowRun.objects.get(run_id="dies-later")
+    job = advance_job(run.pk)
+
+    def take_and_record_a() -> None:
+        driver = store.take(run.pk, job.job_id)
+        assert driver is not None
+        if not run.steps.exists():
+            store.record_step(
+                driver,
+                None,
+                "a",
+                StepKind.STEP,
+                StepStatus.SUCCEEDED,
+                timezone.now(),
+                attempts=1,
+                result_json="4",
+            )
+
+    kill_every_try(job, take_and_record_a)
+    snap = WorkflowScope(SCOPE).get("dies-later")
+    assert snap.status == RunStatus.FAILED
+    assert "after its checkpoint 'a'" in snap.error
+
+
+def test_a_run_whose_cancel_was_asked_ends_cancelled_instead():
+    start_workflow(SCOPE, "dies-cancelled", "checks.linear")
+    pk = WorkflowRun.objects.get(run_id="dies-cancelled").pk
+    job = advance_job(pk)
+
+    def take_then_cancel() -> None:
+        assert store.take(pk, job.job_id) is not None
+        WorkflowScope(SCOPE).cancel("dies-cancelled")
+
+    kill_every_try(job, take_then_cancel)
+    snap = WorkflowScope(SCOPE).get("dies-cancelled")
+    assert (snap.status, snap.error) == (RunStatus.CANCELLED, "cancelled on request")
 
 
 def test_an_item_whose_job_keeps_killing_its_worker_ends_at_once_and_its_run_goes_on():
@@ -83,7 +141,7 @@ def test_an_item_whose_job_keeps_killing_its_worker_ends_at_once_and_its_run_goe
     assert snap.failed_step == "double"
 
 
-def test_the_upkeep_releases_a_run_whose_advance_job_ended_unheard(word_lost):
+def test_the_upkeep_fails_a_run_whose_advance_job_ended_unheard(word_lost):
     start_workflow(SCOPE, "advance-unheard", "checks.linear")
     pk = WorkflowRun.objects.get(run_id="advance-unheard").pk
     job = advance_job(pk)
@@ -91,11 +149,31 @@ def test_the_upkeep_releases_a_run_whose_advance_job_ended_unheard(word_lost):
     assert WorkflowRun.objects.get(pk=pk).status == RunStatus.RUNNING  # nobody heard
     upkeep = Upkeep()
     assert upkeep.end_leftovers_once() is False
-    assert upkeep.runs_released == 1
-    assert WorkflowRun.objects.get(pk=pk).status == RunStatus.WAITING
+    assert upkeep.runs_let_go == 1
+    snap = WorkflowScope(SCOPE).get("advance-unheard")
+    assert snap.status == RunStatus.FAILED
+    assert snap.error.startswith("KeepsKillingWorker: ")
     assert upkeep.end_leftovers_once() is False
-    assert upkeep.runs_released == 1  # nothing more to release
-    assert run_workflow(SCOPE, "advance-unheard").status == RunStatus.SUCCEEDED
+    assert upkeep.runs_let_go == 1  # nothing more to let go
+
+
+def test_the_upkeep_releases_a_run_whose_advance_job_failed_unheard(word_lost):
+    """An advance job whose tries all failed on an outage (not the run's fault) lets
+    go of its run to a new advance."""
+    start_workflow(SCOPE, "advance-outage", "checks.linear")
+    pk = WorkflowRun.objects.get(run_id="advance-outage").pk
+    job = advance_job(pk)
+    claim = execution.try_start(job.scope_hash, job.job_id, worker_id="w")
+    assert claim is not None
+    assert store.take(pk, job.job_id) is not None
+    execution.fail(claim.token, "OperationalError: the database went away", retry_at=None)
+    upkeep = Upkeep()
+    assert upkeep.end_leftovers_once() is False
+    assert upkeep.runs_let_go == 1
+    snap = WorkflowScope(SCOPE).get("advance-outage")
+    assert snap.status == RunStatus.WAITING
+    assert snap.waiting_for == "a new advance (the last one failed)"
+    assert run_workflow(SCOPE, "advance-outage").status == RunStatus.SUCCEEDED
 
 
 def test_the_upkeep_ends_an_item_whose_job_ended_unheard(word_lost):
@@ -122,6 +200,6 @@ def test_a_running_run_whose_advance_job_still_runs_is_left_to_it():
     assert store.take(pk, job.job_id) is not None
     upkeep = Upkeep()
     upkeep.end_leftovers_once()
-    assert upkeep.runs_released == 0
+    assert upkeep.runs_let_go == 0
     run = WorkflowRun.objects.get(pk=pk)
     assert (run.status, run.driver_job) == (RunStatus.RUNNING, job.job_id)

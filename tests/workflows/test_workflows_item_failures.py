@@ -33,8 +33,9 @@ from workflows import (
     store,
     workflow,
 )
+from workflows.engine import Advanced, advance
 from workflows.exceptions import InvalidWorkflow
-from workflows.models import WorkflowItem
+from workflows.models import WorkflowItem, WorkflowRun
 from workflows.testing import TestClock, run_workflow, run_workflows_inline
 from workflows.upkeep import Upkeep
 
@@ -164,6 +165,40 @@ def test_a_permanent_failure_of_an_activity_is_not_retried():
     assert (job.status, job.attempt_count, job.max_attempts) == (JobStatus.FAILED, 1, 6)
 
 
+def time_out_every_try(run_id: str, *, heard: bool) -> None:
+    """Each try of the run's one item job is failed by its worker's timeout watch
+    (``JobTimedOut``), the last for good; ``heard``: the worker says so
+    (``attempt_finished``), else it died before it could."""
+    start_workflow(SCOPE, run_id, "itemfail.lookups", ["known"])
+    pk = WorkflowRun.objects.get(run_id=run_id).pk
+    assert advance(pk) is Advanced.WAITING  # the first advance: one item job
+    prefix = f"{store.ITEM_JOB_PREFIX}{pk}."
+    (job,) = Job.objects.filter(handler="itemfail.lookup", job_id__startswith=prefix)
+    for attempt in (1, 2):
+        claim = execution.try_start(job.scope_hash, job.job_id, worker_id="w")
+        assert claim is not None
+        retry_at = timezone.now() if attempt == 1 else None
+        outcome = execution.fail(claim.token, "JobTimedOut: past its timeout", retry_at=retry_at)
+        if heard:
+            finished_attempt(claim, outcome, retry_scheduled=outcome is FinishOutcome.REQUEUED)
+
+
+def test_an_item_whose_job_ended_reads_the_same_whoever_heard_of_it():
+    """One rule for an item whose job ended without recording it: the worker's word
+    of the job's end wrote ``ActivityJobFailed`` and the job's last error on the
+    item, while the fan-in (or the upkeep) that found the job ended without that
+    word wrote ``ActivityJobEnded``, its message another: the same failure read two
+    ways depending on whether a process died in between."""
+    time_out_every_try("heard-1", heard=True)
+    time_out_every_try("unheard-1", heard=False)
+    heard = run_workflow(SCOPE, "heard-1", clock=TestClock())
+    unheard = run_workflow(SCOPE, "unheard-1", clock=TestClock())
+    assert heard.status == unheard.status == RunStatus.FAILED
+    assert heard.error.split("\n")[0] == unheard.error.split("\n")[0]
+    ended = WorkflowItem.objects.order_by("pk").values_list("status", "error_type", "error")
+    assert len(set(ended)) == 1, list(ended)
+
+
 def test_a_try_past_its_timeout_fails_and_the_last_one_ends_its_item():
     start_workflow(SCOPE, "slow-1", "itemfail.lookups", ["known"])
     run_workflows_inline(max_attempts_run=1)  # the advance: one item job
@@ -177,11 +212,11 @@ def test_a_try_past_its_timeout_fails_and_the_last_one_ends_its_item():
         outcome = execution.fail(claim.token, "JobTimedOut: past its timeout", retry_at=retry_at)
         finished_attempt(claim, outcome, retry_scheduled=outcome is FinishOutcome.REQUEUED)
     item = WorkflowItem.objects.get(job_id=job.job_id)
-    assert (item.status, item.error_type) == ("failed", "ActivityJobFailed")
-    assert item.error == "JobTimedOut: past its timeout"
+    assert (item.status, item.error_type) == ("failed", "ActivityJobEnded")
+    assert item.error == "its job ended Failed without recording it: JobTimedOut: past its timeout"
     snap = run_workflow(SCOPE, "slow-1", clock=TestClock())
     assert snap.status == RunStatus.FAILED
-    assert "ActivityJobFailed: JobTimedOut" in snap.error
+    assert "ActivityJobEnded: its job ended Failed without recording it: JobTimedOut" in snap.error
 
 
 def test_an_item_whose_job_keeps_dying_ends_once_its_job_ends_interrupted():

@@ -522,7 +522,10 @@ def test_an_item_job_no_worker_can_run_fails_its_item_and_the_run_goes_on(settin
     finally:
         register_activity_handler(registry.get_activity("checks.double"))
     assert snap.status == RunStatus.FAILED
-    assert snap.error.startswith("StepFailed: step 'double' failed: ActivityJobFailed:")
+    assert snap.error.startswith(
+        "StepFailed: step 'double' failed: ActivityJobEnded: its job ended Failed without "
+        "recording it: "
+    )
     assert "checks.double" in snap.error
 
 

@@ -18,8 +18,11 @@ typed error. Nothing else in the app writes to the workflows tables.
     finish .................... RUNNING (token) -> SUCCEEDED | FAILED |      driving
                                 CANCELLED
     release ................... RUNNING (its advance job failed for good)    driving
-                                -> WAITING + a new advance job; the runs
-                                of advance jobs ended unheard, in batches
+                                -> WAITING + a new advance job
+    holds_of_ended_jobs ....... the runs still RUNNING under an advance job  driving
+                                that ended for good: the engine releases,
+                                fails (its worker kept dying) or cancels
+                                each (finish, by the dead driver's token)
     insert_step / update_step . a checkpoint recorded, moved on (fenced)     checkpoints
     record_step ............... the same, the fence in its own statement     checkpoints
     insert_items .............. a map's items and their jobs: one bulk       items
@@ -69,13 +72,14 @@ from .control import advance_job_cancelled, cancel, cancel_run, resume, resume_r
 from .creating import create_child, create_run
 from .deadlines import deadline_passed, timed_out_error
 from .driving import (
+    EndedHold,
     Suspended,
     cancel_requested,
     finish,
     give_back,
     guard,
+    holds_of_ended_jobs,
     release,
-    release_runs_of_ended_jobs,
     suspend,
     take,
     take_with_steps,
@@ -100,7 +104,6 @@ from .items import (
     insert_items,
     item_at,
     item_job_cancelled,
-    item_job_ended,
     items_per_transaction,
     items_queued,
     record_item_error,
@@ -129,6 +132,7 @@ __all__ = [
     "ITEM_BATCH",
     "ITEM_JOB_PREFIX",
     "Driver",
+    "EndedHold",
     "RecordedSteps",
     "RunInFlight",
     "SealedItem",
@@ -161,13 +165,13 @@ __all__ = [
     "get",
     "give_back",
     "guard",
+    "holds_of_ended_jobs",
     "identity",
     "in_flight_versions",
     "insert_items",
     "insert_step",
     "item_at",
     "item_job_cancelled",
-    "item_job_ended",
     "items_ended",
     "items_left",
     "items_of",
@@ -182,7 +186,6 @@ __all__ = [
     "record_step",
     "refuse_hopeless_resume",
     "release",
-    "release_runs_of_ended_jobs",
     "resume",
     "resume_run",
     "resume_runs_many",

@@ -9,6 +9,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -22,11 +23,11 @@ from ledon.db import UNFLUSHED_COMMIT, adapt_dt, is_postgres, read_dt
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 
-from ..models import WorkflowRun
+from ..models import WorkflowRun, WorkflowStep
 from ..types import DrivenRun, RunStatus, Wait, WaitKind
 from .base import Driver, StaleDriver, alias, current_time, ended, let_go
 from .checkpoints import RecordedSteps, load_steps, recorded_steps, steps_query
-from .control import advance_job_cancelled, cancel_dependents
+from .control import cancel_dependents
 from .waking import advance_scope_hash, drop_wakes, wake, wake_parent
 
 
@@ -273,35 +274,73 @@ def release(scope_hash: str, job_id: str, now: datetime) -> bool:
         return bool(released)
 
 
-def release_runs_of_ended_jobs(now: datetime, *, limit: int, job_id: str | None = None) -> int:
-    """Let go of up to ``limit`` runs still Running under an advance job that has
-    ended for good, and return how many: the job ended Interrupted after its worker
-    kept dying (recovered by another process, which sends no ``attempt_finished``),
-    or its worker was killed between the job's end and the signal that releases the
-    run. Nothing else would ever take such a run: it is released to a new advance
-    (:func:`release`), or, if its job was cancelled, treated as
-    :func:`~workflows.store.advance_job_cancelled` does. ``job_id``: only the run
-    that advance job holds (the word of its end came: see
-    :mod:`workflows.receivers`)."""
-    scope_hash = advance_scope_hash()
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndedHold:
+    """A run still Running under an advance job that ended for good: the hold of the
+    job's last driver on it (:attr:`driver`, its token the run's), and how the job
+    ended."""
+
+    driver: Driver
+    job_id: str
+    job_status: JobStatus
+    #: The job ended Interrupted at the crash budget: its worker kept dying.
+    keeps_killing_worker: bool
+    #: The job's attempts its worker died in.
+    interruptions: int
+    #: The key of the run's last recorded checkpoint (None: it recorded none).
+    last_key: str | None
+
+
+def holds_of_ended_jobs(*, limit: int, job_id: str | None = None) -> list[EndedHold]:
+    """Up to ``limit`` runs still Running under an advance job that has ended for
+    good, each as :class:`EndedHold`: the job ended Interrupted after its worker kept
+    dying (recovered by another process, which sends no ``attempt_finished``), its
+    tries failed on an outage, it was cancelled, or its worker was killed between the
+    job's end and the signal of it. Nothing else would ever take such a run.
+    ``job_id``: only the run that advance job holds (the word of its end came)."""
     ended_job = Job.objects.filter(
-        scope_hash=scope_hash, job_id=OuterRef("driver_job"), status__in=FINISHED_STATUSES
+        scope_hash=advance_scope_hash(), job_id=OuterRef("driver_job"), status__in=FINISHED_STATUSES
     )
     held = WorkflowRun.objects.filter(status=RunStatus.RUNNING, driver_job__isnull=False)
     if job_id is not None:
         held = held.filter(driver_job=job_id)
     rows = (
-        held.annotate(job_status=Subquery(ended_job.values("status")[:1]))
+        held.annotate(
+            job_status=Subquery(ended_job.values("status")[:1]),
+            job_keeps_killing=Subquery(ended_job.values("keeps_killing_worker")[:1]),
+            job_interruptions=Subquery(ended_job.values("interruption_count")[:1]),
+        )
         .filter(job_status__isnull=False)
         .order_by("pk")
-        .values_list("driver_job", "job_status")[:limit]
+        .values_list(
+            *_TAKEN,
+            "driver_token",
+            "driver_job",
+            "job_status",
+            "job_keeps_killing",
+            "job_interruptions",
+        )[:limit]
     )
-    released = 0
-    for held_by, status in rows:
-        assert held_by is not None  # the filter above
-        if status == JobStatus.CANCELLED:
-            advance_job_cancelled(scope_hash, held_by, now)  # lets go of the run
-            released += 1
-        else:
-            released += release(scope_hash, held_by, now)
-    return released
+    holds = []
+    for row in rows:
+        run = dict(zip(_TAKEN, row[: len(_TAKEN)], strict=True))
+        run["pk"] = run.pop("id")
+        run["rerun_keys"] = tuple(run["rerun_keys"])
+        token, held_by, job_status, keeps_killing, interruptions = row[len(_TAKEN) :]
+        last_key = (
+            WorkflowStep.objects.filter(run_id=run["pk"])
+            .order_by("-pk")
+            .values_list("key", flat=True)
+            .first()
+        )
+        holds.append(
+            EndedHold(
+                driver=Driver(DrivenRun(**run), token),
+                job_id=held_by,
+                job_status=JobStatus(job_status),
+                keeps_killing_worker=bool(keeps_killing),
+                interruptions=interruptions,
+                last_key=last_key,
+            )
+        )
+    return holds

@@ -10,19 +10,21 @@ import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from dataclasses import fields as fields_of
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, QuerySet, Subquery
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Exists, QuerySet
 from django.utils.crypto import salted_hmac
 
 from jobs import store as job_store
 from jobs.models import Job
 from jobs.types import FINISHED_STATUSES, JobStatus, JobSubmission
+from ledon.db import is_postgres
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 
@@ -39,7 +41,6 @@ from .fanning import (
     is_then_job,
     item_of,
     job_ending,
-    job_tries,
     queued,
 )
 from .waking import ADVANCE_MAX_ATTEMPTS
@@ -230,10 +231,7 @@ def start_item(item_pk: int, scope_hash: str, job_id: str, now: datetime) -> Ite
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is not None:
-        started = dict(zip(_ITEM_STARTED, row, strict=True))
-        started["pk"] = started.pop("id")
-        started["status"] = StepStatus(started["status"])
-        return Item(**started)
+        return _item_from(row)
     ended = staged_items(scope_hash, job_id).filter(pk=item_pk).first()
     if ended is None:
         raise UntrustedJob(
@@ -242,6 +240,14 @@ def start_item(item_pk: int, scope_hash: str, job_id: str, now: datetime) -> Ite
         )
     fan_in(ended.step_id, now)
     return item_of(ended)
+
+
+def _item_from(row: Sequence[Any]) -> Item:
+    """The item of ``row``, its columns :data:`_ITEM_STARTED` read by raw SQL."""
+    item = dict(zip(_ITEM_STARTED, row, strict=True))
+    item["pk"] = item.pop("id")
+    item["status"] = StepStatus(item["status"])
+    return Item(**item)
 
 
 def item_at(item_pk: int) -> Item:
@@ -298,29 +304,6 @@ def record_item_error(item: Item, error_type: str, error: str) -> None:
     )
 
 
-def item_job_ended(
-    scope_hash: str,
-    job_id: str,
-    item_pk: int,
-    now: datetime,
-    *,
-    error_type: str = "ActivityJobFailed",
-    error: str = "its job failed",
-) -> bool:
-    """An item's job ended for good outside the activity's own code (no worker knew
-    the activity, its last try ran past its timeout, its worker kept dying): record
-    the item Failed so its step can end. Only the job staged for the item (its scope
-    and id) ends it. False if the item had ended, or is not that job's."""
-    staged = staged_items(scope_hash, job_id).filter(pk=item_pk)
-    item = staged.filter(status=StepStatus.RUNNING).first()
-    if item is None:
-        step_id = staged.values_list("step_id", flat=True).first()
-        if step_id is not None:
-            fan_in(step_id, now)  # its end may have committed just before a kill
-        return False
-    return end_item(item_of(item), StepStatus.FAILED, now, error_type=error_type, error=error)
-
-
 def end_items_of_ended_jobs(
     now: datetime, *, limit: int = ITEM_BATCH, job: tuple[str, str] | None = None
 ) -> int:
@@ -330,34 +313,90 @@ def end_items_of_ended_jobs(
     signal that ends the item. Their steps end, their runs are woken. An item its
     job recorded (Succeeded with its result) is left to its run's fan-in. ``job``
     (scope hash, job id): only the item that job was staged for (the word of its
-    end came: see :mod:`workflows.receivers`)."""
-    ended_job = Job.objects.filter(
-        scope_hash=OuterRef("step__run__scope_hash"),
-        job_id=OuterRef("job_id"),
-        status__in=FINISHED_STATUSES,
-    )
-    running = WorkflowItem.objects.filter(status=StepStatus.RUNNING)
+    end came: see :mod:`workflows.receivers`).
+
+    The items and their jobs are read as one set, in one statement (see
+    :func:`_items_of_ended_jobs_sql`): each Running item joined to its job through
+    the jobs' identity index."""
+    connection = transaction.get_connection(alias())
+    params: list[Any] = [*_ENDINGS, JobStatus.SUCCEEDED.value, StepStatus.RUNNING.value]
     if job is not None:
-        running = running & staged_items(*job)
-    recorded = ended_job.filter(status=JobStatus.SUCCEEDED, result_ref__isnull=False)
-    items = (
-        running.annotate(
-            job_status=Subquery(ended_job.values("status")[:1]),
-            job_error=Subquery(ended_job.values("error")[:1]),
-            job_tries=Subquery(ended_job.values(tries=job_tries())[:1]),
-        )
-        .filter(job_status__isnull=False)
-        .filter(~Exists(recorded))
-        .order_by("pk")[:limit]
-    )
+        run_pk = run_of_item_job(job[1])
+        if run_pk is None:
+            return 0
+        params += [run_pk, job[0], job[1]]
+    with connection.cursor() as cursor:
+        sql = _items_of_ended_jobs_sql(connection, one_job=job is not None)
+        cursor.execute(sql, [*params, limit])
+        rows = cursor.fetchall()
     ended = 0
-    for item in items:
-        outcome, error_type, text = job_ending(item.job_status, item.job_error)
-        attempts = max(item.attempts, item.job_tries)
-        ended += end_item(
-            item_of(item), outcome, now, error_type=error_type, error=text, attempts=attempts
-        )
+    for row in rows:
+        item = _item_from(row[: len(_ITEM_STARTED)])
+        job_status, job_error, job_tries = row[len(_ITEM_STARTED) :]
+        outcome, error_type, text = job_ending(job_status, job_error)
+        attempts = max(item.attempts, job_tries)
+        ended += end_item(item, outcome, now, error_type=error_type, error=text, attempts=attempts)
     return ended
+
+
+#: How a job ends for good (one that recorded its item: Succeeded, with its result).
+_ENDINGS = tuple(status.value for status in FINISHED_STATUSES)
+
+
+def _items_of_ended_jobs_sql(connection: BaseDatabaseWrapper, *, one_job: bool) -> str:
+    """The statement of :func:`end_items_of_ended_jobs`: the Running items (through
+    their partial index) joined to their steps and runs by primary key, each to its
+    job by the jobs' identity (scope hash, job id), a unique index; those whose job
+    ended for good without recording its item (anything but Succeeded with a
+    result), with the job's status, error and tries, at most a limit of them. No
+    order: each pass ends what it read, so the next reads the rest. ``one_job``:
+    only the item of the job of a run, a scope and an id.
+
+    On PostgreSQL the job is a ``LATERAL`` subquery behind a ``LIMIT``, which the
+    planner cannot turn into a plain join: it is read by its identity for each item,
+    never by a scan of the jobs' table that statistics lagging behind the table
+    (finished jobs taken for rare) would make look cheap. SQLite joins by nested
+    loops only, and looks each job up by that index."""
+    q = connection.ops.quote_name
+    columns = ", ".join(f"i.{q(name)}" for name in _ITEM_STARTED)
+    endings = ", ".join(["%s"] * len(_ENDINGS))
+    job_table = q(Job._meta.db_table)
+    its_job = (
+        f"j.{q('scope_hash')} = r.{q('scope_hash')} AND j.{q('job_id')} = i.{q('job_id')}"
+        f" AND j.{q('status')} IN ({endings})"
+        f" AND (j.{q('result_ref')} IS NULL OR j.{q('status')} <> %s)"
+    )
+    tries = f"j.{q('attempt_count')} + j.{q('interruption_count')}"
+    if is_postgres(connection):
+        job = (
+            f" CROSS JOIN LATERAL (SELECT j.{q('status')}, j.{q('error')}, {tries} AS tries"
+            f" FROM {job_table} j WHERE {its_job} LIMIT 1) AS ended"
+        )
+        job_columns = f"ended.{q('status')}, ended.{q('error')}, ended.tries"
+    else:
+        job = f" INNER JOIN {job_table} j ON {its_job}"
+        job_columns = f"j.{q('status')}, j.{q('error')}, {tries}"
+    only = (
+        f" AND s.{q('run_id')} = %s AND r.{q('scope_hash')} = %s AND i.{q('job_id')} = %s"
+        if one_job
+        else ""
+    )
+    return (
+        f"SELECT {columns}, {job_columns}"
+        f" FROM {q(WorkflowItem._meta.db_table)} i"
+        f" INNER JOIN {q(WorkflowStep._meta.db_table)} s ON s.{q('id')} = i.{q('step_id')}"
+        f" INNER JOIN {q(WorkflowRun._meta.db_table)} r ON r.{q('id')} = s.{q('run_id')}"
+        f"{job} WHERE i.{q('status')} = %s{only} LIMIT %s"
+    )
+
+
+def run_of_item_job(job_id: str) -> int | None:
+    """The run (its row's id) whose item job ``job_id`` is, read from the id
+    (``wf-item:{run}.{generation}:…``); None for any other id."""
+    if not job_id.startswith(ITEM_JOB_PREFIX):
+        return None
+    run_pk = job_id.removeprefix(ITEM_JOB_PREFIX).split(".", 1)[0]
+    return int(run_pk) if run_pk.isdigit() else None
 
 
 def item_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> bool:
@@ -382,11 +421,11 @@ def item_job_cancelled(scope_hash: str, job_id: str, now: datetime) -> bool:
         # all the same if its items ended (nothing else would wake it).
         fan_in(step_pk, now)
         return True
-    run_pk = job_id.removeprefix(ITEM_JOB_PREFIX).split(".", 1)[0]
-    if not run_pk.isdigit():
+    run_pk = run_of_item_job(job_id)
+    if run_pk is None:
         return False
     item = WorkflowItem.objects.filter(
-        step__run_id=int(run_pk),
+        step__run_id=run_pk,
         step__run__scope_hash=scope_hash,
         job_id=job_id,
         status=StepStatus.RUNNING,
