@@ -9,6 +9,8 @@ The engines:
   levels, signals that cannot deadlock, guarded database steps;
 - :mod:`ledon.commands` — running an engine from its management command;
 - :mod:`ledon.beside` — engines that run on a thread beside another (the scheduler);
+- :mod:`ledon.burst` — engines that run side by side until none has anything left
+  (``run_jobs --burst`` and the engines beside its worker);
 - :mod:`ledon.backoff` — the back-off every engine uses after a database failure;
 - :mod:`ledon.outage` — says an outage once, sums it up while it lasts, and says when
   it ends;

@@ -319,6 +319,10 @@ class Engine:
         """Whether a stop was requested."""
         return self._stopping.is_set()
 
+    def wake(self) -> None:
+        """End the loop's current wait (there may be work); any thread may call it."""
+        self._wake.set()
+
     @contextmanager
     def stop_on_signals(
         self,

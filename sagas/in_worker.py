@@ -8,9 +8,11 @@ takes over its runner's row in the workers registry as well as its own, instead 
 leaving the old run's row to go silent.
 
 Connected to the worker's signals when both apps are installed (``SagasConfig.ready``);
-``jobs`` itself knows nothing of sagas. In ``--burst`` mode the worker waits for the
-runner to find nothing left to claim; otherwise the runner stops with the worker and
-releases the instance it drives after the current step.
+``jobs`` itself knows nothing of sagas. In ``--burst`` mode the runner takes part in
+the worker's burst (:mod:`ledon.burst`): the burst is over once neither the worker
+nor the runner finds anything to do, each after the last thing the other did, and
+the worker waits for the runner to end; otherwise the runner stops with the worker
+and releases the instance it drives after the current step.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ledon.beside import Beside
+from ledon.burst import join_burst_of
 from ledon.db import DatabaseNotMigrated
 
 from .conf import sagas_settings
@@ -44,8 +47,16 @@ def start_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
         what = f"{state.name} {state.instance_id}" if state is not None else ""
         worker.report(f"saga {event}", " ".join(p for p in (what, detail) if p))
 
+    # In a burst, the runner is one of its engines: the worker and it end together,
+    # once neither has anything left (each may give the other work: a step stages a
+    # job, a job starts a saga).
+    member = join_burst_of(worker, "saga runner", lambda: runner.wake())
     runner = SagaRunner(
-        runner_id=worker.worker_id, burst=worker.burst, on_event=report, inline=False
+        runner_id=worker.worker_id,
+        burst=worker.burst,
+        burst_member=member,
+        on_event=report,
+        inline=False,
     )
 
     def run() -> None:
@@ -61,7 +72,8 @@ def start_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
 
 def stop_recovery(sender: Any, worker: Any, **kwargs: Any) -> None:
     """``jobs.signals.worker_stopping``: stop (or, in burst mode, finish) the runner."""
-    # A burst ends when nothing is left, saga instances included: wait for the runner.
+    # A burst ends when nothing is left, saga instances included: the runner ends by
+    # itself as the burst is over; wait for it.
     burst_end = worker.burst and not worker.stopping
     runner = _beside.stop(worker, timeout=None if burst_end else max(worker.shutdown_timeout, 1.0))
     if runner is not None:

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 
 from django.db import connections
 
+from ledon.burst import Member
 from ledon.clock import now as database_now
 from ledon.db import DATABASE_ERRORS, alias_for, in_test_case_transaction
 from ledon.engine import FAILED, Engine, EngineStats, Failed, StopLevel
@@ -106,11 +107,16 @@ class SagaRunner(Engine):
         on_event: EventCallback | None = None,
         batch_size: int = 20,
         inline: bool | None = None,
+        burst_member: Member | None = None,
     ) -> None:
         self.runner_id = validation.text(
             runner_id or default_runner_id(), "runner id", validation.MAX_OWNER_LENGTH
         )
         self.burst = burst
+        #: With ``burst``, inside a burst worker: this runner's part in the worker's
+        #: burst (:mod:`ledon.burst`): it ends once the burst is over, not when it
+        #: alone finds nothing to claim.
+        self.burst_member = burst_member
         self.names = None if names is None else set(names)
         self.clock = clock
         self.on_event = on_event
@@ -160,8 +166,12 @@ class SagaRunner(Engine):
             self.started.set()
             fault_point("sagas.runner.started", runner_id=self.runner_id)
             self._emit("started", None, f"sagas: {', '.join(self._known_names()) or 'none'}")
+            member = self.burst_member
             while not self._stopping.is_set():
                 self._wake.clear()
+                if member is not None and member.over:
+                    break
+                mark = 0 if member is None else member.mark()
                 worked: bool | Failed = False
                 if self._release_pending:
                     worked = self.guarded("releasing interrupted instances", self._release_own)
@@ -173,11 +183,15 @@ class SagaRunner(Engine):
                 if worked is FAILED:
                     self._release_pending = True  # a claim may have committed unanswered
                 if worked is not FAILED and worked:
+                    if member is not None:
+                        member.worked()  # what it committed may be the others' work
                     continue
-                if worked is not FAILED and self.burst:
+                if worked is not FAILED and self.burst and (member is None or member.quiet(mark)):
                     break
                 self.pause(self.settings.POLL_INTERVAL)
         finally:
+            if self.burst_member is not None:
+                self.burst_member.leave()
             if not self.inline:
                 connections[self.alias].close()
         self._emit("stopped", None, self.stats.summary())

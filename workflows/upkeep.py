@@ -7,7 +7,9 @@ When a ``run_jobs`` worker starts (``jobs.signals.worker_started``) an
 :class:`Upkeep` engine runs beside it on a thread of its own (``ledon.beside``): one
 bounded pass at once, then one every ``WORKFLOWS["CLEANUP_INTERVAL"]`` seconds (at
 once again while full batches come back: a backlog drains batch after batch); it
-stops with the worker (``worker_stopping``). A pass:
+stops with the worker (``worker_stopping``). Beside a ``--burst`` worker the burst
+is not over before its passes found no item or run left to end, so that the advance
+jobs of the runs they woke are run too (:mod:`ledon.burst`). A pass:
 
 - ends up to a batch of items still Running whose job ended for good without
   recording them (its worker kept dying until the job ended Interrupted, or was
@@ -38,6 +40,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from ledon.beside import Beside
+from ledon.burst import Member, join_burst_of
 
 from . import store
 from .conf import workflows_settings
@@ -50,8 +53,13 @@ class Upkeep:
     """Purges finished runs past their retention, and ends what ended engine jobs
     left behind (items, runs), pass after pass until :meth:`stop`."""
 
-    def __init__(self) -> None:
+    def __init__(self, burst_member: Member | None = None) -> None:
         self._stopping = threading.Event()
+        #: Beside a burst worker: the upkeep's part in its burst (:mod:`ledon.burst`).
+        #: The runs its passes release (and the items they end) are woken, and the
+        #: burst runs their advance jobs; once none is left it takes no part (the
+        #: rest is retention).
+        self.burst_member = burst_member
         #: Runs deleted so far (for logs and tests).
         self.purged = 0
         #: Items of ended jobs ended so far.
@@ -72,6 +80,8 @@ class Upkeep:
         try:
             while True:
                 more = self.end_leftovers_once()
+                if not more:
+                    self._leave_burst()  # what is left is retention: no burst waits for it
                 more = self.purge_once() or more
                 self.passes += 1
                 interval = 0.0 if more else workflows_settings().CLEANUP_INTERVAL
@@ -80,8 +90,13 @@ class Upkeep:
                 if self._stopping.wait(interval):
                     return
         finally:
+            self._leave_burst()
             connections.close_all()  # this thread's own connections
             self.stopped.set()
+
+    def _leave_burst(self) -> None:
+        if self.burst_member is not None:
+            self.burst_member.leave()
 
     def purge_once(self) -> bool:
         """Delete one bounded batch of finished runs past the retention; True if it
@@ -115,6 +130,8 @@ class Upkeep:
         )
         self.items_ended += items
         self.runs_let_go += runs
+        if (items or runs) and self.burst_member is not None:
+            self.burst_member.worked()  # their runs' advance jobs are queued
         return max(items, runs) >= store.ITEM_BATCH
 
     def _leftovers(self, end: Callable[..., int], what: str, said: str) -> int:
@@ -142,7 +159,7 @@ _beside: Beside[Upkeep] = Beside("workflows-upkeep")
 
 def on_worker_started(sender: Any, *, worker: Any = None, **kwargs: Any) -> None:
     """``jobs.signals.worker_started``: start this worker's upkeep."""
-    upkeep = Upkeep()
+    upkeep = Upkeep(join_burst_of(worker, "workflows upkeep", lambda: None))
     _beside.start(worker, upkeep, upkeep.run)
 
 

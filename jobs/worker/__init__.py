@@ -42,6 +42,10 @@ the commit it names or right before the next one:
   attempts finished and new ones claimed, in one transaction;
 - ``jobs.worker.finished`` (``job_id``, ``outcome``) — one attempt's end committed
   on its own (a failure, a put-back, a re-queue, a success outside a settle);
+- ``jobs.worker.done_with`` (``job_id``) — the worker let the attempt go, its end
+  committed: its place is free;
+- ``jobs.worker.nothing_claimed`` — a claim pass of the main loop took nothing (before
+  a burst judges whether it is over);
 - ``jobs.worker.recovering`` (``worker_id``) — at start-up, before this worker id's
   leftovers of an earlier run are recovered (nothing of this run committed yet);
 - ``jobs.worker.recovered`` (``count``) — recovered attempts (expired leases, this

@@ -11,9 +11,11 @@ from datetime import datetime, timedelta
 
 from django.db import connections
 
+from ledon.burst import Burst
 from ledon.clock import now as database_now
 from ledon.db import alias_for, is_postgres
 from ledon.engine import FAILED, Engine, StopLevel
+from ledon.faults import fault_point
 from ledon.registry import EngineRecord
 
 from .. import execution
@@ -25,7 +27,7 @@ from .finishing import Finisher
 from .holdings import EventCallback, Holdings, WorkerStats
 from .leases import LeaseKeeper
 from .recovery import Recovery
-from .settler import NOTHING_SETTLED, Settler
+from .settler import NOTHING_SETTLED, Settler, SettleResult
 from .shutdown import ShutdownSequence
 from .slots import Slots
 from .timeouts import TimeoutWatch
@@ -81,6 +83,12 @@ class Worker(Engine):
         self.queues = list(queues or [])
         self.worker_id = worker_id or execution.default_worker_id()
         self.burst = burst
+        #: With ``burst``: the engines of this burst (see :mod:`ledon.burst`), the
+        #: worker first; those beside it join from ``worker_started``.
+        self.burst_round = Burst() if burst else None
+        self._in_burst = (
+            None if self.burst_round is None else self.burst_round.join("worker", self.wake)
+        )
         self.shutdown_timeout = shutdown_timeout
         self.clock = clock
         self.on_event = on_event
@@ -103,10 +111,6 @@ class Worker(Engine):
 
     # ------------------------------------------------------------------ for the parts
 
-    def wake(self) -> None:
-        """End the main loop's current wait (there may be work)."""
-        self._wake.set()
-
     def clear_wake(self) -> None:
         self._wake.clear()
 
@@ -124,6 +128,13 @@ class Worker(Engine):
         """Tell the event callback (``run_jobs`` prints it) about ``event``."""
         if self.on_event is not None:
             self.on_event(event, claim, detail)
+
+    def attempts_ended(self) -> None:
+        """Attempts' ends are committed and recorded (their signals' receivers ran): in
+        a burst, what they queued (a batch's ``then``, a sequence's next job, a workflow
+        run's next advance) is for a claim pass that begins after this."""
+        if self._in_burst is not None:
+            self._in_burst.worked()
 
     def busy(self) -> bool:
         """Whether an attempt is held (running, waiting to run, or returned and not
@@ -201,7 +212,9 @@ class Worker(Engine):
         return self.stats
 
     def _send_stopping(self) -> None:
-        """Send ``worker_stopping`` (once)."""
+        """End the burst (if any), then send ``worker_stopping`` (once)."""
+        if self.burst_round is not None:
+            self.burst_round.end()
         if not self._stopping_sent:
             self._stopping_sent = True
             send_logged(worker_stopping, Worker, "worker_stopping", log=logger, worker=self)
@@ -215,6 +228,7 @@ class Worker(Engine):
         next_cleanup = now  # retention runs once at start-up, then every interval
         while not self.stopping:
             self._wake.clear()
+            mark = 0 if self._in_burst is None else self._in_burst.mark()
             now = time.monotonic()
             if self.outage.active:
                 # When the database comes back, renew the leases before anything else.
@@ -237,8 +251,9 @@ class Worker(Engine):
                 next_cleanup = now if more else now + s.CLEANUP_INTERVAL
             # The new claims are already on their way to the slots.
             settled = NOTHING_SETTLED if self.backing_off else self.settler.settle(claim=True)
-            idle = not settled.claims and not self.busy() and not self.backing_off
-            if self.burst and idle and not self._due_held_by_limits():
+            if not settled.claims:
+                fault_point("jobs.worker.nothing_claimed")
+            if self._burst_over(settled, mark):
                 break
             if settled.filled:
                 continue  # capacity was filled by a full batch: there may be more to take
@@ -250,6 +265,22 @@ class Worker(Engine):
                 s.POLL_INTERVAL if next_timeout is None else next_timeout,
             )
             self.pause(max(timeout, 0.01))
+
+    def _burst_over(self, settled: SettleResult, mark: int) -> bool:
+        """Burst mode: this pass, which began at ``mark``, found nothing — it claimed
+        nothing, nothing is held or being settled, no end was recorded and nothing an
+        engine beside the worker did was committed since it began (that work may have
+        queued jobs its claim could not see), and no due job waits only for a limit —
+        and every engine of the burst is as quiet (see :mod:`ledon.burst`)."""
+        member = self._in_burst
+        if member is None:
+            return False
+        if settled.claims:
+            member.active()
+            return False
+        if self.busy() or self.backing_off or self._due_held_by_limits():
+            return False
+        return member.quiet(mark)
 
     def _due_held_by_limits(self) -> bool:
         """Burst mode: are there due jobs in this worker's unpaused queues that only

@@ -175,6 +175,10 @@ class Settler:
             worker.slots.hand_over(claims[1:] if keep else claims)
             for finished, _result in done:
                 worker.finisher.record(finished, "succeeded", outcomes[finished.token])
+            if done:
+                worker.attempts_ended()
+            for finished, _result in done:
+                fault_point("jobs.worker.done_with", job_id=finished.job_id)
             return SettleResult(tuple(claims), limit)
         finally:
             with self._lock:

@@ -248,7 +248,9 @@ class Slots:
     def release(self, claim: Claim) -> None:
         """The attempt of ``claim`` is no longer held: its slot is free."""
         self._holdings.drop(claim.token)
+        self._worker.attempts_ended()
         self._worker.wake()
+        fault_point("jobs.worker.done_with", job_id=claim.job_id)
 
     # ------------------------------------------------------------------ threads
 

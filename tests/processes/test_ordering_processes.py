@@ -233,3 +233,42 @@ def test_a_halted_sequence_waits_for_an_operator(
         expected.remove("step-1")
     assert [job_id for job_id, _s, _f in spans] == expected
     assert Sequence.objects.get(sequence_key="k").halted_by is None
+
+
+@pytest.mark.parametrize("ending", ["succeeds", "fails"])
+def test_a_burst_runs_the_then_its_own_last_finish_queued(
+    workers: Callable[..., WorkerProcess], tmp_path: Path, ending: str
+) -> None:
+    """A burst worker's claim pass finds nothing while the batch's last job runs; the
+    job then ends (its finish queues the batch's ``then``) and the worker lets it go
+    before the pass is judged. The burst is not over: the ``then`` was due before it
+    could end, and runs. A success is finished with a claim (on PostgreSQL one
+    statement, whose claim cannot see the ``then`` it inserts), a failure on its own
+    beside the main loop."""
+    gate, at_pass, judge = tmp_path / "gate", tmp_path / "at-pass", tmp_path / "judge"
+    let_go, go_on = tmp_path / "let-go", tmp_path / "go-on"
+    last = JobSubmission.create(
+        "ordering.row",
+        {"n": 0, "gate": str(gate), "fail_first": ending == "fails"},
+        max_attempts=1,
+    )
+    submit_batch(SCOPE, "last-1", [("last-1-0", last)], then=THEN)
+    proc = workers(
+        "--burst",
+        "--concurrency",
+        "1",
+        env={
+            "JOBS_FAULT": f"jobs.worker.nothing_claimed@1:pause:{at_pass}:{judge}",
+            "ORDERS_FAULT": f"jobs.worker.done_with@1:pause:{let_go}:{go_on}",
+        },
+    )
+    wait_until(at_pass.exists, 60, "a claim pass to find nothing while the job runs", proc)
+    gate.touch()
+    wait_until(let_go.exists, 60, "the worker to let the job go", proc)
+    judge.touch()
+    go_on.touch()
+    assert proc.wait(120) == 0, proc.output
+    last_status = JobStatus.FAILED if ending == "fails" else JobStatus.SUCCEEDED
+    assert Job.objects.get(job_id="last-1-0").status == last_status
+    then = Job.objects.get(job_id="last-1:then")
+    assert then.status == JobStatus.SUCCEEDED, proc.output

@@ -4,21 +4,18 @@ instances (``SAGAS["RECOVER_IN_WORKER"]``), through the worker's signals."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 from jobs import JobScope, JobStatus
 from jobs.handlers import autodiscover
-from jobs.signals import worker_started, worker_stopping
+from jobs.signals import worker_started
 from jobs.worker import Worker
 from outbox.testing import fault_at
 from sagas import SagaStatus, start_saga
 from sagas.conf import sagas_settings
 from sagas.exceptions import SagasConfigurationError
-from sagas.in_worker import stop_recovery
 from tests.support.procs import wait_until
 from tests.support.sagas import instance, order, runs
 
@@ -51,72 +48,61 @@ def assert_the_burst_ended_last(events: list[tuple[str, str]]) -> None:
     assert said.index("saga succeeded") < said.index("saga stopped") < len(said) - 1, said
 
 
-@contextmanager
-def on_worker_stopping_before_the_runner_is_waited_for(
-    receiver: Callable[..., None],
-) -> Iterator[None]:
-    """Connect ``receiver`` to ``worker_stopping`` ahead of the sagas app's own
-    receiver (which waits for the runner in a burst)."""
-    worker_stopping.disconnect(dispatch_uid="sagas.stop_recovery")
-    worker_stopping.connect(receiver, dispatch_uid="test.stopping")
-    worker_stopping.connect(stop_recovery, dispatch_uid="sagas.stop_recovery")
-    try:
-        yield
-    finally:
-        worker_stopping.disconnect(dispatch_uid="test.stopping")
-
-
-def test_a_burst_worker_resumes_a_started_saga_and_waits_for_it() -> None:
-    """The burst finds no job to run while the saga is still between two of its
-    steps: it stops claiming, then waits for the runner to finish the saga."""
+def test_a_burst_worker_runs_the_job_a_saga_staged_after_its_claims_found_nothing() -> None:
+    """The worker's claims find no job while the runner beside it is between two steps
+    of a saga whose last step stages a job. The burst is not over while the runner
+    has work: the worker waits for it, then runs that job, and ends last."""
+    autodiscover()  # what run_jobs does first: the saga's job has a handler
     state = start_saga("fulfilment.order", data=order())
     assert instance(state.instance_id).status == SagaStatus.RUNNING
-    claiming_stopped = threading.Event()
-
-    def stopped_claiming(sender: Any, worker: Worker, **kwargs: Any) -> None:
-        claiming_stopped.set()
-
+    found_nothing = threading.Event()
     with (
-        on_worker_stopping_before_the_runner_is_waited_for(stopped_claiming),
+        fault_at("jobs.worker.nothing_claimed", lambda context: found_nothing.set()),
         fault_at(
             "sagas.step.committed",
-            lambda context: claiming_stopped.wait(30),
+            lambda context: found_nothing.wait(30),
             when=lambda context: context["step"] == "charge",
         ),
     ):
         _worker, events = run_worker()
-    assert claiming_stopped.is_set()
+    assert found_nothing.is_set()
     row = instance(state.instance_id)
     assert row.status == SagaStatus.SUCCEEDED
     assert runs(state.instance_id) == ["reserve", "charge", "ship"]
     instance_id = str(state.instance_id)
     assert ("saga succeeded", f"fulfilment.order {instance_id}") in events
+    job = JobScope("fulfilment").get(f"dispatch-{instance_id}")
+    assert job.status == JobStatus.SUCCEEDED
     assert_the_burst_ended_last(events)
+    said = [event for event, _ in events]
+    assert said.index("saga succeeded") < said.index("claimed"), said
 
 
 def test_a_burst_worker_runs_the_job_a_saga_it_resumed_staged_before_it_claimed() -> None:
     """The other order, as on a loaded machine: the runner finishes the saga (whose
-    last step stages a job) and ends before the worker's first claim. The burst runs
-    that job, and still ends last."""
+    last step stages a job) before the worker's first claim. The runner waits for the
+    worker to find nothing left; the burst runs that job, and still ends last."""
     autodiscover()  # what run_jobs does first: the saga's job has a handler
     state = start_saga("fulfilment.order", data=order())
     events: list[tuple[str, str]] = []
 
-    def after_the_runner(sender: Any, worker: Worker, **kwargs: Any) -> None:
+    def after_the_saga(sender: Any, worker: Worker, **kwargs: Any) -> None:
         wait_until(
-            lambda: any(event == "saga stopped" for event, _ in events), 30, "the runner to end"
+            lambda: any(event == "saga succeeded" for event, _ in events),
+            30,
+            "the runner to finish the saga",
         )
 
-    worker_started.connect(after_the_runner, dispatch_uid="test.after_the_runner")
+    worker_started.connect(after_the_saga, dispatch_uid="test.after_the_saga")
     try:
         run_worker(events)
     finally:
-        worker_started.disconnect(dispatch_uid="test.after_the_runner")
+        worker_started.disconnect(dispatch_uid="test.after_the_saga")
     job = JobScope("fulfilment").get(f"dispatch-{state.instance_id}")
     assert job.status == JobStatus.SUCCEEDED
     assert_the_burst_ended_last(events)
     said = [event for event, _ in events]
-    assert said.index("saga stopped") < said.index("claimed"), said
+    assert said.index("saga succeeded") < said.index("claimed") < said.index("saga stopped"), said
 
 
 def test_off_leaves_saga_instances_to_recover_sagas(settings) -> None:
