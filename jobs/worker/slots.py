@@ -113,39 +113,50 @@ class Slots:
 
     # ------------------------------------------------------------------ capacity
 
-    def claimable_locked(self, *, finishing: int, reserved: int) -> int:
-        """How many jobs a settle may claim now, with the worker's lock held: the
-        free slots once ``finishing`` held attempts are finished, plus the
-        look-ahead, less what settles under way ``reserved``.
+    def claimable_locked(self, *, reserved: int) -> int:
+        """How many jobs a settle may claim now, with the worker's lock held: a job
+        for each free slot and the look-ahead's places not taken, less what settles
+        under way ``reserved``.
 
-        The look-ahead (``JOBS["PREFETCH"]`` in all, at most) is shared among the
-        slots likely to take a job soon — free ones, and those whose handler has run
-        less than ``JOBS["PREFETCH_MAX_WAIT"]``: each stands for ``PREFETCH ÷
-        concurrency`` jobs of it, rounded up, and no more than the handlers' typical
-        run time lets start within ``PREFETCH_MAX_WAIT``. A slot held by a long
-        handler stands for none, and handlers that typically run longer than
-        ``PREFETCH_MAX_WAIT`` get no look-ahead at all, so that no job waits in this
-        worker's memory behind them while another worker could run it (nor is
-        claimed only to be given back). Jobs already waiting for a slot count as held.
+        A slot is free once its handler returned: an attempt that returned and waits
+        for its finish's commit (in this settle or the next) holds neither a slot nor
+        a place in the look-ahead. Counted as held, the successes waiting for the
+        next settle — at a 5 ms handler about as many as return during one commit —
+        took the look-ahead's places, and a returning slot found no job waiting.
+
+        The look-ahead (``JOBS["PREFETCH"]`` in all, at most, besides a job for each
+        free slot) is shared among the slots likely to take a job soon — free ones,
+        and those whose handler has run less than ``JOBS["PREFETCH_MAX_WAIT"]``: each
+        stands for ``PREFETCH ÷ concurrency`` jobs of it, rounded up, and no more than
+        the handlers' typical run time lets start within ``PREFETCH_MAX_WAIT``. A slot
+        held by a long handler stands for none, and handlers that typically run longer
+        than ``PREFETCH_MAX_WAIT`` get no look-ahead at all, so that no job waits in
+        this worker's memory behind them while another worker could run it (nor is
+        claimed only to be given back). Jobs already waiting for a slot take their
+        places first.
         """
-        held = self._holdings.count_locked() - finishing
-        concurrency = self._worker.concurrency
-        free = concurrency - held - reserved
         settings = self._worker.settings
-        if not settings.PREFETCH:
-            return free
+        prefetch = settings.PREFETCH
         young_since = time.monotonic() - settings.PREFETCH_MAX_WAIT
-        young = sum(
-            1
-            for h in self._holdings.entries_locked()
-            if h.started_at is not None and not h.returned and h.started_at >= young_since
-        )
-        share = -(-settings.PREFETCH // concurrency)
+        running = waiting = young = 0
+        for h in self._holdings.entries_locked():
+            if h.returned:
+                continue
+            if h.started_at is None and not h.running:
+                waiting += 1
+                continue
+            running += 1
+            if h.started_at is not None and h.started_at >= young_since:
+                young += 1
+        concurrency = self._worker.concurrency
+        free = max(concurrency - running, 0)
+        if not prefetch:
+            return free - waiting - reserved
+        share = -(-prefetch // concurrency)
         typical = self._typical_run_time
         if typical is not None and typical > 0:
             share = min(share, int(settings.PREFETCH_MAX_WAIT / typical))
-        ready = max(free, 0) + young
-        return free + min(settings.PREFETCH, ready * share)
+        return free + min(prefetch, (free + young) * share) - waiting - reserved
 
     def hand_back_stale(self) -> float | None:
         """Give back the look-ahead jobs that waited ``JOBS["PREFETCH_MAX_WAIT"]``

@@ -5,6 +5,7 @@ the main loop looks for those that waited too long."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -119,3 +120,27 @@ def test_the_hand_back_of_stale_look_ahead_leaves_the_fresh_claims_queued() -> N
     assert taken == [[]]  # none was stale; none was taken out, even for a moment
     assert slots._work.claims() == claims
     assert condition.woken == 0
+
+
+def test_a_success_waiting_for_its_settle_holds_no_slot_nor_look_ahead_place() -> None:
+    """A slot is free once its handler returned: the successes waiting for the next
+    settle's commit leave the look-ahead to the slots, which find their next job
+    waiting instead of waiting for that commit."""
+    holdings = Holdings()
+    settings = SimpleNamespace(PREFETCH=2, PREFETCH_MAX_WAIT=60.0)
+    worker = SimpleNamespace(holdings=holdings, concurrency=2, settings=settings)
+    slots = Slots(worker)  # type: ignore[arg-type]
+    with holdings.lock:
+        first, second = (holdings.add_locked(claim(n)) for n in range(2))
+        for held in (first, second):
+            held.running = True
+            held.started_at = time.monotonic()
+        for n in range(2, 4):
+            holdings.add_locked(claim(n))  # looked ahead: waiting for a slot
+        assert slots.claimable_locked(reserved=0) == 0  # two running, two waiting
+        first.running, first.returned = False, True  # returned; its finish not committed
+        # Its slot takes a job waiting, and the look-ahead has a place again.
+        assert slots.claimable_locked(reserved=0) == 1
+        assert slots.claimable_locked(reserved=1) == 0  # a settle under way took it
+        second.running, second.returned = False, True
+        assert slots.claimable_locked(reserved=0) == 2
