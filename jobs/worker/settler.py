@@ -13,6 +13,7 @@ finish not yet committed, holds no place).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from django.db import DatabaseError
@@ -132,6 +133,7 @@ class Settler:
         claims: list[Claim] = []
         failed = False
         began = worker.outage.clock()
+        started = time.monotonic()
         try:
             try:
                 outcomes, claims = worker.finisher.committed(
@@ -171,6 +173,8 @@ class Settler:
                 for new in claims:
                     self._holdings.add_locked(new)
                 worker.stats.claimed += len(claims)
+                if limit:  # how long a slot's next claim is on its way (the look-ahead)
+                    worker.slots.note_round_trip_locked(time.monotonic() - started)
             for new in claims:
                 fault_point("jobs.worker.claimed", job_id=new.job_id, attempt=new.attempt)
                 worker.emit("claimed", new, f"attempt {new.attempt}/{new.max_attempts}")

@@ -144,3 +144,25 @@ def test_a_success_waiting_for_its_settle_holds_no_slot_nor_look_ahead_place() -
         assert slots.claimable_locked(reserved=1) == 0  # a settle under way took it
         second.running, second.returned = False, True
         assert slots.claimable_locked(reserved=0) == 2
+
+
+def test_a_slot_looks_ahead_no_further_than_it_runs_while_its_next_claim_comes() -> None:
+    """Each young slot stands for the jobs it starts during two of the settles'
+    typical round trips at the handlers' typical run time (``PREFETCH`` at most):
+    a worker of few slots with a large look-ahead does not keep jobs waiting in its
+    memory longer than the claim it hides takes."""
+    holdings = Holdings()
+    settings = SimpleNamespace(PREFETCH=64, PREFETCH_MAX_WAIT=60.0)
+    worker = SimpleNamespace(holdings=holdings, concurrency=2, settings=settings)
+    slots = Slots(worker)  # type: ignore[arg-type]
+    with holdings.lock:
+        for n in range(2):
+            held = holdings.add_locked(claim(n))
+            held.running, held.started_at = True, time.monotonic()
+        assert slots.claimable_locked(reserved=0) == 64  # nothing measured yet
+        slots._note_run_time_locked(0.010)
+        assert slots.claimable_locked(reserved=0) == 64
+        slots.note_round_trip_locked(0.012)  # two round trips: 2.4 handlers a slot
+        assert slots.claimable_locked(reserved=0) == 6
+        slots.note_round_trip_locked(0.5)  # the average moves toward a slow settle:
+        assert slots.claimable_locked(reserved=0) == 44  # 0.1096 s, 22 handlers a slot
