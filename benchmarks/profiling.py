@@ -30,6 +30,7 @@ the most.
 from __future__ import annotations
 
 import cProfile
+import itertools
 import pstats
 import statistics
 import threading
@@ -306,63 +307,100 @@ def slot_profile(
     log: Callable[[str], None] = physical.log,
 ) -> dict[str, Any]:
     """Where a handler thread's time goes with a handler that sleeps 5 ms: a burst
-    worker in this process at ``concurrency`` over ``jobs`` such jobs, each attempt
-    followed from its handler's start to the start of the next attempt on a slot —
-    the handler, the wait for a settle already under way (only one runs at a time),
-    the settle that finishes it and claims for the capacity it frees, and the hand-off
-    of the new claim to a thread. Means in ms per attempt; the WAL syncs of the
-    settles from ``pg_stat_wal``."""
+    worker in this process at ``concurrency`` over ``jobs`` such jobs, each slot
+    followed from one handler's start to the start of the next one on the same thread.
+
+    A slot's turn is its handler (the 5 ms sleep, its call, and the wait for the
+    interpreter lock when the sleep ends) and its way to the next job, split into
+    **waiting for a claim** (the slot came for its next job before the settle that
+    claimed it had committed: the look-ahead had run dry), **woken** (from the later
+    of the slot's coming and its claim's commit to the slot holding the claim: the
+    wake-up of a waiting thread and the interpreter lock) and **the rest** (the
+    slot's own book-keeping: its success handed to the next settle, the job found).
+    Means in ms per turn; the settles' statements (their round trip, jobs per settle,
+    and with ``pg_stat_statements`` the server's execution) and the WAL syncs from
+    ``pg_stat_wal``."""
     from jobs import execution
+    from jobs.types import Claim
     from jobs.worker import slots
     from jobs.worker.settler import Settler
+    from jobs.worker.workqueue import WorkQueue
 
-    returned: dict[str, float] = {}
-    started: dict[str, float] = {}
-    settled: dict[str, tuple[float, float]] = {}
-    claimed: dict[str, float] = {}
     lock = threading.Lock()
+    committed: dict[str, float] = {}
+    #: token -> (thread, when its handler started)
+    started: dict[str, tuple[int, float]] = {}
+    returned: dict[str, float] = {}
+    #: token -> (when its slot came to the queue, when it took the claim)
+    taken: dict[str, tuple[float, float]] = {}
+    statements: list[tuple[float, int]] = []
     complete_and_claim = execution.complete_and_claim
     begin_attempt = slots.begin_attempt
-    defer = Settler.defer_completion
+    defer = Settler.defer
+    get = WorkQueue.get
 
     def timed_settle(done: Any, *args: Any, **kwargs: Any) -> Any:
         begin = time.perf_counter()
         outcomes, claims = complete_and_claim(done, *args, **kwargs)
         end = time.perf_counter()
         with lock:
-            for claim, _result in done:
-                settled[claim.token] = (begin, end)
+            statements.append((end - begin, len(done)))
             for claim in claims:
-                claimed[claim.token] = end
+                committed[claim.token] = end
         return outcomes, claims
 
     def timed_attempt(ctx: Any, *args: Any) -> Any:
         with lock:
-            started[ctx.token] = time.perf_counter()
+            started[ctx.token] = (threading.get_ident(), time.perf_counter())
         return begin_attempt(ctx, *args)
 
-    def timed_defer(settler: Any, claim: Any, result: Any) -> bool:
+    def timed_defer(settler: Any, claim: Any, result: Any) -> Any:
         with lock:
             returned[claim.token] = time.perf_counter()
         return defer(settler, claim, result)
 
+    def timed_get(queue: Any) -> Any:
+        came = time.perf_counter()
+        item = get(queue)
+        if isinstance(item, Claim):
+            with lock:
+                taken[item.token] = (came, time.perf_counter())
+        return item
+
     _queue(ledon, admin, jobs, "sleep5")
     admin("CHECKPOINT")
-    _reset_server(url, False)
+    statements_known = physical.statements_available(url)
+    _reset_server(url, statements_known)
     patches = [
         (execution, "complete_and_claim", timed_settle),
         (slots, "begin_attempt", timed_attempt),
-        (Settler, "defer_completion", timed_defer),
+        (Settler, "defer", timed_defer),
+        (WorkQueue, "get", timed_get),
     ]
     with _patched(*patches):
         span, _ = _run_worker(concurrency, profile=False)
     time.sleep(1.1)  # backends flush their WAL statistics when they end
-    wal = _server(url, False)["wal"]
-    settles = {b for b in settled.values()}
-    handler = [returned[t] - started[t] for t in returned if t in started]
-    waiting = [settled[t][0] - returned[t] for t in returned if t in settled]
-    settling = [settled[t][1] - settled[t][0] for t in returned if t in settled]
-    handoff = [started[t] - claimed[t] for t in started if t in claimed]
+    server = _server(url, statements_known)
+    wal = server["wal"]
+    handler: list[float] = []
+    next_job: list[float] = []
+    waiting: list[float] = []
+    woken: list[float] = []
+    by_thread: dict[int, list[tuple[float, str]]] = {}
+    for token, (thread, at) in started.items():
+        by_thread.setdefault(thread, []).append((at, token))
+    for turns in by_thread.values():
+        turns.sort()
+        for (at, token), (next_at, next_token) in itertools.pairwise(turns):
+            if token not in returned:
+                continue
+            handler.append(returned[token] - at)
+            next_job.append(next_at - returned[token])
+            if next_token in taken and next_token in committed:
+                came, took = taken[next_token]
+                ready = committed[next_token]
+                waiting.append(max(ready - came, 0.0))
+                woken.append(max(took - max(came, ready), 0.0))
 
     def mean_ms(values: list[float]) -> float:
         return statistics.fmean(values) * 1000 if values else 0.0
@@ -372,13 +410,16 @@ def slot_profile(
         "concurrency": concurrency,
         "jobs_per_s": jobs / span,
         "handler_ms": mean_ms(handler),
-        "wait_for_settle_ms": mean_ms(waiting),
-        "settle_ms": mean_ms(settling),
-        "handoff_ms": mean_ms(handoff),
-        "settles": len(settles),
-        "jobs_per_settle": len(settled) / len(settles) if settles else 0.0,
+        "next_job_ms": mean_ms(next_job),
+        "waiting_for_claim_ms": mean_ms(waiting),
+        "woken_ms": mean_ms(woken),
+        "settle_ms": mean_ms([seconds for seconds, _ in statements]),
+        "settles": len(statements),
+        "jobs_per_settle": (statistics.fmean([n for _, n in statements]) if statements else 0.0),
         "wal_sync_ms": wal["sync_ms"] / wal["syncs"] if wal["syncs"] else 0.0,
     }
+    if "statement" in server:  # the server's own time in the statement, without the commit
+        result["settle_server_ms"] = server["statement"]["mean_exec_ms"]
     ledon.reset()
     log("  slot profile: " + ", ".join(f"{k} {v:.3f}" for k, v in result.items()))
     return result

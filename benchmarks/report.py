@@ -418,26 +418,33 @@ def sleep_table(document: Document) -> str:
         ["Share of the ideal", f"{rate / ideal:.0%}"],
     ]
     slot = document.get("slot_profile")
-    if slot:
+    if slot and "next_job_ms" in slot:
         parts = [
-            ("the handler (from its start: the 5 ms sleep and its call)", "handler_ms"),
-            ("waiting for the settle under way", "wait_for_settle_ms"),
-            ("its own settle (finish and claim, one statement and its commit)", "settle_ms"),
-            ("hand-off of the new claim to a handler thread", "handoff_ms"),
-        ]
-        turn = sum(slot[key] for _, key in parts)
+            ("the handler (from its start: the 5 ms sleep, its call, the lock after it)",
+             "handler_ms"),
+            ("to its next job: waiting for a claim (the look-ahead ran dry)",
+             "waiting_for_claim_ms"),
+            ("to its next job: woken (its claim committed, the thread not yet running)",
+             "woken_ms"),
+        ]  # fmt: skip
+        rest = slot["next_job_ms"] - slot["waiting_for_claim_ms"] - slot["woken_ms"]
+        turn = slot["handler_ms"] + slot["next_job_ms"]
         rows += [
             [
                 f"Profiled ({slot['jobs']:,} jobs, concurrency {slot['concurrency']}): jobs/s",
                 _num(slot["jobs_per_s"]),
             ],
             *([f"A slot's turn, ms: {label}", f"{slot[key]:.2f}"] for label, key in parts),
+            ["A slot's turn, ms: to its next job: the rest (its own book-keeping)",
+             f"{rest:.2f}"],
             ["A slot's turn, ms: **all of it**", f"**{turn:.2f}**"],
             [
-                "Jobs per settle; one WAL sync (ms)",
-                f"{slot['jobs_per_settle']:.1f}; {slot['wal_sync_ms']:.2f}",
+                "Settles: jobs per settle; its statement, the server's execution in it "
+                "and one WAL sync (ms)",
+                f"{slot['jobs_per_settle']:.1f}; {slot['settle_ms']:.2f}; "
+                f"{slot.get('settle_server_ms', 0.0):.2f}; {slot['wal_sync_ms']:.2f}",
             ],
-        ]
+        ]  # fmt: skip
     return table(["Measurement", "Value"], rows)
 
 

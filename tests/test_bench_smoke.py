@@ -162,6 +162,12 @@ def test_quick_run_writes_results_and_a_report(tmp_path: Path) -> None:
         assert part["statement_ms"] > 0
         assert part["settles_per_job"] > 0
         assert part["top"]
+    # A 5 ms handler's slot followed to its next job, on the same thread.
+    slot = document["slot_profile"]
+    assert slot["handler_ms"] > 0
+    assert slot["next_job_ms"] > 0
+    assert slot["settles"] > 0
+    assert "A slot's turn, ms: to its next job: waiting for a claim" in markdown
     assert "| max_running=64 |" in markdown
     assert "Burn-down with limits ≤ 1.3× slower than without" in markdown
     # Tables only: every line of the report is a heading, a table row, the legend of
@@ -234,6 +240,22 @@ def test_report_renders_ratios_and_target_verdicts() -> None:
 def database_url() -> str:
     """The test database itself, as a URL."""
     return server_url().rsplit("/", 1)[0] + "/" + quote(connection.settings_dict["NAME"])
+
+
+def test_a_slots_turn_is_its_handler_and_its_way_to_the_next_job() -> None:
+    document = synthetic(peer_factor=0.5)
+    document["slot_profile"] = {
+        "jobs": 2000, "concurrency": 16, "jobs_per_s": 1500.0, "handler_ms": 5.9,
+        "next_job_ms": 3.0, "waiting_for_claim_ms": 2.3, "woken_ms": 0.6, "settle_ms": 19.8,
+        "settles": 86, "jobs_per_settle": 34.9, "wal_sync_ms": 4.7, "settle_server_ms": 3.1,
+    }  # fmt: skip
+    markdown = report.render(document)
+    turn = "| A slot's turn, ms: "
+    waiting = "to its next job: waiting for a claim (the look-ahead ran dry) | 2.30 |"
+    assert turn + waiting in markdown
+    assert turn + "to its next job: the rest (its own book-keeping) | 0.10 |" in markdown
+    assert turn + "**all of it** | **8.90** |" in markdown
+    assert "| 34.9; 19.80; 3.10; 4.70 |" in markdown
 
 
 def test_the_cpu_rows_compare_the_workers_cpu_per_job_with_pgqueuers() -> None:

@@ -22,8 +22,8 @@ only through :class:`~jobs.worker.interfaces.WorkerInterface`, never the engine 
   (:mod:`~jobs.worker.workqueue`), the event loop, the LISTEN thread; how an attempt
   ended is decided by :func:`jobs.attempts.attempt_ended`;
 - :class:`~jobs.worker.settler.Settler` — finishing returned attempts together with
-  the next claim, one commit, capacity reserved so Running never exceeds the
-  worker's capacity;
+  the next claim, one commit, capacity reserved so that the handlers running and
+  the claims waiting never exceed the worker's capacity;
 - :class:`~jobs.worker.finishing.Finisher` — one attempt's end written on its own,
   and the record (counts, log, signal, event) of every end;
 - :class:`~jobs.worker.leases.LeaseKeeper` — heartbeat and cancellation watch;

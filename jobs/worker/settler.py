@@ -5,12 +5,15 @@ A settle runs on the main loop, or on the slot whose attempt was the last one
 running (:meth:`Settler.settles_here`): that slot then runs one of the new claims
 itself, with no hand-over between threads. The capacity a settle asks for is
 reserved until it returns, so settles running together never claim more than is
-free: Running never exceeds the worker's concurrency plus its look-ahead.
+free: the handlers running and the claims waiting for a slot never exceed the
+worker's concurrency plus its look-ahead (an attempt whose handler returned, its
+finish not yet committed, holds no place).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from django.db import DatabaseError
@@ -121,7 +124,7 @@ class Settler:
             done, self._completed = self._completed, []
             limit = 0
             if claim and not worker.stopping:
-                limit = worker.slots.claimable_locked(finishing=len(done), reserved=self._reserved)
+                limit = worker.slots.claimable_locked(reserved=self._reserved)
                 limit = max(min(limit, worker.settings.CLAIM_BATCH_SIZE), 0)
             if not done and not limit:
                 return NOTHING_SETTLED
@@ -130,6 +133,7 @@ class Settler:
         claims: list[Claim] = []
         failed = False
         began = worker.outage.clock()
+        started = time.monotonic()
         try:
             try:
                 outcomes, claims = worker.finisher.committed(
@@ -169,6 +173,8 @@ class Settler:
                 for new in claims:
                     self._holdings.add_locked(new)
                 worker.stats.claimed += len(claims)
+                if limit:  # how long a slot's next claim is on its way (the look-ahead)
+                    worker.slots.note_round_trip_locked(time.monotonic() - started)
             for new in claims:
                 fault_point("jobs.worker.claimed", job_id=new.job_id, attempt=new.attempt)
                 worker.emit("claimed", new, f"attempt {new.attempt}/{new.max_attempts}")

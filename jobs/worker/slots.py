@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -50,8 +51,14 @@ NEVER_STARTED = "released: never started, the worker shut down"
 #: The reason stored on a look-ahead claim that waited too long for a slot.
 LOOKED_AHEAD_TOO_LONG = "released: waited too long for a slot of its worker"
 #: How much each returning handler's run time moves the typical run time (a moving
-#: average): one long handler among quick ones is felt at once.
+#: average), and each settle's round trip the typical one: one long handler among
+#: quick ones is felt at once.
 RUN_TIME_WEIGHT = 0.2
+
+
+def _moved(typical: float | None, seconds: float) -> float:
+    """The moving average ``typical`` after one more measure, ``seconds``."""
+    return seconds if typical is None else typical + RUN_TIME_WEIGHT * (seconds - typical)
 
 
 class HandlerEnd(enum.Enum):
@@ -110,42 +117,66 @@ class Slots:
         #: A moving average of the handlers' run times (seconds), under the
         #: holdings' lock; None until a handler returned.
         self._typical_run_time: float | None = None
+        #: A moving average of the settles' round trips (seconds, from a settle's
+        #: start to its claims handed over), under the holdings' lock; None until a
+        #: settle claimed.
+        self._typical_round_trip: float | None = None
 
     # ------------------------------------------------------------------ capacity
 
-    def claimable_locked(self, *, finishing: int, reserved: int) -> int:
-        """How many jobs a settle may claim now, with the worker's lock held: the
-        free slots once ``finishing`` held attempts are finished, plus the
-        look-ahead, less what settles under way ``reserved``.
+    def claimable_locked(self, *, reserved: int) -> int:
+        """How many jobs a settle may claim now, with the worker's lock held: a job
+        for each free slot and the look-ahead's places not taken, less what settles
+        under way ``reserved``.
 
-        The look-ahead (``JOBS["PREFETCH"]`` in all, at most) is shared among the
-        slots likely to take a job soon — free ones, and those whose handler has run
-        less than ``JOBS["PREFETCH_MAX_WAIT"]``: each stands for ``PREFETCH ÷
-        concurrency`` jobs of it, rounded up, and no more than the handlers' typical
-        run time lets start within ``PREFETCH_MAX_WAIT``. A slot held by a long
-        handler stands for none, and handlers that typically run longer than
-        ``PREFETCH_MAX_WAIT`` get no look-ahead at all, so that no job waits in this
-        worker's memory behind them while another worker could run it (nor is
-        claimed only to be given back). Jobs already waiting for a slot count as held.
+        A slot is free once its handler returned: an attempt that returned and waits
+        for its finish's commit (in this settle or the next) holds neither a slot nor
+        a place in the look-ahead. Counted as held, the successes waiting for the
+        next settle — at a 5 ms handler about as many as return during one commit —
+        took the look-ahead's places, and a returning slot found no job waiting.
+
+        The look-ahead (``JOBS["PREFETCH"]`` in all, at most, besides a job for each
+        free slot) is shared among the slots likely to take a job soon — free ones,
+        and those whose handler has run less than ``JOBS["PREFETCH_MAX_WAIT"]``: each
+        stands for ``PREFETCH ÷ concurrency`` jobs of it, rounded up, and no more than
+        it starts while its next claim is on its way — the settle under way and the
+        next one, two of the settles' typical round trips, at the handlers' typical
+        run time — nor than that run time lets start within ``PREFETCH_MAX_WAIT``. A
+        slot held by a long handler stands for none, and handlers that typically run
+        longer than ``PREFETCH_MAX_WAIT`` get no look-ahead at all, so that no job
+        waits in this worker's memory behind them while another worker could run it
+        (nor is claimed only to be given back). Jobs already waiting for a slot take
+        their places first.
         """
-        held = self._holdings.count_locked() - finishing
-        concurrency = self._worker.concurrency
-        free = concurrency - held - reserved
         settings = self._worker.settings
-        if not settings.PREFETCH:
-            return free
+        prefetch = settings.PREFETCH
         young_since = time.monotonic() - settings.PREFETCH_MAX_WAIT
-        young = sum(
-            1
-            for h in self._holdings.entries_locked()
-            if h.started_at is not None and not h.returned and h.started_at >= young_since
-        )
-        share = -(-settings.PREFETCH // concurrency)
-        typical = self._typical_run_time
+        running = waiting = young = 0
+        for h in self._holdings.entries_locked():
+            if h.returned:
+                continue
+            if h.started_at is None and not h.running:
+                waiting += 1
+                continue
+            running += 1
+            if h.started_at is not None and h.started_at >= young_since:
+                young += 1
+        concurrency = self._worker.concurrency
+        free = max(concurrency - running, 0)
+        if not prefetch:
+            return free - waiting - reserved
+        share = -(-prefetch // concurrency)
+        typical, round_trip = self._typical_run_time, self._typical_round_trip
         if typical is not None and typical > 0:
             share = min(share, int(settings.PREFETCH_MAX_WAIT / typical))
-        ready = max(free, 0) + young
-        return free + min(settings.PREFETCH, ready * share)
+            if round_trip is not None:
+                share = min(share, math.ceil(2 * round_trip / typical))
+        return free + min(prefetch, (free + young) * share) - waiting - reserved
+
+    def note_round_trip_locked(self, seconds: float) -> None:
+        """A settle's claims were handed over ``seconds`` after it started (called
+        with the worker's lock held)."""
+        self._typical_round_trip = _moved(self._typical_round_trip, seconds)
 
     def hand_back_stale(self) -> float | None:
         """Give back the look-ahead jobs that waited ``JOBS["PREFETCH_MAX_WAIT"]``
@@ -425,10 +456,7 @@ class Slots:
             self._worker.wake()  # the main loop's next wait ends at the deadline
 
     def _note_run_time_locked(self, seconds: float) -> None:
-        typical = self._typical_run_time
-        self._typical_run_time = (
-            seconds if typical is None else typical + RUN_TIME_WEIGHT * (seconds - typical)
-        )
+        self._typical_run_time = _moved(self._typical_run_time, seconds)
 
     def _run_handler(self, claim: Claim, held: HeldAttempt) -> HandlerEnd:
         """Run the attempt's handler and write (or defer) its end; an ``async def``

@@ -5,6 +5,7 @@ the main loop looks for those that waited too long."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -119,3 +120,49 @@ def test_the_hand_back_of_stale_look_ahead_leaves_the_fresh_claims_queued() -> N
     assert taken == [[]]  # none was stale; none was taken out, even for a moment
     assert slots._work.claims() == claims
     assert condition.woken == 0
+
+
+def test_a_success_waiting_for_its_settle_holds_no_slot_nor_look_ahead_place() -> None:
+    """A slot is free once its handler returned: the successes waiting for the next
+    settle's commit leave the look-ahead to the slots, which find their next job
+    waiting instead of waiting for that commit."""
+    holdings = Holdings()
+    settings = SimpleNamespace(PREFETCH=2, PREFETCH_MAX_WAIT=60.0)
+    worker = SimpleNamespace(holdings=holdings, concurrency=2, settings=settings)
+    slots = Slots(worker)  # type: ignore[arg-type]
+    with holdings.lock:
+        first, second = (holdings.add_locked(claim(n)) for n in range(2))
+        for held in (first, second):
+            held.running = True
+            held.started_at = time.monotonic()
+        for n in range(2, 4):
+            holdings.add_locked(claim(n))  # looked ahead: waiting for a slot
+        assert slots.claimable_locked(reserved=0) == 0  # two running, two waiting
+        first.running, first.returned = False, True  # returned; its finish not committed
+        # Its slot takes a job waiting, and the look-ahead has a place again.
+        assert slots.claimable_locked(reserved=0) == 1
+        assert slots.claimable_locked(reserved=1) == 0  # a settle under way took it
+        second.running, second.returned = False, True
+        assert slots.claimable_locked(reserved=0) == 2
+
+
+def test_a_slot_looks_ahead_no_further_than_it_runs_while_its_next_claim_comes() -> None:
+    """Each young slot stands for the jobs it starts during two of the settles'
+    typical round trips at the handlers' typical run time (``PREFETCH`` at most):
+    a worker of few slots with a large look-ahead does not keep jobs waiting in its
+    memory longer than the claim it hides takes."""
+    holdings = Holdings()
+    settings = SimpleNamespace(PREFETCH=64, PREFETCH_MAX_WAIT=60.0)
+    worker = SimpleNamespace(holdings=holdings, concurrency=2, settings=settings)
+    slots = Slots(worker)  # type: ignore[arg-type]
+    with holdings.lock:
+        for n in range(2):
+            held = holdings.add_locked(claim(n))
+            held.running, held.started_at = True, time.monotonic()
+        assert slots.claimable_locked(reserved=0) == 64  # nothing measured yet
+        slots._note_run_time_locked(0.010)
+        assert slots.claimable_locked(reserved=0) == 64
+        slots.note_round_trip_locked(0.012)  # two round trips: 2.4 handlers a slot
+        assert slots.claimable_locked(reserved=0) == 6
+        slots.note_round_trip_locked(0.5)  # the average moves toward a slow settle:
+        assert slots.claimable_locked(reserved=0) == 44  # 0.1096 s, 22 handlers a slot
