@@ -1,7 +1,8 @@
 """An item that succeeds is recorded by its job's own finish: it costs no statement
 beyond its job's claim and finish, the run's picture counts it as its job stands
 until the fan-in copies it onto its row, and the fan-in reads the item jobs as one
-set, whatever the map's size."""
+set, whatever the map's size. The advance that queues the items never reads them
+back, and the job that follows them wakes the run after two reads."""
 
 from __future__ import annotations
 
@@ -79,6 +80,43 @@ def test_a_map_is_fanned_in_in_the_same_statements_whatever_its_size():
         return statements(lambda: run_jobs_inline(queues=["default"]))
 
     assert fan_in(40) == fan_in(10)
+
+
+def reads_of_items(sql: list[str]) -> list[str]:
+    """Of ``sql``, the reads of a map's items, steps, runs and jobs batches."""
+    tables = ('"workflows_workflowitem"', '"workflows_workflowstep"', '"workflows_workflowrun"')
+    return [
+        text
+        for text in sql
+        if text.lstrip().upper().startswith("SELECT")
+        and (any(table in text for table in tables) or "jobs_batch" in text)
+    ]
+
+
+def test_the_advance_that_queues_a_maps_items_never_reads_them_back():
+    # Before, it asked whether any had ended yet (three reads) before it waited.
+    start_workflow(SCOPE, "queued", "itemrecords.map", {"items": 5})
+    with CaptureQueriesContext(connection) as queries:
+        run_jobs_inline(queues=["default"], max_attempts_run=1)
+    assert WorkflowItem.objects.count() == 5
+    reads = reads_of_items([query["sql"] for query in queries.captured_queries])
+    assert not [text for text in reads if "workflowitem" in text or "jobs_batch" in text]
+
+
+def test_the_job_that_follows_a_maps_items_wakes_its_run_after_two_reads():
+    # Before, it read the map, its first item, the batch, the map again, its last
+    # item and its run: six reads and one more, of its step, to check the job.
+    start_workflow(SCOPE, "woken", "itemrecords.map", {"items": 4})
+    run_jobs_inline(queues=["default"], max_attempts_run=1)
+    run_jobs_inline(queues=[QUEUE])
+    assert Job.objects.filter(handler=ITEMS_ENDED_HANDLER, status="queued").count() == 1
+    with CaptureQueriesContext(connection) as queries:
+        run_jobs_inline(queues=["default"], max_attempts_run=1)  # the then job alone
+    assert Job.objects.get(handler=ITEMS_ENDED_HANDLER).status == "succeeded"
+    assert len(reads_of_items([query["sql"] for query in queries.captured_queries])) == 2
+    assert Job.objects.filter(job_id__contains=":items:", status="queued").count() == 1
+    run_jobs_inline(queues=["default"])
+    assert WorkflowScope(SCOPE).get("woken").output == [0, 1, 2, 3]
 
 
 def test_the_picture_counts_items_as_their_jobs_stand_until_the_fan_in():
