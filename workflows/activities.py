@@ -63,7 +63,10 @@ class Activities:
             args = self._item_args(checked, kind, payloads)
             first = args[: store.items_per_transaction()]
             now = replay.now()
-            with replay.write():
+            # Unflushed: a crash of the server that took it back leaves the next
+            # advance to record it again (it holds no result); an item job's claim,
+            # a durable commit, flushes it first.
+            with replay.write(unflushed=True):
                 step = replay.insert(
                     checked,
                     kind,
@@ -134,7 +137,10 @@ class Activities:
         failed = [item for item in items if item.status != StepStatus.SUCCEEDED]
         attempts = max(item.attempts for item in items)
         now = replay.now()
-        with replay.write():
+        # Unflushed: the results are read again from the item jobs, which are
+        # durable, if a crash of the server takes it back; the run's next durable
+        # commit (a step, its wait, its end) flushes it first.
+        with replay.write(unflushed=True):
             store.record_items(step, items, now)
             if failed:
                 first = failed[0]

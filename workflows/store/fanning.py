@@ -36,7 +36,7 @@ from ledon.values import from_row
 from ..exceptions import UntrustedJob
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..types import Checkpoint, Item, RunStatus, StepStatus
-from .base import alias
+from .base import alias, commit_unflushed
 from .waking import wake
 
 #: The prefix of every item job's id: ``wf-item:{run}.{generation}:{nonce}:{index}``.
@@ -415,6 +415,9 @@ def items_ended(scope_hash: str, job_id: str, payload: Any, now: datetime) -> bo
     if staged.run_status not in RunStatus.unfinished():
         return False
     with transaction.atomic(using=alias()):
+        # Unflushed: lost in a crash of the server, the wake is made again by this
+        # job, run again; its own finish, durable, flushes it first.
+        commit_unflushed()
         wake(staged.run_pk, staged.generation, "items", staged.step_key, now=now)
     return True
 
