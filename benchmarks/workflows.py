@@ -19,6 +19,9 @@ scratch database of its own:
   steps through a DBOS queue (polled every 50 ms, DBOS's default being 1 s), and
   from a signal's commit to the step after the wait, for both.
 
+``--only map`` (or ``checkpoint``, ``signal``, ``replay``; repeatable) measures those
+parts alone, and leaves DBOS out: a quicker loop while working on one of them.
+
 Prints a table of figures and ratios and writes the raw JSON to
 ``benchmarks/results/workflows-<time>.json``; ``docs/benchmarks.md`` holds the
 analysis of a run, written by hand.
@@ -89,50 +92,99 @@ def _jobs_burn(count: int, tag: str) -> float:
 
 
 def _run_to_end(run_id: str, name: str, input: dict[str, Any]) -> float:
-    from workflows import start_workflow
+    """Seconds from the run's start to its end. Its end is polled as the jobs' burn
+    polls theirs: one read of an index, not the run's snapshot (whose steps and
+    items the poll would read every 10 ms beside the worker)."""
+    from workflows import RunStatus, start_workflow, validation
+    from workflows.models import WorkflowRun
 
+    ended = WorkflowRun.objects.filter(
+        scope_hash=validation.scope_hash(SCOPE), run_id=run_id, status__in=RunStatus.finished()
+    )
     started = time.perf_counter()
     start_workflow(SCOPE, run_id, name, input)
-    wait_for(lambda: _run_status(run_id) == "succeeded", 600, "the run", poll=0.01)
-    return time.perf_counter() - started
+    wait_for(ended.exists, 600, "the run", poll=0.01)
+    took = time.perf_counter() - started
+    assert _run_status(run_id) == "succeeded", f"run {run_id} ended {_run_status(run_id)}"
+    return took
 
 
-def ours(url: str, sizes: dict[str, int], runs: int, logs: Path) -> dict[str, Any]:
+#: The parts of our side, as ``--only`` names them.
+PARTS = ("checkpoint", "map", "signal", "replay")
+
+
+def ours(
+    url: str, sizes: dict[str, int], runs: int, logs: Path, parts: tuple[str, ...] = PARTS
+) -> dict[str, Any]:
+    """Our figures of ``parts`` (the rounds of each, by name)."""
+    result: dict[str, Any] = {}
+    if "checkpoint" in parts:
+        with worker(url, 1, logs / "ledon-c1.log"):
+            _run_to_end("warm-up-c1", "wfbench.linear", {"steps": 1})  # the worker is up
+            result.update(_checkpoints(sizes, runs))
+    if "map" in parts or "signal" in parts:
+        with worker(url, 16, logs / "ledon-c16.log"):
+            _run_to_end("warm-up-c16", "wfbench.fan_out", {"items": 1})
+            if "map" in parts:
+                result.update(_maps(sizes, runs))
+            if "signal" in parts:
+                result["signal_latency"] = _signals(sizes["signals"])
+    if "replay" in parts:
+        result.update(_replays(sizes, runs))
+    return result
+
+
+def _checkpoints(sizes: dict[str, int], runs: int) -> dict[str, list[float]]:
+    """A linear run's time per checkpoint against a no-op job's, at concurrency 1."""
+    result: dict[str, list[float]] = {"checkpoint": [], "job_c1": []}
+    for round_ in range(runs):
+        took = _run_to_end(f"linear-{round_}", "wfbench.linear", {"steps": sizes["steps"]})
+        result["checkpoint"].append(took / sizes["steps"])
+        result["job_c1"].append(_jobs_burn(sizes["steps"], f"c1-{round_}") / sizes["steps"])
+    return result
+
+
+def _maps(sizes: dict[str, int], runs: int) -> dict[str, list[float]]:
+    """A map's time from its run's start to its end against as many plain no-op jobs,
+    on one worker at concurrency 16."""
+    result: dict[str, list[float]] = {"map": [], "jobs_c16": []}
+    for round_ in range(runs):
+        result["map"].append(
+            _run_to_end(f"map-{round_}", "wfbench.fan_out", {"items": sizes["items"]})
+        )
+        result["jobs_c16"].append(_jobs_burn(sizes["items"], f"c16-{round_}"))
+    return result
+
+
+def _signals(count: int) -> list[float]:
+    """Seconds from a signal's send to the start of the step after its wait."""
     from django.utils import timezone
 
     from workflows import WorkflowScope, send_signal, start_workflow
+
+    latencies = []
+    for index in range(count):
+        run_id = f"signal-{index}"
+        start_workflow(SCOPE, run_id, "wfbench.signal", {})
+        wait_for(lambda r=run_id: _run_status(r) == "waiting", 60, "the wait", poll=0.005)
+        sent = timezone.now()
+        send_signal(SCOPE, run_id, "go", {"n": index})
+        wait_for(lambda r=run_id: _run_status(r) == "succeeded", 60, "the run", poll=0.005)
+        after = WorkflowScope(SCOPE).get(run_id).step("after")  # type: ignore[union-attr]
+        latencies.append((after.started_at - sent).total_seconds())  # type: ignore[union-attr]
+    return latencies
+
+
+def _replays(sizes: dict[str, int], runs: int) -> dict[str, list[float]]:
+    """The replay, timed in this process with no worker around: the advance that the
+    signal queues, from its claim to its finish. The first round warms this process
+    up (its first jobs run here) and is not kept. Then a fork of each run replayed
+    (its first advance is queued, never run here)."""
+    from workflows import WorkflowScope, send_signal
     from workflows.testing import run_workflows_inline
 
-    result: dict[str, Any] = {"checkpoint": [], "job_c1": [], "map": [], "jobs_c16": []}
-    with worker(url, 1, logs / "ledon-c1.log"):
-        _run_to_end("warm-up-c1", "wfbench.linear", {"steps": 1})  # the worker is up
-        for round_ in range(runs):
-            took = _run_to_end(f"linear-{round_}", "wfbench.linear", {"steps": sizes["steps"]})
-            result["checkpoint"].append(took / sizes["steps"])
-            result["job_c1"].append(_jobs_burn(sizes["steps"], f"c1-{round_}") / sizes["steps"])
-    with worker(url, 16, logs / "ledon-c16.log"):
-        _run_to_end("warm-up-c16", "wfbench.fan_out", {"items": 1})
-        for round_ in range(runs):
-            result["map"].append(
-                _run_to_end(f"map-{round_}", "wfbench.fan_out", {"items": sizes["items"]})
-            )
-            result["jobs_c16"].append(_jobs_burn(sizes["items"], f"c16-{round_}"))
-        latencies = []
-        for index in range(sizes["signals"]):
-            run_id = f"signal-{index}"
-            start_workflow(SCOPE, run_id, "wfbench.signal", {})
-            wait_for(lambda r=run_id: _run_status(r) == "waiting", 60, "the wait", poll=0.005)
-            sent = timezone.now()
-            send_signal(SCOPE, run_id, "go", {"n": index})
-            wait_for(lambda r=run_id: _run_status(r) == "succeeded", 60, "the run", poll=0.005)
-            after = WorkflowScope(SCOPE).get(run_id).step("after")  # type: ignore[union-attr]
-            latencies.append((after.started_at - sent).total_seconds())  # type: ignore[union-attr]
-        result["signal_latency"] = latencies
-    # The replay, timed in this process with no worker around: the advance that the
-    # signal queues, from its claim to its finish. The first round warms this process
-    # up (its first jobs run here) and is not kept.
     seed("replay", runs + 1, sizes["replay_steps"])
-    result["replay"], result["fork"] = [], []
+    result: dict[str, list[float]] = {"replay": [], "fork": []}
     for round_ in range(runs + 1):
         run_id = f"replay-{round_}"
         send_signal(SCOPE, run_id, "go", {})
@@ -141,7 +193,6 @@ def ours(url: str, sizes: dict[str, int], runs: int, logs: Path) -> dict[str, An
         if round_:
             result["replay"].append(time.perf_counter() - started)
         assert _run_status(run_id) == "succeeded"
-    # Then a fork of each run replayed (its first advance is queued, never run here).
     for round_ in range(1, runs + 1):
         started = time.perf_counter()
         forked = WorkflowScope(SCOPE).fork(f"replay-{round_}", f"fork-{round_}", from_step="go")
@@ -214,23 +265,30 @@ def dbos_part(url: str, sizes: dict[str, int], runs: int) -> dict[str, Any]:
 
 
 def table(raw: dict[str, Any]) -> str:
-    """The figures (medians of the rounds) and their ratios as Markdown."""
+    """The figures (medians of the rounds) and their ratios as Markdown: a row for
+    each part measured."""
     items, replayed = raw["sizes"]["items"], raw["sizes"]["replay_steps"]
     ours = {k: statistics.median(v) for k, v in raw["ledon"].items() if isinstance(v, list)}
     dbos = {k: statistics.median(v) for k, v in (raw.get("dbos") or {}).items()}
-    checkpoint, fan, signal = ours["checkpoint"], ours["map"], ours["signal_latency"]
     # (measurement, ours, against, its figure, the ratio, the target)
-    rows: list[tuple[str, float, str, float | None, float | None, str]] = [
-        ("inline checkpoint (ms)", checkpoint * 1000, "no-op job at c1", ours["job_c1"] * 1000,
-         checkpoint / ours["job_c1"], ""),
-        (f"map of {items} items (s)", fan, "as many no-op jobs, c16", ours["jobs_c16"],
-         fan / ours["jobs_c16"], "≤ 1.3×"),
-        (f"replay of {replayed:,} checkpoints (ms)", ours["replay"] * 1000, "", None, None,
-         "≤ 50 ms"),
-        (f"fork of a run of {replayed:,} checkpoints (s)", ours["fork"], "", None, None,
-         "≤ 1 s"),
-    ]  # fmt: skip
+    rows: list[tuple[str, float, str, float | None, float | None, str]] = []
+    if "checkpoint" in ours:
+        checkpoint = ours["checkpoint"]
+        rows.append(("inline checkpoint (ms)", checkpoint * 1000, "no-op job at c1",
+                     ours["job_c1"] * 1000, checkpoint / ours["job_c1"], ""))  # fmt: skip
+    if "map" in ours:
+        fan = ours["map"]
+        rows.append((f"map of {items} items (s)", fan, "as many no-op jobs, c16",
+                     ours["jobs_c16"], fan / ours["jobs_c16"], "≤ 1.3×"))  # fmt: skip
+    if "replay" in ours:
+        rows += [
+            (f"replay of {replayed:,} checkpoints (ms)", ours["replay"] * 1000, "", None, None,
+             "≤ 50 ms"),
+            (f"fork of a run of {replayed:,} checkpoints (s)", ours["fork"], "", None, None,
+             "≤ 1 s"),
+        ]  # fmt: skip
     if dbos:
+        checkpoint, fan, signal = ours["checkpoint"], ours["map"], ours["signal_latency"]
         rows += [
             ("linear: steps per second", 1 / checkpoint, "DBOS", 1 / dbos["checkpoint"],
              dbos["checkpoint"] / checkpoint, "> 1.0×"),
@@ -238,6 +296,9 @@ def table(raw: dict[str, Any]) -> str:
             ("signal to next step (ms)", signal * 1000, "DBOS", dbos["signal_latency"] * 1000,
              dbos["signal_latency"] / signal, "> 1.0×"),
         ]  # fmt: skip
+    elif "signal_latency" in ours:
+        rows.append(("signal to next step (ms)", ours["signal_latency"] * 1000, "", None, None,
+                     "p50 ≤ 10 ms"))  # fmt: skip
     head = ["measurement", "django-ledon", "against", "figure", "ratio", "target"]
     cells = [
         [what, f"{value:,.2f}", against, "" if figure is None else f"{figure:,.2f}",
@@ -253,6 +314,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--no-dbos", action="store_true", help="leave DBOS Transact out")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=PARTS,
+        help="measure only this part of ours (repeatable); DBOS is left out",
+    )
     parser.add_argument("--items", type=int, help="items of the map (default: 50 quick, 1000)")
     parser.add_argument("--steps", type=int, help="checkpoints of the linear runs")
     parser.add_argument(
@@ -274,6 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.dbos_part:
         print(json.dumps(dbos_part(args.dbos_part, sizes, runs)))
         return
+    parts = tuple(part for part in PARTS if part in (args.only or PARTS))
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
@@ -283,11 +351,13 @@ def main(argv: list[str] | None = None) -> None:
             "sizes": sizes,
             "runs": runs,
             "server": server_settings(server_url),
+            "parts": parts,
+            "load_average": os.getloadavg(),
         }
         ledon_url = stack.enter_context(scratch_database(server_url, "ledon_wf_bench"))
         django_on(ledon_url, stack, SETTINGS)
-        raw["ledon"] = ours(ledon_url, sizes, runs, logs)
-        if not args.no_dbos:
+        raw["ledon"] = ours(ledon_url, sizes, runs, logs, parts)
+        if not args.no_dbos and not args.only:
             dbos_url = stack.enter_context(scratch_database(server_url, "dbos_wf_bench"))
             child = [sys.executable, "-m", "benchmarks.workflows", "--dbos-part", dbos_url]
             child += ["--quick"] if args.quick else ["--runs", str(runs)]
@@ -299,6 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     path = args.out / f"workflows-{raw['when'].replace(':', '')}.json"
     path.write_text(json.dumps(raw, indent=2))
     print(table(raw))
+    print("load average at the start: " + ", ".join(f"{n:.2f}" for n in raw["load_average"]))
     print(f"raw results: {path}")
 
 

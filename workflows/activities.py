@@ -33,6 +33,9 @@ class Activities:
 
     def __init__(self, replay: Replay) -> None:
         self._replay = replay
+        #: The steps whose items this advance queued: it waits for them without
+        #: looking (the last item to end wakes the run, whenever it ends).
+        self._queued_here: set[int] = set()
 
     def run(self, key: str, kind: StepKind, spec: ActivitySpec, payloads: list[Any]) -> Any:
         """The checkpoint ``key`` of ``kind`` (an activity: one item; a map: one per
@@ -60,7 +63,10 @@ class Activities:
             args = self._item_args(checked, kind, payloads)
             first = args[: store.items_per_transaction()]
             now = replay.now()
-            with replay.write():
+            # Unflushed: a crash of the server that took it back leaves the next
+            # advance to record it again (it holds no result); an item job's claim,
+            # a durable commit, flushes it first.
+            with replay.write(unflushed=True):
                 step = replay.insert(
                     checked,
                     kind,
@@ -74,6 +80,8 @@ class Activities:
             replay.record(step)
             if len(first) < len(args):
                 self._queue(step, spec, args, queued=len(first))
+            if args:
+                self._queued_here.add(step.pk)
             return step
         if step.status == StepStatus.RUNNING and store.items_queued(step) < step.item_count:
             # The driver that queued the items stopped between two batches.
@@ -82,9 +90,12 @@ class Activities:
 
     def ended(self, step: Checkpoint) -> Checkpoint | None:
         """``step`` (started) once every item has ended, its results gathered into it
-        (see :meth:`_fan_in`); None while items are left."""
+        (see :meth:`_fan_in`); None while items are left (without a read for the
+        items this advance has just queued: the last to end wakes the run)."""
         if step.status.is_finished:
             return step
+        if step.pk in self._queued_here:
+            return None
         scope_hash = self._replay.run.scope_hash
         if store.items_left(step, scope_hash):
             return None
@@ -126,7 +137,10 @@ class Activities:
         failed = [item for item in items if item.status != StepStatus.SUCCEEDED]
         attempts = max(item.attempts for item in items)
         now = replay.now()
-        with replay.write():
+        # Unflushed: the results are read again from the item jobs, which are
+        # durable, if a crash of the server takes it back; the run's next durable
+        # commit (a step, its wait, its end) flushes it first.
+        with replay.write(unflushed=True):
             store.record_items(step, items, now)
             if failed:
                 first = failed[0]

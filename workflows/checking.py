@@ -126,7 +126,7 @@ class CheckReplay(Replay):
             raise Frontier
         return checked, step
 
-    def write(self) -> Fenced:
+    def write(self, *, unflushed: bool = False) -> Fenced:
         raise Frontier  # a checkpoint about to be recorded: never, in a check
 
 

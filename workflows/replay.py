@@ -205,9 +205,11 @@ class Replay:
     def now(self) -> datetime:
         return self.clock()
 
-    def write(self) -> Fenced:
-        """A fenced transaction for this driver (:class:`Stop` if it is stale)."""
-        return Fenced(self.driver, self.now())
+    def write(self, *, unflushed: bool = False) -> Fenced:
+        """A fenced transaction for this driver (:class:`Stop` if it is stale);
+        ``unflushed``: one whose commit need not wait for the disk (see
+        :func:`workflows.store.commit_unflushed`)."""
+        return Fenced(self.driver, self.now(), unflushed=unflushed)
 
     def fence(self, now: datetime) -> None:
         """Touch the run row as its driver, inside the caller's transaction
@@ -284,15 +286,18 @@ class Fenced:
     """``with replay.write():`` — a transaction fenced by :func:`workflows.store.guard`
     first, a stale driver turned into :class:`Stop`."""
 
-    def __init__(self, driver: store.Driver, now: datetime) -> None:
+    def __init__(self, driver: store.Driver, now: datetime, *, unflushed: bool = False) -> None:
         self._atomic = transaction.atomic(using=store.alias())
         self._driver = driver
         self._now = now
+        self._unflushed = unflushed
 
     def __enter__(self) -> None:
         self._atomic.__enter__()
         try:
             _fence(self._driver, self._now)
+            if self._unflushed:
+                store.commit_unflushed()
         except BaseException as exc:
             self._atomic.__exit__(type(exc), exc, exc.__traceback__)
             raise

@@ -1,7 +1,8 @@
 """An item that succeeds is recorded by its job's own finish: it costs no statement
 beyond its job's claim and finish, the run's picture counts it as its job stands
 until the fan-in copies it onto its row, and the fan-in reads the item jobs as one
-set, whatever the map's size."""
+set, whatever the map's size. The advance that queues the items never reads them
+back, and the job that follows them wakes the run after two reads."""
 
 from __future__ import annotations
 
@@ -79,6 +80,97 @@ def test_a_map_is_fanned_in_in_the_same_statements_whatever_its_size():
         return statements(lambda: run_jobs_inline(queues=["default"]))
 
     assert fan_in(40) == fan_in(10)
+
+
+def reads_of_items(sql: list[str]) -> list[str]:
+    """Of ``sql``, the reads of a map's items, steps, runs and jobs batches."""
+    tables = ('"workflows_workflowitem"', '"workflows_workflowstep"', '"workflows_workflowrun"')
+    return [
+        text
+        for text in sql
+        if text.lstrip().upper().startswith("SELECT")
+        and (any(table in text for table in tables) or "jobs_batch" in text)
+    ]
+
+
+def test_the_advance_that_queues_a_maps_items_never_reads_them_back():
+    # Before, it asked whether any had ended yet (three reads) before it waited.
+    start_workflow(SCOPE, "queued", "itemrecords.map", {"items": 5})
+    with CaptureQueriesContext(connection) as queries:
+        run_jobs_inline(queues=["default"], max_attempts_run=1)
+    assert WorkflowItem.objects.count() == 5
+    reads = reads_of_items([query["sql"] for query in queries.captured_queries])
+    assert not [text for text in reads if "workflowitem" in text or "jobs_batch" in text]
+
+
+def test_the_job_that_follows_a_maps_items_wakes_its_run_after_two_reads():
+    # Before, it read the map, its first item, the batch, the map again, its last
+    # item and its run: six reads and one more, of its step, to check the job.
+    start_workflow(SCOPE, "woken", "itemrecords.map", {"items": 4})
+    run_jobs_inline(queues=["default"], max_attempts_run=1)
+    run_jobs_inline(queues=[QUEUE])
+    assert Job.objects.filter(handler=ITEMS_ENDED_HANDLER, status="queued").count() == 1
+    with CaptureQueriesContext(connection) as queries:
+        run_jobs_inline(queues=["default"], max_attempts_run=1)  # the then job alone
+    assert Job.objects.get(handler=ITEMS_ENDED_HANDLER).status == "succeeded"
+    assert len(reads_of_items([query["sql"] for query in queries.captured_queries])) == 2
+    assert Job.objects.filter(job_id__contains=":items:", status="queued").count() == 1
+    run_jobs_inline(queues=["default"])
+    assert WorkflowScope(SCOPE).get("woken").output == [0, 1, 2, 3]
+
+
+def transactions(queries: CaptureQueriesContext) -> list[list[str]]:
+    """The statements of ``queries``, grouped by the transaction they ran in."""
+    grouped: list[list[str]] = [[]]
+    for query in queries.captured_queries:
+        sql = query["sql"]
+        if sql == "BEGIN":
+            grouped.append([])
+        grouped[-1].append(sql)
+        if sql == "COMMIT":
+            grouped.append([])
+    return [statements for statements in grouped if statements]
+
+
+def test_what_a_map_writes_that_is_read_again_commits_unflushed(pg_only: None) -> None:
+    """PostgreSQL: the map's checkpoint with its items and their jobs, the wake of the
+    run after them and the fan-in do not wait for the disk (lost in a crash of the
+    server, each is made again from rows already durable, and the next durable commit
+    flushes them first); the run's end, whose output only the run holds, does."""
+    start_workflow(SCOPE, "unflushed", "itemrecords.map", {"items": 3})
+    with CaptureQueriesContext(connection) as first:
+        run_jobs_inline(queues=["default"], max_attempts_run=1)
+    run_jobs_inline(queues=[QUEUE])
+    with CaptureQueriesContext(connection) as then:
+        run_jobs_inline(queues=["default"], max_attempts_run=1)
+    with CaptureQueriesContext(connection) as last:
+        run_jobs_inline(queues=["default"])
+    assert WorkflowScope(SCOPE).get("unflushed").output == [0, 1, 2]  # type: ignore[union-attr]
+    unflushed = "set_config('synchronous_commit', 'off', true)"
+
+    def the_one(queries: CaptureQueriesContext, text: str) -> list[str]:
+        """The one transaction of ``queries`` (but the jobs' own finishes) with a
+        statement that holds ``text``."""
+        found = [
+            sql
+            for sql in transactions(queries)
+            if any(text in line for line in sql)
+            and not any(line.startswith("WITH done") for line in sql)
+        ]
+        assert len(found) == 1, (text, found)
+        return found[0]
+
+    items = the_one(first, 'INSERT INTO "workflows_workflowitem"')
+    # The then job's: its reads in autocommit, its wake, then its job's own finish.
+    wake = the_one(then, "BEGIN")
+    fan_in = the_one(last, 'UPDATE "workflows_workflowitem" SET "status"')
+    end = the_one(last, 'UPDATE "workflows_workflowrun" SET "status" = \'succeeded\'')
+    assert [unflushed in " ".join(sql) for sql in (items, wake, fan_in, end)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
 
 
 def test_the_picture_counts_items_as_their_jobs_stand_until_the_fan_in():

@@ -57,7 +57,7 @@ already there. The bounds of a map are :mod:`.bounds`; snapshots are :mod:`.read
 
 from __future__ import annotations
 
-from .base import Driver, StaleDriver, alias, current_time
+from .base import Driver, StaleDriver, alias, commit_unflushed, current_time
 from .bounds import check_item_count, check_results_size, refuse_hopeless_resume
 from .checking import RunInFlight, runs_in_flight
 from .checkpoints import (
@@ -151,6 +151,7 @@ __all__ = [
     "check_item_count",
     "check_results_size",
     "child_run",
+    "commit_unflushed",
     "create_child",
     "create_run",
     "current_time",

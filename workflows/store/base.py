@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import QuerySet
 
 from ledon import clock
-from ledon.db import alias_for
+from ledon.db import UNFLUSHED_COMMIT, alias_for, is_postgres
 
 from ..exceptions import InvalidInput, RunNotFound
 from ..models import WorkflowRun
@@ -26,6 +27,17 @@ def current_time(now: datetime | None = None) -> datetime:
 
 def alias() -> str:
     return alias_for(WorkflowRun)
+
+
+def commit_unflushed() -> None:
+    """PostgreSQL, inside the caller's transaction: it commits without waiting for its
+    WAL to reach the disk (:data:`ledon.db.UNFLUSHED_COMMIT`), for a transaction whose
+    loss in a crash of the server harms nothing (what it wrote is read again from rows
+    already durable, and any later durable commit flushes it first). SQLite: nothing."""
+    connection = transaction.get_connection(alias())
+    if is_postgres(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(UNFLUSHED_COMMIT)
 
 
 def run_in_scope(scope_hash: str, run_id: str, *, lock: bool = False) -> WorkflowRun:

@@ -18,7 +18,7 @@ them; it wakes the run (:func:`items_ended`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -36,7 +36,7 @@ from ledon.values import from_row
 from ..exceptions import UntrustedJob
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..types import Checkpoint, Item, RunStatus, StepStatus
-from .base import alias
+from .base import alias, commit_unflushed
 from .waking import wake
 
 #: The prefix of every item job's id: ``wf-item:{run}.{generation}:{nonce}:{index}``.
@@ -143,31 +143,30 @@ def job_ending(job_status: str, job_error: str | None) -> tuple[StepStatus, str,
 
 #: What :func:`items_of` reads of an item's row: an :class:`Item`'s fields.
 _ITEM_FIELDS = tuple(field.name for field in fields(Item))
+_STATUS_AT, _JOB_ID_AT = _ITEM_FIELDS.index("status"), _ITEM_FIELDS.index("job_id")
 #: What :func:`items_of` reads of an item's job.
 _JOB_COLUMNS = ("job_id", "status", "result_ref", "error", "tries")
 
 
 def items_of(step: Checkpoint, scope_hash: str) -> list[Item]:
     """The items of ``step`` (of a run of ``scope_hash``) in their order, each as it
-    stands (see the module): their rows, then their jobs in one statement."""
-    rows = WorkflowItem.objects.filter(step_id=step.pk).order_by("index")
-    items = []
-    for values in rows.values_list(*_ITEM_FIELDS):
-        item = dict(zip(_ITEM_FIELDS, values, strict=True))
-        item["status"] = StepStatus(item["status"])
-        items.append(Item(**item))
-    running = [item for item in items if item.status == StepStatus.RUNNING]
-    if not running:
-        return items
-    batch_ids = sorted({batch_prefix(item.job_id)[:-1] for item in running})
-    jobs = {
-        row[0]: row[1:]
-        for row in _batch_jobs(scope_hash, batch_ids)
-        .filter(status__in=FINISHED_STATUSES)
-        .annotate(tries=job_tries())
-        .values_list(*_JOB_COLUMNS)
-    }
-    return [_as_it_stands(item, jobs.get(item.job_id)) for item in items]
+    stands (see the module): their rows, then their jobs in one statement; each item
+    built once, as it stands."""
+    rows = list(
+        WorkflowItem.objects.filter(step_id=step.pk).order_by("index").values_list(*_ITEM_FIELDS)
+    )
+    running = {row[_JOB_ID_AT] for row in rows if row[_STATUS_AT] == StepStatus.RUNNING}
+    jobs: dict[str, tuple[Any, ...]] = {}
+    if running:
+        batch_ids = sorted({batch_prefix(job_id)[:-1] for job_id in running})
+        jobs = {
+            row[0]: row[1:]
+            for row in _batch_jobs(scope_hash, batch_ids)
+            .filter(status__in=FINISHED_STATUSES)
+            .annotate(tries=job_tries())
+            .values_list(*_JOB_COLUMNS)
+        }
+    return [_as_it_stands(row, jobs.get(row[_JOB_ID_AT])) for row in rows]
 
 
 def item_of(row: WorkflowItem) -> Item:
@@ -175,18 +174,21 @@ def item_of(row: WorkflowItem) -> Item:
     return from_row(Item, row, pk=row.pk, status=StepStatus(row.status))
 
 
-def _as_it_stands(item: Item, job: tuple[Any, ...] | None) -> Item:
-    """``item`` as it stands, its job ended as ``job`` (status, result, error,
-    attempts; None: not ended, or in no batch)."""
-    if item.status != StepStatus.RUNNING or job is None:
-        return item
-    job_status, result_ref, job_error, job_attempts = job
-    # A first try read from its job's seal is counted by the job alone.
-    attempts = max(item.attempts, job_attempts)
-    if job_status == JobStatus.SUCCEEDED and result_ref is not None:
-        return replace(item, status=StepStatus.SUCCEEDED, result_json=result_ref, attempts=attempts)
-    status, error_type, error = job_ending(job_status, job_error)
-    return replace(item, status=status, error_type=error_type, error=error, attempts=attempts)
+def _as_it_stands(row: tuple[Any, ...], job: tuple[Any, ...] | None) -> Item:
+    """The item of ``row`` (its :data:`_ITEM_FIELDS`) as it stands, its job ended as
+    ``job`` (status, result, error, attempts; None: not ended, or in no batch)."""
+    item = dict(zip(_ITEM_FIELDS, row, strict=True))
+    status = StepStatus(item["status"])
+    if status == StepStatus.RUNNING and job is not None:
+        job_status, result_ref, job_error, job_attempts = job
+        # A first try read from its job's seal is counted by the job alone.
+        item["attempts"] = max(item["attempts"], job_attempts)
+        if job_status == JobStatus.SUCCEEDED and result_ref is not None:
+            status, item["result_json"] = StepStatus.SUCCEEDED, result_ref
+        else:
+            status, item["error_type"], item["error"] = job_ending(job_status, job_error)
+    item["status"] = status
+    return Item(**item)
 
 
 _NOT_SUCCEEDED = (StepStatus.FAILED, StepStatus.CANCELLED)
@@ -344,29 +346,80 @@ def then_job_step(scope_hash: str, job_id: str, payload: Any) -> int | None:
     """The step whose item jobs job ``job_id`` of scope ``scope_hash`` is the ``then``
     job of (it names the step; its id is their batch's ``then`` id; the step's run is
     of its scope), or None for any other job."""
+    staged = _then_job_map(scope_hash, job_id, payload)
+    return None if staged is None else staged.step_pk
+
+
+@dataclass(frozen=True, slots=True)
+class _ThenJobMap:
+    """The map a ``then`` job follows, as it reads it: its step, and the step's run."""
+
+    step_pk: int
+    step_key: str
+    item_count: int
+    run_pk: int
+    generation: int
+    run_status: str
+
+
+def _then_job_map(scope_hash: str, job_id: str, payload: Any) -> _ThenJobMap | None:
+    """:func:`then_job_step`'s map with its run, in one statement (None: any other
+    job)."""
     step_pk = payload.get("step") if isinstance(payload, dict) else None
     if not isinstance(step_pk, int) or isinstance(step_pk, bool) or not is_then_job(job_id):
         return None
-    staged = WorkflowItem.objects.filter(
-        step_id=step_pk,
-        step__run__scope_hash=scope_hash,
-        job_id__startswith=batch_prefix(job_id),
+    found = (
+        WorkflowItem.objects.filter(
+            step_id=step_pk,
+            step__run__scope_hash=scope_hash,
+            job_id__startswith=batch_prefix(job_id),
+        )
+        .values_list(
+            "step__key",
+            "step__item_count",
+            "step__run_id",
+            "step__run__generation",
+            "step__run__status",
+        )
+        .first()
     )
-    return step_pk if staged.exists() else None
+    if found is None:
+        return None
+    key, item_count, run_pk, generation, run_status = found
+    return _ThenJobMap(step_pk, key, item_count, int(run_pk), generation, run_status)
 
 
 def items_ended(scope_hash: str, job_id: str, payload: Any, now: datetime) -> bool:
     """The ``then`` job of a map's item jobs runs: every one of them ended, so the
-    run is woken (:func:`fan_in`; True if it was). Only the job staged with the items
-    does this: any other is :class:`UntrustedJob`, and nothing is written."""
-    step_pk = then_job_step(scope_hash, job_id, payload)
-    if step_pk is None:
+    run is woken (True if it was). Only the job staged with the items does this: any
+    other is :class:`UntrustedJob`, and nothing is written.
+
+    When the job's batch holds every item of the map (as :func:`~workflows.store.
+    insert_items` queues them), its count says none is left, and the wake is staged
+    at once (one read of the map and its run, one of the batch); else the items are
+    read (:func:`fan_in`)."""
+    staged = _then_job_map(scope_hash, job_id, payload)
+    if staged is None:
         raise UntrustedJob(
             f"job {job_id!r} is not the job the workflow engine staged to follow a map's "
             "items: it wakes no run (the engine's own handlers run only the jobs it staged)"
         )
-    fault_point("workflows.map.fan_in", step=step_pk)
-    return fan_in(step_pk, now)
+    fault_point("workflows.map.fan_in", step=staged.step_pk)
+    batch = (
+        Batch.objects.filter(scope_hash=scope_hash, batch_id=batch_prefix(job_id)[:-1])
+        .values_list("pending", "total")
+        .first()
+    )
+    if batch != (0, staged.item_count):
+        return fan_in(staged.step_pk, now)
+    if staged.run_status not in RunStatus.unfinished():
+        return False
+    with transaction.atomic(using=alias()):
+        # Unflushed: lost in a crash of the server, the wake is made again by this
+        # job, run again; its own finish, durable, flushes it first.
+        commit_unflushed()
+        wake(staged.run_pk, staged.generation, "items", staged.step_key, now=now)
+    return True
 
 
 def then_job_ended(scope_hash: str, job_id: str, payload: Any, now: datetime) -> bool:
