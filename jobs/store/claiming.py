@@ -13,7 +13,7 @@ the limits held back is sent as :data:`jobs.signals.jobs_held_back`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -220,6 +220,7 @@ def _claim_limited_postgres(
     limits: ClaimLimits,
     limit: int,
     finishing: Sequence[Finishing],
+    rebind: Callable[[datetime], ClaimRows] | None = None,
 ) -> tuple[dict[str, Finished], list[Claim], list[Held]]:
     """PostgreSQL: the claim under limits of :mod:`jobs.store.limits` — optimistic
     first, unless the last claim of this process bound; then exact, under the locks
@@ -228,7 +229,14 @@ def _claim_limited_postgres(
     (inside the caller's transaction, without the COMMIT). Should a limit refuse a
     candidate while the claim is short, the claim goes on with the rest, in a
     transaction of its own, until it is full, no limit refuses one, or a claim takes
-    none. Returns the finished attempts, the claims, and what the limits held back."""
+    none. Returns the finished attempts, the claims, and what the limits held back.
+
+    With ``rebind`` (the claim at the current time, not one a caller gave), the exact
+    claim takes its locks in a round trip of their own and is timed once it holds
+    them: a wait for the locks must not age its clock — a window's row drops its
+    starts an eighth of the window after they leave it, so a claim timed before a
+    long wait would not count some that are still in its window, and its starts
+    would read as made before those it followed."""
     binding = limits_store.binding.of(alias, limits)
     if binding:
         names = set(binding)
@@ -245,11 +253,15 @@ def _claim_limited_postgres(
         commit = connection.get_autocommit()
         try:
             with transaction.atomic(using=alias):
-                page_finished, page, extra = claim_rows(
+                rows, locks = claim_rows, limits_store.lock_ids(names)
+                if locks and rebind is not None:
+                    fetch(connection, sql_limits.LOCK_KEYS, {"keys": locks})
+                    rows, locks = rebind(current_time(None)), []
+                page_finished, page, extra = rows(
                     limit=limit - len(claims),
                     finishing=finishing,
                     limits=limits,
-                    locks=limits_store.lock_ids(names),
+                    locks=locks,
                     commit=commit,
                 )
         except IntegrityError as error:
@@ -401,7 +413,7 @@ def complete_and_claim(
         fault_point("jobs.claim.limited", limited=len(limits.handlers) + len(limits.queues))
         if is_postgres(connection):
             finished, claims, held = _claim_limited_postgres(
-                claim_rows, connection, alias, limits, limit, batch
+                claim_rows, connection, alias, limits, limit, batch, bind if given is None else None
             )
         else:
             with transaction.atomic(using=alias):

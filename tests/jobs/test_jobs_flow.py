@@ -360,8 +360,9 @@ def test_without_limits_the_claim_is_one_statement(handler, django_assert_num_qu
     statement (PostgreSQL; SQLite adds its attempt rows' insert), never the locking
     path. With ``max_running`` or a rate on PostgreSQL, while none binds: the counted
     claim, one statement too, no lock. Once one binds, the claim locks, reads and picks
-    — on PostgreSQL in one round trip too: the locks, the claim and the commit in one
-    pipeline; on SQLite a limited claim always reads the usage under its write lock."""
+    — on PostgreSQL in two round trips: the locks, then (timed once it holds them) the
+    claim and the commit in one pipeline; on SQLite a limited claim always reads the
+    usage under its write lock."""
     handler("flow.free")(lambda ctx: None)
     submit(3, "flow.free")
     statements = _statements(monkeypatch)
@@ -401,9 +402,10 @@ def test_without_limits_the_claim_is_one_statement(handler, django_assert_num_qu
         # The counted claim failed; then the exact one, under the handler's lock.
         assert statements == [counted, sql_limits.LOCK_KEYS, limited, sql_limits.COMMIT]
         # Django logs its BEGIN and COMMIT, which psycopg sends lazily: the BEGIN goes
-        # with the pipeline, and the COMMIT finds the transaction ended already.
-        pipelined = "; ".join(statements[1:])
-        assert [q["sql"] for q in queries][-3:] == ["BEGIN", pipelined, "COMMIT"]
+        # with the locks, and the COMMIT finds the transaction ended already.
+        begin, locks, pipelined, commit = [q["sql"] for q in queries][-4:]
+        assert (begin, pipelined, commit) == ("BEGIN", "; ".join(statements[2:]), "COMMIT")
+        assert locks.startswith("SELECT count(pg_advisory_xact_lock(k))")
         # The claim bound: the next goes the exact way at once.
         statements.clear()
         assert execution.claim_due("w", limit=1) == []
@@ -641,3 +643,53 @@ def test_a_pipelined_statement_binds_each_name_once_and_keeps_a_literal_percent(
     with transaction.atomic():
         rows = fetch_results(connection, [statement], {"a": 1, "b": "y"}, prepare=[statement])
     assert rows == [[{"a": 1, "b": "y", "c": 2, "d": "x%"}]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_waited_for_a_limits_lock_is_timed_when_it_held_it(
+    handler, background, blocked_on_lock, monkeypatch
+):
+    """PostgreSQL: a claim made the exact way waits for its limits' advisory lock;
+    it is timed once it holds it. Timed before the wait, a window that had room by
+    then would still look full (or, after a long wait, miss starts its row dropped),
+    and its starts would read as made before those it followed."""
+    from ledon import clock
+
+    handler("flow.window", rate=(5, 1))(lambda ctx: None)
+    submit(10, "flow.window")
+    taken: list[list[int]] = []
+    lock_ids = limits_store.lock_ids
+
+    def noted(names):
+        ids = lock_ids(names)
+        taken.append(ids)
+        return ids
+
+    monkeypatch.setattr(limits_store, "lock_ids", noted)
+    first = execution.claim_due("w", limit=10)
+    assert len(first) == 5  # the window is full: the rate binds, the next claim is exact
+    (ids,) = {tuple(ids) for ids in taken if ids}
+    base = max(claim.started_at for claim in first)
+    shown = {"time": base}
+    claim_read_the_clock = threading.Event()
+    main = threading.current_thread()
+
+    def fake_now():
+        if threading.current_thread() is not main:
+            claim_read_the_clock.set()
+        return shown["time"]
+
+    monkeypatch.setattr(clock, "now", fake_now)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) AS k", [list(ids)]
+        )
+        later = background(lambda: execution.claim_due("w", limit=10))
+        assert claim_read_the_clock.wait(30)
+        # Watched from a connection of its own: this transaction's view of the
+        # server's activity is the one it took first.
+        background(blocked_on_lock).result(timeout=30)
+        shown["time"] = base + timedelta(seconds=5)  # the window has room again
+    second = later.result(timeout=60)
+    assert len(second) == 5
+    assert min(claim.started_at for claim in second) >= base + timedelta(seconds=5)
