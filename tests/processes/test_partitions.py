@@ -99,6 +99,22 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
     started.close()
 
 
+def _what_holds_them(load: Load) -> str:
+    """What the server says of the paused worker's Running jobs and of every session,
+    for a failure to show why they were not taken over."""
+    jobs = load.cluster.value(
+        "SELECT json_agg(json_build_array(job_id, handler, lease_expires_at, now(),"
+        " current_token IS NULL)) FROM jobs_job"
+        " WHERE leased_by = 'w-paused' AND status = 'running'"
+    )
+    sessions = load.cluster.value(
+        "SELECT json_agg(json_build_array(pid, application_name, state, wait_event_type,"
+        " wait_event, xact_start, left(query, 160))) FROM pg_stat_activity"
+        " WHERE datname = current_database()"
+    )
+    return f"its Running jobs: {jobs}\nsessions: {sessions}"
+
+
 class Load:
     """The feeder process and the counts it is checked against."""
 
@@ -317,12 +333,15 @@ def test_a_paused_worker_is_fenced_off_and_claims_again_when_continued(cluster, 
             break
         paused.signal(signal.SIGCONT)
     stopped_at = time.monotonic()
-    wait_until(
-        lambda: not load.count(
-            "SELECT count(*) FROM jobs_job WHERE leased_by = 'w-paused' AND status = 'running'"
-        ),
-        60, "the paused worker's jobs to be taken over", other,
-    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: not load.count(
+                "SELECT count(*) FROM jobs_job WHERE leased_by = 'w-paused' AND status = 'running'"
+            ),
+            60, "the paused worker's jobs to be taken over", other,
+        )  # fmt: skip
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{_what_holds_them(load)}") from None
     taken_over = round(time.monotonic() - stopped_at, 1)
     wait_until(lambda: time.monotonic() - stopped_at >= 3 * LEASE, 60, "three leases")
     before = claimed_by(load, "w-paused")
