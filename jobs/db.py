@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ledon.db import is_postgres
+from ledon.db import UNFLUSHED_COMMIT, is_postgres
 
 from .conf import jobs_settings
 
@@ -50,7 +50,7 @@ def fetch(
             if _asynchronous(connection):
                 raw = connection.connection
                 with connection.wrap_database_errors, raw.pipeline():
-                    raw.execute(_ASYNCHRONOUS_SQL)
+                    raw.execute(UNFLUSHED_COMMIT)
                     cursor.execute(sql, params)
             elif connection.vendor == "sqlite":
                 cursor.execute(*_positional(sql, params))
@@ -80,7 +80,7 @@ def fetch(
     with connection.wrap_database_errors, psycopg.RawCursor(raw, row_factory=_named_rows) as cursor:
         if _asynchronous(connection):
             with raw.pipeline():
-                raw.execute(_ASYNCHRONOUS_SQL)
+                raw.execute(UNFLUSHED_COMMIT)
                 cursor.execute(text, values, prepare=True)
         else:
             cursor.execute(text, values, prepare=True)
@@ -91,10 +91,6 @@ def fetch(
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - start:.3f}"})
     return rows
 
-
-#: Sent before a statement in its own transaction: that transaction's commit does not
-#: wait for its WAL flush.
-_ASYNCHRONOUS_SQL = "SELECT set_config('synchronous_commit', 'off', true)"
 
 _NAMED = re.compile(r"%\((\w+)\)s")
 

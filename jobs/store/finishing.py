@@ -24,7 +24,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 
-from ledon.db import adapt_dt, alias_for, connection_for, is_postgres
+from ledon.db import UNFLUSHED_COMMIT, adapt_dt, alias_for, connection_for, is_postgres
 
 from .. import validation
 from ..conf import jobs_settings
@@ -466,7 +466,7 @@ def asynchronous_commit(enabled: bool, *, one_statement: bool = False) -> Iterat
     of its own (the finish-and-claim without limits), in autocommit — the setting
     goes in one pipeline with the statement (:func:`jobs.db.asynchronous_commits`):
     still one round trip. Otherwise one transaction that starts with
-    ``SET LOCAL synchronous_commit = off``."""
+    ``synchronous_commit = off`` for the transaction (:data:`ledon.db.UNFLUSHED_COMMIT`)."""
     connection = connection_for(Job)
     if not enabled or not is_postgres(connection):
         yield
@@ -477,5 +477,5 @@ def asynchronous_commit(enabled: bool, *, one_statement: bool = False) -> Iterat
         return
     with transaction.atomic(using=alias_for(Job)):
         with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit = off")
+            cursor.execute(UNFLUSHED_COMMIT)
         yield
