@@ -444,3 +444,43 @@ def diagnose(conninfo: str, run_ids: list[str]) -> str:
             ):
                 lines.append(f"  job {job}")
     return "\n".join(lines)
+
+
+#: What is left when a run never became final: each kind's rows that are not, with
+#: what tells where they stopped (at most ``LEFTOVERS_SHOWN`` of each).
+LEFTOVERS_SHOWN = 20
+LEFTOVERS = {
+    "jobs": (
+        "SELECT j.job_id, j.handler, j.status, j.queue, j.attempt_count, j.next_run_at,"
+        " j.lease_expires_at, (SELECT a.worker_id FROM jobs_jobattempt a"
+        " WHERE a.job_id = j.id ORDER BY a.number DESC LIMIT 1) FROM jobs_job j"
+        " WHERE j.status IN ('queued', 'running') ORDER BY j.id"
+    ),
+    "runs": (
+        "SELECT run_id, status, waiting_for, wake_at, wake_pending, driver_job, updated_at"
+        " FROM workflows_workflowrun WHERE status IN ('running', 'waiting') ORDER BY id"
+    ),
+    "sagas": (
+        "SELECT idempotency_key, status, completed_steps, compensated_steps, updated_at"
+        " FROM sagas_sagainstance WHERE status IN ('running', 'compensating') ORDER BY id"
+    ),
+    "messages": (
+        "SELECT message_id, key, status, attempts, available_at FROM outbox_outboxmessage"
+        f" WHERE event_type = '{MESSAGE}' AND (status <> 'sent' OR message_id::text NOT IN"
+        f" (SELECT message_id FROM outbox_inboxmessage WHERE consumer = '{CONSUMER}'))"
+        " ORDER BY id"
+    ),
+}
+
+
+def leftovers(conninfo: str) -> str:
+    """The rows :data:`UNFINISHED` counts, described (:data:`LEFTOVERS`)."""
+    import psycopg
+
+    lines: list[str] = []
+    with psycopg.connect(conninfo) as conn:
+        for what, sql in LEFTOVERS.items():
+            rows = conn.execute(sql).fetchall()
+            lines.append(f"{what} not final: {len(rows)}")
+            lines.extend(f"  {row}" for row in rows[:LEFTOVERS_SHOWN])
+    return "\n".join(lines)

@@ -71,8 +71,10 @@ class Run:
         work_dir: Path,
         rabbitmq_url: str | None,
         say: Callable[[str], None] = print,
+        final_timeout: float = FINAL_TIMEOUT,
     ) -> None:
         self.profile = profile
+        self.final_timeout = final_timeout
         self.seed = seed
         self.work_dir = work_dir
         self.say = say
@@ -112,6 +114,8 @@ class Run:
         last_fault = injector.applied[-1].ended
         final_at = self._wait_for_final(feeder)
         time_to_final = None if final_at is None else final_at - last_fault
+        if final_at is None:
+            self._describe_leftovers(feeder)
         self.say(f"chaos: [{self.elapsed()}] final {time_to_final and round(time_to_final, 1)} s "
                  "after the last fault; stopping the engines")  # fmt: skip
         for proc in fleet.engines():
@@ -183,6 +187,18 @@ class Run:
         (self.work_dir / "diagnosis.txt").write_text(diagnosis + "\n")
         self.say(f"chaos: runs that did not succeed:\n{diagnosis}")
 
+    def _describe_leftovers(self, feeder: Process) -> None:
+        """Say what was not final when the wait gave up, and whether the feeder
+        still ran (:func:`checker.leftovers`); kept in ``leftovers.txt``."""
+        try:
+            described = checker.leftovers(conninfo(self.fleet.cluster.url))
+        except Exception as exc:  # the server itself may be what is stuck
+            described = f"the database could not be read: {exc!r}"
+        if feeder.alive():
+            described += f"\nthe feeder still runs; its output (end):\n{feeder.output[-2000:]}"
+        (self.work_dir / "leftovers.txt").write_text(described + "\n")
+        self.say(f"chaos: not final after {self.final_timeout:g} s:\n{described}")
+
     # ------------------------------------------------------------------ waiting
 
     def _watch(self) -> None:
@@ -210,7 +226,7 @@ class Run:
 
     def _wait_for_final(self, feeder: Process) -> float | None:
         """When nothing was left to do (``time.monotonic()``), or None."""
-        deadline = time.monotonic() + FINAL_TIMEOUT
+        deadline = time.monotonic() + self.final_timeout
         query = " UNION ALL ".join(f"({sql})" for sql in checker.UNFINISHED.values())
         while time.monotonic() < deadline:
             self._watch()

@@ -25,12 +25,24 @@ pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.timeout(9
 
 SEED = int(os.environ.get("LEDON_CHAOS_SEED", "1"))
 
+#: How long the run waits for everything to be final after its last fault before it
+#: gives up and says what was left: the short profile is final within seconds, and
+#: the test's own timeout must leave room for the checker's verdict.
+FINAL_TIMEOUT = 240.0
+
 
 @uses_broker("rabbitmq")
 def test_a_short_chaos_run_ends_with_a_clean_verdict(tmp_path):
     rabbit = broker("rabbitmq")
+    said: list[str] = []
     outcome = Run(
-        SHORT, seed=SEED, work_dir=tmp_path, rabbitmq_url=rabbit.address, say=lambda line: None
+        SHORT,
+        seed=SEED,
+        work_dir=tmp_path,
+        rabbitmq_url=rabbit.address,
+        say=said.append,
+        final_timeout=FINAL_TIMEOUT,
     ).run()
     print(f"\n{outcome.render()}")
-    assert outcome.ok, f"seed {SEED}:\n{outcome.render()}"
+    timeline = "\n".join(said)
+    assert outcome.ok, f"seed {SEED}:\n{outcome.render()}\n\n{timeline}"
