@@ -6,13 +6,16 @@
   takes and gives aware values, SQLite sortable UTC text;
 - whether the caller holds a transaction open (:func:`in_caller_atomic_block`), the
   test case's own blocks left out;
-- which errors mean "not now", dropping a broken connection, and the start-up check
+- which errors mean "not now", dropping a broken connection (after an error, or
+  before a handler runs on a thread whose connection the server closed), and the
+  start-up check
   that tells an unreachable database (wait for it) from one that answers without the
   app's tables (a fatal, clear error).
 """
 
 from __future__ import annotations
 
+import select
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -129,6 +132,46 @@ def reset_connection(alias: str) -> None:
         usable = False
     if not usable:
         connection.close()
+
+
+def drop_closed_connections() -> None:
+    """Before a handler runs on a long-lived thread: close this thread's connections
+    that the server has closed since their last use (a restart, a failover, an idle
+    timeout), so that the handler's first statement opens a new one rather than
+    failing on the old — which would cost the job an attempt. A connection that saw
+    an error is checked with a round trip (and kept, its error forgotten, if it
+    answers); any other costs one poll of its socket, and a round trip only when the
+    server has sent something while it was idle (a closing connection's last words).
+    Connections inside an atomic block are left alone."""
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None or connection.in_atomic_block:
+            continue
+        if not connection.errors_occurred and not _server_spoke(connection):
+            continue
+        try:
+            usable = connection.is_usable()
+        except Exception:
+            usable = False
+        if usable:
+            connection.errors_occurred = False
+        else:
+            connection.close()
+
+
+def _server_spoke(connection: BaseDatabaseWrapper) -> bool:
+    """Whether an idle PostgreSQL connection's socket has something to read: the
+    server sent a message (or closed it) since the last statement."""
+    if not is_postgres(connection):
+        return False
+    from psycopg.pq import ConnStatus
+
+    try:
+        pgconn = connection.connection.pgconn
+        if pgconn.status != ConnStatus.OK:
+            return True
+        return bool(select.select([pgconn.socket], [], [], 0)[0])
+    except Exception:  # a closed pgconn has no socket
+        return True
 
 
 def missing_tables(alias: str, tables: Sequence[str]) -> list[str]:

@@ -30,6 +30,8 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
+from ledon.db import drop_closed_connections
+
 from .exceptions import StepTimedOut
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,9 @@ class StepThread(threading.Thread):
     def run(self) -> None:
         try:
             while (task := self._tasks.get()) is not None:
+                # A connection the server closed while this thread waited (a
+                # restart) is replaced before the step, not failed on by it.
+                drop_closed_connections()
                 _run_into(*task)
         finally:
             connections.close_all()

@@ -30,6 +30,7 @@ from typing import Any
 
 from django.db import connections
 
+from ledon.db import drop_closed_connections
 from ledon.engine import FAILED
 from ledon.faults import fault_point
 from ledon.pglisten import Listener
@@ -462,6 +463,7 @@ class Slots:
         """Run the attempt's handler and write (or defer) its end; an ``async def``
         handler is only started on the event loop (:meth:`_start_on_loop`)."""
         worker, ctx = self._worker, held.ctx
+        drop_closed_connections()  # a server restart must not cost the job an attempt
         begun = begin_attempt(ctx, lambda spec: self._handler_starting(claim, spec))
         if isinstance(begun, AttemptEnd):
             self.handler_stopped(held)
