@@ -420,7 +420,7 @@ def diagnose(conninfo: str, run_ids: list[str]) -> str:
     with psycopg.connect(conninfo) as conn:
         for run_id in run_ids:
             row = conn.execute(
-                "SELECT id, status, waiting_for, wake_at, wake_pending, driver_job, generation,"
+                "SELECT id, status, wait_kind, wait_key, wake_at, wake_pending, driver_job, generation,"
                 " advances, updated_at FROM workflows_workflowrun WHERE run_id = %s",
                 [run_id],
             ).fetchone()
@@ -457,7 +457,7 @@ LEFTOVERS = {
         " WHERE j.status IN ('queued', 'running') ORDER BY j.id"
     ),
     "runs": (
-        "SELECT run_id, status, waiting_for, wake_at, wake_pending, driver_job, updated_at"
+        "SELECT run_id, status, wait_kind, wait_key, wake_at, wake_pending, driver_job, updated_at"
         " FROM workflows_workflowrun WHERE status IN ('running', 'waiting') ORDER BY id"
     ),
     "sagas": (

@@ -176,3 +176,33 @@ def test_late_or_never_final_crashed_engines_and_bad_exits_fail():
     assert set(failed(history, crashed=["w2 (1)"])) == {"engines ended only by the faults"}
     bad = failed(history, terms=[("w1", 0), ("d1", -1)])
     assert bad["engines stopped by SIGTERM exited 0"].offenders == ["d1: -1"]
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_the_checkers_reads_and_descriptions_run_on_the_apps_tables():
+    """``read``, ``leftovers`` and ``diagnose`` are raw SQL over the apps' tables: a
+    renamed column must fail here, not in a chaos run that needed the description."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from jobs import JobSubmission, submit_job
+    from workflows.models import WorkflowRun
+
+    submit_job("chaos-checker", "left", JobSubmission.create("chaos.left"))
+    now = timezone.now()
+    WorkflowRun.objects.create(
+        scope_hash="0" * 64, run_id="left-run", name="chaos.flow", version=1,
+        input_json="null", created_at=now, updated_at=now,
+    )  # fmt: skip
+    connection.ensure_connection()
+    dsn = connection.connection.info.dsn
+    history = checker.read(dsn)
+    assert history.unfinished["jobs"] == 1
+    assert history.unfinished["runs"] == 1
+    described = checker.leftovers(dsn)
+    assert "jobs not final: 1" in described
+    assert "'left'" in described
+    assert "runs not final: 1" in described
+    assert "'left-run'" in described
+    assert checker.diagnose(dsn, ["left-run"]).startswith("run left-run: (")

@@ -36,7 +36,7 @@ from ledon.values import from_row
 from ..exceptions import UntrustedJob
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..types import Checkpoint, Item, RunStatus, StepStatus
-from .base import alias, commit_unflushed
+from .base import alias
 from .waking import wake
 
 #: The prefix of every item job's id: ``wf-item:{run}.{generation}:{nonce}:{index}``.
@@ -414,10 +414,11 @@ def items_ended(scope_hash: str, job_id: str, payload: Any, now: datetime) -> bo
         return fan_in(staged.step_pk, now)
     if staged.run_status not in RunStatus.unfinished():
         return False
+    # Durable, as the last write of a handler must be: a worker that holds the
+    # job's result through an outage finishes it once the server is back, without
+    # running it again, so a wake that a crash of the server took back would never
+    # be made again and the run would wait for ever.
     with transaction.atomic(using=alias()):
-        # Unflushed: lost in a crash of the server, the wake is made again by this
-        # job, run again; its own finish, durable, flushes it first.
-        commit_unflushed()
         wake(staged.run_pk, staged.generation, "items", staged.step_key, now=now)
     return True
 
