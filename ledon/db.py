@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import select
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 from django.utils.dateparse import parse_datetime
 
 #: Every error a database step may raise (Django's ``InterfaceError`` is not a
@@ -134,6 +136,25 @@ def reset_connection(alias: str) -> None:
         connection.close()
 
 
+#: libpq's ``CONNECTION_OK`` (``psycopg.pq.ConnStatus.OK``), without importing the
+#: driver where no PostgreSQL connection is used.
+_CONNECTION_OK = 0
+
+#: This thread's connection wrappers that have opened a connection (each once), so
+#: that :func:`drop_closed_connections` looks at them without going through
+#: ``connections``, whose per-thread lookups cost more than the check itself.
+_opened = threading.local()
+
+
+def _remember_opened(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    opened: list[BaseDatabaseWrapper] = _opened.__dict__.setdefault("wrappers", [])
+    if not any(known is connection for known in opened):
+        opened.append(connection)
+
+
+connection_created.connect(_remember_opened, dispatch_uid="ledon.db.remember_opened")
+
+
 def drop_closed_connections() -> None:
     """Before a handler runs on a long-lived thread: close this thread's connections
     that the server has closed since their last use (a restart, a failover, an idle
@@ -143,7 +164,7 @@ def drop_closed_connections() -> None:
     answers); any other costs one poll of its socket, and a round trip only when the
     server has sent something while it was idle (a closing connection's last words).
     Connections inside an atomic block are left alone."""
-    for connection in connections.all(initialized_only=True):
+    for connection in getattr(_opened, "wrappers", ()):
         if connection.connection is None or connection.in_atomic_block:
             continue
         if not connection.errors_occurred and not _server_spoke(connection):
@@ -163,11 +184,9 @@ def _server_spoke(connection: BaseDatabaseWrapper) -> bool:
     server sent a message (or closed it) since the last statement."""
     if not is_postgres(connection):
         return False
-    from psycopg.pq import ConnStatus
-
     try:
         pgconn = connection.connection.pgconn
-        if pgconn.status != ConnStatus.OK:
+        if pgconn.status != _CONNECTION_OK:
             return True
         return bool(select.select([pgconn.socket], [], [], 0)[0])
     except Exception:  # a closed pgconn has no socket
