@@ -17,6 +17,7 @@ from jobs.exceptions import JobsConfigurationError
 from jobs.models import Job, JobAttempt
 from jobs.types import AttemptStatus
 from jobs.worker import Worker
+from jobs.worker.slots import AUTO_PREFETCH, AUTO_PREFETCH_SMALL
 from tests.support.procs import wait_until
 
 SCOPE = "lookahead"
@@ -151,6 +152,30 @@ def test_lookahead_is_shared_by_the_slots_and_bounded_by_prefetch(settings, hold
         assert Job.objects.filter(status=JobStatus.QUEUED).count() == 3
 
 
+@pytest.mark.parametrize(
+    ("queues", "looked_ahead"),
+    [({}, AUTO_PREFETCH), ({"default": {"max_running": 1000}}, AUTO_PREFETCH_SMALL)],
+    ids=["no-limit", "a-limit"],
+)
+def test_an_unset_prefetch_looks_ahead_less_where_a_flow_limit_applies(
+    settings, holding, queues, looked_ahead
+):
+    """``PREFETCH`` None: the worker chooses its look-ahead — the larger one where no
+    flow limit applies to its queues, the smaller where one does (the jobs claimed
+    ahead hold the limit's places), however far the limit is from binding."""
+    _release, started = holding
+    settings.JOBS = {**QUICK, "PREFETCH": None, "PREFETCH_MAX_WAIT": 60, "QUEUES": queues}
+    submit(AUTO_PREFETCH + 8)
+    worker = Worker(concurrency=2, listen=False, shutdown_timeout=0)
+    passes = counted_passes(worker)
+    with worker_running(worker):
+        wait_until(lambda: len(started) == 2, 30, "both handlers to start")
+        for _ in range(10):  # ten more passes of the main loop, each claiming
+            assert passes.acquire(timeout=30)
+        assert worker.running_count() == 2 + looked_ahead
+        assert len(running()) == 2 + looked_ahead
+
+
 def test_handlers_typically_longer_than_the_wait_get_no_lookahead(settings, handler):
     """Once handlers are known to run longer than ``PREFETCH_MAX_WAIT``, a free slot
     gets no look-ahead either: jobs are not claimed only to be given back. Only
@@ -205,6 +230,11 @@ def test_lookahead_runs_every_job_once(settings, handler):
     assert JobScope(SCOPE).get("j0").status == JobStatus.SUCCEEDED
     assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 40
     assert worker.stats.succeeded == 40
+
+
+def test_prefetch_is_unset_by_default(settings):
+    settings.JOBS = {}
+    assert jobs_settings().PREFETCH is None
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2", 1001])
