@@ -73,6 +73,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "comparable, the claim costs' table sizes stay",
     )
     parser.add_argument(
+        "--setups",
+        metavar="KIND-cN,...",
+        help="with --only burn-down or --compare: only the burn-downs of one process, "
+        "at default settings, of these handler kinds at these concurrencies "
+        "(noop-c16,sleep5-c16; kinds: noop, sleep5, sleep5async)",
+    )
+    parser.add_argument(
         "--cpu-burner",
         action="store_true",
         help="run a process that keeps one CPU busy beside the whole run (as on a machine "
@@ -94,15 +101,34 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if not 0 < args.jobs_factor <= 10:
         parser.error("--jobs-factor must be above 0 and at most 10")
     args.system_names = names
+    args.setups = _setups(parser, args.setups)
     if args.docs is None and not args.quick:
         args.docs = ROOT / "docs" / "benchmark-results.md"
     return args
+
+
+def _setups(
+    parser: argparse.ArgumentParser, value: str | None
+) -> frozenset[tuple[str, int]] | None:
+    """``--setups``: (handler kind, concurrency) pairs; None: every set-up."""
+    if value is None:
+        return None
+    chosen: set[tuple[str, int]] = set()
+    for item in (part.strip() for part in value.split(",") if part.strip()):
+        kind, _, concurrency = item.rpartition("-c")
+        if kind not in ("noop", "sleep5", "sleep5async") or not concurrency.isdigit():
+            parser.error(f"--setups: {item!r} is not KIND-cN (noop-c16, sleep5-c16, ...)")
+        chosen.add((kind, int(concurrency)))
+    if not chosen:
+        parser.error("--setups: no set-up given")
+    return frozenset(chosen)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import json
     from contextlib import ExitStack
+    from dataclasses import replace
 
     from . import harness, physical, report, server
 
@@ -121,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         server_url, url = stack.enter_context(server.database(args.database_url, name))
         admin = server.django_on(url, stack)
         plan = harness.Plan.quick() if args.quick else harness.Plan(runs=args.runs)
-        plan = plan.scaled(args.jobs_factor)
+        plan = replace(plan.scaled(args.jobs_factor), setups=args.setups)
         session: dict[str, Any] = {
             "plan": plan,
             "database_url": url,

@@ -8,7 +8,7 @@ database on it):
 1. ``--jobs`` failed jobs (100,000 by default: each used its one attempt, with its
    attempt row and an error) are loaded into the queue ``backlog``, and ANALYZEd;
 2. one ``run_jobs`` process serves every queue at concurrency 1 (``--prefetch``: its
-   ``JOBS["PREFETCH"]``, 16 by default as shipped); its idle pickup of
+   ``JOBS["PREFETCH"]``, 16 by default); its idle pickup of
    jobs of the queue ``probe`` is sampled as the harness samples it
    (``benchmarks.probe``: from the commit of a probe job to its handler's first line,
    over UDP on the loopback interface), ``--samples`` times before anything else runs;

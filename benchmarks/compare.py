@@ -144,6 +144,7 @@ def compare(
     tree and for ``rev``, the trees alternating in each round; medians per set-up of
     jobs/s, the workers' CPU milliseconds per job and the statements per job."""
     wanted = list(QUICK_SETUPS if quick_setups else [("noop", c) for c in plan.configs])
+    wanted = [(kind, config) for kind, config in wanted if plan.wants(kind, config, {})]
     count = plan.for_system(plan.burn_jobs, "django-ledon")
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)

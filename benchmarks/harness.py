@@ -98,6 +98,16 @@ class Plan:
     queued_warm: int = 20_000
     #: Jobs of each run of :mod:`benchmarks.profiling`.
     profile_jobs: int = 3_000
+    #: ``--setups``: only the burn-downs of one process at these (handler kind,
+    #: concurrency), at default settings; None: every burn-down.
+    setups: frozenset[tuple[str, int]] | None = None
+
+    def wants(self, kind: str, config: WorkerConfig, settings: dict[str, Any]) -> bool:
+        """Whether the burn-down of ``kind`` at ``config`` with our ``settings`` added
+        is measured (``--setups``)."""
+        if self.setups is None:
+            return True
+        return not settings and config.processes == 1 and (kind, config.concurrency) in self.setups
 
     @classmethod
     def quick(cls) -> Plan:
@@ -875,6 +885,8 @@ def burn_down_alone(runner: Runner, chosen: list[System]) -> dict[str, Any]:
             count = plan.for_system(plan.burn_jobs, system.name)
             for kind, processes, concurrency, extra in ALONE_BURNS:
                 if extra and system.name != OURS:
+                    continue
+                if not plan.wants(kind, WorkerConfig(processes, concurrency), extra):
                     continue
                 if kind in ("sleep5", "sleep5async"):
                     rate = runner.sleep5(system, concurrency, extra, kind)

@@ -48,8 +48,9 @@ class JobsSettings:
     #: Look-ahead: jobs a worker may claim beyond its free slots, for slots whose
     #: handler will free soon, so that a slot finds its next job waiting when its
     #: handler returns; taken only while handlers are quick (see the worker's slots).
-    #: 0: none (a slot's next job comes with its finish's commit).
-    PREFETCH: int = 16
+    #: 0: none (a slot's next job comes with its finish's commit). None: chosen by
+    #: the worker — 64, or 16 where a flow limit applies to its queues.
+    PREFETCH: int | None = None
     #: Look-ahead is only taken for slots whose handler has run less than this many
     #: seconds, and a look-ahead job that waited this long for a slot is given back.
     PREFETCH_MAX_WAIT: float = 0.5
@@ -181,7 +182,14 @@ def _check(result: JobsSettings) -> None:
     _values.flags(
         result, "PREPARED_STATEMENTS", "SCHEDULER", "METRICS", "TRACING", "ASYNCHRONOUS_COMMIT"
     )
-    _values.int_from(result, "PREFETCH", 0, 1000, expected="an int from 0 (no look-ahead) to 1000")
+    _values.int_from(
+        result,
+        "PREFETCH",
+        0,
+        1000,
+        expected="None (chosen by the worker) or an int from 0 (no look-ahead) to 1000",
+        none_ok=True,
+    )
     if not is_number(result.PREFETCH_MAX_WAIT) or result.PREFETCH_MAX_WAIT <= 0:
         raise JobsConfigurationError(
             "JOBS['PREFETCH_MAX_WAIT'] must be a positive number of seconds, "

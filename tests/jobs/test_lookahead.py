@@ -17,6 +17,7 @@ from jobs.exceptions import JobsConfigurationError
 from jobs.models import Job, JobAttempt
 from jobs.types import AttemptStatus
 from jobs.worker import Worker
+from jobs.worker.slots import AUTO_PREFETCH, AUTO_PREFETCH_SMALL
 from tests.support.procs import wait_until
 
 SCOPE = "lookahead"
@@ -62,6 +63,19 @@ def worker_running(worker: Worker) -> Iterator[threading.Thread]:
     finally:
         worker.stop()
         thread.join(30)
+
+
+def held_once_claimed(worker: Worker, started: list[str]) -> tuple[int, int, int]:
+    """Run ``worker`` until each of its slots started a held handler and its main loop
+    passed ten more times, each pass claiming; then the attempts it holds and the jobs
+    Running and Queued, read while it runs."""
+    passes = counted_passes(worker)
+    with worker_running(worker):
+        wait_until(lambda: len(started) == worker.concurrency, 30, "every slot's handler")
+        for _ in range(10):
+            assert passes.acquire(timeout=30)
+        queued = Job.objects.filter(status=JobStatus.QUEUED).count()
+        return worker.running_count(), len(running()), queued
 
 
 @pytest.fixture
@@ -123,13 +137,7 @@ def test_lookahead_counts_for_flow_limits(settings, holding):
     submit(6, queue="limited")
     # Without the limit this worker would hold two: one running, one looked ahead.
     worker = Worker(concurrency=1, listen=False, shutdown_timeout=0)
-    passes = counted_passes(worker)
-    with worker_running(worker):
-        wait_until(lambda: len(started) == 1, 30, "the first handler to start")
-        for _ in range(10):  # ten more passes of the main loop, each claiming
-            assert passes.acquire(timeout=30)
-        assert len(running()) == 1
-        assert worker.running_count() == 1
+    assert held_once_claimed(worker, started) == (1, 1, 5)
 
 
 def test_lookahead_is_shared_by_the_slots_and_bounded_by_prefetch(settings, holding):
@@ -140,15 +148,27 @@ def test_lookahead_is_shared_by_the_slots_and_bounded_by_prefetch(settings, hold
     settings.JOBS = {**QUICK, "PREFETCH": 3, "PREFETCH_MAX_WAIT": 60}
     submit(8)
     worker = Worker(concurrency=2, listen=False, shutdown_timeout=0)
-    passes = counted_passes(worker)
-    with worker_running(worker):
-        wait_until(lambda: len(started) == 2, 30, "both handlers to start")
-        for _ in range(10):  # ten more passes of the main loop, each claiming
-            assert passes.acquire(timeout=30)
-        # Two handlers running, three jobs waiting for them: PREFETCH, not one per slot.
-        assert len(running()) == 5
-        assert worker.running_count() == 5
-        assert Job.objects.filter(status=JobStatus.QUEUED).count() == 3
+    # Two handlers running, three jobs waiting for them: PREFETCH, not one per slot.
+    assert held_once_claimed(worker, started) == (5, 5, 3)
+
+
+@pytest.mark.parametrize(
+    ("queues", "looked_ahead"),
+    [({}, AUTO_PREFETCH), ({"default": {"max_running": 1000}}, AUTO_PREFETCH_SMALL)],
+    ids=["no-limit", "a-limit"],
+)
+def test_an_unset_prefetch_looks_ahead_less_where_a_flow_limit_applies(
+    settings, holding, queues, looked_ahead
+):
+    """``PREFETCH`` None: the worker chooses its look-ahead — the larger one where no
+    flow limit applies to its queues, the smaller where one does (the jobs claimed
+    ahead hold the limit's places), however far the limit is from binding."""
+    _release, started = holding
+    settings.JOBS = {**QUICK, "PREFETCH": None, "PREFETCH_MAX_WAIT": 60, "QUEUES": queues}
+    submit(AUTO_PREFETCH + 8)
+    worker = Worker(concurrency=2, listen=False, shutdown_timeout=0)
+    held = 2 + looked_ahead
+    assert held_once_claimed(worker, started) == (held, held, AUTO_PREFETCH + 8 - held)
 
 
 def test_handlers_typically_longer_than_the_wait_get_no_lookahead(settings, handler):
@@ -205,6 +225,11 @@ def test_lookahead_runs_every_job_once(settings, handler):
     assert JobScope(SCOPE).get("j0").status == JobStatus.SUCCEEDED
     assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 40
     assert worker.stats.succeeded == 40
+
+
+def test_prefetch_is_unset_by_default(settings):
+    settings.JOBS = {}
+    assert jobs_settings().PREFETCH is None
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2", 1001])

@@ -12,7 +12,7 @@ from typing import Any
 
 from jobs.types import Claim
 from jobs.worker.holdings import Holdings
-from jobs.worker.slots import Slots
+from jobs.worker.slots import AUTO_PREFETCH, AUTO_PREFETCH_SMALL, Slots
 from jobs.worker.workqueue import STOP, WorkQueue
 
 
@@ -166,3 +166,26 @@ def test_a_slot_looks_ahead_no_further_than_it_runs_while_its_next_claim_comes()
         assert slots.claimable_locked(reserved=0) == 6
         slots.note_round_trip_locked(0.5)  # the average moves toward a slow settle:
         assert slots.claimable_locked(reserved=0) == 44  # 0.1096 s, 22 handlers a slot
+
+
+def test_a_chosen_look_ahead_batches_quick_handlers_instead() -> None:
+    """With ``PREFETCH`` unset and no flow limit, a worker looks ahead up to the larger
+    look-ahead for handlers a slot runs a few of during two round trips, and keeps to
+    the smaller one for quick handlers, which it batches instead."""
+    holdings = Holdings()
+    settings = SimpleNamespace(PREFETCH=None, PREFETCH_MAX_WAIT=60.0)
+    worker = SimpleNamespace(holdings=holdings, concurrency=16, settings=settings, queues=[])
+    slots = Slots(worker)  # type: ignore[arg-type]
+    with holdings.lock:
+        for n in range(16):
+            held = holdings.add_locked(claim(n))
+            held.running, held.started_at = True, time.monotonic()
+        assert slots.claimable_locked(reserved=0) == AUTO_PREFETCH  # nothing measured
+        slots._note_run_time_locked(0.0055)  # a 5 ms handler
+        slots.note_round_trip_locked(0.008)  # three jobs a slot during two round trips
+        assert slots.claimable_locked(reserved=0) == 48
+        slots._note_run_time_locked(0.0)  # quicker: 0.0044 s, four jobs a slot
+        assert slots.claimable_locked(reserved=0) == AUTO_PREFETCH
+        for _ in range(20):  # a no-op handler: hundreds of jobs a slot
+            slots._note_run_time_locked(0.00002)
+        assert slots.claimable_locked(reserved=0) == AUTO_PREFETCH_SMALL
