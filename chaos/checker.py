@@ -420,8 +420,8 @@ def diagnose(conninfo: str, run_ids: list[str]) -> str:
     with psycopg.connect(conninfo) as conn:
         for run_id in run_ids:
             row = conn.execute(
-                "SELECT id, status, wait_kind, wait_key, wake_at, wake_pending, driver_job, generation,"
-                " advances, updated_at FROM workflows_workflowrun WHERE run_id = %s",
+                "SELECT id, status, wait_kind, wait_key, wake_at, wake_pending, driver_job,"
+                " generation, advances, updated_at FROM workflows_workflowrun WHERE run_id = %s",
                 [run_id],
             ).fetchone()
             lines.append(f"run {run_id}: {row}")
