@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from jobs.types import Claim
+from jobs.worker import slots as slots_module
 from jobs.worker.holdings import Holdings
 from jobs.worker.slots import AUTO_PREFETCH, AUTO_PREFETCH_SMALL, Slots
 from jobs.worker.workqueue import STOP, WorkQueue
@@ -168,10 +169,13 @@ def test_a_slot_looks_ahead_no_further_than_it_runs_while_its_next_claim_comes()
         assert slots.claimable_locked(reserved=0) == 44  # 0.1096 s, 22 handlers a slot
 
 
-def test_a_chosen_look_ahead_batches_quick_handlers_instead() -> None:
+def test_a_chosen_look_ahead_batches_quick_handlers_instead(monkeypatch: Any) -> None:
     """With ``PREFETCH`` unset and no flow limit, a worker looks ahead up to the larger
     look-ahead for handlers a slot runs a few of during two round trips, and keeps to
     the smaller one for quick handlers, which it batches instead."""
+    # No flow limit, whatever handlers other tests of the process registered.
+    no_limits = SimpleNamespace(for_queues=lambda queues: ())
+    monkeypatch.setattr(slots_module.execution, "claim_limits", lambda: no_limits)
     holdings = Holdings()
     settings = SimpleNamespace(PREFETCH=None, PREFETCH_MAX_WAIT=60.0)
     worker = SimpleNamespace(holdings=holdings, concurrency=16, settings=settings, queues=[])
