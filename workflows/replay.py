@@ -95,9 +95,13 @@ class Replay:
         driver: store.Driver,
         clock: Callable[[], datetime],
         steps: store.RecordedSteps | None = None,
+        *,
+        signal: store.SignalAtTake | None = None,
     ) -> None:
         """``steps``: the run's recorded checkpoints when the caller read them already
-        (several runs in one query); None reads them."""
+        (with the take, or several runs in one query); None reads them. ``signal``:
+        the signal the run waited for and its cancel flag, as the take read them
+        (the wait for that key reads them from there, once)."""
         self.driver = driver
         self.run: DrivenRun = driver.run
         self.clock = clock
@@ -109,6 +113,7 @@ class Replay:
         #: A signal's key and whether it was sent (and its payload), as the reach of
         #: its wait read them with the run's cancellation.
         self._signal_read: tuple[str, tuple[bool, Any]] | None = None
+        self._signal_at_take = signal
         #: Set when the body contradicted its recorded checkpoints: the run fails
         #: whatever the body did with the error.
         self.nondeterminism: NonDeterministicWorkflow | None = None
@@ -188,8 +193,15 @@ class Replay:
         """Whether the run's cancel was requested, read as checkpoint ``key`` of
         ``kind`` is reached with work to do. A signal's wait reads whether its signal
         came in the same statement (see :meth:`signal_sent`)."""
+        # The take's read serves the first checkpoint with work to do, if it is the
+        # wait for that signal; any other reads its own.
+        taken, self._signal_at_take = self._signal_at_take, None
         if kind is not StepKind.SIGNAL:
             return self.cancel_requested()
+        if taken is not None and taken.key == key:
+            payload = taken.payload_json
+            self._signal_read = (key, (payload is not None, validation.from_json(payload)))
+            return taken.cancelled
         cancelled, sent = store.cancel_and_signal(self.run.pk, key)
         self._signal_read = (key, sent)
         return cancelled
