@@ -15,7 +15,6 @@ stops (:class:`Stop`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -52,11 +51,17 @@ class Stop(BaseException):
         super().__init__("cancelled" if cancelled else "stale driver")
 
 
-@dataclass(frozen=True, slots=True)
 class Recorded:
-    """A finished checkpoint's recorded value (a wrapper: the value may be None)."""
+    """A finished checkpoint's recorded value (a wrapper: the value may be None).
 
-    value: Any
+    A slotted class, not a frozen dataclass: a replay makes one per recorded
+    checkpoint it passes, and a frozen dataclass's ``__init__`` costs twice as much
+    (each field set through ``object.__setattr__``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 def recorded(step: Checkpoint | None) -> Recorded | None:
