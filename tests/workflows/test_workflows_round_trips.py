@@ -296,6 +296,47 @@ def test_a_recorded_key_reached_as_another_kind_on_replay_is_nondeterministic():
     assert "recorded as a now checkpoint, reached now as a step" in snap.error
 
 
+def test_a_recorded_step_reached_as_another_kind_is_read_whole_and_nondeterministic():
+    """A Succeeded inline step is read for a replay by its first fields alone; reached
+    as another kind of checkpoint, it is read whole, and the run fails naming both."""
+    FIRST["kind"] = "step"
+    try:
+        start_workflow(SCOPE, "kind-step", "trips.kinds")
+        run_workflows_inline()
+        FIRST["kind"] = "now"  # the replay reaches the recorded step as a clock
+        send_signal(SCOPE, "kind-step", "go", {})
+        run_workflows_inline()
+    finally:
+        FIRST["kind"] = "now"
+    snap = WorkflowScope(SCOPE).get("kind-step")
+    assert snap is not None
+    assert snap.status == RunStatus.FAILED
+    assert snap.failed_step == "first"
+    assert "recorded as a step checkpoint, reached now as a now" in snap.error
+
+
+def test_a_replay_reads_whole_rows_only_of_checkpoints_that_are_no_passed_step():
+    """The advance's read of a run's checkpoints: every field of those that are no
+    Succeeded inline step, the first fields (up to the result) of the others."""
+    start_workflow(SCOPE, "whole", "trips.cancel_between")
+    run_workflows_inline()
+    send_signal(SCOPE, "whole", "go", {"n": 2})
+    with CaptureQueriesContext(connection) as advance:
+        run_workflows_inline()
+    assert WorkflowScope(SCOPE).get("whole").output == 2  # type: ignore[union-attr]
+    reads = [
+        read
+        for sql in statements(advance)
+        for read in sql.split("; ")
+        if read.startswith("SELECT") and 'FROM "workflows_workflowstep"' in read
+    ]
+    whole = [read for read in reads if '"error_type"' in read]
+    short = [read for read in reads if '"error_type"' not in read and '"result_json"' in read]
+    assert len(whole) == 1, reads
+    assert len(short) == 1, reads
+    assert 'AND NOT ("kind" = ' in whole[0]
+
+
 def test_a_replayed_step_still_refuses_bad_retries():
     @workflow("trips.retries", version=1)
     def bad_retries(wf: WorkflowContext) -> Any:

@@ -9,6 +9,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,7 +27,7 @@ from ledon.faults import fault_point
 from ..models import WorkflowRun, WorkflowSignal, WorkflowStep
 from ..types import DrivenRun, RunStatus, Wait, WaitKind
 from .base import Driver, StaleDriver, alias, current_time, ended, let_go
-from .checkpoints import RecordedSteps, load_steps, recorded_steps, steps_query
+from .checkpoints import RecordedSteps, load_steps, recorded_steps, step_reads
 from .control import cancel_dependents
 from .waking import advance_scope_hash, drop_wakes, wake, wake_parent
 
@@ -82,8 +83,8 @@ def take_with_steps(
     run_pk: int, job_id: str | None = None, *, now: datetime | None = None
 ) -> Taken | None:
     """:func:`take`, and the run's recorded checkpoints read right after it (as
-    :func:`~workflows.store.load_steps` reads them): on PostgreSQL the two statements
-    go in one pipeline, one round trip (the read is wasted on a run not taken). The
+    :func:`~workflows.store.load_steps` reads them): on PostgreSQL the statements go
+    in one pipeline, one round trip (the reads are wasted on a run not taken). The
     take also reads the signal the run waited for (:class:`SignalAtTake`)."""
     return _take(run_pk, job_id, now, with_steps=True)
 
@@ -104,23 +105,27 @@ def _take(
             return None
         steps = load_steps(run_pk) if with_steps else RecordedSteps()
         return Taken(driver, steps, _signal_at_take(row))
-    read = steps_query(connection)
+    reads = step_reads(connection, run_pk)
     connection.ensure_connection()
     raw = connection.connection
     started = time.monotonic()
-    with connection.wrap_database_errors, raw.cursor() as taking, raw.cursor() as reading:
+    with ExitStack() as cursors, connection.wrap_database_errors:
+        taking = cursors.enter_context(raw.cursor())
+        reading = [cursors.enter_context(raw.cursor()) for _ in reads]
         with raw.pipeline():
             taking.execute(sql, params)
-            reading.execute(read, [run_pk])
+            for cursor, (read, read_params) in zip(reading, reads, strict=True):
+                cursor.execute(read, read_params)
         row = taking.fetchone()
         driver = _taken(run_pk, token, row)
-        rows = reading.fetchall()
+        rows = [cursor.fetchall() for cursor in reading]
     if connection.queries_logged:  # where Django's own cursors record theirs
         took = f"{time.monotonic() - started:.3f}"
-        connection.queries_log.append({"sql": f"{sql}; {read}", "time": took})
+        sent = "; ".join([sql, *(read for read, _ in reads)])
+        connection.queries_log.append({"sql": sent, "time": took})
     if driver is None:
         return None
-    return Taken(driver, recorded_steps(connection, rows), _signal_at_take(row))
+    return Taken(driver, recorded_steps(connection, *rows), _signal_at_take(row))
 
 
 def _take_statement(
