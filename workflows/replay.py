@@ -113,8 +113,10 @@ class Replay:
         self._steps = store.load_steps(driver.run.pk) if steps is None else steps
         # A patch marker stands outside the order: a body that no longer asks for its
         # patch skips nothing, and a marker does not make a patch point look passed.
-        self._order = RecordedOrder(self._steps.keys(without=StepKind.PATCH), driver.run.rerun_keys)
         self._seen: set[str] = set()
+        self._order = RecordedOrder(
+            self._steps.keys(without=StepKind.PATCH), self._seen, driver.run.rerun_keys
+        )
         #: A signal's key and whether it was sent (and its payload), as the reach of
         #: its wait read them with the run's cancellation.
         self._signal_read: tuple[str, tuple[bool, Any]] | None = None
@@ -150,8 +152,6 @@ class Replay:
             skipped = self._order.skipped_by(checked)
             if skipped:
                 self._nondeterministic(checked, skipped_detail(skipped), skipped)
-        else:
-            self._order.reached(checked)
         if not finished:
             fault_point("workflows.checkpoint.reached", run=self.run.pk, key=checked, kind=kind)
         return checked, step
@@ -167,7 +167,6 @@ class Replay:
         if result is None:
             return None
         self._seen.add(key)
-        self._order.reached(key)
         return Recorded(validation.from_json(result))
 
     def step_of(self, key: str) -> Checkpoint | None:

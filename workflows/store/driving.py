@@ -109,7 +109,7 @@ def _take(
     connection.ensure_connection()
     raw = connection.connection
     started = time.monotonic()
-    with ExitStack() as cursors, connection.wrap_database_errors:
+    with connection.wrap_database_errors, ExitStack() as cursors:
         taking = cursors.enter_context(raw.cursor())
         reading = [cursors.enter_context(raw.cursor()) for _ in reads]
         with raw.pipeline():
