@@ -157,19 +157,27 @@ def _maps(sizes: dict[str, int], runs: int) -> dict[str, list[float]]:
 
 
 def _signals(count: int) -> list[float]:
-    """Seconds from a signal's send to the start of the step after its wait."""
+    """Seconds from a signal's send to the start of the step after its wait. The
+    run's end is polled as :func:`_run_to_end` polls it (one read of an index), not
+    through the run's snapshot, whose reads every 5 ms would take the CPU from the
+    worker being timed."""
     from django.utils import timezone
 
-    from workflows import WorkflowScope, send_signal, start_workflow
+    from workflows import RunStatus, WorkflowScope, send_signal, start_workflow, validation
+    from workflows.models import WorkflowRun
 
     latencies = []
     for index in range(count):
         run_id = f"signal-{index}"
         start_workflow(SCOPE, run_id, "wfbench.signal", {})
         wait_for(lambda r=run_id: _run_status(r) == "waiting", 60, "the wait", poll=0.005)
+        ended = WorkflowRun.objects.filter(
+            scope_hash=validation.scope_hash(SCOPE), run_id=run_id, status__in=RunStatus.finished()
+        )
         sent = timezone.now()
         send_signal(SCOPE, run_id, "go", {"n": index})
-        wait_for(lambda r=run_id: _run_status(r) == "succeeded", 60, "the run", poll=0.005)
+        wait_for(ended.exists, 60, "the run", poll=0.005)
+        assert _run_status(run_id) == "succeeded", f"run {run_id} ended {_run_status(run_id)}"
         after = WorkflowScope(SCOPE).get(run_id).step("after")  # type: ignore[union-attr]
         latencies.append((after.started_at - sent).total_seconds())  # type: ignore[union-attr]
     return latencies

@@ -29,34 +29,39 @@ NAMED_IN_MESSAGE = 20
 
 class RecordedOrder:
     """The checkpoints a run had recorded when its replay began, in the order
-    recorded, and which of them this replay has reached."""
+    recorded, and which of them this replay has reached: those in ``reached``, the
+    set of every key the replay has reached, which the replay keeps (one set for
+    both, and nothing more to keep per checkpoint passed: a long run's replay passes
+    thousands)."""
 
-    __slots__ = ("_ahead", "_keys", "_rerun")
+    __slots__ = ("_keys", "_reached", "_reached_all", "_rerun")
 
-    def __init__(self, keys: Iterable[str], rerun: Iterable[str] = ()) -> None:
+    def __init__(self, keys: Iterable[str], reached: set[str], rerun: Iterable[str] = ()) -> None:
         self._keys = list(keys)
-        #: Recorded, not reached yet by this replay.
-        self._ahead = set(self._keys)
+        self._reached = reached
         self._rerun = frozenset(rerun)
-
-    def reached(self, key: str) -> None:
-        """The replay reached recorded checkpoint ``key``."""
-        self._ahead.discard(key)
+        #: Every recorded checkpoint was reached (it stays so: the keys are fixed
+        #: and ``reached`` only grows).
+        self._reached_all = not self._keys
 
     def beyond(self) -> bool:
         """Whether the run had recorded checkpoints this replay has not reached yet:
         the body stands where the run had been before, not at its frontier."""
-        return bool(self._ahead)
+        return bool(self.ahead())
 
     def ahead(self) -> tuple[str, ...]:
         """The recorded checkpoints this replay has not reached yet, in the order
         recorded."""
-        return tuple(recorded for recorded in self._keys if recorded in self._ahead)
+        if self._reached_all:
+            return ()
+        ahead = tuple(recorded for recorded in self._keys if recorded not in self._reached)
+        self._reached_all = not ahead
+        return ahead
 
     def skipped_by(self, key: str) -> tuple[str, ...]:
         """The recorded checkpoints a replay that now reaches the new checkpoint
         ``key`` has skipped, in the order recorded (none: it may go on)."""
-        if not self._ahead or key in self._rerun:
+        if key in self._rerun:
             return ()
         return self.ahead()
 

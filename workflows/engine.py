@@ -86,8 +86,8 @@ def advance(run_pk: int, job_id: str | None = None) -> Advanced:
     taken = store.take_with_steps(run_pk, job_id, now=current_time())
     if taken is None:
         return _not_taken(run_pk)
-    driver, first_steps = taken
-    steps: store.RecordedSteps | None = first_steps
+    driver = taken.driver
+    first: store.Taken | None = taken
     # Past its deadline, whatever it waits for and whichever version: the run ends.
     if store.deadline_passed(driver.run.deadline, current_time()):
         return _cancelled(driver)
@@ -106,8 +106,8 @@ def advance(run_pk: int, job_id: str | None = None) -> Advanced:
     # children, wake-ups) carry its context.
     with hooks.workflows_tracer().span("workflow.advance", attributes=attributes) as span:
         while True:
-            outcome = _replay(driver, spec, steps)
-            steps = None  # a replay again reads what was recorded meanwhile
+            outcome = _replay(driver, spec, first)
+            first = None  # a replay again reads what was recorded meanwhile
             if outcome is not None:
                 span.set_attribute("workflow.outcome", outcome.value)
                 return outcome
@@ -134,11 +134,17 @@ def _not_taken(run_pk: int) -> Advanced:
 
 
 def _replay(
-    driver: store.Driver, spec: registry.WorkflowSpec, steps: store.RecordedSteps | None
+    driver: store.Driver, spec: registry.WorkflowSpec, taken: store.Taken | None
 ) -> Advanced | None:
     """Run the body once from the top; None: replay again (a wake-up came meanwhile).
-    ``steps``: the run's checkpoints read as it was taken (None: read them)."""
-    ctx = WorkflowContext(driver, current_time, Replay(driver, current_time, steps))
+    ``taken``: what the take read (the run's checkpoints, the signal it waited for);
+    None: read them now."""
+    replay = (
+        Replay(driver, current_time)
+        if taken is None
+        else Replay(driver, current_time, taken.steps, signal=taken.signal)
+    )
+    ctx = WorkflowContext(driver, current_time, replay)
     try:
         output = spec.func(ctx)
     except Suspend as wait:

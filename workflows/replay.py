@@ -15,7 +15,6 @@ stops (:class:`Stop`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -52,11 +51,17 @@ class Stop(BaseException):
         super().__init__("cancelled" if cancelled else "stale driver")
 
 
-@dataclass(frozen=True, slots=True)
 class Recorded:
-    """A finished checkpoint's recorded value (a wrapper: the value may be None)."""
+    """A finished checkpoint's recorded value (a wrapper: the value may be None).
 
-    value: Any
+    A slotted class, not a frozen dataclass: a replay makes one per recorded
+    checkpoint it passes, and a frozen dataclass's ``__init__`` costs twice as much
+    (each field set through ``object.__setattr__``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 def recorded(step: Checkpoint | None) -> Recorded | None:
@@ -95,20 +100,27 @@ class Replay:
         driver: store.Driver,
         clock: Callable[[], datetime],
         steps: store.RecordedSteps | None = None,
+        *,
+        signal: store.SignalAtTake | None = None,
     ) -> None:
         """``steps``: the run's recorded checkpoints when the caller read them already
-        (several runs in one query); None reads them."""
+        (with the take, or several runs in one query); None reads them. ``signal``:
+        the signal the run waited for and its cancel flag, as the take read them
+        (the wait for that key reads them from there, once)."""
         self.driver = driver
         self.run: DrivenRun = driver.run
         self.clock = clock
         self._steps = store.load_steps(driver.run.pk) if steps is None else steps
         # A patch marker stands outside the order: a body that no longer asks for its
         # patch skips nothing, and a marker does not make a patch point look passed.
-        self._order = RecordedOrder(self._steps.keys(without=StepKind.PATCH), driver.run.rerun_keys)
         self._seen: set[str] = set()
+        self._order = RecordedOrder(
+            self._steps.keys(without=StepKind.PATCH), self._seen, driver.run.rerun_keys
+        )
         #: A signal's key and whether it was sent (and its payload), as the reach of
         #: its wait read them with the run's cancellation.
         self._signal_read: tuple[str, tuple[bool, Any]] | None = None
+        self._signal_at_take = signal
         #: Set when the body contradicted its recorded checkpoints: the run fails
         #: whatever the body did with the error.
         self.nondeterminism: NonDeterministicWorkflow | None = None
@@ -140,8 +152,6 @@ class Replay:
             skipped = self._order.skipped_by(checked)
             if skipped:
                 self._nondeterministic(checked, skipped_detail(skipped), skipped)
-        else:
-            self._order.reached(checked)
         if not finished:
             fault_point("workflows.checkpoint.reached", run=self.run.pk, key=checked, kind=kind)
         return checked, step
@@ -157,7 +167,6 @@ class Replay:
         if result is None:
             return None
         self._seen.add(key)
-        self._order.reached(key)
         return Recorded(validation.from_json(result))
 
     def step_of(self, key: str) -> Checkpoint | None:
@@ -188,8 +197,15 @@ class Replay:
         """Whether the run's cancel was requested, read as checkpoint ``key`` of
         ``kind`` is reached with work to do. A signal's wait reads whether its signal
         came in the same statement (see :meth:`signal_sent`)."""
+        # The take's read serves the first checkpoint with work to do, if it is the
+        # wait for that signal; any other reads its own.
+        taken, self._signal_at_take = self._signal_at_take, None
         if kind is not StepKind.SIGNAL:
             return self.cancel_requested()
+        if taken is not None and taken.key == key:
+            payload = taken.payload_json
+            self._signal_read = (key, (payload is not None, validation.from_json(payload)))
+            return taken.cancelled
         cancelled, sent = store.cancel_and_signal(self.run.pk, key)
         self._signal_read = (key, sent)
         return cancelled

@@ -130,6 +130,89 @@ def test_what_a_replay_reads_again_commits_unflushed_and_a_steps_result_durably(
     assert not [sql for sql in sent if unflushed in sql and sql not in take + signal]
 
 
+def test_the_wait_for_a_signal_reads_it_with_the_take_of_its_run():
+    """From a signal's send to the step after its wait, the advance reads the signal
+    (and the run's cancel flag) once, in the statement that takes the run: no read
+    of its own at the wait."""
+    start_workflow(SCOPE, "read-once", "trips.wait")
+    run_workflows_inline()
+    assert send_signal(SCOPE, "read-once", "go", {"n": 6}) == SignalOutcome.DELIVERED
+    with CaptureQueriesContext(connection) as advance:
+        run_workflows_inline()
+    assert WorkflowScope(SCOPE).get("read-once").output == 6  # type: ignore[union-attr]
+    sent = statements(advance)
+    read = [sql for sql in sent if "workflowsignal" in sql]
+    assert len(read) == 1, [sql[:80] for sql in read]
+    assert read[0].startswith("UPDATE")
+    assert 'SET "status" = CASE' in read[0]
+    # The step after the wait still reads the cancel flag before it works.
+    cancel_reads = [sql for sql in sent if sql.startswith('SELECT "cancel_requested"')]
+    assert len(cancel_reads) == 1
+
+
+#: Called by "trips.cancel_between" between its replayed step and its wait.
+BETWEEN: list[Any] = []
+
+
+@workflow("trips.cancel_between", version=1)
+def cancel_between(wf: WorkflowContext) -> Any:
+    wf.step("first", nothing, 1)
+    for call in BETWEEN:
+        call()
+    payload = wf.wait_for_signal("go")
+    return wf.step("after", record_after, payload["n"])
+
+
+AFTER_RAN: list[int] = []
+
+
+def record_after(n: int) -> int:
+    AFTER_RAN.append(n)
+    return n
+
+
+def test_a_cancel_after_the_take_read_the_signal_still_stops_the_step_after_it():
+    """The take reads the signal and the cancel flag before the body runs; a cancel
+    that lands after that read (here, from the body before its wait) is read again at
+    the next checkpoint with work to do: the step after the wait never runs."""
+    AFTER_RAN.clear()
+    start_workflow(SCOPE, "between", "trips.cancel_between")
+    run_workflows_inline()
+    assert send_signal(SCOPE, "between", "go", {"n": 1}) == SignalOutcome.DELIVERED
+    BETWEEN.append(lambda: WorkflowScope(SCOPE).cancel("between"))
+    try:
+        run_workflows_inline()
+    finally:
+        BETWEEN.clear()
+    snap = WorkflowScope(SCOPE).get("between")
+    assert snap is not None
+    assert snap.status == RunStatus.CANCELLED
+    assert AFTER_RAN == []
+    assert snap.step("after") is None
+
+
+def test_a_signal_the_take_found_missing_but_sent_before_the_wait_is_not_lost():
+    """A signal sent after the take read it as not sent (here, from the body before
+    its wait) finds the run Running and leaves it a wake-up: the driver replays once
+    more, reads it, and the run goes on."""
+    AFTER_RAN.clear()
+    start_workflow(SCOPE, "late", "trips.cancel_between")
+    run_workflows_inline()
+    pk = WorkflowRun.objects.get(run_id="late").pk
+    BETWEEN.append(lambda: send_signal(SCOPE, "late", "go", {"n": 3}))
+    try:
+        with transaction.atomic():
+            store.wake(pk, 0, "test", "late")
+        run_workflows_inline()
+    finally:
+        BETWEEN.clear()
+    snap = WorkflowScope(SCOPE).get("late")
+    assert snap is not None
+    assert snap.status == RunStatus.SUCCEEDED
+    assert snap.output == 3
+    assert AFTER_RAN == [3]
+
+
 def test_an_inline_step_that_writes_commits_its_rows_with_its_checkpoint():
     start_workflow(SCOPE, "effects", "checks.linear", {"start": 5})
     run_workflows_inline()
@@ -211,6 +294,47 @@ def test_a_recorded_key_reached_as_another_kind_on_replay_is_nondeterministic():
     assert snap is not None
     assert snap.status == RunStatus.FAILED
     assert "recorded as a now checkpoint, reached now as a step" in snap.error
+
+
+def test_a_recorded_step_reached_as_another_kind_is_read_whole_and_nondeterministic():
+    """A Succeeded inline step is read for a replay by its first fields alone; reached
+    as another kind of checkpoint, it is read whole, and the run fails naming both."""
+    FIRST["kind"] = "step"
+    try:
+        start_workflow(SCOPE, "kind-step", "trips.kinds")
+        run_workflows_inline()
+        FIRST["kind"] = "now"  # the replay reaches the recorded step as a clock
+        send_signal(SCOPE, "kind-step", "go", {})
+        run_workflows_inline()
+    finally:
+        FIRST["kind"] = "now"
+    snap = WorkflowScope(SCOPE).get("kind-step")
+    assert snap is not None
+    assert snap.status == RunStatus.FAILED
+    assert snap.failed_step == "first"
+    assert "recorded as a step checkpoint, reached now as a now" in snap.error
+
+
+def test_a_replay_reads_whole_rows_only_of_checkpoints_that_are_no_passed_step():
+    """The advance's read of a run's checkpoints: every field of those that are no
+    Succeeded inline step, the first fields (up to the result) of the others."""
+    start_workflow(SCOPE, "whole", "trips.cancel_between")
+    run_workflows_inline()
+    send_signal(SCOPE, "whole", "go", {"n": 2})
+    with CaptureQueriesContext(connection) as advance:
+        run_workflows_inline()
+    assert WorkflowScope(SCOPE).get("whole").output == 2  # type: ignore[union-attr]
+    reads = [
+        read
+        for sql in statements(advance)
+        for read in sql.split("; ")
+        if read.startswith("SELECT") and 'FROM "workflows_workflowstep"' in read
+    ]
+    whole = [read for read in reads if '"error_type"' in read]
+    short = [read for read in reads if '"error_type"' not in read and '"result_json"' in read]
+    assert len(whole) == 1, reads
+    assert len(short) == 1, reads
+    assert 'AND NOT ("kind" = ' in whole[0]
 
 
 def test_a_replayed_step_still_refuses_bad_retries():

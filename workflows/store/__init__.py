@@ -7,8 +7,9 @@ typed error. Nothing else in the app writes to the workflows tables.
     create_run / stage ........ (new) -> WAITING + its first advance job     creating
     create_child .............. (new) child of a run, in its fenced write    creating
     take (take_with_steps) .... WAITING (or RUNNING, its own job again) ->   driving
-                                RUNNING, new driver token; else RUNNING +
-                                wake pending
+                                RUNNING, new driver token (and the signal
+                                it waited for, read); else RUNNING + wake
+                                pending
     guard ..................... every checkpoint write: fenced by the token  driving
     give_back ................. RUNNING (token) -> WAITING as before the     driving
                                 take (no definition of its version here)
@@ -73,7 +74,9 @@ from .creating import create_child, create_run
 from .deadlines import deadline_passed, timed_out_error
 from .driving import (
     EndedHold,
+    SignalAtTake,
     Suspended,
+    Taken,
     cancel_requested,
     finish,
     give_back,
@@ -136,8 +139,10 @@ __all__ = [
     "RecordedSteps",
     "RunInFlight",
     "SealedItem",
+    "SignalAtTake",
     "StaleDriver",
     "Suspended",
+    "Taken",
     "advance_job_cancelled",
     "advance_job_prefix",
     "advance_scope_hash",

@@ -9,6 +9,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,10 +24,10 @@ from ledon.db import UNFLUSHED_COMMIT, adapt_dt, is_postgres, read_dt
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 
-from ..models import WorkflowRun, WorkflowStep
+from ..models import WorkflowRun, WorkflowSignal, WorkflowStep
 from ..types import DrivenRun, RunStatus, Wait, WaitKind
 from .base import Driver, StaleDriver, alias, current_time, ended, let_go
-from .checkpoints import RecordedSteps, load_steps, recorded_steps, steps_query
+from .checkpoints import RecordedSteps, load_steps, recorded_steps, step_reads
 from .control import cancel_dependents
 from .waking import advance_scope_hash, drop_wakes, wake, wake_parent
 
@@ -47,40 +48,84 @@ def take(run_pk: int, job_id: str | None = None, *, now: datetime | None = None)
     wake-up it refuses is never lost to a run that went Waiting in between. The run
     comes back from the same statement.
     """
-    connection = transaction.get_connection(alias())
-    token = uuid.uuid4().hex
-    sql, params = _take_statement(connection, run_pk, token, job_id, current_time(now))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return _taken(run_pk, token, cursor.fetchone())
+    taken = _take(run_pk, job_id, now, with_steps=False)
+    return None if taken is None else taken.driver
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A take (:func:`take_with_steps`): the driver, the run's recorded checkpoints,
+    and the signal the run waited for as the same statement read it."""
+
+    driver: Driver
+    steps: RecordedSteps
+    #: The signal the run waited for when it was taken, read with the run's cancel
+    #: flag (None: the run waited for no signal).
+    signal: SignalAtTake | None
+
+
+@dataclass(frozen=True, slots=True)
+class SignalAtTake:
+    """The signal a run waited for, and its cancel flag, as its take read them: what
+    the wait for that signal reads first, one round trip fewer from a signal's send
+    to the step after its wait. Read before the body runs, it is no older than a read
+    at the wait: a signal sent after it finds the run Running and leaves a wake-up
+    (the driver replays once more), and a cancel after it is read again at the next
+    checkpoint with work to do."""
+
+    key: str
+    #: The signal's payload (JSON text), None if it was not sent yet.
+    payload_json: str | None
+    cancelled: bool
 
 
 def take_with_steps(
     run_pk: int, job_id: str | None = None, *, now: datetime | None = None
-) -> tuple[Driver, RecordedSteps] | None:
+) -> Taken | None:
     """:func:`take`, and the run's recorded checkpoints read right after it (as
-    :func:`~workflows.store.load_steps` reads them): on PostgreSQL the two statements
-    go in one pipeline, one round trip (the read is wasted on a run not taken)."""
+    :func:`~workflows.store.load_steps` reads them): on PostgreSQL the statements go
+    in one pipeline, one round trip (the reads are wasted on a run not taken). The
+    take also reads the signal the run waited for (:class:`SignalAtTake`)."""
+    return _take(run_pk, job_id, now, with_steps=True)
+
+
+def _take(
+    run_pk: int, job_id: str | None, now: datetime | None, *, with_steps: bool
+) -> Taken | None:
+    """The take of :func:`take` and :func:`take_with_steps`."""
     connection = transaction.get_connection(alias())
-    if not is_postgres(connection):
-        driver = take(run_pk, job_id, now=now)
-        return None if driver is None else (driver, load_steps(run_pk))
     token = uuid.uuid4().hex
     sql, params = _take_statement(connection, run_pk, token, job_id, current_time(now))
-    read = steps_query(connection)
+    if not with_steps or not is_postgres(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        driver = _taken(run_pk, token, row)
+        if driver is None:
+            return None
+        steps = load_steps(run_pk) if with_steps else RecordedSteps()
+        return Taken(driver, steps, _signal_at_take(row))
+    reads = step_reads(connection, run_pk)
     connection.ensure_connection()
     raw = connection.connection
     started = time.monotonic()
-    with connection.wrap_database_errors, raw.cursor() as taking, raw.cursor() as reading:
+    with connection.wrap_database_errors, ExitStack() as cursors:
+        taking = cursors.enter_context(raw.cursor())
+        reading = [cursors.enter_context(raw.cursor()) for _ in reads]
         with raw.pipeline():
             taking.execute(sql, params)
-            reading.execute(read, [run_pk])
-        driver = _taken(run_pk, token, taking.fetchone())
-        rows = reading.fetchall()
+            for cursor, (read, read_params) in zip(reading, reads, strict=True):
+                cursor.execute(read, read_params)
+        row = taking.fetchone()
+        driver = _taken(run_pk, token, row)
+        rows = [cursor.fetchall() for cursor in reading]
     if connection.queries_logged:  # where Django's own cursors record theirs
         took = f"{time.monotonic() - started:.3f}"
-        connection.queries_log.append({"sql": f"{sql}; {read}", "time": took})
-    return None if driver is None else (driver, recorded_steps(connection, rows))
+        sent = "; ".join([sql, *(read for read, _ in reads)])
+        connection.queries_log.append({"sql": sent, "time": took})
+    if driver is None:
+        return None
+    return Taken(driver, recorded_steps(connection, *rows), _signal_at_take(row))
 
 
 def _take_statement(
@@ -111,6 +156,15 @@ def _take_statement(
         sets.append(f"{q(column)} = CASE WHEN {takeable} THEN {taken} ELSE {kept} END")
         params += [*takeable_params, *taken_params, *kept_params]
     returned = ", ".join(q(column) for column in _TAKEN)
+    # The signal the run waits for, with its cancel flag (see SignalAtTake).
+    runs, signals = q(WorkflowRun._meta.db_table), q(WorkflowSignal._meta.db_table)
+    waited = f"CASE WHEN {q('wait_kind')} = %s THEN {q('wait_key')} END"
+    payload = (
+        f"CASE WHEN {q('wait_kind')} = %s THEN (SELECT {signals}.{q('payload_json')}"
+        f" FROM {signals} WHERE {signals}.{q('run_id')} = {runs}.{q('id')}"
+        f" AND {signals}.{q('key')} = {runs}.{q('wait_key')}) END"
+    )
+    returned += f", {q('cancel_requested')}, {waited}, {payload}"
     # In autocommit on PostgreSQL the take commits without waiting for the disk: a
     # crash of the server that took it back would leave the run as it stood before,
     # and the advance job, whose claim committed durably before it, takes it again.
@@ -120,10 +174,10 @@ def _take_statement(
         else ""
     )
     sql = (
-        f"UPDATE {q(WorkflowRun._meta.db_table)} SET {', '.join(sets)}{unflushed}"
+        f"UPDATE {runs} SET {', '.join(sets)}{unflushed}"
         f" WHERE {q('id')} = %s RETURNING {q('driver_token')} = %s, {returned}"
     )
-    return sql, [*params, run_pk, token]
+    return sql, [*params, run_pk, token, WaitKind.SIGNAL, WaitKind.SIGNAL]
 
 
 def _taken(run_pk: int, token: str, row: Sequence[Any] | None) -> Driver | None:
@@ -131,12 +185,18 @@ def _taken(run_pk: int, token: str, row: Sequence[Any] | None) -> Driver | None:
     if row is None or not row[0]:
         fault_point("workflows.take.refused", run=run_pk)
         return None
-    run = dict(zip(_TAKEN, row[1:], strict=True))
+    run = dict(zip(_TAKEN, row[1 : 1 + len(_TAKEN)], strict=True))
     run["pk"] = run.pop("id")
     run["rerun_keys"] = tuple(_json_list(run["rerun_keys"]))
     if run["deadline"] is not None:
         run["deadline"] = read_dt(run["deadline"])
     return Driver(DrivenRun(**run), token)
+
+
+def _signal_at_take(row: Sequence[Any]) -> SignalAtTake | None:
+    """The signal a take's ``row`` read (None: the run waited for no signal)."""
+    cancelled, key, payload_json = row[1 + len(_TAKEN) :]
+    return None if key is None else SignalAtTake(key, payload_json, bool(cancelled))
 
 
 def give_back(driver: Driver, now: datetime) -> bool:

@@ -3,12 +3,12 @@ if it waits for it."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
-from django.db.models import OuterRef, Subquery
+from django.db import connections, transaction
 
 from ledon.db import adapt_dt, is_postgres
 from ledon.faults import fault_point
@@ -142,18 +142,29 @@ def _already_sent(existing: str | None, payload_json: str, key: str, run_id: str
 
 def cancel_and_signal(run_pk: int, key: str) -> tuple[bool, tuple[bool, Any]]:
     """Whether run ``run_pk``'s cancel was requested, and :func:`signal_payload` of
-    signal ``key``: one statement, for the wait that reads both at once."""
-    sent = WorkflowSignal.objects.filter(run_id=OuterRef("pk"), key=key)
-    row = (
-        WorkflowRun.objects.filter(pk=run_pk)
-        .annotate(payload=Subquery(sent.values("payload_json")[:1]))
-        .values_list("cancel_requested", "payload")
-        .first()
-    )
+    signal ``key``: one plain statement, for the wait that reads both at once (on
+    the path from a signal's send to the step after its wait)."""
+    connection = transaction.get_connection(alias())
+    with connection.cursor() as cursor:
+        cursor.execute(_cancel_and_signal_query(connection.vendor), [key, run_pk])
+        row = cursor.fetchone()
     if row is None:
         return False, (False, None)
     cancelled, payload = row
     return bool(cancelled), (payload is not None, from_json(payload))
+
+
+@functools.cache
+def _cancel_and_signal_query(vendor: str) -> str:
+    """The statement of :func:`cancel_and_signal` (its parameters: the key, the
+    run), built once per database vendor."""
+    q = connections[alias()].ops.quote_name
+    signals, runs = q(WorkflowSignal._meta.db_table), q(WorkflowRun._meta.db_table)
+    return (
+        f"SELECT {runs}.{q('cancel_requested')}, (SELECT {q('payload_json')} FROM {signals}"
+        f" WHERE {signals}.{q('run_id')} = {runs}.{q('id')} AND {signals}.{q('key')} = %s)"
+        f" FROM {runs} WHERE {runs}.{q('id')} = %s"
+    )
 
 
 def signal_payload(run_pk: int, key: str) -> tuple[bool, Any]:
