@@ -28,14 +28,12 @@ from ledon.db import is_postgres
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 
-from ..conf import workflows_settings
 from ..exceptions import UntrustedJob
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..types import Checkpoint, DrivenRun, Item, StepStatus
 from .base import alias
 from .fanning import (
     ITEM_JOB_PREFIX,
-    ITEMS_ENDED_HANDLER,
     batch_prefix,
     fan_in,
     is_then_job,
@@ -43,7 +41,7 @@ from .fanning import (
     job_ending,
     queued,
 )
-from .waking import ADVANCE_MAX_ATTEMPTS
+from .waking import advance_job
 
 #: Items the upkeep ends per pass (:func:`end_items_of_ended_jobs`), and items queued
 #: per transaction on SQLite (:func:`items_per_transaction`).
@@ -117,8 +115,9 @@ def insert_items(
     """Items ``start`` … ``start + len(args) - 1`` of an activity or map step and one
     job per item, inside the caller's fenced transaction: one bulk insert of the
     items, then one jobs batch (its row and every job in one bulk submit) in the
-    run's scope, so per-scope limits apply to them. The batch's ``then`` job
-    (:data:`ITEMS_ENDED_HANDLER`) wakes the run once every item job has ended.
+    run's scope, so per-scope limits apply to them. The batch's ``then`` job is the
+    run's advance (:func:`items_wake`): the statement that ends the last item job
+    inserts it, and it takes the run and gathers the items at once.
 
     An item's job runs it only if the job is the one staged here: its payload
     carries the item's arguments under a seal of its scope and id (see
@@ -140,13 +139,19 @@ def insert_items(
             activity.name, payload, queue=activity.queue, max_attempts=activity.retries + 1
         )
         jobs.append((job_id, sub))
-    then = JobSubmission.create(
-        ITEMS_ENDED_HANDLER,
-        {"step": step.pk},
-        queue=workflows_settings().ADVANCE_QUEUE,
-        max_attempts=ADVANCE_MAX_ATTEMPTS,
-    )
-    job_store.stage_batch(run.scope_hash, prefix[:-1], jobs, then)
+    whole = start == 0 and len(args) == count
+    then_scope, then_id, then = items_wake(run, step.key, "" if whole else prefix)
+    job_store.stage_batch(run.scope_hash, prefix[:-1], jobs, then, then_as=(then_scope, then_id))
+
+
+def items_wake(run: DrivenRun, step_key: str, prefix: str) -> tuple[str, str, JobSubmission]:
+    """The advance job that a map's items' jobs batch inserts once they all ended: the
+    one :func:`~workflows.store.fan_in` would stage for the step (one job whoever
+    inserts it), or, for a map queued in several batches (``prefix``: that of
+    this batch's job ids; empty for a batch of every item), one of its own per batch,
+    so that each batch's end wakes the run (it finds items left until the last)."""
+    detail = f"{step_key}\x1f{prefix}" if prefix else step_key
+    return advance_job(run.pk, run.generation, "items", detail)
 
 
 def _insert_rows(step_pk: int, start: int, prefix: str, args: list[str]) -> list[int]:
