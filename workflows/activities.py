@@ -2,10 +2,12 @@
 activity's own handler on any worker, and a fan-in once none is left running.
 
 The first advance that reaches the checkpoint records it with its item count and,
-in the same fenced transaction, its items and their jobs (one bulk insert of the
-items, one jobs batch; on SQLite, whose one write lock has no queue, a large map's
-items go :func:`workflows.store.items_per_transaction` at a time, each a batch of
-its own), and the run waits without a slot. An item that succeeds is
+in the same fenced transaction, its first items and their jobs (one bulk insert of
+the items, one jobs batch that counts every item: :func:`workflows.store.
+first_items`, so the workers start on them at once), then the rest in one more
+transaction, which joins the batch (on SQLite, whose one write lock has no queue,
+:func:`workflows.store.items_per_transaction` at a time), and the run waits without
+a slot. An item that succeeds is
 recorded by its job's own finish; the statement that ends the last item job queues
 the batch's ``then`` job, which wakes the run (:func:`workflows.store.items_ended`).
 Its replay reads the items with their jobs in one statement and gathers the results
@@ -61,7 +63,7 @@ class Activities:
         if step is None:
             store.check_item_count(checked, len(payloads))
             args = self._item_args(checked, kind, payloads)
-            first = args[: store.items_per_transaction()]
+            first = args[: store.first_items()]
             now = replay.now()
             # Unflushed: a crash of the server that took it back leaves the next
             # advance to record it again (it holds no result); an item job's claim,
@@ -124,7 +126,9 @@ class Activities:
         while queued < len(args):
             batch = args[queued : queued + size]
             let_writers_in(transaction.get_connection(store.alias()))
-            with self._replay.write():
+            # Unflushed, as the first: lost in a crash of the server, the next advance
+            # queues them again; an item job's claim, durable, flushes them first.
+            with self._replay.write(unflushed=True):
                 store.insert_items(self._replay.run, step, spec, batch, start=queued)
             queued += len(batch)
 

@@ -22,7 +22,7 @@ from django.db.models import Exists, QuerySet
 from django.utils.crypto import salted_hmac
 
 from jobs import store as job_store
-from jobs.models import Job
+from jobs.models import Batch, Job
 from jobs.types import FINISHED_STATUSES, JobStatus, JobSubmission
 from ledon.db import is_postgres
 from ledon.errors import storable_text
@@ -47,15 +47,29 @@ from .waking import advance_job
 #: per transaction on SQLite (:func:`items_per_transaction`).
 ITEM_BATCH = 500
 
+#: Items the checkpoint's own transaction queues at most (:func:`first_items`).
+FIRST_ITEMS = 100
+
 
 def items_per_transaction() -> int | None:
-    """How many items (and their jobs) a transaction queues: all of a map on
-    PostgreSQL (None), which locks rows, not the database; :data:`ITEM_BATCH` on
-    SQLite, whose one write lock would keep every other writer (a worker's claim, a
-    ``start_workflow``) waiting while a large map is queued."""
+    """How many items (and their jobs) a transaction queues after the checkpoint's
+    (:func:`first_items`): all the rest of a map on PostgreSQL (None), which locks
+    rows, not the database; :data:`ITEM_BATCH` on SQLite, whose one write lock would
+    keep every other writer (a worker's claim, a ``start_workflow``) waiting while a
+    large map is queued."""
     if transaction.get_connection(alias()).vendor == "sqlite":
         return ITEM_BATCH
     return None
+
+
+def first_items() -> int:
+    """How many items the transaction that records a map's checkpoint queues with it:
+    :data:`FIRST_ITEMS` (or fewer, as :func:`items_per_transaction` says), so that
+    the workers start on them while the rest are queued, as plain jobs start while
+    more are submitted. Every item job is of one jobs batch all the same
+    (:func:`insert_items`)."""
+    later = items_per_transaction()
+    return FIRST_ITEMS if later is None else min(FIRST_ITEMS, later)
 
 
 #: The salt of an item job's seal (see :func:`insert_items`).
@@ -114,10 +128,12 @@ def insert_items(
 ) -> None:
     """Items ``start`` … ``start + len(args) - 1`` of an activity or map step and one
     job per item, inside the caller's fenced transaction: one bulk insert of the
-    items, then one jobs batch (its row and every job in one bulk submit) in the
-    run's scope, so per-scope limits apply to them. The batch's ``then`` job is the
-    run's advance (:func:`items_wake`): the statement that ends the last item job
-    inserts it, and it takes the run and gathers the items at once.
+    items, then their jobs in one bulk submit, of one jobs batch in the run's scope
+    (so per-scope limits apply to them): from item 0 the batch is staged, counting
+    every item of the step; the items that follow, queued in later transactions,
+    join it (:func:`_batch_to_extend`). The batch's ``then`` job is the run's
+    advance (:func:`items_wake`): the statement that ends the last item job inserts
+    it, and it takes the run and gathers the items at once.
 
     An item's job runs it only if the job is the one staged here: its payload
     carries the item's arguments under a seal of its scope and id (see
@@ -126,7 +142,8 @@ def insert_items(
     it is staged. The activity's retries are the job's: ``retries + 1`` attempts,
     the activity's back-off between them (its handler's policy).
     """
-    prefix = f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{secrets.token_hex(10)}:"
+    extended = None if start == 0 else _batch_to_extend(run.scope_hash, step)
+    prefix = extended or f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{secrets.token_hex(10)}:"
     ids = _insert_rows(step.pk, start, prefix, args)
     count = step.item_count
     seal = _sealer(run.scope_hash, count)
@@ -139,9 +156,42 @@ def insert_items(
             activity.name, payload, queue=activity.queue, max_attempts=activity.retries + 1
         )
         jobs.append((job_id, sub))
-    whole = start == 0 and len(args) == count
+    if extended is not None:
+        job_store.extend_batch(run.scope_hash, prefix[:-1], jobs)
+        return
+    # A batch of every item of the step, or (after an older version queued a map's
+    # first items in a batch of their own) of these alone.
+    whole = start == 0
     then_scope, then_id, then = items_wake(run, step.key, "" if whole else prefix)
-    job_store.stage_batch(run.scope_hash, prefix[:-1], jobs, then, then_as=(then_scope, then_id))
+    job_store.stage_batch(
+        run.scope_hash,
+        prefix[:-1],
+        jobs,
+        then,
+        then_as=(then_scope, then_id),
+        total=count if whole else len(args),
+    )
+
+
+def _batch_to_extend(scope_hash: str, step: Checkpoint) -> str | None:
+    """The job id prefix of the jobs batch of ``step``'s item 0 (of a run of
+    ``scope_hash``) when it counts every item of the step, so items queued after it
+    join it; None when it holds its own jobs alone (an older version's, each batch
+    of a map of its own)."""
+    first = (
+        WorkflowItem.objects.filter(step_id=step.pk, index=0)
+        .values_list("job_id", flat=True)
+        .first()
+    )
+    if first is None:
+        return None
+    prefix = batch_prefix(first)
+    total = (
+        Batch.objects.filter(scope_hash=scope_hash, batch_id=prefix[:-1])
+        .values_list("total", flat=True)
+        .first()
+    )
+    return prefix if total == step.item_count else None
 
 
 def items_wake(run: DrivenRun, step_key: str, prefix: str) -> tuple[str, str, JobSubmission]:
