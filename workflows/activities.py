@@ -77,11 +77,10 @@ class Activities:
                     item_count=len(args),
                     result_json=None if args else "[]",
                 )
-                if args:
-                    store.insert_items(replay.run, step, spec, first)
+                prefix = store.insert_items(replay.run, step, spec, first) if args else None
             replay.record(step)
             if len(first) < len(args):
-                self._queue(step, spec, args, queued=len(first))
+                self._queue(step, spec, args, queued=len(first), prefix=prefix)
             if args:
                 self._queued_here.add(step.pk)
             return step
@@ -114,12 +113,18 @@ class Activities:
         ]
 
     def _queue(
-        self, step: Checkpoint, spec: ActivitySpec, args: list[str], queued: int | None = None
+        self,
+        step: Checkpoint,
+        spec: ActivitySpec,
+        args: list[str],
+        queued: int | None = None,
+        prefix: str | None = None,
     ) -> None:
         """Queue the items (and their jobs) not queued yet (the first ``queued`` are;
         None: ask), :func:`workflows.store.items_per_transaction` per fenced
-        transaction, each a jobs batch of its own, a pause for waiting writers between
-        two (:func:`ledon.bulk.let_writers_in`)."""
+        transaction, into the jobs batch of the first (``prefix``: its job ids'
+        prefix; None: ask), a pause for waiting writers between two
+        (:func:`ledon.bulk.let_writers_in`)."""
         if queued is None:
             queued = store.items_queued(step)
         size = store.items_per_transaction() or len(args)
@@ -129,7 +134,9 @@ class Activities:
             # Unflushed, as the first: lost in a crash of the server, the next advance
             # queues them again; an item job's claim, durable, flushes them first.
             with self._replay.write(unflushed=True):
-                store.insert_items(self._replay.run, step, spec, batch, start=queued)
+                prefix = store.insert_items(
+                    self._replay.run, step, spec, batch, start=queued, prefix=prefix
+                )
             queued += len(batch)
 
     def _fan_in(self, step: Checkpoint, items: list[Item]) -> Checkpoint:

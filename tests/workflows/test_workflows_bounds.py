@@ -116,12 +116,12 @@ def test_a_large_map_is_queued_in_batches_each_committed_on_its_own(monkeypatch)
     seen_by_others: list[int] = []
     real = store.insert_items
 
-    def insert_items(step: Any, *args: Any, start: int = 0) -> None:
+    def insert_items(step: Any, *args: Any, start: int = 0, **kwargs: Any) -> str:
         # What another connection sees as each batch is queued: the batches before.
         count = in_own_connection(lambda: WorkflowItem.objects.count())
         (outcome,) = run_concurrently(count)
         seen_by_others.append(outcome.value)
-        real(step, *args, start=start)
+        return real(step, *args, start=start, **kwargs)
 
     monkeypatch.setattr(store, "insert_items", insert_items)
     start_workflow(SCOPE, "batches-1", "bounds.echoes", [10, 11, 12, 13, 14])
@@ -138,11 +138,11 @@ def test_a_driver_stopped_between_batches_is_replayed_to_queue_the_rest(monkeypa
     real = store.insert_items
     calls: list[int] = []
 
-    def insert_items(step: Any, *args: Any, start: int = 0) -> None:
+    def insert_items(step: Any, *args: Any, start: int = 0, **kwargs: Any) -> str:
         calls.append(start)
         if len(calls) == 2:  # the driver dies as it queues the second batch
             raise OperationalError("the connection was lost")
-        real(step, *args, start=start)
+        return real(step, *args, start=start, **kwargs)
 
     monkeypatch.setattr(store, "insert_items", insert_items)
     start_workflow(SCOPE, "stopped-1", "bounds.echoes", [1, 2, 3, 4, 5])

@@ -124,14 +124,21 @@ def sealed_item(scope_hash: str, job_id: str, payload: Any) -> SealedItem | None
 
 
 def insert_items(
-    run: DrivenRun, step: Checkpoint, activity: Any, args: list[str], *, start: int = 0
-) -> None:
+    run: DrivenRun,
+    step: Checkpoint,
+    activity: Any,
+    args: list[str],
+    *,
+    start: int = 0,
+    prefix: str | None = None,
+) -> str:
     """Items ``start`` … ``start + len(args) - 1`` of an activity or map step and one
     job per item, inside the caller's fenced transaction: one bulk insert of the
     items, then their jobs in one bulk submit, of one jobs batch in the run's scope
     (so per-scope limits apply to them): from item 0 the batch is staged, counting
     every item of the step; the items that follow, queued in later transactions,
-    join it (:func:`_batch_to_extend`). The batch's ``then`` job is the run's
+    join it (``prefix``: the job id prefix of item 0's batch, as this returned it;
+    None: read by :func:`_batch_to_extend`). The batch's ``then`` job is the run's
     advance (:func:`items_wake`): the statement that ends the last item job inserts
     it, and it takes the run and gathers the items at once.
 
@@ -142,7 +149,7 @@ def insert_items(
     it is staged. The activity's retries are the job's: ``retries + 1`` attempts,
     the activity's back-off between them (its handler's policy).
     """
-    extended = None if start == 0 else _batch_to_extend(run.scope_hash, step)
+    extended = None if start == 0 else prefix or _batch_to_extend(run.scope_hash, step)
     prefix = extended or f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{secrets.token_hex(10)}:"
     ids = _insert_rows(step.pk, start, prefix, args)
     count = step.item_count
@@ -158,7 +165,7 @@ def insert_items(
         jobs.append((job_id, sub))
     if extended is not None:
         job_store.extend_batch(run.scope_hash, prefix[:-1], jobs)
-        return
+        return prefix
     # A batch of every item of the step, or (after an older version queued a map's
     # first items in a batch of their own) of these alone.
     whole = start == 0
@@ -171,6 +178,7 @@ def insert_items(
         then_as=(then_scope, then_id),
         total=count if whole else len(args),
     )
+    return prefix if whole else ""
 
 
 def _batch_to_extend(scope_hash: str, step: Checkpoint) -> str | None:
