@@ -23,6 +23,7 @@ from django.db import transaction
 
 from ledon.bulk import let_writers_in
 from ledon.errors import storable_text
+from ledon.faults import fault_point
 
 from . import store, validation
 from .registry import ActivitySpec
@@ -143,6 +144,7 @@ class Activities:
         """Every item has ended (``items``, as they stand): record the checkpoint
         Succeeded with the results in the items' order, or Failed with the first
         failure, and how each item ended on its row."""
+        fault_point("workflows.map.fan_in", step=step.pk)
         replay = self._replay
         key, kind = step.key, step.kind
         failed = [item for item in items if item.status != StepStatus.SUCCEEDED]

@@ -219,18 +219,21 @@ def test_the_picture_counts_items_as_their_jobs_stand_until_the_fan_in():
     assert list(WorkflowItem.objects.values_list("attempts", flat=True)) == [1] * 3
 
 
-def test_the_advance_after_a_maps_items_failing_for_good_before_its_take_wakes_it_again():
-    start_workflow(SCOPE, "wake-fails", "itemrecords.map", {"items": 2})
-    run_jobs_inline(queues=["default"], max_attempts_run=1)
-    run_jobs_inline(queues=[QUEUE])
-    wake = Job.objects.get(job_id__contains=":items:", status="queued")
-    # Its tries spent on an outage before it took the run: it ends Failed.
-    claim = execution.try_start(wake.scope_hash, wake.job_id, worker_id="w")
+def fail_for_good_on_an_outage(job: Job) -> None:
+    """``job``'s tries spent on an outage: it ends Failed, and its worker tells."""
+    claim = execution.try_start(job.scope_hash, job.job_id, worker_id="w")
     assert claim is not None
     outcome = execution.fail(claim.token, "OperationalError: the database went away")
     assert outcome is FinishOutcome.FAILED
     assert not Job.objects.filter(status="queued").exists()
     finished_attempt(claim, outcome, retry_scheduled=False)  # as the worker does
+
+
+def test_the_advance_after_a_maps_items_failing_for_good_before_its_take_wakes_it_again():
+    start_workflow(SCOPE, "wake-fails", "itemrecords.map", {"items": 2})
+    run_jobs_inline(queues=["default"], max_attempts_run=1)
+    run_jobs_inline(queues=[QUEUE])
+    fail_for_good_on_an_outage(Job.objects.get(job_id__contains=":items:", status="queued"))
     run_jobs_inline(queues=["default"])
     assert WorkflowScope(SCOPE).get("wake-fails").output == [0, 1]
 
@@ -240,13 +243,6 @@ def test_an_older_versions_job_that_wakes_the_run_failing_for_good_still_wakes_i
     run_jobs_inline(queues=["default"], max_attempts_run=1)
     as_an_older_version_staged("then-fails")
     run_jobs_inline(queues=[QUEUE])
-    then = Job.objects.get(handler=ITEMS_ENDED_HANDLER)
-    # Its tries spent on an outage: it ends Failed without having woken the run.
-    claim = execution.try_start(then.scope_hash, then.job_id, worker_id="w")
-    assert claim is not None
-    outcome = execution.fail(claim.token, "OperationalError: the database went away")
-    assert outcome is FinishOutcome.FAILED
-    assert not Job.objects.filter(job_id__contains=":items:").exists()
-    finished_attempt(claim, outcome, retry_scheduled=False)  # as the worker does
+    fail_for_good_on_an_outage(Job.objects.get(handler=ITEMS_ENDED_HANDLER))
     run_jobs_inline(queues=["default"])
     assert WorkflowScope(SCOPE).get("then-fails").output == [0, 1]
