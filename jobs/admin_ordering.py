@@ -127,10 +127,10 @@ class BatchAdmin(ReadOnlyModelAdmin[Batch]):
     def then(self, obj: Batch) -> SafeString | str:
         if obj.then_handler is None:
             return "-"
-        job_id = then_job_id(obj.batch_id)
+        job_id = obj.then_job_id or then_job_id(obj.batch_id)
         if obj.pending:
             return f"{obj.then_handler}, submitted as {job_id!r} when the last job ends"
-        return _job_link(obj.scope_hash, job_id)
+        return _job_link(obj.then_scope_hash or obj.scope_hash, job_id)
 
 
 class HaltedFilter(admin.SimpleListFilter):

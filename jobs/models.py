@@ -470,7 +470,10 @@ class Batch(models.Model):
     cancelled = models.BigIntegerField(default=0)
     expired = models.BigIntegerField(default=0)
     # The ``then`` submission (NULL handler: none), submitted as job
-    # ``"<batch_id>:then"`` of the scope.
+    # ``"<batch_id>:then"`` of the scope, or as ``then_job_id`` of ``then_scope_hash``
+    # when trusted code staged it there (never through a scope's own API).
+    then_scope_hash = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
+    then_job_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     then_handler = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     then_version = models.PositiveIntegerField(null=True, blank=True)
     then_payload_json = models.TextField(null=True, blank=True)  # noqa: DJ001

@@ -2,10 +2,12 @@
 activity's own handler on any worker, and a fan-in once none is left running.
 
 The first advance that reaches the checkpoint records it with its item count and,
-in the same fenced transaction, its items and their jobs (one bulk insert of the
-items, one jobs batch; on SQLite, whose one write lock has no queue, a large map's
-items go :func:`workflows.store.items_per_transaction` at a time, each a batch of
-its own), and the run waits without a slot. An item that succeeds is
+in the same fenced transaction, its first items and their jobs (one bulk insert of
+the items, one jobs batch that counts every item: :func:`workflows.store.
+first_items`, so the workers start on them at once), then the rest in one more
+transaction, which joins the batch (on SQLite, whose one write lock has no queue,
+:func:`workflows.store.items_per_transaction` at a time), and the run waits without
+a slot. An item that succeeds is
 recorded by its job's own finish; the statement that ends the last item job queues
 the batch's ``then`` job, which wakes the run (:func:`workflows.store.items_ended`).
 Its replay reads the items with their jobs in one statement and gathers the results
@@ -21,6 +23,7 @@ from django.db import transaction
 
 from ledon.bulk import let_writers_in
 from ledon.errors import storable_text
+from ledon.faults import fault_point
 
 from . import store, validation
 from .registry import ActivitySpec
@@ -61,7 +64,7 @@ class Activities:
         if step is None:
             store.check_item_count(checked, len(payloads))
             args = self._item_args(checked, kind, payloads)
-            first = args[: store.items_per_transaction()]
+            first = args[: store.first_items()]
             now = replay.now()
             # Unflushed: a crash of the server that took it back leaves the next
             # advance to record it again (it holds no result); an item job's claim,
@@ -75,11 +78,10 @@ class Activities:
                     item_count=len(args),
                     result_json=None if args else "[]",
                 )
-                if args:
-                    store.insert_items(replay.run, step, spec, first)
+                prefix = store.insert_items(replay.run, step, spec, first) if args else None
             replay.record(step)
             if len(first) < len(args):
-                self._queue(step, spec, args, queued=len(first))
+                self._queue(step, spec, args, queued=len(first), prefix=prefix)
             if args:
                 self._queued_here.add(step.pk)
             return step
@@ -112,26 +114,37 @@ class Activities:
         ]
 
     def _queue(
-        self, step: Checkpoint, spec: ActivitySpec, args: list[str], queued: int | None = None
+        self,
+        step: Checkpoint,
+        spec: ActivitySpec,
+        args: list[str],
+        queued: int | None = None,
+        prefix: str | None = None,
     ) -> None:
         """Queue the items (and their jobs) not queued yet (the first ``queued`` are;
         None: ask), :func:`workflows.store.items_per_transaction` per fenced
-        transaction, each a jobs batch of its own, a pause for waiting writers between
-        two (:func:`ledon.bulk.let_writers_in`)."""
+        transaction, into the jobs batch of the first (``prefix``: its job ids'
+        prefix; None: ask), a pause for waiting writers between two
+        (:func:`ledon.bulk.let_writers_in`)."""
         if queued is None:
             queued = store.items_queued(step)
         size = store.items_per_transaction() or len(args)
         while queued < len(args):
             batch = args[queued : queued + size]
             let_writers_in(transaction.get_connection(store.alias()))
-            with self._replay.write():
-                store.insert_items(self._replay.run, step, spec, batch, start=queued)
+            # Unflushed, as the first: lost in a crash of the server, the next advance
+            # queues them again; an item job's claim, durable, flushes them first.
+            with self._replay.write(unflushed=True):
+                prefix = store.insert_items(
+                    self._replay.run, step, spec, batch, start=queued, prefix=prefix
+                )
             queued += len(batch)
 
     def _fan_in(self, step: Checkpoint, items: list[Item]) -> Checkpoint:
         """Every item has ended (``items``, as they stand): record the checkpoint
         Succeeded with the results in the items' order, or Failed with the first
         failure, and how each item ended on its row."""
+        fault_point("workflows.map.fan_in", step=step.pk)
         replay = self._replay
         key, kind = step.key, step.kind
         failed = [item for item in items if item.status != StepStatus.SUCCEEDED]

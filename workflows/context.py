@@ -18,8 +18,8 @@ check passed, nothing written yet; outside any transaction),
 ``workflows.step.before_checkpoint`` (a step's work done, its checkpoint not yet
 committed), ``workflows.step.after_checkpoint``, ``workflows.timer.wake`` (a timer's
 checkpoint about to commit as fired). The engine offers ``workflows.advance.suspend``
-(an advance about to wait; outside any transaction). The store offers
-``workflows.map.fan_in`` (an item's end about to be written),
+(an advance about to wait; outside any transaction) and ``workflows.map.fan_in``
+(every item of a map ended, its fan-in about to be written). The store offers
 ``workflows.map.item_ended`` (written, its run not yet woken),
 ``workflows.signal.deliver``, ``workflows.take.refused`` (an advance job refused a
 run: a Running one keeps the wake-up it left) and

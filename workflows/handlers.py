@@ -46,8 +46,9 @@ def advance_run(ctx: JobContext) -> None:
 
 @job_handler(ITEMS_ENDED_HANDLER, version=1, max_snoozes=MAX_SNOOZES_LIMIT, library=True)
 def wake_after_items(ctx: JobContext) -> None:
-    """The ``then`` job of a map's item jobs, queued by the statement that ended the
-    last of them: wake the run (see :func:`workflows.store.items_ended`)."""
+    """The ``then`` job of the item jobs of a map staged by an earlier version (a
+    map's is now the run's advance), queued by the statement that ended the last of
+    them: wake the run (see :func:`workflows.store.items_ended`)."""
     items_ended(ctx.scope_hash, ctx.job_id, ctx.payload, current_time())
 
 

@@ -40,7 +40,11 @@ def on_attempt_finished(
         return
     if claim.handler == store.ADVANCE_HANDLER:
         if claim.scope_hash == store.advance_scope_hash():
-            let_go_runs_of_ended_jobs(current_time(), limit=1, job_id=claim.job_id)
+            now = current_time()
+            if not let_go_runs_of_ended_jobs(now, limit=1, job_id=claim.job_id):
+                # The wake after a map's items, failed for good before it took the
+                # run: the run is woken once more (nothing else would wake it).
+                store.items_wake_ended(claim.job_id, now)
         return
     if claim.handler == store.ITEMS_ENDED_HANDLER:
         # The job that wakes a run after its map's items failed for good (its tries

@@ -29,6 +29,8 @@ typed error. Nothing else in the app writes to ``jobs_job`` or ``jobs_jobattempt
     set_weight ................ a scope's share of fair queues        shares
     expire_due ................ QUEUED past its start deadline -> EXPIRED   expiry
     submit_batch / stage_batch  (new batch) -> its jobs QUEUED          batches
+    extend_batch .............. (a batch staged with more to come) -> its   batches
+                                later jobs QUEUED
 
 Every move into, out of or between final states also moves the job's batch and
 sequence, in the same transaction: :mod:`.endings`.
@@ -54,6 +56,7 @@ from ..submit_rules import NO_RULES as NO_RULES
 # transitions it runs, not the admin's bulk operations nor the reads of why a job waits.
 if TYPE_CHECKING:  # for type checkers; ``as`` marks each name as re-exported
     from .base import current_time as current_time
+    from .batches import extend_batch as extend_batch
     from .batches import get_batch as get_batch
     from .batches import stage_batch as stage_batch
     from .batches import submit_batch as submit_batch
@@ -101,6 +104,7 @@ _LAZY = exported(
         "batches": (
             "get_batch",
             "stage_batch",
+            "extend_batch",
             "submit_batch",
         ),
         "claiming": ("complete_and_claim",),

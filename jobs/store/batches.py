@@ -53,12 +53,19 @@ def _identity(sub: JobSubmission) -> list[Any]:
     return [*values, sub.rules.sequence_key]
 
 
-def digest(jobs: Sequence[tuple[str, JobSubmission]], then: JobSubmission | None) -> str:
+def digest(
+    jobs: Sequence[tuple[str, JobSubmission]],
+    then: JobSubmission | None,
+    then_as: tuple[str, str] | None = None,
+) -> str:
     """What makes two batches of one id the same: their jobs (by job id, whatever their
-    order) and their ``then``."""
+    order) and their ``then`` (with the scope and id it goes to, when named)."""
+    then_identity = None if then is None else _identity(then)
+    if then_identity is not None and then_as is not None:
+        then_identity.append(list(then_as))
     text = json.dumps(
         [
-            None if then is None else _identity(then),
+            then_identity,
             sorted([job_id, *_identity(sub)] for job_id, sub in jobs),
         ],
         separators=(",", ":"),
@@ -78,11 +85,17 @@ def batch_snapshot(batch: Batch, *, created: bool = False) -> BatchSnapshot:
         cancelled=batch.cancelled,
         expired=batch.expired,
         pending=batch.pending,
-        then_job_id=None if batch.then_handler is None else then_job_id(batch.batch_id),
+        then_job_id=_then_of(batch.then_handler, batch.then_scope_hash, batch.batch_id),
         created_at=batch.created_at,
         finished_at=batch.finished_at,
         created=created,
     )
+
+
+def _then_of(handler: str | None, then_scope_hash: str | None, batch_id: str) -> str | None:
+    """The id of a batch's ``then`` job as its scope sees it: None without one, or for
+    one staged into another scope (no job of the batch's scope)."""
+    return None if handler is None or then_scope_hash is not None else then_job_id(batch_id)
 
 
 def get_batch(scope_hash: str, batch_id: str) -> BatchSnapshot | None:
@@ -97,17 +110,24 @@ def _create(
     jobs: Sequence[tuple[str, JobSubmission]],
     then: JobSubmission | None,
     now: datetime,
+    then_as: tuple[str, str] | None = None,
+    total: int | None = None,
 ) -> BatchSnapshot:
     """The batch in the current transaction: its row, then its jobs; or the stored
     batch if it is the same. Raises ``BatchIdentityConflict`` — the caller's
-    transaction must then roll back — for another batch of the id, or a job id taken."""
+    transaction must then roll back — for another batch of the id, or a job id taken.
+    ``then_as``: the scope hash and job id of the ``then`` job (None: its own).
+    ``total``: its jobs, those to come included (None: ``jobs`` alone)."""
     connection = connection_for(Job)
-    fingerprint = digest(jobs, then)
+    fingerprint = digest(jobs, then, then_as)
+    total = len(jobs) if total is None else total
     params = {
         "scope_hash": scope_hash,
         "batch_id": batch_id,
         "digest": fingerprint,
-        "total": len(jobs),
+        "total": total,
+        "then_scope_hash": None if then is None or then_as is None else then_as[0],
+        "then_job_id": None if then is None or then_as is None else then_as[1],
         "then_handler": None if then is None else then.handler,
         "then_version": None if then is None else then.handler_version,
         "then_payload_json": None if then is None else then.payload_json,
@@ -128,6 +148,36 @@ def _create(
         if stored.digest != fingerprint:
             raise BatchIdentityConflict(batch_id, "it exists with other jobs or another then")
         return batch_snapshot(stored)
+    _insert_jobs(connection, scope_hash, batch_id, jobs, now)
+    return BatchSnapshot(
+        scope_hash=scope_hash,
+        batch_id=batch_id,
+        total=total,
+        succeeded=0,
+        failed=0,
+        cancelled=0,
+        expired=0,
+        pending=total,
+        then_job_id=_then_of(
+            None if then is None else then.handler,
+            None if then_as is None else then_as[0],
+            batch_id,
+        ),
+        created_at=now,
+        finished_at=None,
+        created=True,
+    )
+
+
+def _insert_jobs(
+    connection: BaseDatabaseWrapper,
+    scope_hash: str,
+    batch_id: str,
+    jobs: Sequence[tuple[str, JobSubmission]],
+    now: datetime,
+) -> None:
+    """The jobs of batch ``batch_id`` of the scope, all new, in the current
+    transaction (:func:`_insert_members`); their ``jobs_enqueued`` on its commit."""
     items = [(scope_hash, job_id, sub) for job_id, sub in jobs]
     _insert_members(connection, batch_id, items, now)
     if jobs_enqueued.receivers:
@@ -138,20 +188,6 @@ def _create(
             ),
             using=alias_for(Job),
         )
-    return BatchSnapshot(
-        scope_hash=scope_hash,
-        batch_id=batch_id,
-        total=len(jobs),
-        succeeded=0,
-        failed=0,
-        cancelled=0,
-        expired=0,
-        pending=len(jobs),
-        then_job_id=None if then is None else then_job_id(batch_id),
-        created_at=now,
-        finished_at=None,
-        created=True,
-    )
 
 
 def _insert_members(
@@ -216,15 +252,49 @@ def stage_batch(
     then: JobSubmission | None,
     *,
     now: datetime | None = None,
+    then_as: tuple[str, str] | None = None,
+    total: int | None = None,
 ) -> BatchSnapshot:
     """Create the batch and its jobs inside the caller's open transaction; on a conflict
-    or any database error the transaction is marked for rollback first."""
+    or any database error the transaction is marked for rollback first.
+
+    Trusted code only (no scope's API passes them): ``then_as``, the scope hash and
+    job id the ``then`` job is inserted as, instead of ``"<batch id>:then"`` of the
+    batch's scope (a job of that id already there is kept, as a second ``then`` of a
+    batch opened again by a retry is); ``total``, the batch's jobs with those its
+    stager adds later (:func:`extend_batch`), counted pending from now, so that its
+    ``then`` waits for them too."""
     alias = alias_for(Job)
     if not in_caller_atomic_block(transaction.get_connection(alias)):
         raise TransactionRequiredError()
     now = current_time(now)
     try:
-        return _create(scope_hash, batch_id, jobs, then, now)
+        return _create(scope_hash, batch_id, jobs, then, now, then_as, total)
+    except (BatchIdentityConflict, JobIdentityUnresolved, DatabaseError):
+        transaction.set_rollback(True, using=alias)
+        raise
+
+
+def extend_batch(
+    scope_hash: str,
+    batch_id: str,
+    jobs: Sequence[tuple[str, JobSubmission]],
+    *,
+    now: datetime | None = None,
+) -> None:
+    """Insert more jobs of batch ``batch_id`` of the scope, staged with a ``total``
+    that counts them (:func:`stage_batch`), inside the caller's open transaction:
+    their batch's counts already hold them. Trusted code only, which keeps within the
+    total it staged. ``JobIdentityUnresolved`` if the batch is not there; on that,
+    a job id taken or any database error the transaction is marked for rollback."""
+    alias = alias_for(Job)
+    if not in_caller_atomic_block(transaction.get_connection(alias)):
+        raise TransactionRequiredError()
+    now = current_time(now)
+    try:
+        if not Batch.objects.filter(scope_hash=scope_hash, batch_id=batch_id).exists():
+            raise JobIdentityUnresolved([batch_id])
+        _insert_jobs(connection_for(Job), scope_hash, batch_id, jobs, now)
     except (BatchIdentityConflict, JobIdentityUnresolved, DatabaseError):
         transaction.set_rollback(True, using=alias)
         raise

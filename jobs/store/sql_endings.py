@@ -131,8 +131,8 @@ def _sequence_upsert(moves: str) -> str:
 #: (:data:`jobs.store.sql_submit.NEW_JOB_COLUMNS`, a test holds them equal), from its
 #: batch's row.
 THEN_VALUES = {
-    "scope_hash": "b.scope_hash",
-    "job_id": "b.batch_id || ':then'",
+    "scope_hash": "COALESCE(b.then_scope_hash, b.scope_hash)",
+    "job_id": "COALESCE(b.then_job_id, b.batch_id || ':then')",
     "handler": "b.then_handler",
     "handler_version": "b.then_version",
     "payload_json": "b.then_payload_json",
@@ -160,7 +160,8 @@ THEN_VALUES = {
 
 def _then_insert(batches: str, *, notify: bool = False) -> str:
     """Insert the ``then`` job of every batch of ``batches`` (a query of ``scope_hash``
-    and ``batch_id``) that has one: job ``"<batch id>:then"`` of its scope, due at its
+    and ``batch_id``) that has one: job ``"<batch id>:then"`` of its scope (or the id
+    and scope its stager named), due at its
     not-before time or ``now``, placed at ``now_place`` as a job due then. On
     PostgreSQL a due one wakes the workers (on ``channel``, delivered on commit).
     Returns each inserted job's ``queue`` and ``next_run_at``."""
@@ -427,14 +428,17 @@ HOLD_ONE = f"UPDATE {JOB} SET sequence_held = TRUE WHERE id = %(id)s AND status 
 # --------------------------------------------------------------------------- batches
 
 #: A new batch (``scope_hash``, ``batch_id``) of ``total`` jobs, all pending, with its
-#: ``digest`` and ``then`` (``then_handler`` NULL: none), created at ``now``; nothing
+#: ``digest`` and ``then`` (``then_handler`` NULL: none; ``then_scope_hash`` and
+#: ``then_job_id`` NULL: ``"<batch id>:then"`` of its scope), created at ``now``; nothing
 #: if the batch id is taken. Returns the new row's ``id``.
 INSERT_BATCH = (
     f"INSERT INTO {BATCH} (scope_hash, batch_id, digest, total, pending, succeeded, failed,"
-    " cancelled, expired, then_handler, then_version, then_payload_json, then_queue,"
-    " then_priority, then_max_attempts, then_cost, then_not_before, trace_context, created_at)"
+    " cancelled, expired, then_scope_hash, then_job_id, then_handler, then_version,"
+    " then_payload_json, then_queue, then_priority, then_max_attempts, then_cost,"
+    " then_not_before, trace_context, created_at)"
     " VALUES (%(scope_hash)s, %(batch_id)s, %(digest)s, %(total)s, %(total)s, 0, 0, 0, 0,"
-    " %(then_handler)s, %(then_version)s, %(then_payload_json)s, %(then_queue)s,"
-    " %(then_priority)s, %(then_max_attempts)s, %(then_cost)s, %(then_not_before)s,"
+    " %(then_scope_hash)s, %(then_job_id)s, %(then_handler)s, %(then_version)s,"
+    " %(then_payload_json)s, %(then_queue)s, %(then_priority)s, %(then_max_attempts)s,"
+    " %(then_cost)s, %(then_not_before)s,"
     " %(trace_context)s, %(now)s) ON CONFLICT (scope_hash, batch_id) DO NOTHING RETURNING id"
 )

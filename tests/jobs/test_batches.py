@@ -220,6 +220,32 @@ class TestFanIn:
         assert (done.succeeded, done.failed, done.pending, done.status) == (2, 1, 0, "done")
         assert done.finished_at is not None
 
+    def test_a_then_staged_into_another_scope_is_inserted_there_as_named(self) -> None:
+        # Trusted code (the workflows' maps) names the scope and id of the job that
+        # follows a batch: the statement that ends its last job inserts that one.
+        scope_hash, elsewhere = JobScope(SCOPE).scope_hash, JobScope("elsewhere").scope_hash
+        with transaction.atomic():
+            staged = store.stage_batch(
+                scope_hash, "imp", [row(1), row(2)], THEN, then_as=(elsewhere, "next-step")
+            )
+        assert staged.then_job_id is None  # no job of the batch's scope follows it
+        claims = claim_all()
+        for claim in claims[:-1]:
+            execution.complete(claim.token)
+        assert not Job.objects.filter(job_id="next-step").exists()
+        execution.complete(claims[-1].token)
+        assert not then_jobs()
+        then = Job.objects.get(job_id="next-step")
+        assert (then.scope_hash, then.handler, then.payload_json, then.status) == (
+            elsewhere,
+            "imports.done",
+            '{"import":9}',
+            JobStatus.QUEUED,
+        )
+        # The same batch with its then elsewhere is another batch.
+        with pytest.raises(BatchIdentityConflict), transaction.atomic():
+            store.stage_batch(scope_hash, "imp", [row(1), row(2)], THEN)
+
     def test_then_keeps_its_submission_cost_and_priority_included(self) -> None:
         then = JobSubmission.create("imports.done", {}, cost=7, priority=3, max_attempts=2)
         submit_batch(SCOPE, "imp", [row(1)], then=then)

@@ -141,10 +141,10 @@ def test_sigkill_around_an_inline_checkpoint_runs_no_recorded_step_again(workers
         ("workflows.item.before_record@1:kill", 1),
         ("workflows.item.before_record@7:kill", 1),
         # One handler thread: the 20th item is the last, whose job's finish queues
-        # the job that wakes the run.
+        # the run's advance.
         ("workflows.item.before_record@20:kill", 1),
-        # Every item recorded by its job, the run not yet woken: the job that wakes
-        # it runs again (no activity runs again) and wakes the run once.
+        # Every item recorded by its job, the fan-in not yet written: the run's
+        # advance runs again (no activity runs again) and fans in once.
         ("workflows.map.fan_in@1:kill", 0),
     ],
 )

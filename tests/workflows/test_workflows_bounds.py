@@ -13,7 +13,7 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
 from jobs import JobStatus
-from jobs.models import Job
+from jobs.models import Batch, Job
 from jobs.types import FinishOutcome
 from tests.conftest import in_own_connection, is_postgres, run_concurrently
 from tests.support.workflows import later_clock
@@ -96,29 +96,32 @@ def test_a_large_map_is_queued_with_its_checkpoint_in_one_bulk_submit_on_postgre
     # (In a fair queue the batch also takes its places from a lane: not a job insert.)
     job_inserts = [sql for sql in inserts if "INSERT INTO jobs_job " in sql]
     batch_inserts = [sql for sql in inserts if "INSERT INTO jobs_batch " in sql]
-    # PostgreSQL: one jobs batch, its row and one insert of every job, and one insert
-    # of the items. SQLite: a batch of 500 per transaction (its jobs inserted in
-    # chunks of its limit of bound parameters).
+    # One jobs batch of every item: its row with the checkpoint and its first 100
+    # items (their jobs start at once), then the rest, which join it: in one insert
+    # of the items and one of their jobs on PostgreSQL; 500 per transaction on SQLite
+    # (its jobs inserted in chunks of its limit of bound parameters).
     if is_postgres():
-        assert (len(batch_inserts), len(job_inserts), len(item_inserts)) == (1, 1, 1)
+        assert (len(batch_inserts), len(job_inserts), len(item_inserts)) == (1, 2, 2)
     else:
-        assert (len(batch_inserts), len(item_inserts)) == (3, 3)
-        assert 3 <= len(job_inserts) <= 9, job_inserts
+        assert (len(batch_inserts), len(item_inserts)) == (1, 4)
+        assert 4 <= len(job_inserts) <= 12, job_inserts
     assert Job.objects.filter(handler="bounds.echo", status=JobStatus.QUEUED).count() == len(items)
 
 
 def test_a_large_map_is_queued_in_batches_each_committed_on_its_own(monkeypatch):
-    # (On SQLite a map's items go 500 per transaction, all at once on PostgreSQL.)
+    # (A map's first 100 items go with its checkpoint, then on SQLite 500 per
+    # transaction, the rest at once on PostgreSQL.)
+    monkeypatch.setattr(store, "first_items", lambda: 2)
     monkeypatch.setattr(store, "items_per_transaction", lambda: 2)
     seen_by_others: list[int] = []
     real = store.insert_items
 
-    def insert_items(step: Any, *args: Any, start: int = 0) -> None:
+    def insert_items(step: Any, *args: Any, start: int = 0, **kwargs: Any) -> str:
         # What another connection sees as each batch is queued: the batches before.
         count = in_own_connection(lambda: WorkflowItem.objects.count())
         (outcome,) = run_concurrently(count)
         seen_by_others.append(outcome.value)
-        real(step, *args, start=start)
+        return real(step, *args, start=start, **kwargs)
 
     monkeypatch.setattr(store, "insert_items", insert_items)
     start_workflow(SCOPE, "batches-1", "bounds.echoes", [10, 11, 12, 13, 14])
@@ -130,15 +133,16 @@ def test_a_large_map_is_queued_in_batches_each_committed_on_its_own(monkeypatch)
 
 
 def test_a_driver_stopped_between_batches_is_replayed_to_queue_the_rest(monkeypatch):
+    monkeypatch.setattr(store, "first_items", lambda: 2)
     monkeypatch.setattr(store, "items_per_transaction", lambda: 2)
     real = store.insert_items
     calls: list[int] = []
 
-    def insert_items(step: Any, *args: Any, start: int = 0) -> None:
+    def insert_items(step: Any, *args: Any, start: int = 0, **kwargs: Any) -> str:
         calls.append(start)
         if len(calls) == 2:  # the driver dies as it queues the second batch
             raise OperationalError("the connection was lost")
-        real(step, *args, start=start)
+        return real(step, *args, start=start, **kwargs)
 
     monkeypatch.setattr(store, "insert_items", insert_items)
     start_workflow(SCOPE, "stopped-1", "bounds.echoes", [1, 2, 3, 4, 5])
@@ -155,6 +159,9 @@ def test_a_driver_stopped_between_batches_is_replayed_to_queue_the_rest(monkeypa
     assert snap.output == [1, 2, 3, 4, 5]
     assert calls == [0, 2, 2, 4]
     assert WorkflowItem.objects.count() == 5
+    # The rest joined the batch staged with the first items, which counted them.
+    assert list(Batch.objects.values_list("total", "pending")) == [(5, 0)]
+    assert Job.objects.filter(handler="bounds.echo", batch_id__isnull=False).count() == 5
 
 
 def test_results_too_large_fail_the_map_as_items_end_not_after_all_ran(settings):

@@ -84,6 +84,5 @@ def test_the_jobs_admin_hides_advance_jobs_and_lists_item_jobs(admin_client: Cli
         "checks.double",
         "checks.double",
         store.ADVANCE_HANDLER,
-        store.ADVANCE_HANDLER,
-        store.ITEMS_ENDED_HANDLER,
+        store.ADVANCE_HANDLER,  # the items' batch's then: the run's advance, no hop
     ]

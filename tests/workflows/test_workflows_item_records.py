@@ -2,7 +2,9 @@
 beyond its job's claim and finish, the run's picture counts it as its job stands
 until the fan-in copies it onto its row, and the fan-in reads the item jobs as one
 set, whatever the map's size. The advance that queues the items never reads them
-back, and the job that follows them wakes the run after two reads."""
+back, and the statement that ends the last item job queues the run's advance itself
+(a map staged by an older version has a job of its own that wakes the run after two
+reads)."""
 
 from __future__ import annotations
 
@@ -14,13 +16,13 @@ from django.test.utils import CaptureQueriesContext
 
 from jobs import JobContext, execution, job_handler
 from jobs.api import submit_batch
-from jobs.models import Job
+from jobs.models import Batch, Job
 from jobs.signals import finished_attempt
 from jobs.testing import run_jobs_inline
 from jobs.types import FinishOutcome, JobSubmission
 from workflows import StepStatus, WorkflowContext, WorkflowScope, activity, start_workflow, workflow
-from workflows.models import WorkflowItem
-from workflows.store import ITEMS_ENDED_HANDLER
+from workflows.models import WorkflowItem, WorkflowStep
+from workflows.store import ADVANCE_HANDLER, ITEMS_ENDED_HANDLER, advance_scope_hash
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -103,11 +105,39 @@ def test_the_advance_that_queues_a_maps_items_never_reads_them_back():
     assert not [text for text in reads if "workflowitem" in text or "jobs_batch" in text]
 
 
-def test_the_job_that_follows_a_maps_items_wakes_its_run_after_two_reads():
-    # Before, it read the map, its first item, the batch, the map again, its last
-    # item and its run: six reads and one more, of its step, to check the job.
+def test_the_statement_that_ends_a_maps_last_item_queues_its_runs_advance():
+    # Before, it queued a job of its own, which read the map and its batch and
+    # queued the advance: one more claim, two reads, a transaction and a finish.
     start_workflow(SCOPE, "woken", "itemrecords.map", {"items": 4})
     run_jobs_inline(queues=["default"], max_attempts_run=1)
+    run_jobs_inline(queues=[QUEUE])
+    queued = Job.objects.filter(status="queued")
+    assert list(queued.values_list("scope_hash", "handler")) == [
+        (advance_scope_hash(), ADVANCE_HANDLER)
+    ]
+    assert ":items:" in queued.get().job_id
+    assert not Job.objects.filter(handler=ITEMS_ENDED_HANDLER).exists()
+    run_jobs_inline(queues=["default"], max_attempts_run=1)  # that advance alone
+    assert WorkflowScope(SCOPE).get("woken").output == [0, 1, 2, 3]
+
+
+def as_an_older_version_staged(run_id: str) -> None:
+    """Make the items' batch of run ``run_id``'s map what an older version staged: a
+    ``then`` job of its own, in the run's scope, that wakes the run."""
+    step = WorkflowStep.objects.get(run__run_id=run_id)
+    updated = Batch.objects.filter(batch_id__startswith=f"wf-item:{step.run_id}.").update(
+        then_scope_hash=None,
+        then_job_id=None,
+        then_handler=ITEMS_ENDED_HANDLER,
+        then_payload_json=f'{{"step": {step.pk}}}',
+    )
+    assert updated == 1
+
+
+def test_an_older_versions_job_after_a_maps_items_wakes_its_run_after_two_reads():
+    start_workflow(SCOPE, "older", "itemrecords.map", {"items": 4})
+    run_jobs_inline(queues=["default"], max_attempts_run=1)
+    as_an_older_version_staged("older")
     run_jobs_inline(queues=[QUEUE])
     assert Job.objects.filter(handler=ITEMS_ENDED_HANDLER, status="queued").count() == 1
     with CaptureQueriesContext(connection) as queries:
@@ -116,7 +146,7 @@ def test_the_job_that_follows_a_maps_items_wakes_its_run_after_two_reads():
     assert len(reads_of_items([query["sql"] for query in queries.captured_queries])) == 2
     assert Job.objects.filter(job_id__contains=":items:", status="queued").count() == 1
     run_jobs_inline(queues=["default"])
-    assert WorkflowScope(SCOPE).get("woken").output == [0, 1, 2, 3]
+    assert WorkflowScope(SCOPE).get("older").output == [0, 1, 2, 3]
 
 
 def transactions(queries: CaptureQueriesContext) -> list[list[str]]:
@@ -136,15 +166,14 @@ def test_what_a_map_writes_that_is_read_again_commits_unflushed(pg_only: None) -
     """PostgreSQL: the map's checkpoint with its items and their jobs, and the fan-in,
     do not wait for the disk (lost in a crash of the server, each is made again from
     rows already durable, and the advance's next durable commit flushes them first).
-    The wake of the run after the items does: it is its job's last write, and a worker
-    that finishes the job after an outage does not run it again to make it again. The
-    run's end, whose output only the run holds, waits too."""
+    The run's advance after the items is inserted by the last item job's own finish,
+    which waits for it (a handler's last write must: a worker that finishes a job
+    after an outage does not run it again). The run's end, whose output only the run
+    holds, waits too."""
     start_workflow(SCOPE, "unflushed", "itemrecords.map", {"items": 3})
     with CaptureQueriesContext(connection) as first:
         run_jobs_inline(queues=["default"], max_attempts_run=1)
     run_jobs_inline(queues=[QUEUE])
-    with CaptureQueriesContext(connection) as then:
-        run_jobs_inline(queues=["default"], max_attempts_run=1)
     with CaptureQueriesContext(connection) as last:
         run_jobs_inline(queues=["default"])
     assert WorkflowScope(SCOPE).get("unflushed").output == [0, 1, 2]  # type: ignore[union-attr]
@@ -163,16 +192,9 @@ def test_what_a_map_writes_that_is_read_again_commits_unflushed(pg_only: None) -
         return found[0]
 
     items = the_one(first, 'INSERT INTO "workflows_workflowitem"')
-    # The then job's: its reads in autocommit, its wake, then its job's own finish.
-    wake = the_one(then, "BEGIN")
     fan_in = the_one(last, 'UPDATE "workflows_workflowitem" SET "status"')
     end = the_one(last, 'UPDATE "workflows_workflowrun" SET "status" = \'succeeded\'')
-    assert [unflushed in " ".join(sql) for sql in (items, wake, fan_in, end)] == [
-        True,
-        False,
-        True,
-        False,
-    ]
+    assert [unflushed in " ".join(sql) for sql in (items, fan_in, end)] == [True, True, False]
 
 
 def test_the_picture_counts_items_as_their_jobs_stand_until_the_fan_in():
@@ -185,8 +207,8 @@ def test_the_picture_counts_items_as_their_jobs_stand_until_the_fan_in():
     assert step.items is not None
     assert (step.items.succeeded, step.items.running) == (2, 1)
 
-    run_jobs_inline(queues=[QUEUE])  # the last one: its finish queues the wake
-    assert Job.objects.filter(handler=ITEMS_ENDED_HANDLER).count() == 1
+    run_jobs_inline(queues=[QUEUE])  # the last one: its finish queues the advance
+    assert Job.objects.filter(job_id__contains=":items:", status="queued").count() == 1
     run_jobs_inline(queues=["default"])
     snap = WorkflowScope(SCOPE).get("picture")
     assert snap.output == [0, 1, 2]
@@ -197,17 +219,30 @@ def test_the_picture_counts_items_as_their_jobs_stand_until_the_fan_in():
     assert list(WorkflowItem.objects.values_list("attempts", flat=True)) == [1] * 3
 
 
-def test_the_job_that_wakes_the_run_failing_for_good_still_wakes_it():
-    start_workflow(SCOPE, "then-fails", "itemrecords.map", {"items": 2})
-    run_jobs_inline(queues=["default"], max_attempts_run=1)
-    run_jobs_inline(queues=[QUEUE])
-    then = Job.objects.get(handler=ITEMS_ENDED_HANDLER)
-    # Its tries spent on an outage: it ends Failed without having woken the run.
-    claim = execution.try_start(then.scope_hash, then.job_id, worker_id="w")
+def fail_for_good_on_an_outage(job: Job) -> None:
+    """``job``'s tries spent on an outage: it ends Failed, and its worker tells."""
+    claim = execution.try_start(job.scope_hash, job.job_id, worker_id="w")
     assert claim is not None
     outcome = execution.fail(claim.token, "OperationalError: the database went away")
     assert outcome is FinishOutcome.FAILED
-    assert not Job.objects.filter(job_id__contains=":items:").exists()
+    assert not Job.objects.filter(status="queued").exists()
     finished_attempt(claim, outcome, retry_scheduled=False)  # as the worker does
+
+
+def test_the_advance_after_a_maps_items_failing_for_good_before_its_take_wakes_it_again():
+    start_workflow(SCOPE, "wake-fails", "itemrecords.map", {"items": 2})
+    run_jobs_inline(queues=["default"], max_attempts_run=1)
+    run_jobs_inline(queues=[QUEUE])
+    fail_for_good_on_an_outage(Job.objects.get(job_id__contains=":items:", status="queued"))
+    run_jobs_inline(queues=["default"])
+    assert WorkflowScope(SCOPE).get("wake-fails").output == [0, 1]
+
+
+def test_an_older_versions_job_that_wakes_the_run_failing_for_good_still_wakes_it():
+    start_workflow(SCOPE, "then-fails", "itemrecords.map", {"items": 2})
+    run_jobs_inline(queues=["default"], max_attempts_run=1)
+    as_an_older_version_staged("then-fails")
+    run_jobs_inline(queues=[QUEUE])
+    fail_for_good_on_an_outage(Job.objects.get(handler=ITEMS_ENDED_HANDLER))
     run_jobs_inline(queues=["default"])
     assert WorkflowScope(SCOPE).get("then-fails").output == [0, 1]

@@ -27,13 +27,14 @@ typed error. Nothing else in the app writes to the workflows tables.
     insert_step / update_step . a checkpoint recorded, moved on (fenced)     checkpoints
     record_step ............... the same, the fence in its own statement     checkpoints
     insert_items .............. a map's items and their jobs: one bulk       items
-                                submit, a jobs batch with a ``then`` job
+                                submit, a jobs batch whose ``then`` job is
+                                the run's advance
     start_item / end_item ..... an unsealed try counted; an end that is not  items
                                 its job's own (a failure), on its own row
     record_items .............. the fan-in: how the items ended (their jobs  fanning
                                 recorded the successes) onto their rows
-    fan_in / items_ended ...... none left -> wake the run (the ``then`` job  fanning
-                                of the item jobs, or an end on a row)
+    fan_in / items_ended ...... none left -> wake the run (an end on a row,  fanning
+                                or an older version's ``then`` job)
     send_signal ............... (new signal); wakes the run if it waits      signalling
                                 for it
     cancel .................... WAITING -> CANCELLED; RUNNING -> cancel      control
@@ -95,6 +96,7 @@ from .fanning import (
     items_ended,
     items_left,
     items_of,
+    items_wake_ended,
     record_items,
     then_job_ended,
 )
@@ -104,6 +106,7 @@ from .items import (
     SealedItem,
     end_item,
     end_items_of_ended_jobs,
+    first_items,
     insert_items,
     item_at,
     item_job_cancelled,
@@ -167,6 +170,7 @@ __all__ = [
     "ended_by_jobs",
     "fan_in",
     "finish",
+    "first_items",
     "fork",
     "get",
     "give_back",
@@ -183,6 +187,7 @@ __all__ = [
     "items_of",
     "items_per_transaction",
     "items_queued",
+    "items_wake_ended",
     "list_runs",
     "load_steps",
     "load_steps_of",

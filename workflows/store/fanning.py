@@ -10,9 +10,12 @@ checkpoint. So an item is, as it stands: its row, once the row says it ended (a 
 that failed for good, a job cancelled, the fan-in's mark); else its job, once the
 job ended; else Running.
 
-The item jobs of a map are one jobs batch whose ``then`` job
-(:data:`ITEMS_ENDED_HANDLER`) is inserted by the statement that ends the last of
-them; it wakes the run (:func:`items_ended`).
+The item jobs of a map are one jobs batch whose ``then`` job is the run's own
+advance job (:func:`~workflows.store.items.items_wake`), inserted by the statement
+that ends the last of them: it takes the run and gathers the items, with no job
+between. A map staged by an older version has a ``then`` job of its own
+(:data:`ITEMS_ENDED_HANDLER`, in the run's scope), which wakes the run
+(:func:`items_ended`).
 """
 
 from __future__ import annotations
@@ -35,15 +38,16 @@ from ledon.values import from_row
 
 from ..exceptions import UntrustedJob
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
-from ..types import Checkpoint, Item, RunStatus, StepStatus
+from ..types import Checkpoint, Item, RunStatus, StepStatus, WaitKind
 from .base import alias
-from .waking import wake
+from .waking import ADVANCE_JOB_PREFIX, wake
 
 #: The prefix of every item job's id: ``wf-item:{run}.{generation}:{nonce}:{index}``.
 ITEM_JOB_PREFIX = "wf-item:"
 
-#: The job handler of the ``then`` job of a map's item jobs (registered by
-#: :mod:`workflows.handlers`): it wakes the run once every item job has ended.
+#: The job handler of the ``then`` job of a map's item jobs as an older version
+#: staged it (registered by :mod:`workflows.handlers`): it wakes the run once every
+#: item job has ended. A map's ``then`` job is now the run's advance.
 ITEMS_ENDED_HANDLER = "workflows.items_ended"
 
 #: The last part of the id of a batch's ``then`` job (the jobs' rule:
@@ -428,3 +432,28 @@ def then_job_ended(scope_hash: str, job_id: str, payload: Any, now: datetime) ->
     good without waking the run: False, nothing written, for any other job."""
     step_pk = then_job_step(scope_hash, job_id, payload)
     return step_pk is not None and fan_in(step_pk, now)
+
+
+def items_wake_ended(job_id: str, now: datetime) -> bool:
+    """The advance job ``job_id`` that a map's items' jobs batch inserted to wake its
+    run (:func:`~workflows.store.items.items_wake`) ended for good before it took the
+    run (its tries spent on an outage): the run, still waiting for its items, is
+    woken once more, as nothing else would wake it. True if it was; False for any
+    other job (no query), or a run not waiting for items."""
+    run_part, _, rest = job_id.removeprefix(ADVANCE_JOB_PREFIX).partition(".")
+    if not job_id.startswith(ADVANCE_JOB_PREFIX) or not run_part.isdigit():
+        return False
+    if rest.split(":")[1:2] != ["items"]:
+        return False
+    with transaction.atomic(using=alias()):
+        run = (
+            WorkflowRun.objects.filter(
+                pk=int(run_part), status=RunStatus.WAITING, wait_kind=WaitKind.ITEMS
+            )
+            .values_list("pk", "generation")
+            .first()
+        )
+        if run is None:
+            return False
+        wake(run[0], run[1], "released", job_id, now=now)
+    return True

@@ -22,20 +22,18 @@ from django.db.models import Exists, QuerySet
 from django.utils.crypto import salted_hmac
 
 from jobs import store as job_store
-from jobs.models import Job
+from jobs.models import Batch, Job
 from jobs.types import FINISHED_STATUSES, JobStatus, JobSubmission
 from ledon.db import is_postgres
 from ledon.errors import storable_text
 from ledon.faults import fault_point
 
-from ..conf import workflows_settings
 from ..exceptions import UntrustedJob
 from ..models import WorkflowItem, WorkflowRun, WorkflowStep
 from ..types import Checkpoint, DrivenRun, Item, StepStatus
 from .base import alias
 from .fanning import (
     ITEM_JOB_PREFIX,
-    ITEMS_ENDED_HANDLER,
     batch_prefix,
     fan_in,
     is_then_job,
@@ -43,21 +41,35 @@ from .fanning import (
     job_ending,
     queued,
 )
-from .waking import ADVANCE_MAX_ATTEMPTS
+from .waking import advance_job
 
 #: Items the upkeep ends per pass (:func:`end_items_of_ended_jobs`), and items queued
 #: per transaction on SQLite (:func:`items_per_transaction`).
 ITEM_BATCH = 500
 
+#: Items the checkpoint's own transaction queues at most (:func:`first_items`).
+FIRST_ITEMS = 100
+
 
 def items_per_transaction() -> int | None:
-    """How many items (and their jobs) a transaction queues: all of a map on
-    PostgreSQL (None), which locks rows, not the database; :data:`ITEM_BATCH` on
-    SQLite, whose one write lock would keep every other writer (a worker's claim, a
-    ``start_workflow``) waiting while a large map is queued."""
+    """How many items (and their jobs) a transaction queues after the checkpoint's
+    (:func:`first_items`): all the rest of a map on PostgreSQL (None), which locks
+    rows, not the database; :data:`ITEM_BATCH` on SQLite, whose one write lock would
+    keep every other writer (a worker's claim, a ``start_workflow``) waiting while a
+    large map is queued."""
     if transaction.get_connection(alias()).vendor == "sqlite":
         return ITEM_BATCH
     return None
+
+
+def first_items() -> int:
+    """How many items the transaction that records a map's checkpoint queues with it:
+    :data:`FIRST_ITEMS` (or fewer, as :func:`items_per_transaction` says), so that
+    the workers start on them while the rest are queued, as plain jobs start while
+    more are submitted. Every item job is of one jobs batch all the same
+    (:func:`insert_items`)."""
+    later = items_per_transaction()
+    return FIRST_ITEMS if later is None else min(FIRST_ITEMS, later)
 
 
 #: The salt of an item job's seal (see :func:`insert_items`).
@@ -112,13 +124,23 @@ def sealed_item(scope_hash: str, job_id: str, payload: Any) -> SealedItem | None
 
 
 def insert_items(
-    run: DrivenRun, step: Checkpoint, activity: Any, args: list[str], *, start: int = 0
-) -> None:
+    run: DrivenRun,
+    step: Checkpoint,
+    activity: Any,
+    args: list[str],
+    *,
+    start: int = 0,
+    prefix: str | None = None,
+) -> str:
     """Items ``start`` … ``start + len(args) - 1`` of an activity or map step and one
     job per item, inside the caller's fenced transaction: one bulk insert of the
-    items, then one jobs batch (its row and every job in one bulk submit) in the
-    run's scope, so per-scope limits apply to them. The batch's ``then`` job
-    (:data:`ITEMS_ENDED_HANDLER`) wakes the run once every item job has ended.
+    items, then their jobs in one bulk submit, of one jobs batch in the run's scope
+    (so per-scope limits apply to them): from item 0 the batch is staged, counting
+    every item of the step; the items that follow, queued in later transactions,
+    join it (``prefix``: the job id prefix of item 0's batch, as this returned it;
+    None: read by :func:`_batch_to_extend`). The batch's ``then`` job is the run's
+    advance (:func:`items_wake`): the statement that ends the last item job inserts
+    it, and it takes the run and gathers the items at once.
 
     An item's job runs it only if the job is the one staged here: its payload
     carries the item's arguments under a seal of its scope and id (see
@@ -127,7 +149,8 @@ def insert_items(
     it is staged. The activity's retries are the job's: ``retries + 1`` attempts,
     the activity's back-off between them (its handler's policy).
     """
-    prefix = f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{secrets.token_hex(10)}:"
+    extended = None if start == 0 else prefix or _batch_to_extend(run.scope_hash, step)
+    prefix = extended or f"{ITEM_JOB_PREFIX}{run.pk}.{run.generation}:{secrets.token_hex(10)}:"
     ids = _insert_rows(step.pk, start, prefix, args)
     count = step.item_count
     seal = _sealer(run.scope_hash, count)
@@ -140,13 +163,53 @@ def insert_items(
             activity.name, payload, queue=activity.queue, max_attempts=activity.retries + 1
         )
         jobs.append((job_id, sub))
-    then = JobSubmission.create(
-        ITEMS_ENDED_HANDLER,
-        {"step": step.pk},
-        queue=workflows_settings().ADVANCE_QUEUE,
-        max_attempts=ADVANCE_MAX_ATTEMPTS,
+    if extended is not None:
+        job_store.extend_batch(run.scope_hash, prefix[:-1], jobs)
+        return prefix
+    # A batch of every item of the step, or (after an older version queued a map's
+    # first items in a batch of their own) of these alone.
+    whole = start == 0
+    then_scope, then_id, then = items_wake(run, step.key, "" if whole else prefix)
+    job_store.stage_batch(
+        run.scope_hash,
+        prefix[:-1],
+        jobs,
+        then,
+        then_as=(then_scope, then_id),
+        total=count if whole else len(args),
     )
-    job_store.stage_batch(run.scope_hash, prefix[:-1], jobs, then)
+    return prefix if whole else ""
+
+
+def _batch_to_extend(scope_hash: str, step: Checkpoint) -> str | None:
+    """The job id prefix of the jobs batch of ``step``'s item 0 (of a run of
+    ``scope_hash``) when it counts every item of the step, so items queued after it
+    join it; None when it holds its own jobs alone (an older version's, each batch
+    of a map of its own)."""
+    first = (
+        WorkflowItem.objects.filter(step_id=step.pk, index=0)
+        .values_list("job_id", flat=True)
+        .first()
+    )
+    if first is None:
+        return None
+    prefix = batch_prefix(first)
+    total = (
+        Batch.objects.filter(scope_hash=scope_hash, batch_id=prefix[:-1])
+        .values_list("total", flat=True)
+        .first()
+    )
+    return prefix if total == step.item_count else None
+
+
+def items_wake(run: DrivenRun, step_key: str, prefix: str) -> tuple[str, str, JobSubmission]:
+    """The advance job that a map's items' jobs batch inserts once they all ended: the
+    one :func:`~workflows.store.fan_in` would stage for the step (one job whoever
+    inserts it), or, for a map queued in several batches (``prefix``: that of
+    this batch's job ids; empty for a batch of every item), one of its own per batch,
+    so that each batch's end wakes the run (it finds items left until the last)."""
+    detail = f"{step_key}\x1f{prefix}" if prefix else step_key
+    return advance_job(run.pk, run.generation, "items", detail)
 
 
 def _insert_rows(step_pk: int, start: int, prefix: str, args: list[str]) -> list[int]:

@@ -75,6 +75,15 @@ def wake_many(runs: Sequence[tuple[int, int]], reason: str, *, now: datetime | N
         job_store.stage_many([_advance(pk, generation, reason) for pk, generation in runs], now=now)
 
 
+def advance_job(
+    run_pk: int, generation: int, reason: str, detail: str = ""
+) -> tuple[str, str, JobSubmission]:
+    """The scope, id and submission of the advance job :func:`wake` would stage for run
+    ``run_pk`` of ``generation``, ``reason`` and ``detail``, for a caller that has it
+    inserted otherwise (a map's items' jobs batch, as its ``then`` job)."""
+    return _advance(run_pk, generation, reason, detail)
+
+
 def _advance(
     run_pk: int,
     generation: int,
