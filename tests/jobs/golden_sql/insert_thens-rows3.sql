@@ -1,6 +1,6 @@
 INSERT INTO jobs_job (scope_hash, job_id, handler, handler_version, payload_json, queue, priority, max_attempts, initial_not_before, cost, trace_context, next_run_at, fair_at, start_by, limit_key, status, attempt_count, snooze_count, cancel_requested, progress_message, error, leased_by, created_at, updated_at)
-SELECT b.scope_hash,
-       b.batch_id || ':then',
+SELECT COALESCE(b.then_scope_hash, b.scope_hash),
+       COALESCE(b.then_job_id, b.batch_id || ':then'),
        b.then_handler,
        b.then_version,
        b.then_payload_json,
