@@ -280,39 +280,28 @@ def test_a_recorded_key_reached_twice_on_replay_is_nondeterministic():
     assert "used twice" in snap.error
 
 
-def test_a_recorded_key_reached_as_another_kind_on_replay_is_nondeterministic():
-    FIRST["kind"] = "now"
+@pytest.mark.parametrize(("recorded", "reached"), [("now", "step"), ("step", "now")])
+def test_a_recorded_key_reached_as_another_kind_on_replay_is_nondeterministic(
+    recorded: str, reached: str
+) -> None:
+    """A checkpoint reached on replay as another kind fails the run naming both. A
+    Succeeded inline step is read for a replay by its first fields alone: reached as
+    another kind, it is read whole."""
+    run_id = f"kind-{recorded}"
+    FIRST["kind"] = recorded
     try:
-        start_workflow(SCOPE, "kind", "trips.kinds")
+        start_workflow(SCOPE, run_id, "trips.kinds")
         run_workflows_inline()
-        FIRST["kind"] = "step"  # the replay reaches the recorded clock as a step
-        send_signal(SCOPE, "kind", "go", {})
+        FIRST["kind"] = reached  # the replay reaches the recorded key as another kind
+        send_signal(SCOPE, run_id, "go", {})
         run_workflows_inline()
     finally:
         FIRST["kind"] = "now"
-    snap = WorkflowScope(SCOPE).get("kind")
-    assert snap is not None
-    assert snap.status == RunStatus.FAILED
-    assert "recorded as a now checkpoint, reached now as a step" in snap.error
-
-
-def test_a_recorded_step_reached_as_another_kind_is_read_whole_and_nondeterministic():
-    """A Succeeded inline step is read for a replay by its first fields alone; reached
-    as another kind of checkpoint, it is read whole, and the run fails naming both."""
-    FIRST["kind"] = "step"
-    try:
-        start_workflow(SCOPE, "kind-step", "trips.kinds")
-        run_workflows_inline()
-        FIRST["kind"] = "now"  # the replay reaches the recorded step as a clock
-        send_signal(SCOPE, "kind-step", "go", {})
-        run_workflows_inline()
-    finally:
-        FIRST["kind"] = "now"
-    snap = WorkflowScope(SCOPE).get("kind-step")
+    snap = WorkflowScope(SCOPE).get(run_id)
     assert snap is not None
     assert snap.status == RunStatus.FAILED
     assert snap.failed_step == "first"
-    assert "recorded as a step checkpoint, reached now as a now" in snap.error
+    assert f"recorded as a {recorded} checkpoint, reached now as a {reached}" in snap.error
 
 
 def test_a_replay_reads_whole_rows_only_of_checkpoints_that_are_no_passed_step():
