@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import select
 import threading
+import weakref
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -140,16 +141,18 @@ def reset_connection(alias: str) -> None:
 #: driver where no PostgreSQL connection is used.
 _CONNECTION_OK = 0
 
-#: This thread's connection wrappers that have opened a connection (each once), so
+#: This thread's connection wrappers that have opened a connection (held weakly), so
 #: that :func:`drop_closed_connections` looks at them without going through
 #: ``connections``, whose per-thread lookups cost more than the check itself.
 _opened = threading.local()
 
 
 def _remember_opened(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    opened: list[BaseDatabaseWrapper] = _opened.__dict__.setdefault("wrappers", [])
-    if not any(known is connection for known in opened):
-        opened.append(connection)
+    # Weak: under ASGI a thread serves many contexts, each with wrappers of its own.
+    opened: weakref.WeakSet[BaseDatabaseWrapper] = _opened.__dict__.setdefault(
+        "wrappers", weakref.WeakSet()
+    )
+    opened.add(connection)
 
 
 connection_created.connect(_remember_opened, dispatch_uid="ledon.db.remember_opened")

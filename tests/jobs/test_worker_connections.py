@@ -119,3 +119,20 @@ def test_a_connection_in_an_atomic_block_is_left_to_it():
         block()
     assert kept == [True]
     connection.close()
+
+
+def test_a_thread_forgets_the_connections_it_no_longer_holds():
+    """The wrappers a thread opened are remembered weakly: a thread that serves many
+    contexts (ASGI) does not keep every wrapper it ever opened alive."""
+    import gc
+
+    from ledon import db as ledon_db
+
+    backend_pid()  # the test's own connection, remembered
+    for _ in range(5):
+        other = connections.create_connection("default")
+        other.ensure_connection()
+        other.close()
+        del other
+    gc.collect()
+    assert list(ledon_db._opened.wrappers) == [connections["default"]]
