@@ -127,14 +127,19 @@ def reset_connection(alias: str) -> None:
     broken, so that the next statement reconnects. A connection inside an atomic
     block (a caller's or a test's transaction) is left to that block."""
     connection = connections[alias]
-    if connection.in_atomic_block:
-        return
+    if not connection.in_atomic_block:
+        _close_if_unusable(connection)
+
+
+def _close_if_unusable(connection: BaseDatabaseWrapper) -> bool:
+    """Close ``connection`` unless it is open and answers; whether it was kept."""
     try:
         usable = connection.connection is not None and connection.is_usable()
     except Exception:
         usable = False
     if not usable:
         connection.close()
+    return usable
 
 
 #: libpq's ``CONNECTION_OK`` (``psycopg.pq.ConnStatus.OK``), without importing the
@@ -172,14 +177,8 @@ def drop_closed_connections() -> None:
             continue
         if not connection.errors_occurred and not _server_spoke(connection):
             continue
-        try:
-            usable = connection.is_usable()
-        except Exception:
-            usable = False
-        if usable:
+        if _close_if_unusable(connection):
             connection.errors_occurred = False
-        else:
-            connection.close()
 
 
 def _server_spoke(connection: BaseDatabaseWrapper) -> bool:
