@@ -156,17 +156,23 @@ def read(conninfo: str) -> History:
     )
 
 
-#: What is not final yet: every job (the workload's, the workflows' advances and
-#: activity items), run and saga, and every message not sent or not consumed.
-UNFINISHED = {
-    "jobs": "SELECT count(*) FROM jobs_job WHERE status IN ('queued', 'running')",
-    "runs": "SELECT count(*) FROM workflows_workflowrun WHERE status IN ('running', 'waiting')",
-    "sagas": "SELECT count(*) FROM sagas_sagainstance WHERE status IN ('running', 'compensating')",
+#: What is not final yet, each kind's table and condition (:data:`UNFINISHED`
+#: counts them, :data:`LEFTOVERS` describes them): every job (the workload's, the
+#: workflows' advances and activity items), run and saga, and every message not sent
+#: or not consumed.
+NOT_FINAL = {
+    "jobs": ("jobs_job", "status IN ('queued', 'running')"),
+    "runs": ("workflows_workflowrun", "status IN ('running', 'waiting')"),
+    "sagas": ("sagas_sagainstance", "status IN ('running', 'compensating')"),
     "messages": (
-        f"SELECT count(*) FROM outbox_outboxmessage WHERE event_type = '{MESSAGE}'"
-        " AND (status <> 'sent' OR message_id::text NOT IN"
-        f" (SELECT message_id FROM outbox_inboxmessage WHERE consumer = '{CONSUMER}'))"
+        "outbox_outboxmessage",
+        f"event_type = '{MESSAGE}' AND (status <> 'sent' OR message_id::text NOT IN"
+        f" (SELECT message_id FROM outbox_inboxmessage WHERE consumer = '{CONSUMER}'))",
     ),
+}
+UNFINISHED = {
+    what: f"SELECT count(*) FROM {table} t WHERE {where}"
+    for what, (table, where) in NOT_FINAL.items()
 }
 
 
@@ -449,27 +455,19 @@ def diagnose(conninfo: str, run_ids: list[str]) -> str:
 #: What is left when a run never became final: each kind's rows that are not, with
 #: what tells where they stopped (at most ``LEFTOVERS_SHOWN`` of each).
 LEFTOVERS_SHOWN = 20
-LEFTOVERS = {
+_LEFTOVER_COLUMNS = {
     "jobs": (
-        "SELECT j.job_id, j.handler, j.status, j.queue, j.attempt_count, j.next_run_at,"
-        " j.lease_expires_at, (SELECT a.worker_id FROM jobs_jobattempt a"
-        " WHERE a.job_id = j.id ORDER BY a.number DESC LIMIT 1) FROM jobs_job j"
-        " WHERE j.status IN ('queued', 'running') ORDER BY j.id"
+        "job_id, handler, status, queue, attempt_count, next_run_at, lease_expires_at,"
+        " (SELECT a.worker_id FROM jobs_jobattempt a WHERE a.job_id = t.id"
+        " ORDER BY a.number DESC LIMIT 1)"
     ),
-    "runs": (
-        "SELECT run_id, status, wait_kind, wait_key, wake_at, wake_pending, driver_job, updated_at"
-        " FROM workflows_workflowrun WHERE status IN ('running', 'waiting') ORDER BY id"
-    ),
-    "sagas": (
-        "SELECT idempotency_key, status, completed_steps, compensated_steps, updated_at"
-        " FROM sagas_sagainstance WHERE status IN ('running', 'compensating') ORDER BY id"
-    ),
-    "messages": (
-        "SELECT message_id, key, status, attempts, available_at FROM outbox_outboxmessage"
-        f" WHERE event_type = '{MESSAGE}' AND (status <> 'sent' OR message_id::text NOT IN"
-        f" (SELECT message_id FROM outbox_inboxmessage WHERE consumer = '{CONSUMER}'))"
-        " ORDER BY id"
-    ),
+    "runs": "run_id, status, wait_kind, wait_key, wake_at, wake_pending, driver_job, updated_at",
+    "sagas": "idempotency_key, status, completed_steps, compensated_steps, updated_at",
+    "messages": "message_id, key, status, attempts, available_at",
+}
+LEFTOVERS = {
+    what: f"SELECT {_LEFTOVER_COLUMNS[what]} FROM {table} t WHERE {where} ORDER BY t.id"
+    for what, (table, where) in NOT_FINAL.items()
 }
 
 
