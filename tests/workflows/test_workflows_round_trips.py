@@ -105,6 +105,18 @@ def test_an_inline_step_that_writes_nothing_is_its_cancel_read_and_one_fenced_wr
         assert all(sql.startswith("WITH fence AS (UPDATE") for sql in writes)
 
 
+def advance_after_signal(run_id: str, n: int) -> list[str]:
+    """Start a "trips.wait" run, signal it ``n``, and return the statements of the
+    advance that ends it (its output checked to be ``n``)."""
+    start_workflow(SCOPE, run_id, "trips.wait")
+    run_workflows_inline()
+    assert send_signal(SCOPE, run_id, "go", {"n": n}) == SignalOutcome.DELIVERED
+    with CaptureQueriesContext(connection) as advance:
+        run_workflows_inline()
+    assert WorkflowScope(SCOPE).get(run_id).output == n  # type: ignore[union-attr]
+    return statements(advance)
+
+
 def test_what_a_replay_reads_again_commits_unflushed_and_a_steps_result_durably(
     pg_only: None,
 ) -> None:
@@ -112,13 +124,7 @@ def test_what_a_replay_reads_again_commits_unflushed_and_a_steps_result_durably(
     a crash of the server that took them back would leave the replay to take the run
     and read the signal's durable row again — commit without waiting for the disk;
     the step after it, whose result only the run holds, commits durably."""
-    start_workflow(SCOPE, "unflushed", "trips.wait")
-    run_workflows_inline()
-    assert send_signal(SCOPE, "unflushed", "go", {"n": 4}) == SignalOutcome.DELIVERED
-    with CaptureQueriesContext(connection) as advance:
-        run_workflows_inline()
-    assert WorkflowScope(SCOPE).get("unflushed").output == 4  # type: ignore[union-attr]
-    sent = statements(advance)
+    sent = advance_after_signal("unflushed", 4)
     take = [sql for sql in sent if sql.startswith("UPDATE") and 'SET "status" = CASE' in sql]
     signal = [sql for sql in sent if sql.startswith("WITH fence") and 'workflowstep" SET' in sql]
     step = [sql for sql in sent if sql.startswith("WITH fence") and "INSERT" in sql]
@@ -134,13 +140,7 @@ def test_the_wait_for_a_signal_reads_it_with_the_take_of_its_run():
     """From a signal's send to the step after its wait, the advance reads the signal
     (and the run's cancel flag) once, in the statement that takes the run: no read
     of its own at the wait."""
-    start_workflow(SCOPE, "read-once", "trips.wait")
-    run_workflows_inline()
-    assert send_signal(SCOPE, "read-once", "go", {"n": 6}) == SignalOutcome.DELIVERED
-    with CaptureQueriesContext(connection) as advance:
-        run_workflows_inline()
-    assert WorkflowScope(SCOPE).get("read-once").output == 6  # type: ignore[union-attr]
-    sent = statements(advance)
+    sent = advance_after_signal("read-once", 6)
     read = [sql for sql in sent if "workflowsignal" in sql]
     assert len(read) == 1, [sql[:80] for sql in read]
     assert read[0].startswith("UPDATE")
